@@ -1,0 +1,3 @@
+"""calque control plane: share AWS GPU instances among an institution's people."""
+
+__version__ = "0.1.0"

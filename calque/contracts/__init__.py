@@ -1,0 +1,1 @@
+"""Pydantic models that cross a process boundary. No boto3 here."""

@@ -1,0 +1,41 @@
+"""Models shared by every route: the error document, the caller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """Base for everything that comes IN across a boundary: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class Out(BaseModel):
+    """Base for what goes OUT: tolerant when read back by clients of an older version."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorBody(Out):
+    code: str = Field(description="snake_case, stable: scripts branch on it")
+    message: str = Field(description="one sentence for people")
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorDocument(Out):
+    error: ErrorBody
+
+
+class WhoAmI(Out):
+    principal: str = Field(description="the caller's normalized principal: user name, or role/session")
+    arn: str | None = None
+    account: str | None = None
+    admin: bool
+
+
+class Health(Out):
+    status: str = "ok"
+    version: str

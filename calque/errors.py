@@ -1,0 +1,71 @@
+"""Domain errors. Each carries a stable snake_case code; the HTTP status for each
+type is decided in exactly one place (functions/api/errors.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CalqueError(Exception):
+    """Base of every expected failure: a refusal the user can act on."""
+
+    code: str = "error"
+
+    def __init__(self, message: str, *, code: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details: dict[str, Any] = details or {}
+
+
+class InvalidInput(CalqueError):
+    """The request is malformed or names an impossible value (400/422)."""
+
+    code = "invalid_input"
+
+
+class Unauthenticated(CalqueError):
+    """No verifiable identity (401)."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(CalqueError):
+    """The caller is known but may not do this (403)."""
+
+    code = "forbidden"
+
+
+class NotFound(CalqueError):
+    """Unknown id, or one the caller may not see (404: never reveal it)."""
+
+    code = "not_found"
+
+
+class Conflict(CalqueError):
+    """The state changed or does not allow this (409): no_free_slice, slice_state_changed, ..."""
+
+    code = "conflict"
+
+
+class QuotaExceeded(CalqueError):
+    """A quota or budget refuses this (429)."""
+
+    code = "quota_exceeded"
+
+
+class DependencyUnavailable(CalqueError):
+    """A dependency is down; the caller may retry after retry_after seconds (503)."""
+
+    code = "dependency_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 5, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class ConsentRequired(InvalidInput):
+    """A billable, destructive or isolation-weakening action was asked without its consent flag."""
+
+    code = "consent_required"

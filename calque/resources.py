@@ -1,0 +1,129 @@
+"""The deployable resources, described once as data.
+
+The CDK stacks (infra/) and the embedded local plane (calque/local/) both build
+from these definitions, so names, keys, indexes, queues and schedules cannot drift
+between the two backends. Plain data only: no boto3, no CDK imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    partition_key: str
+    sort_key: str
+
+
+@dataclass(frozen=True)
+class TableDef:
+    partition_key: str
+    sort_key: str
+    ttl_attribute: str
+    indexes: tuple[Index, ...] = ()
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        names = [self.partition_key, self.sort_key]
+        for ix in self.indexes:
+            names += [ix.partition_key, ix.sort_key]
+        return tuple(dict.fromkeys(names))
+
+
+# One single table: hosts, slices, sessions, quotas, usage records.
+# Key shapes are documented in calque/registry/keys.py.
+REGISTRY_TABLE = TableDef(
+    partition_key="pk",
+    sort_key="sk",
+    # Garbage collection ONLY: the reaper ends sessions on time; DynamoDB TTL can be days late.
+    ttl_attribute="gc_at",
+    indexes=(
+        # Free slices by (backend, profile) across the fleet: candidate lists for placement.
+        Index("free_slices", partition_key="free_pk", sort_key="free_sk"),
+        # Live sessions by user, and by expiry for the reaper.
+        Index("by_user", partition_key="user_pk", sort_key="user_sk"),
+        Index("by_expiry", partition_key="expiry_pk", sort_key="expiry_sk"),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class FunctionDef:
+    """A Lambda entry point. ``handler`` is the dotted path the runtime loads."""
+
+    id: str
+    handler: str
+    timeout_s: int
+    memory_mib: int = 512
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class QueueDef:
+    id: str
+    consumer: str  # FunctionDef.id of the queue-triggered consumer
+    max_receive_count: int = 5
+    batch_size: int = 10
+    fifo: bool = False
+    # Queues' visibility timeout is at least six times the consumer's timeout.
+    visibility_factor: int = 6
+
+
+@dataclass(frozen=True)
+class ScheduleDef:
+    id: str
+    target: str  # FunctionDef.id
+    rate_s: int
+    description: str = ""
+
+
+FUNCTIONS: tuple[FunctionDef, ...] = (
+    FunctionDef("api", "functions.api.handler.lambda_handler", timeout_s=29, description="the HTTP API"),
+    FunctionDef(
+        "host_tasks",
+        "functions.host_tasks.handler.lambda_handler",
+        timeout_s=60,
+        description="sends host-agent commands (apply layout, reclaim) through SSM",
+    ),
+    FunctionDef(
+        "reaper",
+        "functions.reaper.handler.lambda_handler",
+        timeout_s=120,
+        description="ends expired sessions, quarantines slices whose host never answered",
+    ),
+)
+
+QUEUES: tuple[QueueDef, ...] = (QueueDef("host_tasks", consumer="host_tasks", batch_size=10),)
+
+SCHEDULES: tuple[ScheduleDef, ...] = (
+    ScheduleDef("reaper", target="reaper", rate_s=60, description="end expired sessions"),
+)
+
+# Environment variable each function reads for each resource (see calque/settings.py).
+ENV_TABLE_NAME = "CALQUE_TABLE_NAME"
+ENV_ADMINS = "CALQUE_ADMINS"
+ENV_HOST_TASKS_QUEUE_URL = "CALQUE_HOST_TASKS_QUEUE_URL"
+ENV_SSM_DOCUMENT_NAME = "CALQUE_SSM_DOCUMENT_NAME"
+ENV_HOST_ROLE_NAME = "CALQUE_HOST_ROLE_NAME"
+ENV_API_ENDPOINT = "CALQUE_API_ENDPOINT"
+ENV_LOCAL_MODE = "CALQUE_LOCAL_MODE"
+
+# Which resources each function is wired to (env + grants).
+FUNCTION_WIRING: dict[str, tuple[str, ...]] = {
+    "api": ("table", "host_tasks_queue", "host_role"),
+    "host_tasks": ("table", "ssm_document", "api_endpoint"),
+    "reaper": ("table", "host_tasks_queue"),
+}
+
+
+def function(fid: str) -> FunctionDef:
+    for f in FUNCTIONS:
+        if f.id == fid:
+            return f
+    raise KeyError(fid)
+
+
+def visibility_timeout_s(queue: QueueDef) -> int:
+    return function(queue.consumer).timeout_s * queue.visibility_factor

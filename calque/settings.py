@@ -1,0 +1,83 @@
+"""Typed settings, one model per function, read from the environment at cold start.
+
+Resource names have no silent defaults: a missing one fails validation with its
+variable's name. Nothing is read at import time; call the cached factories.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class _EnvSettings(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    @classmethod
+    def from_env(cls: type[T], environ: dict[str, str] | None = None) -> T:
+        env = os.environ if environ is None else environ
+        values = {}
+        for name, field in cls.model_fields.items():
+            key = field.alias or name
+            if key in env:
+                values[key] = env[key]
+        return cls.model_validate(values)
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+class CommonSettings(_EnvSettings):
+    table_name: str = Field(alias="CALQUE_TABLE_NAME", min_length=1)
+    admins: list[str] = Field(alias="CALQUE_ADMINS", default_factory=list)
+    local_mode: bool = Field(alias="CALQUE_LOCAL_MODE", default=False)
+
+    _split_admins = field_validator("admins", mode="before")(_split)
+
+
+class ApiSettings(CommonSettings):
+    host_tasks_queue_url: str = Field(alias="CALQUE_HOST_TASKS_QUEUE_URL", min_length=1)
+    host_role_name: str = Field(alias="CALQUE_HOST_ROLE_NAME", min_length=1)
+    max_body_bytes: int = Field(alias="CALQUE_MAX_BODY_BYTES", default=65536, gt=0)
+    session_ttl_floor_s: int = Field(alias="CALQUE_SESSION_TTL_MIN_S", default=10, ge=1)
+    session_ttl_max_s: int = Field(alias="CALQUE_SESSION_TTL_MAX_S", default=7 * 24 * 3600, ge=10)
+
+
+class HostTasksSettings(CommonSettings):
+    ssm_document_name: str = Field(alias="CALQUE_SSM_DOCUMENT_NAME", min_length=1)
+    api_endpoint: str = Field(alias="CALQUE_API_ENDPOINT", min_length=1)
+
+
+class ReaperSettings(CommonSettings):
+    host_tasks_queue_url: str = Field(alias="CALQUE_HOST_TASKS_QUEUE_URL", min_length=1)
+    reclaim_timeout_s: int = Field(alias="CALQUE_RECLAIM_TIMEOUT_S", default=300, gt=0)
+
+
+@lru_cache(maxsize=None)
+def api_settings() -> ApiSettings:
+    return ApiSettings.from_env()
+
+
+@lru_cache(maxsize=None)
+def host_tasks_settings() -> HostTasksSettings:
+    return HostTasksSettings.from_env()
+
+
+@lru_cache(maxsize=None)
+def reaper_settings() -> ReaperSettings:
+    return ReaperSettings.from_env()
+
+
+def clear_caches() -> None:
+    """For tests and the local plane, which change the environment between calls."""
+    api_settings.cache_clear()
+    host_tasks_settings.cache_clear()
+    reaper_settings.cache_clear()

@@ -1,0 +1,1 @@
+"""Lambda entry points only: thin adapters from an event to one domain call."""

@@ -1,0 +1,81 @@
+"""The ONE place where domain errors become HTTP statuses and the contract's error shape."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+from aws_lambda_powertools.event_handler import Response, content_types
+
+from calque.errors import (
+    CalqueError,
+    Conflict,
+    DependencyUnavailable,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    Unauthenticated,
+)
+
+STATUS: dict[type[CalqueError], int] = {
+    InvalidInput: HTTPStatus.BAD_REQUEST,
+    Unauthenticated: HTTPStatus.UNAUTHORIZED,
+    Forbidden: HTTPStatus.FORBIDDEN,
+    NotFound: HTTPStatus.NOT_FOUND,
+    Conflict: HTTPStatus.CONFLICT,
+    QuotaExceeded: HTTPStatus.TOO_MANY_REQUESTS,
+    DependencyUnavailable: HTTPStatus.SERVICE_UNAVAILABLE,
+}
+
+
+def status_for(exc: CalqueError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return int(STATUS[cls])  # type: ignore[index]
+    return int(HTTPStatus.BAD_REQUEST)
+
+
+def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return Response(
+        status_code=status,
+        content_type=content_types.APPLICATION_JSON,
+        body=json.dumps(body, default=str),
+        headers=headers or {},
+    )
+
+
+def from_domain(exc: CalqueError) -> Response:
+    headers = {}
+    if isinstance(exc, DependencyUnavailable):
+        headers["Retry-After"] = str(exc.retry_after)
+    return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
+
+
+def from_validation(errors: list[dict[str, Any]]) -> Response:
+    """pydantic / Powertools validation errors -> 422 naming the fields."""
+    fields = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+        fields.append({"field": ".".join(loc) or "body", "problem": err.get("msg", "invalid")})
+    names = ", ".join(f["field"] for f in fields) or "body"
+    first = fields[0]["problem"] if fields else "invalid value"
+    return error_response(
+        HTTPStatus.UNPROCESSABLE_ENTITY,
+        "validation_failed",
+        f"invalid {names}: {first}",
+        {"fields": fields},
+    )
+
+
+def raw_error(status: int, code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An API Gateway proxy response for refusals made before the router runs."""
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": content_types.APPLICATION_JSON},
+        "body": json.dumps({"error": {"code": code, "message": message, "details": details or {}}}),
+        "isBase64Encoded": False,
+    }

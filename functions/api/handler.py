@@ -1,0 +1,77 @@
+"""The HTTP API: API Gateway (REST, AWS_IAM on every method) -> this function.
+
+A stack of Powertools decorators over ``app.resolve``; each route validates,
+calls one domain function and returns a model. Errors become statuses in
+functions/api/errors.py only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.logging import correlation_paths
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+import calque
+from calque.errors import CalqueError
+from calque.settings import api_settings
+from functions.api import errors
+from functions.api.routes import ROUTERS, meta
+
+logger = Logger(service="calque-api")
+tracer = Tracer(service="calque-api")
+metrics = Metrics(namespace="Calque", service="api")
+
+app = APIGatewayRestResolver(enable_validation=True)
+app.include_router(meta.router, prefix="/v1")
+
+for _router in ROUTERS:
+    app.include_router(_router, prefix="/v1")
+
+
+@app.get("/v1/openapi.json")
+def openapi() -> dict[str, Any]:
+    return json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
+
+
+@app.exception_handler(CalqueError)
+def _domain_error(exc: CalqueError):  # type: ignore[no-untyped-def]
+    logger.info("refused", extra={"code": exc.code, "reason": exc.message})
+    return errors.from_domain(exc)
+
+
+@app.exception_handler(RequestValidationError)
+def _validation_error(exc: RequestValidationError):  # type: ignore[no-untyped-def]
+    return errors.from_validation(list(exc.errors()))
+
+
+@app.not_found
+def _not_found(_exc: Exception):  # type: ignore[no-untyped-def]
+    return errors.error_response(404, "route_not_found", f"no route {app.current_event.http_method} "
+                                 f"{app.current_event.path}")
+
+
+@app.exception_handler(Exception)
+def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
+    # Never a stack trace to the caller: log it, answer with the contract's shape.
+    logger.exception("unexpected error")
+    return errors.error_response(500, "internal_error", "the control plane hit an unexpected error; "
+                                 "it has been logged")
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    metrics.add_metric(name="ApiRequests", unit=MetricUnit.Count, value=1)
+    body = event.get("body") or ""
+    limit = api_settings().max_body_bytes
+    if len(body.encode() if isinstance(body, str) else body) > limit:
+        return errors.raw_error(413, "body_too_large", f"request body exceeds {limit} bytes",
+                                {"limit_bytes": limit})
+    return app.resolve(event, context)

@@ -1,0 +1,10 @@
+"""One router per capability; functions/api/handler.py includes each under /v1.
+
+Add a capability's router to ROUTERS (meta is included by the handler itself).
+"""
+
+from __future__ import annotations
+
+from aws_lambda_powertools.event_handler.api_gateway import Router
+
+ROUTERS: list[Router] = []
