@@ -7,7 +7,7 @@ moto server); otherwise boto3's own resolution applies (including ``AWS_ENDPOINT
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from botocore.config import Config
@@ -15,7 +15,7 @@ from botocore.config import Config
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
 
 
-@lru_cache(maxsize=None)
+@cache
 def client(service: str, region: str | None = None) -> Any:
     import boto3  # heavy: imported on first use, not at cold start of every handler
 

@@ -7,7 +7,7 @@ variable's name. Nothing is read at import time; call the cached factories.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -61,17 +61,17 @@ class ReaperSettings(CommonSettings):
     reclaim_timeout_s: int = Field(alias="CALQUE_RECLAIM_TIMEOUT_S", default=300, gt=0)
 
 
-@lru_cache(maxsize=None)
+@cache
 def api_settings() -> ApiSettings:
     return ApiSettings.from_env()
 
 
-@lru_cache(maxsize=None)
+@cache
 def host_tasks_settings() -> HostTasksSettings:
     return HostTasksSettings.from_env()
 
 
-@lru_cache(maxsize=None)
+@cache
 def reaper_settings() -> ReaperSettings:
     return ReaperSettings.from_env()
 

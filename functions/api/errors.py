@@ -37,8 +37,13 @@ def status_for(exc: CalqueError) -> int:
     return int(HTTPStatus.BAD_REQUEST)
 
 
-def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
     body = {"error": {"code": code, "message": message, "details": details or {}}}
     return Response(
         status_code=status,

@@ -10,22 +10,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.logging import correlation_paths
-from aws_lambda_powertools.utilities.typing import LambdaContext
+from aws_lambda_powertools.metrics import MetricUnit
 
 import calque
 from calque.errors import CalqueError
 from calque.settings import api_settings
+from functions import observability
 from functions.api import errors
 from functions.api.routes import ROUTERS, meta
 
-logger = Logger(service="calque-api")
-tracer = Tracer(service="calque-api")
-metrics = Metrics(namespace="Calque", service="api")
+logger = observability.logger("api")
+metrics = observability.metrics("api")
 
 app = APIGatewayRestResolver(enable_validation=True)
 app.include_router(meta.router, prefix="/v1")
@@ -52,26 +50,27 @@ def _validation_error(exc: RequestValidationError):  # type: ignore[no-untyped-d
 
 @app.not_found
 def _not_found(_exc: Exception):  # type: ignore[no-untyped-def]
-    return errors.error_response(404, "route_not_found", f"no route {app.current_event.http_method} "
-                                 f"{app.current_event.path}")
+    return errors.error_response(
+        404, "route_not_found", f"no route {app.current_event.http_method} {app.current_event.path}"
+    )
 
 
 @app.exception_handler(Exception)
 def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
     # Never a stack trace to the caller: log it, answer with the contract's shape.
     logger.exception("unexpected error")
-    return errors.error_response(500, "internal_error", "the control plane hit an unexpected error; "
-                                 "it has been logged")
+    return errors.error_response(
+        500, "internal_error", "the control plane hit an unexpected error; it has been logged"
+    )
 
 
-@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST)
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def lambda_handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+@observability.instrumented("api", correlation_id_path=correlation_paths.API_GATEWAY_REST)
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     metrics.add_metric(name="ApiRequests", unit=MetricUnit.Count, value=1)
     body = event.get("body") or ""
     limit = api_settings().max_body_bytes
     if len(body.encode() if isinstance(body, str) else body) > limit:
-        return errors.raw_error(413, "body_too_large", f"request body exceeds {limit} bytes",
-                                {"limit_bytes": limit})
+        return errors.raw_error(
+            413, "body_too_large", f"request body exceeds {limit} bytes", {"limit_bytes": limit}
+        )
     return app.resolve(event, context)

@@ -27,7 +27,9 @@ def test_unrecognized_arn_is_refused(arn):
 
 
 def test_admin_patterns_match_principal_or_arn():
-    assert is_admin("CalqueAdmins/carol", "arn:aws:sts::1:assumed-role/CalqueAdmins/carol", ["CalqueAdmins/*"])
+    assert is_admin(
+        "CalqueAdmins/carol", "arn:aws:sts::1:assumed-role/CalqueAdmins/carol", ["CalqueAdmins/*"]
+    )
     assert is_admin("admin", "arn:aws:iam::1:user/admin", ["arn:aws:iam::1:user/admin"])
     assert not is_admin("alice", "arn:aws:iam::1:user/alice", ["admin", "CalqueAdmins/*"])
 

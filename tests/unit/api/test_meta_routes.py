@@ -1,0 +1,65 @@
+"""The API's own surface: health, whoami, OpenAPI, and the contract's error shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.api.events import LambdaContext, rest_event
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def handler(monkeypatch):
+    monkeypatch.setenv("CALQUE_TABLE_NAME", "calque-registry")
+    monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/host-tasks")
+    monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", "CalqueHostRole")
+    monkeypatch.setenv("CALQUE_ADMINS", "admin,Admins/*")
+    from functions.api.handler import lambda_handler
+
+    def call(event):
+        response = lambda_handler(event, LambdaContext())
+        return response["statusCode"], json.loads(response["body"])
+
+    return call
+
+
+def test_whoami_names_a_member_and_says_not_admin(handler):
+    status, body = handler(rest_event("GET", "/v1/whoami", user="alice"))
+    assert status == 200
+    assert body["principal"] == "alice"
+    assert body["admin"] is False
+
+
+def test_whoami_normalizes_an_assumed_role_and_matches_admin_patterns(handler):
+    arn = "arn:aws:sts::123456789012:assumed-role/Admins/carol"
+    status, body = handler(rest_event("GET", "/v1/whoami", arn=arn))
+    assert (status, body["principal"], body["admin"]) == (200, "Admins/carol", True)
+
+
+def test_request_without_iam_identity_is_401_with_error_shape(handler):
+    status, body = handler(rest_event("GET", "/v1/whoami", user=None))
+    assert status == 401
+    assert body["error"]["code"] == "unauthenticated"
+    assert body["error"]["message"]
+
+
+def test_unknown_route_is_404_in_contract_shape(handler):
+    status, body = handler(rest_event("GET", "/v1/nothing-here"))
+    assert status == 404
+    assert set(body["error"]) == {"code", "message", "details"}
+
+
+def test_oversized_body_is_refused_before_routing(handler):
+    status, body = handler(rest_event("POST", "/v1/whoami", body="x" * 70_000))
+    assert status == 413
+    assert body["error"]["code"] == "body_too_large"
+
+
+def test_openapi_document_lists_the_routes(handler):
+    status, body = handler(rest_event("GET", "/v1/openapi.json"))
+    assert status == 200
+    assert "/v1/whoami" in body["paths"]
+    assert body["info"]["title"] == "calque control plane"
