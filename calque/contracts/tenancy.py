@@ -1,0 +1,205 @@
+"""Tenancy API bodies: hosts, their slices, sessions (check-out / check-in), quotas.
+
+Inputs derive from ``Strict`` (unknown fields are errors), outputs from ``Out``.
+Times are ISO 8601 in UTC. A session's token appears exactly once, in the
+``SessionGrant`` a check-out returns; only its hash is stored.
+
+Routes: POST/GET /v1/hosts, GET /v1/hosts/{id}, POST /v1/hosts/{id}/drain,
+POST /v1/hosts/{id}/report (host role), POST/GET /v1/sessions (?all=true: admins),
+GET/DELETE /v1/sessions/{id}, POST /v1/sessions/{id}/extend, PUT/GET /v1/quotas/{user}.
+
+Error codes scripts may branch on (the contract's error document):
+  409 no_free_slice, slice_state_changed, already_checked_in, session_expired,
+      host_has_live_sessions, host_not_ready, already_registered
+  429 quota_exceeded (details: max_sessions/live_sessions or
+      max_gpu_hours_per_month/gpu_hours_used)
+  403 forbidden (admins only / not this host's role), invalid_token (nothing released)
+  400 consent_required (mps without accept_shared_gpu_no_isolation), invalid_layout,
+      unknown_instance_type, invalid_ttl
+  422 validation_failed (details.fields names each field)
+  404 not_found (also another member's session: ids never leak)
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from calque.contracts.common import Out, Strict
+
+# What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
+SessionBackend = Literal["mig", "mps"]
+SliceBackend = Literal["mig", "mps", "exclusive"]
+Sharing = Literal["mig", "mps", "exclusive", "mixed"]
+HostState = Literal["pending", "ready", "draining", "drained", "failed"]
+SliceState = Literal["pending", "free", "held", "reclaiming", "quarantined"]
+SessionState = Literal["live", "ended"]
+# Why a session ended: the member checked in, the TTL passed, an admin forced it,
+# or its host was drained / lost.
+EndReason = Literal["checked_in", "expired", "forced", "drained", "host_lost"]
+LeaseEventKind = Literal["granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined"]
+
+INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
+SESSION_ID_PATTERN = r"^s-[0-9a-f]{8,32}$"
+USER_PATTERN = r"^[A-Za-z0-9+=,.@_\-/]{1,128}$"
+
+
+# ---- hosts -----------------------------------------------------------------------------------
+
+
+class HostRegistration(Strict):
+    """POST /v1/hosts (admin): adopt a running instance as a tenancy host."""
+
+    instance_id: str = Field(pattern=INSTANCE_ID_PATTERN, description="the EC2 instance id, i-...")
+    instance_type: str = Field(
+        min_length=1, max_length=64, description="e.g. g7e.2xlarge; must be in the catalog"
+    )
+    layout: dict[str, Any] | None = Field(
+        default=None,
+        description="the host agent's layout spec (calque.contracts.layout.LayoutSpec); "
+        "omitted: the card's default",
+    )
+    spot: bool = Field(default=False, description="the instance runs on spot capacity")
+
+
+class Slice(Out):
+    slice_id: str
+    gpu_index: int
+    backend: SliceBackend
+    profile: str
+    memory_gib: float
+    state: SliceState
+    holder: str | None = Field(default=None, description="who holds it (admins only; null for members)")
+    session_id: str | None = Field(default=None, description="the live session on it (admins only)")
+    state_since: datetime | None = None
+
+
+class Host(Out):
+    instance_id: str
+    instance_type: str
+    sharing: Sharing
+    state: HostState
+    spot: bool = False
+    slices: list[Slice] = Field(default_factory=list)
+    registered_at: datetime
+    layout: dict[str, Any] | None = None
+    state_reason: str | None = Field(default=None, description="why the host is draining, drained or failed")
+
+
+class DrainRequest(Strict):
+    """POST /v1/hosts/{instance_id}/drain (admin)."""
+
+    force: bool = Field(default=False, description="end the sessions still live there")
+    reason: str | None = Field(default=None, max_length=500, description="recorded on each session it ends")
+
+
+class ReportAccepted(Out):
+    """The answer to a host agent's report."""
+
+    accepted: bool = True
+    instance_id: str
+    host_state: HostState
+    freed: list[str] = Field(default_factory=list, description="slices this report made free")
+    ignored: list[str] = Field(
+        default_factory=list, description="slices reported that could not change (stale)"
+    )
+
+
+# ---- sessions ------------------------------------------------------------------------------------
+
+
+class CheckoutRequest(Strict):
+    """POST /v1/sessions: take one slice for a bounded time."""
+
+    instance_id: str | None = Field(
+        default=None, pattern=INSTANCE_ID_PATTERN, description="only this host; omitted: any host with a fit"
+    )
+    backend: SessionBackend
+    profile: str | None = Field(
+        default=None, min_length=1, max_length=64, description="exact profile, e.g. 1g.24gb"
+    )
+    min_memory_gib: float | None = Field(
+        default=None, gt=0, le=4096, description="the smallest slice memory acceptable (best fit above it)"
+    )
+    ttl_seconds: int | None = Field(
+        default=None,
+        gt=0,
+        description="lifetime; omitted: the default (2h); bounded by the deployment's floor and max",
+    )
+    accept_shared_gpu_no_isolation: bool = Field(
+        default=False, description="required for mps: MPS clients share a card with no isolation"
+    )
+
+    @field_validator("min_memory_gib")
+    @classmethod
+    def _one_of_profile_or_memory(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("profile") is not None:
+            raise ValueError("give either profile or min_memory_gib, not both")
+        return value
+
+
+class Connect(Out):
+    ssm_command: str = Field(description="how to open a shell on the host")
+
+
+class Session(Out):
+    session_id: str
+    user: str
+    instance_id: str
+    slice_id: str
+    backend: SliceBackend
+    profile: str
+    memory_gib: float
+    state: SessionState
+    expires_at: datetime
+    created_at: datetime
+    ended_at: datetime | None = None
+    end_reason: EndReason | None = None
+    env: dict[str, str] = Field(default_factory=dict, description="the exact environment to bind a process")
+
+
+class SessionGrant(Session):
+    """A check-out's answer: the session, its token (shown once), how to connect, warnings."""
+
+    token: str = Field(description="shown once; needed to check in or extend")
+    connect: Connect
+    warnings: list[str] = Field(default_factory=list)
+
+
+class CheckinRequest(Strict):
+    """DELETE /v1/sessions/{id}: end a session. The token, or force (admins)."""
+
+    token: str | None = Field(default=None, min_length=1, max_length=256)
+    force: bool = Field(default=False, description="admins: end it without the token")
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class ExtendRequest(Strict):
+    """POST /v1/sessions/{id}/extend: push the expiry later, within the deployment's max TTL."""
+
+    token: str = Field(min_length=1, max_length=256)
+    ttl_seconds: int = Field(gt=0, description="seconds added to the current expiry")
+
+
+# ---- quotas ------------------------------------------------------------------------------------
+
+
+class QuotaUpdate(Strict):
+    """PUT /v1/quotas/{user} (admin)."""
+
+    max_sessions: int = Field(ge=0, le=10_000, description="concurrent live sessions")
+    max_gpu_hours_per_month: float | None = Field(
+        default=None, ge=0, le=1_000_000, description="GPU-hours per calendar month (UTC); null: unlimited"
+    )
+
+
+class Quota(Out):
+    user: str
+    max_sessions: int
+    max_gpu_hours_per_month: float | None = None
+    live_sessions: int = Field(description="sessions live now")
+    gpu_hours_used_this_month: float = Field(description="ended sessions plus the time live ones have run")
+    month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
+    default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
