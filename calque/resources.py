@@ -127,3 +127,26 @@ def function(fid: str) -> FunctionDef:
 
 def visibility_timeout_s(queue: QueueDef) -> int:
     return function(queue.consumer).timeout_s * queue.visibility_factor
+
+
+@dataclass(frozen=True)
+class SsmDocumentParameters:
+    """Parameter names of the SSM Command document that runs the host agent.
+
+    The deployed document (infra/) and the local plane's SSM executor both read
+    these names, so a command sent by the control plane means the same on both.
+    """
+
+    verb: str = "verb"  # one of HOST_AGENT_VERBS
+    spec: str = "spec"  # the layout spec as JSON text; empty when the verb needs none
+    slice_id: str = "sliceId"  # the slice to reclaim; empty otherwise
+    report_to: str = "reportTo"  # the API endpoint the agent reports to; defaults to the deployed API
+
+
+SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()
+HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "reclaim", "report")
+
+# The control plane may send commands only to instances that carry this tag: whatever
+# launches or adopts a host tags it so (the deployed IAM policy conditions on it).
+HOST_TAG_KEY = "calque:host"
+HOST_TAG_VALUE = "managed"
