@@ -1,0 +1,73 @@
+"""The GPU catalog: cards, their MIG profiles, and the AWS instance types that carry them.
+
+Data with its sources (catalog.json, package data), not code paths. Each card and
+instance type says where its facts come from and whether they were verified.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from calque.catalog.models import Card, InstanceType, MigProfile
+from calque.errors import InvalidInput
+
+__all__ = [
+    "Card",
+    "InstanceType",
+    "MigProfile",
+    "card",
+    "card_for_nvml_name",
+    "cards",
+    "instance_type",
+    "instance_types",
+]
+
+
+@cache
+def _data() -> tuple[dict[str, Card], dict[str, InstanceType]]:
+    raw = json.loads(resources.files("calque.catalog").joinpath("catalog.json").read_text(encoding="utf-8"))
+    by_card = {c["name"]: Card.model_validate(c) for c in raw["cards"]}
+    by_type = {
+        t["name"]: InstanceType.model_validate({**t, "card": by_card[t["card"]]})
+        for t in raw["instance_types"]
+    }
+    return by_card, by_type
+
+
+def cards() -> list[Card]:
+    return list(_data()[0].values())
+
+
+def card(name: str) -> Card:
+    by_card = _data()[0]
+    if name in by_card:
+        return by_card[name]
+    raise InvalidInput(
+        f"unknown GPU card {name!r}; valid: {', '.join(by_card)}",
+        details={"field": "card", "value": name, "valid": list(by_card)},
+    )
+
+
+def instance_types() -> list[InstanceType]:
+    return sorted(_data()[1].values(), key=lambda t: t.name)
+
+
+def instance_type(name: str) -> InstanceType:
+    by_type = _data()[1]
+    if name in by_type:
+        return by_type[name]
+    valid = sorted(by_type)
+    raise InvalidInput(
+        f"unknown or non-GPU instance type {name!r}; valid: {', '.join(valid)}",
+        details={"field": "instance_type", "value": name, "valid": valid},
+    )
+
+
+def card_for_nvml_name(nvml_name: str) -> Card | None:
+    """The catalog card a real GPU is, from the name NVML reports; None when it is not in the catalog."""
+    for c in cards():
+        if nvml_name in c.nvml_names:
+            return c
+    return None

@@ -1,0 +1,263 @@
+"""Layout planning from the catalog: what a card allows, before anything touches a GPU.
+
+A MIG GPU instance occupies a run of memory slices starting at one of its profile's
+placements (NVML refuses an overlap) and uses some of the card's finite compute
+slices, so not every mix of profiles fits. The planner finds placements for a mix,
+or refuses it with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from calque import catalog
+from calque.catalog.models import Card, InstanceType, MigProfile
+from calque.contracts.layout import GpuEntry, LayoutSpec, MpsSpec
+from calque.errors import InvalidInput
+
+DEFAULT_MPS_CLIENTS = 4
+
+
+class PlannedSlice(BaseModel):
+    """One slice the layout creates, with the id both the control plane and the agent use."""
+
+    model_config = ConfigDict(frozen=True)
+
+    slice_id: str
+    gpu_index: int
+    backend: Literal["mig", "mps", "exclusive"]
+    profile: str
+    memory_gib: float
+    placement_start: int | None = None
+    active_thread_percentage: int | None = None
+    pinned_memory_limit_mib: int | None = None
+
+
+def _resolve(instance_type: str | InstanceType) -> InstanceType:
+    return catalog.instance_type(instance_type) if isinstance(instance_type, str) else instance_type
+
+
+def mig_slice_id(gpu_index: int, profile: str, ordinal: int) -> str:
+    return f"g{gpu_index}-{profile}-{ordinal}"
+
+
+def mps_slice_id(gpu_index: int, client: int) -> str:
+    return f"g{gpu_index}-mps-{client}"
+
+
+def whole_slice_id(gpu_index: int) -> str:
+    return f"g{gpu_index}-whole"
+
+
+def place_mig(
+    card: Card, wanted: dict[str, int], *, fixed: list[tuple[str, int]] | None = None
+) -> list[tuple[str, int]]:
+    """Placements (profile, start) for every wanted instance, keeping `fixed` ones where they are.
+
+    `wanted` counts include the fixed instances. Raises InvalidInput with the reason
+    when the mix cannot fit on one GPU of this card.
+    """
+    profiles = {name: card.profile(name) for name in wanted}
+    for name, count in wanted.items():
+        p = profiles[name]
+        if count > p.max_count:
+            raise InvalidInput(
+                f"{card.name} holds at most {p.max_count} x {name} per GPU (asked for {count})",
+                details={"profile": name, "count": count, "max_count": p.max_count},
+            )
+    compute = sum(profiles[n].compute_slices * c for n, c in wanted.items())
+    if compute > card.compute_slices:
+        raise InvalidInput(
+            f"{_mix(wanted)} needs {compute} compute slices; {card.name} has {card.compute_slices}",
+            details={"compute_slices_needed": compute, "compute_slices": card.compute_slices},
+        )
+    memory = sum(profiles[n].memory_slices * c for n, c in wanted.items())
+    if memory > card.memory_slices:
+        raise InvalidInput(
+            f"{_mix(wanted)} needs {memory} memory slices; {card.name} has {card.memory_slices}",
+            details={"memory_slices_needed": memory, "memory_slices": card.memory_slices},
+        )
+    fixed = list(fixed or [])
+    used = 0
+    remaining = dict(wanted)
+    for name, start in fixed:
+        p = card.profile(name)
+        used |= _mask(p, start)
+        remaining[name] = remaining.get(name, 0) - 1
+    todo = sorted(
+        (profiles[n] for n, c in remaining.items() for _ in range(max(c, 0))),
+        key=lambda p: (-p.memory_slices, -p.compute_slices, p.name),
+    )
+    found = _search(todo, used)
+    if found is None:
+        raise InvalidInput(
+            f"{_mix(wanted)} does not fit on one {card.name}: no non-overlapping placement of its instances"
+            + (" around the instances that already exist" if fixed else ""),
+            details={"mix": wanted},
+        )
+    return sorted(fixed + found, key=lambda t: (t[1], t[0]))
+
+
+def _mask(p: MigProfile, start: int) -> int:
+    return ((1 << p.memory_slices) - 1) << start
+
+
+def _search(todo: list[MigProfile], used: int) -> list[tuple[str, int]] | None:
+    if not todo:
+        return []
+    head, rest = todo[0], todo[1:]
+    for start in head.placements:
+        m = _mask(head, start)
+        if used & m:
+            continue
+        tail = _search(rest, used | m)
+        if tail is not None:
+            return [(head.name, start), *tail]
+    return None
+
+
+def _mix(wanted: dict[str, int]) -> str:
+    return " + ".join(f"{c} x {n}" for n, c in wanted.items()) or "nothing"
+
+
+def _check_mps(card: Card, mps: MpsSpec, where: str) -> None:
+    if not card.mps_capable:
+        raise InvalidInput(f"{where}: {card.name} does not support MPS", details={"field": where})
+    if mps.clients > card.max_mps_clients:
+        raise InvalidInput(
+            f"{where}.clients: {card.name} allows at most {card.max_mps_clients} MPS clients "
+            f"(asked for {mps.clients})",
+            details={"field": f"{where}.clients", "max": card.max_mps_clients},
+        )
+    card_mib = int(card.memory_gib * 1024)
+    if mps.pinned_memory_limit_mib is not None and mps.pinned_memory_limit_mib > card_mib:
+        raise InvalidInput(
+            f"{where}.pinned_memory_limit_mib: {mps.pinned_memory_limit_mib} MiB is more than the "
+            f"{card.name}'s {card_mib} MiB",
+            details={"field": f"{where}.pinned_memory_limit_mib", "max": card_mib},
+        )
+
+
+def validate_layout(instance_type: str | InstanceType, spec: LayoutSpec) -> None:
+    """Refuse, with the reason, a layout this instance type's GPUs cannot take."""
+    expand_slices(instance_type, spec)
+
+
+def _entry_index(spec: LayoutSpec, entry: GpuEntry) -> int:
+    return next(n for n, e in enumerate(spec.gpus) if e is entry)
+
+
+def plan_gpu(card: Card, gpu_index: int, entry: GpuEntry, where: str = "gpus") -> list[PlannedSlice]:
+    """The slices one GPU of this card gets from one spec entry."""
+    if entry.mig is not None:
+        if not card.mig_capable:
+            raise InvalidInput(
+                f'{where}.mig: {card.name} does not support MIG; use "mps" or "exclusive"',
+                details={"field": f"{where}.mig", "card": card.name},
+            )
+        try:
+            placed = place_mig(card, entry.mig)
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"{where}.mig: {exc.message}", details={"field": f"{where}.mig", **exc.details}
+            ) from None
+        out: list[PlannedSlice] = []
+        ordinals: dict[str, int] = {}
+        for name, start in placed:
+            k = ordinals.get(name, 0)
+            ordinals[name] = k + 1
+            out.append(
+                PlannedSlice(
+                    slice_id=mig_slice_id(gpu_index, name, k),
+                    gpu_index=gpu_index,
+                    backend="mig",
+                    profile=name,
+                    memory_gib=card.profile(name).memory_gib,
+                    placement_start=start,
+                )
+            )
+        return sorted(out, key=lambda s: (s.profile, s.slice_id))
+    if entry.mps is not None:
+        _check_mps(card, entry.mps, f"{where}.mps")
+        mps = entry.mps
+        if mps.pinned_memory_limit_mib is not None:
+            mem = round(mps.pinned_memory_limit_mib / 1024, 2)
+        else:
+            mem = round(card.memory_gib / mps.clients, 2)
+        return [
+            PlannedSlice(
+                slice_id=mps_slice_id(gpu_index, k),
+                gpu_index=gpu_index,
+                backend="mps",
+                profile="mps",
+                memory_gib=mem,
+                active_thread_percentage=mps.active_thread_percentage,
+                pinned_memory_limit_mib=mps.pinned_memory_limit_mib,
+            )
+            for k in range(mps.clients)
+        ]
+    return [
+        PlannedSlice(
+            slice_id=whole_slice_id(gpu_index),
+            gpu_index=gpu_index,
+            backend="exclusive",
+            profile="whole",
+            memory_gib=card.memory_gib,
+        )
+    ]
+
+
+def expand_slices(instance_type: str | InstanceType, spec: LayoutSpec) -> list[PlannedSlice]:
+    """Every slice the layout creates on this instance type, with deterministic ids.
+
+    MIG: "g{gpu}-{profile}-{k}", k counting that profile's instances on that GPU by
+    placement start; MPS: "g{gpu}-mps-{k}"; exclusive: "g{gpu}-whole".
+    """
+    itype = _resolve(instance_type)
+    out: list[PlannedSlice] = []
+    for gpu_index, entry in spec.per_gpu(itype.gpu_count).items():
+        where = f"gpus[{_entry_index(spec, entry)}]"
+        out.extend(plan_gpu(itype.card, gpu_index, entry, where))
+    return out
+
+
+def default_layout(instance_type: str | InstanceType) -> LayoutSpec:
+    """The layout that serves the most tenants: the smallest MIG profile, as many as fit,
+    on MIG cards; DEFAULT_MPS_CLIENTS MPS slots with equal shares elsewhere."""
+    itype = _resolve(instance_type)
+    card = itype.card
+    if card.mig_capable:
+        p = min(
+            (p for p in card.mig_profiles if not p.media_extensions),
+            key=lambda p: (p.compute_slices, p.memory_slices),
+        )
+        entry = GpuEntry(devices="all", mig={p.name: p.max_count})
+    else:
+        clients = DEFAULT_MPS_CLIENTS
+        entry = GpuEntry(
+            devices="all",
+            mps=MpsSpec(
+                clients=clients,
+                active_thread_percentage=100 // clients,
+                pinned_memory_limit_mib=int(card.memory_gib * 1024) // clients,
+            ),
+        )
+    return LayoutSpec(gpus=[entry])
+
+
+def smallest_profile(card: Card | str, min_memory_gib: float) -> MigProfile:
+    """The MIG profile with the least memory (then fewest compute slices) that has at least
+    min_memory_gib; media-extension variants only when nothing else fits."""
+    c = catalog.card(card) if isinstance(card, str) else card
+    if not c.mig_capable:
+        raise InvalidInput(f"{c.name} does not support MIG", details={"card": c.name})
+    fits = [p for p in c.mig_profiles if p.memory_gib >= min_memory_gib]
+    if not fits:
+        biggest = max(p.memory_gib for p in c.mig_profiles)
+        raise InvalidInput(
+            f"no MIG profile of {c.name} has {min_memory_gib:g} GiB; the largest has {biggest:g} GiB",
+            details={"card": c.name, "min_memory_gib": min_memory_gib, "largest_gib": biggest},
+        )
+    return min(fits, key=lambda p: (p.media_extensions, p.memory_gib, p.compute_slices, p.memory_slices))

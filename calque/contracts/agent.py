@@ -1,0 +1,117 @@
+"""What the host agent reports: one JSON document per run, printed on stdout and,
+when an endpoint is configured, POSTed to /v1/hosts/{instance_id}/report.
+
+Slice ids are the planner's (calque.catalog.planner.expand_slices): the control
+plane creates its slices as `pending` from the layout, and the agent's report
+names the same ids for what it actually created.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from calque.contracts.common import Strict
+from calque.contracts.layout import LayoutSpec
+
+Verb = Literal["inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process", "mps"]
+SliceState = Literal["ready", "reclaimed", "failed"]
+
+
+class AgentError(Strict):
+    code: str = Field(description="snake_case: gpu_busy, insufficient_resources, mig_not_supported, ...")
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProcessReport(Strict):
+    pid: int
+    device_uuid: str = Field(description="MIG-... for a MIG device, GPU-... otherwise")
+    used_memory_mib: int | None = None
+    name: str | None = None
+    slice_id: str | None = Field(default=None, description="the slice it runs on, when the agent can tell")
+
+
+class ComputeInstanceReport(Strict):
+    id: int
+    profile_id: int
+    slices: int
+
+
+class GpuInstanceReport(Strict):
+    id: int
+    profile: str = Field(description='e.g. "1g.24gb"')
+    profile_id: int
+    placement_start: int
+    placement_size: int
+    device_uuid: str | None = Field(
+        default=None, description="MIG-...: present once a compute instance exists"
+    )
+    compute_instances: list[ComputeInstanceReport] = Field(default_factory=list)
+    slice_id: str | None = None
+
+
+class MpsDaemonReport(Strict):
+    running: bool
+    healthy: bool
+    pipe_directory: str
+    log_directory: str
+    clients: int | None = None
+    active_thread_percentage: int | None = None
+    pinned_memory_limit_mib: int | None = None
+
+
+class GpuReport(Strict):
+    index: int
+    uuid: str
+    name: str = Field(description="as NVML reports it")
+    card: str | None = Field(default=None, description="the catalog card it is, when known")
+    memory_mib: int
+    mig_capable: bool
+    mig_mode_current: bool | None = None
+    mig_mode_pending: bool | None = None
+    gpu_instances: list[GpuInstanceReport] = Field(default_factory=list)
+    processes: list[ProcessReport] = Field(default_factory=list)
+    mps: MpsDaemonReport | None = None
+
+
+class SliceReport(Strict):
+    slice_id: str
+    gpu_index: int
+    gpu_uuid: str
+    backend: Literal["mig", "mps", "exclusive"]
+    profile: str = Field(description='MIG profile ("1g.24gb"), "mps" or "whole"')
+    memory_gib: float
+    device_uuid: str = Field(description="MIG-... for MIG; the GPU's own GPU-... uuid otherwise")
+    state: SliceState
+    env: dict[str, str] = Field(description="exactly what a client process needs to bind to this slice")
+    processes: list[ProcessReport] = Field(default_factory=list, description="still running on it")
+
+
+class AgentReport(Strict):
+    instance_id: str
+    instance_type: str | None = None
+    verb: Verb
+    ok: bool
+    error: AgentError | None = None
+    started_at: datetime
+    finished_at: datetime
+    simulated: bool = Field(
+        default=False, description="true: a fake of the instance type's GPUs, not hardware"
+    )
+    gpus: list[GpuReport] = Field(default_factory=list, description="inventory after the verb ran")
+    slices: list[SliceReport] = Field(default_factory=list)
+    layout_applied: bool = Field(
+        default=False, description="true: the GPUs now match the spec that was applied"
+    )
+    reclaimed_slice_id: str | None = None
+    spec: LayoutSpec | None = Field(
+        default=None, description="the spec applied or asserted; for export, the current state"
+    )
+    actions: list[str] = Field(default_factory=list, description="what this run changed, in order")
+    remaining: list[str] = Field(default_factory=list, description="what still differs from the spec")
+    mutating_calls: int = Field(
+        default=0, description="GPU-changing calls this run made (0 on a converged host)"
+    )

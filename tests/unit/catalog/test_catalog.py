@@ -1,0 +1,103 @@
+"""The GPU catalog: cards, profiles and instance types, as the control plane reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from calque import catalog
+from calque.errors import InvalidInput
+
+pytestmark = pytest.mark.unit
+
+
+def test_g7e_2xlarge_has_one_rtx_pro_6000_with_four_small_mig_profiles():
+    # Given the catalog / When a g7e.2xlarge is looked up
+    t = catalog.instance_type("g7e.2xlarge")
+    # Then it carries one MIG-capable RTX PRO 6000 with the documented profiles
+    assert t.gpu_count == 1
+    assert t.card.name == "RTX PRO 6000 Blackwell Server Edition"
+    assert t.card.mig_capable
+    assert t.card.mps_capable
+    assert {(p.name, p.max_count) for p in t.card.mig_profiles} == {
+        ("1g.24gb", 4),
+        ("2g.48gb", 2),
+        ("4g.96gb", 1),
+    }
+
+
+def test_h200_profile_table_matches_the_mig_user_guide():
+    h200 = catalog.card("H200 141GB")
+    table = {p.name: p.max_count for p in h200.mig_profiles if not p.media_extensions}
+    assert table == {"1g.18gb": 7, "1g.35gb": 4, "2g.35gb": 3, "3g.71gb": 2, "4g.71gb": 1, "7g.141gb": 1}
+    assert [p.name for p in h200.mig_profiles if p.media_extensions] == ["1g.18gb+me"]
+    assert h200.profile("1g.18gb+me").max_count == 1
+
+
+@pytest.mark.parametrize(
+    ("itype", "card", "gpus"),
+    [
+        ("g6.xlarge", "L4", 1),
+        ("g6e.xlarge", "L40S", 1),
+        ("g6e.12xlarge", "L40S", 4),
+        ("g5.48xlarge", "A10G", 8),
+        ("g4dn.xlarge", "T4", 1),
+        ("g7.2xlarge", "RTX PRO 4500 Blackwell Server Edition", 1),
+        ("p4d.24xlarge", "A100 40GB", 8),
+        ("p4de.24xlarge", "A100 80GB", 8),
+        ("p5.48xlarge", "H100 80GB", 8),
+        ("p5e.48xlarge", "H200 141GB", 8),
+        ("p5en.48xlarge", "H200 141GB", 8),
+        ("p6-b200.48xlarge", "B200", 8),
+    ],
+)
+def test_instance_types_carry_their_cards(itype, card, gpus):
+    t = catalog.instance_type(itype)
+    assert (t.card.name, t.gpu_count) == (card, gpus)
+    assert t.hourly_usd > 0
+    assert t.price_as_of.year >= 2025
+    assert t.source
+
+
+@pytest.mark.parametrize("name", ["L4", "L40S", "A10G", "T4"])
+def test_cards_without_mig_share_through_mps(name):
+    c = catalog.card(name)
+    assert not c.mig_capable
+    assert c.mps_capable
+    assert c.mig_profiles == []
+
+
+def test_every_fact_says_where_it_comes_from_and_nothing_claims_hardware_verification():
+    for c in catalog.cards():
+        assert c.source
+        assert all(p.source for p in c.mig_profiles)
+        assert c.verified_on_hardware is False
+    assert all(t.source for t in catalog.instance_types())
+
+
+def test_mig_profile_placements_stay_inside_the_card():
+    for c in catalog.cards():
+        for p in c.mig_profiles:
+            assert p.placements, p.name
+            assert all(s + p.memory_slices <= c.memory_slices for s in p.placements), (c.name, p.name)
+            assert p.compute_slices <= c.compute_slices
+
+
+def test_unknown_instance_type_is_refused_naming_it_and_listing_valid_ones():
+    with pytest.raises(InvalidInput) as exc:
+        catalog.instance_type("m5.large")
+    assert "m5.large" in exc.value.message
+    assert "g7e.2xlarge" in exc.value.details["valid"]
+
+
+def test_unknown_card_and_profile_are_refused():
+    with pytest.raises(InvalidInput, match="valid"):
+        catalog.card("Voodoo2")
+    with pytest.raises(InvalidInput, match=r"1g\.24gb"):
+        catalog.card("RTX PRO 6000 Blackwell Server Edition").profile("1g.18gb")
+    with pytest.raises(InvalidInput, match="does not support MIG"):
+        catalog.card("L4").profile("1g.5gb")
+
+
+def test_nvml_names_map_back_to_cards():
+    assert catalog.card_for_nvml_name("NVIDIA H100 80GB HBM3").name == "H100 80GB"
+    assert catalog.card_for_nvml_name("NVIDIA GeForce RTX 3090") is None
