@@ -9,13 +9,14 @@ POST /v1/hosts/{id}/report (host role), POST/GET /v1/sessions (?all=true: admins
 GET/DELETE /v1/sessions/{id}, POST /v1/sessions/{id}/extend, PUT/GET /v1/quotas/{user}.
 
 Error codes scripts may branch on (the contract's error document):
-  409 no_free_slice, slice_state_changed, already_checked_in, session_expired,
+  409 no_free_slice, slice_state_changed, already_checked_in (check-in of an ended session),
+      session_ended / session_expired (extend too late), session_changed (extend raced),
       host_has_live_sessions, host_not_ready, already_registered
   429 quota_exceeded (details: max_sessions/live_sessions or
       max_gpu_hours_per_month/gpu_hours_used)
   403 forbidden (admins only / not this host's role), invalid_token (nothing released)
   400 consent_required (mps without accept_shared_gpu_no_isolation), invalid_layout,
-      unknown_instance_type, invalid_ttl
+      invalid_input (unknown instance type), invalid_ttl, token_required
   422 validation_failed (details.fields names each field)
   404 not_found (also another member's session: ids never leak)
 """
@@ -23,11 +24,12 @@ Error codes scripts may branch on (the contract's error document):
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from calque.contracts.common import Out, Strict
+from calque.contracts.layout import LayoutSpec
 
 # What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
 SessionBackend = Literal["mig", "mps"]
@@ -56,10 +58,8 @@ class HostRegistration(Strict):
     instance_type: str = Field(
         min_length=1, max_length=64, description="e.g. g7e.2xlarge; must be in the catalog"
     )
-    layout: dict[str, Any] | None = Field(
-        default=None,
-        description="the host agent's layout spec (calque.contracts.layout.LayoutSpec); "
-        "omitted: the card's default",
+    layout: LayoutSpec | None = Field(
+        default=None, description="the host agent's layout spec; omitted: the card's default"
     )
     spot: bool = Field(default=False, description="the instance runs on spot capacity")
 
@@ -203,3 +203,26 @@ class Quota(Out):
     gpu_hours_used_this_month: float = Field(description="ended sessions plus the time live ones have run")
     month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
     default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
+
+
+# ---- host tasks (the host_tasks queue) -------------------------------------------------------
+
+
+class ApplyTask(Strict):
+    """Converge a host's GPUs to a layout (sent at registration)."""
+
+    kind: Literal["apply"] = "apply"
+    instance_id: str
+    spec: dict[str, Any] = Field(description="the LayoutSpec document")
+
+
+class ReclaimTask(Strict):
+    """Stop what still runs on a slice whose session ended, then report."""
+
+    kind: Literal["reclaim"] = "reclaim"
+    instance_id: str
+    slice_id: str
+    fence: int = Field(description="the grant whose leftovers are reclaimed")
+
+
+HostTask = Annotated[ApplyTask | ReclaimTask, Field(discriminator="kind")]

@@ -1,0 +1,97 @@
+"""Key shapes of the single registry table (calque.resources.REGISTRY_TABLE).
+
+    item            pk                        sk
+    host            HOSTS                     HOST#<instance_id>
+    slice           HOST#<instance_id>        SLICE#<slice_id>
+    session         SESSION#<session_id>      SESSION
+    quota / counter USER#<user>               QUOTA
+    monthly usage   USER#<user>               USAGE#<YYYY-MM>
+    profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
+    lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
+
+Sparse indexes (an item is in an index only while it carries that index's keys):
+
+    free_slices  free_pk = FREE#<backend>
+                 free_sk = <memory, milli-GiB, 9 digits>#<profile>#<instance>#<slice>
+                 only free slices of hosts that accept sessions: the first hit >= a floor is the best fit.
+    by_user      user_pk = USER#<user>      user_sk = <created iso>#<session_id>        every session
+    by_expiry    expiry_pk = LIVE           expiry_sk = <expiry epoch s, 12 digits>#<session_id>  (live)
+                 expiry_pk = RECLAIMING     expiry_sk = <since epoch s, 12 digits>#<instance>#<slice>
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+HOSTS_PK = "HOSTS"
+LIVE = "LIVE"
+RECLAIMING = "RECLAIMING"
+
+
+def host(instance_id: str) -> dict[str, str]:
+    return {"pk": HOSTS_PK, "sk": f"HOST#{instance_id}"}
+
+
+def host_partition(instance_id: str) -> str:
+    return f"HOST#{instance_id}"
+
+
+def slice_(instance_id: str, slice_id: str) -> dict[str, str]:
+    return {"pk": host_partition(instance_id), "sk": f"SLICE#{slice_id}"}
+
+
+def session(session_id: str) -> dict[str, str]:
+    return {"pk": f"SESSION#{session_id}", "sk": "SESSION"}
+
+
+def quota(user: str) -> dict[str, str]:
+    return {"pk": f"USER#{user}", "sk": "QUOTA"}
+
+
+def usage(user: str, month: str) -> dict[str, str]:
+    return {"pk": f"USER#{user}", "sk": f"USAGE#{month}"}
+
+
+def profile(backend: str, name: str) -> dict[str, str]:
+    return {"pk": f"PROFILE#{backend}#{name}", "sk": "PROFILE"}
+
+
+def event(at: datetime, session_id: str | None, fence: int, kind: str) -> dict[str, str]:
+    return {"pk": f"EVENTS#{at:%Y-%m-%d}", "sk": f"{iso(at)}#{session_id or '-'}#{fence}#{kind}"}
+
+
+def memory_key(memory_gib: float) -> str:
+    return f"{round(memory_gib * 1000):09d}"
+
+
+def free_pk(backend: str) -> str:
+    return f"FREE#{backend}"
+
+
+def free_sk(memory_gib: float, profile_name: str, instance_id: str, slice_id: str) -> str:
+    return f"{memory_key(memory_gib)}#{profile_name}#{instance_id}#{slice_id}"
+
+
+def user_pk(user: str) -> str:
+    return f"USER#{user}"
+
+
+def user_sk(created_at: datetime, session_id: str) -> str:
+    return f"{iso(created_at)}#{session_id}"
+
+
+def epoch_key(at: datetime) -> str:
+    return f"{int(at.timestamp()):012d}"
+
+
+def expiry_sk(expires_at: datetime, session_id: str) -> str:
+    return f"{epoch_key(expires_at)}#{session_id}"
+
+
+def reclaiming_sk(since: datetime, instance_id: str, slice_id: str) -> str:
+    return f"{epoch_key(since)}#{instance_id}#{slice_id}"
+
+
+def iso(at: datetime) -> str:
+    """Second-precision UTC, the one textual time form the table holds."""
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")

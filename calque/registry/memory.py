@@ -1,0 +1,339 @@
+"""An in-process registry for unit tests: the same conditions as the DynamoDB adapter,
+each multi-record change applied all or nothing under one lock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+
+from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
+from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
+
+
+class MemoryRegistry:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.hosts: dict[str, HostRecord] = {}
+        self.slice_map: dict[tuple[str, str], SliceRecord] = {}
+        self.sessions: dict[str, SessionRecord] = {}
+        self.quotas: dict[str, QuotaRecord] = {}
+        self.usage: dict[tuple[str, str], float] = {}
+        self.profiles: dict[tuple[str, str], set[float]] = {}
+        self.events: list[LeaseEvent] = []
+        self.requests = 0  # calls made, for the "does not grow with the fleet" property
+
+    def _count(self) -> None:
+        self.requests += 1
+
+    # -- hosts ----------------------------------------------------------------------------
+    def create_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+        with self._lock:
+            self._count()
+            if host.instance_id in self.hosts:
+                raise AlreadyExists(host.instance_id)
+            self.hosts[host.instance_id] = host
+            for sl in slices:
+                self.slice_map[(sl.instance_id, sl.slice_id)] = sl
+                self.profiles.setdefault((sl.backend, sl.profile), set()).add(sl.memory_gib)
+
+    def get_host(self, instance_id: str) -> HostRecord | None:
+        self._count()
+        return self.hosts.get(instance_id)
+
+    def list_hosts(self) -> list[HostRecord]:
+        self._count()
+        return [self.hosts[k] for k in sorted(self.hosts)]
+
+    def slices(self, instance_id: str) -> list[SliceRecord]:
+        self._count()
+        with self._lock:
+            return sorted(
+                (s for (i, _), s in self.slice_map.items() if i == instance_id), key=lambda s: s.slice_id
+            )
+
+    def set_host_state(
+        self, instance_id: str, state: HostState, *, reason: str | None, at: datetime, expect: set[str]
+    ) -> HostRecord:
+        with self._lock:
+            self._count()
+            host = self.hosts.get(instance_id)
+            if host is None or host.state not in expect:
+                raise StaleWrite(instance_id)
+            new = host.model_copy(update={"state": state, "state_reason": reason, "state_since": at})
+            self.hosts[instance_id] = new
+            return new
+
+    def set_placeable(self, sl: SliceRecord, placeable: bool) -> bool:
+        with self._lock:
+            self._count()
+            cur = self.slice_map.get((sl.instance_id, sl.slice_id))
+            if cur is None or cur.state != "free" or cur.fence != sl.fence:
+                return False
+            self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(update={"placeable": placeable})
+            return True
+
+    def slice_ready(
+        self,
+        instance_id: str,
+        slice_id: str,
+        *,
+        device_uuid: str,
+        env: dict[str, str],
+        placeable: bool,
+        at: datetime,
+    ) -> bool:
+        with self._lock:
+            self._count()
+            cur = self.slice_map.get((instance_id, slice_id))
+            if cur is None or cur.state not in ("pending", "free"):
+                return False
+            since = at if cur.state == "pending" else cur.state_since
+            self.slice_map[(instance_id, slice_id)] = cur.model_copy(
+                update={
+                    "state": "free",
+                    "device_uuid": device_uuid,
+                    "env": dict(env),
+                    "placeable": placeable,
+                    "state_since": since,
+                }
+            )
+            return True
+
+    def slice_reclaimed(
+        self, instance_id: str, slice_id: str, *, placeable: bool, not_before: datetime, event: LeaseEvent
+    ) -> bool:
+        with self._lock:
+            self._count()
+            cur = self.slice_map.get((instance_id, slice_id))
+            if cur is None or cur.state not in ("reclaiming", "quarantined") or cur.state_since > not_before:
+                return False
+            self.slice_map[(instance_id, slice_id)] = cur.model_copy(
+                update={
+                    "state": "free",
+                    "placeable": placeable,
+                    "state_since": event.at,
+                }
+            )
+            self.events.append(event)
+            return True
+
+    def quarantine(self, sl: SliceRecord, *, at: datetime, event: LeaseEvent) -> bool:
+        with self._lock:
+            self._count()
+            cur = self.slice_map.get((sl.instance_id, sl.slice_id))
+            if (
+                cur is None
+                or cur.state != "reclaiming"
+                or cur.fence != sl.fence
+                or cur.state_since != sl.state_since
+            ):
+                return False
+            self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
+                update={"state": "quarantined", "state_since": at}
+            )
+            self.events.append(event)
+            return True
+
+    def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
+        self._count()
+        with self._lock:
+            found = [
+                s for s in self.slice_map.values() if s.state == "reclaiming" and s.state_since <= cutoff
+            ]
+        return sorted(found, key=lambda s: s.state_since)[:limit]
+
+    # -- placement ------------------------------------------------------------------------
+    def profile_memories(self, backend: str, profile: str) -> list[float]:
+        self._count()
+        return sorted(self.profiles.get((backend, profile), set()))
+
+    def free_candidates(
+        self,
+        backend: str,
+        *,
+        min_memory_gib: float | None,
+        profile_memory: tuple[str, float] | None,
+        limit: int,
+    ) -> list[SliceRecord]:
+        self._count()
+        with self._lock:
+            found = [
+                s
+                for s in self.slice_map.values()
+                if s.placeable and s.state == "free" and s.backend == backend
+            ]
+        if profile_memory is not None:
+            name, mem = profile_memory
+            found = [s for s in found if s.profile == name and s.memory_gib == mem]
+        elif min_memory_gib is not None:
+            found = [s for s in found if s.memory_gib >= min_memory_gib]
+        found.sort(key=lambda s: (s.memory_gib, s.profile, s.instance_id, s.slice_id))
+        return found[:limit]
+
+    def grant(
+        self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int, event: LeaseEvent
+    ) -> None:
+        with self._lock:
+            self._count()
+            cur = self.slice_map.get((sl.instance_id, sl.slice_id))
+            if cur is None or cur.state != "free" or cur.fence != sl.fence or not cur.placeable:
+                raise SliceTaken(sl.slice_id)
+            if session.session_id in self.sessions:
+                raise StaleWrite(session.session_id)
+            q = self.quotas.get(session.user)
+            if q is not None and q.live >= q.max_sessions:
+                raise QuotaFull(session.user)
+            self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
+                update={
+                    "state": "held",
+                    "fence": session.fence,
+                    "holder": session.user,
+                    "session_id": session.session_id,
+                    "placeable": False,
+                    "state_since": session.created_at,
+                }
+            )
+            self.sessions[session.session_id] = session
+            if q is None:
+                q = QuotaRecord(user=session.user, max_sessions=default_max_sessions, live=0)
+            self.quotas[session.user] = q.model_copy(update={"live": q.live + 1})
+            self.events.append(event)
+
+    # -- sessions -------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        self._count()
+        return self.sessions.get(session_id)
+
+    def sessions_of(self, user: str, limit: int) -> list[SessionRecord]:
+        self._count()
+        mine = [s for s in self.sessions.values() if s.user == user]
+        return sorted(mine, key=lambda s: (s.created_at, s.session_id), reverse=True)[:limit]
+
+    def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
+        self._count()
+        live = [s for s in self.sessions.values() if s.state == "live"]
+        if expiring_at_or_before is not None:
+            cutoff = int(expiring_at_or_before.timestamp())
+            live = [s for s in live if int(s.expires_at.timestamp()) <= cutoff]
+        return sorted(live, key=lambda s: (s.expires_at, s.session_id))[:limit]
+
+    def end_session(
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None,
+        expired_by: datetime | None,
+        gpu_hours: float,
+        month: str,
+        event: LeaseEvent,
+    ) -> SessionRecord:
+        with self._lock:
+            self._count()
+            cur = self.sessions.get(session.session_id)
+            if cur is None or cur.state != "live" or cur.fence != session.fence:
+                raise StaleWrite(session.session_id)
+            if token_hash is not None and cur.token_hash != token_hash:
+                raise StaleWrite(session.session_id)
+            if expired_by is not None and int(cur.expires_at.timestamp()) > int(expired_by.timestamp()):
+                raise StaleWrite(session.session_id)
+            key = (session.instance_id, session.slice_id)
+            sl = self.slice_map.get(key)
+            if (
+                sl is None
+                or sl.state != "held"
+                or sl.session_id != session.session_id
+                or sl.fence != session.fence
+            ):
+                raise StaleWrite(session.slice_id)
+            q = self.quotas.get(session.user)
+            if q is None or q.live <= 0:
+                raise StaleWrite(session.user)
+            ended = cur.model_copy(
+                update={
+                    "state": "ended",
+                    "ended_at": at,
+                    "end_reason": reason,
+                    "ended_by": by,
+                    "end_note": note,
+                }
+            )
+            self.sessions[session.session_id] = ended
+            self.slice_map[key] = sl.model_copy(
+                update={
+                    "state": "reclaiming",
+                    "holder": None,
+                    "session_id": None,
+                    "state_since": at,
+                }
+            )
+            self.quotas[session.user] = q.model_copy(update={"live": q.live - 1})
+            self.usage[(session.user, month)] = self.usage.get((session.user, month), 0.0) + gpu_hours
+            self.events.append(event)
+            return ended
+
+    def extend_session(
+        self,
+        session: SessionRecord,
+        *,
+        expires_at: datetime,
+        token_hash: str,
+        now: datetime,
+        event: LeaseEvent,
+    ) -> SessionRecord:
+        with self._lock:
+            self._count()
+            cur = self.sessions.get(session.session_id)
+            if (
+                cur is None
+                or cur.state != "live"
+                or cur.token_hash != token_hash
+                or cur.expires_at != session.expires_at
+                or int(cur.expires_at.timestamp()) <= int(now.timestamp())
+            ):
+                raise StaleWrite(session.session_id)
+            new = cur.model_copy(update={"expires_at": expires_at})
+            self.sessions[session.session_id] = new
+            self.events.append(event)
+            return new
+
+    # -- quotas ---------------------------------------------------------------------------
+    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
+        self._count()
+        return self.quotas.get(user), self.usage.get((user, month), 0.0)
+
+    def put_quota(
+        self, user: str, *, max_sessions: int, max_gpu_hours_per_month: float | None, by: str, at: datetime
+    ) -> QuotaRecord:
+        with self._lock:
+            self._count()
+            live = self.quotas[user].live if user in self.quotas else 0
+            q = QuotaRecord(
+                user=user,
+                max_sessions=max_sessions,
+                max_gpu_hours_per_month=max_gpu_hours_per_month,
+                live=live,
+                updated_at=at,
+                updated_by=by,
+                explicit=True,
+            )
+            self.quotas[user] = q
+            return q
+
+    def events_on(self, day: str) -> list[LeaseEvent]:
+        self._count()
+        return sorted((e for e in self.events if f"{e.at:%Y-%m-%d}" == day), key=lambda e: e.at)
+
+
+class MemoryQueue:
+    """Collects host tasks in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+
+    def send(self, task: object) -> None:
+        self.sent.append(task)

@@ -1,0 +1,102 @@
+"""The records the registry stores and returns: domain models, never raw items."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SliceBackend = Literal["mig", "mps", "exclusive"]
+HostState = Literal["pending", "ready", "draining", "drained", "failed"]
+SliceState = Literal["pending", "free", "held", "reclaiming", "quarantined"]
+SessionState = Literal["live", "ended"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class HostRecord(_Record):
+    instance_id: str
+    instance_type: str
+    sharing: Literal["mig", "mps", "exclusive", "mixed"]
+    state: HostState
+    spot: bool = False
+    layout: dict[str, Any] | None = None
+    registered_at: datetime
+    registered_by: str
+    state_since: datetime
+    state_reason: str | None = None
+
+
+class SliceRecord(_Record):
+    instance_id: str
+    slice_id: str
+    gpu_index: int
+    backend: SliceBackend
+    profile: str
+    memory_gib: float
+    gpu_fraction: float = 1.0
+    state: SliceState
+    # Increases with every grant of this slice: a write that names an older fence is stale.
+    fence: int = 0
+    # Free AND its host accepts sessions: only then is it in the free_slices index.
+    placeable: bool = False
+    holder: str | None = None
+    session_id: str | None = None
+    device_uuid: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    spot: bool = False
+    state_since: datetime
+
+
+class SessionRecord(_Record):
+    session_id: str
+    user: str
+    instance_id: str
+    slice_id: str
+    backend: SliceBackend
+    profile: str
+    memory_gib: float
+    gpu_fraction: float = 1.0
+    state: SessionState
+    fence: int
+    token_hash: str
+    created_at: datetime
+    expires_at: datetime
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    ended_by: str | None = None
+    end_note: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    spot: bool = False
+
+
+class QuotaRecord(_Record):
+    user: str
+    max_sessions: int
+    max_gpu_hours_per_month: float | None = None
+    live: int = 0
+    updated_at: datetime | None = None
+    updated_by: str | None = None
+    # False: no admin set it; the counter item exists only to count live sessions.
+    explicit: bool = False
+
+
+class LeaseEvent(_Record):
+    """One change of a lease: who, when, why. Usage reports are computed from these."""
+
+    kind: Literal[
+        "granted", "extended", "checked_in", "expired", "forced", "drained", "reclaimed", "quarantined"
+    ]
+    at: datetime
+    who: str
+    why: str | None = None
+    session_id: str | None = None
+    user: str | None = None
+    instance_id: str
+    slice_id: str
+    fence: int
+    gpu_hours: float | None = None
+    expires_at: datetime | None = None
