@@ -1,0 +1,83 @@
+"""``calque quota set | show``: how many sessions a user may hold at once, and GPU-hours a month."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+from urllib.parse import quote
+
+QUOTA_FIELDS = [
+    ("user", "user"),
+    ("max_sessions", "max_sessions"),
+    ("live_sessions", "live_sessions"),
+    ("max_gpu_hours_per_month", lambda q: "unlimited" if q.get("max_gpu_hours_per_month") is None
+     else f"{float(q['max_gpu_hours_per_month']):g}"),
+    ("gpu_hours_used", lambda q: f"{float(q.get('gpu_hours_used_this_month') or 0):.2f}"),
+    ("month", "month"),
+    ("source", lambda q: "deployment default" if q.get("default") else "set for this user"),
+]
+
+
+def quota_body(*, max_sessions: int, max_gpu_hours_per_month: float | None = None) -> dict[str, Any]:
+    return {"max_sessions": max_sessions, "max_gpu_hours_per_month": max_gpu_hours_per_month}
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    from calque.cli.main import command_group
+
+    group = command_group(subparsers, "quota", help="per-user limits on sessions and GPU-hours")
+
+    p = group.add_parser("set", help="set a user's quota (admins)")
+    p.add_argument("user", metavar="USER", help="the user's principal, as `calque whoami` shows it")
+    p.add_argument("--max-sessions", required=True, type=_non_negative_int, metavar="N",
+                   help="sessions the user may hold at once")
+    p.add_argument("--max-gpu-hours-per-month", type=_non_negative_float, metavar="H",
+                   help="GPU-hours per calendar month, UTC (default: unlimited)")
+    p.set_defaults(func=_set)
+
+    p = group.add_parser("show", help="a user's quota and use (default: your own)")
+    p.add_argument("user", metavar="USER", nargs="?", help="whose (admins: anyone; default: you)")
+    p.set_defaults(func=_show)
+
+
+def _set(ctx: Any, args: argparse.Namespace) -> None:
+    do_set(ctx, user=args.user, max_sessions=args.max_sessions,
+           max_gpu_hours_per_month=args.max_gpu_hours_per_month)
+
+
+def do_set(ctx: Any, *, user: str, max_sessions: int, max_gpu_hours_per_month: float | None = None) -> None:
+    body = quota_body(max_sessions=max_sessions, max_gpu_hours_per_month=max_gpu_hours_per_month)
+    quota = ctx.client().request("PUT", f"/v1/quotas/{quote(user, safe='')}", body)
+    ctx.emit(quota, columns=QUOTA_FIELDS)
+
+
+def _show(ctx: Any, args: argparse.Namespace) -> None:
+    do_show(ctx, user=args.user)
+
+
+def do_show(ctx: Any, *, user: str | None = None) -> None:
+    client = ctx.client()
+    if user is None:
+        user = str(client.request("GET", "/v1/whoami")["principal"])
+    quota = client.request("GET", f"/v1/quotas/{quote(user, safe='')}")
+    ctx.emit(quota, columns=QUOTA_FIELDS)

@@ -1,0 +1,285 @@
+"""``calque session checkout | checkin | extend | list | show``: one user, one slice, a bounded time.
+
+MPS slots share a card with no isolation between tenants, so an MPS check-out
+without ``--i-understand-shared-gpu-has-no-isolation`` is refused here, before any
+request is sent (and the control plane refuses it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from calque.cli.durations import duration_arg
+from calque.cli.errors import CliError
+
+CONSENT_FLAG = "--i-understand-shared-gpu-has-no-isolation"
+TOKEN_NOTE = "This token is shown once and never again: keep it to check in or extend."  # noqa: S105
+
+
+# ---- request bodies (pure) ---------------------------------------------------------------------
+
+
+def checkout_body(*, backend: str, instance_id: str | None = None, profile: str | None = None,
+                  min_memory_gib: float | None = None, ttl_seconds: int | None = None,
+                  accept_shared_gpu_no_isolation: bool = False) -> dict[str, Any]:
+    """The POST /v1/sessions body; CliError (exit 1) for an MPS check-out without consent."""
+    if backend == "mps" and not accept_shared_gpu_no_isolation:
+        raise CliError(
+            "MPS slots share a GPU with no memory or fault isolation between tenants; "
+            f"check out an MPS slot only with {CONSENT_FLAG}",
+            code="consent_required",
+            details={"field": "accept_shared_gpu_no_isolation", "flag": CONSENT_FLAG},
+        )
+    return {
+        "instance_id": instance_id,
+        "backend": backend,
+        "profile": profile,
+        "min_memory_gib": min_memory_gib,
+        "ttl_seconds": ttl_seconds,
+        "accept_shared_gpu_no_isolation": bool(accept_shared_gpu_no_isolation),
+    }
+
+
+def checkin_body(*, token: str | None, force: bool, reason: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"token": token, "force": force}
+    if reason:
+        body["reason"] = reason
+    return body
+
+
+# ---- rendering (pure) ---------------------------------------------------------------------------
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def remaining(expires_at: Any, now: datetime | None = None) -> str:
+    """``1h59m`` until the expiry, ``expired`` past it."""
+    from calque.cli.durations import format_duration
+
+    t = _parse_time(expires_at)
+    if t is None:
+        return "-"
+    left = (t - (now or datetime.now(UTC))).total_seconds()
+    return format_duration(left) if left >= 1 else "expired"
+
+
+def _gib(value: Any) -> str:
+    return "-" if value is None else f"{float(value):g}"
+
+
+SESSION_COLUMNS = [
+    ("session_id", "session_id"),
+    ("user", "user"),
+    ("instance_id", "instance_id"),
+    ("slice_id", "slice_id"),
+    ("backend", "backend"),
+    ("profile", "profile"),
+    ("memory_gib", lambda s: _gib(s.get("memory_gib"))),
+    ("state", "state"),
+    ("expires_at", "expires_at"),
+    ("left", lambda s: remaining(s.get("expires_at")) if s.get("state") == "live" else s.get("end_reason")),
+]
+
+
+def export_lines(env: Mapping[str, Any]) -> list[str]:
+    import shlex
+
+    return [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
+
+
+def render_grant(grant: Mapping[str, Any]) -> str:
+    """A check-out for people: what was granted, the token once, the env, how to connect, warnings."""
+    lines = [
+        f"Checked out {grant.get('session_id')}: slice {grant.get('slice_id')} "
+        f"({grant.get('profile')}, {_gib(grant.get('memory_gib'))} GiB, {grant.get('backend')}) "
+        f"on {grant.get('instance_id')}.",
+        f"Expires at {grant.get('expires_at')} (in {remaining(grant.get('expires_at'))}); "
+        "the slice is reclaimed then, whatever still runs on it.",
+        "",
+        f"Token: {grant.get('token')}",
+        TOKEN_NOTE,
+        "",
+        "Bind a process to the slice:",
+        *("  " + line for line in export_lines(grant.get("env") or {})),
+    ]
+    connect = grant.get("connect") or {}
+    if connect.get("ssm_command"):
+        lines += ["", "Connect:", "  " + str(connect["ssm_command"])]
+    for w in grant.get("warnings") or []:
+        lines.append(f"warning: {w}")
+    sid, tok = grant.get("session_id"), grant.get("token")
+    lines += ["", f"Check in when done: calque session checkin {sid} --token {tok}"]
+    return "\n".join(lines)
+
+
+def render_session(session: Mapping[str, Any]) -> str:
+    from calque.cli.output import render_fields
+
+    fields: list[Any] = [
+        ("session_id", "session_id"), ("user", "user"), ("state", "state"), ("instance_id", "instance_id"),
+        ("slice_id", "slice_id"), ("backend", "backend"), ("profile", "profile"),
+        ("memory_gib", lambda s: _gib(s.get("memory_gib"))), ("created_at", "created_at"),
+        ("expires_at", "expires_at"),
+    ]
+    if session.get("state") == "live":
+        fields.append(("time_left", lambda s: remaining(s.get("expires_at"))))
+    else:
+        fields += [("ended_at", "ended_at"), ("end_reason", "end_reason")]
+    text = render_fields(session, fields)
+    env = session.get("env") or {}
+    if env:
+        text += "\nenv\n" + "\n".join("  " + line for line in export_lines(env))
+    return text
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    from calque.cli.main import command_group
+
+    group = command_group(subparsers, "session", help="check a slice out for a bounded time, and back in")
+
+    p = _add_parser_without_global_profile(
+        group, "checkout", help="take one slice (MIG instance or MPS slot) for a bounded time",
+        epilog="--profile here is the slice's profile; give the AWS profile before the command: "
+        "calque --profile NAME session checkout ...",
+    )
+    p.add_argument("--instance-id", metavar="I",
+                   help="only this host (default: any host with a fitting slice)")
+    p.add_argument("--backend", required=True, choices=("mig", "mps"), help="MIG slice or MPS client slot")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--profile", "--slice-profile", dest="slice_profile", metavar="P",
+                       help="exactly this slice profile, e.g. 1g.24gb")
+    which.add_argument("--min-memory-gib", type=_positive_float, metavar="G",
+                       help="the smallest slice with at least G GiB (best fit)")
+    p.add_argument("--ttl", type=duration_arg, metavar="DURATION",
+                   help="how long (90s, 15m, 2h; default: the deployment's, 2h)")
+    p.add_argument(CONSENT_FLAG, dest="accept_no_isolation", action="store_true",
+                   help="required for mps: tenants of one card are not isolated from each other")
+    p.set_defaults(func=_checkout)
+
+    p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
+    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("--token", help="the token the check-out printed")
+    p.add_argument("--force", action="store_true", help="admins: end someone's session without its token")
+    p.add_argument("--reason", help="recorded with a forced check-in")
+    p.set_defaults(func=_checkin, _parser=p)
+
+    p = group.add_parser("extend", help="push a session's expiry later (within the deployment's max)")
+    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("--token", required=True)
+    p.add_argument("--ttl", required=True, type=duration_arg, metavar="DURATION", help="time added, e.g. 1h")
+    p.set_defaults(func=_extend)
+
+    p = group.add_parser("list", help="your live sessions (admins: --all for everyone's)")
+    p.add_argument("--all", action="store_true", help="admins: every user's sessions")
+    p.set_defaults(func=_list)
+
+    p = group.add_parser("show", help="one session")
+    p.add_argument("session_id", metavar="SESSION_ID")
+    p.set_defaults(func=_show)
+
+
+def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A verb parser with every global option except --profile.
+
+    The contract gives ``session checkout`` its own ``--profile`` (the slice's profile),
+    so there the AWS profile goes before the command:
+    ``calque --profile alice session checkout --backend mig --profile 1g.24gb``.
+    The global option actions are shared between parsers, so they are copied over
+    (never altered, which argparse's conflict resolution would do to every parser).
+    """
+    from calque.cli.main import _COMMON
+
+    parent = argparse.ArgumentParser(add_help=False)
+    options = parent.add_argument_group("global options")
+    for action in _COMMON._actions:
+        if "--profile" not in action.option_strings:
+            options._add_action(action)
+    kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+    kwargs.setdefault("description", kwargs.get("help"))
+    parser: argparse.ArgumentParser = argparse._SubParsersAction.add_parser(group, name, parents=[parent],
+                                                                            **kwargs)
+    return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def _checkout(ctx: Any, args: argparse.Namespace) -> None:
+    do_checkout(ctx, backend=args.backend, instance_id=args.instance_id, profile=args.slice_profile,
+                min_memory_gib=args.min_memory_gib, ttl_seconds=args.ttl,
+                accept_shared_gpu_no_isolation=args.accept_no_isolation)
+
+
+def do_checkout(ctx: Any, **kwargs: Any) -> None:
+    body = checkout_body(**kwargs)
+    grant = ctx.client().request("POST", "/v1/sessions", body)
+    ctx.emit(grant, text=render_grant(grant))
+
+
+def _checkin(ctx: Any, args: argparse.Namespace) -> None:
+    if not args.token and not args.force:
+        args._parser.error("give --token TOKEN (admins: --force)")
+    do_checkin(ctx, session_id=args.session_id, token=args.token, force=args.force, reason=args.reason)
+
+
+def do_checkin(ctx: Any, *, session_id: str, token: str | None, force: bool = False,
+               reason: str | None = None) -> None:
+    body = checkin_body(token=token, force=force, reason=reason)
+    ended = ctx.client().request("DELETE", f"/v1/sessions/{quote(session_id, safe='')}", body)
+    how = "Forced check-in of" if force and not token else "Checked in"
+    ended = ended or {}
+    text = (f"{how} {session_id}; slice {ended.get('slice_id')} on {ended.get('instance_id')} "
+            "is reclaimed on the host before anyone else gets it.")
+    ctx.emit(ended, text=text)
+
+
+def _extend(ctx: Any, args: argparse.Namespace) -> None:
+    do_extend(ctx, session_id=args.session_id, token=args.token, ttl_seconds=args.ttl)
+
+
+def do_extend(ctx: Any, *, session_id: str, token: str, ttl_seconds: int) -> None:
+    session = ctx.client().request("POST", f"/v1/sessions/{quote(session_id, safe='')}/extend",
+                                   {"token": token, "ttl_seconds": ttl_seconds})
+    text = (f"Extended {session_id}: now expires at {session.get('expires_at')} "
+            f"(in {remaining(session.get('expires_at'))}).")
+    ctx.emit(session, text=text)
+
+
+def _list(ctx: Any, args: argparse.Namespace) -> None:
+    do_list(ctx, all_users=args.all)
+
+
+def do_list(ctx: Any, *, all_users: bool = False) -> None:
+    sessions = ctx.client().request("GET", "/v1/sessions", query={"all": "true"} if all_users else None)
+    ctx.emit(sessions, columns=SESSION_COLUMNS)
+
+
+def _show(ctx: Any, args: argparse.Namespace) -> None:
+    do_show(ctx, session_id=args.session_id)
+
+
+def do_show(ctx: Any, *, session_id: str) -> None:
+    session = ctx.client().request("GET", f"/v1/sessions/{quote(session_id, safe='')}")
+    ctx.emit(session, text=render_session(session))

@@ -1,0 +1,35 @@
+"""`calque quota ...`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+QUOTA = {"user": "alice", "max_sessions": 2, "max_gpu_hours_per_month": None, "live_sessions": 1,
+         "gpu_hours_used_this_month": 0.5, "month": "2026-12", "default": False}
+
+
+def test_quota_set_puts_the_numbers(api, cli):
+    api.responses[("PUT", "/v1/quotas/alice")] = QUOTA
+    code, out, _ = cli("quota", "set", "alice", "--max-sessions", "2", "--max-gpu-hours-per-month", "40")
+    assert code == 0
+    assert api.requests[0][2] == {"max_sessions": 2, "max_gpu_hours_per_month": 40.0}
+    assert "unlimited" in out
+
+
+def test_quota_show_without_user_shows_the_callers_own(api, cli):
+    api.responses[("GET", "/v1/whoami")] = {"principal": "alice", "admin": False}
+    api.responses[("GET", "/v1/quotas/alice")] = QUOTA
+    code, out, _ = cli("quota", "show", "--output", "json")
+    assert code == 0
+    assert json.loads(out) == QUOTA
+
+
+@pytest.mark.parametrize("n", ["-1", "two"])
+def test_quota_set_bad_numbers_are_usage_errors(api, cli, n):
+    code, _, _ = cli("quota", "set", "alice", "--max-sessions", n)
+    assert code == 2
+    assert api.requests == []

@@ -1,0 +1,176 @@
+"""`calque session ...`: consent, durations, and a check-out a person can act on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calque.cli.errors import ApiError
+
+pytestmark = pytest.mark.unit
+
+GRANT = {
+    "session_id": "s-0123456789abcdef",
+    "user": "alice",
+    "instance_id": "i-0abc",
+    "slice_id": "g0-1g.24gb-0",
+    "backend": "mig",
+    "profile": "1g.24gb",
+    "memory_gib": 24.0,
+    "state": "live",
+    "expires_at": "2099-01-01T00:00:00Z",
+    "created_at": "2026-12-02T10:00:00Z",
+    "env": {"CUDA_VISIBLE_DEVICES": "MIG-5e3f0000-aaaa"},
+    "token": "tok-secret-123",
+    "connect": {"ssm_command": "aws ssm start-session --target i-0abc"},
+    "warnings": ["i-0abc runs on spot: a reclaim would end every session on it"],
+}
+
+
+def test_mps_without_consent_is_refused_before_any_request(api, cli):
+    # Given a member asking for an MPS slot without the no-isolation consent
+    # When they check out
+    code, _, err = cli("session", "checkout", "--backend", "mps")
+    # Then nothing is sent, the refusal names the flag, exit 1
+    assert code == 1
+    assert api.requests == []
+    assert "--i-understand-shared-gpu-has-no-isolation" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_mps_refusal_with_json_output_is_the_error_document(api, cli):
+    code, out, _ = cli("session", "checkout", "--backend", "mps", "--output", "json")
+    assert code == 1
+    assert json.loads(out)["error"]["code"] == "consent_required"
+
+
+def test_mps_with_consent_is_sent_with_the_consent(api, cli):
+    api.responses[("POST", "/v1/sessions")] = {**GRANT, "backend": "mps", "profile": "mps"}
+    code, _, _ = cli("session", "checkout", "--backend", "mps", "--i-understand-shared-gpu-has-no-isolation")
+    assert code == 0
+    assert api.requests[0][2]["accept_shared_gpu_no_isolation"] is True
+    assert api.requests[0][2]["backend"] == "mps"
+
+
+@pytest.mark.parametrize(("ttl", "seconds"), [("90s", 90), ("15m", 900), ("2h", 7200), ("1h30m", 5400)])
+def test_ttl_is_sent_in_seconds(api, cli, ttl, seconds):
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    code, _, _ = cli("session", "checkout", "--backend", "mig", "--profile", "1g.24gb", "--ttl", ttl,
+                     "--instance-id", "i-0abc")
+    assert code == 0
+    assert api.requests[0][2] == {
+        "instance_id": "i-0abc", "backend": "mig", "profile": "1g.24gb", "min_memory_gib": None,
+        "ttl_seconds": seconds, "accept_shared_gpu_no_isolation": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--backend", "mig", "--ttl", "2 hours"],
+        ["--backend", "mig", "--ttl", "0s"],
+        ["--backend", "mig", "--profile", "1g.24gb", "--min-memory-gib", "20"],
+        ["--backend", "mig", "--min-memory-gib", "-1"],
+        ["--backend", "exclusive"],
+        [],
+    ],
+)
+def test_bad_checkout_flags_are_usage_errors(api, cli, argv):
+    code, _, err = cli("session", "checkout", *argv)
+    assert code == 2
+    assert api.requests == []
+    assert err
+
+
+def test_checkout_shows_the_token_once_the_env_as_exports_and_how_to_connect(api, cli):
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    code, out, _ = cli("session", "checkout", "--backend", "mig", "--min-memory-gib", "20")
+    assert code == 0
+    assert api.requests[0][2]["min_memory_gib"] == 20.0
+    assert "Token: tok-secret-123" in out
+    assert "shown once and never again" in out
+    assert "export CUDA_VISIBLE_DEVICES=MIG-5e3f0000-aaaa" in out
+    assert "aws ssm start-session --target i-0abc" in out
+    assert "warning: i-0abc runs on spot" in out
+
+
+def test_checkout_json_is_the_grant_with_the_contracts_fields(api, cli):
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    code, out, _ = cli("session", "checkout", "--backend", "mig", "--output", "json")
+    assert code == 0
+    assert json.loads(out) == GRANT
+
+
+def test_no_free_slice_is_a_one_line_refusal(api, cli):
+    err_doc = {"error": {"code": "no_free_slice", "message": "no free mig slice fits", "details": {}}}
+    api.responses[("POST", "/v1/sessions")] = ApiError(409, err_doc)
+    code, out, err = cli("session", "checkout", "--backend", "mig", "--output", "json")
+    assert code == 1
+    assert json.loads(out) == err_doc
+    assert err.strip() == "calque: error: no free mig slice fits"
+
+
+def test_checkin_needs_a_token_or_force(api, cli):
+    code, _, err = cli("session", "checkin", "s-0123456789abcdef")
+    assert code == 2
+    assert api.requests == []
+    assert "--token" in err
+
+
+def test_checkin_sends_the_token(api, cli):
+    api.responses[("DELETE", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "state": "ended"}
+    code, out, _ = cli("session", "checkin", "s-0123456789abcdef", "--token", "tok-secret-123")
+    assert code == 0
+    assert api.requests[0][2] == {"token": "tok-secret-123", "force": False}
+    assert "reclaimed" in out
+
+
+def test_forced_checkin_sends_no_token(api, cli):
+    api.responses[("DELETE", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "state": "ended"}
+    code, _, _ = cli("session", "checkin", "s-0123456789abcdef", "--force", "--reason", "stuck job")
+    assert code == 0
+    assert api.requests[0][2] == {"token": None, "force": True, "reason": "stuck job"}
+
+
+def test_extend_sends_the_added_seconds(api, cli):
+    api.responses[("POST", "/v1/sessions/s-0123456789abcdef/extend")] = GRANT
+    code, out, _ = cli("session", "extend", "s-0123456789abcdef", "--token", "t", "--ttl", "1h")
+    assert code == 0
+    assert api.requests[0][2] == {"token": "t", "ttl_seconds": 3600}
+    assert "2099-01-01T00:00:00Z" in out
+
+
+def test_list_all_asks_for_everyone(api, cli):
+    api.responses[("GET", "/v1/sessions")] = [GRANT]
+    code, out, _ = cli("session", "list", "--all")
+    assert code == 0
+    assert api.requests[0][3] == {"all": "true"}
+    assert "s-0123456789abcdef" in out
+    assert "alice" in out
+
+
+def test_list_json_is_an_array(api, cli):
+    api.responses[("GET", "/v1/sessions")] = []
+    code, out, _ = cli("session", "list", "--output", "json")
+    assert code == 0
+    assert json.loads(out) == []
+    assert api.requests[0][3] is None
+
+
+def test_checkout_profile_is_the_slice_profile_and_the_aws_profile_goes_first(api, cli):
+    # Given the contract's two meanings of --profile (AWS profile globally, slice profile on checkout)
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    # When a member names both
+    code, _, _ = cli("--profile", "alice", "session", "checkout", "--backend", "mig", "--profile", "1g.24gb")
+    # Then the request is signed as alice and asks for a 1g.24gb slice
+    assert code == 0
+    assert api.profile == "alice"
+    assert api.requests[0][2]["profile"] == "1g.24gb"
+
+
+def test_other_session_commands_take_the_aws_profile_after_the_command(api, cli):
+    api.responses[("GET", "/v1/sessions")] = []
+    code, _, _ = cli("session", "list", "--profile", "bob")
+    assert code == 0
+    assert api.profile == "bob"
