@@ -74,46 +74,36 @@ class MemoryRegistry:
             return True
 
     def slice_ready(
-        self,
-        instance_id: str,
-        slice_id: str,
-        *,
-        device_uuid: str,
-        env: dict[str, str],
-        placeable: bool,
-        at: datetime,
+        self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
     ) -> bool:
+        key = (sl.instance_id, sl.slice_id)
         with self._lock:
             self._count()
-            cur = self.slice_map.get((instance_id, slice_id))
+            cur = self.slice_map.get(key)
             if cur is None or cur.state not in ("pending", "free"):
                 return False
-            since = at if cur.state == "pending" else cur.state_since
-            self.slice_map[(instance_id, slice_id)] = cur.model_copy(
+            self.slice_map[key] = cur.model_copy(
                 update={
                     "state": "free",
                     "device_uuid": device_uuid,
                     "env": dict(env),
                     "placeable": placeable,
-                    "state_since": since,
+                    "state_since": at,
                 }
             )
             return True
 
     def slice_reclaimed(
-        self, instance_id: str, slice_id: str, *, placeable: bool, not_before: datetime, event: LeaseEvent
+        self, sl: SliceRecord, *, placeable: bool, not_before: datetime, event: LeaseEvent
     ) -> bool:
+        key = (sl.instance_id, sl.slice_id)
         with self._lock:
             self._count()
-            cur = self.slice_map.get((instance_id, slice_id))
+            cur = self.slice_map.get(key)
             if cur is None or cur.state not in ("reclaiming", "quarantined") or cur.state_since > not_before:
                 return False
-            self.slice_map[(instance_id, slice_id)] = cur.model_copy(
-                update={
-                    "state": "free",
-                    "placeable": placeable,
-                    "state_since": event.at,
-                }
+            self.slice_map[key] = cur.model_copy(
+                update={"state": "free", "placeable": placeable, "state_since": event.at}
             )
             self.events.append(event)
             return True

@@ -51,13 +51,12 @@ class Registry(Protocol):
         """Put a free slice in (or take it out of) placement, if still free at its fence."""
 
     def slice_ready(
-        self, instance_id: str, slice_id: str, *, device_uuid: str, env: dict[str, str], placeable: bool,
-        at: datetime,
+        self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
     ) -> bool:
         """pending (or free, refreshed) -> free with the agent's binding; False if it is neither."""
 
     def slice_reclaimed(
-        self, instance_id: str, slice_id: str, *, placeable: bool, not_before: datetime, event: LeaseEvent
+        self, sl: SliceRecord, *, placeable: bool, not_before: datetime, event: LeaseEvent
     ) -> bool:
         """reclaiming/quarantined -> free, only if it entered that state at or before ``not_before``
         (a reclaim that started earlier cannot vouch for a later holder). False otherwise."""
@@ -73,14 +72,19 @@ class Registry(Protocol):
         """The memory sizes hosts registered for this profile (placement keys sort by memory)."""
 
     def free_candidates(
-        self, backend: str, *, min_memory_gib: float | None, profile_memory: tuple[str, float] | None,
+        self,
+        backend: str,
+        *,
+        min_memory_gib: float | None,
+        profile_memory: tuple[str, float] | None,
         limit: int,
     ) -> list[SliceRecord]:
         """Placeable slices of the backend, smallest memory first, from >= min_memory_gib or
         exactly (profile, memory). May lag the truth: the grant's conditions decide."""
 
-    def grant(self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int,
-              event: LeaseEvent) -> None:
+    def grant(
+        self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int, event: LeaseEvent
+    ) -> None:
         """One transaction: slice free at sl.fence -> held at session.fence, the session created,
         the user's live counter incremented below its maximum, the event recorded.
         SliceTaken or QuotaFull when a condition fails."""
@@ -95,15 +99,30 @@ class Registry(Protocol):
         """Live sessions, soonest expiry first; only those already expired with a cutoff."""
 
     def end_session(
-        self, session: SessionRecord, *, at: datetime, reason: str, by: str, note: str | None,
-        token_hash: str | None, expired_by: datetime | None, gpu_hours: float, month: str, event: LeaseEvent,
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None,
+        expired_by: datetime | None,
+        gpu_hours: float,
+        month: str,
+        event: LeaseEvent,
     ) -> SessionRecord:
         """One transaction: live session at its fence (and token, and expired by ``expired_by``
         when given) -> ended; its slice held -> reclaiming; the user's live counter decremented;
         the month's usage added; the event recorded. StaleWrite when a condition fails."""
 
     def extend_session(
-        self, session: SessionRecord, *, expires_at: datetime, token_hash: str, now: datetime,
+        self,
+        session: SessionRecord,
+        *,
+        expires_at: datetime,
+        token_hash: str,
+        now: datetime,
         event: LeaseEvent,
     ) -> SessionRecord:
         """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry. StaleWrite otherwise."""

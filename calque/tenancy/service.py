@@ -222,8 +222,7 @@ class Tenancy:
                     fence=sl.fence,
                 )
                 done = self.registry.slice_reclaimed(
-                    instance_id,
-                    sl.slice_id,
+                    sl,
                     placeable=host.state == "ready",
                     not_before=report.started_at + timedelta(seconds=self.config.clock_skew_s),
                     event=event,
@@ -246,8 +245,7 @@ class Tenancy:
                     ignored.append(sr.slice_id)
                     continue
                 done = self.registry.slice_ready(
-                    instance_id,
-                    sr.slice_id,
+                    known[sr.slice_id],
                     device_uuid=sr.device_uuid,
                     env=sr.env,
                     placeable=placeable,

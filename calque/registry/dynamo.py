@@ -1,0 +1,671 @@
+"""The registry on the single DynamoDB table (key shapes: calque.registry.keys).
+
+Every multi-record change is one TransactWriteItems whose conditions are the
+truth; a cancelled transaction becomes a StaleWrite (or SliceTaken / QuotaFull,
+read from the cancellation reasons), never a partial write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import ClientError
+
+from calque.registry import keys
+from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
+from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
+
+_SER = TypeSerializer()
+_DES = TypeDeserializer()
+
+# How long an ended session's record stays before DynamoDB TTL may collect it.
+ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
+
+
+def _to_dynamo(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str | int | Decimal):
+        return value
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, datetime):
+        return keys.iso(value)
+    if isinstance(value, dict):
+        return {k: _to_dynamo(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_to_dynamo(v) for v in value]
+    if isinstance(value, set):
+        return {_to_dynamo(v) for v in value}
+    raise TypeError(f"cannot store {type(value).__name__}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, set):
+        return sorted(_plain(v) for v in value)
+    return value
+
+
+def ser(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: _SER.serialize(v) for k, v in _to_dynamo(item).items()}
+
+
+def des(item: dict[str, Any]) -> dict[str, Any]:
+    return _plain({k: _DES.deserialize(v) for k, v in item.items()})
+
+
+def _vals(**values: Any) -> dict[str, Any]:
+    return {f":{k}": _SER.serialize(_to_dynamo(v)) for k, v in values.items()}
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _reasons(exc: ClientError) -> list[str]:
+    return [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
+
+
+class DynamoRegistry:
+    def __init__(self, client: Any, table_name: str) -> None:
+        self.client = client
+        self.table = table_name
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _query(self, limit: int | None = None, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        kwargs["TableName"] = self.table
+        seen = 0
+        while True:
+            if limit is not None:
+                kwargs["Limit"] = limit - seen
+            page = self.client.query(**kwargs)
+            for raw in page.get("Items", []):
+                seen += 1
+                yield des(raw)
+            start = page.get("LastEvaluatedKey")
+            if not start or (limit is not None and seen >= limit):
+                return
+            kwargs["ExclusiveStartKey"] = start
+
+    def _get(self, key: dict[str, str]) -> dict[str, Any] | None:
+        raw = self.client.get_item(TableName=self.table, Key=ser(key), ConsistentRead=True).get("Item")
+        return des(raw) if raw else None
+
+    def _transact(self, items: list[dict[str, Any]]) -> None:
+        for it in items:
+            next(iter(it.values()))["TableName"] = self.table
+        self.client.transact_write_items(TransactItems=items)
+
+    @staticmethod
+    def _put_event(event: LeaseEvent) -> dict[str, Any]:
+        item = {
+            **keys.event(event.at, event.session_id, event.fence, event.kind),
+            "type": "event",
+            **event.model_dump(),
+        }
+        return {"Put": {"Item": ser(item)}}
+
+    # -- records <-> items ----------------------------------------------------------------
+    @staticmethod
+    def _slice_item(sl: SliceRecord) -> dict[str, Any]:
+        item = {
+            **keys.slice_(sl.instance_id, sl.slice_id),
+            "type": "slice",
+            **sl.model_dump(exclude={"placeable"}),
+        }
+        if sl.placeable and sl.state == "free":
+            item["free_pk"] = keys.free_pk(sl.backend)
+            item["free_sk"] = keys.free_sk(sl.memory_gib, sl.profile, sl.instance_id, sl.slice_id)
+        return item
+
+    @staticmethod
+    def _slice(item: dict[str, Any]) -> SliceRecord:
+        return SliceRecord.model_validate({**item, "placeable": "free_pk" in item})
+
+    @staticmethod
+    def _session_item(s: SessionRecord) -> dict[str, Any]:
+        item = {
+            **keys.session(s.session_id),
+            "type": "session",
+            **s.model_dump(),
+            "expires_epoch": int(s.expires_at.timestamp()),
+            "user_pk": keys.user_pk(s.user),
+            "user_sk": keys.user_sk(s.created_at, s.session_id),
+        }
+        if s.state == "live":
+            item["expiry_pk"] = keys.LIVE
+            item["expiry_sk"] = keys.expiry_sk(s.expires_at, s.session_id)
+        return item
+
+    # -- hosts ----------------------------------------------------------------------------
+    def create_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=ser({**keys.host(host.instance_id), "type": "host", **host.model_dump()}),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                raise AlreadyExists(host.instance_id) from None
+            raise
+        pending = [{"PutRequest": {"Item": ser(self._slice_item(sl))}} for sl in slices]
+        while pending:
+            batch, pending = pending[:25], pending[25:]
+            left = self.client.batch_write_item(RequestItems={self.table: batch}).get("UnprocessedItems", {})
+            pending = left.get(self.table, []) + pending
+        sizes: dict[tuple[str, str], set[float]] = {}
+        for sl in slices:
+            sizes.setdefault((sl.backend, sl.profile), set()).add(sl.memory_gib)
+        for (backend, profile), mems in sizes.items():
+            self.client.update_item(
+                TableName=self.table,
+                Key=ser(keys.profile(backend, profile)),
+                UpdateExpression="ADD memories :m SET #type = :t",
+                ExpressionAttributeNames={"#type": "type"},
+                ExpressionAttributeValues={
+                    ":m": {"NS": [repr(float(m)) for m in sorted(mems)]},
+                    ":t": {"S": "profile"},
+                },
+            )
+
+    def get_host(self, instance_id: str) -> HostRecord | None:
+        item = self._get(keys.host(instance_id))
+        return HostRecord.model_validate(item) if item else None
+
+    def list_hosts(self) -> list[HostRecord]:
+        return [
+            HostRecord.model_validate(i)
+            for i in self._query(
+                KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.HOSTS_PK)
+            )
+        ]
+
+    def slices(self, instance_id: str) -> list[SliceRecord]:
+        items = self._query(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :s)",
+            ExpressionAttributeValues=_vals(pk=keys.host_partition(instance_id), s="SLICE#"),
+            ConsistentRead=True,
+        )
+        return [self._slice(i) for i in items]
+
+    def set_host_state(
+        self, instance_id: str, state: HostState, *, reason: str | None, at: datetime, expect: set[str]
+    ) -> HostRecord:
+        expected = sorted(expect)
+        names = ", ".join(f":e{n}" for n in range(len(expected)))
+        values = _vals(state=state, at=at, **{f"e{n}": e for n, e in enumerate(expected)})
+        update = "SET #state = :state, state_since = :at"
+        if reason is None:
+            update += " REMOVE state_reason"
+        else:
+            update += ", state_reason = :reason"
+            values.update(_vals(reason=reason))
+        try:
+            out = self.client.update_item(
+                TableName=self.table,
+                Key=ser(keys.host(instance_id)),
+                UpdateExpression=update,
+                ConditionExpression=f"attribute_exists(pk) AND #state IN ({names})",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                raise StaleWrite(instance_id) from None
+            raise
+        return HostRecord.model_validate(des(out["Attributes"]))
+
+    def set_placeable(self, sl: SliceRecord, placeable: bool) -> bool:
+        values = _vals(free="free", fence=sl.fence)
+        if placeable:
+            update = "SET free_pk = :fpk, free_sk = :fsk"
+            values.update(
+                _vals(
+                    fpk=keys.free_pk(sl.backend),
+                    fsk=keys.free_sk(sl.memory_gib, sl.profile, sl.instance_id, sl.slice_id),
+                )
+            )
+        else:
+            update = "REMOVE free_pk, free_sk"
+        try:
+            self.client.update_item(
+                TableName=self.table,
+                Key=ser(keys.slice_(sl.instance_id, sl.slice_id)),
+                UpdateExpression=update,
+                ConditionExpression="#state = :free AND fence = :fence",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def _free_keys(self, sl: SliceRecord, placeable: bool, values: dict[str, Any]) -> tuple[str, str]:
+        """SET and REMOVE clauses that put the slice in placement, or take it out."""
+        if placeable:
+            values.update(
+                _vals(
+                    fpk=keys.free_pk(sl.backend),
+                    fsk=keys.free_sk(sl.memory_gib, sl.profile, sl.instance_id, sl.slice_id),
+                )
+            )
+            return ", free_pk = :fpk, free_sk = :fsk", ""
+        return "", "free_pk, free_sk"
+
+    def slice_ready(
+        self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
+    ) -> bool:
+        values = _vals(free="free", pending="pending", uuid=device_uuid, env=env, at=at)
+        set_free, remove = self._free_keys(sl, placeable, values)
+        update = f"SET #state = :free, device_uuid = :uuid, env = :env, state_since = :at{set_free}"
+        if remove:
+            update += f" REMOVE {remove}"
+        try:
+            self.client.update_item(
+                TableName=self.table,
+                Key=ser(keys.slice_(sl.instance_id, sl.slice_id)),
+                UpdateExpression=update,
+                ConditionExpression="#state IN (:pending, :free)",
+                ExpressionAttributeNames={"#state": "state"},
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if _code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def slice_reclaimed(
+        self, sl: SliceRecord, *, placeable: bool, not_before: datetime, event: LeaseEvent
+    ) -> bool:
+        values = _vals(free="free", r="reclaiming", q="quarantined", nb=not_before, at=event.at)
+        set_free, remove = self._free_keys(sl, placeable, values)
+        update = f"SET #state = :free, state_since = :at{set_free} REMOVE expiry_pk, expiry_sk"
+        if remove:
+            update += f", {remove}"
+        try:
+            self._transact(
+                [
+                    {
+                        "Update": {
+                            "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
+                            "UpdateExpression": update,
+                            "ConditionExpression": "#state IN (:r, :q) AND state_since <= :nb",
+                            "ExpressionAttributeNames": {"#state": "state"},
+                            "ExpressionAttributeValues": values,
+                        }
+                    },
+                    self._put_event(event),
+                ]
+            )
+        except ClientError as exc:
+            if _code(exc) == "TransactionCanceledException":
+                return False
+            raise
+        return True
+
+    def quarantine(self, sl: SliceRecord, *, at: datetime, event: LeaseEvent) -> bool:
+        try:
+            self._transact(
+                [
+                    {
+                        "Update": {
+                            "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
+                            "UpdateExpression": "SET #state = :q, state_since = :at "
+                            "REMOVE expiry_pk, expiry_sk",
+                            "ConditionExpression": "#state = :r AND fence = :fence AND state_since = :since",
+                            "ExpressionAttributeNames": {"#state": "state"},
+                            "ExpressionAttributeValues": _vals(
+                                q="quarantined", r="reclaiming", at=at, fence=sl.fence, since=sl.state_since
+                            ),
+                        }
+                    },
+                    self._put_event(event),
+                ]
+            )
+        except ClientError as exc:
+            if _code(exc) == "TransactionCanceledException":
+                return False
+            raise
+        return True
+
+    def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
+        items = self._query(
+            limit=limit,
+            IndexName="by_expiry",
+            KeyConditionExpression="expiry_pk = :pk AND expiry_sk < :hi",
+            ExpressionAttributeValues=_vals(pk=keys.RECLAIMING, hi=f"{int(cutoff.timestamp()) + 1:012d}"),
+        )
+        return [self._slice(i) for i in items]
+
+    # -- placement ------------------------------------------------------------------------
+    def profile_memories(self, backend: str, profile: str) -> list[float]:
+        item = self._get(keys.profile(backend, profile))
+        return sorted(float(m) for m in (item or {}).get("memories", []))
+
+    def free_candidates(
+        self,
+        backend: str,
+        *,
+        min_memory_gib: float | None,
+        profile_memory: tuple[str, float] | None,
+        limit: int,
+    ) -> list[SliceRecord]:
+        if profile_memory is not None:
+            name, mem = profile_memory
+            cond = "free_pk = :pk AND begins_with(free_sk, :prefix)"
+            values = _vals(pk=keys.free_pk(backend), prefix=f"{keys.memory_key(mem)}#{name}#")
+        else:
+            cond = "free_pk = :pk AND free_sk >= :floor"
+            values = _vals(pk=keys.free_pk(backend), floor=keys.memory_key(min_memory_gib or 0))
+        # One page of `limit` items: the request count stays flat however big the fleet is.
+        page = self.client.query(
+            TableName=self.table,
+            IndexName="free_slices",
+            KeyConditionExpression=cond,
+            ExpressionAttributeValues=values,
+            Limit=limit,
+        )
+        return [self._slice(des(i)) for i in page.get("Items", [])]
+
+    def grant(
+        self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int, event: LeaseEvent
+    ) -> None:
+        items = [
+            {
+                "Update": {
+                    "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
+                    "UpdateExpression": (
+                        "SET #state = :held, fence = :next, holder = :user, session_id = :sid, "
+                        "state_since = :at "
+                        "REMOVE free_pk, free_sk"
+                    ),
+                    "ConditionExpression": "#state = :free AND fence = :fence AND attribute_exists(free_pk)",
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": _vals(
+                        held="held",
+                        free="free",
+                        next=session.fence,
+                        fence=sl.fence,
+                        user=session.user,
+                        sid=session.session_id,
+                        at=session.created_at,
+                    ),
+                }
+            },
+            {
+                "Put": {
+                    "Item": ser(self._session_item(session)),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            },
+            {
+                "Update": {
+                    "Key": ser(keys.quota(session.user)),
+                    "UpdateExpression": (
+                        "SET live = if_not_exists(live, :zero) + :one, "
+                        "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t"
+                    ),
+                    "ConditionExpression": "attribute_not_exists(live) OR live < max_sessions",
+                    "ExpressionAttributeNames": {"#user": "user", "#type": "type"},
+                    "ExpressionAttributeValues": _vals(
+                        zero=0, one=1, dflt=default_max_sessions, user=session.user, t="quota"
+                    ),
+                }
+            },
+            self._put_event(event),
+        ]
+        try:
+            self._transact(items)
+        except ClientError as exc:
+            if _code(exc) != "TransactionCanceledException":
+                raise
+            reasons = _reasons(exc)
+            if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
+                raise QuotaFull(session.user) from None
+            # The slice's condition failed, or another transaction held one of the items:
+            # either way this candidate is lost; the caller moves on.
+            raise SliceTaken(sl.slice_id) from None
+
+    # -- sessions -------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        item = self._get(keys.session(session_id))
+        return SessionRecord.model_validate(item) if item else None
+
+    def sessions_of(self, user: str, limit: int) -> list[SessionRecord]:
+        items = self._query(
+            limit=limit,
+            IndexName="by_user",
+            KeyConditionExpression="user_pk = :pk",
+            ExpressionAttributeValues=_vals(pk=keys.user_pk(user)),
+            ScanIndexForward=False,
+        )
+        return [SessionRecord.model_validate(i) for i in items]
+
+    def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
+        if expiring_at_or_before is None:
+            cond, values = "expiry_pk = :pk", _vals(pk=keys.LIVE)
+        else:
+            cond = "expiry_pk = :pk AND expiry_sk < :hi"
+            values = _vals(pk=keys.LIVE, hi=f"{int(expiring_at_or_before.timestamp()) + 1:012d}")
+        items = self._query(
+            limit=limit, IndexName="by_expiry", KeyConditionExpression=cond, ExpressionAttributeValues=values
+        )
+        return [SessionRecord.model_validate(i) for i in items]
+
+    def end_session(
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None,
+        expired_by: datetime | None,
+        gpu_hours: float,
+        month: str,
+        event: LeaseEvent,
+    ) -> SessionRecord:
+        cond = "#state = :live AND fence = :fence"
+        values = _vals(
+            live="live",
+            fence=session.fence,
+            ended="ended",
+            at=at,
+            reason=reason,
+            by=by,
+            gc=int(at.timestamp()) + ENDED_SESSION_RETENTION_S,
+        )
+        update = "SET #state = :ended, ended_at = :at, end_reason = :reason, ended_by = :by, gc_at = :gc"
+        if note is not None:
+            update += ", end_note = :note"
+            values.update(_vals(note=note))
+        if token_hash is not None:
+            cond += " AND token_hash = :th"
+            values.update(_vals(th=token_hash))
+        if expired_by is not None:
+            cond += " AND expires_epoch <= :cutoff"
+            values.update(_vals(cutoff=int(expired_by.timestamp())))
+        update += " REMOVE expiry_pk, expiry_sk"
+        items = [
+            {
+                "Update": {
+                    "Key": ser(keys.session(session.session_id)),
+                    "UpdateExpression": update,
+                    "ConditionExpression": cond,
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": values,
+                }
+            },
+            {
+                "Update": {
+                    "Key": ser(keys.slice_(session.instance_id, session.slice_id)),
+                    "UpdateExpression": (
+                        "SET #state = :reclaiming, state_since = :at, expiry_pk = :epk, expiry_sk = :esk "
+                        "REMOVE holder, session_id"
+                    ),
+                    "ConditionExpression": "#state = :held AND session_id = :sid AND fence = :fence",
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": _vals(
+                        reclaiming="reclaiming",
+                        held="held",
+                        sid=session.session_id,
+                        fence=session.fence,
+                        at=at,
+                        epk=keys.RECLAIMING,
+                        esk=keys.reclaiming_sk(at, session.instance_id, session.slice_id),
+                    ),
+                }
+            },
+            {
+                "Update": {
+                    "Key": ser(keys.quota(session.user)),
+                    "UpdateExpression": "SET live = live - :one",
+                    "ConditionExpression": "live > :zero",
+                    "ExpressionAttributeValues": _vals(one=1, zero=0),
+                }
+            },
+            {
+                "Update": {
+                    "Key": ser(keys.usage(session.user, month)),
+                    "UpdateExpression": (
+                        "ADD gpu_hours :h, sessions :one SET #user = :user, #month = :month, #type = :t"
+                    ),
+                    "ExpressionAttributeNames": {"#user": "user", "#month": "month", "#type": "type"},
+                    "ExpressionAttributeValues": _vals(
+                        h=gpu_hours, one=1, user=session.user, month=month, t="usage"
+                    ),
+                }
+            },
+            self._put_event(event),
+        ]
+        try:
+            self._transact(items)
+        except ClientError as exc:
+            if _code(exc) == "TransactionCanceledException":
+                raise StaleWrite(session.session_id) from None
+            raise
+        return session.model_copy(
+            update={
+                "state": "ended",
+                "ended_at": at,
+                "end_reason": reason,
+                "ended_by": by,
+                "end_note": note,
+            }
+        )
+
+    def extend_session(
+        self,
+        session: SessionRecord,
+        *,
+        expires_at: datetime,
+        token_hash: str,
+        now: datetime,
+        event: LeaseEvent,
+    ) -> SessionRecord:
+        old = int(session.expires_at.timestamp())
+        try:
+            self._transact(
+                [
+                    {
+                        "Update": {
+                            "Key": ser(keys.session(session.session_id)),
+                            "UpdateExpression": (
+                                "SET expires_at = :exp, expires_epoch = :epoch, expiry_sk = :esk"
+                            ),
+                            "ConditionExpression": (
+                                "#state = :live AND token_hash = :th AND expires_epoch = :old "
+                                "AND expires_epoch > :now"
+                            ),
+                            "ExpressionAttributeNames": {"#state": "state"},
+                            "ExpressionAttributeValues": _vals(
+                                exp=expires_at,
+                                epoch=int(expires_at.timestamp()),
+                                esk=keys.expiry_sk(expires_at, session.session_id),
+                                live="live",
+                                th=token_hash,
+                                old=old,
+                                now=int(now.timestamp()),
+                            ),
+                        }
+                    },
+                    self._put_event(event),
+                ]
+            )
+        except ClientError as exc:
+            if _code(exc) == "TransactionCanceledException":
+                raise StaleWrite(session.session_id) from None
+            raise
+        return session.model_copy(update={"expires_at": expires_at})
+
+    # -- quotas ---------------------------------------------------------------------------
+    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
+        wanted = [ser(keys.quota(user)), ser(keys.usage(user, month))]
+        found: dict[str, dict[str, Any]] = {}
+        while wanted:
+            out = self.client.batch_get_item(
+                RequestItems={self.table: {"Keys": wanted, "ConsistentRead": True}}
+            )
+            for raw in out.get("Responses", {}).get(self.table, []):
+                item = des(raw)
+                found[item["sk"]] = item
+            wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+        q = found.get("QUOTA")
+        used = float(found.get(f"USAGE#{month}", {}).get("gpu_hours", 0.0))
+        return (QuotaRecord.model_validate(q) if q else None), used
+
+    def put_quota(
+        self, user: str, *, max_sessions: int, max_gpu_hours_per_month: float | None, by: str, at: datetime
+    ) -> QuotaRecord:
+        values = _vals(max=max_sessions, zero=0, user=user, by=by, at=at, yes=True, t="quota")
+        update = (
+            "SET max_sessions = :max, live = if_not_exists(live, :zero), #user = :user, updated_by = :by, "
+            "updated_at = :at, explicit = :yes, #type = :t"
+        )
+        if max_gpu_hours_per_month is None:
+            update += " REMOVE max_gpu_hours_per_month"
+        else:
+            update += ", max_gpu_hours_per_month = :gh"
+            values.update(_vals(gh=max_gpu_hours_per_month))
+        out = self.client.update_item(
+            TableName=self.table,
+            Key=ser(keys.quota(user)),
+            UpdateExpression=update,
+            ExpressionAttributeNames={"#user": "user", "#type": "type"},
+            ExpressionAttributeValues=values,
+            ReturnValues="ALL_NEW",
+        )
+        return QuotaRecord.model_validate(des(out["Attributes"]))
+
+    # -- the record -----------------------------------------------------------------------
+    def events_on(self, day: str) -> list[LeaseEvent]:
+        items = self._query(
+            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=f"EVENTS#{day}")
+        )
+        return [LeaseEvent.model_validate(i) for i in items]
+
+
+class SqsHostTaskQueue:
+    """Host tasks as JSON messages on the host_tasks queue."""
+
+    def __init__(self, client: Any, queue_url: str) -> None:
+        self.client = client
+        self.queue_url = queue_url
+
+    def send(self, task: object) -> None:
+        body = task.model_dump_json()  # type: ignore[attr-defined]
+        self.client.send_message(QueueUrl=self.queue_url, MessageBody=body)
