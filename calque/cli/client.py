@@ -1,0 +1,107 @@
+"""The SigV4-signed API client: every request is signed as the caller's own AWS
+identity (service ``execute-api``), as API Gateway's IAM authorization expects."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from calque.cli.errors import ApiError, EndpointUnreachable
+
+SERVICE = "execute-api"
+
+
+class ApiClient:
+    """``request(method, path, body=None, query=None)`` -> parsed JSON, or ApiError.
+
+    A 503 is retried up to ``retries`` times, waiting what its Retry-After asks
+    (capped at ``max_wait_s``). Anything else that is not 2xx raises ApiError
+    carrying the status and the API's error document.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        credentials: Any,
+        region: str,
+        *,
+        timeout_s: float = 30,
+        retries: int = 2,
+        max_wait_s: float = 10,
+        user_agent: str = "calque-cli",
+    ):
+        self.endpoint = endpoint.rstrip("/")
+        self.credentials = credentials
+        self.region = region
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+        self.user_agent = user_agent
+        self._http: Any = None
+
+    def _session(self) -> Any:
+        if self._http is None:
+            from botocore.httpsession import URLLib3Session
+
+            self._http = URLLib3Session(timeout=self.timeout_s)
+        return self._http
+
+    def _signed(self, method: str, url: str, data: bytes | None) -> Any:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        req = AWSRequest(method=method, url=url, data=data, headers=headers)
+        SigV4Auth(
+            self.credentials.get_frozen_credentials()
+            if hasattr(self.credentials, "get_frozen_credentials")
+            else self.credentials,
+            SERVICE,
+            self.region,
+        ).add_auth(req)
+        prepared = req.prepare()
+        prepared.headers["User-Agent"] = self.user_agent
+        return prepared
+
+    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
+        url = self.endpoint + (path if path.startswith("/") else "/" + path)
+        if query:
+            pairs = [(k, str(v)) for k, v in query.items() if v is not None]
+            if pairs:
+                url += "?" + urlencode(pairs)
+        data = None if body is None else json.dumps(body).encode()
+        attempt = 0
+        while True:
+            try:
+                resp = self._session().send(self._signed(method.upper(), url, data))
+            except Exception as exc:  # botocore's connection errors have no common base worth naming
+                raise EndpointUnreachable(
+                    self.endpoint, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                ) from exc
+            status = resp.status_code
+            text = resp.content.decode("utf-8", "replace") if resp.content else ""
+            try:
+                doc = json.loads(text) if text else None
+            except ValueError:
+                doc = {"body": text}
+            if 200 <= status < 300:
+                return doc
+            retry_after = _retry_after(resp.headers.get("Retry-After"))
+            if status == 503 and attempt < self.retries:
+                attempt += 1
+                time.sleep(min(retry_after if retry_after is not None else 1.0, self.max_wait_s))
+                continue
+            raise ApiError(status, doc if isinstance(doc, dict) else {"body": doc}, retry_after=retry_after)
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

@@ -1,0 +1,162 @@
+"""``calque local ...``: the embedded control plane.
+
+calque local up [--port N] [--state-dir DIR]   serve it in the foreground until Ctrl-C
+calque local launch --instance-type T           start a simulated running instance
+calque local user add NAME [--admin]            add a profile
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calque.cli.main import command_group
+
+DEFAULT_PORT = 8787
+
+
+def _state_dir_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=None,
+        help="the plane's state directory (default: CALQUE_LOCAL_STATE_DIR, else ~/.calque/local)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    local = command_group(
+        subparsers, "local", help="the embedded local control plane (no AWS account needed)"
+    )
+
+    up = local.add_parser("up", help="serve the embedded control plane in the foreground until Ctrl-C")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port of the plane's API (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
+    up.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    _state_dir_option(up)
+    up.set_defaults(func=_up)
+
+    launch = local.add_parser("launch", help="(local plane only) start a simulated running GPU instance")
+    launch.add_argument(
+        "--instance-type", required=True, metavar="T", help="a GPU instance type, e.g. g7e.2xlarge"
+    )
+    _state_dir_option(launch)
+    launch.set_defaults(func=_launch)
+
+    user = local.add_parser("user", help="(local plane only) manage the plane's profiles")
+    user_verbs = user.add_subparsers(title="commands", metavar="COMMAND")
+    user.set_defaults(func=None, _group_parser=user)
+    add = user_verbs.add_parser("add", help="add a profile (a member, or an admin with --admin)")
+    add.add_argument("name", metavar="NAME", help="the profile and IAM user name")
+    add.add_argument("--admin", action="store_true", help="make the profile an admin")
+    _state_dir_option(add)
+    add.set_defaults(func=_user_add)
+
+
+def _up(ctx: Any, args: argparse.Namespace) -> None:
+    do_up(ctx, port=args.port, host=args.host)
+
+
+def _launch(ctx: Any, args: argparse.Namespace) -> None:
+    do_launch(ctx, instance_type=args.instance_type)
+
+
+def _user_add(ctx: Any, args: argparse.Namespace) -> None:
+    do_user_add(ctx, name=args.name, admin=args.admin)
+
+
+def do_up(ctx: Any, *, port: int, host: str) -> None:
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from calque.cli.errors import CliError
+    from calque.errors import CalqueError
+    from calque.local.plane import LocalPlane
+
+    logging.basicConfig(
+        level=logging.DEBUG if ctx.debug else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(message)s",
+    )
+    for noisy in ("botocore", "boto3", "urllib3", "werkzeug"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    state = ctx.local_state()
+    plane = LocalPlane(state.path, port=port, host=host)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    started = False
+    try:
+        try:
+            plane.start()
+            started = True
+        except CalqueError as exc:
+            raise CliError(exc.message, code=exc.code, details=exc.details) from None
+        except OSError as exc:
+            raise CliError(
+                f"cannot start the local plane on port {port}: {exc.strerror or exc}",
+                code="port_unavailable",
+                details={"port": port},
+            ) from None
+        info = {
+            **(state.read_plane() or {}),
+            "profiles": plane.profiles_summary(),
+            "warnings": plane.warnings,
+        }
+        if ctx.json:
+            ctx.emit(info)
+        else:
+            lines = [
+                "calque local plane is up",
+                f"  endpoint     {info['endpoint']}",
+                f"  moto         {info['moto_endpoint']}",
+                f"  state dir    {state.path}",
+                "  profiles     "
+                + ", ".join(p["profile"] + (" (admin)" if p["admin"] else "") for p in info["profiles"]),
+                *[f"  warning      {w}" for w in plane.warnings],
+                "",
+                "try:  calque whoami --profile alice",
+                "Ctrl-C stops it.",
+            ]
+            print("\n".join(lines))
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        plane.stop()
+        if started and not ctx.json:
+            print("calque local plane stopped", flush=True)
+
+
+def do_launch(ctx: Any, *, instance_type: str) -> None:
+    from calque.local.hosts import launch
+    from calque.local.moto_server import MotoClients
+
+    plane = ctx.running_plane()
+    ec2 = MotoClients(plane["moto_endpoint"], plane["region"]).client("ec2")
+    host = launch(ctx.local_state(), ec2, instance_type=instance_type, host_role=plane["host_role"])
+    if ctx.json:
+        ctx.emit(host.as_json())
+    else:
+        print(host.instance_id)
+
+
+def do_user_add(ctx: Any, *, name: str, admin: bool) -> None:
+    state = ctx.local_state()
+    state.ensure()
+    p = state.add_person(name, admin=admin)
+    ctx.emit(
+        {
+            "profile": p.profile,
+            "admin": p.admin,
+            "arn": p.arn,
+            "credentials_file": str(state.credentials_file),
+        }
+    )

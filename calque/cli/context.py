@@ -1,0 +1,142 @@
+"""What every command needs, resolved once from the global options.
+
+Endpoint: ``--endpoint``, else ``CALQUE_ENDPOINT``, else the running local plane's
+``plane.json``. Credentials: with the local plane's endpoint, its own profiles
+(``credentials`` in its state directory, read by our botocore session only: the
+user's ~/.aws is neither read for them nor written); otherwise the standard AWS
+chain with ``--profile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from calque.cli.errors import CliError
+
+ENDPOINT_ENV = "CALQUE_ENDPOINT"
+LOCAL_DEFAULT_PROFILE = "admin"
+
+
+@dataclass
+class Context:
+    output: str = "table"
+    debug: bool = False
+    endpoint_arg: str | None = None
+    profile_arg: str | None = None
+    region_arg: str | None = None
+    state_dir_arg: str | None = None
+    _client: Any = field(default=None, repr=False)
+    _resolved: tuple[str, Path | None, dict[str, Any] | None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Context:
+        return cls(
+            output=getattr(args, "output", None) or "table",
+            debug=bool(getattr(args, "debug", False)),
+            endpoint_arg=getattr(args, "endpoint", None),
+            profile_arg=getattr(args, "profile", None),
+            region_arg=getattr(args, "region", None),
+            state_dir_arg=getattr(args, "state_dir", None),
+        )
+
+    @property
+    def json(self) -> bool:
+        return self.output == "json"
+
+    def emit(self, data: Any, **kwargs: Any) -> None:
+        from calque.cli.output import emit
+
+        emit(self.output, data, **kwargs)
+
+    # the local plane
+    def local_state(self) -> Any:
+        from calque.local.state import StateDir, state_dir_from
+
+        return StateDir(state_dir_from(self.state_dir_arg))
+
+    def running_plane(self) -> dict[str, Any]:
+        """plane.json of the running local plane, or a refusal saying how to start one."""
+        state = self.local_state()
+        plane = state.read_plane()
+        if not plane or state.running_pid() is None:
+            raise CliError(
+                f"no local plane runs on {state.path}: start one with `calque local up`",
+                code="local_plane_not_running",
+                details={"state_dir": str(state.path)},
+            )
+        return plane
+
+    def _resolve(self) -> tuple[str, Path | None, dict[str, Any] | None]:
+        """(endpoint, the local state dir when the endpoint is the local plane's, plane.json)."""
+        if self._resolved is None:
+            endpoint = self.endpoint_arg or os.environ.get(ENDPOINT_ENV)
+            state = self.local_state()
+            plane = state.read_plane() if state.plane_file.exists() else None
+            if endpoint is None:
+                if not plane or state.running_pid() is None:
+                    raise CliError(
+                        "no endpoint: pass --endpoint URL (or set CALQUE_ENDPOINT), or start the "
+                        "local plane with `calque local up`",
+                        code="no_endpoint",
+                    )
+                endpoint = str(plane["endpoint"])
+            is_local = bool(plane) and endpoint.rstrip("/") == str(plane["endpoint"]).rstrip("/")
+            self._resolved = (endpoint, state.path if is_local else None, plane if is_local else None)
+        return self._resolved
+
+    @property
+    def endpoint(self) -> str:
+        return self._resolve()[0]
+
+    def credentials_and_region(self) -> tuple[Any, str]:
+        import botocore.session
+
+        _endpoint, local_dir, plane = self._resolve()
+        session = botocore.session.Session()
+        if local_dir is not None and plane is not None:
+            session.set_config_variable("credentials_file", str(local_dir / "credentials"))
+            session.set_config_variable("config_file", os.devnull)
+            profile = self.profile_arg or LOCAL_DEFAULT_PROFILE
+            region = self.region_arg or plane.get("region") or "us-east-1"
+            available = session.available_profiles
+            if profile not in available:
+                raise CliError(
+                    f"the local plane has no profile {profile!r} (it has: "
+                    f"{', '.join(sorted(available))}); add one with `calque local user add`",
+                    code="unknown_profile",
+                )
+            session.set_config_variable("profile", profile)
+            creds = _profile_credentials(session, profile)
+        else:
+            if self.profile_arg:
+                session.set_config_variable("profile", self.profile_arg)
+            creds = session.get_credentials()
+            region = self.region_arg or session.get_config_variable("region") or "us-east-1"
+        if creds is None:
+            raise CliError(
+                "no AWS credentials found: pass --profile or configure the AWS CLI", code="no_credentials"
+            )
+        return creds, region
+
+    def client(self) -> Any:
+        """The signed API client for this invocation (created once)."""
+        if self._client is None:
+            from calque.cli.client import ApiClient
+
+            creds, region = self.credentials_and_region()
+            self._client = ApiClient(self.endpoint, creds, region)
+        return self._client
+
+
+def _profile_credentials(session: Any, profile: str) -> Any:
+    """Credentials of exactly that profile of the shared-credentials file, never the environment's."""
+    from botocore.credentials import SharedCredentialProvider
+
+    provider = SharedCredentialProvider(
+        creds_filename=session.get_config_variable("credentials_file"), profile_name=profile
+    )
+    return provider.load()

@@ -1,0 +1,66 @@
+"""What the CLI can fail with, and the exit code each one means.
+
+0 success; 1 a refusal or user error (one line on stderr, no traceback);
+2 usage error (argparse); 3 anything unexpected (traceback with --debug).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNEXPECTED = 3
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """An expected failure the user can act on: exit 1 with one line on stderr.
+
+    ``document`` (an error document of the contract's shape) is printed on stdout
+    when the user asked for ``--output json``.
+    """
+
+    def __init__(self, message: str, *, code: str = "cli_error", details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.details = details or {}
+
+    @property
+    def document(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class ApiError(CliError):
+    """The API refused a request: carries the HTTP status and the API's error document."""
+
+    def __init__(self, status: int, document: dict[str, Any], *, retry_after: float | None = None):
+        err = document.get("error") if isinstance(document, dict) else None
+        if not isinstance(err, dict):
+            err = {"code": f"http_{status}", "message": f"the API answered HTTP {status}", "details": {}}
+            document = {"error": err, "body": document}
+        super().__init__(
+            str(err.get("message") or f"HTTP {status}"),
+            code=str(err.get("code") or "error"),
+            details=err.get("details") or {},
+        )
+        self.status = status
+        self._document = document
+        self.retry_after = retry_after
+
+    @property
+    def document(self) -> dict[str, Any]:
+        return self._document
+
+
+class EndpointUnreachable(CliError):
+    """The control plane could not be reached at all."""
+
+    def __init__(self, endpoint: str, reason: str):
+        super().__init__(
+            f"cannot reach the control plane at {endpoint}: {reason}",
+            code="endpoint_unreachable",
+            details={"endpoint": endpoint},
+        )

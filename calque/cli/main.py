@@ -1,0 +1,146 @@
+"""``calque``: the command line. Parses, resolves the global options, dispatches to a
+command module (calque/cli/commands/), and turns failures into exit codes:
+0 ok, 1 refusal or user error (one line on stderr), 2 usage, 3 unexpected."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from calque.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEXPECTED, EXIT_USAGE, CliError
+
+PROG = "calque"
+
+
+def _global_options() -> argparse.ArgumentParser:
+    """Options every command accepts, before or after it. SUPPRESS keeps a later parser
+    level from overwriting a value given at an earlier one."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("global options")
+    g.add_argument(
+        "--endpoint",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help="the control plane's API (default: CALQUE_ENDPOINT, else the running local plane)",
+    )
+    g.add_argument(
+        "--profile",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help="AWS profile to sign with (with the local plane: admin, alice, bob, carol, ...)",
+    )
+    g.add_argument("--region", default=argparse.SUPPRESS, metavar="REGION", help="AWS region to sign for")
+    g.add_argument(
+        "--output",
+        choices=("table", "json"),
+        default=argparse.SUPPRESS,
+        help="table for people (default), json for scripts: one document on stdout",
+    )
+    g.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of unexpected errors"
+    )
+    return common
+
+
+_COMMON = _global_options()
+
+
+class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Every parser added under a command group gets the global options."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("parents", [])
+        kwargs["parents"] = [*kwargs["parents"], _COMMON]
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        if "help" in kwargs and "description" not in kwargs:
+            kwargs["description"] = kwargs["help"]
+        return super().add_parser(name, **kwargs)  # type: ignore[no-any-return]
+
+
+class CalqueParser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _SubParsers)
+
+
+def command_group(subparsers: Any, name: str, help: str | None = None) -> Any:
+    """The sub-parsers of group ``name`` (``calque local ...``), created on first use, so
+    several command modules can add verbs to one group."""
+    groups: dict[str, Any] = subparsers.__dict__.setdefault("_calque_groups", {})
+    if name not in groups:
+        parser = subparsers.add_parser(name, help=help)
+        groups[name] = parser.add_subparsers(title="commands", metavar="COMMAND")
+        parser.set_defaults(func=None, _group_parser=parser)
+    return groups[name]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from calque.cli.commands import COMMAND_MODULES
+
+    parser = CalqueParser(
+        prog=PROG,
+        parents=[_COMMON],
+        description="calque: share an institution's AWS GPU instances among its people.",
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module_name = f"calque.cli.commands.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise  # a module that is there but broken must say so
+            continue  # listed before its file landed: the other commands still work
+        module.register(subparsers)
+    parser.set_defaults(func=None, _group_parser=parser)
+    return parser
+
+
+def _print_error(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.func is None:
+        args._group_parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from calque.cli.context import Context
+
+    ctx = Context.from_args(args)
+    try:
+        args.func(ctx, args)
+        return EXIT_OK
+    except CliError as exc:
+        if ctx.json:
+            ctx.emit(exc.document)
+        _print_error(exc.message)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        _print_error("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        from calque.errors import CalqueError
+
+        if isinstance(exc, CalqueError):  # a domain refusal raised on this side (e.g. the catalog)
+            if ctx.json:
+                ctx.emit({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
+            _print_error(exc.message)
+            return EXIT_REFUSED
+        if ctx.debug:
+            import traceback
+
+            traceback.print_exc()
+        _print_error(
+            f"unexpected {type(exc).__name__}: {exc}"
+            + ("" if ctx.debug else " (rerun with --debug for details)")
+        )
+        return EXIT_UNEXPECTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Output for people (aligned tables) and for scripts (``--output json``: exactly one
+JSON document on stdout, nothing else there)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+# A column is a header and either a key into each row or a function of the row.
+Column = tuple[str, str | Callable[[Mapping[str, Any]], Any]]
+
+FORMATS = ("table", "json")
+
+
+def to_json(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple):
+        return ",".join(_cell(v) for v in value) or "-"
+    return str(value)
+
+
+def _value(row: Mapping[str, Any], getter: str | Callable[[Mapping[str, Any]], Any]) -> Any:
+    return getter(row) if callable(getter) else row.get(getter)
+
+
+def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    """Aligned columns with a header line; an empty list says so."""
+    headers = [h for h, _ in columns]
+    cells = [[_cell(_value(row, g)) for _, g in columns] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for r in cells:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    if not rows:
+        lines.append("(none)")
+    return "\n".join(lines)
+
+
+def render_fields(data: Mapping[str, Any], fields: Sequence[Column] | None = None) -> str:
+    """One record as aligned ``name  value`` lines."""
+    pairs = [(h, _value(data, g)) for h, g in fields] if fields else list(data.items())
+    width = max((len(str(k)) for k, _ in pairs), default=0)
+    return "\n".join(f"{str(k).ljust(width)}  {_cell(v)}" for k, v in pairs)
+
+
+def emit(
+    output: str,
+    data: Any,
+    *,
+    columns: Sequence[Column] | None = None,
+    text: str | None = None,
+    stream: TextIO | None = None,
+) -> None:
+    """Print ``data`` as ``output`` asks.
+
+    json: the document itself. table: ``text`` when given, else a list of rows as a
+    table over ``columns`` (all keys of the first row when None), else a record as
+    aligned fields (``columns`` choosing and naming them).
+    """
+    out = stream or sys.stdout
+    if output == "json":
+        out.write(to_json(data) + "\n")
+        return
+    if text is not None:
+        rendered = text
+    elif isinstance(data, list):
+        cols = list(columns) if columns else [(k, k) for k in (data[0].keys() if data else [])]
+        rendered = render_table(data, cols)
+    elif isinstance(data, Mapping):
+        rendered = render_fields(data, columns)
+    else:
+        rendered = _cell(data)
+    out.write(rendered + "\n")

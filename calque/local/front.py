@@ -1,0 +1,190 @@
+"""The local stand-in for API Gateway (REST, AWS_IAM on every method).
+
+Each request's SigV4 signature is verified against the state directory's
+credentials; a good one becomes an API Gateway proxy event with
+requestContext.identity filled as IAM authorization fills it, and the API
+function's handler answers it in-process. Unsigned or badly signed requests get
+403 with the contract's error shape and never reach the handler. Local mode
+only: ``GET /v1/health`` needs no signature, and ``POST /local/schedules/<id>/fire``
+(admins) fires a schedule now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from calque.local.events import api_gateway_event, response_parts
+from calque.local.sigv4 import SignatureRejected, SignedRequest, verify
+from calque.local.state import Principal, StateDir
+
+log = logging.getLogger("calque.local")
+
+MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
+HEALTH_PATH = "/v1/health"
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message, "details": details or {}}}).encode()
+
+
+class Front:
+    def __init__(
+        self,
+        state: StateDir,
+        *,
+        account: str,
+        region: str,
+        api: Callable[[dict[str, Any]], dict[str, Any]],
+        local_routes: Callable[[str, str, Principal, bytes], tuple[int, Any]] | None = None,
+        before_request: Callable[[], None] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
+        self.state = state
+        self.account = account
+        self.region = region
+        self.api = api
+        self.local_routes = local_routes
+        self.before_request = before_request
+        self.host = host
+        self.port = port
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def bind(self) -> str:
+        """Take the port (the endpoint is known from here on); serve from start()."""
+        if self._server is not None:
+            return self.endpoint
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            server_version = "calque-local"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # requests are logged once, with their principal, by _handle
+
+            def _handle(self) -> None:
+                front.handle(self)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
+
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        return self.endpoint
+
+    def start(self) -> str:
+        self.bind()
+        assert self._server is not None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="front", daemon=True)
+        self._thread.start()
+        return self.endpoint
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # one request
+    def _send(
+        self,
+        h: BaseHTTPRequestHandler,
+        status: int,
+        body: bytes,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        h.send_response(status)
+        names = set()
+        for k, v in headers or [("Content-Type", "application/json")]:
+            if k.lower() in ("content-length", "connection", "transfer-encoding"):
+                continue
+            names.add(k.lower())
+            h.send_header(k, v)
+        if "content-type" not in names:
+            h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        started = time.monotonic()
+        who = "-"
+        status = 500
+        try:
+            length_text = h.headers.get("Content-Length")
+            if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                status = 411
+                self._send(h, status, error_body("length_required", "send the body with a Content-Length"))
+                h.close_connection = True
+                return
+            length = int(length_text or 0)
+            if length > MAX_BODY_BYTES:
+                status = 413
+                self._send(
+                    h, status, error_body("body_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+                )
+                h.close_connection = True
+                return
+            body = h.rfile.read(length) if length else b""
+            headers = [(k, v) for k, v in h.headers.items()]
+            path_only = h.path.split("?", 1)[0]
+            principal: Principal | None = None
+            signed = any(k.lower() == "authorization" for k, _ in headers)
+            if not (path_only == HEALTH_PATH and not signed):
+                try:
+                    principal = verify(
+                        SignedRequest(h.command, h.path, headers, body),
+                        self.state.principal_for_key,
+                        self.region,
+                    )
+                except SignatureRejected as exc:
+                    status = 403
+                    self._send(h, status, error_body(exc.code, exc.message))
+                    return
+                who = principal.profile
+            if self.before_request is not None:
+                self.before_request()
+            if path_only.startswith("/local/") and self.local_routes is not None and principal is not None:
+                status, doc = self.local_routes(h.command, path_only, principal, body)
+                self._send(h, status, json.dumps(doc, default=str).encode())
+                return
+            event = api_gateway_event(
+                method=h.command,
+                raw_path=h.path,
+                headers=headers,
+                body=body,
+                principal=principal,
+                source_ip=h.client_address[0],
+                account=self.account,
+            )
+            try:
+                result = self.api(event)
+                status, out_headers, out_body = response_parts(result)
+            except Exception:
+                log.exception("the API function failed")
+                status, out_headers, out_body = (
+                    502,
+                    [],
+                    error_body("internal_error", "the API function failed; the local plane logged why"),
+                )
+            self._send(h, status, out_body, out_headers)
+        except (BrokenPipeError, ConnectionResetError):
+            h.close_connection = True
+        finally:
+            log.info(
+                "%s %s %s %d %.0fms", h.command, h.path, who, status, (time.monotonic() - started) * 1000
+            )

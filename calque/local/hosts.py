@@ -1,0 +1,74 @@
+"""Simulated hosts: a moto EC2 instance of a catalog instance type, plus the
+instance's own credentials (signing as the host role, session = instance id) and
+the path of its fake GPUs' state, which the host agent keeps between commands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calque import resources
+from calque.local.state import StateDir
+
+
+@dataclass(frozen=True)
+class LaunchedHost:
+    instance_id: str
+    instance_type: str
+    state_file: str
+    principal_arn: str
+    profile: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "instance_type": self.instance_type,
+            "state": "running",
+            "simulated": True,
+            "profile": self.profile,
+            "principal_arn": self.principal_arn,
+            "state_file": self.state_file,
+        }
+
+
+def _image_id(ec2: Any) -> str:
+    """An AMI moto knows (any: the simulated host never boots it)."""
+    images = ec2.describe_images(Owners=["amazon"]).get("Images") or ec2.describe_images().get("Images") or []
+    linux = [
+        i for i in images if "Windows" not in (i.get("Name") or "") and i.get("Architecture") == "x86_64"
+    ]
+    return str((linux or images)[0]["ImageId"])
+
+
+def launch(state: StateDir, ec2: Any, *, instance_type: str, host_role: str) -> LaunchedHost:
+    """Start a running moto instance of ``instance_type`` and register its simulated host.
+
+    The instance type must be in the GPU catalog (InvalidInput/NotFound otherwise)."""
+    from calque import catalog
+
+    catalog.instance_type(instance_type)
+    resp = ec2.run_instances(
+        ImageId=_image_id(ec2),
+        InstanceType=instance_type,
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [
+                    {"Key": resources.HOST_TAG_KEY, "Value": resources.HOST_TAG_VALUE},
+                    {"Key": "calque:simulated", "Value": "true"},
+                    {"Key": "Name", "Value": f"calque-local-{instance_type}"},
+                ],
+            }
+        ],
+    )
+    instance_id = resp["Instances"][0]["InstanceId"]
+    principal = state.add_instance(instance_id, instance_type, host_role)
+    return LaunchedHost(
+        instance_id=instance_id,
+        instance_type=instance_type,
+        state_file=str(state.host_state_file(instance_id)),
+        principal_arn=principal.arn,
+        profile=principal.profile,
+    )

@@ -1,0 +1,281 @@
+"""The embedded local control plane: the deployed handlers over local stand-ins.
+
+moto (DynamoDB made atomic, SQS, S3, EC2, SSM) in-process; resources created from
+calque.resources; an HTTP front verifying SigV4 and invoking the API function;
+pollers feeding queue consumers; timers firing schedules; an SSM executor running
+the host agent on simulated hosts. Environment knobs (local only):
+
+    CALQUE_LOCAL_SCHEDULE_SCALE   multiply every schedule's period (0.01: a 60 s rate fires every 0.6 s)
+    CALQUE_LOCAL_QUEUE_SCALE      multiply every queue's visibility timeout (failed messages return sooner)
+    CALQUE_LOCAL_HOST_AGENT       the command that runs the host agent (default: python -m host_agent)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shlex
+import threading
+from pathlib import Path
+from typing import Any
+
+from calque import resources
+from calque.errors import InvalidInput
+from calque.local.state import ACCOUNT_ID, REGION, Principal, StateDir
+
+log = logging.getLogger("calque.local")
+
+DEFAULT_PORT = 8787
+
+
+def _scale(name: str) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise InvalidInput(f"{name} must be greater than zero, got {raw!r}")
+    return value
+
+
+class LocalPlane:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        port: int = DEFAULT_PORT,
+        host: str = "127.0.0.1",
+        region: str = REGION,
+        account: str = ACCOUNT_ID,
+    ):
+        self.state = StateDir(Path(state_dir))
+        self.port = port
+        self.host = host
+        self.region = region
+        self.account = account
+        self.schedule_scale = _scale("CALQUE_LOCAL_SCHEDULE_SCALE")
+        self.queue_scale = _scale("CALQUE_LOCAL_QUEUE_SCALE")
+        agent = os.environ.get("CALQUE_LOCAL_HOST_AGENT")
+        self.agent_argv = shlex.split(agent) if agent else None
+        self._lock_handle: Any = None
+        self._admins: tuple[str, ...] | None = None
+        self._admins_lock = threading.Lock()
+        self.moto: Any = None
+        self.front: Any = None
+        self.executor: Any = None
+        self.pollers: list[Any] = []
+        self.timers: dict[str, Any] = {}
+        self.warnings: list[str] = []
+        self.resources: Any = None
+
+    # lifecycle
+    def start(self) -> None:
+        from calque.local.bootstrap import create_all
+        from calque.local.front import Front
+        from calque.local.functions import Functions
+        from calque.local.moto_server import MotoClients, MotoServer
+        from calque.local.ssm_executor import DEFAULT_AGENT, SsmExecutor
+
+        self._lock_handle = self.state.acquire_plane_lock()
+        try:
+            self.state.initialize_people(self.account)
+            self.moto = MotoServer(host=self.host, on_send_command=self._on_send_command)
+            moto_endpoint = self.moto.start()
+            self._set_aws_env(moto_endpoint)
+            clients = MotoClients(moto_endpoint, self.region)
+            self.resources = create_all(
+                clients, account=self.account, region=self.region, visibility_scale=self.queue_scale
+            )
+            self.functions = Functions(self.account, self.region)
+            self.front = Front(
+                self.state,
+                account=self.account,
+                region=self.region,
+                api=lambda event: self.functions.invoke("api", event),
+                local_routes=self._local_route,
+                before_request=self._sync_admins,
+                host=self.host,
+                port=self.port,
+            )
+            endpoint = self.front.bind()
+            os.environ.update(self.resources.handler_env())
+            os.environ[resources.ENV_API_ENDPOINT] = endpoint
+            self._sync_admins()
+            self.functions.handler("api")  # import the API now: a broken one fails here, not per request
+            self.executor = SsmExecutor(
+                self.state,
+                document_name=self.resources.ssm_document_name,
+                report_to=endpoint,
+                region=self.region,
+                agent_argv=self.agent_argv or DEFAULT_AGENT,
+                ec2=clients.client("ec2"),
+            )
+            self._start_pollers(clients)
+            self._start_timers()
+            self.front.start()
+            self.state.write_plane(
+                {
+                    "endpoint": endpoint,
+                    "moto_endpoint": moto_endpoint,
+                    "account": self.account,
+                    "region": self.region,
+                    "pid": os.getpid(),
+                    "state_dir": str(self.state.path),
+                    "started_at": dt.datetime.now(dt.UTC).isoformat(),
+                    **self.resources.as_json(),
+                }
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for timer in self.timers.values():
+            timer.stop()
+        for poller in self.pollers:
+            poller.stop()
+        if self.executor is not None:
+            self.executor.stop()
+        if self.front is not None:
+            self.front.stop()
+        if self.moto is not None:
+            self.moto.stop()
+        if self._lock_handle is not None:
+            self.state.clear_plane()
+            self._lock_handle.close()
+            self._lock_handle = None
+
+    # wiring
+    def _set_aws_env(self, moto_endpoint: str) -> None:
+        """The handlers' boto3 clients talk to moto, with keys moto accepts, never to AWS."""
+        for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+            os.environ.pop(var, None)
+        os.environ.update(
+            {
+                "CALQUE_AWS_ENDPOINT_URL": moto_endpoint,
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": self.region,
+                "AWS_REGION": self.region,
+                "AWS_CONFIG_FILE": os.devnull,
+                "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            }
+        )
+        os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "1")
+        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "1")
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+        os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "Calque")
+        self._clear_caches()
+
+    def _clear_caches(self) -> None:
+        from calque import aws, settings
+
+        settings.clear_caches()
+        aws.clear_caches()
+
+    def _sync_admins(self) -> None:
+        """Admins come from the state directory (``local user add --admin`` changes it)."""
+        admins = tuple(self.state.admins())
+        if admins != self._admins:
+            with self._admins_lock:
+                os.environ[resources.ENV_ADMINS] = ",".join(admins)
+                from calque import settings
+
+                settings.clear_caches()
+                self._admins = admins
+
+    def _on_send_command(self, request: dict[str, Any], response: dict[str, Any]) -> None:
+        if self.executor is not None:
+            self.executor.on_send_command(request, response)
+
+    def _start_pollers(self, clients: Any) -> None:
+        from calque.local.functions import FunctionNotAvailable
+        from calque.local.pollers import QueuePoller
+
+        for q in resources.QUEUES:
+            try:
+                self.functions.handler(q.consumer)
+            except FunctionNotAvailable as exc:
+                self.warnings.append(f"queue {q.id} is not polled: {exc}")
+                continue
+            poller = QueuePoller(
+                clients.client("sqs"),
+                name=q.id,
+                queue_url=self.resources.queue_urls[q.id],
+                queue_arn=self.resources.queue_arns[q.id],
+                region=self.region,
+                consumer=lambda event, fid=q.consumer: self.functions.invoke(fid, event),
+                batch_size=q.batch_size,
+            )
+            poller.start()
+            self.pollers.append(poller)
+
+    def _start_timers(self) -> None:
+        from calque.local.functions import FunctionNotAvailable
+        from calque.local.timers import ScheduleTimer
+
+        for s in resources.SCHEDULES:
+            try:
+                self.functions.handler(s.target)
+            except FunctionNotAvailable as exc:
+                self.warnings.append(f"schedule {s.id} does not fire: {exc}")
+                continue
+            timer = ScheduleTimer(
+                name=s.id,
+                rate_s=s.rate_s,
+                rule_arn=self.resources.schedule_rule_arns[s.id],
+                account=self.account,
+                region=self.region,
+                scale=self.schedule_scale,
+                target=lambda event, fid=s.target: self.functions.invoke(fid, event),
+            )
+            timer.start()
+            self.timers[s.id] = timer
+
+    def _local_route(self, method: str, path: str, principal: Principal, body: bytes) -> tuple[int, Any]:
+        parts = path.strip("/").split("/")
+        if (
+            method == "POST"
+            and len(parts) == 4
+            and parts[:2] == ["local", "schedules"]
+            and parts[3] == "fire"
+        ):
+            if not principal.admin:
+                return 403, {
+                    "error": {
+                        "code": "forbidden",
+                        "message": "firing a schedule is for admins only",
+                        "details": {"principal": principal.profile},
+                    }
+                }
+            timer = self.timers.get(parts[2])
+            if timer is None:
+                return 404, {
+                    "error": {
+                        "code": "not_found",
+                        "message": f"no schedule {parts[2]!r} runs here",
+                        "details": {"schedules": sorted(self.timers)},
+                    }
+                }
+            try:
+                result = timer.fire_now()
+            except Exception as exc:
+                log.exception("schedule %s failed", parts[2])
+                return 500, {
+                    "error": {
+                        "code": "schedule_failed",
+                        "message": f"{type(exc).__name__}: {exc}",
+                        "details": {},
+                    }
+                }
+            return 200, {"schedule": parts[2], "fired": timer.fired, "result": result}
+        return 404, {
+            "error": {"code": "route_not_found", "message": f"no local route {method} {path}", "details": {}}
+        }
+
+    def profiles_summary(self) -> list[dict[str, Any]]:
+        return [{"profile": p.profile, "admin": p.admin, "arn": p.arn} for p in self.state.people()]

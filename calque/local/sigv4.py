@@ -1,0 +1,148 @@
+"""SigV4 verification for the local front, as API Gateway's IAM authorization does it:
+recompute the signature with botocore for the access key's secret and compare in
+constant time; the date must be close to now and the scope must name this region
+and ``execute-api``; the body must hash to what was signed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from calque.local.state import Principal
+
+SERVICE = "execute-api"
+MAX_SKEW = dt.timedelta(minutes=15)
+_AUTH = re.compile(r"AWS4-HMAC-SHA256\s+(.*)", re.DOTALL)
+_SIGV4_TIMESTAMP = "%Y%m%dT%H%M%SZ"
+
+
+class SignatureRejected(Exception):
+    """Why a request's signature is refused: a contract error code and one sentence."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    method: str
+    raw_path: str  # path and query exactly as received (still percent-encoded)
+    headers: Sequence[tuple[str, str]]  # every header as received, in order, duplicates kept
+    body: bytes
+
+
+def _header(headers: Sequence[tuple[str, str]], name: str) -> list[str]:
+    return [v for k, v in headers if k.lower() == name]
+
+
+def _parse_authorization(value: str) -> dict[str, str]:
+    m = _AUTH.fullmatch(value.strip())
+    if not m:
+        raise SignatureRejected("missing_authentication", "the Authorization header is not AWS4-HMAC-SHA256")
+    parts: dict[str, str] = {}
+    for item in m.group(1).split(","):
+        key, sep, val = item.strip().partition("=")
+        if sep:
+            parts[key.strip()] = val.strip()
+    for needed in ("Credential", "SignedHeaders", "Signature"):
+        if needed not in parts:
+            raise SignatureRejected("invalid_signature", f"the Authorization header has no {needed}")
+    return parts
+
+
+def verify(
+    request: SignedRequest,
+    lookup: Callable[[str], Principal | None],
+    region: str,
+    now: dt.datetime | None = None,
+) -> Principal:
+    """The principal who signed ``request``, or SignatureRejected saying why not."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    auth_values = _header(request.headers, "authorization")
+    if not auth_values:
+        raise SignatureRejected(
+            "missing_authentication", "the request is not signed (no Authorization header)"
+        )
+    parts = _parse_authorization(auth_values[0])
+    scope = parts["Credential"].split("/")
+    if len(scope) != 5:
+        raise SignatureRejected("invalid_signature", "the credential scope is malformed")
+    access_key, scope_date, scope_region, scope_service, terminator = scope
+    principal = lookup(access_key)
+    if principal is None:
+        raise SignatureRejected(
+            "unrecognized_access_key", "the access key is not known to this control plane"
+        )
+    if scope_service != SERVICE or terminator != "aws4_request":
+        raise SignatureRejected("invalid_signature", f"the credential scope must name {SERVICE}/aws4_request")
+    if scope_region != region:
+        raise SignatureRejected(
+            "invalid_signature", f"the credential scope names region {scope_region!r}, not {region!r}"
+        )
+
+    amz_dates = _header(request.headers, "x-amz-date")
+    if not amz_dates:
+        raise SignatureRejected("invalid_signature", "the request has no X-Amz-Date header")
+    amz_date = amz_dates[0].strip()
+    try:
+        signed_at = dt.datetime.strptime(amz_date, _SIGV4_TIMESTAMP).replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise SignatureRejected(
+            "invalid_signature", "X-Amz-Date is not of the form YYYYMMDDTHHMMSSZ"
+        ) from None
+    current = now or dt.datetime.now(dt.UTC)
+    if abs(current - signed_at) > MAX_SKEW:
+        raise SignatureRejected(
+            "signature_expired", "the signature's date is more than 15 minutes from the server's clock"
+        )
+    if scope_date != amz_date[:8]:
+        raise SignatureRejected("invalid_signature", "the credential scope's date is not X-Amz-Date's")
+
+    signed_names = [n.strip().lower() for n in parts["SignedHeaders"].split(";") if n.strip()]
+    if "host" not in signed_names or "x-amz-date" not in signed_names:
+        raise SignatureRejected("invalid_signature", "the signed headers must include host and x-amz-date")
+    signed_headers: list[tuple[str, str]] = []
+    for name in signed_names:
+        values = _header(request.headers, name)
+        if not values:
+            raise SignatureRejected("invalid_signature", f"the signed header {name!r} is missing")
+        signed_headers.extend((name, v) for v in values)
+
+    body_hash = hashlib.sha256(request.body).hexdigest()
+    declared = _header(request.headers, "x-amz-content-sha256")
+    if declared and declared[0].strip() != body_hash:
+        raise SignatureRejected("invalid_signature", "the body does not match X-Amz-Content-SHA256")
+
+    class _Signer(SigV4Auth):
+        def headers_to_sign(self, req: AWSRequest):  # type: ignore[no-untyped-def]
+            from botocore.compat import HTTPHeaders
+
+            out = HTTPHeaders()
+            for k, v in signed_headers:
+                out.add_header(k, v)
+            return out
+
+        def payload(self, req: AWSRequest) -> str:
+            return body_hash
+
+    host = _header(request.headers, "host")[0]
+    req = AWSRequest(method=request.method.upper(), url=f"http://{host}{request.raw_path}", data=request.body)
+    req.context["timestamp"] = amz_date
+    signer = _Signer(Credentials(principal.access_key, principal.secret_key), SERVICE, region)
+    canonical = signer.canonical_request(req)
+    expected = signer.signature(signer.string_to_sign(req, canonical), req)
+    if not hmac.compare_digest(expected.encode(), parts["Signature"].encode()):
+        raise SignatureRejected(
+            "invalid_signature",
+            "the request signature does not match: check the secret key and signing method",
+        )
+    return principal

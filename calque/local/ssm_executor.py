@@ -1,0 +1,205 @@
+"""What SSM Run Command does on an instance, for the local plane's simulated hosts.
+
+moto's SendCommand records a command and runs nothing. The plane's moto layer hands
+every accepted SendCommand of the host-agent document here; for each targeted
+instance that is a simulated host this runs the host agent as a subprocess:
+
+    python -m host_agent --simulate <instance type> --state <state>/hosts/<id>.json
+        --instance-id <id> --report-to <endpoint> <verb> [--spec FILE] [--slice ID]
+
+with the document's parameters (names from calque.resources.SSM_DOCUMENT_PARAMETERS:
+verb, spec (JSON text, written to a file), sliceId, reportTo) and that instance's own
+credentials profile, so its report is signed as the instance role. Commands run one
+at a time per instance, in the order sent. What each did is kept in
+``<state>/ssm/<command-id>/<instance-id>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from calque import resources
+from calque.local.state import StateDir
+
+log = logging.getLogger("calque.local")
+
+DEFAULT_AGENT = (sys.executable, "-m", "host_agent")
+
+
+class SsmExecutor:
+    def __init__(
+        self,
+        state: StateDir,
+        *,
+        document_name: str,
+        report_to: str,
+        region: str,
+        agent_argv: Sequence[str] = DEFAULT_AGENT,
+        timeout_s: float = 600,
+        ec2: Any = None,
+    ):
+        self.state = state
+        self.document_name = document_name
+        self.report_to = report_to
+        self.region = region
+        self.agent_argv = list(agent_argv)
+        self.timeout_s = timeout_s
+        self.ec2 = ec2
+        self._queues: dict[str, queue.Queue[tuple[str, dict[str, list[str]]] | None]] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    # intake (called from the moto layer on each accepted SendCommand)
+    def on_send_command(self, request: dict[str, Any], response: dict[str, Any]) -> None:
+        if request.get("DocumentName") != self.document_name:
+            return
+        command_id = response.get("Command", {}).get("CommandId")
+        if not command_id:
+            return
+        params = {k: list(v) for k, v in (request.get("Parameters") or {}).items()}
+        for instance_id in self._targets(request):
+            self._queue_for(instance_id).put((command_id, params))
+
+    def _targets(self, request: dict[str, Any]) -> list[str]:
+        ids = list(request.get("InstanceIds") or [])
+        for target in request.get("Targets") or []:
+            key, values = target.get("Key", ""), list(target.get("Values") or [])
+            if key == "InstanceIds":
+                ids += values
+            elif key.startswith("tag:") and self.ec2 is not None:
+                found = self.ec2.describe_instances(Filters=[{"Name": key, "Values": values}])
+                ids += [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]]
+        return list(dict.fromkeys(ids))
+
+    def _queue_for(self, instance_id: str) -> queue.Queue[tuple[str, dict[str, list[str]]] | None]:
+        with self._lock:
+            if instance_id not in self._queues:
+                q: queue.Queue[tuple[str, dict[str, list[str]]] | None] = queue.Queue()
+                self._queues[instance_id] = q
+                t = threading.Thread(
+                    target=self._worker, args=(instance_id, q), name=f"ssm-{instance_id}", daemon=True
+                )
+                self._threads.append(t)
+                t.start()
+            return self._queues[instance_id]
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            for q in self._queues.values():
+                q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _worker(self, instance_id: str, q: queue.Queue[tuple[str, dict[str, list[str]]] | None]) -> None:
+        while (item := q.get()) is not None:
+            command_id, params = item
+            try:
+                self.run(command_id, instance_id, params)
+            except Exception:
+                log.exception("SSM executor: command %s on %s failed to run", command_id, instance_id)
+
+    # execution
+    def argv(
+        self, instance_id: str, instance_type: str, params: dict[str, list[str]], spec_file: Path | None
+    ) -> list[str]:
+        p = resources.SSM_DOCUMENT_PARAMETERS
+        first = {k: (v[0] if v else "") for k, v in params.items()}
+        argv = [
+            *self.agent_argv,
+            "--simulate",
+            instance_type,
+            "--state",
+            str(self.state.host_state_file(instance_id)),
+            "--instance-id",
+            instance_id,
+            "--report-to",
+            first.get(p.report_to) or self.report_to,
+            first.get(p.verb, ""),
+        ]
+        if spec_file is not None:
+            argv += ["--spec", str(spec_file)]
+        if first.get(p.slice_id):
+            argv += ["--slice", first[p.slice_id]]
+        return argv
+
+    def env(self, instance_id: str) -> dict[str, str]:
+        """The plane's environment without its own AWS and handler settings, plus the
+        instance's credentials profile: the agent signs as the instance role."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CALQUE_"))}
+        env.update(
+            AWS_SHARED_CREDENTIALS_FILE=str(self.state.credentials_file),
+            AWS_PROFILE=instance_id,
+            AWS_CONFIG_FILE=os.devnull,
+            AWS_DEFAULT_REGION=self.region,
+            AWS_REGION=self.region,
+        )
+        return env
+
+    def run(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> dict[str, Any]:
+        out_dir = self.state.ssm_dir / command_id
+        out_dir.mkdir(parents=True, exist_ok=True)
+        record: dict[str, Any] = {
+            "command_id": command_id,
+            "instance_id": instance_id,
+            "parameters": params,
+            "started_at": _now(),
+        }
+        host = self.state.principal(instance_id)
+        if host is None or host.kind != "instance" or not host.instance_type:
+            record.update(status="Undeliverable", reason="not a simulated host of this plane")
+        else:
+            spec_text = (params.get(resources.SSM_DOCUMENT_PARAMETERS.spec) or [""])[0]
+            spec_file = None
+            if spec_text:
+                spec_file = out_dir / f"{instance_id}.spec.json"
+                spec_file.write_text(spec_text)
+            argv = self.argv(instance_id, host.instance_type, params, spec_file)
+            record["argv"] = argv
+            try:
+                done = subprocess.run(
+                    argv,
+                    env=self.env(instance_id),
+                    capture_output=True,
+                    text=True,
+                    timeout=self.timeout_s,
+                    check=False,
+                )
+                record.update(
+                    status="Success" if done.returncode == 0 else "Failed",
+                    rc=done.returncode,
+                    stdout=done.stdout,
+                    stderr=done.stderr,
+                )
+            except subprocess.TimeoutExpired as exc:
+                record.update(status="TimedOut", rc=None, stdout=_text(exc.stdout), stderr=_text(exc.stderr))
+            except OSError as exc:
+                record.update(status="Failed", rc=None, stdout="", stderr=str(exc))
+        record["ended_at"] = _now()
+        path = out_dir / f"{instance_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        os.replace(tmp, path)
+        log.info("SSM %s on %s: %s", command_id, instance_id, record["status"])
+        return record
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
