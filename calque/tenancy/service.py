@@ -72,6 +72,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+def _iso(at: datetime | None) -> str | None:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at else None
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -333,7 +337,7 @@ class Tenancy:
                 details={
                     "session_id": session_id,
                     "end_reason": session.end_reason,
-                    "ended_at": session.ended_at,
+                    "ended_at": _iso(session.ended_at),
                 },
             )
         token_hash: str | None = None
@@ -379,7 +383,11 @@ class Tenancy:
                 f"a session may last at most {self.config.ttl_max_s} s; "
                 f"it could run until {limit:%Y-%m-%dT%H:%M:%SZ}",
                 code="invalid_ttl",
-                details={"field": "ttl_seconds", "max_expires_at": limit, "ttl_max_s": self.config.ttl_max_s},
+                details={
+                    "field": "ttl_seconds",
+                    "max_expires_at": _iso(limit),
+                    "ttl_max_s": self.config.ttl_max_s,
+                },
             )
         event = self._event("extended", session, at=now, who=who.principal, why=None, expires_at=expires_at)
         try:
@@ -609,7 +617,7 @@ class Tenancy:
             raise Conflict(
                 f"session {session.session_id} expired at {session.expires_at:%Y-%m-%dT%H:%M:%SZ}",
                 code="session_expired",
-                details={"session_id": session.session_id, "expires_at": session.expires_at},
+                details={"session_id": session.session_id, "expires_at": _iso(session.expires_at)},
             )
 
     def _end(

@@ -8,3 +8,7 @@ from __future__ import annotations
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
 ROUTERS: list[Router] = []
+
+from functions.api.routes import hosts, quotas, sessions  # noqa: E402  (tenancy)
+
+ROUTERS += [hosts.router, sessions.router, quotas.router]

@@ -1,0 +1,34 @@
+"""The tenancy domain wired to its deployed adapters, from one function's settings.
+
+Built per call (cheap: the clients and settings underneath are cached), so tests and
+the local plane can repoint the environment between requests.
+"""
+
+from __future__ import annotations
+
+from calque import aws
+from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
+from calque.settings import api_settings, reaper_settings
+from calque.tenancy.service import Tenancy, TenancyConfig
+
+
+def api_tenancy() -> Tenancy:
+    s = api_settings()
+    return Tenancy(
+        DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
+        config=TenancyConfig(
+            ttl_floor_s=s.session_ttl_floor_s,
+            ttl_max_s=s.session_ttl_max_s,
+            default_ttl_s=min(max(2 * 3600, s.session_ttl_floor_s), s.session_ttl_max_s),
+        ),
+    )
+
+
+def reaper_tenancy() -> Tenancy:
+    s = reaper_settings()
+    return Tenancy(
+        DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
+        config=TenancyConfig(reclaim_timeout_s=s.reclaim_timeout_s),
+    )

@@ -1,0 +1,170 @@
+"""Drive functions.api.handler.lambda_handler with crafted API Gateway REST proxy events,
+against moto's in-process DynamoDB and SQS."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tests.unit.registry.moto_table import create_registry_table
+
+ACCOUNT = "123456789012"
+HOST_ROLE = "calque-test-host"
+INSTANCE = "i-0a1b2c3d4e5f60718"
+
+
+class LambdaContext:
+    function_name = "calque-test-api"
+    memory_limit_in_mb = 512
+    invoked_function_arn = f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:calque-test-api"
+    aws_request_id = "req-1"
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 29_000
+
+
+def arn_of(who: str) -> str:
+    if who.startswith("host:"):
+        return f"arn:aws:sts::{ACCOUNT}:assumed-role/{HOST_ROLE}/{who.removeprefix('host:')}"
+    return f"arn:aws:iam::{ACCOUNT}:user/{who}"
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+
+    @property
+    def code(self) -> str | None:
+        return (self.body or {}).get("error", {}).get("code") if isinstance(self.body, dict) else None
+
+
+class Api:
+    def __init__(self, ddb: Any, sqs: Any, table: str, queue_url: str) -> None:
+        self.ddb, self.sqs, self.table, self.queue_url = ddb, sqs, table, queue_url
+
+    def __call__(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        who: str = "alice",
+        query: dict[str, str] | None = None,
+        raw_body: str | None = None,
+    ) -> Reply:
+        from functions.api.handler import lambda_handler
+
+        text = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
+        event = {
+            "resource": path,
+            "path": path,
+            "httpMethod": method,
+            "headers": {"Content-Type": "application/json"},
+            "multiValueHeaders": {},
+            "queryStringParameters": query,
+            "multiValueQueryStringParameters": ({k: [v] for k, v in query.items()} if query else None),
+            "pathParameters": None,
+            "stageVariables": None,
+            "requestContext": {
+                "identity": {"userArn": arn_of(who), "accountId": ACCOUNT},
+                "requestId": str(uuid.uuid4()),
+                "stage": "v1",
+                "httpMethod": method,
+                "path": path,
+                "resourcePath": path,
+            },
+            "body": text,
+            "isBase64Encoded": False,
+        }
+        out = lambda_handler(event, LambdaContext())
+        return Reply(out["statusCode"], json.loads(out["body"]) if out.get("body") else None)
+
+    def items(self) -> list[dict[str, Any]]:
+        """Every record in the registry, to prove a refusal changed nothing."""
+        return sorted(
+            self.ddb.scan(TableName=self.table)["Items"], key=lambda i: (i["pk"]["S"], i["sk"]["S"])
+        )
+
+    def tasks(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            got = self.sqs.receive_message(QueueUrl=self.queue_url, MaxNumberOfMessages=10).get(
+                "Messages", []
+            )
+            if not got:
+                return out
+            for m in got:
+                out.append(json.loads(m["Body"]))
+                self.sqs.delete_message(QueueUrl=self.queue_url, ReceiptHandle=m["ReceiptHandle"])
+
+    # -- a ready host, as the host agent would make it --------------------------------------
+    def ready_host(
+        self, instance_id: str = INSTANCE, instance_type: str = "g7e.2xlarge", **extra: Any
+    ) -> dict:
+        reg = self(
+            "POST",
+            "/v1/hosts",
+            {"instance_id": instance_id, "instance_type": instance_type, **extra},
+            who="admin",
+        )
+        assert reg.status == 201, reg.body
+        now = datetime.now(UTC).isoformat()
+        report = {
+            "instance_id": instance_id,
+            "verb": "apply",
+            "ok": True,
+            "started_at": now,
+            "finished_at": now,
+            "layout_applied": True,
+            "slices": [
+                {
+                    "slice_id": s["slice_id"],
+                    "gpu_index": s["gpu_index"],
+                    "gpu_uuid": "GPU-0",
+                    "backend": s["backend"],
+                    "profile": s["profile"],
+                    "memory_gib": s["memory_gib"],
+                    "device_uuid": f"MIG-{n}",
+                    "state": "ready",
+                    "env": {"CUDA_VISIBLE_DEVICES": f"MIG-{n}"},
+                }
+                for n, s in enumerate(reg.body["slices"])
+            ],
+        }
+        rep = self("POST", f"/v1/hosts/{instance_id}/report", report, who=f"host:{instance_id}")
+        assert rep.status == 200, rep.body
+        self.tasks()
+        return self("GET", f"/v1/hosts/{instance_id}", who="admin").body
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("CALQUE_AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        table = create_registry_table(ddb)
+        queue_url = sqs.create_queue(QueueName="calque-test-host-tasks")["QueueUrl"]
+        monkeypatch.setenv("CALQUE_TABLE_NAME", table)
+        monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", queue_url)
+        monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", HOST_ROLE)
+        monkeypatch.setenv("CALQUE_ADMINS", "admin")
+        from calque import aws, settings
+
+        settings.clear_caches()
+        aws.clear_caches()
+        yield Api(ddb, sqs, table, queue_url)
+        settings.clear_caches()
+        aws.clear_caches()
