@@ -155,6 +155,7 @@ def plan_gpu(card: Card, gpu_index: int, entry: GpuEntry, where: str = "gpus") -
         if not card.mig_capable:
             raise InvalidInput(
                 f'{where}.mig: {card.name} does not support MIG; use "mps" or "exclusive"',
+                code="mig_not_supported",
                 details={"field": f"{where}.mig", "card": card.name},
             )
         try:

@@ -1,0 +1,121 @@
+"""The small interface behind which NVML lives, and the plain records it returns.
+
+Two implementations: host_agent.nvml.NvmlBackend (the real GPUs) and
+host_agent.fake.FakeGpuBackend (the catalog's cards, simulated). Indices are NVML
+device indices; GPU instances are named by (gpu index, GPU instance id).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    """One GPU-instance profile as the GPU itself describes it."""
+
+    name: str
+    profile_id: int
+    compute_slices: int
+    memory_slices: int
+    memory_mib: int
+    max_count: int
+    placements: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ComputeInstanceInfo:
+    id: int
+    profile_id: int
+    slices: int
+
+
+@dataclass(frozen=True)
+class GpuInstanceInfo:
+    id: int
+    profile: str
+    profile_id: int
+    start: int
+    size: int
+    compute_instances: tuple[ComputeInstanceInfo, ...] = ()
+    device_uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    device_uuid: str
+    used_memory_mib: int | None = None
+    name: str | None = None
+    slice_tag: str | None = None  # CALQUE_SLICE_ID from the process's environment, when readable
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    mig_capable: bool
+    mig_current: bool | None
+    mig_pending: bool | None
+    mig_mode_change_needs_reset: bool = False
+
+
+@dataclass
+class MpsState:
+    running: bool
+    healthy: bool
+    pipe_directory: str
+    log_directory: str
+    clients: int | None = None
+    active_thread_percentage: int | None = None
+    pinned_memory_limit_mib: int | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class MpsControl(Protocol):
+    """One MPS control daemon per GPU, each with its own pipe and log directories."""
+
+    def status(self, gpu: GpuInfo) -> MpsState: ...
+
+    def start(
+        self,
+        gpu: GpuInfo,
+        *,
+        clients: int,
+        active_thread_percentage: int | None,
+        pinned_memory_limit_mib: int | None,
+    ) -> MpsState: ...
+
+    def stop(self, gpu: GpuInfo) -> None: ...
+
+
+class GpuBackend(Protocol):
+    """What the agent needs from NVML. Mutating calls are counted in `mutating_calls`."""
+
+    mutating_calls: int
+    mps: MpsControl
+
+    def session(self) -> AbstractContextManager[GpuBackend]:
+        """Init and shutdown, always paired: every use happens inside `with backend.session():`."""
+        ...
+
+    def gpu_count(self) -> int: ...
+    def gpu(self, index: int) -> GpuInfo: ...
+    def profiles(self, index: int) -> dict[str, ProfileInfo]: ...
+    def gpu_instances(self, index: int) -> list[GpuInstanceInfo]: ...
+    def processes(self, index: int) -> list[ProcessInfo]: ...
+
+    # Mutating: each one counts.
+    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
+    def reset_gpu(self, index: int) -> None: ...
+    def create_gpu_instance(self, index: int, profile_id: int, start: int) -> int: ...
+    def create_compute_instance(self, index: int, gpu_instance_id: int) -> int: ...
+    def destroy_compute_instance(
+        self, index: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> None: ...
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None: ...
+    def kill_process(self, index: int, pid: int) -> None: ...

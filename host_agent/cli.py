@@ -1,0 +1,218 @@
+"""`python -m host_agent [global options] VERB ...`: parse, pick the backend, call one
+verb, print the report, and send it when an endpoint is given.
+
+Exit codes: 0 ok; 1 a refusal, a failed apply, an assert that found a difference,
+or a report the control plane did not take (the report is still printed); 2 usage;
+3 something unexpected (traceback with --debug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from calque.contracts.agent import AgentReport
+from calque.errors import CalqueError, InvalidInput
+
+VERBS = ("inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m host_agent",
+        description="Read the GPUs through NVML, converge them to a layout spec, reclaim slices, report.",
+    )
+    p.add_argument(
+        "--simulate",
+        metavar="INSTANCE_TYPE",
+        help="run against a fake of this instance type's GPUs instead of the hardware (e.g. g7e.2xlarge)",
+    )
+    p.add_argument(
+        "--state",
+        metavar="FILE",
+        help="JSON file keeping the simulated GPUs between runs (created with --simulate when missing)",
+    )
+    p.add_argument(
+        "--instance-id", help="this host's EC2 instance id (default: $CALQUE_INSTANCE_ID, else IMDS)"
+    )
+    p.add_argument("--report-to", metavar="URL", help="control plane endpoint: POST the report, SigV4-signed")
+    p.add_argument(
+        "--output", choices=("json", "text"), default="json", help="json (default): one document on stdout"
+    )
+    p.add_argument("--mps-root", default=None, help="where each GPU's MPS pipe and log directories live")
+    p.add_argument("--read-only", action="store_true", help="refuse any call that would change a GPU")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub.add_parser("inventory", help="every GPU: MIG mode, instances, processes, MPS daemon")
+    for verb, what in (
+        ("apply", "converge the GPUs to the spec"),
+        ("assert", "exit 0 if the GPUs match the spec"),
+    ):
+        sp = sub.add_parser(verb, help=what)
+        sp.add_argument(
+            "--spec", required=True, metavar="FILE", help="layout spec, JSON or YAML ('-' for stdin)"
+        )
+    sub.add_parser("export", help="the current state as a layout spec")
+    sp = sub.add_parser("reclaim", help="stop every process on a slice and confirm none remains")
+    sp.add_argument("--slice", required=True, metavar="ID")
+    sub.add_parser("report", help="the agent's report of this host (slices, bindings, processes)")
+    sp = sub.add_parser("simulate-process", help="simulated hosts only: start a pretend process on a slice")
+    sp.add_argument("--slice", required=True, metavar="ID")
+    sp.add_argument("--name", default="python")
+    sp.add_argument("--memory-mib", type=int, default=1024)
+    return p
+
+
+def _instance_id(args: argparse.Namespace, simulated_seed: str | None) -> str:
+    if args.instance_id:
+        return args.instance_id
+    if os.environ.get("CALQUE_INSTANCE_ID"):
+        return os.environ["CALQUE_INSTANCE_ID"]
+    if simulated_seed is not None:
+        return simulated_seed if simulated_seed.startswith("i-") else "i-simulated"
+    return _imds_instance_id() or "unknown"
+
+
+def _imds_instance_id() -> str | None:
+    """The instance id from IMDSv2, or None off EC2 (short timeouts: never hangs a run)."""
+    import urllib.request
+
+    try:
+        tok_req = urllib.request.Request(
+            "http://169.254.169.254/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+        )
+        with urllib.request.urlopen(tok_req, timeout=1) as r:  # noqa: S310
+            token = r.read().decode()
+        req = urllib.request.Request(
+            "http://169.254.169.254/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}
+        )
+        with urllib.request.urlopen(req, timeout=1) as r:  # noqa: S310
+            return r.read().decode().strip()
+    except OSError:
+        return None
+
+
+def _backend(args: argparse.Namespace):
+    """(backend, instance_type, save) for the options given."""
+    from host_agent.mps import DEFAULT_MPS_ROOT
+
+    mps_root = args.mps_root or DEFAULT_MPS_ROOT
+    if args.simulate or args.state:
+        from host_agent.fake import FakeGpuBackend
+
+        state = Path(args.state) if args.state else None
+        if state is not None and state.exists():
+            backend = FakeGpuBackend.load(state)
+            if args.simulate and backend.instance_type != args.simulate:
+                raise InvalidInput(
+                    f"--state {state} simulates a {backend.instance_type}, not a {args.simulate}",
+                    details={"field": "simulate"},
+                )
+        elif args.simulate:
+            seed = args.instance_id or os.environ.get("CALQUE_INSTANCE_ID") or args.simulate
+            backend = FakeGpuBackend.for_instance_type(args.simulate, seed=seed, mps_root=mps_root)
+        else:
+            raise InvalidInput(f"--state {state} does not exist; give --simulate INSTANCE_TYPE to create it")
+        save = (lambda: backend.save(state)) if state is not None else (lambda: None)
+        return backend, backend.instance_type, save
+    from host_agent.nvml import NvmlBackend
+
+    return NvmlBackend(mps_root=mps_root, allow_changes=not args.read_only), None, (lambda: None)
+
+
+def _read_spec(path: str):
+    from calque.contracts.layout import load_layout, parse_layout
+
+    if path == "-":
+        return parse_layout(sys.stdin.read())
+    return load_layout(path)
+
+
+def run(args: argparse.Namespace) -> AgentReport:
+    from host_agent import verbs
+
+    spec = _read_spec(args.spec) if args.verb in ("apply", "assert") else None
+    backend, itype, save = _backend(args)
+    ctx = verbs.Context(
+        backend=backend,
+        instance_id=_instance_id(args, backend.state.get("seed") if hasattr(backend, "state") else None),
+        instance_type=itype,
+        simulated=hasattr(backend, "state"),
+    )
+    if args.read_only and hasattr(backend, "state"):
+        # The fake has no read-only switch of its own: simply never save what changed.
+        save = lambda: None  # noqa: E731
+    try:
+        if args.verb == "inventory":
+            report = verbs.do_inventory(ctx)
+        elif args.verb == "report":
+            report = verbs.do_report(ctx)
+        elif args.verb == "export":
+            report = verbs.do_export(ctx)
+        elif args.verb == "apply":
+            report = verbs.do_apply(ctx, spec)
+        elif args.verb == "assert":
+            report = verbs.do_assert(ctx, spec)
+        elif args.verb == "reclaim":
+            report = verbs.do_reclaim(ctx, args.slice)
+        else:
+            report = verbs.do_simulate_process(ctx, args.slice, name=args.name, memory_mib=args.memory_mib)
+    finally:
+        save()
+    return report
+
+
+def _print(report: AgentReport, output: str) -> None:
+    if output == "json":
+        print(report.model_dump_json(indent=2, exclude_none=True))
+        return
+    status = "ok" if report.ok else f"FAILED: {report.error.message if report.error else ''}"
+    print(f"{report.verb} on {report.instance_id} ({report.instance_type or 'hardware'}): {status}")
+    for a in report.actions:
+        print(f"  did: {a}")
+    for r in report.remaining:
+        print(f"  remains: {r}")
+    if report.verb == "export" and report.spec is not None:
+        print(report.spec.to_json())
+        return
+    for s in report.slices:
+        procs = f", {len(s.processes)} process(es)" if s.processes else ""
+        print(f"  {s.slice_id:<18} {s.backend:<9} {s.profile:<10} {s.memory_gib:>7g} GiB  {s.state}{procs}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        report = run(args)
+    except CalqueError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        if args.output == "json":
+            print(json.dumps({"error": {"code": exc.code, "message": exc.message, "details": exc.details}}))
+        return 1
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"unexpected error ({type(exc).__name__}): {exc}; rerun with --debug for the traceback",
+            file=sys.stderr,
+        )
+        return 3
+    _print(report, args.output)
+    code = 0 if report.ok else 1
+    if not report.ok and report.error is not None:
+        print(f"error: {report.error.message}", file=sys.stderr)
+    if args.report_to:
+        from host_agent.report import send_report
+
+        try:
+            send_report(args.report_to, report)
+        except CalqueError as exc:
+            print(f"error: report not delivered: {exc.message}", file=sys.stderr)
+            return 1
+    return code

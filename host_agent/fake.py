@@ -1,0 +1,387 @@
+"""A faithful fake of NVML for the catalog's cards: what tests and simulated hosts use.
+
+It keeps NVML's rules, not just its shapes: MIG mode has a current and a pending
+value (Ampere needs a GPU reset to apply it, later cards apply it at once when the
+GPU is idle); GPU instances occupy memory slices at their profile's placements and
+use finite compute slices, failing with NVML_ERROR_INSUFFICIENT_RESOURCES when they
+do not fit; changing anything a process still uses fails with NVML_ERROR_IN_USE; MIG
+on a card without it fails with NVML_ERROR_NOT_SUPPORTED. Its whole state is a JSON
+document, so `--state FILE` can carry a simulated host from one agent run to the next.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from calque import catalog
+from calque.catalog.models import Card
+from host_agent import errors as e
+from host_agent.backend import (
+    ComputeInstanceInfo,
+    GpuInfo,
+    GpuInstanceInfo,
+    MpsState,
+    ProcessInfo,
+    ProfileInfo,
+)
+
+_NS = uuid.UUID("6f1c3a52-4b8e-4d8e-9a55-6b1f0c2d7e31")
+DEFAULT_MPS_ROOT = "/var/run/calque/mps"
+
+
+class FakeGpuBackend:
+    def __init__(self, state: dict[str, Any]):
+        self.state = state
+        self.mutating_calls = 0
+        self.calls: list[str] = []  # mutating calls in order, for tests and reports
+        self.mps = FakeMps(self)
+        self._open = False
+
+    # ---- construction and persistence -------------------------------------------------
+
+    @classmethod
+    def for_instance_type(
+        cls, instance_type: str, *, seed: str | None = None, mps_root: str = DEFAULT_MPS_ROOT
+    ) -> FakeGpuBackend:
+        itype = catalog.instance_type(instance_type)
+        seed = seed or instance_type
+        gpus = []
+        for i in range(itype.gpu_count):
+            card = itype.card
+            gpus.append(
+                {
+                    "index": i,
+                    "uuid": f"GPU-{uuid.uuid5(_NS, f'{seed}/gpu{i}')}",
+                    "card": card.name,
+                    "mig_current": False if card.mig_capable else None,
+                    "mig_pending": False if card.mig_capable else None,
+                    "gpu_instances": [],
+                    "processes": [],
+                    "mps": {"running": False},
+                }
+            )
+        return cls(
+            {
+                "version": 1,
+                "instance_type": itype.name,
+                "seed": seed,
+                "mps_root": mps_root,
+                "gpus": gpus,
+                "next_pid": 4242,
+                "serial": 0,
+                "faults": [],
+            }
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> FakeGpuBackend:
+        return cls(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, sort_keys=True), encoding="utf-8")
+        tmp.replace(p)
+
+    @property
+    def instance_type(self) -> str:
+        return self.state["instance_type"]
+
+    # ---- helpers for tests and demos (not NVML) ----------------------------------------
+
+    def inject_fault(self, op: str, code: int, *, skip: int = 0) -> None:
+        """Make the (skip+1)-th next call of `op` fail with NVML return `code`."""
+        self.state["faults"].append({"op": op, "code": code, "skip": skip})
+
+    def start_process(
+        self,
+        index: int,
+        device_uuid: str,
+        *,
+        slice_tag: str | None = None,
+        name: str = "python",
+        mib: int = 1024,
+    ) -> int:
+        """A pretend compute process on a GPU or MIG device, as a tenant's job would be."""
+        g = self._g(index)
+        known = {g["uuid"]} | {gi["device_uuid"] for gi in g["gpu_instances"] if gi.get("device_uuid")}
+        if device_uuid not in known:
+            raise e.from_nvml(e.NVML_ERROR_NOT_FOUND, f"start a process on {device_uuid}")
+        pid = self.state["next_pid"]
+        self.state["next_pid"] = pid + 1
+        g["processes"].append(
+            {
+                "pid": pid,
+                "device_uuid": device_uuid,
+                "used_memory_mib": mib,
+                "name": name,
+                "slice_tag": slice_tag,
+            }
+        )
+        return pid
+
+    # ---- GpuBackend: reads ----------------------------------------------------------------
+
+    @contextmanager
+    def session(self) -> Iterator[FakeGpuBackend]:
+        self._open = True
+        try:
+            yield self
+        finally:
+            self._open = False
+
+    def gpu_count(self) -> int:
+        return len(self.state["gpus"])
+
+    def gpu(self, index: int) -> GpuInfo:
+        g = self._g(index)
+        card = self._card(index)
+        return GpuInfo(
+            index=index,
+            uuid=g["uuid"],
+            name=card.nvml_names[0],
+            memory_mib=int(card.memory_gib * 1024),
+            mig_capable=card.mig_capable,
+            mig_current=g["mig_current"],
+            mig_pending=g["mig_pending"],
+            mig_mode_change_needs_reset=card.mig_mode_change_needs_reset,
+        )
+
+    def profiles(self, index: int) -> dict[str, ProfileInfo]:
+        card = self._card(index)
+        return {
+            p.name: ProfileInfo(
+                name=p.name,
+                profile_id=p.nvml_profile_id,
+                compute_slices=p.compute_slices,
+                memory_slices=p.memory_slices,
+                memory_mib=int(p.memory_gib * 1024),
+                max_count=p.max_count,
+                placements=tuple(p.placements),
+            )
+            for p in card.mig_profiles
+        }
+
+    def gpu_instances(self, index: int) -> list[GpuInstanceInfo]:
+        g = self._g(index)
+        by_id = {p.profile_id: p for p in self.profiles(index).values()}
+        out = []
+        for gi in sorted(g["gpu_instances"], key=lambda x: x["id"]):
+            p = by_id[gi["profile_id"]]
+            out.append(
+                GpuInstanceInfo(
+                    id=gi["id"],
+                    profile=p.name,
+                    profile_id=p.profile_id,
+                    start=gi["start"],
+                    size=p.memory_slices,
+                    compute_instances=tuple(
+                        ComputeInstanceInfo(id=ci["id"], profile_id=ci["profile_id"], slices=ci["slices"])
+                        for ci in gi["compute_instances"]
+                    ),
+                    device_uuid=gi.get("device_uuid"),
+                )
+            )
+        return out
+
+    def processes(self, index: int) -> list[ProcessInfo]:
+        return [
+            ProcessInfo(
+                pid=p["pid"],
+                device_uuid=p["device_uuid"],
+                used_memory_mib=p["used_memory_mib"],
+                name=p["name"],
+                slice_tag=p.get("slice_tag"),
+            )
+            for p in self._g(index)["processes"]
+        ]
+
+    # ---- GpuBackend: mutations ---------------------------------------------------------
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        self._mutating("set_mig_mode", index)
+        g, card = self._g(index), self._card(index)
+        what = f"set MIG mode on GPU {index} ({card.name})"
+        if not card.mig_capable:
+            raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what)
+        if g["gpu_instances"] or g["mps"]["running"]:
+            raise e.from_nvml(e.NVML_ERROR_IN_USE, what)
+        g["mig_pending"] = enabled
+        if not card.mig_mode_change_needs_reset and not g["processes"]:
+            g["mig_current"] = enabled
+
+    def reset_gpu(self, index: int) -> None:
+        self._mutating("reset_gpu", index)
+        g = self._g(index)
+        if g["processes"] or g["mps"]["running"]:
+            raise e.from_nvml(
+                e.NVML_ERROR_IN_USE, f"reset GPU {index}", pids=[p["pid"] for p in g["processes"]]
+            )
+        if g["mig_current"] is not None:
+            g["mig_current"] = g["mig_pending"]
+        g["gpu_instances"] = []
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int) -> int:
+        self._mutating("create_gpu_instance", index)
+        g, card = self._g(index), self._card(index)
+        what = f"create GPU instance (profile id {profile_id} at {start}) on GPU {index}"
+        if not card.mig_capable:
+            raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what.replace("create", "create MIG"))
+        if not g["mig_current"]:
+            raise e.from_nvml(e.NVML_ERROR_INVALID_STATE, what + " (MIG mode is off)")
+        prof = next((p for p in card.mig_profiles if p.nvml_profile_id == profile_id), None)
+        if prof is None:
+            raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what.replace("create", "create MIG"))
+        if start not in prof.placements:
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what)
+        profiles = {p.nvml_profile_id: p for p in card.mig_profiles}
+        used = 0
+        compute = 0
+        same = 0
+        for gi in g["gpu_instances"]:
+            p = profiles[gi["profile_id"]]
+            used |= ((1 << p.memory_slices) - 1) << gi["start"]
+            compute += p.compute_slices
+            same += gi["profile_id"] == profile_id
+        mask = ((1 << prof.memory_slices) - 1) << start
+        if used & mask or compute + prof.compute_slices > card.compute_slices or same >= prof.max_count:
+            raise e.from_nvml(e.NVML_ERROR_INSUFFICIENT_RESOURCES, what)
+        ids = {gi["id"] for gi in g["gpu_instances"]}
+        gi_id = next(i for i in range(1, 64) if i not in ids)
+        g["gpu_instances"].append(
+            {"id": gi_id, "profile_id": profile_id, "start": start, "compute_instances": []}
+        )
+        return gi_id
+
+    def create_compute_instance(self, index: int, gpu_instance_id: int) -> int:
+        self._mutating("create_compute_instance", index)
+        g, card = self._g(index), self._card(index)
+        gi = self._gi(index, gpu_instance_id)
+        what = f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}"
+        if gi["compute_instances"]:
+            raise e.from_nvml(e.NVML_ERROR_INSUFFICIENT_RESOURCES, what)
+        prof = next(p for p in card.mig_profiles if p.nvml_profile_id == gi["profile_id"])
+        self.state["serial"] += 1
+        gi["compute_instances"].append(
+            {"id": 0, "profile_id": _ci_profile_id(prof.compute_slices), "slices": prof.compute_slices}
+        )
+        name = "{}/gi{}/ci0/{}".format(g["uuid"], gpu_instance_id, self.state["serial"])
+        gi["device_uuid"] = f"MIG-{uuid.uuid5(_NS, name)}"
+        return 0
+
+    def destroy_compute_instance(self, index: int, gpu_instance_id: int, compute_instance_id: int) -> None:
+        self._mutating("destroy_compute_instance", index)
+        g = self._g(index)
+        gi = self._gi(index, gpu_instance_id)
+        what = (
+            f"destroy compute instance {compute_instance_id} of GPU instance {gpu_instance_id} on GPU {index}"
+        )
+        if not any(ci["id"] == compute_instance_id for ci in gi["compute_instances"]):
+            raise e.from_nvml(e.NVML_ERROR_NOT_FOUND, what)
+        if any(p["device_uuid"] == gi.get("device_uuid") for p in g["processes"]):
+            raise e.from_nvml(e.NVML_ERROR_IN_USE, what)
+        gi["compute_instances"] = [ci for ci in gi["compute_instances"] if ci["id"] != compute_instance_id]
+        gi.pop("device_uuid", None)
+
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
+        self._mutating("destroy_gpu_instance", index)
+        g = self._g(index)
+        gi = self._gi(index, gpu_instance_id)
+        if gi["compute_instances"]:
+            raise e.from_nvml(e.NVML_ERROR_IN_USE, f"destroy GPU instance {gpu_instance_id} on GPU {index}")
+        g["gpu_instances"] = [x for x in g["gpu_instances"] if x["id"] != gpu_instance_id]
+
+    def kill_process(self, index: int, pid: int) -> None:
+        self._mutating("kill_process", index)
+        g = self._g(index)
+        g["processes"] = [p for p in g["processes"] if p["pid"] != pid]
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _g(self, index: int) -> dict[str, Any]:
+        gpus = self.state["gpus"]
+        if not 0 <= index < len(gpus):
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, f"GPU index {index} (this host has {len(gpus)})")
+        return gpus[index]
+
+    def _gi(self, index: int, gpu_instance_id: int) -> dict[str, Any]:
+        for gi in self._g(index)["gpu_instances"]:
+            if gi["id"] == gpu_instance_id:
+                return gi
+        raise e.from_nvml(e.NVML_ERROR_NOT_FOUND, f"GPU instance {gpu_instance_id} on GPU {index}")
+
+    def _card(self, index: int) -> Card:
+        return catalog.card(self._g(index)["card"])
+
+    def _mutating(self, op: str, index: int) -> None:
+        if not self._open:
+            raise RuntimeError("GPU backend used outside its session")
+        self.mutating_calls += 1
+        self.calls.append(f"{op}(gpu {index})")
+        for fault in self.state["faults"]:
+            if fault["op"] == op:
+                if fault["skip"] > 0:
+                    fault["skip"] -= 1
+                    continue
+                self.state["faults"].remove(fault)
+                raise e.from_nvml(
+                    fault["code"], f"{op.replace('_', ' ')} on GPU {index}".replace("mig", "MIG")
+                )
+
+
+def _ci_profile_id(compute_slices: int) -> int:
+    # NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE
+    return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}[compute_slices]
+
+
+class FakeMps:
+    """The MPS control daemon per GPU, simulated inside the fake's state."""
+
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    def _dirs(self, gpu: GpuInfo) -> tuple[str, str]:
+        root = self.backend.state.get("mps_root", DEFAULT_MPS_ROOT)
+        return f"{root}/gpu{gpu.index}/pipe", f"{root}/gpu{gpu.index}/log"
+
+    def status(self, gpu: GpuInfo) -> MpsState:
+        m = self.backend._g(gpu.index)["mps"]
+        pipe, log = self._dirs(gpu)
+        return MpsState(
+            running=m["running"],
+            healthy=m["running"],
+            pipe_directory=pipe,
+            log_directory=log,
+            clients=m.get("clients"),
+            active_thread_percentage=m.get("active_thread_percentage"),
+            pinned_memory_limit_mib=m.get("pinned_memory_limit_mib"),
+        )
+
+    def start(
+        self,
+        gpu: GpuInfo,
+        *,
+        clients: int,
+        active_thread_percentage: int | None,
+        pinned_memory_limit_mib: int | None,
+    ) -> MpsState:
+        self.backend._mutating("mps_start", gpu.index)
+        g = self.backend._g(gpu.index)
+        if g["mig_current"]:
+            raise e.GpuError(f"cannot start MPS on GPU {gpu.index}: MIG mode is on", code="invalid_state")
+        g["mps"] = {
+            "running": True,
+            "clients": clients,
+            "active_thread_percentage": active_thread_percentage,
+            "pinned_memory_limit_mib": pinned_memory_limit_mib,
+        }
+        return self.status(gpu)
+
+    def stop(self, gpu: GpuInfo) -> None:
+        self.backend._mutating("mps_stop", gpu.index)
+        self.backend._g(gpu.index)["mps"] = {"running": False}

@@ -1,0 +1,124 @@
+"""The MPS control daemon on a real host: one per GPU, each with its own pipe and log
+directories, driven through `nvidia-cuda-mps-control` with that GPU's environment.
+
+The slot count is ours, not the daemon's: it is kept beside the pipe directory
+(calque-mps.json) so `export` and `assert` can read the layout back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from host_agent.backend import GpuInfo, MpsState
+from host_agent.errors import GpuError
+
+DEFAULT_MPS_ROOT = "/var/run/calque/mps"
+CONTROL = "nvidia-cuda-mps-control"
+
+
+class SubprocessMps:
+    def __init__(self, root: str = DEFAULT_MPS_ROOT, *, on_change: Callable[[str], None] | None = None):
+        self.root = Path(root)
+        self._on_change = on_change or (lambda what: None)
+
+    def _dirs(self, gpu: GpuInfo) -> tuple[Path, Path]:
+        base = self.root / f"gpu{gpu.index}"
+        return base / "pipe", base / "log"
+
+    def _env(self, gpu: GpuInfo) -> dict[str, str]:
+        pipe, log = self._dirs(gpu)
+        return {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": gpu.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(log),
+        }
+
+    def _control(
+        self, gpu: GpuInfo, command: str | None = None, *, daemon: bool = False
+    ) -> subprocess.CompletedProcess:
+        argv = [CONTROL, "-d"] if daemon else [CONTROL]
+        try:
+            return subprocess.run(
+                argv,
+                input=command,
+                env=self._env(gpu),
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise GpuError(f"{CONTROL} is not installed on this host", code="mps_unavailable") from None
+        except subprocess.TimeoutExpired:
+            raise GpuError(f"{CONTROL} did not answer on GPU {gpu.index}", code="mps_unhealthy") from None
+
+    def _settings_file(self, gpu: GpuInfo) -> Path:
+        return self.root / f"gpu{gpu.index}" / "calque-mps.json"
+
+    def status(self, gpu: GpuInfo) -> MpsState:
+        pipe, log = self._dirs(gpu)
+        settings: dict = {}
+        with contextlib.suppress(OSError, ValueError):
+            settings = json.loads(self._settings_file(gpu).read_text())
+        running = (pipe / "control").exists()
+        healthy = False
+        if running:
+            try:
+                healthy = self._control(gpu, "get_server_list\n").returncode == 0
+            except GpuError:
+                healthy = False
+        return MpsState(
+            running=running,
+            healthy=healthy,
+            pipe_directory=str(pipe),
+            log_directory=str(log),
+            clients=settings.get("clients"),
+            active_thread_percentage=settings.get("active_thread_percentage"),
+            pinned_memory_limit_mib=settings.get("pinned_memory_limit_mib"),
+        )
+
+    def start(
+        self,
+        gpu: GpuInfo,
+        *,
+        clients: int,
+        active_thread_percentage: int | None,
+        pinned_memory_limit_mib: int | None,
+    ) -> MpsState:
+        self._on_change(f"start the MPS control daemon on GPU {gpu.index}")
+        pipe, log = self._dirs(gpu)
+        pipe.mkdir(parents=True, exist_ok=True)
+        log.mkdir(parents=True, exist_ok=True)
+        res = self._control(gpu, daemon=True)
+        if res.returncode != 0:
+            raise GpuError(
+                f"MPS control daemon on GPU {gpu.index} did not start: {res.stderr.strip()}",
+                code="mps_failed",
+            )
+        # Per-client defaults for every server this daemon spawns.
+        if active_thread_percentage is not None:
+            self._control(gpu, f"set_default_active_thread_percentage {active_thread_percentage}\n")
+        if pinned_memory_limit_mib is not None:
+            self._control(gpu, f"set_default_device_pinned_mem_limit 0 {pinned_memory_limit_mib}M\n")
+        self._settings_file(gpu).write_text(
+            json.dumps(
+                {
+                    "clients": clients,
+                    "active_thread_percentage": active_thread_percentage,
+                    "pinned_memory_limit_mib": pinned_memory_limit_mib,
+                }
+            )
+        )
+        return self.status(gpu)
+
+    def stop(self, gpu: GpuInfo) -> None:
+        self._on_change(f"stop the MPS control daemon on GPU {gpu.index}")
+        self._control(gpu, "quit\n")
+        with contextlib.suppress(FileNotFoundError):
+            self._settings_file(gpu).unlink()

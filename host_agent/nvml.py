@@ -1,0 +1,390 @@
+"""The real GPU backend: NVML through nvidia-ml-py (`import pynvml`).
+
+Every use is inside `with backend.session():`, which pairs nvmlInit with
+nvmlShutdown. NVML errors become our own (host_agent.errors.from_nvml). A GPU reset
+has no NVML call; it goes through `nvidia-smi --gpu-reset`, as NVIDIA documents.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from host_agent import errors as e
+from host_agent.backend import ComputeInstanceInfo, GpuInfo, GpuInstanceInfo, ProcessInfo, ProfileInfo
+from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
+
+_CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+KILL_GRACE_SECONDS = 10.0
+
+
+def _pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise e.NvmlUnavailable(
+            "nvidia-ml-py is not installed (pip install 'calque[agent]')", details={"nvml_error": "import"}
+        ) from exc
+    return pynvml
+
+
+class NvmlBackend:
+    def __init__(self, *, mps_root: str = DEFAULT_MPS_ROOT, allow_changes: bool = True):
+        self.mutating_calls = 0
+        self.calls: list[str] = []
+        self.allow_changes = allow_changes
+        self.mps = SubprocessMps(mps_root, on_change=self._count)
+        self._nv: Any = None
+
+    @contextmanager
+    def session(self) -> Iterator[NvmlBackend]:
+        nv = _pynvml()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise e.from_nvml(exc.value, "initialise NVML") from None
+        self._nv = nv
+        try:
+            yield self
+        finally:
+            self._nv = None
+            nv.nvmlShutdown()
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        if self._nv is None:
+            raise RuntimeError("GPU backend used outside its session")
+        try:
+            return fn(*args)
+        except self._nv.NVMLError as exc:
+            raise e.from_nvml(exc.value, what) from None
+
+    def _count(self, what: str) -> None:
+        if not self.allow_changes:
+            raise e.GpuError(f"refusing to {what}: this agent runs read-only", code="read_only")
+        self.mutating_calls += 1
+        self.calls.append(what)
+
+    def _h(self, index: int) -> Any:
+        return self._call(f"open GPU {index}", self._nv.nvmlDeviceGetHandleByIndex, index)
+
+    @staticmethod
+    def _s(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def gpu_count(self) -> int:
+        return self._call("count GPUs", self._nv.nvmlDeviceGetCount)
+
+    def gpu(self, index: int) -> GpuInfo:
+        nv = self._nv
+        h = self._h(index)
+        name = self._s(self._call(f"name of GPU {index}", nv.nvmlDeviceGetName, h))
+        uuid = self._s(self._call(f"UUID of GPU {index}", nv.nvmlDeviceGetUUID, h))
+        mem = self._call(f"memory of GPU {index}", nv.nvmlDeviceGetMemoryInfo, h)
+        try:
+            current, pending = nv.nvmlDeviceGetMigMode(h)
+            capable, cur, pend = True, bool(current), bool(pending)
+        except nv.NVMLError as exc:
+            if exc.value != e.NVML_ERROR_NOT_SUPPORTED:
+                raise e.from_nvml(exc.value, f"MIG mode of GPU {index}") from None
+            capable, cur, pend = False, None, None
+        # Ampere (compute capability 8.x) needs a GPU reset for a MIG mode change to take effect.
+        try:
+            major, _minor = nv.nvmlDeviceGetCudaComputeCapability(h)
+        except nv.NVMLError:
+            major = 0
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            name=name,
+            memory_mib=int(mem.total // (1024 * 1024)),
+            mig_capable=capable,
+            mig_current=cur,
+            mig_pending=pend,
+            mig_mode_change_needs_reset=major == 8,
+        )
+
+    def profiles(self, index: int) -> dict[str, ProfileInfo]:
+        nv = self._nv
+        h = self._h(index)
+        out: dict[str, ProfileInfo] = {}
+        for pid in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, pid)
+            except nv.NVMLError as exc:
+                if exc.value in (e.NVML_ERROR_NOT_SUPPORTED, e.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise e.from_nvml(exc.value, f"GPU instance profile {pid} of GPU {index}") from None
+            name = _profile_name(self._s(info.name), info.sliceCount, info.memorySizeMB)
+            placements = self._placements(h, info.id)
+            out[name] = ProfileInfo(
+                name=name,
+                profile_id=info.id,
+                compute_slices=info.sliceCount,
+                memory_slices=placements[1] if placements[0] else 0,
+                memory_mib=int(info.memorySizeMB),
+                max_count=info.instanceCount,
+                placements=placements[0],
+            )
+        return out
+
+    def _placements(self, h: Any, profile_id: int) -> tuple[tuple[int, ...], int]:
+        nv = self._nv
+        count = ctypes.c_uint(0)
+        try:
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
+            arr = (nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+            nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, arr, ctypes.byref(count))
+        except nv.NVMLError as exc:
+            raise e.from_nvml(exc.value, f"placements of profile {profile_id}") from None
+        starts = tuple(arr[k].start for k in range(count.value))
+        size = arr[0].size if count.value else 0
+        return starts, size
+
+    def gpu_instances(self, index: int) -> list[GpuInstanceInfo]:
+        nv = self._nv
+        h = self._h(index)
+        profiles = {p.profile_id: p for p in self.profiles(index).values()}
+        mig_uuid_by_gi = self._mig_device_uuids(h)
+        out: list[GpuInstanceInfo] = []
+        for pid, prof in profiles.items():
+            count = ctypes.c_uint(0)
+            arr = (nv.c_nvmlGpuInstance_t * max(prof.max_count, 1))()
+            self._call(
+                f"GPU instances of GPU {index}",
+                nv.nvmlDeviceGetGpuInstances,
+                h,
+                pid,
+                arr,
+                ctypes.byref(count),
+            )
+            for k in range(count.value):
+                gi = arr[k]
+                info = self._call("GPU instance info", nv.nvmlGpuInstanceGetInfo, gi)
+                cis = self._compute_instances(gi)
+                out.append(
+                    GpuInstanceInfo(
+                        id=info.id,
+                        profile=prof.name,
+                        profile_id=pid,
+                        start=info.placement.start,
+                        size=info.placement.size,
+                        compute_instances=tuple(cis),
+                        device_uuid=mig_uuid_by_gi.get(info.id),
+                    )
+                )
+        return sorted(out, key=lambda g: g.id)
+
+    def _compute_instances(self, gi: Any) -> list[ComputeInstanceInfo]:
+        nv = self._nv
+        out = []
+        for cpid in range(nv.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            count = ctypes.c_uint(0)
+            arr = (nv.c_nvmlComputeInstance_t * 8)()
+            try:
+                nv.nvmlGpuInstanceGetComputeInstances(gi, cpid, arr, ctypes.byref(count))
+            except nv.NVMLError as exc:
+                if exc.value in (e.NVML_ERROR_NOT_SUPPORTED, e.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise e.from_nvml(exc.value, "compute instances") from None
+            slices = {v: k for k, v in _CI_PROFILE_BY_SLICES.items()}.get(cpid, 0)
+            for k in range(count.value):
+                info = self._call("compute instance info", nv.nvmlComputeInstanceGetInfo, arr[k])
+                out.append(ComputeInstanceInfo(id=info.id, profile_id=cpid, slices=slices))
+        return out
+
+    def _mig_device_uuids(self, h: Any) -> dict[int, str]:
+        nv = self._nv
+        out: dict[int, str] = {}
+        n = self._call("MIG device count", nv.nvmlDeviceGetMaxMigDeviceCount, h)
+        for k in range(n):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except nv.NVMLError as exc:
+                if exc.value == e.NVML_ERROR_NOT_FOUND:
+                    continue
+                raise e.from_nvml(exc.value, "MIG device") from None
+            out[self._call("MIG device GPU instance", nv.nvmlDeviceGetGpuInstanceId, mh)] = self._s(
+                self._call("MIG device UUID", nv.nvmlDeviceGetUUID, mh)
+            )
+        return out
+
+    def processes(self, index: int) -> list[ProcessInfo]:
+        nv = self._nv
+        h = self._h(index)
+        handles: list[tuple[Any, str]] = [(h, self._s(self._call("UUID", nv.nvmlDeviceGetUUID, h)))]
+        try:
+            current, _ = nv.nvmlDeviceGetMigMode(h)
+        except nv.NVMLError:
+            current = 0
+        if current:
+            n = self._call("MIG device count", nv.nvmlDeviceGetMaxMigDeviceCount, h)
+            for k in range(n):
+                try:
+                    mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+                except nv.NVMLError:
+                    continue
+                handles.append((mh, self._s(self._call("MIG device UUID", nv.nvmlDeviceGetUUID, mh))))
+        out: list[ProcessInfo] = []
+        seen: set[tuple[int, str]] = set()
+        for handle, dev_uuid in handles:
+            try:
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nv.NVMLError as exc:
+                if exc.value == e.NVML_ERROR_NOT_SUPPORTED:
+                    continue
+                raise e.from_nvml(exc.value, f"processes on {dev_uuid}") from None
+            for p in procs:
+                if (p.pid, dev_uuid) in seen:
+                    continue
+                seen.add((p.pid, dev_uuid))
+                used = getattr(p, "usedGpuMemory", None)
+                out.append(
+                    ProcessInfo(
+                        pid=p.pid,
+                        device_uuid=dev_uuid,
+                        used_memory_mib=int(used // (1024 * 1024)) if isinstance(used, int) else None,
+                        name=_proc_name(p.pid),
+                        slice_tag=_proc_slice_tag(p.pid),
+                    )
+                )
+        return out
+
+    # ---- mutations ---------------------------------------------------------------------
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        self._count(f"set MIG mode {'on' if enabled else 'off'} on GPU {index}")
+        h = self._h(index)
+        self._call(f"set MIG mode on GPU {index}", self._nv.nvmlDeviceSetMigMode, h, int(enabled))
+
+    def reset_gpu(self, index: int) -> None:
+        self._count(f"reset GPU {index}")
+        res = subprocess.run(
+            ["nvidia-smi", "--gpu-reset", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if res.returncode != 0:
+            msg = (res.stderr or res.stdout).strip().splitlines()
+            raise e.GpuError(
+                f"reset GPU {index}: nvidia-smi says {msg[-1] if msg else res.returncode}",
+                code="reset_failed",
+            )
+
+    def _gi_handle(self, index: int, gpu_instance_id: int) -> Any:
+        return self._call(
+            f"GPU instance {gpu_instance_id} on GPU {index}",
+            self._nv.nvmlDeviceGetGpuInstanceById,
+            self._h(index),
+            gpu_instance_id,
+        )
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int) -> int:
+        nv = self._nv
+        self._count(f"create GPU instance profile {profile_id} at {start} on GPU {index}")
+        h = self._h(index)
+        info = self._call("GPU instance profile", nv.nvmlDeviceGetGpuInstanceProfileInfo, h, profile_id)
+        placement = nv.c_nvmlGpuInstancePlacement_t()
+        placement.start = start
+        placement.size = self._placements(h, info.id)[1]
+        gi = self._call(
+            f"create GPU instance (profile id {profile_id} at {start}) on GPU {index}",
+            nv.nvmlDeviceCreateGpuInstanceWithPlacement,
+            h,
+            info.id,
+            ctypes.byref(placement),
+        )
+        return self._call("GPU instance info", nv.nvmlGpuInstanceGetInfo, gi).id
+
+    def create_compute_instance(self, index: int, gpu_instance_id: int) -> int:
+        nv = self._nv
+        self._count(f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}")
+        gi = self._gi_handle(index, gpu_instance_id)
+        gi_info = self._call("GPU instance info", nv.nvmlGpuInstanceGetInfo, gi)
+        gi_prof = nv.nvmlDeviceGetGpuInstanceProfileInfo(self._h(index), gi_info.profileId)
+        cpid = _CI_PROFILE_BY_SLICES[gi_prof.sliceCount]
+        ci_prof = self._call(
+            "compute instance profile",
+            nv.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            gi,
+            cpid,
+            nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+        )
+        ci = self._call(
+            f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}",
+            nv.nvmlGpuInstanceCreateComputeInstance,
+            gi,
+            ci_prof.id,
+        )
+        return self._call("compute instance info", nv.nvmlComputeInstanceGetInfo, ci).id
+
+    def destroy_compute_instance(self, index: int, gpu_instance_id: int, compute_instance_id: int) -> None:
+        nv = self._nv
+        self._count(f"destroy compute instance {compute_instance_id} of GPU instance {gpu_instance_id}")
+        gi = self._gi_handle(index, gpu_instance_id)
+        ci = self._call("compute instance", nv.nvmlGpuInstanceGetComputeInstanceById, gi, compute_instance_id)
+        self._call(f"destroy compute instance {compute_instance_id}", nv.nvmlComputeInstanceDestroy, ci)
+
+    def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
+        self._count(f"destroy GPU instance {gpu_instance_id} on GPU {index}")
+        gi = self._gi_handle(index, gpu_instance_id)
+        self._call(
+            f"destroy GPU instance {gpu_instance_id} on GPU {index}", self._nv.nvmlGpuInstanceDestroy, gi
+        )
+
+    def kill_process(self, index: int, pid: int) -> None:
+        """SIGTERM, a grace period, then SIGKILL."""
+        self._count(f"stop process {pid} on GPU {index}")
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if not Path(f"/proc/{pid}").exists():
+                return
+            time.sleep(0.2)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+
+
+def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
+    """ "MIG 1g.10gb" -> "1g.10gb"; older drivers leave the name empty: build it as nvidia-smi does."""
+    m = re.search(r"(\d+g\.\d+gb(?:\+\w+)?)", nvml_name)
+    if m:
+        return m.group(1)
+    return f"{slices}g.{round(memory_mb / 1024)}gb"
+
+
+def _proc_name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def _proc_slice_tag(pid: int) -> str | None:
+    """CALQUE_SLICE_ID from the process's environment: how an MPS client is tied to its slot."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"CALQUE_SLICE_ID="):
+            return item.split(b"=", 1)[1].decode(errors="replace")
+    return None

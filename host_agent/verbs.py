@@ -1,0 +1,225 @@
+"""One function per agent verb: each runs inside a backend session and returns the
+AgentReport. Expected failures become a report with ok=false and the error; the CLI
+decides the exit code from it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from calque.contracts.agent import AgentError, AgentReport, SliceReport
+from calque.contracts.layout import LayoutSpec
+from calque.errors import CalqueError, InvalidInput
+from host_agent.backend import GpuBackend
+from host_agent.converge import apply
+from host_agent.observe import (
+    GpuView,
+    export_spec,
+    gpu_report,
+    read_all,
+    read_gpu,
+    slice_reports,
+    spec_differences,
+)
+
+_SLICE_ID = re.compile(r"^g(\d+)-(.+)$")
+
+
+@dataclass
+class Context:
+    backend: GpuBackend
+    instance_id: str
+    instance_type: str | None = None
+    simulated: bool = False
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _report(ctx: Context, verb: str, started: datetime, views: list[GpuView], **kw) -> AgentReport:
+    return AgentReport(
+        instance_id=ctx.instance_id,
+        instance_type=ctx.instance_type,
+        verb=verb,
+        started_at=started,
+        finished_at=_now(),
+        simulated=ctx.simulated,
+        gpus=[gpu_report(v) for v in views],
+        slices=kw.pop("slices", None) or [s for v in views for s in slice_reports(v)],
+        mutating_calls=ctx.backend.mutating_calls,
+        **kw,
+    )
+
+
+def _error(exc: CalqueError) -> AgentError:
+    return AgentError(code=exc.code, message=exc.message, details=exc.details)
+
+
+def _guard(ctx: Context, verb: str, body: Callable[[datetime], AgentReport]) -> AgentReport:
+    started = _now()
+    try:
+        with ctx.backend.session():
+            return body(started)
+    except CalqueError as exc:
+        views: list[GpuView] = []
+        try:
+            with ctx.backend.session():
+                views = read_all(ctx.backend)
+        except CalqueError:
+            pass
+        return _report(ctx, verb, started, views, ok=False, error=_error(exc))
+
+
+def do_inventory(ctx: Context) -> AgentReport:
+    return _guard(ctx, "inventory", lambda t: _report(ctx, "inventory", t, read_all(ctx.backend), ok=True))
+
+
+def do_report(ctx: Context) -> AgentReport:
+    return _guard(ctx, "report", lambda t: _report(ctx, "report", t, read_all(ctx.backend), ok=True))
+
+
+def do_export(ctx: Context) -> AgentReport:
+    def body(t: datetime) -> AgentReport:
+        views = read_all(ctx.backend)
+        return _report(ctx, "export", t, views, ok=True, spec=export_spec(views))
+
+    return _guard(ctx, "export", body)
+
+
+def do_assert(ctx: Context, spec: LayoutSpec) -> AgentReport:
+    def body(t: datetime) -> AgentReport:
+        views = read_all(ctx.backend)
+        diff = spec_differences(views, spec)
+        error = (
+            None
+            if not diff
+            else AgentError(
+                code="layout_mismatch",
+                message=f"the GPUs differ from the spec in {len(diff)} way(s): {diff[0]}",
+                details={"differences": diff},
+            )
+        )
+        return _report(
+            ctx,
+            "assert",
+            t,
+            views,
+            ok=not diff,
+            error=error,
+            spec=spec,
+            remaining=diff,
+            layout_applied=not diff,
+        )
+
+    return _guard(ctx, "assert", body)
+
+
+def do_apply(ctx: Context, spec: LayoutSpec) -> AgentReport:
+    def body(t: datetime) -> AgentReport:
+        result = apply(ctx.backend, spec)
+        error = _error(result.error) if result.error else None
+        if not result.ok and error is None:
+            error = AgentError(
+                code="layout_not_converged",
+                message=f"the GPUs still differ from the spec: {result.remaining[0]}",
+                details={"remaining": result.remaining},
+            )
+        return _report(
+            ctx,
+            "apply",
+            t,
+            result.views,
+            ok=result.ok,
+            error=error,
+            spec=spec,
+            actions=result.actions,
+            remaining=result.remaining,
+            layout_applied=result.ok,
+        )
+
+    return _guard(ctx, "apply", body)
+
+
+def find_slice(views_or_backend: GpuBackend, slice_id: str) -> tuple[GpuView, SliceReport]:
+    backend = views_or_backend
+    m = _SLICE_ID.match(slice_id)
+    n = backend.gpu_count()
+    if m and int(m.group(1)) < n:
+        v = read_gpu(backend, int(m.group(1)))
+        for s in slice_reports(v):
+            if s.slice_id == slice_id:
+                return v, s
+    valid = [s.slice_id for v in read_all(backend) for s in slice_reports(v)]
+    raise InvalidInput(
+        f"no slice {slice_id!r} on this host; valid: {', '.join(valid)}",
+        details={"field": "slice", "value": slice_id, "valid": valid},
+    )
+
+
+def do_reclaim(ctx: Context, slice_id: str) -> AgentReport:
+    """Stop every process on the slice, confirm none remains, report."""
+
+    def body(t: datetime) -> AgentReport:
+        b = ctx.backend
+        v, s = find_slice(b, slice_id)
+        actions = []
+        for p in s.processes:
+            b.kill_process(v.index, p.pid)
+            actions.append(f"stopped pid {p.pid} ({p.name or '?'}) on {slice_id}")
+        v, s = find_slice(b, slice_id)
+        views = read_all(b)
+        slices = [x for w in views for x in slice_reports(w)]
+        if s.processes:
+            left = [p.pid for p in s.processes]
+            failed = s.model_copy(update={"state": "failed"})
+            slices = [failed if x.slice_id == slice_id else x for x in slices]
+            return _report(
+                ctx,
+                "reclaim",
+                t,
+                views,
+                slices=slices,
+                ok=False,
+                error=AgentError(
+                    code="processes_remain",
+                    message=f"{len(left)} process(es) still run on {slice_id}: {left}",
+                    details={"pids": left},
+                ),
+                reclaimed_slice_id=None,
+                actions=actions,
+                remaining=[f"pid {pid} still runs on {slice_id}" for pid in left],
+            )
+        reclaimed = s.model_copy(update={"state": "reclaimed"})
+        slices = [reclaimed if x.slice_id == slice_id else x for x in slices]
+        return _report(
+            ctx, "reclaim", t, views, slices=slices, ok=True, reclaimed_slice_id=slice_id, actions=actions
+        )
+
+    return _guard(ctx, "reclaim", body)
+
+
+def do_simulate_process(
+    ctx: Context, slice_id: str, *, name: str = "python", memory_mib: int = 1024
+) -> AgentReport:
+    """Fake hosts only: start a pretend tenant process on a slice, as a job would run there."""
+    from host_agent.fake import FakeGpuBackend
+
+    def body(t: datetime) -> AgentReport:
+        b = ctx.backend
+        if not isinstance(b, FakeGpuBackend):
+            raise InvalidInput("simulate-process only runs on a simulated host (--simulate or --state)")
+        v, s = find_slice(b, slice_id)
+        pid = b.start_process(v.index, s.device_uuid, slice_tag=slice_id, name=name, mib=memory_mib)
+        return _report(
+            ctx,
+            "simulate-process",
+            t,
+            read_all(b),
+            ok=True,
+            actions=[f"started pid {pid} ({name}) on {slice_id}"],
+        )
+
+    return _guard(ctx, "simulate-process", body)
