@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -11,11 +10,12 @@ from calque.contracts.tenancy import DrainRequest, Host, HostRegistration, Repor
 from calque.errors import Forbidden
 from calque.settings import api_settings
 from calque.tenancy.wiring import api_tenancy
+from functions import observability
 from functions.api.context import admin, caller
 
 router = Router()
-logger = Logger(service="calque-api", child=True)
-metrics = Metrics(namespace="Calque", service="api")
+logger = observability.logger("api")
+metrics = observability.metrics("api")
 
 
 @router.post("/hosts", status_code=201)

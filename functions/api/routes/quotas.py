@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
 from calque.contracts.tenancy import Quota, QuotaUpdate
 from calque.tenancy.wiring import api_tenancy
+from functions import observability
 from functions.api.context import admin, caller
 
 router = Router()
-logger = Logger(service="calque-api", child=True)
+logger = observability.logger("api")
 
 
 @router.put("/quotas/<user>")

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, Session, SessionGrant
 from calque.tenancy.wiring import api_tenancy
+from functions import observability
 from functions.api.context import caller
 
 router = Router()
-logger = Logger(service="calque-api", child=True)
-metrics = Metrics(namespace="Calque", service="api")
+logger = observability.logger("api")
+metrics = observability.metrics("api")
 
 
 @router.post("/sessions", status_code=201)

@@ -1,0 +1,27 @@
+"""EventBridge schedule -> end sessions past their expiry, quarantine slices whose host
+never reported their reclaim. DynamoDB TTL is garbage collection only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+
+from calque.tenancy.wiring import reaper_tenancy
+from functions import observability
+
+logger = observability.logger("reaper")
+metrics = observability.metrics("reaper")
+
+
+@observability.instrumented("reaper")
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    summary = reaper_tenancy().reap()
+    metrics.add_metric(name="SessionsExpired", unit=MetricUnit.Count, value=len(summary.expired))
+    metrics.add_metric(name="SlicesQuarantined", unit=MetricUnit.Count, value=len(summary.quarantined))
+    if summary.expired or summary.quarantined or summary.raced:
+        logger.info(
+            "reaped",
+            extra={"expired": summary.expired, "quarantined": summary.quarantined, "raced": summary.raced},
+        )
+    return {"expired": summary.expired, "quarantined": summary.quarantined, "raced": summary.raced}
