@@ -59,9 +59,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def layout_from_flags(*, mig: dict[str, int] | None = None, mps_slots: int | None = None,
-                      mps_thread_percentage: int | None = None, mps_memory_limit_mib: int | None = None,
-                      spec: str | None = None) -> dict[str, Any] | None:
+def layout_from_flags(
+    *,
+    mig: dict[str, int] | None = None,
+    mps_slots: int | None = None,
+    mps_thread_percentage: int | None = None,
+    mps_memory_limit_mib: int | None = None,
+    spec: str | None = None,
+) -> dict[str, Any] | None:
     """The LayoutSpec document the flags describe, validated; None for the card's default.
 
     Raises CliError (exit 1) for a spec file that cannot be read or is not a valid
@@ -70,14 +75,21 @@ def layout_from_flags(*, mig: dict[str, int] | None = None, mps_slots: int | Non
     from calque.contracts.layout import load_layout, parse_layout
     from calque.errors import InvalidInput
 
-    chosen = [name for name, value in (("--mig", mig), ("--mps-slots", mps_slots), ("--spec", spec))
-              if value is not None]
+    chosen = [
+        name
+        for name, value in (("--mig", mig), ("--mps-slots", mps_slots), ("--spec", spec))
+        if value is not None
+    ]
     if len(chosen) > 1:
-        raise CliError(f"give one layout: {' or '.join(chosen)}", code="invalid_layout",
-                       details={"field": "layout"})
+        raise CliError(
+            f"give one layout: {' or '.join(chosen)}", code="invalid_layout", details={"field": "layout"}
+        )
     if mps_slots is None and (mps_thread_percentage is not None or mps_memory_limit_mib is not None):
-        raise CliError("--mps-thread-percentage and --mps-memory-limit-mib need --mps-slots",
-                       code="invalid_layout", details={"field": "layout"})
+        raise CliError(
+            "--mps-thread-percentage and --mps-memory-limit-mib need --mps-slots",
+            code="invalid_layout",
+            details={"field": "layout"},
+        )
     try:
         if spec is not None:
             layout = load_layout(spec)
@@ -141,8 +153,14 @@ def slice_summary(slices: list[Mapping[str, Any]]) -> str:
 def render_host(host: Mapping[str, Any]) -> str:
     from calque.cli.output import render_fields, render_table
 
-    fields = [("instance_id", "instance_id"), ("instance_type", "instance_type"), ("sharing", "sharing"),
-              ("state", "state"), ("spot", "spot"), ("registered_at", "registered_at")]
+    fields = [
+        ("instance_id", "instance_id"),
+        ("instance_type", "instance_type"),
+        ("sharing", "sharing"),
+        ("state", "state"),
+        ("spot", "spot"),
+        ("registered_at", "registered_at"),
+    ]
     if host.get("state_reason"):
         fields.append(("state_reason", "state_reason"))
     fields.append(("slices", lambda h: slice_summary(h.get("slices") or [])))
@@ -198,14 +216,30 @@ def register(subparsers: Any) -> None:
     p.add_argument("--instance-id", required=True, metavar="I", help="the running instance, i-...")
     p.add_argument("--instance-type", required=True, metavar="T", help="its instance type, e.g. g7e.2xlarge")
     layout = p.add_argument_group("layout (one of; none: the card's default)")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]",
-                        help="MIG instances on every GPU, e.g. 1g.24gb=4")
-    layout.add_argument("--mps-slots", type=_positive_int, metavar="N",
-                        help="MPS client slots on every GPU (members then need the no-isolation consent)")
-    layout.add_argument("--mps-thread-percentage", type=_positive_int, metavar="P",
-                        help="each MPS client's share of the SMs, 1-100")
-    layout.add_argument("--mps-memory-limit-mib", type=_positive_int, metavar="M",
-                        help="each MPS client's device memory cap in MiB")
+    layout.add_argument(
+        "--mig",
+        type=mig_arg,
+        metavar="PROFILE=COUNT[,...]",
+        help="MIG instances on every GPU, e.g. 1g.24gb=4",
+    )
+    layout.add_argument(
+        "--mps-slots",
+        type=_positive_int,
+        metavar="N",
+        help="MPS client slots on every GPU (members then need the no-isolation consent)",
+    )
+    layout.add_argument(
+        "--mps-thread-percentage",
+        type=_positive_int,
+        metavar="P",
+        help="each MPS client's share of the SMs, 1-100",
+    )
+    layout.add_argument(
+        "--mps-memory-limit-mib",
+        type=_positive_int,
+        metavar="M",
+        help="each MPS client's device memory cap in MiB",
+    )
     layout.add_argument("--spec", metavar="FILE", help="the host agent's layout spec, JSON or YAML")
     p.add_argument("--spot", action="store_true", help="the instance runs on spot capacity")
     p.set_defaults(func=_register, _parser=p)
@@ -225,28 +259,55 @@ def register(subparsers: Any) -> None:
 
 
 def _register(ctx: Any, args: argparse.Namespace) -> None:
-    layouts = [f for f, v in (("--mig", args.mig), ("--mps-slots", args.mps_slots), ("--spec", args.spec))
-               if v is not None]
+    layouts = [
+        f
+        for f, v in (("--mig", args.mig), ("--mps-slots", args.mps_slots), ("--spec", args.spec))
+        if v is not None
+    ]
     if len(layouts) > 1:
         args._parser.error(f"give one layout, not {' and '.join(layouts)}")
     if args.mps_slots is None and (args.mps_thread_percentage or args.mps_memory_limit_mib):
         args._parser.error("--mps-thread-percentage and --mps-memory-limit-mib need --mps-slots")
-    do_register(ctx, instance_id=args.instance_id, instance_type=args.instance_type, mig=args.mig,
-                mps_slots=args.mps_slots, mps_thread_percentage=args.mps_thread_percentage,
-                mps_memory_limit_mib=args.mps_memory_limit_mib, spec=args.spec, spot=args.spot)
+    do_register(
+        ctx,
+        instance_id=args.instance_id,
+        instance_type=args.instance_type,
+        mig=args.mig,
+        mps_slots=args.mps_slots,
+        mps_thread_percentage=args.mps_thread_percentage,
+        mps_memory_limit_mib=args.mps_memory_limit_mib,
+        spec=args.spec,
+        spot=args.spot,
+    )
 
 
-def do_register(ctx: Any, *, instance_id: str, instance_type: str, mig: dict[str, int] | None = None,
-                mps_slots: int | None = None, mps_thread_percentage: int | None = None,
-                mps_memory_limit_mib: int | None = None, spec: str | None = None, spot: bool = False) -> None:
-    layout = layout_from_flags(mig=mig, mps_slots=mps_slots, mps_thread_percentage=mps_thread_percentage,
-                               mps_memory_limit_mib=mps_memory_limit_mib, spec=spec)
+def do_register(
+    ctx: Any,
+    *,
+    instance_id: str,
+    instance_type: str,
+    mig: dict[str, int] | None = None,
+    mps_slots: int | None = None,
+    mps_thread_percentage: int | None = None,
+    mps_memory_limit_mib: int | None = None,
+    spec: str | None = None,
+    spot: bool = False,
+) -> None:
+    layout = layout_from_flags(
+        mig=mig,
+        mps_slots=mps_slots,
+        mps_thread_percentage=mps_thread_percentage,
+        mps_memory_limit_mib=mps_memory_limit_mib,
+        spec=spec,
+    )
     body: dict[str, Any] = {"instance_id": instance_id, "instance_type": instance_type, "spot": spot}
     if layout is not None:
         body["layout"] = layout
     host = ctx.client().request("POST", "/v1/hosts", body)
-    note = (f"Registered {host.get('instance_id')} ({host.get('instance_type')}, {host.get('sharing')}). "
-            "Its slices stay 'pending' until the host agent reports the layout applied.")
+    note = (
+        f"Registered {host.get('instance_id')} ({host.get('instance_type')}, {host.get('sharing')}). "
+        "Its slices stay 'pending' until the host agent reports the layout applied."
+    )
     ctx.emit(host, text=note + "\n\n" + render_host(host))
 
 

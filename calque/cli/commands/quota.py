@@ -10,8 +10,14 @@ QUOTA_FIELDS = [
     ("user", "user"),
     ("max_sessions", "max_sessions"),
     ("live_sessions", "live_sessions"),
-    ("max_gpu_hours_per_month", lambda q: "unlimited" if q.get("max_gpu_hours_per_month") is None
-     else f"{float(q['max_gpu_hours_per_month']):g}"),
+    (
+        "max_gpu_hours_per_month",
+        lambda q: (
+            "unlimited"
+            if q.get("max_gpu_hours_per_month") is None
+            else f"{float(q['max_gpu_hours_per_month']):g}"
+        ),
+    ),
     ("gpu_hours_used", lambda q: f"{float(q.get('gpu_hours_used_this_month') or 0):.2f}"),
     ("month", "month"),
     ("source", lambda q: "deployment default" if q.get("default") else "set for this user"),
@@ -49,10 +55,19 @@ def register(subparsers: Any) -> None:
 
     p = group.add_parser("set", help="set a user's quota (admins)")
     p.add_argument("user", metavar="USER", help="the user's principal, as `calque whoami` shows it")
-    p.add_argument("--max-sessions", required=True, type=_non_negative_int, metavar="N",
-                   help="sessions the user may hold at once")
-    p.add_argument("--max-gpu-hours-per-month", type=_non_negative_float, metavar="H",
-                   help="GPU-hours per calendar month, UTC (default: unlimited)")
+    p.add_argument(
+        "--max-sessions",
+        required=True,
+        type=_non_negative_int,
+        metavar="N",
+        help="sessions the user may hold at once",
+    )
+    p.add_argument(
+        "--max-gpu-hours-per-month",
+        type=_non_negative_float,
+        metavar="H",
+        help="GPU-hours per calendar month, UTC (default: unlimited)",
+    )
     p.set_defaults(func=_set)
 
     p = group.add_parser("show", help="a user's quota and use (default: your own)")
@@ -61,8 +76,12 @@ def register(subparsers: Any) -> None:
 
 
 def _set(ctx: Any, args: argparse.Namespace) -> None:
-    do_set(ctx, user=args.user, max_sessions=args.max_sessions,
-           max_gpu_hours_per_month=args.max_gpu_hours_per_month)
+    do_set(
+        ctx,
+        user=args.user,
+        max_sessions=args.max_sessions,
+        max_gpu_hours_per_month=args.max_gpu_hours_per_month,
+    )
 
 
 def do_set(ctx: Any, *, user: str, max_sessions: int, max_gpu_hours_per_month: float | None = None) -> None:

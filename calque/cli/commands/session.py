@@ -23,9 +23,15 @@ TOKEN_NOTE = "This token is shown once and never again: keep it to check in or e
 # ---- request bodies (pure) ---------------------------------------------------------------------
 
 
-def checkout_body(*, backend: str, instance_id: str | None = None, profile: str | None = None,
-                  min_memory_gib: float | None = None, ttl_seconds: int | None = None,
-                  accept_shared_gpu_no_isolation: bool = False) -> dict[str, Any]:
+def checkout_body(
+    *,
+    backend: str,
+    instance_id: str | None = None,
+    profile: str | None = None,
+    min_memory_gib: float | None = None,
+    ttl_seconds: int | None = None,
+    accept_shared_gpu_no_isolation: bool = False,
+) -> dict[str, Any]:
     """The POST /v1/sessions body; CliError (exit 1) for an MPS check-out without consent."""
     if backend == "mps" and not accept_shared_gpu_no_isolation:
         raise CliError(
@@ -128,9 +134,15 @@ def render_session(session: Mapping[str, Any]) -> str:
     from calque.cli.output import render_fields
 
     fields: list[Any] = [
-        ("session_id", "session_id"), ("user", "user"), ("state", "state"), ("instance_id", "instance_id"),
-        ("slice_id", "slice_id"), ("backend", "backend"), ("profile", "profile"),
-        ("memory_gib", lambda s: _gib(s.get("memory_gib"))), ("created_at", "created_at"),
+        ("session_id", "session_id"),
+        ("user", "user"),
+        ("state", "state"),
+        ("instance_id", "instance_id"),
+        ("slice_id", "slice_id"),
+        ("backend", "backend"),
+        ("profile", "profile"),
+        ("memory_gib", lambda s: _gib(s.get("memory_gib"))),
+        ("created_at", "created_at"),
         ("expires_at", "expires_at"),
     ]
     if session.get("state") == "live":
@@ -153,22 +165,42 @@ def register(subparsers: Any) -> None:
     group = command_group(subparsers, "session", help="check a slice out for a bounded time, and back in")
 
     p = _add_parser_without_global_profile(
-        group, "checkout", help="take one slice (MIG instance or MPS slot) for a bounded time",
+        group,
+        "checkout",
+        help="take one slice (MIG instance or MPS slot) for a bounded time",
         epilog="--profile here is the slice's profile; give the AWS profile before the command: "
         "calque --profile NAME session checkout ...",
     )
-    p.add_argument("--instance-id", metavar="I",
-                   help="only this host (default: any host with a fitting slice)")
+    p.add_argument(
+        "--instance-id", metavar="I", help="only this host (default: any host with a fitting slice)"
+    )
     p.add_argument("--backend", required=True, choices=("mig", "mps"), help="MIG slice or MPS client slot")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--profile", "--slice-profile", dest="slice_profile", metavar="P",
-                       help="exactly this slice profile, e.g. 1g.24gb")
-    which.add_argument("--min-memory-gib", type=_positive_float, metavar="G",
-                       help="the smallest slice with at least G GiB (best fit)")
-    p.add_argument("--ttl", type=duration_arg, metavar="DURATION",
-                   help="how long (90s, 15m, 2h; default: the deployment's, 2h)")
-    p.add_argument(CONSENT_FLAG, dest="accept_no_isolation", action="store_true",
-                   help="required for mps: tenants of one card are not isolated from each other")
+    which.add_argument(
+        "--profile",
+        "--slice-profile",
+        dest="slice_profile",
+        metavar="P",
+        help="exactly this slice profile, e.g. 1g.24gb",
+    )
+    which.add_argument(
+        "--min-memory-gib",
+        type=_positive_float,
+        metavar="G",
+        help="the smallest slice with at least G GiB (best fit)",
+    )
+    p.add_argument(
+        "--ttl",
+        type=duration_arg,
+        metavar="DURATION",
+        help="how long (90s, 15m, 2h; default: the deployment's, 2h)",
+    )
+    p.add_argument(
+        CONSENT_FLAG,
+        dest="accept_no_isolation",
+        action="store_true",
+        help="required for mps: tenants of one card are not isolated from each other",
+    )
     p.set_defaults(func=_checkout)
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
@@ -211,8 +243,9 @@ def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> 
             options._add_action(action)
     kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
     kwargs.setdefault("description", kwargs.get("help"))
-    parser: argparse.ArgumentParser = argparse._SubParsersAction.add_parser(group, name, parents=[parent],
-                                                                            **kwargs)
+    parser: argparse.ArgumentParser = argparse._SubParsersAction.add_parser(
+        group, name, parents=[parent], **kwargs
+    )
     return parser
 
 
@@ -227,9 +260,15 @@ def _positive_float(text: str) -> float:
 
 
 def _checkout(ctx: Any, args: argparse.Namespace) -> None:
-    do_checkout(ctx, backend=args.backend, instance_id=args.instance_id, profile=args.slice_profile,
-                min_memory_gib=args.min_memory_gib, ttl_seconds=args.ttl,
-                accept_shared_gpu_no_isolation=args.accept_no_isolation)
+    do_checkout(
+        ctx,
+        backend=args.backend,
+        instance_id=args.instance_id,
+        profile=args.slice_profile,
+        min_memory_gib=args.min_memory_gib,
+        ttl_seconds=args.ttl,
+        accept_shared_gpu_no_isolation=args.accept_no_isolation,
+    )
 
 
 def do_checkout(ctx: Any, **kwargs: Any) -> None:
@@ -244,14 +283,17 @@ def _checkin(ctx: Any, args: argparse.Namespace) -> None:
     do_checkin(ctx, session_id=args.session_id, token=args.token, force=args.force, reason=args.reason)
 
 
-def do_checkin(ctx: Any, *, session_id: str, token: str | None, force: bool = False,
-               reason: str | None = None) -> None:
+def do_checkin(
+    ctx: Any, *, session_id: str, token: str | None, force: bool = False, reason: str | None = None
+) -> None:
     body = checkin_body(token=token, force=force, reason=reason)
     ended = ctx.client().request("DELETE", f"/v1/sessions/{quote(session_id, safe='')}", body)
     how = "Forced check-in of" if force and not token else "Checked in"
     ended = ended or {}
-    text = (f"{how} {session_id}; slice {ended.get('slice_id')} on {ended.get('instance_id')} "
-            "is reclaimed on the host before anyone else gets it.")
+    text = (
+        f"{how} {session_id}; slice {ended.get('slice_id')} on {ended.get('instance_id')} "
+        "is reclaimed on the host before anyone else gets it."
+    )
     ctx.emit(ended, text=text)
 
 
@@ -260,10 +302,15 @@ def _extend(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_extend(ctx: Any, *, session_id: str, token: str, ttl_seconds: int) -> None:
-    session = ctx.client().request("POST", f"/v1/sessions/{quote(session_id, safe='')}/extend",
-                                   {"token": token, "ttl_seconds": ttl_seconds})
-    text = (f"Extended {session_id}: now expires at {session.get('expires_at')} "
-            f"(in {remaining(session.get('expires_at'))}).")
+    session = ctx.client().request(
+        "POST",
+        f"/v1/sessions/{quote(session_id, safe='')}/extend",
+        {"token": token, "ttl_seconds": ttl_seconds},
+    )
+    text = (
+        f"Extended {session_id}: now expires at {session.get('expires_at')} "
+        f"(in {remaining(session.get('expires_at'))})."
+    )
     ctx.emit(session, text=text)
 
 

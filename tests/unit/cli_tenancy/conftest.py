@@ -32,6 +32,7 @@ def api(monkeypatch):
 
     fake = FakeApi()
     monkeypatch.setattr(commands, "COMMAND_MODULES", ["host", "session", "quota"])
+
     def client(ctx):
         fake.profile = ctx.profile_arg
         return fake

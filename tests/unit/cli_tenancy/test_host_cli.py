@@ -16,8 +16,14 @@ HOST = {
     "spot": False,
     "registered_at": "2026-12-02T10:00:00Z",
     "slices": [
-        {"slice_id": f"g0-1g.24gb-{k}", "gpu_index": 0, "backend": "mig", "profile": "1g.24gb",
-         "memory_gib": 24.0, "state": "pending"}
+        {
+            "slice_id": f"g0-1g.24gb-{k}",
+            "gpu_index": 0,
+            "backend": "mig",
+            "profile": "1g.24gb",
+            "memory_gib": 24.0,
+            "state": "pending",
+        }
         for k in range(4)
     ],
 }
@@ -33,12 +39,15 @@ def test_mig_flag_becomes_a_mig_layout_on_every_gpu(api, cli):
     # Given an admin registering a running instance with four 1g.24gb slices
     api.responses[("POST", "/v1/hosts")] = HOST
     # When they pass --mig
-    code, out, _ = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
-                       "--mig", "1g.24gb=4")
+    code, out, _ = cli(
+        "host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge", "--mig", "1g.24gb=4"
+    )
     # Then the control plane receives that layout for all GPUs, and the person sees the pending slices
     assert code == 0
     assert _register_body(api) == {
-        "instance_id": "i-0abc", "instance_type": "g7e.2xlarge", "spot": False,
+        "instance_id": "i-0abc",
+        "instance_type": "g7e.2xlarge",
+        "spot": False,
         "layout": {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]},
     }
     assert "pending" in out
@@ -47,25 +56,53 @@ def test_mig_flag_becomes_a_mig_layout_on_every_gpu(api, cli):
 
 def test_several_mig_profiles_are_kept_in_order(api, cli):
     api.responses[("POST", "/v1/hosts")] = HOST
-    code, _, _ = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "p5.48xlarge",
-                     "--mig", "1g.18gb=2, 3g.71gb=1")
+    code, _, _ = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "p5.48xlarge",
+        "--mig",
+        "1g.18gb=2, 3g.71gb=1",
+    )
     assert code == 0
     assert _register_body(api)["layout"]["gpus"][0]["mig"] == {"1g.18gb": 2, "3g.71gb": 1}
 
 
 def test_mps_flags_become_an_mps_layout(api, cli):
     api.responses[("POST", "/v1/hosts")] = {**HOST, "sharing": "mps", "slices": []}
-    code, _, _ = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g6e.xlarge",
-                     "--mps-slots", "4", "--mps-thread-percentage", "25", "--mps-memory-limit-mib", "11000")
+    code, _, _ = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g6e.xlarge",
+        "--mps-slots",
+        "4",
+        "--mps-thread-percentage",
+        "25",
+        "--mps-memory-limit-mib",
+        "11000",
+    )
     assert code == 0
-    assert _register_body(api)["layout"] == {"version": "v1", "gpus": [{"devices": "all", "mps": {
-        "clients": 4, "active_thread_percentage": 25, "pinned_memory_limit_mib": 11000}}]}
+    assert _register_body(api)["layout"] == {
+        "version": "v1",
+        "gpus": [
+            {
+                "devices": "all",
+                "mps": {"clients": 4, "active_thread_percentage": 25, "pinned_memory_limit_mib": 11000},
+            }
+        ],
+    }
 
 
 def test_no_layout_flag_leaves_the_cards_default(api, cli):
     api.responses[("POST", "/v1/hosts")] = HOST
-    code, _, _ = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
-                     "--spot")
+    code, _, _ = cli(
+        "host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge", "--spot"
+    )
     assert code == 0
     body = _register_body(api)
     assert "layout" not in body
@@ -81,18 +118,32 @@ def test_spec_file_is_read_as_json_or_yaml(api, cli, tmp_path, suffix):
     else:
         path.write_text("version: v1\ngpus:\n  - devices: [0]\n    mig: {2g.48gb: 2}\n")
     api.responses[("POST", "/v1/hosts")] = HOST
-    code, _, _ = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
-                     "--spec", str(path))
+    code, _, _ = cli(
+        "host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge", "--spec", str(path)
+    )
     assert code == 0
     assert _register_body(api)["layout"] == spec
 
 
 def test_invalid_spec_file_is_refused_naming_the_field_and_sends_nothing(api, cli, tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4},
-                                                            "mps": {"clients": 2}}]}))
-    code, out, err = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
-                         "--spec", str(path), "--output", "json")
+    path.write_text(
+        json.dumps(
+            {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}, "mps": {"clients": 2}}]}
+        )
+    )
+    code, out, err = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--spec",
+        str(path),
+        "--output",
+        "json",
+    )
     assert code == 1
     assert api.requests == []
     assert "gpus[0]" in err
@@ -100,8 +151,16 @@ def test_invalid_spec_file_is_refused_naming_the_field_and_sends_nothing(api, cl
 
 
 def test_missing_spec_file_is_a_one_line_refusal(api, cli, tmp_path):
-    code, _, err = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
-                       "--spec", str(tmp_path / "nope.yaml"))
+    code, _, err = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--spec",
+        str(tmp_path / "nope.yaml"),
+    )
     assert code == 1
     assert api.requests == []
     assert len(err.strip().splitlines()) == 1
@@ -123,8 +182,9 @@ def test_missing_spec_file_is_a_one_line_refusal(api, cli, tmp_path):
     ],
 )
 def test_malformed_layout_flags_are_usage_errors_and_send_nothing(api, cli, layout):
-    code, _, err = cli("host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
-                       *layout)
+    code, _, err = cli(
+        "host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge", *layout
+    )
     assert code == 2
     assert api.requests == []
     assert err

@@ -8,8 +8,15 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-QUOTA = {"user": "alice", "max_sessions": 2, "max_gpu_hours_per_month": None, "live_sessions": 1,
-         "gpu_hours_used_this_month": 0.5, "month": "2026-12", "default": False}
+QUOTA = {
+    "user": "alice",
+    "max_sessions": 2,
+    "max_gpu_hours_per_month": None,
+    "live_sessions": 1,
+    "gpu_hours_used_this_month": 0.5,
+    "month": "2026-12",
+    "default": False,
+}
 
 
 def test_quota_set_puts_the_numbers(api, cli):

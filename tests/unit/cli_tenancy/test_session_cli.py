@@ -56,12 +56,26 @@ def test_mps_with_consent_is_sent_with_the_consent(api, cli):
 @pytest.mark.parametrize(("ttl", "seconds"), [("90s", 90), ("15m", 900), ("2h", 7200), ("1h30m", 5400)])
 def test_ttl_is_sent_in_seconds(api, cli, ttl, seconds):
     api.responses[("POST", "/v1/sessions")] = GRANT
-    code, _, _ = cli("session", "checkout", "--backend", "mig", "--profile", "1g.24gb", "--ttl", ttl,
-                     "--instance-id", "i-0abc")
+    code, _, _ = cli(
+        "session",
+        "checkout",
+        "--backend",
+        "mig",
+        "--profile",
+        "1g.24gb",
+        "--ttl",
+        ttl,
+        "--instance-id",
+        "i-0abc",
+    )
     assert code == 0
     assert api.requests[0][2] == {
-        "instance_id": "i-0abc", "backend": "mig", "profile": "1g.24gb", "min_memory_gib": None,
-        "ttl_seconds": seconds, "accept_shared_gpu_no_isolation": False,
+        "instance_id": "i-0abc",
+        "backend": "mig",
+        "profile": "1g.24gb",
+        "min_memory_gib": None,
+        "ttl_seconds": seconds,
+        "accept_shared_gpu_no_isolation": False,
     }
 
 
