@@ -107,17 +107,19 @@ class _Tour:
         *,
         timeout_s: float | None = None,
         interval_s: float = 0.5,
+        quiet_s: float = 0.0,
     ) -> str:
-        """Poll ``check`` (-> done, status) until done; print the status when it changes."""
+        """Poll ``check`` (-> done, status) until done; print the status when it changes
+        (at most every ``quiet_s`` seconds, and always the final one)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
-        last = None
+        last, printed_at = None, -quiet_s
         while True:
             done, status = check()
             elapsed = time.monotonic() - start
-            if status != last:
+            if status != last and (done or elapsed - printed_at >= quiet_s):
                 self.note(f"... {status} ({elapsed:.1f}s)")
-                last = status
+                last, printed_at = status, elapsed
             if done:
                 return status
             if elapsed > limit:
@@ -288,7 +290,11 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
         return left <= 0, f"{sg['session_id']} live, expires in {max(0, round(left))}s"
 
     tour.wait(
-        f"{sg['session_id']} to pass its expiry", expired, timeout_s=short_ttl_s + timeout_s, interval_s=1.0
+        f"{sg['session_id']} to pass its expiry",
+        expired,
+        timeout_s=short_ttl_s + timeout_s,
+        interval_s=1.0,
+        quiet_s=5,
     )
 
     # 9. the reaper
@@ -297,7 +303,8 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
         "POST /local/schedules/reaper/fire (the plane also fires it on its schedule)",
     )
     fired = _fire_reaper(tour)
-    tour.note(f"reaper ran: {fired}")
+    ended_now = fired.get("expired") if isinstance(fired, dict) else None
+    tour.note(f"the reaper ended: {', '.join(ended_now) if ended_now else 'nothing (already ended)'}")
 
     def ended() -> tuple[bool, str]:
         s = tour.as_(short).request("GET", f"/v1/sessions/{sg['session_id']}")
@@ -329,11 +336,13 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
             "DELETE", f"/v1/sessions/{g['session_id']}", {"token": g["token"], "force": False}
         )
         tour.note(f"{who:<6} checked in {g['session_id']}")
+
+    def all_free_again() -> tuple[bool, str]:
+        h = tour.as_("admin").request("GET", f"/v1/hosts/{iid}")
+        return all(x["state"] == "free" for x in h["slices"]), f"slices {slice_summary(h['slices'])}"
+
+    tour.wait("every slice to be reclaimed", all_free_again)
     final = tour.as_("admin").request("GET", f"/v1/hosts/{iid}")
-    tour.note(
-        f"host {iid}: slices {slice_summary(final['slices'])} (reclaiming ones turn free when the "
-        "agent reports)"
-    )
     tour.say()
     tour.say(
         "Done. Look around: calque --profile admin host list ; calque --profile admin session list --all"
