@@ -1,0 +1,276 @@
+"""Sessions: check-out, check-in, extend, expiry, reclaim, quotas."""
+
+from __future__ import annotations
+
+import pytest
+
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, ReclaimTask
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.tenancy import TenancyConfig
+from tests.unit.tenancy.conftest import ADMIN, World, member
+
+pytestmark = pytest.mark.unit
+
+ALICE, BOB = member("alice"), member("bob")
+MIXED = {"gpus": [{"devices": "all", "mig": {"1g.24gb": 2, "2g.48gb": 1}}]}
+
+
+def test_checkout_grants_a_free_slice_with_its_binding_a_token_and_how_to_connect(world: World):
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    assert grant.state == "live"
+    assert grant.user == "alice"
+    assert grant.profile == "1g.24gb"
+    assert grant.env == {"CUDA_VISIBLE_DEVICES": f"MIG-i-0aaa0001-{grant.slice_id}"}
+    assert grant.connect.ssm_command == "aws ssm start-session --target i-0aaa0001"
+    assert (grant.expires_at - grant.created_at).total_seconds() == 3600
+    # Only a hash of the token is stored
+    stored = world.registry.sessions[grant.session_id]
+    assert grant.token not in stored.model_dump_json()
+
+
+def test_best_fit_keeps_big_slices_for_those_who_need_them(world: World):
+    world.ready_host(layout=MIXED)
+    small = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=10))
+    big = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", min_memory_gib=30))
+    exact = world.tenancy.checkout(member("carol"), CheckoutRequest(backend="mig", profile="1g.24gb"))
+    assert (small.profile, big.profile, exact.profile) == ("1g.24gb", "2g.48gb", "1g.24gb")
+
+
+def test_a_host_has_exactly_as_many_sessions_as_slices_and_the_next_is_told_no_free_slice(world: World):
+    world.ready_host()
+    grants = [world.tenancy.checkout(member(f"u{n}"), CheckoutRequest(backend="mig")) for n in range(4)]
+    assert len({g.slice_id for g in grants}) == 4
+    with pytest.raises(Conflict) as refused:
+        world.tenancy.checkout(member("u5"), CheckoutRequest(backend="mig"))
+    assert refused.value.code == "no_free_slice"
+
+
+def test_checkout_on_a_named_host_only_takes_that_hosts_slices(world: World):
+    world.ready_host("i-0aaa0001")
+    world.ready_host("i-0bbb0002")
+    grants = [
+        world.tenancy.checkout(member(f"u{n}"), CheckoutRequest(backend="mig", instance_id="i-0bbb0002"))
+        for n in range(4)
+    ]
+    assert {g.instance_id for g in grants} == {"i-0bbb0002"}
+    with pytest.raises(Conflict):
+        world.tenancy.checkout(member("u9"), CheckoutRequest(backend="mig", instance_id="i-0bbb0002"))
+
+
+def test_mps_without_consent_is_refused_before_anything_changes(world: World):
+    world.ready_host("i-0ccc0003", instance_type="g6.xlarge")
+    before = (world.slice_states("i-0ccc0003"), dict(world.registry.quotas), len(world.registry.events))
+    with pytest.raises(ConsentRequired) as refused:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mps"))
+    assert refused.value.details["field"] == "accept_shared_gpu_no_isolation"
+    assert (
+        world.slice_states("i-0ccc0003"),
+        dict(world.registry.quotas),
+        len(world.registry.events),
+    ) == before
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mps", accept_shared_gpu_no_isolation=True))
+    assert grant.backend == "mps"
+
+
+def test_a_wrong_token_releases_nothing_and_says_so(world: World):
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    with pytest.raises(Forbidden) as refused:
+        world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token="not-the-token"))
+    assert refused.value.code == "invalid_token"
+    assert "nothing was released" in refused.value.message
+    assert world.tenancy.get_session(ALICE, grant.session_id).state == "live"
+    assert world.slice_states()[grant.slice_id] == "held"
+
+
+def test_checkin_ends_the_session_and_the_slice_is_reclaimed_before_reuse(world: World):
+    # Given a live session
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    # When it is checked in with its token
+    ended = world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    # Then it ended, the slice is reclaiming (not free), and the host is asked to reclaim it at that fence
+    assert (ended.state, ended.end_reason) == ("ended", "checked_in")
+    assert world.slice_states()[grant.slice_id] == "reclaiming"
+    assert world.queue.sent[-1] == ReclaimTask(instance_id="i-0aaa0001", slice_id=grant.slice_id, fence=1)
+    with pytest.raises(Conflict):
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    # When the agent reports it reclaimed, the slice is granted again, under a higher fence
+    world.clock.advance(2)
+    assert world.reclaimed("i-0aaa0001", grant.slice_id).freed == [grant.slice_id]
+    again = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    assert again.slice_id == grant.slice_id
+    assert world.registry.sessions[again.session_id].fence == 2
+    # And a second check-in of the first session is refused as already checked in
+    with pytest.raises(Conflict) as refused:
+        world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    assert refused.value.code == "already_checked_in"
+
+
+def test_a_late_reclaim_report_cannot_free_a_slice_whose_next_holder_just_left(world: World):
+    # Given slice S reclaimed once, granted again, and checked in again (now reclaiming for the second holder)
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})
+    first = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(ALICE, first.session_id, CheckinRequest(token=first.token))
+    first_reclaim_started = world.clock()
+    world.clock.advance(5)
+    world.reclaimed("i-0aaa0001", first.slice_id, started_at=first_reclaim_started)
+    second = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    world.clock.advance(60)
+    world.tenancy.checkin(BOB, second.session_id, CheckinRequest(token=second.token))
+    # When a duplicate of the first reclaim's report arrives late
+    late = world.reclaimed("i-0aaa0001", first.slice_id, started_at=first_reclaim_started)
+    # Then it is ignored: the slice stays reclaiming until the second reclaim reports
+    assert late.ignored == [first.slice_id]
+    assert late.freed == []
+    assert world.slice_states()[first.slice_id] == "reclaiming"
+
+
+def test_members_cannot_see_extend_or_check_in_anothers_session_and_the_id_does_not_leak(world: World):
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    with pytest.raises(NotFound):
+        world.tenancy.get_session(BOB, grant.session_id)
+    with pytest.raises(NotFound):
+        world.tenancy.extend(BOB, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=60))
+    with pytest.raises(NotFound):
+        world.tenancy.checkin(BOB, grant.session_id, CheckinRequest(token=grant.token))
+    assert world.tenancy.list_sessions(BOB, everyone=False) == []
+    with pytest.raises(Forbidden):
+        world.tenancy.list_sessions(BOB, everyone=True)
+    assert world.tenancy.get_session(ALICE, grant.session_id).state == "live"
+
+
+def test_only_admins_force_a_checkin_and_the_reason_is_recorded(world: World):
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    with pytest.raises(Forbidden):
+        world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(force=True))
+    ended = world.tenancy.checkin(ADMIN, grant.session_id, CheckinRequest(force=True, reason="runaway job"))
+    assert ended.end_reason == "forced"
+    forced = [e for e in world.registry.events if e.kind == "forced"]
+    assert [(e.who, e.why, e.session_id) for e in forced] == [("admin", "runaway job", grant.session_id)]
+
+
+def test_extend_pushes_the_expiry_within_the_maximum(world: World):
+    world = World(TenancyConfig(ttl_max_s=3 * 3600))
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    longer = world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=3600))
+    assert (longer.expires_at - grant.expires_at).total_seconds() == 3600
+    with pytest.raises(InvalidInput) as refused:
+        world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=3601))
+    assert refused.value.details["field"] == "ttl_seconds"
+    with pytest.raises(Forbidden):
+        world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token="wrong", ttl_seconds=60))
+    assert world.tenancy.get_session(ALICE, grant.session_id).expires_at == longer.expires_at
+
+
+def test_ttl_outside_the_deployments_bounds_is_refused_naming_the_field(world: World):
+    world.ready_host()
+    for ttl in (5, 8 * 24 * 3600):
+        with pytest.raises(InvalidInput) as refused:
+            world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=ttl))
+        assert refused.value.details["field"] == "ttl_seconds"
+    assert set(world.slice_states().values()) == {"free"}
+
+
+def test_the_reaper_ends_expired_sessions_and_spares_extended_ones(world: World):
+    world.ready_host()
+    lapsing = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=60))
+    kept = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=60))
+    world.tenancy.extend(BOB, kept.session_id, ExtendRequest(token=kept.token, ttl_seconds=600))
+    world.clock.advance(61)
+    summary = world.tenancy.reap()
+    assert summary.expired == [lapsing.session_id]
+    assert world.tenancy.get_session(ALICE, lapsing.session_id).end_reason == "expired"
+    assert world.tenancy.get_session(BOB, kept.session_id).state == "live"
+    # An expired-but-not-yet-reaped session cannot be extended
+    world.clock.advance(600)
+    with pytest.raises(Conflict) as refused:
+        world.tenancy.extend(BOB, kept.session_id, ExtendRequest(token=kept.token, ttl_seconds=60))
+    assert refused.value.code == "session_expired"
+
+
+def test_a_slice_whose_host_never_reports_the_reclaim_is_quarantined_visibly(world: World):
+    world = World(TenancyConfig(reclaim_timeout_s=120))
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    world.clock.advance(60)
+    assert world.tenancy.reap().quarantined == []
+    world.clock.advance(61)
+    assert world.tenancy.reap().quarantined == [f"i-0aaa0001/{grant.slice_id}"]
+    shown = {s.slice_id: s.state for s in world.tenancy.get_host(BOB, "i-0aaa0001").slices}
+    assert shown[grant.slice_id] == "quarantined"
+    # A reclaim report that arrives later still frees it: the host did answer
+    world.clock.advance(1)
+    assert world.reclaimed("i-0aaa0001", grant.slice_id).freed == [grant.slice_id]
+
+
+def test_quota_of_concurrent_sessions_is_refused_with_the_numbers(world: World):
+    world.ready_host()
+    world.quota("alice", 1)
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    free_before = world.slice_states()
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    assert refused.value.details == {"user": "alice", "max_sessions": 1, "live_sessions": 1}
+    assert world.slice_states() == free_before
+    assert world.tenancy.get_quota(ALICE, "me").live_sessions == 1
+
+
+def test_quota_of_gpu_hours_per_month_is_refused_once_used_up(world: World):
+    world.ready_host()
+    world.quota("alice", 4, gpu_hours=0.5)
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=7 * 3600))
+    world.clock.advance(3 * 3600)  # a 1g.24gb slice is a quarter of the card: 0.75 GPU-hours
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    assert refused.value.details["max_gpu_hours_per_month"] == 0.5
+    assert refused.value.details["gpu_hours_used"] == pytest.approx(0.75)
+    assert world.tenancy.get_quota(ALICE, "alice").gpu_hours_used_this_month == pytest.approx(0.75)
+
+
+def test_members_read_only_their_own_quota(world: World):
+    with pytest.raises(Forbidden):
+        world.tenancy.get_quota(BOB, "alice")
+    assert world.tenancy.get_quota(BOB, "bob").default is True
+
+
+def test_spot_hosts_warn_when_others_already_share_them(world: World):
+    world.ready_host(spot=True)
+    first = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    second = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    assert first.warnings == []
+    assert len(second.warnings) == 1
+    assert "spot" in second.warnings[0]
+
+
+def test_every_lease_change_is_recorded_with_who_and_why(world: World):
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=60))
+    world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=60))
+    world.clock.advance(121)
+    world.tenancy.reap()
+    world.clock.advance(1)
+    world.reclaimed("i-0aaa0001", grant.slice_id)
+    kinds = [(e.kind, e.who) for e in world.registry.events_on("2026-12-02")]
+    assert kinds == [
+        ("granted", "alice"),
+        ("extended", "alice"),
+        ("expired", "calque-reaper"),
+        ("reclaimed", "host/i-0aaa0001"),
+    ]
+
+
+@pytest.mark.parametrize("fleet", [10, 200])
+def test_checkout_costs_the_same_number_of_registry_calls_whatever_the_fleet_size(fleet: int):
+    world = World()
+    for n in range(fleet):
+        world.ready_host(f"i-{n:08x}")
+    world.registry.requests = 0
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
+    assert world.registry.requests == 3  # quota+usage, one candidate page, one transaction
