@@ -1,0 +1,211 @@
+"""Lambda and host-agent bundles built locally, without Docker, cached by their inputs.
+
+Two kinds of bundle:
+
+- ``PipInstall``: runtime dependencies installed as manylinux wheels for the Lambda
+  platform (``pip install --platform ... --only-binary=:all:``), so the result runs on
+  Lambda whatever machine synthesizes it.
+- ``CopyPackages``: our own pure-Python packages copied as they are.
+
+Each is keyed by a fingerprint of its inputs; a bundle already built for that
+fingerprint is copied from the cache instead of being rebuilt, so repeated synths
+are fast. Docker is never used: a bundle that cannot be built fails the synth with
+the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsii
+from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
+
+# Bumped when the way a bundle is built changes, so old cache entries stop matching.
+_BUNDLER_VERSION = "1"
+_IGNORED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+_IGNORED_SUFFIXES = (".pyc", ".pyo")
+
+
+class BundlingError(RuntimeError):
+    """A bundle could not be built locally; the message says why."""
+
+
+def project_dependencies(pyproject: Path, *, extras: Sequence[str] = ()) -> tuple[str, ...]:
+    """The requirement strings of ``[project].dependencies`` plus the named extras."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    requirements = list(project.get("dependencies", []))
+    optional = project.get("optional-dependencies", {})
+    for extra in extras:
+        requirements += optional[extra]
+    return tuple(requirements)
+
+
+def _fingerprint(parts: Iterable[str | bytes]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _package_files(root: Path, package: str) -> list[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root / package):
+        dirnames[:] = sorted(d for d in dirnames if d not in _IGNORED_DIRS)
+        files += [Path(dirpath, f) for f in sorted(filenames) if not f.endswith(_IGNORED_SUFFIXES)]
+    return files
+
+
+@jsii.implements(ILocalBundling)
+class _CachedLocalBundling:
+    """Builds a bundle once per fingerprint under ``cache_dir``, then copies it to CDK's output."""
+
+    def __init__(self, *, name: str, fingerprint: str, cache_dir: Path, build: Any) -> None:
+        self._name = name
+        self._fingerprint = fingerprint
+        self._cache_dir = cache_dir
+        self._build = build
+
+    def try_bundle(self, output_dir: str, *_options: Any, **_kw: Any) -> bool:
+        cached = self._cache_dir / f"{self._name}-{self._fingerprint[:32]}"
+        if not cached.is_dir():
+            self._cache_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{self._name}-", dir=self._cache_dir))
+            # Lambda and the host read the unpacked bundle as another user: keep it world-readable.
+            staging.chmod(0o755)
+            try:
+                self._build(staging)
+                # A concurrent synth may have won the race: either result is the same bundle.
+                if not cached.exists():
+                    staging.rename(cached)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(cached, output_dir, dirs_exist_ok=True, symlinks=True)
+        return True
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipInstall:
+    """Runtime dependencies installed for a Lambda platform from wheels only."""
+
+    requirements: tuple[str, ...]
+    platform: str  # e.g. manylinux2014_aarch64
+    python_version: str  # e.g. 3.12
+    exclude: tuple[str, ...] = ()  # distributions the runtime already provides
+    target_subdir: str = "python"  # a Lambda layer's packages live under python/
+
+    @property
+    def fingerprint(self) -> str:
+        return _fingerprint(["pip", _BUNDLER_VERSION, self.platform, self.python_version,
+                             self.target_subdir, *sorted(self.requirements), "--", *sorted(self.exclude)])
+
+    def build(self, out: Path) -> None:
+        target = out / self.target_subdir
+        command = [
+            sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+            "--no-compile", "--no-input", "--target", str(target),
+            "--platform", self.platform, "--implementation", "cp",
+            "--python-version", self.python_version, "--only-binary=:all:",
+            *self.requirements,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise BundlingError(
+                f"pip could not install {', '.join(self.requirements)} for {self.platform} / Python "
+                f"{self.python_version} (Docker is not used; wheels must exist for that platform):\n"
+                f"{result.stderr.strip()[-4000:]}"
+            )
+        self._remove(target)
+
+    def _remove(self, target: Path) -> None:
+        # Console scripts are of no use in a layer, and the runtime's own packages win anyway.
+        shutil.rmtree(target / "bin", ignore_errors=True)
+        wanted = {name.lower().replace("-", "_") for name in self.exclude}
+        for dist_info in target.glob("*.dist-info"):
+            dist = dist_info.name.split("-")[0].lower().replace("-", "_")
+            if dist not in wanted:
+                continue
+            for line in (dist_info / "RECORD").read_text().splitlines():
+                top = line.split(",")[0].split("/")[0]
+                if top and not top.endswith(".dist-info") and top not in ("..", "bin"):
+                    path = target / top
+                    if path.is_dir():
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        path.unlink(missing_ok=True)
+            shutil.rmtree(dist_info, ignore_errors=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CopyPackages:
+    """Our own packages copied as they are, with optional extra files written beside them."""
+
+    root: Path
+    packages: tuple[str, ...]
+    extra_files: tuple[tuple[str, str], ...] = ()  # (relative path, text)
+
+    @property
+    def fingerprint(self) -> str:
+        parts: list[str | bytes] = ["copy", _BUNDLER_VERSION]
+        for package in self.packages:
+            for path in _package_files(self.root, package):
+                parts += [path.relative_to(self.root).as_posix(), path.read_bytes()]
+        for name, text in self.extra_files:
+            parts += [name, text]
+        return _fingerprint(parts)
+
+    def build(self, out: Path) -> None:
+        for package in self.packages:
+            if not (self.root / package / "__init__.py").is_file():
+                raise BundlingError(f"package {package!r} not found under {self.root}")
+            for path in _package_files(self.root, package):
+                dest = out / path.relative_to(self.root)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest)
+        for name, text in self.extra_files:
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AssetSource:
+    """Keyword arguments for ``Code.from_asset`` / ``s3_assets.Asset`` that bundle locally."""
+
+    path: str
+    asset_hash: str
+    asset_hash_type: AssetHashType
+    bundling: BundlingOptions
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {"path": self.path, "asset_hash": self.asset_hash,
+                "asset_hash_type": self.asset_hash_type, "bundling": self.bundling}
+
+
+def local_asset(
+    *, name: str, recipe: PipInstall | CopyPackages, source: Path, cache_dir: Path
+) -> AssetSource:
+    """An asset built by ``recipe`` on this machine, hashed by the recipe's inputs.
+
+    ``source`` is only where the asset nominally comes from; with a custom hash CDK
+    never fingerprints it, and when bundling is skipped (tests) nothing is copied.
+    """
+    fingerprint = recipe.fingerprint
+    local = _CachedLocalBundling(name=name, fingerprint=fingerprint, cache_dir=cache_dir, build=recipe.build)
+    return AssetSource(
+        path=str(source),
+        asset_hash=fingerprint,
+        asset_hash_type=AssetHashType.CUSTOM,
+        # The image is required by the API but never pulled: local bundling always answers.
+        bundling=BundlingOptions(image=DockerImage.from_registry("local-bundling-only"), local=local),
+    )

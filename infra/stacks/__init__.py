@@ -1,0 +1,1 @@
+"""The stacks: stateful resources (retained on delete) apart from the service."""

@@ -1,0 +1,164 @@
+"""The service: the API, one function per calque.resources.FUNCTIONS, queues, schedules, hosts.
+
+Constructs come from infra/components; this stack composes them and does every grant
+between them, following calque.resources.FUNCTION_WIRING.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Annotations, CfnOutput, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from calque import resources
+from calque.settings import ApiSettings
+from infra import constants
+from infra.components.host_agent import HostAgent
+from infra.components.python_packaging import PythonPackaging
+from infra.components.registry_table import RegistryTable
+from infra.components.rest_api import ControlPlaneApi
+from infra.components.schedule import Schedule
+from infra.components.service_function import ServiceFunction
+from infra.components.work_queue import WorkQueue
+from infra.config import DeploymentConfig
+
+# Our own code shipped to every function (its dependencies travel in a layer).
+_LAMBDA_PACKAGES = ("calque", "functions")
+_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
+
+
+@dataclass(frozen=True)
+class _Binding:
+    """What a FUNCTION_WIRING entry gives a function: environment variables and a grant."""
+
+    environment: Mapping[str, str]
+    grant: Callable[[iam.IGrantable], Any] | None = None
+
+
+def _pascal(identifier: str) -> str:
+    return "".join(part.capitalize() for part in identifier.split("_"))
+
+
+class ServiceStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        registry: RegistryTable,
+        bucket: s3.IBucket,
+        config: DeploymentConfig,
+        project_root: Path,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.registry = registry
+        self.bucket = bucket
+        packaging = PythonPackaging(
+            self, "Packaging", project_root=project_root, packages=_LAMBDA_PACKAGES,
+            cache_dir=config.bundle_cache_dir,
+        )
+        common_env = self._common_environment(config)
+        self.functions = {
+            definition.id: ServiceFunction(
+                self, f"{_pascal(definition.id)}Function", definition=definition, packaging=packaging,
+                environment=common_env, log_retention=_LOG_RETENTION,
+            )
+            for definition in resources.FUNCTIONS
+        }
+        self.api = ControlPlaneApi(
+            self, "Api", handler=self.functions["api"].function, log_retention=_LOG_RETENTION
+        )
+        self.queues = {
+            queue.id: WorkQueue(
+                self, f"{_pascal(queue.id)}Queue", definition=queue,
+                consumer=self.functions[queue.consumer].function,
+            )
+            for queue in resources.QUEUES
+        }
+        self.schedules = {
+            schedule.id: Schedule(
+                self, f"{_pascal(schedule.id)}Schedule", definition=schedule,
+                target=self.functions[schedule.target].function,
+            )
+            for schedule in resources.SCHEDULES
+        }
+        self.host_agent = HostAgent(
+            self, "HostAgent", project_root=project_root, cache_dir=config.bundle_cache_dir,
+            report_endpoint=self.api.url,
+        )
+        self.api.grant_invoke(
+            self.host_agent.role,
+            method=constants.HOST_REPORT_METHOD,
+            path=constants.HOST_REPORT_PATH,
+            wildcard_reason="The wildcard is the {instance_id} segment of the report route, which exists "
+            "for every host; the API accepts a report only from the instance the path names.",
+        )
+        self._wire_functions()
+        self._outputs()
+
+    def _common_environment(self, config: DeploymentConfig) -> dict[str, str]:
+        env = {resources.ENV_ADMINS: ",".join(config.admins)}
+        if not config.admins:
+            Annotations.of(self).add_warning_v2(
+                "calque:no-admins",
+                f"No admins configured: pass -c {constants.CONTEXT_ADMINS}=PRINCIPAL[,PRINCIPAL...] or no "
+                "one can register hosts, create pools or set quotas.",
+            )
+        if config.session_ttl_max_s is not None:
+            alias = ApiSettings.model_fields["session_ttl_max_s"].alias
+            assert alias is not None
+            env[alias] = str(config.session_ttl_max_s)
+        return env
+
+    def _bindings(self) -> dict[str, _Binding]:
+        bindings = {
+            "table": _Binding(
+                environment={resources.ENV_TABLE_NAME: self.registry.table.table_name},
+                grant=self.registry.grant_read_write,
+            ),
+            "host_role": _Binding(environment={resources.ENV_HOST_ROLE_NAME: self.host_agent.role.role_name}),
+            "ssm_document": _Binding(
+                environment={resources.ENV_SSM_DOCUMENT_NAME: self.host_agent.document_name},
+                grant=self.host_agent.grant_send_command,
+            ),
+            "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.api.url}),
+        }
+        queue_env = {"host_tasks": resources.ENV_HOST_TASKS_QUEUE_URL}
+        for queue_id, work_queue in self.queues.items():
+            bindings[f"{queue_id}_queue"] = _Binding(
+                environment={queue_env[queue_id]: work_queue.queue.queue_url},
+                grant=work_queue.queue.grant_send_messages,
+            )
+        return bindings
+
+    def _wire_functions(self) -> None:
+        bindings = self._bindings()
+        for function_id, wiring in resources.FUNCTION_WIRING.items():
+            service_function = self.functions[function_id]
+            for name in wiring:
+                if name not in bindings:
+                    raise KeyError(f"FUNCTION_WIRING[{function_id!r}] names {name!r}, which the "
+                                   f"service stack does not provide (known: {sorted(bindings)})")
+                binding = bindings[name]
+                service_function.add_environment(binding.environment)
+                if binding.grant is not None:
+                    binding.grant(service_function.function)
+    def _outputs(self) -> None:
+        CfnOutput(self, constants.OUTPUT_API_ENDPOINT, value=self.api.url,
+                  description="The calque API (IAM/SigV4 authorization)")
+        for queue in resources.QUEUES:
+            CfnOutput(self, constants.queue_url_output(queue), value=self.queues[queue.id].queue.queue_url)
+        CfnOutput(self, constants.OUTPUT_SSM_DOCUMENT_NAME, value=self.host_agent.document_name,
+                  description="SSM Command document that runs the host agent")
+        CfnOutput(self, constants.OUTPUT_HOST_ROLE_NAME, value=self.host_agent.role.role_name)
+        CfnOutput(self, constants.OUTPUT_HOST_INSTANCE_PROFILE_NAME,
+                  value=self.host_agent.instance_profile.instance_profile_name,
+                  description="Instance profile for GPU hosts the control plane manages")
