@@ -134,9 +134,22 @@ def _read_spec(path: str):
 
 
 def run(args: argparse.Namespace) -> AgentReport:
-    from host_agent import verbs
 
     spec = _read_spec(args.spec) if args.verb in ("apply", "assert") else None
+    if args.state:
+        # One agent run at a time per simulated host, as on a real one.
+        import fcntl
+
+        lock_path = Path(args.state).with_name(Path(args.state).name + ".lock")
+        with open(lock_path, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return _run(args, spec)
+    return _run(args, spec)
+
+
+def _run(args: argparse.Namespace, spec) -> AgentReport:
+    from host_agent import verbs
+
     backend, itype, save = _backend(args)
     ctx = verbs.Context(
         backend=backend,

@@ -223,12 +223,15 @@ class NvmlBackend:
     def processes(self, index: int) -> list[ProcessInfo]:
         nv = self._nv
         h = self._h(index)
-        handles: list[tuple[Any, str]] = [(h, self._s(self._call("UUID", nv.nvmlDeviceGetUUID, h)))]
         try:
             current, _ = nv.nvmlDeviceGetMigMode(h)
         except nv.NVMLError:
             current = 0
-        if current:
+        # In MIG mode the parent handle aggregates; per-device handles say which MIG device a process uses.
+        handles: list[tuple[Any, str]] = []
+        if not current:
+            handles.append((h, self._s(self._call("UUID", nv.nvmlDeviceGetUUID, h))))
+        else:
             n = self._call("MIG device count", nv.nvmlDeviceGetMaxMigDeviceCount, h)
             for k in range(n):
                 try:

@@ -1,0 +1,227 @@
+"""A stand-in `pynvml` module whose functions answer from a FakeGpuBackend, with
+pynvml's own signatures, ctypes structures and NVMLError: it lets the real backend's
+code run end to end here, where there is no driver."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+from types import SimpleNamespace
+
+import pynvml as real
+
+from calque.errors import CalqueError
+from host_agent.fake import FakeGpuBackend
+
+MUTATING = {
+    "nvmlDeviceSetMigMode",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlComputeInstanceDestroy",
+    "nvmlGpuInstanceDestroy",
+}
+
+
+def build(fake: FakeGpuBackend) -> types.ModuleType:
+    m = types.ModuleType("pynvml")
+    for name in dir(real):
+        if name.startswith(("NVML_", "c_nvml", "NVMLError")):
+            setattr(m, name, getattr(real, name))
+    m.calls = []
+    m.inits = 0
+    m.shutdowns = 0
+
+    def nv(fn):
+        def wrapper(*args):
+            m.calls.append(fn.__name__)
+            try:
+                return fn(*args)
+            except CalqueError as exc:
+                raise real.NVMLError(exc.details.get("nvml_code", real.NVML_ERROR_UNKNOWN)) from None
+
+        wrapper.__name__ = fn.__name__
+        setattr(m, fn.__name__, wrapper)
+        return wrapper
+
+    def gi_handle(gpu: int, gi_id: int):
+        return ctypes.cast(0x10000 + gpu * 0x100 + gi_id, real.c_nvmlGpuInstance_t)
+
+    def ci_handle(gpu: int, gi_id: int, ci_id: int):
+        return ctypes.cast(0x20000 + gpu * 0x1000 + gi_id * 0x10 + ci_id, real.c_nvmlComputeInstance_t)
+
+    def decode_gi(h):
+        v = ctypes.cast(h, ctypes.c_void_p).value - 0x10000
+        return v // 0x100, v % 0x100
+
+    def decode_ci(h):
+        v = ctypes.cast(h, ctypes.c_void_p).value - 0x20000
+        return v // 0x1000, (v % 0x1000) // 0x10, v % 0x10
+
+    def set_count(ref, n):
+        ref._obj.value = n
+
+    @nv
+    def nvmlInit():
+        m.inits += 1
+        fake._open = True
+
+    @nv
+    def nvmlShutdown():
+        m.shutdowns += 1
+        fake._open = False
+
+    @nv
+    def nvmlDeviceGetCount():
+        return fake.gpu_count()
+
+    @nv
+    def nvmlDeviceGetHandleByIndex(i):
+        return ("gpu", i)
+
+    @nv
+    def nvmlDeviceGetName(h):
+        return fake.gpu(h[1]).name
+
+    @nv
+    def nvmlDeviceGetUUID(h):
+        if h[0] == "mig":
+            return h[2]
+        return fake.gpu(h[1]).uuid
+
+    @nv
+    def nvmlDeviceGetMemoryInfo(h):
+        return SimpleNamespace(total=fake.gpu(h[1]).memory_mib * 1024 * 1024)
+
+    @nv
+    def nvmlDeviceGetMigMode(h):
+        g = fake.gpu(h[1])
+        if not g.mig_capable:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return [int(g.mig_current), int(g.mig_pending)]
+
+    @nv
+    def nvmlDeviceGetCudaComputeCapability(h):
+        return (8, 0) if fake.gpu(h[1]).mig_mode_change_needs_reset else (9, 0)
+
+    def _profiles(i):
+        return {p.profile_id: p for p in fake.profiles(i).values()}
+
+    @nv
+    def nvmlDeviceGetGpuInstanceProfileInfo(h, pid, version=2):
+        p = _profiles(h[1]).get(pid)
+        if p is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(
+            id=p.profile_id,
+            sliceCount=p.compute_slices,
+            instanceCount=p.max_count,
+            memorySizeMB=p.memory_mib,
+            name=f"MIG {p.name}".encode(),
+        )
+
+    @nv
+    def nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, arr, count_ref):
+        p = _profiles(h[1])[pid]
+        set_count(count_ref, len(p.placements))
+        if arr is not None:
+            for k, start in enumerate(p.placements):
+                arr[k].start = start
+                arr[k].size = p.memory_slices
+
+    @nv
+    def nvmlDeviceGetGpuInstances(h, pid, arr, count_ref):
+        gis = [g for g in fake.gpu_instances(h[1]) if g.profile_id == pid]
+        set_count(count_ref, len(gis))
+        for k, g in enumerate(gis):
+            arr[k] = gi_handle(h[1], g.id)
+
+    def _gi(handle):
+        gpu, gi_id = decode_gi(handle)
+        return gpu, next(g for g in fake.gpu_instances(gpu) if g.id == gi_id)
+
+    @nv
+    def nvmlGpuInstanceGetInfo(handle):
+        _gpu, g = _gi(handle)
+        return SimpleNamespace(
+            id=g.id, profileId=g.profile_id, placement=SimpleNamespace(start=g.start, size=g.size)
+        )
+
+    @nv
+    def nvmlGpuInstanceGetComputeInstances(handle, cpid, arr, count_ref):
+        gpu, g = _gi(handle)
+        cis = [c for c in g.compute_instances if c.profile_id == cpid]
+        set_count(count_ref, len(cis))
+        for k, c in enumerate(cis):
+            arr[k] = ci_handle(gpu, g.id, c.id)
+
+    @nv
+    def nvmlComputeInstanceGetInfo(handle):
+        _gpu, _gi_id, ci_id = decode_ci(handle)
+        return SimpleNamespace(id=ci_id)
+
+    @nv
+    def nvmlDeviceGetMaxMigDeviceCount(h):
+        return 7
+
+    @nv
+    def nvmlDeviceGetMigDeviceHandleByIndex(h, k):
+        devs = [g for g in fake.gpu_instances(h[1]) if g.device_uuid]
+        if k >= len(devs):
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return ("mig", h[1], devs[k].device_uuid, devs[k].id)
+
+    @nv
+    def nvmlDeviceGetGpuInstanceId(mh):
+        return mh[3]
+
+    @nv
+    def nvmlDeviceGetComputeRunningProcesses(h):
+        dev = h[2] if h[0] == "mig" else fake.gpu(h[1]).uuid
+        return [
+            SimpleNamespace(pid=p.pid, usedGpuMemory=(p.used_memory_mib or 0) * 1024 * 1024)
+            for p in fake.processes(h[1])
+            if p.device_uuid == dev
+        ]
+
+    @nv
+    def nvmlDeviceSetMigMode(h, mode):
+        fake.set_mig_mode(h[1], bool(mode))
+        return 0
+
+    @nv
+    def nvmlDeviceGetGpuInstanceById(h, gi_id):
+        if not any(g.id == gi_id for g in fake.gpu_instances(h[1])):
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return gi_handle(h[1], gi_id)
+
+    @nv
+    def nvmlDeviceCreateGpuInstanceWithPlacement(h, pid, placement_ref):
+        gi_id = fake.create_gpu_instance(h[1], pid, placement_ref._obj.start)
+        return gi_handle(h[1], gi_id)
+
+    @nv
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(handle, cpid, eng, version=2):
+        return SimpleNamespace(id=cpid)
+
+    @nv
+    def nvmlGpuInstanceCreateComputeInstance(handle, cpid):
+        gpu, gi_id = decode_gi(handle)
+        ci_id = fake.create_compute_instance(gpu, gi_id)
+        return ci_handle(gpu, gi_id, ci_id)
+
+    @nv
+    def nvmlGpuInstanceGetComputeInstanceById(handle, ci_id):
+        gpu, gi_id = decode_gi(handle)
+        return ci_handle(gpu, gi_id, ci_id)
+
+    @nv
+    def nvmlComputeInstanceDestroy(handle):
+        gpu, gi_id, ci_id = decode_ci(handle)
+        fake.destroy_compute_instance(gpu, gi_id, ci_id)
+
+    @nv
+    def nvmlGpuInstanceDestroy(handle):
+        gpu, gi_id = decode_gi(handle)
+        fake.destroy_gpu_instance(gpu, gi_id)
+
+    return m

@@ -1,0 +1,152 @@
+"""The real NVML backend: init and shutdown paired, errors mapped, and the same
+convergence on NVML's calls as on the fake (through a pynvml stand-in answering
+from the fake)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from calque.contracts.layout import parse_layout
+from host_agent import errors as e
+from host_agent.converge import apply
+from host_agent.fake import FakeGpuBackend
+from host_agent.nvml import NvmlBackend, _profile_name
+from host_agent.observe import read_all, slice_reports, spec_differences
+from tests.unit.host_agent import pynvml_over_fake
+
+pytestmark = pytest.mark.unit
+
+MIXED = parse_layout(
+    {
+        "version": "v1",
+        "gpus": [
+            {"devices": [0], "mig": {"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 2}},
+            {"devices": [1], "mig": {"1g.18gb": 7}},
+        ],
+    }
+)
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    fake = FakeGpuBackend.for_instance_type("p5e.48xlarge")
+    nv = pynvml_over_fake.build(fake)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    return fake, nv
+
+
+def test_no_driver_is_a_clear_dependency_error():
+    # Given this machine, where libnvidia-ml is absent
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVML library is present here")
+    # When the real backend opens a session / Then the failure says what is missing
+    with pytest.raises(e.NvmlUnavailable, match="NVML_ERROR_LIBRARY_NOT_FOUND"), NvmlBackend().session():
+        pass
+
+
+def test_real_backend_reads_what_the_gpu_reports(stub):
+    _fake, nv = stub
+    backend = NvmlBackend()
+    with backend.session():
+        assert backend.gpu_count() == 8
+        g = backend.gpu(0)
+        profiles = backend.profiles(0)
+    assert g.name == "NVIDIA H200"
+    assert g.mig_capable
+    assert g.mig_mode_change_needs_reset is False
+    assert profiles["3g.71gb"].placements == (0, 4)
+    assert profiles["1g.18gb"].max_count == 7
+    assert (nv.inits, nv.shutdowns) == (1, 1)
+
+
+def test_shutdown_follows_init_even_when_a_call_fails(stub):
+    _fake, nv = stub
+    backend = NvmlBackend()
+    with pytest.raises(e.GpuError), backend.session():
+        backend.gpu(42)
+    assert (nv.inits, nv.shutdowns) == (1, 1)
+
+
+def test_real_backend_converges_like_the_fake_and_the_second_apply_is_silent(stub):
+    fake, nv = stub
+    backend = NvmlBackend()
+    backend.mps = fake.mps  # no MPS daemon here; this test is about MIG through NVML
+    with backend.session():
+        result = apply(backend, MIXED)
+        assert result.ok, result.remaining
+        views = read_all(backend)
+        assert spec_differences(views, MIXED) == []
+        ids = sorted(s.slice_id for v in views[:2] for s in slice_reports(v))
+    assert ids == sorted(
+        ["g0-3g.71gb-0", "g0-2g.35gb-0", "g0-1g.18gb-0", "g0-1g.18gb-1"]
+        + [f"g1-1g.18gb-{k}" for k in range(7)]
+    )
+    # Every MIG device the real backend reports is one the fake created, with the same UUID
+    with fake.session():
+        assert {gi.device_uuid for gi in fake.gpu_instances(1)} == {
+            s.device_uuid for s in slice_reports(views[1])
+        }
+    before = [c for c in nv.calls if c in pynvml_over_fake.MUTATING]
+    again = NvmlBackend()
+    again.mps = fake.mps
+    with again.session():
+        assert apply(again, MIXED).ok
+    assert again.mutating_calls == 0
+    assert [c for c in nv.calls if c in pynvml_over_fake.MUTATING] == before
+
+
+def test_nvml_errors_become_ours(stub):
+    _fake, _nv = stub
+    backend = NvmlBackend()
+    with backend.session():
+        backend.set_mig_mode(0, True)
+        pid = backend.profiles(0)["3g.71gb"].profile_id
+        backend.create_gpu_instance(0, pid, 4)
+        with pytest.raises(e.InsufficientResources):
+            backend.create_gpu_instance(0, backend.profiles(0)["1g.18gb"].profile_id, 5)
+
+
+def test_read_only_backend_refuses_changes_before_calling_nvml(stub):
+    _fake, nv = stub
+    backend = NvmlBackend(allow_changes=False)
+    with backend.session():
+        result = apply(backend, MIXED)
+    assert not result.ok
+    assert result.error.code == "read_only"
+    assert result.actions == []
+    assert not [c for c in nv.calls if c in pynvml_over_fake.MUTATING]
+
+
+def test_processes_on_mig_devices_are_attributed_to_their_slice(stub):
+    fake, _nv = stub
+    backend = NvmlBackend()
+    backend.mps = fake.mps
+    with backend.session():
+        apply(backend, MIXED)
+        dev = next(g.device_uuid for g in backend.gpu_instances(1) if g.start == 3)
+        fake.start_process(1, dev)
+        procs = backend.processes(1)
+        views = read_all(backend)
+    assert [p.device_uuid for p in procs] == [dev]
+    busy = [s.slice_id for s in slice_reports(views[1]) if s.processes]
+    assert busy == ["g1-1g.18gb-3"]
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "slices", "mb", "expected"),
+    [
+        ("MIG 1g.10gb", 1, 9856, "1g.10gb"),
+        ("MIG 1g.18gb+me", 1, 16384, "1g.18gb+me"),
+        ("", 3, 40192, "3g.39gb"),
+    ],
+)
+def test_profile_names_follow_nvml(nvml_name, slices, mb, expected):
+    assert _profile_name(nvml_name, slices, mb) == expected
