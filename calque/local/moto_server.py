@@ -105,6 +105,13 @@ class MotoServer:
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def reset(self) -> None:
+        """Forget every resource. moto's backends are per process: two servers in one
+        process (tests) share them."""
+        from moto.moto_api._internal import moto_api_backend
+
+        moto_api_backend.reset()
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()
