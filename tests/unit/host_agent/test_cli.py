@@ -1,0 +1,87 @@
+"""The agent's command line: usage, exit codes, output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from host_agent.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["apply"])  # --spec missing
+    assert exc.value.code == 2
+
+
+def test_unknown_instance_type_is_a_one_line_refusal(capsys):
+    rc = main(["--simulate", "m5.large", "inventory"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert captured.err.startswith("error: unknown or non-GPU instance type 'm5.large'")
+    assert json.loads(captured.out)["error"]["code"] == "invalid_input"
+
+
+def test_bad_spec_is_refused_naming_the_field(capsys, tmp_path):
+    f = tmp_path / "s.json"
+    f.write_text('{"version": "v1", "gpus": [{"devices": [0], "mig": {"1g.24gb": 1}, "exclusive": true}]}')
+    rc = main(["--simulate", "g7e.2xlarge", "apply", "--spec", str(f)])
+    assert rc == 1
+    assert "gpus[0]" in capsys.readouterr().err
+
+
+def test_state_without_simulate_must_exist(capsys, tmp_path):
+    rc = main(["--state", str(tmp_path / "none.json"), "inventory"])
+    assert rc == 1
+    assert "--simulate" in capsys.readouterr().err
+
+
+def test_inventory_json_is_one_document(capsys):
+    rc = main(["--simulate", "g6e.12xlarge", "--instance-id", "i-1", "inventory"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert doc["instance_id"] == "i-1"
+    assert doc["simulated"] is True
+    assert [g["name"] for g in doc["gpus"]] == ["NVIDIA L40S"] * 4
+
+
+def test_text_output_lists_slices(capsys):
+    rc = main(["--simulate", "g7e.2xlarge", "--output", "text", "report"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "g0-whole" in out
+
+
+def test_simulate_process_only_runs_on_a_simulated_host():
+    from contextlib import nullcontext
+
+    from host_agent import verbs
+
+    class Hardware:
+        mutating_calls = 0
+
+        def session(self):
+            return nullcontext(self)
+
+        def gpu_count(self):
+            return 0
+
+    report = verbs.do_simulate_process(verbs.Context(backend=Hardware(), instance_id="i-1"), "g0-whole")
+    assert not report.ok
+    assert "simulated host" in report.error.message
+
+
+def test_unexpected_errors_hide_the_traceback_unless_debug(capsys, monkeypatch):
+    import host_agent.cli as cli
+
+    def boom(args):
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(cli, "run", boom)
+    assert main(["--simulate", "g6.xlarge", "inventory"]) == 3
+    assert "--debug" in capsys.readouterr().err
+    with pytest.raises(RuntimeError):
+        main(["--debug", "--simulate", "g6.xlarge", "inventory"])
