@@ -53,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sp = sub.add_parser(verb, help=what)
         sp.add_argument(
-            "--spec", required=True, metavar="FILE", help="layout spec, JSON or YAML ('-' for stdin)"
+            "--spec",
+            required=True,
+            metavar="FILE",
+            help="layout spec file (JSON or YAML), '-' for stdin, or inline JSON",
         )
     sub.add_parser("export", help="the current state as a layout spec")
     sp = sub.add_parser("reclaim", help="stop every process on a slice and confirm none remains")
@@ -130,6 +133,8 @@ def _read_spec(path: str):
 
     if path == "-":
         return parse_layout(sys.stdin.read())
+    if path.lstrip().startswith("{"):
+        return parse_layout(path)  # an inline JSON document, as an SSM parameter carries it
     return load_layout(path)
 
 

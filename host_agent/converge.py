@@ -107,9 +107,7 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
             )
 
     if mig_wanted:
-        steps.extend(
-            _instance_steps(backend, v, want.mig or {}, fresh=not (info.mig_current and info.mig_pending))
-        )
+        steps.extend(_instance_steps(backend, v, want.mig or {}, fresh=not info.mig_current))
 
     if want.mps is not None and not mps_ok:
         mps = want.mps

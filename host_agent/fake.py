@@ -209,7 +209,7 @@ class FakeGpuBackend:
         what = f"set MIG mode on GPU {index} ({card.name})"
         if not card.mig_capable:
             raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what)
-        if g["gpu_instances"] or g["mps"]["running"]:
+        if (not enabled and g["gpu_instances"]) or g["mps"]["running"]:
             raise e.from_nvml(e.NVML_ERROR_IN_USE, what)
         g["mig_pending"] = enabled
         if not card.mig_mode_change_needs_reset and not g["processes"]:

@@ -314,3 +314,24 @@ def _run_with_report_to(host, url):
         ["--simulate", host.instance_type, "--instance-id", host.instance_id, "--report-to", url, "report"]
     )
     return rc, json.loads(host.capsys.readouterr().out)
+
+
+def test_inline_json_spec_as_an_ssm_parameter_carries_it(agent):
+    host = agent("g7e.2xlarge")
+    rc, report = host(
+        "apply", "--spec", '{"version": "v1", "gpus": [{"devices": "all", "mig": {"4g.96gb": 1}}]}'
+    )
+    assert rc == 0
+    assert [s["slice_id"] for s in report["slices"]] == ["g0-4g.96gb-0"]
+
+
+def test_turning_mig_off_again_destroys_idle_instances_first(agent):
+    host = agent("p4de.24xlarge")
+    host.apply({"version": "v1", "gpus": [{"devices": [0], "mig": {"1g.10gb": 7}}]})
+    rc, report = host.apply({"version": "v1", "gpus": [{"devices": [0], "exclusive": True}]})
+    assert rc == 0, report["remaining"]
+    assert report["actions"][-2:] == [
+        "turn off MIG mode on GPU 0",
+        "reset GPU 0 to apply its pending MIG mode",
+    ]
+    assert [s["slice_id"] for s in report["slices"] if s["gpu_index"] == 0] == ["g0-whole"]
