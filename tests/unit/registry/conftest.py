@@ -1,0 +1,42 @@
+"""The DynamoDB registry under moto's in-process mock (no network)."""
+
+from __future__ import annotations
+
+import random
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from calque.registry.dynamo import DynamoRegistry
+from calque.registry.memory import MemoryQueue
+from calque.tenancy import Tenancy, TenancyConfig
+from tests.unit.registry.moto_table import create_registry_table
+from tests.unit.tenancy.conftest import World
+
+
+class CallCounter:
+    def __init__(self, client) -> None:
+        self.calls: list[str] = []
+        client.meta.events.register("before-call.dynamodb", self._count)
+
+    def _count(self, model, **_kwargs) -> None:
+        self.calls.append(model.name)
+
+
+@pytest.fixture
+def dynamo_world(monkeypatch: pytest.MonkeyPatch):
+    """The same World as the domain's unit tests, on the DynamoDB adapter."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        world = World()
+        world.registry = DynamoRegistry(ddb, create_registry_table(ddb))  # type: ignore[assignment]
+        world.queue = MemoryQueue()
+        world.tenancy = Tenancy(
+            world.registry, world.queue, config=TenancyConfig(), clock=world.clock, rng=random.Random(3)
+        )
+        world.counter = CallCounter(ddb)  # type: ignore[attr-defined]
+        world.ddb = ddb  # type: ignore[attr-defined]
+        yield world

@@ -1,0 +1,199 @@
+"""The DynamoDB adapter keeps the registry's promises: all or nothing, conditions as truth."""
+
+from __future__ import annotations
+
+import pytest
+
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
+from calque.errors import Conflict, Forbidden, QuotaExceeded
+from calque.registry.models import LeaseEvent
+from calque.registry.ports import QuotaFull, SliceTaken, StaleWrite
+from calque.tenancy.service import hash_token
+from tests.unit.tenancy.conftest import World, member
+
+pytestmark = pytest.mark.unit
+
+ALICE, BOB = member("alice"), member("bob")
+
+
+def _everything(world: World) -> list[dict]:
+    return sorted(
+        world.ddb.scan(TableName=world.registry.table)["Items"], key=lambda i: (i["pk"]["S"], i["sk"]["S"])
+    )
+
+
+def _session_for(world: World, sl, user="alice", fence=None):
+    from datetime import timedelta
+
+    from calque.registry.models import SessionRecord
+
+    now = world.clock()
+    return SessionRecord(
+        session_id="s-00000000000000aa",
+        user=user,
+        instance_id=sl.instance_id,
+        slice_id=sl.slice_id,
+        backend=sl.backend,
+        profile=sl.profile,
+        memory_gib=sl.memory_gib,
+        state="live",
+        fence=(fence if fence is not None else sl.fence + 1),
+        token_hash=hash_token("t"),
+        created_at=now,
+        expires_at=now + timedelta(seconds=60),
+    )
+
+
+def _event(world: World, sl):
+    return LeaseEvent(
+        kind="granted",
+        at=world.clock(),
+        who="alice",
+        instance_id=sl.instance_id,
+        slice_id=sl.slice_id,
+        fence=sl.fence + 1,
+        session_id="s-00000000000000aa",
+    )
+
+
+def test_a_grant_at_a_stale_fence_writes_nothing(dynamo_world: World):
+    # Given a free slice read at fence 0, then granted to someone else
+    world = dynamo_world
+    world.ready_host()
+    stale = world.registry.slices("i-0aaa0001")[0]
+    world.registry.grant(
+        stale,
+        _session_for(world, stale, "bob").model_copy(update={"session_id": "s-00000000000000bb"}),
+        default_max_sessions=2,
+        event=_event(world, stale),
+    )
+    before = _everything(world)
+    # When a second grant names the same fence
+    with pytest.raises(SliceTaken):
+        world.registry.grant(
+            stale, _session_for(world, stale), default_max_sessions=2, event=_event(world, stale)
+        )
+    # Then no session, no counter change, no event was written
+    assert _everything(world) == before
+
+
+def test_a_grant_over_the_users_maximum_writes_nothing(dynamo_world: World):
+    world = dynamo_world
+    world.ready_host()
+    world.quota("alice", 0)
+    sl = world.registry.slices("i-0aaa0001")[0]
+    before = _everything(world)
+    with pytest.raises(QuotaFull):
+        world.registry.grant(sl, _session_for(world, sl), default_max_sessions=2, event=_event(world, sl))
+    assert _everything(world) == before
+
+
+def test_the_whole_lease_lifecycle_runs_on_dynamodb(dynamo_world: World):
+    # Given a ready host with one slice
+    world = dynamo_world
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})
+    # When alice checks out, extends, and a wrong token tries to check in
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=60))
+    world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=60))
+    with pytest.raises(Forbidden):
+        world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token="wrong"))
+    # Then bob finds no free slice
+    with pytest.raises(Conflict) as refused:
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    assert refused.value.code == "no_free_slice"
+    # When the session expires and the reaper runs, the slice is reclaiming, then free after the report
+    world.clock.advance(121)
+    assert world.tenancy.reap().expired == [grant.session_id]
+    assert world.slice_states() == {grant.slice_id: "reclaiming"}
+    world.clock.advance(1)
+    assert world.reclaimed("i-0aaa0001", grant.slice_id).freed == [grant.slice_id]
+    # And bob gets it under a higher fence
+    again = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    assert again.slice_id == grant.slice_id
+    assert world.registry.get_session(again.session_id).fence == 2
+    kinds = [e.kind for e in world.registry.events_on("2026-12-02")]
+    assert sorted(kinds) == sorted(["granted", "extended", "expired", "reclaimed", "granted"])
+    quota = world.tenancy.get_quota(ALICE, "alice")
+    assert quota.live_sessions == 0
+    assert quota.gpu_hours_used_this_month == pytest.approx(120 / 3600 * 24 / 96, abs=1e-4)
+
+
+def test_a_stale_extend_or_a_wrong_token_end_changes_nothing(dynamo_world: World):
+    world = dynamo_world
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=60))
+    session = world.registry.get_session(grant.session_id)
+    world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=30))
+    before = _everything(world)
+    ev = LeaseEvent(
+        kind="extended",
+        at=world.clock(),
+        who="alice",
+        instance_id=session.instance_id,
+        slice_id=session.slice_id,
+        fence=session.fence,
+        session_id=session.session_id,
+    )
+    with pytest.raises(StaleWrite):  # read before the other extend: its expiry no longer matches
+        world.registry.extend_session(
+            session, expires_at=session.expires_at, token_hash=session.token_hash, now=world.clock(), event=ev
+        )
+    with pytest.raises(StaleWrite):
+        world.registry.end_session(
+            session,
+            at=world.clock(),
+            reason="checked_in",
+            by="alice",
+            note=None,
+            token_hash=hash_token("wrong"),
+            expired_by=None,
+            gpu_hours=0.0,
+            month="2026-12",
+            event=ev.model_copy(update={"kind": "checked_in"}),
+        )
+    with pytest.raises(StaleWrite):  # not yet expired: the reaper's condition refuses
+        world.registry.end_session(
+            session,
+            at=world.clock(),
+            reason="expired",
+            by="reaper",
+            note=None,
+            token_hash=None,
+            expired_by=world.clock(),
+            gpu_hours=0.0,
+            month="2026-12",
+            event=ev.model_copy(update={"kind": "expired"}),
+        )
+    assert _everything(world) == before
+
+
+def test_quota_refusals_carry_the_numbers(dynamo_world: World):
+    world = dynamo_world
+    world.ready_host()
+    world.quota("alice", 1)
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    assert refused.value.details == {"user": "alice", "max_sessions": 1, "live_sessions": 1}
+
+
+def test_placement_takes_the_best_fit_first_and_exact_profiles(dynamo_world: World):
+    world = dynamo_world
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 2, "2g.48gb": 1}}]})
+    big = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=30))
+    exact = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", profile="1g.24gb"))
+    assert (big.profile, exact.profile) == ("2g.48gb", "1g.24gb")
+    with pytest.raises(Conflict):
+        world.tenancy.checkout(member("carol"), CheckoutRequest(backend="mig", profile="2g.48gb"))
+
+
+@pytest.mark.parametrize("fleet", [3, 30])
+def test_a_checkout_costs_the_same_dynamodb_requests_on_a_small_and_a_big_fleet(
+    dynamo_world: World, fleet: int
+):
+    world = dynamo_world
+    for n in range(fleet):
+        world.ready_host(f"i-{n:08x}")
+    world.counter.calls.clear()
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
+    assert world.counter.calls == ["BatchGetItem", "Query", "TransactWriteItems"]
