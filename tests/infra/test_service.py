@@ -1,0 +1,321 @@
+"""The service stack: API, functions, queues, schedules and hosts, wired per calque.resources."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from calque import resources
+from calque.settings import ApiSettings, HostTasksSettings, ReaperSettings
+from infra import constants
+
+from .conftest import ADMINS, Synthesized, resources_of
+
+pytestmark = pytest.mark.infra
+
+SETTINGS_OF = {"api": ApiSettings, "host_tasks": HostTasksSettings, "reaper": ReaperSettings}
+
+
+def _functions_by_handler(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["Properties"]["Handler"]: f for f in resources_of(template, "AWS::Lambda::Function")}
+
+
+def _logical_id_of(template: dict[str, Any], resource: dict[str, Any]) -> str:
+    return next(lid for lid, r in template["Resources"].items() if r is resource)
+
+
+def _statements(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        statement
+        for policy in resources_of(template, "AWS::IAM::Policy")
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def _refs(value: Any) -> set[str]:
+    """Every logical id a CloudFormation expression points at (Ref or GetAtt)."""
+    if isinstance(value, dict):
+        found = {value["Ref"]} if isinstance(value.get("Ref"), str) else set()
+        if "Fn::GetAtt" in value:
+            found.add(value["Fn::GetAtt"][0])
+        return found.union(*(_refs(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_refs(v) for v in value))
+    return set()
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+# --- the API ---------------------------------------------------------------------------------------
+
+
+def test_every_api_method_requires_iam_authorization(synthesized: Synthesized) -> None:
+    # Given every method of the REST API, the root's and {proxy+}'s included
+    methods = resources_of(synthesized.service_json, "AWS::ApiGateway::Method")
+    assert len(methods) >= 2
+    # Then each one demands a SigV4-signed caller
+    assert {m["Properties"]["AuthorizationType"] for m in methods} == {"AWS_IAM"}
+    template = synthesized.service_json
+    (proxy,) = [r for r in resources_of(template, "AWS::ApiGateway::Resource")
+                if r["Properties"]["PathPart"] == "{proxy+}"]
+    resource_ids = [json.dumps(m["Properties"]["ResourceId"]) for m in methods
+                    if m["Properties"]["HttpMethod"] == "ANY"]
+    assert json.dumps({"Ref": _logical_id_of(template, proxy)}) in resource_ids
+    assert any("RootResourceId" in r for r in resource_ids)
+
+
+def test_api_stage_logs_access_and_is_throttled(synthesized: Synthesized) -> None:
+    # Given the deployed stage
+    stages = resources_of(synthesized.service_json, "AWS::ApiGateway::Stage")
+    assert len(stages) == 1
+    props = stages[0]["Properties"]
+    assert props["StageName"] == constants.API_STAGE_NAME
+    # Then access logs go to a log group of this stack, and every method is throttled
+    template = synthesized.service_json
+    named = _refs(props["AccessLogSetting"]["DestinationArn"]) & set(template["Resources"])
+    assert [template["Resources"][r]["Type"] for r in named] == ["AWS::Logs::LogGroup"]
+    assert "$context.identity.caller" in props["AccessLogSetting"]["Format"]
+    settings = props["MethodSettings"]
+    assert all(s["ThrottlingRateLimit"] > 0 and s["ThrottlingBurstLimit"] > 0 for s in settings)
+
+
+# --- functions -------------------------------------------------------------------------------------
+
+
+def test_one_function_per_definition_with_its_handler_timeout_and_memory(synthesized: Synthesized) -> None:
+    # Given the Lambda functions of the service stack
+    functions = _functions_by_handler(synthesized.service_json)
+    # Then there is exactly one per calque.resources.FUNCTIONS entry, sized as it says
+    assert set(functions) == {f.handler for f in resources.FUNCTIONS}
+    for definition in resources.FUNCTIONS:
+        props = functions[definition.handler]["Properties"]
+        assert props["Timeout"] == definition.timeout_s
+        assert props["MemorySize"] == definition.memory_mib
+        assert props["Architectures"] == [constants.LAMBDA_ARCHITECTURE]
+        assert props["Runtime"] == f"python{constants.LAMBDA_PYTHON_VERSION}"
+        assert props["TracingConfig"] == {"Mode": "Active"}
+        assert len(props["Layers"]) == 1
+
+
+@pytest.mark.parametrize("definition", resources.FUNCTIONS, ids=lambda f: f.id)
+def test_each_function_gets_every_setting_it_requires(synthesized: Synthesized, definition) -> None:
+    # Given a function and the typed settings model it validates at cold start
+    env = _functions_by_handler(synthesized.service_json)[definition.handler]["Properties"]["Environment"]
+    variables = env["Variables"]
+    required = {
+        field.alias for field in SETTINGS_OF[definition.id].model_fields.values() if field.is_required()
+    }
+    # Then every required variable is set, so the function starts instead of failing validation
+    assert required <= set(variables), f"{definition.id} lacks {required - set(variables)}"
+    # And the admins and session TTL chosen at deploy time reach it
+    assert variables[resources.ENV_ADMINS] == ADMINS
+    assert variables[ApiSettings.model_fields["session_ttl_max_s"].alias] == str(12 * 3600)
+
+
+def test_functions_log_only_to_their_own_log_groups(synthesized: Synthesized) -> None:
+    # Given the functions' roles
+    roles = resources_of(synthesized.service_json, "AWS::IAM::Role")
+    lambda_roles = [r for r in roles if "lambda.amazonaws.com" in json.dumps(r["Properties"])]
+    # Then none carries an AWS managed policy: its log permissions name its own group
+    assert len(lambda_roles) == len(resources.FUNCTIONS)
+    assert all("ManagedPolicyArns" not in r["Properties"] for r in lambda_roles)
+    log_statements = [s for s in _statements(synthesized.service_json) if "logs:PutLogEvents" in s["Action"]]
+    assert len(log_statements) == len(resources.FUNCTIONS)
+    assert all("Fn::GetAtt" in s["Resource"] for s in log_statements)
+
+
+# --- queues ----------------------------------------------------------------------------------------
+
+
+def _work_queues(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return [q for q in resources_of(template, "AWS::SQS::Queue") if "RedrivePolicy" in q["Properties"]]
+
+
+def test_every_work_queue_has_a_dlq_and_a_safe_visibility_timeout(synthesized: Synthesized) -> None:
+    # Given the queues of calque.resources.QUEUES
+    template = synthesized.service_json
+    queues = _work_queues(template)
+    assert len(queues) == len(resources.QUEUES)
+    for definition, queue in zip(resources.QUEUES, queues, strict=True):
+        props = queue["Properties"]
+        # Then each redrives to a dead-letter queue after its max receive count
+        assert props["RedrivePolicy"]["maxReceiveCount"] == definition.max_receive_count
+        dlq = props["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
+        assert template["Resources"][dlq]["Type"] == "AWS::SQS::Queue"
+        # And a message stays invisible for at least six times its consumer's timeout
+        consumer_timeout = resources.function(definition.consumer).timeout_s
+        assert props["VisibilityTimeout"] == resources.visibility_timeout_s(definition)
+        assert props["VisibilityTimeout"] >= 6 * consumer_timeout
+
+
+def test_every_queue_is_encrypted_and_refuses_plain_http(synthesized: Synthesized) -> None:
+    # Given every queue, dead-letter queues included
+    template = synthesized.service_json
+    queues = {_logical_id_of(template, q): q for q in resources_of(template, "AWS::SQS::Queue")}
+    assert len(queues) == 2 * len(resources.QUEUES)
+    # Then each is encrypted at rest
+    assert all(q["Properties"].get("SqsManagedSseEnabled") is True for q in queues.values())
+    # And a queue policy denies any request made without TLS
+    protected = set()
+    for policy in resources_of(template, "AWS::SQS::QueuePolicy"):
+        denies = any(
+            s["Effect"] == "Deny" and s["Condition"]["Bool"]["aws:SecureTransport"] == "false"
+            for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        )
+        if denies:
+            protected |= {ref["Ref"] for ref in policy["Properties"]["Queues"]}
+    assert protected == set(queues)
+
+
+def test_queue_consumers_report_partial_batch_failures(synthesized: Synthesized) -> None:
+    # Given the event source mappings from queues to functions
+    mappings = resources_of(synthesized.service_json, "AWS::Lambda::EventSourceMapping")
+    assert len(mappings) == len(resources.QUEUES)
+    for definition, mapping in zip(resources.QUEUES, mappings, strict=True):
+        # Then one failed record goes back alone, not with its whole batch
+        assert mapping["Properties"]["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+        assert mapping["Properties"]["BatchSize"] == definition.batch_size
+
+
+# --- schedules -------------------------------------------------------------------------------------
+
+
+def test_one_schedule_rule_per_definition_targets_its_function(synthesized: Synthesized) -> None:
+    # Given the EventBridge rules
+    template = synthesized.service_json
+    rules = resources_of(template, "AWS::Events::Rule")
+    assert len(rules) == len(resources.SCHEDULES)
+    functions = _functions_by_handler(template)
+    for definition, rule in zip(resources.SCHEDULES, rules, strict=True):
+        # Then each fires at its rate and invokes its target function
+        minutes = definition.rate_s // 60
+        unit = "minute" if minutes == 1 else "minutes"
+        assert rule["Properties"]["ScheduleExpression"] == f"rate({minutes} {unit})"
+        target_id = rule["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]
+        target = template["Resources"][target_id]
+        assert target is functions[resources.function(definition.target).handler]
+
+
+# --- IAM -------------------------------------------------------------------------------------------
+
+
+def test_only_xray_statements_use_a_wildcard_resource(synthesized: Synthesized) -> None:
+    # Given every IAM statement of the service stack
+    wildcard = [s for s in _statements(synthesized.service_json) if "*" in _as_list(s["Resource"])]
+    # Then only X-Ray's trace upload (which has no resource-level permissions) names "*"
+    assert wildcard
+    for statement in wildcard:
+        assert set(_as_list(statement["Action"])) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+
+
+def test_table_access_names_the_table_and_each_index(synthesized: Synthesized) -> None:
+    # Given the statements that grant DynamoDB data access
+    statements = [s for s in _statements(synthesized.service_json) if "dynamodb:PutItem" in s["Action"]]
+    wired = [f for f, names in resources.FUNCTION_WIRING.items() if "table" in names]
+    assert len(statements) == len(wired)
+    for statement in statements:
+        rendered = json.dumps(statement["Resource"])
+        # Then each names the table and every index of calque.resources, with no index wildcard
+        for index in resources.REGISTRY_TABLE.indexes:
+            assert f"/index/{index.name}" in rendered
+        assert "/index/*" not in rendered
+
+
+def test_send_command_is_limited_to_the_document_and_tagged_instances(synthesized: Synthesized) -> None:
+    # Given the statements that allow ssm:SendCommand
+    statements = [s for s in _statements(synthesized.service_json) if s["Action"] == "ssm:SendCommand"]
+    wired = [f for f, names in resources.FUNCTION_WIRING.items() if "ssm_document" in names]
+    assert len(statements) == 2 * len(wired)
+    for statement in statements:
+        rendered = json.dumps(statement["Resource"])
+        # Then it names this stack's document, or instances carrying the host tag only
+        if ":document/" in rendered:
+            assert "Condition" not in statement
+        else:
+            assert ":instance/*" in rendered
+            assert statement["Condition"] == {
+                "StringEquals": {f"ssm:resourceTag/{resources.HOST_TAG_KEY}": resources.HOST_TAG_VALUE}
+            }
+
+
+# --- hosts -----------------------------------------------------------------------------------------
+
+
+def _host_role(template: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    (role,) = [r for r in resources_of(template, "AWS::IAM::Role") if "ec2.amazonaws.com" in json.dumps(r)]
+    return _logical_id_of(template, role), role
+
+
+def test_host_role_has_only_what_the_agent_needs(synthesized: Synthesized) -> None:
+    # Given the role GPU hosts run with
+    template = synthesized.service_json
+    role_id, role = _host_role(template)
+    # Then it is SSM-managed
+    assert "AmazonSSMManagedInstanceCore" in json.dumps(role["Properties"]["ManagedPolicyArns"])
+    policies = [p for p in resources_of(template, "AWS::IAM::Policy")
+                if {"Ref": role_id} in p["Properties"]["Roles"]]
+    statements = [s for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    # And beyond that may read one object (its bundle) and invoke only the report route
+    assert sorted(s["Action"] for s in statements) == ["execute-api:Invoke", "s3:GetObject"]
+    invoke = next(s for s in statements if s["Action"] == "execute-api:Invoke")
+    assert json.dumps(invoke["Resource"]).endswith(
+        f'/{constants.HOST_REPORT_METHOD}{constants.HOST_REPORT_PATH}"]]}}'
+    )
+    get = next(s for s in statements if s["Action"] == "s3:GetObject")
+    assert json.dumps(get["Resource"]).endswith('.zip"]]}')
+    # And an instance profile carries it
+    (profile,) = resources_of(template, "AWS::IAM::InstanceProfile")
+    assert profile["Properties"]["Roles"] == [{"Ref": role_id}]
+
+
+def _document(template: dict[str, Any]) -> dict[str, Any]:
+    (document,) = resources_of(template, "AWS::SSM::Document")
+    return document["Properties"]
+
+
+def test_ssm_document_takes_the_shared_parameter_names(synthesized: Synthesized) -> None:
+    # Given the SSM Command document that runs the host agent
+    document = _document(synthesized.service_json)
+    assert document["DocumentType"] == "Command"
+    parameters = document["Content"]["parameters"]
+    p = resources.SSM_DOCUMENT_PARAMETERS
+    # Then its parameters are the names the local plane's executor also uses
+    assert set(parameters) == {p.verb, p.spec, p.slice_id, p.report_to}
+    assert parameters[p.verb]["allowedValues"] == list(resources.HOST_AGENT_VERBS)
+    # And free-text values reach the script as environment variables, never pasted into it
+    for name in (p.spec, p.slice_id, p.report_to):
+        assert parameters[name]["interpolationType"] == "ENV_VAR"
+        assert "'" not in parameters[name]["allowedPattern"].replace("[^']", "")
+    # And the report endpoint defaults to this deployment's API
+    assert "Ref" in json.dumps(parameters[p.report_to]["default"])
+
+
+def test_ssm_document_downloads_the_bundle_then_runs_the_agent(synthesized: Synthesized) -> None:
+    # Given the document's steps
+    steps = _document(synthesized.service_json)["Content"]["mainSteps"]
+    # Then it first downloads the agent bundle from S3, then runs `python -m host_agent`
+    assert [s["action"] for s in steps] == ["aws:downloadContent", "aws:runShellScript"]
+    assert steps[0]["inputs"]["sourceType"] == "S3"
+    assert ".zip" in json.dumps(steps[0]["inputs"]["sourceInfo"])
+    script = "\n".join(steps[1]["inputs"]["runCommand"])
+    assert "-m host_agent" in script
+    assert "--report-to" in script
+    assert "--instance-id" in script
+
+
+def test_outputs_have_stable_names(synthesized: Synthesized) -> None:
+    # Then clients find every endpoint and name by a stable output id
+    outputs = synthesized.service_json["Outputs"]
+    expected = {
+        constants.OUTPUT_API_ENDPOINT,
+        constants.OUTPUT_SSM_DOCUMENT_NAME,
+        constants.OUTPUT_HOST_ROLE_NAME,
+        constants.OUTPUT_HOST_INSTANCE_PROFILE_NAME,
+        *(constants.queue_url_output(q) for q in resources.QUEUES),
+    }
+    assert expected <= set(outputs)
+    assert "HostTasksQueueUrl" in outputs
