@@ -1,0 +1,109 @@
+"""The signed API client, against a recording transport: no network."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import pytest
+from botocore.credentials import Credentials
+
+from calque.cli.client import ApiClient
+from calque.cli.errors import ApiError, EndpointUnreachable
+from calque.local.sigv4 import SignedRequest, verify
+from calque.local.state import Principal
+
+pytestmark = pytest.mark.unit
+
+ALICE = Principal(
+    profile="alice",
+    kind="user",
+    arn="arn:aws:iam::123456789012:user/alice",
+    access_key="AKIAALICE00000000000",
+    secret_key="alice-secret",
+    unique_id="AIDAALICE",
+)
+
+
+@dataclass
+class _Resp:
+    status_code: int
+    body: object = None
+    headers: dict = field(default_factory=dict)
+
+    @property
+    def content(self) -> bytes:
+        return b"" if self.body is None else json.dumps(self.body).encode()
+
+
+class _Transport:
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.sent = []
+
+    def send(self, prepared):
+        self.sent.append(prepared)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _client(*answers) -> tuple[ApiClient, _Transport]:
+    client = ApiClient(
+        "http://127.0.0.1:8787", Credentials(ALICE.access_key, ALICE.secret_key), "us-east-1", max_wait_s=0.01
+    )
+    transport = _Transport(*answers)
+    client._http = transport
+    return client, transport
+
+
+def test_a_request_is_signed_so_the_plane_can_verify_who_sent_it():
+    client, transport = _client(_Resp(200, {"ok": True}))
+    assert client.request("POST", "/v1/sessions", {"backend": "mig"}, query={"all": "true"}) == {"ok": True}
+    sent = transport.sent[0]
+    parts = urlsplit(sent.url)
+    headers = [(k, v) for k, v in sent.headers.items()] + [("Host", parts.netloc)]
+    who = verify(
+        SignedRequest("POST", parts.path + "?" + parts.query, headers, sent.body),
+        {ALICE.access_key: ALICE}.get,
+        "us-east-1",
+    )
+    assert who == ALICE
+    assert json.loads(sent.body) == {"backend": "mig"}
+
+
+def test_a_refusal_raises_a_typed_error_with_status_and_document():
+    doc = {"error": {"code": "no_free_slice", "message": "no free slice fits", "details": {"backend": "mig"}}}
+    client, _ = _client(_Resp(409, doc))
+    with pytest.raises(ApiError) as exc:
+        client.request("POST", "/v1/sessions", {})
+    assert exc.value.status == 409
+    assert exc.value.code == "no_free_slice"
+    assert exc.value.document == doc
+
+
+def test_a_503_is_retried_honouring_retry_after():
+    busy = {"error": {"code": "dependency_unavailable", "message": "busy", "details": {}}}
+    client, transport = _client(_Resp(503, busy, {"Retry-After": "0"}), _Resp(200, {"ok": 1}))
+    assert client.request("GET", "/v1/hosts") == {"ok": 1}
+    assert len(transport.sent) == 2
+
+
+def test_a_503_that_persists_is_refused_after_a_couple_of_retries():
+    busy = {"error": {"code": "dependency_unavailable", "message": "busy", "details": {}}}
+    client, transport = _client(*[_Resp(503, busy, {"Retry-After": "1"}) for _ in range(3)])
+    with pytest.raises(ApiError) as exc:
+        client.request("GET", "/v1/hosts")
+    assert exc.value.status == 503
+    assert exc.value.retry_after == 1.0
+    assert len(transport.sent) == 3
+
+
+def test_an_unreachable_endpoint_is_a_clear_refusal():
+    client, _ = _client(ConnectionRefusedError("connection refused"))
+    with pytest.raises(
+        EndpointUnreachable, match=r"cannot reach the control plane at http://127\.0\.0\.1:8787"
+    ):
+        client.request("GET", "/v1/whoami")

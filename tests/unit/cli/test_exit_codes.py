@@ -1,0 +1,103 @@
+"""What a script can rely on: exit codes, stderr and stdout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calque.cli.errors import ApiError, EndpointUnreachable
+
+pytestmark = pytest.mark.unit
+
+
+class _Api:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def request(self, method, path, body=None, query=None):
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+@pytest.fixture
+def run(monkeypatch, capsys):
+    from calque.cli import commands
+    from calque.cli.context import Context
+    from calque.cli.main import main
+
+    monkeypatch.setattr(commands, "COMMAND_MODULES", ["whoami", "local"])
+
+    def _run(answer, *argv):
+        monkeypatch.setattr(Context, "client", lambda ctx: _Api(answer))
+        monkeypatch.setattr(Context, "endpoint", "http://api.invalid")
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return _run
+
+
+ME = {"principal": "alice", "arn": "arn:aws:iam::1:user/alice", "account": "1", "admin": False}
+REFUSAL = {"error": {"code": "forbidden", "message": "this action is for admins only", "details": {}}}
+
+
+def test_success_exits_zero_with_one_json_document(run):
+    code, out, err = run(ME, "whoami", "--output", "json")
+    assert code == 0
+    assert json.loads(out) == ME
+    assert err == ""
+
+
+def test_a_refusal_exits_one_with_one_line_and_no_traceback(run):
+    code, out, err = run(ApiError(403, REFUSAL), "whoami")
+    assert code == 1
+    assert err.strip().splitlines() == ["calque: error: this action is for admins only"]
+    assert out == ""
+
+
+def test_a_refusal_with_json_output_prints_the_api_error_document(run):
+    code, out, err = run(ApiError(403, REFUSAL), "--output", "json", "whoami")
+    assert code == 1
+    assert json.loads(out) == REFUSAL
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_unreachable_plane_is_a_refusal_not_a_crash(run):
+    code, _out, err = run(EndpointUnreachable("http://api.invalid", "connection refused"), "whoami")
+    assert code == 1
+    assert "cannot reach the control plane" in err
+
+
+def test_an_unexpected_error_exits_non_zero_without_a_traceback(run):
+    code, _out, err = run(KeyError("boom"), "whoami")
+    assert code not in (0, 1, 2)
+    assert "Traceback" not in err
+    assert "--debug" in err
+
+
+def test_an_unexpected_error_shows_its_traceback_with_debug(run):
+    code, _out, err = run(KeyError("boom"), "whoami", "--debug")
+    assert code not in (0, 1, 2)
+    assert "Traceback" in err
+
+
+def test_an_unknown_option_is_a_usage_error(run):
+    code, _out, _err = run(ME, "whoami", "--bogus")
+    assert code == 2
+
+
+def test_a_group_without_its_command_is_a_usage_error(run):
+    code, _out, err = run(ME, "local")
+    assert code == 2
+    assert "up" in err
+
+
+def test_an_api_error_without_the_contract_shape_still_reads_as_one(run):
+    code, out, _err = run(ApiError(502, {"body": "Bad Gateway"}), "--output", "json", "whoami")
+    assert code == 1
+    assert json.loads(out)["error"]["code"] == "http_502"

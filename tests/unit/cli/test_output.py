@@ -1,0 +1,56 @@
+"""Tables for people, one JSON document for scripts."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from calque.cli.output import emit, render_table
+
+pytestmark = pytest.mark.unit
+
+ROWS = [
+    {"instance_id": "i-0abc", "state": "active", "slices": 4, "spot": False},
+    {"instance_id": "i-0abcdef123", "state": "draining", "slices": 12, "spot": True},
+]
+
+
+def test_a_table_aligns_its_columns():
+    text = render_table(ROWS, [("instance", "instance_id"), ("state", "state"), ("slices", "slices")])
+    lines = text.splitlines()
+    assert lines[0].split() == ["INSTANCE", "STATE", "SLICES"]
+    # every column starts at the same offset on every line
+    starts = {line.index(word) for line, word in zip(lines, ["STATE", "active", "draining"], strict=True)}
+    assert len(starts) == 1
+
+
+def test_a_table_shows_booleans_and_missing_values_for_people():
+    text = render_table([{"a": True, "b": None}], [("a", "a"), ("b", "b"), ("c", lambda r: "x")])
+    assert text.splitlines()[1].split() == ["yes", "-", "x"]
+
+
+def test_an_empty_table_says_so():
+    assert "(none)" in render_table([], [("instance", "instance_id")])
+
+
+def test_json_output_is_exactly_one_document():
+    out = io.StringIO()
+    emit("json", ROWS, columns=[("instance", "instance_id")], stream=out)
+    assert json.loads(out.getvalue()) == ROWS
+
+
+def test_a_record_prints_as_aligned_fields():
+    out = io.StringIO()
+    emit("table", {"principal": "alice", "admin": False}, stream=out)
+    assert out.getvalue().splitlines() == ["principal  alice", "admin      no"]
+
+
+def test_text_given_for_people_replaces_the_table_but_not_the_json():
+    out = io.StringIO()
+    emit("table", {"a": 1}, text="Done.", stream=out)
+    assert out.getvalue() == "Done.\n"
+    out = io.StringIO()
+    emit("json", {"a": 1}, text="Done.", stream=out)
+    assert json.loads(out.getvalue()) == {"a": 1}
