@@ -4,6 +4,7 @@ against moto's in-process DynamoDB and SQS."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -146,25 +147,42 @@ class Api:
         return self("GET", f"/v1/hosts/{instance_id}", who="admin").body
 
 
-@pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("CALQUE_AWS_ENDPOINT_URL", raising=False)
+@pytest.fixture(scope="package")
+def _moto():
+    """One moto mock and one set of clients for the package: creating boto3 clients is the
+    slow part, so each test gets its own table and queue instead of its own mock."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
     with mock_aws():
-        ddb = boto3.client("dynamodb", region_name="us-east-1")
-        sqs = boto3.client("sqs", region_name="us-east-1")
-        table = create_registry_table(ddb)
-        queue_url = sqs.create_queue(QueueName="calque-test-host-tasks")["QueueUrl"]
-        monkeypatch.setenv("CALQUE_TABLE_NAME", table)
-        monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", queue_url)
-        monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", HOST_ROLE)
-        monkeypatch.setenv("CALQUE_ADMINS", "admin")
-        from calque import aws, settings
+        session = boto3.session.Session(region_name="us-east-1")
+        yield {name: session.client(name) for name in ("dynamodb", "sqs", "ssm")}
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
-        settings.clear_caches()
-        aws.clear_caches()
-        yield Api(ddb, sqs, table, queue_url)
-        settings.clear_caches()
-        aws.clear_caches()
+
+@pytest.fixture
+def api(_moto, monkeypatch: pytest.MonkeyPatch):
+    from calque import aws, settings
+
+    name = f"calque-test-{uuid.uuid4().hex[:12]}"
+    table = create_registry_table(_moto["dynamodb"], name)
+    queue_url = _moto["sqs"].create_queue(QueueName=name)["QueueUrl"]
+    monkeypatch.delenv("CALQUE_AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("CALQUE_TABLE_NAME", table)
+    monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", queue_url)
+    monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", HOST_ROLE)
+    monkeypatch.setenv("CALQUE_ADMINS", "admin")
+
+    def shared_client(service: str, region: str | None = None) -> Any:
+        return _moto[service]
+
+    shared_client.cache_clear = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setattr(aws, "client", shared_client)
+    settings.clear_caches()
+    yield Api(_moto["dynamodb"], _moto["sqs"], table, queue_url)
+    settings.clear_caches()
+    _moto["dynamodb"].delete_table(TableName=table)
+    _moto["sqs"].delete_queue(QueueUrl=queue_url)
