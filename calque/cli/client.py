@@ -45,7 +45,7 @@ class ApiClient:
         if self._http is None:
             from botocore.httpsession import URLLib3Session
 
-            self._http = URLLib3Session(timeout=self.timeout_s)
+            self._http = URLLib3Session(timeout=int(self.timeout_s))
         return self._http
 
     def _signed(self, method: str, url: str, data: bytes | None) -> Any:

@@ -84,7 +84,7 @@ class Context:
                         code="no_endpoint",
                     )
                 endpoint = str(plane["endpoint"])
-            is_local = bool(plane) and endpoint.rstrip("/") == str(plane["endpoint"]).rstrip("/")
+            is_local = plane is not None and endpoint.rstrip("/") == str(plane["endpoint"]).rstrip("/")
             self._resolved = (endpoint, state.path if is_local else None, plane if is_local else None)
         return self._resolved
 

@@ -48,7 +48,7 @@ def _global_options() -> argparse.ArgumentParser:
 _COMMON = _global_options()
 
 
-class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg, unused-ignore]
     """Every parser added under a command group gets the global options."""
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         if "help" in kwargs and "description" not in kwargs:
             kwargs["description"] = kwargs["help"]
-        return super().add_parser(name, **kwargs)  # type: ignore[no-any-return]
+        return super().add_parser(name, **kwargs)
 
 
 class CalqueParser(argparse.ArgumentParser):

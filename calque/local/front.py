@@ -33,6 +33,17 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
     return json.dumps({"error": {"code": code, "message": message, "details": details or {}}}).encode()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client that hung up is not the plane's error
+        super().handle_error(request, client_address)
+
+
 class Front:
     def __init__(
         self,
@@ -79,7 +90,7 @@ class Front:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
 
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server = _Server((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         return self.endpoint

@@ -29,6 +29,10 @@ class Functions:
         self.prefix = prefix
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.Lock()
+        # A Lambda execution environment handles one event at a time, and Powertools'
+        # resolver keeps the current request in shared state (BaseRouter.current_event,
+        # app.context): concurrent invocations in one process would mix requests up.
+        self._invoke_locks: dict[str, threading.Lock] = {}
 
     def handler(self, function_id: str) -> Handler:
         with self._lock:
@@ -55,4 +59,8 @@ class Functions:
         )
 
     def invoke(self, function_id: str, event: dict[str, Any]) -> Any:
-        return self.handler(function_id)(event, self.context(function_id))
+        handler = self.handler(function_id)
+        with self._lock:
+            one_at_a_time = self._invoke_locks.setdefault(function_id, threading.Lock())
+        with one_at_a_time:
+            return handler(event, self.context(function_id))

@@ -64,7 +64,7 @@ class LocalAwsApp:
                     logging.getLogger("calque.local").exception("SSM executor could not take a command")
             start_response(status, headers, exc_info)
             return body
-        return self.app(environ, start_response)  # type: ignore[no-any-return]
+        return self.app(environ, start_response)  # type: ignore[no-any-return, unused-ignore]
 
 
 class MotoServer:
@@ -88,7 +88,7 @@ class MotoServer:
         )
         from werkzeug.serving import make_server
 
-        class _QuietHandler(MotoRequestHandler):  # type: ignore[misc, valid-type]
+        class _QuietHandler(MotoRequestHandler):  # type: ignore[misc, valid-type, unused-ignore]
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 pass  # one line per AWS call would drown the plane's own output
 
@@ -141,7 +141,7 @@ class MotoClients:
     def client(self, service: str) -> Any:
         with self._lock:
             if service not in self._clients:
-                self._clients[service] = self._session.client(
+                self._clients[service] = self._session.client(  # type: ignore[call-overload, unused-ignore]
                     service, endpoint_url=self.endpoint, config=self._config
                 )
             return self._clients[service]

@@ -17,6 +17,7 @@ import logging
 import os
 import shlex
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,9 @@ class LocalPlane:
         if self.executor is not None:
             self.executor.on_send_command(request, response)
 
+    def _invoker(self, function_id: str) -> Callable[[dict[str, Any]], Any]:
+        return lambda event: self.functions.invoke(function_id, event)
+
     def _start_pollers(self, clients: Any) -> None:
         from calque.local.functions import FunctionNotAvailable
         from calque.local.pollers import QueuePoller
@@ -208,7 +212,7 @@ class LocalPlane:
                 queue_url=self.resources.queue_urls[q.id],
                 queue_arn=self.resources.queue_arns[q.id],
                 region=self.region,
-                consumer=lambda event, fid=q.consumer: self.functions.invoke(fid, event),
+                consumer=self._invoker(q.consumer),
                 batch_size=q.batch_size,
             )
             poller.start()
@@ -231,7 +235,7 @@ class LocalPlane:
                 account=self.account,
                 region=self.region,
                 scale=self.schedule_scale,
-                target=lambda event, fid=s.target: self.functions.invoke(fid, event),
+                target=self._invoker(s.target),
             )
             timer.start()
             self.timers[s.id] = timer

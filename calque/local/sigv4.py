@@ -11,6 +11,7 @@ import hmac
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from calque.local.state import Principal
 
@@ -123,7 +124,7 @@ def verify(
         raise SignatureRejected("invalid_signature", "the body does not match X-Amz-Content-SHA256")
 
     class _Signer(SigV4Auth):
-        def headers_to_sign(self, req: AWSRequest):  # type: ignore[no-untyped-def]
+        def headers_to_sign(self, req: AWSRequest) -> Any:
             from botocore.compat import HTTPHeaders
 
             out = HTTPHeaders()
