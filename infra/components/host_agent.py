@@ -31,7 +31,7 @@ _SLICE_ID = r"^[A-Za-z0-9._:/-]{0,200}$"
 _ENDPOINT = r"^(https?://[A-Za-z0-9.:/_-]+)?$"
 
 
-def run_agent_script(*, version: str, download_dir: str) -> list[str]:
+def run_agent_script(*, version: str, download_dir: str, root: str = constants.HOST_AGENT_ROOT) -> list[str]:
     """The shell step's lines, with the parameter names and paths filled in."""
     p = SSM_DOCUMENT_PARAMETERS
     text = _SCRIPT.read_text()
@@ -40,7 +40,7 @@ def run_agent_script(*, version: str, download_dir: str) -> list[str]:
         "__P_SPEC__": p.spec,
         "__P_SLICE__": p.slice_id,
         "__P_REPORT__": p.report_to,
-        "__ROOT__": constants.HOST_AGENT_ROOT,
+        "__ROOT__": root,
         "__VERSION__": version,
         "__DOWNLOAD__": download_dir,
     }.items():
