@@ -34,7 +34,7 @@ class Step:
     phase: str
     gpu: int
     what: str
-    run: Callable[[], str | None]  # may return what it actually did
+    run: Callable[[], object]  # may return a str: what it actually did
     needs_idle_gpu: bool = False
     needs_idle_devices: tuple[str, ...] = ()
 
@@ -183,12 +183,16 @@ def _instance_steps(backend: GpuBackend, v: GpuView, wanted: dict[str, int], *, 
     profiles = {p.name: p for p in card.mig_profiles}
     for gi in keep:
         if not gi.compute_instances:
+
+            def finish(gi_id: int = gi.id) -> None:
+                backend.create_compute_instance(i, gi_id)
+
             steps.append(
                 Step(
                     "create",
                     i,
                     f"create the compute instance of GPU instance {gi.id} ({gi.profile}) on GPU {i}",
-                    lambda gi=gi: backend.create_compute_instance(i, gi.id),
+                    finish,
                 )
             )
     kept = {(gi.profile, gi.start) for gi in keep}

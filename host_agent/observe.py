@@ -212,7 +212,7 @@ def _proc(p: ProcessInfo, slice_id: str | None) -> ProcessReport:
 
 def gpu_report(v: GpuView) -> GpuReport:
     ids = v.slice_ids()
-    by_device = {gi.device_uuid: ids[gi.id] for gi in v.instances if gi.device_uuid}
+    by_device: dict[str | None, str] = {gi.device_uuid: ids[gi.id] for gi in v.instances if gi.device_uuid}
     return GpuReport(
         index=v.index,
         uuid=v.info.uuid,
@@ -268,7 +268,7 @@ def slice_reports(v: GpuView) -> list[SliceReport]:
     """The slices this GPU offers now, with the environment that binds a process to each."""
     out: list[SliceReport] = []
     ids = v.slice_ids()
-    by_device = {gi.device_uuid: ids[gi.id] for gi in v.instances if gi.device_uuid}
+    by_device: dict[str | None, str] = {gi.device_uuid: ids[gi.id] for gi in v.instances if gi.device_uuid}
     procs: dict[str, list[ProcessReport]] = {}
     for p in v.processes:
         sid = _slice_of(v, p, by_device)

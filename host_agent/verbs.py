@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from calque.catalog.planner import validate_layout
 from calque.contracts.agent import AgentError, AgentReport, SliceReport
 from calque.contracts.layout import LayoutSpec
 from calque.errors import CalqueError, InvalidInput
@@ -48,7 +49,7 @@ def _report(ctx: Context, verb: str, started: datetime, views: list[GpuView], **
         finished_at=_now(),
         simulated=ctx.simulated,
         gpus=[gpu_report(v) for v in views],
-        slices=kw.pop("slices", None) or [s for v in views for s in slice_reports(v)],
+        slices=kw.pop("slices") if "slices" in kw else [s for v in views for s in slice_reports(v)],
         mutating_calls=ctx.backend.mutating_calls,
         **kw,
     )
@@ -117,7 +118,23 @@ def do_assert(ctx: Context, spec: LayoutSpec) -> AgentReport:
     return _guard(ctx, "assert", body)
 
 
+def _refuse_impossible(ctx: Context, verb: str, spec: LayoutSpec) -> AgentReport | None:
+    """When the instance type is known, an impossible layout is refused without opening NVML."""
+    if ctx.instance_type is None:
+        return None
+    started = _now()
+    try:
+        validate_layout(ctx.instance_type, spec)
+    except CalqueError as exc:
+        return _report(ctx, verb, started, [], ok=False, error=_error(exc), spec=spec, slices=[])
+    return None
+
+
 def do_apply(ctx: Context, spec: LayoutSpec) -> AgentReport:
+    refused = _refuse_impossible(ctx, "apply", spec)
+    if refused is not None:
+        return refused
+
     def body(t: datetime) -> AgentReport:
         result = apply(ctx.backend, spec)
         error = _error(result.error) if result.error else None
