@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from calque import catalog
+from calque.catalog.planner import place_mig
+from calque.contracts.layout import parse_layout
+from calque.errors import InvalidInput
 from host_agent import errors as e
+from host_agent.converge import apply
 from host_agent.fake import FakeGpuBackend
 
 pytestmark = pytest.mark.unit
@@ -150,3 +157,38 @@ def test_mps_daemon_is_modelled_per_gpu():
         assert not b.mps.status(b.gpu(1)).running
         b.mps.stop(b.gpu(2))
         assert not b.mps.status(b.gpu(2)).running
+
+
+H100 = [p.name for p in catalog.card("H100 80GB").mig_profiles]
+RTX6000 = [p.name for p in catalog.card("RTX PRO 6000 Blackwell Server Edition").mig_profiles]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([("p5.48xlarge", H100), ("g7e.2xlarge", RTX6000)]).flatmap(
+        lambda t: st.tuples(
+            st.just(t[0]), st.dictionaries(st.sampled_from(t[1]), st.integers(1, 4), max_size=3)
+        )
+    )
+)
+def test_the_fake_takes_exactly_the_mixes_the_planner_places(case):
+    # Given any mix of a card's profiles
+    itype, mix = case
+    card = catalog.instance_type(itype).card
+    try:
+        place_mig(card, mix)
+        fits = True
+    except InvalidInput:
+        fits = False
+    # When the agent applies it to a fresh fake GPU
+    b = FakeGpuBackend.for_instance_type(itype)
+    spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": mix}]})
+    try:
+        with b.session():
+            result = apply(b, spec)
+        applied = result.ok
+    except InvalidInput:
+        applied = False
+        assert b.mutating_calls == 0
+    # Then the fake's NVML rules accept it exactly when the planner found placements
+    assert applied == fits
