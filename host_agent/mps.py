@@ -46,7 +46,7 @@ class SubprocessMps:
         try:
             return subprocess.run(
                 argv,
-                input=command,
+                input=command or "",
                 env=self._env(gpu),
                 capture_output=True,
                 text=True,
