@@ -138,6 +138,14 @@ def _check_mps(card: Card, mps: MpsSpec, where: str) -> None:
             f"{card.name}'s {card_mib} MiB",
             details={"field": f"{where}.pinned_memory_limit_mib", "max": card_mib},
         )
+    # Each slot promises its memory to a tenant: the promises must fit the card together.
+    # (Thread percentages may add up past 100: SMs are shared in time, memory is not.)
+    if mps.pinned_memory_limit_mib is not None and mps.pinned_memory_limit_mib * mps.clients > card_mib:
+        raise InvalidInput(
+            f"{where}: {mps.clients} clients x {mps.pinned_memory_limit_mib} MiB is more than the "
+            f"{card.name}'s {card_mib} MiB",
+            details={"field": f"{where}.pinned_memory_limit_mib", "max": card_mib // mps.clients},
+        )
 
 
 def validate_layout(instance_type: str | InstanceType, spec: LayoutSpec) -> None:

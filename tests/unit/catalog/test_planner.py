@@ -69,6 +69,11 @@ def test_mps_and_exclusive_slices():
             {"devices": "all", "mps": {"clients": 2, "pinned_memory_limit_mib": 60000}},
             "more than",
         ),
+        (
+            "g6e.xlarge",
+            {"devices": "all", "mps": {"clients": 4, "pinned_memory_limit_mib": 13000}},
+            "4 clients x",
+        ),
         ("p5.48xlarge", {"devices": [8], "exclusive": True}, "has 8 GPU"),
         ("p5.48xlarge", {"devices": "all", "mig": {"1g.18gb": 1}}, "1g.10gb"),
     ],
