@@ -77,14 +77,18 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
     if v.mps.running and not mps_ok:
         steps.append(
             Step(
-                "mps-stop", i, f"stop the MPS control daemon on GPU {i}", lambda: backend.mps.stop(info), True
+                "mps-stop",
+                i,
+                f"stop the MPS control daemon on GPU {i}",
+                lambda: backend.mps.stop(info),
+                needs_idle_gpu=True,
             )
         )
 
     if info.mig_capable:
         mode_ok = info.mig_current == mig_wanted and info.mig_pending == mig_wanted
         if not mig_wanted and v.instances:
-            steps.extend(_destroy(backend, i, v.instances, all_of_gpu=True))
+            steps.extend(_destroy(backend, i, v.instances))
         if not mode_ok:
             if info.mig_pending != mig_wanted:
                 steps.append(
@@ -93,7 +97,7 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
                         i,
                         f"turn {'on' if mig_wanted else 'off'} MIG mode on GPU {i}",
                         lambda: backend.set_mig_mode(i, mig_wanted),
-                        True,
+                        needs_idle_gpu=True,
                     )
                 )
             steps.append(
@@ -102,7 +106,7 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
                     i,
                     f"reset GPU {i} to apply its pending MIG mode",
                     lambda: _reset_if_pending(backend, i),
-                    True,
+                    needs_idle_gpu=True,
                 )
             )
 
@@ -135,9 +139,7 @@ def _reset_if_pending(backend: GpuBackend, index: int) -> str:
     return f"MIG mode change on GPU {index} took effect without a reset"
 
 
-def _destroy(
-    backend: GpuBackend, i: int, instances: list[GpuInstanceInfo], *, all_of_gpu: bool
-) -> list[Step]:
+def _destroy(backend: GpuBackend, i: int, instances: list[GpuInstanceInfo]) -> list[Step]:
     out = []
     for gi in instances:
         devices = (gi.device_uuid,) if gi.device_uuid else ()
@@ -179,7 +181,7 @@ def _instance_steps(backend: GpuBackend, v: GpuView, wanted: dict[str, int], *, 
         # What is kept blocks the rest: start this GPU's instances over.
         drop, keep = current, []
         placed = place_mig(card, wanted)
-    steps = _destroy(backend, i, drop, all_of_gpu=False)
+    steps = _destroy(backend, i, drop)
     profiles = {p.name: p for p in card.mig_profiles}
     for gi in keep:
         if not gi.compute_instances:
