@@ -145,3 +145,64 @@ class MotoClients:
                     service, endpoint_url=self.endpoint, config=self._config
                 )
             return self._clients[service]
+
+
+class CommandRecords:
+    """Keeps moto's record of an SSM command true to what the executor did.
+
+    moto marks every command ``Success`` on every EC2 instance it knows of; the plane
+    narrows a command to the instances it really targeted and writes each one's real
+    status, exit code and output, so ``GetCommandInvocation`` tells what happened."""
+
+    OUTPUT_LIMIT = 24000  # SSM keeps this much of each stream in the API answer
+
+    def __init__(self, account: str, region: str):
+        self.account = account
+        self.region = region
+
+    def _command(self, command_id: str) -> Any:
+        from moto.ssm.models import ssm_backends
+
+        return ssm_backends[self.account][self.region].get_command_by_id(command_id)
+
+    def targeted(self, command_id: str, instance_ids: list[str]) -> None:
+        command = self._command(command_id)
+        by_id = {i["InstanceId"]: i for i in command.invocations}
+        command.instance_ids = list(instance_ids)
+        command.invocations = [
+            {
+                **by_id.get(i, command.invocation_response(i, "aws:runShellScript")),
+                "Status": "Pending",
+                "StatusDetails": "Pending",
+                "ResponseCode": -1,
+            }
+            for i in instance_ids
+        ]
+        command.target_count = len(instance_ids)
+        command.completed_count = 0
+        command.status = command.status_details = "Pending" if instance_ids else "Success"
+
+    def finished(
+        self, command_id: str, instance_id: str, *, status: str, rc: int | None, stdout: str, stderr: str
+    ) -> None:
+        command = self._command(command_id)
+        command.invocations = [
+            {
+                **i,
+                "Status": status,
+                "StatusDetails": status,
+                "ResponseCode": -1 if rc is None else rc,
+                "StandardOutputContent": stdout[: self.OUTPUT_LIMIT],
+                "StandardErrorContent": stderr[: self.OUTPUT_LIMIT],
+            }
+            if i["InstanceId"] == instance_id
+            else i
+            for i in command.invocations
+        ]
+        done = [i for i in command.invocations if i["Status"] not in ("Pending", "InProgress")]
+        command.completed_count = len(done)
+        command.error_count = sum(1 for i in done if i["Status"] != "Success")
+        if len(done) == len(command.invocations):
+            command.status = command.status_details = "Failed" if command.error_count else "Success"
+        else:
+            command.status = command.status_details = "InProgress"

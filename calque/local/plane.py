@@ -78,7 +78,7 @@ class LocalPlane:
         from calque.local.bootstrap import create_all
         from calque.local.front import Front
         from calque.local.functions import Functions
-        from calque.local.moto_server import MotoClients, MotoServer
+        from calque.local.moto_server import CommandRecords, MotoClients, MotoServer
         from calque.local.ssm_executor import DEFAULT_AGENT, SsmExecutor
 
         self._lock_handle = self.state.acquire_plane_lock()
@@ -114,6 +114,7 @@ class LocalPlane:
                 region=self.region,
                 agent_argv=self.agent_argv or DEFAULT_AGENT,
                 ec2=clients.client("ec2"),
+                records=CommandRecords(self.account, self.region),
             )
             self._start_pollers(clients)
             self._start_timers()

@@ -47,6 +47,7 @@ class SsmExecutor:
         agent_argv: Sequence[str] = DEFAULT_AGENT,
         timeout_s: float = 600,
         ec2: Any = None,
+        records: Any = None,
     ):
         self.state = state
         self.document_name = document_name
@@ -55,6 +56,7 @@ class SsmExecutor:
         self.agent_argv = list(agent_argv)
         self.timeout_s = timeout_s
         self.ec2 = ec2
+        self.records = records  # moto's own command records, kept true (CommandRecords), when in-process
         self._queues: dict[str, queue.Queue[tuple[str, dict[str, list[str]]] | None]] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -68,7 +70,10 @@ class SsmExecutor:
         if not command_id:
             return
         params = {k: list(v) for k, v in (request.get("Parameters") or {}).items()}
-        for instance_id in self._targets(request):
+        targets = self._targets(request)
+        if self.records is not None:
+            self.records.targeted(command_id, targets)
+        for instance_id in targets:
             self._queue_for(instance_id).put((command_id, params))
 
     def _targets(self, request: dict[str, Any]) -> list[str]:
@@ -191,6 +196,18 @@ class SsmExecutor:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=2))
         os.replace(tmp, path)
+        if self.records is not None:
+            try:
+                self.records.finished(
+                    command_id,
+                    instance_id,
+                    status=record["status"],
+                    rc=record.get("rc"),
+                    stdout=record.get("stdout", ""),
+                    stderr=record.get("stderr") or record.get("reason", ""),
+                )
+            except Exception:
+                log.exception("SSM %s: could not update moto's record", command_id)
         log.info("SSM %s on %s: %s", command_id, instance_id, record["status"])
         return record
 

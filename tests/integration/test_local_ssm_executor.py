@@ -14,7 +14,7 @@ import pytest
 from calque import resources
 from calque.local.bootstrap import create_all
 from calque.local.hosts import launch
-from calque.local.moto_server import MotoClients, MotoServer
+from calque.local.moto_server import CommandRecords, MotoClients, MotoServer
 from calque.local.ssm_executor import SsmExecutor
 from calque.local.state import StateDir
 
@@ -55,6 +55,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         region=REGION,
         agent_argv=[sys.executable, str(agent)],
         ec2=clients.client("ec2"),
+        records=CommandRecords("123456789012", REGION),
     )
     holder["executor"] = executor
     yield state, clients, made
@@ -110,6 +111,13 @@ def test_a_command_runs_the_agent_on_its_simulated_host_as_that_instance(world):
     # And nothing ran on the other host (moto itself would list every instance)
     time.sleep(0.5)
     assert not (state.ssm_dir / command_id / f"{other.instance_id}.json").exists()
+    # And SSM's own record tells what really happened, for the targeted instance only
+    ssm = clients.client("ssm")
+    assert ssm.list_commands(CommandId=command_id)["Commands"][0]["InstanceIds"] == [host.instance_id]
+    invocation = ssm.get_command_invocation(CommandId=command_id, InstanceId=host.instance_id)
+    assert invocation["Status"] == "Success"
+    assert invocation["ResponseCode"] == 0
+    assert json.loads(invocation["StandardOutputContent"])["profile"] == host.instance_id
 
 
 def test_a_reclaim_passes_its_slice(world):
