@@ -107,16 +107,39 @@ class PipInstall:
 
     @property
     def fingerprint(self) -> str:
-        return _fingerprint(["pip", _BUNDLER_VERSION, self.platform, self.python_version,
-                             self.target_subdir, *sorted(self.requirements), "--", *sorted(self.exclude)])
+        return _fingerprint(
+            [
+                "pip",
+                _BUNDLER_VERSION,
+                self.platform,
+                self.python_version,
+                self.target_subdir,
+                *sorted(self.requirements),
+                "--",
+                *sorted(self.exclude),
+            ]
+        )
 
     def build(self, out: Path) -> None:
         target = out / self.target_subdir
         command = [
-            sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-            "--no-compile", "--no-input", "--target", str(target),
-            "--platform", self.platform, "--implementation", "cp",
-            "--python-version", self.python_version, "--only-binary=:all:",
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-compile",
+            "--no-input",
+            "--target",
+            str(target),
+            "--platform",
+            self.platform,
+            "--implementation",
+            "cp",
+            "--python-version",
+            self.python_version,
+            "--only-binary=:all:",
             *self.requirements,
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -188,8 +211,12 @@ class AssetSource:
     bundling: BundlingOptions
 
     def as_kwargs(self) -> dict[str, Any]:
-        return {"path": self.path, "asset_hash": self.asset_hash,
-                "asset_hash_type": self.asset_hash_type, "bundling": self.bundling}
+        return {
+            "path": self.path,
+            "asset_hash": self.asset_hash,
+            "asset_hash_type": self.asset_hash_type,
+            "bundling": self.bundling,
+        }
 
 
 def local_asset(

@@ -55,7 +55,8 @@ class DeploymentConfig:
         return cls(
             admins=_split_admins(node.try_get_context(constants.CONTEXT_ADMINS)),
             session_ttl_max_s=(
-                None if ttl_max in (None, "")
+                None
+                if ttl_max in (None, "")
                 else parse_duration_s(ttl_max, key=constants.CONTEXT_SESSION_TTL_MAX, minimum_s=10)
             ),
             bundle_cache_dir=Path(cache) if cache else project_root / ".bundle-cache",

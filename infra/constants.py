@@ -26,9 +26,14 @@ OUTPUT_HOST_ROLE_NAME: Final = "HostRoleName"
 OUTPUT_HOST_INSTANCE_PROFILE_NAME: Final = "HostInstanceProfileName"
 
 
+def pascal_case(identifier: str) -> str:
+    """``host_tasks`` -> ``HostTasks``: resource ids from calque.resources as construct ids."""
+    return "".join(part.capitalize() for part in identifier.split("_"))
+
+
 def queue_url_output(queue: QueueDef) -> str:
     """``host_tasks`` -> ``HostTasksQueueUrl``: one output per queue in calque.resources."""
-    return "".join(part.capitalize() for part in queue.id.split("_")) + "QueueUrl"
+    return pascal_case(queue.id) + "QueueUrl"
 
 
 # CDK context keys an admin sets with `-c key=value` (or in cdk.json).

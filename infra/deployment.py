@@ -44,13 +44,19 @@ def build(app: App, *, project_root: Path = PROJECT_ROOT) -> Deployment:
     config = DeploymentConfig.from_context(app.node, project_root=project_root)
     env = _environment()
     stateful = StatefulStack(
-        app, constants.STATEFUL_STACK_NAME, env=env,
+        app,
+        constants.STATEFUL_STACK_NAME,
+        env=env,
         description="calque control plane: registry table and artifact bucket (retained on delete)",
     )
     service = ServiceStack(
-        app, constants.SERVICE_STACK_NAME, env=env,
+        app,
+        constants.SERVICE_STACK_NAME,
+        env=env,
         description="calque control plane: API, functions, queues, schedules, host agent",
-        registry=stateful.registry, bucket=stateful.bucket, config=config, project_root=project_root,
+        registry=stateful.registry,
+        config=config,
+        project_root=project_root,
     )
     add_checks(app)
     return Deployment(stateful=stateful, service=service)

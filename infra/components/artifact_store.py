@@ -29,8 +29,9 @@ class ArtifactStore(Construct):
             "AccessLogs",
             encryption=s3.BucketEncryption.S3_MANAGED,
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            lifecycle_rules=[s3.LifecycleRule(expiration=log_retention,
-                                              noncurrent_version_expiration=Duration.days(7))],
+            lifecycle_rules=[
+                s3.LifecycleRule(expiration=log_retention, noncurrent_version_expiration=Duration.days(7))
+            ],
             **common,
         )
         acknowledge(
@@ -46,8 +47,11 @@ class ArtifactStore(Construct):
             server_access_logs_bucket=self.log_bucket,
             server_access_logs_prefix="artifacts/",
             # Overwritten manifests and results stay recoverable for a while, not forever.
-            lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30),
-                                              abort_incomplete_multipart_upload_after=Duration.days(7))],
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    noncurrent_version_expiration=Duration.days(30),
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            ],
             **common,
         )
-

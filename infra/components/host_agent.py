@@ -110,8 +110,16 @@ class HostAgent(Construct):
         linux = {"StringEquals": ["platformType", "Linux"]}
         bundle_url = Fn.join(
             "",
-            ["https://", self.bundle.s3_bucket_name, ".s3.", Aws.REGION, ".", Aws.URL_SUFFIX, "/",
-             self.bundle.s3_object_key],
+            [
+                "https://",
+                self.bundle.s3_bucket_name,
+                ".s3.",
+                Aws.REGION,
+                ".",
+                Aws.URL_SUFFIX,
+                "/",
+                self.bundle.s3_object_key,
+            ],
         )
         return ssm.CfnDocument(
             self,

@@ -18,8 +18,7 @@ def lambda_architecture() -> lambda_.Architecture:
 
 
 def lambda_runtime() -> lambda_.Runtime:
-    return lambda_.Runtime(f"python{constants.LAMBDA_PYTHON_VERSION}", lambda_.RuntimeFamily.PYTHON,
-                           supports_code_guru_profiling=True)
+    return lambda_.Runtime(f"python{constants.LAMBDA_PYTHON_VERSION}", lambda_.RuntimeFamily.PYTHON)
 
 
 class PythonPackaging(Construct):
@@ -51,8 +50,9 @@ class PythonPackaging(Construct):
             self,
             "Dependencies",
             code=lambda_.Code.from_asset(
-                **local_asset(name="layer", recipe=dependencies, source=project_root,
-                              cache_dir=cache_dir).as_kwargs()
+                **local_asset(
+                    name="layer", recipe=dependencies, source=project_root, cache_dir=cache_dir
+                ).as_kwargs()
             ),
             compatible_runtimes=[self.runtime],
             compatible_architectures=[self.architecture],
@@ -60,6 +60,10 @@ class PythonPackaging(Construct):
             f"{constants.LAMBDA_PIP_PLATFORM}, Python {constants.LAMBDA_PYTHON_VERSION})",
         )
         self.code = lambda_.Code.from_asset(
-            **local_asset(name="code", recipe=CopyPackages(root=project_root, packages=packages),
-                          source=project_root, cache_dir=cache_dir).as_kwargs()
+            **local_asset(
+                name="code",
+                recipe=CopyPackages(root=project_root, packages=packages),
+                source=project_root,
+                cache_dir=cache_dir,
+            ).as_kwargs()
         )

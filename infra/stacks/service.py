@@ -14,7 +14,6 @@ from typing import Any
 from aws_cdk import Annotations, CfnOutput, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from calque import resources
@@ -42,10 +41,6 @@ class _Binding:
     grant: Callable[[iam.IGrantable], Any] | None = None
 
 
-def _pascal(identifier: str) -> str:
-    return "".join(part.capitalize() for part in identifier.split("_"))
-
-
 class ServiceStack(Stack):
     def __init__(
         self,
@@ -53,23 +48,28 @@ class ServiceStack(Stack):
         construct_id: str,
         *,
         registry: RegistryTable,
-        bucket: s3.IBucket,
         config: DeploymentConfig,
         project_root: Path,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.registry = registry
-        self.bucket = bucket
         packaging = PythonPackaging(
-            self, "Packaging", project_root=project_root, packages=_LAMBDA_PACKAGES,
+            self,
+            "Packaging",
+            project_root=project_root,
+            packages=_LAMBDA_PACKAGES,
             cache_dir=config.bundle_cache_dir,
         )
         common_env = self._common_environment(config)
         self.functions = {
             definition.id: ServiceFunction(
-                self, f"{_pascal(definition.id)}Function", definition=definition, packaging=packaging,
-                environment=common_env, log_retention=_LOG_RETENTION,
+                self,
+                f"{constants.pascal_case(definition.id)}Function",
+                definition=definition,
+                packaging=packaging,
+                environment=common_env,
+                log_retention=_LOG_RETENTION,
             )
             for definition in resources.FUNCTIONS
         }
@@ -78,20 +78,27 @@ class ServiceStack(Stack):
         )
         self.queues = {
             queue.id: WorkQueue(
-                self, f"{_pascal(queue.id)}Queue", definition=queue,
+                self,
+                f"{constants.pascal_case(queue.id)}Queue",
+                definition=queue,
                 consumer=self.functions[queue.consumer].function,
             )
             for queue in resources.QUEUES
         }
         self.schedules = {
             schedule.id: Schedule(
-                self, f"{_pascal(schedule.id)}Schedule", definition=schedule,
+                self,
+                f"{constants.pascal_case(schedule.id)}Schedule",
+                definition=schedule,
                 target=self.functions[schedule.target].function,
             )
             for schedule in resources.SCHEDULES
         }
         self.host_agent = HostAgent(
-            self, "HostAgent", project_root=project_root, cache_dir=config.bundle_cache_dir,
+            self,
+            "HostAgent",
+            project_root=project_root,
+            cache_dir=config.bundle_cache_dir,
             report_endpoint=self.api.url,
         )
         self.api.grant_invoke(
@@ -145,20 +152,34 @@ class ServiceStack(Stack):
             service_function = self.functions[function_id]
             for name in wiring:
                 if name not in bindings:
-                    raise KeyError(f"FUNCTION_WIRING[{function_id!r}] names {name!r}, which the "
-                                   f"service stack does not provide (known: {sorted(bindings)})")
+                    raise KeyError(
+                        f"FUNCTION_WIRING[{function_id!r}] names {name!r}, which the "
+                        f"service stack does not provide (known: {sorted(bindings)})"
+                    )
                 binding = bindings[name]
                 service_function.add_environment(binding.environment)
                 if binding.grant is not None:
                     binding.grant(service_function.function)
+
     def _outputs(self) -> None:
-        CfnOutput(self, constants.OUTPUT_API_ENDPOINT, value=self.api.url,
-                  description="The calque API (IAM/SigV4 authorization)")
+        CfnOutput(
+            self,
+            constants.OUTPUT_API_ENDPOINT,
+            value=self.api.url,
+            description="The calque API (IAM/SigV4 authorization)",
+        )
         for queue in resources.QUEUES:
             CfnOutput(self, constants.queue_url_output(queue), value=self.queues[queue.id].queue.queue_url)
-        CfnOutput(self, constants.OUTPUT_SSM_DOCUMENT_NAME, value=self.host_agent.document_name,
-                  description="SSM Command document that runs the host agent")
+        CfnOutput(
+            self,
+            constants.OUTPUT_SSM_DOCUMENT_NAME,
+            value=self.host_agent.document_name,
+            description="SSM Command document that runs the host agent",
+        )
         CfnOutput(self, constants.OUTPUT_HOST_ROLE_NAME, value=self.host_agent.role.role_name)
-        CfnOutput(self, constants.OUTPUT_HOST_INSTANCE_PROFILE_NAME,
-                  value=self.host_agent.instance_profile.instance_profile_name,
-                  description="Instance profile for GPU hosts the control plane manages")
+        CfnOutput(
+            self,
+            constants.OUTPUT_HOST_INSTANCE_PROFILE_NAME,
+            value=self.host_agent.instance_profile.instance_profile_name,
+            description="Instance profile for GPU hosts the control plane manages",
+        )

@@ -22,7 +22,12 @@ class StatefulStack(Stack):
         self.artifacts = ArtifactStore(self, "Artifacts", log_retention=Duration.days(365))
         self.table = self.registry.table
         self.bucket = self.artifacts.bucket
-        CfnOutput(self, constants.OUTPUT_TABLE_NAME, value=self.table.table_name,
-                  description="The registry table")
-        CfnOutput(self, constants.OUTPUT_BUCKET_NAME, value=self.bucket.bucket_name,
-                  description="Pool manifests and results")
+        CfnOutput(
+            self, constants.OUTPUT_TABLE_NAME, value=self.table.table_name, description="The registry table"
+        )
+        CfnOutput(
+            self,
+            constants.OUTPUT_BUCKET_NAME,
+            value=self.bucket.bucket_name,
+            description="Pool manifests and results",
+        )

@@ -25,12 +25,19 @@ def _synth_packaging(outdir: Path, cache_dir: Path) -> list[Path]:
     context.pop("aws:cdk:bundling-stacks")  # this test really bundles
     app = App(context=context, outdir=str(outdir))
     stack = Stack(app, "Packaging")
-    packaging = PythonPackaging(stack, "Python", project_root=PROJECT_ROOT, packages=("calque", "functions"),
-                                cache_dir=cache_dir)
+    packaging = PythonPackaging(
+        stack, "Python", project_root=PROJECT_ROOT, packages=("calque", "functions"), cache_dir=cache_dir
+    )
     # A layer and code are only staged when something uses them.
-    lambda_.Function(stack, "Fn", runtime=packaging.runtime, architecture=packaging.architecture,
-                     handler=resources.FUNCTIONS[0].handler, code=packaging.code,
-                     layers=[packaging.dependencies_layer])
+    lambda_.Function(
+        stack,
+        "Fn",
+        runtime=packaging.runtime,
+        architecture=packaging.architecture,
+        handler=resources.FUNCTIONS[0].handler,
+        code=packaging.code,
+        layers=[packaging.dependencies_layer],
+    )
     app.synth()
     return sorted(p for p in outdir.iterdir() if p.name.startswith("asset.") and p.is_dir())
 

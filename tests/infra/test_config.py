@@ -19,8 +19,9 @@ class _Node:
         return self._context.get(key)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("2h", 7200), ("7d", 604800),
-                                                ("3600", 3600), (600, 600)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90), ("15m", 900), ("2h", 7200), ("7d", 604800), ("3600", 3600), (600, 600)]
+)
 def test_durations_read_as_seconds(text, seconds) -> None:
     assert parse_duration_s(text, key="k") == seconds
 

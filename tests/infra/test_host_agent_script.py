@@ -50,8 +50,12 @@ def _run(
 ) -> subprocess.CompletedProcess:
     lines = run_agent_script(version="v1", download_dir=str(host / "downloads"), root=str(host / "agent"))
     script = "\n".join(lines)
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AWS_SSM_INSTANCE_ID": "i-0abc",
-           "CALQUE_TEST_RECORD": str(tmp_path / "record.json")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "AWS_SSM_INSTANCE_ID": "i-0abc",
+        "CALQUE_TEST_RECORD": str(tmp_path / "record.json"),
+    }
     for name, value in values.items():
         if env_interpolation and name != P.verb:
             env[f"SSM_{name}"] = value
@@ -60,8 +64,9 @@ def _run(
     # What SSM Agent pastes for a parameter it did not receive: its default.
     for name in (P.spec, P.slice_id, P.report_to):
         script = script.replace("{{ " + name + " }}", "")
-    return subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("env_interpolation", [True, False], ids=["env-vars", "old-agent-pasting"])
@@ -74,7 +79,11 @@ def test_apply_passes_the_spec_intact_and_runs_nothing_else(host, tmp_path, env_
     assert result.returncode == 0, result.stderr
     record = json.loads((tmp_path / "record.json").read_text())
     assert record["args"][:5] == [
-        "--instance-id", "i-0abc", "--report-to", "https://api.example/prod/", "apply"
+        "--instance-id",
+        "i-0abc",
+        "--report-to",
+        "https://api.example/prod/",
+        "apply",
     ]
     assert record["args"][5] == "--spec"
     # And the spec reaches it byte for byte, with nothing in it executed

@@ -60,10 +60,14 @@ def test_every_api_method_requires_iam_authorization(synthesized: Synthesized) -
     # Then each one demands a SigV4-signed caller
     assert {m["Properties"]["AuthorizationType"] for m in methods} == {"AWS_IAM"}
     template = synthesized.service_json
-    (proxy,) = [r for r in resources_of(template, "AWS::ApiGateway::Resource")
-                if r["Properties"]["PathPart"] == "{proxy+}"]
-    resource_ids = [json.dumps(m["Properties"]["ResourceId"]) for m in methods
-                    if m["Properties"]["HttpMethod"] == "ANY"]
+    (proxy,) = [
+        r
+        for r in resources_of(template, "AWS::ApiGateway::Resource")
+        if r["Properties"]["PathPart"] == "{proxy+}"
+    ]
+    resource_ids = [
+        json.dumps(m["Properties"]["ResourceId"]) for m in methods if m["Properties"]["HttpMethod"] == "ANY"
+    ]
     assert json.dumps({"Ref": _logical_id_of(template, proxy)}) in resource_ids
     assert any("RootResourceId" in r for r in resource_ids)
 
@@ -256,8 +260,9 @@ def test_host_role_has_only_what_the_agent_needs(synthesized: Synthesized) -> No
     role_id, role = _host_role(template)
     # Then it is SSM-managed
     assert "AmazonSSMManagedInstanceCore" in json.dumps(role["Properties"]["ManagedPolicyArns"])
-    policies = [p for p in resources_of(template, "AWS::IAM::Policy")
-                if {"Ref": role_id} in p["Properties"]["Roles"]]
+    policies = [
+        p for p in resources_of(template, "AWS::IAM::Policy") if {"Ref": role_id} in p["Properties"]["Roles"]
+    ]
     statements = [s for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"]]
     # And beyond that may read one object (its bundle) and invoke only the report route
     assert sorted(s["Action"] for s in statements) == ["execute-api:Invoke", "s3:GetObject"]

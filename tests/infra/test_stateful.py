@@ -28,7 +28,8 @@ def test_registry_table_matches_its_python_definition(synthesized: Synthesized) 
         {"AttributeName": REGISTRY_TABLE.sort_key, "KeyType": "RANGE"},
     ]
     assert props["TimeToLiveSpecification"] == {
-        "AttributeName": REGISTRY_TABLE.ttl_attribute, "Enabled": True
+        "AttributeName": REGISTRY_TABLE.ttl_attribute,
+        "Enabled": True,
     }
     indexes = {ix["IndexName"]: ix for ix in props["GlobalSecondaryIndexes"]}
     assert set(indexes) == {ix.name for ix in REGISTRY_TABLE.indexes}
@@ -59,8 +60,10 @@ def test_every_bucket_is_private_encrypted_versioned_and_retained(synthesized: S
         props = bucket["Properties"]
         # Then none can be made public, all are encrypted and versioned, and deletion keeps them
         assert props["PublicAccessBlockConfiguration"] == {
-            "BlockPublicAcls": True, "BlockPublicPolicy": True,
-            "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+            "BlockPublicAcls": True,
+            "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True,
+            "RestrictPublicBuckets": True,
         }
         assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
         assert props["VersioningConfiguration"] == {"Status": "Enabled"}
@@ -69,8 +72,11 @@ def test_every_bucket_is_private_encrypted_versioned_and_retained(synthesized: S
 
 def test_artifact_bucket_logs_its_access_to_the_log_bucket(synthesized: Synthesized) -> None:
     # Given the bucket that holds pool manifests and results
-    logged = [b for b in resources_of(synthesized.stateful_json, "AWS::S3::Bucket")
-              if "LoggingConfiguration" in b["Properties"]]
+    logged = [
+        b
+        for b in resources_of(synthesized.stateful_json, "AWS::S3::Bucket")
+        if "LoggingConfiguration" in b["Properties"]
+    ]
     # Then exactly it sends server access logs, to the other bucket of the stack
     assert len(logged) == 1
     target = logged[0]["Properties"]["LoggingConfiguration"]["DestinationBucketName"]
