@@ -127,6 +127,8 @@ class NvmlBackend:
                     continue
                 raise e.from_nvml(exc.value, f"GPU instance profile {pid} of GPU {index}") from None
             name = _profile_name(self._s(info.name), info.sliceCount, info.memorySizeMB)
+            if name in out:
+                continue  # the first (plainest) profile id keeps a name
             placements = self._placements(h, info.id)
             out[name] = ProfileInfo(
                 name=name,
@@ -368,7 +370,7 @@ class NvmlBackend:
 
 def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
     """ "MIG 1g.10gb" -> "1g.10gb"; older drivers leave the name empty: build it as nvidia-smi does."""
-    m = re.search(r"(\d+g\.\d+gb(?:\+\w+)?)", nvml_name)
+    m = re.search(r"(\d+g\.\d+gb(?:[+-][\w.+-]+)?)", nvml_name)
     if m:
         return m.group(1)
     return f"{slices}g.{round(memory_mb / 1024)}gb"

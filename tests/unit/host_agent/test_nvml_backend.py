@@ -145,6 +145,7 @@ def test_processes_on_mig_devices_are_attributed_to_their_slice(stub):
     [
         ("MIG 1g.10gb", 1, 9856, "1g.10gb"),
         ("MIG 1g.18gb+me", 1, 16384, "1g.18gb+me"),
+        ("MIG 1g.23gb-me", 1, 23552, "1g.23gb-me"),
         ("", 3, 40192, "3g.39gb"),
     ],
 )
