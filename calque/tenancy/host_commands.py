@@ -11,7 +11,7 @@ from calque.resources import SSM_DOCUMENT_PARAMETERS
 
 def command_parameters(task: ApplyTask | ReclaimTask, report_to: str) -> dict[str, list[str]]:
     p = SSM_DOCUMENT_PARAMETERS
-    params = {p.verb: [task.kind], p.report_to: [report_to]}
+    params: dict[str, list[str]] = {p.verb: [str(task.kind)], p.report_to: [report_to]}
     if isinstance(task, ApplyTask):
         params[p.spec] = [json.dumps(task.spec, separators=(",", ":"))]
     else:

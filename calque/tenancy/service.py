@@ -663,7 +663,7 @@ class Tenancy:
         expires_at: datetime | None = None,
     ) -> LeaseEvent:
         return LeaseEvent(
-            kind=kind,  # type: ignore[arg-type]
+            kind=kind,
             at=at,
             who=who,
             why=why,
@@ -719,7 +719,7 @@ class Tenancy:
             expires_at=s.expires_at,
             created_at=s.created_at,
             ended_at=s.ended_at,
-            end_reason=s.end_reason,  # type: ignore[arg-type]
+            end_reason=s.end_reason,
             env=s.env,
         )
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
 from pydantic import Json
 
@@ -24,7 +25,7 @@ metrics = observability.metrics("host_tasks")
 
 
 class HostTaskRecord(SqsRecordModel):
-    body: Json[HostTask]  # type: ignore[type-arg]
+    body: Json[HostTask]
 
 
 processor = BatchProcessor(event_type=EventType.SQS, model=HostTaskRecord)
@@ -45,7 +46,7 @@ def record_handler(record: HostTaskRecord) -> str:
 
 
 @observability.instrumented("host_tasks")
-def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def lambda_handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
     return process_partial_response(
         event=event, record_handler=record_handler, processor=processor, context=context
     )
