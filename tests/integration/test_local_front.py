@@ -165,3 +165,26 @@ def test_a_second_plane_on_the_same_state_dir_is_refused(local_plane):
     assert done.returncode == 1
     assert "already runs" in done.stderr
     assert (local_plane.state_dir / "plane.json").exists()  # the running plane is untouched
+
+
+def test_concurrent_callers_each_see_themselves(local_plane):
+    import threading
+
+    # Given many requests at once from different people
+    seen: list[tuple[str, int, str | None]] = []
+    lock = threading.Lock()
+
+    def call(profile: str) -> None:
+        for _ in range(5):
+            resp = local_plane.request("GET", "/v1/whoami", profile=profile)
+            with lock:
+                seen.append((profile, resp.status, (resp.json() or {}).get("principal")))
+
+    threads = [threading.Thread(target=call, args=(p,)) for p in ["alice", "bob", "carol", "admin"] * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Then every answer is a success naming exactly the caller who signed it
+    assert len(seen) == 80
+    assert all(status == 200 and principal == profile for profile, status, principal in seen), seen[:5]
