@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import random
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from calque import catalog
 from calque.catalog import planner
 from calque.contracts.agent import AgentReport
 from calque.contracts.tenancy import (
+    INSTANCE_ID_PATTERN,
+    SESSION_ID_PATTERN,
+    USER_PATTERN,
     ApplyTask,
     CheckinRequest,
     CheckoutRequest,
@@ -452,6 +456,7 @@ class Tenancy:
     # ---- quotas ---------------------------------------------------------------------------------
 
     def set_quota(self, who: Caller, user: str, req: QuotaUpdate) -> Quota:
+        self._check_user(user)
         self.registry.put_quota(
             user,
             max_sessions=req.max_sessions,
@@ -463,6 +468,7 @@ class Tenancy:
 
     def get_quota(self, who: Caller, user: str) -> Quota:
         user = who.principal if user == "me" else user
+        self._check_user(user)
         if user != who.principal and not who.admin:
             raise Forbidden("members may read only their own quota", details={"field": "user"})
         now = self.clock()
@@ -487,10 +493,16 @@ class Tenancy:
     # ---- internals ------------------------------------------------------------------------------
 
     def _host(self, instance_id: str) -> HostRecord:
-        host = self.registry.get_host(instance_id)
+        # An id that cannot exist is unknown, without asking the registry (keys have size limits).
+        host = self.registry.get_host(instance_id) if re.fullmatch(INSTANCE_ID_PATTERN, instance_id) else None
         if host is None:
             raise NotFound(f"no host {instance_id} is registered", details={"instance_id": instance_id})
         return host
+
+    @staticmethod
+    def _check_user(user: str) -> None:
+        if not re.fullmatch(USER_PATTERN, user):
+            raise InvalidInput(f"{user[:64]!r} is not a user name", details={"field": "user"})
 
     def _move_host(
         self, instance_id: str, state: str, reason: str | None, at: datetime, expect: set[str]
@@ -585,7 +597,8 @@ class Tenancy:
         return out
 
     def _visible_session(self, who: Caller, session_id: str) -> SessionRecord:
-        session = self.registry.get_session(session_id)
+        known = re.fullmatch(SESSION_ID_PATTERN, session_id)
+        session = self.registry.get_session(session_id) if known else None
         if session is None or (session.user != who.principal and not who.admin):
             raise NotFound(f"no session {session_id}", details={"session_id": session_id})
         return session

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.params import Body
 from aws_lambda_powertools.metrics import MetricUnit
 
 from calque.contracts.agent import AgentReport
@@ -38,8 +41,9 @@ def show_host(instance_id: str) -> Host:
 
 
 @router.post("/hosts/<instance_id>/drain")
-def drain_host(instance_id: str, body: DrainRequest) -> Host:
+def drain_host(instance_id: str, body: Annotated[DrainRequest | None, Body()] = None) -> Host:
     who = admin(router)
+    body = body or DrainRequest()
     host = api_tenancy().drain(who, instance_id, force=body.force, reason=body.reason)
     logger.info("host drained", extra={"instance_id": instance_id, "force": body.force, "state": host.state})
     return host

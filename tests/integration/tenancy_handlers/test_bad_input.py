@@ -95,3 +95,20 @@ def test_unknown_ids_are_404(api):
     assert api("GET", f"/v1/sessions/{SID}").status == 404
     assert api("GET", "/v1/hosts/i-0fff0009").status == 404
     assert api("POST", "/v1/hosts/i-0fff0009/drain", {}, who="admin").status == 404
+
+
+def test_ids_that_cannot_exist_are_unknown_however_long(api):
+    api.ready_host()
+    huge = "s-" + "a" * 5000
+    assert api("GET", f"/v1/sessions/{huge}").status == 404
+    assert api("DELETE", f"/v1/sessions/{huge}", {"token": "t"}).status == 404
+    assert api("GET", f"/v1/hosts/i-{'0' * 3000}").status == 404
+    bad_user = api("PUT", "/v1/quotas/a%23b", {"max_sessions": 1}, who="admin")
+    assert bad_user.status == 400
+    assert bad_user.body["error"]["details"]["field"] == "user"
+
+
+def test_drain_needs_no_body(api):
+    api.ready_host()
+    out = api("POST", f"/v1/hosts/{INSTANCE}/drain", who="admin")
+    assert (out.status, out.body["state"]) == (200, "drained")
