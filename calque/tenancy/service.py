@@ -63,6 +63,7 @@ class TenancyConfig:
     # still accepted (host clocks drift a little); anything earlier is a stale report.
     clock_skew_s: int = 2
     list_limit: int = 100
+    reaper_pages: int = 10
 
 
 @dataclass
@@ -424,20 +425,25 @@ class Tenancy:
         """End sessions past their expiry; quarantine slices whose host never reported a reclaim."""
         now = self.clock()
         out = ReapSummary()
-        for session in self.registry.live_sessions(expiring_at_or_before=now, limit=self.config.list_limit):
-            try:
-                self._end(
-                    session,
-                    at=now,
-                    reason="expired",
-                    kind="expired",
-                    by=REAPER,
-                    note="the TTL passed",
-                    expired_by=now,
-                )
-                out.expired.append(session.session_id)
-            except StaleWrite:
-                out.raced.append(session.session_id)  # extended or checked in meanwhile: theirs wins
+        # Ended sessions leave the index, so each page is fresh; bounded, the next run continues.
+        for _page in range(self.config.reaper_pages):
+            page = self.registry.live_sessions(expiring_at_or_before=now, limit=self.config.list_limit)
+            for session in page:
+                try:
+                    self._end(
+                        session,
+                        at=now,
+                        reason="expired",
+                        kind="expired",
+                        by=REAPER,
+                        note="the TTL passed",
+                        expired_by=now,
+                    )
+                    out.expired.append(session.session_id)
+                except StaleWrite:
+                    out.raced.append(session.session_id)  # extended or checked in meanwhile: theirs wins
+            if len(page) < self.config.list_limit:
+                break
         cutoff = now - timedelta(seconds=self.config.reclaim_timeout_s)
         for sl in self.registry.reclaiming_before(cutoff, self.config.list_limit):
             event = LeaseEvent(

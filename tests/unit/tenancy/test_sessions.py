@@ -274,3 +274,16 @@ def test_checkout_costs_the_same_number_of_registry_calls_whatever_the_fleet_siz
     world.registry.requests = 0
     world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
     assert world.registry.requests == 3  # quota+usage, one candidate page, one transaction
+
+
+def test_the_reaper_ends_more_expired_sessions_than_one_page_holds():
+    world = World(TenancyConfig(list_limit=2))
+    world.ready_host()
+    for n in range(4):
+        world.quota(f"u{n}", 1)
+    grants = [
+        world.tenancy.checkout(member(f"u{n}"), CheckoutRequest(backend="mig", ttl_seconds=60))
+        for n in range(4)
+    ]
+    world.clock.advance(61)
+    assert sorted(world.tenancy.reap().expired) == sorted(g.session_id for g in grants)
