@@ -1,17 +1,24 @@
-"""Synthesize the whole app once for the infra tests, with bundling skipped.
+"""Synthesize the whole app once for the infra tests: `app.py` run as the CDK CLI runs it.
 
-Synthesis runs cdk-nag's AwsSolutions pack as a validation plugin, so a fixture
-that synthesizes at all has passed it: an unacknowledged finding raises here.
+It runs with no AWS credentials, no AWS configuration and no instance metadata, with
+bundling skipped. Synthesis runs cdk-nag's AwsSolutions pack as a validation plugin,
+so a fixture that synthesizes at all has passed it: an unacknowledged finding fails it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 ADMINS = "arn:aws:iam::123456789012:role/GpuAdmins,alice"
+SESSION_TTL_MAX = "12h"
 
 
 def synth_context(**extra: Any) -> dict[str, Any]:
@@ -23,29 +30,46 @@ def synth_context(**extra: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Synthesized:
-    stateful: Any  # aws_cdk.assertions.Template
-    service: Any
-    service_json: dict[str, Any]
+    outdir: Path
     stateful_json: dict[str, Any]
+    service_json: dict[str, Any]
 
 
 @pytest.fixture(scope="session")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    from aws_cdk import App
-    from aws_cdk.assertions import Template
+    from infra import constants
+    from infra.deployment import PROJECT_ROOT
 
-    from infra.deployment import build
-
-    app = App(
-        context=synth_context(**{"calque:admins": ADMINS, "calque:session-ttl-max": "12h"}),
-        outdir=str(tmp_path_factory.mktemp("cdk.out")),
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", str(outdir)),
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        # What the CDK CLI passes: where to write, and the -c context.
+        "CDK_OUTDIR": str(outdir),
+        "CDK_CONTEXT_JSON": json.dumps(
+            {
+                "aws:cdk:bundling-stacks": [],
+                constants.CONTEXT_ADMINS: ADMINS,
+                constants.CONTEXT_SESSION_TTL_MAX: SESSION_TTL_MAX,
+            }
+        ),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=280
     )
-    deployment = build(app)
-    app.synth()
-    stateful = Template.from_stack(deployment.stateful)
-    service = Template.from_stack(deployment.service)
+    assert result.returncode == 0, f"app.py failed to synthesize:\n{result.stderr[-5000:]}"
+
+    def template(stack: str) -> dict[str, Any]:
+        return json.loads((outdir / f"{stack}.template.json").read_text())
+
     return Synthesized(
-        stateful=stateful, service=service, stateful_json=stateful.to_json(), service_json=service.to_json()
+        outdir=outdir,
+        stateful_json=template(constants.STATEFUL_STACK_NAME),
+        service_json=template(constants.SERVICE_STACK_NAME),
     )
 
 

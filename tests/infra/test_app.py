@@ -1,0 +1,31 @@
+"""`app.py` itself, as the conftest ran it: no AWS credentials, context from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calque import resources
+from infra import constants
+
+from .conftest import ADMINS, Synthesized, resources_of
+
+pytestmark = pytest.mark.infra
+
+
+def test_app_synthesizes_both_stacks_without_credentials(synthesized: Synthesized) -> None:
+    # Given app.py run with no AWS credentials, configuration or instance metadata (the fixture)
+    manifest = json.loads((synthesized.outdir / "manifest.json").read_text())
+    stacks = {n: a for n, a in manifest["artifacts"].items() if a["type"] == "aws:cloudformation:stack"}
+    # Then both stacks came out, bound to no account or region until deploy time
+    assert set(stacks) == {constants.STATEFUL_STACK_NAME, constants.SERVICE_STACK_NAME}
+    assert all(a["environment"] == "aws://unknown-account/unknown-region" for a in stacks.values())
+
+
+def test_context_from_the_command_line_reaches_every_function(synthesized: Synthesized) -> None:
+    # Given -c calque:admins=... passed to the CDK CLI
+    functions = resources_of(synthesized.service_json, "AWS::Lambda::Function")
+    # Then every function reads the same admins
+    assert len(functions) == len(resources.FUNCTIONS)
+    assert {f["Properties"]["Environment"]["Variables"][resources.ENV_ADMINS] for f in functions} == {ADMINS}
