@@ -7,25 +7,39 @@ moto server); otherwise boto3's own resolution applies (including ``AWS_ENDPOINT
 from __future__ import annotations
 
 import os
+import threading
 from functools import cache
 from typing import Any
 
 from botocore.config import Config
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
+# Creating a client from a shared Session is not thread-safe; clients themselves are.
+_LOCK = threading.Lock()
 
 
 @cache
-def client(service: str, region: str | None = None) -> Any:
+def _session() -> Any:
     import boto3  # heavy: imported on first use, not at cold start of every handler
 
-    kwargs: dict[str, Any] = {"config": _CONFIG}
-    endpoint = os.environ.get("CALQUE_AWS_ENDPOINT_URL")
+    # One Session per process: building one loads the service models (~0.2 s each time).
+    return boto3.session.Session()
+
+
+def client(service: str, region: str | None = None) -> Any:
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return _client(service, region, os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
+
+
+@cache
+def _client(service: str, region: str, endpoint: str | None) -> Any:
+    kwargs: dict[str, Any] = {"config": _CONFIG, "region_name": region}
     if endpoint:
         kwargs["endpoint_url"] = endpoint
-    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.session.Session().client(service, region_name=region, **kwargs)  # type: ignore[call-overload]
+    with _LOCK:
+        return _session().client(service, **kwargs)
 
 
 def clear_caches() -> None:
-    client.cache_clear()
+    _client.cache_clear()
+    _session.cache_clear()
