@@ -151,3 +151,22 @@ def test_processes_on_mig_devices_are_attributed_to_their_slice(stub):
 )
 def test_profile_names_follow_nvml(nvml_name, slices, mb, expected):
     assert _profile_name(nvml_name, slices, mb) == expected
+
+
+def test_a_card_outside_the_catalog_is_planned_from_what_nvml_reports(stub):
+    # Given a GPU whose name the catalog does not know
+    fake, nv = stub
+    nv.nvmlDeviceGetName = lambda h: "NVIDIA H200 NVL"
+    backend = NvmlBackend()
+    backend.mps = fake.mps
+    spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.71gb": 2}}]})
+    # When a layout is applied
+    with backend.session():
+        result = apply(backend, spec)
+        views = read_all(backend)
+    # Then the profiles and placements come from NVML, and the slices are reported
+    assert result.ok, result.remaining
+    assert views[0].card.name == "NVIDIA H200 NVL"
+    assert views[0].card.compute_slices == 7
+    assert views[0].card.memory_slices == 8
+    assert [s.slice_id for s in slice_reports(views[0])] == ["g0-3g.71gb-0", "g0-3g.71gb-1"]
