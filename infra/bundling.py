@@ -32,6 +32,7 @@ from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 
 # Bumped when the way a bundle is built changes, so old cache entries stop matching.
 _BUNDLER_VERSION = "1"
+_CACHE_KEEP = 3  # bundles of each kind kept in the cache
 _IGNORED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
 
@@ -91,8 +92,19 @@ class _CachedLocalBundling:
                     staging.rename(cached)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+            self._prune(keep=cached)
         shutil.copytree(cached, output_dir, dirs_exist_ok=True, symlinks=True)
         return True
+
+    def _prune(self, *, keep: Path) -> None:
+        """Keep the few newest bundles of this kind: every code change makes a new one."""
+        entries = sorted(
+            (p for p in self._cache_dir.glob(f"{self._name}-*") if p.is_dir() and p != keep),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        for stale in entries[_CACHE_KEEP - 1 :]:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 @dataclass(frozen=True, kw_only=True)
