@@ -162,9 +162,8 @@ def _run(args: argparse.Namespace, spec) -> AgentReport:
         instance_type=itype,
         simulated=hasattr(backend, "state"),
     )
-    if args.read_only and hasattr(backend, "state"):
-        # The fake has no read-only switch of its own: simply never save what changed.
-        save = lambda: None  # noqa: E731
+    if args.read_only and hasattr(backend, "read_only"):
+        backend.read_only = True
     try:
         if args.verb == "inventory":
             report = verbs.do_inventory(ctx)

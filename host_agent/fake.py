@@ -40,6 +40,7 @@ class FakeGpuBackend:
         self.mutating_calls = 0
         self.calls: list[str] = []  # mutating calls in order, for tests and reports
         self.mps = FakeMps(self)
+        self.read_only = False
         self._open = False
 
     # ---- construction and persistence -------------------------------------------------
@@ -321,6 +322,10 @@ class FakeGpuBackend:
     def _mutating(self, op: str, index: int) -> None:
         if not self._open:
             raise RuntimeError("GPU backend used outside its session")
+        if self.read_only:
+            raise e.GpuError(
+                f"refusing to {op.replace('_', ' ')} on GPU {index}: read-only", code="read_only"
+            )
         self.mutating_calls += 1
         self.calls.append(f"{op}(gpu {index})")
         for fault in self.state["faults"]:

@@ -85,3 +85,14 @@ def test_unexpected_errors_hide_the_traceback_unless_debug(capsys, monkeypatch):
     assert "--debug" in capsys.readouterr().err
     with pytest.raises(RuntimeError):
         main(["--debug", "--simulate", "g6.xlarge", "inventory"])
+
+
+def test_read_only_refuses_changes_on_a_simulated_host_too(capsys, tmp_path):
+    state = str(tmp_path / "h.json")
+    spec = '{"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}'
+    rc = main(["--simulate", "g7e.2xlarge", "--state", state, "--read-only", "apply", "--spec", spec])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert doc["error"]["code"] == "read_only"
+    assert doc["actions"] == []
+    assert main(["--state", state, "assert", "--spec", spec]) == 1
