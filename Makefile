@@ -55,4 +55,4 @@ bench: install
 	$(PY) bench/checkout.py
 
 clean:
-	rm -rf $(VENV) cdk.out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) cdk.out .bundle-cache .pytest_cache .mypy_cache .ruff_cache
