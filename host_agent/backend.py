@@ -8,7 +8,7 @@ device indices; GPU instances are named by (gpu index, GPU instance id).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -73,7 +73,6 @@ class MpsState:
     clients: int | None = None
     active_thread_percentage: int | None = None
     pinned_memory_limit_mib: int | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class MpsControl(Protocol):

@@ -16,7 +16,7 @@ from pydantic import Field
 from calque.contracts.common import Strict
 from calque.contracts.layout import LayoutSpec
 
-Verb = Literal["inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process", "mps"]
+Verb = Literal["inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process"]
 SliceState = Literal["ready", "reclaimed", "failed"]
 
 
