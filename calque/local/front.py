@@ -11,6 +11,7 @@ only: ``GET /v1/health`` needs no signature, and ``POST /local/schedules/<id>/fi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -142,7 +143,15 @@ class Front:
                 self._send(h, status, error_body("length_required", "send the body with a Content-Length"))
                 h.close_connection = True
                 return
-            length = int(length_text or 0)
+            try:
+                length = int(length_text or 0)
+                if length < 0:
+                    raise ValueError(length_text)
+            except ValueError:
+                status = 400
+                self._send(h, status, error_body("bad_request", "Content-Length is not a number of bytes"))
+                h.close_connection = True
+                return
             if length > MAX_BODY_BYTES:
                 status = 413
                 self._send(
@@ -193,8 +202,19 @@ class Front:
                     error_body("internal_error", "the API function failed; the local plane logged why"),
                 )
             self._send(h, status, out_body, out_headers)
-        except (BrokenPipeError, ConnectionResetError):
+        except ConnectionError:
             h.close_connection = True
+        except Exception:
+            # Never a stack trace to the caller: the front's own failure answers in the contract's shape.
+            log.exception("the local front failed on %s %s", h.command, h.path)
+            status = 500
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                self._send(
+                    h,
+                    status,
+                    error_body("internal_error", "the local plane hit an unexpected error; it logged why"),
+                )
         finally:
             log.info(
                 "%s %s %s %d %.0fms", h.command, h.path, who, status, (time.monotonic() - started) * 1000

@@ -188,3 +188,17 @@ def test_concurrent_callers_each_see_themselves(local_plane):
     # Then every answer is a success naming exactly the caller who signed it
     assert len(seen) == 80
     assert all(status == 200 and principal == profile for profile, status, principal in seen), seen[:5]
+
+
+def test_a_malformed_request_gets_the_error_shape_not_a_dropped_connection(local_plane):
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(local_plane.endpoint)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/whoami HTTP/1.1\r\nHost: x\r\nContent-Length: lots\r\n\r\n")
+        answer = sock.recv(65536).decode()
+    head, _, body = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 400")
+    assert json.loads(body)["error"]["code"] == "bad_request"
