@@ -125,8 +125,7 @@ def render_grant(grant: Mapping[str, Any]) -> str:
         lines += ["", "Connect:", "  " + str(connect["ssm_command"])]
     for w in grant.get("warnings") or []:
         lines.append(f"warning: {w}")
-    sid, tok = grant.get("session_id"), grant.get("token")
-    lines += ["", f"Check in when done: calque session checkin {sid} --token {tok}"]
+    lines += ["", f"Check in when done: calque session checkin {grant.get('session_id')} --token TOKEN"]
     return "\n".join(lines)
 
 
