@@ -105,8 +105,9 @@ class Context:
             available = session.available_profiles
             if profile not in available:
                 raise CliError(
-                    f"the local plane has no profile {profile!r} (it has: "
-                    f"{', '.join(sorted(available))}); add one with `calque local user add`",
+                    f"the local plane has no profile {profile!r} (people: "
+                    f"{', '.join(sorted(p for p in available if not p.startswith('i-')))}); "
+                    "add one with `calque local user add`",
                     code="unknown_profile",
                 )
             session.set_config_variable("profile", profile)
