@@ -146,6 +146,7 @@ def _until_slice_free(tour: _Tour, instance_id: str, slice_id: str) -> Callable[
 
 
 def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
+    from calque import catalog
     from calque.cli.commands.host import render_host, slice_summary
     from calque.cli.commands.session import checkout_body
     from calque.cli.errors import ApiError
@@ -160,8 +161,10 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
     tour.say(f"(state dir {state.path}; each step is signed as the person named in its command)")
 
     # 1. a running instance
+    itype = catalog.instance_type(INSTANCE_TYPE)
     tour.step(
-        f"An admin starts a simulated {INSTANCE_TYPE} (1 x RTX PRO 6000 Blackwell, 96 GB)",
+        f"An admin starts a simulated {INSTANCE_TYPE} ({itype.gpu_count} x {itype.card.name}, "
+        f"{itype.card.memory_gib:g} GiB)",
         f"calque local launch --instance-type {INSTANCE_TYPE}",
     )
     ec2 = MotoClients(plane["moto_endpoint"], plane["region"]).client("ec2")
