@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from calque.cli.errors import ApiError, EndpointUnreachable
 
@@ -72,7 +72,8 @@ class ApiClient:
         if query:
             pairs = [(k, str(v)) for k, v in query.items() if v is not None]
             if pairs:
-                url += "?" + urlencode(pairs)
+                # already in SigV4's canonical encoding (%20, not +), so any verifier agrees
+                url += "?" + urlencode(pairs, safe="-_.~", quote_via=quote)
         data = None if body is None else json.dumps(body).encode()
         attempt = 0
         while True:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import pytest
 
@@ -140,7 +140,7 @@ class LocalPlaneHandle:
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
 
-        url = self.endpoint + path + (("?" + urlencode(query)) if query else "")
+        url = self.endpoint + path + (("?" + urlencode(query, safe="-_.~", quote_via=quote)) if query else "")
         data = _as_bytes(body)
         headers: dict[str, str] = {"Content-Type": "application/json"} if data else {}
         req = AWSRequest(method=method, url=url, data=data or None, headers=headers)

@@ -202,3 +202,14 @@ def test_a_malformed_request_gets_the_error_shape_not_a_dropped_connection(local
     head, _, body = answer.partition("\r\n\r\n")
     assert head.startswith("HTTP/1.1 400")
     assert json.loads(body)["error"]["code"] == "bad_request"
+
+
+def test_a_signed_query_with_reserved_characters_is_verified(local_plane):
+    resp = local_plane.request(
+        "GET",
+        "/v1/whoami",
+        profile="carol",
+        query={"since": "2026-01-01T00:00:00Z", "by": "a user", "tag": "x/y"},
+    )
+    assert resp.status == 200, resp.body
+    assert resp.json()["principal"] == "carol"

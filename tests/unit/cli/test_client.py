@@ -107,3 +107,10 @@ def test_an_unreachable_endpoint_is_a_clear_refusal():
         EndpointUnreachable, match=r"cannot reach the control plane at http://127\.0\.0\.1:8787"
     ):
         client.request("GET", "/v1/whoami")
+
+
+def test_a_query_is_sent_in_sigv4_canonical_encoding():
+    client, transport = _client(_Resp(200, []))
+    client.request("GET", "/v1/usage", query={"since": "2026-01-01T00:00:00Z", "by": "a user", "skip": None})
+    query = urlsplit(transport.sent[0].url).query
+    assert query == "since=2026-01-01T00%3A00%3A00Z&by=a%20user"
