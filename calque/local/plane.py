@@ -105,6 +105,7 @@ class LocalPlane:
             endpoint = self.front.bind()
             os.environ.update(self.resources.handler_env())
             os.environ[resources.ENV_API_ENDPOINT] = endpoint
+            self._clear_caches()
             self._sync_admins()
             self.functions.handler("api")  # import the API now: a broken one fails here, not per request
             self.executor = SsmExecutor(
