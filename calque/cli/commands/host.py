@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from calque.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from calque.cli.output import Column
 
 _MIG_ITEM = re.compile(r"^\s*([0-9]+g\.[0-9]+gb(?:\+[a-z0-9]+)?)\s*=\s*([0-9]+)\s*$", re.IGNORECASE)
 
@@ -112,7 +115,7 @@ def layout_from_flags(
 
 # ---- rendering (pure) ---------------------------------------------------------------------------
 
-HOST_COLUMNS = [
+HOST_COLUMNS: list[Column] = [
     ("instance_id", "instance_id"),
     ("type", "instance_type"),
     ("sharing", "sharing"),
@@ -121,7 +124,7 @@ HOST_COLUMNS = [
     ("slices", lambda h: slice_summary(h.get("slices") or [])),
 ]
 
-SLICE_COLUMNS = [
+SLICE_COLUMNS: list[Column] = [
     ("slice_id", "slice_id"),
     ("gpu", "gpu_index"),
     ("profile", "profile"),
@@ -153,7 +156,7 @@ def slice_summary(slices: list[Mapping[str, Any]]) -> str:
 def render_host(host: Mapping[str, Any]) -> str:
     from calque.cli.output import render_fields, render_table
 
-    fields = [
+    fields: list[Column] = [
         ("instance_id", "instance_id"),
         ("instance_type", "instance_type"),
         ("sharing", "sharing"),
@@ -181,7 +184,7 @@ def render_hosts(hosts: list[Mapping[str, Any]]) -> str:
     return "\n\n".join(parts)
 
 
-def _slice_columns(slices: list[Mapping[str, Any]]) -> list[Any]:
+def _slice_columns(slices: list[Mapping[str, Any]]) -> list[Column]:
     # Members never see holders: leave the columns out rather than print a row of dashes.
     if any(s.get("holder") or s.get("session_id") for s in slices):
         return SLICE_COLUMNS
