@@ -8,6 +8,7 @@ request is sent (and the control plane refuses it too).
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -200,7 +201,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="required for mps: tenants of one card are not isolated from each other",
     )
-    p.set_defaults(func=_checkout)
+    p.set_defaults(func=_checkout, _parser=p)
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
     p.add_argument("session_id", metavar="SESSION_ID")
@@ -258,7 +259,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+_SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$", re.IGNORECASE)
+
+
 def _checkout(ctx: Any, args: argparse.Namespace) -> None:
+    if args.slice_profile and not _SLICE_PROFILE.match(args.slice_profile):
+        # Most likely an AWS profile given after the command, where --profile means the slice's.
+        args._parser.error(
+            f"--profile {args.slice_profile!r} is not a slice profile (e.g. 1g.24gb); on checkout "
+            "--profile names the slice's profile: give the AWS profile before the command, "
+            "calque --profile NAME session checkout ..."
+        )
     do_checkout(
         ctx,
         backend=args.backend,

@@ -188,3 +188,12 @@ def test_other_session_commands_take_the_aws_profile_after_the_command(api, cli)
     code, _, _ = cli("session", "list", "--profile", "bob")
     assert code == 0
     assert api.profile == "bob"
+
+
+def test_an_aws_profile_given_after_checkout_is_caught_with_a_hint(api, cli):
+    # Given someone who puts their AWS profile after the command, where --profile is the slice's
+    code, _, err = cli("session", "checkout", "--backend", "mig", "--profile", "alice")
+    # Then nothing is sent and the usage error says where the AWS profile goes
+    assert code == 2
+    assert api.requests == []
+    assert "calque --profile NAME session checkout" in err
