@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_COMMON],
         description="calque: share an institution's AWS GPU instances among its people.",
     )
+    import calque
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {calque.__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for name in COMMAND_MODULES:
         module_name = f"calque.cli.commands.{name}"
