@@ -65,6 +65,8 @@ def from_validation(errors: list[dict[str, Any]]) -> Response:
     fields = []
     for err in errors:
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+        if err.get("type") == "json_invalid":
+            loc = []  # its loc holds a character offset, not a field: the body itself is bad
         fields.append({"field": ".".join(loc) or "body", "problem": err.get("msg", "invalid")})
     names = ", ".join(f["field"] for f in fields) or "body"
     first = fields[0]["problem"] if fields else "invalid value"

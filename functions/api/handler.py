@@ -7,6 +7,7 @@ functions/api/errors.py only.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -73,4 +74,13 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         return errors.raw_error(
             413, "body_too_large", f"request body exceeds {limit} bytes", {"limit_bytes": limit}
         )
+    if event.get("isBase64Encoded") and isinstance(body, str) and body:
+        # A body that is not UTF-8 text cannot be JSON; refuse it here rather than fail
+        # while the resolver decodes it.
+        try:
+            base64.b64decode(body).decode("utf-8")
+        except ValueError:  # binascii.Error and UnicodeDecodeError are both ValueErrors
+            return errors.raw_error(
+                400, "invalid_body", "request body must be UTF-8 encoded JSON", {"field": "body"}
+            )
     return app.resolve(event, context)
