@@ -33,7 +33,7 @@ STATUS: dict[type[CalqueError], int] = {
 def status_for(exc: CalqueError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS:
-            return int(STATUS[cls])  # type: ignore[index]
+            return int(STATUS[cls])
     return int(HTTPStatus.BAD_REQUEST)
 
 

@@ -39,25 +39,25 @@ def openapi() -> dict[str, Any]:
 
 
 @app.exception_handler(CalqueError)
-def _domain_error(exc: CalqueError):  # type: ignore[no-untyped-def]
+def _domain_error(exc: CalqueError):
     logger.info("refused", extra={"code": exc.code, "reason": exc.message})
     return errors.from_domain(exc)
 
 
 @app.exception_handler(RequestValidationError)
-def _validation_error(exc: RequestValidationError):  # type: ignore[no-untyped-def]
+def _validation_error(exc: RequestValidationError):
     return errors.from_validation(list(exc.errors()))
 
 
 @app.not_found
-def _not_found(_exc: Exception):  # type: ignore[no-untyped-def]
+def _not_found(_exc: Exception):
     return errors.error_response(
         404, "route_not_found", f"no route {app.current_event.http_method} {app.current_event.path}"
     )
 
 
 @app.exception_handler(Exception)
-def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
+def _unexpected(exc: Exception):
     # Never a stack trace to the caller: log it, answer with the contract's shape.
     logger.exception("unexpected error")
     return errors.error_response(
