@@ -11,9 +11,6 @@ import threading
 from functools import cache
 from typing import Any
 
-from botocore.config import Config
-
-_CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
 # Creating a client from a shared Session is not thread-safe; clients themselves are.
 _LOCK = threading.Lock()
 
@@ -33,7 +30,10 @@ def client(service: str, region: str | None = None) -> Any:
 
 @cache
 def _client(service: str, region: str, endpoint: str | None) -> Any:
-    kwargs: dict[str, Any] = {"config": _CONFIG, "region_name": region}
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
+    kwargs: dict[str, Any] = {"config": config, "region_name": region}
     if endpoint:
         kwargs["endpoint_url"] = endpoint
     with _LOCK:

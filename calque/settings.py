@@ -16,7 +16,7 @@ T = TypeVar("T", bound=BaseModel)
 
 
 class _EnvSettings(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, defer_build=True)
 
     @classmethod
     def from_env(cls: type[T], environ: dict[str, str] | None = None) -> T:

@@ -10,13 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 class Strict(BaseModel):
     """Base for everything that comes IN across a boundary: unknown fields are errors."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, defer_build=True)
 
 
 class Out(BaseModel):
     """Base for what goes OUT: tolerant when read back by clients of an older version."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 class ErrorBody(Out):

@@ -1,5 +1,5 @@
-"""Layer 2, tenancy: hosts' slices, sessions (check-out / check-in), quotas, the reaper."""
+"""Layer 2, tenancy: hosts' slices, sessions (check-out / check-in), quotas, the reaper.
 
-from calque.tenancy.service import ReapSummary, Tenancy, TenancyConfig
-
-__all__ = ["ReapSummary", "Tenancy", "TenancyConfig"]
+The domain lives in calque.tenancy.service; it is not imported here so that entry
+points importing calque.tenancy.wiring stay cheap to import.
+"""

@@ -1,18 +1,25 @@
 """The tenancy domain wired to its deployed adapters, from one function's settings.
 
 Built per call (cheap: the clients and settings underneath are cached), so tests and
-the local plane can repoint the environment between requests.
+the local plane can repoint the environment between requests. The domain, the catalog
+and the DynamoDB adapter are imported on first use, not when an entry point is imported.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from calque import aws
-from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
 from calque.settings import api_settings, reaper_settings
-from calque.tenancy.service import Tenancy, TenancyConfig
+
+if TYPE_CHECKING:
+    from calque.tenancy.service import Tenancy
 
 
 def api_tenancy() -> Tenancy:
+    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
+    from calque.tenancy.service import Tenancy, TenancyConfig
+
     s = api_settings()
     return Tenancy(
         DynamoRegistry(aws.client("dynamodb"), s.table_name),
@@ -26,6 +33,9 @@ def api_tenancy() -> Tenancy:
 
 
 def reaper_tenancy() -> Tenancy:
+    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
+    from calque.tenancy.service import Tenancy, TenancyConfig
+
     s = reaper_settings()
     return Tenancy(
         DynamoRegistry(aws.client("dynamodb"), s.table_name),

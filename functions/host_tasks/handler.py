@@ -6,32 +6,39 @@ is reported back as a partial batch failure and retried, then lands in the DLQ.
 
 from __future__ import annotations
 
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
-from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
-from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
-from pydantic import Json
 
 from calque import aws
-from calque.contracts.tenancy import HostTask
 from calque.settings import host_tasks_settings
 from calque.tenancy.host_commands import send_host_command
 from functions import observability
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.batch import BatchProcessor
 
 logger = observability.logger("host_tasks")
 metrics = observability.metrics("host_tasks")
 
 
-class HostTaskRecord(SqsRecordModel):
-    body: Json[HostTask]
+@cache
+def processor() -> BatchProcessor:
+    """Built on first use: Powertools' parser models cost ~0.1 s to import."""
+    from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType
+    from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
+    from pydantic import Json
+
+    from calque.contracts.tenancy import HostTask
+
+    class HostTaskRecord(SqsRecordModel):
+        body: Json[HostTask]
+
+    return BatchProcessor(event_type=EventType.SQS, model=HostTaskRecord)
 
 
-processor = BatchProcessor(event_type=EventType.SQS, model=HostTaskRecord)
-
-
-def record_handler(record: HostTaskRecord) -> str:
+def record_handler(record: Any) -> str:
     task = record.body
     s = host_tasks_settings()
     command_id = send_host_command(
@@ -46,7 +53,11 @@ def record_handler(record: HostTaskRecord) -> str:
 
 
 @observability.instrumented("host_tasks")
-def lambda_handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
-    return process_partial_response(
-        event=event, record_handler=record_handler, processor=processor, context=context
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    from aws_lambda_powertools.utilities.batch import process_partial_response
+
+    return dict(
+        process_partial_response(
+            event=event, record_handler=record_handler, processor=processor(), context=context
+        )
     )

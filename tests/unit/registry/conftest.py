@@ -10,7 +10,7 @@ from moto import mock_aws
 
 from calque.registry.dynamo import DynamoRegistry
 from calque.registry.memory import MemoryQueue
-from calque.tenancy import Tenancy, TenancyConfig
+from calque.tenancy.service import Tenancy, TenancyConfig
 from tests.unit.registry.moto_table import create_registry_table
 from tests.unit.tenancy.conftest import World
 

@@ -12,7 +12,7 @@ from calque.contracts.agent import AgentReport, SliceReport
 from calque.contracts.tenancy import HostRegistration, QuotaUpdate
 from calque.identity import Caller
 from calque.registry.memory import MemoryQueue, MemoryRegistry
-from calque.tenancy import Tenancy, TenancyConfig
+from calque.tenancy.service import Tenancy, TenancyConfig
 
 ADMIN = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)
 

@@ -6,7 +6,7 @@ import pytest
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, ReclaimTask
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound, QuotaExceeded
-from calque.tenancy import TenancyConfig
+from calque.tenancy.service import TenancyConfig
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit
