@@ -141,6 +141,7 @@ class SsmDocumentParameters:
     spec: str = "spec"  # the layout spec as JSON text; empty when the verb needs none
     slice_id: str = "sliceId"  # the slice to reclaim; empty otherwise
     report_to: str = "reportTo"  # the API endpoint the agent reports to; defaults to the deployed API
+    fence: str = "fence"  # reclaim: the slice's fence when its lease ended; echoed in the report
 
 
 SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()

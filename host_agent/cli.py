@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("export", help="the current state as a layout spec")
     sp = sub.add_parser("reclaim", help="stop every process on a slice and confirm none remains")
     sp.add_argument("--slice", required=True, metavar="ID")
+    sp.add_argument(
+        "--fence",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the slice's fence when its lease ended, echoed in the report",
+    )
     sub.add_parser("report", help="the agent's report of this host (slices, bindings, processes)")
     sp = sub.add_parser("simulate-process", help="simulated hosts only: start a pretend process on a slice")
     sp.add_argument("--slice", required=True, metavar="ID")
@@ -176,7 +183,7 @@ def _run(args: argparse.Namespace, spec) -> AgentReport:
         elif args.verb == "assert":
             report = verbs.do_assert(ctx, spec)
         elif args.verb == "reclaim":
-            report = verbs.do_reclaim(ctx, args.slice)
+            report = verbs.do_reclaim(ctx, args.slice, fence=args.fence)
         else:
             report = verbs.do_simulate_process(ctx, args.slice, name=args.name, memory_mib=args.memory_mib)
     finally:

@@ -176,8 +176,9 @@ def find_slice(views_or_backend: GpuBackend, slice_id: str) -> tuple[GpuView, Sl
     )
 
 
-def do_reclaim(ctx: Context, slice_id: str) -> AgentReport:
-    """Stop every process on the slice, confirm none remains, report."""
+def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> AgentReport:
+    """Stop every process on the slice, confirm none remains, report (echoing ``fence``,
+    the slice's fence when its lease ended, so the control plane frees only that grant's slice)."""
 
     def body(t: datetime) -> AgentReport:
         b = ctx.backend
@@ -215,7 +216,7 @@ def do_reclaim(ctx: Context, slice_id: str) -> AgentReport:
             ctx, "reclaim", t, views, slices=slices, ok=True, reclaimed_slice_id=slice_id, actions=actions
         )
 
-    return _guard(ctx, "reclaim", body)
+    return _guard(ctx, "reclaim", body).model_copy(update={"fence": fence})
 
 
 def do_simulate_process(

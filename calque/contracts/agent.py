@@ -107,6 +107,9 @@ class AgentReport(Strict):
         default=False, description="true: the GPUs now match the spec that was applied"
     )
     reclaimed_slice_id: str | None = None
+    fence: int | None = Field(
+        default=None, description="reclaim: the fence the control plane sent, echoed back"
+    )
     spec: LayoutSpec | None = Field(
         default=None, description="the spec applied or asserted; for export, the current state"
     )

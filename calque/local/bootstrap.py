@@ -121,6 +121,7 @@ def ssm_document_content() -> dict[str, Any]:
             p.spec: {"type": "String", "default": ""},
             p.slice_id: {"type": "String", "default": ""},
             p.report_to: {"type": "String", "default": ""},
+            p.fence: {"type": "String", "default": ""},
         },
         "mainSteps": [
             {

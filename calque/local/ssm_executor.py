@@ -137,6 +137,8 @@ class SsmExecutor:
             argv += ["--spec", str(spec_file)]
         if first.get(p.slice_id):
             argv += ["--slice", first[p.slice_id]]
+            if first.get(p.fence):
+                argv += ["--fence", first[p.fence]]
         return argv
 
     def env(self, instance_id: str) -> dict[str, str]:

@@ -288,9 +288,19 @@ class DynamoRegistry:
         return True
 
     def slice_reclaimed(
-        self, sl: SliceRecord, *, placeable: bool, not_before: datetime, event: LeaseEvent
+        self,
+        sl: SliceRecord,
+        *,
+        placeable: bool,
+        not_before: datetime,
+        event: LeaseEvent,
+        fence: int | None = None,
     ) -> bool:
         values = _vals(free="free", r="reclaiming", q="quarantined", nb=not_before, at=event.at)
+        condition = "#state IN (:r, :q) AND state_since <= :nb"
+        if fence is not None:
+            condition += " AND fence = :fence"
+            values.update(_vals(fence=fence))
         set_free, remove = self._free_keys(sl, placeable, values)
         update = f"SET #state = :free, state_since = :at{set_free} REMOVE expiry_pk, expiry_sk"
         if remove:
@@ -302,7 +312,7 @@ class DynamoRegistry:
                         "Update": {
                             "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
                             "UpdateExpression": update,
-                            "ConditionExpression": "#state IN (:r, :q) AND state_since <= :nb",
+                            "ConditionExpression": condition,
                             "ExpressionAttributeNames": {"#state": "state"},
                             "ExpressionAttributeValues": values,
                         }

@@ -94,13 +94,21 @@ class MemoryRegistry:
             return True
 
     def slice_reclaimed(
-        self, sl: SliceRecord, *, placeable: bool, not_before: datetime, event: LeaseEvent
+        self,
+        sl: SliceRecord,
+        *,
+        placeable: bool,
+        not_before: datetime,
+        event: LeaseEvent,
+        fence: int | None = None,
     ) -> bool:
         key = (sl.instance_id, sl.slice_id)
         with self._lock:
             self._count()
             cur = self.slice_map.get(key)
             if cur is None or cur.state not in ("reclaiming", "quarantined") or cur.state_since > not_before:
+                return False
+            if fence is not None and cur.fence != fence:
                 return False
             self.slice_map[key] = cur.model_copy(
                 update={"state": "free", "placeable": placeable, "state_since": event.at}

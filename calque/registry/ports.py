@@ -56,10 +56,17 @@ class Registry(Protocol):
         """pending (or free, refreshed) -> free with the agent's binding; False if it is neither."""
 
     def slice_reclaimed(
-        self, sl: SliceRecord, *, placeable: bool, not_before: datetime, event: LeaseEvent
+        self,
+        sl: SliceRecord,
+        *,
+        placeable: bool,
+        not_before: datetime,
+        event: LeaseEvent,
+        fence: int | None = None,
     ) -> bool:
         """reclaiming/quarantined -> free, only if it entered that state at or before ``not_before``
-        (a reclaim that started earlier cannot vouch for a later holder). False otherwise."""
+        (a reclaim that started earlier cannot vouch for a later holder) and, when the agent
+        echoed one, the slice's fence is still ``fence`` (no grant since). False otherwise."""
 
     def quarantine(self, sl: SliceRecord, *, at: datetime, event: LeaseEvent) -> bool:
         """reclaiming (unchanged since read) -> quarantined."""

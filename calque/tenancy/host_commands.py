@@ -16,6 +16,7 @@ def command_parameters(task: ApplyTask | ReclaimTask, report_to: str) -> dict[st
         params[p.spec] = [json.dumps(task.spec, separators=(",", ":"))]
     else:
         params[p.slice_id] = [task.slice_id]
+        params[p.fence] = [str(task.fence)]
     return params
 
 

@@ -234,6 +234,7 @@ class Tenancy:
                     sl,
                     placeable=host.state == "ready",
                     not_before=report.started_at + timedelta(seconds=self.config.clock_skew_s),
+                    fence=report.fence,
                     event=event,
                 )
                 (freed if done else ignored).append(sl.slice_id)

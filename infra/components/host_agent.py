@@ -29,6 +29,7 @@ _SCRIPT = Path(__file__).with_name("run_host_agent.sh")
 _NO_QUOTE = "^[^']*$"
 _SLICE_ID = r"^[A-Za-z0-9._:/-]{0,200}$"
 _ENDPOINT = r"^(https?://[A-Za-z0-9.:/_-]+)?$"
+_FENCE = r"^[0-9]{0,18}$"
 
 
 def run_agent_script(*, version: str, download_dir: str, root: str = constants.HOST_AGENT_ROOT) -> list[str]:
@@ -40,6 +41,7 @@ def run_agent_script(*, version: str, download_dir: str, root: str = constants.H
         "__P_SPEC__": p.spec,
         "__P_SLICE__": p.slice_id,
         "__P_REPORT__": p.report_to,
+        "__P_FENCE__": p.fence,
         "__ROOT__": root,
         "__VERSION__": version,
         "__DOWNLOAD__": download_dir,
@@ -149,6 +151,14 @@ class HostAgent(Construct):
                         "description": "The slice to reclaim (reclaim); empty otherwise.",
                         "default": "",
                         "allowedPattern": _SLICE_ID,
+                        "interpolationType": "ENV_VAR",
+                    },
+                    p.fence: {
+                        "type": "String",
+                        "description": "The slice's fence when its lease ended (reclaim); the report "
+                        "echoes it so a late report can never free a slice granted again since.",
+                        "default": "",
+                        "allowedPattern": _FENCE,
                         "interpolationType": "ENV_VAR",
                     },
                     p.report_to: {

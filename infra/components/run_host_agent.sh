@@ -11,6 +11,7 @@ umask 022
 verb='{{ __P_VERB__ }}'
 if [ -n "${SSM___P_SPEC__+x}" ]; then spec="$SSM___P_SPEC__"; else spec='{{ __P_SPEC__ }}'; fi
 if [ -n "${SSM___P_SLICE__+x}" ]; then slice_id="$SSM___P_SLICE__"; else slice_id='{{ __P_SLICE__ }}'; fi
+if [ -n "${SSM___P_FENCE__+x}" ]; then fence="$SSM___P_FENCE__"; else fence='{{ __P_FENCE__ }}'; fi
 if [ -n "${SSM___P_REPORT__+x}" ]; then report_to="$SSM___P_REPORT__"; else report_to='{{ __P_REPORT__ }}'; fi
 
 home='__ROOT__/__VERSION__'
@@ -72,6 +73,7 @@ case "$verb" in
   reclaim)
     [ -n "$slice_id" ] || fail "reclaim needs the __P_SLICE__ parameter"
     args+=(--slice "$slice_id")
+    if [ -n "$fence" ]; then args+=(--fence "$fence"); fi
     ;;
 esac
 "$python" -m host_agent "${args[@]}"

@@ -62,7 +62,7 @@ def _run(
         else:
             script = script.replace("{{ " + name + " }}", value)
     # What SSM Agent pastes for a parameter it did not receive: its default.
-    for name in (P.spec, P.slice_id, P.report_to):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence):
         script = script.replace("{{ " + name + " }}", "")
     return subprocess.run(
         ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
@@ -92,8 +92,8 @@ def test_apply_passes_the_spec_intact_and_runs_nothing_else(host, tmp_path, env_
 
 
 def test_reclaim_names_the_slice_and_a_second_run_reuses_the_installed_agent(host, tmp_path) -> None:
-    # Given a reclaim command
-    values = {P.verb: "reclaim", P.slice_id: "i-0abc/gpu0/mig-1"}
+    # Given a reclaim command at fence 4
+    values = {P.verb: "reclaim", P.slice_id: "i-0abc/gpu0/mig-1", P.fence: "4"}
     # When it runs twice
     first = _run(host, tmp_path, values, env_interpolation=True)
     installed = (host / "agent" / "v1" / "src").stat().st_mtime_ns
@@ -102,7 +102,15 @@ def test_reclaim_names_the_slice_and_a_second_run_reuses_the_installed_agent(hos
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
     record = json.loads((tmp_path / "record.json").read_text())
-    assert record["args"] == ["--instance-id", "i-0abc", "reclaim", "--slice", "i-0abc/gpu0/mig-1"]
+    assert record["args"] == [
+        "--instance-id",
+        "i-0abc",
+        "reclaim",
+        "--slice",
+        "i-0abc/gpu0/mig-1",
+        "--fence",
+        "4",
+    ]
     assert (host / "agent" / "v1" / "src").stat().st_mtime_ns == installed
 
 

@@ -120,7 +120,7 @@ def test_a_command_runs_the_agent_on_its_simulated_host_as_that_instance(world):
     assert json.loads(invocation["StandardOutputContent"])["profile"] == host.instance_id
 
 
-def test_a_reclaim_passes_its_slice(world):
+def test_a_reclaim_passes_its_slice_and_fence(world):
     state, clients, made = world
     host = launch(state, clients.client("ec2"), instance_type="g7e.2xlarge", host_role=made.host_role_name)
     p = resources.SSM_DOCUMENT_PARAMETERS
@@ -130,11 +130,12 @@ def test_a_reclaim_passes_its_slice(world):
         Parameters={
             p.verb: ["reclaim"],
             p.slice_id: ["gpu0-mig-1g.24gb-0"],
+            p.fence: ["7"],
             p.report_to: ["http://other.invalid"],
         },
     )
     ran = json.loads(_result(state, sent["Command"]["CommandId"], host.instance_id)["stdout"])
-    assert ran["argv"][-3:] == ["reclaim", "--slice", "gpu0-mig-1g.24gb-0"]
+    assert ran["argv"][-5:] == ["reclaim", "--slice", "gpu0-mig-1g.24gb-0", "--fence", "7"]
     assert "http://other.invalid" in ran["argv"]
 
 

@@ -237,9 +237,10 @@ def test_reclaim_an_mps_slot_stops_only_its_own_processes(agent):
     host.apply({"version": "v1", "gpus": [{"devices": "all", "mps": {"clients": 4}}]})
     host("simulate-process", "--slice", "g0-mps-1")
     host("simulate-process", "--slice", "g0-mps-2")
-    rc, report = host("reclaim", "--slice", "g0-mps-1")
+    rc, report = host("reclaim", "--slice", "g0-mps-1", "--fence", "3")
     assert rc == 0
     assert report["reclaimed_slice_id"] == "g0-mps-1"
+    assert report["fence"] == 3  # echoed: the control plane frees only that grant's slice
     by_id = {s["slice_id"]: s for s in report["slices"]}
     assert by_id["g0-mps-1"]["state"] == "reclaimed"
     assert by_id["g0-mps-1"]["processes"] == []

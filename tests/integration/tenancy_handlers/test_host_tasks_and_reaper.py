@@ -79,6 +79,7 @@ def test_host_tasks_become_ssm_commands_and_a_bad_message_is_a_partial_failure(a
     sent = ssm.list_commands(InstanceId=INSTANCE)["Commands"]
     by_verb = {c["Parameters"][P.verb][0]: c for c in sent}
     assert by_verb["reclaim"]["Parameters"][P.slice_id] == ["g0-1g.24gb-2"]
+    assert by_verb["reclaim"]["Parameters"][P.fence] == ["3"]
     assert json.loads(by_verb["apply"]["Parameters"][P.spec][0]) == {"version": "v1", "gpus": []}
     assert {c["DocumentName"] for c in sent} == {DOCUMENT}
     assert by_verb["apply"]["Parameters"][P.report_to] == ["https://api.example/v1"]

@@ -90,8 +90,12 @@ class World:
             ],
         )
 
-    def reclaimed(self, instance_id: str, slice_id: str, started_at: datetime | None = None) -> Any:
-        return self.report(instance_id, "reclaim", reclaimed_slice_id=slice_id, started_at=started_at)
+    def reclaimed(
+        self, instance_id: str, slice_id: str, started_at: datetime | None = None, fence: int | None = None
+    ) -> Any:
+        return self.report(
+            instance_id, "reclaim", reclaimed_slice_id=slice_id, started_at=started_at, fence=fence
+        )
 
     def quota(self, user: str, max_sessions: int, gpu_hours: float | None = None) -> None:
         self.tenancy.set_quota(

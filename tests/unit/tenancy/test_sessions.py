@@ -127,6 +127,26 @@ def test_a_late_reclaim_report_cannot_free_a_slice_whose_next_holder_just_left(w
     assert world.slice_states()[first.slice_id] == "reclaiming"
 
 
+def test_a_reclaim_report_echoing_an_old_fence_never_frees_the_slice_even_from_a_fast_clock(world: World):
+    # Given slice S ended at fence 1, reclaimed, granted again (fence 2) and ended again
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})
+    first = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(ALICE, first.session_id, CheckinRequest(token=first.token))
+    world.clock.advance(5)
+    world.reclaimed("i-0aaa0001", first.slice_id, fence=1)
+    second = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(BOB, second.session_id, CheckinRequest(token=second.token))
+    assert world.queue.sent[-1] == ReclaimTask(instance_id="i-0aaa0001", slice_id=second.slice_id, fence=2)
+    # When a duplicate of the first reclaim's report arrives from a host whose clock runs ahead
+    world.clock.advance(60)
+    late = world.reclaimed("i-0aaa0001", first.slice_id, fence=1)
+    # Then its fence gives it away: the slice stays reclaiming
+    assert (late.freed, late.ignored) == ([], [first.slice_id])
+    assert world.slice_states()[first.slice_id] == "reclaiming"
+    # And the report of the reclaim at the current fence frees it
+    assert world.reclaimed("i-0aaa0001", second.slice_id, fence=2).freed == [second.slice_id]
+
+
 def test_members_cannot_see_extend_or_check_in_anothers_session_and_the_id_does_not_leak(world: World):
     world.ready_host()
     grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
