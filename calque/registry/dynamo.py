@@ -227,30 +227,9 @@ class DynamoRegistry:
 
     def set_placeable(self, sl: SliceRecord, placeable: bool) -> bool:
         values = _vals(free="free", fence=sl.fence)
-        if placeable:
-            update = "SET free_pk = :fpk, free_sk = :fsk"
-            values.update(
-                _vals(
-                    fpk=keys.free_pk(sl.backend),
-                    fsk=keys.free_sk(sl.memory_gib, sl.profile, sl.instance_id, sl.slice_id),
-                )
-            )
-        else:
-            update = "REMOVE free_pk, free_sk"
-        try:
-            self.client.update_item(
-                TableName=self.table,
-                Key=ser(keys.slice_(sl.instance_id, sl.slice_id)),
-                UpdateExpression=update,
-                ConditionExpression="#state = :free AND fence = :fence",
-                ExpressionAttributeNames={"#state": "state"},
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        set_free, remove = self._free_keys(sl, placeable, values)
+        update = f"SET {set_free.removeprefix(', ')}" if set_free else f"REMOVE {remove}"
+        return self._change_slice(sl, update, "#state = :free AND fence = :fence", values)
 
     def _free_keys(self, sl: SliceRecord, placeable: bool, values: dict[str, Any]) -> tuple[str, str]:
         """SET and REMOVE clauses that put the slice in placement, or take it out."""
@@ -264,6 +243,34 @@ class DynamoRegistry:
             return ", free_pk = :fpk, free_sk = :fsk", ""
         return "", "free_pk, free_sk"
 
+    def _change_slice(
+        self,
+        sl: SliceRecord,
+        update: str,
+        condition: str,
+        values: dict[str, Any],
+        event: LeaseEvent | None = None,
+    ) -> bool:
+        """One conditional update of a slice, with its event in the same transaction when
+        given. False when the condition no longer holds (someone else changed it first)."""
+        change = {
+            "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": {"#state": "state"},
+            "ExpressionAttributeValues": values,
+        }
+        try:
+            if event is None:
+                self.client.update_item(TableName=self.table, **change)
+            else:
+                self._transact([{"Update": change}, self._put_event(event)])
+        except ClientError as exc:
+            if _code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
+                return False
+            raise
+        return True
+
     def slice_ready(
         self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
     ) -> bool:
@@ -272,20 +279,7 @@ class DynamoRegistry:
         update = f"SET #state = :free, device_uuid = :uuid, env = :env, state_since = :at{set_free}"
         if remove:
             update += f" REMOVE {remove}"
-        try:
-            self.client.update_item(
-                TableName=self.table,
-                Key=ser(keys.slice_(sl.instance_id, sl.slice_id)),
-                UpdateExpression=update,
-                ConditionExpression="#state IN (:pending, :free)",
-                ExpressionAttributeNames={"#state": "state"},
-                ExpressionAttributeValues=values,
-            )
-        except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        return self._change_slice(sl, update, "#state IN (:pending, :free)", values)
 
     def slice_reclaimed(
         self,
@@ -305,51 +299,16 @@ class DynamoRegistry:
         update = f"SET #state = :free, state_since = :at{set_free} REMOVE expiry_pk, expiry_sk"
         if remove:
             update += f", {remove}"
-        try:
-            self._transact(
-                [
-                    {
-                        "Update": {
-                            "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
-                            "UpdateExpression": update,
-                            "ConditionExpression": condition,
-                            "ExpressionAttributeNames": {"#state": "state"},
-                            "ExpressionAttributeValues": values,
-                        }
-                    },
-                    self._put_event(event),
-                ]
-            )
-        except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
-                return False
-            raise
-        return True
+        return self._change_slice(sl, update, condition, values, event)
 
     def quarantine(self, sl: SliceRecord, *, at: datetime, event: LeaseEvent) -> bool:
-        try:
-            self._transact(
-                [
-                    {
-                        "Update": {
-                            "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
-                            "UpdateExpression": "SET #state = :q, state_since = :at "
-                            "REMOVE expiry_pk, expiry_sk",
-                            "ConditionExpression": "#state = :r AND fence = :fence AND state_since = :since",
-                            "ExpressionAttributeNames": {"#state": "state"},
-                            "ExpressionAttributeValues": _vals(
-                                q="quarantined", r="reclaiming", at=at, fence=sl.fence, since=sl.state_since
-                            ),
-                        }
-                    },
-                    self._put_event(event),
-                ]
-            )
-        except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
-                return False
-            raise
-        return True
+        return self._change_slice(
+            sl,
+            "SET #state = :q, state_since = :at REMOVE expiry_pk, expiry_sk",
+            "#state = :r AND fence = :fence AND state_since = :since",
+            _vals(q="quarantined", r="reclaiming", at=at, fence=sl.fence, since=sl.state_since),
+            event,
+        )
 
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         items = self._query(
