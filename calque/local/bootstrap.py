@@ -56,7 +56,8 @@ def queue_env_name(queue_id: str) -> str:
     return str(getattr(resources, f"ENV_{queue_id.upper()}_QUEUE_URL", default))
 
 
-def _create_table(ddb: Any, name: str) -> None:
+def create_registry_table(ddb: Any, name: str) -> None:
+    """The registry table exactly as calque.resources describes it (tests build theirs here too)."""
     t = resources.REGISTRY_TABLE
     keys = [
         {"AttributeName": t.partition_key, "KeyType": "HASH"},
@@ -136,7 +137,7 @@ def ssm_document_content() -> dict[str, Any]:
 def create_all(session: Any, *, account: str, region: str, visibility_scale: float = 1.0) -> LocalResources:
     """Everything the handlers need, in the moto server ``session``'s clients point at."""
     out = LocalResources(table_name=f"{PREFIX}-registry")
-    _create_table(session.client("dynamodb"), out.table_name)
+    create_registry_table(session.client("dynamodb"), out.table_name)
     sqs = session.client("sqs")
     for q in resources.QUEUES:
         _create_queue(sqs, q, out, visibility_scale)

@@ -1,32 +1,13 @@
-"""The registry table as calque.resources describes it, created in moto's in-process mock."""
+"""The registry table as calque.resources describes it, created in moto's in-process mock
+by the same code that creates the local plane's."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from calque import resources
+from calque.local.bootstrap import create_registry_table as _create
 
 
 def create_registry_table(ddb: Any, name: str = "calque-test-registry") -> str:
-    t = resources.REGISTRY_TABLE
-    ddb.create_table(
-        TableName=name,
-        BillingMode="PAY_PER_REQUEST",
-        KeySchema=[
-            {"AttributeName": t.partition_key, "KeyType": "HASH"},
-            {"AttributeName": t.sort_key, "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[{"AttributeName": a, "AttributeType": "S"} for a in t.attributes],
-        GlobalSecondaryIndexes=[
-            {
-                "IndexName": ix.name,
-                "KeySchema": [
-                    {"AttributeName": ix.partition_key, "KeyType": "HASH"},
-                    {"AttributeName": ix.sort_key, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            }
-            for ix in t.indexes
-        ],
-    )
+    _create(ddb, name)
     return name
