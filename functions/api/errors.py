@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -86,3 +87,33 @@ def raw_error(status: int, code: str, message: str, details: dict[str, Any] | No
         "body": json.dumps({"error": {"code": code, "message": message, "details": details or {}}}),
         "isBase64Encoded": False,
     }
+
+
+# AWS error codes that mean "not now", not "never": throttling and service trouble.
+TRANSIENT_AWS_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "RequestLimitExceeded",
+        "ThrottlingException",
+        "Throttling",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "InternalServerError",
+        "InternalFailure",
+        "RequestTimeout",
+    }
+)
+
+
+def is_transient(response: Mapping[str, Any]) -> bool:
+    code = response.get("Error", {}).get("Code", "")
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return code in TRANSIENT_AWS_CODES or status >= 500
+
+
+def dependency_down(what: str, retry_after: int = 2) -> DependencyUnavailable:
+    return DependencyUnavailable(
+        "a service the control plane depends on is unavailable; try again shortly",
+        retry_after=retry_after,
+        details={"cause": what},
+    )

@@ -15,6 +15,7 @@ from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
+from botocore.exceptions import BotoCoreError, ClientError
 
 import calque
 from calque.errors import CalqueError
@@ -54,6 +55,21 @@ def _not_found(_exc: Exception):
     return errors.error_response(
         404, "route_not_found", f"no route {app.current_event.http_method} {app.current_event.path}"
     )
+
+
+@app.exception_handler(BotoCoreError)
+def _dependency_unreachable(exc: BotoCoreError):
+    # Connection refused, timeouts, retries exhausted: the caller may try again shortly.
+    logger.warning("dependency unreachable", extra={"error": str(exc)})
+    return errors.from_domain(errors.dependency_down(type(exc).__name__))
+
+
+@app.exception_handler(ClientError)
+def _dependency_refused(exc: ClientError):
+    if errors.is_transient(exc.response):
+        logger.warning("dependency unavailable", extra={"error": str(exc)})
+        return errors.from_domain(errors.dependency_down(exc.response.get("Error", {}).get("Code", "")))
+    return _unexpected(exc)
 
 
 @app.exception_handler(Exception)

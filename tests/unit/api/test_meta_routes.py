@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tests.unit.api.events import LambdaContext, rest_event
 
@@ -63,3 +64,54 @@ def test_openapi_document_lists_the_routes(handler):
     assert status == 200
     assert "/v1/whoami" in body["paths"]
     assert body["info"]["title"] == "calque control plane"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(
+            EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1.amazonaws.com"), id="unreachable"
+        ),
+        pytest.param(
+            ClientError(
+                {
+                    "Error": {"Code": "ProvisionedThroughputExceededException", "Message": "slow down"},
+                    "ResponseMetadata": {"HTTPStatusCode": 400},
+                },
+                "Query",
+            ),
+            id="throttled",
+        ),
+    ],
+)
+def test_a_dependency_that_is_down_is_503_with_retry_after(handler, monkeypatch, failure):
+    # Given the registry cannot be reached
+    import functions.api.routes.hosts as hosts
+
+    def down():
+        raise failure
+
+    monkeypatch.setattr(hosts, "api_tenancy", down)
+    # When a member lists hosts
+    from functions.api.handler import lambda_handler
+
+    response = lambda_handler(rest_event("GET", "/v1/hosts"), LambdaContext())
+    # Then the answer is 503 with Retry-After and the contract's error shape
+    assert response["statusCode"] == 503
+    headers = {k.lower(): v for k, v in (response.get("headers") or {}).items()}
+    multi = {k.lower(): v for k, v in (response.get("multiValueHeaders") or {}).items()}
+    assert headers.get("retry-after") == "2" or multi.get("retry-after") == ["2"]
+    assert json.loads(response["body"])["error"]["code"] == "dependency_unavailable"
+
+
+def test_an_aws_error_that_is_not_transient_is_a_plain_500_without_a_trace(handler, monkeypatch):
+    import functions.api.routes.hosts as hosts
+
+    def broken():
+        raise ClientError({"Error": {"Code": "ValidationException", "Message": "bad key"}}, "Query")
+
+    monkeypatch.setattr(hosts, "api_tenancy", broken)
+    status, body = handler(rest_event("GET", "/v1/hosts"))
+    assert status == 500
+    assert body["error"]["code"] == "internal_error"
+    assert "Traceback" not in json.dumps(body)
