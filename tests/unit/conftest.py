@@ -17,4 +17,3 @@ def _no_network(monkeypatch):
         return real_connect(self, address)
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
-    yield
