@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from calque import resources
+from calque.local.environments import EnvironmentPool
 from calque.local.events import LambdaContext
 
 log = logging.getLogger("calque.local")
@@ -23,10 +24,24 @@ class FunctionNotAvailable(Exception):
 
 
 class Functions:
-    def __init__(self, account: str, region: str, prefix: str = "calque-local"):
+    """Each function is one in-process execution environment, unless ``concurrency`` gives
+    it a pool of worker-process environments (see calque/local/environments.py)."""
+
+    def __init__(
+        self,
+        account: str,
+        region: str,
+        prefix: str = "calque-local",
+        concurrency: dict[str, int] | None = None,
+    ):
         self.account = account
         self.region = region
         self.prefix = prefix
+        self._pools: dict[str, EnvironmentPool] = {
+            fid: EnvironmentPool(fid, size, account=account, region=region)
+            for fid, size in (concurrency or {}).items()
+            if size > 1
+        }
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.Lock()
         # A Lambda execution environment handles one event at a time, and Powertools'
@@ -58,7 +73,18 @@ class Functions:
             account=self.account,
         )
 
+    def warm(self, function_id: str) -> None:
+        """Start one environment of a pooled function now, not on its first request."""
+        if function_id in self._pools:
+            self._pools[function_id].start(1)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
     def invoke(self, function_id: str, event: dict[str, Any]) -> Any:
+        if function_id in self._pools:
+            return self._pools[function_id].invoke(event)
         handler = self.handler(function_id)
         with self._lock:
             one_at_a_time = self._invoke_locks.setdefault(function_id, threading.Lock())

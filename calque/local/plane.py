@@ -6,6 +6,7 @@ pollers feeding queue consumers; timers firing schedules; an SSM executor runnin
 the host agent on simulated hosts. Environment knobs (local only):
 
     CALQUE_LOCAL_SCHEDULE_SCALE   multiply every schedule's period (0.01: a 60 s rate fires every 0.6 s)
+    CALQUE_LOCAL_API_CONCURRENCY  API execution environments that may run at once (default 4; 1: in-process)
     CALQUE_LOCAL_QUEUE_SCALE      multiply every queue's visibility timeout (failed messages return sooner)
     CALQUE_LOCAL_HOST_AGENT       the command that runs the host agent (default: python -m host_agent)
 """
@@ -28,6 +29,19 @@ from calque.local.state import ACCOUNT_ID, REGION, Principal, StateDir
 log = logging.getLogger("calque.local")
 
 DEFAULT_PORT = 8787
+
+
+def _count(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise InvalidInput(f"{name} must be at least 1, got {raw!r}")
+    return value
 
 
 def _scale(name: str) -> float:
@@ -60,6 +74,8 @@ class LocalPlane:
         self.account = account
         self.schedule_scale = _scale("CALQUE_LOCAL_SCHEDULE_SCALE")
         self.queue_scale = _scale("CALQUE_LOCAL_QUEUE_SCALE")
+        # How many API execution environments may run at once (Lambda's concurrency).
+        self.api_concurrency = _count("CALQUE_LOCAL_API_CONCURRENCY", default=4)
         agent = os.environ.get("CALQUE_LOCAL_HOST_AGENT")
         self.agent_argv = shlex.split(agent) if agent else None
         self._lock_handle: Any = None
@@ -67,6 +83,7 @@ class LocalPlane:
         self._admins_lock = threading.Lock()
         self.moto: Any = None
         self.front: Any = None
+        self.functions: Any = None
         self.executor: Any = None
         self.pollers: list[Any] = []
         self.timers: dict[str, Any] = {}
@@ -91,7 +108,7 @@ class LocalPlane:
             self.resources = create_all(
                 clients, account=self.account, region=self.region, visibility_scale=self.queue_scale
             )
-            self.functions = Functions(self.account, self.region)
+            self.functions = Functions(self.account, self.region, concurrency={"api": self.api_concurrency})
             self.front = Front(
                 self.state,
                 account=self.account,
@@ -108,6 +125,7 @@ class LocalPlane:
             self._clear_caches()
             self._sync_admins()
             self.functions.handler("api")  # import the API now: a broken one fails here, not per request
+            self.functions.warm("api")
             self.executor = SsmExecutor(
                 self.state,
                 document_name=self.resources.ssm_document_name,
@@ -145,6 +163,8 @@ class LocalPlane:
             self.executor.stop()
         if self.front is not None:
             self.front.stop()
+        if self.functions is not None:
+            self.functions.close()
         if self.moto is not None:
             self.moto.stop()
         if self._lock_handle is not None:
