@@ -81,6 +81,16 @@ def _iso(at: datetime | None) -> str | None:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at else None
 
 
+# Tokens carry a fixed prefix: recognizable to secret scanners, and never starting with
+# "-" (which base64url may put first), so one always follows
+# "--token" on a command line without being taken for an option.
+TOKEN_PREFIX = "cqt_"  # noqa: S105 (a prefix, not a secret)
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -280,7 +290,7 @@ class Tenancy:
         quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
         self._check_quota(user, quota, used)
 
-        token = secrets.token_urlsafe(32)
+        token = new_token()
         tries = 0
         lost: list[str] = []
         for _round in range(2):

@@ -307,3 +307,19 @@ def test_the_reaper_ends_more_expired_sessions_than_one_page_holds():
     ]
     world.clock.advance(61)
     assert sorted(world.tenancy.reap().expired) == sorted(g.session_id for g in grants)
+
+
+def test_a_token_never_starts_with_a_dash_so_it_always_follows_token_on_a_command_line(
+    world: World, monkeypatch
+):
+    # Given the random part of a token happens to start with "-" (base64url allows it)
+    import calque.tenancy.service as service
+
+    monkeypatch.setattr(service.secrets, "token_urlsafe", lambda n: "-x" + "A" * 41)
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})
+    # When a member checks out
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    # Then the token starts with the fixed prefix, and checks the session in
+    assert grant.token.startswith("cqt_")
+    ended = world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    assert ended.state == "ended"
