@@ -49,6 +49,8 @@ class ApiSettings(CommonSettings):
     max_body_bytes: int = Field(alias="CALQUE_MAX_BODY_BYTES", default=65536, gt=0)
     session_ttl_floor_s: int = Field(alias="CALQUE_SESSION_TTL_MIN_S", default=10, ge=1)
     session_ttl_max_s: int = Field(alias="CALQUE_SESSION_TTL_MAX_S", default=7 * 24 * 3600, ge=10)
+    # Concurrent sessions of a member an admin has set no quota for.
+    default_max_sessions: int = Field(alias="CALQUE_DEFAULT_MAX_SESSIONS", default=2, ge=0)
 
 
 class HostTasksSettings(CommonSettings):

@@ -115,3 +115,24 @@ def test_an_aws_error_that_is_not_transient_is_a_plain_500_without_a_trace(handl
     assert status == 500
     assert body["error"]["code"] == "internal_error"
     assert "Traceback" not in json.dumps(body)
+
+
+def test_the_default_session_allowance_is_a_setting(monkeypatch):
+    from calque.settings import ApiSettings
+
+    base = {
+        "CALQUE_TABLE_NAME": "t",
+        "CALQUE_HOST_TASKS_QUEUE_URL": "q",
+        "CALQUE_HOST_ROLE_NAME": "r",
+    }
+    assert ApiSettings.from_env(base).default_max_sessions == 2
+    assert ApiSettings.from_env({**base, "CALQUE_DEFAULT_MAX_SESSIONS": "5"}).default_max_sessions == 5
+    with pytest.raises(ValueError, match="CALQUE_DEFAULT_MAX_SESSIONS"):
+        ApiSettings.from_env({**base, "CALQUE_DEFAULT_MAX_SESSIONS": "-1"})
+
+
+def test_the_api_domain_is_built_with_that_allowance(handler, monkeypatch):
+    monkeypatch.setenv("CALQUE_DEFAULT_MAX_SESSIONS", "5")
+    from calque.tenancy.wiring import api_tenancy
+
+    assert api_tenancy().config.default_max_sessions == 5
