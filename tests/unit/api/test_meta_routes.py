@@ -133,6 +133,8 @@ def test_the_default_session_allowance_is_a_setting(monkeypatch):
 
 def test_the_api_domain_is_built_with_that_allowance(handler, monkeypatch):
     monkeypatch.setenv("CALQUE_DEFAULT_MAX_SESSIONS", "5")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # building clients must not look for credentials
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     from calque.tenancy.wiring import api_tenancy
 
     assert api_tenancy().config.default_max_sessions == 5
