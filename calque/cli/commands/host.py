@@ -205,6 +205,7 @@ def _indent(text: str) -> str:
 
 
 def register(subparsers: Any) -> None:
+    from calque.cli.durations import duration_arg
     from calque.cli.main import command_group
 
     group = command_group(subparsers, "host", help="tenancy hosts: register running instances, list, drain")
@@ -245,6 +246,18 @@ def register(subparsers: Any) -> None:
     )
     layout.add_argument("--spec", metavar="FILE", help="the host agent's layout spec, JSON or YAML")
     p.add_argument("--spot", action="store_true", help="the instance runs on spot capacity")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait, showing progress, until the host agent has applied the layout (or failed)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=duration_arg,
+        default=600,
+        metavar="DURATION",
+        help="with --wait: how long to wait, e.g. 90s, 10m (default 10m)",
+    )
     p.set_defaults(func=_register, _parser=p)
 
     p = group.add_parser("list", help="every host and its slices")
@@ -281,6 +294,7 @@ def _register(ctx: Any, args: argparse.Namespace) -> None:
         mps_memory_limit_mib=args.mps_memory_limit_mib,
         spec=args.spec,
         spot=args.spot,
+        wait_s=args.timeout if args.wait else None,
     )
 
 
@@ -295,6 +309,7 @@ def do_register(
     mps_memory_limit_mib: int | None = None,
     spec: str | None = None,
     spot: bool = False,
+    wait_s: float | None = None,
 ) -> None:
     layout = layout_from_flags(
         mig=mig,
@@ -311,7 +326,48 @@ def do_register(
         f"Registered {host.get('instance_id')} ({host.get('instance_type')}, {host.get('sharing')}). "
         "Its slices stay 'pending' until the host agent reports the layout applied."
     )
+    if wait_s is not None:
+        host = wait_until_applied(ctx, instance_id, timeout_s=wait_s)
+        note = f"{instance_id} is ready: the host agent applied the layout."
     ctx.emit(host, text=note + "\n\n" + render_host(host))
+
+
+def wait_until_applied(
+    ctx: Any, instance_id: str, *, timeout_s: float, interval_s: float = 1.0
+) -> dict[str, Any]:
+    """Poll the host until the agent's report made it ``ready`` (or ``failed``), printing
+    progress on stderr (stdout stays one document for scripts)."""
+    import sys
+    import time
+
+    path = f"/v1/hosts/{quote(instance_id, safe='')}"
+    start = time.monotonic()
+    last = None
+    while True:
+        host = ctx.client().request("GET", path)
+        state = host.get("state")
+        elapsed = time.monotonic() - start
+        status = f"{state}, slices {slice_summary(host.get('slices') or [])}"
+        if status != last:
+            print(f"... {instance_id}: {status} ({elapsed:.0f}s)", file=sys.stderr, flush=True)
+            last = status
+        if state == "failed":
+            raise CliError(
+                f"the host agent could not apply the layout on {instance_id}: "
+                f"{host.get('state_reason') or 'no reason reported'}",
+                code="layout_failed",
+                details={"instance_id": instance_id, "state_reason": host.get("state_reason")},
+            )
+        if state != "pending":
+            return dict(host)
+        if elapsed >= timeout_s:
+            raise CliError(
+                f"{instance_id} is still pending after {timeout_s:g}s: the host agent has not reported; "
+                "check that SSM reaches the instance (tag calque:host=managed, the host instance profile)",
+                code="wait_timeout",
+                details={"instance_id": instance_id, "timeout_s": timeout_s},
+            )
+        time.sleep(interval_s)
 
 
 def _list(ctx: Any, args: argparse.Namespace) -> None:

@@ -218,3 +218,74 @@ def test_drain_sends_force_and_reason(api, cli):
     assert code == 0
     assert api.requests[0][2] == {"force": True, "reason": "maintenance"}
     assert "draining" in out
+
+
+def _ready(host):
+    return {**host, "state": "ready", "slices": [{**s, "state": "free"} for s in host["slices"]]}
+
+
+def test_register_wait_shows_progress_until_the_agent_applied_the_layout(api, cli, monkeypatch):
+    # Given a host that the agent reports ready on the third look
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    api.responses[("POST", "/v1/hosts")] = HOST
+    looks = iter([HOST, HOST, _ready(HOST)])
+    api.responses[("GET", "/v1/hosts/i-0abc")] = lambda _body: next(looks)
+    # When the admin registers with --wait, for a script
+    code, out, err = cli(
+        "--output",
+        "json",
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--mig",
+        "1g.24gb=4",
+        "--wait",
+    )
+    # Then stdout is the ready host alone, and the progress went to stderr
+    assert code == 0
+    assert json.loads(out)["state"] == "ready"
+    assert "pending, slices 4: 4 pending" in err
+    assert "ready, slices 4: 4 free" in err
+
+
+def test_register_wait_says_why_the_layout_failed(api, cli, monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    api.responses[("POST", "/v1/hosts")] = HOST
+    failed = {**HOST, "state": "failed", "state_reason": "GPU 0: 3 process(es) run on it"}
+    api.responses[("GET", "/v1/hosts/i-0abc")] = failed
+    code, _out, err = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--wait",
+    )
+    assert code == 1
+    assert "could not apply the layout on i-0abc: GPU 0: 3 process(es) run on it" in err
+
+
+def test_register_wait_gives_up_after_its_timeout_with_what_to_check(api, cli, monkeypatch):
+    clock = iter(range(0, 10_000, 30))
+    monkeypatch.setattr("time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    api.responses[("POST", "/v1/hosts")] = HOST
+    api.responses[("GET", "/v1/hosts/i-0abc")] = HOST
+    code, _out, err = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--wait",
+        "--timeout",
+        "2m",
+    )
+    assert code == 1
+    assert "still pending after 120s" in err
+    assert "calque:host=managed" in err
