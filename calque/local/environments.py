@@ -40,14 +40,11 @@ def handler_environment() -> dict[str, str]:
 
 def _serve(conn: Connection, function_id: str, account: str, region: str) -> None:
     """A worker's whole life: import the handler once, then one event at a time."""
-    import importlib
-
-    from calque import aws, resources, settings
-    from calque.local.events import LambdaContext
+    from calque import aws, settings
+    from calque.local.functions import lambda_context, load_handler
 
     current: dict[str, str] = {}
     handler = None
-    f = resources.function(function_id)
     try:
         while True:
             try:
@@ -66,15 +63,8 @@ def _serve(conn: Connection, function_id: str, account: str, region: str) -> Non
                 aws.clear_caches()
             try:
                 if handler is None:
-                    module_name, _, attr = f.handler.rpartition(".")
-                    handler = getattr(importlib.import_module(module_name), attr)
-                context = LambdaContext(
-                    function_name=f"calque-local-{f.id}",
-                    timeout_s=f.timeout_s,
-                    memory_limit_in_mb=f.memory_mib,
-                    region=region,
-                    account=account,
-                )
+                    handler = load_handler(function_id)
+                context = lambda_context(function_id, account=account, region=region)
                 conn.send(("ok", handler(event, context)))
             except Exception:
                 conn.send(("error", traceback.format_exc()))

@@ -23,6 +23,32 @@ class FunctionNotAvailable(Exception):
     """A function's module cannot be imported in this installation."""
 
 
+def load_handler(function_id: str) -> Handler:
+    """The handler the runtime would load: the dotted path in calque.resources.FUNCTIONS."""
+    dotted = resources.function(function_id).handler
+    module_name, _, attr = dotted.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise FunctionNotAvailable(f"{function_id}: {module_name} is not installed") from exc
+        raise
+    return getattr(module, attr)
+
+
+def lambda_context(
+    function_id: str, *, account: str, region: str, prefix: str = "calque-local"
+) -> LambdaContext:
+    f = resources.function(function_id)
+    return LambdaContext(
+        function_name=f"{prefix}-{f.id}",
+        timeout_s=f.timeout_s,
+        memory_limit_in_mb=f.memory_mib,
+        region=region,
+        account=account,
+    )
+
+
 class Functions:
     """Each function is one in-process execution environment, unless ``concurrency`` gives
     it a pool of worker-process environments (see calque/local/environments.py)."""
@@ -52,26 +78,11 @@ class Functions:
     def handler(self, function_id: str) -> Handler:
         with self._lock:
             if function_id not in self._handlers:
-                dotted = resources.function(function_id).handler
-                module_name, _, attr = dotted.rpartition(".")
-                try:
-                    module = importlib.import_module(module_name)
-                except ModuleNotFoundError as exc:
-                    if exc.name and module_name.startswith(exc.name):
-                        raise FunctionNotAvailable(f"{function_id}: {module_name} is not installed") from exc
-                    raise
-                self._handlers[function_id] = getattr(module, attr)
+                self._handlers[function_id] = load_handler(function_id)
             return self._handlers[function_id]
 
     def context(self, function_id: str) -> LambdaContext:
-        f = resources.function(function_id)
-        return LambdaContext(
-            function_name=f"{self.prefix}-{f.id}",
-            timeout_s=f.timeout_s,
-            memory_limit_in_mb=f.memory_mib,
-            region=self.region,
-            account=self.account,
-        )
+        return lambda_context(function_id, account=self.account, region=self.region, prefix=self.prefix)
 
     def warm(self, function_id: str) -> None:
         """Start one environment of a pooled function now, not on its first request."""
