@@ -38,6 +38,11 @@ def status_for(exc: CalqueError) -> int:
     return int(HTTPStatus.BAD_REQUEST)
 
 
+def error_document(code: str, message: str, details: dict[str, Any] | None = None) -> str:
+    """The contract's error shape, as the JSON body every refusal carries."""
+    return json.dumps({"error": {"code": code, "message": message, "details": details or {}}}, default=str)
+
+
 def error_response(
     status: int,
     code: str,
@@ -45,11 +50,10 @@ def error_response(
     details: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
-    body = {"error": {"code": code, "message": message, "details": details or {}}}
     return Response(
         status_code=status,
         content_type=content_types.APPLICATION_JSON,
-        body=json.dumps(body, default=str),
+        body=error_document(code, message, details),
         headers=headers or {},
     )
 
@@ -84,7 +88,7 @@ def raw_error(status: int, code: str, message: str, details: dict[str, Any] | No
     return {
         "statusCode": status,
         "headers": {"Content-Type": content_types.APPLICATION_JSON},
-        "body": json.dumps({"error": {"code": code, "message": message, "details": details or {}}}),
+        "body": error_document(code, message, details),
         "isBase64Encoded": False,
     }
 
