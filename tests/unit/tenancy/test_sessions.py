@@ -313,7 +313,7 @@ def test_a_token_never_starts_with_a_dash_so_it_always_follows_token_on_a_comman
     world: World, monkeypatch
 ):
     # Given the random part of a token happens to start with "-" (base64url allows it)
-    import calque.tenancy.service as service
+    import calque.tenancy.core as service
 
     monkeypatch.setattr(service.secrets, "token_urlsafe", lambda n: "-x" + "A" * 41)
     world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})

@@ -1,0 +1,272 @@
+"""The tenancy domain's shared part: its settings, its record-keeping helpers and its views.
+
+Each capability (hosts, sessions, quotas, the reaper) is a mixin over ``TenancyCore``;
+``calque.tenancy.service.Tenancy`` composes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import random
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from calque.contracts.tenancy import (
+    INSTANCE_ID_PATTERN,
+    SESSION_ID_PATTERN,
+    USER_PATTERN,
+    Host,
+    ReclaimTask,
+    Session,
+    Slice,
+)
+from calque.errors import Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.identity import Caller
+from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
+from calque.registry.ports import HostTaskQueue, Registry, StaleWrite
+
+REAPER = "calque-reaper"
+
+
+@dataclass(frozen=True)
+class TenancyConfig:
+    ttl_floor_s: int = 10
+    ttl_max_s: int = 7 * 24 * 3600
+    default_ttl_s: int = 2 * 3600
+    # Applies to users no admin gave a quota.
+    default_max_sessions: int = 2
+    # Candidates read per placement query, and grants tried per check-out: both bounded,
+    # so a check-out costs the same number of requests on 10 hosts as on 1,000.
+    candidate_limit: int = 8
+    max_tries: int = 6
+    reclaim_timeout_s: int = 300
+    # A reclaim report that started this long before its slice entered reclaiming is
+    # still accepted (host clocks drift a little); anything earlier is a stale report.
+    clock_skew_s: int = 2
+    list_limit: int = 100
+    reaper_pages: int = 10
+
+
+@dataclass
+class ReapSummary:
+    expired: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+    raced: list[str] = field(default_factory=list)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at else None
+
+
+# Tokens carry a fixed prefix: recognizable to secret scanners, and never starting with
+# "-" (which base64url may put first), so one always follows
+# "--token" on a command line without being taken for an option.
+TOKEN_PREFIX = "cqt_"  # noqa: S105 (a prefix, not a secret)
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TenancyCore:
+    def __init__(
+        self,
+        registry: Registry,
+        tasks: HostTaskQueue,
+        *,
+        config: TenancyConfig | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.tasks = tasks
+        self.config = config or TenancyConfig()
+        self.clock = clock
+        self.rng = rng or random.Random()  # noqa: S311 - spreads contention, not a secret
+
+    def _host(self, instance_id: str) -> HostRecord:
+        # An id that cannot exist is unknown, without asking the registry (keys have size limits).
+        host = self.registry.get_host(instance_id) if re.fullmatch(INSTANCE_ID_PATTERN, instance_id) else None
+        if host is None:
+            raise NotFound(f"no host {instance_id} is registered", details={"instance_id": instance_id})
+        return host
+
+    @staticmethod
+    def _check_user(user: str) -> None:
+        if not re.fullmatch(USER_PATTERN, user):
+            raise InvalidInput(f"{user[:64]!r} is not a user name", details={"field": "user"})
+
+    def _move_host(
+        self, instance_id: str, state: str, reason: str | None, at: datetime, expect: set[str]
+    ) -> HostRecord:
+        try:
+            return self.registry.set_host_state(instance_id, state, reason=reason, at=at, expect=expect)  # type: ignore[arg-type]
+        except StaleWrite:
+            return self._host(instance_id)
+
+    def _settle_drain(self, instance_id: str) -> HostRecord:
+        host = self._host(instance_id)
+        if host.state != "draining":
+            return host
+        busy = [s for s in self.registry.slices(instance_id) if s.state in ("held", "reclaiming")]
+        if busy:
+            return host
+        return self._move_host(instance_id, "drained", host.state_reason, self.clock(), {"draining"})
+
+    def _visible_session(self, who: Caller, session_id: str) -> SessionRecord:
+        known = re.fullmatch(SESSION_ID_PATTERN, session_id)
+        session = self.registry.get_session(session_id) if known else None
+        if session is None or (session.user != who.principal and not who.admin):
+            raise NotFound(f"no session {session_id}", details={"session_id": session_id})
+        return session
+
+    def _check_token(self, session: SessionRecord, token: str | None, consequence: str) -> str:
+        if not token:
+            raise InvalidInput(
+                f"the session's token is required; {consequence}",
+                code="token_required",
+                details={"field": "token"},
+            )
+        digest = hash_token(token)
+        if not hmac.compare_digest(digest, session.token_hash):
+            raise Forbidden(
+                f"the token does not match session {session.session_id}; {consequence}",
+                code="invalid_token",
+                details={"session_id": session.session_id},
+            )
+        return digest
+
+    def _end(
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        kind: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None = None,
+        expired_by: datetime | None = None,
+    ) -> SessionRecord:
+        hours = max(0.0, (at - session.created_at).total_seconds()) / 3600 * session.gpu_fraction
+        event = self._event(kind, session, at=at, who=by, why=note, gpu_hours=round(hours, 6))
+        ended = self.registry.end_session(
+            session,
+            at=at,
+            reason=reason,
+            by=by,
+            note=note,
+            token_hash=token_hash,
+            expired_by=expired_by,
+            gpu_hours=round(hours, 6),
+            month=f"{at:%Y-%m}",
+            event=event,
+        )
+        self.tasks.send(
+            ReclaimTask(instance_id=session.instance_id, slice_id=session.slice_id, fence=session.fence)
+        )
+        return ended
+
+    @staticmethod
+    @staticmethod
+    def _event(
+        kind: str,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        who: str,
+        why: str | None,
+        gpu_hours: float | None = None,
+        expires_at: datetime | None = None,
+    ) -> LeaseEvent:
+        return LeaseEvent(
+            kind=kind,
+            at=at,
+            who=who,
+            why=why,
+            session_id=session.session_id,
+            user=session.user,
+            instance_id=session.instance_id,
+            slice_id=session.slice_id,
+            fence=session.fence,
+            gpu_hours=gpu_hours,
+            expires_at=expires_at or session.expires_at,
+        )
+
+    @staticmethod
+    def _host_view(who: Caller, host: HostRecord, slices: list[SliceRecord]) -> Host:
+        return Host(
+            instance_id=host.instance_id,
+            instance_type=host.instance_type,
+            sharing=host.sharing,
+            state=host.state,
+            spot=host.spot,
+            registered_at=host.registered_at,
+            layout=host.layout,
+            state_reason=host.state_reason,
+            slices=[
+                Slice(
+                    slice_id=s.slice_id,
+                    gpu_index=s.gpu_index,
+                    backend=s.backend,
+                    profile=s.profile,
+                    memory_gib=s.memory_gib,
+                    state=s.state,
+                    state_since=s.state_since,
+                    holder=s.holder if who.admin else None,
+                    session_id=s.session_id if who.admin else None,
+                )
+                for s in slices
+            ],
+        )
+
+    @staticmethod
+    @staticmethod
+    def _session_view(s: SessionRecord) -> Session:
+        return Session(
+            session_id=s.session_id,
+            user=s.user,
+            instance_id=s.instance_id,
+            slice_id=s.slice_id,
+            backend=s.backend,
+            profile=s.profile,
+            memory_gib=s.memory_gib,
+            state=s.state,
+            expires_at=s.expires_at,
+            created_at=s.created_at,
+            ended_at=s.ended_at,
+            end_reason=s.end_reason,
+            env=s.env,
+        )
+
+    def _check_quota(self, user: str, quota: QuotaRecord | None, used: float, *, force: bool = False) -> None:
+        explicit = quota is not None and quota.explicit
+        max_sessions = quota.max_sessions if explicit and quota else self.config.default_max_sessions
+        live = quota.live if quota else 0
+        if force or live >= max_sessions:
+            raise QuotaExceeded(
+                f"{user} already has {live} live session(s); the quota allows {max_sessions}",
+                details={"user": user, "max_sessions": max_sessions, "live_sessions": live},
+            )
+        allowance = quota.max_gpu_hours_per_month if quota else None
+        if allowance is not None and used >= allowance:
+            raise QuotaExceeded(
+                f"{user} used {used:.2f} of {allowance:g} GPU-hours this month",
+                details={
+                    "user": user,
+                    "max_gpu_hours_per_month": allowance,
+                    "gpu_hours_used": round(used, 4),
+                },
+            )

@@ -1,0 +1,184 @@
+"""Hosts: registration, listing, draining, and the host agent's reports."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from calque import catalog
+from calque.catalog import planner
+from calque.contracts.agent import AgentReport
+from calque.contracts.tenancy import (
+    ApplyTask,
+    Host,
+    HostRegistration,
+    ReportAccepted,
+)
+from calque.errors import Conflict, InvalidInput
+from calque.identity import Caller
+from calque.registry.models import HostRecord, LeaseEvent, SliceRecord
+from calque.registry.ports import AlreadyExists, StaleWrite
+from calque.tenancy.core import TenancyCore
+
+
+class HostsMixin(TenancyCore):
+    def register_host(self, who: Caller, req: HostRegistration) -> Host:
+        itype = catalog.instance_type(req.instance_type)
+        spec = req.layout or planner.default_layout(itype)
+        try:
+            planned = planner.expand_slices(itype, spec)
+        except InvalidInput as exc:
+            where = exc.details.get("field")
+            raise InvalidInput(
+                f"layout: {exc.message}",
+                code="invalid_layout",
+                details={**exc.details, "field": f"layout.{where}" if where else "layout"},
+            ) from None
+        if not planned:
+            raise InvalidInput(
+                "layout: it creates no slices", code="invalid_layout", details={"field": "layout"}
+            )
+        backends = {p.backend for p in planned}
+        now = self.clock()
+        layout_doc = spec.model_dump(mode="json", exclude_none=True)
+        host = HostRecord(
+            instance_id=req.instance_id,
+            instance_type=itype.name,
+            sharing=backends.pop() if len(backends) == 1 else "mixed",
+            state="pending",
+            spot=req.spot,
+            layout=layout_doc,
+            registered_at=now,
+            registered_by=who.principal,
+            state_since=now,
+        )
+        card_gib = itype.card.memory_gib
+        slices = [
+            SliceRecord(
+                instance_id=req.instance_id,
+                slice_id=p.slice_id,
+                gpu_index=p.gpu_index,
+                backend=p.backend,
+                profile=p.profile,
+                memory_gib=p.memory_gib,
+                gpu_fraction=min(1.0, p.memory_gib / card_gib) if card_gib else 1.0,
+                state="pending",
+                spot=req.spot,
+                state_since=now,
+            )
+            for p in planned
+        ]
+        try:
+            self.registry.create_host(host, slices)
+        except AlreadyExists:
+            raise Conflict(
+                f"host {req.instance_id} is already registered",
+                code="already_registered",
+                details={"instance_id": req.instance_id},
+            ) from None
+        self.tasks.send(ApplyTask(instance_id=req.instance_id, spec=layout_doc))
+        return self._host_view(who, host, slices)
+
+    def get_host(self, who: Caller, instance_id: str) -> Host:
+        host = self._host(instance_id)
+        return self._host_view(who, host, self.registry.slices(instance_id))
+
+    def list_hosts(self, who: Caller) -> list[Host]:
+        return [
+            self._host_view(who, h, self.registry.slices(h.instance_id)) for h in self.registry.list_hosts()
+        ]
+
+    def drain(self, who: Caller, instance_id: str, *, force: bool, reason: str | None) -> Host:
+        host = self._host(instance_id)
+        slices = self.registry.slices(instance_id)
+        held = [s for s in slices if s.state == "held"]
+        if held and not force:
+            raise Conflict(
+                f"{len(held)} session(s) still live on {instance_id}; end them first or drain with force",
+                code="host_has_live_sessions",
+                details={"instance_id": instance_id, "live_sessions": [s.session_id for s in held]},
+            )
+        now = self.clock()
+        if host.state not in ("draining", "drained"):
+            try:
+                host = self.registry.set_host_state(
+                    instance_id, "draining", reason=reason, at=now, expect={"pending", "ready", "failed"}
+                )
+            except StaleWrite:
+                host = self._host(instance_id)
+        for sl in slices:
+            if sl.state == "free" and sl.placeable:
+                self.registry.set_placeable(sl, False)
+        # A check-out may have won a slice between the read above and the fence; end
+        # whatever is held now when forced.
+        for sl in self.registry.slices(instance_id) if force else []:
+            if sl.state != "held" or sl.session_id is None:
+                continue
+            session = self.registry.get_session(sl.session_id)
+            if session is None or session.state != "live":
+                continue
+            try:
+                self._end(session, at=now, reason="drained", kind="drained", by=who.principal, note=reason)
+            except StaleWrite:
+                continue
+        return self._host_view(who, self._settle_drain(instance_id), self.registry.slices(instance_id))
+
+    def report(self, instance_id: str, report: AgentReport) -> ReportAccepted:
+        host = self._host(instance_id)
+        if report.instance_id != instance_id:
+            raise InvalidInput(
+                f"the report is for {report.instance_id}, not {instance_id}",
+                details={"field": "instance_id", "value": report.instance_id},
+            )
+        now = self.clock()
+        known = {s.slice_id: s for s in self.registry.slices(instance_id)}
+        freed: list[str] = []
+        ignored: list[str] = []
+        if report.verb == "reclaim":
+            sid = report.reclaimed_slice_id or next(
+                (s.slice_id for s in report.slices if s.state == "reclaimed"), None
+            )
+            sl = known.get(sid) if sid else None
+            if report.ok and sl is not None:
+                event = LeaseEvent(
+                    kind="reclaimed",
+                    at=now,
+                    who=f"host/{instance_id}",
+                    why="the host agent reclaimed it",
+                    instance_id=instance_id,
+                    slice_id=sl.slice_id,
+                    fence=sl.fence,
+                )
+                done = self.registry.slice_reclaimed(
+                    sl,
+                    placeable=host.state == "ready",
+                    not_before=report.started_at + timedelta(seconds=self.config.clock_skew_s),
+                    fence=report.fence,
+                    event=event,
+                )
+                (freed if done else ignored).append(sl.slice_id)
+            elif sid:
+                ignored.append(sid)
+        else:
+            if host.state == "pending" and report.verb == "apply":
+                if report.ok and report.layout_applied:
+                    host = self._move_host(instance_id, "ready", None, now, {"pending"})
+                elif not report.ok:
+                    why = (
+                        report.error.message if report.error else "the host agent could not apply the layout"
+                    )
+                    host = self._move_host(instance_id, "failed", why, now, {"pending"})
+            placeable = host.state == "ready"
+            for sr in report.slices:
+                if sr.slice_id not in known or sr.state != "ready":
+                    ignored.append(sr.slice_id)
+                    continue
+                done = self.registry.slice_ready(
+                    known[sr.slice_id],
+                    device_uuid=sr.device_uuid,
+                    env=sr.env,
+                    placeable=placeable,
+                    at=now,
+                )
+                (freed if done else ignored).append(sr.slice_id)
+        host = self._settle_drain(instance_id) if host.state == "draining" else host
+        return ReportAccepted(instance_id=instance_id, host_state=host.state, freed=freed, ignored=ignored)

@@ -1,0 +1,48 @@
+"""Quotas: what an admin sets, what a user has used, and the refusal that says so."""
+
+from __future__ import annotations
+
+from calque.contracts.tenancy import (
+    Quota,
+    QuotaUpdate,
+)
+from calque.errors import Forbidden
+from calque.identity import Caller
+from calque.tenancy.core import TenancyCore
+
+
+class QuotasMixin(TenancyCore):
+    def set_quota(self, who: Caller, user: str, req: QuotaUpdate) -> Quota:
+        self._check_user(user)
+        self.registry.put_quota(
+            user,
+            max_sessions=req.max_sessions,
+            max_gpu_hours_per_month=req.max_gpu_hours_per_month,
+            by=who.principal,
+            at=self.clock(),
+        )
+        return self.get_quota(who, user)
+
+    def get_quota(self, who: Caller, user: str) -> Quota:
+        user = who.principal if user == "me" else user
+        self._check_user(user)
+        if user != who.principal and not who.admin:
+            raise Forbidden("members may read only their own quota", details={"field": "user"})
+        now = self.clock()
+        month = f"{now:%Y-%m}"
+        quota, used = self.registry.quota_and_usage(user, month)
+        month_start = now.replace(day=1, hour=0, minute=0, second=0)
+        live = [s for s in self.registry.sessions_of(user, self.config.list_limit) if s.state == "live"]
+        running = sum(
+            (now - max(s.created_at, month_start)).total_seconds() / 3600 * s.gpu_fraction for s in live
+        )
+        explicit = quota is not None and quota.explicit
+        return Quota(
+            user=user,
+            max_sessions=quota.max_sessions if explicit and quota else self.config.default_max_sessions,
+            max_gpu_hours_per_month=quota.max_gpu_hours_per_month if quota else None,
+            live_sessions=len(live),
+            gpu_hours_used_this_month=round(used + running, 4),
+            month=month,
+            default=not explicit,
+        )

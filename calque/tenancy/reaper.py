@@ -1,0 +1,49 @@
+"""The reaper: ends sessions past their expiry and quarantines slices whose reclaim never came."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from calque.registry.models import LeaseEvent
+from calque.registry.ports import StaleWrite
+from calque.tenancy.core import REAPER, ReapSummary, TenancyCore
+
+
+class ReaperMixin(TenancyCore):
+    def reap(self) -> ReapSummary:
+        """End sessions past their expiry; quarantine slices whose host never reported a reclaim."""
+        now = self.clock()
+        out = ReapSummary()
+        # Ended sessions leave the index, so each page is fresh; bounded, the next run continues.
+        for _page in range(self.config.reaper_pages):
+            page = self.registry.live_sessions(expiring_at_or_before=now, limit=self.config.list_limit)
+            for session in page:
+                try:
+                    self._end(
+                        session,
+                        at=now,
+                        reason="expired",
+                        kind="expired",
+                        by=REAPER,
+                        note="the TTL passed",
+                        expired_by=now,
+                    )
+                    out.expired.append(session.session_id)
+                except StaleWrite:
+                    out.raced.append(session.session_id)  # extended or checked in meanwhile: theirs wins
+            if len(page) < self.config.list_limit:
+                break
+        cutoff = now - timedelta(seconds=self.config.reclaim_timeout_s)
+        for sl in self.registry.reclaiming_before(cutoff, self.config.list_limit):
+            event = LeaseEvent(
+                kind="quarantined",
+                at=now,
+                who=REAPER,
+                why=f"no reclaim report within {self.config.reclaim_timeout_s} s",
+                instance_id=sl.instance_id,
+                slice_id=sl.slice_id,
+                fence=sl.fence,
+            )
+            if self.registry.quarantine(sl, at=now, event=event):
+                out.quarantined.append(f"{sl.instance_id}/{sl.slice_id}")
+        return out

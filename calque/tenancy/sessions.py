@@ -1,0 +1,266 @@
+"""Sessions: check-out (placement), check-in, extend, show and list."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timedelta
+
+from calque.contracts.tenancy import (
+    CheckinRequest,
+    CheckoutRequest,
+    Connect,
+    ExtendRequest,
+    Session,
+    SessionGrant,
+)
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput
+from calque.identity import Caller
+from calque.registry.models import SessionRecord, SliceRecord
+from calque.registry.ports import QuotaFull, SliceTaken, StaleWrite
+from calque.tenancy.core import TenancyCore, _iso, hash_token, new_token
+
+
+class SessionsMixin(TenancyCore):
+    def checkout(self, who: Caller, req: CheckoutRequest) -> SessionGrant:
+        if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
+            raise ConsentRequired(
+                "MPS clients share a GPU with no isolation between tenants; ask again with "
+                "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
+                details={"field": "accept_shared_gpu_no_isolation"},
+            )
+        ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
+        now = self.clock()
+        user = who.principal
+        quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
+        self._check_quota(user, quota, used)
+
+        token = new_token()
+        tries = 0
+        lost: list[str] = []
+        for _round in range(2):
+            candidates = self._candidates(req)
+            for sl in candidates:
+                if tries >= self.config.max_tries:
+                    break
+                tries += 1
+                session = SessionRecord(
+                    session_id=f"s-{secrets.token_hex(8)}",
+                    user=user,
+                    instance_id=sl.instance_id,
+                    slice_id=sl.slice_id,
+                    backend=sl.backend,
+                    profile=sl.profile,
+                    memory_gib=sl.memory_gib,
+                    gpu_fraction=sl.gpu_fraction,
+                    state="live",
+                    fence=sl.fence + 1,
+                    token_hash=hash_token(token),
+                    created_at=now,
+                    expires_at=now + timedelta(seconds=ttl),
+                    env=sl.env,
+                    spot=sl.spot,
+                )
+                event = self._event("granted", session, at=now, who=user, why=None)
+                try:
+                    self.registry.grant(
+                        sl, session, default_max_sessions=self.config.default_max_sessions, event=event
+                    )
+                except SliceTaken:
+                    lost.append(sl.slice_id)
+                    continue
+                except QuotaFull:
+                    quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
+                    self._check_quota(user, quota, used, force=True)
+                return self._grant_view(session, token, sl)
+            if not candidates or tries >= self.config.max_tries:
+                break
+        raise Conflict(
+            "no free slice fits this request right now" + (f" (lost {len(lost)} race(s))" if lost else ""),
+            code="no_free_slice",
+            details={
+                "backend": req.backend,
+                "profile": req.profile,
+                "min_memory_gib": req.min_memory_gib,
+                "instance_id": req.instance_id,
+                "tries": tries,
+            },
+        )
+
+    def checkin(self, who: Caller, session_id: str, req: CheckinRequest) -> Session:
+        session = self._visible_session(who, session_id)
+        if req.force and not who.admin:
+            raise Forbidden("only admins may force a check-in", details={"field": "force"})
+        if session.state == "ended":
+            raise Conflict(
+                f"session {session_id} already ended ({session.end_reason})",
+                code="already_checked_in",
+                details={
+                    "session_id": session_id,
+                    "end_reason": session.end_reason,
+                    "ended_at": _iso(session.ended_at),
+                },
+            )
+        token_hash: str | None = None
+        if req.force:
+            reason, kind = "forced", "forced"
+        else:
+            token_hash = self._check_token(session, req.token, "nothing was released")
+            reason, kind = "checked_in", "checked_in"
+        try:
+            ended = self._end(
+                session,
+                at=self.clock(),
+                reason=reason,
+                kind=kind,
+                by=who.principal,
+                note=req.reason,
+                token_hash=token_hash,
+            )
+        except StaleWrite:
+            current = self.registry.get_session(session_id)
+            if current is not None and current.state == "ended":
+                raise Conflict(
+                    f"session {session_id} already ended ({current.end_reason})",
+                    code="already_checked_in",
+                    details={"session_id": session_id, "end_reason": current.end_reason},
+                ) from None
+            raise Conflict(
+                f"session {session_id}'s slice changed while checking in; nothing was released",
+                code="slice_state_changed",
+                details={"session_id": session_id},
+            ) from None
+        return self._session_view(ended)
+
+    def extend(self, who: Caller, session_id: str, req: ExtendRequest) -> Session:
+        session = self._visible_session(who, session_id)
+        now = self.clock()
+        self._check_extendable(session, now)
+        token_hash = self._check_token(session, req.token, "the expiry is unchanged")
+        expires_at = session.expires_at + timedelta(seconds=req.ttl_seconds)
+        limit = session.created_at + timedelta(seconds=self.config.ttl_max_s)
+        if expires_at > limit:
+            raise InvalidInput(
+                f"a session may last at most {self.config.ttl_max_s} s; "
+                f"it could run until {limit:%Y-%m-%dT%H:%M:%SZ}",
+                code="invalid_ttl",
+                details={
+                    "field": "ttl_seconds",
+                    "max_expires_at": _iso(limit),
+                    "ttl_max_s": self.config.ttl_max_s,
+                },
+            )
+        event = self._event("extended", session, at=now, who=who.principal, why=None, expires_at=expires_at)
+        try:
+            new = self.registry.extend_session(
+                session, expires_at=expires_at, token_hash=token_hash, now=now, event=event
+            )
+        except StaleWrite:
+            current = self.registry.get_session(session_id) or session
+            self._check_extendable(current, self.clock())
+            raise Conflict(
+                f"session {session_id} changed while extending; read it and try again",
+                code="session_changed",
+                details={"session_id": session_id},
+            ) from None
+        return self._session_view(new)
+
+    def get_session(self, who: Caller, session_id: str) -> Session:
+        return self._session_view(self._visible_session(who, session_id))
+
+    def list_sessions(self, who: Caller, *, everyone: bool) -> list[Session]:
+        if everyone:
+            if not who.admin:
+                raise Forbidden("listing every user's sessions is for admins only", details={"field": "all"})
+            found = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
+        else:
+            found = self.registry.sessions_of(who.principal, self.config.list_limit)
+        return [self._session_view(s) for s in found]
+
+    def _ttl(self, seconds: int) -> int:
+        lo, hi = self.config.ttl_floor_s, self.config.ttl_max_s
+        if not lo <= seconds <= hi:
+            raise InvalidInput(
+                f"ttl_seconds must be between {lo} and {hi} (got {seconds})",
+                code="invalid_ttl",
+                details={"field": "ttl_seconds", "min": lo, "max": hi, "value": seconds},
+            )
+        return seconds
+
+    def _candidates(self, req: CheckoutRequest) -> list[SliceRecord]:
+        limit = self.config.candidate_limit
+        if req.instance_id is not None:
+            host = self._host(req.instance_id)
+            if host.state != "ready":
+                raise Conflict(
+                    f"host {req.instance_id} is {host.state}, not accepting sessions",
+                    code="host_not_ready",
+                    details={"instance_id": req.instance_id, "state": host.state},
+                )
+            found = [
+                s
+                for s in self.registry.slices(req.instance_id)
+                if s.state == "free"
+                and s.placeable
+                and s.backend == req.backend
+                and (req.profile is None or s.profile == req.profile)
+                and (req.min_memory_gib is None or s.memory_gib >= req.min_memory_gib)
+            ]
+            found.sort(key=lambda s: s.memory_gib)
+        elif req.profile is not None:
+            found = []
+            for mem in self.registry.profile_memories(req.backend, req.profile)[:4]:
+                found += self.registry.free_candidates(
+                    req.backend, min_memory_gib=None, profile_memory=(req.profile, mem), limit=limit
+                )
+        else:
+            found = self.registry.free_candidates(
+                req.backend, min_memory_gib=req.min_memory_gib, profile_memory=None, limit=limit
+            )
+        return self._best_fit_first(found[:limit])
+
+    def _best_fit_first(self, found: list[SliceRecord]) -> list[SliceRecord]:
+        """Smallest fitting memory first; within one size, a random order, so racing
+        check-outs spread over equal slices instead of all fighting for the first."""
+        tiers: dict[float, list[SliceRecord]] = {}
+        for s in found:
+            tiers.setdefault(s.memory_gib, []).append(s)
+        out: list[SliceRecord] = []
+        for mem in sorted(tiers):
+            tier = tiers[mem]
+            self.rng.shuffle(tier)
+            out += tier
+        return out
+
+    def _check_extendable(self, session: SessionRecord, now: datetime) -> None:
+        if session.state == "ended":
+            raise Conflict(
+                f"session {session.session_id} already ended ({session.end_reason})",
+                code="session_ended",
+                details={"session_id": session.session_id, "end_reason": session.end_reason},
+            )
+        if session.expires_at <= now:
+            raise Conflict(
+                f"session {session.session_id} expired at {session.expires_at:%Y-%m-%dT%H:%M:%SZ}",
+                code="session_expired",
+                details={"session_id": session.session_id, "expires_at": _iso(session.expires_at)},
+            )
+
+    def _grant_view(self, s: SessionRecord, token: str, sl: SliceRecord) -> SessionGrant:
+        warnings: list[str] = []
+        if sl.spot:
+            others = [
+                x
+                for x in self.registry.slices(sl.instance_id)
+                if x.state == "held" and x.session_id != s.session_id
+            ]
+            if others:
+                warnings.append(
+                    f"{sl.instance_id} runs on spot capacity and {len(others)} other session(s) share it: "
+                    "a spot reclaim would end every session on it"
+                )
+        return SessionGrant(
+            **self._session_view(s).model_dump(),
+            token=token,
+            connect=Connect(ssm_command=f"aws ssm start-session --target {s.instance_id}"),
+            warnings=warnings,
+        )
