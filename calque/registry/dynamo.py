@@ -7,6 +7,7 @@ read from the cancellation reasons), never a partial write.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -15,11 +16,14 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from calque.registry import keys
+from calque.registry import keys, spread
 from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
 
 _SER = TypeSerializer()
+# (table, backend, profile) -> (valid until, monotonic s; memory sizes)
+_PROFILE_CACHE: dict[tuple[str, str, str], tuple[float, list[float]]] = {}
+PROFILE_CACHE_S = 300.0
 _DES = TypeDeserializer()
 
 # How long an ended session's record stays before DynamoDB TTL may collect it.
@@ -120,6 +124,7 @@ class DynamoRegistry:
             **keys.slice_(sl.instance_id, sl.slice_id),
             "type": "slice",
             **sl.model_dump(exclude={"placeable"}),
+            **keys.fleet_keys(sl.instance_id, sl.slice_id),
         }
         if sl.placeable and sl.state == "free":
             item["free_pk"] = keys.free_pk(sl.backend)
@@ -150,7 +155,14 @@ class DynamoRegistry:
         try:
             self.client.put_item(
                 TableName=self.table,
-                Item=ser({**keys.host(host.instance_id), "type": "host", **host.model_dump()}),
+                Item=ser(
+                    {
+                        **keys.host(host.instance_id),
+                        "type": "host",
+                        **host.model_dump(),
+                        **keys.fleet_keys(host.instance_id),
+                    }
+                ),
                 ConditionExpression="attribute_not_exists(pk)",
             )
         except ClientError as exc:
@@ -188,6 +200,21 @@ class DynamoRegistry:
                 KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.HOSTS_PK)
             )
         ]
+
+    def fleet(self) -> list[tuple[HostRecord, list[SliceRecord]]]:
+        # Hosts and their slices sort together in the by_user index's FLEET partition: one
+        # query (1 MB pages: thousands of slices each), not one per host.
+        out: list[tuple[HostRecord, list[SliceRecord]]] = []
+        for item in self._query(
+            IndexName="by_user",
+            KeyConditionExpression="user_pk = :pk",
+            ExpressionAttributeValues=_vals(pk=keys.FLEET),
+        ):
+            if item.get("type") == "host":
+                out.append((HostRecord.model_validate(item), []))
+            elif out and item.get("instance_id") == out[-1][0].instance_id:
+                out[-1][1].append(self._slice(item))
+        return out
 
     def slices(self, instance_id: str) -> list[SliceRecord]:
         items = self._query(
@@ -321,8 +348,17 @@ class DynamoRegistry:
 
     # -- placement ------------------------------------------------------------------------
     def profile_memories(self, backend: str, profile: str) -> list[float]:
+        # Sizes of a profile only ever grow (a registration adds one), and a profile keeps
+        # its size across cards: a container re-reads them every few minutes, or at once
+        # when it knows none (the profile may be new).
+        key = (self.table, backend, profile)
+        cached = _PROFILE_CACHE.get(key)
+        if cached is not None and cached[1] and cached[0] > time.monotonic():
+            return cached[1]
         item = self._get(keys.profile(backend, profile))
-        return sorted(float(m) for m in (item or {}).get("memories", []))
+        mems = sorted(float(m) for m in (item or {}).get("memories", []))
+        _PROFILE_CACHE[key] = (time.monotonic() + PROFILE_CACHE_S, mems)
+        return mems
 
     def free_candidates(
         self,
@@ -331,26 +367,41 @@ class DynamoRegistry:
         min_memory_gib: float | None,
         profile_memory: tuple[str, float] | None,
         limit: int,
+        start: float = 0.0,
     ) -> list[SliceRecord]:
+        def query(low: str, high: str | None, n: int) -> list[tuple[str, SliceRecord]]:
+            if high is None:
+                cond = "free_pk = :pk AND free_sk >= :lo"
+                values = _vals(pk=keys.free_pk(backend), lo=low)
+            else:
+                cond = "free_pk = :pk AND free_sk BETWEEN :lo AND :hi"
+                values = _vals(pk=keys.free_pk(backend), lo=low, hi=high)
+            # One page of ``n`` items: the request count stays flat however big the fleet is.
+            page = self.client.query(
+                TableName=self.table,
+                IndexName="free_slices",
+                KeyConditionExpression=cond,
+                ExpressionAttributeValues=values,
+                Limit=n,
+            )
+            items = [des(i) for i in page.get("Items", [])]
+            return [(i["free_sk"], self._slice(i)) for i in items]
+
         if profile_memory is not None:
-            name, mem = profile_memory
-            cond = "free_pk = :pk AND begins_with(free_sk, :prefix)"
-            values = _vals(pk=keys.free_pk(backend), prefix=f"{keys.memory_key(mem)}#{name}#")
+            tier: str | None = keys.free_tier(profile_memory[1], profile_memory[0])
+            floor = None
         else:
-            cond = "free_pk = :pk AND free_sk >= :floor"
-            values = _vals(pk=keys.free_pk(backend), floor=keys.memory_key(min_memory_gib or 0))
-        # One page of `limit` items: the request count stays flat however big the fleet is.
-        page = self.client.query(
-            TableName=self.table,
-            IndexName="free_slices",
-            KeyConditionExpression=cond,
-            ExpressionAttributeValues=values,
-            Limit=limit,
-        )
-        return [self._slice(des(i)) for i in page.get("Items", [])]
+            tier, floor = None, keys.memory_key(min_memory_gib or 0)
+        return spread.read_free(query, floor=floor, tier=tier, start=start, limit=limit)
 
     def grant(
-        self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int, event: LeaseEvent
+        self,
+        sl: SliceRecord,
+        session: SessionRecord,
+        *,
+        default_max_sessions: int,
+        month: str,
+        event: LeaseEvent,
     ) -> None:
         items = [
             {
@@ -387,8 +438,18 @@ class DynamoRegistry:
                         "SET live = if_not_exists(live, :zero) + :one, "
                         "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t"
                     ),
-                    "ConditionExpression": "attribute_not_exists(live) OR live < max_sessions",
-                    "ExpressionAttributeNames": {"#user": "user", "#type": "type"},
+                    # The quota is the transaction's own condition (no pre-read): live sessions
+                    # below the maximum, and this month's GPU-hours below the allowance.
+                    "ConditionExpression": (
+                        "(attribute_not_exists(live) OR live < max_sessions) AND "
+                        "(attribute_not_exists(max_gpu_hours_per_month) OR attribute_not_exists(#used) "
+                        "OR #used < max_gpu_hours_per_month)"
+                    ),
+                    "ExpressionAttributeNames": {
+                        "#user": "user",
+                        "#type": "type",
+                        "#used": keys.month_hours(month),
+                    },
                     "ExpressionAttributeValues": _vals(
                         zero=0, one=1, dflt=default_max_sessions, user=session.user, t="quota"
                     ),
@@ -502,9 +563,10 @@ class DynamoRegistry:
             {
                 "Update": {
                     "Key": ser(keys.quota(session.user)),
-                    "UpdateExpression": "SET live = live - :one",
+                    "UpdateExpression": "SET live = live - :one ADD #used :h",
                     "ConditionExpression": "live > :zero",
-                    "ExpressionAttributeValues": _vals(one=1, zero=0),
+                    "ExpressionAttributeNames": {"#used": keys.month_hours(month)},
+                    "ExpressionAttributeValues": _vals(one=1, zero=0, h=gpu_hours),
                 }
             },
             {

@@ -4,7 +4,7 @@
     host            HOSTS                     HOST#<instance_id>
     slice           HOST#<instance_id>        SLICE#<slice_id>
     session         SESSION#<session_id>      SESSION
-    quota / counter USER#<user>               QUOTA
+    quota / counter USER#<user>               QUOTA   (live count; gpu_hours_<YYYY-MM> per month)
     monthly usage   USER#<user>               USAGE#<YYYY-MM>
     profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
     lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
@@ -12,20 +12,28 @@
 Sparse indexes (an item is in an index only while it carries that index's keys):
 
     free_slices  free_pk = FREE#<backend>
-                 free_sk = <memory, milli-GiB, 9 digits>#<profile>#<instance>#<slice>
+                 free_sk = <memory, milli-GiB, 9 digits>#<profile>#<spread>#<instance>#<slice>
                  only free slices of hosts that accept sessions: the first hit >= a floor is the best fit.
+                 <spread> (4 hex digits, a hash of instance and slice) scatters one size's slices
+                 over the key space, so racing check-outs that start reading at different
+                 random spreads read different slices (calque.registry.spread).
     by_user      user_pk = USER#<user>      user_sk = <created iso>#<session_id>        every session
+                 user_pk = FLEET            user_sk = HOST#<instance> (host), HOST#<instance>#SLICE#<slice>
+                 (the index is overloaded: the whole fleet, hosts followed by their slices, in one query)
     by_expiry    expiry_pk = LIVE           expiry_sk = <expiry epoch s, 12 digits>#<session_id>  (live)
                  expiry_pk = RECLAIMING     expiry_sk = <since epoch s, 12 digits>#<instance>#<slice>
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 
 HOSTS_PK = "HOSTS"
 LIVE = "LIVE"
 RECLAIMING = "RECLAIMING"
+FLEET = "FLEET"
+SPREAD_DIGITS = 4
 
 
 def host(instance_id: str) -> dict[str, str]:
@@ -68,8 +76,34 @@ def free_pk(backend: str) -> str:
     return f"FREE#{backend}"
 
 
+def free_tier(memory_gib: float, profile_name: str) -> str:
+    """The free_sk prefix of one (memory, profile) size."""
+    return f"{memory_key(memory_gib)}#{profile_name}#"
+
+
+def spread(instance_id: str, slice_id: str) -> str:
+    """Where a slice sits inside its size's key range: stable, and uniform over the fleet."""
+    return hashlib.sha256(f"{instance_id}/{slice_id}".encode()).hexdigest()[:SPREAD_DIGITS]
+
+
+def spread_at(fraction: float) -> str:
+    """The spread at ``fraction`` (0 <= fraction < 1) of the range."""
+    top = 16**SPREAD_DIGITS
+    return f"{min(top - 1, max(0, int(fraction * top))):0{SPREAD_DIGITS}x}"
+
+
 def free_sk(memory_gib: float, profile_name: str, instance_id: str, slice_id: str) -> str:
-    return f"{memory_key(memory_gib)}#{profile_name}#{instance_id}#{slice_id}"
+    return f"{free_tier(memory_gib, profile_name)}{spread(instance_id, slice_id)}#{instance_id}#{slice_id}"
+
+
+def fleet_keys(instance_id: str, slice_id: str | None = None) -> dict[str, str]:
+    sk = f"HOST#{instance_id}" + (f"#SLICE#{slice_id}" if slice_id is not None else "")
+    return {"user_pk": FLEET, "user_sk": sk}
+
+
+def month_hours(month: str) -> str:
+    """The quota item's attribute counting a month's GPU-hours of ended sessions."""
+    return f"gpu_hours_{month}"
 
 
 def user_pk(user: str) -> str:

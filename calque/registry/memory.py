@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 
+from calque.registry import keys, spread
 from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
 
@@ -44,6 +45,14 @@ class MemoryRegistry:
     def list_hosts(self) -> list[HostRecord]:
         self._count()
         return [self.hosts[k] for k in sorted(self.hosts)]
+
+    def fleet(self) -> list[tuple[HostRecord, list[SliceRecord]]]:
+        self._count()
+        with self._lock:
+            by_host: dict[str, list[SliceRecord]] = {}
+            for (iid, _), sl in sorted(self.slice_map.items()):
+                by_host.setdefault(iid, []).append(sl)
+            return [(self.hosts[k], by_host.get(k, [])) for k in sorted(self.hosts)]
 
     def slices(self, instance_id: str) -> list[SliceRecord]:
         self._count()
@@ -153,24 +162,34 @@ class MemoryRegistry:
         min_memory_gib: float | None,
         profile_memory: tuple[str, float] | None,
         limit: int,
+        start: float = 0.0,
     ) -> list[SliceRecord]:
         self._count()
         with self._lock:
-            found = [
-                s
+            index = sorted(
+                (keys.free_sk(s.memory_gib, s.profile, s.instance_id, s.slice_id), s)
                 for s in self.slice_map.values()
                 if s.placeable and s.state == "free" and s.backend == backend
-            ]
+            )
+
+        def query(low: str, high: str | None, n: int) -> list[tuple[str, SliceRecord]]:
+            return [(k, s) for k, s in index if k >= low and (high is None or k <= high)][:n]
+
         if profile_memory is not None:
-            name, mem = profile_memory
-            found = [s for s in found if s.profile == name and s.memory_gib == mem]
-        elif min_memory_gib is not None:
-            found = [s for s in found if s.memory_gib >= min_memory_gib]
-        found.sort(key=lambda s: (s.memory_gib, s.profile, s.instance_id, s.slice_id))
-        return found[:limit]
+            tier: str | None = keys.free_tier(profile_memory[1], profile_memory[0])
+            floor = None
+        else:
+            tier, floor = None, keys.memory_key(min_memory_gib or 0)
+        return spread.read_free(query, floor=floor, tier=tier, start=start, limit=limit)
 
     def grant(
-        self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int, event: LeaseEvent
+        self,
+        sl: SliceRecord,
+        session: SessionRecord,
+        *,
+        default_max_sessions: int,
+        month: str,
+        event: LeaseEvent,
     ) -> None:
         with self._lock:
             self._count()
@@ -181,6 +200,9 @@ class MemoryRegistry:
                 raise StaleWrite(session.session_id)
             q = self.quotas.get(session.user)
             if q is not None and q.live >= q.max_sessions:
+                raise QuotaFull(session.user)
+            allowance = q.max_gpu_hours_per_month if q is not None else None
+            if allowance is not None and self.usage.get((session.user, month), 0.0) >= allowance:
                 raise QuotaFull(session.user)
             self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
                 update={

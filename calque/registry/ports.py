@@ -39,6 +39,10 @@ class Registry(Protocol):
 
     def list_hosts(self) -> list[HostRecord]: ...
 
+    def fleet(self) -> list[tuple[HostRecord, list[SliceRecord]]]:
+        """Every host with its slices, in a bounded number of pages (not one read per host).
+        May lag the truth by moments."""
+
     def slices(self, instance_id: str) -> list[SliceRecord]:
         """A host's slices, read consistently, ordered by slice id."""
 
@@ -85,15 +89,25 @@ class Registry(Protocol):
         min_memory_gib: float | None,
         profile_memory: tuple[str, float] | None,
         limit: int,
+        start: float = 0.0,
     ) -> list[SliceRecord]:
-        """Placeable slices of the backend, smallest memory first, from >= min_memory_gib or
-        exactly (profile, memory). May lag the truth: the grant's conditions decide."""
+        """Placeable slices of the backend, of the smallest size >= min_memory_gib (then larger
+        ones when that size is short) or of exactly (profile, memory); inside the smallest
+        size, read from ``start`` (0..1) of its spread, wrapping. At most 3 queries. May lag
+        the truth: the grant's conditions decide."""
 
     def grant(
-        self, sl: SliceRecord, session: SessionRecord, *, default_max_sessions: int, event: LeaseEvent
+        self,
+        sl: SliceRecord,
+        session: SessionRecord,
+        *,
+        default_max_sessions: int,
+        month: str,
+        event: LeaseEvent,
     ) -> None:
         """One transaction: slice free at sl.fence -> held at session.fence, the session created,
-        the user's live counter incremented below its maximum, the event recorded.
+        the user's live counter incremented below its maximum while ``month``'s GPU-hours are
+        below the user's allowance, the event recorded.
         SliceTaken or QuotaFull when a condition fails."""
 
     # -- sessions -------------------------------------------------------------------------

@@ -31,60 +31,55 @@ class SessionsMixin(TenancyCore):
         ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
         now = self.clock()
         user = who.principal
-        quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
-        self._check_quota(user, quota, used)
-
+        # No quota pre-read: the grant's transaction checks the quota itself; only a
+        # refusal reads it, to say why.
         token = new_token()
+        lost = 0
         tries = 0
-        lost: list[str] = []
-        for _round in range(2):
-            candidates = self._candidates(req)
-            for sl in candidates:
-                if tries >= self.config.max_tries:
-                    break
-                tries += 1
-                session = SessionRecord(
-                    session_id=f"s-{secrets.token_hex(8)}",
-                    user=user,
-                    instance_id=sl.instance_id,
-                    slice_id=sl.slice_id,
-                    backend=sl.backend,
-                    profile=sl.profile,
-                    memory_gib=sl.memory_gib,
-                    gpu_fraction=sl.gpu_fraction,
-                    state="live",
-                    fence=sl.fence + 1,
-                    token_hash=hash_token(token),
-                    created_at=now,
-                    expires_at=now + timedelta(seconds=ttl),
-                    env=sl.env,
-                    spot=sl.spot,
-                )
-                event = self._event("granted", session, at=now, who=user, why=None)
-                try:
-                    self.registry.grant(
-                        sl, session, default_max_sessions=self.config.default_max_sessions, event=event
-                    )
-                except SliceTaken:
-                    lost.append(sl.slice_id)
-                    continue
-                except QuotaFull:
-                    quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
-                    self._check_quota(user, quota, used, force=True)
-                return self._grant_view(session, token, sl)
-            if not candidates or tries >= self.config.max_tries:
+        # Each try re-reads from its own random start, so a loser looks at fresh slices
+        # instead of the stale rest of a page others raced for. Bounded: at most
+        # max_tries reads (each at most 3 queries) and max_tries transactions.
+        while tries < self.config.max_tries:
+            candidates = self._candidates(req, start=self.rng.random())
+            if not candidates:
                 break
-        raise Conflict(
-            "no free slice fits this request right now" + (f" (lost {len(lost)} race(s))" if lost else ""),
-            code="no_free_slice",
-            details={
-                "backend": req.backend,
-                "profile": req.profile,
-                "min_memory_gib": req.min_memory_gib,
-                "instance_id": req.instance_id,
-                "tries": tries,
-            },
-        )
+            sl = candidates[0]
+            tries += 1
+            session = SessionRecord(
+                session_id=f"s-{secrets.token_hex(8)}",
+                user=user,
+                instance_id=sl.instance_id,
+                slice_id=sl.slice_id,
+                backend=sl.backend,
+                profile=sl.profile,
+                memory_gib=sl.memory_gib,
+                gpu_fraction=sl.gpu_fraction,
+                state="live",
+                fence=sl.fence + 1,
+                token_hash=hash_token(token),
+                created_at=now,
+                expires_at=now + timedelta(seconds=ttl),
+                env=sl.env,
+                spot=sl.spot,
+            )
+            event = self._event("granted", session, at=now, who=user, why=None)
+            try:
+                self.registry.grant(
+                    sl,
+                    session,
+                    default_max_sessions=self.config.default_max_sessions,
+                    month=f"{now:%Y-%m}",
+                    event=event,
+                )
+            except SliceTaken:
+                lost += 1
+                continue
+            except QuotaFull:
+                quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
+                self._check_quota(user, quota, used)
+                self._check_quota(user, quota, used, force=True)
+            return self._grant_view(session, token, sl)
+        raise self._refusal(req, lost=lost, tries=tries)
 
     def checkin(self, who: Caller, session_id: str, req: CheckinRequest) -> Session:
         session = self._visible_session(who, session_id)
@@ -186,7 +181,9 @@ class SessionsMixin(TenancyCore):
             )
         return seconds
 
-    def _candidates(self, req: CheckoutRequest) -> list[SliceRecord]:
+    def _candidates(self, req: CheckoutRequest, *, start: float) -> list[SliceRecord]:
+        """Free slices that fit, best fit first (smallest memory); within one size a random
+        order, read from ``start`` of the size's spread so racers read different slices."""
         limit = self.config.candidate_limit
         if req.instance_id is not None:
             host = self._host(req.instance_id)
@@ -196,27 +193,68 @@ class SessionsMixin(TenancyCore):
                     code="host_not_ready",
                     details={"instance_id": req.instance_id, "state": host.state},
                 )
-            found = [
-                s
-                for s in self.registry.slices(req.instance_id)
-                if s.state == "free"
-                and s.placeable
-                and s.backend == req.backend
-                and (req.profile is None or s.profile == req.profile)
-                and (req.min_memory_gib is None or s.memory_gib >= req.min_memory_gib)
-            ]
-            found.sort(key=lambda s: s.memory_gib)
+            found = [s for s in self.registry.slices(req.instance_id) if s.placeable and _fits(s, req)]
         elif req.profile is not None:
             found = []
             for mem in self.registry.profile_memories(req.backend, req.profile)[:4]:
-                found += self.registry.free_candidates(
-                    req.backend, min_memory_gib=None, profile_memory=(req.profile, mem), limit=limit
+                found = self.registry.free_candidates(
+                    req.backend,
+                    min_memory_gib=None,
+                    profile_memory=(req.profile, mem),
+                    limit=limit,
+                    start=start,
                 )
+                if found:
+                    break
         else:
             found = self.registry.free_candidates(
-                req.backend, min_memory_gib=req.min_memory_gib, profile_memory=None, limit=limit
+                req.backend, min_memory_gib=req.min_memory_gib, profile_memory=None, limit=limit, start=start
             )
-        return self._best_fit_first(found[:limit])
+        return self._best_fit_first(found)
+
+    def _refusal(self, req: CheckoutRequest, *, lost: int, tries: int) -> Conflict:
+        """Nothing was granted: say whether a fitting slice exists at all (then it is
+        busy: try again later) or none ever could (then say what the fleet offers)."""
+        details: dict[str, object] = {
+            "backend": req.backend,
+            "profile": req.profile,
+            "min_memory_gib": req.min_memory_gib,
+            "instance_id": req.instance_id,
+            "tries": tries,
+        }
+        if lost:
+            return Conflict(
+                f"no free slice fits this request right now (lost {lost} race(s)); try again",
+                code="no_free_slice",
+                details=details,
+            )
+        offered: dict[tuple[str, str, float], int] = {}
+        fits = 0
+        for host, slices in self.registry.fleet():
+            if host.state not in ("pending", "ready") or req.instance_id not in (None, host.instance_id):
+                continue
+            for s in slices:
+                offered[(s.backend, s.profile, s.memory_gib)] = (
+                    offered.get((s.backend, s.profile, s.memory_gib), 0) + 1
+                )
+                fits += _fits(s, req, any_state=True)
+        if fits:
+            return Conflict(
+                f"no free slice fits this request right now: the {fits} that fit are in use "
+                "or being reclaimed; try again later",
+                code="no_free_slice",
+                details=details,
+            )
+        kinds = [f"{b} {p} ({m:g} GiB) x{n}" for (b, p, m), n in sorted(offered.items())]
+        if req.instance_id is None:
+            head = f"nothing can fit: no host offers a {_describe(req)}"
+            tail = (
+                f"slices that exist: {', '.join(kinds)}" if kinds else "no host accepting sessions has slices"
+            )
+        else:
+            head = f"nothing can fit: host {req.instance_id} has no {_describe(req)}"
+            tail = f"its slices: {', '.join(kinds)}" if kinds else "it has no slices"
+        return Conflict(f"{head}; {tail}", code="nothing_fits", details={**details, "offered": kinds})
 
     def _best_fit_first(self, found: list[SliceRecord]) -> list[SliceRecord]:
         """Smallest fitting memory first; within one size, a random order, so racing
@@ -264,3 +302,20 @@ class SessionsMixin(TenancyCore):
             connect=Connect(ssm_command=f"aws ssm start-session --target {s.instance_id}"),
             warnings=warnings,
         )
+
+
+def _fits(s: SliceRecord, req: CheckoutRequest, *, any_state: bool = False) -> bool:
+    return (
+        (any_state or s.state == "free")
+        and s.backend == req.backend
+        and (req.profile is None or s.profile == req.profile)
+        and (req.min_memory_gib is None or s.memory_gib >= req.min_memory_gib)
+    )
+
+
+def _describe(req: CheckoutRequest) -> str:
+    if req.profile is not None:
+        return f"{req.backend} slice of profile {req.profile}"
+    if req.min_memory_gib is not None:
+        return f"{req.backend} slice with at least {req.min_memory_gib:g} GiB"
+    return f"{req.backend} slice"

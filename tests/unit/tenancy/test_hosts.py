@@ -126,7 +126,7 @@ def test_forced_drain_ends_sessions_with_the_reason_and_stops_placement(world: W
     # And no new check-out lands there, even on its free slices
     with pytest.raises(Conflict) as refused:
         world.tenancy.checkout(member("bob"), CheckoutRequest(backend="mig"))
-    assert refused.value.code == "no_free_slice"
+    assert refused.value.code == "nothing_fits"  # the only host no longer accepts sessions
     # When the agent reports the reclaim, the host is drained
     world.clock.advance(1)
     assert world.reclaimed("i-0aaa0001", grant.slice_id).host_state == "drained"

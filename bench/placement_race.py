@@ -1,0 +1,250 @@
+"""Placement under contention: N members check out at once on a fleet with free slices.
+
+Each racer is one thread calling the real ``Tenancy.checkout`` (its own domain object,
+as each API function environment holds its own) against the local plane's backend: a
+moto server whose DynamoDB operations run one at a time (calque.local.moto_server), so
+conditions and transactions are atomic as in DynamoDB. All racers start together on a
+barrier. Every racer is a different member, so quotas never refuse.
+
+Printed per round, side by side with the goal:
+
+    grants                 check-outs that got a slice
+    refused while free     refusals although at least one fitting slice was still free
+                           when the round ended (goal: 0 whenever racers <= free slices)
+    transactions / grant   TransactWriteItems calls (won and lost) per grant (goal: < 2)
+    queries / check-out    placement reads per check-out (bounded; flat in fleet size)
+
+    python bench/placement_race.py [--hosts 100] [--racers 16,300] [--rounds 3] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+REGION = "us-east-1"
+INSTANCE_TYPE = "g7e.2xlarge"
+LAYOUT = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
+TABLE = "calque-bench-placement"
+
+
+class Plane:
+    """The local plane's DynamoDB (moto, serialized) with the registry table, and a
+    counter of every DynamoDB call made through its one shared client."""
+
+    def __init__(self, racers: int) -> None:
+        import boto3
+        from botocore.config import Config
+
+        from calque.local.bootstrap import create_registry_table
+        from calque.local.moto_server import MotoServer
+
+        self.server = MotoServer()
+        endpoint = self.server.start()
+        self.server.reset()
+        self.ddb = boto3.session.Session(
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=REGION,
+        ).client(
+            "dynamodb",
+            endpoint_url=endpoint,
+            # No client-side retries: a lost race must show as a lost transaction here.
+            config=Config(max_pool_connections=racers + 8, retries={"max_attempts": 1}),
+        )
+        create_registry_table(self.ddb, TABLE)
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.ddb.meta.events.register("before-call.dynamodb", self._count)
+
+    def _count(self, model: Any, **_: Any) -> None:
+        with self._lock:
+            self.calls[model.name] += 1
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def seed(plane: Plane, hosts: int) -> None:
+    """``hosts`` ready hosts with 4 free 1g.24gb slices each, through the registry adapter."""
+    from calque.catalog import planner
+    from calque.contracts.layout import parse_layout
+    from calque.registry.dynamo import DynamoRegistry
+    from calque.registry.models import HostRecord, SliceRecord
+
+    registry = DynamoRegistry(plane.ddb, TABLE)
+    planned = planner.expand_slices(INSTANCE_TYPE, parse_layout(LAYOUT))
+    now = datetime.now(UTC).replace(microsecond=0)
+    for n in range(hosts):
+        iid = f"i-{n:017x}"
+        host = HostRecord(
+            instance_id=iid,
+            instance_type=INSTANCE_TYPE,
+            sharing="mig",
+            state="ready",
+            layout=LAYOUT,
+            registered_at=now,
+            registered_by="bench",
+            state_since=now,
+        )
+        registry.create_host(
+            host,
+            [
+                SliceRecord(
+                    instance_id=iid,
+                    slice_id=p.slice_id,
+                    gpu_index=p.gpu_index,
+                    backend=p.backend,
+                    profile=p.profile,
+                    memory_gib=p.memory_gib,
+                    gpu_fraction=0.25,
+                    state="free",
+                    placeable=True,
+                    device_uuid=f"MIG-{n:08x}-{k}",
+                    env={"CUDA_VISIBLE_DEVICES": f"MIG-{n:08x}-{k}"},
+                    state_since=now,
+                )
+                for k, p in enumerate(planned)
+            ],
+        )
+
+
+def race(
+    plane: Plane, racers: int, *, seed_value: int, tag: str, profile: str | None = None
+) -> dict[str, Any]:
+    """One round: ``racers`` members check out at once. Returns the round's figures and
+    the grants (to check in afterwards)."""
+    from calque.contracts.tenancy import CheckoutRequest
+    from calque.errors import CalqueError
+    from calque.identity import Caller
+    from calque.registry.dynamo import DynamoRegistry
+    from calque.registry.memory import MemoryQueue
+    from calque.tenancy.service import Tenancy
+
+    if profile is not None:
+        req = CheckoutRequest(backend="mig", profile=profile, ttl_seconds=600)
+    else:
+        req = CheckoutRequest(backend="mig", min_memory_gib=20, ttl_seconds=600)
+    envs = [
+        Tenancy(DynamoRegistry(plane.ddb, TABLE), MemoryQueue(), rng=random.Random(seed_value * 1000 + n))
+        for n in range(racers)
+    ]
+    callers = [
+        Caller(principal=f"{tag}{n}", arn=f"arn:aws:iam::123456789012:user/{tag}{n}") for n in range(racers)
+    ]
+    results: list[Any] = [None] * racers
+    barrier = threading.Barrier(racers)
+
+    def run(n: int) -> None:
+        barrier.wait()
+        try:
+            results[n] = envs[n].checkout(callers[n], req)
+        except CalqueError as exc:
+            results[n] = exc
+
+    before = Counter(plane.calls)
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    used = plane.calls - before
+    grants = [r for r in results if not isinstance(r, Exception)]
+    refusals = [r for r in results if isinstance(r, Exception)]
+    free_after = sum(
+        1 for _host, slices in DynamoRegistry(plane.ddb, TABLE).fleet() for s in slices if s.state == "free"
+    )
+    held = [(g.instance_id, g.slice_id) for g in grants]
+    assert len(held) == len(set(held)), "a slice was granted twice"
+    return {
+        "grants": grants,
+        "refused": len(refusals),
+        "refused_while_free": len(refusals) if free_after else 0,
+        "codes": Counter(getattr(r, "code", type(r).__name__) for r in refusals),
+        "transactions": used["TransactWriteItems"],
+        "queries": used["Query"] + used["GetItem"],
+        "free_after": free_after,
+        "callers": callers,
+        "envs": envs,
+    }
+
+
+def end_all(round_: dict[str, Any]) -> None:
+    """Check every grant in and free its slice again, as a host agent's reclaim would."""
+    from calque.contracts.agent import AgentReport
+    from calque.contracts.tenancy import CheckinRequest
+
+    by_user = {c.principal: c for c in round_["callers"]}
+    tenancy = round_["envs"][0]
+    for g in round_["grants"]:
+        tenancy.checkin(by_user[g.user], g.session_id, CheckinRequest(token=g.token))
+    now = datetime.now(UTC)
+    for g in round_["grants"]:
+        tenancy.report(
+            g.instance_id,
+            AgentReport(
+                instance_id=g.instance_id,
+                verb="reclaim",
+                ok=True,
+                started_at=now,
+                finished_at=now,
+                reclaimed_slice_id=g.slice_id,
+            ),
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--hosts", type=int, default=100, help="hosts of 4 x 1g.24gb slices (default 100)")
+    parser.add_argument("--racers", default="16,300", help="comma-separated racer counts (default 16,300)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per racer count (default 3)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    counts = [int(x) for x in args.racers.split(",") if x]
+    plane = Plane(max(counts))
+    failed = False
+    try:
+        seed(plane, args.hosts)
+        slices = args.hosts * 4
+        print(
+            f"fleet: {args.hosts} hosts x 4 x 1g.24gb = {slices} free slices; check-out --min-memory-gib 20"
+        )
+        header = (
+            f"{'racers':>6} {'round':>5} {'grants':>7} {'refused':>8} {'refused while free':>19} "
+            f"{'tx/grant':>9} {'queries/checkout':>17}   goal"
+        )
+        print(header)
+        print("-" * len(header))
+        for racers in counts:
+            for rnd in range(args.rounds):
+                r = race(plane, racers, seed_value=args.seed * 100 + rnd, tag=f"r{racers}x{rnd}u")
+                grants = len(r["grants"])
+                tpg = r["transactions"] / grants if grants else float("inf")
+                qpc = r["queries"] / racers
+                goal_free = racers <= slices
+                ok = (r["refused_while_free"] == 0 or not goal_free) and tpg < 2
+                failed |= not ok
+                print(
+                    f"{racers:>6} {rnd + 1:>5} {grants:>7} {r['refused']:>8} {r['refused_while_free']:>19} "
+                    f"{tpg:>9.2f} {qpc:>17.2f}   "
+                    f"{'met' if ok else 'MISSED'} (0 refused while free, tx/grant < 2)"
+                    + (f"  refusals: {dict(r['codes'])}" if r["refused"] else "")
+                )
+                end_all(r)
+    finally:
+        plane.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
