@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from calque.registry import keys, spread
 from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
-from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
+from calque.registry.ports import AlreadyExists, HostNotReady, QuotaFull, SliceTaken, StaleWrite
 
 _SER = TypeSerializer()
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
@@ -256,7 +256,12 @@ class DynamoRegistry:
         values = _vals(free="free", fence=sl.fence)
         set_free, remove = self._free_keys(sl, placeable, values)
         update = f"SET {set_free.removeprefix(', ')}" if set_free else f"REMOVE {remove}"
-        return self._change_slice(sl, update, "#state = :free AND fence = :fence", values)
+        try:
+            return self._change_slice(
+                sl, update, "#state = :free AND fence = :fence", values, host_ready=placeable
+            )
+        except HostNotReady:
+            return False
 
     def _free_keys(self, sl: SliceRecord, placeable: bool, values: dict[str, Any]) -> tuple[str, str]:
         """SET and REMOVE clauses that put the slice in placement, or take it out."""
@@ -277,9 +282,13 @@ class DynamoRegistry:
         condition: str,
         values: dict[str, Any],
         event: LeaseEvent | None = None,
+        *,
+        host_ready: bool = False,
     ) -> bool:
         """One conditional update of a slice, with its event in the same transaction when
-        given. False when the condition no longer holds (someone else changed it first)."""
+        given. False when the condition no longer holds (someone else changed it first).
+        ``host_ready``: only while the slice's host still accepts sessions (the same
+        transaction checks it); HostNotReady otherwise."""
         change = {
             "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
             "UpdateExpression": update,
@@ -287,26 +296,58 @@ class DynamoRegistry:
             "ExpressionAttributeNames": {"#state": "state"},
             "ExpressionAttributeValues": values,
         }
+        items: list[dict[str, Any]] = [{"Update": change}]
+        if host_ready:
+            items.append(
+                {
+                    "ConditionCheck": {
+                        "Key": ser(keys.host(sl.instance_id)),
+                        "ConditionExpression": "#state = :ready",
+                        "ExpressionAttributeNames": {"#state": "state"},
+                        "ExpressionAttributeValues": _vals(ready="ready"),
+                    }
+                }
+            )
+        if event is not None:
+            items.append(self._put_event(event))
         try:
-            if event is None:
+            if len(items) == 1:
                 self.client.update_item(TableName=self.table, **change)
             else:
-                self._transact([{"Update": change}, self._put_event(event)])
+                self._transact(items)
         except ClientError as exc:
+            if _code(exc) == "TransactionCanceledException" and host_ready:
+                reasons = _reasons(exc)
+                if reasons[0] == "None" and reasons[1] == "ConditionalCheckFailed":
+                    raise HostNotReady(sl.instance_id) from None
             if _code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
                 return False
             raise
         return True
 
+    def _free(self, sl: SliceRecord, placeable: bool, write: Any) -> bool:
+        """A write that frees a slice: placeable only while its host accepts sessions, in
+        the same transaction; a host that stopped meanwhile gets the slice free and out of
+        placement instead (a drain racing this write never leaves it placeable)."""
+        if placeable:
+            try:
+                return bool(write(True))
+            except HostNotReady:
+                pass
+        return bool(write(False))
+
     def slice_ready(
         self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
     ) -> bool:
-        values = _vals(free="free", pending="pending", uuid=device_uuid, env=env, at=at)
-        set_free, remove = self._free_keys(sl, placeable, values)
-        update = f"SET #state = :free, device_uuid = :uuid, env = :env, state_since = :at{set_free}"
-        if remove:
-            update += f" REMOVE {remove}"
-        return self._change_slice(sl, update, "#state IN (:pending, :free)", values)
+        def write(placeable: bool) -> bool:
+            values = _vals(free="free", pending="pending", uuid=device_uuid, env=env, at=at)
+            set_free, remove = self._free_keys(sl, placeable, values)
+            update = f"SET #state = :free, device_uuid = :uuid, env = :env, state_since = :at{set_free}"
+            if remove:
+                update += f" REMOVE {remove}"
+            return self._change_slice(sl, update, "#state IN (:pending, :free)", values, host_ready=placeable)
+
+        return self._free(sl, placeable, write)
 
     def slice_reclaimed(
         self,
@@ -317,16 +358,19 @@ class DynamoRegistry:
         event: LeaseEvent,
         fence: int | None = None,
     ) -> bool:
-        values = _vals(free="free", r="reclaiming", q="quarantined", nb=not_before, at=event.at)
-        condition = "#state IN (:r, :q) AND state_since <= :nb"
-        if fence is not None:
-            condition += " AND fence = :fence"
-            values.update(_vals(fence=fence))
-        set_free, remove = self._free_keys(sl, placeable, values)
-        update = f"SET #state = :free, state_since = :at{set_free} REMOVE expiry_pk, expiry_sk"
-        if remove:
-            update += f", {remove}"
-        return self._change_slice(sl, update, condition, values, event)
+        def write(placeable: bool) -> bool:
+            values = _vals(free="free", r="reclaiming", q="quarantined", nb=not_before, at=event.at)
+            condition = "#state IN (:r, :q) AND state_since <= :nb"
+            if fence is not None:
+                condition += " AND fence = :fence"
+                values.update(_vals(fence=fence))
+            set_free, remove = self._free_keys(sl, placeable, values)
+            update = f"SET #state = :free, state_since = :at{set_free} REMOVE expiry_pk, expiry_sk"
+            if remove:
+                update += f", {remove}"
+            return self._change_slice(sl, update, condition, values, event, host_ready=placeable)
+
+        return self._free(sl, placeable, write)
 
     def quarantine(self, sl: SliceRecord, *, at: datetime, event: LeaseEvent) -> bool:
         return self._change_slice(

@@ -27,6 +27,10 @@ class MemoryRegistry:
     def _count(self) -> None:
         self.requests += 1
 
+    def _accepting(self, instance_id: str) -> bool:
+        host = self.hosts.get(instance_id)
+        return host is not None and host.state == "ready"
+
     # -- hosts ----------------------------------------------------------------------------
     def create_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
         with self._lock:
@@ -79,6 +83,8 @@ class MemoryRegistry:
             cur = self.slice_map.get((sl.instance_id, sl.slice_id))
             if cur is None or cur.state != "free" or cur.fence != sl.fence:
                 return False
+            if placeable and not self._accepting(sl.instance_id):
+                return False
             self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(update={"placeable": placeable})
             return True
 
@@ -96,7 +102,7 @@ class MemoryRegistry:
                     "state": "free",
                     "device_uuid": device_uuid,
                     "env": dict(env),
-                    "placeable": placeable,
+                    "placeable": placeable and self._accepting(sl.instance_id),
                     "state_since": at,
                 }
             )
@@ -120,7 +126,11 @@ class MemoryRegistry:
             if fence is not None and cur.fence != fence:
                 return False
             self.slice_map[key] = cur.model_copy(
-                update={"state": "free", "placeable": placeable, "state_since": event.at}
+                update={
+                    "state": "free",
+                    "placeable": placeable and self._accepting(sl.instance_id),
+                    "state_since": event.at,
+                }
             )
             self.events.append(event)
             return True

@@ -26,6 +26,10 @@ class QuotaFull(StaleWrite):
     """The user's live-session counter is at its maximum."""
 
 
+class HostNotReady(StaleWrite):
+    """The slice's host no longer accepts sessions: nothing on it may become placeable."""
+
+
 class AlreadyExists(StaleWrite):
     """The record to create is already there."""
 
@@ -52,12 +56,15 @@ class Registry(Protocol):
         """Move the host to ``state`` if it is in one of ``expect`` (StaleWrite otherwise)."""
 
     def set_placeable(self, sl: SliceRecord, placeable: bool) -> bool:
-        """Put a free slice in (or take it out of) placement, if still free at its fence."""
+        """Put a free slice in (or take it out of) placement, if still free at its fence; in
+        only while its host accepts sessions (checked in the same write)."""
 
     def slice_ready(
         self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
     ) -> bool:
-        """pending (or free, refreshed) -> free with the agent's binding; False if it is neither."""
+        """pending (or free, refreshed) -> free with the agent's binding; False if it is neither.
+        Placeable only if its host is still ready at the write (the same transaction checks
+        it); otherwise free and out of placement."""
 
     def slice_reclaimed(
         self,
@@ -70,7 +77,9 @@ class Registry(Protocol):
     ) -> bool:
         """reclaiming/quarantined -> free, only if it entered that state at or before ``not_before``
         (a reclaim that started earlier cannot vouch for a later holder) and, when the agent
-        echoed one, the slice's fence is still ``fence`` (no grant since). False otherwise."""
+        echoed one, the slice's fence is still ``fence`` (no grant since). False otherwise.
+        Placeable only if its host is still ready at the write (checked in the same
+        transaction); otherwise free and out of placement."""
 
     def quarantine(self, sl: SliceRecord, *, at: datetime, event: LeaseEvent) -> bool:
         """reclaiming (unchanged since read) -> quarantined."""

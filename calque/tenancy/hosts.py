@@ -105,7 +105,9 @@ class HostsMixin(TenancyCore):
                 )
             except StaleWrite:
                 host = self._host(instance_id)
-        for sl in slices:
+        # Read again after the host stopped accepting: a write that made a slice placeable
+        # before that is seen here and undone; one after it fails its host condition.
+        for sl in self.registry.slices(instance_id):
             if sl.state == "free" and sl.placeable:
                 self.registry.set_placeable(sl, False)
         # A check-out may have won a slice between the read above and the fence; end
@@ -180,5 +182,7 @@ class HostsMixin(TenancyCore):
                     at=now,
                 )
                 (freed if done else ignored).append(sr.slice_id)
-        host = self._settle_drain(instance_id) if host.state == "draining" else host
+        # Re-read when something was freed: a drain may have started since the read above,
+        # and this report may hold the last busy slice it waits for.
+        host = self._settle_drain(instance_id) if host.state == "draining" or freed else host
         return ReportAccepted(instance_id=instance_id, host_state=host.state, freed=freed, ignored=ignored)
