@@ -207,4 +207,5 @@ def test_a_checkout_costs_the_same_dynamodb_requests_on_a_small_and_a_big_fleet(
     # start) and one transaction; no quota pre-read
     *reads, write = world.counter.calls
     assert write == "TransactWriteItems"
-    assert set(reads) == {"Query"} and 1 <= len(reads) <= 3
+    assert set(reads) == {"Query"}
+    assert 1 <= len(reads) <= 3
