@@ -58,7 +58,8 @@ class Plane:
             "dynamodb",
             endpoint_url=endpoint,
             # No client-side retries: a lost race must show as a lost transaction here.
-            config=Config(max_pool_connections=racers + 8, retries={"max_attempts": 1}),
+            # moto serializes every DynamoDB call: hundreds of racers queue for minutes here.
+            config=Config(max_pool_connections=racers + 8, retries={"max_attempts": 1}, read_timeout=900),
         )
         create_registry_table(self.ddb, TABLE)
         self.calls: Counter[str] = Counter()
@@ -148,6 +149,8 @@ def race(
         try:
             results[n] = envs[n].checkout(callers[n], req)
         except CalqueError as exc:
+            results[n] = exc
+        except Exception as exc:  # the bench's own trouble (e.g. a timeout): counted, shown
             results[n] = exc
 
     before = Counter(plane.calls)

@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from calque.cli.errors import ApiError, EndpointUnreachable
 
 SERVICE = "execute-api"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class ApiClient:
     """``request(method, path, body=None, query=None)`` -> parsed JSON, or ApiError.
 
     A 503 is retried up to ``retries`` times, waiting what its Retry-After asks
-    (capped at ``max_wait_s``). Anything else that is not 2xx raises ApiError
-    carrying the status and the API's error document.
+    (capped at ``max_wait_s``); so is a request whose answer was lost on the way (a read
+    timeout, a connection closed before the answer). Every write (POST, PUT, PATCH,
+    DELETE) carries an ``Idempotency-Key`` made once per call and resent unchanged on
+    each retry, so the API applies it once and answers a retry as it answered the
+    first. Anything else that is not 2xx raises ApiError carrying the status and the
+    API's error document.
     """
 
     def __init__(
@@ -48,13 +55,15 @@ class ApiClient:
             self._http = URLLib3Session(timeout=int(self.timeout_s))
         return self._http
 
-    def _signed(self, method: str, url: str, data: bytes | None) -> Any:
+    def _signed(self, method: str, url: str, data: bytes | None, key: str | None = None) -> Any:
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
+        if key is not None:
+            headers[IDEMPOTENCY_HEADER] = key
         req = AWSRequest(method=method, url=url, data=data, headers=headers)
         SigV4Auth(
             self.credentials.get_frozen_credentials()
@@ -67,7 +76,15 @@ class ApiClient:
         prepared.headers["User-Agent"] = self.user_agent
         return prepared
 
-    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> Any:
         url = self.endpoint + (path if path.startswith("/") else "/" + path)
         if query:
             pairs = [(k, str(v)) for k, v in query.items() if v is not None]
@@ -75,11 +92,17 @@ class ApiClient:
                 # already in SigV4's canonical encoding (%20, not +), so any verifier agrees
                 url += "?" + urlencode(pairs, safe="-_.~", quote_via=quote)
         data = None if body is None else json.dumps(body).encode()
+        method = method.upper()
+        key = idempotency_key or (str(uuid.uuid4()) if method in WRITES else None)
         attempt = 0
         while True:
             try:
-                resp = self._session().send(self._signed(method.upper(), url, data))
+                resp = self._session().send(self._signed(method, url, data, key))
             except Exception as exc:  # botocore's connection errors have no common base worth naming
+                if _answer_lost(exc) and attempt < self.retries:
+                    attempt += 1  # it may have been applied: the same key makes the retry safe
+                    time.sleep(min(0.5 * attempt, self.max_wait_s))
+                    continue
                 raise EndpointUnreachable(
                     self.endpoint, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 ) from exc
@@ -106,3 +129,10 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+def _answer_lost(exc: Exception) -> bool:
+    """The request reached the API but its answer did not come back (it may have been applied)."""
+    from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
+
+    return isinstance(exc, ReadTimeoutError | ConnectionClosedError)

@@ -181,6 +181,13 @@ class ExtendRequest(Strict):
 
     token: str = Field(min_length=1, max_length=256)
     ttl_seconds: int = Field(gt=0, description="seconds added to the current expiry")
+    expected_expires_at: datetime | None = Field(
+        default=None,
+        description=(
+            "the expiry this extends from (as last read); if the session's expiry differs, "
+            "nothing is added (409 session_changed): a replayed extend never adds twice"
+        ),
+    )
 
 
 # ---- quotas ------------------------------------------------------------------------------------

@@ -17,8 +17,16 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from calque.registry import keys, spread
-from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
-from calque.registry.ports import AlreadyExists, HostNotReady, QuotaFull, SliceTaken, StaleWrite
+from calque.registry.models import (
+    HostRecord,
+    HostState,
+    LeaseEvent,
+    QuotaRecord,
+    RequestRecord,
+    SessionRecord,
+    SliceRecord,
+)
+from calque.registry.ports import AlreadyExists, HostNotReady, QuotaFull, Replayed, SliceTaken, StaleWrite
 
 _SER = TypeSerializer()
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
@@ -143,7 +151,7 @@ class DynamoRegistry:
             **s.model_dump(),
             "expires_epoch": int(s.expires_at.timestamp()),
             "user_pk": keys.user_pk(s.user),
-            "user_sk": keys.user_sk(s.created_at, s.session_id),
+            "user_sk": keys.user_sk(s.created_at, s.session_id, live=s.state == "live"),
         }
         if s.state == "live":
             item["expiry_pk"] = keys.LIVE
@@ -446,8 +454,29 @@ class DynamoRegistry:
         default_max_sessions: int,
         month: str,
         event: LeaseEvent,
+        request: RequestRecord | None = None,
     ) -> None:
+        # The client request goes first: its reason is then always the first one read.
+        first: list[dict[str, Any]] = []
+        if request is not None:
+            first.append(
+                {
+                    "Put": {
+                        "Item": ser(
+                            {
+                                **keys.request(request.request_id),
+                                "type": "request",
+                                **request.model_dump(),
+                                "gc_at": int(request.expires_at.timestamp()),
+                            }
+                        ),
+                        "ConditionExpression": "attribute_not_exists(pk) OR gc_at < :now",
+                        "ExpressionAttributeValues": _vals(now=int(session.created_at.timestamp())),
+                    }
+                }
+            )
         items = [
+            *first,
             {
                 "Update": {
                     "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
@@ -507,6 +536,9 @@ class DynamoRegistry:
             if _code(exc) != "TransactionCanceledException":
                 raise
             reasons = _reasons(exc)
+            if first and reasons and reasons[0] == "ConditionalCheckFailed":
+                raise Replayed(session.user) from None
+            reasons = reasons[len(first) :]
             if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
                 raise QuotaFull(session.user) from None
             # The slice's condition failed, or another transaction held one of the items:
@@ -518,12 +550,23 @@ class DynamoRegistry:
         item = self._get(keys.session(session_id))
         return SessionRecord.model_validate(item) if item else None
 
-    def sessions_of(self, user: str, limit: int) -> list[SessionRecord]:
+    def get_request(self, request_id: str, *, now: datetime) -> RequestRecord | None:
+        item = self._get(keys.request(request_id))
+        if item is None or int(item.get("gc_at", 0)) < int(now.timestamp()):
+            return None
+        return RequestRecord.model_validate(item)
+
+    def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
+        if state is None:
+            cond, values = "user_pk = :pk", _vals(pk=keys.user_pk(user))
+        else:
+            cond = "user_pk = :pk AND begins_with(user_sk, :st)"
+            values = _vals(pk=keys.user_pk(user), st=keys.user_state(state == "live"))
         items = self._query(
             limit=limit,
             IndexName="by_user",
-            KeyConditionExpression="user_pk = :pk",
-            ExpressionAttributeValues=_vals(pk=keys.user_pk(user)),
+            KeyConditionExpression=cond,
+            ExpressionAttributeValues=values,
             ScanIndexForward=False,
         )
         return [SessionRecord.model_validate(i) for i in items]
@@ -552,6 +595,7 @@ class DynamoRegistry:
         gpu_hours: float,
         month: str,
         event: LeaseEvent,
+        request_id: str | None = None,
     ) -> SessionRecord:
         cond = "#state = :live AND fence = :fence"
         values = _vals(
@@ -562,11 +606,18 @@ class DynamoRegistry:
             reason=reason,
             by=by,
             gc=int(at.timestamp()) + ENDED_SESSION_RETENTION_S,
+            usk=keys.user_sk(session.created_at, session.session_id, live=False),
         )
-        update = "SET #state = :ended, ended_at = :at, end_reason = :reason, ended_by = :by, gc_at = :gc"
+        update = (
+            "SET #state = :ended, ended_at = :at, end_reason = :reason, ended_by = :by, gc_at = :gc, "
+            "user_sk = :usk"
+        )
         if note is not None:
             update += ", end_note = :note"
             values.update(_vals(note=note))
+        if request_id is not None:
+            update += ", end_request = :rq"
+            values.update(_vals(rq=request_id))
         if token_hash is not None:
             cond += " AND token_hash = :th"
             values.update(_vals(th=token_hash))
@@ -640,6 +691,7 @@ class DynamoRegistry:
                 "end_reason": reason,
                 "ended_by": by,
                 "end_note": note,
+                "end_request": request_id,
             }
         )
 
@@ -651,31 +703,35 @@ class DynamoRegistry:
         token_hash: str,
         now: datetime,
         event: LeaseEvent,
+        request_id: str | None = None,
     ) -> SessionRecord:
         old = int(session.expires_at.timestamp())
+        values = _vals(
+            exp=expires_at,
+            epoch=int(expires_at.timestamp()),
+            esk=keys.expiry_sk(expires_at, session.session_id),
+            live="live",
+            th=token_hash,
+            old=old,
+            now=int(now.timestamp()),
+        )
+        update = "SET expires_at = :exp, expires_epoch = :epoch, expiry_sk = :esk"
+        if request_id is not None:
+            update += ", extend_request = :rq"
+            values.update(_vals(rq=request_id))
         try:
             self._transact(
                 [
                     {
                         "Update": {
                             "Key": ser(keys.session(session.session_id)),
-                            "UpdateExpression": (
-                                "SET expires_at = :exp, expires_epoch = :epoch, expiry_sk = :esk"
-                            ),
+                            "UpdateExpression": update,
                             "ConditionExpression": (
                                 "#state = :live AND token_hash = :th AND expires_epoch = :old "
                                 "AND expires_epoch > :now"
                             ),
                             "ExpressionAttributeNames": {"#state": "state"},
-                            "ExpressionAttributeValues": _vals(
-                                exp=expires_at,
-                                epoch=int(expires_at.timestamp()),
-                                esk=keys.expiry_sk(expires_at, session.session_id),
-                                live="live",
-                                th=token_hash,
-                                old=old,
-                                now=int(now.timestamp()),
-                            ),
+                            "ExpressionAttributeValues": values,
                         }
                     },
                     self._put_event(event),
@@ -685,7 +741,7 @@ class DynamoRegistry:
             if _code(exc) == "TransactionCanceledException":
                 raise StaleWrite(session.session_id) from None
             raise
-        return session.model_copy(update={"expires_at": expires_at})
+        return session.model_copy(update={"expires_at": expires_at, "extend_request": request_id})
 
     # -- quotas ---------------------------------------------------------------------------
     def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:

@@ -7,6 +7,7 @@
     quota / counter USER#<user>               QUOTA   (live count; gpu_hours_<YYYY-MM> per month)
     monthly usage   USER#<user>               USAGE#<YYYY-MM>
     profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
+    client request  REQUEST#<hash>            REQUEST          (a check-out's replay record; gc_at ends it)
     lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
 
 Sparse indexes (an item is in an index only while it carries that index's keys):
@@ -17,7 +18,8 @@ Sparse indexes (an item is in an index only while it carries that index's keys):
                  <spread> (4 hex digits, a hash of instance and slice) scatters one size's slices
                  over the key space, so racing check-outs that start reading at different
                  random spreads read different slices (calque.registry.spread).
-    by_user      user_pk = USER#<user>      user_sk = <created iso>#<session_id>        every session
+    by_user      user_pk = USER#<user>      user_sk = L|E#<created iso>#<session_id>   every session:
+                 L while live, E once ended, so a user's live (or ended) sessions are one prefix
                  user_pk = FLEET            user_sk = HOST#<instance> (host), HOST#<instance>#SLICE#<slice>
                  (the index is overloaded: the whole fleet, hosts followed by their slices, in one query)
     by_expiry    expiry_pk = LIVE           expiry_sk = <expiry epoch s, 12 digits>#<session_id>  (live)
@@ -50,6 +52,10 @@ def slice_(instance_id: str, slice_id: str) -> dict[str, str]:
 
 def session(session_id: str) -> dict[str, str]:
     return {"pk": f"SESSION#{session_id}", "sk": "SESSION"}
+
+
+def request(request_id: str) -> dict[str, str]:
+    return {"pk": f"REQUEST#{request_id}", "sk": "REQUEST"}
 
 
 def quota(user: str) -> dict[str, str]:
@@ -110,8 +116,13 @@ def user_pk(user: str) -> str:
     return f"USER#{user}"
 
 
-def user_sk(created_at: datetime, session_id: str) -> str:
-    return f"{iso(created_at)}#{session_id}"
+def user_sk(created_at: datetime, session_id: str, *, live: bool) -> str:
+    return f"{user_state(live)}{iso(created_at)}#{session_id}"
+
+
+def user_state(live: bool) -> str:
+    """The by_user sort-key prefix of live (or ended) sessions."""
+    return "L#" if live else "E#"
 
 
 def epoch_key(at: datetime) -> str:

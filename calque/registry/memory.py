@@ -8,8 +8,16 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from calque.registry import keys, spread
-from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
-from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
+from calque.registry.models import (
+    HostRecord,
+    HostState,
+    LeaseEvent,
+    QuotaRecord,
+    RequestRecord,
+    SessionRecord,
+    SliceRecord,
+)
+from calque.registry.ports import AlreadyExists, QuotaFull, Replayed, SliceTaken, StaleWrite
 
 
 class MemoryRegistry:
@@ -22,6 +30,7 @@ class MemoryRegistry:
         self.usage: dict[tuple[str, str], float] = {}
         self.profiles: dict[tuple[str, str], set[float]] = {}
         self.events: list[LeaseEvent] = []
+        self.requests_made: dict[str, RequestRecord] = {}
         self.requests = 0  # calls made, for the "does not grow with the fleet" property
 
     def _count(self) -> None:
@@ -200,9 +209,14 @@ class MemoryRegistry:
         default_max_sessions: int,
         month: str,
         event: LeaseEvent,
+        request: RequestRecord | None = None,
     ) -> None:
         with self._lock:
             self._count()
+            if request is not None:
+                old = self.requests_made.get(request.request_id)
+                if old is not None and old.expires_at >= session.created_at:
+                    raise Replayed(session.user)
             cur = self.slice_map.get((sl.instance_id, sl.slice_id))
             if cur is None or cur.state != "free" or cur.fence != sl.fence or not cur.placeable:
                 raise SliceTaken(sl.slice_id)
@@ -229,16 +243,24 @@ class MemoryRegistry:
                 q = QuotaRecord(user=session.user, max_sessions=default_max_sessions, live=0)
             self.quotas[session.user] = q.model_copy(update={"live": q.live + 1})
             self.events.append(event)
+            if request is not None:
+                self.requests_made[request.request_id] = request
 
     # -- sessions -------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionRecord | None:
         self._count()
         return self.sessions.get(session_id)
 
-    def sessions_of(self, user: str, limit: int) -> list[SessionRecord]:
+    def get_request(self, request_id: str, *, now: datetime) -> RequestRecord | None:
         self._count()
-        mine = [s for s in self.sessions.values() if s.user == user]
-        return sorted(mine, key=lambda s: (s.created_at, s.session_id), reverse=True)[:limit]
+        found = self.requests_made.get(request_id)
+        return found if found is not None and found.expires_at >= now else None
+
+    def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
+        self._count()
+        mine = [s for s in self.sessions.values() if s.user == user and state in (None, s.state)]
+        order = sorted(mine, key=lambda s: (s.state == "live", s.created_at, s.session_id), reverse=True)
+        return order[:limit]
 
     def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
         self._count()
@@ -261,6 +283,7 @@ class MemoryRegistry:
         gpu_hours: float,
         month: str,
         event: LeaseEvent,
+        request_id: str | None = None,
     ) -> SessionRecord:
         with self._lock:
             self._count()
@@ -290,6 +313,7 @@ class MemoryRegistry:
                     "end_reason": reason,
                     "ended_by": by,
                     "end_note": note,
+                    "end_request": request_id,
                 }
             )
             self.sessions[session.session_id] = ended
@@ -314,6 +338,7 @@ class MemoryRegistry:
         token_hash: str,
         now: datetime,
         event: LeaseEvent,
+        request_id: str | None = None,
     ) -> SessionRecord:
         with self._lock:
             self._count()
@@ -326,7 +351,7 @@ class MemoryRegistry:
                 or int(cur.expires_at.timestamp()) <= int(now.timestamp())
             ):
                 raise StaleWrite(session.session_id)
-            new = cur.model_copy(update={"expires_at": expires_at})
+            new = cur.model_copy(update={"expires_at": expires_at, "extend_request": request_id})
             self.sessions[session.session_id] = new
             self.events.append(event)
             return new

@@ -71,6 +71,20 @@ class SessionRecord(_Record):
     end_note: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     spot: bool = False
+    # The client request ids (hashed) of the check-in and the last extend: a replay of
+    # either answers what the first one did instead of failing or extending twice.
+    end_request: str | None = None
+    extend_request: str | None = None
+
+
+class RequestRecord(_Record):
+    """A check-out made with a client request id, kept for the replay window."""
+
+    request_id: str
+    session_id: str
+    fingerprint: str
+    sealed_token: str
+    expires_at: datetime
 
 
 class QuotaRecord(_Record):

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
+from calque.registry.models import (
+    HostRecord,
+    HostState,
+    LeaseEvent,
+    QuotaRecord,
+    RequestRecord,
+    SessionRecord,
+    SliceRecord,
+)
 
 
 class StaleWrite(Exception):
@@ -24,6 +32,10 @@ class SliceTaken(StaleWrite):
 
 class QuotaFull(StaleWrite):
     """The user's live-session counter is at its maximum."""
+
+
+class Replayed(StaleWrite):
+    """A check-out with this client request id was already granted (within its window)."""
 
 
 class HostNotReady(StaleWrite):
@@ -113,17 +125,23 @@ class Registry(Protocol):
         default_max_sessions: int,
         month: str,
         event: LeaseEvent,
+        request: RequestRecord | None = None,
     ) -> None:
         """One transaction: slice free at sl.fence -> held at session.fence, the session created,
         the user's live counter incremented below its maximum while ``month``'s GPU-hours are
-        below the user's allowance, the event recorded.
+        below the user's allowance, the event recorded, and the client request recorded
+        (Replayed if one with its id is still within its window).
         SliceTaken or QuotaFull when a condition fails."""
 
     # -- sessions -------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionRecord | None: ...
 
-    def sessions_of(self, user: str, limit: int) -> list[SessionRecord]:
-        """A user's sessions, newest first."""
+    def get_request(self, request_id: str, *, now: datetime) -> RequestRecord | None:
+        """A check-out's replay record, if it is still within its window at ``now``."""
+
+    def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
+        """A user's sessions in ``state`` ("live" or "ended"; None: both, live ones first),
+        newest first. Reads only sessions in that state."""
 
     def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
         """Live sessions, soonest expiry first; only those already expired with a cutoff."""
@@ -141,10 +159,12 @@ class Registry(Protocol):
         gpu_hours: float,
         month: str,
         event: LeaseEvent,
+        request_id: str | None = None,
     ) -> SessionRecord:
         """One transaction: live session at its fence (and token, and expired by ``expired_by``
         when given) -> ended; its slice held -> reclaiming; the user's live counter decremented;
-        the month's usage added; the event recorded. StaleWrite when a condition fails."""
+        the month's usage added; the event recorded; ``request_id`` (the check-in's client
+        request) kept on the ended session. StaleWrite when a condition fails."""
 
     def extend_session(
         self,
@@ -154,8 +174,10 @@ class Registry(Protocol):
         token_hash: str,
         now: datetime,
         event: LeaseEvent,
+        request_id: str | None = None,
     ) -> SessionRecord:
-        """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry. StaleWrite otherwise."""
+        """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry (and
+        ``request_id`` kept as the last extend's). StaleWrite otherwise."""
 
     # -- quotas ---------------------------------------------------------------------------
     def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:

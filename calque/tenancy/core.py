@@ -159,6 +159,7 @@ class TenancyCore:
         note: str | None,
         token_hash: str | None = None,
         expired_by: datetime | None = None,
+        request_id: str | None = None,
     ) -> SessionRecord:
         hours = max(0.0, (at - session.created_at).total_seconds()) / 3600 * session.gpu_fraction
         event = self._event(kind, session, at=at, who=by, why=note, gpu_hours=round(hours, 6))
@@ -173,6 +174,7 @@ class TenancyCore:
             gpu_hours=round(hours, 6),
             month=f"{at:%Y-%m}",
             event=event,
+            request_id=request_id,
         )
         self.tasks.send(
             ReclaimTask(instance_id=session.instance_id, slice_id=session.slice_id, fence=session.fence)

@@ -32,7 +32,8 @@ class QuotasMixin(TenancyCore):
         month = f"{now:%Y-%m}"
         quota, used = self.registry.quota_and_usage(user, month)
         month_start = now.replace(day=1, hour=0, minute=0, second=0)
-        live = [s for s in self.registry.sessions_of(user, self.config.list_limit) if s.state == "live"]
+        # Only the live sessions: their count is bounded by the quota, ended ones are summed.
+        live = self.registry.sessions_of(user, self.config.list_limit, state="live")
         running = sum(
             (now - max(s.created_at, month_start)).total_seconds() / 3600 * s.gpu_fraction for s in live
         )

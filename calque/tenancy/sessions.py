@@ -15,13 +15,32 @@ from calque.contracts.tenancy import (
 )
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput
 from calque.identity import Caller
-from calque.registry.models import SessionRecord, SliceRecord
-from calque.registry.ports import QuotaFull, SliceTaken, StaleWrite
+from calque.registry.models import RequestRecord, SessionRecord, SliceRecord
+from calque.registry.ports import QuotaFull, Replayed, SliceTaken, StaleWrite
+from calque.tenancy import requests
 from calque.tenancy.core import TenancyCore, _iso, hash_token, new_token
 
 
+class ReplayAnswer(Exception):
+    """The check-out is a replay: its answer is the first grant."""
+
+    def __init__(self, grant: SessionGrant) -> None:
+        self.grant = grant
+
+
 class SessionsMixin(TenancyCore):
-    def checkout(self, who: Caller, req: CheckoutRequest) -> SessionGrant:
+    def checkout(
+        self, who: Caller, req: CheckoutRequest, *, idempotency_key: str | None = None
+    ) -> SessionGrant:
+        """Take a free slice that fits. With a client request id, a replay (a retry after a
+        timeout, a resent request) answers the first grant again, to the same caller, and
+        never grants twice."""
+        try:
+            return self._checkout(who, req, idempotency_key)
+        except ReplayAnswer as replay:
+            return replay.grant
+
+    def _checkout(self, who: Caller, req: CheckoutRequest, idempotency_key: str | None) -> SessionGrant:
         if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
             raise ConsentRequired(
                 "MPS clients share a GPU with no isolation between tenants; ask again with "
@@ -31,6 +50,11 @@ class SessionsMixin(TenancyCore):
         ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
         now = self.clock()
         user = who.principal
+        key = requests.check_key(idempotency_key)
+        rid = requests.request_id(user, key) if key else None
+        # No replay pre-read either: the grant's transaction records the request id and
+        # fails if it is there; only a failed check-out looks it up.
+        fingerprint = requests.fingerprint(req.model_dump_json()) if key else ""
         # No quota pre-read: the grant's transaction checks the quota itself; only a
         # refusal reads it, to say why.
         token = new_token()
@@ -63,6 +87,15 @@ class SessionsMixin(TenancyCore):
                 spot=sl.spot,
             )
             event = self._event("granted", session, at=now, who=user, why=None)
+            record = None
+            if rid and key:
+                record = RequestRecord(
+                    request_id=rid,
+                    session_id=session.session_id,
+                    fingerprint=fingerprint,
+                    sealed_token=requests.seal(token, user, key),
+                    expires_at=now + timedelta(seconds=requests.REPLAY_WINDOW_S),
+                )
             try:
                 self.registry.grant(
                     sl,
@@ -70,21 +103,50 @@ class SessionsMixin(TenancyCore):
                     default_max_sessions=self.config.default_max_sessions,
                     month=f"{now:%Y-%m}",
                     event=event,
+                    request=record,
                 )
+            except Replayed:
+                break
             except SliceTaken:
                 lost += 1
                 continue
             except QuotaFull:
+                self._replay(who, key, fingerprint, now)
                 quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
                 self._check_quota(user, quota, used)
                 self._check_quota(user, quota, used, force=True)
-            return self._grant_view(session, token, sl)
+            return self._grant_view(session, token)
+        self._replay(who, key, fingerprint, now)
         raise self._refusal(req, lost=lost, tries=tries)
 
-    def checkin(self, who: Caller, session_id: str, req: CheckinRequest) -> Session:
+    def _replay(self, who: Caller, key: str | None, fingerprint: str, now: datetime) -> None:
+        """Raise the first grant's answer again if this check-out is a replay."""
+        if not key:
+            return
+        found = self.registry.get_request(requests.request_id(who.principal, key), now=now)
+        if found is None:
+            return
+        if found.fingerprint != fingerprint:
+            raise InvalidInput(
+                "this Idempotency-Key was already used for a different check-out; use a new key",
+                code="idempotency_key_reused",
+                details={"field": "Idempotency-Key"},
+            )
+        session = self.registry.get_session(found.session_id)
+        if session is None:
+            return
+        raise ReplayAnswer(self._grant_view(session, requests.unseal(found.sealed_token, who.principal, key)))
+
+    def checkin(
+        self, who: Caller, session_id: str, req: CheckinRequest, *, idempotency_key: str | None = None
+    ) -> Session:
+        key = requests.check_key(idempotency_key)
+        rid = requests.request_id(who.principal, key) if key else None
         session = self._visible_session(who, session_id)
         if req.force and not who.admin:
             raise Forbidden("only admins may force a check-in", details={"field": "force"})
+        if session.state == "ended" and rid is not None and session.end_request == rid:
+            return self._session_view(session)  # a replay of the check-in that ended it
         if session.state == "ended":
             raise Conflict(
                 f"session {session_id} already ended ({session.end_reason})",
@@ -110,9 +172,12 @@ class SessionsMixin(TenancyCore):
                 by=who.principal,
                 note=req.reason,
                 token_hash=token_hash,
+                request_id=rid,
             )
         except StaleWrite:
             current = self.registry.get_session(session_id)
+            if current is not None and current.state == "ended" and rid and current.end_request == rid:
+                return self._session_view(current)
             if current is not None and current.state == "ended":
                 raise Conflict(
                     f"session {session_id} already ended ({current.end_reason})",
@@ -126,11 +191,31 @@ class SessionsMixin(TenancyCore):
             ) from None
         return self._session_view(ended)
 
-    def extend(self, who: Caller, session_id: str, req: ExtendRequest) -> Session:
+    def extend(
+        self, who: Caller, session_id: str, req: ExtendRequest, *, idempotency_key: str | None = None
+    ) -> Session:
+        """Push the expiry later. ``expected_expires_at`` names the expiry extended from: a
+        replay finds it changed and adds nothing; with a client request id, a replay of
+        the extend that changed it answers the same session."""
+        key = requests.check_key(idempotency_key)
+        rid = requests.request_id(who.principal, key) if key else None
         session = self._visible_session(who, session_id)
         now = self.clock()
-        self._check_extendable(session, now)
         token_hash = self._check_token(session, req.token, "the expiry is unchanged")
+        if rid is not None and session.extend_request == rid:
+            return self._session_view(session)  # a replay of the extend that set this expiry
+        self._check_extendable(session, now)
+        if req.expected_expires_at is not None and req.expected_expires_at != session.expires_at:
+            raise Conflict(
+                f"session {session_id} expires at {_iso(session.expires_at)}, not at "
+                f"{_iso(req.expected_expires_at)}: it was extended meanwhile; nothing was added",
+                code="session_changed",
+                details={
+                    "session_id": session_id,
+                    "expires_at": _iso(session.expires_at),
+                    "expected_expires_at": _iso(req.expected_expires_at),
+                },
+            )
         expires_at = session.expires_at + timedelta(seconds=req.ttl_seconds)
         limit = session.created_at + timedelta(seconds=self.config.ttl_max_s)
         if expires_at > limit:
@@ -147,10 +232,12 @@ class SessionsMixin(TenancyCore):
         event = self._event("extended", session, at=now, who=who.principal, why=None, expires_at=expires_at)
         try:
             new = self.registry.extend_session(
-                session, expires_at=expires_at, token_hash=token_hash, now=now, event=event
+                session, expires_at=expires_at, token_hash=token_hash, now=now, event=event, request_id=rid
             )
         except StaleWrite:
             current = self.registry.get_session(session_id) or session
+            if rid is not None and current.extend_request == rid:
+                return self._session_view(current)
             self._check_extendable(current, self.clock())
             raise Conflict(
                 f"session {session_id} changed while extending; read it and try again",
@@ -162,13 +249,37 @@ class SessionsMixin(TenancyCore):
     def get_session(self, who: Caller, session_id: str) -> Session:
         return self._session_view(self._visible_session(who, session_id))
 
-    def list_sessions(self, who: Caller, *, everyone: bool) -> list[Session]:
+    def list_sessions(
+        self, who: Caller, *, everyone: bool = False, state: str = "live", user: str | None = None
+    ) -> list[Session]:
+        """Sessions in ``state`` (live, ended, or any: live first, newest first).
+
+        Default: the caller's own. ``user``: that user's (admins, or the caller's own name).
+        ``everyone``: every user's live sessions (admins; ended ones are per user, and in
+        the usage report)."""
+        if state not in ("live", "ended", "any"):
+            raise InvalidInput(
+                f"state must be live, ended or any (got {state[:32]!r})", details={"field": "state"}
+            )
+        limit = self.config.list_limit
         if everyone:
             if not who.admin:
                 raise Forbidden("listing every user's sessions is for admins only", details={"field": "all"})
-            found = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
+            if user is not None:
+                raise InvalidInput("give either all or user, not both", details={"field": "user"})
+            if state != "live":
+                raise InvalidInput(
+                    "every user's sessions can be listed live only; list one user's ended sessions "
+                    "with user, or see the usage report",
+                    details={"field": "state"},
+                )
+            found = self.registry.live_sessions(expiring_at_or_before=None, limit=limit)
         else:
-            found = self.registry.sessions_of(who.principal, self.config.list_limit)
+            whose = who.principal if user in (None, "me") else str(user)
+            self._check_user(whose)
+            if whose != who.principal and not who.admin:
+                raise Forbidden("members may list only their own sessions", details={"field": "user"})
+            found = self.registry.sessions_of(whose, limit, state=None if state == "any" else state)
         return [self._session_view(s) for s in found]
 
     def _ttl(self, seconds: int) -> int:
@@ -283,17 +394,17 @@ class SessionsMixin(TenancyCore):
                 details={"session_id": session.session_id, "expires_at": _iso(session.expires_at)},
             )
 
-    def _grant_view(self, s: SessionRecord, token: str, sl: SliceRecord) -> SessionGrant:
+    def _grant_view(self, s: SessionRecord, token: str) -> SessionGrant:
         warnings: list[str] = []
-        if sl.spot:
+        if s.spot:
             others = [
                 x
-                for x in self.registry.slices(sl.instance_id)
+                for x in self.registry.slices(s.instance_id)
                 if x.state == "held" and x.session_id != s.session_id
             ]
             if others:
                 warnings.append(
-                    f"{sl.instance_id} runs on spot capacity and {len(others)} other session(s) share it: "
+                    f"{s.instance_id} runs on spot capacity and {len(others)} other session(s) share it: "
                     "a spot reclaim would end every session on it"
                 )
         return SessionGrant(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
@@ -13,14 +13,22 @@ from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import caller
 
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
 router = Router()
 logger = observability.logger("api")
 metrics = observability.metrics("api")
 
 
+def _idempotency_key() -> str | None:
+    """The client request id (``Idempotency-Key``) a retried or replayed write carries."""
+    value = router.current_event.get_header_value(IDEMPOTENCY_HEADER, case_sensitive=False)
+    return None if value is None else str(value)
+
+
 @router.post("/sessions", status_code=201)
 def checkout(body: CheckoutRequest) -> SessionGrant:
-    grant = api_tenancy().checkout(caller(router), body)
+    grant = api_tenancy().checkout(caller(router), body, idempotency_key=_idempotency_key())
     logger.info(
         "checked out",
         extra={"session_id": grant.session_id, "slice": f"{grant.instance_id}/{grant.slice_id}"},
@@ -30,8 +38,16 @@ def checkout(body: CheckoutRequest) -> SessionGrant:
 
 
 @router.get("/sessions")
-def list_sessions(everyone: Annotated[bool, Query(alias="all")] = False) -> list[Session]:
-    return api_tenancy().list_sessions(caller(router), everyone=everyone)
+def list_sessions(
+    everyone: Annotated[bool, Query(alias="all", description="admins: every user's live sessions")] = False,
+    state: Annotated[
+        Literal["live", "ended", "any"], Query(description="live (default), ended, or any")
+    ] = "live",
+    user: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="admins: this user's sessions")
+    ] = None,
+) -> list[Session]:
+    return api_tenancy().list_sessions(caller(router), everyone=everyone, state=state, user=user)
 
 
 @router.get("/sessions/<session_id>")
@@ -42,7 +58,7 @@ def show_session(session_id: str) -> Session:
 @router.delete("/sessions/<session_id>")
 def checkin(session_id: str, body: Annotated[CheckinRequest | None, Body()] = None) -> Session:
     req = body or CheckinRequest()
-    ended = api_tenancy().checkin(caller(router), session_id, req)
+    ended = api_tenancy().checkin(caller(router), session_id, req, idempotency_key=_idempotency_key())
     logger.info("checked in", extra={"session_id": session_id, "end_reason": ended.end_reason})
     metrics.add_metric(name="SessionsCheckedIn", unit=MetricUnit.Count, value=1)
     return ended
@@ -50,6 +66,6 @@ def checkin(session_id: str, body: Annotated[CheckinRequest | None, Body()] = No
 
 @router.post("/sessions/<session_id>/extend")
 def extend(session_id: str, body: ExtendRequest) -> Session:
-    session = api_tenancy().extend(caller(router), session_id, body)
+    session = api_tenancy().extend(caller(router), session_id, body, idempotency_key=_idempotency_key())
     logger.info("extended", extra={"session_id": session_id, "expires_at": session.expires_at.isoformat()})
     return session

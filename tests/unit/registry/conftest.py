@@ -40,3 +40,11 @@ def dynamo_world(monkeypatch: pytest.MonkeyPatch):
         world.counter = CallCounter(ddb)  # type: ignore[attr-defined]
         world.ddb = ddb  # type: ignore[attr-defined]
         yield world
+
+
+@pytest.fixture(params=["memory", "dynamodb"])
+def any_world(request: pytest.FixtureRequest) -> World:
+    """The domain on either registry: the same behaviour is asserted on both."""
+    if request.param == "memory":
+        return World()
+    return request.getfixturevalue("dynamo_world")

@@ -17,13 +17,6 @@ pytestmark = pytest.mark.unit
 TWO_SIZES = {"gpus": [{"devices": "all", "mig": {"1g.24gb": 2, "2g.48gb": 1}}]}
 
 
-@pytest.fixture(params=["memory", "dynamodb"])
-def any_world(request: pytest.FixtureRequest) -> World:
-    if request.param == "memory":
-        return World()
-    return request.getfixturevalue("dynamo_world")
-
-
 def _fleet(world: World, hosts: int, layout: dict | None = None) -> None:
     for n in range(hosts):
         world.ready_host(f"i-{n:08x}", layout=layout)

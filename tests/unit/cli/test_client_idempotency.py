@@ -1,0 +1,48 @@
+"""Every write the CLI sends carries a client request id, and retries resend the same one."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+from calque.cli.errors import EndpointUnreachable
+from tests.unit.cli.test_client import _client, _Resp
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_write_carries_an_idempotency_key_and_a_503_retry_resends_the_same_one():
+    # Given an API that answers 503 once, then 201
+    client, transport = _client(_Resp(503, {"error": {}}, {"Retry-After": "0"}), _Resp(201, {"ok": 1}))
+    # When the CLI checks out
+    assert client.request("POST", "/v1/sessions", {"backend": "mig"}) == {"ok": 1}
+    # Then both attempts carried one and the same key
+    keys = [sent.headers.get("Idempotency-Key") for sent in transport.sent]
+    assert len(keys) == 2
+    assert keys[0]
+    assert keys[0] == keys[1]
+
+
+def test_an_answer_lost_to_a_read_timeout_is_retried_with_the_same_key():
+    client, transport = _client(ReadTimeoutError(endpoint_url="http://127.0.0.1:8787"), _Resp(200, {"ok": 2}))
+    assert client.request("DELETE", "/v1/sessions/s-1", {"token": "t"}) == {"ok": 2}
+    first, second = (sent.headers.get("Idempotency-Key") for sent in transport.sent)
+    assert first
+    assert first == second
+
+
+def test_two_separate_writes_get_different_keys_and_reads_get_none():
+    client, transport = _client(_Resp(200, {}), _Resp(200, {}), _Resp(200, []))
+    client.request("POST", "/v1/sessions/s-1/extend", {"ttl_seconds": 60})
+    client.request("POST", "/v1/sessions/s-1/extend", {"ttl_seconds": 60})
+    client.request("GET", "/v1/sessions")
+    keys = [sent.headers.get("Idempotency-Key") for sent in transport.sent]
+    assert keys[0] != keys[1]
+    assert keys[2] is None
+
+
+def test_nothing_listening_is_not_retried():
+    client, transport = _client(EndpointConnectionError(endpoint_url="http://127.0.0.1:8787"))
+    with pytest.raises(EndpointUnreachable):
+        client.request("POST", "/v1/sessions", {"backend": "mig"})
+    assert len(transport.sent) == 1
