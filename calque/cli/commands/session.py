@@ -216,8 +216,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ttl", required=True, type=duration_arg, metavar="DURATION", help="time added, e.g. 1h")
     p.set_defaults(func=_extend)
 
-    p = group.add_parser("list", help="your live sessions (admins: --all for everyone's)")
-    p.add_argument("--all", action="store_true", help="admins: every user's sessions")
+    p = group.add_parser(
+        "list",
+        help="your live sessions (--ended: your ended ones; admins: --all, --user)",
+        epilog="Default: your live sessions. --ended (or --state ended) lists your ended ones, "
+        "newest first; --state any lists both, live first. Admins: --all lists every user's live "
+        "sessions, --user NAME one user's (with --state).",
+    )
+    whose = p.add_mutually_exclusive_group()
+    whose.add_argument("--all", action="store_true", help="admins: every user's live sessions")
+    whose.add_argument("--user", metavar="NAME", help="admins: this user's sessions")
+    states = p.add_mutually_exclusive_group()
+    states.add_argument(
+        "--state", choices=("live", "ended", "any"), default=None, help="which sessions (default: live)"
+    )
+    states.add_argument("--ended", action="store_true", help="ended sessions (same as --state ended)")
     p.set_defaults(func=_list)
 
     p = group.add_parser("show", help="one session")
@@ -312,10 +325,13 @@ def _extend(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_extend(ctx: Any, *, session_id: str, token: str, ttl_seconds: int) -> None:
+    path = f"/v1/sessions/{quote(session_id, safe='')}"
+    # Name the expiry this extends from: a retried or replayed extend then adds its time once.
+    current = ctx.client().request("GET", path)
     session = ctx.client().request(
         "POST",
-        f"/v1/sessions/{quote(session_id, safe='')}/extend",
-        {"token": token, "ttl_seconds": ttl_seconds},
+        f"{path}/extend",
+        {"token": token, "ttl_seconds": ttl_seconds, "expected_expires_at": current.get("expires_at")},
     )
     text = (
         f"Extended {session_id}: now expires at {session.get('expires_at')} "
@@ -325,11 +341,14 @@ def do_extend(ctx: Any, *, session_id: str, token: str, ttl_seconds: int) -> Non
 
 
 def _list(ctx: Any, args: argparse.Namespace) -> None:
-    do_list(ctx, all_users=args.all)
+    state = "ended" if args.ended else args.state
+    do_list(ctx, all_users=args.all, state=state, user=args.user)
 
 
-def do_list(ctx: Any, *, all_users: bool = False) -> None:
-    sessions = ctx.client().request("GET", "/v1/sessions", query={"all": "true"} if all_users else None)
+def do_list(ctx: Any, *, all_users: bool = False, state: str | None = None, user: str | None = None) -> None:
+    asked = {"all": "true" if all_users else None, "state": state, "user": user}
+    query = {k: v for k, v in asked.items() if v is not None}
+    sessions = ctx.client().request("GET", "/v1/sessions", query=query or None)
     ctx.emit(sessions, columns=SESSION_COLUMNS)
 
 

@@ -147,12 +147,45 @@ def test_forced_checkin_sends_no_token(api, cli):
     assert api.requests[0][2] == {"token": None, "force": True, "reason": "stuck job"}
 
 
-def test_extend_sends_the_added_seconds(api, cli):
+def test_extend_sends_the_added_seconds_and_the_expiry_it_extends_from(api, cli):
+    # Given a session that expires at a known time
+    api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = {
+        **GRANT,
+        "expires_at": "2098-01-01T00:00:00Z",
+    }
     api.responses[("POST", "/v1/sessions/s-0123456789abcdef/extend")] = GRANT
+    # When it is extended by an hour
     code, out, _ = cli("session", "extend", "s-0123456789abcdef", "--token", "t", "--ttl", "1h")
+    # Then the extend names that expiry, so a replay cannot add the hour twice
     assert code == 0
-    assert api.requests[0][2] == {"token": "t", "ttl_seconds": 3600}
+    assert api.requests[-1][2] == {
+        "token": "t",
+        "ttl_seconds": 3600,
+        "expected_expires_at": "2098-01-01T00:00:00Z",
+    }
     assert "2099-01-01T00:00:00Z" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "query"),
+    [
+        ((), None),
+        (("--ended",), {"state": "ended"}),
+        (("--state", "any"), {"state": "any"}),
+        (("--user", "bob", "--ended"), {"state": "ended", "user": "bob"}),
+    ],
+)
+def test_list_filters_are_sent_as_asked(api, cli, args, query):
+    api.responses[("GET", "/v1/sessions")] = []
+    code, _, _ = cli("session", "list", *args)
+    assert code == 0
+    assert api.requests[0][3] == query
+
+
+def test_list_all_and_user_together_is_a_usage_error(api, cli):
+    code, _, _ = cli("session", "list", "--all", "--user", "bob")
+    assert code == 2
+    assert api.requests == []
 
 
 def test_list_all_asks_for_everyone(api, cli):
