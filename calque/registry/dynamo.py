@@ -26,7 +26,15 @@ from calque.registry.models import (
     SessionRecord,
     SliceRecord,
 )
-from calque.registry.ports import AlreadyExists, HostNotReady, QuotaFull, Replayed, SliceTaken, StaleWrite
+from calque.registry.ports import (
+    AlreadyExists,
+    HostNotReady,
+    QuotaFull,
+    Replayed,
+    SessionEnd,
+    SliceTaken,
+    StaleWrite,
+)
 
 _SER = TypeSerializer()
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
@@ -582,7 +590,7 @@ class DynamoRegistry:
         )
         return [SessionRecord.model_validate(i) for i in items]
 
-    def end_session(
+    def _end_items(
         self,
         session: SessionRecord,
         *,
@@ -596,7 +604,7 @@ class DynamoRegistry:
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
-    ) -> SessionRecord:
+    ) -> list[dict[str, Any]]:
         cond = "#state = :live AND fence = :fence"
         values = _vals(
             live="live",
@@ -678,6 +686,36 @@ class DynamoRegistry:
             },
             self._put_event(event),
         ]
+        return items
+
+    def end_session(
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None,
+        expired_by: datetime | None,
+        gpu_hours: float,
+        month: str,
+        event: LeaseEvent,
+        request_id: str | None = None,
+    ) -> SessionRecord:
+        items = self._end_items(
+            session,
+            at=at,
+            reason=reason,
+            by=by,
+            note=note,
+            token_hash=token_hash,
+            expired_by=expired_by,
+            gpu_hours=gpu_hours,
+            month=month,
+            event=event,
+            request_id=request_id,
+        )
         try:
             self._transact(items)
         except ClientError as exc:
@@ -694,6 +732,37 @@ class DynamoRegistry:
                 "end_request": request_id,
             }
         )
+
+    def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
+        # Up to 20 sessions (5 items each) per transaction, no user twice in one (their
+        # counter and usage items would repeat). A cancelled batch is ended one by one, so
+        # one session that changed meanwhile never holds back the others.
+        done: list[SessionRecord] = []
+        pending = list(ends)
+        while pending:
+            batch: list[SessionEnd] = []
+            later: list[SessionEnd] = []
+            users: set[str] = set()
+            for end in pending:
+                if len(batch) < 20 and end.session.user not in users:
+                    batch.append(end)
+                    users.add(end.session.user)
+                else:
+                    later.append(end)
+            pending = later
+            try:
+                self._transact([item for end in batch for item in self._end_items(**end.arguments())])
+            except ClientError as exc:
+                if _code(exc) != "TransactionCanceledException":
+                    raise
+                for end in batch:
+                    try:
+                        done.append(self.end_session(**end.arguments()))
+                    except StaleWrite:
+                        continue
+            else:
+                done += [end.ended() for end in batch]
+        return done
 
     def extend_session(
         self,
@@ -800,3 +869,17 @@ class SqsHostTaskQueue:
     def send(self, task: object) -> None:
         body = task.model_dump_json()  # type: ignore[attr-defined]
         self.client.send_message(QueueUrl=self.queue_url, MessageBody=body)
+
+    def send_many(self, tasks: Sequence[object]) -> None:
+        pending = [
+            {"Id": str(n), "MessageBody": t.model_dump_json()}  # type: ignore[attr-defined]
+            for n, t in enumerate(tasks)
+        ]
+        while pending:
+            batch, pending = pending[:10], pending[10:]
+            out = self.client.send_message_batch(QueueUrl=self.queue_url, Entries=batch)
+            failed = {f["Id"] for f in out.get("Failed", [])}
+            if failed:  # resend what SQS refused, one by one: a lost reclaim task strands a slice
+                for entry in batch:
+                    if entry["Id"] in failed:
+                        self.client.send_message(QueueUrl=self.queue_url, MessageBody=entry["MessageBody"])

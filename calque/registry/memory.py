@@ -17,7 +17,7 @@ from calque.registry.models import (
     SessionRecord,
     SliceRecord,
 )
-from calque.registry.ports import AlreadyExists, QuotaFull, Replayed, SliceTaken, StaleWrite
+from calque.registry.ports import AlreadyExists, QuotaFull, Replayed, SessionEnd, SliceTaken, StaleWrite
 
 
 class MemoryRegistry:
@@ -330,6 +330,15 @@ class MemoryRegistry:
             self.events.append(event)
             return ended
 
+    def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
+        done: list[SessionRecord] = []
+        for end in ends:
+            try:
+                done.append(self.end_session(**end.arguments()))
+            except StaleWrite:
+                continue
+        return done
+
     def extend_session(
         self,
         session: SessionRecord,
@@ -392,3 +401,6 @@ class MemoryQueue:
 
     def send(self, task: object) -> None:
         self.sent.append(task)
+
+    def send_many(self, tasks: Sequence[object]) -> None:
+        self.sent.extend(tasks)

@@ -8,8 +8,9 @@ instead of a silent overwrite.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from calque.registry.models import (
     HostRecord,
@@ -44,6 +45,39 @@ class HostNotReady(StaleWrite):
 
 class AlreadyExists(StaleWrite):
     """The record to create is already there."""
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    """One session to end: what ``Registry.end_session`` takes, as a value."""
+
+    session: SessionRecord
+    at: datetime
+    reason: str
+    by: str
+    note: str | None
+    token_hash: str | None
+    expired_by: datetime | None
+    gpu_hours: float
+    month: str
+    event: LeaseEvent
+    request_id: str | None = None
+
+    def arguments(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def ended(self) -> SessionRecord:
+        """The session as ending it leaves it."""
+        return self.session.model_copy(
+            update={
+                "state": "ended",
+                "ended_at": self.at,
+                "end_reason": self.reason,
+                "ended_by": self.by,
+                "end_note": self.note,
+                "end_request": self.request_id,
+            }
+        )
 
 
 class Registry(Protocol):
@@ -166,6 +200,10 @@ class Registry(Protocol):
         the month's usage added; the event recorded; ``request_id`` (the check-in's client
         request) kept on the ended session. StaleWrite when a condition fails."""
 
+    def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
+        """Each as ``end_session`` (all or nothing per session), batched into as few writes as
+        the store allows. Returns the sessions ended; the others changed meanwhile."""
+
     def extend_session(
         self,
         session: SessionRecord,
@@ -195,3 +233,6 @@ class Registry(Protocol):
 class HostTaskQueue(Protocol):
     def send(self, task: object) -> None:
         """Enqueue a host task (a calque.contracts.tenancy HostTask model)."""
+
+    def send_many(self, tasks: Sequence[object]) -> None:
+        """Enqueue several host tasks, batched."""

@@ -27,7 +27,7 @@ from calque.contracts.tenancy import (
 from calque.errors import Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
-from calque.registry.ports import HostTaskQueue, Registry, StaleWrite
+from calque.registry.ports import HostTaskQueue, Registry, SessionEnd, StaleWrite
 
 REAPER = "calque-reaper"
 
@@ -161,27 +161,49 @@ class TenancyCore:
         expired_by: datetime | None = None,
         request_id: str | None = None,
     ) -> SessionRecord:
-        hours = max(0.0, (at - session.created_at).total_seconds()) / 3600 * session.gpu_fraction
-        event = self._event(kind, session, at=at, who=by, why=note, gpu_hours=round(hours, 6))
-        ended = self.registry.end_session(
+        end = self._ending(
             session,
+            at=at,
+            reason=reason,
+            kind=kind,
+            by=by,
+            note=note,
+            token_hash=token_hash,
+            expired_by=expired_by,
+            request_id=request_id,
+        )
+        ended = self.registry.end_session(**end.arguments())
+        self.tasks.send(_reclaim(session))
+        return ended
+
+    def _ending(
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        kind: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None = None,
+        expired_by: datetime | None = None,
+        request_id: str | None = None,
+    ) -> SessionEnd:
+        hours = round(max(0.0, (at - session.created_at).total_seconds()) / 3600 * session.gpu_fraction, 6)
+        return SessionEnd(
+            session=session,
             at=at,
             reason=reason,
             by=by,
             note=note,
             token_hash=token_hash,
             expired_by=expired_by,
-            gpu_hours=round(hours, 6),
+            gpu_hours=hours,
             month=f"{at:%Y-%m}",
-            event=event,
+            event=self._event(kind, session, at=at, who=by, why=note, gpu_hours=hours),
             request_id=request_id,
         )
-        self.tasks.send(
-            ReclaimTask(instance_id=session.instance_id, slice_id=session.slice_id, fence=session.fence)
-        )
-        return ended
 
-    @staticmethod
     @staticmethod
     def _event(
         kind: str,
@@ -235,7 +257,6 @@ class TenancyCore:
         )
 
     @staticmethod
-    @staticmethod
     def _session_view(s: SessionRecord) -> Session:
         return Session(
             session_id=s.session_id,
@@ -272,3 +293,7 @@ class TenancyCore:
                     "gpu_hours_used": round(used, 4),
                 },
             )
+
+
+def _reclaim(session: SessionRecord) -> ReclaimTask:
+    return ReclaimTask(instance_id=session.instance_id, slice_id=session.slice_id, fence=session.fence)

@@ -83,9 +83,8 @@ class HostsMixin(TenancyCore):
         return self._host_view(who, host, self.registry.slices(instance_id))
 
     def list_hosts(self, who: Caller) -> list[Host]:
-        return [
-            self._host_view(who, h, self.registry.slices(h.instance_id)) for h in self.registry.list_hosts()
-        ]
+        # One read of the whole fleet (hosts and slices together), not one per host.
+        return [self._host_view(who, h, slices) for h, slices in self.registry.fleet()]
 
     def drain(self, who: Caller, instance_id: str, *, force: bool, reason: str | None) -> Host:
         host = self._host(instance_id)

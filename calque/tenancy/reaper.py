@@ -5,8 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from calque.registry.models import LeaseEvent
-from calque.registry.ports import StaleWrite
-from calque.tenancy.core import REAPER, ReapSummary, TenancyCore
+from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaim
 
 
 class ReaperMixin(TenancyCore):
@@ -17,9 +16,10 @@ class ReaperMixin(TenancyCore):
         # Ended sessions leave the index, so each page is fresh; bounded, the next run continues.
         for _page in range(self.config.reaper_pages):
             page = self.registry.live_sessions(expiring_at_or_before=now, limit=self.config.list_limit)
-            for session in page:
-                try:
-                    self._end(
+            # One batched write for the page's ends, one batched send for its reclaim tasks.
+            ended = self.registry.end_sessions(
+                [
+                    self._ending(
                         session,
                         at=now,
                         reason="expired",
@@ -28,9 +28,14 @@ class ReaperMixin(TenancyCore):
                         note="the TTL passed",
                         expired_by=now,
                     )
-                    out.expired.append(session.session_id)
-                except StaleWrite:
-                    out.raced.append(session.session_id)  # extended or checked in meanwhile: theirs wins
+                    for session in page
+                ]
+            )
+            done = {s.session_id for s in ended}
+            self.tasks.send_many([_reclaim(s) for s in page if s.session_id in done])
+            for session in page:
+                # Not ended: extended or checked in meanwhile; theirs wins.
+                (out.expired if session.session_id in done else out.raced).append(session.session_id)
             if len(page) < self.config.list_limit:
                 break
         cutoff = now - timedelta(seconds=self.config.reclaim_timeout_s)

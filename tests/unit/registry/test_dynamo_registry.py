@@ -9,7 +9,7 @@ from calque.errors import Conflict, Forbidden, QuotaExceeded
 from calque.registry.models import LeaseEvent
 from calque.registry.ports import QuotaFull, SliceTaken, StaleWrite
 from calque.tenancy.service import hash_token
-from tests.unit.tenancy.conftest import World, member
+from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit
 
@@ -209,3 +209,97 @@ def test_a_checkout_costs_the_same_dynamodb_requests_on_a_small_and_a_big_fleet(
     assert write == "TransactWriteItems"
     assert set(reads) == {"Query"}
     assert 1 <= len(reads) <= 3
+
+
+@pytest.mark.parametrize("fleet", [3, 40])
+def test_host_list_is_one_query_whatever_the_fleet_size(dynamo_world: World, fleet: int):
+    # Given a fleet of ready hosts, one slice of the first held
+    world = dynamo_world
+    for n in range(fleet):
+        world.ready_host(f"i-{n:08x}")
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", instance_id="i-00000000"))
+    world.counter.calls.clear()
+    # When an admin lists the hosts
+    hosts = world.tenancy.list_hosts(ADMIN)
+    # Then one query answered, with every host and every slice's state
+    assert world.counter.calls == ["Query"]
+    assert [h.instance_id for h in hosts] == [f"i-{n:08x}" for n in range(fleet)]
+    assert all(len(h.slices) == 4 for h in hosts)
+    assert [s.state for s in hosts[0].slices].count("held") == 1
+
+
+def test_the_reaper_ends_a_page_of_expired_sessions_in_batched_writes(dynamo_world: World):
+    # Given 24 expired sessions of 24 members, one of which was extended just in time
+    world = dynamo_world
+    for n in range(6):
+        world.ready_host(f"i-{n:08x}")
+    grants = [
+        world.tenancy.checkout(member(f"m{n}"), CheckoutRequest(backend="mig", ttl_seconds=60))
+        for n in range(24)
+    ]
+    saved = grants[5]
+    world.tenancy.extend(member("m5"), saved.session_id, ExtendRequest(token=saved.token, ttl_seconds=600))
+    world.clock.advance(61)
+    world.counter.calls.clear()
+    # When the reaper runs
+    out = world.tenancy.reap()
+    # Then 23 ended in two transactions (20 sessions each at most) after one query, the
+    # extended one is left alone, and each ended slice is being reclaimed
+    assert sorted(out.expired) == sorted(g.session_id for g in grants if g is not saved)
+    assert world.counter.calls.count("TransactWriteItems") == 2
+    assert world.counter.calls.count("Query") <= 2  # the expired page, and the reclaiming check
+    assert world.tenancy.get_session(member("m5"), saved.session_id).state == "live"
+    reclaims = [t for t in world.queue.sent if t.kind == "reclaim"]
+    assert len(reclaims) == 23
+
+
+def test_a_batch_with_one_changed_session_still_ends_the_others(dynamo_world: World):
+    from calque.tenancy.core import REAPER
+
+    world = dynamo_world
+    world.ready_host()
+    grants = [
+        world.tenancy.checkout(member(f"m{n}"), CheckoutRequest(backend="mig", ttl_seconds=60))
+        for n in range(3)
+    ]
+    world.clock.advance(61)
+    sessions = [world.registry.get_session(g.session_id) for g in grants]
+    # One of them is checked in after the reaper read it
+    world.tenancy.checkin(member("m1"), grants[1].session_id, CheckinRequest(token=grants[1].token))
+    ends = [
+        world.tenancy._ending(s, at=world.clock(), reason="expired", kind="expired", by=REAPER, note=None)
+        for s in sessions
+    ]
+    ended = world.registry.end_sessions(ends)
+    assert sorted(s.session_id for s in ended) == sorted([grants[0].session_id, grants[2].session_id])
+    assert world.registry.get_session(grants[1].session_id).end_reason == "checked_in"
+
+
+def test_reclaim_tasks_are_sent_in_batches_of_ten(monkeypatch):
+    import boto3
+    from moto import mock_aws
+
+    from calque.contracts.tenancy import ReclaimTask
+    from calque.registry.dynamo import SqsHostTaskQueue
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="tasks")["QueueUrl"]
+        calls: list[str] = []
+        sqs.meta.events.register("before-call.sqs", lambda model, **_: calls.append(model.name))
+        tasks = [ReclaimTask(instance_id="i-0aaa0001", slice_id=f"s{n}", fence=n) for n in range(25)]
+        SqsHostTaskQueue(sqs, url).send_many(tasks)
+        assert calls == ["SendMessageBatch"] * 3
+        got = []
+        while True:
+            msgs = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+            if not msgs:
+                break
+            got += msgs
+            sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)],
+            )
+        assert len(got) == 25
