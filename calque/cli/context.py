@@ -4,7 +4,9 @@ Endpoint: ``--endpoint``, else ``CALQUE_ENDPOINT``, else the running local plane
 ``plane.json``. Credentials: with the local plane's endpoint, its own profiles
 (``credentials`` in its state directory, read by our botocore session only: the
 user's ~/.aws is neither read for them nor written); otherwise the standard AWS
-chain with ``--profile``.
+chain with ``--profile``. ``localhost``, ``127.0.0.1`` and ``[::1]`` name the same
+local plane. A profile that does not exist, or no credentials at all, is a refusal
+(exit 1) that says what to do.
 """
 
 from __future__ import annotations
@@ -19,6 +21,31 @@ from calque.cli.errors import CliError
 
 ENDPOINT_ENV = "CALQUE_ENDPOINT"
 LOCAL_DEFAULT_PROFILE = "admin"
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _endpoint_key(url: str) -> tuple[str, str, int | None, str]:
+    """(scheme, host, port, path) with every loopback name as one host and default ports filled."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url.strip())
+    scheme = (parts.scheme or "http").lower()
+    host = (parts.hostname or "").lower()
+    if host in _LOOPBACK:
+        host = "loopback"
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:
+        port = None
+    return scheme, host, port, parts.path.rstrip("/")
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    return _endpoint_key(a) == _endpoint_key(b)
+
+
+def is_loopback(url: str) -> bool:
+    return _endpoint_key(url)[1] == "loopback"
 
 
 @dataclass
@@ -84,7 +111,7 @@ class Context:
                         code="no_endpoint",
                     )
                 endpoint = str(plane["endpoint"])
-            is_local = plane is not None and endpoint.rstrip("/") == str(plane["endpoint"]).rstrip("/")
+            is_local = plane is not None and same_endpoint(endpoint, str(plane["endpoint"]))
             self._resolved = (endpoint, state.path if is_local else None, plane if is_local else None)
         return self._resolved
 
@@ -113,15 +140,50 @@ class Context:
             session.set_config_variable("profile", profile)
             creds = _profile_credentials(session, profile)
         else:
-            if self.profile_arg:
-                session.set_config_variable("profile", self.profile_arg)
-            creds = session.get_credentials()
-            region = self.region_arg or session.get_config_variable("region") or "us-east-1"
+            creds, region = self._aws_credentials_and_region(session)
         if creds is None:
+            self._refuse_if_no_local_plane()
             raise CliError(
                 "no AWS credentials found: pass --profile or configure the AWS CLI", code="no_credentials"
             )
         return creds, region
+
+    def _aws_credentials_and_region(self, session: Any) -> tuple[Any, str]:
+        """The standard AWS chain, with --profile; a missing profile or broken config is a refusal."""
+        from botocore.exceptions import BotoCoreError, ProfileNotFound
+
+        try:
+            if self.profile_arg:
+                session.set_config_variable("profile", self.profile_arg)
+            creds = session.get_credentials()
+            region = self.region_arg or session.get_config_variable("region") or "us-east-1"
+        except ProfileNotFound:
+            self._refuse_if_no_local_plane()
+            raise CliError(
+                f"no AWS profile named {self.profile_arg!r} in your AWS config; pass another "
+                f"--profile, or add it with `aws configure --profile {self.profile_arg}`",
+                code="unknown_profile",
+                details={"profile": self.profile_arg, "endpoint": self.endpoint},
+            ) from None
+        except BotoCoreError as exc:
+            raise CliError(
+                f"cannot load AWS credentials: {exc}",
+                code="no_credentials",
+                details={"endpoint": self.endpoint},
+            ) from None
+        return creds, region
+
+    def _refuse_if_no_local_plane(self) -> None:
+        """A loopback endpoint that no running local plane serves: that is the likelier mistake."""
+        endpoint = self._resolve()[0]
+        if is_loopback(endpoint):
+            path = self.local_state().path
+            raise CliError(
+                f"no local plane of {path} runs at {endpoint}: start one with `calque local up` "
+                "(or set CALQUE_LOCAL_STATE_DIR to the state directory of the one that runs there)",
+                code="local_plane_not_running",
+                details={"endpoint": endpoint, "state_dir": str(path)},
+            )
 
     def client(self) -> Any:
         """The signed API client for this invocation (created once)."""

@@ -23,8 +23,17 @@ class FunctionNotAvailable(Exception):
     """A function's module cannot be imported in this installation."""
 
 
+def quiet_empty_metrics() -> None:
+    """Powertools warns on every invocation that publishes no metric ("No application metrics
+    to publish"); metrics are disabled in the local plane, so that line would be noise in its log."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="No application metrics to publish")
+
+
 def load_handler(function_id: str) -> Handler:
     """The handler the runtime would load: the dotted path in calque.resources.FUNCTIONS."""
+    quiet_empty_metrics()
     dotted = resources.function(function_id).handler
     module_name, _, attr = dotted.rpartition(".")
     try:

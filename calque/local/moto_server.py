@@ -1,4 +1,5 @@
-"""moto in-process, behind a WSGI layer that makes DynamoDB honest under contention.
+"""moto in-process, behind a WSGI layer that makes DynamoDB honest under contention,
+lets only the plane's own processes in, and keeps what moto holds across restarts.
 
 moto applies a conditional write as read-check-write without a lock, so two
 concurrent conditional puts can both win; a transaction can interleave with
@@ -6,26 +7,88 @@ another write. Every DynamoDB operation therefore runs one at a time here, which
 makes conditions and transactions atomic (and reads never see half a
 transaction). The same layer observes SSM SendCommand (moto records it and runs
 nothing) and hands each accepted command to the plane's SSM executor.
+
+moto accepts any keys. The plane's server binds to the loopback interface and,
+given the plane's key pair, verifies every request's SigV4 signature against it
+(as the AWS services would): a request signed with any other key, or unsigned, is
+refused with 403 before moto sees it. Given a Persistence, every call that changed
+something is recorded before its caller is answered (calque/local/persistence.py).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
+import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import parse_qs, quote
 
 SendCommandListener = Callable[[dict[str, Any], dict[str, Any]], None]
+
+log = logging.getLogger("calque.local")
+
+PLANE_PROFILE = "calque-local-plane"
+# the AWS services the plane's moto stands in for (the signing names of their scopes)
+SERVICES = ("dynamodb", "sqs", "s3", "ec2", "ssm", "sts", "events")
+_SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
+_READ_ONLY = ("Describe", "Get", "List", "Receive", "Query", "Scan", "BatchGet", "TransactGet")
+
+
+def _headers(environ: dict[str, Any]) -> list[tuple[str, str]]:
+    out = [(k[5:].replace("_", "-").lower(), str(v)) for k, v in environ.items() if k.startswith("HTTP_")]
+    for key, name in (("CONTENT_TYPE", "content-type"), ("CONTENT_LENGTH", "content-length")):
+        if environ.get(key):
+            out.append((name, str(environ[key])))
+    return out
+
+
+def _raw_path(environ: dict[str, Any]) -> str:
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if raw:
+        return str(raw)
+    path = quote(environ.get("PATH_INFO", "/"), safe="/~!$&'()*+,;=:@%")
+    query = environ.get("QUERY_STRING")
+    return path + (f"?{query}" if query else "")
+
+
+def _refusal(
+    environ: dict[str, Any], status: str, code: str, message: str
+) -> tuple[str, list[tuple[str, str]], bytes]:
+    """An AWS-shaped error botocore parses for the protocol the request spoke."""
+    ctype = environ.get("CONTENT_TYPE", "")
+    if "json" in ctype:
+        body = json.dumps({"__type": code, "message": message}).encode()
+        return status, [("Content-Type", ctype.split(";")[0]), ("x-amzn-ErrorType", code)], body
+    xml = (
+        f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error>"
+        f"<Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors>"
+        "<RequestId>calque-local</RequestId></ErrorResponse>"
+    )
+    return status, [("Content-Type", "text/xml")], xml.encode()
 
 
 class LocalAwsApp:
     """WSGI middleware over moto's dispatcher."""
 
-    def __init__(self, app: Any, on_send_command: SendCommandListener | None = None):
+    def __init__(
+        self,
+        app: Any,
+        on_send_command: SendCommandListener | None = None,
+        *,
+        credentials: tuple[str, str] | None = None,
+        region: str = "us-east-1",
+        persistence: Any = None,
+    ):
         self.app = app
         self.on_send_command = on_send_command
         self.dynamodb_lock = threading.Lock()
+        self.credentials = credentials
+        self.region = region
+        self.persistence = persistence
+        self.refused = 0
 
     def _buffered(self, environ: dict[str, Any], start_response: Any) -> tuple[list[bytes], list[Any]]:
         captured: list[Any] = []
@@ -43,39 +106,166 @@ class LocalAwsApp:
                 close()
         return [body], captured
 
+    def internal_call(
+        self,
+        service: str,
+        *,
+        target: str | None = None,
+        body: bytes = b"",
+        method: str = "POST",
+        path: str = "/",
+        content_type: str = "application/x-amz-json-1.0",
+    ) -> tuple[int, bytes]:
+        """One call straight to moto (restores and snapshots): past the checks, no listeners."""
+        from werkzeug.test import EnvironBuilder
+
+        headers = {
+            "Authorization": (
+                f"AWS4-HMAC-SHA256 Credential=internal/20200101/{self.region}/{service}/aws4_request, "
+                "SignedHeaders=host, Signature=0"
+            ),
+            "Content-Type": content_type,
+        }
+        if target:
+            headers["X-Amz-Target"] = target
+        environ = EnvironBuilder(
+            path=path, method=method, data=body, headers=headers, base_url="http://127.0.0.1"
+        ).get_environ()
+        out, (status, _headers, _exc) = self._buffered(environ, None)
+        return int(status.split()[0]), out[0]
+
+    def _refuse(
+        self, environ: dict[str, Any], start_response: Any, code: str, message: str
+    ) -> Iterable[bytes]:
+        self.refused += 1
+        status, headers, body = _refusal(environ, "403 Forbidden", code, message)
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [body]
+
+    def _read_body(self, environ: dict[str, Any]) -> bytes:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        stream = environ["wsgi.input"]
+        raw = (
+            stream.read(length)
+            if length
+            else (stream.read() if environ.get("wsgi.input_terminated") else b"")
+        )
+        environ["wsgi.input"] = io.BytesIO(raw)
+        environ["CONTENT_LENGTH"] = str(len(raw))
+        return bytes(raw)
+
+    def _check(self, environ: dict[str, Any], body: bytes) -> tuple[str, str] | None:
+        """(code, message) when the request is not signed with the plane's key pair."""
+        if self.credentials is None:
+            return None
+        from calque.local.sigv4 import SignatureRejected, SignedRequest, verify
+        from calque.local.state import Principal
+
+        key, secret = self.credentials
+        plane = Principal(
+            profile=PLANE_PROFILE, kind="plane", arn="", access_key=key, secret_key=secret, unique_id=""
+        )
+        try:
+            verify(
+                SignedRequest(
+                    environ.get("REQUEST_METHOD", "GET"), _raw_path(environ), _headers(environ), body
+                ),
+                lambda k: plane if k == key else None,
+                self.region,
+                services=SERVICES,
+            )
+        except SignatureRejected as exc:
+            code = {
+                "unrecognized_access_key": "UnrecognizedClientException",
+                "missing_authentication": "MissingAuthenticationToken",
+                "signature_expired": "SignatureDoesNotMatch",
+            }.get(exc.code, "SignatureDoesNotMatch")
+            return code, f"the plane's moto endpoint refused the request: {exc.message}"
+        return None
+
+    @staticmethod
+    def _action(environ: dict[str, Any], target: str, body: bytes) -> str:
+        if target:
+            return target.rpartition(".")[2]
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        if "Action" in query:
+            return query["Action"][0]
+        if "x-www-form-urlencoded" in environ.get("CONTENT_TYPE", ""):
+            form = parse_qs(body.decode("utf-8", "replace"))
+            if "Action" in form:
+                return form["Action"][0]
+        return ""
+
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
+        body = self._read_body(environ)
+        refused = self._check(environ, body)
+        if refused is not None:
+            return self._refuse(environ, start_response, *refused)
+        scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+        service = scope.group(2) if scope else ""
         if target.startswith("DynamoDB_"):
+            operation = target.rpartition(".")[2]
             with self.dynamodb_lock:
-                body, (status, headers, exc_info) = self._buffered(environ, start_response)
+                out, (status, headers, exc_info) = self._buffered(environ, start_response)
+                if self.persistence is not None and status.startswith("200"):
+                    from calque.local.persistence import DYNAMODB_WRITES
+
+                    if operation in DYNAMODB_WRITES:
+                        self.persistence.dynamodb_written(operation, body)
             start_response(status, headers, exc_info)
-            return body
+            return out
         if target == "AmazonSSM.SendCommand" and self.on_send_command is not None:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            raw = environ["wsgi.input"].read(length) if length else b""
-            environ["wsgi.input"] = io.BytesIO(raw)
-            body, (status, headers, exc_info) = self._buffered(environ, start_response)
+            out, (status, headers, exc_info) = self._buffered(environ, start_response)
             if status.startswith("200"):
                 try:
-                    self.on_send_command(json.loads(raw or b"{}"), json.loads(body[0] or b"{}"))
+                    self.on_send_command(json.loads(body or b"{}"), json.loads(out[0] or b"{}"))
                 except Exception:  # the executor's trouble must not fail the caller's SendCommand
-                    import logging
-
-                    logging.getLogger("calque.local").exception("SSM executor could not take a command")
+                    log.exception("SSM executor could not take a command")
+                if self.persistence is not None:
+                    self.persistence.ssm_changed()
             start_response(status, headers, exc_info)
-            return body
-        return self.app(environ, start_response)  # type: ignore[no-any-return, unused-ignore]
+            return out
+        if self.persistence is None or service not in ("sqs", "ec2", "ssm", "s3"):
+            return self.app(environ, start_response)  # type: ignore[no-any-return, unused-ignore]
+        out, (status, headers, exc_info) = self._buffered(environ, start_response)
+        if status[:1] == "2" and self._changed(environ, service, self._action(environ, target, body), out[0]):
+            getattr(self.persistence, f"{service}_changed")()
+        start_response(status, headers, exc_info)
+        return out
+
+    @staticmethod
+    def _changed(environ: dict[str, Any], service: str, action: str, out: bytes) -> bool:
+        if service == "s3":
+            return environ.get("REQUEST_METHOD") in ("PUT", "POST", "DELETE")
+        if action == "ReceiveMessage":  # receive counts move (and messages to a DLQ) only when some came
+            return b"<Message>" in out or b'"Messages": [{' in out or b'"Messages":[{' in out
+        return bool(action) and not action.startswith(_READ_ONLY)
+
+
+_SERVED: dict[str, tuple[str, str]] = {}  # endpoint -> key pair, of the servers this process runs
 
 
 class MotoServer:
-    """moto's server app on a free port (or ``port``), in a daemon thread."""
+    """moto's server app on a free port (or ``port``) of the loopback interface, in a daemon
+    thread. Given ``credentials``, only requests signed with them get in."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, on_send_command: SendCommandListener | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_send_command: SendCommandListener | None = None,
+        *,
+        credentials: tuple[str, str] | None = None,
+        region: str = "us-east-1",
+        persistence: Any = None,
     ):
         self.host = host
         self.port = port
         self.on_send_command = on_send_command
+        self.credentials = credentials
+        self.region = region
+        self.persistence = persistence
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.app: LocalAwsApp | None = None
@@ -92,11 +282,21 @@ class MotoServer:
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 pass  # one line per AWS call would drown the plane's own output
 
-        self.app = LocalAwsApp(DomainDispatcherApplication(create_backend_app), self.on_send_command)
+        self.app = LocalAwsApp(
+            DomainDispatcherApplication(create_backend_app),
+            self.on_send_command,
+            credentials=self.credentials,
+            region=self.region,
+            persistence=self.persistence,
+        )
+        if self.persistence is not None:
+            self.persistence.attach(self.app.internal_call)
         self._server = make_server(
             self.host, self.port, self.app, threaded=True, request_handler=_QuietHandler
         )
         self.port = self._server.server_address[1]
+        if self.credentials is not None:
+            _SERVED[self.endpoint] = self.credentials
         self._thread = threading.Thread(target=self._server.serve_forever, name="moto", daemon=True)
         self._thread.start()
         return self.endpoint
@@ -114,25 +314,40 @@ class MotoServer:
 
     def stop(self) -> None:
         if self._server is not None:
+            _SERVED.pop(self.endpoint, None)
             self._server.shutdown()
             self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
 
-class MotoClients:
-    """boto3 clients pointed at the plane's moto server (moto accepts any keys)."""
+def plane_credentials_for(endpoint: str) -> tuple[str, str] | None:
+    """The key pair of the plane serving ``endpoint``: a server of this process, else the
+    plane of the state directory this process would use (CALQUE_LOCAL_STATE_DIR)."""
+    if endpoint in _SERVED:
+        return _SERVED[endpoint]
+    from calque.local.state import StateDir, state_dir_from
 
-    def __init__(self, endpoint: str, region: str):
+    state = StateDir(state_dir_from())
+    plane = state.read_plane() or {}
+    if str(plane.get("moto_endpoint", "")).rstrip("/") == endpoint.rstrip("/"):
+        return state.plane_credentials()
+    return None
+
+
+class MotoClients:
+    """boto3 clients pointed at a moto server, signing with ``credentials``: by default the
+    key pair of the plane that serves ``endpoint`` (a test's own server takes any)."""
+
+    def __init__(self, endpoint: str, region: str, credentials: tuple[str, str] | None = None):
         import boto3
         from botocore.config import Config
 
         self.endpoint = endpoint
         self.region = region
+        key, secret = credentials or plane_credentials_for(endpoint) or ("testing", "testing")
         self._session = boto3.session.Session(
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",  # noqa: S106 - moto accepts any key
-            region_name=region,
+            aws_access_key_id=key, aws_secret_access_key=secret, region_name=region
         )
         self._config = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 3})
         self._clients: dict[str, Any] = {}
@@ -156,9 +371,14 @@ class CommandRecords:
 
     OUTPUT_LIMIT = 24000  # SSM keeps this much of each stream in the API answer
 
-    def __init__(self, account: str, region: str):
+    def __init__(self, account: str, region: str, on_change: Callable[[], None] | None = None):
         self.account = account
         self.region = region
+        self.on_change = on_change  # moto's record changed (the plane keeps it on disk)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _command(self, command_id: str) -> Any:
         from moto.ssm.models import ssm_backends
@@ -181,6 +401,7 @@ class CommandRecords:
         command.target_count = len(instance_ids)
         command.completed_count = 0
         command.status = command.status_details = "Pending" if instance_ids else "Success"
+        self._changed()
 
     def finished(
         self, command_id: str, instance_id: str, *, status: str, rc: int | None, stdout: str, stderr: str
@@ -206,3 +427,4 @@ class CommandRecords:
             command.status = command.status_details = "Failed" if command.error_count else "Success"
         else:
             command.status = command.status_details = "InProgress"
+        self._changed()

@@ -6,7 +6,9 @@ pollers feeding queue consumers; timers firing schedules; an SSM executor runnin
 the host agent on simulated hosts. Environment knobs (local only):
 
     CALQUE_LOCAL_SCHEDULE_SCALE   multiply every schedule's period (0.01: a 60 s rate fires every 0.6 s)
-    CALQUE_LOCAL_API_CONCURRENCY  API execution environments that may run at once (default 4; 1: in-process)
+    CALQUE_LOCAL_API_CONCURRENCY  API execution environments that may run at once (default: 4 per CPU,
+                                  at least 8, at most 32, started only as concurrent requests need
+                                  them; 1: in-process)
     CALQUE_LOCAL_QUEUE_SCALE      multiply every queue's visibility timeout (failed messages return sooner)
     CALQUE_LOCAL_HOST_AGENT       the command that runs the host agent (default: python -m host_agent)
 """
@@ -57,6 +59,13 @@ def _scale(name: str) -> float:
     return value
 
 
+def default_api_concurrency() -> int:
+    """Enough execution environments that concurrent requests really run at once and race at
+    DynamoDB (each one is a process, started only when a request finds the others busy), and
+    few enough that the machine keeps up: 4 per CPU, at least 8, at most 32."""
+    return min(32, max(8, 4 * (os.cpu_count() or 1)))
+
+
 class LocalPlane:
     def __init__(
         self,
@@ -75,7 +84,7 @@ class LocalPlane:
         self.schedule_scale = _scale("CALQUE_LOCAL_SCHEDULE_SCALE")
         self.queue_scale = _scale("CALQUE_LOCAL_QUEUE_SCALE")
         # How many API execution environments may run at once (Lambda's concurrency).
-        self.api_concurrency = _count("CALQUE_LOCAL_API_CONCURRENCY", default=4)
+        self.api_concurrency = _count("CALQUE_LOCAL_API_CONCURRENCY", default=default_api_concurrency())
         agent = os.environ.get("CALQUE_LOCAL_HOST_AGENT")
         self.agent_argv = shlex.split(agent) if agent else None
         self._lock_handle: Any = None
@@ -89,6 +98,8 @@ class LocalPlane:
         self.timers: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.resources: Any = None
+        self.persistence: Any = None
+        self.restored: Any = None  # what came back from the state directory (persistence.Restored)
 
     # lifecycle
     def start(self) -> None:
@@ -96,18 +107,36 @@ class LocalPlane:
         from calque.local.front import Front
         from calque.local.functions import Functions
         from calque.local.moto_server import CommandRecords, MotoClients, MotoServer
+        from calque.local.persistence import Persistence
         from calque.local.ssm_executor import DEFAULT_AGENT, SsmExecutor
 
         self._lock_handle = self.state.acquire_plane_lock()
         try:
             self.state.initialize_people(self.account)
-            self.moto = MotoServer(host=self.host, on_send_command=self._on_send_command)
+            # moto on the loopback interface only, for the plane's own key pair only
+            moto_credentials = self.state.plane_credentials()
+            self.persistence = Persistence(self.state.aws_dir, account=self.account, region=self.region)
+            self.moto = MotoServer(
+                host="127.0.0.1",
+                on_send_command=self._on_send_command,
+                credentials=moto_credentials,
+                region=self.region,
+                persistence=self.persistence,
+            )
             moto_endpoint = self.moto.start()
-            self._set_aws_env(moto_endpoint)
-            clients = MotoClients(moto_endpoint, self.region)
+            self._set_aws_env(moto_endpoint, moto_credentials)
+            clients = MotoClients(moto_endpoint, self.region, moto_credentials)
             self.resources = create_all(
                 clients, account=self.account, region=self.region, visibility_scale=self.queue_scale
             )
+            # what the previous run held comes back before anything is served
+            self.restored, instance_ids = self.persistence.restore(clients)
+            self.state.forget_instances(keep=instance_ids)
+            if self.restored.dropped_records:
+                self.warnings.append(
+                    f"{self.restored.dropped_records} DynamoDB write(s) in flight when the plane last "
+                    "stopped never completed; their callers got no answer"
+                )
             self.functions = Functions(self.account, self.region, concurrency={"api": self.api_concurrency})
             self.front = Front(
                 self.state,
@@ -133,8 +162,10 @@ class LocalPlane:
                 region=self.region,
                 agent_argv=self.agent_argv or DEFAULT_AGENT,
                 ec2=clients.client("ec2"),
-                records=CommandRecords(self.account, self.region),
+                records=CommandRecords(self.account, self.region, on_change=self.persistence.ssm_changed),
             )
+            for command_id, instance_id, params in self.restored.resumed_commands:
+                self.executor.resume(command_id, instance_id, params)  # cut short by the last stop
             self._start_pollers(clients)
             self._start_timers()
             self.front.start()
@@ -147,6 +178,7 @@ class LocalPlane:
                     "pid": os.getpid(),
                     "state_dir": str(self.state.path),
                     "started_at": dt.datetime.now(dt.UTC).isoformat(),
+                    "restored": self.restored.as_json(),
                     **self.resources.as_json(),
                 }
             )
@@ -165,6 +197,9 @@ class LocalPlane:
             self.front.stop()
         if self.functions is not None:
             self.functions.close()
+        if self.persistence is not None and self.moto is not None and self.moto.app is not None:
+            with self.moto.app.dynamodb_lock:  # nothing writes now: compact into the snapshot
+                self.persistence.close()
         if self.moto is not None:
             self.moto.stop()
         if self._lock_handle is not None:
@@ -173,15 +208,16 @@ class LocalPlane:
             self._lock_handle = None
 
     # wiring
-    def _set_aws_env(self, moto_endpoint: str) -> None:
-        """The handlers' boto3 clients talk to moto, with keys moto accepts, never to AWS."""
+    def _set_aws_env(self, moto_endpoint: str, credentials: tuple[str, str] | None) -> None:
+        """The handlers' boto3 clients talk to moto, with the plane's key pair, never to AWS."""
+        key, secret = credentials or ("testing", "testing")
         for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
             os.environ.pop(var, None)
         os.environ.update(
             {
                 "CALQUE_AWS_ENDPOINT_URL": moto_endpoint,
-                "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_ACCESS_KEY_ID": key,
+                "AWS_SECRET_ACCESS_KEY": secret,
                 "AWS_DEFAULT_REGION": self.region,
                 "AWS_REGION": self.region,
                 "AWS_CONFIG_FILE": os.devnull,

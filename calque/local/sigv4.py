@@ -1,7 +1,11 @@
 """SigV4 verification for the local front, as API Gateway's IAM authorization does it:
 recompute the signature with botocore for the access key's secret and compare in
 constant time; the date must be close to now and the scope must name this region
-and ``execute-api``; the body must hash to what was signed."""
+and ``execute-api``; the body must hash to what was signed.
+
+The plane's moto endpoint verifies its callers the same way, for the AWS services it
+stands in for (``services``); S3's signature (no path normalization, and a payload
+that may be declared ``UNSIGNED-PAYLOAD`` or streamed) is checked as S3 checks it."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import datetime as dt
 import hashlib
 import hmac
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +23,7 @@ SERVICE = "execute-api"
 MAX_SKEW = dt.timedelta(minutes=15)
 _AUTH = re.compile(r"AWS4-HMAC-SHA256\s+(.*)", re.DOTALL)
 _SIGV4_TIMESTAMP = "%Y%m%dT%H%M%SZ"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class SignatureRejected(Exception):
@@ -62,9 +67,11 @@ def verify(
     lookup: Callable[[str], Principal | None],
     region: str,
     now: dt.datetime | None = None,
+    *,
+    services: Collection[str] = (SERVICE,),
 ) -> Principal:
     """The principal who signed ``request``, or SignatureRejected saying why not."""
-    from botocore.auth import SigV4Auth
+    from botocore.auth import S3SigV4Auth, SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
@@ -83,8 +90,9 @@ def verify(
         raise SignatureRejected(
             "unrecognized_access_key", "the access key is not known to this control plane"
         )
-    if scope_service != SERVICE or terminator != "aws4_request":
-        raise SignatureRejected("invalid_signature", f"the credential scope must name {SERVICE}/aws4_request")
+    if scope_service not in services or terminator != "aws4_request":
+        names = " or ".join(sorted(services))
+        raise SignatureRejected("invalid_signature", f"the credential scope must name {names}/aws4_request")
     if scope_region != region:
         raise SignatureRejected(
             "invalid_signature", f"the credential scope names region {scope_region!r}, not {region!r}"
@@ -119,11 +127,17 @@ def verify(
         signed_headers.extend((name, v) for v in values)
 
     body_hash = hashlib.sha256(request.body).hexdigest()
-    declared = _header(request.headers, "x-amz-content-sha256")
-    if declared and declared[0].strip() != body_hash:
+    declared = [d.strip() for d in _header(request.headers, "x-amz-content-sha256")]
+    payload_hash = body_hash
+    if declared and scope_service == "s3" and not _HEX64.fullmatch(declared[0]):
+        if declared[0] != "UNSIGNED-PAYLOAD" and not declared[0].startswith("STREAMING-"):
+            raise SignatureRejected("invalid_signature", "X-Amz-Content-SHA256 is not a payload hash")
+        payload_hash = declared[0]  # S3 signs what the header declares
+    elif declared and declared[0] != body_hash:
         raise SignatureRejected("invalid_signature", "the body does not match X-Amz-Content-SHA256")
+    base: type[SigV4Auth] = S3SigV4Auth if scope_service == "s3" else SigV4Auth
 
-    class _Signer(SigV4Auth):
+    class _Signer(base):  # type: ignore[valid-type, misc]
         def headers_to_sign(self, req: AWSRequest) -> Any:
             from botocore.compat import HTTPHeaders
 
@@ -133,12 +147,12 @@ def verify(
             return out
 
         def payload(self, req: AWSRequest) -> str:
-            return body_hash
+            return payload_hash
 
     host = _header(request.headers, "host")[0]
     req = AWSRequest(method=request.method.upper(), url=f"http://{host}{request.raw_path}", data=request.body)
     req.context["timestamp"] = amz_date
-    signer = _Signer(Credentials(principal.access_key, principal.secret_key), SERVICE, region)
+    signer = _Signer(Credentials(principal.access_key, principal.secret_key), scope_service, region)
     canonical = signer.canonical_request(req)
     expected = signer.signature(signer.string_to_sign(req, canonical), req)
     if not hmac.compare_digest(expected.encode(), parts["Signature"].encode()):

@@ -34,6 +34,8 @@ from calque.local.state import StateDir
 log = logging.getLogger("calque.local")
 
 DEFAULT_AGENT = (sys.executable, "-m", "host_agent")
+# Of the plane's environment, only what finds the installed host agent and its locale.
+_CARRIED = ("PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "TZ")
 
 
 class SsmExecutor:
@@ -75,6 +77,11 @@ class SsmExecutor:
             self.records.targeted(command_id, targets)
         for instance_id in targets:
             self._queue_for(instance_id).put((command_id, params))
+
+    def resume(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> None:
+        """Run again a command the plane's last stop cut short on ``instance_id`` (the agent
+        converges, so running it twice is running it once)."""
+        self._queue_for(instance_id).put((command_id, {k: list(v) for k, v in params.items()}))
 
     def _targets(self, request: dict[str, Any]) -> list[str]:
         ids = list(request.get("InstanceIds") or [])
@@ -142,16 +149,27 @@ class SsmExecutor:
         return argv
 
     def env(self, instance_id: str) -> dict[str, str]:
-        """The plane's environment without its own AWS and handler settings, plus the
-        instance's credentials profile: the agent signs as the instance role."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CALQUE_"))}
-        env.update(
-            AWS_SHARED_CREDENTIALS_FILE=str(self.state.credentials_file),
-            AWS_PROFILE=instance_id,
-            AWS_CONFIG_FILE=os.devnull,
-            AWS_DEFAULT_REGION=self.region,
-            AWS_REGION=self.region,
-        )
+        """What the SSM agent gives an ``aws:runShellScript`` step, and no more: its own PATH
+        (here the plane's), ``AWS_SSM_INSTANCE_ID`` and ``AWS_SSM_REGION_NAME``; no
+        ``AWS_REGION``/``AWS_DEFAULT_REGION``, no HOME, nothing of the plane's own settings.
+        Where the report goes comes from the document's parameters (``--report-to``).
+
+        Two stand-ins for what a real instance has without any environment: the instance
+        role's credentials (the instance metadata service there; here the instance's own
+        profile of the plane's credentials file, through the standard credential chain),
+        and the installed host agent (here the plane's own PYTHONPATH, when it has one)."""
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "AWS_SSM_INSTANCE_ID": instance_id,
+            "AWS_SSM_REGION_NAME": self.region,
+            # the instance role's credentials: the stand-in for the instance metadata service
+            "AWS_SHARED_CREDENTIALS_FILE": str(self.state.credentials_file),
+            "AWS_PROFILE": instance_id,
+            "AWS_CONFIG_FILE": os.devnull,
+        }
+        for name in _CARRIED:
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         return env
 
     def run(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> dict[str, Any]:

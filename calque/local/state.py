@@ -4,10 +4,12 @@ SSM executor share.
     plane.json    endpoint, moto endpoint, account, region, resource names, pid
     credentials   an AWS shared-credentials file: one section per profile
                   (people by name, simulated hosts by instance id)
-    users.json    who each access key is: people (admin or member) and instances
+    users.json    who each access key is: people (admin or member) and instances, and the
+                  plane's own key pair for its moto endpoint (nothing else may use it)
     plane.lock    held (flock) by the running plane: a second one is refused
     hosts/        each simulated host's GPU state (<instance-id>.json, the agent's)
     ssm/          what each SSM command did on each simulated host
+    aws/          the moto services' contents, kept across restarts (calque/local/persistence.py)
 
 Writers take ``state.lock`` and replace files atomically; readers re-read a file
 when its modification time changes, so a running plane sees ``local user add`` and
@@ -128,6 +130,10 @@ class StateDir:
     def ssm_dir(self) -> Path:
         return self.path / "ssm"
 
+    @property
+    def aws_dir(self) -> Path:
+        return self.path / "aws"
+
     def host_state_file(self, instance_id: str) -> Path:
         return self.hosts_dir / f"{instance_id}.json"
 
@@ -135,6 +141,7 @@ class StateDir:
         self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.hosts_dir.mkdir(exist_ok=True)
         self.ssm_dir.mkdir(exist_ok=True)
+        self.aws_dir.mkdir(exist_ok=True, mode=0o700)
 
     # whether a plane runs here
     def running_pid(self) -> int | None:
@@ -238,16 +245,41 @@ class StateDir:
         self._write_atomic(self.credentials_file, buf.getvalue())
 
     def initialize_people(self, account: str = ACCOUNT_ID) -> None:
-        """Keep the people (and their keys) of an earlier run, add the default profiles, and
-        forget simulated hosts: they lived in the previous plane's memory only."""
+        """Keep the people (and their keys) of an earlier run and its simulated hosts (the
+        plane restores their instances, or forgets them with ``forget_instances``), add the
+        default profiles, and make the plane's own moto key pair once."""
         with self._write_lock():
             users = self._users()
-            users = {"account": account, "people": dict(users.get("people", {})), "instances": {}}
+            users = {
+                "account": account,
+                "people": dict(users.get("people", {})),
+                "instances": dict(users.get("instances", {})),
+                **({"plane": users["plane"]} if users.get("plane") else {}),
+            }
             for name, admin in DEFAULT_PEOPLE:
                 if name not in users["people"]:
                     key, secret = _new_key_pair()
                     users["people"][name] = {"admin": admin, "access_key": key, "secret_key": secret}
+            if "plane" not in users:
+                key, secret = _new_key_pair()
+                users["plane"] = {"access_key": key, "secret_key": secret}
             self._save_users(users)
+
+    def forget_instances(self, keep: set[str]) -> list[str]:
+        """Drop the profiles of simulated hosts whose instance did not come back; returns them."""
+        with self._write_lock():
+            users = self._users()
+            gone = [i for i in users["instances"] if i not in keep]
+            if gone:
+                users = {**users, "instances": {k: v for k, v in users["instances"].items() if k in keep}}
+                self._save_users(users)
+        return gone
+
+    def plane_credentials(self) -> tuple[str, str] | None:
+        """The key pair the plane's own processes sign their moto calls with (None before
+        the first ``local up``). Never a profile: no person or host may use it."""
+        entry = self._users().get("plane")
+        return (str(entry["access_key"]), str(entry["secret_key"])) if entry else None
 
     def add_person(self, name: str, *, admin: bool = False) -> Principal:
         if not _USER_NAME.fullmatch(name):

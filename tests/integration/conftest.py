@@ -14,7 +14,9 @@
         raw signed HTTP: body (dict/list -> JSON, str, bytes) is what is signed; send_body, when
         given, is what is sent instead (tampering); raw_headers are set after signing (a value of
         None removes the header); sign=False sends it unsigned
-    plane.client(service) -> a boto3 client on the plane's moto server (DynamoDB, SQS, S3, EC2, SSM)
+    plane.client(service) -> a boto3 client on the plane's moto server (DynamoDB, SQS, S3, EC2, SSM),
+        signed with the plane's own key pair (moto there refuses any other)
+    plane.moto_credentials() -> (access key, secret key) of the plane's moto endpoint
     plane.launch(instance_type) -> instance_id          `calque local launch`
     plane.fire_schedule(name, profile="admin") -> dict   run a schedule's target now, synchronously
     plane.add_user(name, admin=False)                   `calque local user add`
@@ -165,11 +167,16 @@ class LocalPlaneHandle:
             conn.close()
 
     # helpers
+    def moto_credentials(self) -> tuple[str, str]:
+        plane = json.loads((self.state_dir / "users.json").read_text())["plane"]
+        return str(plane["access_key"]), str(plane["secret_key"])
+
     def client(self, service: str) -> Any:
         import boto3
 
+        key, secret = self.moto_credentials()
         return boto3.session.Session(
-            aws_access_key_id="testing", aws_secret_access_key="testing", region_name=self.region
+            aws_access_key_id=key, aws_secret_access_key=secret, region_name=self.region
         ).client(service, endpoint_url=self.moto_endpoint)
 
     def launch(self, instance_type: str) -> str:
@@ -271,3 +278,59 @@ def local_plane(tmp_path_factory: pytest.TempPathFactory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+def start_local_plane(
+    state_dir: Path, *, extra_env: dict[str, str] | None = None, log_name: str = "plane.log"
+) -> LocalPlaneHandle:
+    """Another local plane on ``state_dir`` (e.g. the same one again after a stop), started as
+    the ``local_plane`` fixture starts its own; stop it with ``stop_local_plane``."""
+    log_path = state_dir.parent / f"{state_dir.name}-{log_name}"
+    env = {k: v for k, v in os.environ.items() if k not in ("CALQUE_ENDPOINT", "AWS_PROFILE")}
+    env.update(CALQUE_LOCAL_QUEUE_SCALE="0.02", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(extra_env or {})
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "calque.cli.main",
+                "local",
+                "up",
+                "--port",
+                "0",
+                "--state-dir",
+                str(state_dir),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+        )
+    handle = LocalPlaneHandle(state_dir=state_dir, process=proc, log_path=log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the local plane exited ({proc.returncode}):\n{handle.log_tail()}")
+        plane_file = state_dir / "plane.json"
+        if plane_file.exists():
+            info = json.loads(plane_file.read_text())
+            if info.get("pid") == proc.pid and _healthy(str(info["endpoint"])):
+                handle.info = info
+                return handle
+        if time.monotonic() > deadline:
+            stop_local_plane(handle, signal.SIGKILL)
+            raise RuntimeError(f"the local plane did not become healthy:\n{handle.log_tail()}")
+        time.sleep(0.2)
+
+
+def stop_local_plane(handle: LocalPlaneHandle, sig: int = signal.SIGINT, timeout: float = 30) -> int:
+    """Stop it with ``sig`` (SIGINT: Ctrl-C; SIGKILL: kill -9); returns its exit status."""
+    if handle.process.poll() is None:
+        handle.process.send_signal(sig)
+        try:
+            handle.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            handle.process.kill()
+            handle.process.wait(timeout=10)
+    return int(handle.process.returncode)

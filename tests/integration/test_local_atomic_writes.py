@@ -17,8 +17,9 @@ def test_a_conditional_put_raced_by_many_threads_has_exactly_one_winner(local_pl
     from botocore.config import Config
 
     # Given the plane's registry table, reached with real boto3 clients over HTTP
+    key, secret = local_plane.moto_credentials()
     session = boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=local_plane.region
+        aws_access_key_id=key, aws_secret_access_key=secret, region_name=local_plane.region
     )
     ddb = session.client(
         "dynamodb",
@@ -75,12 +76,9 @@ def test_a_conditional_put_raced_by_many_threads_has_exactly_one_winner(local_pl
 
 
 def test_a_transaction_is_all_or_nothing_under_contention(local_plane):
-    import boto3
 
     # Given two slices free, and 16 threads each taking BOTH in one transaction
-    ddb = boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=local_plane.region
-    ).client("dynamodb", endpoint_url=local_plane.moto_endpoint)
+    ddb = local_plane.client("dynamodb")
     table = local_plane.info["table"]
     for s in ("a", "b"):
         ddb.put_item(

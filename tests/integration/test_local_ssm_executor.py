@@ -26,7 +26,9 @@ import json, os, sys
 out = {"argv": sys.argv[1:], "profile": os.environ.get("AWS_PROFILE"),
        "credentials_file": os.environ.get("AWS_SHARED_CREDENTIALS_FILE"),
        "leaked": sorted(k for k in os.environ if k in ("AWS_ACCESS_KEY_ID", "CALQUE_AWS_ENDPOINT_URL",
-                                                        "CALQUE_TABLE_NAME"))}
+                                                        "CALQUE_TABLE_NAME", "AWS_REGION",
+                                                        "AWS_DEFAULT_REGION", "HOME")),
+       "ssm": {k: os.environ.get(k) for k in ("AWS_SSM_INSTANCE_ID", "AWS_SSM_REGION_NAME")}}
 if "--spec" in sys.argv:
     out["spec"] = json.load(open(sys.argv[sys.argv.index("--spec") + 1]))
 print(json.dumps(out))
@@ -37,6 +39,8 @@ print(json.dumps(out))
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "plane-key-that-must-not-leak")
     monkeypatch.setenv("CALQUE_AWS_ENDPOINT_URL", "http://moto.invalid")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")  # the plane's own: the SSM agent never passes it
+    monkeypatch.setenv("HOME", "/home/plane")
     state = StateDir(tmp_path / "state")
     state.ensure()
     state.initialize_people()
@@ -108,6 +112,8 @@ def test_a_command_runs_the_agent_on_its_simulated_host_as_that_instance(world):
     assert ran["profile"] == host.instance_id
     assert ran["credentials_file"] == str(state.credentials_file)
     assert ran["leaked"] == []
+    # And with what the SSM agent sets for aws:runShellScript: the instance id and the region
+    assert ran["ssm"] == {"AWS_SSM_INSTANCE_ID": host.instance_id, "AWS_SSM_REGION_NAME": REGION}
     # And nothing ran on the other host (moto itself would list every instance)
     time.sleep(0.5)
     assert not (state.ssm_dir / command_id / f"{other.instance_id}.json").exists()

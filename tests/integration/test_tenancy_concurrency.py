@@ -162,8 +162,9 @@ def _environment(plane):
     from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy
 
+    key, secret = plane.moto_credentials()  # the plane's moto lets only its own key pair in
     session = boto3.session.Session(
-        aws_access_key_id="testing", aws_secret_access_key="testing", region_name=plane.region
+        aws_access_key_id=key, aws_secret_access_key=secret, region_name=plane.region
     )
     ddb = session.client("dynamodb", endpoint_url=plane.moto_endpoint)
     sqs = session.client("sqs", endpoint_url=plane.moto_endpoint)

@@ -108,6 +108,7 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
             "profiles": plane.profiles_summary(),
             "warnings": plane.warnings,
         }
+        restored = plane.restored
         if ctx.json:
             ctx.emit(info)
         else:
@@ -116,6 +117,8 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
                 f"  endpoint     {info['endpoint']}",
                 f"  moto         {info['moto_endpoint']}",
                 f"  state dir    {state.path}",
+                "  restored     "
+                + ("nothing (a new state directory)" if restored.empty else restored.summary()),
                 "  profiles     "
                 + ", ".join(p["profile"] + (" (admin)" if p["admin"] else "") for p in info["profiles"]),
                 *[f"  warning      {w}" for w in plane.warnings],
@@ -140,8 +143,9 @@ def do_launch(ctx: Any, *, instance_type: str) -> None:
     from calque.local.moto_server import MotoClients
 
     plane = ctx.running_plane()
-    ec2 = MotoClients(plane["moto_endpoint"], plane["region"]).client("ec2")
-    host = launch(ctx.local_state(), ec2, instance_type=instance_type, host_role=plane["host_role"])
+    state = ctx.local_state()
+    ec2 = MotoClients(plane["moto_endpoint"], plane["region"], state.plane_credentials()).client("ec2")
+    host = launch(state, ec2, instance_type=instance_type, host_role=plane["host_role"])
     if ctx.json:
         ctx.emit(host.as_json())
     else:

@@ -38,12 +38,32 @@ def test_the_credentials_file_is_a_shared_credentials_file_only_the_owner_reads(
     assert state.credentials_file.stat().st_mode & 0o077 == 0
 
 
-def test_keys_survive_a_restart_but_simulated_hosts_do_not(state):
+def test_keys_and_simulated_hosts_survive_a_restart_until_the_plane_forgets_a_host(state):
+    # Given a person and two simulated hosts
     key = state.principal("alice").access_key
     state.add_instance("i-0abc", "g7e.2xlarge", "calque-local-host")
+    state.add_instance("i-0def", "g6e.xlarge", "calque-local-host")
+    plane_key = state.plane_credentials()
+    # When the plane starts again
     state.initialize_people()
+    # Then keys, hosts and the plane's own key pair are the same
     assert state.principal("alice").access_key == key
-    assert state.principal("i-0abc") is None
+    assert state.principal("i-0abc").instance_type == "g7e.2xlarge"
+    assert state.plane_credentials() == plane_key
+    # And a host whose instance did not come back is forgotten, the other kept
+    assert state.forget_instances(keep={"i-0abc"}) == ["i-0def"]
+    assert state.principal("i-0def") is None
+    assert state.principal("i-0abc") is not None
+
+
+def test_the_planes_moto_key_is_no_profile_anyone_can_sign_the_api_with(state):
+    key, secret = state.plane_credentials()
+    assert key.startswith("AKIA")
+    assert len(secret) >= 30
+    assert state.principal_for_key(key) is None
+    cfg = configparser.ConfigParser()
+    cfg.read(state.credentials_file)
+    assert key not in {cfg[s]["aws_access_key_id"] for s in cfg.sections()}
 
 
 def test_an_added_person_is_found_by_key_by_another_reader(state):

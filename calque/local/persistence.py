@@ -1,0 +1,600 @@
+"""What the local plane's moto services hold, kept in the state directory across a clean
+stop and a kill -9.
+
+moto keeps everything in memory. The plane's moto layer (calque/local/moto_server.py)
+tells this module about every call that changed something, before the caller gets
+its answer, so a caller that saw success finds it again after any restart; a call in
+flight when the plane died may be lost, as if it never arrived.
+
+    aws/dynamodb.snapshot.json   every table's items (DynamoDB JSON) and the journal
+                                 sequence number they include
+    aws/dynamodb.journal         each successful item write since that snapshot, one line
+                                 per call (PutItem, UpdateItem, DeleteItem, BatchWriteItem,
+                                 TransactWriteItems), checksummed and fsync'd before the
+                                 caller is answered
+    aws/sqs.json                 every queue's messages (body, attributes, group and
+                                 deduplication ids, receive count)
+    aws/ec2.json                 every instance (id, type, image, zone, state, tags)
+    aws/ssm.json                 every Run Command command and its invocations
+    aws/s3/<bucket>/             every object (content, content type, user metadata)
+
+DynamoDB: writes run one at a time (the moto layer's lock), so the journal's order is
+the order they took effect. One call is one line: a transaction comes back whole or not
+at all, never half (a torn last line fails its checksum and is dropped with everything
+after it). At start the snapshot is loaded and the journal replayed through moto itself,
+then both are compacted into a new snapshot; a running plane compacts every
+``COMPACT_EVERY`` writes and at a clean stop. A snapshot records the last sequence number
+it includes, so a crash between writing it and emptying the journal replays nothing twice.
+
+SQS, EC2, SSM and S3 are small: after each call that changed one, its whole state is
+read and written (to a temporary file, fsync'd, renamed) under that service's lock, so
+the file on disk is never older than an answer already given. Messages come back
+visible (a receipt handle given out before the stop is no longer valid, as after a
+visibility timeout), with their receive counts.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+log = logging.getLogger("calque.local")
+
+DYNAMODB_WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
+COMPACT_EVERY = 2000
+_DDB_TARGET = "DynamoDB_20120810."
+
+# (status, body) of one call made straight to moto's own WSGI app, past the plane's checks
+InternalCall = Callable[..., tuple[int, bytes]]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+    tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+
+
+_NOUNS = {
+    "host": "host",
+    "slice": "slice",
+    "session": "session",
+    "quota": "quota",
+    "profile": "user profile",
+    "event": "lease history event",
+    "usage": "usage record",
+}
+# queue attributes a CreateQueue may set (the rest moto computes)
+_QUEUE_SETTABLE = frozenset(
+    {
+        "DelaySeconds",
+        "MaximumMessageSize",
+        "MessageRetentionPeriod",
+        "Policy",
+        "RedrivePolicy",
+        "ReceiveMessageWaitTimeSeconds",
+        "VisibilityTimeout",
+        "ContentBasedDeduplication",
+        "DeduplicationScope",
+        "FifoQueue",
+        "FifoThroughputLimit",
+    }
+)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+@dataclass
+class Restored:
+    """What came back at start: the registry's items by type and each service's count."""
+
+    items: Counter[str] = field(default_factory=Counter)
+    messages: int = 0
+    instances: int = 0
+    objects: int = 0
+    commands: int = 0
+    journal_records: int = 0
+    dropped_records: int = 0
+    resumed_commands: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "registry_items": dict(sorted(self.items.items())),
+            "queue_messages": self.messages,
+            "instances": self.instances,
+            "objects": self.objects,
+            "ssm_commands": self.commands,
+            "journal_records_replayed": self.journal_records,
+            "journal_records_dropped": self.dropped_records,
+        }
+
+    def summary(self) -> str:
+        """One line a person reads: ``1 host, 4 slices, 2 sessions, ...``."""
+        order = ["host", "slice", "session", "quota", "profile", "event"]
+        kinds = sorted(self.items, key=lambda k: (order.index(k) if k in order else len(order), k))
+        parts = [_count(self.items[k], _NOUNS.get(k, f"{k} item")) for k in kinds]
+        parts += [_count(self.instances, "instance"), _count(self.messages, "queued message")]
+        if self.objects:
+            parts.append(_count(self.objects, "stored object"))
+        if self.commands:
+            parts.append(_count(self.commands, "SSM command"))
+        return ", ".join(parts)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.items or self.messages or self.instances or self.objects or self.commands)
+
+
+class DynamoJournal:
+    """The write-ahead journal and snapshot of the DynamoDB tables."""
+
+    def __init__(self, directory: Path):
+        self.snapshot_file = directory / "dynamodb.snapshot.json"
+        self.journal_file = directory / "dynamodb.journal"
+        self._fd: int | None = None
+        self.seq = 0
+        self.since_compaction = 0
+
+    # records
+    @staticmethod
+    def encode(seq: int, operation: str, body: bytes) -> bytes:
+        doc = json.dumps({"seq": seq, "op": operation, "body": body.decode("utf-8")}, separators=(",", ":"))
+        return b"%08x %s\n" % (zlib.crc32(doc.encode()), doc.encode())
+
+    def records(self) -> tuple[list[dict[str, Any]], int]:
+        """The journal's whole records in order, and how many torn or corrupt ones were dropped."""
+        try:
+            raw = self.journal_file.read_bytes()
+        except FileNotFoundError:
+            return [], 0
+        out: list[dict[str, Any]] = []
+        lines = raw.split(b"\n")
+        for i, line in enumerate(lines):
+            if not line:
+                continue
+            crc, _, doc = line.partition(b" ")
+            try:
+                ok = line.endswith(b"}") and int(crc, 16) == zlib.crc32(doc) and (i < len(lines) - 1)
+                record = json.loads(doc) if ok else None
+            except ValueError:
+                record = None
+            if record is None:
+                # a write cut short by the crash: it and anything after it never took effect
+                return out, sum(1 for rest in lines[i:] if rest)
+            out.append(record)
+        return out, 0
+
+    def open(self) -> None:
+        self._fd = os.open(self.journal_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def append(self, operation: str, body: bytes) -> None:
+        assert self._fd is not None, "the journal is not open"
+        self.seq += 1
+        os.write(self._fd, self.encode(self.seq, operation, body))
+        os.fdatasync(self._fd)
+        self.since_compaction += 1
+
+    def write_snapshot(self, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """The tables as they are now, then an empty journal (records up to ``seq`` are in it)."""
+        doc = {"format": 1, "seq": self.seq, "tables": tables}
+        write_durably(self.snapshot_file, json.dumps(doc, separators=(",", ":")).encode())
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        write_durably(self.journal_file, b"")
+        self.open()
+        self.since_compaction = 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Persistence:
+    """Keeps the moto services' contents in ``directory``; see the module's docstring."""
+
+    def __init__(self, directory: Path, *, account: str, region: str):
+        self.dir = directory
+        self.account = account
+        self.region = region
+        self.dynamo = DynamoJournal(directory)
+        self._call: InternalCall | None = None
+        self._locks = {name: threading.Lock() for name in ("sqs", "ec2", "ssm", "s3")}
+        self._s3_index: dict[str, dict[str, str]] = {}
+        self.restoring = False
+        self.active = False
+
+    # wiring
+    def attach(self, call: InternalCall) -> None:
+        """How to reach moto's own app (for snapshots and restores), past the plane's checks."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._call = call
+
+    def _ddb(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self._call is not None
+        status, raw = self._call("dynamodb", target=_DDB_TARGET + operation, body=json.dumps(body).encode())
+        doc = json.loads(raw or b"{}")
+        if status != 200:
+            raise RuntimeError(f"DynamoDB {operation} failed during restore: {status} {doc}")
+        return dict(doc)
+
+    # --- DynamoDB ---------------------------------------------------------------------
+    def dynamodb_written(self, operation: str, body: bytes) -> None:
+        """Called under the moto layer's DynamoDB lock after a write succeeded, before its answer."""
+        if not self.active or self.restoring:
+            return
+        self.dynamo.append(operation, body)
+        if self.dynamo.since_compaction >= COMPACT_EVERY:
+            self.compact_dynamodb()
+
+    def _scan_all(self) -> dict[str, list[dict[str, Any]]]:
+        tables: dict[str, list[dict[str, Any]]] = {}
+        for name in self._ddb("ListTables", {}).get("TableNames", []):
+            items: list[dict[str, Any]] = []
+            start: dict[str, Any] | None = None
+            while True:
+                req: dict[str, Any] = {"TableName": name}
+                if start:
+                    req["ExclusiveStartKey"] = start
+                page = self._ddb("Scan", req)
+                items += page.get("Items", [])
+                start = page.get("LastEvaluatedKey")
+                if not start:
+                    break
+            tables[name] = items
+        return tables
+
+    def compact_dynamodb(self) -> dict[str, list[dict[str, Any]]]:
+        """Write every table to the snapshot and empty the journal (under the DynamoDB lock)."""
+        tables = self._scan_all()
+        self.dynamo.write_snapshot(tables)
+        return tables
+
+    def _restore_dynamodb(self, out: Restored) -> None:
+        snapshot = _read_json(self.dynamo.snapshot_file) or {"seq": 0, "tables": {}}
+        existing = set(self._ddb("ListTables", {}).get("TableNames", []))
+        for name, items in snapshot.get("tables", {}).items():
+            if name not in existing:
+                log.warning("restore: table %s no longer exists; its %d items are dropped", name, len(items))
+                continue
+            for i in range(0, len(items), 25):
+                batch = [{"PutRequest": {"Item": it}} for it in items[i : i + 25]]
+                self._ddb("BatchWriteItem", {"RequestItems": {name: batch}})
+        seq = int(snapshot.get("seq", 0))
+        records, dropped = self.dynamo.records()
+        out.dropped_records = dropped
+        for record in records:
+            if record["seq"] <= seq:
+                continue  # already in the snapshot (a crash between snapshot and journal reset)
+            assert self._call is not None
+            status, raw = self._call(
+                "dynamodb", target=_DDB_TARGET + record["op"], body=record["body"].encode("utf-8")
+            )
+            if status != 200:
+                log.warning(
+                    "restore: journal record %s (%s) failed again: %s", record["seq"], record["op"], raw[:300]
+                )
+            seq = record["seq"]
+            out.journal_records += 1
+        self.dynamo.seq = seq
+        tables = self.compact_dynamodb()
+        for items in tables.values():
+            for it in items:
+                kind = (it.get("type") or {}).get("S")
+                if kind:
+                    out.items[kind] += 1
+
+    # --- SQS --------------------------------------------------------------------------
+    def _sqs_backend(self) -> Any:
+        from moto.sqs.models import sqs_backends
+
+        return sqs_backends[self.account][self.region]
+
+    def sqs_changed(self) -> None:
+        if not self.active or self.restoring:
+            return
+        with self._locks["sqs"]:
+            queues: dict[str, list[dict[str, Any]]] = {}
+            attributes: dict[str, dict[str, str]] = {}
+            for name, q in list(self._sqs_backend().queues.items()):
+                attributes[name] = {
+                    k: str(v) for k, v in q.attributes.items() if k in _QUEUE_SETTABLE and v not in (None, "")
+                }
+                queues[name] = [
+                    {
+                        "id": m.id,
+                        "body": m.body,
+                        "message_attributes": m.message_attributes,
+                        "system_attributes": m.system_attributes,
+                        "group_id": m.group_id,
+                        "deduplication_id": m.deduplication_id,
+                        "receive_count": m.approximate_receive_count,
+                        "sent_timestamp": m.sent_timestamp,
+                        "first_receive_timestamp": m.approximate_first_receive_timestamp,
+                    }
+                    for m in list(q._messages)
+                ]
+            doc = {"format": 1, "queues": queues, "attributes": attributes}
+            write_durably(self.dir / "sqs.json", json.dumps(doc).encode())
+
+    def _restore_sqs(self, sqs: Any, out: Restored) -> None:
+        doc = _read_json(self.dir / "sqs.json") or {"queues": {}}
+        backend = self._sqs_backend()
+        made_at_runtime = {n: a for n, a in (doc.get("attributes") or {}).items() if n not in backend.queues}
+        # dead-letter queues first: a queue's redrive policy names its DLQ
+        for name, attrs in sorted(made_at_runtime.items(), key=lambda na: "RedrivePolicy" in na[1]):
+            sqs.create_queue(QueueName=name, Attributes=attrs)
+        for name, messages in doc["queues"].items():
+            if name not in backend.queues:
+                log.warning(
+                    "restore: queue %s no longer exists; its %d messages are dropped", name, len(messages)
+                )
+                continue
+            for saved in messages:
+                m = backend.send_message(
+                    name,
+                    saved["body"],
+                    message_attributes=saved.get("message_attributes") or {},
+                    deduplication_id=saved.get("deduplication_id"),
+                    group_id=saved.get("group_id"),
+                    system_attributes=saved.get("system_attributes") or {},
+                    validate_group_id=False,
+                )
+                m.id = saved["id"]
+                m.approximate_receive_count = saved.get("receive_count") or 0
+                m.approximate_first_receive_timestamp = saved.get("first_receive_timestamp")
+                if saved.get("sent_timestamp"):
+                    m.sent_timestamp = saved["sent_timestamp"]
+                out.messages += 1
+
+    # --- EC2 --------------------------------------------------------------------------
+    def _ec2_backend(self) -> Any:
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[self.account][self.region]
+
+    def ec2_changed(self) -> None:
+        if not self.active or self.restoring:
+            return
+        with self._locks["ec2"]:
+            instances = []
+            for i in list(self._ec2_backend().all_instances()):
+                instances.append(
+                    {
+                        "id": i.id,
+                        "instance_type": i.instance_type,
+                        "image_id": i.image_id,
+                        "zone": i.placement.zone,
+                        "state": i._state.name,
+                        "tags": {t["key"]: t["value"] for t in i.get_tags()},
+                        "client_token": i.client_token,
+                    }
+                )
+            write_durably(self.dir / "ec2.json", json.dumps({"format": 1, "instances": instances}).encode())
+
+    def _restore_ec2(self, ec2: Any, out: Restored) -> set[str]:
+        """Each saved instance again, under its own id, in its state; returns the ids."""
+        from unittest import mock
+
+        doc = _read_json(self.dir / "ec2.json") or {"instances": []}
+        back: set[str] = set()
+        for saved in doc["instances"]:
+            kwargs: dict[str, Any] = {
+                "ImageId": saved["image_id"],
+                "InstanceType": saved["instance_type"],
+                "MinCount": 1,
+                "MaxCount": 1,
+            }
+            if saved.get("zone"):
+                kwargs["Placement"] = {"AvailabilityZone": saved["zone"]}
+            if saved.get("tags"):
+                kwargs["TagSpecifications"] = [
+                    {
+                        "ResourceType": "instance",
+                        "Tags": [{"Key": k, "Value": v} for k, v in saved["tags"].items()],
+                    }
+                ]
+            if saved.get("client_token"):
+                kwargs["ClientToken"] = saved["client_token"]
+            # moto names every new instance at random; this one takes back its own id
+            with mock.patch("moto.ec2.models.instances.random_instance_id", return_value=saved["id"]):
+                ec2.run_instances(**kwargs)
+            state = saved.get("state")
+            if state in ("stopping", "stopped"):
+                ec2.stop_instances(InstanceIds=[saved["id"]])
+            elif state in ("shutting-down", "terminated"):
+                ec2.terminate_instances(InstanceIds=[saved["id"]])
+            back.add(saved["id"])
+            out.instances += 1
+        return back
+
+    # --- SSM --------------------------------------------------------------------------
+    def _ssm_backend(self) -> Any:
+        from moto.ssm.models import ssm_backends
+
+        return ssm_backends[self.account][self.region]
+
+    def ssm_changed(self) -> None:
+        if not self.active or self.restoring:
+            return
+        with self._locks["ssm"]:
+            commands = []
+            for c in list(self._ssm_backend()._commands):
+                fields = {}
+                for k, v in vars(c).items():
+                    try:
+                        json.dumps(v)
+                    except TypeError:
+                        continue
+                    fields[k] = v
+                commands.append(fields)
+            write_durably(self.dir / "ssm.json", json.dumps({"format": 1, "commands": commands}).encode())
+
+    def _restore_ssm(self, out: Restored) -> None:
+        from moto.ssm.models import Command
+
+        doc = _read_json(self.dir / "ssm.json") or {"commands": []}
+        backend = self._ssm_backend()
+        for saved in doc["commands"]:
+            command = Command(self.account, backend_region=self.region)
+            vars(command).update(saved)
+            backend._commands.append(command)
+            out.commands += 1
+            for inv in saved.get("invocations") or []:
+                if inv.get("Status") in ("Pending", "InProgress"):
+                    out.resumed_commands.append(
+                        (saved["command_id"], inv["InstanceId"], dict(saved.get("parameters") or {}))
+                    )
+
+    # --- S3 ---------------------------------------------------------------------------
+    def _s3_backend(self) -> Any:
+        from moto.s3.models import s3_backends
+
+        return s3_backends[self.account]["global"]
+
+    @staticmethod
+    def _object_name(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def s3_changed(self) -> None:
+        if not self.active or self.restoring:
+            return
+        with self._locks["s3"]:
+            root = self.dir / "s3"
+            seen: dict[str, dict[str, str]] = {}
+            for bucket_name, bucket in list(self._s3_backend().buckets.items()):
+                bdir = root / quote(bucket_name, safe="")
+                bdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                before = self._s3_index.get(bucket_name, {})
+                now: dict[str, str] = {}
+                for key in list(bucket.keys.keys()):
+                    obj = bucket.keys.get(key)
+                    if obj is None:
+                        continue
+                    name = self._object_name(key)
+                    now[key] = obj.etag
+                    if before.get(key) == obj.etag:
+                        continue
+                    meta = {
+                        "key": key,
+                        "metadata": {str(k).lower(): str(v) for k, v in obj.metadata.items()},
+                        "etag": obj.etag,
+                        "body": base64.b64encode(obj.value).decode(),
+                    }
+                    write_durably(bdir / f"{name}.json", json.dumps(meta).encode())
+                for gone in set(before) - set(now):
+                    with contextlib.suppress(FileNotFoundError):
+                        (bdir / f"{self._object_name(gone)}.json").unlink()
+                seen[bucket_name] = now
+            self._s3_index = seen
+
+    def _restore_s3(self, s3: Any, out: Restored) -> None:
+        root = self.dir / "s3"
+        if not root.is_dir():
+            return
+        from urllib.parse import unquote
+
+        existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+        for bdir in sorted(p for p in root.iterdir() if p.is_dir()):
+            bucket = unquote(bdir.name)
+            if bucket not in existing:
+                s3.create_bucket(Bucket=bucket)
+            index: dict[str, str] = {}
+            for f in sorted(bdir.glob("*.json")):
+                meta = json.loads(f.read_bytes())
+                headers = meta.get("metadata") or {}
+                s3.put_object(
+                    Bucket=bucket,
+                    Key=meta["key"],
+                    Body=base64.b64decode(meta["body"]),
+                    ContentType=headers.get("content-type") or "binary/octet-stream",
+                    Metadata={
+                        k[len("x-amz-meta-") :]: v for k, v in headers.items() if k.startswith("x-amz-meta-")
+                    },
+                )
+                index[meta["key"]] = ""
+                out.objects += 1
+            self._s3_index[bucket] = index
+
+    # --- the whole ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def restoring_state(self) -> Iterator[None]:
+        self.restoring = True
+        try:
+            yield
+        finally:
+            self.restoring = False
+
+    def restore(self, clients: Any) -> tuple[Restored, set[str]]:
+        """Load everything saved into the (freshly created) moto resources, then start keeping it.
+
+        Returns what came back and the ids of the instances restored."""
+        out = Restored()
+        with self.restoring_state():
+            self._restore_dynamodb(out)
+            self._restore_sqs(clients.client("sqs"), out)
+            instances = self._restore_ec2(clients.client("ec2"), out)
+            self._restore_ssm(out)
+            self._restore_s3(clients.client("s3"), out)
+        self.active = True
+        # what is on disk from here on is what the services hold now
+        self.sqs_changed()
+        self.ec2_changed()
+        self.ssm_changed()
+        self.s3_changed()
+        return out, instances
+
+    def close(self) -> None:
+        """At a clean stop: compact the journal into the snapshot (the caller holds writes off)."""
+        if self.active:
+            for step in (
+                self.compact_dynamodb,
+                self.sqs_changed,
+                self.ec2_changed,
+                self.ssm_changed,
+                self.s3_changed,
+            ):
+                try:
+                    step()
+                except Exception:  # the others still get written; what each saved last is on disk
+                    log.exception("could not save the local plane's state at stop (%s)", step.__name__)
+            self.active = False
+        self.dynamo.close()
