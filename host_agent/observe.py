@@ -13,6 +13,8 @@ from calque.contracts.agent import (
     ComputeInstanceReport,
     GpuInstanceReport,
     GpuReport,
+    HostInventory,
+    InventoryGpu,
     MpsDaemonReport,
     ProcessReport,
     SliceReport,
@@ -108,6 +110,20 @@ def read_gpu(backend: GpuBackend, index: int) -> GpuView:
 
 def read_all(backend: GpuBackend) -> list[GpuView]:
     return [read_gpu(backend, i) for i in range(backend.gpu_count())]
+
+
+def inventory_of(infos: list[GpuInfo]) -> HostInventory:
+    models = {g.name for g in infos}
+    return HostInventory(
+        gpu_count=len(infos),
+        gpu_model=models.pop() if len(models) == 1 else None,
+        gpus=[InventoryGpu(index=g.index, name=g.name, memory_mib=g.memory_mib, uuid=g.uuid) for g in infos],
+    )
+
+
+def read_inventory(backend: GpuBackend) -> HostInventory:
+    """Model, count and memory of every GPU: the cheapest read, taken before anything else."""
+    return inventory_of([backend.gpu(i) for i in range(backend.gpu_count())])
 
 
 # ---- what the GPUs look like, as a spec ---------------------------------------------------
