@@ -24,6 +24,7 @@ from host_agent.backend import ComputeInstanceInfo, GpuInfo, GpuInstanceInfo, Pr
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
 
 KILL_GRACE_SECONDS = 10.0
+KILL_WAIT_SECONDS = 10.0  # after SIGKILL: the kernel tears the process (and its GPU context) down
 
 
 def _pynvml() -> Any:
@@ -285,8 +286,8 @@ class NvmlBackend:
                     continue
                 raise e.from_nvml(exc.value, f"processes on {dev_uuid}") from None
             for p in procs:
-                if (p.pid, dev_uuid) in seen:
-                    continue
+                if (p.pid, dev_uuid) in seen or proc_state(p.pid) in ("Z", "X"):
+                    continue  # a zombie keeps /proc/<pid>, but no longer the GPU
                 seen.add((p.pid, dev_uuid))
                 used = getattr(p, "usedGpuMemory", None)
                 out.append(
@@ -409,21 +410,26 @@ class NvmlBackend:
         )
 
     def kill_process(self, index: int, pid: int) -> None:
-        """SIGTERM, a grace period, then SIGKILL."""
+        """SIGTERM, a grace period, then SIGKILL, and wait until it is really gone: a zombie
+        (state Z) counts as gone, since its memory and GPU context are already released."""
         self._count(f"stop process {pid} on GPU {index}")
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + KILL_GRACE_SECONDS
-        while time.monotonic() < deadline:
-            if not Path(f"/proc/{pid}").exists():
-                return
-            time.sleep(0.2)
+        if _wait_gone(pid, KILL_GRACE_SECONDS):
+            return
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
+        if not _wait_gone(pid, KILL_WAIT_SECONDS):
+            raise e.GpuError(
+                f"process {pid} on GPU {index} is still alive {KILL_WAIT_SECONDS:g}s after SIGKILL "
+                f"(state {proc_state(pid)}: stuck in the kernel)",
+                code="process_unkillable",
+                details={"pid": pid, "state": proc_state(pid)},
+            )
 
 
 def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
@@ -432,6 +438,31 @@ def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
     if m:
         return m.group(1)
     return f"{slices}g.{round(memory_mb / 1024)}gb"
+
+
+def proc_state(pid: int, proc: str = "/proc") -> str | None:
+    """The process's state letter from /proc/<pid>/stat (R, S, D, Z, ...), None when it is gone."""
+    try:
+        raw = Path(f"{proc}/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain ") ": the state follows the last one.
+    rest = raw.rsplit(")", 1)[-1].split()
+    return rest[0] if rest else None
+
+
+def is_live(pid: int, proc: str = "/proc") -> bool:
+    """A process that still runs: present, and neither a zombie (Z) nor dead (X)."""
+    return proc_state(pid, proc) not in (None, "Z", "X")
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while is_live(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _proc_name(pid: int) -> str | None:

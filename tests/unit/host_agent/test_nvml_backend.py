@@ -274,3 +274,62 @@ def test_an_nvml_error_from_an_unwrapped_call_still_becomes_the_agents_error(stu
     # When the GPUs are read / Then the agent's typed error names the call and NVML's code
     with pytest.raises(e.GpuError, match="NVML_ERROR_GPU_IS_LOST"), backend.session():
         backend.gpu(0)
+
+
+def _zombie():
+    """A child that has exited and is not reaped yet: /proc/<pid> stays, in state Z."""
+    import subprocess
+    import time
+
+    from host_agent.nvml import proc_state
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while proc_state(child.pid) != "Z":
+        time.sleep(0.01)
+    return child  # keep the Popen: dropping it lets subprocess reap the child
+
+
+def test_a_process_that_ignores_sigterm_is_killed_and_waited_for(monkeypatch):
+    import os
+    import subprocess
+
+    from host_agent import nvml
+    from host_agent.nvml import is_live, proc_state
+
+    # Given a tenant process that ignores SIGTERM
+    monkeypatch.setattr(nvml, "KILL_GRACE_SECONDS", 0.3)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout.readline() == b"up\n"
+    try:
+        # When reclaim stops it
+        NvmlBackend().kill_process(0, child.pid)
+        # Then by the time the call returns it no longer runs: at most a zombie, which is not a tenant
+        assert proc_state(child.pid) == "Z"
+        assert os.path.exists(f"/proc/{child.pid}")
+        assert not is_live(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_zombie_on_the_gpu_is_not_a_live_tenant(stub):
+    # Given NVML still lists a process that has exited but was not reaped
+    fake, _nv = stub
+    child = _zombie()
+    pid = child.pid
+    with fake.session():
+        fake.start_process(0, fake.gpu(0).uuid, name="python")
+        fake.state["gpus"][0]["processes"][-1]["pid"] = pid
+    backend = NvmlBackend()
+    # When the agent lists the GPU's processes / Then the zombie is not among them
+    with backend.session():
+        assert [p.pid for p in backend.processes(0)] == []
+    child.wait()
