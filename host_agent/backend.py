@@ -14,7 +14,13 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class ProfileInfo:
-    """One GPU-instance profile as the GPU itself describes it."""
+    """One GPU-instance profile as the GPU itself describes it.
+
+    NVML numbers a profile twice: `index` is the NVML_GPU_INSTANCE_PROFILE_* value that
+    nvmlDeviceGetGpuInstanceProfileInfo takes; `profile_id` is the ID that comes back in
+    that call's answer and that placements, creation and nvmlGpuInstanceInfo_t.profileId use
+    (on an H100 the 1g.10gb profile has index 0 and ID 19).
+    """
 
     name: str
     profile_id: int
@@ -23,6 +29,7 @@ class ProfileInfo:
     memory_mib: int
     max_count: int
     placements: tuple[int, ...]
+    index: int = -1
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class GpuInstanceInfo:
     size: int
     compute_instances: tuple[ComputeInstanceInfo, ...] = ()
     device_uuid: str | None = None
+    compute_slices: int = 0  # the GPU instance's own; its compute instances must span them all
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mps-root", default=None, help="where each GPU's MPS pipe and log directories live")
     p.add_argument("--read-only", action="store_true", help="refuse any call that would change a GPU")
+    p.add_argument(
+        "--lock-file",
+        default=None,
+        help="the host-wide lock every changing verb holds (default: $CALQUE_AGENT_LOCK, else "
+        "/run/calque/host-agent.lock on hardware, beside --state on a simulated host)",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a changing verb waits for another run to finish (default 600)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     sub.add_parser("inventory", help="every GPU: MIG mode, instances, processes, MPS daemon")
@@ -147,14 +160,19 @@ def _read_spec(path: str):
 
 def run(args: argparse.Namespace) -> AgentReport:
 
-    spec = _read_spec(args.spec) if args.verb in ("apply", "assert") else None
-    if args.state:
-        # One agent run at a time per simulated host, as on a real one.
-        import fcntl
+    from host_agent.lock import DEFAULT_LOCK_FILE, DEFAULT_LOCK_TIMEOUT_S, MUTATING_VERBS, host_lock
 
-        lock_path = Path(args.state).with_name(Path(args.state).name + ".lock")
-        with open(lock_path, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    spec = _read_spec(args.spec) if args.verb in ("apply", "assert") else None
+    lock_path = args.lock_file or os.environ.get("CALQUE_AGENT_LOCK")
+    if lock_path is None and args.state:
+        lock_path = str(Path(args.state).with_name(Path(args.state).name + ".lock"))
+    if lock_path is None and not args.simulate:
+        lock_path = DEFAULT_LOCK_FILE
+    # A simulated host's state file is read and written whole: every verb holds its lock there.
+    locked = args.verb in MUTATING_VERBS or bool(args.state)
+    if lock_path is not None and locked:
+        timeout = DEFAULT_LOCK_TIMEOUT_S if args.lock_timeout is None else args.lock_timeout
+        with host_lock(lock_path, timeout_s=timeout):
             return _run(args, spec)
     return _run(args, spec)
 

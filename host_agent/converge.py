@@ -24,7 +24,7 @@ from calque.contracts.layout import GpuEntry, LayoutSpec
 from calque.errors import CalqueError, InvalidInput
 from host_agent.backend import GpuBackend, GpuInstanceInfo
 from host_agent.errors import GpuBusy
-from host_agent.observe import GpuView, read_all, spec_differences
+from host_agent.observe import GpuView, read_all, spans_whole, spec_differences
 
 PHASES = ("mps-stop", "destroy", "mig-mode", "reset", "create", "mps-start")
 
@@ -184,7 +184,23 @@ def _instance_steps(backend: GpuBackend, v: GpuView, wanted: dict[str, int], *, 
     steps = _destroy(backend, i, drop)
     profiles = {p.name: p for p in card.mig_profiles}
     for gi in keep:
-        if not gi.compute_instances:
+        if gi.compute_instances and not spans_whole(gi):
+            # A compute instance smaller than its GPU instance: replace it with one spanning it.
+            def shrink(gi: GpuInstanceInfo = gi) -> None:
+                for ci in gi.compute_instances:
+                    backend.destroy_compute_instance(i, gi.id, ci.id)
+
+            steps.append(
+                Step(
+                    "destroy",
+                    i,
+                    f"destroy the partial compute instances of GPU instance {gi.id} ({gi.profile}) "
+                    f"on GPU {i}",
+                    shrink,
+                    needs_idle_devices=(gi.device_uuid,) if gi.device_uuid else (),
+                )
+            )
+        if not gi.compute_instances or not spans_whole(gi):
 
             def finish(gi_id: int = gi.id) -> None:
                 backend.create_compute_instance(i, gi_id)

@@ -33,6 +33,25 @@ from host_agent.backend import (
 _NS = uuid.UUID("6f1c3a52-4b8e-4d8e-9a55-6b1f0c2d7e31")
 DEFAULT_MPS_ROOT = "/var/run/calque/mps"
 
+# nvml.h: NVML_GPU_INSTANCE_PROFILE_COUNT and NVML_COMPUTE_INSTANCE_PROFILE_COUNT; an index at
+# or past these is NVML_ERROR_INVALID_ARGUMENT, a known index a card lacks NVML_ERROR_NOT_SUPPORTED.
+GPU_INSTANCE_PROFILE_COUNT = 0x12
+# NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE, 1_SLICE_REV1, 7_SLICE_NVL -> slices
+COMPUTE_INSTANCE_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
+COMPUTE_INSTANCE_PROFILE_COUNT = 9
+# Which compute-instance profiles a GPU instance of N compute slices offers (`nvidia-smi mig
+# -lcip` on A100/H100/RTX PRO): a 7g offers 1c, 2c, 3c, 4c and 7g; a 3g offers 1c, 2c and 3g.
+# REV1 and 7_SLICE_NVL belong to other parts (GB200 NVL); these cards answer NOT_SUPPORTED.
+_CI_PROFILES_FOR_GI = {1: (0,), 2: (0, 1), 3: (0, 1, 2), 4: (0, 1, 3), 7: (0, 1, 2, 3, 4)}
+
+
+def compute_instance_profiles(gi_compute_slices: int) -> dict[int, tuple[int, int]]:
+    """CI profile index -> (slices, most instances) that a GPU instance of this size offers."""
+    return {
+        k: (COMPUTE_INSTANCE_PROFILE_SLICES[k], gi_compute_slices // COMPUTE_INSTANCE_PROFILE_SLICES[k])
+        for k in _CI_PROFILES_FOR_GI.get(gi_compute_slices, ())
+    }
+
 
 class FakeGpuBackend:
     def __init__(self, state: dict[str, Any]):
@@ -164,9 +183,31 @@ class FakeGpuBackend:
                 memory_mib=int(p.memory_gib * 1024),
                 max_count=p.max_count,
                 placements=tuple(p.placements),
+                index=p.nvml_profile_index,
             )
             for p in card.mig_profiles
         }
+
+    def profile_by_index(self, index: int, profile_index: int) -> ProfileInfo:
+        """nvmlDeviceGetGpuInstanceProfileInfo: by NVML_GPU_INSTANCE_PROFILE_* index, strictly."""
+        what = f"GPU instance profile index {profile_index} of GPU {index}"
+        if not 0 <= profile_index < GPU_INSTANCE_PROFILE_COUNT:
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what)
+        if not self._card(index).mig_capable:
+            raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what)
+        for p in self.profiles(index).values():
+            if p.index == profile_index:
+                return p
+        raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what)
+
+    def profile_by_id(self, index: int, profile_id: int) -> ProfileInfo:
+        """Placements, creation and listing take the profile's ID; an unknown ID is refused."""
+        for p in self.profiles(index).values():
+            if p.profile_id == profile_id:
+                return p
+        raise e.from_nvml(
+            e.NVML_ERROR_INVALID_ARGUMENT, f"GPU instance profile id {profile_id} of GPU {index}"
+        )
 
     def gpu_instances(self, index: int) -> list[GpuInstanceInfo]:
         g = self._g(index)
@@ -186,6 +227,7 @@ class FakeGpuBackend:
                         for ci in gi["compute_instances"]
                     ),
                     device_uuid=gi.get("device_uuid"),
+                    compute_slices=p.compute_slices,
                 )
             )
         return out
@@ -237,7 +279,7 @@ class FakeGpuBackend:
             raise e.from_nvml(e.NVML_ERROR_INVALID_STATE, what + " (MIG mode is off)")
         prof = next((p for p in card.mig_profiles if p.nvml_profile_id == profile_id), None)
         if prof is None:
-            raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what.replace("create", "create MIG"))
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what + " (no such profile id on this card)")
         if start not in prof.placements:
             raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what)
         profiles = {p.nvml_profile_id: p for p in card.mig_profiles}
@@ -259,21 +301,34 @@ class FakeGpuBackend:
         )
         return gi_id
 
-    def create_compute_instance(self, index: int, gpu_instance_id: int) -> int:
+    def create_compute_instance(
+        self, index: int, gpu_instance_id: int, ci_profile_index: int | None = None
+    ) -> int:
+        """A compute instance of the given NVML_COMPUTE_INSTANCE_PROFILE_* (default: the one
+        spanning the whole GPU instance), held to the profiles the GPU instance offers."""
         self._mutating("create_compute_instance", index)
         g, card = self._g(index), self._card(index)
         gi = self._gi(index, gpu_instance_id)
         what = f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}"
-        if gi["compute_instances"]:
-            raise e.from_nvml(e.NVML_ERROR_INSUFFICIENT_RESOURCES, what)
         prof = next(p for p in card.mig_profiles if p.nvml_profile_id == gi["profile_id"])
+        offered = compute_instance_profiles(prof.compute_slices)
+        if ci_profile_index is None:
+            ci_profile_index = next(k for k, (n, _) in offered.items() if n == prof.compute_slices)
+        if not 0 <= ci_profile_index < COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what)
+        if ci_profile_index not in offered:
+            raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what)
+        slices = offered[ci_profile_index][0]
+        if sum(ci["slices"] for ci in gi["compute_instances"]) + slices > prof.compute_slices:
+            raise e.from_nvml(e.NVML_ERROR_INSUFFICIENT_RESOURCES, what)
+        ids = {ci["id"] for ci in gi["compute_instances"]}
+        ci_id = next(i for i in range(8) if i not in ids)
         self.state["serial"] += 1
-        gi["compute_instances"].append(
-            {"id": 0, "profile_id": _ci_profile_id(prof.compute_slices), "slices": prof.compute_slices}
-        )
-        name = "{}/gi{}/ci0/{}".format(g["uuid"], gpu_instance_id, self.state["serial"])
-        gi["device_uuid"] = f"MIG-{uuid.uuid5(_NS, name)}"
-        return 0
+        gi["compute_instances"].append({"id": ci_id, "profile_id": ci_profile_index, "slices": slices})
+        if not gi.get("device_uuid"):
+            name = "{}/gi{}/ci{}/{}".format(g["uuid"], gpu_instance_id, ci_id, self.state["serial"])
+            gi["device_uuid"] = f"MIG-{uuid.uuid5(_NS, name)}"
+        return ci_id
 
     def destroy_compute_instance(self, index: int, gpu_instance_id: int, compute_instance_id: int) -> None:
         self._mutating("destroy_compute_instance", index)
@@ -287,7 +342,8 @@ class FakeGpuBackend:
         if any(p["device_uuid"] == gi.get("device_uuid") for p in g["processes"]):
             raise e.from_nvml(e.NVML_ERROR_IN_USE, what)
         gi["compute_instances"] = [ci for ci in gi["compute_instances"] if ci["id"] != compute_instance_id]
-        gi.pop("device_uuid", None)
+        if not gi["compute_instances"]:
+            gi.pop("device_uuid", None)
 
     def destroy_gpu_instance(self, index: int, gpu_instance_id: int) -> None:
         self._mutating("destroy_gpu_instance", index)
@@ -337,11 +393,6 @@ class FakeGpuBackend:
                 raise e.from_nvml(
                     fault["code"], f"{op.replace('_', ' ')} on GPU {index}".replace("mig", "MIG")
                 )
-
-
-def _ci_profile_id(compute_slices: int) -> int:
-    # NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE
-    return {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}[compute_slices]
 
 
 class FakeMps:

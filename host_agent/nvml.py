@@ -7,6 +7,7 @@ has no NVML call; it goes through `nvidia-smi --gpu-reset`, as NVIDIA documents.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -22,8 +23,8 @@ from host_agent import errors as e
 from host_agent.backend import ComputeInstanceInfo, GpuInfo, GpuInstanceInfo, ProcessInfo, ProfileInfo
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
 
-_CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 KILL_GRACE_SECONDS = 10.0
+KILL_WAIT_SECONDS = 10.0  # after SIGKILL: the kernel tears the process (and its GPU context) down
 
 
 def _pynvml() -> Any:
@@ -54,9 +55,13 @@ class NvmlBackend:
         self._nv = nv
         try:
             yield self
+        except nv.NVMLError as exc:
+            # A call that was not wrapped one by one still ends as the agent's error and a report.
+            raise e.from_nvml(exc.value, "NVML call") from None
         finally:
             self._nv = None
-            nv.nvmlShutdown()
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlShutdown()
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -102,7 +107,9 @@ class NvmlBackend:
         # Ampere (compute capability 8.x) needs a GPU reset for a MIG mode change to take effect.
         try:
             major, _minor = nv.nvmlDeviceGetCudaComputeCapability(h)
-        except nv.NVMLError:
+        except nv.NVMLError as exc:
+            if exc.value != e.NVML_ERROR_NOT_SUPPORTED:
+                raise e.from_nvml(exc.value, f"compute capability of GPU {index}") from None
             major = 0
         return GpuInfo(
             index=index,
@@ -119,13 +126,16 @@ class NvmlBackend:
         nv = self._nv
         h = self._h(index)
         out: dict[str, ProfileInfo] = {}
-        for pid in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        # The index (NVML_GPU_INSTANCE_PROFILE_*) asks; the answer's `id` is what every other call takes.
+        for profile_index in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, pid)
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, profile_index)
             except nv.NVMLError as exc:
                 if exc.value in (e.NVML_ERROR_NOT_SUPPORTED, e.NVML_ERROR_INVALID_ARGUMENT):
                     continue
-                raise e.from_nvml(exc.value, f"GPU instance profile {pid} of GPU {index}") from None
+                raise e.from_nvml(
+                    exc.value, f"GPU instance profile index {profile_index} of GPU {index}"
+                ) from None
             name = _profile_name(self._s(info.name), info.sliceCount, info.memorySizeMB)
             if name in out:
                 continue  # the first (plainest) profile id keeps a name
@@ -138,6 +148,7 @@ class NvmlBackend:
                 memory_mib=int(info.memorySizeMB),
                 max_count=info.instanceCount,
                 placements=placements[0],
+                index=profile_index,
             )
         return out
 
@@ -184,32 +195,51 @@ class NvmlBackend:
                         size=info.placement.size,
                         compute_instances=tuple(cis),
                         device_uuid=mig_uuid_by_gi.get(info.id),
+                        compute_slices=prof.compute_slices,
                     )
                 )
         return sorted(out, key=lambda g: g.id)
 
-    def _compute_instances(self, gi: Any) -> list[ComputeInstanceInfo]:
+    def _ci_profiles(self, gi: Any) -> list[tuple[int, Any]]:
+        """(NVML_COMPUTE_INSTANCE_PROFILE_* index, its info) for every profile this GPU instance offers."""
         nv = self._nv
         out = []
-        for cpid in range(nv.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            count = ctypes.c_uint(0)
-            arr = (nv.c_nvmlComputeInstance_t * 8)()
+        for ci_index in range(nv.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
-                nv.nvmlGpuInstanceGetComputeInstances(gi, cpid, arr, ctypes.byref(count))
+                info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, ci_index, nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
             except nv.NVMLError as exc:
                 if exc.value in (e.NVML_ERROR_NOT_SUPPORTED, e.NVML_ERROR_INVALID_ARGUMENT):
                     continue
-                raise e.from_nvml(exc.value, "compute instances") from None
-            slices = {v: k for k, v in _CI_PROFILE_BY_SLICES.items()}.get(cpid, 0)
+                raise e.from_nvml(exc.value, f"compute instance profile index {ci_index}") from None
+            out.append((ci_index, info))
+        return out
+
+    def _compute_instances(self, gi: Any) -> list[ComputeInstanceInfo]:
+        nv = self._nv
+        out = []
+        for _ci_index, prof in self._ci_profiles(gi):
+            count = ctypes.c_uint(0)
+            arr = (nv.c_nvmlComputeInstance_t * max(int(prof.instanceCount), 1))()
+            self._call(
+                "compute instances",
+                nv.nvmlGpuInstanceGetComputeInstances,
+                gi,
+                prof.id,
+                arr,
+                ctypes.byref(count),
+            )
             for k in range(count.value):
                 info = self._call("compute instance info", nv.nvmlComputeInstanceGetInfo, arr[k])
-                out.append(ComputeInstanceInfo(id=info.id, profile_id=cpid, slices=slices))
+                out.append(ComputeInstanceInfo(id=info.id, profile_id=prof.id, slices=int(prof.sliceCount)))
         return out
 
     def _mig_device_uuids(self, h: Any) -> dict[int, str]:
         nv = self._nv
         out: dict[int, str] = {}
         n = self._call("MIG device count", nv.nvmlDeviceGetMaxMigDeviceCount, h)
+        # One MIG device per compute instance; a GPU instance is named by its first.
         for k in range(n):
             try:
                 mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
@@ -217,8 +247,9 @@ class NvmlBackend:
                 if exc.value == e.NVML_ERROR_NOT_FOUND:
                     continue
                 raise e.from_nvml(exc.value, "MIG device") from None
-            out[self._call("MIG device GPU instance", nv.nvmlDeviceGetGpuInstanceId, mh)] = self._s(
-                self._call("MIG device UUID", nv.nvmlDeviceGetUUID, mh)
+            out.setdefault(
+                self._call("MIG device GPU instance", nv.nvmlDeviceGetGpuInstanceId, mh),
+                self._s(self._call("MIG device UUID", nv.nvmlDeviceGetUUID, mh)),
             )
         return out
 
@@ -227,7 +258,9 @@ class NvmlBackend:
         h = self._h(index)
         try:
             current, _ = nv.nvmlDeviceGetMigMode(h)
-        except nv.NVMLError:
+        except nv.NVMLError as exc:
+            if exc.value != e.NVML_ERROR_NOT_SUPPORTED:
+                raise e.from_nvml(exc.value, f"MIG mode of GPU {index}") from None
             current = 0
         # In MIG mode the parent handle aggregates; per-device handles say which MIG device a process uses.
         handles: list[tuple[Any, str]] = []
@@ -238,8 +271,10 @@ class NvmlBackend:
             for k in range(n):
                 try:
                     mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-                except nv.NVMLError:
-                    continue
+                except nv.NVMLError as exc:
+                    if exc.value == e.NVML_ERROR_NOT_FOUND:
+                        continue
+                    raise e.from_nvml(exc.value, "MIG device") from None
                 handles.append((mh, self._s(self._call("MIG device UUID", nv.nvmlDeviceGetUUID, mh))))
         out: list[ProcessInfo] = []
         seen: set[tuple[int, str]] = set()
@@ -251,8 +286,8 @@ class NvmlBackend:
                     continue
                 raise e.from_nvml(exc.value, f"processes on {dev_uuid}") from None
             for p in procs:
-                if (p.pid, dev_uuid) in seen:
-                    continue
+                if (p.pid, dev_uuid) in seen or proc_state(p.pid) in ("Z", "X"):
+                    continue  # a zombie keeps /proc/<pid>, but no longer the GPU
                 seen.add((p.pid, dev_uuid))
                 used = getattr(p, "usedGpuMemory", None)
                 out.append(
@@ -298,18 +333,26 @@ class NvmlBackend:
         )
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int) -> int:
+        """`profile_id` is the profile's ID on this GPU (ProfileInfo.profile_id), not its index."""
         nv = self._nv
-        self._count(f"create GPU instance profile {profile_id} at {start} on GPU {index}")
+        self._count(f"create GPU instance profile id {profile_id} at {start} on GPU {index}")
         h = self._h(index)
-        info = self._call("GPU instance profile", nv.nvmlDeviceGetGpuInstanceProfileInfo, h, profile_id)
+        starts, size = self._placements(h, profile_id)
+        if start not in starts:
+            raise e.GpuError(
+                f"GPU {index}: profile id {profile_id} cannot start at memory slice {start} "
+                f"(NVML offers {list(starts)})",
+                code="invalid_placement",
+                details={"profile_id": profile_id, "start": start, "placements": list(starts)},
+            )
         placement = nv.c_nvmlGpuInstancePlacement_t()
         placement.start = start
-        placement.size = self._placements(h, info.id)[1]
+        placement.size = size
         gi = self._call(
             f"create GPU instance (profile id {profile_id} at {start}) on GPU {index}",
             nv.nvmlDeviceCreateGpuInstanceWithPlacement,
             h,
-            info.id,
+            profile_id,
             ctypes.byref(placement),
         )
         return self._call("GPU instance info", nv.nvmlGpuInstanceGetInfo, gi).id
@@ -319,22 +362,38 @@ class NvmlBackend:
         self._count(f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}")
         gi = self._gi_handle(index, gpu_instance_id)
         gi_info = self._call("GPU instance info", nv.nvmlGpuInstanceGetInfo, gi)
-        gi_prof = nv.nvmlDeviceGetGpuInstanceProfileInfo(self._h(index), gi_info.profileId)
-        cpid = _CI_PROFILE_BY_SLICES[gi_prof.sliceCount]
-        ci_prof = self._call(
-            "compute instance profile",
-            nv.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-            gi,
-            cpid,
-            nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
-        )
+        # profileId is the profile's ID; find its slice count among the profiles read by index.
+        gi_prof = next((p for p in self.profiles(index).values() if p.profile_id == gi_info.profileId), None)
+        if gi_prof is None:
+            raise e.GpuError(
+                f"GPU {index}: GPU instance {gpu_instance_id} has profile id {gi_info.profileId}, "
+                "which NVML does not list for this GPU",
+                code="unknown_profile",
+            )
+        # The compute instance spans the whole GPU instance: the profile with as many slices.
+        spanning = [info for _k, info in self._ci_profiles(gi) if info.sliceCount == gi_prof.compute_slices]
+        if not spanning:
+            raise e.GpuError(
+                f"GPU {index}: no compute instance profile spans GPU instance {gpu_instance_id} "
+                f"({gi_prof.name}, {gi_prof.compute_slices} slices)",
+                code="no_compute_profile",
+            )
+        ci_prof = spanning[0]
         ci = self._call(
             f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}",
             nv.nvmlGpuInstanceCreateComputeInstance,
             gi,
             ci_prof.id,
         )
-        return self._call("compute instance info", nv.nvmlComputeInstanceGetInfo, ci).id
+        ci_info = self._call("compute instance info", nv.nvmlComputeInstanceGetInfo, ci)
+        if getattr(ci_info, "profileId", ci_prof.id) != ci_prof.id:
+            self._call("destroy a wrong compute instance", nv.nvmlComputeInstanceDestroy, ci)
+            raise e.GpuError(
+                f"GPU {index}: the compute instance created in GPU instance {gpu_instance_id} has profile "
+                f"{ci_info.profileId}, not {ci_prof.id}; it was destroyed",
+                code="compute_instance_mismatch",
+            )
+        return ci_info.id
 
     def destroy_compute_instance(self, index: int, gpu_instance_id: int, compute_instance_id: int) -> None:
         nv = self._nv
@@ -351,21 +410,26 @@ class NvmlBackend:
         )
 
     def kill_process(self, index: int, pid: int) -> None:
-        """SIGTERM, a grace period, then SIGKILL."""
+        """SIGTERM, a grace period, then SIGKILL, and wait until it is really gone: a zombie
+        (state Z) counts as gone, since its memory and GPU context are already released."""
         self._count(f"stop process {pid} on GPU {index}")
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + KILL_GRACE_SECONDS
-        while time.monotonic() < deadline:
-            if not Path(f"/proc/{pid}").exists():
-                return
-            time.sleep(0.2)
+        if _wait_gone(pid, KILL_GRACE_SECONDS):
+            return
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
+        if not _wait_gone(pid, KILL_WAIT_SECONDS):
+            raise e.GpuError(
+                f"process {pid} on GPU {index} is still alive {KILL_WAIT_SECONDS:g}s after SIGKILL "
+                f"(state {proc_state(pid)}: stuck in the kernel)",
+                code="process_unkillable",
+                details={"pid": pid, "state": proc_state(pid)},
+            )
 
 
 def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
@@ -374,6 +438,31 @@ def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
     if m:
         return m.group(1)
     return f"{slices}g.{round(memory_mb / 1024)}gb"
+
+
+def proc_state(pid: int, proc: str = "/proc") -> str | None:
+    """The process's state letter from /proc/<pid>/stat (R, S, D, Z, ...), None when it is gone."""
+    try:
+        raw = Path(f"{proc}/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain ") ": the state follows the last one.
+    rest = raw.rsplit(")", 1)[-1].split()
+    return rest[0] if rest else None
+
+
+def is_live(pid: int, proc: str = "/proc") -> bool:
+    """A process that still runs: present, and neither a zombie (Z) nor dead (X)."""
+    return proc_state(pid, proc) not in (None, "Z", "X")
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while is_live(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _proc_name(pid: int) -> str | None:

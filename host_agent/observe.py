@@ -13,6 +13,8 @@ from calque.contracts.agent import (
     ComputeInstanceReport,
     GpuInstanceReport,
     GpuReport,
+    HostInventory,
+    InventoryGpu,
     MpsDaemonReport,
     ProcessReport,
     SliceReport,
@@ -53,6 +55,14 @@ class GpuView:
         return [p for p in self.processes if (p.name or "") not in MPS_SERVER_NAMES]
 
 
+def spans_whole(gi: GpuInstanceInfo) -> bool:
+    """One compute instance holding every compute slice of its GPU instance: a slice is the
+    whole GPU instance, never a fraction of it."""
+    return len(gi.compute_instances) == 1 and (
+        not gi.compute_slices or gi.compute_instances[0].slices == gi.compute_slices
+    )
+
+
 def card_of(backend: GpuBackend, info: GpuInfo) -> Card:
     """The catalog's card for this GPU, with MIG geometry as the GPU itself reports it."""
     known = catalog.card_for_nvml_name(info.name)
@@ -68,6 +78,7 @@ def card_of(backend: GpuBackend, info: GpuInfo) -> Card:
             max_count=p.max_count,
             placements=list(p.placements),
             nvml_profile_id=p.profile_id,
+            nvml_profile_index=p.index,
             media_extensions="+me" in p.name,
             source="read from NVML on this host",
         )
@@ -108,6 +119,20 @@ def read_gpu(backend: GpuBackend, index: int) -> GpuView:
 
 def read_all(backend: GpuBackend) -> list[GpuView]:
     return [read_gpu(backend, i) for i in range(backend.gpu_count())]
+
+
+def inventory_of(infos: list[GpuInfo]) -> HostInventory:
+    models = {g.name for g in infos}
+    return HostInventory(
+        gpu_count=len(infos),
+        gpu_model=models.pop() if len(models) == 1 else None,
+        gpus=[InventoryGpu(index=g.index, name=g.name, memory_mib=g.memory_mib, uuid=g.uuid) for g in infos],
+    )
+
+
+def read_inventory(backend: GpuBackend) -> HostInventory:
+    """Model, count and memory of every GPU: the cheapest read, taken before anything else."""
+    return inventory_of([backend.gpu(i) for i in range(backend.gpu_count())])
 
 
 # ---- what the GPUs look like, as a spec ---------------------------------------------------
@@ -166,6 +191,12 @@ def differences(v: GpuView, want: GpuEntry) -> list[str]:
         for gi in v.instances:
             if not gi.compute_instances:
                 out.append(f"GPU {i}: GPU instance {gi.id} ({gi.profile}) has no compute instance")
+            elif not spans_whole(gi):
+                held = sum(ci.slices for ci in gi.compute_instances)
+                out.append(
+                    f"GPU {i}: GPU instance {gi.id} ({gi.profile}): its compute instances hold {held} "
+                    f"of its {gi.compute_slices} compute slices"
+                )
     if want.mps is not None:
         if not v.mps.running:
             out.append(f"GPU {i}: MPS control daemon is not running, wanted {want.mps.clients} client slots")
@@ -278,7 +309,7 @@ def slice_reports(v: GpuView) -> list[SliceReport]:
         profiles = {p.name: p for p in v.card.mig_profiles}
         for gi in sorted(v.instances, key=lambda g: (g.profile, g.start)):
             sid = ids[gi.id]
-            ready = bool(gi.device_uuid and gi.compute_instances)
+            ready = bool(gi.device_uuid and gi.compute_instances and spans_whole(gi))
             out.append(
                 SliceReport(
                     slice_id=sid,

@@ -8,10 +8,11 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from urllib.parse import quote
 
 from calque.contracts.agent import AgentReport
-from calque.errors import DependencyUnavailable, Unauthenticated
+from calque.errors import DependencyUnavailable, InvalidInput, Unauthenticated
 
 TIMEOUT_SECONDS = 15
 
@@ -20,13 +21,46 @@ def report_url(base: str, instance_id: str) -> str:
     return f"{base.rstrip('/')}/v1/hosts/{quote(instance_id, safe='')}/report"
 
 
-def _region(session) -> str:
-    return (
-        os.environ.get("AWS_REGION")
+IMDS = "http://169.254.169.254"
+
+
+def imds_region(base: str = IMDS, timeout: float = 1.0) -> str | None:
+    """The instance's region from IMDSv2, or None off EC2 (short timeouts: never hangs a run)."""
+    try:
+        tok_req = urllib.request.Request(  # noqa: S310
+            f"{base}/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+        )
+        with urllib.request.urlopen(tok_req, timeout=timeout) as r:  # noqa: S310
+            token = r.read().decode()
+        req = urllib.request.Request(  # noqa: S310
+            f"{base}/latest/meta-data/placement/region", headers={"X-aws-ec2-metadata-token": token}
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310
+            return r.read().decode().strip() or None
+    except OSError:
+        return None
+
+
+def report_region(session=None, *, imds: Callable[[], str | None] | None = None) -> str:
+    """The region to sign the report for: what the SSM agent exports (AWS_SSM_REGION_NAME), then
+    the usual environment and configuration, then the instance's own region from IMDSv2.
+    Never a guess: a report signed for the wrong region is refused by the API."""
+    region = (
+        os.environ.get("AWS_SSM_REGION_NAME")
+        or os.environ.get("AWS_REGION")
         or os.environ.get("AWS_DEFAULT_REGION")
-        or session.get_config_variable("region")
-        or "us-east-1"
+        or (session.get_config_variable("region") if session is not None else None)
+        or (imds or imds_region)()
     )
+    if not region:
+        raise InvalidInput(
+            "cannot tell this host's AWS region to sign the report: set AWS_REGION, "
+            "or run where the instance metadata service answers",
+            details={"field": "region"},
+        )
+    return region
 
 
 def send_report(base_url: str, report: AgentReport) -> int:
@@ -44,7 +78,7 @@ def send_report(base_url: str, report: AgentReport) -> int:
     url = report_url(base_url, report.instance_id)
     body = report.model_dump_json().encode()
     req = AWSRequest(method="POST", url=url, data=body, headers={"Content-Type": "application/json"})
-    SigV4Auth(creds.get_frozen_credentials(), "execute-api", _region(session)).add_auth(req)
+    SigV4Auth(creds.get_frozen_credentials(), "execute-api", report_region(session)).add_auth(req)
     http = urllib.request.Request(url, data=body, method="POST", headers=dict(req.headers.items()))  # noqa: S310
     try:
         with urllib.request.urlopen(http, timeout=TIMEOUT_SECONDS) as resp:  # noqa: S310

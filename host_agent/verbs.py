@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from calque.catalog.planner import validate_layout
-from calque.contracts.agent import AgentError, AgentReport, SliceReport
+from calque.contracts.agent import AgentError, AgentReport, HostInventory, SliceReport
 from calque.contracts.layout import LayoutSpec
 from calque.errors import CalqueError, InvalidInput
 from host_agent.backend import GpuBackend
@@ -19,8 +19,10 @@ from host_agent.observe import (
     GpuView,
     export_spec,
     gpu_report,
+    inventory_of,
     read_all,
     read_gpu,
+    read_inventory,
     slice_reports,
     spec_differences,
 )
@@ -37,10 +39,12 @@ class Context:
 
 
 def _now() -> datetime:
-    return datetime.now(UTC)
+    return datetime.now(timezone.utc)
 
 
 def _report(ctx: Context, verb: str, started: datetime, views: list[GpuView], **kw) -> AgentReport:
+    if "inventory" not in kw:
+        kw["inventory"] = inventory_of([v.info for v in views]) if views else None
     return AgentReport(
         instance_id=ctx.instance_id,
         instance_type=ctx.instance_type,
@@ -66,12 +70,22 @@ def _guard(ctx: Context, verb: str, body: Callable[[datetime], AgentReport]) -> 
             return body(started)
     except CalqueError as exc:
         views: list[GpuView] = []
+        inventory = None
         try:
             with ctx.backend.session():
+                inventory = read_inventory(ctx.backend)
                 views = read_all(ctx.backend)
         except CalqueError:
             pass
-        return _report(ctx, verb, started, views, ok=False, error=_error(exc))
+        return _report(ctx, verb, started, views, ok=False, error=_error(exc), inventory=inventory)
+
+
+def _inventory_or_none(ctx: Context) -> HostInventory | None:
+    try:
+        with ctx.backend.session():
+            return read_inventory(ctx.backend)
+    except CalqueError:
+        return None
 
 
 def do_inventory(ctx: Context) -> AgentReport:
@@ -119,14 +133,25 @@ def do_assert(ctx: Context, spec: LayoutSpec) -> AgentReport:
 
 
 def _refuse_impossible(ctx: Context, verb: str, spec: LayoutSpec) -> AgentReport | None:
-    """When the instance type is known, an impossible layout is refused without opening NVML."""
+    """When the instance type is known, an impossible layout is refused before any GPU call
+    that changes something; the report still says what hardware is there (read only)."""
     if ctx.instance_type is None:
         return None
     started = _now()
     try:
         validate_layout(ctx.instance_type, spec)
     except CalqueError as exc:
-        return _report(ctx, verb, started, [], ok=False, error=_error(exc), spec=spec, slices=[])
+        return _report(
+            ctx,
+            verb,
+            started,
+            [],
+            ok=False,
+            error=_error(exc),
+            spec=spec,
+            slices=[],
+            inventory=_inventory_or_none(ctx),
+        )
     return None
 
 

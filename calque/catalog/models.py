@@ -20,7 +20,13 @@ class MigProfile(_Fact):
     memory_slices: int
     max_count: int = Field(description="most instances of this profile one GPU can hold")
     placements: list[int] = Field(description="memory-slice indices an instance of this profile may start at")
-    nvml_profile_id: int = Field(description="NVML_GPU_INSTANCE_PROFILE_* value")
+    nvml_profile_index: int = Field(
+        description="NVML_GPU_INSTANCE_PROFILE_* (nvml.h): what nvmlDeviceGetGpuInstanceProfileInfo takes"
+    )
+    nvml_profile_id: int = Field(
+        description="the profile's ID on this card (nvmlGpuInstanceProfileInfo_t.id, the ID column of "
+        "`nvidia-smi mig -lgip`): what placements, creation and nvmlGpuInstanceInfo_t.profileId use"
+    )
     media_extensions: bool = False
     source: str
 

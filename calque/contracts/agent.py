@@ -77,6 +77,25 @@ class GpuReport(Strict):
     mps: MpsDaemonReport | None = None
 
 
+class InventoryGpu(Strict):
+    index: int
+    name: str = Field(description='the GPU model as NVML reports it, e.g. "NVIDIA H200"')
+    memory_mib: int = Field(description="total device memory as NVML reports it")
+    uuid: str
+
+
+class HostInventory(Strict):
+    """What the agent found on the host, read before anything else: present in every report
+    whose GPUs could be read, refusals included, so the control plane can compare the
+    hardware with the instance type it was told."""
+
+    gpu_count: int
+    gpu_model: str | None = Field(
+        default=None, description="the one model every GPU is; null when they differ or there are none"
+    )
+    gpus: list[InventoryGpu] = Field(default_factory=list)
+
+
 class SliceReport(Strict):
     slice_id: str
     gpu_index: int
@@ -100,6 +119,9 @@ class AgentReport(Strict):
     finished_at: datetime
     simulated: bool = Field(
         default=False, description="true: a fake of the instance type's GPUs, not hardware"
+    )
+    inventory: HostInventory | None = Field(
+        default=None, description="GPU model, count and memory per GPU; null only when NVML could not be read"
     )
     gpus: list[GpuReport] = Field(default_factory=list, description="inventory after the verb ran")
     slices: list[SliceReport] = Field(default_factory=list)

@@ -20,9 +20,65 @@ def test_g7e_2xlarge_has_one_rtx_pro_6000_with_four_small_mig_profiles():
     assert t.card.mps_capable
     assert {(p.name, p.max_count) for p in t.card.mig_profiles} == {
         ("1g.24gb", 4),
+        ("1g.24gb+me", 1),
+        ("1g.24gb+gfx", 4),
+        ("1g.24gb-me", 4),
+        ("1g.24gb+me.all", 1),
         ("2g.48gb", 2),
+        ("2g.48gb+gfx", 2),
+        ("2g.48gb-me", 2),
+        ("2g.48gb+me.all", 1),
         ("4g.96gb", 1),
+        ("4g.96gb+gfx", 1),
     }
+    # And the plain profile stays the one a memory request picks
+    from calque.catalog.planner import smallest_profile
+
+    assert smallest_profile(t.card, 20).name == "1g.24gb"
+
+
+# nvidia-smi mig -lgip on the card, and nvml.h's NVML_GPU_INSTANCE_PROFILE_* index per profile
+_ID_INDEX = {
+    "H100 80GB": {
+        "1g.10gb": (19, 0),
+        "1g.10gb+me": (20, 7),
+        "1g.20gb": (15, 9),
+        "2g.20gb": (14, 1),
+        "3g.40gb": (9, 2),
+        "4g.40gb": (5, 3),
+        "7g.80gb": (0, 4),
+    },
+    "RTX PRO 6000 Blackwell Server Edition": {
+        "1g.24gb": (14, 0),
+        "1g.24gb+me": (21, 7),
+        "1g.24gb+gfx": (47, 10),
+        "1g.24gb-me": (67, 13),
+        "1g.24gb+me.all": (65, 15),
+        "2g.48gb": (5, 1),
+        "2g.48gb+gfx": (35, 11),
+        "2g.48gb-me": (66, 14),
+        "2g.48gb+me.all": (64, 16),
+        "4g.96gb": (0, 3),
+        "4g.96gb+gfx": (32, 12),
+    },
+}
+
+
+@pytest.mark.parametrize("card", sorted(_ID_INDEX))
+def test_profiles_carry_the_cards_profile_id_and_nvml_index_separately(card):
+    # Given the card's profile table / Then each profile names both NVML numbers, as NVIDIA lists them
+    got = {p.name: (p.nvml_profile_id, p.nvml_profile_index) for p in catalog.card(card).mig_profiles}
+    assert got == _ID_INDEX[card]
+
+
+def test_every_mig_card_has_unique_profile_ids_and_indices():
+    for card in catalog.cards():
+        if not card.mig_capable:
+            continue
+        ids = [p.nvml_profile_id for p in card.mig_profiles]
+        indices = [p.nvml_profile_index for p in card.mig_profiles]
+        assert len(set(ids)) == len(ids), card.name
+        assert len(set(indices)) == len(indices), card.name
 
 
 def test_h200_profile_table_matches_the_mig_user_guide():

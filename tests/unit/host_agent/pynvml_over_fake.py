@@ -1,6 +1,14 @@
 """A stand-in `pynvml` module whose functions answer from a FakeGpuBackend, with
 pynvml's own signatures, ctypes structures and NVMLError: it lets the real backend's
-code run end to end here, where there is no driver."""
+code run end to end here, where there is no driver.
+
+It is as strict as the driver about NVML's two numbers for a profile: the
+NVML_GPU_INSTANCE_PROFILE_* index goes only to nvmlDeviceGetGpuInstanceProfileInfo,
+whose answer carries the card's own profile ID (19 for an H100's 1g.10gb), and the ID
+is what placements, creation and listing take. A wrong number fails as it would on a
+real GPU (INVALID_ARGUMENT / NOT_SUPPORTED), or, where the driver would accept it,
+gets the profile it names: a compute instance asked with the wrong profile is as small
+as that profile."""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ from types import SimpleNamespace
 import pynvml as real
 
 from calque.errors import CalqueError
-from host_agent.fake import FakeGpuBackend
+from host_agent.fake import COMPUTE_INSTANCE_PROFILE_COUNT, FakeGpuBackend, compute_instance_profiles
 
 MUTATING = {
     "nvmlDeviceSetMigMode",
@@ -103,14 +111,9 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
     def nvmlDeviceGetCudaComputeCapability(h):
         return (8, 0) if fake.gpu(h[1]).mig_mode_change_needs_reset else (9, 0)
 
-    def _profiles(i):
-        return {p.profile_id: p for p in fake.profiles(i).values()}
-
     @nv
-    def nvmlDeviceGetGpuInstanceProfileInfo(h, pid, version=2):
-        p = _profiles(h[1]).get(pid)
-        if p is None:
-            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+    def nvmlDeviceGetGpuInstanceProfileInfo(h, profile_index, version=2):
+        p = fake.profile_by_index(h[1], profile_index)
         return SimpleNamespace(
             id=p.profile_id,
             sliceCount=p.compute_slices,
@@ -121,7 +124,7 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
 
     @nv
     def nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, arr, count_ref):
-        p = _profiles(h[1])[pid]
+        p = fake.profile_by_id(h[1], pid)
         set_count(count_ref, len(p.placements))
         if arr is not None:
             for k, start in enumerate(p.placements):
@@ -130,6 +133,7 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
 
     @nv
     def nvmlDeviceGetGpuInstances(h, pid, arr, count_ref):
+        fake.profile_by_id(h[1], pid)
         gis = [g for g in fake.gpu_instances(h[1]) if g.profile_id == pid]
         set_count(count_ref, len(gis))
         for k, g in enumerate(gis):
@@ -146,9 +150,19 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
             id=g.id, profileId=g.profile_id, placement=SimpleNamespace(start=g.start, size=g.size)
         )
 
+    def _ci_profiles(g):
+        return compute_instance_profiles(g.compute_slices)
+
+    def _check_ci_profile(g, cpid):
+        if not 0 <= cpid < COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        if cpid not in _ci_profiles(g):
+            raise real.NVMLError(real.NVML_ERROR_NOT_SUPPORTED)
+
     @nv
     def nvmlGpuInstanceGetComputeInstances(handle, cpid, arr, count_ref):
         gpu, g = _gi(handle)
+        _check_ci_profile(g, cpid)
         cis = [c for c in g.compute_instances if c.profile_id == cpid]
         set_count(count_ref, len(cis))
         for k, c in enumerate(cis):
@@ -156,8 +170,12 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
 
     @nv
     def nvmlComputeInstanceGetInfo(handle):
-        _gpu, _gi_id, ci_id = decode_ci(handle)
-        return SimpleNamespace(id=ci_id)
+        gpu, gi_id, ci_id = decode_ci(handle)
+        g = next(x for x in fake.gpu_instances(gpu) if x.id == gi_id)
+        ci = next((c for c in g.compute_instances if c.id == ci_id), None)
+        if ci is None:
+            raise real.NVMLError(real.NVML_ERROR_NOT_FOUND)
+        return SimpleNamespace(id=ci.id, profileId=ci.profile_id, gpuInstance=gi_handle(gpu, gi_id))
 
     @nv
     def nvmlDeviceGetMaxMigDeviceCount(h):
@@ -201,12 +219,17 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
 
     @nv
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(handle, cpid, eng, version=2):
-        return SimpleNamespace(id=cpid)
+        _gpu, g = _gi(handle)
+        _check_ci_profile(g, cpid)
+        if eng != real.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
+            raise real.NVMLError(real.NVML_ERROR_INVALID_ARGUMENT)
+        slices, count = _ci_profiles(g)[cpid]
+        return SimpleNamespace(id=cpid, sliceCount=slices, instanceCount=count)
 
     @nv
     def nvmlGpuInstanceCreateComputeInstance(handle, cpid):
         gpu, gi_id = decode_gi(handle)
-        ci_id = fake.create_compute_instance(gpu, gi_id)
+        ci_id = fake.create_compute_instance(gpu, gi_id, cpid)
         return ci_handle(gpu, gi_id, ci_id)
 
     @nv

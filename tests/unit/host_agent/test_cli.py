@@ -96,3 +96,27 @@ def test_read_only_refuses_changes_on_a_simulated_host_too(capsys, tmp_path):
     assert doc["error"]["code"] == "read_only"
     assert doc["actions"] == []
     assert main(["--state", state, "assert", "--spec", spec]) == 1
+
+
+def test_a_changing_verb_waits_for_the_host_lock_and_a_read_does_not(tmp_path, capsys):
+    # Given another agent run holds this host's lock
+    import fcntl
+
+    from host_agent.cli import main
+
+    lock_file = tmp_path / "host-agent.lock"
+    spec = json.dumps({"version": "v1", "gpus": [{"devices": "all", "mps": {"clients": 2}}]})
+    base = ["--simulate", "g6.xlarge", "--lock-file", str(lock_file), "--lock-timeout", "0"]
+    with open(lock_file, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        # When an apply and an inventory run
+        applied = main([*base, "apply", "--spec", spec])
+        applied_out = json.loads(capsys.readouterr().out)
+        read = main([*base, "inventory"])
+        capsys.readouterr()
+    # Then the apply is refused as the host being busy, and the read runs
+    assert applied == 1
+    assert applied_out["error"]["code"] == "host_busy"
+    assert read == 0
+    # And once the lock is free the apply runs
+    assert main([*base, "apply", "--spec", spec]) == 0

@@ -170,3 +170,166 @@ def test_a_card_outside_the_catalog_is_planned_from_what_nvml_reports(stub):
     assert views[0].card.compute_slices == 7
     assert views[0].card.memory_slices == 8
     assert [s.slice_id for s in slice_reports(views[0])] == ["g0-3g.71gb-0", "g0-3g.71gb-1"]
+
+
+def _spans(fake: FakeGpuBackend, gpu: int) -> list[tuple[str, int, int]]:
+    """(profile, GPU instance compute slices, compute slices its compute instances hold)."""
+    with fake.session():
+        return [
+            (gi.profile, gi.compute_slices, sum(ci.slices for ci in gi.compute_instances))
+            for gi in fake.gpu_instances(gpu)
+        ]
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "profile", "count"),
+    [
+        ("p5e.48xlarge", "1g.18gb", 7),
+        ("p5e.48xlarge", "1g.35gb", 4),
+        ("p5e.48xlarge", "2g.35gb", 3),
+        ("p5e.48xlarge", "3g.71gb", 2),
+        ("p5e.48xlarge", "4g.71gb", 1),
+        ("p5e.48xlarge", "7g.141gb", 1),
+        ("p5.48xlarge", "1g.10gb", 7),
+        ("p5.48xlarge", "3g.40gb", 2),
+        ("g7e.2xlarge", "1g.24gb", 4),
+        ("g7e.2xlarge", "1g.24gb-me", 4),
+        ("g7e.2xlarge", "2g.48gb+gfx", 2),
+        ("g7e.2xlarge", "4g.96gb", 1),
+    ],
+)
+def test_every_profile_converges_through_nvml_with_compute_instances_spanning_their_gpu_instance(
+    monkeypatch, instance_type, profile, count
+):
+    # Given a card whose NVML answers with its real profile IDs, distinct from the indices
+    fake = FakeGpuBackend.for_instance_type(instance_type)
+    monkeypatch.setitem(sys.modules, "pynvml", pynvml_over_fake.build(fake))
+    backend = NvmlBackend()
+    backend.mps = fake.mps
+    spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {profile: count}}]})
+    # When the layout is applied through NVML
+    with backend.session():
+        result = apply(backend, spec)
+    # Then it converges, and every compute instance spans its whole GPU instance
+    assert result.ok, result.remaining
+    spans = _spans(fake, 0)
+    assert len(spans) == count
+    assert all(held == own for _p, own, held in spans), spans
+
+
+def test_a_compute_instance_smaller_than_its_gpu_instance_is_a_difference_and_apply_fixes_it(stub):
+    # Given a 3g GPU instance that holds only a 1-slice compute instance (what a wrong profile gives)
+    fake, _nv = stub
+    backend = NvmlBackend()
+    backend.mps = fake.mps
+    with fake.session():
+        fake.set_mig_mode(0, True)
+        gi = fake.create_gpu_instance(0, fake.profiles(0)["3g.71gb"].profile_id, 0)
+        fake.create_compute_instance(0, gi, 0)
+    spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.71gb": 1}}]})
+    # When the GPUs are compared with a spec asking for that GPU instance
+    with backend.session():
+        diff = spec_differences(read_all(backend), spec)
+        # Then the difference is named
+        assert any("compute instances hold 1 of its 3 compute slices" in d for d in diff), diff
+        # And apply replaces the compute instance with one spanning the GPU instance
+        result = apply(backend, spec)
+    assert result.ok, result.remaining
+    assert _spans(fake, 0) == [("3g.71gb", 3, 3)]
+
+
+def test_an_nvml_failure_part_way_is_a_report_not_a_crash(stub):
+    # Given NVML refuses the third compute instance
+    from host_agent import verbs
+
+    fake, _nv = stub
+    fake.inject_fault("create_compute_instance", e.NVML_ERROR_UNKNOWN, skip=2)
+    backend = NvmlBackend()
+    backend.mps = fake.mps
+    ctx = verbs.Context(backend=backend, instance_id="i-1")
+    spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"1g.18gb": 7}}]})
+    # When the layout is applied
+    report = verbs.do_apply(ctx, spec)
+    # Then the agent reports the failure with NVML's code and what remains, instead of raising
+    assert not report.ok
+    assert report.error.code == "gpu_error"
+    assert report.error.details["nvml_error"] == "NVML_ERROR_UNKNOWN"
+    assert any("not done" in r or "no compute instance" in r for r in report.remaining)
+    assert report.inventory is not None
+    assert report.inventory.gpu_count == 8
+
+
+def test_an_nvml_error_from_an_unwrapped_call_still_becomes_the_agents_error(stub):
+    # Given an NVML call that fails in a way no caller expects
+    import pynvml as real
+
+    _fake, nv = stub
+
+    def broken(h):
+        raise real.NVMLError(real.NVML_ERROR_GPU_IS_LOST)
+
+    nv.nvmlDeviceGetCudaComputeCapability = broken
+    nv.nvmlDeviceGetMigMode = broken
+    backend = NvmlBackend()
+    # When the GPUs are read / Then the agent's typed error names the call and NVML's code
+    with pytest.raises(e.GpuError, match="NVML_ERROR_GPU_IS_LOST"), backend.session():
+        backend.gpu(0)
+
+
+def _zombie():
+    """A child that has exited and is not reaped yet: /proc/<pid> stays, in state Z."""
+    import subprocess
+    import time
+
+    from host_agent.nvml import proc_state
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while proc_state(child.pid) != "Z":
+        time.sleep(0.01)
+    return child  # keep the Popen: dropping it lets subprocess reap the child
+
+
+def test_a_process_that_ignores_sigterm_is_killed_and_waited_for(monkeypatch):
+    import os
+    import subprocess
+
+    from host_agent import nvml
+    from host_agent.nvml import is_live, proc_state
+
+    # Given a tenant process that ignores SIGTERM
+    monkeypatch.setattr(nvml, "KILL_GRACE_SECONDS", 0.3)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout.readline() == b"up\n"
+    try:
+        # When reclaim stops it
+        NvmlBackend().kill_process(0, child.pid)
+        # Then by the time the call returns it no longer runs: at most a zombie, which is not a tenant
+        assert proc_state(child.pid) == "Z"
+        assert os.path.exists(f"/proc/{child.pid}")
+        assert not is_live(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_zombie_on_the_gpu_is_not_a_live_tenant(stub):
+    # Given NVML still lists a process that has exited but was not reaped
+    fake, _nv = stub
+    child = _zombie()
+    pid = child.pid
+    with fake.session():
+        fake.start_process(0, fake.gpu(0).uuid, name="python")
+        fake.state["gpus"][0]["processes"][-1]["pid"] = pid
+    backend = NvmlBackend()
+    # When the agent lists the GPU's processes / Then the zombie is not among them
+    with backend.session():
+        assert [p.pid for p in backend.processes(0)] == []
+    child.wait()

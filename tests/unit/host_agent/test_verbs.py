@@ -12,23 +12,45 @@ from host_agent.fake import FakeGpuBackend
 pytestmark = pytest.mark.unit
 
 
-class Untouchable(FakeGpuBackend):
-    def session(self):
-        raise AssertionError("the GPUs were touched")
-
-
-def test_an_impossible_layout_is_refused_without_opening_the_gpus():
+def test_an_impossible_layout_is_refused_without_changing_the_gpus_and_still_says_what_is_there():
     # Given a known instance type whose card has no MIG
-    backend = Untouchable.for_instance_type("g6.xlarge")
+    backend = FakeGpuBackend.for_instance_type("g6.xlarge")
     ctx = verbs.Context(backend=backend, instance_id="i-1", instance_type="g6.xlarge", simulated=True)
     # When a MIG layout is applied
     report = verbs.do_apply(
         ctx, parse_layout({"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.5gb": 1}}]})
     )
-    # Then it is refused with the reason, and no GPU was opened
+    # Then it is refused with the reason, and nothing on the GPU changed
     assert not report.ok
     assert report.error.code == "mig_not_supported"
     assert report.slices == []
+    assert backend.mutating_calls == 0
+    # And the report names the hardware found: model, count, memory per GPU
+    assert report.inventory is not None
+    assert report.inventory.gpu_count == 1
+    assert report.inventory.gpu_model == "NVIDIA L4"
+    assert report.inventory.gpus[0].memory_mib == 24 * 1024
+
+
+@pytest.mark.parametrize("verb", ["inventory", "apply", "report", "export"])
+def test_every_first_report_carries_the_gpu_model_count_and_memory(verb):
+    # Given a g7e.12xlarge (two RTX PRO 6000 Blackwell)
+    backend = FakeGpuBackend.for_instance_type("g7e.12xlarge")
+    ctx = verbs.Context(backend=backend, instance_id="i-1", simulated=True)
+    spec = parse_layout({"version": "v1", "gpus": [{"devices": "all", "mps": {"clients": 4}}]})
+    # When the verb runs on a host the control plane has not seen before
+    report = {
+        "inventory": lambda: verbs.do_inventory(ctx),
+        "apply": lambda: verbs.do_apply(ctx, spec),
+        "report": lambda: verbs.do_report(ctx),
+        "export": lambda: verbs.do_export(ctx),
+    }[verb]()
+    # Then its report says what the hardware is, as the control plane needs to check the type
+    inv = report.inventory
+    assert inv is not None
+    assert (inv.gpu_count, inv.gpu_model) == (2, "NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert [g.memory_mib for g in inv.gpus] == [backend.gpu(0).memory_mib] * 2
+    assert "inventory" in report.model_dump(mode="json")
 
 
 def test_a_compute_instance_that_failed_is_reported_failed_and_finished_by_the_next_apply():
