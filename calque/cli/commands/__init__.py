@@ -33,4 +33,5 @@ COMMAND_MODULES: list[str] = [
     "session",
     "quota",
     "demo",
+    "simulate",
 ]
