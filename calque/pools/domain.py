@@ -79,7 +79,8 @@ class ClaimRecord(_Record):
 class WorkerRecord(_Record):
     pool: str
     worker_id: str
-    instance_id: str
+    instance_id: str  # "-" until the capacity provider names it
+    capacity_ref: str = ""  # the capacity provider's name for this worker's instance
     state: str = W_STARTING
     launched_at: float
     idle_since: float | None = None

@@ -77,17 +77,26 @@ class ObjectStore(Protocol):
     def get_json(self, key: str) -> Any: ...
 
 
+@dataclass(frozen=True)
+class Grant:
+    """Capacity granted for one worker: ``ref`` names it to the capacity provider (the fleet's
+    acquisition request id); ``instance_id`` is known at once, or later (None) when the
+    instance is still being launched."""
+
+    ref: str
+    instance_id: str | None = None
+
+
 class Capacity(Protocol):
     """Where pool workers come from: the fleet (layer 0). Pools never call EC2.
 
-    ``acquire`` asks for ``count`` instances for the pool, each to run one worker whose id
-    is given; it returns the instance ids granted (fewer than asked when the fleet or the
-    budget refuses the rest). ``release`` hands one instance back."""
+    ``acquire`` asks for one instance per worker id given; it returns a grant for every
+    worker that got one (fewer than asked when the fleet or the budget refuses the rest).
+    ``release`` hands one back."""
 
-    def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, str]:
-        """worker_id -> instance_id for every worker that got an instance."""
+    def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]: ...
 
-    def release(self, pool: PoolRecord, worker_id: str, instance_id: str) -> None: ...
+    def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None: ...
 
 
 class Nudge(Protocol):

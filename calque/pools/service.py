@@ -17,7 +17,7 @@ from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolCreate, PoolDel
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.identity import Caller
 from calque.pools import domain as d
-from calque.pools.ports import Capacity, Clock, Nudge, ObjectStore, PoolQueues, PoolStore, QueueRefs
+from calque.pools.ports import Capacity, Clock, Grant, Nudge, ObjectStore, PoolQueues, PoolStore, QueueRefs
 from calque.pools.scaler import (
     Backlog,
     Decision,
@@ -39,6 +39,10 @@ class PoolsConfig:
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _grant(w: d.WorkerRecord) -> Grant:
+    return Grant(ref=w.capacity_ref, instance_id=None if w.instance_id == "-" else w.instance_id)
 
 
 def _require_admin(who: Caller, what: str) -> None:
@@ -193,7 +197,7 @@ class Pools:
         if not force and (visible or in_flight or busy):
             return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": visible + in_flight}
         for w in workers:
-            self.capacity.release(pool, w.worker_id, w.instance_id)
+            self.capacity.release(pool, w.worker_id, _grant(w))
             self.store.delete_worker(pool.name, w.worker_id)
         if force:
             for c in self.store.claims_of_pool(pool.name, limit=10_000):
@@ -387,7 +391,7 @@ class Pools:
         workers = self.store.workers(name)
         for w in workers:  # a worker that exited (idle timeout, crash) gives its instance back
             if w.state == d.W_EXITED:
-                self.capacity.release(pool, w.worker_id, w.instance_id)
+                self.capacity.release(pool, w.worker_id, _grant(w))
                 self.store.delete_worker(name, w.worker_id)
         workers = [w for w in workers if w.state != d.W_EXITED]
         visible, in_flight = self.queues.depth(pool.queue_url)
@@ -414,14 +418,17 @@ class Pools:
             granted = self.capacity.acquire(pool, ids)
             for wid in ids:
                 if wid in granted:
-                    self.store.update_worker(name, wid, {"instance_id": granted[wid]})
+                    g = granted[wid]
+                    self.store.update_worker(
+                        name, wid, {"instance_id": g.instance_id or "-", "capacity_ref": g.ref}
+                    )
                 else:
                     self.store.delete_worker(name, wid)
             record["granted"] = len(granted)
         by_id = {w.worker_id: w for w in workers}
         for wid in decision.remove:
             w = by_id[wid]
-            self.capacity.release(pool, wid, w.instance_id)
+            self.capacity.release(pool, wid, _grant(w))
             self.store.delete_worker(name, wid)
         after = decision.history_after(history)
         self.store.update_pool(

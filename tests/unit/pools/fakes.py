@@ -8,7 +8,7 @@ from typing import Any
 
 from calque.identity import Caller
 from calque.pools.domain import PoolRecord
-from calque.pools.ports import DeadLetter, QueueRefs
+from calque.pools.ports import DeadLetter, Grant, QueueRefs
 from calque.pools.service import Pools, PoolsConfig
 from calque.registry.pools import MemoryPoolStore
 
@@ -90,18 +90,19 @@ class FakeCapacity:
     released: list[str] = field(default_factory=list)
     counter: int = 0
 
-    def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, str]:
+    def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
         granted = {}
         for wid in worker_ids:
             if len(self.held) >= self.available:
                 break
             self.counter += 1
-            granted[wid] = self.held[wid] = f"i-{self.counter:08d}"
+            self.held[wid] = f"i-{self.counter:08d}"
+            granted[wid] = Grant(ref=f"r-{self.counter:08d}", instance_id=self.held[wid])
         return granted
 
-    def release(self, pool: PoolRecord, worker_id: str, instance_id: str) -> None:
+    def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
         self.held.pop(worker_id, None)
-        self.released.append(instance_id)
+        self.released.append(grant.instance_id or grant.ref)
 
 
 @dataclass

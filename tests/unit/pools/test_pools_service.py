@@ -41,7 +41,7 @@ def start_worker(world: World, pool: str = "textstats") -> tuple[str, str]:
     world.store.update_pool(pool, {"min_workers": 1})
     world.pools.scale(pool)
     world.store.update_pool(pool, {"min_workers": 0})
-    w = [w for w in world.store.workers(pool) if w.state == "starting"][0]
+    w = next(w for w in world.store.workers(pool) if w.state == "starting")
     world.pools.worker_report(
         instance(w.instance_id),
         HOST_ROLE,
