@@ -179,6 +179,7 @@ ENV_POOL_QUEUE_PREFIX = "CALQUE_POOL_QUEUE_PREFIX"
 ENV_POOL_NUDGES_QUEUE_URL = "CALQUE_POOL_NUDGES_QUEUE_URL"
 ENV_POOL_CAPACITY = "CALQUE_POOL_CAPACITY"
 POOL_QUEUE_PREFIX_LOCAL = "calque-local-pool"
+POOL_QUEUE_PREFIX_DEPLOYED = "calque-pool"
 FUNCTION_WIRING["api"] = (*FUNCTION_WIRING["api"], "artifact_bucket", "pool_queues", "pool_nudges_queue")
 FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
 FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")

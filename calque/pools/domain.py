@@ -83,6 +83,7 @@ class WorkerRecord(_Record):
     capacity_ref: str = ""  # the capacity provider's name for this worker's instance
     state: str = W_STARTING
     launched_at: float
+    seen_at: float | None = None  # the worker's last report (it reports at least every visibility/2)
     idle_since: float | None = None
     enter_seconds: float | None = None
     claim_id: str | None = None

@@ -35,6 +35,14 @@ class PoolsConfig:
     visibility_s: int = 60  # the queue's visibility; workers beat every third of it
     decisions_kept: int = 50
     dlq_hide_s: int = 12 * 3600  # a dead letter already marked is not re-read for this long
+    # A worker that has not reported for this long is gone (killed, crashed, instance lost):
+    # its instance is released and its claim comes back through SQS. Workers report at
+    # least every visibility/2, so this is several missed reports.
+    worker_start_timeout_s: int = 900  # capacity granted, but the worker never reported
+
+    @property
+    def worker_stale_s(self) -> float:
+        return max(10.0, 2.0 * self.visibility_s)
 
 
 def _iso(epoch: float) -> str:
@@ -370,8 +378,11 @@ class Pools:
     ) -> dict[str, Any]:
         self._check_worker(who, host_role, pool, worker_id, rep.instance_id)
         now = self.clock.now()
-        changes: dict[str, Any] = {"state": rep.state, "reason": rep.reason}
-        if rep.state == d.W_IDLE:
+        changes: dict[str, Any] = {"state": rep.state, "reason": rep.reason, "seen_at": now}
+        current = next((w for w in self.store.workers(pool) if w.worker_id == worker_id), None)
+        if rep.state == d.W_IDLE and current is not None and current.state == d.W_IDLE:
+            changes.pop("state")  # still idle: keep when it became idle, for the idle timeout
+        elif rep.state == d.W_IDLE:
             changes.update(idle_since=now, claim_id=None)
         elif rep.state == d.W_BUSY:
             changes.update(idle_since=None, claim_id=rep.claim_id)
@@ -394,6 +405,15 @@ class Pools:
                 self.capacity.release(pool, w.worker_id, _grant(w))
                 self.store.delete_worker(name, w.worker_id)
         workers = [w for w in workers if w.state != d.W_EXITED]
+        for w in list(workers):  # a worker that went silent is gone: give its instance back
+            silent_for = now - (w.seen_at if w.seen_at is not None else w.launched_at)
+            limit = (
+                self.config.worker_start_timeout_s if w.state == d.W_STARTING else self.config.worker_stale_s
+            )
+            if silent_for > limit:
+                self.capacity.release(pool, w.worker_id, _grant(w))
+                self.store.delete_worker(name, w.worker_id)
+                workers.remove(w)
         visible, in_flight = self.queues.depth(pool.queue_url)
         views = [
             WorkerView(w.worker_id, WorkerState(w.state), w.idle_since)

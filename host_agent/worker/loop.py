@@ -50,8 +50,17 @@ class WorkerConfig:
 class _Heartbeat:
     """Extends one message's visibility every ``every_s`` until stopped."""
 
-    def __init__(self, sqs: Any, queue_url: str, receipt: str, visibility_s: int, every_s: float):
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        receipt: str,
+        visibility_s: int,
+        every_s: float,
+        on_beat: Callable[[], None] | None = None,
+    ):
         self._stop = threading.Event()
+        self._on_beat = on_beat
         self._thread = threading.Thread(
             target=self._beat, args=(sqs, queue_url, receipt, visibility_s, every_s), daemon=True
         )
@@ -94,6 +103,14 @@ class Worker:
         self.supervisor = Supervisor(config.runner, config.package_path)
         self.stopping = False
         self.claims_run = 0
+        self._last_report = 0.0
+        self._state = "starting"
+        self._claim_id: str | None = None
+
+    @property
+    def report_every_s(self) -> float:
+        """Liveness: the control plane counts a worker silent for three of these as gone."""
+        return max(1.0, self.config.visibility_s / 2)
 
     # lifecycle
     def request_stop(self, *_: Any) -> None:
@@ -101,6 +118,9 @@ class Worker:
         self.stopping = True
 
     def _report_self(self, state: str, **extra: Any) -> None:
+        self._state, self._last_report = state, self.clock()
+        if state == "busy":
+            self._claim_id = extra.get("claim_id")
         body = {"instance_id": self.config.instance_id, "state": state, **extra}
         try:
             self.control.worker(self.config.pool, self.config.worker_id, body)
@@ -122,7 +142,9 @@ class Worker:
                 if left <= 0:
                     self._report_self("exited", reason=f"idle for {self.config.idle_timeout_s:.0f}s")
                     return 0
-                wait = int(max(1, min(self.config.poll_wait_s, left)))
+                if self.clock() - self._last_report >= self.report_every_s:
+                    self._report_self("idle")  # still here
+                wait = int(max(1, min(self.config.poll_wait_s, left, self.report_every_s)))
                 resp = self.sqs.receive_message(
                     QueueUrl=self.config.queue_url,
                     MaxNumberOfMessages=1,
@@ -157,7 +179,12 @@ class Worker:
         self._report_self("busy", claim_id=claim_id)
         try:
             with _Heartbeat(
-                self.sqs, self.config.queue_url, receipt, self.config.visibility_s, self.config.heartbeat_s
+                self.sqs,
+                self.config.queue_url,
+                receipt,
+                self.config.visibility_s,
+                self.config.heartbeat_s,
+                on_beat=self._still_busy,
             ):
                 outcome, logs = self._attempt(pointer, attempt)
             if not outcome.ok:
@@ -178,6 +205,10 @@ class Worker:
             return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
         finally:
             self._report_self("idle")
+
+    def _still_busy(self) -> None:
+        if self.clock() - self._last_report >= self.report_every_s:
+            self._report_self("busy", claim_id=self._claim_id)
 
     def _attempt(self, pointer: dict[str, Any], attempt: int) -> Any:
         manifest = pointer["manifest"]

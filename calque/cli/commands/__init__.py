@@ -34,4 +34,6 @@ COMMAND_MODULES: list[str] = [
     "quota",
     "demo",
     "simulate",
+    "pool",
+    "claim",
 ]

@@ -226,6 +226,14 @@ def test_the_scaler_asks_capacity_for_workers_and_releases_idle_ones_after_the_t
             WorkerReport(instance_id=w.instance_id, state="idle"),
         )
     world.clock.t += 3600
+    for w in world.store.workers("textstats"):  # alive, and idle all along
+        world.pools.worker_report(
+            instance(w.instance_id),
+            HOST_ROLE,
+            "textstats",
+            w.worker_id,
+            WorkerReport(instance_id=w.instance_id, state="idle"),
+        )
     last = world.pools.scale("textstats")
     assert last.action.value == "scale_in"
     assert world.store.workers("textstats") == []
@@ -245,6 +253,13 @@ def test_a_busy_worker_is_never_released(world):
         WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
     )
     world.clock.t += 10_000
+    world.pools.worker_report(  # still running its claim, hours later
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
+    )
     world.pools.scale("textstats")
     assert [w.worker_id for w in world.store.workers("textstats")] == [wid]
     assert world.capacity.released == []
@@ -274,3 +289,25 @@ def test_delete_waits_for_the_backlog_unless_now(world):
     assert world.store.get_pool("textstats") is None
     assert "sqs://textstats-dlq" in world.queues.deleted
     assert {c.state for c in world.store.claims.values()} == {"cancelled"}
+
+
+def test_a_worker_that_went_silent_is_released_and_replaced_while_claims_wait(world):
+    # Given a busy worker that stops reporting (its process was killed)
+    wid, iid = start_worker(world)
+    world.pools.worker_report(
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
+    )
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    # When the scaler runs after more than the staleness limit
+    world.clock.t += world.pools.config.worker_stale_s + 1
+    world.pools.scale("textstats")
+    # Then its instance is released, and a new worker is asked for the waiting claim
+    assert iid in world.capacity.released
+    workers = world.store.workers("textstats")
+    assert [w.worker_id for w in workers] != [wid]
+    assert len(workers) == 1
+    assert workers[0].state == "starting"
