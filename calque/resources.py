@@ -151,3 +151,35 @@ HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "
 # launches or adopts a host tags it so (the deployed IAM policy conditions on it).
 HOST_TAG_KEY = "calque:host"
 HOST_TAG_VALUE = "managed"
+
+
+# -- Warm pools (layer 1): the scaler (schedule + the nudge queue a submit writes to) and the
+# DLQ consumer (per-pool DLQs are created with each pool, so it reads them on a schedule).
+FUNCTIONS += (
+    FunctionDef(
+        "pool_scaler",
+        "functions.pool_scaler.handler.lambda_handler",
+        timeout_s=60,
+        description="sizes each warm pool from its backlog through the fleet; records every decision",
+    ),
+    FunctionDef(
+        "pool_dlq",
+        "functions.pool_dlq.handler.lambda_handler",
+        timeout_s=60,
+        description="marks failed the claims whose messages reached a pool's DLQ",
+    ),
+)
+QUEUES += (QueueDef("pool_nudges", consumer="pool_scaler", batch_size=10, max_receive_count=3),)
+SCHEDULES += (
+    ScheduleDef("pool_scaler", target="pool_scaler", rate_s=60, description="size every pool"),
+    ScheduleDef("pool_dlq", target="pool_dlq", rate_s=60, description="mark dead-lettered claims failed"),
+)
+ENV_ARTIFACT_BUCKET = "CALQUE_ARTIFACT_BUCKET"
+ENV_POOL_QUEUE_PREFIX = "CALQUE_POOL_QUEUE_PREFIX"
+ENV_POOL_NUDGES_QUEUE_URL = "CALQUE_POOL_NUDGES_QUEUE_URL"
+ENV_POOL_CAPACITY = "CALQUE_POOL_CAPACITY"
+POOL_QUEUE_PREFIX_LOCAL = "calque-local-pool"
+POOL_QUEUE_PREFIX_DEPLOYED = "calque-pool"
+FUNCTION_WIRING["api"] = (*FUNCTION_WIRING["api"], "artifact_bucket", "pool_queues", "pool_nudges_queue")
+FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
+FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")

@@ -63,6 +63,27 @@ class ReaperSettings(CommonSettings):
     reclaim_timeout_s: int = Field(alias="CALQUE_RECLAIM_TIMEOUT_S", default=300, gt=0)
 
 
+class PoolSettings(CommonSettings):
+    """What the pools need, in the API, the pool scaler and the DLQ consumer."""
+
+    artifact_bucket: str = Field(alias="CALQUE_ARTIFACT_BUCKET", min_length=1)
+    pool_queue_prefix: str = Field(alias="CALQUE_POOL_QUEUE_PREFIX", min_length=1, max_length=40)
+    pool_nudges_queue_url: str = Field(alias="CALQUE_POOL_NUDGES_QUEUE_URL", min_length=1)
+    host_role_name: str = Field(alias="CALQUE_HOST_ROLE_NAME", min_length=1)
+    # Deliveries of a claim before its message goes to the pool's DLQ, and the pool queue's
+    # visibility timeout (workers extend it every third of it while they run a claim).
+    pool_max_receives: int = Field(alias="CALQUE_POOL_MAX_RECEIVES", default=3, ge=1, le=1000)
+    pool_visibility_s: int = Field(alias="CALQUE_POOL_VISIBILITY_S", default=60, ge=3, le=43200)
+    # Where workers' instances come from: "fleet" (layer 0), or "local" (the local plane's
+    # simulated hosts, workers as processes on the plane's machine).
+    pool_capacity: str = Field(alias="CALQUE_POOL_CAPACITY", default="fleet", pattern="^(fleet|local)$")
+
+
+@cache
+def pool_settings() -> PoolSettings:
+    return PoolSettings.from_env()
+
+
 @cache
 def api_settings() -> ApiSettings:
     return ApiSettings.from_env()
@@ -83,3 +104,4 @@ def clear_caches() -> None:
     api_settings.cache_clear()
     host_tasks_settings.cache_clear()
     reaper_settings.cache_clear()
+    pool_settings.cache_clear()

@@ -150,6 +150,7 @@ class LocalPlane:
             )
             endpoint = self.front.bind()
             os.environ.update(self.resources.handler_env())
+            os.environ.update(self._pool_env())
             os.environ[resources.ENV_API_ENDPOINT] = endpoint
             self._clear_caches()
             self._sync_admins()
@@ -193,6 +194,10 @@ class LocalPlane:
             poller.stop()
         if self.executor is not None:
             self.executor.stop()
+        if self._lock_handle is not None:  # warm pools: the worker processes this plane started
+            from calque.local.pool_hosts import stop_all
+
+            stop_all(self.state)
         if self.front is not None:
             self.front.stop()
         if self.functions is not None:
@@ -229,6 +234,20 @@ class LocalPlane:
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
         os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "Calque")
         self._clear_caches()
+
+    def _pool_env(self) -> dict[str, str]:
+        """Warm pools on the local plane: workers on simulated hosts (calque/local/pool_hosts.py)."""
+        import math
+
+        scaled = str(max(3, math.ceil(60 * self.queue_scale)))
+        visibility = os.environ.get("CALQUE_POOL_VISIBILITY_S") or scaled
+        return {
+            resources.ENV_ARTIFACT_BUCKET: self.resources.bucket_name,
+            resources.ENV_POOL_QUEUE_PREFIX: resources.POOL_QUEUE_PREFIX_LOCAL,
+            resources.ENV_POOL_CAPACITY: "local",
+            "CALQUE_POOL_VISIBILITY_S": visibility,
+            "CALQUE_LOCAL_STATE_DIR": str(self.state.path),
+        }
 
     def _clear_caches(self) -> None:
         from calque import aws, settings

@@ -1,0 +1,331 @@
+"""``calque pool create | list | status | update | delete | submit``: warm pools and their claims."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from calque.cli.durations import duration_arg, format_duration
+from calque.cli.errors import CliError
+from calque.cli.output import Column
+
+POOL_COLUMNS: list[Column] = [
+    ("name", "name"),
+    ("model", "model"),
+    ("instance_type", "instance_type"),
+    ("state", "state"),
+    ("workers", lambda p: f"{p.get('min_workers')}..{p.get('max_workers')}"),
+    ("target", "target_backlog_per_worker"),
+    ("idle_timeout", lambda p: format_duration(p.get("idle_timeout_s") or 0)),
+]
+
+WORKER_COLUMNS: list[Column] = [
+    ("worker_id", "worker_id"),
+    ("instance_id", "instance_id"),
+    ("state", "state"),
+    ("claim", "claim_id"),
+    ("enter_s", "enter_seconds"),
+]
+
+DECISION_COLUMNS: list[Column] = [
+    ("at", lambda d: _clock(d.get("at"))),
+    ("action", "action"),
+    ("desired", "desired"),
+    ("current", "current"),
+    ("reason", "reason"),
+]
+
+
+def _clock(epoch: Any) -> str:
+    from datetime import UTC, datetime
+
+    return "-" if epoch is None else datetime.fromtimestamp(float(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    p.add_argument("--min-workers", type=_non_negative_int, default=0 if defaults else None, metavar="N")
+    p.add_argument("--max-workers", type=_positive_int, default=4 if defaults else None, metavar="N")
+    p.add_argument(
+        "--target-backlog-per-worker", type=_positive_int, default=1 if defaults else None, metavar="K"
+    )
+    p.add_argument(
+        "--idle-timeout", type=duration_arg, default=1800 if defaults else None, metavar="DURATION",
+        help="how long a worker may idle before it goes (default 30m)" if defaults else None,
+    )  # fmt: skip
+
+
+def register(subparsers: Any) -> None:
+    from calque.cli.commands.host import _positive_int as _pos
+    from calque.cli.commands.host import mig_arg
+    from calque.cli.main import command_group
+
+    group = command_group(
+        subparsers, "pool", help="warm pools: a model kept loaded on workers, sized by backlog"
+    )
+
+    p = group.add_parser("create", help="create a pool (admins)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--model", required=True, metavar="M", help="the model the pool keeps warm (a label)")
+    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument(
+        "--runner", required=True, metavar="MODULE:CLASS", help="the runner class (enter/run/exit)"
+    )
+    p.add_argument(
+        "--package", required=True, metavar="PATH", help="the directory holding the runner's module"
+    )
+    _sizing(p, defaults=True)
+    layout = p.add_argument_group("layout (one of; none: one worker per GPU)")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
+    layout.add_argument("--mps-slots", type=_pos, metavar="N")
+    layout.add_argument("--spec", metavar="FILE")
+    p.add_argument("--spot", action="store_true", help="ask the fleet for spot capacity")
+    p.add_argument("--i-understand-this-spends-money", action="store_true", dest="accept_spend")
+    p.set_defaults(func=_create)
+
+    p = group.add_parser("list", help="every pool")
+    p.set_defaults(func=lambda ctx, args: do_list(ctx))
+
+    p = group.add_parser("status", help="a pool's workers, backlog, warm hits and last scaling decisions")
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=lambda ctx, args: do_status(ctx, name=args.name))
+
+    p = group.add_parser("update", help="change a pool's sizing (admins)")
+    p.add_argument("name", metavar="NAME")
+    _sizing(p, defaults=False)
+    p.set_defaults(func=_update)
+
+    p = group.add_parser(
+        "delete", help="stop taking claims, drain, release instances, delete queues (admins)"
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--now", action="store_true", help="do not wait for the backlog: cancel what is left")
+    p.add_argument("--i-understand-this-terminates-instances", action="store_true", dest="accept_terminate")
+    p.set_defaults(
+        func=lambda ctx, args: do_delete(ctx, name=args.name, now=args.now, accept=args.accept_terminate)
+    )
+
+    p = group.add_parser("submit", help="submit a claim: the items of a JSON Lines file")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--items", required=True, metavar="FILE.jsonl", help="one JSON value per line")
+    p.add_argument("--wait", action="store_true", help="wait for the claim to finish (progress on stderr)")
+    p.add_argument(
+        "--timeout", type=duration_arg, default=3600, metavar="DURATION", help="with --wait (default 1h)"
+    )
+    p.set_defaults(func=lambda ctx, args: do_submit(ctx, name=args.name, items=args.items, wait=args.wait,
+                                                    timeout_s=args.timeout))  # fmt: skip
+
+
+def _create(ctx: Any, args: argparse.Namespace) -> None:
+    do_create(
+        ctx,
+        name=args.name,
+        model=args.model,
+        instance_type=args.instance_type,
+        runner=args.runner,
+        package=args.package,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        target_backlog_per_worker=args.target_backlog_per_worker,
+        idle_timeout_s=args.idle_timeout,
+        mig=args.mig,
+        mps_slots=args.mps_slots,
+        spec=args.spec,
+        spot=args.spot,
+        accept_spend=args.accept_spend,
+    )
+
+
+def do_create(
+    ctx: Any,
+    *,
+    name: str,
+    model: str,
+    instance_type: str,
+    runner: str,
+    package: str,
+    min_workers: int = 0,
+    max_workers: int = 4,
+    target_backlog_per_worker: int = 1,
+    idle_timeout_s: int = 1800,
+    mig: dict[str, int] | None = None,
+    mps_slots: int | None = None,
+    spec: str | None = None,
+    spot: bool = False,
+    accept_spend: bool = False,
+) -> None:
+    from calque.cli.commands.host import layout_from_flags
+
+    if not accept_spend:
+        raise CliError(
+            "a pool holds instances that cost money while they run; create it only with "
+            "--i-understand-this-spends-money",
+            code="consent_required",
+            details={"field": "i_understand_this_spends_money"},
+        )
+    layout = layout_from_flags(mig=mig, mps_slots=mps_slots, spec=spec)
+    path = Path(package).expanduser()
+    if not path.is_dir():
+        raise CliError(
+            f"--package {package}: not a directory", code="invalid_input", details={"field": "package"}
+        )
+    if ctx._resolve()[1] is None:
+        raise CliError(
+            "staging a runner package to a deployed control plane is not available yet; "
+            "pools run from a local directory on the local plane only",
+            code="not_supported",
+            details={"field": "package"},
+        )
+    body = {
+        "name": name,
+        "model": model,
+        "instance_type": instance_type,
+        "runner": runner,
+        "package_path": str(path.resolve()),
+        "min_workers": min_workers,
+        "max_workers": max_workers,
+        "target_backlog_per_worker": target_backlog_per_worker,
+        "idle_timeout_s": idle_timeout_s,
+        "layout": layout,
+        "spot": spot,
+        "i_understand_this_spends_money": True,
+    }
+    pool = ctx.client().request("POST", "/v1/pools", body)
+    ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
+
+
+def do_list(ctx: Any) -> None:
+    ctx.emit(ctx.client().request("GET", "/v1/pools"), columns=POOL_COLUMNS)
+
+
+def render_status(pool: dict[str, Any]) -> str:
+    from calque.cli.output import render_fields, render_table
+
+    st = pool.get("status") or {}
+    backlog = st.get("backlog") or {}
+    claims = st.get("claims") or {}
+    completed = st.get("completed") or 0
+    fields: list[Column] = [
+        ("name", "name"),
+        ("model", "model"),
+        ("instance_type", "instance_type"),
+        ("state", "state"),
+        (
+            "workers",
+            lambda p: f"{len(st.get('workers') or [])} (min {p['min_workers']}, max {p['max_workers']})",
+        ),
+        (
+            "backlog",
+            lambda p: f"{backlog.get('visible', 0)} visible, {backlog.get('in_flight', 0)} in flight",
+        ),
+        (
+            "oldest_claim",
+            lambda p: "-" if st.get("oldest_claim_age_s") is None else f"{st['oldest_claim_age_s']}s",
+        ),
+        ("claims", lambda p: ", ".join(f"{v} {k}" for k, v in claims.items() if v) or "none"),
+        ("warm_hits", lambda p: f"{st.get('warm_hits', 0)} of {completed} completed"),
+    ]
+    parts = [render_fields(pool, fields)]
+    parts.append("\nWorkers:\n" + render_table(st.get("workers") or [], WORKER_COLUMNS))
+    parts.append("\nLast scaling decisions:\n" + render_table(st.get("decisions") or [], DECISION_COLUMNS))
+    last = st.get("last_decision")
+    if last:
+        parts.append(f"\nLatest check: {last.get('action')}: {last.get('reason')}")
+    return "\n".join(parts)
+
+
+def do_status(ctx: Any, *, name: str) -> None:
+    pool = ctx.client().request("GET", f"/v1/pools/{quote(name, safe='')}")
+    ctx.emit(pool, text=None if ctx.json else render_status(pool))
+
+
+def _update(ctx: Any, args: argparse.Namespace) -> None:
+    do_update(
+        ctx,
+        name=args.name,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        target_backlog_per_worker=args.target_backlog_per_worker,
+        idle_timeout_s=args.idle_timeout,
+    )
+
+
+def do_update(ctx: Any, *, name: str, **changes: Any) -> None:
+    body = {k: v for k, v in changes.items() if v is not None}
+    if not body:
+        raise CliError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker or "
+                       "--idle-timeout", code="invalid_input")  # fmt: skip
+    pool = ctx.client().request("PATCH", f"/v1/pools/{quote(name, safe='')}", body)
+    ctx.emit(pool, columns=POOL_COLUMNS)
+
+
+def do_delete(ctx: Any, *, name: str, now: bool = False, accept: bool = False) -> None:
+    if not accept:
+        raise CliError(
+            "deleting a pool releases its instances; delete it only with "
+            "--i-understand-this-terminates-instances",
+            code="consent_required",
+            details={"field": "i_understand_this_terminates_instances"},
+        )
+    body = {"i_understand_this_terminates_instances": True, "now": now}
+    out = ctx.client().request("DELETE", f"/v1/pools/{quote(name, safe='')}", body)
+    ctx.emit(out)
+
+
+def read_items(path: str) -> list[Any]:
+    """The items of a JSON Lines file; a bad line is refused by its number, nothing is sent."""
+    import json
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", code="invalid_input") from None
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise CliError(
+                f"{path} line {number}: not JSON ({exc.msg})",
+                code="invalid_input",
+                details={"line": number},
+            ) from None
+    if not items:
+        raise CliError(f"{path} holds no items (one JSON value per line)", code="invalid_input")
+    return items
+
+
+def do_submit(ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600) -> None:
+    from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
+
+    values = read_items(items)
+    claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", {"items": values})
+    if wait:
+        claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
+    ctx.emit(claim, columns=CLAIM_FIELDS)
+    if wait and claim.get("state") != "succeeded":
+        raise CliError(
+            f"claim {claim['claim_id']} {claim.get('state')}: {claim.get('reason') or 'no reason recorded'}",
+            code=f"claim_{claim.get('state')}",
+            details={"claim_id": claim["claim_id"]},
+        )

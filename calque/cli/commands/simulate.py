@@ -1,0 +1,160 @@
+"""``calque simulate ...``: replay traces through the real decision code on a virtual clock.
+
+Runs entirely on this machine; no endpoint or credentials needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calque.cli.durations import duration_arg
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    from calque.cli.main import command_group
+
+    group = command_group(
+        subparsers, "simulate", help="replay a trace through the real scaling/placement code"
+    )
+
+    p = group.add_parser("pool", help="replay a claim arrival trace through a pool and its scaler")
+    p.add_argument(
+        "--trace", required=True, metavar="FILE.csv", help="CSV: arrival_s, service_s[, items, model]"
+    )
+    p.add_argument("--instance-type", required=True, metavar="T", help="the pool's instance type (for cost)")
+    p.add_argument("--policy", choices=("scaler", "static"), default="scaler", help="default: scaler")
+    p.add_argument(
+        "--workers", type=_positive_int, default=None, metavar="N", help="static pool size (--policy static)"
+    )
+    p.add_argument("--cold-start", type=duration_arg, default=180, metavar="DURATION", help="default 180s")
+    p.add_argument(
+        "--enter", type=duration_arg, default=60, metavar="DURATION", help="model load, default 60s"
+    )
+    p.add_argument("--min-workers", type=_non_negative_int, default=0, metavar="N", help="default 0")
+    p.add_argument("--max-workers", type=_positive_int, default=8, metavar="N", help="default 8")
+    p.add_argument(
+        "--target-backlog-per-worker", type=_positive_int, default=1, metavar="K", help="default 1"
+    )
+    p.add_argument("--idle-timeout", type=duration_arg, default=600, metavar="DURATION", help="default 10m")
+    p.add_argument(
+        "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
+    )
+    p.add_argument(
+        "--plot", metavar="FILE.png", default=None, help="draw backlog and workers (needs matplotlib)"
+    )
+    p.set_defaults(func=_pool)
+
+
+def _pool(ctx: Any, args: argparse.Namespace) -> None:
+    do_pool(
+        ctx,
+        trace=args.trace,
+        instance_type=args.instance_type,
+        policy=args.policy,
+        workers=args.workers,
+        cold_start_s=args.cold_start,
+        enter_s=args.enter,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        target_backlog_per_worker=args.target_backlog_per_worker,
+        idle_timeout_s=args.idle_timeout,
+        tick_s=args.tick,
+        plot_path=args.plot,
+    )
+
+
+def do_pool(
+    ctx: Any,
+    *,
+    trace: str,
+    instance_type: str,
+    policy: str = "scaler",
+    workers: int | None = None,
+    cold_start_s: float = 180,
+    enter_s: float = 60,
+    min_workers: int = 0,
+    max_workers: int = 8,
+    target_backlog_per_worker: int = 1,
+    idle_timeout_s: float = 600,
+    tick_s: float = 60,
+    plot_path: str | None = None,
+) -> None:
+    from calque import catalog
+    from calque.cli.errors import CliError
+    from calque.pools.scaler import ScalerConfig
+    from calque.simulate.pool import SimConfig, load_trace, plot, simulate
+
+    itype = catalog.instance_type(instance_type)
+    if policy == "static" and workers is None:
+        raise CliError(
+            "--policy static needs --workers N", code="invalid_input", details={"field": "workers"}
+        )
+    if policy == "scaler" and workers is not None:
+        raise CliError(
+            "--workers sizes a static pool; with --policy scaler use --min-workers/--max-workers",
+            code="invalid_input",
+            details={"field": "workers"},
+        )
+    try:
+        scaler = ScalerConfig(
+            min_workers=min_workers,
+            max_workers=max_workers,
+            target_backlog_per_worker=target_backlog_per_worker,
+            idle_timeout_s=idle_timeout_s,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), code="invalid_input") from None
+    if plot_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError(
+                "--plot needs matplotlib: pip install 'calque[plot]'", code="missing_dependency"
+            ) from None
+    claims = load_trace(trace)
+    config = SimConfig(
+        policy="static" if policy == "static" else "scaler",
+        static_workers=workers or 1,
+        cold_start_s=cold_start_s,
+        enter_s=enter_s,
+        tick_s=tick_s,
+        scaler=scaler,
+    )
+    result = simulate(claims, config, hourly_usd_per_gpu=itype.hourly_usd / itype.gpu_count)
+    summary = {"trace": trace, "instance_type": instance_type, **result.summary()}
+    if plot_path is not None:
+        plot(result, plot_path)
+        summary["plot"] = plot_path
+    if ctx.json:
+        summary["decisions"] = [d.to_record() for d in result.decisions if d.action.value != "hold"]
+        ctx.emit(summary)
+        return
+    counts = summary["scale_decisions"]
+    summary["scale_decisions"] = f"{counts['scale_out']} out, {counts['scale_in']} in"
+    for key in ("wait_p50_s", "wait_p95_s", "wait_max_s"):
+        summary[key] = f"{summary[key]:g}s"
+    summary["warm_hit_rate"] = f"{summary['warm_hit_rate'] * 100:.1f}%"
+    if "paid_usd" in summary:
+        summary["paid_usd"] = f"${summary['paid_usd']:.2f}"
+    ctx.emit(summary)

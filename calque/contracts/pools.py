@@ -1,0 +1,116 @@
+"""API bodies of pools and claims (what crosses the HTTP boundary)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from calque.contracts.common import Out, Strict
+
+NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
+MAX_ITEMS = 10_000
+
+
+class PoolSettings(Strict):
+    min_workers: int = Field(default=0, ge=0, le=256)
+    max_workers: int = Field(default=4, ge=1, le=256)
+    target_backlog_per_worker: int = Field(default=1, ge=1, le=10_000)
+    idle_timeout_s: int = Field(default=1800, ge=10, le=7 * 24 * 3600)
+
+
+class PoolCreate(PoolSettings):
+    name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits and dashes; 3 to 40")
+    model: str = Field(min_length=1, max_length=200)
+    instance_type: str = Field(min_length=1, max_length=40)
+    runner: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="MODULE:CLASS")
+    package_key: str | None = Field(
+        default=None, max_length=500, description="the runner package, staged in the artifact bucket"
+    )
+    package_path: str | None = Field(
+        default=None, max_length=500, description="local plane only: a directory on this machine"
+    )
+    layout: dict[str, Any] | None = None
+    spot: bool = False
+    i_understand_this_spends_money: bool = False
+
+
+class PoolUpdate(Strict):
+    min_workers: int | None = Field(default=None, ge=0, le=256)
+    max_workers: int | None = Field(default=None, ge=1, le=256)
+    target_backlog_per_worker: int | None = Field(default=None, ge=1, le=10_000)
+    idle_timeout_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+
+
+class PoolDelete(Strict):
+    i_understand_this_terminates_instances: bool = False
+    now: bool = False
+
+
+class ClaimSubmit(Strict):
+    items: list[Any] = Field(min_length=1, max_length=MAX_ITEMS)
+
+
+class ClaimReport(Strict):
+    """A worker's report on a claim (instance role only)."""
+
+    event: Literal["started", "attempt_failed", "succeeded"]
+    worker_id: str = Field(min_length=1, max_length=100)
+    instance_id: str = Field(min_length=1, max_length=40)
+    attempt: int = Field(ge=1)
+    reason: str | None = Field(default=None, max_length=4000)
+    result_key: str | None = Field(default=None, max_length=1000)
+    summary: dict[str, Any] | None = None
+
+    @field_validator("reason")
+    @classmethod
+    def _short(cls, v: str | None) -> str | None:
+        return v[:2000] if v else v
+
+
+class WorkerReport(Strict):
+    instance_id: str = Field(min_length=1, max_length=40)
+    state: Literal["idle", "busy", "exited"]
+    enter_seconds: float | None = None
+    claim_id: str | None = None
+    reason: str | None = Field(default=None, max_length=4000)
+
+
+class ClaimReportAnswer(Out):
+    proceed: bool = False
+    completed: bool = False
+    state: str
+
+
+class Pool(Out):
+    name: str
+    model: str
+    instance_type: str
+    runner: str
+    state: str
+    min_workers: int
+    max_workers: int
+    target_backlog_per_worker: int
+    idle_timeout_s: int
+    spot: bool = False
+    layout: dict[str, Any] | None = None
+    created_by: str
+    created_at: str
+    queue_url: str
+    dlq_url: str
+
+
+class Claim(Out):
+    claim_id: str
+    pool: str
+    user: str
+    state: str
+    items: int
+    submitted_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    worker: str | None = None
+    instance_id: str | None = None
+    attempts: int = 0
+    reason: str | None = None
+    summary: dict[str, Any] | None = None

@@ -1,0 +1,62 @@
+"""Capacity for pools from the fleet (layer 0): the production adapter behind the Capacity port.
+
+Pools never call EC2: they ask ``calque.fleet.service.Fleet`` for one acquisition per
+worker (behind the fleet's spend gate, tagged with the pool) and release the instance
+through it. The fleet's acquisitions are asynchronous: a grant carries the acquisition's
+request id, and its instance id once the fleet has launched it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from calque.errors import CalqueError
+from calque.identity import Caller
+from calque.pools.domain import PoolRecord
+from calque.pools.ports import Grant
+
+# The principal the fleet records as the owner of a pool's acquisitions.
+POOL_PRINCIPAL = "calque-pools"
+
+
+class FleetCapacity:
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+        self.caller = Caller(
+            principal=POOL_PRINCIPAL, arn=f"arn:aws:iam::000000000000:user/{POOL_PRINCIPAL}", admin=True
+        )
+
+    def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
+        from calque.contracts.fleet import AcquireRequest
+
+        if not worker_ids:
+            return {}
+        try:
+            accepted = self.fleet.acquire(
+                AcquireRequest(
+                    instance_type=pool.instance_type,
+                    count=len(worker_ids),
+                    layout=pool.layout,
+                    spot=pool.spot,
+                    pool=pool.name,
+                    accept_spend=True,
+                ),
+                self.caller,
+            )
+        except CalqueError:
+            return {}  # the budget or the fleet refused: the decision records granted 0
+        return {
+            wid: Grant(ref=a.request_id, instance_id=a.instance_id)
+            for wid, a in zip(worker_ids, accepted.acquisitions, strict=False)
+        }
+
+    def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
+        instance_id = grant.instance_id
+        if instance_id is None:
+            acquisition = self.fleet.get(self.caller, grant.ref)
+            instance_id = acquisition.instance_id
+        if instance_id is None:
+            return  # not launched yet; the fleet's reconciler and TTL bound what is left
+        with contextlib.suppress(CalqueError):  # already released or terminated
+            self.fleet.release(instance_id, f"pool {pool.name}: worker {worker_id} scaled in")

@@ -1,0 +1,103 @@
+"""Pool, claim and worker records, and the claim's state machine.
+
+    queued --started--> running --succeeded--> succeeded
+       ^                  |  \\--attempt_failed--> queued (redelivered by SQS)
+       |                  |
+    cancel (queued|running) --> cancelled      DLQ consumer (queued|running) --> failed
+
+A terminal claim (succeeded, failed, cancelled) never changes again: every transition
+is one conditional write on the claim's current state, which is what makes a claim's
+effect exactly-once even when SQS delivers its message twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+LIVE = frozenset({QUEUED, RUNNING})
+
+POOL_ACTIVE, POOL_DELETING = "active", "deleting"
+
+# Worker states as the control plane records them (the scaler's view, plus the end).
+W_STARTING, W_IDLE, W_BUSY, W_EXITED = "starting", "idle", "busy", "exited"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class PoolRecord(_Record):
+    name: str
+    model: str
+    instance_type: str
+    runner: str
+    package_key: str | None = None
+    package_path: str | None = None
+    layout: dict[str, Any] | None = None
+    spot: bool = False
+    min_workers: int = 0
+    max_workers: int = 4
+    target_backlog_per_worker: int = 1
+    idle_timeout_s: int = 1800
+    state: str = POOL_ACTIVE
+    created_by: str
+    created_at: str
+    queue_url: str
+    queue_arn: str
+    dlq_url: str
+    dlq_arn: str
+    max_receives: int
+    visibility_s: int
+    last_scale_out_at: float | None = None
+    last_scale_in_at: float | None = None
+    last_decision: dict[str, Any] | None = None
+
+
+class ClaimRecord(_Record):
+    claim_id: str
+    pool: str
+    user: str
+    state: str = QUEUED
+    items: int
+    manifest_key: str
+    submitted_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    worker: str | None = None
+    instance_id: str | None = None
+    attempts: int = 0
+    reason: str | None = None
+    result_key: str | None = None
+    summary: dict[str, Any] | None = None
+    completions: int = 0  # how many times a completion was recorded: 1, ever, for a succeeded claim
+
+
+class WorkerRecord(_Record):
+    pool: str
+    worker_id: str
+    instance_id: str  # "-" until the capacity provider names it
+    capacity_ref: str = ""  # the capacity provider's name for this worker's instance
+    state: str = W_STARTING
+    launched_at: float
+    seen_at: float | None = None  # the worker's last report (it reports at least every visibility/2)
+    idle_since: float | None = None
+    enter_seconds: float | None = None
+    claim_id: str | None = None
+    reason: str | None = None
+    claims_served: int = 0
+
+
+class DecisionRecord(_Record):
+    pool: str
+    at: float
+    action: str
+    desired: int
+    current: int
+    launch: int = 0
+    remove: list[str] = Field(default_factory=list)
+    reason: str
+    inputs: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,110 @@
+"""What the pools domain needs from the outside, as small protocols. Adapters: DynamoDB
+(calque/registry/pools.py), SQS/S3 (calque/pools/aws.py), the fleet (calque/pools/capacity.py),
+and in-memory fakes for the unit tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from calque.pools.domain import ClaimRecord, DecisionRecord, PoolRecord, WorkerRecord
+
+
+class PoolStore(Protocol):
+    def create_pool(self, pool: PoolRecord) -> None:
+        """Conflict when a pool of that name exists."""
+
+    def get_pool(self, name: str) -> PoolRecord | None: ...
+    def list_pools(self) -> list[PoolRecord]: ...
+    def update_pool(self, name: str, changes: dict[str, Any]) -> PoolRecord | None: ...
+    def delete_pool(self, name: str) -> None: ...
+
+    def create_claim(self, claim: ClaimRecord) -> None: ...
+    def get_claim(self, claim_id: str) -> ClaimRecord | None: ...
+    def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]: ...
+    def claims_of_pool(self, pool: str, limit: int) -> list[ClaimRecord]: ...
+    def transition_claim(
+        self,
+        claim_id: str,
+        from_states: frozenset[str],
+        changes: dict[str, Any],
+        *,
+        count_completion: bool = False,
+    ) -> ClaimRecord | None:
+        """Apply ``changes`` only if the claim's state is one of ``from_states`` (one
+        conditional write); the updated claim, or None when the condition failed."""
+
+    def put_worker(self, worker: WorkerRecord) -> None: ...
+    def update_worker(self, pool: str, worker_id: str, changes: dict[str, Any]) -> WorkerRecord | None: ...
+    def delete_worker(self, pool: str, worker_id: str) -> None: ...
+    def workers(self, pool: str) -> list[WorkerRecord]: ...
+
+    def add_decision(self, decision: DecisionRecord) -> None: ...
+    def decisions(self, pool: str, limit: int) -> list[DecisionRecord]: ...
+
+
+@dataclass(frozen=True)
+class QueueRefs:
+    queue_url: str
+    queue_arn: str
+    dlq_url: str
+    dlq_arn: str
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    body: str
+    receive_count: int
+
+
+class PoolQueues(Protocol):
+    """Per-pool SQS queues, created and deleted with the pool (pools are dynamic)."""
+
+    def create(self, pool: str, *, visibility_s: int, max_receives: int) -> QueueRefs: ...
+    def delete(self, refs: QueueRefs) -> None: ...
+    def send(self, queue_url: str, body: str) -> None: ...
+    def depth(self, queue_url: str) -> tuple[int, int]:
+        """(visible, in flight)."""
+
+    def dead_letters(self, dlq_url: str, *, hide_s: int, limit: int) -> list[DeadLetter]:
+        """Read (not delete) dead letters; each is hidden ``hide_s`` so it is not re-read at once."""
+
+
+class ObjectStore(Protocol):
+    bucket: str
+
+    def put_json(self, key: str, data: Any) -> None: ...
+    def get_json(self, key: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Capacity granted for one worker: ``ref`` names it to the capacity provider (the fleet's
+    acquisition request id); ``instance_id`` is known at once, or later (None) when the
+    instance is still being launched."""
+
+    ref: str
+    instance_id: str | None = None
+
+
+class Capacity(Protocol):
+    """Where pool workers come from: the fleet (layer 0). Pools never call EC2.
+
+    ``acquire`` asks for one instance per worker id given; it returns a grant for every
+    worker that got one (fewer than asked when the fleet or the budget refuses the rest).
+    ``release`` hands one back."""
+
+    def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]: ...
+
+    def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None: ...
+
+
+class Nudge(Protocol):
+    """Wake the scaler for one pool now (a submit to an empty pool should not wait a tick)."""
+
+    def nudge(self, pool: str) -> None: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Epoch seconds."""

@@ -1,0 +1,233 @@
+"""The pool scaler's decision: a pure function of (pool config, backlog, workers, clock, history).
+
+The same function runs in the scaler Lambda (on its schedule and on the nudge a
+submit sends) and in ``calque simulate pool`` (on a virtual clock), so what the
+simulator shows is what the deployed scaler does.
+
+Rules, in the order they apply:
+
+1. desired = clamp(ceil(backlog / target_backlog_per_worker), min_workers, max_workers),
+   where backlog counts visible AND in-flight messages (a claim being worked on still
+   needs its worker).
+2. Any backlog with zero workers starts one, at once: no cooldown delays the first worker.
+3. Scale-out launches desired - current, unless a scale-out happened within
+   ``scale_out_cooldown_s`` (against flapping while cold workers are still starting).
+4. Scale-in removes only IDLE workers whose idle time reached ``idle_timeout_s``, the
+   longest idle first, at most current - desired of them; a busy or starting worker is
+   never removed. It waits ``scale_in_cooldown_s`` after any scaling action.
+
+Every decision carries its inputs and a reason a person can read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class WorkerState(StrEnum):
+    """What a worker is doing, as the scaler sees it."""
+
+    STARTING = "starting"  # capacity asked for; instance booting or runner's enter() running
+    IDLE = "idle"  # entered, polling, no claim
+    BUSY = "busy"  # running a claim
+
+
+class Action(StrEnum):
+    SCALE_OUT = "scale_out"
+    SCALE_IN = "scale_in"
+    HOLD = "hold"
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """The pool's scaling settings (from ``pool create/update``)."""
+
+    min_workers: int = 0
+    max_workers: int = 8
+    target_backlog_per_worker: int = 1
+    idle_timeout_s: float = 600.0
+    scale_out_cooldown_s: float = 60.0
+    scale_in_cooldown_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.min_workers < 0:
+            raise ValueError(f"min_workers must be 0 or more, not {self.min_workers}")
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers must be 1 or more, not {self.max_workers}")
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"min_workers ({self.min_workers}) must not exceed max_workers ({self.max_workers})"
+            )
+        if self.target_backlog_per_worker < 1:
+            raise ValueError(
+                f"target_backlog_per_worker must be 1 or more, not {self.target_backlog_per_worker}"
+            )
+        for name in ("idle_timeout_s", "scale_out_cooldown_s", "scale_in_cooldown_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    visible: int
+    in_flight: int
+
+    @property
+    def total(self) -> int:
+        return self.visible + self.in_flight
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker_id: str
+    state: WorkerState
+    idle_since: float | None = None  # clock seconds; set when state is IDLE
+
+
+@dataclass(frozen=True)
+class ScalerHistory:
+    """When the pool last scaled (clock seconds), for the cooldowns; None: never."""
+
+    last_scale_out_at: float | None = None
+    last_scale_in_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    desired: int
+    current: int
+    launch: int = 0
+    remove: tuple[str, ...] = ()
+    reason: str = ""
+    at: float = 0.0
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def history_after(self, before: ScalerHistory) -> ScalerHistory:
+        """The history the next decision should see once this one was carried out."""
+        if self.action is Action.SCALE_OUT:
+            return ScalerHistory(last_scale_out_at=self.at, last_scale_in_at=before.last_scale_in_at)
+        if self.action is Action.SCALE_IN:
+            return ScalerHistory(last_scale_out_at=before.last_scale_out_at, last_scale_in_at=self.at)
+        return before
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready form, as stored with the pool and shown by ``pool status``."""
+        return {
+            "at": self.at,
+            "action": self.action.value,
+            "desired": self.desired,
+            "current": self.current,
+            "launch": self.launch,
+            "remove": list(self.remove),
+            "reason": self.reason,
+            "inputs": self.inputs,
+        }
+
+
+def desired_workers(config: ScalerConfig, backlog: int) -> int:
+    """Rule 1 and 2: the target-tracking count, clamped; never 0 while there is backlog."""
+    wanted = math.ceil(backlog / config.target_backlog_per_worker) if backlog > 0 else 0
+    wanted = max(config.min_workers, min(config.max_workers, wanted))
+    if backlog > 0:
+        wanted = max(wanted, 1)
+    return wanted
+
+
+def _within(now: float, since: float | None, window: float) -> bool:
+    return since is not None and now - since < window
+
+
+def decide(
+    config: ScalerConfig,
+    backlog: Backlog,
+    workers: list[WorkerView] | tuple[WorkerView, ...],
+    now: float,
+    history: ScalerHistory | None = None,
+) -> Decision:
+    """What the pool should do now, and why. Pure: no clock, no I/O, no randomness."""
+    history = history or ScalerHistory()
+    counts = {s.value: sum(1 for w in workers if w.state is s) for s in WorkerState}
+    current = len(workers)
+    desired = desired_workers(config, backlog.total)
+    inputs: dict[str, Any] = {
+        "backlog_visible": backlog.visible,
+        "backlog_in_flight": backlog.in_flight,
+        "workers": counts,
+        "config": asdict(config),
+        "last_scale_out_at": history.last_scale_out_at,
+        "last_scale_in_at": history.last_scale_in_at,
+    }
+
+    def out(action: Action, reason: str, launch: int = 0, remove: tuple[str, ...] = ()) -> Decision:
+        return Decision(
+            action=action,
+            desired=desired,
+            current=current,
+            launch=launch,
+            remove=remove,
+            reason=reason,
+            at=now,
+            inputs=inputs,
+        )
+
+    if desired > current:
+        if current == 0:
+            return out(
+                Action.SCALE_OUT,
+                f"backlog {backlog.total} with no worker: start {desired} now (no cooldown for the first)",
+                launch=desired,
+            )
+        if _within(now, history.last_scale_out_at, config.scale_out_cooldown_s):
+            return out(
+                Action.HOLD,
+                f"want {desired} workers, have {current}, but the last scale-out was "
+                f"{now - (history.last_scale_out_at or 0):.0f}s ago "
+                f"(cooldown {config.scale_out_cooldown_s:.0f}s)",
+            )
+        return out(
+            Action.SCALE_OUT,
+            f"backlog {backlog.total} at {config.target_backlog_per_worker} per worker wants {desired} "
+            f"workers (max {config.max_workers}), have {current}: start {desired - current}",
+            launch=desired - current,
+        )
+
+    if desired < current:
+        expired = sorted(
+            (
+                w
+                for w in workers
+                if w.state is WorkerState.IDLE
+                and w.idle_since is not None
+                and now - w.idle_since >= config.idle_timeout_s
+            ),
+            key=lambda w: (w.idle_since, w.worker_id),
+        )
+        if not expired:
+            return out(
+                Action.HOLD,
+                f"want {desired} workers, have {current}, but none has been idle for "
+                f"{config.idle_timeout_s:.0f}s (busy {counts['busy']}, starting {counts['starting']})",
+            )
+        last_action = max(
+            (t for t in (history.last_scale_out_at, history.last_scale_in_at) if t is not None),
+            default=None,
+        )
+        if _within(now, last_action, config.scale_in_cooldown_s):
+            return out(
+                Action.HOLD,
+                f"want {desired} workers, have {current}, but the last scaling was "
+                f"{now - (last_action or 0):.0f}s ago (scale-in cooldown {config.scale_in_cooldown_s:.0f}s)",
+            )
+        chosen = tuple(w.worker_id for w in expired[: current - desired])
+        return out(
+            Action.SCALE_IN,
+            f"backlog {backlog.total} wants {desired} workers, have {current}: remove {len(chosen)} "
+            f"idle for at least {config.idle_timeout_s:.0f}s",
+            remove=chosen,
+        )
+
+    return out(Action.HOLD, f"backlog {backlog.total} wants {desired} workers, have {current}")

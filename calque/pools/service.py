@@ -1,0 +1,498 @@
+"""The pools domain: pools, claims, worker reports, the scaler's tick and the DLQ consumer.
+
+Every outside effect goes through a port (calque/pools/ports.py); nothing here imports
+boto3 or an event type. Authorization: admins create, update and delete pools; every
+member submits and sees only their own claims (another's is "not found", never revealed).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolCreate, PoolDelete, PoolUpdate, WorkerReport
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
+from calque.identity import Caller
+from calque.pools import domain as d
+from calque.pools.ports import Capacity, Clock, Grant, Nudge, ObjectStore, PoolQueues, PoolStore, QueueRefs
+from calque.pools.scaler import (
+    Backlog,
+    Decision,
+    ScalerConfig,
+    ScalerHistory,
+    WorkerState,
+    WorkerView,
+    decide,
+)
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    max_receives: int = 3  # deliveries before a claim's message goes to the DLQ
+    visibility_s: int = 60  # the queue's visibility; workers beat every third of it
+    decisions_kept: int = 50
+    dlq_hide_s: int = 12 * 3600  # a dead letter already marked is not re-read for this long
+    # A worker that has not reported for this long is gone (killed, crashed, instance lost):
+    # its instance is released and its claim comes back through SQS. Workers report at
+    # least every visibility/2, so this is several missed reports.
+    worker_start_timeout_s: int = 900  # capacity granted, but the worker never reported
+
+    @property
+    def worker_stale_s(self) -> float:
+        return max(10.0, 2.0 * self.visibility_s)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _grant(w: d.WorkerRecord) -> Grant:
+    return Grant(ref=w.capacity_ref, instance_id=None if w.instance_id == "-" else w.instance_id)
+
+
+def _require_admin(who: Caller, what: str) -> None:
+    if not who.admin:
+        raise Forbidden(f"{what} is for admins only", details={"principal": who.principal})
+
+
+class Pools:
+    def __init__(
+        self,
+        store: PoolStore,
+        queues: PoolQueues,
+        objects: ObjectStore,
+        capacity: Capacity,
+        nudge: Nudge,
+        clock: Clock,
+        config: PoolsConfig | None = None,
+    ):
+        self.store = store
+        self.queues = queues
+        self.objects = objects
+        self.capacity = capacity
+        self.nudger = nudge
+        self.clock = clock
+        self.config = config or PoolsConfig()
+
+    # pools
+    def _pool(self, name: str) -> d.PoolRecord:
+        pool = self.store.get_pool(name)
+        if pool is None:
+            raise NotFound(f"no pool {name!r}", details={"pool": name})
+        return pool
+
+    def create_pool(self, who: Caller, req: PoolCreate) -> d.PoolRecord:
+        _require_admin(who, "creating a pool")
+        if not req.i_understand_this_spends_money:
+            raise ConsentRequired(
+                "a pool holds instances that cost money while they run; create it only with "
+                "--i-understand-this-spends-money",
+                details={"field": "i_understand_this_spends_money"},
+            )
+        from calque import catalog
+
+        catalog.instance_type(req.instance_type)
+        if req.min_workers > req.max_workers:
+            raise InvalidInput(
+                f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
+                details={"field": "min_workers"},
+            )
+        if req.package_key is None and req.package_path is None:
+            raise InvalidInput(
+                "a pool needs its runner package (--package)", details={"field": "package_key"}
+            )
+        if self.store.get_pool(req.name) is not None:
+            raise Conflict(
+                f"a pool named {req.name!r} exists", code="pool_exists", details={"pool": req.name}
+            )
+        refs = self.queues.create(
+            req.name, visibility_s=self.config.visibility_s, max_receives=self.config.max_receives
+        )
+        pool = d.PoolRecord(
+            **req.model_dump(exclude={"i_understand_this_spends_money", "name"}),
+            name=req.name,
+            created_by=who.principal,
+            created_at=_iso(self.clock.now()),
+            queue_url=refs.queue_url,
+            queue_arn=refs.queue_arn,
+            dlq_url=refs.dlq_url,
+            dlq_arn=refs.dlq_arn,
+            max_receives=self.config.max_receives,
+            visibility_s=self.config.visibility_s,
+        )
+        try:
+            self.store.create_pool(pool)
+        except Conflict:
+            self.queues.delete(refs)
+            raise
+        if pool.min_workers:
+            self.nudger.nudge(pool.name)
+        return pool
+
+    def list_pools(self, who: Caller) -> list[d.PoolRecord]:
+        return self.store.list_pools()
+
+    def get_pool(self, who: Caller, name: str) -> d.PoolRecord:
+        return self._pool(name)
+
+    def update_pool(self, who: Caller, name: str, req: PoolUpdate) -> d.PoolRecord:
+        _require_admin(who, "changing a pool")
+        pool = self._pool(name)
+        changes = req.model_dump(exclude_none=True)
+        merged = pool.model_copy(update=changes)
+        if merged.min_workers > merged.max_workers:
+            raise InvalidInput(
+                f"min_workers ({merged.min_workers}) must not exceed max_workers ({merged.max_workers})",
+                details={"field": "min_workers"},
+            )
+        if not changes:
+            return pool
+        updated = self.store.update_pool(name, changes)
+        if updated is None:
+            raise NotFound(f"no pool {name!r}", details={"pool": name})
+        self.nudger.nudge(name)
+        return updated
+
+    def status(self, who: Caller, name: str) -> dict[str, Any]:
+        pool = self._pool(name)
+        visible, in_flight = self.queues.depth(pool.queue_url)
+        claims = self.store.claims_of_pool(name, limit=1000)
+        now = self.clock.now()
+        live = [c for c in claims if c.state in d.LIVE]
+        oldest = min((c.submitted_at for c in live), default=None)
+        done = [c for c in claims if c.state == d.SUCCEEDED and c.summary]
+        warm = sum(1 for c in done if (c.summary or {}).get("warm_hit"))
+        return {
+            "pool": name,
+            "state": pool.state,
+            "backlog": {"visible": visible, "in_flight": in_flight},
+            "oldest_claim_age_s": (
+                round(now - datetime.fromisoformat(oldest.replace("Z", "+00:00")).timestamp())
+                if oldest
+                else None
+            ),
+            "claims": {
+                s: sum(1 for c in claims if c.state == s)
+                for s in (d.QUEUED, d.RUNNING, d.SUCCEEDED, d.FAILED, d.CANCELLED)
+            },
+            "warm_hits": warm,
+            "completed": len(done),
+            "workers": [w.model_dump() for w in self.store.workers(name)],
+            "decisions": [x.model_dump() for x in self.store.decisions(name, limit=10)],
+            "last_decision": pool.last_decision,
+        }
+
+    def delete_pool(self, who: Caller, name: str, req: PoolDelete) -> dict[str, Any]:
+        _require_admin(who, "deleting a pool")
+        if not req.i_understand_this_terminates_instances:
+            raise ConsentRequired(
+                "deleting a pool releases its instances; delete it only with "
+                "--i-understand-this-terminates-instances",
+                details={"field": "i_understand_this_terminates_instances"},
+            )
+        pool = self._pool(name)
+        self.store.update_pool(name, {"state": d.POOL_DELETING})
+        return self._finish_delete(pool, force=req.now)
+
+    def _finish_delete(self, pool: d.PoolRecord, *, force: bool) -> dict[str, Any]:
+        """Deleted when drained (or forced): workers released, queues deleted, record gone."""
+        visible, in_flight = self.queues.depth(pool.queue_url)
+        workers = self.store.workers(pool.name)
+        busy = [w for w in workers if w.state == d.W_BUSY]
+        if not force and (visible or in_flight or busy):
+            return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": visible + in_flight}
+        for w in workers:
+            self.capacity.release(pool, w.worker_id, _grant(w))
+            self.store.delete_worker(pool.name, w.worker_id)
+        if force:
+            for c in self.store.claims_of_pool(pool.name, limit=10_000):
+                self.store.transition_claim(
+                    c.claim_id,
+                    d.LIVE,
+                    {"state": d.CANCELLED, "finished_at": _iso(self.clock.now()), "reason": "pool deleted"},
+                )
+        self.queues.delete(QueueRefs(pool.queue_url, pool.queue_arn, pool.dlq_url, pool.dlq_arn))
+        self.store.delete_pool(pool.name)
+        return {"pool": pool.name, "state": "deleted"}
+
+    # claims
+    def submit(self, who: Caller, name: str, req: ClaimSubmit) -> d.ClaimRecord:
+        pool = self._pool(name)
+        if pool.state != d.POOL_ACTIVE:
+            raise Conflict(f"pool {name!r} is being deleted and takes no claims", code="pool_deleting")
+        claim_id = f"c-{secrets.token_hex(8)}"
+        now = self.clock.now()
+        manifest_key = f"pools/{name}/claims/{claim_id}/manifest.json"
+        self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
+        claim = d.ClaimRecord(
+            claim_id=claim_id,
+            pool=name,
+            user=who.principal,
+            items=len(req.items),
+            manifest_key=manifest_key,
+            submitted_at=_iso(now),
+        )
+        self.store.create_claim(claim)
+        pointer = {
+            "v": 1,
+            "claim_id": claim_id,
+            "pool": name,
+            "manifest": {"bucket": self.objects.bucket, "key": manifest_key},
+            "results": {"bucket": self.objects.bucket, "prefix": f"pools/{name}/claims/{claim_id}"},
+        }
+        self.queues.send(pool.queue_url, json.dumps(pointer))
+        self.nudger.nudge(name)
+        return claim
+
+    def _claim_for(self, who: Caller, claim_id: str) -> d.ClaimRecord:
+        claim = self.store.get_claim(claim_id)
+        if claim is None or (claim.user != who.principal and not who.admin):
+            raise NotFound(f"no claim {claim_id!r}", details={"claim_id": claim_id})
+        return claim
+
+    def get_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
+        return self._claim_for(who, claim_id)
+
+    def list_claims(self, who: Caller, pool: str | None = None, limit: int = 200) -> list[d.ClaimRecord]:
+        if pool is not None and who.admin:
+            return self.store.claims_of_pool(pool, limit)
+        mine = self.store.claims_of_user(who.principal, limit)
+        return [c for c in mine if pool is None or c.pool == pool]
+
+    def claim_result(self, who: Caller, claim_id: str) -> dict[str, Any]:
+        claim = self._claim_for(who, claim_id)
+        if claim.state != d.SUCCEEDED or not claim.result_key:
+            raise Conflict(
+                f"claim {claim_id} has no result: it is {claim.state}"
+                + (f" ({claim.reason})" if claim.reason else ""),
+                code="no_result",
+                details={"claim_id": claim_id, "state": claim.state},
+            )
+        result = self.objects.get_json(claim.result_key)
+        return {"claim_id": claim_id, "summary": claim.summary, "results": result.get("results", [])}
+
+    def cancel_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
+        claim = self._claim_for(who, claim_id)
+        changed = self.store.transition_claim(
+            claim_id,
+            d.LIVE,
+            {
+                "state": d.CANCELLED,
+                "finished_at": _iso(self.clock.now()),
+                "reason": f"cancelled by {who.principal}",
+            },
+        )
+        if changed is None:
+            raise Conflict(
+                f"claim {claim_id} is already {self.store.get_claim(claim_id).state if claim else 'gone'}",  # type: ignore[union-attr]
+                code="claim_finished",
+                details={"claim_id": claim_id},
+            )
+        return changed
+
+    # worker reports (the instance role of a worker of this pool)
+    def _check_worker(self, who: Caller, host_role: str, pool: str, worker_id: str, instance_id: str) -> None:
+        if who.role != host_role or who.role_session != instance_id:
+            raise Forbidden(
+                f"only {instance_id}'s own instance role may report for it",
+                details={"principal": who.principal},
+            )
+        if not any(
+            w.worker_id == worker_id and w.instance_id == instance_id for w in self.store.workers(pool)
+        ):
+            raise Forbidden(
+                f"{worker_id} on {instance_id} is not a worker of pool {pool!r}",
+                details={"pool": pool, "worker_id": worker_id},
+            )
+
+    def claim_report(
+        self, who: Caller, host_role: str, pool: str, claim_id: str, rep: ClaimReport
+    ) -> dict[str, Any]:
+        self._check_worker(who, host_role, pool, rep.worker_id, rep.instance_id)
+        claim = self.store.get_claim(claim_id)
+        if claim is None or claim.pool != pool:
+            raise NotFound(f"no claim {claim_id!r} in pool {pool!r}", details={"claim_id": claim_id})
+        now = _iso(self.clock.now())
+        if rep.event == "started":
+            changed = self.store.transition_claim(
+                claim_id,
+                d.LIVE,
+                {
+                    "state": d.RUNNING,
+                    "started_at": now,
+                    "worker": rep.worker_id,
+                    "instance_id": rep.instance_id,
+                    "attempts": rep.attempt,
+                },
+            )
+            state = changed.state if changed else self._state(claim_id)
+            return {"proceed": changed is not None, "completed": False, "state": state}
+        if rep.event == "attempt_failed":
+            changed = self.store.transition_claim(
+                claim_id,
+                d.LIVE,
+                {
+                    "state": d.QUEUED,
+                    "reason": f"attempt {rep.attempt} on {rep.worker_id}: {rep.reason or 'failed'}",
+                },
+            )
+            return {
+                "proceed": False,
+                "completed": False,
+                "state": changed.state if changed else self._state(claim_id),
+            }
+        if not rep.result_key or rep.summary is None:
+            raise InvalidInput(
+                "a succeeded report needs result_key and summary", details={"field": "result_key"}
+            )
+        changed = self.store.transition_claim(
+            claim_id,
+            d.LIVE,
+            {
+                "state": d.SUCCEEDED,
+                "finished_at": now,
+                "worker": rep.worker_id,
+                "instance_id": rep.instance_id,
+                "attempts": rep.attempt,
+                "result_key": rep.result_key,
+                "summary": rep.summary,
+                "reason": None,
+            },
+            count_completion=True,
+        )
+        return {
+            "proceed": False,
+            "completed": changed is not None,
+            "state": changed.state if changed else self._state(claim_id),
+        }
+
+    def _state(self, claim_id: str) -> str:
+        claim = self.store.get_claim(claim_id)
+        return claim.state if claim else "gone"
+
+    def worker_report(
+        self, who: Caller, host_role: str, pool: str, worker_id: str, rep: WorkerReport
+    ) -> dict[str, Any]:
+        self._check_worker(who, host_role, pool, worker_id, rep.instance_id)
+        now = self.clock.now()
+        changes: dict[str, Any] = {"state": rep.state, "reason": rep.reason, "seen_at": now}
+        current = next((w for w in self.store.workers(pool) if w.worker_id == worker_id), None)
+        if rep.state == d.W_IDLE and current is not None and current.state == d.W_IDLE:
+            changes.pop("state")  # still idle: keep when it became idle, for the idle timeout
+        elif rep.state == d.W_IDLE:
+            changes.update(idle_since=now, claim_id=None)
+        elif rep.state == d.W_BUSY:
+            changes.update(idle_since=None, claim_id=rep.claim_id)
+        if rep.enter_seconds is not None:
+            changes["enter_seconds"] = rep.enter_seconds
+        self.store.update_worker(pool, worker_id, changes)
+        return {"worker_id": worker_id, "state": rep.state}
+
+    # the scaler (schedule + nudge) and the DLQ consumer
+    def scale(self, name: str) -> Decision | dict[str, Any] | None:
+        pool = self.store.get_pool(name)
+        if pool is None:
+            return None
+        if pool.state == d.POOL_DELETING:
+            return self._finish_delete(pool, force=False)
+        now = self.clock.now()
+        workers = self.store.workers(name)
+        for w in workers:  # a worker that exited (idle timeout, crash) gives its instance back
+            if w.state == d.W_EXITED:
+                self.capacity.release(pool, w.worker_id, _grant(w))
+                self.store.delete_worker(name, w.worker_id)
+        workers = [w for w in workers if w.state != d.W_EXITED]
+        for w in list(workers):  # a worker that went silent is gone: give its instance back
+            silent_for = now - (w.seen_at if w.seen_at is not None else w.launched_at)
+            limit = (
+                self.config.worker_start_timeout_s if w.state == d.W_STARTING else self.config.worker_stale_s
+            )
+            if silent_for > limit:
+                self.capacity.release(pool, w.worker_id, _grant(w))
+                self.store.delete_worker(name, w.worker_id)
+                workers.remove(w)
+        visible, in_flight = self.queues.depth(pool.queue_url)
+        views = [
+            WorkerView(w.worker_id, WorkerState(w.state), w.idle_since)
+            for w in workers
+            if w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY)
+        ]
+        config = ScalerConfig(
+            min_workers=pool.min_workers,
+            max_workers=pool.max_workers,
+            target_backlog_per_worker=pool.target_backlog_per_worker,
+            idle_timeout_s=pool.idle_timeout_s,
+        )
+        history = ScalerHistory(pool.last_scale_out_at, pool.last_scale_in_at)
+        decision = decide(config, Backlog(visible, in_flight), views, now, history)
+        record = decision.to_record()
+        if decision.launch:
+            ids = [f"w-{secrets.token_hex(4)}" for _ in range(decision.launch)]
+            for wid in ids:
+                self.store.put_worker(
+                    d.WorkerRecord(pool=name, worker_id=wid, instance_id="-", launched_at=now)
+                )
+            granted = self.capacity.acquire(pool, ids)
+            for wid in ids:
+                if wid in granted:
+                    g = granted[wid]
+                    self.store.update_worker(
+                        name, wid, {"instance_id": g.instance_id or "-", "capacity_ref": g.ref}
+                    )
+                else:
+                    self.store.delete_worker(name, wid)
+            record["granted"] = len(granted)
+        by_id = {w.worker_id: w for w in workers}
+        for wid in decision.remove:
+            w = by_id[wid]
+            self.capacity.release(pool, wid, _grant(w))
+            self.store.delete_worker(name, wid)
+        after = decision.history_after(history)
+        self.store.update_pool(
+            name,
+            {
+                "last_scale_out_at": after.last_scale_out_at,
+                "last_scale_in_at": after.last_scale_in_at,
+                "last_decision": record,
+            },
+        )
+        if decision.launch or decision.remove:
+            self.store.add_decision(
+                d.DecisionRecord(pool=name, **{k: v for k, v in record.items() if k != "granted"})
+            )
+        return decision
+
+    def scale_all(self) -> list[dict[str, Any]]:
+        out = []
+        for pool in self.store.list_pools():
+            result = self.scale(pool.name)
+            out.append(
+                result.to_record() if isinstance(result, Decision) else {"pool": pool.name, "result": result}
+            )
+        return out
+
+    def drain_dead_letters(self, name: str) -> int:
+        """Mark failed every claim whose message reached the pool's DLQ; the message stays there."""
+        pool = self.store.get_pool(name)
+        if pool is None:
+            return 0
+        marked = 0
+        for letter in self.queues.dead_letters(pool.dlq_url, hide_s=self.config.dlq_hide_s, limit=100):
+            try:
+                claim_id = str(json.loads(letter.body)["claim_id"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            claim = self.store.get_claim(claim_id)
+            last = f"; last: {claim.reason}" if claim and claim.reason else ""
+            reason = f"not completed after {pool.max_receives} deliveries{last}"
+            if self.store.transition_claim(
+                claim_id, d.LIVE, {"state": d.FAILED, "finished_at": _iso(self.clock.now()), "reason": reason}
+            ):
+                marked += 1
+        return marked
+
+    def drain_all_dead_letters(self) -> int:
+        return sum(self.drain_dead_letters(p.name) for p in self.store.list_pools())

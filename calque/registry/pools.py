@@ -1,0 +1,374 @@
+"""Pool, claim, worker and scaling-decision records: on the single DynamoDB table, and in memory.
+
+    item        pk                  sk
+    pool        POOLS               POOL#<name>
+    claim       POOL#<pool>         CLAIM#<claim_id>      (state transitions: one conditional update)
+    claim ptr   CLAIM#<claim_id>    CLAIM                 (the claim's pool, to find it by id)
+    worker      POOL#<pool>         WORKER#<worker_id>
+    decision    POOL#<pool>         DECISION#<epoch ms, 15 digits>#<action>   (scale-outs and scale-ins)
+
+Index by_user: user_pk = CLAIMS#<user>, user_sk = <submitted iso>#<claim_id> (every claim;
+a partition of its own, apart from the sessions' USER#<user>).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from calque.errors import Conflict
+from calque.pools.domain import ClaimRecord, DecisionRecord, PoolRecord, WorkerRecord
+from calque.registry.dynamo import des, ser
+
+POOLS_PK = "POOLS"
+
+
+def _pool_key(name: str) -> dict[str, str]:
+    return {"pk": POOLS_PK, "sk": f"POOL#{name}"}
+
+
+def _claim_key(pool: str, claim_id: str) -> dict[str, str]:
+    return {"pk": f"POOL#{pool}", "sk": f"CLAIM#{claim_id}"}
+
+
+def _pointer_key(claim_id: str) -> dict[str, str]:
+    return {"pk": f"CLAIM#{claim_id}", "sk": "CLAIM"}
+
+
+def _worker_key(pool: str, worker_id: str) -> dict[str, str]:
+    return {"pk": f"POOL#{pool}", "sk": f"WORKER#{worker_id}"}
+
+
+_KEYS = ("pk", "sk", "user_pk", "user_sk")
+
+
+def _strip(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if k not in _KEYS}
+
+
+class DynamoPoolStore:
+    def __init__(self, client: Any, table_name: str) -> None:
+        self.client = client
+        self.table = table_name
+
+    def _get(self, key: dict[str, str]) -> dict[str, Any] | None:
+        raw = self.client.get_item(TableName=self.table, Key=ser(key), ConsistentRead=True).get("Item")
+        return des(raw) if raw else None
+
+    def _query(
+        self, pk: str, prefix: str, *, limit: int | None = None, forward: bool = True
+    ) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
+            "ExpressionAttributeValues": ser({":pk": pk, ":p": prefix}),
+            "ConsistentRead": True,
+            "ScanIndexForward": forward,
+        }
+        out: list[dict[str, Any]] = []
+        while True:
+            if limit is not None:
+                kwargs["Limit"] = limit - len(out)
+            page = self.client.query(**kwargs)
+            out += [des(i) for i in page.get("Items", [])]
+            start = page.get("LastEvaluatedKey")
+            if not start or (limit is not None and len(out) >= limit):
+                return out
+            kwargs["ExclusiveStartKey"] = start
+
+    def _update(
+        self, key: dict[str, str], changes: dict[str, Any], condition: str, values: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        sets = {k: v for k, v in changes.items() if v is not None}
+        removes = [k for k, v in changes.items() if v is None]
+        names = {f"#a{i}": k for i, k in enumerate(changes)}
+        back = {k: n for n, k in names.items()}
+        expr = []
+        vals = dict(values)
+        if sets:
+            expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
+            vals.update({f":v{i}": v for i, v in enumerate(sets.values())})
+        if removes:
+            expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": ser(key),
+            "UpdateExpression": " ".join(expr),
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": {**names, "#pk": "pk"},
+            "ReturnValues": "ALL_NEW",
+        }
+        if vals:
+            kwargs["ExpressionAttributeValues"] = ser(vals)
+        try:
+            return des(self.client.update_item(**kwargs)["Attributes"])
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return None
+            raise
+
+    # pools
+    def create_pool(self, pool: PoolRecord) -> None:
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=ser({**_pool_key(pool.name), **pool.model_dump()}),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                raise Conflict(f"a pool named {pool.name!r} exists", code="pool_exists") from None
+            raise
+
+    def get_pool(self, name: str) -> PoolRecord | None:
+        item = self._get(_pool_key(name))
+        return PoolRecord.model_validate(_strip(item)) if item else None
+
+    def list_pools(self) -> list[PoolRecord]:
+        return [PoolRecord.model_validate(_strip(i)) for i in self._query(POOLS_PK, "POOL#")]
+
+    def update_pool(self, name: str, changes: dict[str, Any]) -> PoolRecord | None:
+        item = self._update(_pool_key(name), changes, "attribute_exists(#pk)", {})
+        return PoolRecord.model_validate(_strip(item)) if item else None
+
+    def delete_pool(self, name: str) -> None:
+        self.client.delete_item(TableName=self.table, Key=ser(_pool_key(name)))
+
+    # claims
+    def create_claim(self, claim: ClaimRecord) -> None:
+        item = {
+            **_claim_key(claim.pool, claim.claim_id),
+            **claim.model_dump(),
+            "user_pk": f"CLAIMS#{claim.user}",
+            "user_sk": f"{claim.submitted_at}#{claim.claim_id}",
+        }
+        self.client.transact_write_items(
+            TransactItems=[
+                {
+                    "Put": {
+                        "TableName": self.table,
+                        "Item": ser(item),
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                },
+                {
+                    "Put": {
+                        "TableName": self.table,
+                        "Item": ser({**_pointer_key(claim.claim_id), "pool": claim.pool}),
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                },
+            ]
+        )
+
+    def _claim_pool(self, claim_id: str) -> str | None:
+        ptr = self._get(_pointer_key(claim_id))
+        return str(ptr["pool"]) if ptr else None
+
+    def get_claim(self, claim_id: str) -> ClaimRecord | None:
+        pool = self._claim_pool(claim_id)
+        item = self._get(_claim_key(pool, claim_id)) if pool else None
+        return ClaimRecord.model_validate(_strip(item)) if item else None
+
+    def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]:
+        page = self.client.query(
+            TableName=self.table,
+            IndexName="by_user",
+            KeyConditionExpression="user_pk = :u",
+            ExpressionAttributeValues=ser({":u": f"CLAIMS#{user}"}),
+            ScanIndexForward=False,
+            Limit=limit,
+        )
+        return [ClaimRecord.model_validate(_strip(des(i))) for i in page.get("Items", [])]
+
+    def claims_of_pool(self, pool: str, limit: int) -> list[ClaimRecord]:
+        return [
+            ClaimRecord.model_validate(_strip(i)) for i in self._query(f"POOL#{pool}", "CLAIM#", limit=limit)
+        ]
+
+    def transition_claim(
+        self,
+        claim_id: str,
+        from_states: frozenset[str],
+        changes: dict[str, Any],
+        *,
+        count_completion: bool = False,
+    ) -> ClaimRecord | None:
+        pool = self._claim_pool(claim_id)
+        if pool is None:
+            return None
+        states = sorted(from_states)
+        values = {f":s{i}": s for i, s in enumerate(states)}
+        condition = "attribute_exists(#pk) AND #st IN (" + ", ".join(values) + ")"
+        changes = dict(changes)
+        if count_completion:
+            current = self.get_claim(claim_id)
+            changes["completions"] = (current.completions if current else 0) + 1
+        item = self._update_with_state(_claim_key(pool, claim_id), changes, condition, values)
+        return ClaimRecord.model_validate(_strip(item)) if item else None
+
+    def _update_with_state(
+        self, key: dict[str, str], changes: dict[str, Any], condition: str, values: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        # "state" is a reserved word: the condition names it through #st.
+        sets = {k: v for k, v in changes.items() if v is not None}
+        removes = [k for k, v in changes.items() if v is None]
+        names = {f"#a{i}": k for i, k in enumerate(changes)}
+        back = {k: n for n, k in names.items()}
+        expr = []
+        vals = dict(values)
+        if sets:
+            expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
+            vals.update({f":v{i}": v for i, v in enumerate(sets.values())})
+        if removes:
+            expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+        try:
+            out = self.client.update_item(
+                TableName=self.table,
+                Key=ser(key),
+                UpdateExpression=" ".join(expr),
+                ConditionExpression=condition,
+                ExpressionAttributeNames={**names, "#pk": "pk", "#st": "state"},
+                ExpressionAttributeValues=ser(vals),
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return None
+            raise
+        return des(out["Attributes"])
+
+    # workers
+    def put_worker(self, worker: WorkerRecord) -> None:
+        self.client.put_item(
+            TableName=self.table,
+            Item=ser({**_worker_key(worker.pool, worker.worker_id), **worker.model_dump()}),
+        )
+
+    def update_worker(self, pool: str, worker_id: str, changes: dict[str, Any]) -> WorkerRecord | None:
+        item = self._update(_worker_key(pool, worker_id), changes, "attribute_exists(#pk)", {})
+        return WorkerRecord.model_validate(_strip(item)) if item else None
+
+    def delete_worker(self, pool: str, worker_id: str) -> None:
+        self.client.delete_item(TableName=self.table, Key=ser(_worker_key(pool, worker_id)))
+
+    def workers(self, pool: str) -> list[WorkerRecord]:
+        return [WorkerRecord.model_validate(_strip(i)) for i in self._query(f"POOL#{pool}", "WORKER#")]
+
+    # decisions
+    def add_decision(self, decision: DecisionRecord) -> None:
+        key = {
+            "pk": f"POOL#{decision.pool}",
+            "sk": f"DECISION#{int(decision.at * 1000):015d}#{decision.action}",
+        }
+        self.client.put_item(TableName=self.table, Item=ser({**key, **decision.model_dump()}))
+
+    def decisions(self, pool: str, limit: int) -> list[DecisionRecord]:
+        items = self._query(f"POOL#{pool}", "DECISION#", limit=limit, forward=False)
+        return [DecisionRecord.model_validate(_strip(i)) for i in items]
+
+
+class MemoryPoolStore:
+    """The same contract in memory (unit tests): each method is atomic under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pools: dict[str, PoolRecord] = {}
+        self.claims: dict[str, ClaimRecord] = {}
+        self._workers: dict[tuple[str, str], WorkerRecord] = {}
+        self._decisions: list[DecisionRecord] = []
+
+    def create_pool(self, pool: PoolRecord) -> None:
+        with self._lock:
+            if pool.name in self.pools:
+                raise Conflict(f"a pool named {pool.name!r} exists", code="pool_exists")
+            self.pools[pool.name] = pool.model_copy(deep=True)
+
+    def get_pool(self, name: str) -> PoolRecord | None:
+        with self._lock:
+            p = self.pools.get(name)
+            return p.model_copy(deep=True) if p else None
+
+    def list_pools(self) -> list[PoolRecord]:
+        with self._lock:
+            return [p.model_copy(deep=True) for _, p in sorted(self.pools.items())]
+
+    def update_pool(self, name: str, changes: dict[str, Any]) -> PoolRecord | None:
+        with self._lock:
+            if name not in self.pools:
+                return None
+            self.pools[name] = self.pools[name].model_copy(update=copy.deepcopy(changes))
+            return self.pools[name].model_copy(deep=True)
+
+    def delete_pool(self, name: str) -> None:
+        with self._lock:
+            self.pools.pop(name, None)
+
+    def create_claim(self, claim: ClaimRecord) -> None:
+        with self._lock:
+            self.claims[claim.claim_id] = claim.model_copy(deep=True)
+
+    def get_claim(self, claim_id: str) -> ClaimRecord | None:
+        with self._lock:
+            c = self.claims.get(claim_id)
+            return c.model_copy(deep=True) if c else None
+
+    def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]:
+        with self._lock:
+            mine = [c for c in self.claims.values() if c.user == user]
+        return sorted(mine, key=lambda c: (c.submitted_at, c.claim_id), reverse=True)[:limit]
+
+    def claims_of_pool(self, pool: str, limit: int) -> list[ClaimRecord]:
+        with self._lock:
+            return sorted((c for c in self.claims.values() if c.pool == pool), key=lambda c: c.claim_id)[
+                :limit
+            ]
+
+    def transition_claim(
+        self,
+        claim_id: str,
+        from_states: frozenset[str],
+        changes: dict[str, Any],
+        *,
+        count_completion: bool = False,
+    ) -> ClaimRecord | None:
+        with self._lock:
+            c = self.claims.get(claim_id)
+            if c is None or c.state not in from_states:
+                return None
+            update = copy.deepcopy(changes)
+            if count_completion:
+                update["completions"] = c.completions + 1
+            self.claims[claim_id] = c.model_copy(update=update)
+            return self.claims[claim_id].model_copy(deep=True)
+
+    def put_worker(self, worker: WorkerRecord) -> None:
+        with self._lock:
+            self._workers[(worker.pool, worker.worker_id)] = worker.model_copy(deep=True)
+
+    def update_worker(self, pool: str, worker_id: str, changes: dict[str, Any]) -> WorkerRecord | None:
+        with self._lock:
+            w = self._workers.get((pool, worker_id))
+            if w is None:
+                return None
+            self._workers[(pool, worker_id)] = w.model_copy(update=copy.deepcopy(changes))
+            return self._workers[(pool, worker_id)].model_copy(deep=True)
+
+    def delete_worker(self, pool: str, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop((pool, worker_id), None)
+
+    def workers(self, pool: str) -> list[WorkerRecord]:
+        with self._lock:
+            return [w.model_copy(deep=True) for (p, _), w in sorted(self._workers.items()) if p == pool]
+
+    def add_decision(self, decision: DecisionRecord) -> None:
+        with self._lock:
+            self._decisions.append(decision.model_copy(deep=True))
+
+    def decisions(self, pool: str, limit: int) -> list[DecisionRecord]:
+        with self._lock:
+            return [x for x in reversed(self._decisions) if x.pool == pool][:limit]

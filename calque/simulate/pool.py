@@ -1,0 +1,350 @@
+"""Replay an arrival trace through a pool, on a virtual clock, with the REAL scaler decision.
+
+A trace is a CSV file with a header and columns ``arrival_s`` (seconds from the start)
+and ``service_s`` (run seconds of the claim on a warm worker), optionally ``items`` and
+``model``. Workers take ``cold_start_s`` to launch and ``enter_s`` to load the model;
+then they take claims first come, first served. With the ``scaler`` policy,
+``calque.pools.scaler.decide`` runs on its schedule (every ``tick_s``) and on every
+submit (the nudge), exactly as the scaler function does; ``static`` holds N workers
+from the start to the end of the trace.
+
+One worker is one GPU (the pool default: one worker per GPU of an instance), so paid
+GPU-seconds are the seconds workers existed, launch to removal, and busy GPU-seconds
+the seconds they ran claims. No sleeping: a day of trace takes a moment of wall time.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from calque.errors import InvalidInput
+from calque.pools.scaler import (
+    Action,
+    Backlog,
+    Decision,
+    ScalerConfig,
+    ScalerHistory,
+    WorkerState,
+    WorkerView,
+    decide,
+)
+
+REQUIRED_COLUMNS = ("arrival_s", "service_s")
+OPTIONAL_COLUMNS = ("items", "model")
+
+
+@dataclass(frozen=True)
+class TraceClaim:
+    line: int
+    arrival_s: float
+    service_s: float
+    items: int = 1
+    model: str | None = None
+
+
+def _number(text: str, *, column: str, line: int, path: str, integer: bool = False) -> float:
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        raise InvalidInput(
+            f"{path} line {line}: {column} {text!r} is not {kind}",
+            code="invalid_trace",
+            details={"line": line, "column": column, "value": text},
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise InvalidInput(
+            f"{path} line {line}: {column} {text!r} must be a finite number, 0 or more",
+            code="invalid_trace",
+            details={"line": line, "column": column, "value": text},
+        )
+    return value
+
+
+def load_trace(path: str | Path) -> list[TraceClaim]:
+    """The trace's claims in arrival order; InvalidInput naming the line of the first problem."""
+    name = str(path)
+    try:
+        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read the trace {name}: {exc.strerror or exc}", code="invalid_trace"
+        ) from None
+    with handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise InvalidInput(f"{name} line 1: the trace is empty (no header)", code="invalid_trace")
+        header = [h.strip() for h in header]
+        missing = [c for c in REQUIRED_COLUMNS if c not in header]
+        unknown = [c for c in header if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
+        if missing or unknown:
+            problem = []
+            if missing:
+                problem.append(f"missing column(s) {', '.join(missing)}")
+            if unknown:
+                problem.append(f"unknown column(s) {', '.join(unknown)}")
+            raise InvalidInput(
+                f"{name} line 1: {' and '.join(problem)} (columns: arrival_s, service_s, "
+                "optional items, model)",
+                code="invalid_trace",
+                details={"line": 1, "missing": missing, "unknown": unknown},
+            )
+        index = {c: i for i, c in enumerate(header)}
+        claims: list[TraceClaim] = []
+        for line, row in enumerate(reader, start=2):
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                raise InvalidInput(
+                    f"{name} line {line}: {len(row)} field(s), the header has {len(header)}",
+                    code="invalid_trace",
+                    details={"line": line},
+                )
+
+            def cell(column: str, row: list[str] = row) -> str:
+                return row[index[column]].strip()
+
+            arrival = _number(cell("arrival_s"), column="arrival_s", line=line, path=name)
+            service = _number(cell("service_s"), column="service_s", line=line, path=name)
+            items = 1
+            if "items" in index and cell("items"):
+                items = int(_number(cell("items"), column="items", line=line, path=name, integer=True))
+            model = cell("model") or None if "model" in index else None
+            claims.append(TraceClaim(line, arrival, service, items, model))
+    if not claims:
+        raise InvalidInput(f"{name}: the trace has a header but no claims", code="invalid_trace")
+    claims.sort(key=lambda c: (c.arrival_s, c.line))
+    return claims
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    policy: Literal["scaler", "static"] = "scaler"
+    static_workers: int = 1
+    cold_start_s: float = 180.0
+    enter_s: float = 60.0
+    tick_s: float = 60.0
+    scaler: ScalerConfig = field(default_factory=ScalerConfig)
+
+
+@dataclass
+class _Worker:
+    worker_id: str
+    launched_at: float
+    ready_at: float
+    state: WorkerState = WorkerState.STARTING
+    idle_since: float | None = None
+    claims_served: int = 0
+    removed_at: float | None = None
+    busy_s: float = 0.0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    claims: int
+    paid_gpu_seconds: float
+    busy_gpu_seconds: float
+    warm_hits: int
+    waits: list[float]
+    max_workers: int
+    decisions: list[Decision]
+    timeline: list[tuple[float, int, int]]  # (t, backlog, workers)
+    end_s: float
+    hourly_usd_per_gpu: float | None = None
+
+    @property
+    def paid_per_busy(self) -> float:
+        return self.paid_gpu_seconds / self.busy_gpu_seconds if self.busy_gpu_seconds else math.inf
+
+    @property
+    def warm_hit_rate(self) -> float:
+        return self.warm_hits / self.claims if self.claims else 0.0
+
+    def wait_percentile(self, p: float) -> float:
+        """Nearest-rank percentile of the waits (arrival to start of run)."""
+        ordered = sorted(self.waits)
+        if not ordered:
+            return 0.0
+        rank = max(1, math.ceil(p / 100 * len(ordered)))
+        return ordered[rank - 1]
+
+    def summary(self) -> dict[str, Any]:
+        counts = {a.value: 0 for a in (Action.SCALE_OUT, Action.SCALE_IN)}
+        for d in self.decisions:
+            if d.action is not Action.HOLD:
+                counts[d.action.value] += 1
+        out: dict[str, Any] = {
+            "policy": self.policy,
+            "claims": self.claims,
+            "paid_gpu_seconds": round(self.paid_gpu_seconds, 1),
+            "busy_gpu_seconds": round(self.busy_gpu_seconds, 1),
+            "paid_per_busy": round(self.paid_per_busy, 3),
+            "warm_hit_rate": round(self.warm_hit_rate, 4),
+            "wait_p50_s": round(self.wait_percentile(50), 1),
+            "wait_p95_s": round(self.wait_percentile(95), 1),
+            "wait_max_s": round(max(self.waits, default=0.0), 1),
+            "max_workers": self.max_workers,
+            "scale_decisions": counts,
+            "simulated_seconds": round(self.end_s, 1),
+        }
+        if self.hourly_usd_per_gpu is not None:
+            out["paid_usd"] = round(self.paid_gpu_seconds / 3600 * self.hourly_usd_per_gpu, 2)
+        return out
+
+
+# Event kinds, ordered so that at one instant completions free workers before
+# arrivals and ticks look at the pool.
+_DONE, _READY, _ARRIVAL, _TICK = 0, 1, 2, 3
+
+
+def simulate(
+    trace: list[TraceClaim], config: SimConfig, *, hourly_usd_per_gpu: float | None = None
+) -> SimResult:
+    """Run the trace to the end (every claim served, and with the scaler, back to min workers)."""
+    if config.policy == "static" and config.static_workers < 1:
+        raise InvalidInput("a static pool needs at least 1 worker", details={"field": "workers"})
+    events: list[tuple[float, int, int, Any]] = []
+    seq = itertools.count()
+
+    def push(t: float, kind: int, payload: Any = None) -> None:
+        heapq.heappush(events, (t, kind, next(seq), payload))
+
+    workers: dict[str, _Worker] = {}
+    ids = itertools.count(1)
+    queue: list[TraceClaim] = []  # FIFO of waiting claims
+    waits: list[float] = []
+    warm_hits = 0
+    decisions: list[Decision] = []
+    history = ScalerHistory()
+    timeline: list[tuple[float, int, int]] = []
+    max_workers = 0
+    done = 0
+
+    def live() -> list[_Worker]:
+        return [w for w in workers.values() if w.removed_at is None]
+
+    def launch(now: float) -> None:
+        w = _Worker(f"w{next(ids)}", launched_at=now, ready_at=now + config.cold_start_s + config.enter_s)
+        workers[w.worker_id] = w
+        push(w.ready_at, _READY, w.worker_id)
+
+    def record(now: float) -> None:
+        nonlocal max_workers
+        n = len(live())
+        busy = sum(1 for w in live() if w.state is WorkerState.BUSY)
+        max_workers = max(max_workers, n)
+        point = (now, len(queue) + busy, n)
+        if not timeline or timeline[-1][1:] != point[1:]:
+            timeline.append(point)
+
+    def dispatch(now: float) -> None:
+        nonlocal warm_hits
+        idle = sorted(
+            (w for w in live() if w.state is WorkerState.IDLE), key=lambda w: (w.idle_since, w.worker_id)
+        )
+        while queue and idle:
+            w = idle.pop()  # the most recently idle first: keeps the others aging toward scale-in
+            claim = queue.pop(0)
+            waits.append(now - claim.arrival_s)
+            if w.claims_served:
+                warm_hits += 1
+            w.claims_served += 1
+            w.state, w.idle_since = WorkerState.BUSY, None
+            w.busy_s += claim.service_s
+            push(now + claim.service_s, _DONE, w.worker_id)
+
+    def scale(now: float) -> None:
+        nonlocal history
+        views = [WorkerView(w.worker_id, w.state, w.idle_since) for w in live()]
+        in_flight = sum(1 for w in live() if w.state is WorkerState.BUSY)
+        d = decide(config.scaler, Backlog(visible=len(queue), in_flight=in_flight), views, now, history)
+        decisions.append(d)
+        history = d.history_after(history)
+        for _ in range(d.launch):
+            launch(now)
+        for wid in d.remove:
+            workers[wid].removed_at = now
+
+    for claim in trace:
+        push(claim.arrival_s, _ARRIVAL, claim)
+    if config.policy == "static":
+        for _ in range(config.static_workers):
+            launch(0.0)
+    else:
+        scale(0.0)
+        push(config.tick_s, _TICK)
+
+    now = 0.0
+    record(now)
+    while events:
+        now, kind, _, payload = heapq.heappop(events)
+        if kind == _ARRIVAL:
+            queue.append(payload)
+            if config.policy == "scaler":
+                scale(now)  # the nudge a submit sends
+        elif kind == _READY:
+            w = workers[payload]
+            if w.removed_at is None:
+                w.state, w.idle_since = WorkerState.IDLE, now
+        elif kind == _DONE:
+            w = workers[payload]
+            w.state, w.idle_since = WorkerState.IDLE, now
+            done += 1
+        elif kind == _TICK:
+            scale(now)
+            settled = done == len(trace) and len(live()) <= config.scaler.min_workers
+            if not settled:
+                push(now + config.tick_s, _TICK)
+        dispatch(now)
+        record(now)
+        if config.policy == "static" and done == len(trace):
+            break
+
+    end = now
+    paid = 0.0
+    for w in workers.values():
+        paid += (w.removed_at if w.removed_at is not None else end) - w.launched_at
+    busy_total = sum(w.busy_s for w in workers.values())
+    return SimResult(
+        policy=config.policy if config.policy == "scaler" else f"static:{config.static_workers}",
+        claims=len(trace),
+        paid_gpu_seconds=paid,
+        busy_gpu_seconds=busy_total,
+        warm_hits=warm_hits,
+        waits=waits,
+        max_workers=max_workers,
+        decisions=decisions,
+        timeline=timeline,
+        end_s=end,
+        hourly_usd_per_gpu=hourly_usd_per_gpu,
+    )
+
+
+def plot(result: SimResult, path: str | Path) -> None:
+    """Backlog and workers over time, to a PNG (needs the ``plot`` extra: matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = [t / 60 for t, _, _ in result.timeline]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.step(ts, [b for _, b, _ in result.timeline], where="post", label="backlog (visible + in flight)")
+    ax.step(ts, [n for _, _, n in result.timeline], where="post", label="workers")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("count")
+    ax.set_title(
+        f"{result.policy}: paid/busy {result.paid_per_busy:.2f}, p95 wait {result.wait_percentile(95):.0f}s"
+    )
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,112 @@
+"""Warm pools and their claims: pools (admins create/change/delete; everyone lists and reads),
+claims (members submit and see only their own), and the workers' reports (instance role)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from aws_lambda_powertools.metrics import MetricUnit
+
+from calque.contracts.pools import (
+    Claim,
+    ClaimReport,
+    ClaimReportAnswer,
+    ClaimSubmit,
+    Pool,
+    PoolCreate,
+    PoolDelete,
+    PoolUpdate,
+    WorkerReport,
+)
+from calque.pools.wiring import pools
+from calque.settings import pool_settings
+from functions import observability
+from functions.api.context import caller
+
+router = Router()
+logger = observability.logger("api")
+metrics = observability.metrics("api")
+
+
+def _pool(record: Any) -> Pool:
+    return Pool.model_validate(record.model_dump())
+
+
+def _claim(record: Any) -> Claim:
+    return Claim.model_validate(record.model_dump())
+
+
+@router.post("/pools", status_code=201)
+def create_pool(body: PoolCreate) -> Pool:
+    pool = pools().create_pool(caller(router), body)
+    logger.info("pool created", extra={"pool": pool.name, "instance_type": pool.instance_type})
+    return _pool(pool)
+
+
+@router.get("/pools")
+def list_pools() -> list[Pool]:
+    return [_pool(p) for p in pools().list_pools(caller(router))]
+
+
+@router.get("/pools/<name>")
+def pool_status(name: str) -> dict[str, Any]:
+    service = pools()
+    who = caller(router)
+    return {**_pool(service.get_pool(who, name)).model_dump(), "status": service.status(who, name)}
+
+
+@router.patch("/pools/<name>")
+def update_pool(name: str, body: PoolUpdate) -> Pool:
+    return _pool(pools().update_pool(caller(router), name, body))
+
+
+@router.delete("/pools/<name>")
+def delete_pool(name: str, body: Annotated[PoolDelete | None, Body()] = None) -> dict[str, Any]:
+    out = pools().delete_pool(caller(router), name, body or PoolDelete())
+    logger.info("pool delete", extra=out)
+    return out
+
+
+@router.post("/pools/<name>/claims", status_code=201)
+def submit(name: str, body: ClaimSubmit) -> Claim:
+    claim = pools().submit(caller(router), name, body)
+    metrics.add_metric(name="ClaimsSubmitted", unit=MetricUnit.Count, value=1)
+    logger.info("claim submitted", extra={"pool": name, "claim_id": claim.claim_id, "items": claim.items})
+    return _claim(claim)
+
+
+@router.get("/claims")
+def list_claims(pool: Annotated[str | None, Query()] = None) -> list[Claim]:
+    return [_claim(c) for c in pools().list_claims(caller(router), pool)]
+
+
+@router.get("/claims/<claim_id>")
+def show_claim(claim_id: str) -> Claim:
+    return _claim(pools().get_claim(caller(router), claim_id))
+
+
+@router.get("/claims/<claim_id>/result")
+def claim_result(claim_id: str) -> dict[str, Any]:
+    return pools().claim_result(caller(router), claim_id)
+
+
+@router.delete("/claims/<claim_id>")
+def cancel_claim(claim_id: str) -> Claim:
+    claim = pools().cancel_claim(caller(router), claim_id)
+    logger.info("claim cancelled", extra={"claim_id": claim_id})
+    return _claim(claim)
+
+
+@router.post("/pools/<name>/claims/<claim_id>/report")
+def claim_report(name: str, claim_id: str, body: ClaimReport) -> ClaimReportAnswer:
+    out = pools().claim_report(caller(router), pool_settings().host_role_name, name, claim_id, body)
+    if body.event != "started":
+        logger.info("claim report", extra={"claim_id": claim_id, "event": body.event, "answer": out})
+    return ClaimReportAnswer.model_validate(out)
+
+
+@router.post("/pools/<name>/workers/<worker_id>/report")
+def worker_report(name: str, worker_id: str, body: WorkerReport) -> dict[str, Any]:
+    return pools().worker_report(caller(router), pool_settings().host_role_name, name, worker_id, body)

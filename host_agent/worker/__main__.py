@@ -1,0 +1,65 @@
+"""``python -m host_agent.worker``: run one pool worker until idle or stopped."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m host_agent.worker", description="run one warm-pool worker")
+    p.add_argument("--pool", required=True)
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--queue-url", required=True)
+    p.add_argument("--runner", required=True, help="MODULE:CLASS")
+    p.add_argument("--package", default=None, help="directory holding the runner's package")
+    p.add_argument("--report-to", required=True, help="the control plane's API endpoint")
+    p.add_argument("--visibility", type=int, default=60, help="seconds each heartbeat extends a claim to")
+    p.add_argument(
+        "--heartbeat", type=float, default=None, help="seconds between heartbeats (default: a third)"
+    )
+    p.add_argument("--idle-timeout", type=float, default=600.0)
+    p.add_argument("--poll-wait", type=int, default=20)
+    return p
+
+
+def main(argv: list | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=os.environ.get("CALQUE_WORKER_LOG_LEVEL", "INFO"), stream=sys.stderr)
+    import boto3
+
+    from host_agent.worker.control import HttpControlPlane
+    from host_agent.worker.loop import Worker, WorkerConfig, install_signal_handlers
+
+    endpoint = os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
+    try:
+        config = WorkerConfig(
+            pool=args.pool,
+            worker_id=args.worker_id,
+            instance_id=args.instance_id,
+            queue_url=args.queue_url,
+            runner=args.runner,
+            package_path=args.package,
+            visibility_s=args.visibility,
+            heartbeat_s=args.heartbeat if args.heartbeat is not None else args.visibility / 3,
+            idle_timeout_s=args.idle_timeout,
+            poll_wait_s=min(20, max(1, args.poll_wait)),
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"worker: error: {exc}\n")
+        return 2
+    worker = Worker(
+        config,
+        sqs=boto3.client("sqs", endpoint_url=endpoint),
+        s3=boto3.client("s3", endpoint_url=endpoint),
+        control=HttpControlPlane(args.report_to),
+    )
+    install_signal_handlers(worker)
+    return worker.run_forever()
+
+
+if __name__ == "__main__":  # spawn re-imports this module as __mp_main__: run only when asked
+    sys.exit(main())

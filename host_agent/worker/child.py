@@ -1,0 +1,87 @@
+"""The supervised child process: holds the runner, enters once, runs claims on request.
+
+Talks to its parent over a multiprocessing connection; the runner's stdout and stderr
+go to the files the parent names for each claim (file descriptors 1 and 2 redirected),
+so a print or a C library's output lands in that claim's log. When the parent dies
+(kill -9 of the worker), the child notices and exits: a runner never outlives its worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from host_agent.worker.runner import RunnerError, load_runner, run_items
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(70)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class _Redirect:
+    """Point fds 1 and 2 at two files for the duration of one claim."""
+
+    def __init__(self, stdout_path: str | None, stderr_path: str | None):
+        self.paths = (stdout_path, stderr_path)
+        self.saved: list = []
+
+    def __enter__(self) -> _Redirect:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, path in zip((1, 2), self.paths, strict=False):
+            if path:
+                self.saved.append((fd, os.dup(fd)))
+                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(target, fd)
+                os.close(target)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in self.saved:
+            os.dup2(saved, fd)
+            os.close(saved)
+
+
+def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int) -> None:
+    _exit_with_parent(parent_pid)
+    started = time.monotonic()
+    try:
+        runner = load_runner(runner_spec, package_path)
+        runner.enter()
+    except BaseException as exc:
+        conn.send({"op": "enter_failed", "reason": f"{type(exc).__name__}: {exc}"[:2000]})
+        return
+    conn.send({"op": "entered", "enter_seconds": round(time.monotonic() - started, 3)})
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            break
+        if request.get("op") == "stop":
+            break
+        began = time.monotonic()
+        try:
+            with _Redirect(request.get("stdout"), request.get("stderr")):
+                results = run_items(runner, request["items"])
+            conn.send({"op": "done", "results": results, "run_seconds": round(time.monotonic() - began, 3)})
+        except RunnerError as exc:
+            conn.send({"op": "failed", "reason": str(exc)})
+        except BaseException as exc:
+            conn.send({"op": "failed", "reason": "".join(traceback.format_exception_only(type(exc), exc))})
+    exit_ = getattr(runner, "exit", None)
+    if callable(exit_):
+        with contextlib.suppress(Exception):  # the worker is stopping either way
+            exit_()

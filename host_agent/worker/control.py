@@ -1,0 +1,78 @@
+"""How the worker tells the control plane about claims and itself: the pool report routes of
+the API, signed (SigV4) with the instance's own role, like the host agent's report.
+
+The worker never writes the registry table itself: the host role has no DynamoDB access
+(the table also holds sessions and token hashes), and the claim's state machine, with
+its conditional writes, stays in one place, the control plane (calque/pools/service.py).
+
+    POST /v1/pools/{pool}/claims/{claim_id}/report   started | attempt_failed | succeeded
+    POST /v1/pools/{pool}/workers/{worker_id}/report idle | busy | exited
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote
+
+
+class ControlPlaneError(Exception):
+    """The control plane could not be reached or refused a report."""
+
+
+class HttpControlPlane:
+    def __init__(self, endpoint: str, region: str | None = None, timeout_s: float = 15.0, retries: int = 4):
+        self.endpoint = endpoint.rstrip("/")
+        self.region = region
+        self.timeout_s = timeout_s
+        self.retries = retries
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        import botocore.session
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        session = botocore.session.get_session()
+        creds = session.get_credentials()
+        if creds is None:
+            raise ControlPlaneError("no AWS credentials to sign the report with (instance role)")
+        region = (
+            self.region
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+            or session.get_config_variable("region")
+            or "us-east-1"
+        )
+        url = self.endpoint + path
+        data = json.dumps(body).encode()
+        last = ""
+        for attempt in range(self.retries):
+            req = AWSRequest(method="POST", url=url, data=data, headers={"Content-Type": "application/json"})
+            SigV4Auth(creds.get_frozen_credentials(), "execute-api", region).add_auth(req)
+            http = urllib.request.Request(url, data=data, method="POST", headers=dict(req.headers.items()))  # noqa: S310
+            try:
+                with urllib.request.urlopen(http, timeout=self.timeout_s) as resp:  # noqa: S310
+                    return dict(json.loads(resp.read().decode() or "{}"))
+            except urllib.error.HTTPError as exc:
+                text = exc.read().decode(errors="replace")[:500]
+                if exc.code < 500 and exc.code != 429:
+                    raise ControlPlaneError(
+                        f"the control plane refused {path} ({exc.code}): {text}"
+                    ) from None
+                last = f"HTTP {exc.code}: {text}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(min(8.0, 0.5 * 2**attempt))
+        raise ControlPlaneError(f"cannot report {path} to {self.endpoint}: {last}")
+
+    def claim(self, pool: str, claim_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._post(f"/v1/pools/{quote(pool, safe='')}/claims/{quote(claim_id, safe='')}/report", body)
+
+    def worker(self, pool: str, worker_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._post(
+            f"/v1/pools/{quote(pool, safe='')}/workers/{quote(worker_id, safe='')}/report", body
+        )

@@ -1,0 +1,264 @@
+"""The worker's loop: long-poll the pool's queue, run each claim on the warm runner, record
+the result, complete the claim with a conditional write, and only then delete the message.
+
+Exactly-once effect: a claim's completion is one conditional write in the control plane;
+a redelivered claim that is already completed (or cancelled, or failed) is deleted
+without running again. A claim whose worker dies is redelivered by SQS when its
+visibility lapses (no heartbeat any more); after the queue's bounded receives it lands
+in the DLQ, where the pool's DLQ consumer marks it failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from host_agent.worker.supervisor import Outcome, Supervisor
+
+log = logging.getLogger("calque.worker")
+
+
+@dataclass
+class WorkerConfig:
+    pool: str
+    worker_id: str
+    instance_id: str
+    queue_url: str
+    runner: str
+    package_path: str | None = None
+    visibility_s: int = 60  # what each heartbeat extends the claim's visibility to
+    heartbeat_s: float = 20.0  # a third of the visibility: two missed beats still hold the claim
+    idle_timeout_s: float = 600.0
+    poll_wait_s: int = 20  # SQS long poll (at most 20)
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s * 2 >= self.visibility_s:
+            raise ValueError(
+                f"heartbeat every {self.heartbeat_s}s cannot keep a {self.visibility_s}s visibility alive: "
+                "use a heartbeat of at most a third of it"
+            )
+
+
+class _Heartbeat:
+    """Extends one message's visibility every ``every_s`` until stopped."""
+
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        receipt: str,
+        visibility_s: int,
+        every_s: float,
+        on_beat: Callable[[], None] | None = None,
+    ):
+        self._stop = threading.Event()
+        self._on_beat = on_beat
+        self._thread = threading.Thread(
+            target=self._beat, args=(sqs, queue_url, receipt, visibility_s, every_s), daemon=True
+        )
+        self.beats = 0
+
+    def _beat(self, sqs: Any, queue_url: str, receipt: str, visibility_s: int, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                sqs.change_message_visibility(
+                    QueueUrl=queue_url, ReceiptHandle=receipt, VisibilityTimeout=visibility_s
+                )
+                self.beats += 1
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class Worker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        sqs: Any,
+        s3: Any,
+        control: Any,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.config = config
+        self.sqs = sqs
+        self.s3 = s3
+        self.control = control
+        self.clock = clock
+        self.supervisor = Supervisor(config.runner, config.package_path)
+        self.stopping = False
+        self.claims_run = 0
+        self._last_report = 0.0
+        self._state = "starting"
+        self._claim_id: str | None = None
+
+    @property
+    def report_every_s(self) -> float:
+        """Liveness: the control plane counts a worker silent for three of these as gone."""
+        return max(1.0, self.config.visibility_s / 2)
+
+    # lifecycle
+    def request_stop(self, *_: Any) -> None:
+        """SIGTERM: finish the claim in hand (if any), then exit."""
+        self.stopping = True
+
+    def _report_self(self, state: str, **extra: Any) -> None:
+        self._state, self._last_report = state, self.clock()
+        if state == "busy":
+            self._claim_id = extra.get("claim_id")
+        body = {"instance_id": self.config.instance_id, "state": state, **extra}
+        try:
+            self.control.worker(self.config.pool, self.config.worker_id, body)
+        except Exception as exc:
+            log.warning("worker state report failed: %s", exc)
+
+    def run_forever(self) -> int:
+        try:
+            self.supervisor.start()
+        except RuntimeError as exc:
+            self._report_self("exited", reason=str(exc))
+            log.error("%s", exc)
+            return 1
+        self._report_self("idle", enter_seconds=self.supervisor.enter_seconds)
+        idle_since = self.clock()
+        try:
+            while not self.stopping:
+                left = self.config.idle_timeout_s - (self.clock() - idle_since)
+                if left <= 0:
+                    self._report_self("exited", reason=f"idle for {self.config.idle_timeout_s:.0f}s")
+                    return 0
+                if self.clock() - self._last_report >= self.report_every_s:
+                    self._report_self("idle")  # still here
+                wait = int(max(1, min(self.config.poll_wait_s, left, self.report_every_s)))
+                resp = self.sqs.receive_message(
+                    QueueUrl=self.config.queue_url,
+                    MaxNumberOfMessages=1,
+                    WaitTimeSeconds=wait,
+                    AttributeNames=["ApproximateReceiveCount"],
+                )
+                for message in resp.get("Messages", []):
+                    self.handle(message)
+                    idle_since = self.clock()
+            self._report_self("exited", reason="stopped")
+            return 0
+        finally:
+            self.supervisor.stop()
+
+    # one claim
+    def handle(self, message: dict[str, Any]) -> str:
+        """Process one message; returns what happened (for logs and tests)."""
+        receipt = message["ReceiptHandle"]
+        try:
+            pointer = json.loads(message["Body"])
+            claim_id, pool = str(pointer["claim_id"]), str(pointer["pool"])
+        except (ValueError, KeyError, TypeError):
+            log.error("not a claim pointer, left for the DLQ: %r", message.get("Body", "")[:200])
+            return "malformed"
+        attempt = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+        who = {"worker_id": self.config.worker_id, "instance_id": self.config.instance_id, "attempt": attempt}
+        answer = self.control.claim(pool, claim_id, {"event": "started", **who})
+        if not answer.get("proceed"):
+            # Already completed, failed or cancelled: exactly-once effect, do not run it again.
+            self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
+            return f"skipped:{answer.get('state')}"
+        self._report_self("busy", claim_id=claim_id)
+        try:
+            with _Heartbeat(
+                self.sqs,
+                self.config.queue_url,
+                receipt,
+                self.config.visibility_s,
+                self.config.heartbeat_s,
+                on_beat=self._still_busy,
+            ):
+                outcome, logs = self._attempt(pointer, attempt)
+            if not outcome.ok:
+                self.control.claim(
+                    pool, claim_id, {"event": "attempt_failed", "reason": outcome.reason, **who}
+                )
+                # Back on the queue now, not after the visibility lapses: the next attempt starts at once.
+                self.sqs.change_message_visibility(
+                    QueueUrl=self.config.queue_url, ReceiptHandle=receipt, VisibilityTimeout=0
+                )
+                return "attempt_failed"
+            summary, result_key = self._write_result(pointer, attempt, outcome, logs)
+            answer = self.control.claim(
+                pool, claim_id, {"event": "succeeded", "result_key": result_key, "summary": summary, **who}
+            )
+            self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
+            self.claims_run += 1
+            return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
+        finally:
+            self._report_self("idle")
+
+    def _still_busy(self) -> None:
+        if self.clock() - self._last_report >= self.report_every_s:
+            self._report_self("busy", claim_id=self._claim_id)
+
+    def _attempt(self, pointer: dict[str, Any], attempt: int) -> Any:
+        manifest = pointer["manifest"]
+        body = self.s3.get_object(Bucket=manifest["bucket"], Key=manifest["key"])["Body"].read()
+        items = json.loads(body)["items"]
+        with tempfile.TemporaryDirectory(prefix="calque-claim-") as tmp:
+            out_path, err_path = os.path.join(tmp, "stdout.txt"), os.path.join(tmp, "stderr.txt")
+            outcome: Outcome = self.supervisor.run(items, out_path, err_path)
+            logs = {}
+            for name, path in (("stdout", out_path), ("stderr", err_path)):
+                logs[name] = open(path, "rb").read() if os.path.exists(path) else b""  # noqa: SIM115
+        results = pointer["results"]
+        prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}"
+        for name, data in logs.items():
+            self.s3.put_object(Bucket=results["bucket"], Key=f"{prefix}/{name}.txt", Body=data)
+        return outcome, {"prefix": prefix, "items": len(items)}
+
+    def _write_result(
+        self, pointer: dict[str, Any], attempt: int, outcome: Outcome, logs: dict[str, Any]
+    ) -> Any:
+        results = pointer["results"]
+        ok = sum(1 for r in outcome.results if r.get("ok"))
+        summary = {
+            "items_ok": ok,
+            "items_failed": len(outcome.results) - ok,
+            "warm_hit": outcome.warm_hit,
+            "enter_seconds": outcome.enter_seconds,
+            "run_seconds": outcome.run_seconds,
+            "worker": self.config.worker_id,
+            "instance": self.config.instance_id,
+            "attempt": attempt,
+            "stdout_key": f"{logs['prefix']}/stdout.txt",
+            "stderr_key": f"{logs['prefix']}/stderr.txt",
+        }
+        result_key = f"{logs['prefix']}/result.json"
+        self.s3.put_object(
+            Bucket=results["bucket"],
+            Key=result_key,
+            Body=json.dumps({"claim_id": pointer["claim_id"], "results": outcome.results}).encode(),
+            ContentType="application/json",
+        )
+        self.s3.put_object(
+            Bucket=results["bucket"],
+            Key=f"{logs['prefix']}/summary.json",
+            Body=json.dumps(summary).encode(),
+            ContentType="application/json",
+        )
+        return summary, result_key
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    signal.signal(signal.SIGTERM, worker.request_stop)
+    signal.signal(signal.SIGINT, worker.request_stop)

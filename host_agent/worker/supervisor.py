@@ -1,0 +1,131 @@
+"""The worker's side of the runner child: start it, hand it claims, notice when it dies."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Outcome:
+    """One claim attempt on the runner."""
+
+    ok: bool
+    results: list[dict] = field(default_factory=list)
+    run_seconds: float = 0.0
+    reason: str = ""
+    warm_hit: bool = False
+    enter_seconds: float = 0.0
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "the runner process stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"the runner process was killed by {name}"
+    return f"the runner process exited with code {code}"
+
+
+class Supervisor:
+    """Owns one runner child process at a time; restarts it after a crash (a cold start again)."""
+
+    def __init__(self, runner_spec: str, package_path: str | None = None, poll_s: float = 0.1):
+        self.runner_spec = runner_spec
+        self.package_path = package_path
+        self.poll_s = poll_s
+        self._proc: Any = None
+        self._conn: Any = None
+        self.enter_seconds = 0.0
+        self.enters = 0  # how many times enter() ran in this worker's life
+        self._served_since_enter = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def start(self) -> None:
+        """Start the child and wait for enter() to finish; RuntimeError with the reason if it failed."""
+        from host_agent.worker import child
+
+        ctx = multiprocessing.get_context("spawn")
+        parent, kid = ctx.Pipe()
+        proc = ctx.Process(
+            target=child.main,
+            args=(kid, self.runner_spec, self.package_path, os.getpid()),
+            name="calque-runner",
+            daemon=True,
+        )
+        proc.start()
+        kid.close()
+        self._proc, self._conn = proc, parent
+        message = self._receive()
+        if message is None or message.get("op") != "entered":
+            reason = (message or {}).get("reason") or _exit_reason(proc.exitcode)
+            self.stop()
+            raise RuntimeError(f"the runner's enter() failed: {reason}")
+        self.enter_seconds = float(message["enter_seconds"])
+        self.enters += 1
+        self._served_since_enter = 0
+
+    def _receive(self) -> dict | None:
+        """The child's next message, or None when it died first."""
+        while True:
+            try:
+                if self._conn.poll(self.poll_s):
+                    return dict(self._conn.recv())
+            except (EOFError, OSError):
+                return None
+            if not self._proc.is_alive():
+                try:
+                    if self._conn.poll(0):
+                        return dict(self._conn.recv())
+                except (EOFError, OSError):
+                    pass
+                return None
+
+    def run(self, items: list[Any], stdout_path: str, stderr_path: str) -> Outcome:
+        if not self.alive:
+            self.start()
+        warm = self._served_since_enter > 0
+        enter_s = 0.0 if warm else self.enter_seconds
+        self._served_since_enter += 1
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self._conn.send({"op": "run", "items": items, "stdout": stdout_path, "stderr": stderr_path})
+        message = self._receive()
+        if message is None:
+            reason = _exit_reason(self._proc.exitcode if not self._proc.is_alive() else None)
+            self.stop()
+            return Outcome(ok=False, reason=reason, warm_hit=warm, enter_seconds=enter_s)
+        if message.get("op") != "done":
+            return Outcome(ok=False, reason=str(message.get("reason")), warm_hit=warm, enter_seconds=enter_s)
+        return Outcome(
+            ok=True,
+            results=list(message["results"]),
+            run_seconds=float(message["run_seconds"]),
+            warm_hit=warm,
+            enter_seconds=enter_s,
+        )
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._proc is None:
+            return
+        try:
+            if self._proc.is_alive():
+                with contextlib.suppress(OSError, BrokenPipeError):
+                    self._conn.send({"op": "stop"})
+                self._proc.join(timeout_s)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout_s)
+        finally:
+            with contextlib.suppress(OSError):
+                self._conn.close()
+            self._proc = self._conn = None

@@ -1,0 +1,313 @@
+"""Pools and claims as members and admins see them, over in-memory ports."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolCreate, PoolDelete, PoolUpdate, WorkerReport
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
+from tests.unit.pools.fakes import ADMIN, HOST_ROLE, World, instance, member
+
+pytestmark = pytest.mark.unit
+
+ALICE, BOB = member("alice"), member("bob")
+
+
+def create(world: World, name: str = "textstats", who=ADMIN, **kw) -> None:
+    body = {
+        "name": name,
+        "model": "example",
+        "instance_type": "g6e.xlarge",
+        "runner": "textstats:TextStats",
+        "package_key": "packages/textstats.zip",
+        "max_workers": 3,
+        "idle_timeout_s": 60,
+        "i_understand_this_spends_money": True,
+        **kw,
+    }
+    world.pools.create_pool(who, PoolCreate(**body))
+
+
+@pytest.fixture
+def world() -> World:
+    w = World()
+    create(w)
+    return w
+
+
+def start_worker(world: World, pool: str = "textstats") -> tuple[str, str]:
+    """Let the scaler start one worker and have it report idle; (worker_id, instance_id)."""
+    world.store.update_pool(pool, {"min_workers": 1})
+    world.pools.scale(pool)
+    world.store.update_pool(pool, {"min_workers": 0})
+    w = next(w for w in world.store.workers(pool) if w.state == "starting")
+    world.pools.worker_report(
+        instance(w.instance_id),
+        HOST_ROLE,
+        pool,
+        w.worker_id,
+        WorkerReport(instance_id=w.instance_id, state="idle", enter_seconds=3.0),
+    )
+    return w.worker_id, w.instance_id
+
+
+def report(world, claim_id, event, wid, iid, attempt=1, **kw):
+    return world.pools.claim_report(
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        claim_id,
+        ClaimReport(event=event, worker_id=wid, instance_id=iid, attempt=attempt, **kw),
+    )
+
+
+def test_members_may_not_create_update_or_delete_pools(world):
+    with pytest.raises(Forbidden):
+        create(world, name="mine", who=ALICE)
+    with pytest.raises(Forbidden):
+        world.pools.update_pool(ALICE, "textstats", PoolUpdate(max_workers=9))
+    with pytest.raises(Forbidden):
+        world.pools.delete_pool(ALICE, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    assert world.store.get_pool("mine") is None
+    assert world.store.get_pool("textstats").max_workers == 3
+
+
+def test_creating_a_pool_needs_the_spend_flag_and_changes_nothing_without_it():
+    w = World()
+    with pytest.raises(ConsentRequired):
+        create(w, i_understand_this_spends_money=False)
+    assert w.store.list_pools() == []
+    assert w.queues.queues == {}
+
+
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"instance_type": "m5.large"}, InvalidInput),
+        ({"min_workers": 5, "max_workers": 2}, InvalidInput),
+        ({"package_key": None}, InvalidInput),
+        ({"name": "textstats"}, Conflict),
+    ],
+)
+def test_bad_pools_are_refused_before_any_queue_exists(kw, error):
+    w = World()
+    create(w)
+    queues_before = dict(w.queues.queues)
+    with pytest.raises(error):
+        create(w, **kw)
+    assert w.queues.queues == queues_before
+
+
+@pytest.mark.parametrize("body", [{"items": []}, {"items": [1], "user": "bob"}, {}])
+def test_a_bad_submit_is_refused_by_the_contract(body):
+    with pytest.raises(ValidationError):
+        ClaimSubmit(**body)
+
+
+def test_submit_stages_a_manifest_queues_a_pointer_and_nudges_the_scaler(world):
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[{"text": "a b"}, {"text": "c"}]))
+    assert claim.state == "queued"
+    assert claim.user == "alice"
+    assert world.objects.get_json(claim.manifest_key)["items"] == [{"text": "a b"}, {"text": "c"}]
+    pointer = world.queues.take(world.store.get_pool("textstats").queue_url)
+    assert pointer["claim_id"] == claim.claim_id
+    assert pointer["manifest"] == {"bucket": "artifacts", "key": claim.manifest_key}
+    assert "textstats" in world.nudges.nudged
+
+
+def test_submit_to_an_unknown_pool_queues_nothing(world):
+    with pytest.raises(NotFound):
+        world.pools.submit(ALICE, "nope", ClaimSubmit(items=[1]))
+    assert world.store.claims == {}
+
+
+def test_members_see_and_cancel_only_their_own_claims(world):
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    with pytest.raises(NotFound):
+        world.pools.get_claim(BOB, claim.claim_id)
+    with pytest.raises(NotFound):
+        world.pools.cancel_claim(BOB, claim.claim_id)
+    assert world.pools.list_claims(BOB) == []
+    assert [c.claim_id for c in world.pools.list_claims(ALICE)] == [claim.claim_id]
+    assert world.pools.get_claim(ADMIN, claim.claim_id).user == "alice"
+    assert world.pools.cancel_claim(ALICE, claim.claim_id).state == "cancelled"
+
+
+def test_a_claim_completes_exactly_once_even_when_delivered_twice(world):
+    wid, iid = start_worker(world)
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    # Given the first delivery started and completed
+    assert report(world, claim.claim_id, "started", wid, iid)["proceed"] is True
+    done = report(world, claim.claim_id, "succeeded", wid, iid, result_key="k", summary={"items_ok": 1})
+    assert done["completed"] is True
+    # When the same claim is delivered again
+    again = report(world, claim.claim_id, "started", wid, iid, attempt=2)
+    # Then the worker is told not to run it, and a second completion records nothing
+    assert again == {"proceed": False, "completed": False, "state": "succeeded"}
+    dup = report(world, claim.claim_id, "succeeded", wid, iid, attempt=2, result_key="k2", summary={})
+    assert dup["completed"] is False
+    final = world.store.get_claim(claim.claim_id)
+    assert final.completions == 1
+    assert final.result_key == "k"
+    assert final.worker == wid
+
+
+def test_a_cancelled_claim_is_not_run_and_its_result_is_never_recorded(world):
+    wid, iid = start_worker(world)
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.cancel_claim(ALICE, claim.claim_id)
+    assert report(world, claim.claim_id, "started", wid, iid)["proceed"] is False
+    with pytest.raises(Conflict):
+        world.pools.claim_result(ALICE, claim.claim_id)
+
+
+def test_only_the_pools_own_worker_instances_may_report(world):
+    wid, iid = start_worker(world)
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    with pytest.raises(Forbidden):  # a member pretending to be a worker
+        world.pools.claim_report(
+            ALICE,
+            HOST_ROLE,
+            "textstats",
+            claim.claim_id,
+            ClaimReport(event="started", worker_id=wid, instance_id=iid, attempt=1),
+        )
+    with pytest.raises(Forbidden):  # another instance
+        report(world, claim.claim_id, "started", wid, "i-other")
+    assert world.store.get_claim(claim.claim_id).state == "queued"
+
+
+def test_a_failed_attempt_requeues_and_the_dlq_consumer_marks_failed_with_the_reason(world):
+    wid, iid = start_worker(world)
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    body = world.queues.queues[world.store.get_pool("textstats").queue_url]["visible"][0]
+    for attempt in (1, 2, 3):
+        report(world, claim.claim_id, "started", wid, iid, attempt=attempt)
+        report(
+            world,
+            claim.claim_id,
+            "attempt_failed",
+            wid,
+            iid,
+            attempt=attempt,
+            reason="the runner process was killed by SIGKILL",
+        )
+    assert world.store.get_claim(claim.claim_id).state == "queued"
+    # When SQS moved the message to the DLQ after 3 receives
+    world.queues.dead_letter("textstats", body)
+    assert world.pools.drain_dead_letters("textstats") == 1
+    failed = world.store.get_claim(claim.claim_id)
+    assert failed.state == "failed"
+    assert "3 deliveries" in failed.reason
+    assert "SIGKILL" in failed.reason
+    # and a second look at the same dead letter changes nothing
+    assert world.pools.drain_dead_letters("textstats") == 0
+
+
+def test_the_scaler_asks_capacity_for_workers_and_releases_idle_ones_after_the_timeout(world):
+    # Given two claims on an empty pool
+    for _ in range(2):
+        world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    # When the scaler runs: one worker at once (no worker yet)
+    first = world.pools.scale("textstats")
+    assert first.launch == 2
+    assert len(world.capacity.held) == 2
+    assert all(w.state == "starting" for w in world.store.workers("textstats"))
+    # Then with the queue empty and the workers idle past the timeout, they go
+    url = world.store.get_pool("textstats").queue_url
+    world.queues.queues[url]["visible"].clear()
+    for w in world.store.workers("textstats"):
+        world.pools.worker_report(
+            instance(w.instance_id),
+            HOST_ROLE,
+            "textstats",
+            w.worker_id,
+            WorkerReport(instance_id=w.instance_id, state="idle"),
+        )
+    world.clock.t += 3600
+    for w in world.store.workers("textstats"):  # alive, and idle all along
+        world.pools.worker_report(
+            instance(w.instance_id),
+            HOST_ROLE,
+            "textstats",
+            w.worker_id,
+            WorkerReport(instance_id=w.instance_id, state="idle"),
+        )
+    last = world.pools.scale("textstats")
+    assert last.action.value == "scale_in"
+    assert world.store.workers("textstats") == []
+    assert len(world.capacity.released) == 2
+    decisions = world.store.decisions("textstats", 10)
+    assert [x.action for x in decisions] == ["scale_in", "scale_out"]
+    assert all(x.reason and x.inputs for x in decisions)
+
+
+def test_a_busy_worker_is_never_released(world):
+    wid, iid = start_worker(world)
+    world.pools.worker_report(
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
+    )
+    world.clock.t += 10_000
+    world.pools.worker_report(  # still running its claim, hours later
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
+    )
+    world.pools.scale("textstats")
+    assert [w.worker_id for w in world.store.workers("textstats")] == [wid]
+    assert world.capacity.released == []
+
+
+def test_capacity_refusing_leaves_no_phantom_workers(world):
+    world.capacity.available = 1
+    for _ in range(3):
+        world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.scale("textstats")
+    assert len(world.store.workers("textstats")) == 1
+    assert world.store.get_pool("textstats").last_decision["granted"] == 1
+
+
+def test_delete_waits_for_the_backlog_unless_now(world):
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    with pytest.raises(ConsentRequired):
+        world.pools.delete_pool(ADMIN, "textstats", PoolDelete())
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    assert out["state"] == "deleting"
+    with pytest.raises(Conflict):
+        world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    out = world.pools.delete_pool(
+        ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True, now=True)
+    )
+    assert out["state"] == "deleted"
+    assert world.store.get_pool("textstats") is None
+    assert "sqs://textstats-dlq" in world.queues.deleted
+    assert {c.state for c in world.store.claims.values()} == {"cancelled"}
+
+
+def test_a_worker_that_went_silent_is_released_and_replaced_while_claims_wait(world):
+    # Given a busy worker that stops reporting (its process was killed)
+    wid, iid = start_worker(world)
+    world.pools.worker_report(
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
+    )
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    # When the scaler runs after more than the staleness limit
+    world.clock.t += world.pools.config.worker_stale_s + 1
+    world.pools.scale("textstats")
+    # Then its instance is released, and a new worker is asked for the waiting claim
+    assert iid in world.capacity.released
+    workers = world.store.workers("textstats")
+    assert [w.worker_id for w in workers] != [wid]
+    assert len(workers) == 1
+    assert workers[0].state == "starting"

@@ -1,0 +1,170 @@
+"""The pool simulator: traces are validated line by line, the replay goes through the real
+scaler, and `calque simulate pool` prints what a person compares policies by."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calque.errors import InvalidInput
+from calque.pools.scaler import ScalerConfig
+from calque.simulate.pool import SimConfig, TraceClaim, load_trace, simulate
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+BURSTY = REPO / "examples" / "traces" / "bursty.csv"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ("arrival_s,service_s\n0,10\nsoon,5\n", 3, "arrival_s 'soon' is not a number"),
+        ("arrival_s,service_s\n0,-1\n", 2, "service_s '-1' must be"),
+        ("arrival_s\n0\n", 1, "missing column(s) service_s"),
+        ("arrival_s,service_s,gpu\n0,1,2\n", 1, "unknown column(s) gpu"),
+        ("arrival_s,service_s\n0,1\n5\n", 3, "1 field(s)"),
+        ("arrival_s,service_s,items\n0,1,2.5\n", 2, "items '2.5' is not a whole number"),
+    ],
+)
+def test_a_bad_trace_is_refused_naming_the_line(tmp_path, text, line, fragment):
+    with pytest.raises(InvalidInput) as err:
+        load_trace(write(tmp_path, text))
+    assert f"line {line}" in err.value.message
+    assert fragment in err.value.message
+
+
+def test_an_empty_trace_is_refused(tmp_path):
+    with pytest.raises(InvalidInput, match="no claims"):
+        load_trace(write(tmp_path, "arrival_s,service_s\n"))
+
+
+def test_the_shipped_trace_is_what_its_generator_writes(capsys):
+    import runpy
+
+    runpy.run_path(str(BURSTY.parent / "make_bursty.py"), run_name="__main__")
+    assert capsys.readouterr().out == BURSTY.read_text()
+
+
+def test_one_claim_on_an_empty_pool_pays_the_cold_start_then_scales_back_to_zero():
+    # Given an empty pool and one 30 s claim at t=100
+    trace = [TraceClaim(2, 100.0, 30.0)]
+    config = SimConfig(
+        cold_start_s=180,
+        enter_s=60,
+        tick_s=60,
+        scaler=ScalerConfig(idle_timeout_s=300, scale_in_cooldown_s=0),
+    )
+    # When it is replayed
+    r = simulate(trace, config)
+    # Then the nudge started one worker at once: the claim waited exactly cold start + enter
+    assert r.waits == [240.0]
+    assert r.warm_hits == 0
+    assert r.max_workers == 1
+    assert r.busy_gpu_seconds == 30.0
+    # and the worker went after its idle timeout, at the first scaler tick past it
+    scale_in = [d for d in r.decisions if d.action.value == "scale_in"]
+    assert len(scale_in) == 1
+    assert scale_in[0].at == 720.0  # idle from 370, timeout 300 -> 670, next tick at 720
+    assert r.paid_gpu_seconds == 720.0 - 100.0
+
+
+def test_claims_on_a_warm_worker_are_warm_hits_with_no_wait():
+    trace = [TraceClaim(i + 2, 1000.0 + 100 * i, 10.0) for i in range(5)]
+    r = simulate(trace, SimConfig(policy="static", static_workers=1))
+    assert r.waits == [0.0] * 5
+    assert r.warm_hits == 4  # the first claim on a worker is its cold one
+    assert r.claims == 5
+
+
+def test_the_scaler_never_passes_max_workers_under_a_flood():
+    trace = [TraceClaim(i + 2, 0.0, 60.0) for i in range(100)]
+    r = simulate(trace, SimConfig(scaler=ScalerConfig(max_workers=3)))
+    assert r.max_workers == 3
+    assert len(r.waits) == 100
+
+
+def test_on_the_bursty_trace_the_scaler_pays_less_than_a_static_pool_of_its_size():
+    trace = load_trace(BURSTY)
+    scaler = simulate(trace, SimConfig(scaler=ScalerConfig(max_workers=8)))
+    static = simulate(trace, SimConfig(policy="static", static_workers=8))
+    assert scaler.busy_gpu_seconds == pytest.approx(static.busy_gpu_seconds)
+    assert scaler.paid_gpu_seconds < static.paid_gpu_seconds
+    assert scaler.claims == len(trace) == len(scaler.waits)
+
+
+@pytest.fixture
+def cli(capsys):
+    from calque.cli.main import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_cli_prints_one_json_document_with_the_comparison_fields(cli):
+    code, out, err = cli(
+        "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g6e.xlarge", "--output", "json"
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    for key in (
+        "claims",
+        "paid_gpu_seconds",
+        "busy_gpu_seconds",
+        "paid_per_busy",
+        "warm_hit_rate",
+        "wait_p50_s",
+        "wait_p95_s",
+        "wait_max_s",
+        "max_workers",
+        "scale_decisions",
+        "decisions",
+    ):
+        assert key in doc
+    assert doc["claims"] == 286
+    assert all(d["reason"] for d in doc["decisions"])
+
+
+def test_cli_refuses_a_bad_trace_with_the_line_and_exit_1(cli, tmp_path):
+    path = write(tmp_path, "arrival_s,service_s\n0,1\n2,x\n")
+    code, _, err = cli("simulate", "pool", "--trace", str(path), "--instance-type", "g6e.xlarge")
+    assert code == 1
+    assert "line 3" in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_cli_static_policy_needs_workers_and_refuses_unknown_instance_types(cli):
+    code, _, err = cli(
+        "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g6e.xlarge", "--policy", "static"
+    )
+    assert code == 1
+    assert "--workers" in err
+    code, _, err = cli("simulate", "pool", "--trace", str(BURSTY), "--instance-type", "m5.large")
+    assert code == 1
+    assert "m5.large" in err
+
+
+def test_cli_plot_writes_a_png(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "pool.png"
+    code, _, err = cli(
+        "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g6e.xlarge", "--plot", str(png)
+    )
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
