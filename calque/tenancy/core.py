@@ -280,13 +280,16 @@ class TenancyCore:
         live = quota.live if quota else 0
         if force or live >= max_sessions:
             raise QuotaExceeded(
-                f"{user} already has {live} live session(s); the quota allows {max_sessions}",
+                f"{user} already has {live} live session(s) and the quota allows {max_sessions}: "
+                "check one in (calque session list, then calque session checkin), or ask an admin "
+                f"to raise it (calque quota set {user} --max-sessions N)",
                 details={"user": user, "max_sessions": max_sessions, "live_sessions": live},
             )
         allowance = quota.max_gpu_hours_per_month if quota else None
         if allowance is not None and used >= allowance:
             raise QuotaExceeded(
-                f"{user} used {used:.2f} of {allowance:g} GPU-hours this month",
+                f"{user} used {used:.2f} of {allowance:g} GPU-hours this month: ask an admin to "
+                f"raise it (calque quota set {user} --max-gpu-hours-per-month H), or wait for next month",
                 details={
                     "user": user,
                     "max_gpu_hours_per_month": allowance,
