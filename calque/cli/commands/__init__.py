@@ -33,4 +33,7 @@ COMMAND_MODULES: list[str] = [
     "session",
     "quota",
     "demo",
+    "usage",
+    "group",
+    "simulate",
 ]
