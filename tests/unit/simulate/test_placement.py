@@ -12,7 +12,10 @@ from calque.simulate.placement import parse_layout, read_trace, simulate, static
 
 pytestmark = pytest.mark.unit
 
-HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time"
+)
 H = 3600
 SLICE = Path(__file__).parent / "data" / "openb_pod_list_default.head300.csv"
 
