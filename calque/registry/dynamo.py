@@ -16,6 +16,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from calque.registry import keys
+from calque.registry.groups import DynamoGroups, GroupFull
 from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
 
@@ -74,7 +75,7 @@ def _reasons(exc: ClientError) -> list[str]:
     return [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
 
 
-class DynamoRegistry:
+class DynamoRegistry(DynamoGroups):
     def __init__(self, client: Any, table_name: str) -> None:
         self.client = client
         self.table = table_name
@@ -396,6 +397,8 @@ class DynamoRegistry:
             },
             self._put_event(event),
         ]
+        if session.group is not None:
+            items.append(self._group_take_item(session.group))
         try:
             self._transact(items)
         except ClientError as exc:
@@ -404,6 +407,8 @@ class DynamoRegistry:
             reasons = _reasons(exc)
             if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
                 raise QuotaFull(session.user) from None
+            if len(reasons) > 4 and reasons[4] == "ConditionalCheckFailed" and reasons[0] == "None":
+                raise GroupFull(session.group or "") from None
             # The slice's condition failed, or another transaction held one of the items:
             # either way this candidate is lost; the caller moves on.
             raise SliceTaken(sl.slice_id) from None
@@ -521,6 +526,8 @@ class DynamoRegistry:
             },
             self._put_event(event),
         ]
+        if session.group is not None:
+            items += self._group_release_items(session.group, month, gpu_hours)
         try:
             self._transact(items)
         except ClientError as exc:

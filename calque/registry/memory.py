@@ -7,13 +7,15 @@ import threading
 from collections.abc import Sequence
 from datetime import datetime
 
+from calque.registry.groups import MemoryGroups
 from calque.registry.models import HostRecord, HostState, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, QuotaFull, SliceTaken, StaleWrite
 
 
-class MemoryRegistry:
+class MemoryRegistry(MemoryGroups):
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._groups_init()
         self.hosts: dict[str, HostRecord] = {}
         self.slice_map: dict[tuple[str, str], SliceRecord] = {}
         self.sessions: dict[str, SessionRecord] = {}
@@ -182,6 +184,7 @@ class MemoryRegistry:
             q = self.quotas.get(session.user)
             if q is not None and q.live >= q.max_sessions:
                 raise QuotaFull(session.user)
+            self._group_take(session.group)
             self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
                 update={
                     "state": "held",
@@ -196,6 +199,7 @@ class MemoryRegistry:
             if q is None:
                 q = QuotaRecord(user=session.user, max_sessions=default_max_sessions, live=0)
             self.quotas[session.user] = q.model_copy(update={"live": q.live + 1})
+            self._group_took(session.group)
             self.events.append(event)
 
     # -- sessions -------------------------------------------------------------------------
@@ -271,6 +275,7 @@ class MemoryRegistry:
             )
             self.quotas[session.user] = q.model_copy(update={"live": q.live - 1})
             self.usage[(session.user, month)] = self.usage.get((session.user, month), 0.0) + gpu_hours
+            self._group_release(session.group, month, gpu_hours)
             self.events.append(event)
             return ended
 

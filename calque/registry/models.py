@@ -71,6 +71,8 @@ class SessionRecord(_Record):
     end_note: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     spot: bool = False
+    # The group the session is charged to (None: the member belongs to none).
+    group: str | None = None
 
 
 class QuotaRecord(_Record):
@@ -100,3 +102,4 @@ class LeaseEvent(_Record):
     fence: int
     gpu_hours: float | None = None
     expires_at: datetime | None = None
+    group: str | None = None

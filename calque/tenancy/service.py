@@ -43,6 +43,8 @@ from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, No
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, HostTaskQueue, QuotaFull, Registry, SliceTaken, StaleWrite
+from calque.tenancy import groups
+from calque.tenancy.groups import GroupFull
 
 REAPER = "calque-reaper"
 
@@ -289,6 +291,7 @@ class Tenancy:
         user = who.principal
         quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
         self._check_quota(user, quota, used)
+        group = self._charge_group(user, req.group, now)
 
         token = new_token()
         tries = 0
@@ -315,6 +318,7 @@ class Tenancy:
                     expires_at=now + timedelta(seconds=ttl),
                     env=sl.env,
                     spot=sl.spot,
+                    group=group.name if group else None,
                 )
                 event = self._event("granted", session, at=now, who=user, why=None)
                 try:
@@ -324,6 +328,8 @@ class Tenancy:
                 except SliceTaken:
                     lost.append(sl.slice_id)
                     continue
+                except GroupFull:
+                    raise groups.group_refused(self.registry, session.group) from None
                 except QuotaFull:
                     quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
                     self._check_quota(user, quota, used, force=True)
@@ -508,6 +514,10 @@ class Tenancy:
         )
 
     # ---- internals ------------------------------------------------------------------------------
+
+    def _charge_group(self, user: str, requested: str | None, now: datetime) -> groups.GroupRecord | None:
+        """The group this check-out is charged to, after its monthly limits (calque.tenancy.groups)."""
+        return groups.charge_group(self.registry, user, requested, now)
 
     def _host(self, instance_id: str) -> HostRecord:
         # An id that cannot exist is unknown, without asking the registry (keys have size limits).
@@ -704,6 +714,7 @@ class Tenancy:
             fence=session.fence,
             gpu_hours=gpu_hours,
             expires_at=expires_at or session.expires_at,
+            group=session.group,
         )
 
     # ---- views ----------------------------------------------------------------------------------

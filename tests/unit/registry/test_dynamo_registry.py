@@ -196,4 +196,5 @@ def test_a_checkout_costs_the_same_dynamodb_requests_on_a_small_and_a_big_fleet(
         world.ready_host(f"i-{n:08x}")
     world.counter.calls.clear()
     world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
-    assert world.counter.calls == ["BatchGetItem", "Query", "TransactWriteItems"]
+    # quota and month's usage, the member's groups (calque.registry.groups), candidates, the grant
+    assert world.counter.calls == ["BatchGetItem", "GetItem", "Query", "TransactWriteItems"]
