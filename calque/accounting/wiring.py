@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calque import aws
 from calque.settings import api_settings
@@ -24,3 +24,12 @@ def api_usage() -> Usage:
         # A session lives at most the max TTL; the reaper may end it a little later.
         lookback=timedelta(seconds=s.session_ttl_max_s) + timedelta(days=1),
     )
+
+
+def api_groups() -> Any:
+    from calque.registry.dynamo import DynamoRegistry
+    from calque.tenancy.groups import Groups
+    from calque.tenancy.service import utcnow
+
+    s = api_settings()
+    return Groups(DynamoRegistry(aws.client("dynamodb"), s.table_name), clock=utcnow)

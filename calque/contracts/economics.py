@@ -100,9 +100,9 @@ class GroupCreate(Strict):
 
 
 class GroupMembers(Strict):
-    """POST /v1/groups/{name}/members and DELETE ... (admin)."""
+    """POST /v1/groups/{name}/members, POST /v1/groups/{name}/members/remove (admin)."""
 
-    users: list[str] = Field(min_length=1, max_length=100)
+    users: list[str] = Field(min_length=1, max_length=50)
 
 
 class GroupLimits(Strict):

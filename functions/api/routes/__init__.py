@@ -13,6 +13,6 @@ from functions.api.routes import hosts, quotas, sessions  # noqa: E402  (tenancy
 
 ROUTERS += [hosts.router, sessions.router, quotas.router]
 
-from functions.api.routes import usage  # noqa: E402  (economics)
+from functions.api.routes import groups, usage  # noqa: E402  (economics)
 
-ROUTERS += [usage.router]
+ROUTERS += [usage.router, groups.router]
