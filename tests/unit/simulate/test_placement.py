@@ -168,3 +168,23 @@ def test_the_command_prints_the_numbers_as_one_json_document(cli):
     assert doc["layout"] == "mps:2"
     assert doc["jobs"] == doc["placed"] + doc["refused"] + doc["waiting"]
     assert "events/s" in err
+
+
+def test_plot_draws_the_run_to_a_png(tmp_path, cli):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "run.png"
+    code, _, err = cli(
+        "simulate",
+        "placement",
+        "--trace",
+        str(SLICE),
+        "--hosts",
+        "g7e.2xlarge=2",
+        "--layout",
+        "adaptive",
+        "--plot",
+        str(out),
+    )
+    assert code == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "plot written" in err
