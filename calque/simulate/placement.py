@@ -44,7 +44,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -283,6 +283,9 @@ class Result:
     relayouts: int = 0
     events: int = 0
     refused_by_reason: dict[str, int] = field(default_factory=dict)
+    # adaptive only: the best static MIG layout on the same hosts, and whether adaptive beats it
+    best_static: dict[str, Any] | None = None
+    beats_best_static: bool | None = None
     timeline: list[tuple[float, float, int]] = field(default_factory=list, repr=False)
 
     def document(self) -> dict[str, Any]:
@@ -728,14 +731,58 @@ class Simulator:
         return False
 
 
-def simulate(trace: str, hosts: str, layout: str, *, seed: int = 0, timeline: bool = False) -> Result:
-    """Read, validate and replay: the numbers ``calque simulate placement`` prints."""
+def simulate(
+    trace: str,
+    hosts: str,
+    layout: str,
+    *,
+    seed: int = 0,
+    timeline: bool = False,
+    compare: bool = True,
+    progress: Callable[[str], object] | None = None,
+) -> Result:
+    """Read, validate and replay: the numbers ``calque simulate placement`` prints. For
+    ``adaptive`` (with ``compare``), also the best static MIG layout on the same hosts."""
+    import time
+
     jobs, skipped = read_trace(trace)
     parsed_hosts = parse_hosts(hosts)
     sim = Simulator(jobs, parsed_hosts, parse_layout(layout), seed=seed)
+    started = time.perf_counter()
     res = sim.run(trace=str(trace), hosts=hosts, seed=seed, timeline=timeline)
+    wall = time.perf_counter() - started
+    if progress is not None:
+        progress(f"{res.events} trace events in {wall:.1f} s ({res.events / max(wall, 1e-9):,.0f} events/s)")
     res.cpu_only_skipped = skipped
+    if sim.layout.kind == "adaptive" and compare:
+        if progress is not None:
+            progress("replaying every static MIG layout of the card on the same hosts, to compare ...")
+        best = best_static(jobs, parsed_hosts, seed=seed)
+        if best is not None:
+            res.best_static = {
+                "layout": best.layout,
+                "placed": best.placed,
+                "members_per_gpu_hour": best.members_per_gpu_hour,
+                "wait_p95_s": best.wait_p95_s,
+            }
+            res.beats_best_static = res.members_per_gpu_hour > best.members_per_gpu_hour
     return res
+
+
+def best_static(jobs: list[Job], hosts: list[tuple[str, int]], *, seed: int = 0) -> Result | None:
+    """The static MIG layout (every maximal mix of the hosts' card) that serves the most members
+    per GPU-hour on these hosts (ties: the shorter p95 wait); None unless every host has the
+    same MIG-capable card."""
+    from calque import catalog
+
+    cards = {catalog.instance_type(t).card.name: catalog.instance_type(t).card for t, _n in hosts}
+    if len(cards) != 1:
+        return None
+    (card,) = cards.values()
+    if not card.mig_capable:
+        return None
+    runs = [Simulator(jobs, hosts, layout, seed=seed).run(seed=seed) for layout in static_mig_layouts(card)]
+    return max(runs, key=lambda r: (r.members_per_gpu_hour, -r.wait_p95_s, r.layout))
 
 
 # ---- the command ------------------------------------------------------------------------------
@@ -759,8 +806,19 @@ RESULT_FIELDS = [
     ("fragmented GPU-hours", "fragmented_gpu_hours"),
     ("fragmentation share", "fragmentation_share"),
     ("re-layouts", "relayouts"),
+    ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
+    ("beats best static", "beats_best_static"),
     ("trace events", "events"),
 ]
+
+
+def _best_static_cell(best: dict[str, Any] | None) -> str | None:
+    if best is None:
+        return None
+    return (
+        f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
+        f"p95 wait {best['wait_p95_s']:.0f} s"
+    )
 
 
 def add_placement_parser(group: Any) -> None:
@@ -791,16 +849,17 @@ def do_placement(
     ctx: Any, *, trace: str, hosts: str, layout: str, seed: int = 0, plot: str | None = None
 ) -> None:
     import sys
-    import time
 
     if plot is not None:
         _require_matplotlib()
     sys.stderr.write(f"replaying {trace} on {hosts} as {layout} ...\n")
-    started = time.perf_counter()
-    res = simulate(trace, hosts, layout, seed=seed, timeline=plot is not None)
-    wall = time.perf_counter() - started
-    sys.stderr.write(
-        f"{res.events} trace events in {wall:.1f} s ({res.events / max(wall, 1e-9):,.0f} events/s)\n"
+    res = simulate(
+        trace,
+        hosts,
+        layout,
+        seed=seed,
+        timeline=plot is not None,
+        progress=lambda m: sys.stderr.write(m + "\n"),
     )
     if plot is not None:
         plot_timeline(res, plot)

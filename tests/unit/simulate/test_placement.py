@@ -91,6 +91,10 @@ def test_adaptive_re_lays_out_an_idle_card_for_the_fractions_that_wait(tmp_path)
     assert dedicated.wait_p95_s == 20 * H
     assert (adaptive.wait_p95_s, adaptive.relayouts, adaptive.placed) == (0.0, 1, 3)
     assert adaptive.members_per_gpu_hour > dedicated.members_per_gpu_hour
+    # and it says how it compares with the best static MIG layout on the same card
+    assert adaptive.best_static is not None
+    assert adaptive.best_static["layout"] == "mig:1g.24gb=2,2g.48gb=1"  # the same mix: a tie
+    assert adaptive.beats_best_static is False
 
 
 def test_the_maximal_static_mig_mixes_of_a_card():
