@@ -131,6 +131,11 @@ class CheckoutRequest(Strict):
     accept_shared_gpu_no_isolation: bool = Field(
         default=False, description="required for mps: MPS clients share a card with no isolation"
     )
+    group: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        description="the group to charge (one of the member's); omitted: their default group",
+    )
 
     @field_validator("min_memory_gib")
     @classmethod

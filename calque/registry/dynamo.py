@@ -17,6 +17,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from calque.registry import keys, spread
+from calque.registry.groups import DynamoGroups, GroupFull
 from calque.registry.models import (
     HostRecord,
     HostState,
@@ -94,7 +95,7 @@ def _reasons(exc: ClientError) -> list[str]:
     return [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
 
 
-class DynamoRegistry:
+class DynamoRegistry(DynamoGroups):
     def __init__(self, client: Any, table_name: str) -> None:
         self.client = client
         self.table = table_name
@@ -538,6 +539,8 @@ class DynamoRegistry:
             },
             self._put_event(event),
         ]
+        if session.group is not None:
+            items.append(self._group_take_item(session.group))
         try:
             self._transact(items)
         except ClientError as exc:
@@ -549,6 +552,8 @@ class DynamoRegistry:
             reasons = reasons[len(first) :]
             if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
                 raise QuotaFull(session.user) from None
+            if len(reasons) > 4 and reasons[4] == "ConditionalCheckFailed" and reasons[0] == "None":
+                raise GroupFull(session.group or "") from None
             # The slice's condition failed, or another transaction held one of the items:
             # either way this candidate is lost; the caller moves on.
             raise SliceTaken(sl.slice_id) from None
@@ -686,6 +691,8 @@ class DynamoRegistry:
             },
             self._put_event(event),
         ]
+        if session.group is not None:
+            items += self._group_release_items(session.group, month, gpu_hours)
         return items
 
     def end_session(
@@ -734,24 +741,35 @@ class DynamoRegistry:
         )
 
     def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
-        # Up to 20 sessions (5 items each) per transaction, no user twice in one (their
-        # counter and usage items would repeat). A cancelled batch is ended one by one, so
-        # one session that changed meanwhile never holds back the others.
+        # Up to 100 items (DynamoDB's limit: 5 to 7 a session) per transaction, no user or
+        # group twice in one (their counter and usage items would repeat). A cancelled batch
+        # is ended one by one, so one session that changed meanwhile never holds back the others.
         done: list[SessionRecord] = []
         pending = list(ends)
         while pending:
             batch: list[SessionEnd] = []
+            items: list[dict[str, Any]] = []
             later: list[SessionEnd] = []
             users: set[str] = set()
+            groups: set[str] = set()
             for end in pending:
-                if len(batch) < 20 and end.session.user not in users:
+                group = end.session.group
+                mine = self._end_items(**end.arguments())
+                if (
+                    len(items) + len(mine) <= 100
+                    and end.session.user not in users
+                    and (group is None or group not in groups)
+                ):
                     batch.append(end)
+                    items += mine
                     users.add(end.session.user)
+                    if group is not None:
+                        groups.add(group)
                 else:
                     later.append(end)
             pending = later
             try:
-                self._transact([item for end in batch for item in self._end_items(**end.arguments())])
+                self._transact(items)
             except ClientError as exc:
                 if _code(exc) != "TransactionCanceledException":
                     raise

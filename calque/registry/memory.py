@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from calque.registry import keys, spread
+from calque.registry.groups import MemoryGroups
 from calque.registry.models import (
     HostRecord,
     HostState,
@@ -20,9 +21,10 @@ from calque.registry.models import (
 from calque.registry.ports import AlreadyExists, QuotaFull, Replayed, SessionEnd, SliceTaken, StaleWrite
 
 
-class MemoryRegistry:
+class MemoryRegistry(MemoryGroups):
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        self._groups_init()
         self.hosts: dict[str, HostRecord] = {}
         self.slice_map: dict[tuple[str, str], SliceRecord] = {}
         self.sessions: dict[str, SessionRecord] = {}
@@ -228,6 +230,7 @@ class MemoryRegistry:
             allowance = q.max_gpu_hours_per_month if q is not None else None
             if allowance is not None and self.usage.get((session.user, month), 0.0) >= allowance:
                 raise QuotaFull(session.user)
+            self._group_take(session.group)
             self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
                 update={
                     "state": "held",
@@ -242,6 +245,7 @@ class MemoryRegistry:
             if q is None:
                 q = QuotaRecord(user=session.user, max_sessions=default_max_sessions, live=0)
             self.quotas[session.user] = q.model_copy(update={"live": q.live + 1})
+            self._group_took(session.group)
             self.events.append(event)
             if request is not None:
                 self.requests_made[request.request_id] = request
@@ -327,6 +331,7 @@ class MemoryRegistry:
             )
             self.quotas[session.user] = q.model_copy(update={"live": q.live - 1})
             self.usage[(session.user, month)] = self.usage.get((session.user, month), 0.0) + gpu_hours
+            self._group_release(session.group, month, gpu_hours)
             self.events.append(event)
             return ended
 

@@ -71,6 +71,8 @@ class SessionRecord(_Record):
     end_note: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     spot: bool = False
+    # The group the session is charged to (None: the member belongs to none).
+    group: str | None = None
     # The client request ids (hashed) of the check-in and the last extend: a replay of
     # either answers what the first one did instead of failing or extending twice.
     end_request: str | None = None
@@ -114,3 +116,4 @@ class LeaseEvent(_Record):
     fence: int
     gpu_hours: float | None = None
     expires_at: datetime | None = None
+    group: str | None = None

@@ -227,6 +227,7 @@ class TenancyCore:
             fence=session.fence,
             gpu_hours=gpu_hours,
             expires_at=expires_at or session.expires_at,
+            group=session.group,
         )
 
     @staticmethod

@@ -17,8 +17,9 @@ from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput
 from calque.identity import Caller
 from calque.registry.models import RequestRecord, SessionRecord, SliceRecord
 from calque.registry.ports import QuotaFull, Replayed, SliceTaken, StaleWrite
-from calque.tenancy import requests
+from calque.tenancy import groups, requests
 from calque.tenancy.core import TenancyCore, _iso, hash_token, new_token
+from calque.tenancy.groups import GroupFull
 
 
 class ReplayAnswer(Exception):
@@ -57,6 +58,7 @@ class SessionsMixin(TenancyCore):
         fingerprint = requests.fingerprint(req.model_dump_json()) if key else ""
         # No quota pre-read: the grant's transaction checks the quota itself; only a
         # refusal reads it, to say why.
+        group = groups.charge_group(self.registry, user, req.group, now)
         token = new_token()
         lost = 0
         tries = 0
@@ -85,6 +87,7 @@ class SessionsMixin(TenancyCore):
                 expires_at=now + timedelta(seconds=ttl),
                 env=sl.env,
                 spot=sl.spot,
+                group=group.name if group else None,
             )
             event = self._event("granted", session, at=now, who=user, why=None)
             record = None
@@ -110,6 +113,8 @@ class SessionsMixin(TenancyCore):
             except SliceTaken:
                 lost += 1
                 continue
+            except GroupFull:
+                raise groups.group_refused(self.registry, session.group) from None
             except QuotaFull:
                 self._replay(who, key, fingerprint, now)
                 quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")

@@ -36,4 +36,6 @@ COMMAND_MODULES: list[str] = [
     "simulate",
     "pool",
     "claim",
+    "usage",
+    "group",
 ]

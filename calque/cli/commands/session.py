@@ -32,6 +32,7 @@ def checkout_body(
     min_memory_gib: float | None = None,
     ttl_seconds: int | None = None,
     accept_shared_gpu_no_isolation: bool = False,
+    group: str | None = None,
 ) -> dict[str, Any]:
     """The POST /v1/sessions body; CliError (exit 1) for an MPS check-out without consent."""
     if backend == "mps" and not accept_shared_gpu_no_isolation:
@@ -41,7 +42,7 @@ def checkout_body(
             code="consent_required",
             details={"field": "accept_shared_gpu_no_isolation", "flag": CONSENT_FLAG},
         )
-    return {
+    body = {
         "instance_id": instance_id,
         "backend": backend,
         "profile": profile,
@@ -49,6 +50,9 @@ def checkout_body(
         "ttl_seconds": ttl_seconds,
         "accept_shared_gpu_no_isolation": bool(accept_shared_gpu_no_isolation),
     }
+    if group is not None:  # the group charged (calque group ...); omitted: the member's default
+        body["group"] = group
+    return body
 
 
 def checkin_body(*, token: str | None, force: bool, reason: str | None = None) -> dict[str, Any]:
@@ -201,6 +205,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="required for mps: tenants of one card are not isolated from each other",
     )
+    p.add_argument("--group", metavar="G", help="charge this group of yours (default: your default group)")
     p.set_defaults(func=_checkout, _parser=p)
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
@@ -291,6 +296,7 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
         min_memory_gib=args.min_memory_gib,
         ttl_seconds=args.ttl,
         accept_shared_gpu_no_isolation=args.accept_no_isolation,
+        group=args.group,
     )
 
 

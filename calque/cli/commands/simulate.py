@@ -38,6 +38,10 @@ def register(subparsers: Any) -> None:
         subparsers, "simulate", help="replay a trace through the real scaling/placement code"
     )
 
+    from calque.simulate.placement import add_placement_parser
+
+    add_placement_parser(group)
+
     p = group.add_parser("pool", help="replay a claim arrival trace through a pool and its scaler")
     p.add_argument(
         "--trace", required=True, metavar="FILE.csv", help="CSV: arrival_s, service_s[, items, model]"

@@ -16,3 +16,7 @@ ROUTERS += [hosts.router, sessions.router, quotas.router]
 from functions.api.routes import pools  # noqa: E402  (warm pools)
 
 ROUTERS += [pools.router]
+
+from functions.api.routes import groups, usage  # noqa: E402  (economics)
+
+ROUTERS += [usage.router, groups.router]

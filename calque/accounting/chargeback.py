@@ -1,0 +1,258 @@
+"""Chargeback arithmetic: who owes what of each instance's bill, to the cent.
+
+Every instance costs its hourly rate for the time it is paid for inside the period.
+A lease (a session on a slice) is charged
+
+    seconds held x the slice's share of the instance x the instance's hourly rate / 3600
+
+and whatever of the instance's cost no lease used is the instance's ``idle`` line.
+The arithmetic is exact (``Fraction``) until the very end; then, per instance and
+calendar month (UTC), the cost is rounded half-up to the cent and the cents are
+handed out over that instance-month's lines by the largest-remainder method, so the
+lines of every instance-month add up to its cost exactly, idle is never negative
+(its exact value never is), and a report over several months is the union of the
+months' reports.
+
+Leases are clipped to the period, to the instance's paid lifetime and to ``now``;
+a lease crossing a month edge becomes one line per month. A lease still live is
+charged up to ``now`` and marked running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
+
+IDLE = "(idle)"
+CENT = Decimal("0.01")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """An instance the institution pays for from ``start`` until ``end`` (None: still paid)."""
+
+    instance_id: str
+    instance_type: str
+    hourly_usd: Decimal
+    rate_as_of: date | None
+    start: datetime
+    end: datetime | None = None
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One session's hold on one slice, from ``start`` until ``end`` (None: still live)."""
+
+    session_id: str
+    user: str
+    instance_id: str
+    slice_id: str
+    share: Fraction
+    start: datetime
+    end: datetime | None = None
+    group: str | None = None
+    end_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Line:
+    """One charge: a lease's piece inside one instance-month, or that instance-month's idle."""
+
+    month: str
+    instance_id: str
+    instance_type: str
+    pool: str | None
+    hourly_usd: Decimal
+    rate_as_of: date | None
+    kind: str  # "session" or "idle"
+    user: str | None
+    group: str | None
+    session_id: str | None
+    slice_id: str | None
+    start: datetime
+    end: datetime
+    seconds: Fraction
+    share: Fraction
+    exact_usd: Fraction
+    amount_usd: Decimal
+    running: bool = False
+
+    @property
+    def gpu_hours(self) -> Fraction:
+        """Share-weighted hours: what of the instance this line used (idle: what nobody used)."""
+        return self.seconds * self.share / 3600
+
+
+@dataclass(frozen=True)
+class InstanceMonth:
+    month: str
+    instance_id: str
+    instance_type: str
+    start: datetime
+    end: datetime
+    exact_usd: Fraction
+    cost_usd: Decimal
+
+
+@dataclass
+class Bill:
+    since: datetime
+    until: datetime
+    lines: list[Line] = field(default_factory=list)
+    instances: list[InstanceMonth] = field(default_factory=list)
+
+
+def month_start(at: datetime) -> datetime:
+    return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def next_month(at: datetime) -> datetime:
+    first = month_start(at)
+    return (first + timedelta(days=32)).replace(day=1)
+
+
+def month_range(month: str) -> tuple[datetime, datetime]:
+    """[first instant, first instant of the next month) of YYYY-MM, UTC."""
+    start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    return start, next_month(start)
+
+
+def _months(since: datetime, until: datetime) -> list[tuple[str, datetime, datetime]]:
+    out = []
+    cur = since
+    while cur < until:
+        edge = min(next_month(cur), until)
+        out.append((f"{cur:%Y-%m}", cur, edge))
+        cur = edge
+    return out
+
+
+def _seconds(a: datetime, b: datetime) -> Fraction:
+    delta = b - a
+    return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 1_000_000)
+
+
+def to_cents(value: Fraction) -> int:
+    """Half-up rounding of a non-negative exact amount to whole cents."""
+    return int(
+        (Decimal(value.numerator) * 100 / Decimal(value.denominator)).quantize(Decimal(1), ROUND_HALF_UP)
+    )
+
+
+def largest_remainder(total_cents: int, exact: Sequence[Fraction]) -> list[int]:
+    """Whole cents for each exact amount, adding up to ``total_cents``: each gets the
+    floor of its amount, and the cents left go one each to the largest remainders
+    (ties: the earlier line)."""
+    scaled = [x * 100 for x in exact]
+    floors = [int(x.numerator // x.denominator) for x in scaled]
+    left = total_cents - sum(floors)
+    order = sorted(range(len(scaled)), key=lambda i: (-(scaled[i] - floors[i]), i))
+    for i in order[: max(left, 0)]:
+        floors[i] += 1
+    return floors
+
+
+def compute(
+    instances: Iterable[Instance],
+    leases: Iterable[Lease],
+    *,
+    since: datetime,
+    until: datetime,
+    now: datetime,
+) -> Bill:
+    """The bill of [since, until) as seen at ``now`` (nothing after ``now`` is charged)."""
+    stop = min(until, now)
+    bill = Bill(since=since, until=until)
+    by_instance: dict[str, list[Lease]] = {}
+    for lease in leases:
+        by_instance.setdefault(lease.instance_id, []).append(lease)
+    for inst in sorted(instances, key=lambda i: i.instance_id):
+        paid_from = max(since, inst.start)
+        paid_to = min(stop, inst.end or stop)
+        if paid_from >= paid_to:
+            continue
+        mine = sorted(by_instance.get(inst.instance_id, []), key=lambda x: (x.start, x.session_id))
+        rate = Fraction(inst.hourly_usd)
+        for month, m_from, m_to in _months(paid_from, paid_to):
+            cost = _seconds(m_from, m_to) * rate / 3600
+            pieces: list[tuple[Lease, datetime, datetime]] = []
+            for lease in mine:
+                a = max(lease.start, m_from)
+                b = min(lease.end or stop, m_to)
+                if a < b:
+                    pieces.append((lease, a, b))
+            exact = [_seconds(a, b) * lease.share * rate / 3600 for lease, a, b in pieces]
+            idle = cost - sum(exact, Fraction(0))
+            if idle < 0:
+                raise ValueError(
+                    f"{inst.instance_id} in {month}: the leases' shares exceed the instance "
+                    "(overlapping leases on one slice, or shares over 1)"
+                )
+            cents = largest_remainder(to_cents(cost), [*exact, idle])
+            bill.instances.append(
+                InstanceMonth(
+                    month=month,
+                    instance_id=inst.instance_id,
+                    instance_type=inst.instance_type,
+                    start=m_from,
+                    end=m_to,
+                    exact_usd=cost,
+                    cost_usd=_usd(sum(cents)),
+                )
+            )
+            for (lease, a, b), x, c in zip(pieces, exact, cents, strict=False):
+                bill.lines.append(
+                    Line(
+                        month=month,
+                        instance_id=inst.instance_id,
+                        instance_type=inst.instance_type,
+                        pool=inst.pool,
+                        hourly_usd=inst.hourly_usd,
+                        rate_as_of=inst.rate_as_of,
+                        kind="session",
+                        user=lease.user,
+                        group=lease.group,
+                        session_id=lease.session_id,
+                        slice_id=lease.slice_id,
+                        start=a,
+                        end=b,
+                        seconds=_seconds(a, b),
+                        share=lease.share,
+                        exact_usd=x,
+                        amount_usd=_usd(c),
+                        running=lease.end is None,
+                    )
+                )
+            used = sum((lease.share * _seconds(a, b) for lease, a, b in pieces), Fraction(0))
+            span = _seconds(m_from, m_to)
+            bill.lines.append(
+                Line(
+                    month=month,
+                    instance_id=inst.instance_id,
+                    instance_type=inst.instance_type,
+                    pool=inst.pool,
+                    hourly_usd=inst.hourly_usd,
+                    rate_as_of=inst.rate_as_of,
+                    kind="idle",
+                    user=None,
+                    group=None,
+                    session_id=None,
+                    slice_id=None,
+                    start=m_from,
+                    end=m_to,
+                    seconds=span,
+                    share=(span - used) / span if span else Fraction(0),
+                    exact_usd=idle,
+                    amount_usd=_usd(cents[-1]),
+                    running=inst.end is None and m_to == stop and stop == now,
+                )
+            )
+    return bill
+
+
+def _usd(cents: int) -> Decimal:
+    return (Decimal(cents) / 100).quantize(CENT)

@@ -1,0 +1,176 @@
+"""``GET /v1/usage``: a caller's view of the bill for a period, summed by what they ask.
+
+Admins see every line (each instance's idle included, and each instance-month's cost);
+members see only their own sessions' lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from fractions import Fraction
+
+from calque.accounting import chargeback, history
+from calque.accounting.chargeback import IDLE, Line
+from calque.contracts.economics import (
+    InstanceCost,
+    UsageLine,
+    UsagePeriod,
+    UsageQuery,
+    UsageReport,
+    UsageRow,
+)
+from calque.errors import InvalidInput
+from calque.identity import Caller
+from calque.registry.ports import Registry
+
+MAX_PERIOD = timedelta(days=366)
+NO_GROUP = "(no group)"
+NO_POOL = "(no pool)"
+
+
+def _utc(at: datetime) -> datetime:
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def period_of(query: UsageQuery, now: datetime) -> tuple[datetime, datetime, str | None]:
+    """[since, until) of the query: the month asked, the range asked, or this month."""
+    if query.month is not None:
+        if query.since is not None or query.until is not None:
+            raise InvalidInput("give either month or since/until, not both", details={"field": "month"})
+        since, until = chargeback.month_range(query.month)
+        return since, until, query.month
+    if query.since is None and query.until is None:
+        since, until = chargeback.month_range(f"{now:%Y-%m}")
+        return since, until, f"{now:%Y-%m}"
+    if query.since is None:
+        raise InvalidInput("until needs since", details={"field": "since"})
+    since = _utc(query.since)
+    until = _utc(query.until) if query.until is not None else now
+    if until <= since:
+        raise InvalidInput(
+            f"until ({until:%Y-%m-%dT%H:%M:%SZ}) must be after since ({since:%Y-%m-%dT%H:%M:%SZ})",
+            details={"field": "until"},
+        )
+    if until - since > MAX_PERIOD:
+        raise InvalidInput(
+            f"a usage period may span at most {MAX_PERIOD.days} days", details={"field": "until"}
+        )
+    return since, until, None
+
+
+def _key(line: Line, by: str) -> str:
+    if by == "host":
+        return line.instance_id
+    if by == "instance-type":
+        return line.instance_type
+    if line.kind == "idle":
+        return IDLE
+    if by == "user":
+        return line.user or IDLE
+    if by == "group":
+        return line.group or NO_GROUP
+    return line.pool or NO_POOL
+
+
+def rows_by(lines: list[Line], by: str) -> list[UsageRow]:
+    acc: dict[str, dict] = {}
+    for line in lines:
+        r = acc.setdefault(
+            _key(line, by),
+            {"cents": Decimal(0), "gpu": Fraction(0), "held": Fraction(0), "ids": set(), "running": False},
+        )
+        r["cents"] += line.amount_usd
+        if line.kind == "session":
+            r["gpu"] += line.gpu_hours
+            r["held"] += line.seconds / 3600
+            r["ids"].add(line.session_id)
+            r["running"] = r["running"] or line.running
+    return [
+        UsageRow(
+            key=k,
+            amount_usd=f"{v['cents']:.2f}",
+            gpu_hours=round(float(v["gpu"]), 6),
+            session_hours=round(float(v["held"]), 6),
+            sessions=len(v["ids"]),
+            running=v["running"],
+        )
+        for k, v in sorted(acc.items(), key=lambda kv: (kv[0] == IDLE, kv[0]))
+    ]
+
+
+def line_view(line: Line) -> UsageLine:
+    return UsageLine(
+        month=line.month,
+        instance_id=line.instance_id,
+        instance_type=line.instance_type,
+        pool=line.pool,
+        rate_usd_per_hour=str(line.hourly_usd),
+        rate_as_of=line.rate_as_of.isoformat() if line.rate_as_of else None,
+        kind=line.kind,
+        user=line.user,
+        group=line.group,
+        session_id=line.session_id,
+        slice_id=line.slice_id,
+        start=line.start,
+        end=line.end,
+        seconds=float(line.seconds),
+        share=round(float(line.share), 6),
+        gpu_hours=round(float(line.gpu_hours), 6),
+        amount_usd=f"{line.amount_usd:.2f}",
+        running=line.running,
+    )
+
+
+class Usage:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        clock: Callable[[], datetime],
+        lookback: timedelta = timedelta(days=8),
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        # At least the longest a session may live (plus the reaper's lag): see history.leases.
+        self.lookback = lookback
+
+    def bill(self, since: datetime, until: datetime) -> chargeback.Bill:
+        now = self.clock()
+        return chargeback.compute(
+            history.instances(self.registry),
+            history.leases(self.registry, since=since, until=until, now=now, lookback=self.lookback),
+            since=since,
+            until=until,
+            now=now,
+        )
+
+    def usage(self, who: Caller, query: UsageQuery) -> UsageReport:
+        now = self.clock()
+        since, until, month = period_of(query, now)
+        bill = self.bill(since, until)
+        lines = bill.lines if who.admin else [x for x in bill.lines if x.user == who.principal]
+        total = sum((x.amount_usd for x in lines), Decimal("0.00"))
+        return UsageReport(
+            period=UsagePeriod(since=since, until=until, month=month),
+            as_of=now,
+            by=query.by,
+            scope="everyone" if who.admin else "own",
+            total_usd=f"{total:.2f}",
+            rows=rows_by(lines, query.by),
+            lines=[line_view(x) for x in lines],
+            instances=[
+                InstanceCost(
+                    month=m.month,
+                    instance_id=m.instance_id,
+                    instance_type=m.instance_type,
+                    start=m.start,
+                    end=m.end,
+                    cost_usd=f"{m.cost_usd:.2f}",
+                )
+                for m in bill.instances
+            ]
+            if who.admin
+            else [],
+        )

@@ -1,0 +1,149 @@
+"""``calque usage``: who used what, and what it cost, summed by user, group, host, pool or
+instance type; ``--output csv`` for finance (stable columns), json for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+from typing import Any
+
+BY = ("user", "group", "host", "pool", "instance-type")
+ROW_COLUMNS: list[Any] = [
+    ("key", "key"),
+    ("amount_usd", "amount_usd"),
+    ("gpu_hours", lambda r: f"{float(r['gpu_hours']):.3f}"),
+    ("session_hours", lambda r: f"{float(r['session_hours']):.3f}"),
+    ("sessions", "sessions"),
+    ("running", "running"),
+]
+# The CSV schemas: columns only ever get added at the end.
+CSV_ROW_COLUMNS: list[Any] = [
+    "since",
+    "until",
+    "by",
+    "key",
+    "amount_usd",
+    "gpu_hours",
+    "session_hours",
+    "sessions",
+    "running",
+]
+CSV_LINE_COLUMNS = [
+    "month",
+    "instance_id",
+    "instance_type",
+    "pool",
+    "rate_usd_per_hour",
+    "rate_as_of",
+    "kind",
+    "user",
+    "group",
+    "session_id",
+    "slice_id",
+    "start",
+    "end",
+    "seconds",
+    "share",
+    "gpu_hours",
+    "amount_usd",
+    "running",
+]
+
+
+def _month(text: str) -> str:
+    import re
+
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a month like 2026-12")
+    return text
+
+
+def register(subparsers: Any) -> None:
+    p = _parser_with_csv_output(
+        subparsers, "usage", help="usage and chargeback for a period (members: your own; admins: everyone)"
+    )
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
+        "--month", type=_month, metavar="YYYY-MM", help="a calendar month, UTC (default: this one)"
+    )
+    when.add_argument("--since", metavar="D", help="start, inclusive: a date (2026-12-01) or ISO time, UTC")
+    p.add_argument("--until", metavar="D", help="end, exclusive (default: now); only with --since")
+    p.add_argument("--by", choices=BY, help="sum by this (default: user); csv without it: every line")
+    p.add_argument(
+        "--output",
+        choices=("table", "json", "csv"),
+        default=argparse.SUPPRESS,
+        help="table for people (default), json for scripts, csv for finance",
+    )
+    p.set_defaults(func=_usage)
+
+
+def _parser_with_csv_output(subparsers: Any, name: str, *, help: str) -> argparse.ArgumentParser:
+    """A command parser with the global options, its ``--output`` also taking ``csv``.
+
+    The global options are shared action objects; this parser takes every one of them
+    except ``--output``, and adds its own (a conflict "resolve" would strip the shared one).
+    """
+    from calque.cli.main import _COMMON
+
+    p: argparse.ArgumentParser = argparse._SubParsersAction.add_parser(
+        subparsers, name, help=help, description=help, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    g = p.add_argument_group("global options")
+    for action in _COMMON._actions:
+        if "--output" in action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        g._add_action(action)
+    return p
+
+
+def _usage(ctx: Any, args: argparse.Namespace) -> None:
+    do_usage(ctx, month=args.month, since=args.since, until=args.until, by=args.by)
+
+
+def do_usage(
+    ctx: Any,
+    *,
+    month: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    by: str | None = None,
+) -> None:
+    from calque.cli.errors import CliError
+
+    if until is not None and since is None:
+        raise CliError("--until needs --since", code="usage_error", details={"field": "until"})
+    query = {"month": month, "since": since, "until": until, "by": by or "user"}
+    report = ctx.client().request("GET", "/v1/usage", None, {k: v for k, v in query.items() if v is not None})
+    if ctx.output == "csv":
+        sys.stdout.write(to_csv(report, grouped=by is not None))
+        return
+    if ctx.json:
+        ctx.emit(report)
+        return
+    period = report["period"]
+    head = (
+        f"usage {period.get('month') or ''} [{period['since']} .. {period['until']}) by {report['by']}"
+        f" ({'everyone' if report['scope'] == 'everyone' else 'your own'}), as of {report['as_of']}"
+    )
+    from calque.cli.output import render_table
+
+    body = render_table(report["rows"], ROW_COLUMNS)
+    ctx.emit(report, text=f"{head}\n{body}\ntotal  {report['total_usd']} USD")
+
+
+def to_csv(report: dict[str, Any], *, grouped: bool) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    if grouped:
+        w.writerow(CSV_ROW_COLUMNS)
+        p = report["period"]
+        for r in report["rows"]:
+            w.writerow([p["since"], p["until"], report["by"], *(r[c] for c in CSV_ROW_COLUMNS[3:])])
+    else:
+        w.writerow(CSV_LINE_COLUMNS)
+        for line in report["lines"]:
+            w.writerow(["" if line.get(c) is None else line.get(c) for c in CSV_LINE_COLUMNS])
+    return out.getvalue()

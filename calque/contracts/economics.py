@@ -1,0 +1,125 @@
+"""Economics API bodies: usage and chargeback (GET /v1/usage), groups (/v1/groups...).
+
+Money is a decimal string in US dollars with two places ("12.34"): exact, as finance
+needs it. Hours are floats rounded to 6 places (for reading, not for summing money).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from calque.contracts.common import Out, Strict
+
+UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
+GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+
+class UsageQuery(Strict):
+    """GET /v1/usage query: a calendar month, or [since, until); by what to sum."""
+
+    month: str | None = Field(default=None, pattern=r"^\d{4}-(0[1-9]|1[0-2])$", description="YYYY-MM (UTC)")
+    since: datetime | None = Field(default=None, description="inclusive, ISO 8601 date or time (UTC)")
+    until: datetime | None = Field(default=None, description="exclusive, ISO 8601 date or time (UTC)")
+    by: UsageBy = "user"
+
+
+class UsagePeriod(Out):
+    since: datetime
+    until: datetime
+    month: str | None = None
+
+
+class UsageLine(Out):
+    """One charge: a session's piece inside one instance-month, or that instance-month's idle."""
+
+    month: str
+    instance_id: str
+    instance_type: str
+    pool: str | None = None
+    rate_usd_per_hour: str
+    rate_as_of: str | None = None
+    kind: Literal["session", "idle"]
+    user: str | None = None
+    group: str | None = None
+    session_id: str | None = None
+    slice_id: str | None = None
+    start: datetime
+    end: datetime
+    seconds: float
+    share: float = Field(description="the slice's share of the instance (idle: the unused share)")
+    gpu_hours: float = Field(description="seconds x share / 3600")
+    amount_usd: str
+    running: bool = Field(description="the session is still live: charged up to now")
+
+
+class UsageRow(Out):
+    key: str = Field(description='the user, group, host, pool or instance type; "(idle)" for idle time')
+    amount_usd: str
+    gpu_hours: float
+    session_hours: float
+    sessions: int
+    running: bool
+
+
+class InstanceCost(Out):
+    month: str
+    instance_id: str
+    instance_type: str
+    start: datetime
+    end: datetime
+    cost_usd: str
+
+
+class UsageReport(Out):
+    period: UsagePeriod
+    as_of: datetime
+    by: UsageBy
+    currency: Literal["USD"] = "USD"
+    scope: Literal["everyone", "own"] = Field(description="admins see everyone; members their own lines")
+    total_usd: str = Field(description="the sum of the lines shown")
+    rows: list[UsageRow]
+    lines: list[UsageLine]
+    instances: list[InstanceCost] = Field(
+        default_factory=list, description="each instance-month's cost (admins): its lines add up to it"
+    )
+
+
+# ---- groups -----------------------------------------------------------------------------------
+
+
+class GroupCreate(Strict):
+    """POST /v1/groups (admin)."""
+
+    name: str = Field(pattern=GROUP_PATTERN, description="lowercase letters, digits, . _ -")
+    max_sessions: int | None = Field(default=None, ge=0, le=10_000, description="live sessions of the group")
+    max_gpu_hours_per_month: float | None = Field(default=None, ge=0, le=1_000_000)
+    max_usd_per_month: float | None = Field(default=None, ge=0, le=100_000_000, description="monthly budget")
+
+
+class GroupMembers(Strict):
+    """POST /v1/groups/{name}/members, POST /v1/groups/{name}/members/remove (admin)."""
+
+    users: list[str] = Field(min_length=1, max_length=50)
+
+
+class GroupLimits(Strict):
+    """PUT /v1/groups/{name}/limits (admin)."""
+
+    max_sessions: int | None = Field(default=None, ge=0, le=10_000)
+    max_gpu_hours_per_month: float | None = Field(default=None, ge=0, le=1_000_000)
+    max_usd_per_month: float | None = Field(default=None, ge=0, le=100_000_000)
+
+
+class Group(Out):
+    name: str
+    members: list[str]
+    max_sessions: int | None = None
+    max_gpu_hours_per_month: float | None = None
+    max_usd_per_month: float | None = None
+    live_sessions: int = 0
+    gpu_hours_used_this_month: float = 0.0
+    created_at: datetime
+    created_by: str

@@ -1,0 +1,307 @@
+"""Groups (a lab, a course, a grant) in the registry: members, limits, and the counters the
+granting transaction checks.
+
+    item              pk                 sk
+    group             GROUPS             GROUP#<name>      members {user: added iso}, limits, live
+    group usage       GROUP#<name>       USAGE#<YYYY-MM>   gpu_hours
+    membership        USER#<user>        GROUPS            g_<name> = when added (one attribute per group)
+
+The membership item lets a check-out find the member's groups with one read, whatever
+the number of groups; the group item and the members' items change in one transaction.
+
+A session charged to a group carries ``group``; the grant's transaction increments the
+group's live counter under its ``max_sessions`` (GroupFull otherwise) and the ending
+transaction decrements it and adds the session's GPU-hours to the group's month.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from calque.registry.ports import AlreadyExists, StaleWrite
+
+GROUPS_PK = "GROUPS"
+
+
+class GroupFull(StaleWrite):
+    """The group's live-session counter is at its maximum."""
+
+
+class GroupRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    members: dict[str, datetime] = Field(default_factory=dict, description="user -> when added")
+    max_sessions: int | None = None
+    max_gpu_hours_per_month: float | None = None
+    max_usd_per_month: float | None = None
+    live: int = 0
+    created_at: datetime
+    created_by: str
+
+
+def group_key(name: str) -> dict[str, str]:
+    return {"pk": GROUPS_PK, "sk": f"GROUP#{name}"}
+
+
+def membership_key(user: str) -> dict[str, str]:
+    return {"pk": f"USER#{user}", "sk": "GROUPS"}
+
+
+def group_usage_key(name: str, month: str) -> dict[str, str]:
+    return {"pk": f"GROUP#{name}", "sk": f"USAGE#{month}"}
+
+
+LIMITS = ("max_sessions", "max_gpu_hours_per_month", "max_usd_per_month")
+
+
+class MemoryGroups:
+    """Groups for the in-memory registry (mixed into MemoryRegistry: one lock, one truth)."""
+
+    _lock: threading.RLock
+    group_map: dict[str, GroupRecord]
+    group_usage: dict[tuple[str, str], float]
+
+    def _groups_init(self) -> None:
+        self.group_map = {}
+        self.group_usage = {}
+
+    def create_group(self, group: GroupRecord) -> None:
+        with self._lock:
+            if group.name in self.group_map:
+                raise AlreadyExists(group.name)
+            self.group_map[group.name] = group
+
+    def get_group(self, name: str) -> GroupRecord | None:
+        return self.group_map.get(name)
+
+    def list_groups(self) -> list[GroupRecord]:
+        return [self.group_map[k] for k in sorted(self.group_map)]
+
+    def update_group(
+        self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
+    ) -> GroupRecord:
+        with self._lock:
+            cur = self.group_map.get(name)
+            if cur is None:
+                raise StaleWrite(name)
+            members = {**{u: t for u, t in add.items() if u not in cur.members}, **cur.members}
+            for u in remove:
+                members.pop(u, None)
+            new = cur.model_copy(update={"members": members, **limits})
+            self.group_map[name] = new
+            return new
+
+    def group_month_usage(self, name: str, month: str) -> float:
+        return self.group_usage.get((name, month), 0.0)
+
+    def groups_of(self, user: str) -> dict[str, datetime]:
+        return {g.name: g.members[user] for g in self.group_map.values() if user in g.members}
+
+    # called inside MemoryRegistry.grant / end_session, under the lock
+    def _group_take(self, name: str | None) -> None:
+        if name is None:
+            return
+        g = self.group_map.get(name)
+        if g is None:
+            raise StaleWrite(name)
+        if g.max_sessions is not None and g.live >= g.max_sessions:
+            raise GroupFull(name)
+
+    def _group_took(self, name: str | None) -> None:
+        if name is not None:
+            g = self.group_map[name]
+            self.group_map[name] = g.model_copy(update={"live": g.live + 1})
+
+    def _group_release(self, name: str | None, month: str, gpu_hours: float) -> None:
+        if name is None or name not in self.group_map:
+            return
+        g = self.group_map[name]
+        self.group_map[name] = g.model_copy(update={"live": max(0, g.live - 1)})
+        self.group_usage[(name, month)] = self.group_usage.get((name, month), 0.0) + gpu_hours
+
+
+class DynamoGroups:
+    """Groups for the DynamoDB registry (mixed into DynamoRegistry)."""
+
+    client: Any
+    table: str
+
+    def _ser(self, item: dict[str, Any]) -> dict[str, Any]:
+        from calque.registry.dynamo import ser
+
+        return ser(item)
+
+    def _group_item(self, g: GroupRecord) -> dict[str, Any]:
+        doc = g.model_dump()
+        return {**group_key(g.name), "type": "group", **{k: v for k, v in doc.items() if v is not None}}
+
+    def create_group(self, group: GroupRecord) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=self._ser(self._group_item(group)),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                raise AlreadyExists(group.name) from None
+            raise
+
+    def get_group(self, name: str) -> GroupRecord | None:
+        from calque.registry.dynamo import des
+
+        raw = self.client.get_item(TableName=self.table, Key=self._ser(group_key(name)), ConsistentRead=True)
+        return GroupRecord.model_validate(des(raw["Item"])) if "Item" in raw else None
+
+    def list_groups(self) -> list[GroupRecord]:
+        from calque.registry.dynamo import des
+
+        out, start = [], None
+        while True:
+            kw: dict[str, Any] = {
+                "TableName": self.table,
+                "KeyConditionExpression": "pk = :pk",
+                "ExpressionAttributeValues": self._ser({":pk": GROUPS_PK}),
+            }
+            if start:
+                kw["ExclusiveStartKey"] = start
+            page = self.client.query(**kw)
+            out += [GroupRecord.model_validate(des(i)) for i in page.get("Items", [])]
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return out
+
+    def update_group(
+        self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
+    ) -> GroupRecord:
+        from botocore.exceptions import ClientError
+
+        sets: list[str] = []
+        removes: list[str] = []
+        names: dict[str, str] = {"#m": "members"}
+        values: dict[str, Any] = {}
+        for n, (user, at) in enumerate(add.items()):
+            names[f"#a{n}"] = user
+            values[f":a{n}"] = at
+            sets.append(f"#m.#a{n} = if_not_exists(#m.#a{n}, :a{n})")
+        for n, user in enumerate(remove):
+            names[f"#r{n}"] = user
+            removes.append(f"#m.#r{n}")
+        for k, v in limits.items():
+            if v is None:
+                removes.append(k)
+            else:
+                sets.append(f"{k} = :{k}")
+                values[f":{k}"] = v
+        sets.append("#type = :t")
+        values[":t"] = "group"
+        names["#type"] = "type"
+        expr = "SET " + ", ".join(sets) + ((" REMOVE " + ", ".join(removes)) if removes else "")
+        items: list[dict[str, Any]] = [
+            {
+                "Update": {
+                    "TableName": self.table,
+                    "Key": self._ser(group_key(name)),
+                    "UpdateExpression": expr,
+                    "ConditionExpression": "attribute_exists(pk)",
+                    "ExpressionAttributeNames": {k: v for k, v in names.items() if k in expr},
+                    "ExpressionAttributeValues": self._ser(values),
+                }
+            }
+        ]
+        for user, at in add.items():
+            items.append(
+                {
+                    "Update": {
+                        "TableName": self.table,
+                        "Key": self._ser(membership_key(user)),
+                        "UpdateExpression": "SET #g = if_not_exists(#g, :at), #type = :t",
+                        "ExpressionAttributeNames": {"#g": f"g_{name}", "#type": "type"},
+                        "ExpressionAttributeValues": self._ser({":at": at, ":t": "membership"}),
+                    }
+                }
+            )
+        for user in remove:
+            items.append(
+                {
+                    "Update": {
+                        "TableName": self.table,
+                        "Key": self._ser(membership_key(user)),
+                        "UpdateExpression": "REMOVE #g",
+                        "ExpressionAttributeNames": {"#g": f"g_{name}"},
+                    }
+                }
+            )
+        try:
+            self.client.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "TransactionCanceledException":
+                raise StaleWrite(name) from None
+            raise
+        got = self.get_group(name)
+        if got is None:
+            raise StaleWrite(name)
+        return got
+
+    def groups_of(self, user: str) -> dict[str, datetime]:
+        from calque.registry.dynamo import des
+
+        raw = self.client.get_item(
+            TableName=self.table, Key=self._ser(membership_key(user)), ConsistentRead=True
+        )
+        item = des(raw["Item"]) if "Item" in raw else {}
+        return {
+            k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            for k, v in item.items()
+            if k.startswith("g_")
+        }
+
+    def group_month_usage(self, name: str, month: str) -> float:
+        from calque.registry.dynamo import des
+
+        raw = self.client.get_item(TableName=self.table, Key=self._ser(group_usage_key(name, month)))
+        return float(des(raw["Item"]).get("gpu_hours", 0)) if "Item" in raw else 0.0
+
+    # transaction items for DynamoRegistry.grant / end_session
+    def _group_take_item(self, name: str) -> dict[str, Any]:
+        return {
+            "Update": {
+                "Key": self._ser(group_key(name)),
+                "UpdateExpression": "SET live = if_not_exists(live, :zero) + :one",
+                "ConditionExpression": (
+                    "attribute_exists(pk) AND (attribute_not_exists(max_sessions) OR live < max_sessions)"
+                ),
+                "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1}),
+            }
+        }
+
+    def _group_release_items(self, name: str, month: str, gpu_hours: float) -> list[dict[str, Any]]:
+        from decimal import Decimal
+
+        return [
+            {
+                "Update": {
+                    "Key": self._ser(group_key(name)),
+                    "UpdateExpression": "SET live = live - :one",
+                    "ConditionExpression": "live > :zero",
+                    "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1}),
+                }
+            },
+            {
+                "Update": {
+                    "Key": self._ser(group_usage_key(name, month)),
+                    "UpdateExpression": "ADD gpu_hours :h SET #type = :t",
+                    "ExpressionAttributeNames": {"#type": "type"},
+                    "ExpressionAttributeValues": self._ser(
+                        {":h": Decimal(str(round(gpu_hours, 6))), ":t": "group_usage"}
+                    ),
+                }
+            },
+        ]

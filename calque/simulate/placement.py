@@ -1,0 +1,904 @@
+"""``calque simulate placement``: replay a GPU cluster trace through the real placement code.
+
+Each job of the trace becomes a member who checks out a slice through the tenancy
+service (``calque.tenancy.service.Tenancy``) over the in-memory registry, on a
+virtual clock, holds it for ``deletion_time - creation_time`` seconds and checks it
+in; the host agent's reclaim is reported at once. Nothing sleeps.
+
+The mapping from the trace (Alibaba GPU cluster trace v2023, pod list):
+
+- ``num_gpu == 0``: CPU-only, skipped.
+- one GPU with ``gpu_milli < 1000``: the fraction ``gpu_milli / 1000`` of one GPU. It may
+  take any slice whose share of its GPU is at least that fraction, smallest share
+  first (MIG: compute slices over the card's; MPS: the active thread percentage;
+  a whole card: 1), through a check-out of that exact profile.
+- one GPU with ``gpu_milli == 1000``: a whole GPU: an exclusive card, or a MIG instance
+  with all of the card's compute slices.
+- ``num_gpu > 1``: that many exclusive cards on one host, all at once.
+
+A job no slice of the layout can ever take is refused; one that fits but finds no
+free slice waits. Waiting jobs are placed first fit in arrival order (a later job
+that fits goes ahead of an earlier one that does not). Departures at a moment are
+processed before arrivals at that moment.
+
+Layouts: ``dedicated`` (every GPU exclusive), ``mig:PROFILE=N,...`` (every GPU that
+mix), ``mps:N`` (N clients of 100/N % each), ``adaptive``: GPUs start dedicated, and
+when a GPU is empty while jobs wait, it is re-laid out for them (the host agent can
+re-layout an idle card): exclusive when the oldest waiting job needs a whole GPU,
+else the MIG mix that fits the waiting fractions in arrival order, the rest filled
+with the smallest profile. A re-layout takes no virtual time here. Cards without MIG
+stay dedicated under ``adaptive``.
+
+Numbers: paid GPU-hours are every GPU of every host from the first arrival to the
+last departure; members served per GPU-hour = jobs placed / paid GPU-hours; busy
+GPU-hours = each placed job's hold x its slices' shares; idle share = 1 - busy / paid;
+fragmentation = GPU-hours that were free while jobs waited that none of them fit.
+Waits are nearest-rank percentiles over placed jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from calque.catalog.models import Card, InstanceType
+
+REQUIRED = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+ADMIN_PRINCIPAL = "simulator"
+
+
+# ---- the trace --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    line: int
+    name: str
+    num_gpu: int
+    gpu_milli: int
+    arrival: int
+    duration: int
+
+    @property
+    def fraction(self) -> Fraction:
+        return Fraction(self.gpu_milli, 1000) if self.num_gpu == 1 else Fraction(1)
+
+
+def _trace_error(path: str, line: int, message: str) -> Exception:
+    from calque.errors import InvalidInput
+
+    return InvalidInput(f"{path}, line {line}: {message}", code="invalid_trace", details={"line": line})
+
+
+def read_trace(path: str | Path) -> tuple[list[Job], int]:
+    """The GPU jobs of a pod-list trace, and how many CPU-only pods were skipped.
+
+    Refuses (InvalidInput naming the line) missing columns, non-numeric values,
+    negative times, a deletion before its creation, and gpu_milli outside 0..1000."""
+    from calque.errors import InvalidInput
+
+    p = str(path)
+    try:
+        fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidInput(f"cannot read trace {p!r}: {exc.strerror}", details={"field": "trace"}) from None
+    jobs: list[Job] = []
+    skipped = 0
+    with fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            raise _trace_error(p, 1, "the file is empty (expected a header line)")
+        header = [h.strip() for h in header]
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise _trace_error(p, 1, f"missing column(s) {', '.join(missing)} in the header")
+        at = {c: header.index(c) for c in REQUIRED}
+        for n, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) < len(header):
+                raise _trace_error(p, n, f"{len(row)} field(s), the header has {len(header)}")
+            vals: dict[str, int] = {}
+            for c in REQUIRED[1:]:
+                raw = row[at[c]].strip()
+                try:
+                    vals[c] = int(raw) if raw.lstrip("-").isdigit() else int(float(raw))
+                except ValueError:
+                    raise _trace_error(p, n, f"{c} {raw!r} is not a number") from None
+                if vals[c] < 0:
+                    raise _trace_error(p, n, f"{c} {raw} is negative")
+            if vals["deletion_time"] < vals["creation_time"]:
+                raise _trace_error(
+                    p,
+                    n,
+                    f"deletion_time {vals['deletion_time']} is before creation_time {vals['creation_time']}",
+                )
+            if vals["gpu_milli"] > 1000:
+                raise _trace_error(p, n, f"gpu_milli {vals['gpu_milli']} is more than one GPU (1000)")
+            if vals["num_gpu"] == 0:
+                skipped += 1
+                continue
+            jobs.append(
+                Job(
+                    line=n,
+                    name=row[at["name"]].strip() or f"line-{n}",
+                    num_gpu=vals["num_gpu"],
+                    gpu_milli=vals["gpu_milli"] or 1000,
+                    arrival=vals["creation_time"],
+                    duration=max(1, vals["deletion_time"] - vals["creation_time"]),
+                )
+            )
+    return jobs, skipped
+
+
+# ---- hosts and layouts ------------------------------------------------------------------------
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    from calque import catalog
+    from calque.errors import InvalidInput
+
+    out = []
+    for part in [x.strip() for x in text.split(",") if x.strip()]:
+        name, sep, count = part.partition("=")
+        if not sep or not count.isdigit() or int(count) < 1:
+            raise InvalidInput(f"--hosts: {part!r} is not TYPE=N (N >= 1)", details={"field": "hosts"})
+        catalog.instance_type(name)
+        out.append((name, int(count)))
+    if not out:
+        raise InvalidInput("--hosts names no instance type", details={"field": "hosts"})
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # dedicated | mig | mps | adaptive
+    mig: tuple[tuple[str, int], ...] = ()
+    mps_clients: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "mig":
+            return "mig:" + ",".join(f"{p}={n}" for p, n in self.mig)
+        if self.kind == "mps":
+            return f"mps:{self.mps_clients}"
+        return self.kind
+
+
+def parse_layout(text: str) -> Layout:
+    from calque.errors import InvalidInput
+
+    t = text.strip()
+    if t in ("dedicated", "adaptive"):
+        return Layout(t)
+    kind, _, rest = t.partition(":")
+    if kind == "mps" and rest.isdigit() and 1 <= int(rest) <= 100:
+        return Layout("mps", mps_clients=int(rest))
+    if kind == "mig" and rest:
+        mix = []
+        for part in rest.split(","):
+            name, sep, count = part.strip().partition("=")
+            if not sep or not count.isdigit() or int(count) < 1:
+                break
+            mix.append((name, int(count)))
+        else:
+            return Layout("mig", mig=tuple(mix))
+    raise InvalidInput(
+        f"--layout {text!r}: expected dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N or adaptive",
+        details={"field": "layout"},
+    )
+
+
+def _gpu_entry(card: Card, layout: Layout, gpu: int) -> Any:
+    from calque.contracts.layout import GpuEntry, MpsSpec
+
+    if layout.kind == "mig":
+        return GpuEntry(devices=[gpu], mig=dict(layout.mig))
+    if layout.kind == "mps":
+        return GpuEntry(
+            devices=[gpu],
+            mps=MpsSpec(
+                clients=layout.mps_clients, active_thread_percentage=max(1, 100 // layout.mps_clients)
+            ),
+        )
+    return GpuEntry(devices=[gpu], exclusive=True)
+
+
+def _share(card: Card, backend: str, profile: str, pct: int | None) -> Fraction:
+    if backend == "mig":
+        return Fraction(card.profile(profile).compute_slices, card.compute_slices)
+    if backend == "mps":
+        return Fraction(pct or 100, 100)
+    return Fraction(1)
+
+
+def _compute_profile(p: Any) -> bool:
+    """A plain compute profile (``2g.48gb``): no media engines, graphics or -me variants,
+    which offer the same compute and memory as their plain twin and only add choices."""
+    return not p.media_extensions and "+" not in p.name and "-" not in p.name
+
+
+def static_mig_layouts(card: Card) -> list[Layout]:
+    """Every maximal mix of MIG profiles one GPU of this card can hold (no media extensions)."""
+    from calque.catalog import planner
+    from calque.errors import InvalidInput
+
+    profiles = [p for p in card.mig_profiles if _compute_profile(p)]
+    found: list[dict[str, int]] = []
+
+    def fits(mix: dict[str, int]) -> bool:
+        try:
+            planner.place_mig(card, {k: v for k, v in mix.items() if v})
+            return True
+        except InvalidInput:
+            return False
+
+    def walk(i: int, mix: dict[str, int]) -> None:
+        if i == len(profiles):
+            if any(mix.values()) and not any(fits({**mix, p.name: mix.get(p.name, 0) + 1}) for p in profiles):
+                found.append({k: v for k, v in mix.items() if v})
+            return
+        p = profiles[i]
+        for n in range(p.max_count + 1):
+            m = {**mix, p.name: n}
+            if n and not fits({k: v for k, v in m.items() if v}):
+                break
+            walk(i + 1, m)
+
+    walk(0, {})
+    return [Layout("mig", mig=tuple(sorted(m.items()))) for m in found]
+
+
+# ---- the simulation ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    trace: str
+    hosts: str
+    layout: str
+    seed: int
+    gpus: int
+    jobs: int = 0
+    cpu_only_skipped: int = 0
+    placed: int = 0
+    refused: int = 0
+    waiting: int = 0
+    wait_p50_s: float = 0.0
+    wait_p95_s: float = 0.0
+    members_per_gpu_hour: float = 0.0
+    paid_gpu_hours: float = 0.0
+    busy_gpu_hours: float = 0.0
+    busy_slice_hours: float = 0.0
+    idle_share: float = 0.0
+    fragmented_gpu_hours: float = 0.0
+    fragmentation_share: float = 0.0
+    relayouts: int = 0
+    events: int = 0
+    refused_by_reason: dict[str, int] = field(default_factory=dict)
+    # adaptive only: the best static MIG layout on the same hosts, and whether adaptive beats it
+    best_static: dict[str, Any] | None = None
+    beats_best_static: bool | None = None
+    timeline: list[tuple[float, float, int]] = field(default_factory=list, repr=False)
+
+    def document(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        return out
+
+
+def percentile(values: list[int], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return float(s[max(0, math.ceil(q / 100 * len(s)) - 1)])
+
+
+def _whole_card_request(ttl: int, instance_id: str | None) -> Any:
+    """A check-out of a whole card. Members cannot ask for one through the API (an admin
+    dedicates a card); the simulator models that through the same check-out path."""
+    from calque.contracts.tenancy import CheckoutRequest
+
+    return CheckoutRequest.model_construct(
+        backend="exclusive",  # type: ignore[arg-type]
+        profile="whole",
+        ttl_seconds=ttl,
+        instance_id=instance_id,
+        min_memory_gib=None,
+        accept_shared_gpu_no_isolation=False,
+    )
+
+
+@dataclass
+class _Gpu:
+    instance_id: str
+    index: int
+    card: Card
+    mix: dict[str, int] | None  # None: exclusive (or MPS, fixed)
+    held: int = 0
+
+
+class Simulator:
+    """One replay. Build it, then ``run()``; deterministic for a trace, hosts, layout and seed."""
+
+    def __init__(
+        self, jobs: list[Job], hosts: list[tuple[str, int]], layout: Layout, *, seed: int = 0
+    ) -> None:
+        from calque import catalog
+        from calque.registry.memory import MemoryQueue, MemoryRegistry
+        from calque.tenancy.service import Tenancy, TenancyConfig
+
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.line))
+        self.layout = layout
+        self.now = EPOCH
+        self.registry = MemoryRegistry()
+        self.tenancy = Tenancy(
+            self.registry,
+            MemoryQueue(),
+            config=TenancyConfig(
+                ttl_floor_s=1,
+                ttl_max_s=10**9,
+                default_max_sessions=64,
+                candidate_limit=64,
+                max_tries=64,
+            ),
+            clock=lambda: self.now,
+            rng=random.Random(seed),  # noqa: S311 - tie-breaking, reproducible by design
+        )
+        self.types: dict[str, InstanceType] = {}
+        self.gpus: dict[tuple[str, int], _Gpu] = {}
+        self.free: dict[tuple[str, str], int] = {}  # (backend, profile) -> free slices
+        self.free_share = Fraction(0)
+        self.shares: dict[tuple[str, str], Fraction] = {}  # (instance, slice) -> share of its GPU
+        self.fences: dict[tuple[str, str], int] = {}
+        self.relayouts = 0
+        # per placed job: (share-weighted seconds, slice-seconds, departure time)
+        self._done: list[tuple[Fraction, int, int]] = []
+        self._departures: list[tuple[int, int, str, list[tuple[str, str, str]]]] = []
+        self._seq = 0
+        n = 0
+        for itype_name, count in hosts:
+            itype = catalog.instance_type(itype_name)
+            for _ in range(count):
+                n += 1
+                self._add_host(f"i-{n:08x}", itype)
+        self.total_gpus = len(self.gpus)
+
+    # -- hosts ----------------------------------------------------------------------------
+    def _add_host(self, instance_id: str, itype: InstanceType) -> None:
+        from calque.contracts.layout import LayoutSpec
+        from calque.contracts.tenancy import HostRegistration
+        from calque.identity import Caller
+
+        self.types[instance_id] = itype
+        adaptive = self.layout.kind == "adaptive"
+        entries = [
+            _gpu_entry(itype.card, Layout("dedicated") if adaptive else self.layout, g)
+            for g in range(itype.gpu_count)
+        ]
+        admin = Caller(
+            principal=ADMIN_PRINCIPAL, arn=f"arn:aws:iam::000000000000:user/{ADMIN_PRINCIPAL}", admin=True
+        )
+        self.tenancy.register_host(
+            admin,
+            HostRegistration(
+                instance_id=instance_id, instance_type=itype.name, layout=LayoutSpec(gpus=entries)
+            ),
+        )
+        self.registry.set_host_state(instance_id, "ready", reason=None, at=self.now, expect={"pending"})
+        for g, e in enumerate(entries):
+            self.gpus[(instance_id, g)] = _Gpu(instance_id, g, itype.card, dict(e.mig) if e.mig else None)
+        for sl in self.registry.slices(instance_id):
+            self._ready(sl)
+
+    def _ready(self, sl: Any) -> None:
+        self.registry.slice_ready(sl, device_uuid=f"SIM-{sl.slice_id}", env={}, placeable=True, at=self.now)
+        card = self.types[sl.instance_id].card
+        pct = None
+        if sl.backend == "mps":
+            pct = max(1, 100 // self.layout.mps_clients) if self.layout.mps_clients else 100
+        share = _share(card, sl.backend, sl.profile, pct)
+        self.shares[(sl.instance_id, sl.slice_id)] = share
+        self._count(sl.backend, sl.profile, +1, share)
+
+    def _count(self, backend: str, profile: str, delta: int, share: Fraction) -> None:
+        key = (backend, profile)
+        self.free[key] = self.free.get(key, 0) + delta
+        self.free_share += delta * share
+
+    def _relayout(self, gpu: _Gpu, mix: dict[str, int] | None) -> None:
+        """The host agent re-lays out an idle card: its free slices replaced by the new layout's."""
+        from calque.catalog import planner
+        from calque.contracts.layout import GpuEntry
+        from calque.registry.models import SliceRecord
+
+        reg = self.registry
+        with reg._lock:
+            for key, sl in list(reg.slice_map.items()):
+                if key[0] == gpu.instance_id and sl.gpu_index == gpu.index:
+                    self.fences[key] = sl.fence
+                    self._count(sl.backend, sl.profile, -1, self.shares.pop(key))
+                    del reg.slice_map[key]
+            entry = (
+                GpuEntry(devices=[gpu.index], mig=mix)
+                if mix
+                else GpuEntry(devices=[gpu.index], exclusive=True)
+            )
+            for p in planner.plan_gpu(gpu.card, gpu.index, entry):
+                sl = SliceRecord(
+                    instance_id=gpu.instance_id,
+                    slice_id=p.slice_id,
+                    gpu_index=gpu.index,
+                    backend=p.backend,
+                    profile=p.profile,
+                    memory_gib=p.memory_gib,
+                    state="free",
+                    placeable=True,
+                    fence=self.fences.get((gpu.instance_id, p.slice_id), 0),
+                    state_since=self.now,
+                )
+                reg.slice_map[(gpu.instance_id, p.slice_id)] = sl
+                reg.profiles.setdefault((p.backend, p.profile), set()).add(p.memory_gib)
+                share = _share(gpu.card, p.backend, p.profile, None)
+                self.shares[(gpu.instance_id, p.slice_id)] = share
+                self._count(p.backend, p.profile, +1, share)
+        gpu.mix = dict(mix) if mix else None
+
+    # -- what a job may take ----------------------------------------------------------------
+    def kinds(self, job: Job) -> tuple[tuple[str, str, Fraction], ...]:
+        """(backend, profile, share) a job may take, smallest share first; () if nothing ever fits."""
+        if job.num_gpu > 1:
+            dedicates = self.layout.kind in ("dedicated", "adaptive")
+            fits = dedicates and any(t.gpu_count >= job.num_gpu for t in self.types.values())
+            return (("exclusive", f"x{job.num_gpu}", Fraction(job.num_gpu)),) if fits else ()
+        found: set[tuple[str, str, Fraction]] = set()
+        cards = {t.card.name: t.card for t in self.types.values()}
+        for card in cards.values():
+            for backend, profile, share in self._offered(card):
+                # adaptive: fractions are served by re-laid-out MIG slices, not by whole cards
+                whole_for_part = (
+                    self.layout.kind == "adaptive" and card.mig_capable and backend == "exclusive"
+                )
+                if share >= job.fraction and not (whole_for_part and job.fraction < 1):
+                    found.add((backend, profile, share))
+        return tuple(sorted(found, key=lambda k: (k[2], k[0], k[1])))
+
+    def _offered(self, card: Card) -> Iterator[tuple[str, str, Fraction]]:
+        kind = self.layout.kind
+        if kind == "dedicated" or (kind == "adaptive" and not card.mig_capable):
+            yield ("exclusive", "whole", Fraction(1))
+        elif kind == "adaptive":
+            yield ("exclusive", "whole", Fraction(1))
+            for p in card.mig_profiles:
+                if _compute_profile(p):
+                    yield ("mig", p.name, _share(card, "mig", p.name, None))
+        elif kind == "mig":
+            for name, _n in self.layout.mig:
+                yield ("mig", name, _share(card, "mig", name, None))
+        else:
+            yield ("mps", "mps", Fraction(max(1, 100 // self.layout.mps_clients), 100))
+
+    # -- placing ------------------------------------------------------------------------------
+    def _try(
+        self, job: Job, kinds: tuple[tuple[str, str, Fraction], ...]
+    ) -> list[tuple[str, str, str]] | None:
+        """Check the job out through the tenancy service; the grants (session, token, slice) or None."""
+        from calque.contracts.tenancy import CheckoutRequest
+        from calque.errors import Conflict
+        from calque.identity import Caller
+
+        who = Caller(principal=job.name, arn=f"arn:aws:iam::000000000000:user/{job.name}")
+        if job.num_gpu > 1:
+            return self._try_multi(job, who)
+        for backend, profile, _ in kinds:
+            if self.free.get((backend, profile), 0) <= 0:
+                continue
+            if backend == "exclusive":
+                req = _whole_card_request(job.duration, None)
+            else:
+                req = CheckoutRequest.model_validate(
+                    {
+                        "backend": backend,
+                        "profile": profile,
+                        "ttl_seconds": job.duration,
+                        "accept_shared_gpu_no_isolation": backend == "mps",
+                    }
+                )
+            try:
+                grant = self.tenancy.checkout(who, req)
+            except Conflict:
+                continue
+            return [self._took(grant)]
+        return None
+
+    def _try_multi(self, job: Job, who: Any) -> list[tuple[str, str, str]] | None:
+        for iid in sorted(self.types):
+            free = [
+                s
+                for s in self.registry.slices(iid)
+                if s.backend == "exclusive" and s.state == "free" and s.placeable
+            ]
+            if len(free) < job.num_gpu:
+                continue
+            taken = []
+            for _ in range(job.num_gpu):
+                req = _whole_card_request(job.duration, iid)
+                taken.append(self._took(self.tenancy.checkout(who, req)))
+            return taken
+        return None
+
+    def _took(self, grant: Any) -> tuple[str, str, str]:
+        key = (grant.instance_id, grant.slice_id)
+        sl = self.registry.slice_map[key]
+        self._count(sl.backend, sl.profile, -1, self.shares[key])
+        self.gpus[(grant.instance_id, sl.gpu_index)].held += 1
+        return grant.session_id, grant.token, grant.slice_id
+
+    def _release(self, instance_id: str, session_id: str, token: str, slice_id: str) -> None:
+        from calque.contracts.tenancy import CheckinRequest
+        from calque.identity import Caller
+        from calque.registry.models import LeaseEvent
+
+        session = self.registry.sessions[session_id]
+        who = Caller(principal=session.user, arn=f"arn:aws:iam::000000000000:user/{session.user}")
+        self.tenancy.checkin(who, session_id, CheckinRequest(token=token))
+        sl = self.registry.slice_map[(instance_id, slice_id)]
+        event = LeaseEvent(
+            kind="reclaimed",
+            at=self.now,
+            who=f"host/{instance_id}",
+            instance_id=instance_id,
+            slice_id=slice_id,
+            fence=sl.fence,
+        )
+        self.registry.slice_reclaimed(sl, placeable=True, not_before=self.now, event=event)
+        self._count(sl.backend, sl.profile, +1, self.shares[(instance_id, slice_id)])
+        self.gpus[(instance_id, sl.gpu_index)].held -= 1
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self, *, trace: str = "", hosts: str = "", seed: int = 0, timeline: bool = False) -> Result:
+        res = Result(trace=trace, hosts=hosts, layout=self.layout.label, seed=seed, gpus=self.total_gpus)
+        res.jobs = len(self.jobs)
+        waiting: dict[tuple, deque[Job]] = {}
+        kinds_of: dict[int, tuple] = {}
+        departures = self._departures
+        waits: list[int] = []
+        busy_gpu = Fraction(0)
+        busy_slices = 0
+        frag = Fraction(0)
+        start = self.jobs[0].arrival if self.jobs else 0
+        last = start
+        end = start
+        seq = 0
+        i = 0
+        queued = 0
+
+        def place_all(t: int) -> None:
+            nonlocal busy_gpu, busy_slices, seq, queued
+            while queued:
+                heads = [
+                    (q[0].arrival, q[0].line, key) for key, q in waiting.items() if q and self._may_fit(key)
+                ]
+                placed_one = False
+                for _a, _l, key in sorted(heads):
+                    job = waiting[key][0]
+                    grants = self._try(job, key)
+                    if grants is None:
+                        continue
+                    waiting[key].popleft()
+                    queued -= 1
+                    self._started(job, t, grants, waits)
+                    placed_one = True
+                    break
+                if not placed_one and not (self.layout.kind == "adaptive" and self._adapt(waiting)):
+                    return
+
+        while i < len(self.jobs) or departures:
+            t_next_arrival = self.jobs[i].arrival if i < len(self.jobs) else None
+            t_next_dep = departures[0][0] if departures else None
+            t = min(x for x in (t_next_arrival, t_next_dep) if x is not None)
+            # integrate fragmentation over [last, t): free capacity while jobs waited that none fit
+            if queued:
+                frag += self.free_share * (t - last)
+            last = t
+            self.now = EPOCH + timedelta(seconds=t)
+            while departures and departures[0][0] == t:
+                _t, _s, iid, grants = heapq.heappop(departures)
+                for sid, token, slice_id in grants:
+                    self._release(iid, sid, token, slice_id)
+                res.events += 1
+                end = max(end, t)
+            while i < len(self.jobs) and self.jobs[i].arrival == t:
+                job = self.jobs[i]
+                i += 1
+                res.events += 1
+                kinds = self.kinds(job)
+                if not kinds:
+                    res.refused += 1
+                    reason = (
+                        "needs more GPUs than a host has"
+                        if job.num_gpu > 1
+                        else "no slice of the layout fits"
+                    )
+                    res.refused_by_reason[reason] = res.refused_by_reason.get(reason, 0) + 1
+                    continue
+                kinds_of[job.line] = kinds
+                waiting.setdefault(kinds, deque()).append(job)
+                queued += 1
+            place_all(t)
+            if timeline:
+                res.timeline.append((t, float(1 - self.free_share / self.total_gpus), queued))
+        res.waiting = queued
+        for dep in self._done:
+            busy_gpu += dep[0]
+            busy_slices += dep[1]
+            end = max(end, dep[2])
+        res.placed = len(waits)
+        res.wait_p50_s = percentile(waits, 50)
+        res.wait_p95_s = percentile(waits, 95)
+        paid = Fraction(self.total_gpus * max(0, end - start), 3600)
+        res.paid_gpu_hours = round(float(paid), 3)
+        res.busy_gpu_hours = round(float(busy_gpu / 3600), 3)
+        res.busy_slice_hours = round(busy_slices / 3600, 3)
+        res.members_per_gpu_hour = round(res.placed / float(paid), 4) if paid else 0.0
+        res.idle_share = round(1 - float(busy_gpu / 3600 / paid), 4) if paid else 0.0
+        res.fragmented_gpu_hours = round(float(frag / 3600), 3)
+        res.fragmentation_share = round(float(frag / 3600 / paid), 4) if paid else 0.0
+        res.relayouts = self.relayouts
+        return res
+
+    def _may_fit(self, kinds: tuple) -> bool:
+        if kinds[0][0] == "exclusive" and kinds[0][1].startswith("x"):
+            return self.free.get(("exclusive", "whole"), 0) >= int(kinds[0][1][1:])
+        return any(self.free.get((b, p), 0) > 0 for b, p, _s in kinds)
+
+    def _started(self, job: Job, t: int, grants: list[tuple[str, str, str]], waits: list[int]) -> None:
+        waits.append(t - job.arrival)
+        iid = self.registry.sessions[grants[0][0]].instance_id
+        share = sum((self.shares[(iid, g[2])] for g in grants), Fraction(0))
+        self._done.append((share * job.duration, len(grants) * job.duration, t + job.duration))
+        self._seq += 1
+        heapq.heappush(self._departures, (t + job.duration, self._seq, iid, grants))
+
+    def _adapt(self, waiting: dict[tuple, deque[Job]]) -> bool:
+        """Re-lay out one empty MIG-capable GPU for what waits; True if one changed."""
+        from calque.catalog import planner
+        from calque.errors import InvalidInput
+
+        empty = [g for _k, g in sorted(self.gpus.items()) if g.held == 0 and g.card.mig_capable]
+        heads = [q[0] for q in waiting.values() if q]
+        if not empty or not heads:
+            return False
+        head = min(heads, key=lambda j: (j.arrival, j.line))
+
+        def in_arrival_order() -> Iterator[Job]:
+            return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: (j.arrival, j.line))
+
+        for gpu in empty:
+            if head.fraction >= 1:
+                if gpu.mix is None:
+                    continue
+                self._relayout(gpu, None)
+                self.relayouts += 1
+                return True
+            mix: dict[str, int] = {}
+            profiles = sorted(
+                (p for p in gpu.card.mig_profiles if _compute_profile(p)),
+                key=lambda p: (p.compute_slices, p.memory_slices),
+            )
+            for job in in_arrival_order():
+                if (
+                    sum(gpu.card.profile(n).compute_slices * c for n, c in mix.items())
+                    >= gpu.card.compute_slices
+                ):
+                    break
+                if job.fraction >= 1:
+                    continue
+                want = next(
+                    (
+                        p
+                        for p in profiles
+                        if Fraction(p.compute_slices, gpu.card.compute_slices) >= job.fraction
+                    ),
+                    None,
+                )
+                if want is None:
+                    continue
+                trial = {**mix, want.name: mix.get(want.name, 0) + 1}
+                try:
+                    planner.place_mig(gpu.card, trial)
+                except InvalidInput:
+                    continue
+                mix = trial
+            while True:
+                trial = {**mix, profiles[0].name: mix.get(profiles[0].name, 0) + 1}
+                try:
+                    planner.place_mig(gpu.card, trial)
+                except InvalidInput:
+                    break
+                mix = trial
+            if mix and mix != gpu.mix:
+                self._relayout(gpu, mix)
+                self.relayouts += 1
+                return True
+        return False
+
+
+def simulate(
+    trace: str,
+    hosts: str,
+    layout: str,
+    *,
+    seed: int = 0,
+    timeline: bool = False,
+    compare: bool = True,
+    progress: Callable[[str], object] | None = None,
+) -> Result:
+    """Read, validate and replay: the numbers ``calque simulate placement`` prints. For
+    ``adaptive`` (with ``compare``), also the best static MIG layout on the same hosts."""
+    import time
+
+    jobs, skipped = read_trace(trace)
+    parsed_hosts = parse_hosts(hosts)
+    sim = Simulator(jobs, parsed_hosts, parse_layout(layout), seed=seed)
+    started = time.perf_counter()
+    res = sim.run(trace=str(trace), hosts=hosts, seed=seed, timeline=timeline)
+    wall = time.perf_counter() - started
+    if progress is not None:
+        progress(f"{res.events} trace events in {wall:.1f} s ({res.events / max(wall, 1e-9):,.0f} events/s)")
+    res.cpu_only_skipped = skipped
+    if sim.layout.kind == "adaptive" and compare:
+        if progress is not None:
+            progress("replaying every static MIG layout of the card on the same hosts, to compare ...")
+        best = best_static(jobs, parsed_hosts, seed=seed)
+        if best is not None:
+            res.best_static = {
+                "layout": best.layout,
+                "placed": best.placed,
+                "members_per_gpu_hour": best.members_per_gpu_hour,
+                "wait_p95_s": best.wait_p95_s,
+            }
+            res.beats_best_static = res.members_per_gpu_hour > best.members_per_gpu_hour
+    return res
+
+
+def best_static(jobs: list[Job], hosts: list[tuple[str, int]], *, seed: int = 0) -> Result | None:
+    """The static MIG layout (every maximal mix of the hosts' card) that serves the most members
+    per GPU-hour on these hosts (ties: the shorter p95 wait); None unless every host has the
+    same MIG-capable card."""
+    from calque import catalog
+
+    cards = {catalog.instance_type(t).card.name: catalog.instance_type(t).card for t, _n in hosts}
+    if len(cards) != 1:
+        return None
+    (card,) = cards.values()
+    if not card.mig_capable:
+        return None
+    runs = [Simulator(jobs, hosts, layout, seed=seed).run(seed=seed) for layout in static_mig_layouts(card)]
+    return max(runs, key=lambda r: (r.members_per_gpu_hour, -r.wait_p95_s, r.layout))
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+RESULT_FIELDS = [
+    ("layout", "layout"),
+    ("hosts", "hosts"),
+    ("gpus", "gpus"),
+    ("jobs", "jobs"),
+    ("cpu-only skipped", "cpu_only_skipped"),
+    ("placed", "placed"),
+    ("refused", "refused"),
+    ("still waiting", "waiting"),
+    ("wait p50 (s)", "wait_p50_s"),
+    ("wait p95 (s)", "wait_p95_s"),
+    ("members / GPU-hour", "members_per_gpu_hour"),
+    ("paid GPU-hours", "paid_gpu_hours"),
+    ("busy GPU-hours", "busy_gpu_hours"),
+    ("busy slice-hours", "busy_slice_hours"),
+    ("idle share", "idle_share"),
+    ("fragmented GPU-hours", "fragmented_gpu_hours"),
+    ("fragmentation share", "fragmentation_share"),
+    ("re-layouts", "relayouts"),
+    ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
+    ("beats best static", "beats_best_static"),
+    ("trace events", "events"),
+]
+
+
+def _best_static_cell(best: dict[str, Any] | None) -> str | None:
+    if best is None:
+        return None
+    return (
+        f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
+        f"p95 wait {best['wait_p95_s']:.0f} s"
+    )
+
+
+def add_placement_parser(group: Any) -> None:
+    """``calque simulate placement`` under the ``simulate`` group's sub-parsers."""
+    p = group.add_parser(
+        "placement",
+        help="replay a GPU cluster trace through the real placement code (virtual clock)",
+    )
+    p.add_argument(
+        "--trace", required=True, metavar="FILE.csv", help="a pod-list trace (Alibaba GPU trace v2023)"
+    )
+    p.add_argument("--hosts", required=True, metavar="TYPE=N[,...]", help="e.g. g7e.2xlarge=4,p5e.48xlarge=1")
+    p.add_argument(
+        "--layout", required=True, metavar="LAYOUT", help="dedicated | mig:PROFILE=N[,...] | mps:N | adaptive"
+    )
+    p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="plot busy share and waiting jobs over time (needs calque[plot])"
+    )
+    p.set_defaults(func=_placement)
+
+
+def _placement(ctx: Any, args: argparse.Namespace) -> None:
+    do_placement(ctx, trace=args.trace, hosts=args.hosts, layout=args.layout, seed=args.seed, plot=args.plot)
+
+
+def do_placement(
+    ctx: Any, *, trace: str, hosts: str, layout: str, seed: int = 0, plot: str | None = None
+) -> None:
+    import sys
+
+    if plot is not None:
+        _require_matplotlib()
+    sys.stderr.write(f"replaying {trace} on {hosts} as {layout} ...\n")
+    res = simulate(
+        trace,
+        hosts,
+        layout,
+        seed=seed,
+        timeline=plot is not None,
+        progress=lambda m: sys.stderr.write(m + "\n"),
+    )
+    if plot is not None:
+        plot_timeline(res, plot)
+        sys.stderr.write(f"plot written to {plot}\n")
+    ctx.emit(res.document(), columns=RESULT_FIELDS)
+
+
+def _require_matplotlib() -> None:
+    from calque.cli.errors import CliError
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliError(
+            "--plot needs matplotlib: pip install 'calque[plot]'", code="plot_unavailable"
+        ) from None
+
+
+def plot_timeline(res: Result, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    days = [t / 86400 for t, _b, _q in res.timeline]
+    ax.plot(days, [b for _t, b, _q in res.timeline], label="busy share of the GPUs", linewidth=0.8)
+    ax.set_xlabel("trace day")
+    ax.set_ylabel("busy share")
+    ax2 = ax.twinx()
+    ax2.plot(days, [q for _t, _b, q in res.timeline], color="tab:red", label="jobs waiting", linewidth=0.8)
+    ax2.set_ylabel("jobs waiting")
+    ax.set_title(f"{res.layout} on {res.hosts}: {res.members_per_gpu_hour} members per GPU-hour")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,212 @@
+"""Groups: who belongs to which (admins change them), which group a check-out is charged
+to, and the group's limits a check-out must fit.
+
+A member's default group is the one they were added to first; ``group`` at check-out
+picks another of theirs. The group's ``max_sessions`` is enforced inside the granting
+transaction (a counter on the group, like the member's own); its monthly GPU-hours and
+dollar budget are checked from what is recorded just before the grant, the same way as
+the member's monthly GPU-hours.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from calque.contracts.economics import GROUP_PATTERN, Group, GroupCreate, GroupLimits
+from calque.contracts.tenancy import USER_PATTERN
+from calque.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.identity import Caller
+from calque.registry.groups import LIMITS, GroupFull, GroupRecord
+from calque.registry.ports import AlreadyExists, StaleWrite
+
+__all__ = ["GroupFull", "Groups", "charge_group", "group_full"]
+
+
+class GroupRegistry(Protocol):
+    def create_group(self, group: GroupRecord) -> None: ...
+    def get_group(self, name: str) -> GroupRecord | None: ...
+    def list_groups(self) -> list[GroupRecord]: ...
+    def update_group(
+        self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
+    ) -> GroupRecord: ...
+    def group_month_usage(self, name: str, month: str) -> float: ...
+    def groups_of(self, user: str) -> dict[str, datetime]: ...
+
+
+def _known(registry: GroupRegistry, name: str) -> GroupRecord:
+    g = registry.get_group(name) if re.fullmatch(GROUP_PATTERN, name) else None
+    if g is None:
+        raise NotFound(f"no group {name}", details={"group": name})
+    return g
+
+
+def default_group(registry: GroupRegistry, user: str) -> GroupRecord | None:
+    """The group the member was added to first (one read for a member of no group)."""
+    mine = registry.groups_of(user)
+    if not mine:
+        return None
+    return registry.get_group(min(mine, key=lambda n: (mine[n], n)))
+
+
+def month_spend(registry: Any, name: str, now: datetime) -> Decimal:
+    """What the group's sessions cost this month so far (the chargeback's figures)."""
+    from calque.accounting.service import Usage
+
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    bill = Usage(registry, clock=lambda: now).bill(start, now)
+    return sum((x.amount_usd for x in bill.lines if x.group == name), Decimal(0))
+
+
+def charge_group(registry: Any, user: str, requested: str | None, now: datetime) -> GroupRecord | None:
+    """The group a check-out is charged to, after its monthly limits: ``requested`` (one of the
+    member's groups: Forbidden otherwise) or their default; None for a member of no group."""
+    groups: GroupRegistry = registry
+    if requested is not None:
+        g = registry.get_group(requested) if re.fullmatch(GROUP_PATTERN, requested) else None
+        if g is None:
+            raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
+        if user not in g.members:
+            raise Forbidden(
+                f"{user} is not a member of group {requested}",
+                code="not_a_member",
+                details={"group": requested},
+            )
+    else:
+        g = default_group(groups, user)
+    if g is None:
+        return None
+    month = f"{now:%Y-%m}"
+    if g.max_sessions is not None and g.live >= g.max_sessions:
+        raise group_full(g)
+    if g.max_gpu_hours_per_month is not None:
+        used = groups.group_month_usage(g.name, month)
+        if used >= g.max_gpu_hours_per_month:
+            raise QuotaExceeded(
+                f"group {g.name} used {used:.2f} of {g.max_gpu_hours_per_month:g} GPU-hours this month",
+                details={
+                    "limit": "group.max_gpu_hours_per_month",
+                    "group": g.name,
+                    "max_gpu_hours_per_month": g.max_gpu_hours_per_month,
+                    "gpu_hours_used": round(used, 4),
+                },
+            )
+    if g.max_usd_per_month is not None:
+        spent = month_spend(registry, g.name, now)
+        if spent >= Decimal(str(g.max_usd_per_month)):
+            raise QuotaExceeded(
+                f"group {g.name} spent {spent:.2f} of its {g.max_usd_per_month:.2f} USD budget this month",
+                details={
+                    "limit": "group.max_usd_per_month",
+                    "group": g.name,
+                    "max_usd_per_month": g.max_usd_per_month,
+                    "usd_spent": f"{spent:.2f}",
+                },
+            )
+    return g
+
+
+def group_refused(registry: Any, name: str | None) -> QuotaExceeded:
+    """The refusal when the grant's transaction found the group at its session limit."""
+    g = registry.get_group(name or "")
+    if g is None:
+        return QuotaExceeded(f"group {name} is gone", details={"limit": "group", "group": name})
+    return group_full(g)
+
+
+def group_full(g: GroupRecord) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"group {g.name} already has {g.live} live session(s); its limit is {g.max_sessions}",
+        details={"limit": "group.max_sessions", "group": g.name, "max_sessions": g.max_sessions},
+    )
+
+
+class Groups:
+    """Admins create groups and change their members and limits; everyone may read them."""
+
+    def __init__(self, registry: Any, *, clock: Callable[[], datetime]) -> None:
+        self.registry: GroupRegistry = registry
+        self.clock = clock
+
+    def create(self, who: Caller, req: GroupCreate) -> Group:
+        self._admin(who)
+        g = GroupRecord(
+            name=req.name,
+            max_sessions=req.max_sessions,
+            max_gpu_hours_per_month=req.max_gpu_hours_per_month,
+            max_usd_per_month=req.max_usd_per_month,
+            created_at=self.clock(),
+            created_by=who.principal,
+        )
+        try:
+            self.registry.create_group(g)
+        except AlreadyExists:
+            raise Conflict(
+                f"group {req.name} already exists", code="group_exists", details={"group": req.name}
+            ) from None
+        return self.view(g)
+
+    def add(self, who: Caller, name: str, users: list[str]) -> Group:
+        self._admin(who)
+        _known(self.registry, name)
+        now = self.clock()
+        return self._update(name, add={self._user(u): now for u in users}, remove=[], limits={})
+
+    def remove(self, who: Caller, name: str, users: list[str]) -> Group:
+        self._admin(who)
+        g = _known(self.registry, name)
+        missing = [u for u in users if u not in g.members]
+        if missing:
+            raise InvalidInput(
+                f"{', '.join(missing)} not in group {name}", code="not_a_member", details={"users": missing}
+            )
+        return self._update(name, add={}, remove=users, limits={})
+
+    def set_limits(self, who: Caller, name: str, req: GroupLimits) -> Group:
+        self._admin(who)
+        _known(self.registry, name)
+        return self._update(name, add={}, remove=[], limits={k: getattr(req, k) for k in LIMITS})
+
+    def list(self, who: Caller) -> list[Group]:
+        return [self.view(g) for g in self.registry.list_groups() if who.admin or who.principal in g.members]
+
+    def show(self, who: Caller, name: str) -> Group:
+        g = _known(self.registry, name)
+        if not who.admin and who.principal not in g.members:
+            raise NotFound(f"no group {name}", details={"group": name})  # never reveal others' groups
+        return self.view(g)
+
+    def view(self, g: GroupRecord) -> Group:
+        return Group(
+            name=g.name,
+            members=sorted(g.members),
+            max_sessions=g.max_sessions,
+            max_gpu_hours_per_month=g.max_gpu_hours_per_month,
+            max_usd_per_month=g.max_usd_per_month,
+            live_sessions=g.live,
+            gpu_hours_used_this_month=round(
+                self.registry.group_month_usage(g.name, f"{self.clock():%Y-%m}"), 4
+            ),
+            created_at=g.created_at,
+            created_by=g.created_by,
+        )
+
+    def _update(self, name: str, **kw: Any) -> Group:
+        try:
+            return self.view(self.registry.update_group(name, **kw))
+        except StaleWrite:
+            raise NotFound(f"no group {name}", details={"group": name}) from None
+
+    @staticmethod
+    def _admin(who: Caller) -> None:
+        if not who.admin:
+            raise Forbidden("changing groups is for admins only", details={"principal": who.principal})
+
+    @staticmethod
+    def _user(user: str) -> str:
+        if not re.fullmatch(USER_PATTERN, user):
+            raise InvalidInput(f"{user[:64]!r} is not a user name", details={"field": "users"})
+        return user

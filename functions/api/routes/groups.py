@@ -1,0 +1,49 @@
+"""Groups: create, members, limits (admins); list and show (members: their own groups)."""
+
+from __future__ import annotations
+
+from aws_lambda_powertools.event_handler.api_gateway import Router
+
+from calque.accounting.wiring import api_groups
+from calque.contracts.economics import Group, GroupCreate, GroupLimits, GroupMembers
+from functions import observability
+from functions.api.context import caller
+
+router = Router()
+logger = observability.logger("api")
+
+
+@router.post("/groups", status_code=201)
+def create_group(body: GroupCreate) -> Group:
+    group = api_groups().create(caller(router), body)
+    logger.info("group created", extra={"group": body.name})
+    return group
+
+
+@router.get("/groups")
+def list_groups() -> list[Group]:
+    return api_groups().list(caller(router))
+
+
+@router.get("/groups/<name>")
+def show_group(name: str) -> Group:
+    return api_groups().show(caller(router), name)
+
+
+@router.post("/groups/<name>/members")
+def add_members(name: str, body: GroupMembers) -> Group:
+    group = api_groups().add(caller(router), name, body.users)
+    logger.info("group members added", extra={"group": name, "users": body.users})
+    return group
+
+
+@router.post("/groups/<name>/members/remove")
+def remove_members(name: str, body: GroupMembers) -> Group:
+    group = api_groups().remove(caller(router), name, body.users)
+    logger.info("group members removed", extra={"group": name, "users": body.users})
+    return group
+
+
+@router.put("/groups/<name>/limits")
+def set_limits(name: str, body: GroupLimits) -> Group:
+    return api_groups().set_limits(caller(router), name, body)

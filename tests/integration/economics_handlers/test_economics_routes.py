@@ -1,0 +1,55 @@
+"""Groups and usage through the real API handler, against moto's DynamoDB."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_groups_charge_sessions_and_usage_sums_them_to_the_bill(api, monkeypatch):
+    api.ready_host()
+    # Given an admin's group with alice in it
+    assert api("POST", "/v1/groups", {"name": "lab", "max_sessions": 2}, who="admin").status == 201
+    added = api("POST", "/v1/groups/lab/members", {"users": ["alice"]}, who="admin")
+    assert (added.status, added.body["members"]) == (200, ["alice"])
+    # When alice checks out (charged to her default group) and bob without a group
+    mine = api("POST", "/v1/sessions", {"backend": "mig", "ttl_seconds": 7200})
+    assert mine.status == 201
+    assert api("POST", "/v1/sessions", {"backend": "mig", "ttl_seconds": 7200}, who="bob").status == 201
+    # and usage is asked an hour later
+    import calque.tenancy.service as service
+
+    later = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    monkeypatch.setattr(service, "utcnow", lambda: later)
+    everyone = api("GET", "/v1/usage", who="admin", query={"by": "group"})
+    assert everyone.status == 200
+    rows = {r["key"]: r for r in everyone.body["rows"]}
+    assert set(rows) == {"lab", "(no group)", "(idle)"}
+    assert rows["lab"]["running"] is True
+    assert sum(Decimal(r["amount_usd"]) for r in rows.values()) == sum(
+        Decimal(i["cost_usd"]) for i in everyone.body["instances"]
+    )
+    own = api("GET", "/v1/usage", query={"by": "user"})
+    assert own.body["scope"] == "own"
+    assert [r["key"] for r in own.body["rows"]] == ["alice"]
+    assert own.body["instances"] == []
+
+
+def test_group_and_usage_refusals_have_the_contracts_statuses(api):
+    api.ready_host()
+    assert api("POST", "/v1/groups", {"name": "lab"}).status == 403
+    assert api("POST", "/v1/groups", {"name": "lab"}, who="admin").status == 201
+    assert api("POST", "/v1/groups", {"name": "lab"}, who="admin").code == "group_exists"
+    assert api("POST", "/v1/groups", {"name": "Bad Name"}, who="admin").status == 422
+    assert api("GET", "/v1/groups/lab").status == 404  # alice is not in it: never revealed
+    refused = api("POST", "/v1/sessions", {"backend": "mig", "group": "lab"})
+    assert (refused.status, refused.code) == (403, "not_a_member")
+    bad = api("GET", "/v1/usage", query={"by": "planet"})
+    assert bad.status == 400
+    assert bad.body["error"]["details"]["field"] == "by"
+    month = api("GET", "/v1/usage", query={"month": "2026-13"})
+    assert (month.status, month.body["error"]["details"]["field"]) == (400, "month")

@@ -1,0 +1,83 @@
+"""Usage from the recorded lease history: the real tenancy service writes it, the report reads it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from calque.accounting.service import Usage
+from calque.contracts.economics import UsageQuery
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+from calque.errors import InvalidInput
+from tests.unit.tenancy.conftest import ADMIN, World, member
+
+pytestmark = pytest.mark.unit
+
+ALICE, BOB = member("alice"), member("bob")
+
+
+@pytest.fixture
+def world() -> World:
+    w = World()
+    w.clock.now = datetime(2026, 11, 30, 22, 0, tzinfo=UTC)
+    w.ready_host()  # g7e.2xlarge, 4 x 1g.24gb: each a quarter of the card
+    return w
+
+
+def usage(world: World) -> Usage:
+    return Usage(world.registry, clock=world.clock)
+
+
+def test_a_session_across_the_month_edge_shows_in_both_months_and_idle_closes_each_instance(world):
+    # Given alice checks out at 22:00 on Nov 30 and checks in at 02:00 on Dec 1
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=6 * 3600))
+    world.clock.advance(4 * 3600)
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    world.clock.now = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+    # When an admin asks for November and for December
+    nov = usage(world).usage(ADMIN, UsageQuery(month="2026-11"))
+    dec = usage(world).usage(ADMIN, UsageQuery(month="2026-12"))
+    # Then each month charges alice 2 h x 1/4 x 3.36 = 1.68, and idle is the rest of the instance
+    assert {r.key: r.amount_usd for r in nov.rows} == {"alice": "1.68", "(idle)": "5.04"}
+    assert {r.key: r.amount_usd for r in dec.rows} == {"alice": "1.68", "(idle)": "31.92"}
+    assert dec.total_usd == dec.instances[0].cost_usd == "33.60"  # 10 h x 3.36
+
+
+def test_members_see_only_their_own_lines_and_live_sessions_are_marked_running(world):
+    world.clock.now = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.clock.advance(1800)
+    mine = usage(world).usage(ALICE, UsageQuery(by="host"))
+    assert mine.scope == "own"
+    assert mine.instances == []
+    assert {x.user for x in mine.lines} == {"alice"}
+    assert mine.lines[0].running
+    assert mine.lines[0].amount_usd == "0.42"
+    assert mine.period.month == "2026-12"
+
+
+def test_an_expired_session_is_charged_until_the_reaper_ended_it(world):
+    world.clock.now = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.clock.advance(3600 + 60)
+    assert world.tenancy.reap().expired
+    world.clock.advance(3600)
+    report = usage(world).usage(ADMIN, UsageQuery(since=datetime(2026, 12, 2, tzinfo=UTC), by="user"))
+    (alice,) = [r for r in report.rows if r.key == "alice"]
+    assert alice.session_hours == pytest.approx(61 / 60)
+    assert not alice.running
+    assert sum(Decimal(r.amount_usd) for r in report.rows) == Decimal(report.total_usd)
+
+
+def test_a_period_that_ends_before_it_starts_is_refused_naming_the_field(world):
+    with pytest.raises(InvalidInput) as err:
+        usage(world).usage(
+            ADMIN,
+            UsageQuery(since=datetime(2026, 12, 2, tzinfo=UTC), until=datetime(2026, 12, 1, tzinfo=UTC)),
+        )
+    assert err.value.details["field"] == "until"
+    with pytest.raises(InvalidInput):
+        usage(world).usage(ADMIN, UsageQuery(month="2026-12", since=datetime(2026, 12, 2, tzinfo=UTC)))

@@ -1,0 +1,99 @@
+"""`calque group ...` and `session checkout --group`: what is sent, what is printed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+LAB = {
+    "name": "lab",
+    "members": ["alice", "bob"],
+    "max_sessions": 4,
+    "max_gpu_hours_per_month": None,
+    "max_usd_per_month": 250.0,
+    "live_sessions": 1,
+    "gpu_hours_used_this_month": 3.5,
+    "created_at": "2026-12-01T00:00:00Z",
+    "created_by": "admin",
+}
+
+
+def test_group_create_add_remove_and_limits_send_what_the_api_expects(api, cli):
+    for key in [
+        ("POST", "/v1/groups"),
+        ("POST", "/v1/groups/lab/members"),
+        ("POST", "/v1/groups/lab/members/remove"),
+    ]:
+        api.responses[key] = LAB
+    api.responses[("PUT", "/v1/groups/lab/limits")] = LAB
+    assert cli("group", "create", "lab", "--max-usd-per-month", "250")[0] == 0
+    assert cli("group", "add", "lab", "alice", "bob")[0] == 0
+    assert cli("group", "remove", "lab", "bob")[0] == 0
+    code, out, _ = cli("group", "limits", "lab", "--max-sessions", "4")
+    assert code == 0
+    assert [(m, p, b) for m, p, b, _q in api.requests] == [
+        (
+            "POST",
+            "/v1/groups",
+            {
+                "name": "lab",
+                "max_sessions": None,
+                "max_gpu_hours_per_month": None,
+                "max_usd_per_month": 250.0,
+            },
+        ),
+        ("POST", "/v1/groups/lab/members", {"users": ["alice", "bob"]}),
+        ("POST", "/v1/groups/lab/members/remove", {"users": ["bob"]}),
+        (
+            "PUT",
+            "/v1/groups/lab/limits",
+            {"max_sessions": 4, "max_gpu_hours_per_month": None, "max_usd_per_month": None},
+        ),
+    ]
+    assert "250.00" in out
+    assert "unlimited" in out
+
+
+def test_group_list_and_show_print_json_documents(api, cli):
+    api.responses[("GET", "/v1/groups")] = [LAB]
+    api.responses[("GET", "/v1/groups/lab")] = LAB
+    code, out, _ = cli("group", "list", "--output", "json")
+    assert (code, json.loads(out)) == (0, [LAB])
+    code, out, _ = cli("group", "show", "lab")
+    assert code == 0
+    assert "alice,bob" in out
+
+
+def test_group_add_needs_a_user(api, cli):
+    assert cli("group", "add", "lab")[0] == 2
+    assert api.requests == []
+
+
+def test_checkout_with_group_sends_it_and_without_leaves_the_default(monkeypatch, api, cli):
+    from calque.cli import commands
+
+    monkeypatch.setattr(commands, "COMMAND_MODULES", ["session"])
+    grant = {
+        "session_id": "s-0123456789abcdef",
+        "token": "cqt_x",
+        "user": "alice",
+        "instance_id": "i-1",
+        "slice_id": "g0-1g.24gb-0",
+        "backend": "mig",
+        "profile": "1g.24gb",
+        "memory_gib": 24.0,
+        "state": "live",
+        "expires_at": "2026-12-02T12:00:00Z",
+        "created_at": "2026-12-02T10:00:00Z",
+        "env": {},
+        "connect": {"ssm_command": "aws ssm start-session --target i-1"},
+        "warnings": [],
+    }
+    api.responses[("POST", "/v1/sessions")] = grant
+    assert cli("session", "checkout", "--backend", "mig", "--group", "course")[0] == 0
+    assert cli("session", "checkout", "--backend", "mig")[0] == 0
+    assert api.requests[0][2]["group"] == "course"
+    assert "group" not in api.requests[1][2]

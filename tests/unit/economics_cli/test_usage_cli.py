@@ -1,0 +1,75 @@
+"""`calque usage`: the table, the JSON document and the CSV carry the same figures."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from calque.accounting.service import Usage
+from calque.cli.commands.usage import CSV_LINE_COLUMNS, CSV_ROW_COLUMNS
+from calque.contracts.economics import UsageQuery
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+from tests.unit.tenancy.conftest import ADMIN, World, member
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def served(api):
+    """A real report of a real history, served by the fake API for whatever query the CLI sends."""
+    w = World()
+    w.clock.now = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    w.ready_host()
+    for who in ("alice", "bob"):
+        g = w.tenancy.checkout(member(who), CheckoutRequest(backend="mig", ttl_seconds=7200))
+        w.clock.advance(3600)
+        w.tenancy.checkin(member(who), g.session_id, CheckinRequest(token=g.token))
+    usage = Usage(w.registry, clock=w.clock)
+
+    def answer(_body):
+        q = api.requests[-1][3] or {}
+        return usage.usage(ADMIN, UsageQuery.model_validate(q)).model_dump(mode="json")
+
+    api.responses[("GET", "/v1/usage")] = answer
+    return api
+
+
+def test_usage_by_user_prints_a_row_per_member_and_idle_with_the_total(served, cli):
+    code, out, _ = cli("usage", "--month", "2026-12", "--by", "user")
+    assert code == 0
+    assert served.requests[0][3] == {"month": "2026-12", "by": "user"}
+    lines = out.splitlines()
+    assert lines[1].split()[0] == "KEY"
+    assert [ln.split()[0] for ln in lines[2:5]] == ["alice", "bob", "(idle)"]
+    assert lines[-1] == "total  6.72 USD"  # 2 h of a $3.36 instance
+
+
+def test_csv_rows_and_json_rows_carry_the_same_figures(served, cli):
+    _, out_csv, _ = cli("usage", "--by", "user", "--output", "csv", "--month", "2026-12")
+    _, out_json, _ = cli("usage", "--by", "user", "--output", "json", "--month", "2026-12")
+    rows = list(csv.DictReader(io.StringIO(out_csv)))
+    assert list(rows[0]) == CSV_ROW_COLUMNS
+    doc = json.loads(out_json)
+    assert [(r["key"], r["amount_usd"]) for r in rows] == [(r["key"], r["amount_usd"]) for r in doc["rows"]]
+    assert {r["key"]: r["amount_usd"] for r in rows}["alice"] == "0.84"  # 1 h x 1/4 x 3.36
+
+
+def test_csv_without_by_is_every_line_with_the_stable_columns(served, cli):
+    code, out, _ = cli("usage", "--since", "2026-12-01", "--until", "2026-12-02", "--output", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert list(rows[0]) == CSV_LINE_COLUMNS
+    assert [r["kind"] for r in rows] == ["session", "session", "idle"]
+
+
+def test_until_without_since_and_a_bad_month_are_refused_before_asking(api, cli):
+    code, _, err = cli("usage", "--until", "2026-12-02")
+    assert code == 1
+    assert "--until needs --since" in err
+    code, _, _ = cli("usage", "--month", "2026-13")
+    assert code == 2
+    assert api.requests == []
