@@ -41,7 +41,9 @@ for _router in ROUTERS:
 
 @app.get("/v1/openapi.json")
 def openapi() -> dict[str, Any]:
-    return json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
+    return meta.openapi_document(
+        json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
+    )
 
 
 @app.exception_handler(CalqueError)
