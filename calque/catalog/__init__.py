@@ -60,9 +60,20 @@ def instance_type(name: str) -> InstanceType:
         return by_type[name]
     valid = sorted(by_type)
     raise InvalidInput(
-        f"unknown or non-GPU instance type {name!r}; valid: {', '.join(valid)}",
+        f"unknown or non-GPU instance type {name!r}; {_closest(name, valid)}",
         details={"field": "instance_type", "value": name, "valid": valid},
     )
+
+
+def _closest(name: str, valid: list[str]) -> str:
+    """What the user most likely meant, rather than every name there is."""
+    import difflib
+
+    near = difflib.get_close_matches(name.strip().lower(), valid, n=3, cutoff=0.6)
+    if near:
+        return "did you mean " + " or ".join(near) + "?"
+    families = sorted({v.split(".", 1)[0] for v in valid})
+    return f"the catalog's GPU instance families are {', '.join(families)}"
 
 
 def card_for_nvml_name(nvml_name: str) -> Card | None:

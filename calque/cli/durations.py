@@ -1,18 +1,27 @@
-"""Durations as people write them: ``90s``, ``15m``, ``2h``, ``1d``, or ``1h30m``."""
+"""Durations as people write them: ``90s``, ``15m``, ``2h``, ``1d``, or ``1h30m``; and the
+API's refusals of a TTL said back in them (the API speaks seconds, people wrote ``--ttl 999d``)."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Mapping
+from typing import Any
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+)([smhd])")
 _WHOLE = re.compile(r"(?:\d+[smhd])+")
+# argparse reads ``--ttl -5m`` as an option named -5m ("expected one argument") unless the value
+# looks like a negative number: a parser using this matcher hands it to the option instead, whose
+# type then says what is wrong with it.
+NEGATIVE_NUMBER_OR_DURATION = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(?:\d+[smhdSMHD])+$")
 
 
 def parse_duration(text: str) -> int:
     """Seconds in ``text``; ValueError naming the accepted forms otherwise."""
     value = text.strip().lower()
+    if value.startswith("-") and _WHOLE.fullmatch(value[1:]):
+        raise ValueError(f"invalid duration {text!r}: must be longer than zero, e.g. {value[1:]}")
     if not _WHOLE.fullmatch(value):
         raise ValueError(
             f"invalid duration {text!r}: use a number with a unit s, m, h or d, e.g. 90s, 15m, 2h, 1h30m"
@@ -42,3 +51,25 @@ def format_duration(seconds: float) -> str:
         if n:
             out.append(f"{n}{unit}")
     return "".join(out)
+
+
+def ttl_refusal_in_units(code: str, details: Mapping[str, Any], option: str = "--ttl") -> str | None:
+    """The API's refusal of ``ttl_seconds`` as the user wrote it (``--ttl``), or None if it is not one."""
+    if code == "invalid_ttl" and details.get("field") == "ttl_seconds":
+        if all(isinstance(details.get(k), int | float) for k in ("min", "max", "value")):
+            return (
+                f"{option} must be between {format_duration(details['min'])} and "
+                f"{format_duration(details['max'])} (got {format_duration(details['value'])})"
+            )
+        if isinstance(details.get("ttl_max_s"), int | float):
+            until = f"; it can run until {details['max_expires_at']}" if details.get("max_expires_at") else ""
+            longest = format_duration(details["ttl_max_s"])
+            return f"{option} would make the session last longer than {longest}{until}"
+    if code == "validation_failed":
+        for field in details.get("fields") or []:
+            if isinstance(field, Mapping) and field.get("field") == "ttl_seconds":
+                limit = re.search(r"less than or equal to (\d+)", str(field.get("problem", "")))
+                if limit:
+                    return f"{option} must be at most {format_duration(int(limit.group(1)))}"
+                return f"{option}: {field.get('problem', 'not a valid duration')}"
+    return None

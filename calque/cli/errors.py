@@ -46,6 +46,10 @@ class ApiError(CliError):
             code=str(err.get("code") or "error"),
             details=err.get("details") or {},
         )
+        from calque.cli.durations import ttl_refusal_in_units
+
+        # The API speaks seconds; the user wrote --ttl 999d (the document keeps the API's words).
+        self.message = ttl_refusal_in_units(self.code, self.details) or self.message
         self.status = status
         self._document = document
         self.retry_after = retry_after

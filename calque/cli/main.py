@@ -64,6 +64,10 @@ class CalqueParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _SubParsers)
+        # `--ttl -5m` reaches --ttl (and is refused for what it is), not argparse's option lookup.
+        from calque.cli.durations import NEGATIVE_NUMBER_OR_DURATION
+
+        self._negative_number_matcher = NEGATIVE_NUMBER_OR_DURATION
 
 
 def command_group(subparsers: Any, name: str, help: str | None = None) -> Any:

@@ -30,6 +30,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def slice_summary(profile: Any, memory_gib: Any, backend: Any) -> str:
+    """``1g.24gb, 24 GiB, mig``; an MPS slot's profile is its backend, so ``mps, 12 GiB`` once."""
+    parts = [str(profile)] if profile else []
+    if memory_gib is not None:
+        parts.append(f"{float(memory_gib):g} GiB")
+    if backend and backend != profile:
+        parts.append(str(backend))
+    return ", ".join(parts) or "-"
+
+
 def _value(row: Mapping[str, Any], getter: str | Callable[[Mapping[str, Any]], Any]) -> Any:
     return getter(row) if callable(getter) else row.get(getter)
 

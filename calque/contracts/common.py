@@ -10,7 +10,19 @@ from pydantic import BaseModel, ConfigDict, Field
 class Strict(BaseModel):
     """Base for everything that comes IN across a boundary: unknown fields are errors."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, defer_build=True)
+    model_config = ConfigDict(
+        extra="forbid", str_strip_whitespace=True, allow_inf_nan=False, defer_build=True
+    )
+
+
+class Request(Strict):
+    """Base for an API request body: also no coercion between JSON types.
+
+    A flag must be ``true`` or ``false`` (never ``"yes"``), a count an integer (never
+    ``true`` or ``1.0``), text a string: what a request says is what it means.
+    """
+
+    model_config = ConfigDict(strict=True)
 
 
 class Out(BaseModel):

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from calque.contracts.common import Out, Strict
+from calque.contracts.common import Out, Request, Strict
 from calque.contracts.layout import LayoutSpec
 
 # What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
@@ -46,12 +46,17 @@ LeaseEventKind = Literal["granted", "extended", "checked_in", "expired", "forced
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
 SESSION_ID_PATTERN = r"^s-[0-9a-f]{8,32}$"
 USER_PATTERN = r"^[A-Za-z0-9+=,.@_\-/]{1,128}$"
+# A bound no deployment's TTL reaches (ten years): the deployment's own floor and
+# maximum are checked by the domain, this one keeps its date arithmetic finite.
+TTL_SECONDS_LIMIT = 10 * 365 * 24 * 3600
+# GPU-hours are kept to a thousandth (3.6 s): finer values cannot be stored or billed.
+GPU_HOURS_RESOLUTION = 0.001
 
 
 # ---- hosts -----------------------------------------------------------------------------------
 
 
-class HostRegistration(Strict):
+class HostRegistration(Request):
     """POST /v1/hosts (admin): adopt a running instance as a tenancy host."""
 
     instance_id: str = Field(pattern=INSTANCE_ID_PATTERN, description="the EC2 instance id, i-...")
@@ -88,7 +93,7 @@ class Host(Out):
     state_reason: str | None = Field(default=None, description="why the host is draining, drained or failed")
 
 
-class DrainRequest(Strict):
+class DrainRequest(Request):
     """POST /v1/hosts/{instance_id}/drain (admin)."""
 
     force: bool = Field(default=False, description="end the sessions still live there")
@@ -110,7 +115,7 @@ class ReportAccepted(Out):
 # ---- sessions ------------------------------------------------------------------------------------
 
 
-class CheckoutRequest(Strict):
+class CheckoutRequest(Request):
     """POST /v1/sessions: take one slice for a bounded time."""
 
     instance_id: str | None = Field(
@@ -126,6 +131,7 @@ class CheckoutRequest(Strict):
     ttl_seconds: int | None = Field(
         default=None,
         gt=0,
+        le=TTL_SECONDS_LIMIT,
         description="lifetime; omitted: the default (2h); bounded by the deployment's floor and max",
     )
     accept_shared_gpu_no_isolation: bool = Field(
@@ -173,7 +179,7 @@ class SessionGrant(Session):
     warnings: list[str] = Field(default_factory=list)
 
 
-class CheckinRequest(Strict):
+class CheckinRequest(Request):
     """DELETE /v1/sessions/{id}: end a session. The token, or force (admins)."""
 
     token: str | None = Field(default=None, min_length=1, max_length=256)
@@ -181,11 +187,11 @@ class CheckinRequest(Strict):
     reason: str | None = Field(default=None, max_length=500)
 
 
-class ExtendRequest(Strict):
+class ExtendRequest(Request):
     """POST /v1/sessions/{id}/extend: push the expiry later, within the deployment's max TTL."""
 
     token: str = Field(min_length=1, max_length=256)
-    ttl_seconds: int = Field(gt=0, description="seconds added to the current expiry")
+    ttl_seconds: int = Field(gt=0, le=TTL_SECONDS_LIMIT, description="seconds added to the current expiry")
     expected_expires_at: datetime | None = Field(
         default=None,
         description=(
@@ -198,13 +204,26 @@ class ExtendRequest(Strict):
 # ---- quotas ------------------------------------------------------------------------------------
 
 
-class QuotaUpdate(Strict):
+class QuotaUpdate(Request):
     """PUT /v1/quotas/{user} (admin)."""
 
     max_sessions: int = Field(ge=0, le=10_000, description="concurrent live sessions")
     max_gpu_hours_per_month: float | None = Field(
-        default=None, ge=0, le=1_000_000, description="GPU-hours per calendar month (UTC); null: unlimited"
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="GPU-hours per calendar month (UTC), to a thousandth; null: unlimited",
     )
+
+    @field_validator("max_gpu_hours_per_month")
+    @classmethod
+    def _to_a_thousandth(cls, value: float | None) -> float | None:
+        if value is None:
+            return None
+        rounded = round(value, 3)
+        if value > 0 and rounded == 0:
+            raise ValueError(f"must be 0 or at least {GPU_HOURS_RESOLUTION} GPU-hours")
+        return rounded
 
 
 class Quota(Out):

@@ -65,14 +65,44 @@ def from_domain(exc: CalqueError) -> Response:
     return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
 
 
+# The methods this API's routes use; any other (TRACE, QUERY, ...) is 405 on every path.
+API_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+
+
+def method_not_allowed(method: str, path: str, allowed: list[str]) -> Response:
+    return error_response(
+        HTTPStatus.METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        f"{method} is not allowed on {path}" + (f"; use {', '.join(allowed)}" if allowed else ""),
+        {"method": method, "allowed": allowed},
+        {"Allow": ", ".join(allowed)} if allowed else None,
+    )
+
+
+def unsupported_media_type(media_type: str) -> Response:
+    return error_response(
+        HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        f"the body must be JSON (Content-Type: application/json), not {media_type}",
+        {"field": "body", "content_type": media_type, "accepted": ["application/json", "application/*+json"]},
+    )
+
+
 def from_validation(errors: list[dict[str, Any]]) -> Response:
     """pydantic / Powertools validation errors -> 422 naming the fields."""
     fields = []
     for err in errors:
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+        problem = err.get("msg", "invalid")
         if err.get("type") == "json_invalid":
             loc = []  # its loc holds a character offset, not a field: the body itself is bad
-        fields.append({"field": ".".join(loc) or "body", "problem": err.get("msg", "invalid")})
+            why = str((err.get("ctx") or {}).get("error") or "")
+            problem = (
+                why
+                if why.startswith(("the body", "a number", "NaN", "Infinity", "-Infinity"))
+                else (f"not valid JSON ({why})" if why else "not valid JSON")
+            )
+        fields.append({"field": ".".join(loc) or "body", "problem": problem})
     names = ", ".join(f["field"] for f in fields) or "body"
     first = fields[0]["problem"] if fields else "invalid value"
     return error_response(

@@ -11,8 +11,11 @@ import base64
 import json
 from typing import Any
 
-from aws_lambda_powertools.event_handler import APIGatewayRestResolver
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.openapi.exceptions import (
+    RequestUnsupportedContentType,
+    RequestValidationError,
+)
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
@@ -21,13 +24,15 @@ import calque
 from calque.errors import CalqueError
 from calque.settings import api_settings
 from functions import observability
+from functions.api import body as request_body
 from functions.api import errors
+from functions.api.context import refusal_before_route
 from functions.api.routes import ROUTERS, meta
 
 logger = observability.logger("api")
 metrics = observability.metrics("api")
 
-app = APIGatewayRestResolver(enable_validation=True)
+app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=request_body.json_object)
 app.include_router(meta.router, prefix="/v1")
 
 for _router in ROUTERS:
@@ -36,7 +41,9 @@ for _router in ROUTERS:
 
 @app.get("/v1/openapi.json")
 def openapi() -> dict[str, Any]:
-    return json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
+    return meta.openapi_document(
+        json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
+    )
 
 
 @app.exception_handler(CalqueError)
@@ -45,16 +52,39 @@ def _domain_error(exc: CalqueError):
     return errors.from_domain(exc)
 
 
+def _refused_before_route() -> Response | None:
+    """A request refused before its route ran still answers who may call the route first."""
+    route = app.context.get("_route")
+    denied = refusal_before_route(app.current_event.raw_event, route, app.context.get("_route_args") or {})
+    return errors.from_domain(denied) if denied is not None else None
+
+
+@app.exception_handler(RequestUnsupportedContentType)
+def _unsupported_media_type(_exc: RequestUnsupportedContentType):
+    return _refused_before_route() or errors.unsupported_media_type(
+        app.context.get(request_body.MEDIA_TYPE_KEY) or "none"
+    )
+
+
 @app.exception_handler(RequestValidationError)
 def _validation_error(exc: RequestValidationError):
-    return errors.from_validation(list(exc.errors()))
+    return _refused_before_route() or errors.from_validation(list(exc.errors()))
 
 
 @app.not_found
 def _not_found(_exc: Exception):
-    return errors.error_response(
-        404, "route_not_found", f"no route {app.current_event.http_method} {app.current_event.path}"
-    )
+    method = app.current_event.http_method.upper()
+    path = app.current_event.path
+    allowed = _methods_for(path)
+    if allowed or method not in errors.API_METHODS:
+        return errors.method_not_allowed(method, path, allowed)
+    return errors.error_response(404, "route_not_found", f"no route {method} {path}")
+
+
+def _methods_for(path: str) -> list[str]:
+    """The methods some route answers on ``path`` (for 405 and its Allow header)."""
+    routes = [*getattr(app, "_static_routes", []), *getattr(app, "_dynamic_routes", [])]
+    return sorted({r.method for r in routes if r.rule.match(path)})
 
 
 @app.exception_handler(BotoCoreError)
@@ -99,4 +129,6 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             return errors.raw_error(
                 400, "invalid_body", "request body must be UTF-8 encoded JSON", {"field": "body"}
             )
+    event, media_type = request_body.with_json_content_type(event)
+    app.append_context(**{request_body.MEDIA_TYPE_KEY: media_type})
     return app.resolve(event, context)

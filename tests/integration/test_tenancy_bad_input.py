@@ -237,3 +237,102 @@ def test_bad_query_and_path_values_are_4xx_never_5xx(local_plane, world):
         assert 400 <= resp.status < 500, (method, path, resp.status, resp.body)
         assert set(resp.json()) == {"error"}
     assert registry_snapshot(local_plane) == before
+
+
+def _signed_as(plane, profile: str, method: str, path: str, body: bytes, content_type: str):
+    """A request signed as the CLI signs one, with this Content-Type among the signed headers."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from tests.integration.conftest import Response
+
+    url = plane.endpoint + path
+    req = AWSRequest(method=method, url=url, data=body, headers={"Content-Type": content_type})
+    SigV4Auth(Credentials(*plane.credentials(profile)), "execute-api", plane.region).add_auth(req)
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.request(method, parts.path, body=body, headers=dict(req.headers.items()))
+        resp = conn.getresponse()
+        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+# Hand-made requests that once answered 5xx: through the real front, signed, against the registry.
+HARD_CASES: list[tuple[str, str, bytes]] = [
+    ("quota", "body", b"[" * 10_000 + b"]" * 10_000),
+    ("sessions", "body", b'{"backend": "mig", "ttl_seconds": ' + b"9" * 5001 + b"}"),
+    ("extend", "ttl_seconds", b'{"token": "t", "ttl_seconds": 1000000000000000}'),
+    ("quota", "max_gpu_hours_per_month", b'{"max_sessions": 2, "max_gpu_hours_per_month": 5e-324}'),
+    ("quota", "max_sessions", b'{"max_sessions": true}'),
+    ("quota", "body", b'{"max_sessions": NaN}'),
+    ("drain", "force", b'{"force": "yes"}'),
+    ("drain", "body", b"[null, null]"),
+    ("drain", "body", b'[{"force": true}]'),
+    ("checkin", "force", b'{"force": "yes"}'),
+    (
+        "sessions",
+        "accept_shared_gpu_no_isolation",
+        b'{"backend": "mps", "accept_shared_gpu_no_isolation": "yes"}',
+    ),
+]
+
+
+def test_requests_that_once_failed_the_server_are_refused_by_name(local_plane, world):
+    before = _quiet_snapshot(local_plane)
+    failures = []
+    for key, field, raw in HARD_CASES:
+        method, path, who = _route(world, key)
+        resp = local_plane.request(method, path, profile=who, body=raw)
+        try:
+            _assert_refusal_naming(resp, field)
+        except (AssertionError, ValueError) as exc:
+            failures.append(f"{method} {path} {raw[:60]!r}: {resp.status} {resp.body[:200]!r} {exc}")
+    assert not failures, "\n".join(failures)
+    assert registry_snapshot(local_plane) == before
+    assert host(local_plane, world["iid"])["state"] == "ready"
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/xml", "multipart/form-data", "application/x-www-form-urlencoded"],
+)
+def test_a_body_that_is_not_json_is_415_and_a_member_on_an_admin_route_403(local_plane, world, content_type):
+    before = _quiet_snapshot(local_plane)
+    body = json.dumps({"max_sessions": 1}).encode()
+    path = f"/v1/quotas/{world['member']}"
+    # An admin learns the body is not one the API reads
+    resp = _signed_as(local_plane, "admin", "PUT", path, body, content_type)
+    assert (resp.status, resp.json()["error"]["code"]) == (415, "unsupported_media_type"), resp.body
+    # A member learns first that the route is not theirs
+    resp = _signed_as(local_plane, world["member"], "PUT", path, body, content_type)
+    assert (resp.status, resp.json()["error"]["code"]) == (403, "forbidden"), resp.body
+    assert registry_snapshot(local_plane) == before
+
+
+@pytest.mark.parametrize("content_type", ["APPLICATION/JSON", "application/vnd.api+json"])
+def test_json_in_another_spelling_is_read_as_json(local_plane, world, content_type):
+    user = new_members(local_plane, "ctype", 1)[0]
+    resp = _signed_as(local_plane, "admin", "PUT", f"/v1/quotas/{user}", b'{"max_sessions": 3}', content_type)
+    assert (resp.status, resp.json()["max_sessions"]) == (200, 3), resp.body
+
+
+@pytest.mark.parametrize("method", ["TRACE", "QUERY"])
+def test_methods_the_api_does_not_use_are_405_in_the_error_shape(local_plane, world, method):
+    resp = local_plane.request(method, "/v1/whoami", world["member"])
+    assert resp.status == 405, resp.body
+    assert resp.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_quota_set_me_sets_the_admins_own_quota_never_a_user_called_me(local_plane, world):
+    resp = local_plane.request("PUT", "/v1/quotas/me", "admin", {"max_sessions": 5})
+    assert (resp.status, resp.json()["user"]) == (200, "admin"), resp.body
+    shown = local_plane.request("GET", "/v1/quotas/me", "admin").json()
+    assert (shown["user"], shown["max_sessions"]) == ("admin", 5)
+    items = registry_snapshot(local_plane)
+    assert not [i for i in items if i["pk"]["S"] == "USER#me"], "a quota stored for a user called me"

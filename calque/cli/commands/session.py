@@ -112,9 +112,11 @@ def export_lines(env: Mapping[str, Any]) -> list[str]:
 
 def render_grant(grant: Mapping[str, Any]) -> str:
     """A check-out for people: what was granted, the token once, the env, how to connect, warnings."""
+    from calque.cli.output import slice_summary
+
     lines = [
         f"Checked out {grant.get('session_id')}: slice {grant.get('slice_id')} "
-        f"({grant.get('profile')}, {_gib(grant.get('memory_gib'))} GiB, {grant.get('backend')}) "
+        f"({slice_summary(grant.get('profile'), grant.get('memory_gib'), grant.get('backend'))}) "
         f"on {grant.get('instance_id')}.",
         f"Expires at {grant.get('expires_at')} (in {remaining(grant.get('expires_at'))}); "
         "the slice is reclaimed then, whatever still runs on it.",

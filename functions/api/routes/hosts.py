@@ -14,7 +14,7 @@ from calque.errors import Forbidden
 from calque.settings import api_settings
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
-from functions.api.context import admin, caller
+from functions.api.context import admin, admin_only, caller, guarded, require_instance_role
 
 router = Router()
 logger = observability.logger("api")
@@ -22,6 +22,7 @@ metrics = observability.metrics("api")
 
 
 @router.post("/hosts", status_code=201)
+@admin_only
 def register_host(body: HostRegistration) -> Host:
     who = admin(router)
     host = api_tenancy().register_host(who, body)
@@ -41,6 +42,7 @@ def show_host(instance_id: str) -> Host:
 
 
 @router.post("/hosts/<instance_id>/drain")
+@admin_only
 def drain_host(instance_id: str, body: Annotated[DrainRequest | None, Body()] = None) -> Host:
     who = admin(router)
     body = body or DrainRequest()
@@ -50,6 +52,7 @@ def drain_host(instance_id: str, body: Annotated[DrainRequest | None, Body()] = 
 
 
 @router.post("/hosts/<instance_id>/report")
+@guarded(require_instance_role)
 def host_report(instance_id: str, body: AgentReport) -> ReportAccepted:
     who = caller(router)
     if who.role != api_settings().host_role_name or who.role_session != instance_id:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
 import calque
-from calque.contracts.common import Health, WhoAmI
+from calque.contracts.common import ErrorDocument, Health, WhoAmI
 from functions.api.context import caller
 
 router = Router()
@@ -20,3 +22,85 @@ def health() -> Health:
 def whoami() -> WhoAmI:
     who = caller(router)
     return WhoAmI(principal=who.principal, arn=who.arn, account=who.account, admin=who.admin)
+
+
+# ---- the OpenAPI document -------------------------------------------------------------------
+
+SIGV4 = "sigv4"
+MUTATING = frozenset({"post", "put", "patch", "delete"})
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+# Every refusal carries the error document; which statuses an operation may answer.
+_ALWAYS = {
+    "400": "bad input the domain refuses (details.field names it)",
+    "401": "no verifiable identity",
+    "403": "the caller may not do this (checked before the body is read)",
+    "404": "unknown id, or one the caller may not see",
+    "413": "the body is larger than the API accepts",
+    "422": "the request does not match its schema (details.fields names each field)",
+    "500": "an unexpected error (logged; never a stack trace)",
+    "503": "a dependency is unavailable; retry after the Retry-After header's seconds",
+}
+_WITH_BODY = {"415": "the body is not JSON (Content-Type: application/json or application/*+json)"}
+_MUTATING = {
+    "409": "the state does not allow this now (no_free_slice, slice_state_changed, ...)",
+    "429": "a quota or budget refuses this",
+}
+
+
+def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """Complete the generated document with what the API really does at its edges.
+
+    SigV4 on every operation (API Gateway's AWS_IAM authorization, in its
+    ``x-amazon-apigateway-authtype`` convention), every error status with the
+    error document's schema, and the Idempotency-Key header on mutating routes.
+    """
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    error_schema = ErrorDocument.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(error_schema.pop("$defs", {}))
+    schemas["ErrorDocument"] = error_schema
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    components.setdefault("securitySchemes", {})[SIGV4] = {
+        "type": "apiKey",
+        "name": "Authorization",
+        "in": "header",
+        "x-amazon-apigateway-authtype": "awsSigv4",
+        "description": "AWS Signature Version 4 with the caller's own IAM credentials (service execute-api)",
+    }
+    doc["security"] = [{SIGV4: []}]
+    error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDocument"}}}
+    error_headers = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
+    for operations in doc.get("paths", {}).values():
+        for method, op in operations.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            statuses = dict(_ALWAYS)
+            if "requestBody" in op:
+                statuses |= _WITH_BODY
+            if method in MUTATING:
+                statuses |= _MUTATING
+                _add_idempotency_key(op)
+            for status, why in statuses.items():
+                response: dict[str, Any] = {"description": why, "content": error_content}
+                if status == "503":
+                    response["headers"] = error_headers
+                op["responses"][status] = response
+    return doc
+
+
+def _add_idempotency_key(op: dict[str, Any]) -> None:
+    params = op.setdefault("parameters", [])
+    if any(p.get("in") == "header" and p.get("name", "").lower() == IDEMPOTENCY_KEY.lower() for p in params):
+        return
+    params.append(
+        {
+            "name": IDEMPOTENCY_KEY,
+            "in": "header",
+            "required": False,
+            "description": "a client-chosen id for this request: a retry with the same key is answered "
+            "as the first attempt was, and changes nothing again",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+        }
+    )

@@ -138,3 +138,43 @@ def test_the_api_domain_is_built_with_that_allowance(handler, monkeypatch):
     from calque.tenancy.wiring import api_tenancy
 
     assert api_tenancy().config.default_max_sessions == 5
+
+
+def test_openapi_document_declares_sigv4_on_every_operation(handler):
+    # When a client generator reads the document
+    _, doc = handler(rest_event("GET", "/v1/openapi.json"))
+    # Then it learns that every operation is signed with SigV4 (API Gateway's convention)
+    scheme = doc["components"]["securitySchemes"]["sigv4"]
+    assert scheme["x-amazon-apigateway-authtype"] == "awsSigv4"
+    assert (scheme["type"], scheme["in"], scheme["name"]) == ("apiKey", "header", "Authorization")
+    assert doc["security"] == [{"sigv4": []}]
+
+
+def test_openapi_document_declares_every_error_status_with_the_error_shape(handler):
+    _, doc = handler(rest_event("GET", "/v1/openapi.json"))
+    error_ref = "#/components/schemas/ErrorDocument"
+    assert "error" in doc["components"]["schemas"]["ErrorDocument"]["properties"]
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            statuses = set(op["responses"])
+            expected = {"400", "401", "403", "404", "413", "422", "500", "503"}
+            if "requestBody" in op:
+                expected.add("415")
+            if method in ("post", "put", "patch", "delete"):
+                expected |= {"409", "429"}
+            assert expected <= statuses, (method, path, expected - statuses)
+            for status in expected:
+                schema = op["responses"][status]["content"]["application/json"]["schema"]
+                assert schema == {"$ref": error_ref}, (method, path, status)
+    assert "HTTPValidationError" not in json.dumps(doc)
+
+
+def test_openapi_document_offers_an_idempotency_key_on_mutating_routes_only(handler):
+    _, doc = handler(rest_event("GET", "/v1/openapi.json"))
+    for operations in doc["paths"].values():
+        for method, op in operations.items():
+            names = [p["name"] for p in op.get("parameters", []) if p["in"] == "header"]
+            assert ("Idempotency-Key" in names) == (method in ("post", "put", "patch", "delete")), (
+                method,
+                op,
+            )

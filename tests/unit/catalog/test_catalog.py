@@ -145,6 +145,14 @@ def test_unknown_instance_type_is_refused_naming_it_and_listing_valid_ones():
     assert "g7e.2xlarge" in exc.value.details["valid"]
 
 
+def test_a_typo_in_an_instance_type_suggests_the_closest_not_all_of_them():
+    with pytest.raises(InvalidInput) as exc:
+        catalog.instance_type("g7e.2xlarg")
+    assert "did you mean g7e.2xlarge" in exc.value.message
+    assert exc.value.message.count("xlarge") <= 3
+    assert len(exc.value.details["valid"]) > 10  # scripts still get the full list
+
+
 def test_unknown_card_and_profile_are_refused():
     with pytest.raises(InvalidInput, match="valid"):
         catalog.card("Voodoo2")

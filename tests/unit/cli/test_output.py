@@ -54,3 +54,13 @@ def test_text_given_for_people_replaces_the_table_but_not_the_json():
     out = io.StringIO()
     emit("json", {"a": 1}, text="Done.", stream=out)
     assert json.loads(out.getvalue()) == {"a": 1}
+
+
+def test_a_slice_is_summed_up_without_repeating_itself():
+    from calque.cli.output import slice_summary
+
+    # Given an MPS slot, whose profile is its backend
+    assert slice_summary("mps", 12, "mps") == "mps, 12 GiB"
+    # and a MIG slice, whose profile says more
+    assert slice_summary("1g.24gb", 23.5, "mig") == "1g.24gb, 23.5 GiB, mig"
+    assert slice_summary(None, None, None) == "-"
