@@ -40,7 +40,7 @@ SliceState = Literal["pending", "free", "held", "reclaiming", "quarantined"]
 SessionState = Literal["live", "ended"]
 # Why a session ended: the member checked in, the TTL passed, an admin forced it,
 # or its host was drained / lost.
-EndReason = Literal["checked_in", "expired", "forced", "drained", "host_lost"]
+EndReason = Literal["checked_in", "expired", "forced", "drained", "host_lost", "deregistered"]
 LeaseEventKind = Literal["granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
@@ -226,3 +226,20 @@ class ReclaimTask(Strict):
 
 
 HostTask = Annotated[ApplyTask | ReclaimTask, Field(discriminator="kind")]
+
+
+# ---- host lifecycle (calque.tenancy.lifecycle) ------------------------------------------------
+
+
+class DeregisterRequest(Strict):
+    """DELETE /v1/hosts/{instance_id} (admin): forget a host; its lease history is kept."""
+
+    force: bool = Field(default=False, description="end the sessions still live there (reason: deregistered)")
+    reason: str | None = Field(default=None, max_length=500, description="recorded on each session it ends")
+
+
+class HostDeregistered(Out):
+    instance_id: str
+    deregistered: bool = True
+    previous_state: HostState
+    ended_sessions: list[str] = Field(default_factory=list, description="sessions ended by --force")

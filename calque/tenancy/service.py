@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from calque import catalog
 from calque.catalog import planner
@@ -43,6 +44,9 @@ from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, No
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, HostTaskQueue, QuotaFull, Registry, SliceTaken, StaleWrite
+
+if TYPE_CHECKING:
+    from calque.tenancy.lifecycle import HostLifecycle
 
 REAPER = "calque-reaper"
 
@@ -274,6 +278,19 @@ class Tenancy:
                 (freed if done else ignored).append(sr.slice_id)
         host = self._settle_drain(instance_id) if host.state == "draining" else host
         return ReportAccepted(instance_id=instance_id, host_state=host.state, freed=freed, ignored=ignored)
+
+    # ---- host lifecycle: deregister, register again, stalled applies (calque.tenancy.lifecycle) ----
+
+    def lifecycle(self, *, apply_timeout_s: int = 900) -> HostLifecycle:
+        from calque.tenancy.lifecycle import HostLifecycle
+
+        return HostLifecycle(self, apply_timeout_s=apply_timeout_s)
+
+    def end_session(
+        self, session: SessionRecord, *, at: datetime, reason: str, kind: str, by: str, note: str | None
+    ) -> SessionRecord:
+        """End a live session the one way every path does: recorded, counted, reclaimed."""
+        return self._end(session, at=at, reason=reason, kind=kind, by=by, note=note)
 
     # ---- sessions -------------------------------------------------------------------------------
 

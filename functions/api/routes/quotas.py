@@ -1,6 +1,13 @@
-"""Quotas: set (admin), show (a member: only their own; "me" names the caller)."""
+"""Quotas: set (admin), show (a member: only their own; "me" names the caller).
+
+An assumed-role member is ``ROLE/SESSION``: the CLI sends the slash as ``%2F``, which API
+Gateway's REST proxy passes on still encoded in ``path``; a client that sends a bare slash
+reaches the two-segment route. Both name the same member.
+"""
 
 from __future__ import annotations
+
+from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
@@ -13,8 +20,19 @@ router = Router()
 logger = observability.logger("api")
 
 
+@router.put("/quotas/<role>/<session>")
+def set_role_session_quota(role: str, session: str, body: QuotaUpdate) -> Quota:
+    return set_quota(f"{role}/{session}", body)
+
+
+@router.get("/quotas/<role>/<session>")
+def show_role_session_quota(role: str, session: str) -> Quota:
+    return show_quota(f"{role}/{session}")
+
+
 @router.put("/quotas/<user>")
 def set_quota(user: str, body: QuotaUpdate) -> Quota:
+    user = unquote(user)
     who = admin(router)
     quota = api_tenancy().set_quota(who, user, body)
     logger.info("quota set", extra={"user": user, "max_sessions": body.max_sessions})
@@ -23,4 +41,5 @@ def set_quota(user: str, body: QuotaUpdate) -> Quota:
 
 @router.get("/quotas/<user>")
 def show_quota(user: str) -> Quota:
+    user = unquote(user)
     return api_tenancy().get_quota(caller(router), user)
