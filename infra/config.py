@@ -49,6 +49,7 @@ def _split_admins(value: object) -> tuple[str, ...]:
 
 _ORG_ID = re.compile(r"^o-[a-z0-9]{10,32}$")
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w-]{1,256}$")
+_EPOCH = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
 _ROLE_PATTERN = re.compile(r"^[\w+=,.@*-]{1,128}$")
 
 
@@ -92,6 +93,7 @@ class DeploymentConfig:
     alarm_topic_arn: str | None = None
     # Pin user and role admin entries of the deploying account to their unique ids at deploy.
     pin_admins: bool = True
+    admin_pin_epoch: str = "1"
     # Create API Gateway's account-wide CloudWatch role (only for an account that has none).
     create_apigateway_cloudwatch_role: bool = False
 
@@ -117,6 +119,10 @@ class DeploymentConfig:
                 node, constants.CONTEXT_ALARM_TOPIC_ARN, _TOPIC_ARN, "an SNS topic ARN"
             ),
             pin_admins=_flag(node, constants.CONTEXT_PIN_ADMINS, default=True),
+            admin_pin_epoch=_optional(
+                node, constants.CONTEXT_ADMIN_PIN_EPOCH, _EPOCH, "a short word or number"
+            )
+            or "1",
             create_apigateway_cloudwatch_role=_flag(
                 node, constants.CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE, default=False
             ),

@@ -47,6 +47,7 @@ CONTEXT_ORGANIZATION_ID: Final = "calque:organization-id"  # o-...: callers from
 CONTEXT_SESSION_NAMED_ROLES: Final = "calque:session-named-roles"  # roles whose session names are pinned
 CONTEXT_ALARM_TOPIC_ARN: Final = "calque:alarm-topic-arn"  # SNS topic the alarms notify
 CONTEXT_PIN_ADMINS: Final = "calque:pin-admins"  # true (default): pin admin entries to unique ids
+CONTEXT_ADMIN_PIN_EPOCH: Final = "calque:admin-pin-epoch"  # a new value looks the unique ids up again
 CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE: Final = "calque:create-apigateway-cloudwatch-role"  # default false
 
 # Lambda: one architecture and one Python for the functions and the wheels in their layer.

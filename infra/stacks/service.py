@@ -126,7 +126,7 @@ class ServiceStack(Stack):
 
     def _common_environment(self, config: DeploymentConfig) -> dict[str, str]:
         admins = (
-            AdminPins(self, "AdminPins", admins=config.admins).value
+            AdminPins(self, "AdminPins", admins=config.admins, epoch=config.admin_pin_epoch).value
             if config.pin_admins
             else ",".join(config.admins)
         )
