@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from aws_cdk import Annotations, Stack, Token
 from aws_cdk import aws_iam as iam
 from aws_cdk import custom_resources as cr
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from calque.identity import parse_admin
 from infra.nag import acknowledge
@@ -90,7 +90,7 @@ class AdminPins(Construct):
         return ",".join(self.entries)
 
     @staticmethod
-    def _acknowledge(stack: Stack, provider: Construct | None) -> None:
+    def _acknowledge(stack: Stack, provider: IConstruct | None) -> None:
         acknowledge(
             stack,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:iam::<AWS::AccountId>:role/*]",
