@@ -217,15 +217,16 @@ def caller_from_event(
     event: Mapping[str, Any],
     admins: Iterable[str] | Sequence[AdminEntry],
     *,
-    session_named_roles: Iterable[str] = DEFAULT_SESSION_NAMED_ROLES,
+    session_named_roles: Iterable[str] | None = None,
     trusted_roles: Iterable[str] = (),
     home_account: str | None = None,
 ) -> Caller:
     """Read the caller from an API Gateway REST proxy event authorized with AWS_IAM.
 
-    A session of a role whose session names are not pinned (``session_named_roles``, and
-    ``trusted_roles`` such as the host role, whose sessions EC2 names) is refused unless
-    the role is an admin role: its session name cannot tell one member from another.
+    Given ``session_named_roles`` (the API always gives them), a session of a role whose
+    session names are not pinned (those roles, and ``trusted_roles`` such as the host role,
+    whose sessions EC2 names) is refused unless the role is an admin role: its session
+    name cannot tell one member from another. Without them, nothing is refused here.
     """
     context = event.get("requestContext") or {}
     identity = context.get("identity") or {}
@@ -245,7 +246,8 @@ def caller_from_event(
     who = who.model_copy(update={"admin": admin})
     role = who.role
     if (
-        role is not None
+        session_named_roles is not None
+        and role is not None
         and not admin
         and role not in set(trusted_roles)
         and not session_names_pinned(role, session_named_roles)

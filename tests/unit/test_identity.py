@@ -2,6 +2,7 @@ import pytest
 
 from calque.errors import Forbidden, Unauthenticated
 from calque.identity import (
+    DEFAULT_SESSION_NAMED_ROLES,
     Caller,
     InvalidAdminEntry,
     caller_from_event,
@@ -55,11 +56,17 @@ def session(role: str, name: str, account: str = ACCT, role_id: str = ADMIN_ROLE
     )
 
 
+def api_caller(evt: dict, admins, **kw) -> Caller:
+    """As the API reads callers: with the roles whose session names are pinned."""
+    kw.setdefault("session_named_roles", DEFAULT_SESSION_NAMED_ROLES)
+    return caller_from_event(evt, admins, **kw)
+
+
 def admin_of(evt: dict, admins) -> bool:
     """Whether the caller is admin; a session of a role that is neither admin nor pinned is
     refused outright, which is not admin either."""
     try:
-        return caller_from_event(evt, admins).admin
+        return api_caller(evt, admins).admin
     except Forbidden:
         return False
 
@@ -137,13 +144,13 @@ def test_a_member_cannot_become_admin_by_naming_their_session_after_one():
 
 def test_a_role_whose_session_names_callers_choose_cannot_tell_members_apart():
     with pytest.raises(Forbidden) as refused:
-        caller_from_event(session("Researchers", "bob", role_id="AROARESEARCH00000001"), ["admin"])
+        api_caller(session("Researchers", "bob", role_id="AROARESEARCH00000001"), ["admin"])
     assert refused.value.code == "role_session_not_pinned"
     assert refused.value.details["role"] == "Researchers"
 
 
 def test_identity_center_and_listed_roles_keep_one_member_per_session():
-    sso = caller_from_event(session("AWSReservedSSO_Researcher_0123abcd", "alice@uni.edu"), ["admin"])
+    sso = api_caller(session("AWSReservedSSO_Researcher_0123abcd", "alice@uni.edu"), ["admin"])
     assert sso.principal == "AWSReservedSSO_Researcher_0123abcd/alice@uni.edu"
     listed = caller_from_event(
         session("Researchers", "alice"), ["admin"], session_named_roles=["Researchers"]
@@ -154,7 +161,7 @@ def test_identity_center_and_listed_roles_keep_one_member_per_session():
 def test_admin_roles_and_trusted_roles_need_no_pinned_session_names():
     admins = parse_admins(["CalqueAdmins/*"])
     assert caller_from_event(session("CalqueAdmins", "anything"), admins).admin
-    host = caller_from_event(session("calque-host", "i-0abc"), admins, trusted_roles=["calque-host"])
+    host = api_caller(session("calque-host", "i-0abc"), admins, trusted_roles=["calque-host"])
     assert host.role_session == "i-0abc"
 
 
