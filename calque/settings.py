@@ -42,6 +42,15 @@ class CommonSettings(_EnvSettings):
 
     _split_admins = field_validator("admins", mode="before")(_split)
 
+    @field_validator("admins")
+    @classmethod
+    def _admins_can_match(cls, value: list[str]) -> list[str]:
+        # An entry that can never match (or that a member could pose as) fails at cold start.
+        from calque.identity import parse_admins
+
+        parse_admins(value)
+        return value
+
 
 class ApiSettings(CommonSettings):
     host_tasks_queue_url: str = Field(alias="CALQUE_HOST_TASKS_QUEUE_URL", min_length=1)
@@ -51,6 +60,15 @@ class ApiSettings(CommonSettings):
     session_ttl_max_s: int = Field(alias="CALQUE_SESSION_TTL_MAX_S", default=7 * 24 * 3600, ge=10)
     # Concurrent sessions of a member an admin has set no quota for.
     default_max_sessions: int = Field(alias="CALQUE_DEFAULT_MAX_SESSIONS", default=2, ge=0)
+    # Identity (calque/identity.py): the host role's unique id (AROA...), roles whose session
+    # names identify a person, and the account the API belongs to.
+    host_role_id: str | None = Field(alias="CALQUE_HOST_ROLE_ID", default=None)
+    session_named_roles: list[str] = Field(
+        alias="CALQUE_SESSION_NAMED_ROLES", default_factory=lambda: ["AWSReservedSSO_*"]
+    )
+    account_id: str | None = Field(alias="CALQUE_ACCOUNT_ID", default=None)
+
+    _split_roles = field_validator("session_named_roles", mode="before")(_split)
 
 
 class HostTasksSettings(CommonSettings):
@@ -61,6 +79,8 @@ class HostTasksSettings(CommonSettings):
 class ReaperSettings(CommonSettings):
     host_tasks_queue_url: str = Field(alias="CALQUE_HOST_TASKS_QUEUE_URL", min_length=1)
     reclaim_timeout_s: int = Field(alias="CALQUE_RECLAIM_TIMEOUT_S", default=300, gt=0)
+    # A host whose layout apply has not reported after this long is failed (calque.tenancy.lifecycle).
+    apply_timeout_s: int = Field(alias="CALQUE_APPLY_TIMEOUT_S", default=900, gt=0)
 
 
 class PoolSettings(CommonSettings):

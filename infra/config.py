@@ -1,6 +1,10 @@
 """What an admin chooses at deploy time, read from CDK context once, validated.
 
 `npx aws-cdk deploy --all -c calque:admins=alice,arn:aws:iam::123456789012:role/Admin`
+
+Admin entries are checked here with the same rules the API applies (calque.identity):
+an entry that could never match a caller, or that a member could pose as, fails the
+synth with its reason.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from pathlib import Path
 
 from constructs import Node
 
+from calque.identity import InvalidAdminEntry, parse_admins
 from infra import constants
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
@@ -42,22 +47,97 @@ def _split_admins(value: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(item.strip() for item in items if str(item).strip()))
 
 
+_ORG_ID = re.compile(r"^o-[a-z0-9]{10,32}$")
+_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w-]{1,256}$")
+_EPOCH = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
+_ROLE_PATTERN = re.compile(r"^[\w+=,.@*-]{1,128}$")
+
+
+def _checked_admins(value: object) -> tuple[str, ...]:
+    admins = _split_admins(value)
+    try:
+        parse_admins(admins)
+    except InvalidAdminEntry as exc:
+        raise ConfigError(f"context {constants.CONTEXT_ADMINS}: {exc}") from None
+    return admins
+
+
+def _optional(node: Node, key: str, pattern: re.Pattern[str], what: str) -> str | None:
+    value = node.try_get_context(key)
+    if value in (None, ""):
+        return None
+    if not pattern.match(str(value)):
+        raise ConfigError(f"context {key}={value!r}: expected {what}")
+    return str(value)
+
+
+def _session_named_roles(value: object) -> tuple[str, ...]:
+    roles = _split_admins(value)
+    for role in roles:
+        if not _ROLE_PATTERN.match(role):
+            raise ConfigError(f"context {constants.CONTEXT_SESSION_NAMED_ROLES}: {role!r} is not a role name")
+    return roles
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeploymentConfig:
     admins: tuple[str, ...]
     session_ttl_max_s: int | None
     bundle_cache_dir: Path
+    # Callers may come from any account of this organization (else: the deploying account only).
+    organization_id: str | None = None
+    # Roles whose session names identify a person (their trust policy pins them); added to
+    # Identity Center's, which are always trusted.
+    session_named_roles: tuple[str, ...] = ()
+    # Alarms notify this SNS topic when set.
+    alarm_topic_arn: str | None = None
+    # Pin user and role admin entries of the deploying account to their unique ids at deploy.
+    pin_admins: bool = True
+    admin_pin_epoch: str = "1"
+    # Create API Gateway's account-wide CloudWatch role (only for an account that has none).
+    create_apigateway_cloudwatch_role: bool = False
 
     @classmethod
     def from_context(cls, node: Node, *, project_root: Path) -> DeploymentConfig:
         ttl_max = node.try_get_context(constants.CONTEXT_SESSION_TTL_MAX)
         cache = node.try_get_context(constants.CONTEXT_BUNDLE_CACHE_DIR)
         return cls(
-            admins=_split_admins(node.try_get_context(constants.CONTEXT_ADMINS)),
+            admins=_checked_admins(node.try_get_context(constants.CONTEXT_ADMINS)),
             session_ttl_max_s=(
                 None
                 if ttl_max in (None, "")
                 else parse_duration_s(ttl_max, key=constants.CONTEXT_SESSION_TTL_MAX, minimum_s=10)
             ),
             bundle_cache_dir=Path(cache) if cache else project_root / ".bundle-cache",
+            organization_id=_optional(
+                node, constants.CONTEXT_ORGANIZATION_ID, _ORG_ID, "an AWS Organizations id, o-..."
+            ),
+            session_named_roles=_session_named_roles(
+                node.try_get_context(constants.CONTEXT_SESSION_NAMED_ROLES)
+            ),
+            alarm_topic_arn=_optional(
+                node, constants.CONTEXT_ALARM_TOPIC_ARN, _TOPIC_ARN, "an SNS topic ARN"
+            ),
+            pin_admins=_flag(node, constants.CONTEXT_PIN_ADMINS, default=True),
+            admin_pin_epoch=_optional(
+                node, constants.CONTEXT_ADMIN_PIN_EPOCH, _EPOCH, "a short word or number"
+            )
+            or "1",
+            create_apigateway_cloudwatch_role=_flag(
+                node, constants.CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE, default=False
+            ),
         )
+
+
+def _flag(node: Node, key: str, *, default: bool) -> bool:
+    value = node.try_get_context(key)
+    if value in (None, ""):
+        return default
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0"):
+        return False
+    raise ConfigError(f"context {key}={value!r}: expected true or false")

@@ -24,6 +24,8 @@ OUTPUT_API_ENDPOINT: Final = "ApiEndpoint"
 OUTPUT_SSM_DOCUMENT_NAME: Final = "SsmDocumentName"
 OUTPUT_HOST_ROLE_NAME: Final = "HostRoleName"
 OUTPUT_HOST_INSTANCE_PROFILE_NAME: Final = "HostInstanceProfileName"
+OUTPUT_MEMBERS_POLICY_ARN: Final = "MembersPolicyArn"
+OUTPUT_ADMINS_POLICY_ARN: Final = "AdminsPolicyArn"
 
 
 def pascal_case(identifier: str) -> str:
@@ -40,6 +42,13 @@ def queue_url_output(queue: QueueDef) -> str:
 CONTEXT_ADMINS: Final = "calque:admins"  # comma list of principals or ARN patterns
 CONTEXT_SESSION_TTL_MAX: Final = "calque:session-ttl-max"  # e.g. 12h, 7d, or seconds
 CONTEXT_BUNDLE_CACHE_DIR: Final = "calque:bundle-cache-dir"  # where built Lambda bundles are cached
+# Identity and operations (docs/deploy.md).
+CONTEXT_ORGANIZATION_ID: Final = "calque:organization-id"  # o-...: callers from this organization
+CONTEXT_SESSION_NAMED_ROLES: Final = "calque:session-named-roles"  # roles whose session names are pinned
+CONTEXT_ALARM_TOPIC_ARN: Final = "calque:alarm-topic-arn"  # SNS topic the alarms notify
+CONTEXT_PIN_ADMINS: Final = "calque:pin-admins"  # true (default): pin admin entries to unique ids
+CONTEXT_ADMIN_PIN_EPOCH: Final = "calque:admin-pin-epoch"  # a new value looks the unique ids up again
+CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE: Final = "calque:create-apigateway-cloudwatch-role"  # default false
 
 # Lambda: one architecture and one Python for the functions and the wheels in their layer.
 LAMBDA_ARCHITECTURE: Final = "arm64"
@@ -53,6 +62,31 @@ API_STAGE_NAME: Final = "prod"
 # The one route a host's own role may call: the agent's report.
 HOST_REPORT_METHOD: Final = "POST"
 HOST_REPORT_PATH: Final = "/v1/hosts/*/report"
+# What a member may call (execute-api:Invoke in the members' managed policy); the API still
+# decides per request (their own sessions, quota, usage). Admins may call every route.
+MEMBER_ROUTES: Final = (
+    ("GET", "/v1/health"),
+    ("GET", "/v1/whoami"),
+    ("GET", "/v1/openapi.json"),
+    ("GET", "/v1/hosts"),
+    ("GET", "/v1/hosts/*"),
+    ("POST", "/v1/sessions"),
+    ("GET", "/v1/sessions"),
+    ("GET", "/v1/sessions/*"),
+    ("DELETE", "/v1/sessions/*"),
+    ("POST", "/v1/sessions/*/extend"),
+    ("GET", "/v1/quotas/*"),
+    ("GET", "/v1/pools"),
+    ("GET", "/v1/pools/*"),
+    ("POST", "/v1/pools/*/claims"),
+    ("GET", "/v1/claims"),
+    ("GET", "/v1/claims/*"),
+    ("DELETE", "/v1/claims/*"),
+    ("GET", "/v1/usage"),
+    ("GET", "/v1/budget"),
+    ("GET", "/v1/groups"),
+    ("GET", "/v1/groups/*"),
+)
 
 # Where the host agent lives on an instance.
 HOST_AGENT_ROOT: Final = "/opt/calque/agent"

@@ -4,17 +4,19 @@ Inputs derive from ``Strict`` (unknown fields are errors), outputs from ``Out``.
 Times are ISO 8601 in UTC. A session's token appears exactly once, in the
 ``SessionGrant`` a check-out returns; only its hash is stored.
 
-Routes: POST/GET /v1/hosts, GET /v1/hosts/{id}, POST /v1/hosts/{id}/drain,
+Routes: POST/GET /v1/hosts, GET|DELETE /v1/hosts/{id}, POST /v1/hosts/{id}/drain,
 POST /v1/hosts/{id}/report (host role), POST/GET /v1/sessions (?all=true: admins),
 GET/DELETE /v1/sessions/{id}, POST /v1/sessions/{id}/extend, PUT/GET /v1/quotas/{user}.
 
 Error codes scripts may branch on (the contract's error document):
   409 no_free_slice, slice_state_changed, already_checked_in (check-in of an ended session),
       session_ended / session_expired (extend too late), session_changed (extend raced),
-      host_has_live_sessions, host_not_ready, already_registered
+      host_has_live_sessions (drain / deregister), host_not_ready, already_registered,
+      host_changed (deregister raced repeatedly)
   429 quota_exceeded (details: max_sessions/live_sessions or
       max_gpu_hours_per_month/gpu_hours_used)
-  403 forbidden (admins only / not this host's role), invalid_token (nothing released)
+  403 forbidden (admins only / not this host's role / the host role off its report route),
+      invalid_token (nothing released), role_session_not_pinned (a shared role's session)
   400 consent_required (mps without accept_shared_gpu_no_isolation), invalid_layout,
       invalid_input (unknown instance type), invalid_ttl, token_required
   422 validation_failed (details.fields names each field)
@@ -40,7 +42,7 @@ SliceState = Literal["pending", "free", "held", "reclaiming", "quarantined"]
 SessionState = Literal["live", "ended"]
 # Why a session ended: the member checked in, the TTL passed, an admin forced it,
 # or its host was drained / lost.
-EndReason = Literal["checked_in", "expired", "forced", "drained", "host_lost"]
+EndReason = Literal["checked_in", "expired", "forced", "drained", "host_lost", "deregistered"]
 LeaseEventKind = Literal["granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
@@ -257,3 +259,20 @@ class ReclaimTask(Strict):
 
 
 HostTask = Annotated[ApplyTask | ReclaimTask, Field(discriminator="kind")]
+
+
+# ---- host lifecycle (calque.tenancy.lifecycle) ------------------------------------------------
+
+
+class DeregisterRequest(Strict):
+    """DELETE /v1/hosts/{instance_id} (admin): forget a host; its lease history is kept."""
+
+    force: bool = Field(default=False, description="end the sessions still live there (reason: deregistered)")
+    reason: str | None = Field(default=None, max_length=500, description="recorded on each session it ends")
+
+
+class HostDeregistered(Out):
+    instance_id: str
+    deregistered: bool = True
+    previous_state: HostState
+    ended_sessions: list[str] = Field(default_factory=list, description="sessions ended by --force")

@@ -398,6 +398,37 @@ class DynamoRegistry(DynamoGroups):
             event,
         )
 
+    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+        # The host and up to 99 slices in one transaction; a larger host's other slices follow
+        # in further ones (placement already fenced them: they are not placeable).
+        deletes = [
+            {
+                "Delete": {
+                    "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
+                    "ConditionExpression": "attribute_not_exists(pk) OR #state <> :held",
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": _vals(held="held"),
+                }
+            }
+            for sl in slices
+        ]
+        first = {
+            "Delete": {
+                "Key": ser(keys.host(host.instance_id)),
+                "ConditionExpression": "#state = :state",
+                "ExpressionAttributeNames": {"#state": "state"},
+                "ExpressionAttributeValues": _vals(state=host.state),
+            }
+        }
+        batches = [[first, *deletes[:99]]] + [deletes[n : n + 100] for n in range(99, len(deletes), 100)]
+        for batch in batches:
+            try:
+                self._transact(batch)
+            except ClientError as exc:
+                if _code(exc) in ("TransactionCanceledException", "ConditionalCheckFailedException"):
+                    raise StaleWrite(host.instance_id) from None
+                raise
+
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         items = self._query(
             limit=limit,

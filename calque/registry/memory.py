@@ -163,6 +163,20 @@ class MemoryRegistry(MemoryGroups):
             self.events.append(event)
             return True
 
+    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+        with self._lock:
+            self._count()
+            cur = self.hosts.get(host.instance_id)
+            if cur is None or cur.state != host.state:
+                raise StaleWrite(host.instance_id)
+            for sl in slices:
+                now = self.slice_map.get((sl.instance_id, sl.slice_id))
+                if now is not None and now.state == "held":
+                    raise StaleWrite(sl.slice_id)
+            del self.hosts[host.instance_id]
+            for sl in slices:
+                self.slice_map.pop((sl.instance_id, sl.slice_id), None)
+
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         self._count()
         with self._lock:

@@ -104,7 +104,15 @@ class LeaseEvent(_Record):
     """One change of a lease: who, when, why. Usage reports are computed from these."""
 
     kind: Literal[
-        "granted", "extended", "checked_in", "expired", "forced", "drained", "reclaimed", "quarantined"
+        "granted",
+        "extended",
+        "checked_in",
+        "expired",
+        "forced",
+        "drained",
+        "reclaimed",
+        "quarantined",
+        "deregistered",
     ]
     at: datetime
     who: str

@@ -133,6 +133,11 @@ class Registry(Protocol):
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         """Slices that entered reclaiming at or before ``cutoff``."""
 
+    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+        """Forget a host: its record (if still in ``host.state``) and the given slices (each only
+        if not held), leaving placement at once; lease events stay. StaleWrite when a
+        condition fails (a check-out won a slice meanwhile, or the host changed)."""
+
     # -- placement ------------------------------------------------------------------------
     def profile_memories(self, backend: str, profile: str) -> list[float]:
         """The memory sizes hosts registered for this profile (placement keys sort by memory)."""

@@ -9,6 +9,10 @@ quotas, reaper); ``Tenancy`` composes them.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from calque.registry.models import SessionRecord
 from calque.tenancy.core import (
     REAPER,
     TOKEN_PREFIX,
@@ -23,6 +27,9 @@ from calque.tenancy.hosts import HostsMixin
 from calque.tenancy.quotas import QuotasMixin
 from calque.tenancy.reaper import ReaperMixin
 from calque.tenancy.sessions import SessionsMixin
+
+if TYPE_CHECKING:
+    from calque.tenancy.lifecycle import HostLifecycle
 
 __all__ = [
     "REAPER",
@@ -39,3 +46,16 @@ __all__ = [
 
 class Tenancy(HostsMixin, SessionsMixin, QuotasMixin, ReaperMixin):
     """Hosts, sessions, quotas and the reaper over one registry and one host-task queue."""
+
+    # ---- host lifecycle: deregister, register again, stalled applies (calque.tenancy.lifecycle) ----
+
+    def lifecycle(self, *, apply_timeout_s: int = 900) -> HostLifecycle:
+        from calque.tenancy.lifecycle import HostLifecycle
+
+        return HostLifecycle(self, apply_timeout_s=apply_timeout_s)
+
+    def end_session(
+        self, session: SessionRecord, *, at: datetime, reason: str, kind: str, by: str, note: str | None
+    ) -> SessionRecord:
+        """End a live session the one way every path does: recorded, counted, reclaimed."""
+        return self._end(session, at=at, reason=reason, kind=kind, by=by, note=note)

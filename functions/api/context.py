@@ -5,6 +5,9 @@ A route that only some callers may use says so with a guard (``@admin_only``,
 when a request is refused before the route runs (a body it cannot read or that
 fails validation), so the caller learns first whether they may use the route at
 all. A member gets 403 from an admin route whatever body they sent.
+
+The host role may call exactly one route, its own instance's report: ``caller`` and
+``admin`` refuse it everywhere else, and only ``host_caller`` accepts it.
 """
 
 from __future__ import annotations
@@ -18,24 +21,55 @@ from calque.errors import CalqueError, Forbidden
 from calque.identity import Caller, caller_from_event
 from calque.settings import api_settings
 
-Guard = Callable[[Caller, Mapping[str, str]], None]
+Guard = Callable[[Caller, Mapping[str, str], Mapping[str, Any]], None]
 F = TypeVar("F", bound=Callable[..., Any])
 _GUARD = "__calque_guard__"
 
 
+def _caller_of(event: Mapping[str, Any]) -> Caller:
+    s = api_settings()
+    return caller_from_event(
+        event,
+        s.admins,
+        session_named_roles=s.session_named_roles,
+        trusted_roles=(s.host_role_name,),
+        home_account=s.account_id,
+    )
+
+
+def _is_host_role(who: Caller) -> bool:
+    return who.role is not None and who.role == api_settings().host_role_name
+
+
+def _refuse_host_role(who: Caller) -> None:
+    if _is_host_role(who):
+        raise Forbidden(
+            "the host role may only report for its own instance", details={"principal": who.principal}
+        )
+
+
 def caller(router: BaseRouter) -> Caller:
-    return caller_from_event(router.current_event.raw_event, api_settings().admins)
+    who = _caller_of(router.current_event.raw_event)
+    _refuse_host_role(who)
+    return who
 
 
-def require_admin(who: Caller, _args: Mapping[str, str] | None = None) -> None:
+def require_admin(who: Caller, _args: Mapping[str, str] | None = None, _event: Any = None) -> None:
+    _refuse_host_role(who)
     if not who.admin:
         raise Forbidden("this action is for admins only", details={"principal": who.principal})
 
 
-def require_instance_role(who: Caller, args: Mapping[str, str]) -> None:
-    """Only the instance's own role (its session named after the instance) may speak for it."""
+def require_instance_role(who: Caller, args: Mapping[str, str], event: Mapping[str, Any]) -> None:
+    """The host role's session for the instance (EC2 names it after the instance), and, when
+    the deployment knows it, the host role's own unique id: a same-named role in another
+    account, or one created again, is not this host."""
     instance_id = args.get("instance_id", "")
-    if who.role != api_settings().host_role_name or who.role_session != instance_id:
+    s = api_settings()
+    pinned = s.host_role_id is None or who.principal_id == s.host_role_id
+    home = s.account_id or event.get("requestContext", {}).get("accountId")
+    same_account = home is None or who.account == home
+    if not (_is_host_role(who) and who.role_session == instance_id and pinned and same_account):
         raise Forbidden(
             f"only {instance_id}'s own instance role may report for it", details={"principal": who.principal}
         )
@@ -44,6 +78,13 @@ def require_instance_role(who: Caller, args: Mapping[str, str]) -> None:
 def admin(router: BaseRouter) -> Caller:
     who = caller(router)
     require_admin(who)
+    return who
+
+
+def host_caller(router: BaseRouter, instance_id: str) -> Caller:
+    event = router.current_event.raw_event
+    who = _caller_of(event)
+    require_instance_role(who, {"instance_id": instance_id}, event)
     return who
 
 
@@ -61,12 +102,15 @@ admin_only = guarded(require_admin)
 
 
 def refusal_before_route(event: Mapping[str, Any], route: Any, args: Mapping[str, str]) -> CalqueError | None:
-    """Why this caller may not use ``route`` at all, or None: identity first, then the route's guard."""
+    """Why this caller may not use ``route`` at all, or None: identity first, then the route's
+    guard (the host role: only where a guard lets it in)."""
     try:
-        who = caller_from_event(event, api_settings().admins)
+        who = _caller_of(event)
         check = getattr(getattr(route, "func", None), _GUARD, None)
-        if check is not None:
-            check(who, args)
+        if check is None:
+            _refuse_host_role(who)
+        else:
+            check(who, args, event)
     except CalqueError as exc:
         return exc
     return None

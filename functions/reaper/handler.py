@@ -1,5 +1,6 @@
 """EventBridge schedule -> end sessions past their expiry, quarantine slices whose host
-never reported their reclaim. DynamoDB TTL is garbage collection only."""
+never reported their reclaim, fail hosts whose layout apply never reported. DynamoDB TTL
+is garbage collection only."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
+from calque.settings import reaper_settings
 from calque.tenancy.wiring import reaper_tenancy
 from functions import observability
 
@@ -16,7 +18,12 @@ metrics = observability.metrics("reaper")
 
 @observability.instrumented("reaper")
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    summary = reaper_tenancy().reap()
+    tenancy = reaper_tenancy()
+    summary = tenancy.reap()
+    stalled = tenancy.lifecycle(apply_timeout_s=reaper_settings().apply_timeout_s).fail_stalled_applies()
+    metrics.add_metric(name="HostAppliesTimedOut", unit=MetricUnit.Count, value=len(stalled.failed))
+    if stalled.failed:
+        logger.warning("host applies timed out", extra={"failed_hosts": stalled.failed})
     metrics.add_metric(name="SessionsExpired", unit=MetricUnit.Count, value=len(summary.expired))
     metrics.add_metric(name="SlicesQuarantined", unit=MetricUnit.Count, value=len(summary.quarantined))
     if summary.expired or summary.quarantined or summary.raced:
@@ -24,4 +31,9 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             "reaped",
             extra={"expired": summary.expired, "quarantined": summary.quarantined, "raced": summary.raced},
         )
-    return {"expired": summary.expired, "quarantined": summary.quarantined, "raced": summary.raced}
+    return {
+        "expired": summary.expired,
+        "quarantined": summary.quarantined,
+        "raced": summary.raced,
+        "failed_hosts": stalled.failed,
+    }

@@ -9,18 +9,17 @@ from constructs import Construct
 
 from calque.resources import TableDef
 
-# What the control plane does with its registry: items, queries, transactions (which DynamoDB
-# authorizes per item as Put/Update/Delete/ConditionCheck). No streams, no scans of other tables.
+# What the control plane does with its registry (calque/registry/dynamo.py): items, queries,
+# transactions (which DynamoDB authorizes per item as Put/Update/Delete/ConditionCheck).
+# No scans, no table descriptions, no streams: a call that needs more adds it here.
 _DATA_ACTIONS = (
     "dynamodb:BatchGetItem",
     "dynamodb:BatchWriteItem",
     "dynamodb:ConditionCheckItem",
     "dynamodb:DeleteItem",
-    "dynamodb:DescribeTable",
     "dynamodb:GetItem",
     "dynamodb:PutItem",
     "dynamodb:Query",
-    "dynamodb:Scan",
     "dynamodb:UpdateItem",
 )
 

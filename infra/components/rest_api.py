@@ -1,8 +1,15 @@
-"""The REST API: every method behind IAM (SigV4) authorization, proxied to the API function."""
+"""The REST API: every method behind IAM (SigV4) authorization, proxied to the API function.
+
+Its resource policy refuses callers from outside the deploying account (or the configured
+organization) before any code runs; the host role may call only its report route. Who may
+call what inside is granted by the managed policies the stack exports for members and admins.
+"""
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy, Stack
+from collections.abc import Sequence
+
+from aws_cdk import Aws, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -29,6 +36,8 @@ class ControlPlaneApi(Construct):
         log_retention: logs.RetentionDays,
         throttling_rate_limit: float = 50,
         throttling_burst_limit: int = 100,
+        organization_id: str | None = None,
+        create_cloudwatch_role: bool = False,
     ) -> None:
         super().__init__(scope, construct_id)
         self.access_logs = logs.LogGroup(
@@ -39,12 +48,16 @@ class ControlPlaneApi(Construct):
             "Api",
             handler=handler,
             proxy=True,
+            # Only the deployed stage invokes the function: no console test-invoke permission.
+            integration_options=apigw.LambdaIntegrationOptions(allow_test_invoke=False),
             description="calque control plane",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
-            # Stage logging needs API Gateway's account-level CloudWatch role; this creates it.
-            cloud_watch_role=True,
-            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
+            policy=self._resource_policy(organization_id),
+            # API Gateway's CloudWatch role is one per account and region, shared by every API
+            # there: never overwritten by this stack unless the admin asks (an account without one).
+            cloud_watch_role=create_cloudwatch_role,
+            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN if create_cloudwatch_role else None,
             deploy_options=apigw.StageOptions(
                 stage_name=constants.API_STAGE_NAME,
                 access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
@@ -72,6 +85,95 @@ class ControlPlaneApi(Construct):
     def url(self) -> str:
         return self.api.url
 
+    @staticmethod
+    def _resource_policy(organization_id: str | None) -> iam.PolicyDocument:
+        everything = "execute-api:/*"
+        if organization_id is None:
+            # Same-account callers still need an identity policy (the exported managed policies).
+            return iam.PolicyDocument(
+                statements=[
+                    iam.PolicyStatement(
+                        sid="OnlyTheDeployingAccount",
+                        effect=iam.Effect.DENY,
+                        principals=[iam.AnyPrincipal()],
+                        actions=["execute-api:Invoke"],
+                        resources=[everything],
+                        conditions={"StringNotEquals": {"aws:PrincipalAccount": Aws.ACCOUNT_ID}},
+                    )
+                ]
+            )
+        in_org = {"StringEquals": {"aws:PrincipalOrgID": organization_id}}
+        return iam.PolicyDocument(
+            statements=[
+                # Cross-account callers need the API's own allow as well as their identity policy.
+                iam.PolicyStatement(
+                    sid="CallersOfTheOrganization",
+                    principals=[iam.AnyPrincipal()],
+                    actions=["execute-api:Invoke"],
+                    resources=[everything],
+                    conditions=in_org,
+                ),
+                iam.PolicyStatement(
+                    sid="OnlyTheOrganization",
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=["execute-api:Invoke"],
+                    resources=[everything],
+                    conditions={"StringNotEquals": {"aws:PrincipalOrgID": organization_id}},
+                ),
+            ]
+        )
+
+    def restrict_to_route(self, role: iam.IRole, *, method: str, path: str) -> None:
+        """Refuse every other route to ``role``'s sessions in the API's resource policy."""
+        self.api.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="HostRoleOnlyReports",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["execute-api:Invoke"],
+                not_resources=[f"execute-api:/*/{method}{path}"],
+                conditions={"ArnEquals": {"aws:PrincipalArn": role.role_arn}},
+            )
+        )
+
+    def invoke_policy(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        routes: Sequence[tuple[str, str]],
+        description: str,
+        reason: str,
+    ) -> iam.ManagedPolicy:
+        """A managed policy allowing exactly ``routes`` ((method, path); ``*`` for any) on the
+        deployed stage, for an admin to attach to the people's users, groups or roles."""
+        stage = self.api.deployment_stage.stage_name
+        policy = iam.ManagedPolicy(
+            scope,
+            construct_id,
+            description=description,
+            statements=[
+                iam.PolicyStatement(
+                    actions=["execute-api:Invoke"],
+                    resources=[self.api.arn_for_execute_api(method, path, stage) for method, path in routes],
+                )
+            ],
+        )
+        for method, path in routes:
+            if "*" in f"{method}{path}":
+                acknowledge(policy, self._iam5_finding(method, path), reason)
+        return policy
+
+    def _iam5_finding(self, method: str, path: str) -> str:
+        stack = Stack.of(self)
+        api_id = stack.get_logical_id(self.api.node.default_child)  # type: ignore[arg-type]
+        stage = stack.get_logical_id(self.api.deployment_stage.node.default_child)  # type: ignore[arg-type]
+        return (
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
+            f"<{api_id}>/<{stage}>/{method}{path}]"
+        )
+
     def grant_invoke(
         self, grantee: iam.IGrantable, *, method: str, path: str, wildcard_reason: str | None = None
     ) -> None:
@@ -90,13 +192,9 @@ class ControlPlaneApi(Construct):
             return
         if not wildcard_reason:
             raise ValueError(f"{method} {path}: a wildcard route needs a reason")
-        stack = Stack.of(self)
-        api_id = stack.get_logical_id(self.api.node.default_child)  # type: ignore[arg-type]
-        stage = stack.get_logical_id(self.api.deployment_stage.node.default_child)  # type: ignore[arg-type]
         acknowledge(
             grantee.grant_principal,  # type: ignore[arg-type]
-            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
-            f"<{api_id}>/<{stage}>/{method}{path}]",
+            self._iam5_finding(method, path),
             wildcard_reason,
         )
 
@@ -124,6 +222,6 @@ class ControlPlaneApi(Construct):
             self.api,
             "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
             "AmazonAPIGatewayPushToCloudWatchLogs]",
-            "API Gateway's account-level logging role needs exactly this AWS managed policy to "
-            "deliver stage logs; it grants CloudWatch Logs writes only.",
+            "API Gateway's account-level logging role (created only when the admin asks) needs exactly "
+            "this AWS managed policy to deliver stage logs; it grants CloudWatch Logs writes only.",
         )

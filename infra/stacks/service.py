@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Annotations, CfnOutput, Stack
+from aws_cdk import Annotations, Aws, CfnOutput, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -19,6 +19,8 @@ from constructs import Construct
 from calque import resources
 from calque.settings import ApiSettings
 from infra import constants
+from infra.components.admin_pins import AdminPins
+from infra.components.alarms import OperationsAlarms
 from infra.components.host_agent import HostAgent
 from infra.components.python_packaging import PythonPackaging
 from infra.components.registry_table import RegistryTable
@@ -54,6 +56,7 @@ class ServiceStack(Stack):
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.registry = registry
+        self._session_named_roles = tuple(dict.fromkeys(("AWSReservedSSO_*", *config.session_named_roles)))
         packaging = PythonPackaging(
             self,
             "Packaging",
@@ -74,7 +77,12 @@ class ServiceStack(Stack):
             for definition in resources.FUNCTIONS
         }
         self.api = ControlPlaneApi(
-            self, "Api", handler=self.functions["api"].function, log_retention=_LOG_RETENTION
+            self,
+            "Api",
+            handler=self.functions["api"].function,
+            log_retention=_LOG_RETENTION,
+            organization_id=config.organization_id,
+            create_cloudwatch_role=config.create_apigateway_cloudwatch_role,
         )
         self.queues = {
             queue.id: WorkQueue(
@@ -108,11 +116,21 @@ class ServiceStack(Stack):
             wildcard_reason="The wildcard is the {instance_id} segment of the report route, which exists "
             "for every host; the API accepts a report only from the instance the path names.",
         )
+        # The host role's sessions may call the report route and nothing else.
+        self.api.restrict_to_route(
+            self.host_agent.role, method=constants.HOST_REPORT_METHOD, path=constants.HOST_REPORT_PATH
+        )
         self._wire_functions()
         self._outputs()
+        self._identity_and_operations(config)
 
     def _common_environment(self, config: DeploymentConfig) -> dict[str, str]:
-        env = {resources.ENV_ADMINS: ",".join(config.admins)}
+        admins = (
+            AdminPins(self, "AdminPins", admins=config.admins, epoch=config.admin_pin_epoch).value
+            if config.pin_admins
+            else ",".join(config.admins)
+        )
+        env = {resources.ENV_ADMINS: admins}
         if not config.admins:
             Annotations.of(self).add_warning_v2(
                 "calque:no-admins",
@@ -131,7 +149,15 @@ class ServiceStack(Stack):
                 environment={resources.ENV_TABLE_NAME: self.registry.table.table_name},
                 grant=self.registry.grant_read_write,
             ),
-            "host_role": _Binding(environment={resources.ENV_HOST_ROLE_NAME: self.host_agent.role.role_name}),
+            "host_role": _Binding(
+                environment={
+                    resources.ENV_HOST_ROLE_NAME: self.host_agent.role.role_name,
+                    # Its unique id: a same-named role elsewhere, or created again, is not this host.
+                    _alias("host_role_id"): self.host_agent.role.role_id,
+                    _alias("account_id"): Aws.ACCOUNT_ID,
+                    _alias("session_named_roles"): ",".join(self._session_named_roles),
+                }
+            ),
             "ssm_document": _Binding(
                 environment={resources.ENV_SSM_DOCUMENT_NAME: self.host_agent.document_name},
                 grant=self.host_agent.grant_send_command,
@@ -183,3 +209,48 @@ class ServiceStack(Stack):
             value=self.host_agent.instance_profile.instance_profile_name,
             description="Instance profile for GPU hosts the control plane manages",
         )
+
+    # ---- identity and operations: who may call, and what an operator is told ------------------
+
+    def _identity_and_operations(self, config: DeploymentConfig) -> None:
+        members = self.api.invoke_policy(
+            self,
+            "MembersPolicy",
+            routes=constants.MEMBER_ROUTES,
+            description="calque members: call what members may call (their own sessions, claims, usage)",
+            reason="Each * is one path parameter of a member route (a session id, a pool name); the API "
+            "itself decides per request whose resource it is.",
+        )
+        admins = self.api.invoke_policy(
+            self,
+            "AdminsPolicy",
+            routes=(("*", "/*"),),
+            description="calque admins: call every route (and add the admin entry in calque:admins)",
+            reason="Admins may call every route of this one API; the policy names the API and its stage.",
+        )
+        CfnOutput(
+            self,
+            constants.OUTPUT_MEMBERS_POLICY_ARN,
+            value=members.managed_policy_arn,
+            description="Attach to members' users, groups or roles (execute-api:Invoke on member routes)",
+        )
+        CfnOutput(
+            self,
+            constants.OUTPUT_ADMINS_POLICY_ARN,
+            value=admins.managed_policy_arn,
+            description="Attach to admins' users or roles (execute-api:Invoke on every route)",
+        )
+        self.alarms = OperationsAlarms(
+            self,
+            "Alarms",
+            functions={fid: f.function for fid, f in self.functions.items()},
+            dead_letter_queues={qid: q.dead_letter_queue for qid, q in self.queues.items()},
+            schedules={s.id: s for s in resources.SCHEDULES},
+            topic_arn=config.alarm_topic_arn,
+        )
+
+
+def _alias(field: str) -> str:
+    alias = ApiSettings.model_fields[field].alias
+    assert alias is not None
+    return alias

@@ -75,3 +75,31 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 def resources_of(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
     return [r for r in template["Resources"].values() if r["Type"] == resource_type]
+
+
+def service_functions(template: dict[str, Any]) -> list[dict[str, Any]]:
+    """The control plane's own functions (one per calque.resources.FUNCTIONS), without the
+    CDK's deploy-time custom resource provider."""
+    from calque import resources
+
+    handlers = {f.handler for f in resources.FUNCTIONS}
+    return [
+        f
+        for f in resources_of(template, "AWS::Lambda::Function")
+        if f["Properties"].get("Handler") in handlers
+    ]
+
+
+def assert_admins_pinned(value: Any, template: dict[str, Any]) -> None:
+    """ADMINS as deployed: the ARN of another (unresolved) account unchanged, the bare user
+    ``alice`` pinned to the unique id a deploy-time lookup of that user returns."""
+    assert value["Fn::Join"][0] == ""
+    text, getatt = value["Fn::Join"][1]
+    assert text == "arn:aws:iam::123456789012:role/GpuAdmins,alice|"
+    logical_id, field = getatt["Fn::GetAtt"]
+    assert field == "User.UserId"
+    lookup = template["Resources"][logical_id]
+    assert lookup["Type"] == "Custom::AWS"
+    create = json.dumps(lookup["Properties"]["Create"])
+    assert "getUser" in create
+    assert "alice" in create

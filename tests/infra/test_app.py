@@ -9,7 +9,7 @@ import pytest
 from calque import resources
 from infra import constants
 
-from .conftest import ADMINS, Synthesized, resources_of
+from .conftest import Synthesized, assert_admins_pinned, service_functions
 
 pytestmark = pytest.mark.infra
 
@@ -25,7 +25,9 @@ def test_app_synthesizes_both_stacks_without_credentials(synthesized: Synthesize
 
 def test_context_from_the_command_line_reaches_every_function(synthesized: Synthesized) -> None:
     # Given -c calque:admins=... passed to the CDK CLI
-    functions = resources_of(synthesized.service_json, "AWS::Lambda::Function")
-    # Then every function reads the same admins
+    functions = service_functions(synthesized.service_json)
+    # Then every function reads the same admins, pinned where this account can look them up
     assert len(functions) == len(resources.FUNCTIONS)
-    assert {f["Properties"]["Environment"]["Variables"][resources.ENV_ADMINS] for f in functions} == {ADMINS}
+    values = [f["Properties"]["Environment"]["Variables"][resources.ENV_ADMINS] for f in functions]
+    assert all(v == values[0] for v in values)
+    assert_admins_pinned(values[0], synthesized.service_json)

@@ -11,7 +11,7 @@ from calque import resources
 from calque.settings import ApiSettings, HostTasksSettings, ReaperSettings
 from infra import constants
 
-from .conftest import ADMINS, Synthesized, resources_of
+from .conftest import Synthesized, assert_admins_pinned, resources_of, service_functions
 
 pytestmark = pytest.mark.infra
 
@@ -19,7 +19,7 @@ SETTINGS_OF = {"api": ApiSettings, "host_tasks": HostTasksSettings, "reaper": Re
 
 
 def _functions_by_handler(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {f["Properties"]["Handler"]: f for f in resources_of(template, "AWS::Lambda::Function")}
+    return {f["Properties"]["Handler"]: f for f in service_functions(template)}
 
 
 def _logical_id_of(template: dict[str, Any], resource: dict[str, Any]) -> str:
@@ -116,14 +116,19 @@ def test_each_function_gets_every_setting_it_requires(synthesized: Synthesized, 
     # Then every required variable is set, so the function starts instead of failing validation
     assert required <= set(variables), f"{definition.id} lacks {required - set(variables)}"
     # And the admins and session TTL chosen at deploy time reach it
-    assert variables[resources.ENV_ADMINS] == ADMINS
+    assert_admins_pinned(variables[resources.ENV_ADMINS], synthesized.service_json)
     assert variables[ApiSettings.model_fields["session_ttl_max_s"].alias] == str(12 * 3600)
 
 
 def test_functions_log_only_to_their_own_log_groups(synthesized: Synthesized) -> None:
     # Given the functions' roles
     roles = resources_of(synthesized.service_json, "AWS::IAM::Role")
-    lambda_roles = [r for r in roles if "lambda.amazonaws.com" in json.dumps(r["Properties"])]
+    lambda_roles = [
+        r
+        for r in roles
+        if "lambda.amazonaws.com" in json.dumps(r["Properties"])
+        and str(r["Properties"].get("Description", "")).startswith("calque ")
+    ]
     # Then none carries an AWS managed policy: its log permissions name its own group
     assert len(lambda_roles) == len(resources.FUNCTIONS)
     assert all("ManagedPolicyArns" not in r["Properties"] for r in lambda_roles)

@@ -273,6 +273,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reason", help="recorded on each session a forced drain ends")
     p.set_defaults(func=_drain)
 
+    p = group.add_parser(
+        "deregister",
+        help="forget a host (admins); refused while sessions live there unless --force; history kept",
+    )
+    p.add_argument("instance_id", metavar="I")
+    p.add_argument(
+        "--force", action="store_true", help="end the sessions still live there (reason: deregistered)"
+    )
+    p.add_argument("--reason", help="recorded on each session a forced deregistration ends")
+    p.set_defaults(func=_deregister)
+
 
 def _register(ctx: Any, args: argparse.Namespace) -> None:
     layouts = [
@@ -399,3 +410,22 @@ def do_drain(ctx: Any, *, instance_id: str, force: bool = False, reason: str | N
     host = ctx.client().request("POST", f"/v1/hosts/{quote(instance_id, safe='')}/drain", body)
     note = f"Host {host.get('instance_id')} is {host.get('state')}: no new sessions are placed there."
     ctx.emit(host, text=note + "\n\n" + render_host(host))
+
+
+def _deregister(ctx: Any, args: argparse.Namespace) -> None:
+    do_deregister(ctx, instance_id=args.instance_id, force=args.force, reason=args.reason)
+
+
+def do_deregister(ctx: Any, *, instance_id: str, force: bool = False, reason: str | None = None) -> None:
+    body: dict[str, Any] = {"force": force}
+    if reason:
+        body["reason"] = reason
+    out = ctx.client().request("DELETE", f"/v1/hosts/{quote(instance_id, safe='')}", body)
+    ended = out.get("ended_sessions") or []
+    note = (
+        f"Host {out.get('instance_id')} is deregistered (it was {out.get('previous_state')}); "
+        "its history is kept."
+    )
+    if ended:
+        note += f" Ended {len(ended)} session(s): {', '.join(ended)}; their slices are being reclaimed."
+    ctx.emit(out, text=note)

@@ -1,4 +1,5 @@
-"""Tenancy hosts: register (admin), list, show, drain (admin), and the host agent's report."""
+"""Tenancy hosts: register (admin), list, show, drain and deregister (admin), and the host
+agent's report (the host role, for its own instance only)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from aws_lambda_powertools.event_handler.openapi.params import Body
 from aws_lambda_powertools.metrics import MetricUnit
 
 from calque.contracts.agent import AgentReport
-from calque.contracts.tenancy import DrainRequest, Host, HostRegistration, ReportAccepted
-from calque.errors import Forbidden
-from calque.settings import api_settings
+from calque.contracts.tenancy import (
+    DeregisterRequest,
+    DrainRequest,
+    Host,
+    HostDeregistered,
+    HostRegistration,
+    ReportAccepted,
+)
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
-from functions.api.context import admin, admin_only, caller, guarded, require_instance_role
+from functions.api.context import admin, admin_only, caller, guarded, host_caller, require_instance_role
 
 router = Router()
 logger = observability.logger("api")
@@ -25,7 +31,8 @@ metrics = observability.metrics("api")
 @admin_only
 def register_host(body: HostRegistration) -> Host:
     who = admin(router)
-    host = api_tenancy().register_host(who, body)
+    # A failed host may be registered again (with a corrected layout).
+    host = api_tenancy().lifecycle().register(who, body)
     logger.info("host registered", extra={"instance_id": host.instance_id, "slices": len(host.slices)})
     metrics.add_metric(name="HostsRegistered", unit=MetricUnit.Count, value=1)
     return host
@@ -51,14 +58,29 @@ def drain_host(instance_id: str, body: Annotated[DrainRequest | None, Body()] = 
     return host
 
 
+@router.delete("/hosts/<instance_id>")
+@admin_only
+def deregister_host(
+    instance_id: str, body: Annotated[DeregisterRequest | None, Body()] = None
+) -> HostDeregistered:
+    who = admin(router)
+    body = body or DeregisterRequest()
+    out = api_tenancy().lifecycle().deregister(who, instance_id, force=body.force, reason=body.reason)
+    logger.info(
+        "host deregistered",
+        extra={"instance_id": instance_id, "force": body.force, "ended_sessions": out.ended_sessions},
+    )
+    metrics.add_metric(name="HostsDeregistered", unit=MetricUnit.Count, value=1)
+    return out
+
+
 @router.post("/hosts/<instance_id>/report")
 @guarded(require_instance_role)
 def host_report(instance_id: str, body: AgentReport) -> ReportAccepted:
-    who = caller(router)
-    if who.role != api_settings().host_role_name or who.role_session != instance_id:
-        raise Forbidden(
-            f"only {instance_id}'s own instance role may report for it", details={"principal": who.principal}
-        )
-    out = api_tenancy().report(instance_id, body)
-    logger.info("host report", extra={"instance_id": instance_id, "verb": body.verb, "freed": out.freed})
+    host_caller(router, instance_id)
+    out = api_tenancy().lifecycle().report(instance_id, body)
+    logger.info(
+        "host report",
+        extra={"instance_id": instance_id, "verb": body.verb, "freed": out.freed, "state": out.host_state},
+    )
     return out

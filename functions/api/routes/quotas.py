@@ -1,6 +1,13 @@
-"""Quotas: set (admin), show (a member: only their own). "me" names the caller in both."""
+"""Quotas: set (admin), show (a member: only their own). "me" names the caller in both.
+
+An assumed-role member is ``ROLE/SESSION``: the CLI sends the slash as ``%2F``, which API
+Gateway's REST proxy passes on still encoded in ``path``; a client that sends a bare slash
+reaches the two-segment route. Both name the same member.
+"""
 
 from __future__ import annotations
+
+from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
@@ -21,9 +28,21 @@ def _named(user: str, who: Caller) -> str:
     return who.principal if user == ME else user
 
 
+@router.put("/quotas/<role>/<session>")
+@admin_only
+def set_role_session_quota(role: str, session: str, body: QuotaUpdate) -> Quota:
+    return set_quota(f"{role}/{session}", body)
+
+
+@router.get("/quotas/<role>/<session>")
+def show_role_session_quota(role: str, session: str) -> Quota:
+    return show_quota(f"{role}/{session}")
+
+
 @router.put("/quotas/<user>")
 @admin_only
 def set_quota(user: str, body: QuotaUpdate) -> Quota:
+    user = unquote(user)
     who = admin(router)
     user = _named(user, who)
     quota = api_tenancy().set_quota(who, user, body)
@@ -33,5 +52,6 @@ def set_quota(user: str, body: QuotaUpdate) -> Quota:
 
 @router.get("/quotas/<user>")
 def show_quota(user: str) -> Quota:
+    user = unquote(user)
     who = caller(router)
     return api_tenancy().get_quota(who, _named(user, who))

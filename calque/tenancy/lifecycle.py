@@ -1,0 +1,212 @@
+"""Layer 2, the host lifecycle an operator needs: deregister a host, register a failed one
+again with a corrected layout, fail an apply that never reports, and fail a host whose
+GPUs are not what its declared instance type carries.
+
+Works through the tenancy service's registry and its one way of ending a session, so
+a session ended here is recorded, counted and reclaimed exactly as any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from calque import catalog
+from calque.contracts.agent import AgentReport, GpuReport
+from calque.contracts.tenancy import (
+    INSTANCE_ID_PATTERN,
+    Host,
+    HostDeregistered,
+    HostRegistration,
+    ReportAccepted,
+)
+from calque.errors import Conflict, NotFound
+from calque.identity import Caller
+from calque.registry.models import HostRecord
+from calque.registry.ports import StaleWrite
+
+if TYPE_CHECKING:
+    from calque.tenancy.service import Tenancy
+
+# Hosts in these states may be registered again: the failed one with a corrected layout.
+REREGISTERABLE = frozenset({"failed"})
+# NVML reports a little less total memory than a card's nominal size (ECC, reserved
+# memory): an L40S 46068 MiB of 48 GiB, an H100 81559 MiB of 80 GiB. Outside this band
+# the GPU is another card.
+MEMORY_BAND = (0.85, 1.10)
+DEREGISTER_TRIES = 3
+
+
+@dataclass
+class StalledApplies:
+    failed: list[str] = field(default_factory=list)
+
+
+def inventory_mismatch(
+    instance_type: str, gpus: Sequence[GpuReport], reported_type: str | None
+) -> str | None:
+    """Why the GPUs an agent found are not those of ``instance_type``; None when they are."""
+    itype = catalog.instance_type(instance_type)
+    card = itype.card
+    if reported_type and reported_type != itype.name:
+        return f"the instance reports itself as {reported_type}, but it was registered as {itype.name}"
+    if len(gpus) != itype.gpu_count:
+        return (
+            f"the host agent found {len(gpus)} GPU(s), but {itype.name} has {itype.gpu_count} {card.name}; "
+            "register it with its real instance type"
+        )
+    nominal_mib = card.memory_gib * 1024
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if gpu.name not in card.nvml_names:
+            known = catalog.card_for_nvml_name(gpu.name)
+            what = f"{gpu.name} ({known.name})" if known and known.name != gpu.name else gpu.name
+            return (
+                f"GPU {gpu.index} is {what}, but {itype.name} has {card.name}; "
+                "register it with its real instance type"
+            )
+        lo, hi = MEMORY_BAND
+        if not lo * nominal_mib <= gpu.memory_mib <= hi * nominal_mib:
+            return (
+                f"GPU {gpu.index} has {gpu.memory_mib} MiB of memory, but a {card.name} has "
+                f"{card.memory_gib:g} GiB"
+            )
+    return None
+
+
+class HostLifecycle:
+    def __init__(self, tenancy: Tenancy, *, apply_timeout_s: int = 900) -> None:
+        self.tenancy = tenancy
+        self.registry = tenancy.registry
+        self.apply_timeout_s = apply_timeout_s
+
+    # ---- register again ---------------------------------------------------------------------
+
+    def register(self, who: Caller, req: HostRegistration) -> Host:
+        """Register a host; one that is ``failed`` is forgotten first and registered anew."""
+        existing = self.registry.get_host(req.instance_id)
+        if existing is not None and existing.state in REREGISTERABLE:
+            # Changed meanwhile (another registration won): the create below decides.
+            with contextlib.suppress(StaleWrite):
+                self.registry.delete_host(existing, self.registry.slices(req.instance_id))
+        return self.tenancy.register_host(who, req)
+
+    # ---- deregister -------------------------------------------------------------------------
+
+    def deregister(
+        self, who: Caller, instance_id: str, *, force: bool, reason: str | None
+    ) -> HostDeregistered:
+        """Forget a host. Refused while sessions live there unless forced; forced, each is
+        ended (reason ``deregistered``, recorded) and its slice reclaimed on the host."""
+        host = self._host(instance_id)
+        previous = host.state
+        ended: list[str] = []
+        for _try in range(DEREGISTER_TRIES):
+            slices = self.registry.slices(instance_id)
+            held = [s for s in slices if s.state == "held"]
+            if held and not force:
+                raise Conflict(
+                    f"{len(held)} session(s) still live on {instance_id}; end them first or deregister "
+                    "with force",
+                    code="host_has_live_sessions",
+                    details={"instance_id": instance_id, "live_sessions": [s.session_id for s in held]},
+                )
+            # Out of placement first, so no check-out wins a slice while the rest happens.
+            for sl in slices:
+                if sl.state == "free" and sl.placeable:
+                    self.registry.set_placeable(sl, False)
+            now = self.tenancy.clock()
+            for sl in held:
+                session = self.registry.get_session(sl.session_id) if sl.session_id else None
+                if session is None or session.state != "live":
+                    continue
+                try:
+                    self.tenancy.end_session(
+                        session,
+                        at=now,
+                        reason="deregistered",
+                        kind="deregistered",
+                        by=who.principal,
+                        note=reason or f"host {instance_id} was deregistered",
+                    )
+                    ended.append(session.session_id)
+                except StaleWrite:
+                    continue  # ended meanwhile (check-in, expiry): its own reclaim is under way
+            try:
+                self.registry.delete_host(host, self.registry.slices(instance_id))
+                return HostDeregistered(
+                    instance_id=instance_id, previous_state=previous, ended_sessions=ended
+                )
+            except StaleWrite:
+                host = self._host(instance_id)
+        raise Conflict(
+            f"host {instance_id} kept changing while it was being deregistered; try again",
+            code="host_changed",
+            details={"instance_id": instance_id},
+        )
+
+    # ---- reports ----------------------------------------------------------------------------
+
+    def report(self, instance_id: str, report: AgentReport) -> ReportAccepted:
+        """A host agent's report: a pending host whose GPUs are not its instance type's is
+        failed with the reason, and none of its slices is offered; otherwise as usual."""
+        host = self.registry.get_host(instance_id)
+        if host is not None and host.state == "pending" and report.instance_id == instance_id and report.gpus:
+            why = inventory_mismatch(host.instance_type, report.gpus, report.instance_type)
+            if why is not None:
+                host = self._move(host, "failed", why)
+                return ReportAccepted(
+                    instance_id=instance_id,
+                    host_state=host.state,
+                    ignored=[s.slice_id for s in report.slices],
+                )
+        return self.tenancy.report(instance_id, report)
+
+    # ---- the reaper -------------------------------------------------------------------------
+
+    def fail_stalled_applies(self) -> StalledApplies:
+        """Hosts still ``pending`` past the apply timeout: the SSM command was not delivered,
+        or the agent died before reporting. Failed with the reason, never pending forever."""
+        now = self.tenancy.clock()
+        cutoff = now - timedelta(seconds=self.apply_timeout_s)
+        out = StalledApplies()
+        for host in self.registry.list_hosts():
+            if host.state != "pending" or host.state_since > cutoff:
+                continue
+            why = (
+                f"the host agent did not report the layout's apply within {self.apply_timeout_s} s "
+                "(the SSM command was not delivered, or the agent stopped); check the instance's SSM "
+                "agent and register it again"
+            )
+            try:
+                self.registry.set_host_state(
+                    host.instance_id, "failed", reason=why, at=now, expect={"pending"}
+                )
+                out.failed.append(host.instance_id)
+            except StaleWrite:
+                continue  # its report arrived meanwhile
+        return out
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _host(self, instance_id: str) -> HostRecord:
+        known = re.fullmatch(INSTANCE_ID_PATTERN, instance_id)
+        host = self.registry.get_host(instance_id) if known else None
+        if host is None:
+            raise NotFound(f"no host {instance_id} is registered", details={"instance_id": instance_id})
+        return host
+
+    def _move(self, host: HostRecord, state: str, reason: str) -> HostRecord:
+        try:
+            return self.registry.set_host_state(
+                host.instance_id,
+                state,  # type: ignore[arg-type]
+                reason=reason,
+                at=self.tenancy.clock(),
+                expect={host.state},
+            )
+        except StaleWrite:
+            return self._host(host.instance_id)
