@@ -22,7 +22,7 @@ metrics = observability.metrics("api")
 
 def _idempotency_key() -> str | None:
     """The client request id (``Idempotency-Key``) a retried or replayed write carries."""
-    value = router.current_event.get_header_value(IDEMPOTENCY_HEADER, case_sensitive=False)
+    value = router.current_event.headers.get(IDEMPOTENCY_HEADER)  # case-insensitive
     return None if value is None else str(value)
 
 
