@@ -15,6 +15,7 @@ from calque.settings import api_settings
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import admin, caller
+from functions.api.routes.sessions import idempotency_key
 
 router = Router()
 logger = observability.logger("api")
@@ -24,7 +25,7 @@ metrics = observability.metrics("api")
 @router.post("/hosts", status_code=201)
 def register_host(body: HostRegistration) -> Host:
     who = admin(router)
-    host = api_tenancy().register_host(who, body)
+    host = api_tenancy().register_host(who, body, idempotency_key=idempotency_key(router))
     logger.info("host registered", extra={"instance_id": host.instance_id, "slices": len(host.slices)})
     metrics.add_metric(name="HostsRegistered", unit=MetricUnit.Count, value=1)
     return host

@@ -51,3 +51,15 @@ def test_a_malformed_key_is_refused_naming_the_header(api):
     assert (bad.status, bad.code) == (400, "invalid_idempotency_key")
     assert bad.body["error"]["details"]["field"] == "Idempotency-Key"
     assert api.items() == before
+
+
+def test_a_resent_registration_answers_the_host_and_queues_one_apply(api):
+    body = {"instance_id": "i-0feedbeef0001", "instance_type": "g7e.2xlarge"}
+    key = {"Idempotency-Key": "register-key-0001"}
+    first = api("POST", "/v1/hosts", body, who="admin", headers=key)
+    again = api("POST", "/v1/hosts", body, who="admin", headers=key)
+    other = api("POST", "/v1/hosts", body, who="admin", headers={"Idempotency-Key": "register-key-0002"})
+    assert (first.status, again.status) == (201, 201)
+    assert again.body["instance_id"] == first.body["instance_id"]
+    assert (other.status, other.code) == (409, "already_registered")
+    assert [t["kind"] for t in api.tasks()] == ["apply"]
