@@ -196,6 +196,8 @@ class ExtendRequest(Request):
     ttl_seconds: int = Field(gt=0, le=TTL_SECONDS_LIMIT, description="seconds added to the current expiry")
     expected_expires_at: datetime | None = Field(
         default=None,
+        # JSON has no date type: an ISO 8601 string is what a strict request may send here.
+        strict=False,
         description=(
             "the expiry this extends from (as last read); if the session's expiry differs, "
             "nothing is added (409 session_changed): a replayed extend never adds twice"

@@ -41,6 +41,11 @@ _SER = TypeSerializer()
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
 _PROFILE_CACHE: dict[tuple[str, str, str], tuple[float, list[float]]] = {}
 PROFILE_CACHE_S = 300.0
+# (table, backend, floor) -> (valid until, the smallest fitting size that filled a page).
+# Saves the first placement page for a few seconds; a smaller size that frees up in that
+# window is read again once the hint expires.
+_TIER_HINTS: dict[tuple[str, str, str], tuple[float, str]] = {}
+TIER_HINT_S = 10.0
 _DES = TypeDeserializer()
 
 # How long an ended session's record stays before DynamoDB TTL may collect it.
@@ -484,7 +489,23 @@ class DynamoRegistry(DynamoGroups):
             floor = None
         else:
             tier, floor = None, keys.memory_key(min_memory_gib or 0)
-        return spread.read_free(query, floor=floor, tier=tier, start=start, limit=limit)
+        hint_key = (self.table, backend, floor or "")
+        hint = _TIER_HINTS.get(hint_key)
+        fresh = hint is not None and hint[0] > time.monotonic()
+        found, large = spread.read_free(
+            query,
+            floor=floor,
+            tier=tier,
+            start=start,
+            limit=limit,
+            hint=hint[1] if fresh and hint and tier is None else None,
+        )
+        if tier is None:
+            if large is None:
+                _TIER_HINTS.pop(hint_key, None)
+            elif not fresh:
+                _TIER_HINTS[hint_key] = (time.monotonic() + TIER_HINT_S, large)
+        return found
 
     def grant(
         self,

@@ -215,7 +215,7 @@ class MemoryRegistry(MemoryGroups):
             floor = None
         else:
             tier, floor = None, keys.memory_key(min_memory_gib or 0)
-        return spread.read_free(query, floor=floor, tier=tier, start=start, limit=limit)
+        return spread.read_free(query, floor=floor, tier=tier, start=start, limit=limit)[0]
 
     def grant(
         self,

@@ -28,6 +28,8 @@ class HostRecord(_Record):
     registered_by: str
     state_since: datetime
     state_reason: str | None = None
+    # The registration's client request id (hashed): its replay answers this host.
+    register_request: str | None = None
 
 
 class SliceRecord(_Record):

@@ -17,11 +17,18 @@ from calque.errors import Conflict, InvalidInput
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, SliceRecord
 from calque.registry.ports import AlreadyExists, StaleWrite
+from calque.tenancy import requests
 from calque.tenancy.core import TenancyCore
 
 
 class HostsMixin(TenancyCore):
-    def register_host(self, who: Caller, req: HostRegistration) -> Host:
+    def register_host(
+        self, who: Caller, req: HostRegistration, *, idempotency_key: str | None = None
+    ) -> Host:
+        """Register a running instance. With a client request id, a replay of the
+        registration that created the host answers the host instead of a conflict."""
+        key = requests.check_key(idempotency_key)
+        rid = requests.request_id(who.principal, key) if key else None
         itype = catalog.instance_type(req.instance_type)
         spec = req.layout or planner.default_layout(itype)
         try:
@@ -50,6 +57,7 @@ class HostsMixin(TenancyCore):
             registered_at=now,
             registered_by=who.principal,
             state_since=now,
+            register_request=rid,
         )
         card_gib = itype.card.memory_gib
         slices = [
@@ -70,6 +78,9 @@ class HostsMixin(TenancyCore):
         try:
             self.registry.create_host(host, slices)
         except AlreadyExists:
+            existing = self.registry.get_host(req.instance_id)
+            if rid is not None and existing is not None and existing.register_request == rid:
+                return self._host_view(who, existing, self.registry.slices(req.instance_id))
             raise Conflict(
                 f"host {req.instance_id} is already registered",
                 code="already_registered",

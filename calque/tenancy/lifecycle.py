@@ -85,14 +85,14 @@ class HostLifecycle:
 
     # ---- register again ---------------------------------------------------------------------
 
-    def register(self, who: Caller, req: HostRegistration) -> Host:
+    def register(self, who: Caller, req: HostRegistration, *, idempotency_key: str | None = None) -> Host:
         """Register a host; one that is ``failed`` is forgotten first and registered anew."""
         existing = self.registry.get_host(req.instance_id)
         if existing is not None and existing.state in REREGISTERABLE:
             # Changed meanwhile (another registration won): the create below decides.
             with contextlib.suppress(StaleWrite):
                 self.registry.delete_host(existing, self.registry.slices(req.instance_id))
-        return self.tenancy.register_host(who, req)
+        return self.tenancy.register_host(who, req, idempotency_key=idempotency_key)
 
     # ---- deregister -------------------------------------------------------------------------
 

@@ -122,6 +122,9 @@ class SessionsMixin(TenancyCore):
                 self._check_quota(user, quota, used, force=True)
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)
+        # A user at their quota is told that first: freeing a slice would not help them.
+        quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
+        self._check_quota(user, quota, used)
         raise self._refusal(req, lost=lost, tries=tries)
 
     def _replay(self, who: Caller, key: str | None, fingerprint: str, now: datetime) -> None:

@@ -21,6 +21,7 @@ from calque.contracts.tenancy import (
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import admin, admin_only, caller, guarded, host_caller, require_instance_role
+from functions.api.routes.sessions import idempotency_key
 
 router = Router()
 logger = observability.logger("api")
@@ -32,7 +33,7 @@ metrics = observability.metrics("api")
 def register_host(body: HostRegistration) -> Host:
     who = admin(router)
     # A failed host may be registered again (with a corrected layout).
-    host = api_tenancy().lifecycle().register(who, body)
+    host = api_tenancy().lifecycle().register(who, body, idempotency_key=idempotency_key(router))
     logger.info("host registered", extra={"instance_id": host.instance_id, "slices": len(host.slices)})
     metrics.add_metric(name="HostsRegistered", unit=MetricUnit.Count, value=1)
     return host

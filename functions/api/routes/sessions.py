@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.api_gateway import BaseRouter, Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -20,15 +20,15 @@ logger = observability.logger("api")
 metrics = observability.metrics("api")
 
 
-def _idempotency_key() -> str | None:
+def idempotency_key(on: BaseRouter) -> str | None:
     """The client request id (``Idempotency-Key``) a retried or replayed write carries."""
-    value = router.current_event.get_header_value(IDEMPOTENCY_HEADER, case_sensitive=False)
+    value = on.current_event.headers.get(IDEMPOTENCY_HEADER)  # case-insensitive
     return None if value is None else str(value)
 
 
 @router.post("/sessions", status_code=201)
 def checkout(body: CheckoutRequest) -> SessionGrant:
-    grant = api_tenancy().checkout(caller(router), body, idempotency_key=_idempotency_key())
+    grant = api_tenancy().checkout(caller(router), body, idempotency_key=idempotency_key(router))
     logger.info(
         "checked out",
         extra={"session_id": grant.session_id, "slice": f"{grant.instance_id}/{grant.slice_id}"},
@@ -58,7 +58,7 @@ def show_session(session_id: str) -> Session:
 @router.delete("/sessions/<session_id>")
 def checkin(session_id: str, body: Annotated[CheckinRequest | None, Body()] = None) -> Session:
     req = body or CheckinRequest()
-    ended = api_tenancy().checkin(caller(router), session_id, req, idempotency_key=_idempotency_key())
+    ended = api_tenancy().checkin(caller(router), session_id, req, idempotency_key=idempotency_key(router))
     logger.info("checked in", extra={"session_id": session_id, "end_reason": ended.end_reason})
     metrics.add_metric(name="SessionsCheckedIn", unit=MetricUnit.Count, value=1)
     return ended
@@ -66,6 +66,6 @@ def checkin(session_id: str, body: Annotated[CheckinRequest | None, Body()] = No
 
 @router.post("/sessions/<session_id>/extend")
 def extend(session_id: str, body: ExtendRequest) -> Session:
-    session = api_tenancy().extend(caller(router), session_id, body, idempotency_key=_idempotency_key())
+    session = api_tenancy().extend(caller(router), session_id, body, idempotency_key=idempotency_key(router))
     logger.info("extended", extra={"session_id": session_id, "expires_at": session.expires_at.isoformat()})
     return session

@@ -61,6 +61,7 @@ class Api:
         who: str = "alice",
         query: dict[str, str] | None = None,
         raw_body: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Reply:
         from functions.api.handler import lambda_handler
 
@@ -69,7 +70,7 @@ class Api:
             "resource": path,
             "path": path,
             "httpMethod": method,
-            "headers": {"Content-Type": "application/json"},
+            "headers": {"Content-Type": "application/json", **(headers or {})},
             "multiValueHeaders": {},
             "queryStringParameters": query,
             "multiValueQueryStringParameters": ({k: [v] for k, v in query.items()} if query else None),

@@ -8,6 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from calque.registry import dynamo
 from calque.registry.dynamo import DynamoRegistry
 from calque.registry.memory import MemoryQueue
 from calque.tenancy.service import Tenancy, TenancyConfig
@@ -27,6 +28,9 @@ class CallCounter:
 @pytest.fixture
 def dynamo_world(monkeypatch: pytest.MonkeyPatch):
     """The same World as the domain's unit tests, on the DynamoDB adapter."""
+    # Per-process placement caches must not carry one test's fleet into the next.
+    dynamo._TIER_HINTS.clear()
+    dynamo._PROFILE_CACHE.clear()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():

@@ -304,3 +304,22 @@ def test_reclaim_tasks_are_sent_in_batches_of_ten(monkeypatch):
                 Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)],
             )
         assert len(got) == 25
+
+
+def test_once_the_smallest_size_is_known_to_be_big_a_checkout_is_one_query_and_one_transaction(
+    dynamo_world: World,
+):
+    # Given 10 hosts (40 free 1g.24gb slices) and a first check-out that found that size
+    world = dynamo_world
+    for n in range(10):
+        world.ready_host(f"i-{n:08x}")
+    world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
+    world.counter.calls.clear()
+    # When another member checks out the same way
+    grant = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", min_memory_gib=20))
+    # Then it read the size from its own random point at once: one query (two when it
+    # wrapped around the end of the size), then the transaction
+    assert grant.profile == "1g.24gb"
+    *reads, write = world.counter.calls
+    assert write == "TransactWriteItems"
+    assert reads in (["Query"], ["Query", "Query"])
