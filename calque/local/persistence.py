@@ -133,6 +133,7 @@ class Restored:
     journal_records: int = 0
     dropped_records: int = 0
     resumed_commands: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what could not come back, one line each
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -369,15 +370,19 @@ class Persistence:
                 )
                 continue
             for saved in messages:
-                m = backend.send_message(
-                    name,
-                    saved["body"],
-                    message_attributes=saved.get("message_attributes") or {},
-                    deduplication_id=saved.get("deduplication_id"),
-                    group_id=saved.get("group_id"),
-                    system_attributes=saved.get("system_attributes") or {},
-                    validate_group_id=False,
-                )
+                try:
+                    m = backend.send_message(
+                        name,
+                        saved["body"],
+                        message_attributes=saved.get("message_attributes") or {},
+                        deduplication_id=saved.get("deduplication_id"),
+                        group_id=saved.get("group_id"),
+                        system_attributes=saved.get("system_attributes") or {},
+                        validate_group_id=False,
+                    )
+                except Exception as exc:
+                    out.problems.append(f"a message of queue {name} could not be restored: {exc}")
+                    continue
                 m.id = saved["id"]
                 m.approximate_receive_count = saved.get("receive_count") or 0
                 m.approximate_first_receive_timestamp = saved.get("first_receive_timestamp")
@@ -435,8 +440,18 @@ class Persistence:
             if saved.get("client_token"):
                 kwargs["ClientToken"] = saved["client_token"]
             # moto names every new instance at random; this one takes back its own id
-            with mock.patch("moto.ec2.models.instances.random_instance_id", return_value=saved["id"]):
-                ec2.run_instances(**kwargs)
+            try:
+                with mock.patch("moto.ec2.models.instances.random_instance_id", return_value=saved["id"]):
+                    try:
+                        ec2.run_instances(**kwargs)
+                    except Exception:  # e.g. an AMI this moto no longer ships: any image will do
+                        from calque.local.hosts import _image_id
+
+                        kwargs.pop("Placement", None)
+                        ec2.run_instances(**{**kwargs, "ImageId": _image_id(ec2)})
+            except Exception as exc:
+                out.problems.append(f"instance {saved['id']} could not be restored: {exc}")
+                continue
             state = saved.get("state")
             if state in ("stopping", "stopped"):
                 ec2.stop_instances(InstanceIds=[saved["id"]])
@@ -475,7 +490,12 @@ class Persistence:
         backend = self._ssm_backend()
         for saved in doc["commands"]:
             command = Command(self.account, backend_region=self.region)
-            vars(command).update(saved)
+            try:
+                vars(command).update(saved)
+                command.command_id = str(saved["command_id"])
+            except (KeyError, TypeError) as exc:
+                out.problems.append(f"an SSM command record could not be restored: {exc}")
+                continue
             backend._commands.append(command)
             out.commands += 1
             for inv in saved.get("invocations") or []:
@@ -539,7 +559,11 @@ class Persistence:
                 s3.create_bucket(Bucket=bucket)
             index: dict[str, str] = {}
             for f in sorted(bdir.glob("*.json")):
-                meta = json.loads(f.read_bytes())
+                try:
+                    meta = json.loads(f.read_bytes())
+                except ValueError as exc:
+                    out.problems.append(f"object file {f} could not be read: {exc}")
+                    continue
                 headers = meta.get("metadata") or {}
                 s3.put_object(
                     Bucket=bucket,
