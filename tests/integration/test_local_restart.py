@@ -115,6 +115,13 @@ def test_a_clean_stop_and_start_gives_back_hosts_sessions_and_tokens(tmp_path):
         shown = plane.request("GET", "/v1/quotas/bob", profile="admin")
         assert shown.status == 200
         assert shown.json()["max_sessions"] == 3
+        # And SIGTERM is a clean stop too: everything is in the snapshot, the journal is empty
+        last = registry_snapshot(plane)
+        assert stop_local_plane(plane, signal.SIGTERM) == 0
+        assert (state_dir / "aws" / "dynamodb.journal").read_bytes() == b""
+        snapshot = json.loads((state_dir / "aws" / "dynamodb.snapshot.json").read_bytes())
+        saved = snapshot["tables"][plane.info["table"]]
+        assert sorted(saved, key=lambda i: (str(i.get("pk")), str(i.get("sk")))) == last
     finally:
         stop_local_plane(plane)
 
