@@ -129,7 +129,7 @@ class LocalAwsApp:
         if target:
             headers["X-Amz-Target"] = target
         environ = EnvironBuilder(
-            path=path, method=method, data=body, headers=headers, base_url="http://127.0.0.1"
+            path=path, method=method, data=body, headers=list(headers.items()), base_url="http://127.0.0.1"
         ).get_environ()
         out, (status, _headers, _exc) = self._buffered(environ, None)
         return int(status.split()[0]), out[0]

@@ -26,8 +26,8 @@ then both are compacted into a new snapshot; a running plane compacts every
 ``COMPACT_EVERY`` writes and at a clean stop. A snapshot records the last sequence number
 it includes, so a crash between writing it and emptying the journal replays nothing twice.
 
-SQS, EC2, SSM and S3 are small: after each call that changed one, its whole state is
-read and written (to a temporary file, fsync'd, renamed) under that service's lock, so
+SQS, EC2, SSM and S3 are small (calque/local/moto_state.py): after each call that
+changed one, its whole state is read and written (to a temporary file, fsync'd, renamed) under that service's lock, so
 the file on disk is never older than an answer already given. Messages come back
 visible (a receipt handle given out before the stop is no longer valid, as after a
 visibility timeout), with their receive counts.
@@ -35,9 +35,7 @@ visibility timeout), with their receive counts.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -48,7 +46,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+
+from calque.local.moto_state import ServiceSnapshots, read_json, write_durably
 
 log = logging.getLogger("calque.local")
 
@@ -60,36 +59,6 @@ _DDB_TARGET = "DynamoDB_20120810."
 InternalCall = Callable[..., tuple[int, bytes]]
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durably(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
-    tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-
-
 _NOUNS = {
     "host": "host",
     "slice": "slice",
@@ -99,22 +68,6 @@ _NOUNS = {
     "event": "lease history event",
     "usage": "usage record",
 }
-# queue attributes a CreateQueue may set (the rest moto computes)
-_QUEUE_SETTABLE = frozenset(
-    {
-        "DelaySeconds",
-        "MaximumMessageSize",
-        "MessageRetentionPeriod",
-        "Policy",
-        "RedrivePolicy",
-        "ReceiveMessageWaitTimeSeconds",
-        "VisibilityTimeout",
-        "ContentBasedDeduplication",
-        "DeduplicationScope",
-        "FifoQueue",
-        "FifoThroughputLimit",
-    }
-)
 
 
 def _count(n: int, noun: str) -> str:
@@ -133,6 +86,7 @@ class Restored:
     journal_records: int = 0
     dropped_records: int = 0
     resumed_commands: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what could not come back, one line each
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -238,7 +192,7 @@ class Persistence:
         self.dynamo = DynamoJournal(directory)
         self._call: InternalCall | None = None
         self._locks = {name: threading.Lock() for name in ("sqs", "ec2", "ssm", "s3")}
-        self._s3_index: dict[str, dict[str, str]] = {}
+        self.services = ServiceSnapshots(directory, account=account, region=region)
         self.restoring = False
         self.active = False
 
@@ -289,7 +243,7 @@ class Persistence:
         return tables
 
     def _restore_dynamodb(self, out: Restored) -> None:
-        snapshot = _read_json(self.dynamo.snapshot_file) or {"seq": 0, "tables": {}}
+        snapshot = read_json(self.dynamo.snapshot_file) or {"seq": 0, "tables": {}}
         existing = set(self._ddb("ListTables", {}).get("TableNames", []))
         for name, items in snapshot.get("tables", {}).items():
             if name not in existing:
@@ -322,237 +276,24 @@ class Persistence:
                 if kind:
                     out.items[kind] += 1
 
-    # --- SQS --------------------------------------------------------------------------
-    def _sqs_backend(self) -> Any:
-        from moto.sqs.models import sqs_backends
-
-        return sqs_backends[self.account][self.region]
+    # --- SQS, EC2, SSM, S3: the whole service's state after each change -----------------
+    def _save(self, service: str) -> None:
+        if not self.active or self.restoring:
+            return
+        with self._locks[service]:
+            getattr(self.services, f"save_{service}")()
 
     def sqs_changed(self) -> None:
-        if not self.active or self.restoring:
-            return
-        with self._locks["sqs"]:
-            queues: dict[str, list[dict[str, Any]]] = {}
-            attributes: dict[str, dict[str, str]] = {}
-            for name, q in list(self._sqs_backend().queues.items()):
-                attributes[name] = {
-                    k: str(v) for k, v in q.attributes.items() if k in _QUEUE_SETTABLE and v not in (None, "")
-                }
-                queues[name] = [
-                    {
-                        "id": m.id,
-                        "body": m.body,
-                        "message_attributes": m.message_attributes,
-                        "system_attributes": m.system_attributes,
-                        "group_id": m.group_id,
-                        "deduplication_id": m.deduplication_id,
-                        "receive_count": m.approximate_receive_count,
-                        "sent_timestamp": m.sent_timestamp,
-                        "first_receive_timestamp": m.approximate_first_receive_timestamp,
-                    }
-                    for m in list(q._messages)
-                ]
-            doc = {"format": 1, "queues": queues, "attributes": attributes}
-            write_durably(self.dir / "sqs.json", json.dumps(doc).encode())
-
-    def _restore_sqs(self, sqs: Any, out: Restored) -> None:
-        doc = _read_json(self.dir / "sqs.json") or {"queues": {}}
-        backend = self._sqs_backend()
-        made_at_runtime = {n: a for n, a in (doc.get("attributes") or {}).items() if n not in backend.queues}
-        # dead-letter queues first: a queue's redrive policy names its DLQ
-        for name, attrs in sorted(made_at_runtime.items(), key=lambda na: "RedrivePolicy" in na[1]):
-            sqs.create_queue(QueueName=name, Attributes=attrs)
-        for name, messages in doc["queues"].items():
-            if name not in backend.queues:
-                log.warning(
-                    "restore: queue %s no longer exists; its %d messages are dropped", name, len(messages)
-                )
-                continue
-            for saved in messages:
-                m = backend.send_message(
-                    name,
-                    saved["body"],
-                    message_attributes=saved.get("message_attributes") or {},
-                    deduplication_id=saved.get("deduplication_id"),
-                    group_id=saved.get("group_id"),
-                    system_attributes=saved.get("system_attributes") or {},
-                    validate_group_id=False,
-                )
-                m.id = saved["id"]
-                m.approximate_receive_count = saved.get("receive_count") or 0
-                m.approximate_first_receive_timestamp = saved.get("first_receive_timestamp")
-                if saved.get("sent_timestamp"):
-                    m.sent_timestamp = saved["sent_timestamp"]
-                out.messages += 1
-
-    # --- EC2 --------------------------------------------------------------------------
-    def _ec2_backend(self) -> Any:
-        from moto.ec2.models import ec2_backends
-
-        return ec2_backends[self.account][self.region]
+        self._save("sqs")
 
     def ec2_changed(self) -> None:
-        if not self.active or self.restoring:
-            return
-        with self._locks["ec2"]:
-            instances = []
-            for i in list(self._ec2_backend().all_instances()):
-                instances.append(
-                    {
-                        "id": i.id,
-                        "instance_type": i.instance_type,
-                        "image_id": i.image_id,
-                        "zone": i.placement.zone,
-                        "state": i._state.name,
-                        "tags": {t["key"]: t["value"] for t in i.get_tags()},
-                        "client_token": i.client_token,
-                    }
-                )
-            write_durably(self.dir / "ec2.json", json.dumps({"format": 1, "instances": instances}).encode())
-
-    def _restore_ec2(self, ec2: Any, out: Restored) -> set[str]:
-        """Each saved instance again, under its own id, in its state; returns the ids."""
-        from unittest import mock
-
-        doc = _read_json(self.dir / "ec2.json") or {"instances": []}
-        back: set[str] = set()
-        for saved in doc["instances"]:
-            kwargs: dict[str, Any] = {
-                "ImageId": saved["image_id"],
-                "InstanceType": saved["instance_type"],
-                "MinCount": 1,
-                "MaxCount": 1,
-            }
-            if saved.get("zone"):
-                kwargs["Placement"] = {"AvailabilityZone": saved["zone"]}
-            if saved.get("tags"):
-                kwargs["TagSpecifications"] = [
-                    {
-                        "ResourceType": "instance",
-                        "Tags": [{"Key": k, "Value": v} for k, v in saved["tags"].items()],
-                    }
-                ]
-            if saved.get("client_token"):
-                kwargs["ClientToken"] = saved["client_token"]
-            # moto names every new instance at random; this one takes back its own id
-            with mock.patch("moto.ec2.models.instances.random_instance_id", return_value=saved["id"]):
-                ec2.run_instances(**kwargs)
-            state = saved.get("state")
-            if state in ("stopping", "stopped"):
-                ec2.stop_instances(InstanceIds=[saved["id"]])
-            elif state in ("shutting-down", "terminated"):
-                ec2.terminate_instances(InstanceIds=[saved["id"]])
-            back.add(saved["id"])
-            out.instances += 1
-        return back
-
-    # --- SSM --------------------------------------------------------------------------
-    def _ssm_backend(self) -> Any:
-        from moto.ssm.models import ssm_backends
-
-        return ssm_backends[self.account][self.region]
+        self._save("ec2")
 
     def ssm_changed(self) -> None:
-        if not self.active or self.restoring:
-            return
-        with self._locks["ssm"]:
-            commands = []
-            for c in list(self._ssm_backend()._commands):
-                fields = {}
-                for k, v in vars(c).items():
-                    try:
-                        json.dumps(v)
-                    except TypeError:
-                        continue
-                    fields[k] = v
-                commands.append(fields)
-            write_durably(self.dir / "ssm.json", json.dumps({"format": 1, "commands": commands}).encode())
-
-    def _restore_ssm(self, out: Restored) -> None:
-        from moto.ssm.models import Command
-
-        doc = _read_json(self.dir / "ssm.json") or {"commands": []}
-        backend = self._ssm_backend()
-        for saved in doc["commands"]:
-            command = Command(self.account, backend_region=self.region)
-            vars(command).update(saved)
-            backend._commands.append(command)
-            out.commands += 1
-            for inv in saved.get("invocations") or []:
-                if inv.get("Status") in ("Pending", "InProgress"):
-                    out.resumed_commands.append(
-                        (saved["command_id"], inv["InstanceId"], dict(saved.get("parameters") or {}))
-                    )
-
-    # --- S3 ---------------------------------------------------------------------------
-    def _s3_backend(self) -> Any:
-        from moto.s3.models import s3_backends
-
-        return s3_backends[self.account]["global"]
-
-    @staticmethod
-    def _object_name(key: str) -> str:
-        return hashlib.sha256(key.encode()).hexdigest()
+        self._save("ssm")
 
     def s3_changed(self) -> None:
-        if not self.active or self.restoring:
-            return
-        with self._locks["s3"]:
-            root = self.dir / "s3"
-            seen: dict[str, dict[str, str]] = {}
-            for bucket_name, bucket in list(self._s3_backend().buckets.items()):
-                bdir = root / quote(bucket_name, safe="")
-                bdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-                before = self._s3_index.get(bucket_name, {})
-                now: dict[str, str] = {}
-                for key in list(bucket.keys.keys()):
-                    obj = bucket.keys.get(key)
-                    if obj is None:
-                        continue
-                    name = self._object_name(key)
-                    now[key] = obj.etag
-                    if before.get(key) == obj.etag:
-                        continue
-                    meta = {
-                        "key": key,
-                        "metadata": {str(k).lower(): str(v) for k, v in obj.metadata.items()},
-                        "etag": obj.etag,
-                        "body": base64.b64encode(obj.value).decode(),
-                    }
-                    write_durably(bdir / f"{name}.json", json.dumps(meta).encode())
-                for gone in set(before) - set(now):
-                    with contextlib.suppress(FileNotFoundError):
-                        (bdir / f"{self._object_name(gone)}.json").unlink()
-                seen[bucket_name] = now
-            self._s3_index = seen
-
-    def _restore_s3(self, s3: Any, out: Restored) -> None:
-        root = self.dir / "s3"
-        if not root.is_dir():
-            return
-        from urllib.parse import unquote
-
-        existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
-        for bdir in sorted(p for p in root.iterdir() if p.is_dir()):
-            bucket = unquote(bdir.name)
-            if bucket not in existing:
-                s3.create_bucket(Bucket=bucket)
-            index: dict[str, str] = {}
-            for f in sorted(bdir.glob("*.json")):
-                meta = json.loads(f.read_bytes())
-                headers = meta.get("metadata") or {}
-                s3.put_object(
-                    Bucket=bucket,
-                    Key=meta["key"],
-                    Body=base64.b64decode(meta["body"]),
-                    ContentType=headers.get("content-type") or "binary/octet-stream",
-                    Metadata={
-                        k[len("x-amz-meta-") :]: v for k, v in headers.items() if k.startswith("x-amz-meta-")
-                    },
-                )
-                index[meta["key"]] = ""
-                out.objects += 1
-            self._s3_index[bucket] = index
+        self._save("s3")
 
     # --- the whole ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -570,10 +311,10 @@ class Persistence:
         out = Restored()
         with self.restoring_state():
             self._restore_dynamodb(out)
-            self._restore_sqs(clients.client("sqs"), out)
-            instances = self._restore_ec2(clients.client("ec2"), out)
-            self._restore_ssm(out)
-            self._restore_s3(clients.client("s3"), out)
+            self.services.restore_sqs(clients.client("sqs"), out)
+            instances = self.services.restore_ec2(clients.client("ec2"), out)
+            self.services.restore_ssm(out)
+            self.services.restore_s3(clients.client("s3"), out)
         self.active = True
         # what is on disk from here on is what the services hold now
         self.sqs_changed()

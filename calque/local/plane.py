@@ -132,6 +132,7 @@ class LocalPlane:
             # what the previous run held comes back before anything is served
             self.restored, instance_ids = self.persistence.restore(clients)
             self.state.forget_instances(keep=instance_ids)
+            self.warnings += self.restored.problems
             if self.restored.dropped_records:
                 self.warnings.append(
                     f"{self.restored.dropped_records} DynamoDB write(s) in flight when the plane last "

@@ -80,8 +80,12 @@ class SsmExecutor:
 
     def resume(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> None:
         """Run again a command the plane's last stop cut short on ``instance_id`` (the agent
-        converges, so running it twice is running it once)."""
-        self._queue_for(instance_id).put((command_id, {k: list(v) for k, v in params.items()}))
+        converges, so running it twice is running it once). It reports to this plane: the
+        address the plane had when it sent the command may have changed with the restart
+        (``--port 0``)."""
+        params = {k: list(v) for k, v in params.items()}
+        params[resources.SSM_DOCUMENT_PARAMETERS.report_to] = [self.report_to]
+        self._queue_for(instance_id).put((command_id, params))
 
     def _targets(self, request: dict[str, Any]) -> list[str]:
         ids = list(request.get("InstanceIds") or [])

@@ -280,12 +280,11 @@ def local_plane(tmp_path_factory: pytest.TempPathFactory):
                 proc.wait(timeout=10)
 
 
-def start_local_plane(
-    state_dir: Path, *, extra_env: dict[str, str] | None = None, log_name: str = "plane.log"
-) -> LocalPlaneHandle:
+def start_local_plane(state_dir: Path, *, extra_env: dict[str, str] | None = None) -> LocalPlaneHandle:
     """Another local plane on ``state_dir`` (e.g. the same one again after a stop), started as
-    the ``local_plane`` fixture starts its own; stop it with ``stop_local_plane``."""
-    log_path = state_dir.parent / f"{state_dir.name}-{log_name}"
+    the ``local_plane`` fixture starts its own, with a log of its own; stop it with
+    ``stop_local_plane``."""
+    log_path = state_dir.parent / f"{state_dir.name}-plane-{time.monotonic_ns()}.log"
     env = {k: v for k, v in os.environ.items() if k not in ("CALQUE_ENDPOINT", "AWS_PROFILE")}
     env.update(CALQUE_LOCAL_QUEUE_SCALE="0.02", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     env.update(extra_env or {})

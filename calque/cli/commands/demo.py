@@ -167,7 +167,7 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
         f"{itype.card.memory_gib:g} GiB)",
         f"calque local launch --instance-type {INSTANCE_TYPE}",
     )
-    ec2 = MotoClients(plane["moto_endpoint"], plane["region"]).client("ec2")
+    ec2 = MotoClients(plane["moto_endpoint"], plane["region"], state.plane_credentials()).client("ec2")
     host = launch(state, ec2, instance_type=INSTANCE_TYPE, host_role=plane["host_role"])
     iid = host.instance_id
     tour.note(f"{iid} is running")

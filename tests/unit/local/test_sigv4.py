@@ -112,3 +112,52 @@ def test_a_declared_payload_hash_must_match_the_body():
     good = _signed()
     headers = [*good.headers, ("X-Amz-Content-SHA256", "UNSIGNED-PAYLOAD")]
     _rejected(SignedRequest(good.method, good.raw_path, headers, good.body), "invalid_signature")
+
+
+def _signed_for(service: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> SignedRequest:
+    from botocore.auth import S3SigV4Auth
+
+    req = AWSRequest(method="PUT", url=f"http://{HOST}{path}", data=body, headers=headers or {})
+    signer = (S3SigV4Auth if service == "s3" else SigV4Auth)(
+        Credentials(BOB.access_key, "bob-secret"), service, "us-east-1"
+    )
+    signer.add_auth(req)
+    return SignedRequest("PUT", path, [*req.headers.items(), ("Host", HOST)], body)
+
+
+def test_the_moto_endpoint_verifies_the_services_it_stands_in_for():
+    # A DynamoDB-signed request passes where dynamodb is served, and not at the API's front
+    request = _signed_for("dynamodb", "/", b'{"TableName": "t"}')
+    assert verify(request, KEYS.get, "us-east-1", services=("dynamodb", "s3")) == BOB
+    with pytest.raises(SignatureRejected, match="execute-api"):
+        verify(request, KEYS.get, "us-east-1")
+
+
+def test_s3_signs_an_unnormalized_path_and_may_declare_an_unsigned_payload():
+    # S3 keys keep their dots and double slashes, and the payload hash is what the header declares
+    request = _signed_for(
+        "s3", "/bucket/a/../b//c.json", b"content", headers={"X-Amz-Content-SHA256": "UNSIGNED-PAYLOAD"}
+    )
+    assert verify(request, KEYS.get, "us-east-1", services=("s3",)) == BOB
+    # but only S3 accepts a payload hash that is not one
+    other = _signed_for("dynamodb", "/", b"{}")
+    tampered = SignedRequest(
+        other.method,
+        other.raw_path,
+        [(k, "UNSIGNED-PAYLOAD" if k.lower() == "x-amz-content-sha256" else v) for k, v in other.headers]
+        + (
+            []
+            if any(k.lower() == "x-amz-content-sha256" for k, _ in other.headers)
+            else [("X-Amz-Content-SHA256", "UNSIGNED-PAYLOAD")]
+        ),
+        other.body,
+    )
+    with pytest.raises(SignatureRejected):
+        verify(tampered, KEYS.get, "us-east-1", services=("dynamodb",))
+
+
+def test_a_signed_s3_body_must_match_its_declared_hash():
+    request = _signed_for("s3", "/bucket/key", b"what was signed")
+    swapped = SignedRequest(request.method, request.raw_path, request.headers, b"what was sent instead")
+    with pytest.raises(SignatureRejected, match="X-Amz-Content-SHA256"):
+        verify(swapped, KEYS.get, "us-east-1", services=("s3",))
