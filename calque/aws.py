@@ -43,3 +43,18 @@ def _client(service: str, region: str, endpoint: str | None) -> Any:
 def clear_caches() -> None:
     _client.cache_clear()
     _session.cache_clear()
+
+
+class LazyClient:
+    """A client made on its first use: a request that never calls the service never pays for it."""
+
+    def __init__(self, service: str, region: str | None = None) -> None:
+        self._service = service
+        self._region = region
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(client(self._service, self._region), name)
+
+
+def lazy_client(service: str, region: str | None = None) -> Any:
+    return LazyClient(service, region)

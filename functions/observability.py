@@ -1,13 +1,17 @@
 """Powertools Logger, Metrics and Tracer for every entry point, built lazily.
 
 The Tracer pulls in the X-Ray SDK (hundreds of milliseconds) when it is constructed,
-even with tracing disabled, so it is built on the first invocation rather than at
-import: importing an entry point stays cheap, and each function still runs under
-``inject_lambda_context`` / ``capture_lambda_handler`` / ``log_metrics``.
+even with tracing disabled. It is built on the first invocation, and only where
+tracing is on (in Lambda, not turned off by ``POWERTOOLS_TRACE_DISABLED``), patching
+only botocore (the one library the functions call out through): importing an entry
+point stays cheap, and a first request builds nothing it will not use. Each function
+still runs under ``inject_lambda_context`` / ``log_metrics`` and, when tracing,
+``capture_lambda_handler``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -15,6 +19,8 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 
 Handler = Callable[[dict[str, Any], Any], Any]
+# What the functions call out through; patching everything else (requests, httplib, ...) costs time.
+TRACED_MODULES = ("botocore",)
 
 
 @cache
@@ -27,16 +33,29 @@ def metrics(service: str) -> Metrics:
     return Metrics(namespace="Calque", service=service)
 
 
+def tracing_enabled(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
+    """Whether X-Ray would record anything: Powertools' own rule, without building a Tracer."""
+    env = os.environ if environ is None else environ
+    if env.get("POWERTOOLS_TRACE_DISABLED", "false").strip().lower() in ("1", "true", "yes", "on", "y", "t"):
+        return False
+    in_lambda = bool(env.get("LAMBDA_TASK_ROOT"))
+    emulated = bool(env.get("AWS_SAM_LOCAL") or env.get("AWS_CHALICE_CLI_MODE"))
+    return in_lambda and not emulated
+
+
 def instrumented(service: str, correlation_id_path: str | None = None) -> Callable[[Handler], Handler]:
     """Wrap ``handler`` in Powertools' decorators, constructed on first call."""
 
     def decorate(handler: Handler) -> Handler:
         @cache
         def build() -> Handler:
-            from aws_lambda_powertools import Tracer
+            wrapped: Handler = handler
+            if tracing_enabled():
+                from aws_lambda_powertools import Tracer
 
-            tracer = Tracer(service=f"calque-{service}")
-            wrapped = metrics(service).log_metrics(tracer.capture_lambda_handler(handler))
+                tracer = Tracer(service=f"calque-{service}", patch_modules=TRACED_MODULES)
+                wrapped = tracer.capture_lambda_handler(wrapped)
+            wrapped = metrics(service).log_metrics(wrapped)
             return logger(service).inject_lambda_context(correlation_id_path=correlation_id_path)(wrapped)
 
         def entry(event: dict[str, Any], context: Any) -> Any:

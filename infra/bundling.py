@@ -7,6 +7,14 @@ Two kinds of bundle:
   Lambda whatever machine synthesizes it.
 - ``CopyPackages``: our own pure-Python packages copied as they are.
 
+Both ship compiled bytecode for the Lambda's Python version beside the sources
+(``__pycache__/*.cpython-312.pyc``), checked by hash never by timestamp: the code
+is read-only on Lambda and unzipped with whatever timestamps the zip holds, so
+without it every cold start compiles every module again. Only an interpreter of
+that version writes its bytecode: ``python3.12`` on PATH, or the one named by
+``CALQUE_LAMBDA_PYTHON``; without one the bundle ships sources only and the synth
+says so on stderr.
+
 Each is keyed by a fingerprint of its inputs; a bundle already built for that
 fingerprint is copied from the cache instead of being rebuilt, so repeated synths
 are fast. Docker is never used: a bundle that cannot be built fails the synth with
@@ -31,7 +39,8 @@ import jsii
 from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 
 # Bumped when the way a bundle is built changes, so old cache entries stop matching.
-_BUNDLER_VERSION = "1"
+_BUNDLER_VERSION = "2"  # 2: compiled bytecode beside the sources
+LAMBDA_PYTHON_ENV = "CALQUE_LAMBDA_PYTHON"
 _CACHE_KEEP = 3  # bundles of each kind kept in the cache
 _IGNORED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
@@ -58,6 +67,62 @@ def _fingerprint(parts: Iterable[str | bytes]) -> str:
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
     return digest.hexdigest()
+
+
+def bytecode_interpreter(python_version: str) -> str | None:
+    """An interpreter that writes bytecode for ``python_version`` (e.g. "3.12"), or None."""
+    named = os.environ.get(LAMBDA_PYTHON_ENV)
+    candidates = [named] if named else []
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == python_version:
+        candidates.append(sys.executable)
+    candidates.append(shutil.which(f"python{python_version}") or "")
+    for candidate in filter(None, candidates):
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == python_version:
+            return candidate
+        if candidate == named:
+            raise BundlingError(f"{LAMBDA_PYTHON_ENV}={named} is not a Python {python_version} interpreter")
+    return None
+
+
+def _bytecode_marker(python_version: str) -> str:
+    """Part of a fingerprint: a bundle built without bytecode is not the one built with it."""
+    return f"bytecode-{python_version}" if bytecode_interpreter(python_version) else "sources"
+
+
+def compile_bytecode(directory: Path, python_version: str, *, interpreter: str | None = None) -> bool:
+    """Write ``__pycache__`` bytecode for every module under ``directory``; False when no
+    interpreter of that version is available (the bundle then runs from sources)."""
+    python = interpreter or bytecode_interpreter(python_version)
+    if python is None:
+        sys.stderr.write(
+            f"calque bundling: no Python {python_version} interpreter (python{python_version} on PATH "
+            f"or {LAMBDA_PYTHON_ENV}); {directory.name} ships without bytecode, so each cold start "
+            "compiles it\n"
+        )
+        return False
+    command = [
+        python,
+        "-m",
+        "compileall",
+        "-q",
+        "-j",
+        "0",
+        "--invalidation-mode",
+        "unchecked-hash",
+        str(directory),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BundlingError(
+            f"compiling {directory} for Python {python_version} failed:\n{result.stdout[-4000:]}"
+        )
+    return True
 
 
 def _package_files(root: Path, package: str) -> list[Path]:
@@ -126,6 +191,7 @@ class PipInstall:
                 self.platform,
                 self.python_version,
                 self.target_subdir,
+                _bytecode_marker(self.python_version),
                 *sorted(self.requirements),
                 "--",
                 *sorted(self.exclude),
@@ -162,6 +228,7 @@ class PipInstall:
                 f"{result.stderr.strip()[-4000:]}"
             )
         self._remove(target)
+        compile_bytecode(target, self.python_version)
 
     def _remove(self, target: Path) -> None:
         # Console scripts are of no use in a layer, and the runtime's own packages win anyway.
@@ -189,10 +256,12 @@ class CopyPackages:
     root: Path
     packages: tuple[str, ...]
     extra_files: tuple[tuple[str, str], ...] = ()  # (relative path, text)
+    python_version: str | None = None  # compile bytecode for it (the Lambda's); None: sources only
 
     @property
     def fingerprint(self) -> str:
-        parts: list[str | bytes] = ["copy", _BUNDLER_VERSION]
+        marker = _bytecode_marker(self.python_version) if self.python_version else "sources"
+        parts: list[str | bytes] = ["copy", _BUNDLER_VERSION, self.python_version or "-", marker]
         for package in self.packages:
             for path in _package_files(self.root, package):
                 parts += [path.relative_to(self.root).as_posix(), path.read_bytes()]
@@ -211,6 +280,9 @@ class CopyPackages:
         for name, text in self.extra_files:
             (out / name).parent.mkdir(parents=True, exist_ok=True)
             (out / name).write_text(text)
+        if self.python_version is not None:
+            for package in self.packages:
+                compile_bytecode(out / package, self.python_version)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,7 +23,7 @@ def api_tenancy() -> Tenancy:
     s = api_settings()
     return Tenancy(
         DynamoRegistry(aws.client("dynamodb"), s.table_name),
-        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
+        SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
         config=TenancyConfig(
             ttl_floor_s=s.session_ttl_floor_s,
             ttl_max_s=s.session_ttl_max_s,
@@ -40,6 +40,6 @@ def reaper_tenancy() -> Tenancy:
     s = reaper_settings()
     return Tenancy(
         DynamoRegistry(aws.client("dynamodb"), s.table_name),
-        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
+        SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
         config=TenancyConfig(reclaim_timeout_s=s.reclaim_timeout_s),
     )

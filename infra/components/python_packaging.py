@@ -62,7 +62,9 @@ class PythonPackaging(Construct):
         self.code = lambda_.Code.from_asset(
             **local_asset(
                 name="code",
-                recipe=CopyPackages(root=project_root, packages=packages),
+                recipe=CopyPackages(
+                    root=project_root, packages=packages, python_version=constants.LAMBDA_PYTHON_VERSION
+                ),
                 source=project_root,
                 cache_dir=cache_dir,
             ).as_kwargs()

@@ -79,3 +79,62 @@ def test_local_bundling_builds_the_layer_for_lambda_and_reuses_it(tmp_path, monk
     again = _synth_packaging(tmp_path / "out2", cache)
     # Then the cached bundles are reused, identical
     assert [a.name for a in again] == [a.name for a in assets]
+
+
+def _this_python() -> str:
+    import sys
+
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def test_the_code_bundle_ships_bytecode_checked_by_hash_for_the_target_python(tmp_path) -> None:
+    import importlib.util
+    import subprocess
+    import sys
+
+    from infra.bundling import CopyPackages
+
+    # Given our packages bundled for the Python this machine runs (a stand-in for the Lambda's)
+    recipe = CopyPackages(root=PROJECT_ROOT, packages=("calque", "functions"), python_version=_this_python())
+    recipe.build(tmp_path)
+    # Then every module has bytecode beside it, for that version, that never checks the source's timestamp
+    sources = list((tmp_path / "functions" / "api").glob("*.py"))
+    assert sources
+    for source in sources:
+        pyc = Path(importlib.util.cache_from_source(str(source)))
+        assert pyc.is_file(), pyc
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+        assert flags == 0b01, (pyc, flags)  # hash-based, unchecked: the zip's timestamps do not matter
+    # And the handler is imported from that bytecode, not from its sources: a source changed after
+    # bundling (which a real bundle never sees) is not even read
+    (tmp_path / "functions" / "api" / "errors.py").write_text("raise SystemExit('source was read')\n")
+    done = subprocess.run(
+        [sys.executable, "-B", "-c", "import functions.api.handler"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # a fingerprint that knows the bundle holds bytecode: a sources-only build is another bundle
+    assert recipe.fingerprint != CopyPackages(root=PROJECT_ROOT, packages=("calque", "functions")).fingerprint
+
+
+def test_without_an_interpreter_for_the_target_python_the_bundle_ships_sources_and_says_so(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from infra import bundling
+
+    monkeypatch.delenv(bundling.LAMBDA_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(bundling.shutil, "which", lambda name: None)
+    assert bundling.compile_bytecode(tmp_path, "3.99") is False
+    assert "no Python 3.99 interpreter" in capsys.readouterr().err
+
+
+def test_a_named_interpreter_of_another_version_is_refused(monkeypatch) -> None:
+    from infra import bundling
+
+    monkeypatch.setenv(bundling.LAMBDA_PYTHON_ENV, "/usr/bin/python3.11")
+    with pytest.raises(bundling.BundlingError, match=r"not a Python 3\.99 interpreter"):
+        bundling.bytecode_interpreter("3.99")

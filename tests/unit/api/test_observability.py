@@ -1,0 +1,73 @@
+"""What a cold start builds: the Tracer only where tracing records something."""
+
+from __future__ import annotations
+
+import pytest
+
+from functions import observability
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("env", "enabled"),
+    [
+        ({"LAMBDA_TASK_ROOT": "/var/task"}, True),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "POWERTOOLS_TRACE_DISABLED": "true"}, False),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "POWERTOOLS_TRACE_DISABLED": "1"}, False),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "AWS_SAM_LOCAL": "true"}, False),
+        ({}, False),  # outside Lambda (the local plane, tests): nothing to send traces to
+    ],
+)
+def test_tracing_is_on_only_in_lambda_unless_turned_off(env, enabled):
+    assert observability.tracing_enabled(env) is enabled
+
+
+def _counted(service, answer):
+    def handler(event, context):
+        observability.metrics(service).add_metric(name="Calls", unit="Count", value=1)
+        return answer(event)
+
+    return handler
+
+
+class _Context:
+    function_name = "calque-test"
+    memory_limit_in_mb = 128
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:calque-test"
+    aws_request_id = "req"
+
+
+def test_a_first_request_without_tracing_builds_no_tracer(monkeypatch):
+    import aws_lambda_powertools
+
+    monkeypatch.delenv("LAMBDA_TASK_ROOT", raising=False)
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Calque")
+
+    def no_tracer(*_a, **_kw):
+        raise AssertionError("the Tracer was built with tracing off")
+
+    monkeypatch.setattr(aws_lambda_powertools, "Tracer", no_tracer)
+    handler = observability.instrumented("obs-test-off")(_counted("obs-test-off", lambda e: {"ok": e["n"]}))
+    assert handler({"n": 1}, _Context()) == {"ok": 1}
+
+
+def test_with_tracing_on_the_tracer_patches_only_botocore(monkeypatch):
+    import aws_lambda_powertools
+
+    monkeypatch.setenv("LAMBDA_TASK_ROOT", "/var/task")
+    monkeypatch.delenv("POWERTOOLS_TRACE_DISABLED", raising=False)
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Calque")
+    built = []
+
+    class FakeTracer:
+        def __init__(self, **kwargs):
+            built.append(kwargs)
+
+        def capture_lambda_handler(self, handler):
+            return handler
+
+    monkeypatch.setattr(aws_lambda_powertools, "Tracer", FakeTracer)
+    handler = observability.instrumented("obs-test-on")(_counted("obs-test-on", lambda e: "done"))
+    assert handler({}, _Context()) == "done"
+    assert built == [{"service": "calque-obs-test-on", "patch_modules": ("botocore",)}]
