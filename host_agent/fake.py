@@ -59,6 +59,7 @@ class FakeGpuBackend:
         self.mutating_calls = 0
         self.calls: list[str] = []  # mutating calls in order, for tests and reports
         self.mps = FakeMps(self)
+        self.services = FakeServices(self)
         self.read_only = False
         self._open = False
 
@@ -83,6 +84,7 @@ class FakeGpuBackend:
                     "gpu_instances": [],
                     "processes": [],
                     "mps": {"running": False},
+                    "compute_mode": "default",
                 }
             )
         return cls(
@@ -126,6 +128,8 @@ class FakeGpuBackend:
         slice_tag: str | None = None,
         name: str = "python",
         mib: int = 1024,
+        mps_client: bool = False,
+        user: str | None = None,
     ) -> int:
         """A pretend compute process on a GPU or MIG device, as a tenant's job would be."""
         g = self._g(index)
@@ -141,6 +145,8 @@ class FakeGpuBackend:
                 "used_memory_mib": mib,
                 "name": name,
                 "slice_tag": slice_tag,
+                "mps_client": mps_client,
+                "user": user,
             }
         )
         return pid
@@ -170,6 +176,8 @@ class FakeGpuBackend:
             mig_current=g["mig_current"],
             mig_pending=g["mig_pending"],
             mig_mode_change_needs_reset=card.mig_mode_change_needs_reset,
+            compute_mode=g.get("compute_mode", "default"),
+            minor_number=index,
         )
 
     def profiles(self, index: int) -> dict[str, ProfileInfo]:
@@ -240,13 +248,15 @@ class FakeGpuBackend:
                 used_memory_mib=p["used_memory_mib"],
                 name=p["name"],
                 slice_tag=p.get("slice_tag"),
+                mps_client=p.get("mps_client", False),
+                user=p.get("user"),
             )
             for p in self._g(index)["processes"]
         ]
 
     # ---- GpuBackend: mutations ---------------------------------------------------------
 
-    def set_mig_mode(self, index: int, enabled: bool) -> None:
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
         self._mutating("set_mig_mode", index)
         g, card = self._g(index), self._card(index)
         what = f"set MIG mode on GPU {index} ({card.name})"
@@ -255,8 +265,22 @@ class FakeGpuBackend:
         if (not enabled and g["gpu_instances"]) or g["mps"]["running"]:
             raise e.from_nvml(e.NVML_ERROR_IN_USE, what)
         g["mig_pending"] = enabled
-        if not card.mig_mode_change_needs_reset and not g["processes"]:
-            g["mig_current"] = enabled
+        # Like the driver: the call succeeds, and its activation status says whether it took effect.
+        # held_by: a client NVML does not list (another PID namespace, a monitoring agent).
+        if g["processes"] or self.services.holding() or g.get("held_by"):
+            return e.NVML_ERROR_IN_USE
+        if card.mig_mode_change_needs_reset:
+            return e.NVML_ERROR_RESET_REQUIRED
+        g["mig_current"] = enabled
+        return 0
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        self._mutating("set_compute_mode", index)
+        from host_agent.backend import COMPUTE_MODES
+
+        if mode not in COMPUTE_MODES:
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, f"compute mode {mode!r} on GPU {index}")
+        self._g(index)["compute_mode"] = mode
 
     def reset_gpu(self, index: int) -> None:
         self._mutating("reset_gpu", index)
@@ -393,6 +417,32 @@ class FakeGpuBackend:
                 raise e.from_nvml(
                     fault["code"], f"{op.replace('_', ' ')} on GPU {index}".replace("mig", "MIG")
                 )
+
+
+class FakeServices:
+    """Host services that hold the GPU (DCGM, NVSM), simulated: state["services"] maps a
+    name to running or not; a running one leaves a MIG mode change pending (IN_USE)."""
+
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    def _all(self) -> dict[str, bool]:
+        return self.backend.state.setdefault("services", {})
+
+    def holding(self) -> list[str]:
+        return sorted(n for n, running in self._all().items() if running)
+
+    def stop_holders(self) -> list[str]:
+        stopped = self.holding()
+        for name in stopped:
+            self._all()[name] = False
+            self.backend.calls.append(f"stop service {name}")
+        return stopped
+
+    def start(self, names: list[str]) -> None:
+        for name in names:
+            self._all()[name] = True
+            self.backend.calls.append(f"start service {name}")
 
 
 class FakeMps:

@@ -25,6 +25,7 @@ from host_agent.observe import (
     read_inventory,
     slice_reports,
     spec_differences,
+    unattributed_clients,
 )
 
 _SLICE_ID = re.compile(r"^g(\d+)-(.+)$")
@@ -212,11 +213,17 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
         for p in s.processes:
             b.kill_process(v.index, p.pid)
             actions.append(f"stopped pid {p.pid} ({p.name or '?'}) on {slice_id}")
+        # NVML and the daemon list every MPS client; one that bound itself to no slot may be
+        # this slot's holder's, so it stops too rather than outlive the lease.
+        for p in unattributed_clients(v) if s.backend == "mps" else []:
+            b.kill_process(v.index, p.pid)
+            actions.append(f"stopped pid {p.pid} ({p.name or '?'}), an MPS client bound to no slot")
         v, s = find_slice(b, slice_id)
         views = read_all(b)
         slices = [x for w in views for x in slice_reports(w)]
-        if s.processes:
-            left = [p.pid for p in s.processes]
+        left_over = unattributed_clients(v) if s.backend == "mps" else []
+        if s.processes or left_over:
+            left = [p.pid for p in s.processes] + [p.pid for p in left_over]
             failed = s.model_copy(update={"state": "failed"})
             slices = [failed if x.slice_id == slice_id else x for x in slices]
             return _report(
