@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ class GpuBackend(Protocol):
     mutating_calls: int
     mps: MpsControl
     services: GpuServices
+    host: Any  # host_agent.tenants.HostAccess: accounts, MIG capability files, the IMDS rule
+    grants: Any  # which account holds which slice: load() -> dict[str, Grant], save(dict)
 
     def session(self) -> AbstractContextManager[GpuBackend]:
         """Init and shutdown, always paired: every use happens inside `with backend.session():`."""

@@ -60,6 +60,8 @@ class FakeGpuBackend:
         self.calls: list[str] = []  # mutating calls in order, for tests and reports
         self.mps = FakeMps(self)
         self.services = FakeServices(self)
+        self.host = SimulatedHost(self)
+        self.grants = SimulatedGrants(self)
         self.read_only = False
         self._open = False
 
@@ -491,3 +493,72 @@ class FakeMps:
     def stop(self, gpu: GpuInfo) -> None:
         self.backend._mutating("mps_stop", gpu.index)
         self.backend._g(gpu.index)["mps"] = {"running": False}
+
+
+class SimulatedHost:
+    """HostAccess on a simulated host: accounts, MIG capability files and the firewall rule
+    live in the fake's state, with the driver's defaults (capability files anyone may open)
+    until the agent changes them."""
+
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    @property
+    def _h(self) -> dict[str, Any]:
+        return self.backend.state.setdefault(
+            "host", {"accounts": [], "caps": {}, "imds_rule": False, "grants": {}}
+        )
+
+    def ensure_account(self, name: str) -> bool:
+        if name in self._h["accounts"]:
+            return False
+        self._h["accounts"].append(name)
+        return True
+
+    def remove_account(self, name: str) -> bool:
+        if name not in self._h["accounts"]:
+            return False
+        self._h["accounts"].remove(name)
+        return True
+
+    def account_pids(self, name: str) -> list[int]:
+        return [p["pid"] for g in self.backend.state["gpus"] for p in g["processes"] if p.get("user") == name]
+
+    def mig_cap_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
+        # /proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>/access and .../ci<C>/access
+        base = 100 + gpu_minor * 200 + gi * 9
+        return base, base + 1 + ci
+
+    def set_cap_owner(self, minor: int, account: str | None) -> None:
+        self._h["caps"][str(minor)] = account or "root"
+
+    def cap_owner(self, minor: int) -> str:
+        return self._h["caps"].get(str(minor), "anyone")  # the driver's default mode, 0444
+
+    def may_open(self, account: str, minor: int) -> bool:
+        return self.cap_owner(minor) in (account, "anyone")
+
+    def imds_rule_present(self) -> bool:
+        return bool(self._h["imds_rule"])
+
+    def ensure_imds_rule(self) -> bool:
+        if self._h["imds_rule"]:
+            return False
+        self._h["imds_rule"] = True
+        return True
+
+
+class SimulatedGrants:
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    def load(self) -> dict[str, Any]:
+        from host_agent.tenants import Grant
+
+        raw = SimulatedHost(self.backend)._h["grants"]
+        return {k: Grant(**{**v, "caps": tuple(v.get("caps", ()))}) for k, v in raw.items()}
+
+    def save(self, grants: dict[str, Any]) -> None:
+        SimulatedHost(self.backend)._h["grants"] = {
+            k: {**vars(g), "caps": list(g.caps)} for k, g in grants.items()
+        }

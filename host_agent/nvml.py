@@ -30,6 +30,7 @@ from host_agent.backend import (
 )
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
 from host_agent.services import SystemdServices
+from host_agent.tenants import GrantStore, LinuxHost
 
 KILL_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 10.0  # after SIGKILL: the kernel tears the process (and its GPU context) down
@@ -46,12 +47,20 @@ def _pynvml() -> Any:
 
 
 class NvmlBackend:
-    def __init__(self, *, mps_root: str = DEFAULT_MPS_ROOT, allow_changes: bool = True):
+    def __init__(
+        self,
+        *,
+        mps_root: str = DEFAULT_MPS_ROOT,
+        allow_changes: bool = True,
+        state_dir: str = "/var/lib/calque",
+    ):
         self.mutating_calls = 0
         self.calls: list[str] = []
         self.allow_changes = allow_changes
         self.mps = SubprocessMps(mps_root, on_change=self._count)
         self.services = SystemdServices(on_change=self._count)
+        self.host = LinuxHost()
+        self.grants = GrantStore(f"{state_dir}/grants.json")
         self._nv: Any = None
 
     @contextmanager
