@@ -143,6 +143,7 @@ class SsmDocumentParameters:
     report_to: str = "reportTo"  # the API endpoint the agent reports to; defaults to the deployed API
     fence: str = "fence"  # reclaim: the slice's fence when its lease ended; echoed in the report
     user: str = "user"  # grant: the session's own account on the host (see host_agent.tenants)
+    token_sha256: str = "tokenSha256"  # grant: the session token's hash, which login checks
 
 
 SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()

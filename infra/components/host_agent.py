@@ -147,7 +147,9 @@ _NO_QUOTE = "^[^']*$"
 _SLICE_ID = r"^[A-Za-z0-9._:/-]{0,200}$"
 _ENDPOINT = r"^(https?://[A-Za-z0-9.:/_-]+)?$"
 _FENCE = r"^[0-9]{0,18}$"
-_USER = r"^([a-z_][a-z0-9_-]{0,31})?$"  # a POSIX account name, as useradd takes it
+_USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.SESSION_ACCOUNT)
+_SESSION_USER = r"^calque-[0-9a-f]{12}$"
+_SHA256 = r"^([0-9a-f]{64})?$"
 
 
 def run_agent_script(*, version: str, download_dir: str, root: str = constants.HOST_AGENT_ROOT) -> list[str]:
@@ -161,6 +163,7 @@ def run_agent_script(*, version: str, download_dir: str, root: str = constants.H
         "__P_REPORT__": p.report_to,
         "__P_FENCE__": p.fence,
         "__P_USER__": p.user,
+        "__P_TOKEN__": p.token_sha256,
         "__ROOT__": root,
         "__VERSION__": version,
         "__DOWNLOAD__": download_dir,
@@ -208,6 +211,7 @@ class HostAgent(Construct):
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         self.document = self._document(report_endpoint)
+        self.session_document = self._session_document()
         self.document_arn = Stack.of(self).format_arn(
             service="ssm", resource="document", resource_name=self.document.ref
         )
@@ -221,6 +225,56 @@ class HostAgent(Construct):
     @property
     def document_name(self) -> str:
         return self.document.ref
+
+    @property
+    def session_document_name(self) -> str:
+        """What a session's connect command names (calque.contracts.agent.session_connect_command)."""
+        return self.session_document.ref
+
+    def _session_document(self) -> ssm.CfnDocument:
+        # Session Manager runs these commands as root (runAsElevated); the agent's login asks for
+        # the session's token and only then starts a login shell in the session's own account.
+        return ssm.CfnDocument(
+            self,
+            "SessionDocument",
+            document_type="Session",
+            document_format="JSON",
+            update_method="NewVersion",
+            content={
+                "schemaVersion": "1.0",
+                "description": "Open a shell on a calque host as a session's own account, after "
+                "the session's token is given.",
+                "sessionType": "InteractiveCommands",
+                "parameters": {
+                    "user": {
+                        "type": "String",
+                        "description": "The session's account on the host (calque-<12 hex>), as "
+                        "check-out's connect command names it.",
+                        "allowedPattern": _SESSION_USER,
+                    }
+                },
+                "properties": {
+                    "linux": {
+                        "commands": f"{constants.HOST_AGENT_ROOT}/login {{{{ user }}}}",
+                        "runAsElevated": True,
+                    }
+                },
+            },
+        )
+
+    def grant_start_session(self, grantee: iam.IGrantable) -> None:
+        """Members connect to calque hosts with the session document (and no other)."""
+        session_doc = Stack.of(self).format_arn(
+            service="ssm", resource="document", resource_name=self.session_document.ref
+        )
+        instances = Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["ssm:StartSession"],
+                resources=[session_doc, instances],
+                conditions={"BoolIfExists": {"ssm:SessionDocumentAccessCheck": "true"}},
+            )
+        )
 
     def _document(self, report_endpoint: str) -> ssm.CfnDocument:
         p = SSM_DOCUMENT_PARAMETERS
@@ -282,6 +336,14 @@ class HostAgent(Construct):
                         "description": "The session's account on the host (grant); empty otherwise.",
                         "default": "",
                         "allowedPattern": _USER,
+                        "interpolationType": "ENV_VAR",
+                    },
+                    p.token_sha256: {
+                        "type": "String",
+                        "description": "The session token's SHA-256 (grant), which the host asks for at "
+                        "login; empty otherwise.",
+                        "default": "",
+                        "allowedPattern": _SHA256,
                         "interpolationType": "ENV_VAR",
                     },
                     p.report_to: {

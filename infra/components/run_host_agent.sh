@@ -19,6 +19,7 @@ if [ -n "${SSM___P_SLICE__+x}" ]; then slice_id="$SSM___P_SLICE__"; else slice_i
 if [ -n "${SSM___P_FENCE__+x}" ]; then fence="$SSM___P_FENCE__"; else fence='{{ __P_FENCE__ }}'; fi
 if [ -n "${SSM___P_REPORT__+x}" ]; then report_to="$SSM___P_REPORT__"; else report_to='{{ __P_REPORT__ }}'; fi
 if [ -n "${SSM___P_USER__+x}" ]; then session_user="$SSM___P_USER__"; else session_user='{{ __P_USER__ }}'; fi
+if [ -n "${SSM___P_TOKEN__+x}" ]; then token_sha256="$SSM___P_TOKEN__"; else token_sha256='{{ __P_TOKEN__ }}'; fi
 
 root='__ROOT__'
 home="$root/__VERSION__"
@@ -58,6 +59,14 @@ install_agent() {
   printf '%s\n' "$tag" > "$staging/tag"
   rm -rf "$home"
   mv "$staging" "$home"
+  # What the Session Manager document runs (as root) when a member connects: asks for the
+  # session's token, then a login shell in the session's account.
+  {
+    echo '#!/bin/sh'
+    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent login --user \"\$1\""
+  } > "$root/login.$$"
+  chmod 0755 "$root/login.$$"
+  mv -f "$root/login.$$" "$root/login"
   # Older agent versions are of no further use.
   find "$root" -mindepth 1 -maxdepth 1 -type d ! -name "$(basename "$home")" -exec rm -rf {} +
 }
@@ -114,6 +123,7 @@ case "$verb" in
     [ -n "$slice_id" ] || fail "grant needs the __P_SLICE__ parameter"
     [ -n "$session_user" ] || fail "grant needs the __P_USER__ parameter"
     set -- "$@" --slice "$slice_id" --user "$session_user"
+    if [ -n "$token_sha256" ]; then set -- "$@" --token-sha256 "$token_sha256"; fi
     ;;
 esac
 python3 -m host_agent "$@"

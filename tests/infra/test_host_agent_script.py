@@ -95,7 +95,7 @@ def _run(
         else:
             script = script.replace("{{ " + name + " }}", value)
     # What SSM Agent pastes for a parameter it did not receive: its default.
-    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
         script = script.replace("{{ " + name + " }}", "")
     # As SSM Agent does: the lines go to a file, which the shell runs.
     path = tmp_path / "_script.sh"
@@ -184,7 +184,7 @@ def test_runs_started_together_install_the_agent_once(tmp_path_factory, tmp_path
         archive.writestr(f"wheelhouse/{_tag()}/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
     lines = run_agent_script(version="v1", download_dir=str(root / "downloads"), root=str(root / "agent"))
     script = "\n".join(lines).replace("{{ " + P.verb + " }}", "report")
-    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
         script = script.replace("{{ " + name + " }}", "")
     procs = []
     for k in range(4):
@@ -207,3 +207,29 @@ def test_runs_started_together_install_the_agent_once(tmp_path_factory, tmp_path
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
     assert sorted(p.name for p in (root / "agent").iterdir() if p.is_dir()) == ["v1"]
     assert all(json.loads((tmp_path / f"run{k}" / "record.json").read_text())["probe"] for k in range(4))
+
+
+def test_the_session_document_lands_a_member_in_the_sessions_account_after_its_token(synthesized) -> None:
+    from tests.infra.conftest import resources_of
+
+    (session_doc,) = [
+        d["Properties"]
+        for d in resources_of(synthesized.service_json, "AWS::SSM::Document")
+        if d["Properties"]["DocumentType"] == "Session"
+    ]
+    content = session_doc["Content"]
+    # Then it takes only a session account's name, and runs the agent's login (as root) with it
+    assert content["sessionType"] == "InteractiveCommands"
+    assert content["parameters"]["user"]["allowedPattern"] == "^calque-[0-9a-f]{12}$"
+    assert content["properties"]["linux"]["commands"] == "/opt/calque/agent/login {{ user }}"
+    assert content["properties"]["linux"]["runAsElevated"] is True
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_install_leaves_the_login_the_session_document_runs(host, tmp_path, shell) -> None:
+    result = _run(host, tmp_path, {P.verb: "report"}, env_interpolation=True, shell=shell)
+    assert result.returncode == 0, result.stderr
+    login = (host / "agent" / "login").read_text()
+    assert login.startswith("#!/bin/sh\n")
+    assert "-m host_agent login --user" in login
+    assert str(host / "agent" / "v1" / "src") in login

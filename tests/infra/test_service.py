@@ -293,10 +293,10 @@ def test_ssm_document_takes_the_shared_parameter_names(synthesized: Synthesized)
     parameters = document["Content"]["parameters"]
     p = resources.SSM_DOCUMENT_PARAMETERS
     # Then its parameters are the names the local plane's executor also uses
-    assert set(parameters) == {p.verb, p.spec, p.slice_id, p.report_to, p.fence, p.user}
+    assert set(parameters) == {p.verb, p.spec, p.slice_id, p.report_to, p.fence, p.user, p.token_sha256}
     assert parameters[p.verb]["allowedValues"] == list(resources.HOST_AGENT_VERBS)
     # And free-text values reach the script as environment variables, never pasted into it
-    for name in (p.spec, p.slice_id, p.report_to, p.fence, p.user):
+    for name in (p.spec, p.slice_id, p.report_to, p.fence, p.user, p.token_sha256):
         assert parameters[name]["interpolationType"] == "ENV_VAR"
         assert "'" not in parameters[name]["allowedPattern"].replace("[^']", "")
     # And the report endpoint defaults to this deployment's API
