@@ -36,21 +36,15 @@ DEFAULT_MPS_ROOT = "/var/run/calque/mps"
 # nvml.h: NVML_GPU_INSTANCE_PROFILE_COUNT and NVML_COMPUTE_INSTANCE_PROFILE_COUNT; an index at
 # or past these is NVML_ERROR_INVALID_ARGUMENT, a known index a card lacks NVML_ERROR_NOT_SUPPORTED.
 GPU_INSTANCE_PROFILE_COUNT = 0x12
-# NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE, 1_SLICE_REV1, 7_SLICE_NVL -> slices
-COMPUTE_INSTANCE_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
+# NVML_COMPUTE_INSTANCE_PROFILE_COUNT: 1..8_SLICE, 6_SLICE, 1_SLICE_REV1, 7_SLICE_NVL
 COMPUTE_INSTANCE_PROFILE_COUNT = 9
-# Which compute-instance profiles a GPU instance of N compute slices offers (`nvidia-smi mig
-# -lcip` on A100/H100/RTX PRO): a 7g offers 1c, 2c, 3c, 4c and 7g; a 3g offers 1c, 2c and 3g.
-# REV1 and 7_SLICE_NVL belong to other parts (GB200 NVL); these cards answer NOT_SUPPORTED.
-_CI_PROFILES_FOR_GI = {1: (0,), 2: (0, 1), 3: (0, 1, 2), 4: (0, 1, 3), 7: (0, 1, 2, 3, 4)}
 
 
 def compute_instance_profiles(gi_compute_slices: int) -> dict[int, tuple[int, int]]:
-    """CI profile index -> (slices, most instances) that a GPU instance of this size offers."""
-    return {
-        k: (COMPUTE_INSTANCE_PROFILE_SLICES[k], gi_compute_slices // COMPUTE_INSTANCE_PROFILE_SLICES[k])
-        for k in _CI_PROFILES_FOR_GI.get(gi_compute_slices, ())
-    }
+    """CI profile index -> (slices, most instances) that a GPU instance of this size offers
+    (the catalog's table: a 7g offers 1c, 2c, 3c, 4c and 7g; a 3g offers 1c, 2c and 3g)."""
+    slices, offered = catalog.compute_instance_profiles()
+    return {k: (slices[k], gi_compute_slices // slices[k]) for k in offered.get(gi_compute_slices, ())}
 
 
 class FakeGpuBackend:
