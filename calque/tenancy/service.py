@@ -280,7 +280,8 @@ class Tenancy:
     def checkout(self, who: Caller, req: CheckoutRequest) -> SessionGrant:
         if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
             raise ConsentRequired(
-                "MPS clients share a GPU with no isolation between tenants; ask again with "
+                "MPS clients share a GPU and one account on the host with no isolation between "
+                "tenants; ask again with "
                 "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
                 details={"field": "accept_shared_gpu_no_isolation"},
             )
