@@ -300,9 +300,9 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
             actions.append(f"stopped pid {p.pid} ({p.name or '?'}) on {slice_id}")
         # NVML and the daemon list every MPS client; one that bound itself to no slot may be
         # this slot's holder's, so it stops too rather than outlive the lease.
-        for p in unattributed_clients(v) if s.backend == "mps" else []:
-            b.kill_process(v.index, p.pid)
-            actions.append(f"stopped pid {p.pid} ({p.name or '?'}), an MPS client bound to no slot")
+        for client in unattributed_clients(v) if s.backend == "mps" else []:
+            b.kill_process(v.index, client.pid)
+            actions.append(f"stopped pid {client.pid} ({client.name or '?'}), an MPS client bound to no slot")
         v, s = find_slice(b, slice_id)
         views = read_all(b)
         slices = [x for w in views for x in slice_reports(w)]

@@ -54,7 +54,7 @@ def requirements_for(requirements: Sequence[str], python: str, machine: str) -> 
     try:
         from packaging.requirements import Requirement
     except ImportError:  # pip always carries its own copy
-        from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
 
     env = {
         "python_version": python,
