@@ -202,12 +202,19 @@ class LinuxHost:
         import pwd
 
         path = self._cap_path(minor)
-        if not path.exists():
-            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-            os.mknod(path, stat.S_IFCHR | 0o400, os.makedev(self._caps_major(), minor))
-        uid = pwd.getpwnam(account).pw_uid if account else 0
-        os.chown(path, uid, 0)
-        os.chmod(path, 0o400)
+        try:
+            if not path.exists():
+                path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                os.mknod(path, stat.S_IFCHR | 0o400, os.makedev(self._caps_major(), minor))
+            uid = pwd.getpwnam(account).pw_uid if account else 0
+            os.chown(path, uid, 0)
+            os.chmod(path, 0o400)
+        except (OSError, KeyError) as exc:
+            raise GpuError(
+                f"cannot give {path} to {account or 'root'}: {exc}",
+                code="host_access_failed",
+                details={"path": str(path)},
+            ) from None
 
     def cap_owner(self, minor: int) -> str:
         import pwd
