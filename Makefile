@@ -38,6 +38,12 @@ test-infra: install
 test-gpu: install
 	$(PY) -m pytest -m gpu -o addopts="--strict-markers -ra"
 
+# Opt-in, as root, on an operator's own MIG-capable GPU instance: CHANGES the GPU, then
+# restores it (scripts/gpu_mig_check.sh says what it does). Never on a shared machine.
+.PHONY: test-gpu-mig
+test-gpu-mig:
+	PY=$(PY) sh scripts/gpu_mig_check.sh
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -142,10 +142,12 @@ class SsmDocumentParameters:
     slice_id: str = "sliceId"  # the slice to reclaim; empty otherwise
     report_to: str = "reportTo"  # the API endpoint the agent reports to; defaults to the deployed API
     fence: str = "fence"  # reclaim: the slice's fence when its lease ended; echoed in the report
+    user: str = "user"  # grant: the session's own account on the host (see host_agent.tenants)
+    token_sha256: str = "tokenSha256"  # grant: the session token's hash, which login checks
 
 
 SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()
-HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "reclaim", "report")
+HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "reclaim", "report", "grant")
 
 # The control plane may send commands only to instances that carry this tag: whatever
 # launches or adopts a host tags it so (the deployed IAM policy conditions on it).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class ProcessInfo:
     used_memory_mib: int | None = None
     name: str | None = None
     slice_tag: str | None = None  # CALQUE_SLICE_ID from the process's environment, when readable
+    mps_client: bool = False  # listed by nvmlDeviceGetMPSComputeRunningProcesses: a client of the MPS server
+    user: str | None = None  # the account it runs as, when readable
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,11 @@ class GpuInfo:
     mig_current: bool | None
     mig_pending: bool | None
     mig_mode_change_needs_reset: bool = False
+    compute_mode: str = "default"  # NVML_COMPUTEMODE_*: default, exclusive_process, prohibited
+    minor_number: int | None = None  # /dev/nvidia<minor>, and gpu<minor> under /proc/driver/nvidia
+
+
+COMPUTE_MODES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
 
 
 @dataclass
@@ -100,11 +107,22 @@ class MpsControl(Protocol):
     def stop(self, gpu: GpuInfo) -> None: ...
 
 
+class GpuServices(Protocol):
+    """Host services that keep the GPU open (DCGM, NVSM, ...): stopped around a MIG mode
+    change and started again after, as mig-parted's hooks do."""
+
+    def stop_holders(self) -> list[str]: ...
+    def start(self, names: list[str]) -> None: ...
+
+
 class GpuBackend(Protocol):
     """What the agent needs from NVML. Mutating calls are counted in `mutating_calls`."""
 
     mutating_calls: int
     mps: MpsControl
+    services: GpuServices
+    host: Any  # host_agent.tenants.HostAccess: accounts, MIG capability files, the IMDS rule
+    grants: Any  # which account holds which slice: load() -> dict[str, Grant], save(dict)
 
     def session(self) -> AbstractContextManager[GpuBackend]:
         """Init and shutdown, always paired: every use happens inside `with backend.session():`."""
@@ -117,7 +135,12 @@ class GpuBackend(Protocol):
     def processes(self, index: int) -> list[ProcessInfo]: ...
 
     # Mutating: each one counts.
-    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
+        """NVML's activation status: 0 when the mode took effect, else the NVML code that
+        says why it is only pending (RESET_REQUIRED, IN_USE)."""
+        ...
+
+    def set_compute_mode(self, index: int, mode: str) -> None: ...
     def reset_gpu(self, index: int) -> None: ...
     def create_gpu_instance(self, index: int, profile_id: int, start: int) -> int: ...
     def create_compute_instance(self, index: int, gpu_instance_id: int) -> int: ...

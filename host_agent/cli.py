@@ -17,7 +17,7 @@ from pathlib import Path
 from calque.contracts.agent import AgentReport
 from calque.errors import CalqueError, InvalidInput
 
-VERBS = ("inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process")
+VERBS = ("inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process", "grant", "login")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the slice's fence when its lease ended, echoed in the report",
     )
     sub.add_parser("report", help="the agent's report of this host (slices, bindings, processes)")
+    sp = sub.add_parser("grant", help="give a slice to a session's own account (MIG: its device files)")
+    sp.add_argument("--slice", required=True, metavar="ID")
+    sp.add_argument("--user", required=True, metavar="ACCOUNT", help="the session's account: calque-<12 hex>")
+    sp.add_argument(
+        "--token-sha256", default=None, metavar="HEX", help="the session token's hash, checked at login"
+    )
+    sp = sub.add_parser(
+        "login", help="(Session Manager) ask for the session's token, then run a shell as its account"
+    )
+    sp.add_argument("--user", required=True, metavar="ACCOUNT")
     sp = sub.add_parser("simulate-process", help="simulated hosts only: start a pretend process on a slice")
     sp.add_argument("--slice", required=True, metavar="ID")
     sp.add_argument("--name", default="python")
@@ -202,6 +212,8 @@ def _run(args: argparse.Namespace, spec) -> AgentReport:
             report = verbs.do_assert(ctx, spec)
         elif args.verb == "reclaim":
             report = verbs.do_reclaim(ctx, args.slice, fence=args.fence)
+        elif args.verb == "grant":
+            report = verbs.do_grant(ctx, args.slice, args.user, token_sha256=args.token_sha256)
         else:
             report = verbs.do_simulate_process(ctx, args.slice, name=args.name, memory_mib=args.memory_mib)
     finally:
@@ -230,6 +242,10 @@ def _print(report: AgentReport, output: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verb == "login":
+        from host_agent.login import login
+
+        return login(args.user)
     try:
         report = run(args)
     except CalqueError as exc:

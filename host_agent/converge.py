@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from calque.catalog.planner import place_mig, plan_gpu
 from calque.contracts.layout import GpuEntry, LayoutSpec
 from calque.errors import CalqueError, InvalidInput
+from host_agent import errors as e
 from host_agent.backend import GpuBackend, GpuInstanceInfo
-from host_agent.errors import GpuBusy
+from host_agent.errors import GpuBusy, GpuError
 from host_agent.observe import GpuView, read_all, spans_whole, spec_differences
 
 PHASES = ("mps-stop", "destroy", "mig-mode", "reset", "create", "mps-start")
@@ -75,14 +76,18 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
         == (want.mps.clients, want.mps.active_thread_percentage, want.mps.pinned_memory_limit_mib)
     )
     if v.mps.running and not mps_ok:
+
+        def stop_mps() -> str | None:
+            backend.mps.stop(info)
+            # NVIDIA's procedure put the GPU in EXCLUSIVE_PROCESS for MPS; give it back when
+            # MPS is not coming back.
+            if want.mps is None and backend.gpu(i).compute_mode != "default":
+                backend.set_compute_mode(i, "default")
+                return f"stop the MPS control daemon on GPU {i} and restore its compute mode to default"
+            return None
+
         steps.append(
-            Step(
-                "mps-stop",
-                i,
-                f"stop the MPS control daemon on GPU {i}",
-                lambda: backend.mps.stop(info),
-                needs_idle_gpu=True,
-            )
+            Step("mps-stop", i, f"stop the MPS control daemon on GPU {i}", stop_mps, needs_idle_gpu=True)
         )
 
     if info.mig_capable:
@@ -96,7 +101,7 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
                         "mig-mode",
                         i,
                         f"turn {'on' if mig_wanted else 'off'} MIG mode on GPU {i}",
-                        lambda: backend.set_mig_mode(i, mig_wanted),
+                        lambda: _set_mig_mode(backend, i, mig_wanted),
                         needs_idle_gpu=True,
                     )
                 )
@@ -115,26 +120,84 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
 
     if want.mps is not None and not mps_ok:
         mps = want.mps
+
+        def start_mps() -> None:
+            # NVIDIA's MPS procedure: EXCLUSIVE_PROCESS first, so only the MPS server opens the
+            # GPU and a process that bypasses the pipe directory gets no context at all.
+            if backend.gpu(i).compute_mode != "exclusive_process":
+                backend.set_compute_mode(i, "exclusive_process")
+            backend.mps.start(
+                backend.gpu(i),
+                clients=mps.clients,
+                active_thread_percentage=mps.active_thread_percentage,
+                pinned_memory_limit_mib=mps.pinned_memory_limit_mib,
+            )
+
         steps.append(
             Step(
                 "mps-start",
                 i,
                 f"start the MPS control daemon on GPU {i} with {mps.clients} client slots",
-                lambda: backend.mps.start(
-                    backend.gpu(i),
-                    clients=mps.clients,
-                    active_thread_percentage=mps.active_thread_percentage,
-                    pinned_memory_limit_mib=mps.pinned_memory_limit_mib,
-                ),
+                start_mps,
+            )
+        )
+    elif want.mps is not None and info.compute_mode != "exclusive_process":
+        steps.append(
+            Step(
+                "mps-start",
+                i,
+                f"set compute mode EXCLUSIVE_PROCESS on GPU {i} (MPS)",
+                lambda: backend.set_compute_mode(i, "exclusive_process"),
+                needs_idle_gpu=True,
             )
         )
     return steps
 
 
+def _set_mig_mode(backend: GpuBackend, index: int, enabled: bool) -> str:
+    """Set MIG mode with the GPU's holders stopped, and act on NVML's activation status."""
+    stopped = backend.services.stop_holders()
+    try:
+        status = backend.set_mig_mode(index, enabled)
+        # RESET_REQUIRED: the reset step that follows applies it (or says to reboot).
+        if status == e.NVML_ERROR_IN_USE:
+            procs = [f"pid {p.pid} ({p.name or '?'})" for p in backend.processes(index)]
+            raise GpuBusy(
+                f"GPU {index}: MIG mode {'on' if enabled else 'off'} is pending because another client "
+                f"holds the GPU ({', '.join(procs) or 'a service or a process outside NVML'})",
+                details={
+                    "nvml_activation": "NVML_ERROR_IN_USE",
+                    "processes": procs,
+                    "stopped_services": stopped,
+                },
+            )
+        elif status not in (0, None, e.NVML_ERROR_RESET_REQUIRED):
+            raise e.from_nvml(status, f"MIG mode change on GPU {index} did not take effect")
+    finally:
+        backend.services.start(stopped)
+    around = f" (stopped and restarted {', '.join(stopped)})" if stopped else ""
+    return f"turn {'on' if enabled else 'off'} MIG mode on GPU {index}{around}"
+
+
+def _reset_or_reboot(backend: GpuBackend, index: int) -> None:
+    stopped = backend.services.stop_holders()
+    try:
+        backend.reset_gpu(index)
+    except GpuError as exc:
+        raise GpuError(
+            f"GPU {index}: the MIG mode change needs a GPU reset, which failed ({exc.message}); "
+            "on a pass-through VM such as an EC2 instance, reboot the instance and apply again",
+            code="reboot_required",
+            details={"nvml_activation": "NVML_ERROR_RESET_REQUIRED", **exc.details},
+        ) from None
+    finally:
+        backend.services.start(stopped)
+
+
 def _reset_if_pending(backend: GpuBackend, index: int) -> str:
     g = backend.gpu(index)
     if g.mig_current != g.mig_pending:
-        backend.reset_gpu(index)
+        _reset_or_reboot(backend, index)
         return f"reset GPU {index} to apply its pending MIG mode"
     return f"MIG mode change on GPU {index} took effect without a reset"
 

@@ -36,21 +36,15 @@ DEFAULT_MPS_ROOT = "/var/run/calque/mps"
 # nvml.h: NVML_GPU_INSTANCE_PROFILE_COUNT and NVML_COMPUTE_INSTANCE_PROFILE_COUNT; an index at
 # or past these is NVML_ERROR_INVALID_ARGUMENT, a known index a card lacks NVML_ERROR_NOT_SUPPORTED.
 GPU_INSTANCE_PROFILE_COUNT = 0x12
-# NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7,8,6}_SLICE, 1_SLICE_REV1, 7_SLICE_NVL -> slices
-COMPUTE_INSTANCE_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
+# NVML_COMPUTE_INSTANCE_PROFILE_COUNT: 1..8_SLICE, 6_SLICE, 1_SLICE_REV1, 7_SLICE_NVL
 COMPUTE_INSTANCE_PROFILE_COUNT = 9
-# Which compute-instance profiles a GPU instance of N compute slices offers (`nvidia-smi mig
-# -lcip` on A100/H100/RTX PRO): a 7g offers 1c, 2c, 3c, 4c and 7g; a 3g offers 1c, 2c and 3g.
-# REV1 and 7_SLICE_NVL belong to other parts (GB200 NVL); these cards answer NOT_SUPPORTED.
-_CI_PROFILES_FOR_GI = {1: (0,), 2: (0, 1), 3: (0, 1, 2), 4: (0, 1, 3), 7: (0, 1, 2, 3, 4)}
 
 
 def compute_instance_profiles(gi_compute_slices: int) -> dict[int, tuple[int, int]]:
-    """CI profile index -> (slices, most instances) that a GPU instance of this size offers."""
-    return {
-        k: (COMPUTE_INSTANCE_PROFILE_SLICES[k], gi_compute_slices // COMPUTE_INSTANCE_PROFILE_SLICES[k])
-        for k in _CI_PROFILES_FOR_GI.get(gi_compute_slices, ())
-    }
+    """CI profile index -> (slices, most instances) that a GPU instance of this size offers
+    (the catalog's table: a 7g offers 1c, 2c, 3c, 4c and 7g; a 3g offers 1c, 2c and 3g)."""
+    slices, offered = catalog.compute_instance_profiles()
+    return {k: (slices[k], gi_compute_slices // slices[k]) for k in offered.get(gi_compute_slices, ())}
 
 
 class FakeGpuBackend:
@@ -59,6 +53,9 @@ class FakeGpuBackend:
         self.mutating_calls = 0
         self.calls: list[str] = []  # mutating calls in order, for tests and reports
         self.mps = FakeMps(self)
+        self.services = FakeServices(self)
+        self.host = SimulatedHost(self)
+        self.grants = SimulatedGrants(self)
         self.read_only = False
         self._open = False
 
@@ -83,6 +80,7 @@ class FakeGpuBackend:
                     "gpu_instances": [],
                     "processes": [],
                     "mps": {"running": False},
+                    "compute_mode": "default",
                 }
             )
         return cls(
@@ -126,6 +124,8 @@ class FakeGpuBackend:
         slice_tag: str | None = None,
         name: str = "python",
         mib: int = 1024,
+        mps_client: bool = False,
+        user: str | None = None,
     ) -> int:
         """A pretend compute process on a GPU or MIG device, as a tenant's job would be."""
         g = self._g(index)
@@ -141,6 +141,8 @@ class FakeGpuBackend:
                 "used_memory_mib": mib,
                 "name": name,
                 "slice_tag": slice_tag,
+                "mps_client": mps_client,
+                "user": user,
             }
         )
         return pid
@@ -170,6 +172,8 @@ class FakeGpuBackend:
             mig_current=g["mig_current"],
             mig_pending=g["mig_pending"],
             mig_mode_change_needs_reset=card.mig_mode_change_needs_reset,
+            compute_mode=g.get("compute_mode", "default"),
+            minor_number=index,
         )
 
     def profiles(self, index: int) -> dict[str, ProfileInfo]:
@@ -240,13 +244,15 @@ class FakeGpuBackend:
                 used_memory_mib=p["used_memory_mib"],
                 name=p["name"],
                 slice_tag=p.get("slice_tag"),
+                mps_client=p.get("mps_client", False),
+                user=p.get("user"),
             )
             for p in self._g(index)["processes"]
         ]
 
     # ---- GpuBackend: mutations ---------------------------------------------------------
 
-    def set_mig_mode(self, index: int, enabled: bool) -> None:
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
         self._mutating("set_mig_mode", index)
         g, card = self._g(index), self._card(index)
         what = f"set MIG mode on GPU {index} ({card.name})"
@@ -255,8 +261,22 @@ class FakeGpuBackend:
         if (not enabled and g["gpu_instances"]) or g["mps"]["running"]:
             raise e.from_nvml(e.NVML_ERROR_IN_USE, what)
         g["mig_pending"] = enabled
-        if not card.mig_mode_change_needs_reset and not g["processes"]:
-            g["mig_current"] = enabled
+        # Like the driver: the call succeeds, and its activation status says whether it took effect.
+        # held_by: a client NVML does not list (another PID namespace, a monitoring agent).
+        if g["processes"] or self.services.holding() or g.get("held_by"):
+            return e.NVML_ERROR_IN_USE
+        if card.mig_mode_change_needs_reset:
+            return e.NVML_ERROR_RESET_REQUIRED
+        g["mig_current"] = enabled
+        return 0
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        self._mutating("set_compute_mode", index)
+        from host_agent.backend import COMPUTE_MODES
+
+        if mode not in COMPUTE_MODES:
+            raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, f"compute mode {mode!r} on GPU {index}")
+        self._g(index)["compute_mode"] = mode
 
     def reset_gpu(self, index: int) -> None:
         self._mutating("reset_gpu", index)
@@ -395,6 +415,32 @@ class FakeGpuBackend:
                 )
 
 
+class FakeServices:
+    """Host services that hold the GPU (DCGM, NVSM), simulated: state["services"] maps a
+    name to running or not; a running one leaves a MIG mode change pending (IN_USE)."""
+
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    def _all(self) -> dict[str, bool]:
+        return self.backend.state.setdefault("services", {})
+
+    def holding(self) -> list[str]:
+        return sorted(n for n, running in self._all().items() if running)
+
+    def stop_holders(self) -> list[str]:
+        stopped = self.holding()
+        for name in stopped:
+            self._all()[name] = False
+            self.backend.calls.append(f"stop service {name}")
+        return stopped
+
+    def start(self, names: list[str]) -> None:
+        for name in names:
+            self._all()[name] = True
+            self.backend.calls.append(f"start service {name}")
+
+
 class FakeMps:
     """The MPS control daemon per GPU, simulated inside the fake's state."""
 
@@ -441,3 +487,72 @@ class FakeMps:
     def stop(self, gpu: GpuInfo) -> None:
         self.backend._mutating("mps_stop", gpu.index)
         self.backend._g(gpu.index)["mps"] = {"running": False}
+
+
+class SimulatedHost:
+    """HostAccess on a simulated host: accounts, MIG capability files and the firewall rule
+    live in the fake's state, with the driver's defaults (capability files anyone may open)
+    until the agent changes them."""
+
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    @property
+    def _h(self) -> dict[str, Any]:
+        return self.backend.state.setdefault(
+            "host", {"accounts": [], "caps": {}, "imds_rule": False, "grants": {}}
+        )
+
+    def ensure_account(self, name: str) -> bool:
+        if name in self._h["accounts"]:
+            return False
+        self._h["accounts"].append(name)
+        return True
+
+    def remove_account(self, name: str) -> bool:
+        if name not in self._h["accounts"]:
+            return False
+        self._h["accounts"].remove(name)
+        return True
+
+    def account_pids(self, name: str) -> list[int]:
+        return [p["pid"] for g in self.backend.state["gpus"] for p in g["processes"] if p.get("user") == name]
+
+    def mig_cap_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
+        # /proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>/access and .../ci<C>/access
+        base = 100 + gpu_minor * 200 + gi * 9
+        return base, base + 1 + ci
+
+    def set_cap_owner(self, minor: int, account: str | None) -> None:
+        self._h["caps"][str(minor)] = account or "root"
+
+    def cap_owner(self, minor: int) -> str:
+        return self._h["caps"].get(str(minor), "anyone")  # the driver's default mode, 0444
+
+    def may_open(self, account: str, minor: int) -> bool:
+        return self.cap_owner(minor) in (account, "anyone")
+
+    def imds_rule_present(self) -> bool:
+        return bool(self._h["imds_rule"])
+
+    def ensure_imds_rule(self) -> bool:
+        if self._h["imds_rule"]:
+            return False
+        self._h["imds_rule"] = True
+        return True
+
+
+class SimulatedGrants:
+    def __init__(self, backend: FakeGpuBackend):
+        self.backend = backend
+
+    def load(self) -> dict[str, Any]:
+        from host_agent.tenants import Grant
+
+        raw = SimulatedHost(self.backend)._h["grants"]
+        return {k: Grant(**{**v, "caps": tuple(v.get("caps", ()))}) for k, v in raw.items()}
+
+    def save(self, grants: dict[str, Any]) -> None:
+        SimulatedHost(self.backend)._h["grants"] = {
+            k: {**vars(g), "caps": list(g.caps)} for k, g in grants.items()
+        }

@@ -20,8 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from host_agent import errors as e
-from host_agent.backend import ComputeInstanceInfo, GpuInfo, GpuInstanceInfo, ProcessInfo, ProfileInfo
+from host_agent.backend import (
+    COMPUTE_MODES,
+    ComputeInstanceInfo,
+    GpuInfo,
+    GpuInstanceInfo,
+    ProcessInfo,
+    ProfileInfo,
+)
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
+from host_agent.services import SystemdServices
+from host_agent.tenants import GrantStore, LinuxHost
 
 KILL_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 10.0  # after SIGKILL: the kernel tears the process (and its GPU context) down
@@ -38,11 +47,20 @@ def _pynvml() -> Any:
 
 
 class NvmlBackend:
-    def __init__(self, *, mps_root: str = DEFAULT_MPS_ROOT, allow_changes: bool = True):
+    def __init__(
+        self,
+        *,
+        mps_root: str = DEFAULT_MPS_ROOT,
+        allow_changes: bool = True,
+        state_dir: str = "/var/lib/calque",
+    ):
         self.mutating_calls = 0
         self.calls: list[str] = []
         self.allow_changes = allow_changes
         self.mps = SubprocessMps(mps_root, on_change=self._count)
+        self.services = SystemdServices(on_change=self._count)
+        self.host = LinuxHost()
+        self.grants = GrantStore(f"{state_dir}/grants.json")
         self._nv: Any = None
 
     @contextmanager
@@ -111,6 +129,8 @@ class NvmlBackend:
             if exc.value != e.NVML_ERROR_NOT_SUPPORTED:
                 raise e.from_nvml(exc.value, f"compute capability of GPU {index}") from None
             major = 0
+        mode_code = self._optional(f"compute mode of GPU {index}", nv.nvmlDeviceGetComputeMode, h)
+        modes = {v: k for k, v in COMPUTE_MODES.items()}
         return GpuInfo(
             index=index,
             uuid=uuid,
@@ -120,7 +140,18 @@ class NvmlBackend:
             mig_current=cur,
             mig_pending=pend,
             mig_mode_change_needs_reset=major == 8,
+            compute_mode=modes.get(mode_code, "default") if mode_code is not None else "default",
+            minor_number=self._optional(f"minor number of GPU {index}", nv.nvmlDeviceGetMinorNumber, h),
         )
+
+    def _optional(self, what: str, fn: Any, *args: Any) -> Any:
+        """A read some GPUs or drivers lack: None when NVML says so, our error otherwise."""
+        try:
+            return fn(*args)
+        except self._nv.NVMLError as exc:
+            if exc.value in (e.NVML_ERROR_NOT_SUPPORTED, e.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise e.from_nvml(exc.value, what) from None
 
     def profiles(self, index: int) -> dict[str, ProfileInfo]:
         nv = self._nv
@@ -285,7 +316,15 @@ class NvmlBackend:
                 if exc.value == e.NVML_ERROR_NOT_SUPPORTED:
                     continue
                 raise e.from_nvml(exc.value, f"processes on {dev_uuid}") from None
-            for p in procs:
+            # Under MPS the clients are listed apart from the server
+            # (nvmlDeviceGetMPSComputeRunningProcesses_v3).
+            mps_procs = (
+                self._optional(
+                    f"MPS clients on {dev_uuid}", nv.nvmlDeviceGetMPSComputeRunningProcesses, handle
+                )
+                or []
+            )
+            for p, is_client in [(p, False) for p in procs] + [(p, True) for p in mps_procs]:
                 if (p.pid, dev_uuid) in seen or proc_state(p.pid) in ("Z", "X"):
                     continue  # a zombie keeps /proc/<pid>, but no longer the GPU
                 seen.add((p.pid, dev_uuid))
@@ -295,18 +334,31 @@ class NvmlBackend:
                         pid=p.pid,
                         device_uuid=dev_uuid,
                         used_memory_mib=int(used // (1024 * 1024)) if isinstance(used, int) else None,
-                        name=_proc_name(p.pid),
+                        name=proc_name(p.pid),
                         slice_tag=_proc_slice_tag(p.pid),
+                        mps_client=is_client,
+                        user=proc_user(p.pid),
                     )
                 )
         return out
 
     # ---- mutations ---------------------------------------------------------------------
 
-    def set_mig_mode(self, index: int, enabled: bool) -> None:
+    def set_mig_mode(self, index: int, enabled: bool) -> int:
         self._count(f"set MIG mode {'on' if enabled else 'off'} on GPU {index}")
         h = self._h(index)
-        self._call(f"set MIG mode on GPU {index}", self._nv.nvmlDeviceSetMigMode, h, int(enabled))
+        # pynvml returns the activation status: NVML_SUCCESS, or why the change is only pending.
+        status = self._call(f"set MIG mode on GPU {index}", self._nv.nvmlDeviceSetMigMode, h, int(enabled))
+        return int(status or 0)
+
+    def set_compute_mode(self, index: int, mode: str) -> None:
+        self._count(f"set compute mode {mode} on GPU {index}")
+        self._call(
+            f"set compute mode {mode} on GPU {index}",
+            self._nv.nvmlDeviceSetComputeMode,
+            self._h(index),
+            COMPUTE_MODES[mode],
+        )
 
     def reset_gpu(self, index: int) -> None:
         self._count(f"reset GPU {index}")
@@ -465,17 +517,47 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     return True
 
 
-def _proc_name(pid: int) -> str | None:
+PROC = "/proc"
+
+
+def proc_name(pid: int, proc: str | None = None) -> str | None:
+    """The program's name: from the command line or executable, since /proc/<pid>/comm is cut
+    to 15 characters ("nvidia-cuda-mps-server" reads "nvidia-cuda-mps" there)."""
+    root = proc or PROC
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        argv0 = Path(f"{root}/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        if argv0:
+            return os.path.basename(argv0)
+    except OSError:
+        pass
+    try:
+        return os.path.basename(os.readlink(f"{root}/{pid}/exe")).removesuffix(" (deleted)")
+    except OSError:
+        pass
+    try:
+        return Path(f"{root}/{pid}/comm").read_text().strip()
     except OSError:
         return None
+
+
+def proc_user(pid: int, proc: str | None = None) -> str | None:
+    """The account a process runs as (its real uid), by name when the host knows it."""
+    import pwd
+
+    try:
+        uid = os.stat(f"{proc or PROC}/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _proc_slice_tag(pid: int) -> str | None:
     """CALQUE_SLICE_ID from the process's environment: how an MPS client is tied to its slot."""
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        raw = Path(f"{PROC}/{pid}/environ").read_bytes()
     except OSError:
         return None
     for item in raw.split(b"\0"):

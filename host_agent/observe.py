@@ -25,6 +25,12 @@ from host_agent.backend import GpuBackend, GpuInfo, GpuInstanceInfo, MpsState, P
 MPS_SERVER_NAMES = ("nvidia-cuda-mps-server",)
 
 
+def is_mps_server(p: ProcessInfo) -> bool:
+    """The MPS server itself (never a tenant): named from its command line, since the kernel's
+    15-character comm cuts it to "nvidia-cuda-mps"."""
+    return (p.name or "") in MPS_SERVER_NAMES and not p.mps_client
+
+
 @dataclass
 class GpuView:
     """Everything the agent reads about one GPU, once."""
@@ -52,7 +58,7 @@ class GpuView:
         return out
 
     def tenant_processes(self) -> list[ProcessInfo]:
-        return [p for p in self.processes if (p.name or "") not in MPS_SERVER_NAMES]
+        return [p for p in self.processes if not is_mps_server(p)]
 
 
 def spans_whole(gi: GpuInstanceInfo) -> bool:
@@ -198,6 +204,8 @@ def differences(v: GpuView, want: GpuEntry) -> list[str]:
                     f"of its {gi.compute_slices} compute slices"
                 )
     if want.mps is not None:
+        if v.info.compute_mode != "exclusive_process":
+            out.append(f"GPU {i}: compute mode is {v.info.compute_mode}, wanted exclusive_process for MPS")
         if not v.mps.running:
             out.append(f"GPU {i}: MPS control daemon is not running, wanted {want.mps.clients} client slots")
         else:
@@ -288,11 +296,19 @@ def _slice_of(v: GpuView, p: ProcessInfo, by_device: dict[str | None, str]) -> s
     if v.mig_on():
         return by_device.get(p.device_uuid)
     if v.mps.running:
-        if (p.name or "") in MPS_SERVER_NAMES:
+        if is_mps_server(p):
             return None
         valid = {mps_slice_id(v.index, k) for k in range(v.mps.clients or 0)}
         return p.slice_tag if p.slice_tag in valid else None
     return whole_slice_id(v.index)
+
+
+def unattributed_clients(v: GpuView) -> list[ProcessInfo]:
+    """Processes on an MPS GPU that no slot can claim (no valid CALQUE_SLICE_ID): whoever
+    started them, they share the GPU with every slot, so reclaiming any slot stops them."""
+    if v.mig_on() or not v.mps.running:
+        return []
+    return [p for p in v.tenant_processes() if _slice_of(v, p, {}) is None]
 
 
 def slice_reports(v: GpuView) -> list[SliceReport]:

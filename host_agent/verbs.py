@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from calque.catalog.planner import validate_layout
-from calque.contracts.agent import AgentError, AgentReport, HostInventory, SliceReport
+from calque.contracts.agent import AgentError, AgentReport, GrantReport, HostInventory, SliceReport
 from calque.contracts.layout import LayoutSpec
 from calque.errors import CalqueError, InvalidInput
 from host_agent.backend import GpuBackend
@@ -25,7 +25,9 @@ from host_agent.observe import (
     read_inventory,
     slice_reports,
     spec_differences,
+    unattributed_clients,
 )
+from host_agent.tenants import Grant, check_session_account, mps_account
 
 _SLICE_ID = re.compile(r"^g(\d+)-(.+)$")
 
@@ -162,6 +164,7 @@ def do_apply(ctx: Context, spec: LayoutSpec) -> AgentReport:
 
     def body(t: datetime) -> AgentReport:
         result = apply(ctx.backend, spec)
+        result.actions.extend(secure_host(ctx.backend, result.views))
         error = _error(result.error) if result.error else None
         if not result.ok and error is None:
             error = AgentError(
@@ -183,6 +186,89 @@ def do_apply(ctx: Context, spec: LayoutSpec) -> AgentReport:
         )
 
     return _guard(ctx, "apply", body)
+
+
+def _caps_of(b: GpuBackend, v: GpuView, s: SliceReport) -> tuple[int, ...]:
+    """The capability-file minors (GPU instance, compute instance) of a MIG slice."""
+    gi = next((g for g in v.instances if g.device_uuid == s.device_uuid), None)
+    if gi is None or not gi.compute_instances:
+        return ()
+    gpu_minor = v.info.minor_number if v.info.minor_number is not None else v.index
+    return tuple(b.host.mig_cap_minors(gpu_minor, gi.id, gi.compute_instances[0].id))
+
+
+def secure_host(b: GpuBackend, views: list[GpuView]) -> list[str]:
+    """Only root reaches IMDS; every MIG capability file no grant holds is root-only."""
+    actions: list[str] = []
+    if getattr(b, "read_only", False) or not getattr(b, "allow_changes", True):
+        return actions
+    if b.host.ensure_imds_rule():
+        actions.append("refused the instance metadata service to every account but root")
+    held = {m: g.account for g in b.grants.load().values() for m in g.caps}
+    closed = 0
+    for v in views:
+        for s in slice_reports(v) if v.mig_on() else []:
+            for minor in _caps_of(b, v, s):
+                want = held.get(minor, "root")
+                if b.host.cap_owner(minor) != want:
+                    b.host.set_cap_owner(minor, None if want == "root" else want)
+                    closed += 1
+    if closed:
+        actions.append(f"made {closed} MIG capability file(s) openable only by root or the slice's holder")
+    return actions
+
+
+def do_grant(ctx: Context, slice_id: str, account: str, *, token_sha256: str | None = None) -> AgentReport:
+    """Give a slice to a session: its own account (MPS: the GPU's shared one), and for MIG
+    the slice's capability files, openable by that account alone."""
+
+    def body(t: datetime) -> AgentReport:
+        b = ctx.backend
+        check_session_account(account)
+        v, s = find_slice(b, slice_id)
+        actions = secure_host(b, read_all(b))
+        grants = b.grants.load()
+        old = grants.get(slice_id)
+        if old is not None and old.account != account and not old.account.startswith("calque-mps-"):
+            actions.extend(_revoke(b, v, old))
+        acct = mps_account(v.index) if s.backend == "mps" else account
+        if b.host.ensure_account(acct):
+            actions.append(f"created account {acct}")
+        caps = _caps_of(b, v, s) if s.backend == "mig" else ()
+        for minor in caps:
+            b.host.set_cap_owner(minor, acct)
+        if caps:
+            actions.append(f"gave {slice_id}'s MIG capability files {list(caps)} to {acct} alone")
+        grants[slice_id] = Grant(slice_id, acct, s.backend, caps, token_sha256)
+        b.grants.save(grants)
+        grant = GrantReport(
+            slice_id=slice_id,
+            account=acct,
+            backend=s.backend,
+            device_files=[f"/dev/nvidia-caps/nvidia-cap{m}" for m in caps],
+            shared_account=s.backend == "mps",
+            imds_blocked=b.host.imds_rule_present(),
+        )
+        return _report(ctx, "grant", t, read_all(b), ok=True, actions=actions, grant=grant)
+
+    return _guard(ctx, "grant", body)
+
+
+def _revoke(b: GpuBackend, v: GpuView, g: Grant) -> list[str]:
+    """Take a slice back: its capability files root-only, and a session account removed
+    with every process it still runs."""
+    out: list[str] = []
+    for minor in g.caps:
+        b.host.set_cap_owner(minor, None)
+    if g.caps:
+        out.append(f"made {g.slice_id}'s MIG capability files root-only again")
+    if g.backend != "mps":
+        for pid in b.host.account_pids(g.account):
+            b.kill_process(v.index, pid)
+            out.append(f"stopped pid {pid} of {g.account}")
+        if b.host.remove_account(g.account):
+            out.append(f"removed account {g.account} and its home")
+    return out
 
 
 def find_slice(views_or_backend: GpuBackend, slice_id: str) -> tuple[GpuView, SliceReport]:
@@ -212,11 +298,17 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
         for p in s.processes:
             b.kill_process(v.index, p.pid)
             actions.append(f"stopped pid {p.pid} ({p.name or '?'}) on {slice_id}")
+        # NVML and the daemon list every MPS client; one that bound itself to no slot may be
+        # this slot's holder's, so it stops too rather than outlive the lease.
+        for client in unattributed_clients(v) if s.backend == "mps" else []:
+            b.kill_process(v.index, client.pid)
+            actions.append(f"stopped pid {client.pid} ({client.name or '?'}), an MPS client bound to no slot")
         v, s = find_slice(b, slice_id)
         views = read_all(b)
         slices = [x for w in views for x in slice_reports(w)]
-        if s.processes:
-            left = [p.pid for p in s.processes]
+        left_over = unattributed_clients(v) if s.backend == "mps" else []
+        if s.processes or left_over:
+            left = [p.pid for p in s.processes] + [p.pid for p in left_over]
             failed = s.model_copy(update={"state": "failed"})
             slices = [failed if x.slice_id == slice_id else x for x in slices]
             return _report(
@@ -235,6 +327,14 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
                 actions=actions,
                 remaining=[f"pid {pid} still runs on {slice_id}" for pid in left],
             )
+        # The access goes before the slice can be granted again.
+        grants = b.grants.load()
+        held = grants.pop(slice_id, None)
+        if held is not None:
+            actions.extend(_revoke(b, v, held))
+            b.grants.save(grants)
+            views = read_all(b)
+            slices = [x for w in views for x in slice_reports(w)]
         reclaimed = s.model_copy(update={"state": "reclaimed"})
         slices = [reclaimed if x.slice_id == slice_id else x for x in slices]
         return _report(

@@ -36,6 +36,17 @@ def _data() -> tuple[dict[str, Card], dict[str, InstanceType]]:
     return by_card, by_type
 
 
+@cache
+def compute_instance_profiles() -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+    """NVML_COMPUTE_INSTANCE_PROFILE_* index -> slices, and GPU-instance slices -> the
+    compute-instance profile indices such a GPU instance offers."""
+    raw = json.loads(resources.files("calque.catalog").joinpath("catalog.json").read_text(encoding="utf-8"))
+    table = raw["compute_instance_profiles"]
+    slices = {p["index"]: p["slices"] for p in table["profiles"]}
+    offered = {int(k): tuple(v) for k, v in table["offered_by_gpu_instance_slices"].items()}
+    return slices, offered
+
+
 def cards() -> list[Card]:
     return list(_data()[0].values())
 

@@ -16,7 +16,7 @@ from pydantic import Field
 from calque.contracts.common import Strict
 from calque.contracts.layout import LayoutSpec
 
-Verb = Literal["inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process"]
+Verb = Literal["inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process", "grant"]
 SliceState = Literal["ready", "reclaimed", "failed"]
 
 
@@ -109,6 +109,38 @@ class SliceReport(Strict):
     processes: list[ProcessReport] = Field(default_factory=list, description="still running on it")
 
 
+class GrantReport(Strict):
+    """grant: which account on the host now holds the slice, and what it was given."""
+
+    slice_id: str
+    account: str = Field(description="the OS account a session's connect command lands in")
+    backend: Literal["mig", "mps", "exclusive"]
+    device_files: list[str] = Field(
+        default_factory=list, description="MIG capability files only this account may open"
+    )
+    shared_account: bool = Field(
+        default=False, description="true for MPS: every slot of the GPU runs as one account"
+    )
+    imds_blocked: bool = Field(description="true: only root can reach the instance metadata service")
+
+
+def session_account(session_id: str) -> str:
+    """The OS account a session gets on its host: derived from the session id, so the control
+    plane and the agent name it alike without storing it."""
+    import hashlib
+
+    return "calque-" + hashlib.sha256(session_id.encode()).hexdigest()[:12]
+
+
+def session_connect_command(instance_id: str, document_name: str, account: str) -> str:
+    """`aws ssm start-session` with the stack's session document, which asks for the
+    session's token on the host and then runs the shell as the session's account."""
+    return (
+        f"aws ssm start-session --target {instance_id} --document-name {document_name} "
+        f'--parameters "user={account}"'
+    )
+
+
 class AgentReport(Strict):
     instance_id: str
     instance_type: str | None = None
@@ -129,6 +161,7 @@ class AgentReport(Strict):
         default=False, description="true: the GPUs now match the spec that was applied"
     )
     reclaimed_slice_id: str | None = None
+    grant: GrantReport | None = Field(default=None, description="grant: the slice's account and access")
     fence: int | None = Field(
         default=None, description="reclaim: the fence the control plane sent, echoed back"
     )

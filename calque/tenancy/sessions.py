@@ -44,7 +44,8 @@ class SessionsMixin(TenancyCore):
     def _checkout(self, who: Caller, req: CheckoutRequest, idempotency_key: str | None) -> SessionGrant:
         if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
             raise ConsentRequired(
-                "MPS clients share a GPU with no isolation between tenants; ask again with "
+                "MPS clients share a GPU and one account on the host with no isolation between "
+                "tenants; ask again with "
                 "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
                 details={"field": "accept_shared_gpu_no_isolation"},
             )

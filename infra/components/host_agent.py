@@ -1,15 +1,22 @@
 """The host agent's way onto an instance: its bundle, the SSM Command document, the host role.
 
-The bundle (host_agent/ and calque/ plus a requirements.txt) is an S3 asset; the
-document downloads it and runs ``python3 -m host_agent --instance-id ... --report-to
-<API> <verb> ...``. Its parameter names come from calque.resources, which the local
-plane's SSM executor reads too. The host role gets what the agent needs and nothing
-more: SSM's managed-instance core, read of that one bundle object, and invoking the
-report route.
+The bundle (host_agent/ and calque/, plus a wheelhouse of the agent's dependencies
+for every supported Python and machine) is an S3 asset; the document downloads it
+(through the VPC's S3 gateway endpoint where there is no internet), unpacks the
+wheels that fit the system python3, and runs ``python3 -m host_agent --instance-id
+... --report-to <API> <verb> ...``. Nothing on the instance reaches an index. Its
+parameter names come from calque.resources, which the local plane's SSM executor
+reads too. The host role gets what the agent needs and nothing more: SSM's
+managed-instance core, read of that one bundle object, and invoking the report route.
 """
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from aws_cdk import Aws, Fn, Stack
@@ -20,16 +27,129 @@ from constructs import Construct
 
 from calque.resources import HOST_AGENT_VERBS, HOST_TAG_KEY, HOST_TAG_VALUE, SSM_DOCUMENT_PARAMETERS
 from infra import constants
-from infra.bundling import CopyPackages, local_asset, project_dependencies
+from infra.bundling import BundlingError, CopyPackages, local_asset
 from infra.nag import acknowledge
 
 _SCRIPT = Path(__file__).with_name("run_host_agent.sh")
+# The system python3 of every supported AMI family (AL2023 3.9, Ubuntu 22.04 3.10, Ubuntu 24.04
+# 3.12) and the versions between, on both machine kinds EC2 GPU instances come in.
+AGENT_PYTHONS: tuple[str, ...] = ("3.9", "3.10", "3.11", "3.12", "3.13")
+AGENT_MACHINES: tuple[str, ...] = ("x86_64", "aarch64")
+
+
+def agent_requirements(project_root: Path) -> tuple[str, ...]:
+    """host_agent/requirements.txt without comments: what the agent imports on a host."""
+    lines = (project_root / "host_agent" / "requirements.txt").read_text().splitlines()
+    return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def wheel_tag(python: str, machine: str) -> str:
+    """The wheelhouse folder for one interpreter and machine, as run_host_agent.sh names it."""
+    return f"cp{python.replace('.', '')}-{machine}"
+
+
+def requirements_for(requirements: Sequence[str], python: str, machine: str) -> list[str]:
+    """The requirements that apply to that interpreter and machine, markers judged for it
+    (pip would judge them by the interpreter building the bundle)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip always carries its own copy
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
+
+    env = {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "platform_machine": machine,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
+    out = []
+    for line in requirements:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate(env):
+            req.marker = None
+            out.append(str(req))
+    return out
+
+
+def build_wheelhouse(
+    dest: Path,
+    requirements: Sequence[str],
+    *,
+    pythons: Sequence[str] = AGENT_PYTHONS,
+    machines: Sequence[str] = AGENT_MACHINES,
+) -> None:
+    """Binary wheels of the requirements for each (python, machine), one folder each."""
+    for python in pythons:
+        for machine in machines:
+            out = dest / wheel_tag(python, machine)
+            out.mkdir(parents=True, exist_ok=True)
+            platforms = [f"manylinux2014_{machine}", f"manylinux_2_17_{machine}", f"manylinux_2_28_{machine}"]
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--only-binary=:all:",
+                "--implementation",
+                "cp",
+                "--python-version",
+                python,
+                *[arg for p in platforms for arg in ("--platform", p)],
+                "--dest",
+                str(out),
+                *requirements_for(requirements, python, machine),
+            ]
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise BundlingError(
+                    f"pip could not fetch the host agent's wheels for Python {python} on {machine}:\n"
+                    f"{result.stderr.strip()[-4000:]}"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentBundle:
+    """Our packages as they are, and a wheelhouse of the agent's dependencies beside them."""
+
+    root: Path
+    requirements: tuple[str, ...]
+    pythons: tuple[str, ...] = AGENT_PYTHONS
+    machines: tuple[str, ...] = AGENT_MACHINES
+
+    @property
+    def _packages(self) -> CopyPackages:
+        return CopyPackages(
+            root=self.root,
+            packages=("host_agent", "calque"),
+            extra_files=(("requirements.txt", "\n".join(self.requirements) + "\n"),),
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        parts = [self._packages.fingerprint, *self.pythons, *self.machines, *self.requirements]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    def build(self, out: Path) -> None:
+        self._packages.build(out)
+        build_wheelhouse(out / "wheelhouse", self.requirements, pythons=self.pythons, machines=self.machines)
+
+
 # What a spec or slice id may contain: no single quote, so even an SSM Agent too old for
 # environment-variable interpolation cannot be made to run anything else.
 _NO_QUOTE = "^[^']*$"
 _SLICE_ID = r"^[A-Za-z0-9._:/-]{0,200}$"
 _ENDPOINT = r"^(https?://[A-Za-z0-9.:/_-]+)?$"
 _FENCE = r"^[0-9]{0,18}$"
+_USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.SESSION_ACCOUNT)
+_SESSION_USER = r"^calque-[0-9a-f]{12}$"
+_SHA256 = r"^([0-9a-f]{64})?$"
 
 
 def run_agent_script(*, version: str, download_dir: str, root: str = constants.HOST_AGENT_ROOT) -> list[str]:
@@ -42,6 +162,8 @@ def run_agent_script(*, version: str, download_dir: str, root: str = constants.H
         "__P_SLICE__": p.slice_id,
         "__P_REPORT__": p.report_to,
         "__P_FENCE__": p.fence,
+        "__P_USER__": p.user,
+        "__P_TOKEN__": p.token_sha256,
         "__ROOT__": root,
         "__VERSION__": version,
         "__DOWNLOAD__": download_dir,
@@ -61,16 +183,13 @@ class HostAgent(Construct):
         report_endpoint: str,
     ) -> None:
         super().__init__(scope, construct_id)
-        requirements = project_dependencies(project_root / "pyproject.toml", extras=("agent",))
         self.bundle = s3_assets.Asset(
             self,
             "Bundle",
             **local_asset(
                 name="host-agent",
-                recipe=CopyPackages(
-                    root=project_root,
-                    packages=("host_agent", "calque"),
-                    extra_files=(("requirements.txt", "\n".join(requirements) + "\n"),),
+                recipe=AgentBundle(  # type: ignore[arg-type]
+                    root=project_root, requirements=agent_requirements(project_root)
                 ),
                 source=project_root,
                 cache_dir=cache_dir,
@@ -92,6 +211,7 @@ class HostAgent(Construct):
         )
         self.instance_profile = iam.InstanceProfile(self, "InstanceProfile", role=self.role)
         self.document = self._document(report_endpoint)
+        self.session_document = self._session_document()
         self.document_arn = Stack.of(self).format_arn(
             service="ssm", resource="document", resource_name=self.document.ref
         )
@@ -105,6 +225,56 @@ class HostAgent(Construct):
     @property
     def document_name(self) -> str:
         return self.document.ref
+
+    @property
+    def session_document_name(self) -> str:
+        """What a session's connect command names (calque.contracts.agent.session_connect_command)."""
+        return self.session_document.ref
+
+    def _session_document(self) -> ssm.CfnDocument:
+        # Session Manager runs these commands as root (runAsElevated); the agent's login asks for
+        # the session's token and only then starts a login shell in the session's own account.
+        return ssm.CfnDocument(
+            self,
+            "SessionDocument",
+            document_type="Session",
+            document_format="JSON",
+            update_method="NewVersion",
+            content={
+                "schemaVersion": "1.0",
+                "description": "Open a shell on a calque host as a session's own account, after "
+                "the session's token is given.",
+                "sessionType": "InteractiveCommands",
+                "parameters": {
+                    "user": {
+                        "type": "String",
+                        "description": "The session's account on the host (calque-<12 hex>), as "
+                        "check-out's connect command names it.",
+                        "allowedPattern": _SESSION_USER,
+                    }
+                },
+                "properties": {
+                    "linux": {
+                        "commands": f"{constants.HOST_AGENT_ROOT}/login {{{{ user }}}}",
+                        "runAsElevated": True,
+                    }
+                },
+            },
+        )
+
+    def grant_start_session(self, grantee: iam.IGrantable) -> None:
+        """Members connect to calque hosts with the session document (and no other)."""
+        session_doc = Stack.of(self).format_arn(
+            service="ssm", resource="document", resource_name=self.session_document.ref
+        )
+        instances = Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["ssm:StartSession"],
+                resources=[session_doc, instances],
+                conditions={"BoolIfExists": {"ssm:SessionDocumentAccessCheck": "true"}},
+            )
+        )
 
     def _document(self, report_endpoint: str) -> ssm.CfnDocument:
         p = SSM_DOCUMENT_PARAMETERS
@@ -159,6 +329,21 @@ class HostAgent(Construct):
                         "echoes it so a late report can never free a slice granted again since.",
                         "default": "",
                         "allowedPattern": _FENCE,
+                        "interpolationType": "ENV_VAR",
+                    },
+                    p.user: {
+                        "type": "String",
+                        "description": "The session's account on the host (grant); empty otherwise.",
+                        "default": "",
+                        "allowedPattern": _USER,
+                        "interpolationType": "ENV_VAR",
+                    },
+                    p.token_sha256: {
+                        "type": "String",
+                        "description": "The session token's SHA-256 (grant), which the host asks for at "
+                        "login; empty otherwise.",
+                        "default": "",
+                        "allowedPattern": _SHA256,
                         "interpolationType": "ENV_VAR",
                     },
                     p.report_to: {

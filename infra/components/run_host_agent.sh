@@ -2,7 +2,12 @@
 # calque SSM Command document). The agent bundle was downloaded by the step before.
 # Placeholders __LIKE_THIS__ are filled at synth from infra/constants.py and
 # calque.resources.SSM_DOCUMENT_PARAMETERS.
-set -euo pipefail
+#
+# SSM Agent writes these lines to a file and runs it with `sh`: dash on Ubuntu, bash on
+# Amazon Linux. So this is POSIX sh only (no pipefail, no arrays, no `local`), and the
+# tests run it under both. Nothing here reaches the internet: the interpreter is the
+# system python3 (3.9 or later) and the agent's dependencies are wheels in the bundle.
+set -eu
 umask 022
 
 # Parameter values arrive as environment variables (interpolationType ENV_VAR), never
@@ -13,42 +18,80 @@ if [ -n "${SSM___P_SPEC__+x}" ]; then spec="$SSM___P_SPEC__"; else spec='{{ __P_
 if [ -n "${SSM___P_SLICE__+x}" ]; then slice_id="$SSM___P_SLICE__"; else slice_id='{{ __P_SLICE__ }}'; fi
 if [ -n "${SSM___P_FENCE__+x}" ]; then fence="$SSM___P_FENCE__"; else fence='{{ __P_FENCE__ }}'; fi
 if [ -n "${SSM___P_REPORT__+x}" ]; then report_to="$SSM___P_REPORT__"; else report_to='{{ __P_REPORT__ }}'; fi
+if [ -n "${SSM___P_USER__+x}" ]; then session_user="$SSM___P_USER__"; else session_user='{{ __P_USER__ }}'; fi
+if [ -n "${SSM___P_TOKEN__+x}" ]; then token_sha256="$SSM___P_TOKEN__"; else token_sha256='{{ __P_TOKEN__ }}'; fi
 
-home='__ROOT__/__VERSION__'
+root='__ROOT__'
+home="$root/__VERSION__"
 download='__DOWNLOAD__'
 
 fail() { echo "calque host agent: $*" >&2; exit 2; }
 
+command -v python3 >/dev/null 2>&1 || fail "python3 is required on the instance (3.9 or later)"
+# Which wheels fit this interpreter and machine: cp39-x86_64, cp312-aarch64, ...
+tag="$(python3 -c 'import platform, sys; print("cp%d%d-%s" % (sys.version_info[0], sys.version_info[1], platform.machine()))')" \
+  || fail "python3 does not run"
+case "$tag" in
+  cp2*|cp30-*|cp31-*|cp32-*|cp33-*|cp34-*|cp35-*|cp36-*|cp37-*|cp38-*)
+    fail "python3 is too old ($tag); the agent needs Python 3.9 or later" ;;
+esac
+
 install_agent() {
-  local staging="$home.partial" bundle="$download"
+  staging="$home.partial"
+  bundle="$download"
   if [ -d "$bundle" ]; then bundle="$(find "$bundle" -maxdepth 1 -type f -name '*.zip' | head -n 1)"; fi
-  [ -n "$bundle" ] && [ -f "$bundle" ] || fail "agent bundle not found under $download"
-  command -v python3 >/dev/null || fail "python3 is required on the instance"
+  if [ -z "$bundle" ] || [ ! -f "$bundle" ]; then fail "agent bundle not found under $download"; fi
   rm -rf "$staging"
   mkdir -p "$staging"
   python3 -m zipfile -e "$bundle" "$staging/src"
-  # A private environment for the agent's dependencies: a venv where the OS allows one,
-  # else a plain target directory. Either needs pip's index (PyPI or PIP_INDEX_URL).
-  if python3 -m venv "$staging/venv" >/dev/null 2>&1; then
-    "$staging/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      -r "$staging/src/requirements.txt"
-  else
-    python3 -m pip install --quiet --disable-pip-version-check --target "$staging/site" \
-      -r "$staging/src/requirements.txt" || fail "neither python3 -m venv nor python3 -m pip works here"
+  # The dependencies: wheels built into the bundle for each supported Python and machine,
+  # unpacked as they are (a wheel is a zip of its installed files). No pip, no index.
+  wheels="$staging/src/wheelhouse/$tag"
+  if [ ! -d "$wheels" ]; then
+    fail "the bundle has no wheels for $tag; it has: $(ls "$staging/src/wheelhouse" 2>/dev/null | tr '\n' ' ')"
   fi
+  mkdir -p "$staging/site"
+  for wheel in "$wheels"/*.whl; do
+    [ -f "$wheel" ] || continue
+    python3 -m zipfile -e "$wheel" "$staging/site"
+  done
+  rm -rf "$staging/src/wheelhouse"
+  printf '%s\n' "$tag" > "$staging/tag"
   rm -rf "$home"
   mv "$staging" "$home"
+  # What the Session Manager document runs (as root) when a member connects: asks for the
+  # session's token, then a login shell in the session's account.
+  {
+    echo '#!/bin/sh'
+    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent login --user \"\$1\""
+  } > "$root/login.$$"
+  chmod 0755 "$root/login.$$"
+  mv -f "$root/login.$$" "$root/login"
   # Older agent versions are of no further use.
-  find "$(dirname "$home")" -mindepth 1 -maxdepth 1 -type d ! -name "$(basename "$home")" \
-    -exec rm -rf {} +
+  find "$root" -mindepth 1 -maxdepth 1 -type d ! -name "$(basename "$home")" -exec rm -rf {} +
 }
 
-[ -d "$home/src" ] || install_agent
-if [ -x "$home/venv/bin/python" ]; then
-  python="$home/venv/bin/python"; export PYTHONPATH="$home/src"
-else
-  python=python3; export PYTHONPATH="$home/src:$home/site"
+installed() { [ -d "$home/src" ] && [ -f "$home/tag" ] && [ "$(cat "$home/tag")" = "$tag" ]; }
+
+# First run: one install at a time, however many commands SSM runs at once.
+if ! installed; then
+  mkdir -p "$root"
+  if command -v flock >/dev/null 2>&1; then
+    exec 9>"$root/install.lock"
+    flock -w 600 9 || fail "another run has been installing the agent for 10 minutes"
+    installed || install_agent
+    flock -u 9
+    exec 9>&-
+  else
+    until mkdir "$root/install.lock.d" 2>/dev/null; do sleep 1; done
+    trap 'rmdir "$root/install.lock.d" 2>/dev/null || true' EXIT
+    installed || install_agent
+    rmdir "$root/install.lock.d"
+    trap - EXIT
+  fi
 fi
+PYTHONPATH="$home/src:$home/site"
+export PYTHONPATH
 
 instance_id="${AWS_SSM_INSTANCE_ID:-}"
 if [ -z "$instance_id" ]; then
@@ -61,19 +104,26 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-args=(--instance-id "$instance_id")
-if [ -n "$report_to" ]; then args+=(--report-to "$report_to"); fi
-args+=("$verb")
+# The agent's arguments, built up in the positional parameters (sh has no arrays).
+set -- --instance-id "$instance_id"
+if [ -n "$report_to" ]; then set -- "$@" --report-to "$report_to"; fi
+set -- "$@" "$verb"
 case "$verb" in
   apply|assert)
     [ -n "$spec" ] || fail "$verb needs the __P_SPEC__ parameter (the layout spec)"
     printf '%s' "$spec" > "$work/spec.json"
-    args+=(--spec "$work/spec.json")
+    set -- "$@" --spec "$work/spec.json"
     ;;
   reclaim)
     [ -n "$slice_id" ] || fail "reclaim needs the __P_SLICE__ parameter"
-    args+=(--slice "$slice_id")
-    if [ -n "$fence" ]; then args+=(--fence "$fence"); fi
+    set -- "$@" --slice "$slice_id"
+    if [ -n "$fence" ]; then set -- "$@" --fence "$fence"; fi
+    ;;
+  grant)
+    [ -n "$slice_id" ] || fail "grant needs the __P_SLICE__ parameter"
+    [ -n "$session_user" ] || fail "grant needs the __P_USER__ parameter"
+    set -- "$@" --slice "$slice_id" --user "$session_user"
+    if [ -n "$token_sha256" ]; then set -- "$@" --token-sha256 "$token_sha256"; fi
     ;;
 esac
-"$python" -m host_agent "${args[@]}"
+python3 -m host_agent "$@"

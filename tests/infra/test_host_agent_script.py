@@ -1,4 +1,7 @@
-"""The SSM document's shell step, run here the way SSM Agent runs it, against a stand-in agent."""
+"""The SSM document's shell step, run here the way SSM Agent runs it, against a stand-in agent.
+
+SSM Agent's aws:runShellScript writes the lines to a file and runs it with `sh`: dash on
+Ubuntu, bash on Amazon Linux. Every test here runs under both."""
 
 from __future__ import annotations
 
@@ -14,19 +17,48 @@ import pytest
 from calque.resources import SSM_DOCUMENT_PARAMETERS as P
 from infra.components.host_agent import run_agent_script
 
-pytestmark = [
-    pytest.mark.infra,
-    pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash"),
+pytestmark = [pytest.mark.infra]
+
+SHELLS = [
+    pytest.param(
+        "dash", marks=pytest.mark.skipif(shutil.which("dash") is None, reason="dash is not installed here")
+    ),
+    pytest.param(
+        "bash", marks=pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed here")
+    ),
 ]
 
-# Records how it was called, and the spec file's content, instead of touching a GPU.
+# Records how it was called, the spec file's content, and that the bundle's wheels were
+# unpacked onto its path, instead of touching a GPU.
 _FAKE_MAIN = """
 import json, os, sys
+import calque_probe
 args = sys.argv[1:]
 spec = open(args[args.index("--spec") + 1]).read() if "--spec" in args else None
 with open(os.environ["CALQUE_TEST_RECORD"], "w") as out:
-    json.dump({"args": args, "spec": spec}, out)
+    json.dump({"args": args, "spec": spec, "probe": calque_probe.VALUE}, out)
 """
+
+
+def _tag() -> str:
+    """The wheelhouse folder the script picks for the python3 on this PATH."""
+    code = (
+        "import platform, sys; "
+        'print("cp%d%d-%s" % (sys.version_info[0], sys.version_info[1], platform.machine()))'
+    )
+    return subprocess.run(["python3", "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _probe_wheel() -> bytes:
+    """A minimal wheel: a zip of the files it installs, as the real wheelhouse holds."""
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as whl:
+        whl.writestr("calque_probe.py", "VALUE = 'from the wheelhouse'\n")
+        whl.writestr("calque_probe-1.0.dist-info/METADATA", "Name: calque-probe\nVersion: 1.0\n")
+    return buf.getvalue()
+
 
 HOSTILE_SPEC = (
     '{"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]} $(touch pwned) `id` "$HOME"'
@@ -42,11 +74,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
         archive.writestr("host_agent/__init__.py", "")
         archive.writestr("host_agent/__main__.py", _FAKE_MAIN)
         archive.writestr("requirements.txt", "")
+        archive.writestr(f"wheelhouse/{_tag()}/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
     return root
 
 
 def _run(
-    host: Path, tmp_path: Path, values: dict[str, str], *, env_interpolation: bool
+    host: Path, tmp_path: Path, values: dict[str, str], *, env_interpolation: bool, shell: str = "dash"
 ) -> subprocess.CompletedProcess:
     lines = run_agent_script(version="v1", download_dir=str(host / "downloads"), root=str(host / "agent"))
     script = "\n".join(lines)
@@ -62,19 +95,23 @@ def _run(
         else:
             script = script.replace("{{ " + name + " }}", value)
     # What SSM Agent pastes for a parameter it did not receive: its default.
-    for name in (P.spec, P.slice_id, P.report_to, P.fence):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
         script = script.replace("{{ " + name + " }}", "")
+    # As SSM Agent does: the lines go to a file, which the shell runs.
+    path = tmp_path / "_script.sh"
+    path.write_text(script + "\n")
     return subprocess.run(
-        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        [shell, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
 
 
+@pytest.mark.parametrize("shell", SHELLS)
 @pytest.mark.parametrize("env_interpolation", [True, False], ids=["env-vars", "old-agent-pasting"])
-def test_apply_passes_the_spec_intact_and_runs_nothing_else(host, tmp_path, env_interpolation) -> None:
+def test_apply_passes_the_spec_intact_and_runs_nothing_else(host, tmp_path, env_interpolation, shell) -> None:
     # Given an apply command whose spec carries shell syntax
     values = {P.verb: "apply", P.spec: HOSTILE_SPEC, P.report_to: "https://api.example/prod/"}
-    # When the document's shell step runs it
-    result = _run(host, tmp_path, values, env_interpolation=env_interpolation)
+    # When the document's shell step runs it, under the shell SSM Agent uses
+    result = _run(host, tmp_path, values, env_interpolation=env_interpolation, shell=shell)
     # Then the agent is called with the instance, the report endpoint, the verb and a spec file
     assert result.returncode == 0, result.stderr
     record = json.loads((tmp_path / "record.json").read_text())
@@ -89,15 +126,18 @@ def test_apply_passes_the_spec_intact_and_runs_nothing_else(host, tmp_path, env_
     # And the spec reaches it byte for byte, with nothing in it executed
     assert record["spec"] == HOSTILE_SPEC
     assert not (tmp_path / "pwned").exists()
+    # And the agent's dependencies came from the bundle's wheelhouse, not an index
+    assert record["probe"] == "from the wheelhouse"
 
 
-def test_reclaim_names_the_slice_and_a_second_run_reuses_the_installed_agent(host, tmp_path) -> None:
+@pytest.mark.parametrize("shell", SHELLS)
+def test_reclaim_names_the_slice_and_a_second_run_reuses_the_installed_agent(host, tmp_path, shell) -> None:
     # Given a reclaim command at fence 4
     values = {P.verb: "reclaim", P.slice_id: "i-0abc/gpu0/mig-1", P.fence: "4"}
     # When it runs twice
-    first = _run(host, tmp_path, values, env_interpolation=True)
+    first = _run(host, tmp_path, values, env_interpolation=True, shell=shell)
     installed = (host / "agent" / "v1" / "src").stat().st_mtime_ns
-    second = _run(host, tmp_path, values, env_interpolation=True)
+    second = _run(host, tmp_path, values, env_interpolation=True, shell=shell)
     # Then the agent reclaims that slice, installed once and reused
     assert first.returncode == 0, first.stderr
     assert second.returncode == 0, second.stderr
@@ -114,10 +154,82 @@ def test_reclaim_names_the_slice_and_a_second_run_reuses_the_installed_agent(hos
     assert (host / "agent" / "v1" / "src").stat().st_mtime_ns == installed
 
 
-def test_apply_without_a_spec_is_refused_before_the_agent_runs(host, tmp_path) -> None:
+@pytest.mark.parametrize("shell", SHELLS)
+def test_apply_without_a_spec_is_refused_before_the_agent_runs(host, tmp_path, shell) -> None:
     # Given an apply command with no spec
-    result = _run(host, tmp_path, {P.verb: "apply"}, env_interpolation=True)
+    result = _run(host, tmp_path, {P.verb: "apply"}, env_interpolation=True, shell=shell)
     # Then the step fails with the reason, and the agent never ran
     assert result.returncode != 0
     assert "spec" in result.stderr
     assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_grant_passes_the_slice_and_the_sessions_account(host, tmp_path, shell) -> None:
+    values = {P.verb: "grant", P.slice_id: "g0-1g.24gb-0", P.user: "calque-s-1a2b3c4d"}
+    result = _run(host, tmp_path, values, env_interpolation=True, shell=shell)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["args"][-5:] == ["grant", "--slice", "g0-1g.24gb-0", "--user", "calque-s-1a2b3c4d"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_runs_started_together_install_the_agent_once(tmp_path_factory, tmp_path, shell) -> None:
+    # Given a fresh host, and several commands arriving at once (SSM runs up to five together)
+    root = tmp_path_factory.mktemp("fresh")
+    (root / "downloads").mkdir()
+    with zipfile.ZipFile(root / "downloads" / "b.zip", "w") as archive:
+        archive.writestr("host_agent/__init__.py", "")
+        archive.writestr("host_agent/__main__.py", _FAKE_MAIN)
+        archive.writestr(f"wheelhouse/{_tag()}/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
+    lines = run_agent_script(version="v1", download_dir=str(root / "downloads"), root=str(root / "agent"))
+    script = "\n".join(lines).replace("{{ " + P.verb + " }}", "report")
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
+        script = script.replace("{{ " + name + " }}", "")
+    procs = []
+    for k in range(4):
+        run_dir = tmp_path / f"run{k}"
+        run_dir.mkdir()
+        (run_dir / "s.sh").write_text(script + "\n")
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(run_dir),
+            "AWS_SSM_INSTANCE_ID": "i-0abc",
+            "CALQUE_TEST_RECORD": str(run_dir / "record.json"),
+        }
+        procs.append(
+            subprocess.Popen(
+                [shell, str(run_dir / "s.sh")], cwd=run_dir, env=env, stderr=subprocess.PIPE, text=True
+            )
+        )
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    # Then every run succeeds with the one installed agent, and no half-installed copy is left
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    assert sorted(p.name for p in (root / "agent").iterdir() if p.is_dir()) == ["v1"]
+    assert all(json.loads((tmp_path / f"run{k}" / "record.json").read_text())["probe"] for k in range(4))
+
+
+def test_the_session_document_lands_a_member_in_the_sessions_account_after_its_token(synthesized) -> None:
+    from tests.infra.conftest import resources_of
+
+    (session_doc,) = [
+        d["Properties"]
+        for d in resources_of(synthesized.service_json, "AWS::SSM::Document")
+        if d["Properties"]["DocumentType"] == "Session"
+    ]
+    content = session_doc["Content"]
+    # Then it takes only a session account's name, and runs the agent's login (as root) with it
+    assert content["sessionType"] == "InteractiveCommands"
+    assert content["parameters"]["user"]["allowedPattern"] == "^calque-[0-9a-f]{12}$"
+    assert content["properties"]["linux"]["commands"] == "/opt/calque/agent/login {{ user }}"
+    assert content["properties"]["linux"]["runAsElevated"] is True
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_install_leaves_the_login_the_session_document_runs(host, tmp_path, shell) -> None:
+    result = _run(host, tmp_path, {P.verb: "report"}, env_interpolation=True, shell=shell)
+    assert result.returncode == 0, result.stderr
+    login = (host / "agent" / "login").read_text()
+    assert login.startswith("#!/bin/sh\n")
+    assert "-m host_agent login --user" in login
+    assert str(host / "agent" / "v1" / "src") in login

@@ -283,7 +283,11 @@ def test_host_role_has_only_what_the_agent_needs(synthesized: Synthesized) -> No
 
 
 def _document(template: dict[str, Any]) -> dict[str, Any]:
-    (document,) = resources_of(template, "AWS::SSM::Document")
+    (document,) = [
+        d
+        for d in resources_of(template, "AWS::SSM::Document")
+        if d["Properties"]["DocumentType"] == "Command"
+    ]
     return document["Properties"]
 
 
@@ -294,10 +298,10 @@ def test_ssm_document_takes_the_shared_parameter_names(synthesized: Synthesized)
     parameters = document["Content"]["parameters"]
     p = resources.SSM_DOCUMENT_PARAMETERS
     # Then its parameters are the names the local plane's executor also uses
-    assert set(parameters) == {p.verb, p.spec, p.slice_id, p.report_to, p.fence}
+    assert set(parameters) == {p.verb, p.spec, p.slice_id, p.report_to, p.fence, p.user, p.token_sha256}
     assert parameters[p.verb]["allowedValues"] == list(resources.HOST_AGENT_VERBS)
     # And free-text values reach the script as environment variables, never pasted into it
-    for name in (p.spec, p.slice_id, p.report_to, p.fence):
+    for name in (p.spec, p.slice_id, p.report_to, p.fence, p.user, p.token_sha256):
         assert parameters[name]["interpolationType"] == "ENV_VAR"
         assert "'" not in parameters[name]["allowedPattern"].replace("[^']", "")
     # And the report endpoint defaults to this deployment's API

@@ -37,7 +37,8 @@ def checkout_body(
     """The POST /v1/sessions body; CliError (exit 1) for an MPS check-out without consent."""
     if backend == "mps" and not accept_shared_gpu_no_isolation:
         raise CliError(
-            "MPS slots share a GPU with no memory or fault isolation between tenants; "
+            "MPS slots share a GPU, and one account on the host, with no memory or fault isolation "
+            "between tenants; "
             f"check out an MPS slot only with {CONSENT_FLAG}",
             code="consent_required",
             details={"field": "accept_shared_gpu_no_isolation", "flag": CONSENT_FLAG},

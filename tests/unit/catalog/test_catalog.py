@@ -165,3 +165,19 @@ def test_unknown_card_and_profile_are_refused():
 def test_nvml_names_map_back_to_cards():
     assert catalog.card_for_nvml_name("NVIDIA H100 80GB HBM3").name == "H100 80GB"
     assert catalog.card_for_nvml_name("NVIDIA GeForce RTX 3090") is None
+
+
+def test_compute_instance_profiles_follow_nvml_h_including_the_nvl_seven_slice_profile():
+    slices, offered = catalog.compute_instance_profiles()
+    # nvml.h: 1, 2, 3, 4, 7, 8, 6 slices, then 1_SLICE_REV1 and 7_SLICE_NVL
+    assert slices == {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
+    # A GPU instance always offers the compute profile spanning all of it
+    for gi_slices, indices in offered.items():
+        assert gi_slices in {slices[k] for k in indices}
+
+
+def test_p4d_and_p4de_rates_are_after_the_june_2025_price_cut():
+    for name, ceiling in (("p4d.24xlarge", 22.0), ("p4de.24xlarge", 27.5)):
+        t = catalog.instance_type(name)
+        assert t.hourly_usd <= ceiling
+        assert t.price_as_of.isoformat() >= "2025-06-05"

@@ -23,6 +23,7 @@ from host_agent.fake import COMPUTE_INSTANCE_PROFILE_COUNT, FakeGpuBackend, comp
 
 MUTATING = {
     "nvmlDeviceSetMigMode",
+    "nvmlDeviceSetComputeMode",
     "nvmlDeviceCreateGpuInstanceWithPlacement",
     "nvmlGpuInstanceCreateComputeInstance",
     "nvmlComputeInstanceDestroy",
@@ -192,19 +193,38 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
     def nvmlDeviceGetGpuInstanceId(mh):
         return mh[3]
 
-    @nv
-    def nvmlDeviceGetComputeRunningProcesses(h):
+    def _running(h, mps_clients: bool):
         dev = h[2] if h[0] == "mig" else fake.gpu(h[1]).uuid
         return [
             SimpleNamespace(pid=p.pid, usedGpuMemory=(p.used_memory_mib or 0) * 1024 * 1024)
             for p in fake.processes(h[1])
-            if p.device_uuid == dev
+            if p.device_uuid == dev and p.mps_client == mps_clients
         ]
 
     @nv
+    def nvmlDeviceGetComputeRunningProcesses(h):
+        return _running(h, False)
+
+    @nv
+    def nvmlDeviceGetMPSComputeRunningProcesses(h):
+        return _running(h, True)
+
+    @nv
+    def nvmlDeviceGetComputeMode(h):
+        return {"default": 0, "prohibited": 2, "exclusive_process": 3}[fake.gpu(h[1]).compute_mode]
+
+    @nv
+    def nvmlDeviceSetComputeMode(h, mode):
+        fake.set_compute_mode(h[1], {0: "default", 2: "prohibited", 3: "exclusive_process"}[mode])
+
+    @nv
+    def nvmlDeviceGetMinorNumber(h):
+        return fake.gpu(h[1]).minor_number
+
+    @nv
     def nvmlDeviceSetMigMode(h, mode):
-        fake.set_mig_mode(h[1], bool(mode))
-        return 0
+        # pynvml returns the activation status (NVML_SUCCESS or why the change is pending)
+        return fake.set_mig_mode(h[1], bool(mode))
 
     @nv
     def nvmlDeviceGetGpuInstanceById(h, gi_id):

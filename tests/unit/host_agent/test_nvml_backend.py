@@ -245,7 +245,7 @@ def test_an_nvml_failure_part_way_is_a_report_not_a_crash(stub):
     fake, _nv = stub
     fake.inject_fault("create_compute_instance", e.NVML_ERROR_UNKNOWN, skip=2)
     backend = NvmlBackend()
-    backend.mps = fake.mps
+    backend.mps, backend.host, backend.grants = fake.mps, fake.host, fake.grants
     ctx = verbs.Context(backend=backend, instance_id="i-1")
     spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"1g.18gb": 7}}]})
     # When the layout is applied

@@ -71,5 +71,7 @@ def test_a_compute_instance_that_failed_is_reported_failed_and_finished_by_the_n
     backend.mutating_calls = 0
     second = verbs.do_apply(ctx, spec)
     assert second.ok
-    assert second.actions == ["create the compute instance of GPU instance 2 (2g.48gb) on GPU 0"]
+    assert [a for a in second.actions if "capability file" not in a] == [
+        "create the compute instance of GPU instance 2 (2g.48gb) on GPU 0"
+    ]
     assert second.mutating_calls == 1

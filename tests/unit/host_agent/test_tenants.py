@@ -1,0 +1,161 @@
+"""Tenants isolated on the host: a session's own account, MIG device files only it may
+open, taken back at reclaim before the next grant, and IMDS kept to root."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+import pytest
+
+from calque.contracts.agent import session_account, session_connect_command
+from calque.contracts.layout import parse_layout
+from host_agent import verbs
+from host_agent.fake import FakeGpuBackend
+from host_agent.login import check_token
+from host_agent.tenants import IMDS_RULE, LinuxHost
+
+pytestmark = pytest.mark.unit
+
+ALICE = session_account("s-alice")
+BOB = session_account("s-bob")
+MIG = parse_layout({"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]})
+
+
+def _host(spec=MIG) -> tuple[FakeGpuBackend, verbs.Context]:
+    backend = FakeGpuBackend.for_instance_type("g7e.2xlarge")
+    ctx = verbs.Context(backend=backend, instance_id="i-1", simulated=True)
+    assert verbs.do_apply(ctx, spec).ok
+    return backend, ctx
+
+
+def _caps(report) -> list[int]:
+    return [int(f.rsplit("cap", 1)[1]) for f in report.grant.device_files]
+
+
+def test_apply_closes_every_mig_device_and_the_metadata_service_to_tenants():
+    # Given a freshly converged MIG host, whose driver lets anyone open a MIG device by default
+    backend, ctx = _host()
+    # Then after apply no session account may open any slice, and IMDS is root's alone
+    with backend.session():
+        minors = [m for gi in backend.gpu_instances(0) for m in backend.host.mig_cap_minors(0, gi.id, 0)]
+    assert len(minors) == 8
+    assert not any(backend.host.may_open(ALICE, m) for m in minors)
+    assert backend.host.imds_rule_present()
+    # And a second apply changes nothing on the host either
+    again = verbs.do_apply(ctx, MIG)
+    assert again.actions == []
+
+
+def test_a_granted_mig_slice_opens_for_its_session_alone():
+    backend, ctx = _host()
+    # When alice's session is granted slice g0-1g.24gb-1
+    report = verbs.do_grant(ctx, "g0-1g.24gb-1", ALICE)
+    # Then she has her own account, and only she may open the slice's device files
+    assert report.ok, report.error
+    assert report.grant.account == ALICE
+    assert ALICE in backend.host._h["accounts"]
+    caps = _caps(report)
+    assert len(caps) == 2
+    assert all(backend.host.may_open(ALICE, m) for m in caps)
+    assert not any(backend.host.may_open(BOB, m) for m in caps)
+    assert report.grant.imds_blocked
+    # And another slice stays closed to her
+    other = verbs.do_grant(ctx, "g0-1g.24gb-2", BOB)
+    assert not any(backend.host.may_open(ALICE, m) for m in _caps(other))
+
+
+def test_reclaim_takes_the_access_and_the_account_back_before_the_next_grant():
+    # Given alice holds a slice and runs a process on it as her account
+    backend, ctx = _host()
+    granted = verbs.do_grant(ctx, "g0-1g.24gb-0", ALICE)
+    caps = _caps(granted)
+    with backend.session():
+        device = next(gi.device_uuid for gi in backend.gpu_instances(0) if gi.start == 0)
+        backend.start_process(0, device, slice_tag="g0-1g.24gb-0", user=ALICE)
+    # When the slice is reclaimed
+    reclaimed = verbs.do_reclaim(ctx, "g0-1g.24gb-0")
+    # Then her process is gone, her account removed, and nobody may open the slice
+    assert reclaimed.ok, reclaimed.error
+    assert ALICE not in backend.host._h["accounts"]
+    assert not any(backend.host.may_open(ALICE, m) for m in caps)
+    assert any("removed account" in a for a in reclaimed.actions)
+    # And when bob gets it next, only bob may open it
+    verbs.do_grant(ctx, "g0-1g.24gb-0", BOB)
+    assert all(backend.host.may_open(BOB, m) for m in caps)
+    assert not any(backend.host.may_open(ALICE, m) for m in caps)
+
+
+def test_mps_slots_share_the_gpus_one_mps_account():
+    _backend, ctx = _host(
+        parse_layout({"version": "v1", "gpus": [{"devices": "all", "mps": {"clients": 4}}]})
+    )
+    a = verbs.do_grant(ctx, "g0-mps-0", ALICE)
+    b = verbs.do_grant(ctx, "g0-mps-1", BOB)
+    assert a.grant.account == b.grant.account == "calque-mps-g0"
+    assert a.grant.shared_account
+    assert a.grant.device_files == []
+
+
+def test_an_account_the_control_plane_does_not_name_is_refused_and_nothing_changes():
+    backend, ctx = _host()
+    before = list(backend.host._h["accounts"])
+    report = verbs.do_grant(ctx, "g0-1g.24gb-0", "root")
+    assert not report.ok
+    assert report.error.code == "invalid_input"
+    assert backend.host._h["accounts"] == before
+
+
+def test_login_takes_the_sessions_token_and_nothing_else():
+    from host_agent.tenants import Grant
+
+    token = "tok-123"
+    grants = {
+        "g0-1g.24gb-0": Grant(
+            "g0-1g.24gb-0", ALICE, "mig", (1, 2), hashlib.sha256(token.encode()).hexdigest()
+        )
+    }
+    assert check_token(ALICE, token, grants)
+    assert not check_token(ALICE, "guess", grants)
+    assert not check_token(BOB, token, grants)
+
+
+def test_the_connect_command_names_the_session_document_and_account():
+    cmd = session_connect_command("i-0abc", "calque-Session-XYZ", ALICE)
+    assert cmd.startswith("aws ssm start-session --target i-0abc --document-name calque-Session-XYZ ")
+    assert cmd.endswith(f'--parameters "user={ALICE}"')
+
+
+class Recorder:
+    """iptables as a host has it: -C fails until the rule is inserted."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.rule = False
+
+    def __call__(self, argv, **kw):
+        self.calls.append(argv)
+        rc = 0
+        if argv[:2] == ["iptables", "-C"]:
+            rc = 0 if self.rule else 1
+        if argv[:2] == ["iptables", "-I"]:
+            self.rule = True
+        return subprocess.CompletedProcess(argv, rc, "", "")
+
+
+def test_the_real_host_installs_the_imds_rule_once_and_reads_capability_minors(tmp_path):
+    # Given the driver's capability tree for GPU 0's GPU instance 2, compute instance 0
+    base = tmp_path / "proc" / "driver" / "nvidia" / "capabilities" / "gpu0" / "mig" / "gi2"
+    (base / "ci0").mkdir(parents=True)
+    (base / "access").write_text("DeviceFileMinor: 30\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (base / "ci0" / "access").write_text("DeviceFileMinor: 31\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    run = Recorder()
+    host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=run)
+    # Then the minors come from the driver's files
+    assert host.mig_cap_minors(0, 2, 0) == (30, 31)
+    # And the owner-matched rule is inserted once, however often it is ensured
+    assert host.ensure_imds_rule() is True
+    assert host.ensure_imds_rule() is False
+    inserts = [c for c in run.calls if c[:2] == ["iptables", "-I"]]
+    assert inserts == [["iptables", "-I", *IMDS_RULE]]
+    assert "! --uid-owner 0" in " ".join(IMDS_RULE)
