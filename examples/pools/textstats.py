@@ -41,7 +41,7 @@ class TextStats:
         for item in items:
             if not isinstance(item, dict) or not isinstance(item.get("text"), str):
                 raise ValueError(f"an item must be an object with a text string, got {item!r}"[:200])
-            if isinstance(item.get("pause"), int | float):
+            if isinstance(item.get("pause"), (int, float)):  # a tuple, not int | float: Python 3.9
                 time.sleep(min(float(item["pause"]), 60.0))
             text = item["text"]
             words = self.words.findall(text.lower())
