@@ -18,7 +18,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TEST = "tests/integration/pools/test_pools_local.py::test_kill_9_of_a_worker_mid_claim_loses_nothing_and_completes_exactly_once"
+TEST = (
+    "tests/integration/pools/test_pools_local.py::"
+    "test_kill_9_of_a_worker_mid_claim_loses_nothing_and_completes_exactly_once"
+)
 
 
 def main() -> int:
