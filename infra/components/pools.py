@@ -106,7 +106,8 @@ class PoolsAccess(Construct):
         )
         grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:PutObject"],
+                # Delete: a duplicate delivery's result, once another delivery completed the claim.
+                actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
                 resources=[self.bucket.arn_for_objects(POOL_OBJECTS)],
             )
         )

@@ -330,6 +330,7 @@ def test_pool_workers_on_hosts_get_only_their_queues_objects_and_report_routes(
         "sqs:GetQueueAttributes",
         "s3:GetObject",
         "s3:PutObject",
+        "s3:DeleteObject",
         "execute-api:Invoke",
     }
     rendered = json.dumps(statements)
