@@ -192,3 +192,15 @@ def test_kill_9_of_a_worker_mid_claim_loses_nothing_and_completes_exactly_once(p
         results = [o["Key"] for o in listing.get("Contents", []) if o["Key"].endswith("/result.json")]
         assert len(results) == 1, results
         assert plane.cli_json("claim", "result", cid)[1]["results"][0]["output"]["square"] == k * k
+
+
+def test_local_demo_pools_runs_its_tour(plane):
+    done = plane.cli("--output", "json", "local", "demo", "pools", profile=None, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:] + plane.log_tail(40)
+    doc = json.loads(done.stdout)
+    claims = doc["claims"]
+    assert claims[0]["summary"]["warm_hit"] is False
+    assert all(c["summary"]["warm_hit"] for c in claims[1:4])
+    killed = claims[-1]
+    assert killed["worker"] != doc["killed_worker"]
+    assert "scales to zero" in done.stderr
