@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def main() -> int:
             doc["paid_ratio_scaler_over_static"] = round(scaler.paid_gpu_seconds / best.paid_gpu_seconds, 3)
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"trace {args.trace}: {len(trace)} claims, cold start {args.cold_start:g}s, enter {args.enter:g}s")
+    shown = os.path.relpath(args.trace, REPO)
+    print(f"trace {shown}: {len(trace)} claims, cold start {args.cold_start:g}s, enter {args.enter:g}s")
     print(
         f"{'policy':<10} {'paid GPU-s':>11} {'busy GPU-s':>11} {'paid/busy':>10} "
         f"{'p95 wait':>9} {'warm hits':>10}"

@@ -90,3 +90,7 @@ MEMBER_ROUTES: Final = (
 
 # Where the host agent lives on an instance.
 HOST_AGENT_ROOT: Final = "/opt/calque/agent"
+
+# Warm pools: the routes pool workers report to, with their instance's role.
+POOL_CLAIM_REPORT_PATH: Final = "/v1/pools/*/claims/*/report"
+POOL_WORKER_REPORT_PATH: Final = "/v1/pools/*/workers/*/report"

@@ -55,6 +55,7 @@ def build(app: App, *, project_root: Path = PROJECT_ROOT) -> Deployment:
         env=env,
         description="calque control plane: API, functions, queues, schedules, host agent",
         registry=stateful.registry,
+        artifacts=stateful.bucket,
         config=config,
         project_root=project_root,
     )

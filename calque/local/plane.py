@@ -240,7 +240,8 @@ class LocalPlane:
         """Warm pools on the local plane: workers on simulated hosts (calque/local/pool_hosts.py)."""
         import math
 
-        scaled = str(max(3, math.ceil(60 * self.queue_scale)))
+        # Short on the local plane (10 s, scaled): a stopped worker's claim comes back in seconds.
+        scaled = str(max(3, math.ceil(10 * self.queue_scale)))
         visibility = os.environ.get("CALQUE_POOL_VISIBILITY_S") or scaled
         return {
             resources.ENV_ARTIFACT_BUCKET: self.resources.bucket_name,

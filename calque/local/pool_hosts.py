@@ -95,7 +95,10 @@ class LocalCapacity:
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("AWS_", "CALQUE_", "POWERTOOLS_")) or k == "CALQUE_WORKER_LOG_LEVEL"
+            # the control plane's own settings stay with it; the worker's and the example runner's go along
+            if not k.startswith(("AWS_", "CALQUE_", "POWERTOOLS_"))
+            or k == "CALQUE_WORKER_LOG_LEVEL"
+            or k.startswith("CALQUE_EXAMPLE_")
         }
         env.update(
             {

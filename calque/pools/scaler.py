@@ -10,6 +10,7 @@ Rules, in the order they apply:
    where backlog counts visible AND in-flight messages (a claim being worked on still
    needs its worker).
 2. Any backlog with zero workers starts one, at once: no cooldown delays the first worker.
+   Likewise fewer workers than ``min_workers`` (one was lost) are restored at once.
 3. Scale-out launches desired - current, unless a scale-out happened within
    ``scale_out_cooldown_s`` (against flapping while cold workers are still starting).
 4. Scale-in removes only IDLE workers whose idle time reached ``idle_timeout_s``, the
@@ -180,6 +181,13 @@ def decide(
                 Action.SCALE_OUT,
                 f"backlog {backlog.total} with no worker: start {desired} now (no cooldown for the first)",
                 launch=desired,
+            )
+        if current < config.min_workers:
+            return out(
+                Action.SCALE_OUT,
+                f"{current} workers, below the minimum {config.min_workers}: start {desired - current} now "
+                "(no cooldown to restore the minimum)",
+                launch=desired - current,
             )
         if _within(now, history.last_scale_out_at, config.scale_out_cooldown_s):
             return out(

@@ -5,6 +5,8 @@ for loading a model's weights, then builds its "model": a stop-word set and a co
 tokenizer. ``run`` does real work on each item ``{"text": "..."}``: word and sentence
 counts, the most frequent words, and a SHA-256 of the text. An item without text raises
 for that item alone (the worker records a per-item error; the claim still succeeds).
+An item may ask for ``"pause": seconds`` (at most 60) first: a stand-in for a long inference,
+so a demo can stop a worker in the middle of a claim.
 
     calque pool create textstats --model textstats --instance-type g6e.xlarge \\
         --runner textstats:TextStats --package examples/pools --i-understand-this-spends-money
@@ -18,7 +20,9 @@ import os
 import re
 import time
 
-STOP_WORDS = frozenset("a an and are as at be by for from in is it of on or that the to was with".split())
+STOP_WORDS = frozenset(
+    "a an and are as at be by for from in is it of on or that the to was with".split()  # noqa: SIM905
+)
 
 
 class TextStats:
@@ -37,6 +41,8 @@ class TextStats:
         for item in items:
             if not isinstance(item, dict) or not isinstance(item.get("text"), str):
                 raise ValueError(f"an item must be an object with a text string, got {item!r}"[:200])
+            if isinstance(item.get("pause"), (int, float)):  # a tuple, not int | float: Python 3.9
+                time.sleep(min(float(item["pause"]), 60.0))
             text = item["text"]
             words = self.words.findall(text.lower())
             counts = collections.Counter(w for w in words if w not in self.stop)

@@ -50,4 +50,6 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     for r in results:
         if r.get("action") in ("scale_out", "scale_in"):
             logger.info("pool scaled", extra={"decision": r})
+    if names is not None:  # a nudge batch: every nudge is served (a failure raises: the batch comes back)
+        return {"batchItemFailures": [], "decisions": results}
     return {"decisions": results}

@@ -39,7 +39,7 @@ class _Redirect:
     def __enter__(self) -> _Redirect:
         sys.stdout.flush()
         sys.stderr.flush()
-        for fd, path in zip((1, 2), self.paths, strict=False):
+        for fd, path in ((1, self.paths[0]), (2, self.paths[1])):  # (no zip(strict=): Python 3.9)
             if path:
                 self.saved.append((fd, os.dup(fd)))
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -200,6 +200,11 @@ class Worker:
             answer = self.control.claim(
                 pool, claim_id, {"event": "succeeded", "result_key": result_key, "summary": summary, **who}
             )
+            if not answer.get("completed"):
+                # Another delivery completed it first: this run's result is not the claim's.
+                bucket = pointer["results"]["bucket"]
+                for key in (result_key, result_key.rsplit("/", 1)[0] + "/summary.json"):
+                    self.s3.delete_object(Bucket=bucket, Key=key)
             self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
             self.claims_run += 1
             return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
@@ -221,7 +226,8 @@ class Worker:
             for name, path in (("stdout", out_path), ("stderr", err_path)):
                 logs[name] = open(path, "rb").read() if os.path.exists(path) else b""  # noqa: SIM115
         results = pointer["results"]
-        prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}"
+        # Per delivery AND worker: SQS may hand one message to two workers at once (at-least-once).
+        prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}-{self.config.worker_id}"
         for name, data in logs.items():
             self.s3.put_object(Bucket=results["bucket"], Key=f"{prefix}/{name}.txt", Body=data)
         return outcome, {"prefix": prefix, "items": len(items)}

@@ -14,6 +14,7 @@ from typing import Any
 from aws_cdk import Annotations, Aws, CfnOutput, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from calque import resources
@@ -22,6 +23,7 @@ from infra import constants
 from infra.components.admin_pins import AdminPins
 from infra.components.alarms import OperationsAlarms
 from infra.components.host_agent import HostAgent
+from infra.components.pools import PoolsAccess
 from infra.components.python_packaging import PythonPackaging
 from infra.components.registry_table import RegistryTable
 from infra.components.rest_api import ControlPlaneApi
@@ -52,11 +54,13 @@ class ServiceStack(Stack):
         registry: RegistryTable,
         config: DeploymentConfig,
         project_root: Path,
+        artifacts: s3.IBucket | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.registry = registry
         self._session_named_roles = tuple(dict.fromkeys(("AWSReservedSSO_*", *config.session_named_roles)))
+        self.artifacts = artifacts  # warm pools: manifests and results (the stateful stack's bucket)
         packaging = PythonPackaging(
             self,
             "Packaging",
@@ -120,6 +124,7 @@ class ServiceStack(Stack):
         self.api.restrict_to_route(
             self.host_agent.role, method=constants.HOST_REPORT_METHOD, path=constants.HOST_REPORT_PATH
         )
+        self._add_pools()
         self._wire_functions()
         self._outputs()
         self._identity_and_operations(config)
@@ -165,12 +170,40 @@ class ServiceStack(Stack):
             "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.api.url}),
         }
         queue_env = {"host_tasks": resources.ENV_HOST_TASKS_QUEUE_URL}
+        queue_env["pool_nudges"] = resources.ENV_POOL_NUDGES_QUEUE_URL  # warm pools
         for queue_id, work_queue in self.queues.items():
             bindings[f"{queue_id}_queue"] = _Binding(
                 environment={queue_env[queue_id]: work_queue.queue.queue_url},
                 grant=work_queue.queue.grant_send_messages,
             )
+        if self.pools is not None:  # warm pools
+            bindings["artifact_bucket"] = _Binding(
+                environment={resources.ENV_ARTIFACT_BUCKET: self.pools.bucket.bucket_name}
+            )
+            bindings["pool_queues"] = _Binding(
+                environment={resources.ENV_POOL_QUEUE_PREFIX: self.pools.queue_prefix},
+                grant=self.pools.grant_control,
+            )
         return bindings
+
+    def _add_pools(self) -> None:
+        """Warm pools: functions manage per-pool queues; GPU hosts run the pool workers."""
+        self.pools: PoolsAccess | None = None
+        if self.artifacts is None:
+            return
+        self.pools = PoolsAccess(
+            self, "Pools", bucket=self.artifacts, queue_prefix=resources.POOL_QUEUE_PREFIX_DEPLOYED
+        )
+        self.pools.grant_worker(self.host_agent.role)
+        for path in (constants.POOL_CLAIM_REPORT_PATH, constants.POOL_WORKER_REPORT_PATH):
+            self.api.grant_invoke(
+                self.host_agent.role,
+                method=constants.HOST_REPORT_METHOD,
+                path=path,
+                wildcard_reason="The wildcards are the {name}, {claim_id} and {worker_id} segments of the "
+                "pool report routes; the API accepts a report only from a worker of that pool, on the "
+                "instance the report names.",
+            )
 
     def _wire_functions(self) -> None:
         bindings = self._bindings()

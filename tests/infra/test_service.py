@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from calque import resources
-from calque.settings import ApiSettings, HostTasksSettings, ReaperSettings
+from calque.settings import ApiSettings, HostTasksSettings, PoolSettings, ReaperSettings
 from infra import constants
 
 from .conftest import Synthesized, assert_admins_pinned, resources_of, service_functions
@@ -16,6 +16,7 @@ from .conftest import Synthesized, assert_admins_pinned, resources_of, service_f
 pytestmark = pytest.mark.infra
 
 SETTINGS_OF = {"api": ApiSettings, "host_tasks": HostTasksSettings, "reaper": ReaperSettings}
+SETTINGS_OF.update(pool_scaler=PoolSettings, pool_dlq=PoolSettings)  # warm pools
 
 
 def _functions_by_handler(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -269,6 +270,11 @@ def test_host_role_has_only_what_the_agent_needs(synthesized: Synthesized) -> No
         p for p in resources_of(template, "AWS::IAM::Policy") if {"Ref": role_id} in p["Properties"]["Roles"]
     ]
     statements = [s for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    # (warm pools: a host runs pool workers, which consume the pools' queues, read manifests and
+    # write results under pools/, and report on the pool report routes; checked on their own)
+    pool_statements = [s for s in statements if _is_pool_worker_statement(s)]
+    assert pool_statements
+    statements = [rest for s in statements if (rest := _without_pool_resources(s)) is not None]
     # And beyond that may read one object (its bundle) and invoke only the report route
     assert sorted(s["Action"] for s in statements) == ["execute-api:Invoke", "s3:GetObject"]
     invoke = next(s for s in statements if s["Action"] == "execute-api:Invoke")
@@ -280,6 +286,61 @@ def test_host_role_has_only_what_the_agent_needs(synthesized: Synthesized) -> No
     # And an instance profile carries it
     (profile,) = resources_of(template, "AWS::IAM::InstanceProfile")
     assert profile["Properties"]["Roles"] == [{"Ref": role_id}]
+
+
+def _is_pool_resource(resource: Any) -> bool:
+    rendered = json.dumps(resource)
+    return (
+        f":{resources.POOL_QUEUE_PREFIX_DEPLOYED}-*" in rendered
+        or "/pools/*" in rendered
+        or "/v1/pools/" in rendered
+    )
+
+
+def _is_pool_worker_statement(statement: dict[str, Any]) -> bool:
+    """A statement of the host role for pool workers: pool queues, pools/ objects, pool report routes."""
+    return any(_is_pool_resource(r) for r in _as_list(statement["Resource"]))
+
+
+def _without_pool_resources(statement: dict[str, Any]) -> dict[str, Any] | None:
+    """The statement as it would be without the pool workers' resources (None: nothing left)."""
+    rest = [r for r in _as_list(statement["Resource"]) if not _is_pool_resource(r)]
+    if not rest:
+        return None
+    return {**statement, "Resource": rest[0] if len(rest) == 1 else rest}
+
+
+def test_pool_workers_on_hosts_get_only_their_queues_objects_and_report_routes(
+    synthesized: Synthesized,
+) -> None:
+    # Given the host role's statements for pool workers
+    template = synthesized.service_json
+    role_id, _ = _host_role(template)
+    policies = [
+        p for p in resources_of(template, "AWS::IAM::Policy") if {"Ref": role_id} in p["Properties"]["Roles"]
+    ]
+    statements = [
+        s
+        for p in policies
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+        if _is_pool_worker_statement(s)
+    ]
+    actions = {a for s in statements for a in _as_list(s["Action"])}
+    # Then a worker may consume pool queues (never create or delete them), move pools/ objects,
+    # and call the two pool report routes
+    assert actions == {
+        "sqs:ReceiveMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:DeleteMessage",
+        "sqs:GetQueueAttributes",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "execute-api:Invoke",
+    }
+    rendered = json.dumps(statements)
+    assert "/v1/pools/*/claims/*/report" in rendered
+    assert "/v1/pools/*/workers/*/report" in rendered
 
 
 def _document(template: dict[str, Any]) -> dict[str, Any]:

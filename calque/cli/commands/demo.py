@@ -32,6 +32,13 @@ def register(subparsers: Any) -> None:
 
     local = command_group(subparsers, "local")
     p = local.add_parser("demo", help="a scripted tour of sessions on a running local plane")
+    p.add_argument(  # warm pools: `calque local demo pools` (calque/cli/commands/demo_pools.py)
+        "tour",
+        nargs="?",
+        choices=("sessions", "pools"),
+        default="sessions",
+        help="which tour (default sessions)",
+    )
     p.add_argument(
         "--state-dir",
         metavar="DIR",
@@ -56,6 +63,11 @@ def register(subparsers: Any) -> None:
 
 
 def _demo(ctx: Any, args: argparse.Namespace) -> None:
+    if getattr(args, "tour", "sessions") == "pools":
+        from calque.cli.commands.demo_pools import do_demo_pools
+
+        do_demo_pools(ctx, timeout_s=args.timeout)
+        return
     do_demo(ctx, short_ttl_s=args.short_ttl, timeout_s=args.timeout)
 
 

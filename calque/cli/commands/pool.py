@@ -322,10 +322,10 @@ def do_submit(ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s:
     claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", {"items": values})
     if wait:
         claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
-    ctx.emit(claim, columns=CLAIM_FIELDS)
-    if wait and claim.get("state") != "succeeded":
+    if wait and claim.get("state") != "succeeded":  # one document either way: the error carries the claim
         raise CliError(
             f"claim {claim['claim_id']} {claim.get('state')}: {claim.get('reason') or 'no reason recorded'}",
             code=f"claim_{claim.get('state')}",
-            details={"claim_id": claim["claim_id"]},
+            details={"claim_id": claim["claim_id"], "claim": claim},
         )
+    ctx.emit(claim, columns=CLAIM_FIELDS)

@@ -131,6 +131,15 @@ def test_scale_out_cooldown_holds_a_second_scale_out():
     assert later.launch == 4
 
 
+def test_a_lost_worker_below_the_minimum_is_replaced_at_once_despite_the_cooldown():
+    config = ScalerConfig(min_workers=2, max_workers=4, scale_out_cooldown_s=600)
+    history = ScalerHistory(last_scale_out_at=990)
+    d = decide(config, Backlog(0, 0), [idle("a", since=0)], now=1000, history=history)
+    assert d.action is Action.SCALE_OUT
+    assert d.launch == 1
+    assert "minimum" in d.reason
+
+
 def test_scale_in_cooldown_follows_any_scaling_action():
     config = ScalerConfig(idle_timeout_s=10, scale_in_cooldown_s=120)
     history = ScalerHistory(last_scale_out_at=950)

@@ -1,0 +1,91 @@
+"""The worker runtime outside any plane: its supervised runner child, warm-hit accounting,
+crash isolation, and that it runs on Python 3.9 (what pool instances may have)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from host_agent.worker.supervisor import Supervisor
+from tests.integration.pools.conftest import EXAMPLES, REPO, RUNNERS
+
+pytestmark = pytest.mark.integration
+
+
+def _python39() -> str | None:
+    for candidate in [
+        "python3.9",
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9"))),
+    ]:
+        try:
+            done = subprocess.run(
+                [candidate, "--version"], capture_output=True, text=True, timeout=20, check=False
+            )
+        except OSError:
+            continue
+        if done.returncode == 0 and done.stdout.startswith("Python 3.9"):
+            return candidate
+    return None
+
+
+def test_enter_runs_once_and_claims_after_the_first_are_warm_hits(tmp_path, monkeypatch):
+    monkeypatch.setenv("CALQUE_EXAMPLE_ENTER_SECONDS", "0.3")
+    sup = Supervisor("textstats:TextStats", str(EXAMPLES))
+    try:
+        outcomes = [
+            sup.run([{"text": f"claim {i}"}], str(tmp_path / f"o{i}"), str(tmp_path / f"e{i}"))
+            for i in range(3)
+        ]
+    finally:
+        sup.stop()
+    assert [o.ok for o in outcomes] == [True, True, True]
+    assert [o.warm_hit for o in outcomes] == [False, True, True]
+    assert outcomes[0].enter_seconds >= 0.3
+    assert [o.enter_seconds for o in outcomes[1:]] == [0.0, 0.0]
+    assert {o.results[0]["output"]["enters"] for o in outcomes} == {1}
+    assert sup.enters == 1
+    # the runner's prints during enter are not a claim's; during a claim they are that claim's
+    assert (tmp_path / "o0").read_text() == ""
+
+
+def test_a_crashing_runner_costs_the_attempt_not_the_worker_and_restarts_cold(tmp_path):
+    sup = Supervisor("misbehaving:Misbehaving", str(RUNNERS))
+    try:
+        crashed = sup.run([{"crash": True}], str(tmp_path / "o1"), str(tmp_path / "e1"))
+        after = sup.run([{"n": 4}], str(tmp_path / "o2"), str(tmp_path / "e2"))
+    finally:
+        sup.stop()
+    assert crashed.ok is False
+    assert "exited with code 9" in crashed.reason
+    assert after.ok is True
+    assert after.results[0]["output"]["square"] == 16
+    assert after.warm_hit is False  # a new runner process: enter ran again
+    assert sup.enters == 2
+    assert "item {'n': 4}" in (tmp_path / "o2").read_text()
+
+
+def test_the_worker_runtime_runs_the_protocol_on_python_3_9():
+    python39 = _python39()
+    if python39 is None:
+        pytest.skip("no Python 3.9 interpreter here")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import host_agent.worker.loop, host_agent.worker.control;"
+        "from host_agent.worker.supervisor import Supervisor;"
+        "s = Supervisor('misbehaving:Misbehaving', sys.argv[2]);"
+        "o = s.run([{'n': 3}, {'fail': True}], '/dev/null', '/dev/null'); s.stop();"
+        "print(o.ok, o.results[0]['output']['square'], o.results[1]['ok'])"
+    )
+    done = subprocess.run(
+        [python39, "-c", code, str(REPO), str(Path(RUNNERS))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "9", "False"]

@@ -1,0 +1,139 @@
+"""`calque pool ...` and `calque claim ...` against a recording fake of the API: what is sent,
+what is refused before anything is sent, and what people and scripts see."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.cli_tenancy.conftest import FakeApi
+
+pytestmark = pytest.mark.unit
+
+CLAIM = {
+    "claim_id": "c-1", "pool": "textstats", "user": "alice", "state": "queued", "items": 2,
+    "submitted_at": "2026-12-02T00:00:00Z", "attempts": 0,
+}  # fmt: skip
+
+
+@pytest.fixture
+def api(monkeypatch, tmp_path):
+    from calque.cli import commands
+    from calque.cli.context import Context
+
+    fake = FakeApi()
+    monkeypatch.setattr(commands, "COMMAND_MODULES", ["pool", "claim"])
+    monkeypatch.setattr(Context, "client", lambda ctx: fake)
+    # the local plane's endpoint: pool create sends a local package directory
+    monkeypatch.setattr(Context, "_resolve", lambda ctx: ("http://127.0.0.1:1", tmp_path, {"endpoint": "x"}))
+    return fake
+
+
+@pytest.fixture
+def cli(api, capsys):
+    from calque.cli.main import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def test_submit_sends_the_items_of_a_jsonl_file(api, cli, tmp_path):
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"text": "a"}\n\n[1, 2]\n')
+    api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
+    code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
+    assert code == 0, err
+    assert api.requests == [("POST", "/v1/pools/textstats/claims", {"items": [{"text": "a"}, [1, 2]]}, None)]
+    assert json.loads(out)["claim_id"] == "c-1"
+
+
+def test_a_bad_items_line_is_refused_by_number_and_nothing_is_sent(api, cli, tmp_path):
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"text": "a"}\n{nope\n')
+    code, _, err = cli("pool", "submit", "textstats", "--items", str(items))
+    assert code == 1
+    assert "line 2" in err
+    assert api.requests == []
+
+
+def test_submit_wait_shows_progress_on_stderr_and_refuses_a_failed_claim(api, cli, tmp_path, monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    items = tmp_path / "items.jsonl"
+    items.write_text("1\n")
+    api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
+    states = iter(
+        [{**CLAIM, "state": "running", "worker": "w-1"}, {**CLAIM, "state": "failed", "reason": "boom"}]
+    )
+    api.responses[("GET", "/v1/claims/c-1")] = lambda body: next(states)
+    code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items), "--wait")
+    assert code == 1
+    assert "c-1: running, attempt 0 on w-1" in err
+    assert "claim c-1 failed: boom" in err
+    doc = json.loads(out)  # exactly one document: the error, carrying the claim
+    assert doc["error"]["code"] == "claim_failed"
+    assert doc["error"]["details"]["claim"]["state"] == "failed"
+
+
+def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api, cli, tmp_path):
+    base = ["pool", "create", "p1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "a:B"]
+    code, _, err = cli(*base, "--package", str(tmp_path))
+    assert code == 1
+    assert "--i-understand-this-spends-money" in err
+    code, _, err = cli(*base, "--package", str(tmp_path / "missing"), "--i-understand-this-spends-money")
+    assert code == 1
+    assert "not a directory" in err
+    assert api.requests == []
+    api.responses[("POST", "/v1/pools")] = {"name": "p1"}
+    code, _, err = cli(
+        *base, "--package", str(tmp_path), "--idle-timeout", "90s", "--i-understand-this-spends-money"
+    )
+    assert code == 0, err
+    sent = api.requests[0][2]
+    assert sent["package_path"] == str(tmp_path.resolve())
+    assert sent["idle_timeout_s"] == 90
+    assert sent["i_understand_this_spends_money"] is True
+
+
+def test_delete_needs_the_terminate_flag(api, cli):
+    code, _, err = cli("pool", "delete", "p1")
+    assert code == 1
+    assert "--i-understand-this-terminates-instances" in err
+    assert api.requests == []
+    api.responses[("DELETE", "/v1/pools/p1")] = {"pool": "p1", "state": "deleting"}
+    code, _, _ = cli("pool", "delete", "p1", "--i-understand-this-terminates-instances", "--now")
+    assert code == 0
+    assert api.requests[-1][2] == {"i_understand_this_terminates_instances": True, "now": True}
+
+
+def test_claim_result_prints_each_item_and_writes_the_document(api, cli, tmp_path):
+    api.responses[("GET", "/v1/claims/c-1/result")] = {
+        "claim_id": "c-1",
+        "summary": {"items_ok": 1, "items_failed": 1},
+        "results": [
+            {"ok": True, "output": {"n": 1}},
+            {"ok": False, "error": {"type": "ValueError", "message": "x"}},
+        ],
+    }
+    code, out, _ = cli("claim", "result", "c-1")
+    assert code == 0
+    assert out.splitlines() == ['0\tok\t{"n": 1}', "1\terror\tValueError: x"]
+    target = tmp_path / "r.json"
+    code, out, _ = cli("claim", "result", "c-1", "-o", str(target))
+    assert code == 0
+    assert json.loads(target.read_text())["summary"]["items_failed"] == 1
+
+
+def test_claim_list_passes_the_pool_filter(api, cli):
+    api.responses[("GET", "/v1/claims")] = [CLAIM]
+    code, out, _ = cli("claim", "list", "--pool", "textstats")
+    assert code == 0
+    assert api.requests == [("GET", "/v1/claims", None, {"pool": "textstats"})]
+    assert "c-1" in out

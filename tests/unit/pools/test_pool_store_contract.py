@@ -1,0 +1,103 @@
+"""The pool records' two stores keep one contract: DynamoDB (under moto's in-process mock)
+and memory. Conditional claim transitions are what the exactly-once effect rests on."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from calque.errors import Conflict
+from calque.pools import domain as d
+from calque.registry.pools import DynamoPoolStore, MemoryPoolStore
+from tests.unit.registry.moto_table import create_registry_table
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(params=["memory", "dynamodb"])
+def store(request, monkeypatch):
+    if request.param == "memory":
+        yield MemoryPoolStore()
+        return
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        yield DynamoPoolStore(ddb, create_registry_table(ddb))
+
+
+def pool(name: str = "p1") -> d.PoolRecord:
+    return d.PoolRecord(
+        name=name, model="m", instance_type="g6e.xlarge", runner="a:B", created_by="admin",
+        created_at="2026-12-02T00:00:00Z", queue_url="u", queue_arn="a", dlq_url="du", dlq_arn="da",
+        max_receives=3, visibility_s=60,
+    )  # fmt: skip
+
+
+def claim(
+    cid: str, user: str = "alice", pool_name: str = "p1", at: str = "2026-12-02T00:00:01Z"
+) -> d.ClaimRecord:
+    return d.ClaimRecord(claim_id=cid, pool=pool_name, user=user, items=2, manifest_key="k", submitted_at=at)
+
+
+def test_a_pool_name_is_taken_once(store):
+    store.create_pool(pool())
+    with pytest.raises(Conflict):
+        store.create_pool(pool())
+    assert [p.name for p in store.list_pools()] == ["p1"]
+    updated = store.update_pool("p1", {"max_workers": 7, "last_decision": {"action": "hold", "at": 1.5}})
+    assert updated.max_workers == 7
+    assert store.get_pool("p1").last_decision == {"action": "hold", "at": 1.5}
+    assert store.update_pool("nope", {"max_workers": 1}) is None
+    store.delete_pool("p1")
+    assert store.get_pool("p1") is None
+
+
+def test_claim_transitions_are_conditional_and_a_completion_counts_once(store):
+    store.create_pool(pool())
+    store.create_claim(claim("c-1"))
+    running = store.transition_claim("c-1", d.LIVE, {"state": d.RUNNING, "worker": "w1", "attempts": 1})
+    assert running.state == d.RUNNING
+    done = store.transition_claim(
+        "c-1",
+        d.LIVE,
+        {"state": d.SUCCEEDED, "summary": {"items_ok": 2, "warm_hit": True}},
+        count_completion=True,
+    )
+    assert done.completions == 1
+    # a second completion (a redelivered claim) changes nothing
+    assert store.transition_claim("c-1", d.LIVE, {"state": d.SUCCEEDED}, count_completion=True) is None
+    assert store.transition_claim("c-1", d.LIVE, {"state": d.CANCELLED}) is None
+    final = store.get_claim("c-1")
+    assert final.state == d.SUCCEEDED
+    assert final.completions == 1
+    assert final.summary == {"items_ok": 2, "warm_hit": True}
+    assert store.transition_claim("c-unknown", d.LIVE, {"state": d.RUNNING}) is None
+
+
+def test_claims_list_by_user_newest_first_and_by_pool(store):
+    store.create_pool(pool())
+    store.create_claim(claim("c-1", at="2026-12-02T00:00:01Z"))
+    store.create_claim(claim("c-2", at="2026-12-02T00:00:02Z"))
+    store.create_claim(claim("c-3", user="bob"))
+    assert [c.claim_id for c in store.claims_of_user("alice", 10)] == ["c-2", "c-1"]
+    assert [c.claim_id for c in store.claims_of_user("bob", 10)] == ["c-3"]
+    assert {c.claim_id for c in store.claims_of_pool("p1", 10)} == {"c-1", "c-2", "c-3"}
+
+
+def test_workers_and_decisions(store):
+    store.put_worker(d.WorkerRecord(pool="p1", worker_id="w1", instance_id="i-1", launched_at=10.0))
+    w = store.update_worker("p1", "w1", {"state": d.W_IDLE, "idle_since": 12.5, "claim_id": None})
+    assert w.state == d.W_IDLE
+    assert w.idle_since == 12.5
+    assert store.update_worker("p1", "nope", {"state": d.W_IDLE}) is None
+    store.add_decision(
+        d.DecisionRecord(pool="p1", at=1.0, action="scale_out", desired=1, current=0, reason="r1")
+    )
+    store.add_decision(
+        d.DecisionRecord(pool="p1", at=2.0, action="scale_in", desired=0, current=1, reason="r2")
+    )
+    assert [x.reason for x in store.decisions("p1", 10)] == ["r2", "r1"]
+    store.delete_worker("p1", "w1")
+    assert store.workers("p1") == []
