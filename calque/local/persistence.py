@@ -27,10 +27,10 @@ then both are compacted into a new snapshot; a running plane compacts every
 it includes, so a crash between writing it and emptying the journal replays nothing twice.
 
 SQS, EC2, SSM and S3 are small (calque/local/moto_state.py): after each call that
-changed one, its whole state is read and written (to a temporary file, fsync'd, renamed) under that service's lock, so
-the file on disk is never older than an answer already given. Messages come back
-visible (a receipt handle given out before the stop is no longer valid, as after a
-visibility timeout), with their receive counts.
+changed one, its whole state is read and written (to a temporary file, fsync'd,
+renamed) under that service's lock, so the file on disk is never older than an
+answer already given. Messages come back visible (a receipt handle given out before
+the stop is no longer valid, as after a visibility timeout), with their receive counts.
 """
 
 from __future__ import annotations
