@@ -159,3 +159,48 @@ def test_the_real_host_installs_the_imds_rule_once_and_reads_capability_minors(t
     inserts = [c for c in run.calls if c[:2] == ["iptables", "-I"]]
     assert inserts == [["iptables", "-I", *IMDS_RULE]]
     assert "! --uid-owner 0" in " ".join(IMDS_RULE)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="changing a file's owner needs root")
+def test_the_real_host_gives_a_capability_file_to_one_account_and_takes_it_back(tmp_path):
+    import os
+    import pwd
+
+    # Given a capability file as the driver leaves it: anyone may open it (0444)
+    caps = tmp_path / "dev" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    node = caps / "nvidia-cap31"
+    node.write_text("")
+    os.chmod(node, 0o444)
+    host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=Recorder())
+    holder = pwd.getpwuid(65534).pw_name  # nobody: an account that exists on every Linux
+    assert host.cap_owner(31) == "anyone"
+    # When it is given to one account / Then that account alone may open it
+    host.set_cap_owner(31, holder)
+    assert host.cap_owner(31) == holder
+    assert host.may_open(holder, 31)
+    assert oct(node.stat().st_mode & 0o777) == "0o400"
+    # And taken back, it is root's alone
+    host.set_cap_owner(31, None)
+    assert host.cap_owner(31) == "root"
+    assert not host.may_open(holder, 31)
+
+
+def test_grant_through_the_command_line_on_a_simulated_host(tmp_path, capsys):
+    import json
+
+    from host_agent.cli import main
+
+    state = tmp_path / "host.json"
+    base = ["--simulate", "g7e.2xlarge", "--state", str(state), "--instance-id", "i-0abc"]
+    spec = json.dumps({"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]})
+    assert main([*base, "apply", "--spec", spec]) == 0
+    capsys.readouterr()
+    token_hash = hashlib.sha256(b"the-token").hexdigest()
+    rc = main([*base, "grant", "--slice", "g0-1g.24gb-3", "--user", ALICE, "--token-sha256", token_hash])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, report
+    assert report["grant"]["account"] == ALICE
+    assert len(report["grant"]["device_files"]) == 2
+    saved = json.loads(state.read_text())["host"]["grants"]["g0-1g.24gb-3"]
+    assert saved["token_sha256"] == token_hash
