@@ -204,3 +204,26 @@ def test_grant_through_the_command_line_on_a_simulated_host(tmp_path, capsys):
     assert len(report["grant"]["device_files"]) == 2
     saved = json.loads(state.read_text())["host"]["grants"]["g0-1g.24gb-3"]
     assert saved["token_sha256"] == token_hash
+
+
+def test_a_whole_gpu_opens_for_its_session_alone_and_for_all_again_under_mig():
+    # Given a p4d (eight A100s) with GPUs 0 and 1 exclusive
+    backend = FakeGpuBackend.for_instance_type("p4d.24xlarge")
+    ctx = verbs.Context(backend=backend, instance_id="i-1", simulated=True)
+    exclusive = parse_layout({"version": "v1", "gpus": [{"devices": [0, 1], "exclusive": True}]})
+    assert verbs.do_apply(ctx, exclusive).ok
+    # When alice gets GPU 0 and bob GPU 1
+    a = verbs.do_grant(ctx, "g0-whole", ALICE)
+    verbs.do_grant(ctx, "g1-whole", BOB)
+    # Then each device node opens for its holder alone
+    assert a.grant.device_files == ["/dev/nvidia0"]
+    assert backend.host.may_open_gpu(ALICE, 0)
+    assert not backend.host.may_open_gpu(BOB, 0)
+    assert not backend.host.may_open_gpu(ALICE, 1)
+    # And once reclaimed, GPU 0 is root's alone until the next grant
+    assert verbs.do_reclaim(ctx, "g0-whole").ok
+    assert not backend.host.may_open_gpu(ALICE, 0)
+    # And a GPU turned to MIG opens its node to all again (its slices are guarded by capability files)
+    mig = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.20gb": 2}}]})
+    assert verbs.do_apply(ctx, mig).ok
+    assert backend.host.gpu_node_owner(0) == "anyone"
