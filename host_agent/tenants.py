@@ -260,7 +260,10 @@ class LinuxHost:
     def gpu_node_owner(self, minor: int) -> str:
         import pwd
 
-        st = os.stat(self._gpu_node(minor))
+        try:
+            st = os.stat(self._gpu_node(minor))
+        except FileNotFoundError:
+            return "anyone"  # nvidia-modprobe creates it with the driver's 0666
         if st.st_mode & stat.S_IROTH:
             return "anyone"
         if st.st_uid == 0:
