@@ -532,6 +532,15 @@ class SimulatedHost:
     def may_open(self, account: str, minor: int) -> bool:
         return self.cap_owner(minor) in (account, "anyone")
 
+    def gpu_node_owner(self, minor: int) -> str:
+        return self._h.setdefault("gpu_nodes", {}).get(str(minor), "anyone")  # the driver's 0666
+
+    def set_gpu_node_owner(self, minor: int, owner: str) -> None:
+        self._h.setdefault("gpu_nodes", {})[str(minor)] = owner
+
+    def may_open_gpu(self, account: str, minor: int) -> bool:
+        return self.gpu_node_owner(minor) in (account, "anyone")
+
     def imds_rule_present(self) -> bool:
         return bool(self._h["imds_rule"])
 
@@ -547,12 +556,11 @@ class SimulatedGrants:
         self.backend = backend
 
     def load(self) -> dict[str, Any]:
-        from host_agent.tenants import Grant
+        from host_agent.tenants import grant_from_json
 
-        raw = SimulatedHost(self.backend)._h["grants"]
-        return {k: Grant(**{**v, "caps": tuple(v.get("caps", ()))}) for k, v in raw.items()}
+        return {k: grant_from_json(v) for k, v in SimulatedHost(self.backend)._h["grants"].items()}
 
     def save(self, grants: dict[str, Any]) -> None:
-        SimulatedHost(self.backend)._h["grants"] = {
-            k: {**vars(g), "caps": list(g.caps)} for k, g in grants.items()
-        }
+        from host_agent.tenants import grant_to_json
+
+        SimulatedHost(self.backend)._h["grants"] = {k: grant_to_json(g) for k, g in grants.items()}

@@ -64,6 +64,9 @@ class HostAccess(Protocol):
     def set_cap_owner(self, minor: int, account: str | None) -> None: ...  # None: root only
     def cap_owner(self, minor: int) -> str: ...  # "anyone" (driver default), "root" or the account
     def may_open(self, account: str, minor: int) -> bool: ...
+    # /dev/nvidia<minor>: "anyone" (0666, MIG and MPS GPUs need it), "root", or one account
+    def gpu_node_owner(self, minor: int) -> str: ...
+    def set_gpu_node_owner(self, minor: int, owner: str) -> None: ...
     def ensure_imds_rule(self) -> bool: ...  # True: added now
     def imds_rule_present(self) -> bool: ...
 
@@ -75,6 +78,7 @@ class Grant:
     backend: str
     caps: tuple[int, ...] = ()
     token_sha256: str | None = None
+    gpu_nodes: tuple[int, ...] = ()  # /dev/nvidia<minor> of a whole GPU held by this account
 
 
 class GrantStore:
@@ -88,15 +92,23 @@ class GrantStore:
             raw = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
-        return {k: Grant(**{**v, "caps": tuple(v.get("caps", ()))}) for k, v in raw.items()}
+        return {k: grant_from_json(v) for k, v in raw.items()}
 
     def save(self, grants: dict[str, Grant]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            json.dump({k: {**vars(g), "caps": list(g.caps)} for k, g in grants.items()}, out)
+            json.dump({k: grant_to_json(g) for k, g in grants.items()}, out)
         tmp.replace(self.path)
+
+
+def grant_from_json(v: dict) -> Grant:
+    return Grant(**{**v, "caps": tuple(v.get("caps", ())), "gpu_nodes": tuple(v.get("gpu_nodes", ()))})
+
+
+def grant_to_json(g: Grant) -> dict:
+    return {**vars(g), "caps": list(g.caps), "gpu_nodes": list(g.gpu_nodes)}
 
 
 class LinuxHost:
@@ -240,6 +252,41 @@ class LinuxHost:
         if st.st_uid == uid:
             return bool(st.st_mode & stat.S_IRUSR)
         return bool(st.st_mode & stat.S_IROTH)
+
+    # whole-GPU device nodes
+    def _gpu_node(self, minor: int) -> Path:
+        return self.dev / f"nvidia{minor}"
+
+    def gpu_node_owner(self, minor: int) -> str:
+        import pwd
+
+        try:
+            st = os.stat(self._gpu_node(minor))
+        except FileNotFoundError:
+            return "anyone"  # nvidia-modprobe creates it with the driver's 0666
+        if st.st_mode & stat.S_IROTH:
+            return "anyone"
+        if st.st_uid == 0:
+            return "root"
+        try:
+            return pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            return str(st.st_uid)
+
+    def set_gpu_node_owner(self, minor: int, owner: str) -> None:
+        import pwd
+
+        path = self._gpu_node(minor)
+        try:
+            uid = 0 if owner in ("anyone", "root") else pwd.getpwnam(owner).pw_uid
+            os.chown(path, uid, 0)
+            os.chmod(path, 0o666 if owner == "anyone" else 0o600)
+        except (OSError, KeyError) as exc:
+            raise GpuError(
+                f"cannot give {path} to {owner}: {exc}",
+                code="host_access_failed",
+                details={"path": str(path)},
+            ) from None
 
     # instance metadata
     def imds_rule_present(self) -> bool:

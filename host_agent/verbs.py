@@ -204,9 +204,20 @@ def secure_host(b: GpuBackend, views: list[GpuView]) -> list[str]:
         return actions
     if b.host.ensure_imds_rule():
         actions.append("refused the instance metadata service to every account but root")
-    held = {m: g.account for g in b.grants.load().values() for m in g.caps}
+    grants = b.grants.load()
+    held = {m: g.account for g in grants.values() for m in g.caps}
     closed = 0
     for v in views:
+        # A whole GPU opens for its session alone (root when free); MIG and MPS GPUs need the
+        # node open to all, their slices being guarded by capability files or MPS itself.
+        minor = v.info.minor_number if v.info.minor_number is not None else v.index
+        if v.mig_on() or v.mps.running:
+            node_owner = "anyone"
+        else:
+            node_owner = next((g.account for g in grants.values() if minor in g.gpu_nodes), "root")
+        if b.host.gpu_node_owner(minor) != node_owner:
+            b.host.set_gpu_node_owner(minor, node_owner)
+            closed += 1
         for s in slice_reports(v) if v.mig_on() else []:
             for minor in _caps_of(b, v, s):
                 want = held.get(minor, "root")
@@ -214,7 +225,9 @@ def secure_host(b: GpuBackend, views: list[GpuView]) -> list[str]:
                     b.host.set_cap_owner(minor, None if want == "root" else want)
                     closed += 1
     if closed:
-        actions.append(f"made {closed} MIG capability file(s) openable only by root or the slice's holder")
+        actions.append(
+            f"made {closed} GPU device or MIG capability file(s) openable only by whoever may use them"
+        )
     return actions
 
 
@@ -239,13 +252,19 @@ def do_grant(ctx: Context, slice_id: str, account: str, *, token_sha256: str | N
             b.host.set_cap_owner(minor, acct)
         if caps:
             actions.append(f"gave {slice_id}'s MIG capability files {list(caps)} to {acct} alone")
-        grants[slice_id] = Grant(slice_id, acct, s.backend, caps, token_sha256)
+        nodes: tuple[int, ...] = ()
+        if s.backend == "exclusive":
+            nodes = (v.info.minor_number if v.info.minor_number is not None else v.index,)
+            b.host.set_gpu_node_owner(nodes[0], acct)
+            actions.append(f"gave /dev/nvidia{nodes[0]} to {acct} alone")
+        grants[slice_id] = Grant(slice_id, acct, s.backend, caps, token_sha256, nodes)
         b.grants.save(grants)
         grant = GrantReport(
             slice_id=slice_id,
             account=acct,
             backend=s.backend,
-            device_files=[f"/dev/nvidia-caps/nvidia-cap{m}" for m in caps],
+            device_files=[f"/dev/nvidia-caps/nvidia-cap{m}" for m in caps]
+            + [f"/dev/nvidia{n}" for n in nodes],
             shared_account=s.backend == "mps",
             imds_blocked=b.host.imds_rule_present(),
         )
@@ -262,6 +281,9 @@ def _revoke(b: GpuBackend, v: GpuView, g: Grant) -> list[str]:
         b.host.set_cap_owner(minor, None)
     if g.caps:
         out.append(f"made {g.slice_id}'s MIG capability files root-only again")
+    for minor in g.gpu_nodes:
+        b.host.set_gpu_node_owner(minor, "root")
+        out.append(f"made /dev/nvidia{minor} root-only again")
     if g.backend != "mps":
         for pid in b.host.account_pids(g.account):
             b.kill_process(v.index, pid)

@@ -82,36 +82,47 @@ def build_wheelhouse(
     pythons: Sequence[str] = AGENT_PYTHONS,
     machines: Sequence[str] = AGENT_MACHINES,
 ) -> None:
-    """Binary wheels of the requirements for each (python, machine), one folder each."""
+    """Binary wheels of the requirements for each (python, machine): every wheel once under
+    ``files/``, and per interpreter and machine a ``<tag>.txt`` naming the ones it takes
+    (pure-Python wheels such as botocore's serve every interpreter from one copy)."""
+    import shutil
+    import tempfile
+
+    files = dest / "files"
+    files.mkdir(parents=True, exist_ok=True)
     for python in pythons:
         for machine in machines:
-            out = dest / wheel_tag(python, machine)
-            out.mkdir(parents=True, exist_ok=True)
             platforms = [f"manylinux2014_{machine}", f"manylinux_2_17_{machine}", f"manylinux_2_28_{machine}"]
-            command = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--only-binary=:all:",
-                "--implementation",
-                "cp",
-                "--python-version",
-                python,
-                *[arg for p in platforms for arg in ("--platform", p)],
-                "--dest",
-                str(out),
-                *requirements_for(requirements, python, machine),
-            ]
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise BundlingError(
-                    f"pip could not fetch the host agent's wheels for Python {python} on {machine}:\n"
-                    f"{result.stderr.strip()[-4000:]}"
-                )
+            with tempfile.TemporaryDirectory() as tmp:
+                command = [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "--only-binary=:all:",
+                    "--implementation",
+                    "cp",
+                    "--python-version",
+                    python,
+                    *[arg for p in platforms for arg in ("--platform", p)],
+                    "--dest",
+                    tmp,
+                    *requirements_for(requirements, python, machine),
+                ]
+                result = subprocess.run(command, capture_output=True, text=True, check=False)
+                if result.returncode != 0:
+                    raise BundlingError(
+                        f"pip could not fetch the host agent's wheels for Python {python} on {machine}:\n"
+                        f"{result.stderr.strip()[-4000:]}"
+                    )
+                names = sorted(p.name for p in Path(tmp).glob("*.whl"))
+                for name in names:
+                    if not (files / name).exists():
+                        shutil.copy2(Path(tmp) / name, files / name)
+            (dest / f"{wheel_tag(python, machine)}.txt").write_text("".join(f"{n}\n" for n in names))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,17 +44,18 @@ install_agent() {
   rm -rf "$staging"
   mkdir -p "$staging"
   python3 -m zipfile -e "$bundle" "$staging/src"
-  # The dependencies: wheels built into the bundle for each supported Python and machine,
-  # unpacked as they are (a wheel is a zip of its installed files). No pip, no index.
-  wheels="$staging/src/wheelhouse/$tag"
-  if [ ! -d "$wheels" ]; then
-    fail "the bundle has no wheels for $tag; it has: $(ls "$staging/src/wheelhouse" 2>/dev/null | tr '\n' ' ')"
+  # The dependencies: wheels built into the bundle for each supported Python and machine
+  # (wheelhouse/<tag>.txt names them, wheelhouse/files/ holds each once), unpacked as they
+  # are: a wheel is a zip of its installed files. No pip, no index.
+  manifest="$staging/src/wheelhouse/$tag.txt"
+  if [ ! -f "$manifest" ]; then
+    fail "the bundle has no wheels for $tag; it has: $(cd "$staging/src/wheelhouse" 2>/dev/null && ls -- *.txt | tr '\n' ' ')"
   fi
   mkdir -p "$staging/site"
-  for wheel in "$wheels"/*.whl; do
-    [ -f "$wheel" ] || continue
-    python3 -m zipfile -e "$wheel" "$staging/site"
-  done
+  while IFS= read -r wheel || [ -n "$wheel" ]; do
+    [ -n "$wheel" ] || continue
+    python3 -m zipfile -e "$staging/src/wheelhouse/files/$wheel" "$staging/site"
+  done < "$manifest"
   rm -rf "$staging/src/wheelhouse"
   printf '%s\n' "$tag" > "$staging/tag"
   rm -rf "$home"

@@ -74,7 +74,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
         archive.writestr("host_agent/__init__.py", "")
         archive.writestr("host_agent/__main__.py", _FAKE_MAIN)
         archive.writestr("requirements.txt", "")
-        archive.writestr(f"wheelhouse/{_tag()}/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
+        archive.writestr("wheelhouse/files/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
+        archive.writestr(f"wheelhouse/{_tag()}.txt", "calque_probe-1.0-py3-none-any.whl\n")
     return root
 
 
@@ -181,7 +182,8 @@ def test_runs_started_together_install_the_agent_once(tmp_path_factory, tmp_path
     with zipfile.ZipFile(root / "downloads" / "b.zip", "w") as archive:
         archive.writestr("host_agent/__init__.py", "")
         archive.writestr("host_agent/__main__.py", _FAKE_MAIN)
-        archive.writestr(f"wheelhouse/{_tag()}/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
+        archive.writestr("wheelhouse/files/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
+        archive.writestr(f"wheelhouse/{_tag()}.txt", "calque_probe-1.0-py3-none-any.whl\n")
     lines = run_agent_script(version="v1", download_dir=str(root / "downloads"), root=str(root / "agent"))
     script = "\n".join(lines).replace("{{ " + P.verb + " }}", "report")
     for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):

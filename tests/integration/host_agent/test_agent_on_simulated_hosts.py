@@ -22,6 +22,7 @@ def gpu_actions(report: dict) -> list[str]:
     """What the run changed on the GPUs, without securing the host (capability files, IMDS)."""
     return [a for a in report["actions"] if "capability file" not in a and "metadata service" not in a]
 
+
 ONE_OF_EACH_FAMILY = [
     "g7e.2xlarge",
     "g7.2xlarge",
@@ -336,7 +337,7 @@ def test_turning_mig_off_again_destroys_idle_instances_first(agent):
     host.apply({"version": "v1", "gpus": [{"devices": [0], "mig": {"1g.10gb": 7}}]})
     rc, report = host.apply({"version": "v1", "gpus": [{"devices": [0], "exclusive": True}]})
     assert rc == 0, report["remaining"]
-    assert report["actions"][-2:] == [
+    assert gpu_actions(report)[-2:] == [
         "turn off MIG mode on GPU 0",
         "reset GPU 0 to apply its pending MIG mode",
     ]

@@ -159,3 +159,71 @@ def test_the_real_host_installs_the_imds_rule_once_and_reads_capability_minors(t
     inserts = [c for c in run.calls if c[:2] == ["iptables", "-I"]]
     assert inserts == [["iptables", "-I", *IMDS_RULE]]
     assert "! --uid-owner 0" in " ".join(IMDS_RULE)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="changing a file's owner needs root")
+def test_the_real_host_gives_a_capability_file_to_one_account_and_takes_it_back(tmp_path):
+    import os
+    import pwd
+
+    # Given a capability file as the driver leaves it: anyone may open it (0444)
+    caps = tmp_path / "dev" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    node = caps / "nvidia-cap31"
+    node.write_text("")
+    os.chmod(node, 0o444)
+    host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=Recorder())
+    holder = pwd.getpwuid(65534).pw_name  # nobody: an account that exists on every Linux
+    assert host.cap_owner(31) == "anyone"
+    # When it is given to one account / Then that account alone may open it
+    host.set_cap_owner(31, holder)
+    assert host.cap_owner(31) == holder
+    assert host.may_open(holder, 31)
+    assert oct(node.stat().st_mode & 0o777) == "0o400"
+    # And taken back, it is root's alone
+    host.set_cap_owner(31, None)
+    assert host.cap_owner(31) == "root"
+    assert not host.may_open(holder, 31)
+
+
+def test_grant_through_the_command_line_on_a_simulated_host(tmp_path, capsys):
+    import json
+
+    from host_agent.cli import main
+
+    state = tmp_path / "host.json"
+    base = ["--simulate", "g7e.2xlarge", "--state", str(state), "--instance-id", "i-0abc"]
+    spec = json.dumps({"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]})
+    assert main([*base, "apply", "--spec", spec]) == 0
+    capsys.readouterr()
+    token_hash = hashlib.sha256(b"the-token").hexdigest()
+    rc = main([*base, "grant", "--slice", "g0-1g.24gb-3", "--user", ALICE, "--token-sha256", token_hash])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, report
+    assert report["grant"]["account"] == ALICE
+    assert len(report["grant"]["device_files"]) == 2
+    saved = json.loads(state.read_text())["host"]["grants"]["g0-1g.24gb-3"]
+    assert saved["token_sha256"] == token_hash
+
+
+def test_a_whole_gpu_opens_for_its_session_alone_and_for_all_again_under_mig():
+    # Given a p4d (eight A100s) with GPUs 0 and 1 exclusive
+    backend = FakeGpuBackend.for_instance_type("p4d.24xlarge")
+    ctx = verbs.Context(backend=backend, instance_id="i-1", simulated=True)
+    exclusive = parse_layout({"version": "v1", "gpus": [{"devices": [0, 1], "exclusive": True}]})
+    assert verbs.do_apply(ctx, exclusive).ok
+    # When alice gets GPU 0 and bob GPU 1
+    a = verbs.do_grant(ctx, "g0-whole", ALICE)
+    verbs.do_grant(ctx, "g1-whole", BOB)
+    # Then each device node opens for its holder alone
+    assert a.grant.device_files == ["/dev/nvidia0"]
+    assert backend.host.may_open_gpu(ALICE, 0)
+    assert not backend.host.may_open_gpu(BOB, 0)
+    assert not backend.host.may_open_gpu(ALICE, 1)
+    # And once reclaimed, GPU 0 is root's alone until the next grant
+    assert verbs.do_reclaim(ctx, "g0-whole").ok
+    assert not backend.host.may_open_gpu(ALICE, 0)
+    # And a GPU turned to MIG opens its node to all again (its slices are guarded by capability files)
+    mig = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.20gb": 2}}]})
+    assert verbs.do_apply(ctx, mig).ok
+    assert backend.host.gpu_node_owner(0) == "anyone"
