@@ -183,6 +183,8 @@ class ExtendRequest(Strict):
     ttl_seconds: int = Field(gt=0, description="seconds added to the current expiry")
     expected_expires_at: datetime | None = Field(
         default=None,
+        # an ISO 8601 string in JSON: parsed even if the model is made strict
+        strict=False,
         description=(
             "the expiry this extends from (as last read); if the session's expiry differs, "
             "nothing is added (409 session_changed): a replayed extend never adds twice"
