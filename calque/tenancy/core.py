@@ -39,10 +39,12 @@ class TenancyConfig:
     default_ttl_s: int = 2 * 3600
     # Applies to users no admin gave a quota.
     default_max_sessions: int = 2
-    # Candidates read per placement query, and grants tried per check-out: both bounded,
-    # so a check-out costs the same number of requests on 10 hosts as on 1,000.
+    # Candidates read per placement query, and tries per check-out (each a fresh read from
+    # a random point, then one transaction): both bounded, so a check-out costs the same
+    # number of requests on 10 hosts as on 1,000. Every lost try is another member's
+    # grant, so racers rarely need more than two or three.
     candidate_limit: int = 8
-    max_tries: int = 6
+    max_tries: int = 8
     reclaim_timeout_s: int = 300
     # A reclaim report that started this long before its slice entered reclaiming is
     # still accepted (host clocks drift a little); anything earlier is a stale report.
