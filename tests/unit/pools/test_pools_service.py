@@ -325,3 +325,19 @@ def test_a_pool_with_a_layout_its_card_takes_is_created_with_it():
     layout = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
     create(w, instance_type="g7e.2xlarge", layout=layout)
     assert w.store.get_pool("textstats").layout == layout
+
+
+def test_a_deleting_pool_is_finished_by_the_scaler_once_drained(world):
+    wid, iid = start_worker(world)
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    assert out["state"] == "deleting"
+    # While a claim waits, the scaler keeps the pool and its worker
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats") is not None
+    # Once the queue is drained, the scaler releases the worker and deletes queues and record
+    world.queues.queues["sqs://textstats"]["visible"].clear()
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats") is None
+    assert iid in world.capacity.released
+    assert "sqs://textstats" in world.queues.deleted
