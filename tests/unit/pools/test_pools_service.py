@@ -328,7 +328,7 @@ def test_a_pool_with_a_layout_its_card_takes_is_created_with_it():
 
 
 def test_a_deleting_pool_is_finished_by_the_scaler_once_drained(world):
-    wid, iid = start_worker(world)
+    _, iid = start_worker(world)
     world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
     out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
     assert out["state"] == "deleting"
