@@ -137,3 +137,26 @@ def test_claim_list_passes_the_pool_filter(api, cli):
     assert code == 0
     assert api.requests == [("GET", "/v1/claims", None, {"pool": "textstats"})]
     assert "c-1" in out
+
+
+def test_pool_status_shows_workers_backlog_warm_hits_and_the_reasons_of_decisions(api, cli):
+    api.responses[("GET", "/v1/pools/textstats")] = {
+        "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+        "min_workers": 0, "max_workers": 2,
+        "status": {
+            "backlog": {"visible": 3, "in_flight": 1}, "oldest_claim_age_s": 42,
+            "claims": {"queued": 3, "running": 1, "succeeded": 5}, "warm_hits": 4, "completed": 5,
+            "workers": [{"worker_id": "w-1", "instance_id": "i-1", "state": "busy", "claim_id": "c-9"}],
+            "decisions": [{"at": 1800000000.0, "action": "scale_out", "desired": 2, "current": 1,
+                           "reason": "backlog 4 wants 2 workers"}],
+            "last_decision": {"action": "hold", "reason": "cooldown"},
+        },
+    }  # fmt: skip
+    code, out, err = cli("pool", "status", "textstats")
+    assert code == 0, err
+    assert "3 visible, 1 in flight" in out
+    assert "42s" in out
+    assert "4 of 5 completed" in out
+    assert "w-1" in out
+    assert "backlog 4 wants 2 workers" in out
+    assert "Latest check: hold: cooldown" in out

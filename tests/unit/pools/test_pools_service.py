@@ -311,3 +311,33 @@ def test_a_worker_that_went_silent_is_released_and_replaced_while_claims_wait(wo
     assert [w.worker_id for w in workers] != [wid]
     assert len(workers) == 1
     assert workers[0].state == "starting"
+
+
+def test_a_pool_with_an_impossible_layout_is_refused_before_any_queue_exists():
+    w = World()
+    with pytest.raises(InvalidInput):
+        create(w, layout={"version": "v1", "gpus": [{"devices": "all", "mig": {"9g.999gb": 1}}]})
+    assert w.queues.queues == {}
+
+
+def test_a_pool_with_a_layout_its_card_takes_is_created_with_it():
+    w = World()
+    layout = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
+    create(w, instance_type="g7e.2xlarge", layout=layout)
+    assert w.store.get_pool("textstats").layout == layout
+
+
+def test_a_deleting_pool_is_finished_by_the_scaler_once_drained(world):
+    _, iid = start_worker(world)
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    assert out["state"] == "deleting"
+    # While a claim waits, the scaler keeps the pool and its worker
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats") is not None
+    # Once the queue is drained, the scaler releases the worker and deletes queues and record
+    world.queues.queues["sqs://textstats"]["visible"].clear()
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats") is None
+    assert iid in world.capacity.released
+    assert "sqs://textstats" in world.queues.deleted
