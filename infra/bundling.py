@@ -23,6 +23,7 @@ the reason.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -71,7 +72,12 @@ def _fingerprint(parts: Iterable[str | bytes]) -> str:
 
 def bytecode_interpreter(python_version: str) -> str | None:
     """An interpreter that writes bytecode for ``python_version`` (e.g. "3.12"), or None."""
-    named = os.environ.get(LAMBDA_PYTHON_ENV)
+    return _bytecode_interpreter(python_version, os.environ.get(LAMBDA_PYTHON_ENV))
+
+
+@functools.cache
+def _bytecode_interpreter(python_version: str, named: str | None) -> str | None:
+    # Asked once per synth: every bundle's fingerprint depends on the answer.
     candidates = [named] if named else []
     if f"{sys.version_info.major}.{sys.version_info.minor}" == python_version:
         candidates.append(sys.executable)

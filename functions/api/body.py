@@ -118,7 +118,7 @@ def _depth(doc: Any) -> int:
     while stack:
         node, level = stack.pop()
         if isinstance(node, dict):
-            children = node.values()
+            children: list[Any] = list(node.values())
         elif isinstance(node, list):
             children = node
         else:

@@ -322,7 +322,7 @@ def test_json_in_another_spelling_is_read_as_json(local_plane, world, content_ty
     assert (resp.status, resp.json()["max_sessions"]) == (200, 3), resp.body
 
 
-@pytest.mark.parametrize("method", ["TRACE", "QUERY"])
+@pytest.mark.parametrize("method", ["TRACE", "QUERY", "BREW"])
 def test_methods_the_api_does_not_use_are_405_in_the_error_shape(local_plane, world, method):
     resp = local_plane.request(method, "/v1/whoami", world["member"])
     assert resp.status == 405, resp.body

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ IID = "i-0aaa0001"
 
 
 @pytest.fixture
-def world(monkeypatch) -> World:
+def world(monkeypatch) -> Iterator[World]:
     monkeypatch.setenv("CALQUE_TABLE_NAME", "calque-registry")
     monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/host-tasks")
     monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", "CalqueHostRole")
