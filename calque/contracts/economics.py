@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from calque.contracts.common import Out, Strict
+from calque.contracts.common import Out, Request, Strict
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -90,7 +90,7 @@ class UsageReport(Out):
 # ---- groups -----------------------------------------------------------------------------------
 
 
-class GroupCreate(Strict):
+class GroupCreate(Request):
     """POST /v1/groups (admin)."""
 
     name: str = Field(pattern=GROUP_PATTERN, description="lowercase letters, digits, . _ -")
@@ -99,13 +99,13 @@ class GroupCreate(Strict):
     max_usd_per_month: float | None = Field(default=None, ge=0, le=100_000_000, description="monthly budget")
 
 
-class GroupMembers(Strict):
+class GroupMembers(Request):
     """POST /v1/groups/{name}/members, POST /v1/groups/{name}/members/remove (admin)."""
 
     users: list[str] = Field(min_length=1, max_length=50)
 
 
-class GroupLimits(Strict):
+class GroupLimits(Request):
     """PUT /v1/groups/{name}/limits (admin)."""
 
     max_sessions: int | None = Field(default=None, ge=0, le=10_000)

@@ -6,13 +6,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from calque.contracts.common import Out, Strict
+from calque.contracts.common import Out, Request, Strict
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
 MAX_ITEMS = 10_000
 
 
-class PoolSettings(Strict):
+class PoolSettings(Request):
     min_workers: int = Field(default=0, ge=0, le=256)
     max_workers: int = Field(default=4, ge=1, le=256)
     target_backlog_per_worker: int = Field(default=1, ge=1, le=10_000)
@@ -35,19 +35,19 @@ class PoolCreate(PoolSettings):
     i_understand_this_spends_money: bool = False
 
 
-class PoolUpdate(Strict):
+class PoolUpdate(Request):
     min_workers: int | None = Field(default=None, ge=0, le=256)
     max_workers: int | None = Field(default=None, ge=1, le=256)
     target_backlog_per_worker: int | None = Field(default=None, ge=1, le=10_000)
     idle_timeout_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
 
 
-class PoolDelete(Strict):
+class PoolDelete(Request):
     i_understand_this_terminates_instances: bool = False
     now: bool = False
 
 
-class ClaimSubmit(Strict):
+class ClaimSubmit(Request):
     items: list[Any] = Field(min_length=1, max_length=MAX_ITEMS)
 
 

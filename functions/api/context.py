@@ -60,16 +60,28 @@ def require_admin(who: Caller, _args: Mapping[str, str] | None = None, _event: A
         raise Forbidden("this action is for admins only", details={"principal": who.principal})
 
 
-def require_instance_role(who: Caller, args: Mapping[str, str], event: Mapping[str, Any]) -> None:
-    """The host role's session for the instance (EC2 names it after the instance), and, when
-    the deployment knows it, the host role's own unique id: a same-named role in another
-    account, or one created again, is not this host."""
-    instance_id = args.get("instance_id", "")
+def require_host_role(who: Caller, _args: Mapping[str, str], event: Mapping[str, Any]) -> None:
+    """The deployment's host role (any of its instances): when the deployment knows it, by the
+    role's own unique id, and from the deploying account: a same-named role in another
+    account, or one created again, is not a host."""
     s = api_settings()
     pinned = s.host_role_id is None or who.principal_id == s.host_role_id
     home = s.account_id or event.get("requestContext", {}).get("accountId")
     same_account = home is None or who.account == home
-    if not (_is_host_role(who) and who.role_session == instance_id and pinned and same_account):
+    if not (_is_host_role(who) and pinned and same_account):
+        raise Forbidden("only the host role may call this route", details={"principal": who.principal})
+
+
+def require_instance_role(who: Caller, args: Mapping[str, str], event: Mapping[str, Any]) -> None:
+    """The host role's session for the instance the path names (EC2 names it after the instance)."""
+    instance_id = args.get("instance_id", "")
+    try:
+        require_host_role(who, args, event)
+    except Forbidden:
+        ok = False
+    else:
+        ok = who.role_session == instance_id
+    if not ok:
         raise Forbidden(
             f"only {instance_id}'s own instance role may report for it", details={"principal": who.principal}
         )
@@ -85,6 +97,14 @@ def host_caller(router: BaseRouter, instance_id: str) -> Caller:
     event = router.current_event.raw_event
     who = _caller_of(event)
     require_instance_role(who, {"instance_id": instance_id}, event)
+    return who
+
+
+def host_role_caller(router: BaseRouter) -> Caller:
+    """The host role, for routes its instances' workers call (which instance: the route checks)."""
+    event = router.current_event.raw_event
+    who = _caller_of(event)
+    require_host_role(who, {}, event)
     return who
 
 

@@ -124,7 +124,7 @@ class ControlPlaneApi(Construct):
             ]
         )
 
-    def restrict_to_route(self, role: iam.IRole, *, method: str, path: str) -> None:
+    def restrict_to_routes(self, role: iam.IRole, *, method: str, paths: Sequence[str]) -> None:
         """Refuse every other route to ``role``'s sessions in the API's resource policy."""
         self.api.add_to_resource_policy(
             iam.PolicyStatement(
@@ -132,7 +132,7 @@ class ControlPlaneApi(Construct):
                 effect=iam.Effect.DENY,
                 principals=[iam.AnyPrincipal()],
                 actions=["execute-api:Invoke"],
-                not_resources=[f"execute-api:/*/{method}{path}"],
+                not_resources=[f"execute-api:/*/{method}{path}" for path in paths],
                 conditions={"ArnEquals": {"aws:PrincipalArn": role.role_arn}},
             )
         )

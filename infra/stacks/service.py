@@ -120,9 +120,16 @@ class ServiceStack(Stack):
             wildcard_reason="The wildcard is the {instance_id} segment of the report route, which exists "
             "for every host; the API accepts a report only from the instance the path names.",
         )
-        # The host role's sessions may call the report route and nothing else.
-        self.api.restrict_to_route(
-            self.host_agent.role, method=constants.HOST_REPORT_METHOD, path=constants.HOST_REPORT_PATH
+        # The host role's sessions may call the report routes (the agent's, and the pool
+        # workers' on its instance) and nothing else.
+        self.api.restrict_to_routes(
+            self.host_agent.role,
+            method=constants.HOST_REPORT_METHOD,
+            paths=(
+                constants.HOST_REPORT_PATH,
+                constants.POOL_CLAIM_REPORT_PATH,
+                constants.POOL_WORKER_REPORT_PATH,
+            ),
         )
         self._add_pools()
         self._wire_functions()

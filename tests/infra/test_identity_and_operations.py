@@ -55,7 +55,14 @@ def test_the_host_role_may_call_only_its_report_route(synthesized: Synthesized) 
     (api,) = resources_of(template, "AWS::ApiGateway::RestApi")
     deny = next(s for s in api["Properties"]["Policy"]["Statement"] if s.get("Sid") == "HostRoleOnlyReports")
     assert deny["Effect"] == "Deny"
-    assert deny["NotResource"] == f"execute-api:/*/{constants.HOST_REPORT_METHOD}{constants.HOST_REPORT_PATH}"
+    assert deny["NotResource"] == [
+        f"execute-api:/*/{constants.HOST_REPORT_METHOD}{path}"
+        for path in (
+            constants.HOST_REPORT_PATH,
+            constants.POOL_CLAIM_REPORT_PATH,
+            constants.POOL_WORKER_REPORT_PATH,
+        )
+    ]
     (role_arn,) = deny["Condition"]["ArnEquals"]["aws:PrincipalArn"].values()
     role = template["Resources"][role_arn[0]]
     assert role["Type"] == "AWS::IAM::Role"

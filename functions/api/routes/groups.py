@@ -7,13 +7,14 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from calque.accounting.wiring import api_groups
 from calque.contracts.economics import Group, GroupCreate, GroupLimits, GroupMembers
 from functions import observability
-from functions.api.context import caller
+from functions.api.context import admin_only, caller
 
 router = Router()
 logger = observability.logger("api")
 
 
 @router.post("/groups", status_code=201)
+@admin_only
 def create_group(body: GroupCreate) -> Group:
     group = api_groups().create(caller(router), body)
     logger.info("group created", extra={"group": body.name})
@@ -31,6 +32,7 @@ def show_group(name: str) -> Group:
 
 
 @router.post("/groups/<name>/members")
+@admin_only
 def add_members(name: str, body: GroupMembers) -> Group:
     group = api_groups().add(caller(router), name, body.users)
     logger.info("group members added", extra={"group": name, "users": body.users})
@@ -38,6 +40,7 @@ def add_members(name: str, body: GroupMembers) -> Group:
 
 
 @router.post("/groups/<name>/members/remove")
+@admin_only
 def remove_members(name: str, body: GroupMembers) -> Group:
     group = api_groups().remove(caller(router), name, body.users)
     logger.info("group members removed", extra={"group": name, "users": body.users})
@@ -45,5 +48,6 @@ def remove_members(name: str, body: GroupMembers) -> Group:
 
 
 @router.put("/groups/<name>/limits")
+@admin_only
 def set_limits(name: str, body: GroupLimits) -> Group:
     return api_groups().set_limits(caller(router), name, body)

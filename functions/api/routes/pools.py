@@ -23,7 +23,7 @@ from calque.contracts.pools import (
 from calque.pools.wiring import pools
 from calque.settings import pool_settings
 from functions import observability
-from functions.api.context import caller
+from functions.api.context import admin_only, caller, guarded, host_role_caller, require_host_role
 
 router = Router()
 logger = observability.logger("api")
@@ -39,6 +39,7 @@ def _claim(record: Any) -> Claim:
 
 
 @router.post("/pools", status_code=201)
+@admin_only
 def create_pool(body: PoolCreate) -> Pool:
     pool = pools().create_pool(caller(router), body)
     logger.info("pool created", extra={"pool": pool.name, "instance_type": pool.instance_type})
@@ -58,11 +59,13 @@ def pool_status(name: str) -> dict[str, Any]:
 
 
 @router.patch("/pools/<name>")
+@admin_only
 def update_pool(name: str, body: PoolUpdate) -> Pool:
     return _pool(pools().update_pool(caller(router), name, body))
 
 
 @router.delete("/pools/<name>")
+@admin_only
 def delete_pool(name: str, body: Annotated[PoolDelete | None, Body()] = None) -> dict[str, Any]:
     out = pools().delete_pool(caller(router), name, body or PoolDelete())
     logger.info("pool delete", extra=out)
@@ -100,13 +103,17 @@ def cancel_claim(claim_id: str) -> Claim:
 
 
 @router.post("/pools/<name>/claims/<claim_id>/report")
+@guarded(require_host_role)
 def claim_report(name: str, claim_id: str, body: ClaimReport) -> ClaimReportAnswer:
-    out = pools().claim_report(caller(router), pool_settings().host_role_name, name, claim_id, body)
+    out = pools().claim_report(host_role_caller(router), pool_settings().host_role_name, name, claim_id, body)
     if body.event != "started":
         logger.info("claim report", extra={"claim_id": claim_id, "event": body.event, "answer": out})
     return ClaimReportAnswer.model_validate(out)
 
 
 @router.post("/pools/<name>/workers/<worker_id>/report")
+@guarded(require_host_role)
 def worker_report(name: str, worker_id: str, body: WorkerReport) -> dict[str, Any]:
-    return pools().worker_report(caller(router), pool_settings().host_role_name, name, worker_id, body)
+    return pools().worker_report(
+        host_role_caller(router), pool_settings().host_role_name, name, worker_id, body
+    )
