@@ -68,6 +68,8 @@ class Supervisor:
         self._proc, self._conn = proc, parent
         message = self._receive()
         if message is None or message.get("op") != "entered":
+            if message is None:
+                proc.join(2.0)
             reason = (message or {}).get("reason") or _exit_reason(proc.exitcode)
             self.stop()
             raise RuntimeError(f"the runner's enter() failed: {reason}")
@@ -101,7 +103,9 @@ class Supervisor:
             self._conn.send({"op": "run", "items": items, "stdout": stdout_path, "stderr": stderr_path})
         message = self._receive()
         if message is None:
-            reason = _exit_reason(self._proc.exitcode if not self._proc.is_alive() else None)
+            # The pipe closes as the child exits, a moment before the exit code can be read.
+            self._proc.join(2.0)
+            reason = _exit_reason(self._proc.exitcode)
             self.stop()
             return Outcome(ok=False, reason=reason, warm_hit=warm, enter_seconds=enter_s)
         if message.get("op") != "done":
