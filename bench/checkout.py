@@ -433,7 +433,7 @@ def measure_reaper(backend: Backend, api: Api, meter: Meter, expired: int) -> Ro
         tally,
         min_calls,
         10,
-        _min_read(tally.read_bytes / expired),
+        _min_read(tally.read_bytes) / expired,
         "batched: 20 ends per transaction (5 items x2 each), 10 reclaim tasks per SQS call",
     )
 
