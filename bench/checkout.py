@@ -337,8 +337,8 @@ def measure_sessions(api: Api, meter: Meter, tag: str, n: int) -> tuple[Row, Row
         out,
         2,
         10,
-        _min_read(out.read_bytes / n),
-        "one index read, one transaction: slice, session, counter, lease record, request id (x2)",
+        0.5,
+        "one index page (<= 4 KB), one transaction: slice, session, counter, lease record, request id (x2)",
     )
     for g in grants:
         api.call(
@@ -433,7 +433,7 @@ def measure_reaper(backend: Backend, api: Api, meter: Meter, expired: int) -> Ro
         tally,
         min_calls,
         10,
-        _min_read(tally.read_bytes / expired),
+        _min_read(tally.read_bytes) / expired,
         "batched: 20 ends per transaction (5 items x2 each), 10 reclaim tasks per SQS call",
     )
 
