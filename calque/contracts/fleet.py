@@ -28,7 +28,9 @@ from calque.contracts.layout import LayoutSpec
 # booting: EC2 has the instance, not yet registered; registered: a tenancy host (its layout
 # is applied by the tenancy path); releasing: drained, TerminateInstances sent; terminated:
 # EC2 confirmed, budget released; failed: every attempt failed (or it timed out), budget released.
-AcquisitionState = Literal["queued", "launching", "booting", "registered", "releasing", "terminated", "failed"]
+AcquisitionState = Literal[
+    "queued", "launching", "booting", "registered", "releasing", "terminated", "failed"
+]
 OPEN_STATES: tuple[str, ...] = ("queued", "launching", "booting", "registered", "releasing")
 Market = Literal["spot", "on-demand"]
 

@@ -86,14 +86,22 @@ class Ec2(Protocol):
 
 
 class FleetStore(Protocol):
-    def reserve(self, budget_delta_instances: int, hourly_usd: float, records: Sequence[AcquisitionRecord]) -> None:
+    def reserve(
+        self, budget_delta_instances: int, hourly_usd: float, records: Sequence[AcquisitionRecord]
+    ) -> None:
         """One transaction: the budget's headroom down by the reservation (BudgetRefused when it
         has no room), every acquisition record created."""
 
     def budget(self) -> BudgetRecord | None: ...
 
     def put_budget(
-        self, *, max_instances: int, max_hourly_usd: float, max_monthly_usd: float | None, by: str, at: datetime
+        self,
+        *,
+        max_instances: int,
+        max_hourly_usd: float,
+        max_monthly_usd: float | None,
+        by: str,
+        at: datetime,
     ) -> BudgetRecord: ...
 
     def get(self, request_id: str) -> AcquisitionRecord | None: ...
@@ -103,11 +111,15 @@ class FleetStore(Protocol):
     def list(self) -> list[AcquisitionRecord]:
         """Every acquisition not yet collected, oldest first."""
 
-    def update(self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any) -> AcquisitionRecord:
+    def update(
+        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+    ) -> AcquisitionRecord:
         """Apply changes if the record is still in one of ``expect`` states (Gone otherwise).
         Setting instance_id also records the instance -> request pointer."""
 
-    def close(self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime) -> AcquisitionRecord:
+    def close(
+        self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
+    ) -> AcquisitionRecord:
         """One transaction: the acquisition -> terminated/failed and, if it still held budget,
         the budget's headroom back up by exactly what it held. Gone if already closed."""
 
@@ -115,12 +127,17 @@ class FleetStore(Protocol):
 class Hosts(Protocol):
     """The tenancy registry, as the fleet uses it (calque.tenancy does the work)."""
 
-    def register(self, instance_id: str, instance_type: str, layout: dict[str, Any] | None, spot: bool) -> None:
+    def register(
+        self, instance_id: str, instance_type: str, layout: dict[str, Any] | None, spot: bool
+    ) -> None:
         """Register a launched instance as a host; applying the layout is the tenancy path's job."""
 
-    def drain(self, instance_id: str, *, end_sessions: bool, end_reason: str, note: str) -> list[tuple[str, str]]:
+    def drain(
+        self, instance_id: str, *, end_sessions: bool, end_reason: str, note: str
+    ) -> list[tuple[str, str]]:
         """Out of placement at once; with end_sessions, end every live session there with
-        ``end_reason``. Returns (session_id, user) of each session ended. No-op for a host that is not registered."""
+        ``end_reason``. Returns (session_id, user) of each session ended; nothing for a host
+        that is not registered."""
 
     def registered(self) -> list[str]:
         """Instance ids of every registered host not already drained."""

@@ -20,6 +20,7 @@ its constructor; never imports boto3, an HTTP type or an event type.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Sequence
@@ -260,7 +261,8 @@ class Fleet:
             limit = {"instances": b.max_instances, "hourly_usd": usd(b.effective_musd)}
             asked = {"instances": count, "hourly_usd": round(hourly, 6)}
             err = QuotaExceeded(
-                f"the budget has no room: {b.in_use_instances} instance(s) at ${usd(b.in_use_musd):g}/h in use, "
+                f"the budget has no room: {b.in_use_instances} instance(s) at "
+                f"${usd(b.in_use_musd):g}/h in use, "
                 f"{count} at ${hourly:g}/h asked, limit {b.max_instances} at ${usd(b.effective_musd):g}/h",
                 code="budget_exceeded",
                 details={"in_use": in_use, "asked": asked, "limit": limit},
@@ -319,9 +321,7 @@ class Fleet:
         return self._view(rec)
 
     def list(self, caller: Caller) -> list[Acquisition]:
-        return [
-            self._view(r) for r in self.store.list() if caller.admin or r.owner == caller.principal
-        ]
+        return [self._view(r) for r in self.store.list() if caller.admin or r.owner == caller.principal]
 
     def for_instance(self, instance_id: str) -> Acquisition | None:
         rec = self.store.by_instance(instance_id)
@@ -340,7 +340,9 @@ class Fleet:
         if rec.state not in ("queued", "launching"):
             return self._view(rec)
         try:
-            rec = self.store.update(rec, expect=("queued", "launching"), state="launching", state_since=self.clock())
+            rec = self.store.update(
+                rec, expect=("queued", "launching"), state="launching", state_since=self.clock()
+            )
         except Gone:
             return self._view(self._must(request_id))
         found = self.ec2.find_by_request(request_id)
@@ -368,7 +370,9 @@ class Fleet:
                     except LaunchRefused as exc:
                         attempts.append(self._attempt(spec, az, "error", f"{exc.code}: {exc.message}"))
                         rec = self.store.update(rec, expect=("launching",), attempts=attempts)
-                        return self._view(self._fail(rec, f"EC2 refused the launch: {exc.code}: {exc.message}"))
+                        return self._view(
+                            self._fail(rec, f"EC2 refused the launch: {exc.code}: {exc.message}")
+                        )
                     attempts.append(self._attempt(spec, inst.availability_zone or az, "launched", None))
                     return self._view(self._launched(rec, inst, attempts))
         return self._view(self._fail(rec, f"no capacity after {len(attempts)} attempt(s)"))
@@ -452,7 +456,12 @@ class Fleet:
             return self._must(rec.request_id)
         self._publish(
             "calque.host.registered",
-            {"request_id": rec.request_id, "instance_id": iid, "instance_type": rec.launched_type, "pool": rec.pool},
+            {
+                "request_id": rec.request_id,
+                "instance_id": iid,
+                "instance_type": rec.launched_type,
+                "pool": rec.pool,
+            },
         )
         return rec
 
@@ -472,7 +481,7 @@ class Fleet:
                 reason = "released" if rec.state == "releasing" else "host_lost"
                 self._end_host(rec, reason=reason, note=f"EC2 reports the instance {state}")
             if state == "terminated":
-                closed = self._close_terminated(rec, f"EC2 confirmed the instance terminated")
+                closed = self._close_terminated(rec, "EC2 confirmed the instance terminated")
                 return "terminated, budget released" if closed else "already closed"
             return f"drained ({state})"
         return f"noted {state}"
@@ -490,13 +499,15 @@ class Fleet:
         self._publish_ended(instance_id, ended, "spot_interrupted")
         self._publish(
             "calque.host.spot_interrupted",
-            {"instance_id": instance_id, "request_id": rec.request_id if rec else None, "sessions_ended": len(ended)},
+            {
+                "instance_id": instance_id,
+                "request_id": rec.request_id if rec else None,
+                "sessions_ended": len(ended),
+            },
         )
         if rec is not None and rec.state in OPEN_STATES:
-            try:
+            with contextlib.suppress(Gone):
                 self.store.update(rec, expect=(rec.state,), state_reason="spot interruption warning")
-            except Gone:
-                pass
         return f"drained, {len(ended)} session(s) ended"
 
     def on_rebalance(self, instance_id: str) -> str:
@@ -507,7 +518,9 @@ class Fleet:
             end_reason="drained",
             note="EC2 recommends rebalancing: this spot instance is at elevated risk of interruption",
         )
-        self._publish("calque.host.draining", {"instance_id": instance_id, "reason": "rebalance_recommendation"})
+        self._publish(
+            "calque.host.draining", {"instance_id": instance_id, "reason": "rebalance_recommendation"}
+        )
         return "placements stopped"
 
     # ---- release ---------------------------------------------------------------------------------
@@ -553,7 +566,12 @@ class Fleet:
         self.ec2.terminate([instance_id])
         self._publish(
             "calque.host.releasing",
-            {"instance_id": instance_id, "request_id": rec.request_id, "reason": reason, "sessions_ended": len(ended)},
+            {
+                "instance_id": instance_id,
+                "request_id": rec.request_id,
+                "reason": reason,
+                "sessions_ended": len(ended),
+            },
         )
         return self._view(rec)
 
@@ -603,7 +621,9 @@ class Fleet:
             iid = rec.instance_id
             if iid is None:
                 if (now - rec.created_at).total_seconds() >= self.config.launch_timeout_s:
-                    self._fail(rec, f"no instance after {self.config.launch_timeout_s}s: the launch timed out")
+                    self._fail(
+                        rec, f"no instance after {self.config.launch_timeout_s}s: the launch timed out"
+                    )
                     out.timed_out.append(rec.request_id)
                 continue
             if iid not in live and iid not in still:
@@ -650,7 +670,9 @@ class Fleet:
 
     def _close_terminated(self, rec: AcquisitionRecord, reason: str) -> bool:
         try:
-            rec = self.store.close(rec, state="terminated", reason=rec.state_reason or reason, at=self.clock())
+            rec = self.store.close(
+                rec, state="terminated", reason=rec.state_reason or reason, at=self.clock()
+            )
         except Gone:
             return False
         self._publish(
