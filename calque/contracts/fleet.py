@@ -141,6 +141,8 @@ AcquireAccepted.model_rebuild()
 
 
 class AcquireMessage(Strict):
-    """The fleet_acquire queue's message: one acquisition to launch."""
+    """The fleet_acquire queue's message: launch one acquisition, or terminate its instance
+    (only the acquirer and the reconciler may call EC2 to launch or terminate)."""
 
     request_id: str = Field(pattern=REQUEST_ID_PATTERN)
+    action: Literal["launch", "terminate"] = "launch"

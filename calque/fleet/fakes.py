@@ -291,9 +291,13 @@ class FakeHosts:
 class MemoryQueue:
     def __init__(self) -> None:
         self.sent: list[str] = []
+        self.terminations: list[str] = []
 
     def send(self, request_ids: Sequence[str]) -> None:
         self.sent += list(request_ids)
+
+    def send_terminate(self, request_ids: Sequence[str]) -> None:
+        self.terminations += list(request_ids)
 
 
 class RecordingPublisher:

@@ -144,7 +144,11 @@ class Hosts(Protocol):
 
 
 class AcquireQueue(Protocol):
-    def send(self, request_ids: Sequence[str]) -> None: ...
+    def send(self, request_ids: Sequence[str]) -> None:
+        """Ask the acquirer to launch these acquisitions."""
+
+    def send_terminate(self, request_ids: Sequence[str]) -> None:
+        """Ask the acquirer to terminate these acquisitions' instances."""
 
 
 class Publisher(Protocol):

@@ -563,7 +563,7 @@ class Fleet:
                 )
             except Gone:
                 rec = self._must(rec.request_id)
-        self.ec2.terminate([instance_id])
+        self.queue.send_terminate([rec.request_id])
         self._publish(
             "calque.host.releasing",
             {
@@ -573,6 +573,14 @@ class Fleet:
                 "sessions_ended": len(ended),
             },
         )
+        return self._view(rec)
+
+    def terminate(self, request_id: str) -> Acquisition | None:
+        """The acquirer's half of a release: terminate the instance of a releasing acquisition."""
+        rec = self.store.get(request_id)
+        if rec is None or rec.instance_id is None or rec.state != "releasing":
+            return self._view(rec) if rec else None
+        self.ec2.terminate([rec.instance_id])
         return self._view(rec)
 
     # ---- the reconciler --------------------------------------------------------------------------
@@ -638,6 +646,7 @@ class Fleet:
             if rec.expires_at is not None and rec.expires_at <= now:
                 self.release(iid, f"its TTL of {rec.ttl_s}s passed", end_reason="host_ttl")
                 out.ttl_released.append(iid)
+                releasing_live.append(iid)
                 continue
             if rec.state == "booting":
                 after = self._try_register(rec, online)
@@ -645,6 +654,7 @@ class Fleet:
                     out.registered.append(iid)
                 elif (now - rec.state_since).total_seconds() >= self.config.boot_timeout_s:
                     self.release(iid, f"its SSM agent never came online within {self.config.boot_timeout_s}s")
+                    releasing_live.append(iid)
         if releasing_live:
             self.ec2.terminate(releasing_live)  # idempotent: a lost terminate is sent again
 

@@ -179,7 +179,11 @@ class Tenancy:
             self._host_view(who, h, self.registry.slices(h.instance_id)) for h in self.registry.list_hosts()
         ]
 
-    def drain(self, who: Caller, instance_id: str, *, force: bool, reason: str | None) -> Host:
+    def drain(
+        self, who: Caller, instance_id: str, *, force: bool, reason: str | None, end_reason: str = "drained"
+    ) -> Host:
+        """Stop placing sessions on the host; with force, end the live ones with ``end_reason``
+        (the fleet passes released / spot_interrupted / host_lost / host_ttl)."""
         host = self._host(instance_id)
         slices = self.registry.slices(instance_id)
         held = [s for s in slices if s.state == "held"]
@@ -209,7 +213,7 @@ class Tenancy:
             if session is None or session.state != "live":
                 continue
             try:
-                self._end(session, at=now, reason="drained", kind="drained", by=who.principal, note=reason)
+                self._end(session, at=now, reason=end_reason, kind="drained", by=who.principal, note=reason)
             except StaleWrite:
                 continue
         return self._host_view(who, self._settle_drain(instance_id), self.registry.slices(instance_id))

@@ -66,6 +66,9 @@ class World:
         sent, self.queue.sent = self.queue.sent, []
         for rid in sent:
             self.fleet.launch(rid)
+        ends, self.queue.terminations = self.queue.terminations, []
+        for rid in ends:
+            self.fleet.terminate(rid)
 
 
 @pytest.fixture

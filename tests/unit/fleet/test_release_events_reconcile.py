@@ -27,8 +27,10 @@ def test_release_ends_sessions_drains_and_terminates_but_keeps_the_budget_until_
     # Then sessions ended with `released`, the host left placement, EC2 was told to terminate
     assert world.hosts.ended == {"s-00000001": "released", "s-00000002": "released"}
     assert world.hosts.hosts[iid]["placeable"] is False
-    assert world.ec2.instances[iid].state == "terminated"
     assert acq.state == "releasing"
+    # the acquirer (the only function allowed to) terminates it
+    world.deliver()
+    assert world.ec2.instances[iid].state == "terminated"
     assert world.fleet.budget().in_use_instances == 1
     # When EC2's state-change event says terminated, the budget comes back
     world.fleet.on_instance_state(iid, "terminated")
@@ -58,6 +60,7 @@ def test_release_of_an_unknown_or_already_terminated_instance_is_refused(world: 
         world.fleet.release("not-an-id", "x")
     _rid, iid = _running(world)
     world.fleet.release(iid, "x")
+    world.deliver()
     world.fleet.on_instance_state(iid, "terminated")
     with pytest.raises(Conflict) as exc:
         world.fleet.release(iid, "x")
