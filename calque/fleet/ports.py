@@ -62,7 +62,7 @@ class Instance:
 @dataclass(frozen=True)
 class Subnet:
     subnet_id: str
-    availability_zone: str
+    availability_zone: str | None
 
 
 class Ec2(Protocol):

@@ -34,3 +34,6 @@ COMMAND_MODULES: list[str] = [
     "quota",
     "demo",
 ]
+
+# The fleet: `host acquire | release | acquisitions` (after "host") and `budget`.
+COMMAND_MODULES += ["fleet", "budget"]

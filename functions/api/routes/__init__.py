@@ -12,3 +12,7 @@ ROUTERS: list[Router] = []
 from functions.api.routes import hosts, quotas, sessions  # noqa: E402  (tenancy)
 
 ROUTERS += [hosts.router, sessions.router, quotas.router]
+
+from functions.api.routes import fleet  # noqa: E402  (the fleet: acquire, release, budget)
+
+ROUTERS += [fleet.router]
