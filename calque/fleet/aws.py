@@ -85,8 +85,11 @@ class Ec2Fleet:
         ami_id: str | None = None,
         ami_parameters: dict[str, str] | None = None,
         page_size: int = 500,
+        launch_client: Any = None,
     ) -> None:
         self.ec2 = ec2
+        # RunInstances goes through a client that does not retry: a capacity error moves on.
+        self.launch_client = launch_client or ec2
         self.ssm = ssm
         self.launch_template = launch_template
         self.ami_id = ami_id
@@ -131,7 +134,7 @@ class Ec2Fleet:
                 options["MaxPrice"] = f"{spec.spot_max_price:.4f}"
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
         try:
-            out = self.ec2.run_instances(**kwargs)
+            out = self.launch_client.run_instances(**kwargs)
         except ClientError as exc:
             code = _code(exc)
             if code in CAPACITY_CODES:

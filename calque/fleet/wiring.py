@@ -36,7 +36,13 @@ def fleet() -> Fleet:
     )
     return Fleet(
         DynamoFleetStore(ddb, s.table_name),
-        Ec2Fleet(aws.client("ec2"), aws.client("ssm"), launch_template=s.launch_template, ami_id=s.ami_id),
+        Ec2Fleet(
+            aws.client("ec2"),
+            aws.client("ssm"),
+            launch_template=s.launch_template,
+            ami_id=s.ami_id,
+            launch_client=aws.single_try_client("ec2"),
+        ),
         TenancyHosts(tenancy),
         SqsAcquireQueue(aws.client("sqs"), s.acquire_queue_url),
         EventBridgePublisher(aws.client("events"), s.event_bus),

@@ -26,6 +26,8 @@ class LocalAwsApp:
         self.app = app
         self.on_send_command = on_send_command
         self.dynamodb_lock = threading.Lock()
+        # The fleet's stand-ins (calque/local/fleet.py): (environ, call) -> (status, headers, body) | None
+        self.interceptor: Callable[[dict[str, Any], Callable[[dict[str, Any]], Any]], Any] | None = None
 
     def _buffered(self, environ: dict[str, Any], start_response: Any) -> tuple[list[bytes], list[Any]]:
         captured: list[Any] = []
@@ -43,6 +45,11 @@ class LocalAwsApp:
                 close()
         return [body], captured
 
+    def _call(self, environ: dict[str, Any]) -> tuple[str, list[Any], bytes]:
+        """moto's answer as (status, headers, body)."""
+        body, (status, headers, _exc) = self._buffered(environ, None)
+        return status, headers, body[0]
+
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         if target.startswith("DynamoDB_"):
@@ -50,6 +57,12 @@ class LocalAwsApp:
                 body, (status, headers, exc_info) = self._buffered(environ, start_response)
             start_response(status, headers, exc_info)
             return body
+        if self.interceptor is not None:
+            answered = self.interceptor(environ, self._call)
+            if answered is not None:
+                status, headers, body = answered
+                start_response(status, headers)
+                return [body]
         if target == "AmazonSSM.SendCommand" and self.on_send_command is not None:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             raw = environ["wsgi.input"].read(length) if length else b""

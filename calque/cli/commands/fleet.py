@@ -120,6 +120,30 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reason", metavar="TEXT", help="recorded on each session it ends")
     p.set_defaults(func=_release)
 
+    local = command_group(subparsers, "local")
+    inject = local.add_parser("inject", help="(local plane only) inject the fleet's failures (admins)")
+    kinds = inject.add_subparsers(title="faults", metavar="FAULT")
+    inject.set_defaults(func=None, _group_parser=inject)
+    p = kinds.add_parser(
+        "capacity", help="RunInstances of a type (in an AZ) fails: InsufficientInstanceCapacity"
+    )
+    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--az", metavar="Z", help="only in this AZ (default: every AZ)")
+    p.add_argument(
+        "--times", type=_positive_int, metavar="N", help="this many calls (default: until cleared)"
+    )
+    p.set_defaults(func=_inject, kind="capacity")
+    p = kinds.add_parser(
+        "crash-after-launch", help="the acquirer dies after RunInstances, before recording it"
+    )
+    p.add_argument("--times", type=_positive_int, default=1, metavar="N")
+    p.set_defaults(func=_inject, kind="crash-after-launch")
+    p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
+    p.add_argument("instance_id", metavar="I")
+    p.set_defaults(func=_inject, kind="spot-interruption")
+    p = kinds.add_parser("clear", help="forget every injected fault")
+    p.set_defaults(func=_inject, kind="clear")
+
     p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
     p.add_argument("request_id", nargs="?", metavar="REQUEST_ID")
     p.add_argument("--instance-id", metavar="I", help="the acquisition that launched this instance")
@@ -360,3 +384,23 @@ def do_acquisitions(ctx: Any, *, request_id: str | None = None, instance_id: str
         ctx.emit(found[0], text=render_acquisition(found[0]))
         return
     ctx.emit(found, text=render_acquisitions(found))
+
+
+def _inject(ctx: Any, args: argparse.Namespace) -> None:
+    body = {
+        k: v
+        for k, v in (
+            ("instance_type", getattr(args, "instance_type", None)),
+            ("az", getattr(args, "az", None)),
+            ("times", getattr(args, "times", None)),
+            ("instance_id", getattr(args, "instance_id", None)),
+        )
+        if v is not None
+    }
+    do_inject(ctx, kind=args.kind, body=body)
+
+
+def do_inject(ctx: Any, *, kind: str, body: dict[str, Any]) -> None:
+    ctx.running_plane()  # local plane only: refuse clearly when none runs
+    out = ctx.client().request("POST", f"/local/inject/{kind}", body)
+    ctx.emit(out)
