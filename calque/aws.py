@@ -57,7 +57,7 @@ def single_try_client(service: str, region: str | None = None) -> Any:
 def _single_try_client(service: str, region: str, endpoint: str | None) -> Any:
     from botocore.config import Config
 
-    config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=5, read_timeout=30)
+    config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=5, read_timeout=30)
     kwargs: dict[str, Any] = {"config": config, "region_name": region}
     if endpoint:
         kwargs["endpoint_url"] = endpoint
