@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictBool, field_validator
 
 from calque.contracts.common import Out, Strict
 from calque.contracts.layout import LayoutSpec
@@ -61,7 +61,7 @@ class AcquireRequest(Strict):
         default=None, description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)"
     )
     pool: str | None = Field(default=None, pattern=POOL_PATTERN, description="the warm pool asking")
-    accept_spend: bool = Field(default=False, description="--i-understand-this-spends-money")
+    accept_spend: StrictBool = Field(default=False, description="--i-understand-this-spends-money")
 
     @field_validator("spot_max_price", "fallback_on_demand")
     @classmethod
@@ -113,7 +113,9 @@ class AcquireAccepted(Out):
 class ReleaseRequest(Strict):
     """POST /v1/hosts/{instance_id}/release (admin): drain, end sessions, terminate."""
 
-    accept_terminate: bool = Field(default=False, description="--i-understand-this-terminates-instances")
+    accept_terminate: StrictBool = Field(
+        default=False, description="--i-understand-this-terminates-instances"
+    )
     reason: str | None = Field(default=None, max_length=500)
 
 
