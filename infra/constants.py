@@ -56,3 +56,11 @@ HOST_REPORT_PATH: Final = "/v1/hosts/*/report"
 
 # Where the host agent lives on an instance.
 HOST_AGENT_ROOT: Final = "/opt/calque/agent"
+
+# The fleet (layer 0): where its instances run. Both given: the deployment's own subnets
+# (subnet-ID@AZ, comma separated, tried in order); neither: the stack creates a small VPC
+# with no internet access, reaching AWS through VPC endpoints (docs/fleet.md: what each costs).
+CONTEXT_FLEET_VPC_ID: Final = "calque:fleet-vpc-id"
+CONTEXT_FLEET_SUBNETS: Final = "calque:fleet-subnets"
+OUTPUT_FLEET_LAUNCH_TEMPLATE: Final = "FleetLaunchTemplateName"
+OUTPUT_FLEET_VPC_ID: Final = "FleetVpcId"

@@ -108,8 +108,10 @@ class ServiceStack(Stack):
             wildcard_reason="The wildcard is the {instance_id} segment of the report route, which exists "
             "for every host; the API accepts a report only from the instance the path names.",
         )
+        self._add_fleet()
         self._wire_functions()
         self._outputs()
+        self._fleet_outputs()
 
     def _common_environment(self, config: DeploymentConfig) -> dict[str, str]:
         env = {resources.ENV_ADMINS: ",".join(config.admins)}
@@ -138,12 +140,12 @@ class ServiceStack(Stack):
             ),
             "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.api.url}),
         }
-        queue_env = {"host_tasks": resources.ENV_HOST_TASKS_QUEUE_URL}
         for queue_id, work_queue in self.queues.items():
             bindings[f"{queue_id}_queue"] = _Binding(
-                environment={queue_env[queue_id]: work_queue.queue.queue_url},
+                environment={_queue_env(queue_id): work_queue.queue.queue_url},
                 grant=work_queue.queue.grant_send_messages,
             )
+        bindings.update(self._fleet_bindings())
         return bindings
 
     def _wire_functions(self) -> None:
@@ -183,3 +185,48 @@ class ServiceStack(Stack):
             value=self.host_agent.instance_profile.instance_profile_name,
             description="Instance profile for GPU hosts the control plane manages",
         )
+
+    # ---- the fleet (layer 0) ---------------------------------------------------------------------
+
+    def _add_fleet(self) -> None:
+        from infra.components.fleet import FleetLaunch, FleetNetwork, FleetNetworkConfig
+
+        self.fleet_network = FleetNetwork(
+            self, "FleetNetwork", config=FleetNetworkConfig.from_context(self.node)
+        )
+        self.fleet = FleetLaunch(
+            self,
+            "Fleet",
+            network=self.fleet_network,
+            host_role=self.host_agent.role,
+            instance_profile=self.host_agent.instance_profile,
+        )
+        for rule in resources.EVENT_RULES:
+            self.fleet.add_event_rule(rule, self.functions[rule.target].function)
+
+    def _fleet_bindings(self) -> dict[str, _Binding]:
+        launch_env = {
+            resources.ENV_FLEET_LAUNCH_TEMPLATE: self.fleet.launch_template_name,
+            resources.ENV_FLEET_SUBNETS: ",".join(self.fleet_network.subnets),
+        }
+        return {
+            "fleet_launch": _Binding(environment=launch_env, grant=self.fleet.grant_launch),
+            "fleet_describe": _Binding(environment=launch_env, grant=self.fleet.grant_describe),
+            "events": _Binding(
+                environment={resources.ENV_EVENT_BUS: "default"}, grant=self.fleet.grant_publish
+            ),
+        }
+
+    def _fleet_outputs(self) -> None:
+        CfnOutput(
+            self,
+            constants.OUTPUT_FLEET_LAUNCH_TEMPLATE,
+            value=self.fleet.launch_template_name,
+            description="The launch template every fleet instance starts from (IMDSv2, encrypted EBS)",
+        )
+        CfnOutput(self, constants.OUTPUT_FLEET_VPC_ID, value=self.fleet_network.vpc.vpc_id)
+
+
+def _queue_env(queue_id: str) -> str:
+    """The variable a function reads a queue's URL from: resources.ENV_<ID>_QUEUE_URL."""
+    return str(getattr(resources, f"ENV_{queue_id.upper()}_QUEUE_URL"))
