@@ -9,6 +9,7 @@ and pages DescribeInstances. Every call is counted, so benchmarks can report the
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import threading
 from collections import Counter
@@ -91,7 +92,7 @@ class MemoryFleetStore:
         rid = self._by_instance.get(instance_id)
         return self._acq.get(rid) if rid else None
 
-    def list(self) -> list[AcquisitionRecord]:
+    def list(self) -> builtins.list[AcquisitionRecord]:
         self.calls["query"] += 1 + len(self._acq) // 1000
         return sorted(self._acq.values(), key=lambda r: (r.created_at, r.request_id))
 

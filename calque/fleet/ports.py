@@ -4,6 +4,7 @@ queue and of the event bus. Adapters: calque.fleet.aws (boto3), calque.registry.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -108,7 +109,7 @@ class FleetStore(Protocol):
 
     def by_instance(self, instance_id: str) -> AcquisitionRecord | None: ...
 
-    def list(self) -> list[AcquisitionRecord]:
+    def list(self) -> builtins.list[AcquisitionRecord]:
         """Every acquisition not yet collected, oldest first."""
 
     def update(

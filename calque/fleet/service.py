@@ -320,7 +320,7 @@ class Fleet:
             raise NotFound(f"no acquisition {request_id}", details={"request_id": request_id})
         return self._view(rec)
 
-    def list(self, caller: Caller) -> list[Acquisition]:
+    def list_acquisitions(self, caller: Caller) -> list[Acquisition]:
         return [self._view(r) for r in self.store.list() if caller.admin or r.owner == caller.principal]
 
     def for_instance(self, instance_id: str) -> Acquisition | None:
@@ -626,14 +626,14 @@ class Fleet:
         online = self.ec2.agent_online(running) if running else set()
         releasing_live: list[str] = []
         for rec in open_recs:
-            iid = rec.instance_id
-            if iid is None:
+            if rec.instance_id is None:
                 if (now - rec.created_at).total_seconds() >= self.config.launch_timeout_s:
                     self._fail(
                         rec, f"no instance after {self.config.launch_timeout_s}s: the launch timed out"
                     )
                     out.timed_out.append(rec.request_id)
                 continue
+            iid = rec.instance_id
             if iid not in live and iid not in still:
                 reason = "released" if rec.state == "releasing" else "host_lost"
                 self._end_host(rec, reason=reason, note="EC2 no longer knows the instance")
@@ -720,7 +720,7 @@ class Fleet:
     def _view(r: AcquisitionRecord) -> Acquisition:
         return Acquisition(
             request_id=r.request_id,
-            state=r.state,  # type: ignore[arg-type]
+            state=r.state,
             state_reason=r.state_reason,
             owner=r.owner,
             pool=r.pool,
@@ -730,7 +730,7 @@ class Fleet:
             fallback_on_demand=r.fallback_on_demand,
             instance_id=r.instance_id,
             launched_type=r.launched_type,
-            market=r.market,  # type: ignore[arg-type]
+            market=r.market,
             availability_zone=r.availability_zone,
             hourly_usd=usd(r.hourly_musd),
             budget_held=r.budget_held,

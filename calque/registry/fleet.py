@@ -14,6 +14,7 @@ and the budget's increment are one transaction. Closed acquisitions carry ``gc_a
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -159,7 +160,7 @@ class DynamoFleetStore:
         pointer = self._get(_instance_key(instance_id))
         return self.get(str(pointer["request_id"])) if pointer else None
 
-    def list(self) -> list[AcquisitionRecord]:
+    def list(self) -> builtins.list[AcquisitionRecord]:
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",

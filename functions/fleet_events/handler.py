@@ -24,13 +24,14 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 
     e = parse(event=event, model=EventBridgeModel)
-    iid = _instance_id(e.detail)
+    detail: dict[str, Any] = e.detail if isinstance(e.detail, dict) else {}
+    iid = _instance_id(detail)
     if e.source != "aws.ec2" or iid is None:
         logger.warning("not an EC2 instance event", extra={"detail_type": e.detail_type, "source": e.source})
         return {"handled": False, "reason": "not an EC2 instance event"}
     f = fleet()
     if e.detail_type == resources.EC2_STATE_CHANGE:
-        outcome = f.on_instance_state(iid, str(e.detail.get("state", "")))
+        outcome = f.on_instance_state(iid, str(detail.get("state", "")))
     elif e.detail_type == resources.EC2_SPOT_INTERRUPTION:
         outcome = f.on_spot_interruption(iid)
     elif e.detail_type == resources.EC2_REBALANCE:

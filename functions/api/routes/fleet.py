@@ -41,7 +41,7 @@ def list_acquisitions(instance_id: Annotated[str | None, Query(max_length=40)] =
     if instance_id is not None:
         found = f.for_instance(instance_id) if who.admin else None
         return [found] if found else []
-    return f.list(who)
+    return f.list_acquisitions(who)
 
 
 @router.get("/acquisitions/<request_id>")

@@ -128,7 +128,7 @@ def test_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(world: 
     acq = world.fleet.get(ADMIN, rid)
     assert acq.instance_id == iid
     assert acq.state == "registered"
-    tracked = {a.instance_id for a in world.fleet.list(ADMIN)}
+    tracked = {a.instance_id for a in world.fleet.list_acquisitions(ADMIN)}
     assert {i.instance_id for i in world.ec2.live()} <= tracked
 
 
