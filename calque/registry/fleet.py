@@ -211,15 +211,15 @@ class DynamoFleetStore:
                     "request_id": record.request_id,
                 }
                 self._transact([{"Update": change}, {"Put": {"Item": ser(pointer)}}])
-            else:
-                self.client.update_item(TableName=self.table, **change)
+                # The stored record may be newer than the caller's copy: read what was written.
+                current = self.get(record.request_id)
+                return current if current is not None else new
+            out = self.client.update_item(TableName=self.table, ReturnValues="ALL_NEW", **change)
         except ClientError as exc:
             if _code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
                 raise Gone(record.request_id) from None
             raise
-        # The record as written: the caller's copy may be older than the stored one.
-        current = self.get(record.request_id)
-        return current if current is not None else new
+        return AcquisitionRecord.model_validate(des(out["Attributes"]))
 
     def close(
         self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
