@@ -286,7 +286,7 @@ class FakeHosts:
 
     def registered(self) -> list[str]:
         self.calls["registered"] += 1
-        return [i for i, h in self.hosts.items() if h["state"] != "drained"]
+        return [i for i, h in self.hosts.items() if h["state"] not in ("draining", "drained")]
 
 
 class MemoryQueue:

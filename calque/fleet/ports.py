@@ -141,7 +141,7 @@ class Hosts(Protocol):
         that is not registered."""
 
     def registered(self) -> list[str]:
-        """Instance ids of every registered host not already drained."""
+        """Instance ids of every registered host not draining or drained."""
 
 
 class AcquireQueue(Protocol):

@@ -51,4 +51,10 @@ class TenancyHosts:
         return sorted((sid, user) for sid, user in held.items() if sid not in still)
 
     def registered(self) -> list[str]:
-        return [h.instance_id for h in self.tenancy.registry.list_hosts() if h.state != "drained"]
+        # A draining host already had its sessions ended (or stopped taking new ones): the
+        # reconciler need not look at it again every run.
+        return [
+            h.instance_id
+            for h in self.tenancy.registry.list_hosts()
+            if h.state not in ("draining", "drained")
+        ]
