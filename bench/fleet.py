@@ -6,7 +6,9 @@ counts every AWS call with a botocore event hook on each client. SSM's
 DescribeInstanceInformation (which moto does not implement) is answered by a counting
 stand-in that reports every running instance's agent online, as the local plane does.
 
-An acquisition here is the API's reservation (one transaction), the acquirer's launch
+At each size, all but the last ten instances are seeded directly (see ``seed``); the
+last ten go through the whole acquisition path and are the ones measured. An
+acquisition here is the API's reservation (one transaction), the acquirer's launch
 (RunInstances and its record), and fleet_events' handling of the instance's "running"
 event (the registration as a host). A reconciler run
 with nothing to repair must cost a few paginated DescribeInstances calls and one read of
@@ -30,6 +32,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REGION = "us-east-1"
 INSTANCE_TYPE = "g6.xlarge"
+# Acquisitions measured at each size; the rest of the fleet is seeded directly (below).
+MEASURED = 10
+
+
+def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: Any, image: str) -> None:
+    """``count`` instances already acquired, launched and registered, written without the
+    acquisition path: moto copies the whole table for every transaction, so driving 1,000
+    acquisitions through it would measure moto, not the fleet. The seeded records are the
+    ones the fleet writes (same keys, same models), and they hold their budget."""
+    from datetime import UTC, datetime
+
+    from calque.contracts.tenancy import HostRegistration
+    from calque.fleet.records import AcquisitionRecord, musd
+    from calque.fleet.tenancy_hosts import FLEET_CALLER
+    from calque.registry.dynamo import ser
+    from calque.registry.fleet import _acq_key, _budget_key, _instance_key
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    hourly = musd(0.8048)
+    items: list[dict[str, Any]] = []
+    for n in range(count):
+        rid = f"r-{n:016x}"
+        out = ec2.run_instances(
+            ImageId=image,
+            InstanceType=INSTANCE_TYPE,
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=subnets[n % len(subnets)].subnet_id,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": "calque:host", "Value": "managed"},
+                        {"Key": "calque:request-id", "Value": rid},
+                        {"Key": "calque:owner", "Value": "admin"},
+                    ],
+                }
+            ],
+        )
+        iid = out["Instances"][0]["InstanceId"]
+        rec = AcquisitionRecord(
+            request_id=rid,
+            state="registered",
+            owner="admin",
+            instance_type=INSTANCE_TYPE,
+            hourly_musd=hourly,
+            instance_id=iid,
+            launched_type=INSTANCE_TYPE,
+            market="on-demand",
+            created_at=now,
+            state_since=now,
+        )
+        items.append({**_acq_key(rid), "type": "acquisition", **rec.model_dump()})
+        items.append({**_instance_key(iid), "type": "instance", "request_id": rid})
+        tenancy.register_host(FLEET_CALLER, HostRegistration(instance_id=iid, instance_type=INSTANCE_TYPE))
+    for start in range(0, len(items), 25):
+        batch = [{"PutRequest": {"Item": ser(i)}} for i in items[start : start + 25]]
+        ddb.batch_write_item(RequestItems={table: batch})
+    ddb.update_item(
+        TableName=table,
+        Key=ser(_budget_key()),
+        UpdateExpression="SET free_instances = free_instances - :n, free_musd = free_musd - :m, "
+        "in_use_instances = in_use_instances + :n, in_use_musd = in_use_musd + :m",
+        ExpressionAttributeValues={":n": {"N": str(count)}, ":m": {"N": str(count * hourly)}},
+    )
 
 
 class Counted:
@@ -107,23 +174,29 @@ def run(size: int) -> dict[str, Any]:
             config=FleetConfig(subnets=subnets),
         )
         fleet.set_budget(admin, BudgetUpdate(max_instances=size, max_hourly_usd=1_000_000))
+        measured = min(size, MEASURED)
+        if size > measured:
+            seed(
+                size - measured, ddb=ddb, ec2=ec2, table=table, tenancy=tenancy, subnets=subnets, image=image
+            )
         counted.calls.clear()
         started = time.perf_counter()
         launched = 0
-        while launched < size:
-            n = min(20, size - launched)
+        while launched < measured:
+            n = min(20, measured - launched)
             out = fleet.acquire(
                 AcquireRequest(instance_type=INSTANCE_TYPE, count=n, accept_spend=True), admin
             )
             for a in out.acquisitions:
                 got = fleet.launch(a.request_id)
                 # EC2's state-change event (running) reaches fleet_events, which registers the host
-                assert got is not None and got.instance_id is not None
+                assert got is not None
+                assert got.instance_id is not None
                 fleet.on_instance_state(got.instance_id, "running")
             launched += n
         acquire_s = time.perf_counter() - started
-        per_acquisition = {k: v / size for k, v in counted.by_service().items()}
-        per_acquisition_ops = {k: v / size for k, v in counted.calls.items()}
+        per_acquisition = {k: v / measured for k, v in counted.by_service().items()}
+        per_acquisition_ops = {k: v / measured for k, v in counted.calls.items()}
         counted.calls.clear()
         started = time.perf_counter()
         summary = fleet.reconcile()
