@@ -404,3 +404,19 @@ def do_inject(ctx: Any, *, kind: str, body: dict[str, Any]) -> None:
     ctx.running_plane()  # local plane only: refuse clearly when none runs
     out = ctx.client().request("POST", f"/local/inject/{kind}", body)
     ctx.emit(out)
+
+
+def launch_attempts_text(ctx: Any, instance_id: str) -> str:
+    """For ``host show`` (table output): the acquisition that launched the host and every
+    attempt it took, when the fleet launched it and the caller may see it; else nothing."""
+    if ctx.json:
+        return ""
+    found = ctx.client().request("GET", "/v1/acquisitions", query={"instance_id": instance_id})
+    if not found:
+        return ""
+    from calque.cli.output import render_table
+
+    acq = found[0]
+    head = f"\n\nlaunched by the fleet: {acq.get('request_id')} ({acq.get('state')})"
+    table = render_table(list(acq.get("attempts") or []), ATTEMPT_COLUMNS)
+    return head + "\n" + "\n".join("  " + line for line in table.splitlines())

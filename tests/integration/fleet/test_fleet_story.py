@@ -169,6 +169,10 @@ def test_capacity_errors_move_to_the_next_az_and_the_fallback_type(
     shown = local_plane.cli("host", "acquisitions", "--instance-id", got["instance_id"], profile="admin")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("capacity") >= 4
+    host_show = local_plane.cli("host", "show", got["instance_id"], profile="admin")
+    assert host_show.returncode == 0, host_show.stderr
+    assert f"launched by the fleet: {acq['request_id']}" in host_show.stdout
+    assert host_show.stdout.count("do not have sufficient") == 4
 
 
 def test_a_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(
