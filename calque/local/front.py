@@ -36,6 +36,9 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # API Gateway takes a burst of connections; socketserver's default backlog of 5 would
+    # reset the sixth of 20 simultaneous requests before the plane ever saw it.
+    request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         import sys
