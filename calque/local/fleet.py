@@ -23,6 +23,7 @@ import logging
 import queue
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -236,16 +237,18 @@ class FleetSimulator:
             account=self.account,
             region=self.region,
         )
-        self._events.put((delay_s, event))
+        self._events.put((time.monotonic() + delay_s, event))
 
     def _deliver_loop(self) -> None:
+        # In order, each no earlier than it is due: a delay never adds up behind another.
         while True:
             item = self._events.get()
             if item is None:
                 return
-            delay_s, event = item
-            if delay_s:
-                threading.Event().wait(delay_s)
+            due, event = item
+            wait_s = due - time.monotonic()
+            if wait_s > 0:
+                threading.Event().wait(wait_s)
             try:
                 self.deliver(event)
                 self.delivered += 1
@@ -303,7 +306,7 @@ class FleetSimulator:
                 account=self.account,
                 region=self.region,
             )
-            self._events.put((0.0, event))
+            self._events.put((time.monotonic(), event))
             timer = threading.Timer(notice_s, self._reclaim, args=(iid,))
             timer.daemon = True
             timer.start()
