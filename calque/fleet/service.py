@@ -411,7 +411,15 @@ class Fleet:
         try:
             rec = self.store.update(rec, expect=("queued", "launching"), **changes)
         except Gone:
-            return self._must(rec.request_id)
+            # The reconciler adopted this very instance while RunInstances answered: keep the
+            # attempts that led to it on the record.
+            cur = self._must(rec.request_id)
+            if attempts and cur.instance_id == inst.instance_id and len(cur.attempts) < len(attempts):
+                try:
+                    cur = self.store.update(cur, expect=OPEN_STATES, attempts=attempts)
+                except Gone:
+                    cur = self._must(rec.request_id)
+            return cur
         self._publish(
             "calque.host.launched",
             {

@@ -117,3 +117,22 @@ def test_the_requested_layout_and_spot_reach_the_registration(world: World):
     (host,) = world.hosts.hosts.values()
     assert host["layout"]["gpus"][0]["mig"] == {"1g.24gb": 4}
     assert host["spot"] is True
+
+
+def test_attempts_survive_a_reconciler_adopting_the_instance_while_run_instances_answers(world: World):
+    # Given the reconciler runs between EC2 launching the instance and the acquirer recording it
+    (rid,) = world.acquire()
+    real_run = world.ec2.run_instance
+
+    def run_then_reconcile(spec):
+        inst = real_run(spec)
+        assert world.fleet.reconcile().adopted == [inst.instance_id]
+        return inst
+
+    world.ec2.run_instance = run_then_reconcile  # type: ignore[method-assign]
+    world.deliver()
+    # Then one instance, recorded once, with the attempt that launched it
+    acq = world.fleet.get(ADMIN, rid)
+    assert world.ec2.launches == 1
+    assert [a.outcome for a in acq.attempts] == ["launched"]
+    assert acq.state == "registered"
