@@ -42,6 +42,7 @@ def _client(service: str, region: str, endpoint: str | None) -> Any:
 
 def clear_caches() -> None:
     _client.cache_clear()
+    _single_try_client.cache_clear()
     _session.cache_clear()
 
 
@@ -58,3 +59,21 @@ class LazyClient:
 
 def lazy_client(service: str, region: str | None = None) -> Any:
     return LazyClient(service, region)
+
+def single_try_client(service: str, region: str | None = None) -> Any:
+    """A client whose calls are not retried by the SDK: for RunInstances, where a capacity
+    error (HTTP 500 from EC2) is answered by trying the next place, not the same one again."""
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return _single_try_client(service, region, os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
+
+
+@cache
+def _single_try_client(service: str, region: str, endpoint: str | None) -> Any:
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=5, read_timeout=30)
+    kwargs: dict[str, Any] = {"config": config, "region_name": region}
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    with _LOCK:
+        return _session().client(service, **kwargs)

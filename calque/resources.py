@@ -185,3 +185,75 @@ POOL_QUEUE_PREFIX_DEPLOYED = "calque-pool"
 FUNCTION_WIRING["api"] = (*FUNCTION_WIRING["api"], "artifact_bucket", "pool_queues", "pool_nudges_queue")
 FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
 FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
+
+# ---- the fleet (layer 0) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventRuleDef:
+    """An EventBridge rule on the default bus whose matches go to ``target`` (a FunctionDef.id)."""
+
+    id: str
+    target: str
+    detail_types: tuple[str, ...]
+    source: str = "aws.ec2"
+    description: str = ""
+
+
+FUNCTIONS += (
+    FunctionDef(
+        "acquirer",
+        "functions.acquirer.handler.lambda_handler",
+        timeout_s=120,
+        description="launches queued acquisitions (the AZ/type/market sweep) and terminates released ones",
+    ),
+    FunctionDef(
+        "fleet_events",
+        "functions.fleet_events.handler.lambda_handler",
+        timeout_s=60,
+        description="EC2 state changes, spot interruption warnings and rebalance recommendations",
+    ),
+    FunctionDef(
+        "reconciler",
+        "functions.reconciler.handler.lambda_handler",
+        timeout_s=300,
+        description="makes EC2 and the registry agree: adopts, terminates, ends, enforces TTLs",
+    ),
+)
+QUEUES += (QueueDef("fleet_acquire", consumer="acquirer", batch_size=1, max_receive_count=5),)
+SCHEDULES += (
+    ScheduleDef("reconciler", target="reconciler", rate_s=60, description="reconcile EC2 and the fleet"),
+)
+EC2_STATE_CHANGE = "EC2 Instance State-change Notification"
+EC2_SPOT_INTERRUPTION = "EC2 Spot Instance Interruption Warning"
+EC2_REBALANCE = "EC2 Instance Rebalance Recommendation"
+EVENT_RULES: tuple[EventRuleDef, ...] = (
+    EventRuleDef(
+        "fleet_ec2",
+        target="fleet_events",
+        detail_types=(EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION, EC2_REBALANCE),
+        description="EC2's word on the fleet's instances",
+    ),
+)
+ENV_FLEET_ACQUIRE_QUEUE_URL = "CALQUE_FLEET_ACQUIRE_QUEUE_URL"
+ENV_FLEET_LAUNCH_TEMPLATE = "CALQUE_FLEET_LAUNCH_TEMPLATE"
+ENV_FLEET_SUBNETS = "CALQUE_FLEET_SUBNETS"  # subnet-id@az,... in the order to try
+ENV_FLEET_AMI_ID = "CALQUE_FLEET_AMI_ID"  # one AMI for every type (else AWS's DLAMI parameters)
+ENV_EVENT_BUS = "CALQUE_EVENT_BUS"
+FUNCTION_WIRING["api"] += ("fleet_acquire_queue", "events")
+FUNCTION_WIRING.update(
+    {
+        "acquirer": ("table", "host_tasks_queue", "fleet_acquire_queue", "fleet_launch", "events"),
+        "fleet_events": ("table", "host_tasks_queue", "fleet_acquire_queue", "fleet_describe", "events"),
+        "reconciler": ("table", "host_tasks_queue", "fleet_acquire_queue", "fleet_launch", "events"),
+    }
+)
+# Tags on every instance (and its volumes) the fleet launches.
+FLEET_TAG_REQUEST = "calque:request-id"
+FLEET_TAG_OWNER = "calque:owner"
+FLEET_TAG_POOL = "calque:pool"
+
+# Pools get their instances from the fleet, in process: the scaler (and the DLQ consumer,
+# which releases what a deleted pool held) are wired as the fleet's callers.
+for _caller in ("pool_scaler", "pool_dlq"):
+    FUNCTION_WIRING[_caller] = (*FUNCTION_WIRING[_caller], "host_tasks_queue", "fleet_acquire_queue", "events")

@@ -125,3 +125,35 @@ def clear_caches() -> None:
     host_tasks_settings.cache_clear()
     reaper_settings.cache_clear()
     pool_settings.cache_clear()
+    fleet_settings.cache_clear()
+
+
+class FleetSettings(CommonSettings):
+    """Every function that runs the fleet: the API, the acquirer, fleet_events, the reconciler."""
+
+    host_tasks_queue_url: str = Field(alias="CALQUE_HOST_TASKS_QUEUE_URL", min_length=1)
+    acquire_queue_url: str = Field(alias="CALQUE_FLEET_ACQUIRE_QUEUE_URL", min_length=1)
+    launch_template: str | None = Field(alias="CALQUE_FLEET_LAUNCH_TEMPLATE", default=None)
+    subnets: list[str] = Field(alias="CALQUE_FLEET_SUBNETS", default_factory=list)
+    ami_id: str | None = Field(alias="CALQUE_FLEET_AMI_ID", default=None)
+    event_bus: str = Field(alias="CALQUE_EVENT_BUS", default="default", min_length=1)
+    launch_timeout_s: int = Field(alias="CALQUE_FLEET_LAUNCH_TIMEOUT_S", default=900, gt=0)
+    untracked_grace_s: int = Field(alias="CALQUE_FLEET_UNTRACKED_GRACE_S", default=600, ge=0)
+    boot_timeout_s: int = Field(alias="CALQUE_FLEET_BOOT_TIMEOUT_S", default=1800, gt=0)
+
+    _split_subnets = field_validator("subnets", mode="before")(_split)
+
+    @field_validator("subnets")
+    @classmethod
+    def _subnet_shape(cls, value: list[str]) -> list[str]:
+        import re
+
+        for item in value:
+            if not re.fullmatch(r"subnet-[0-9a-f]{1,32}(@[a-z0-9-]{1,32})?", item):
+                raise ValueError(f"{item!r} is not subnet-ID or subnet-ID@AZ")
+        return value
+
+
+@cache
+def fleet_settings() -> FleetSettings:
+    return FleetSettings.from_env()

@@ -94,3 +94,11 @@ HOST_AGENT_ROOT: Final = "/opt/calque/agent"
 # Warm pools: the routes pool workers report to, with their instance's role.
 POOL_CLAIM_REPORT_PATH: Final = "/v1/pools/*/claims/*/report"
 POOL_WORKER_REPORT_PATH: Final = "/v1/pools/*/workers/*/report"
+
+# The fleet (layer 0): where its instances run. Both given: the deployment's own subnets
+# (subnet-ID@AZ, comma separated, tried in order); neither: the stack creates a small VPC
+# with no internet access, reaching AWS through VPC endpoints (docs/fleet.md: what each costs).
+CONTEXT_FLEET_VPC_ID: Final = "calque:fleet-vpc-id"
+CONTEXT_FLEET_SUBNETS: Final = "calque:fleet-subnets"
+OUTPUT_FLEET_LAUNCH_TEMPLATE: Final = "FleetLaunchTemplateName"
+OUTPUT_FLEET_VPC_ID: Final = "FleetVpcId"

@@ -41,8 +41,19 @@ HostState = Literal["pending", "ready", "draining", "drained", "failed"]
 SliceState = Literal["pending", "free", "held", "reclaiming", "quarantined"]
 SessionState = Literal["live", "ended"]
 # Why a session ended: the member checked in, the TTL passed, an admin forced it,
-# or its host was drained / lost.
-EndReason = Literal["checked_in", "expired", "forced", "drained", "host_lost", "deregistered"]
+# or its host was drained / lost / deregistered; the fleet ends sessions when it releases a
+# host, when spot capacity is reclaimed, and at a host's TTL.
+EndReason = Literal[
+    "checked_in",
+    "expired",
+    "forced",
+    "drained",
+    "host_lost",
+    "deregistered",
+    "released",
+    "spot_interrupted",
+    "host_ttl",
+]
 LeaseEventKind = Literal["granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"

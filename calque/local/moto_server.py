@@ -89,6 +89,8 @@ class LocalAwsApp:
         self.region = region
         self.persistence = persistence
         self.refused = 0
+        # The fleet's stand-ins (calque/local/fleet.py): (environ, call) -> (status, headers, body) | None
+        self.interceptor: Callable[[dict[str, Any], Callable[[dict[str, Any]], Any]], Any] | None = None
 
     def _buffered(self, environ: dict[str, Any], start_response: Any) -> tuple[list[bytes], list[Any]]:
         captured: list[Any] = []
@@ -195,6 +197,10 @@ class LocalAwsApp:
             if "Action" in form:
                 return form["Action"][0]
         return ""
+    def _call(self, environ: dict[str, Any]) -> tuple[str, list[Any], bytes]:
+        """moto's answer as (status, headers, body)."""
+        body, (status, headers, _exc) = self._buffered(environ, None)
+        return status, headers, body[0]
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
@@ -215,6 +221,19 @@ class LocalAwsApp:
                         self.persistence.dynamodb_written(operation, body)
             start_response(status, headers, exc_info)
             return out
+        if self.interceptor is not None:
+            answered = self.interceptor(environ, self._call)
+            if answered is not None:
+                status, headers, answer = answered
+                if (
+                    self.persistence is not None
+                    and service in ("sqs", "ec2", "ssm", "s3")
+                    and status[:1] == "2"
+                    and self._changed(environ, service, self._action(environ, target, body), answer)
+                ):
+                    getattr(self.persistence, f"{service}_changed")()
+                start_response(status, headers)
+                return [answer]
         if target == "AmazonSSM.SendCommand" and self.on_send_command is not None:
             out, (status, headers, exc_info) = self._buffered(environ, start_response)
             if status.startswith("200"):

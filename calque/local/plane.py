@@ -11,6 +11,8 @@ the host agent on simulated hosts. Environment knobs (local only):
                                   them; 1: in-process)
     CALQUE_LOCAL_QUEUE_SCALE      multiply every queue's visibility timeout (failed messages return sooner)
     CALQUE_LOCAL_HOST_AGENT       the command that runs the host agent (default: python -m host_agent)
+    CALQUE_LOCAL_SCHEDULE_RATES   per-schedule periods in seconds, e.g. reconciler=10,reaper=5
+                                  (``calque local up --reconcile-every 10s``); overrides the scale
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class LocalPlane:
         self.resources: Any = None
         self.persistence: Any = None
         self.restored: Any = None  # what came back from the state directory (persistence.Restored)
+        self.schedule_rates = _rates("CALQUE_LOCAL_SCHEDULE_RATES")
+        self.fleet: Any = None  # calque.local.fleet.FleetSimulator
 
     # lifecycle
     def start(self) -> None:
@@ -153,6 +157,7 @@ class LocalPlane:
             os.environ.update(self.resources.handler_env())
             os.environ.update(self._pool_env())
             os.environ[resources.ENV_API_ENDPOINT] = endpoint
+            self._start_fleet(clients)
             self._clear_caches()
             self._sync_admins()
             self.functions.handler("api")  # import the API now: a broken one fails here, not per request
@@ -191,6 +196,8 @@ class LocalPlane:
     def stop(self) -> None:
         for timer in self.timers.values():
             timer.stop()
+        if self.fleet is not None:
+            self.fleet.stop()
         for poller in self.pollers:
             poller.stop()
         if self.executor is not None:
@@ -307,13 +314,14 @@ class LocalPlane:
             except FunctionNotAvailable as exc:
                 self.warnings.append(f"schedule {s.id} does not fire: {exc}")
                 continue
+            override = self.schedule_rates.get(s.id)
             timer = ScheduleTimer(
                 name=s.id,
-                rate_s=s.rate_s,
+                rate_s=override if override is not None else s.rate_s,
                 rule_arn=self.resources.schedule_rule_arns[s.id],
                 account=self.account,
                 region=self.region,
-                scale=self.schedule_scale,
+                scale=1.0 if override is not None else self.schedule_scale,
                 target=self._invoker(s.target),
             )
             timer.start()
@@ -321,6 +329,13 @@ class LocalPlane:
 
     def _local_route(self, method: str, path: str, principal: Principal, body: bytes) -> tuple[int, Any]:
         parts = path.strip("/").split("/")
+        if (
+            method == "POST"
+            and len(parts) == 3
+            and parts[:2] == ["local", "inject"]
+            and self.fleet is not None
+        ):
+            return self._inject(parts[2], principal, body)
         if (
             method == "POST"
             and len(parts) == 4
@@ -362,3 +377,59 @@ class LocalPlane:
 
     def profiles_summary(self) -> list[dict[str, Any]]:
         return [{"profile": p.profile, "admin": p.admin, "arn": p.arn} for p in self.state.people()]
+
+    # the fleet's stand-ins (calque/local/fleet.py)
+    def _start_fleet(self, clients: Any) -> None:
+        from calque.local.bootstrap import PREFIX
+        from calque.local.fleet import FleetSimulator, fleet_environment
+
+        ec2 = clients.client("ec2")
+        os.environ.update(fleet_environment(ec2, launch_template=f"{PREFIX}-hosts"))
+        self.fleet = FleetSimulator(
+            self.state,
+            account=self.account,
+            region=self.region,
+            host_role=self.resources.host_role_name,
+            deliver=self._invoker("fleet_events"),
+            schedule_scale=self.schedule_scale,
+        )
+        self.fleet.ec2 = ec2
+        self.moto.app.interceptor = self.fleet.intercept
+
+    def _inject(self, kind: str, principal: Principal, body: bytes) -> tuple[int, Any]:
+        import json
+
+        if not principal.admin:
+            return 403, {
+                "error": {
+                    "code": "forbidden",
+                    "message": "fault injection is for admins only",
+                    "details": {"principal": principal.profile},
+                }
+            }
+        try:
+            doc = json.loads(body or b"{}")
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return 400, {
+                "error": {"code": "invalid_body", "message": "the body must be a JSON object", "details": {}}
+            }
+        status, out = self.fleet.inject(kind, doc)
+        return status, {**out, "faults": self.fleet.faults()} if status == 200 else out
+
+
+def _rates(name: str) -> dict[str, float]:
+    """``reconciler=10,reaper=5`` -> periods in seconds per schedule id."""
+    raw = os.environ.get(name) or ""
+    out: dict[str, float] = {}
+    for item in (i.strip() for i in raw.split(",") if i.strip()):
+        sid, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise InvalidInput(f"{name}: {item!r} is not SCHEDULE=SECONDS") from None
+        if seconds <= 0:
+            raise InvalidInput(f"{name}: the period of {sid} must be greater than zero")
+        out[sid.strip()] = seconds
+    return out

@@ -97,7 +97,11 @@ class HostsMixin(TenancyCore):
         # One read of the whole fleet (hosts and slices together), not one per host.
         return [self._host_view(who, h, slices) for h, slices in self.registry.fleet()]
 
-    def drain(self, who: Caller, instance_id: str, *, force: bool, reason: str | None) -> Host:
+    def drain(
+        self, who: Caller, instance_id: str, *, force: bool, reason: str | None, end_reason: str = "drained"
+    ) -> Host:
+        """Stop placing sessions on the host; with force, end the live ones with ``end_reason``
+        (the fleet passes released / spot_interrupted / host_lost / host_ttl)."""
         host = self._host(instance_id)
         slices = self.registry.slices(instance_id)
         held = [s for s in slices if s.state == "held"]
@@ -129,7 +133,7 @@ class HostsMixin(TenancyCore):
             if session is None or session.state != "live":
                 continue
             try:
-                self._end(session, at=now, reason="drained", kind="drained", by=who.principal, note=reason)
+                self._end(session, at=now, reason=end_reason, kind="drained", by=who.principal, note=reason)
             except StaleWrite:
                 continue
         return self._host_view(who, self._settle_drain(instance_id), self.registry.slices(instance_id))

@@ -132,8 +132,10 @@ class ServiceStack(Stack):
             ),
         )
         self._add_pools()
+        self._add_fleet()
         self._wire_functions()
         self._outputs()
+        self._fleet_outputs()
         self._identity_and_operations(config)
 
     def _common_environment(self, config: DeploymentConfig) -> dict[str, str]:
@@ -176,11 +178,9 @@ class ServiceStack(Stack):
             ),
             "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.api.url}),
         }
-        queue_env = {"host_tasks": resources.ENV_HOST_TASKS_QUEUE_URL}
-        queue_env["pool_nudges"] = resources.ENV_POOL_NUDGES_QUEUE_URL  # warm pools
         for queue_id, work_queue in self.queues.items():
             bindings[f"{queue_id}_queue"] = _Binding(
-                environment={queue_env[queue_id]: work_queue.queue.queue_url},
+                environment={_queue_env(queue_id): work_queue.queue.queue_url},
                 grant=work_queue.queue.grant_send_messages,
             )
         if self.pools is not None:  # warm pools
@@ -191,6 +191,7 @@ class ServiceStack(Stack):
                 environment={resources.ENV_POOL_QUEUE_PREFIX: self.pools.queue_prefix},
                 grant=self.pools.grant_control,
             )
+        bindings.update(self._fleet_bindings())
         return bindings
 
     def _add_pools(self) -> None:
@@ -294,3 +295,49 @@ def _alias(field: str) -> str:
     alias = ApiSettings.model_fields[field].alias
     assert alias is not None
     return alias
+
+
+    # ---- the fleet (layer 0) ---------------------------------------------------------------------
+
+    def _add_fleet(self) -> None:
+        from infra.components.fleet import FleetLaunch, FleetNetwork, FleetNetworkConfig
+
+        self.fleet_network = FleetNetwork(
+            self, "FleetNetwork", config=FleetNetworkConfig.from_context(self.node)
+        )
+        self.fleet = FleetLaunch(
+            self,
+            "Fleet",
+            network=self.fleet_network,
+            host_role=self.host_agent.role,
+            instance_profile=self.host_agent.instance_profile,
+        )
+        for rule in resources.EVENT_RULES:
+            self.fleet.add_event_rule(rule, self.functions[rule.target].function)
+
+    def _fleet_bindings(self) -> dict[str, _Binding]:
+        launch_env = {
+            resources.ENV_FLEET_LAUNCH_TEMPLATE: self.fleet.launch_template_name,
+            resources.ENV_FLEET_SUBNETS: ",".join(self.fleet_network.subnets),
+        }
+        return {
+            "fleet_launch": _Binding(environment=launch_env, grant=self.fleet.grant_launch),
+            "fleet_describe": _Binding(environment=launch_env, grant=self.fleet.grant_describe),
+            "events": _Binding(
+                environment={resources.ENV_EVENT_BUS: "default"}, grant=self.fleet.grant_publish
+            ),
+        }
+
+    def _fleet_outputs(self) -> None:
+        CfnOutput(
+            self,
+            constants.OUTPUT_FLEET_LAUNCH_TEMPLATE,
+            value=self.fleet.launch_template_name,
+            description="The launch template every fleet instance starts from (IMDSv2, encrypted EBS)",
+        )
+        CfnOutput(self, constants.OUTPUT_FLEET_VPC_ID, value=self.fleet_network.vpc.vpc_id)
+
+
+def _queue_env(queue_id: str) -> str:
+    """The variable a function reads a queue's URL from: resources.ENV_<ID>_QUEUE_URL."""
+    return str(getattr(resources, f"ENV_{queue_id.upper()}_QUEUE_URL"))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from calque import resources
-from calque.settings import ApiSettings, HostTasksSettings, PoolSettings, ReaperSettings
+from calque.settings import ApiSettings, FleetSettings, HostTasksSettings, PoolSettings, ReaperSettings
 from infra import constants
 
 from .conftest import Synthesized, assert_admins_pinned, resources_of, service_functions
@@ -17,6 +17,8 @@ pytestmark = pytest.mark.infra
 
 SETTINGS_OF = {"api": ApiSettings, "host_tasks": HostTasksSettings, "reaper": ReaperSettings}
 SETTINGS_OF.update(pool_scaler=PoolSettings, pool_dlq=PoolSettings)  # warm pools
+# The fleet's functions (the API also runs the fleet: tests/infra/test_fleet_infra.py checks it).
+SETTINGS_OF.update({"acquirer": FleetSettings, "fleet_events": FleetSettings, "reconciler": FleetSettings})
 
 
 def _functions_by_handler(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -133,7 +135,15 @@ def test_functions_log_only_to_their_own_log_groups(synthesized: Synthesized) ->
     # Then none carries an AWS managed policy: its log permissions name its own group
     assert len(lambda_roles) == len(resources.FUNCTIONS)
     assert all("ManagedPolicyArns" not in r["Properties"] for r in lambda_roles)
-    log_statements = [s for s in _statements(synthesized.service_json) if "logs:PutLogEvents" in s["Action"]]
+    # (the fleet VPC's flow log has its own role, assumed by vpc-flow-logs, not by a function)
+    lambda_role_ids = {lid for lid, r in synthesized.service_json["Resources"].items() if r in lambda_roles}
+    log_statements = [
+        s
+        for policy in resources_of(synthesized.service_json, "AWS::IAM::Policy")
+        if {r.get("Ref") for r in policy["Properties"].get("Roles", [])} & lambda_role_ids
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "logs:PutLogEvents" in s["Action"]
+    ]
     assert len(log_statements) == len(resources.FUNCTIONS)
     assert all("Fn::GetAtt" in s["Resource"] for s in log_statements)
 
@@ -197,7 +207,9 @@ def test_queue_consumers_report_partial_batch_failures(synthesized: Synthesized)
 def test_one_schedule_rule_per_definition_targets_its_function(synthesized: Synthesized) -> None:
     # Given the EventBridge rules
     template = synthesized.service_json
-    rules = resources_of(template, "AWS::Events::Rule")
+    rules = [
+        r for r in resources_of(template, "AWS::Events::Rule") if "ScheduleExpression" in r["Properties"]
+    ]
     assert len(rules) == len(resources.SCHEDULES)
     functions = _functions_by_handler(template)
     for definition, rule in zip(resources.SCHEDULES, rules, strict=True):
@@ -216,10 +228,15 @@ def test_one_schedule_rule_per_definition_targets_its_function(synthesized: Synt
 def test_only_xray_statements_use_a_wildcard_resource(synthesized: Synthesized) -> None:
     # Given every IAM statement of the service stack
     wildcard = [s for s in _statements(synthesized.service_json) if "*" in _as_list(s["Resource"])]
-    # Then only X-Ray's trace upload (which has no resource-level permissions) names "*"
+    # Then only X-Ray's trace upload and the fleet's describes (no resource-level permissions) name "*"
     assert wildcard
     for statement in wildcard:
-        assert set(_as_list(statement["Action"])) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+        assert set(_as_list(statement["Action"])) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} | {
+            # the fleet's reads of EC2 and SSM state, which have no resource-level permissions either
+            "ec2:DescribeInstances",
+            "ec2:DescribeSubnets",
+            "ssm:DescribeInstanceInformation",
+        }
 
 
 def test_table_access_names_the_table_and_each_index(synthesized: Synthesized) -> None:

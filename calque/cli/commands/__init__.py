@@ -39,3 +39,6 @@ COMMAND_MODULES: list[str] = [
     "usage",
     "group",
 ]
+
+# The fleet: `host acquire | release | acquisitions` (after "host") and `budget`.
+COMMAND_MODULES += ["fleet", "budget"]

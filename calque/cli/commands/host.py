@@ -396,7 +396,9 @@ def _show(ctx: Any, args: argparse.Namespace) -> None:
 
 def do_show(ctx: Any, *, instance_id: str) -> None:
     host = ctx.client().request("GET", f"/v1/hosts/{quote(instance_id, safe='')}")
-    ctx.emit(host, text=render_host(host))
+    from calque.cli.commands.fleet import launch_attempts_text  # the fleet's launch, when it launched it
+
+    ctx.emit(host, text=render_host(host) + launch_attempts_text(ctx, instance_id))
 
 
 def _drain(ctx: Any, args: argparse.Namespace) -> None:

@@ -38,6 +38,20 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     _state_dir_option(up)
+    up.add_argument(
+        "--reconcile-every",
+        type=_duration,
+        metavar="DURATION",
+        help="run the fleet's reconciler this often (default: its deployed rate, 60s)",
+    )
+    up.add_argument(
+        "--schedule-every",
+        action="append",
+        default=[],
+        type=_schedule_rate,
+        metavar="SCHEDULE=DURATION",
+        help="run any schedule this often, e.g. reaper=5s (repeatable)",
+    )
     up.set_defaults(func=_up)
 
     launch = local.add_parser("launch", help="(local plane only) start a simulated running GPU instance")
@@ -57,7 +71,30 @@ def register(subparsers: Any) -> None:
     add.set_defaults(func=_user_add)
 
 
+def _duration(text: str) -> int:
+    from calque.cli.durations import duration_arg
+
+    return duration_arg(text)
+
+
+def _schedule_rate(text: str) -> tuple[str, int]:
+    from calque import resources
+
+    name, _, duration = text.partition("=")
+    known = [s.id for s in resources.SCHEDULES]
+    if name not in known:
+        raise argparse.ArgumentTypeError(f"unknown schedule {name!r}; known: {', '.join(known)}")
+    return name, _duration(duration)
+
+
 def _up(ctx: Any, args: argparse.Namespace) -> None:
+    import os
+
+    rates = dict(args.schedule_every)
+    if args.reconcile_every is not None:
+        rates["reconciler"] = args.reconcile_every
+    if rates:
+        os.environ["CALQUE_LOCAL_SCHEDULE_RATES"] = ",".join(f"{k}={v}" for k, v in sorted(rates.items()))
     do_up(ctx, port=args.port, host=args.host)
 
 

@@ -20,3 +20,7 @@ ROUTERS += [pools.router]
 from functions.api.routes import groups, usage  # noqa: E402  (economics)
 
 ROUTERS += [usage.router, groups.router]
+
+from functions.api.routes import fleet  # noqa: E402  (the fleet: acquire, release, budget)
+
+ROUTERS += [fleet.router]

@@ -1,0 +1,68 @@
+"""``calque budget set | show``: the spend gate every acquisition passes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+BUDGET_FIELDS: list[Any] = [
+    ("max_instances", "max_instances"),
+    ("max_hourly_usd", lambda b: f"{float(b.get('max_hourly_usd') or 0):g}"),
+    (
+        "max_monthly_usd",
+        lambda b: "-" if b.get("max_monthly_usd") is None else f"{float(b['max_monthly_usd']):g}",
+    ),
+    ("effective_hourly_usd", lambda b: f"{float(b.get('effective_hourly_usd') or 0):g}"),
+    ("in_use_instances", "in_use_instances"),
+    ("in_use_hourly_usd", lambda b: f"{float(b.get('in_use_hourly_usd') or 0):g}"),
+    ("set", lambda b: "yes" if b.get("set", True) else "no: every acquisition is refused"),
+    ("updated_by", "updated_by"),
+    ("updated_at", "updated_at"),
+]
+
+
+def register(subparsers: Any) -> None:
+    from calque.cli.commands.quota import _non_negative_float, _non_negative_int
+    from calque.cli.main import command_group
+
+    group = command_group(
+        subparsers, "budget", help="the spend gate: instances and dollars the fleet may hold"
+    )
+    p = group.add_parser("set", help="set the budget (admins)")
+    p.add_argument("--max-instances", required=True, type=_non_negative_int, metavar="N")
+    p.add_argument("--max-hourly-usd", required=True, type=_non_negative_float, metavar="X")
+    p.add_argument(
+        "--max-monthly-usd",
+        type=_non_negative_float,
+        metavar="Y",
+        help="a 730-hour month at the reserved rate",
+    )
+    p.set_defaults(func=_set)
+    p = group.add_parser("show", help="the budget and what is in use")
+    p.set_defaults(func=_show)
+
+
+def _set(ctx: Any, args: argparse.Namespace) -> None:
+    do_set(
+        ctx,
+        max_instances=args.max_instances,
+        max_hourly_usd=args.max_hourly_usd,
+        max_monthly_usd=args.max_monthly_usd,
+    )
+
+
+def do_set(
+    ctx: Any, *, max_instances: int, max_hourly_usd: float, max_monthly_usd: float | None = None
+) -> None:
+    body: dict[str, Any] = {"max_instances": max_instances, "max_hourly_usd": max_hourly_usd}
+    if max_monthly_usd is not None:
+        body["max_monthly_usd"] = max_monthly_usd
+    ctx.emit(ctx.client().request("PUT", "/v1/budget", body), columns=BUDGET_FIELDS)
+
+
+def _show(ctx: Any, args: argparse.Namespace) -> None:
+    do_show(ctx)
+
+
+def do_show(ctx: Any) -> None:
+    ctx.emit(ctx.client().request("GET", "/v1/budget"), columns=BUDGET_FIELDS)

@@ -1,0 +1,422 @@
+"""``calque host acquire | release | acquisitions``: the fleet's side of ``host``.
+
+    calque host acquire --instance-type T [--count N] [LAYOUT] [--spot [--spot-max-price X]
+        [--fallback-on-demand]] [--fallback-types T2,T3] [--ttl 12h]
+        --i-understand-this-spends-money [--wait [--timeout 20m]]
+    calque host release I --i-understand-this-terminates-instances [--reason TEXT]
+    calque host acquisitions [REQUEST_ID | --instance-id I]
+
+Both consent flags are checked here before any request is sent, and again by the API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from calque.cli.errors import CliError
+
+ACQ_COLUMNS: list[Any] = [
+    ("request_id", "request_id"),
+    ("type", lambda a: a.get("launched_type") or a.get("instance_type")),
+    ("state", "state"),
+    ("instance_id", "instance_id"),
+    ("market", "market"),
+    ("az", "availability_zone"),
+    ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+    ("attempts", lambda a: len(a.get("attempts") or [])),
+]
+ATTEMPT_COLUMNS: list[Any] = [
+    ("at", "at"),
+    ("type", "instance_type"),
+    ("market", "market"),
+    ("az", "availability_zone"),
+    ("subnet", "subnet_id"),
+    ("outcome", "outcome"),
+    ("reason", "reason"),
+]
+
+
+def _types(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("--fallback-types needs TYPE[,TYPE...]")
+    return items
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a price in USD per hour") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    from calque.cli.commands.host import _positive_int, mig_arg
+    from calque.cli.durations import duration_arg
+    from calque.cli.main import command_group
+
+    group = command_group(subparsers, "host")
+
+    p = group.add_parser(
+        "acquire",
+        help="launch instances behind the budget and register them as hosts (admins; spends money)",
+        epilog="LAYOUT (one of): --mig PROFILE=COUNT[,...] | --mps-slots N [...] | --spec FILE; none: the "
+        "card's default. Capacity errors move on to the next subnet/AZ, then the fallback types, then "
+        "on-demand when allowed; every attempt is listed.",
+    )
+    p.add_argument("--instance-type", required=True, metavar="T", help="a GPU instance type in the catalog")
+    p.add_argument(
+        "--count", type=_positive_int, default=1, metavar="N", help="instances (default 1, at most 20)"
+    )
+    layout = p.add_argument_group("layout (one of; none: the card's default)")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
+    layout.add_argument("--mps-slots", type=_positive_int, metavar="N")
+    layout.add_argument("--mps-thread-percentage", type=_positive_int, metavar="P")
+    layout.add_argument("--mps-memory-limit-mib", type=_positive_int, metavar="M")
+    layout.add_argument("--spec", metavar="FILE")
+    p.add_argument(
+        "--spot", action="store_true", help="spot capacity (may be reclaimed with two minutes' warning)"
+    )
+    p.add_argument(
+        "--spot-max-price", type=_price, metavar="X", help="USD/hour (default: the on-demand rate)"
+    )
+    p.add_argument(
+        "--fallback-on-demand", action="store_true", help="no spot capacity anywhere: use on-demand"
+    )
+    p.add_argument("--fallback-types", type=_types, default=[], metavar="T2,T3", help="types to try next")
+    p.add_argument(
+        "--ttl", type=duration_arg, metavar="DURATION", help="hard cap: terminated then (e.g. 12h)"
+    )
+    p.add_argument("--pool", metavar="NAME", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--i-understand-this-spends-money",
+        dest="consent",
+        action="store_true",
+        help="required: this launches",
+    )
+    p.add_argument("--wait", action="store_true", help="follow each instance until its host is ready")
+    p.add_argument(
+        "--timeout", type=duration_arg, default=1200, metavar="DURATION", help="with --wait (default 20m)"
+    )
+    p.set_defaults(func=_acquire)
+
+    p = group.add_parser(
+        "release", help="drain, end sessions, terminate an instance the fleet launched (admins)"
+    )
+    p.add_argument("instance_id", metavar="I")
+    p.add_argument(
+        "--i-understand-this-terminates-instances",
+        dest="consent",
+        action="store_true",
+        help="required: the instance and every session on it end",
+    )
+    p.add_argument("--reason", metavar="TEXT", help="recorded on each session it ends")
+    p.set_defaults(func=_release)
+
+    local = command_group(subparsers, "local")
+    inject = local.add_parser("inject", help="(local plane only) inject the fleet's failures (admins)")
+    kinds = inject.add_subparsers(title="faults", metavar="FAULT")
+    inject.set_defaults(func=None, _group_parser=inject)
+    p = kinds.add_parser(
+        "capacity", help="RunInstances of a type (in an AZ) fails: InsufficientInstanceCapacity"
+    )
+    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--az", metavar="Z", help="only in this AZ (default: every AZ)")
+    p.add_argument(
+        "--times", type=_positive_int, metavar="N", help="this many calls (default: until cleared)"
+    )
+    p.set_defaults(func=_inject, kind="capacity")
+    p = kinds.add_parser(
+        "crash-after-launch", help="the acquirer dies after RunInstances, before recording it"
+    )
+    p.add_argument("--times", type=_positive_int, default=1, metavar="N")
+    p.set_defaults(func=_inject, kind="crash-after-launch")
+    p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
+    p.add_argument("instance_id", metavar="I")
+    p.set_defaults(func=_inject, kind="spot-interruption")
+    p = kinds.add_parser("clear", help="forget every injected fault")
+    p.set_defaults(func=_inject, kind="clear")
+
+    p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
+    p.add_argument("request_id", nargs="?", metavar="REQUEST_ID")
+    p.add_argument("--instance-id", metavar="I", help="the acquisition that launched this instance")
+    p.set_defaults(func=_acquisitions)
+
+
+def _acquire(ctx: Any, args: argparse.Namespace) -> None:
+    do_acquire(
+        ctx,
+        instance_type=args.instance_type,
+        count=args.count,
+        mig=args.mig,
+        mps_slots=args.mps_slots,
+        mps_thread_percentage=args.mps_thread_percentage,
+        mps_memory_limit_mib=args.mps_memory_limit_mib,
+        spec=args.spec,
+        spot=args.spot,
+        spot_max_price=args.spot_max_price,
+        fallback_on_demand=args.fallback_on_demand,
+        fallback_types=args.fallback_types,
+        ttl_s=args.ttl,
+        pool=args.pool,
+        consent=args.consent,
+        wait_s=args.timeout if args.wait else None,
+    )
+
+
+def do_acquire(
+    ctx: Any,
+    *,
+    instance_type: str,
+    count: int = 1,
+    mig: dict[str, int] | None = None,
+    mps_slots: int | None = None,
+    mps_thread_percentage: int | None = None,
+    mps_memory_limit_mib: int | None = None,
+    spec: str | None = None,
+    spot: bool = False,
+    spot_max_price: float | None = None,
+    fallback_on_demand: bool = False,
+    fallback_types: list[str] | None = None,
+    ttl_s: int | None = None,
+    pool: str | None = None,
+    consent: bool = False,
+    wait_s: float | None = None,
+) -> None:
+    from calque.cli.commands.host import layout_from_flags
+
+    if not consent:
+        raise CliError(
+            "acquiring instances spends money: ask again with --i-understand-this-spends-money",
+            code="consent_required",
+            details={"field": "accept_spend"},
+        )
+    if (spot_max_price is not None or fallback_on_demand) and not spot:
+        raise CliError(
+            "--spot-max-price and --fallback-on-demand need --spot",
+            code="invalid_input",
+            details={"field": "spot"},
+        )
+    layout = layout_from_flags(
+        mig=mig,
+        mps_slots=mps_slots,
+        mps_thread_percentage=mps_thread_percentage,
+        mps_memory_limit_mib=mps_memory_limit_mib,
+        spec=spec,
+    )
+    body: dict[str, Any] = {
+        "instance_type": instance_type,
+        "count": count,
+        "spot": spot,
+        "accept_spend": True,
+    }
+    for key, value in (
+        ("layout", layout),
+        ("spot_max_price", spot_max_price),
+        ("ttl_seconds", ttl_s),
+        ("pool", pool),
+    ):
+        if value is not None:
+            body[key] = value
+    if fallback_on_demand:
+        body["fallback_on_demand"] = True
+    if fallback_types:
+        body["fallback_types"] = fallback_types
+    out = ctx.client().request("POST", "/v1/hosts/acquire", body)
+    acqs = list(out.get("acquisitions") or [])
+    if wait_s is not None:
+        acqs = [wait_until_ready(ctx, a["request_id"], timeout_s=wait_s) for a in acqs]
+        ctx.emit(
+            {"acquisitions": acqs, "budget": out.get("budget")},
+            text=f"{len(acqs)} host(s) ready.\n\n" + render_acquisitions(acqs),
+        )
+        return
+    b = out.get("budget") or {}
+    used, limit = float(b.get("in_use_hourly_usd") or 0), float(b.get("effective_hourly_usd") or 0)
+    note = (
+        f"Queued {len(acqs)} acquisition(s); budget in use "
+        f"{b.get('in_use_instances')}/{b.get('max_instances')} instances, ${used:g}/h of ${limit:g}/h."
+        "\nFollow them with `calque host acquisitions REQUEST_ID`."
+    )
+    ctx.emit(out, text=note + "\n\n" + render_acquisitions(acqs))
+
+
+def wait_until_ready(
+    ctx: Any, request_id: str, *, timeout_s: float, interval_s: float = 1.0
+) -> dict[str, Any]:
+    """Follow one acquisition to a ready host, printing each state and attempt on stderr."""
+    import time
+
+    from calque.cli.commands.host import wait_until_applied
+
+    start = time.monotonic()
+    seen_attempts = 0
+    last = None
+    path = f"/v1/acquisitions/{quote(request_id, safe='')}"
+    while True:
+        acq = ctx.client().request("GET", path)
+        elapsed = time.monotonic() - start
+        for a in (acq.get("attempts") or [])[seen_attempts:]:
+            where = a.get("availability_zone") or a.get("subnet_id") or "any AZ"
+            why = f": {a['reason']}" if a.get("reason") else ""
+            print(
+                f"... {request_id}: {a['instance_type']} {a['market']} in {where}: {a['outcome']}{why}",
+                file=sys.stderr,
+                flush=True,
+            )
+        seen_attempts = len(acq.get("attempts") or [])
+        status = f"{acq.get('state')}" + (f" ({acq.get('instance_id')})" if acq.get("instance_id") else "")
+        if status != last:
+            print(f"... {request_id}: {status} ({elapsed:.0f}s)", file=sys.stderr, flush=True)
+            last = status
+        state = acq.get("state")
+        if state == "failed":
+            raise CliError(
+                f"acquisition {request_id} failed: {acq.get('state_reason') or 'no reason recorded'}",
+                code="acquisition_failed",
+                details={"request_id": request_id, "attempts": acq.get("attempts") or []},
+            )
+        if state in ("releasing", "terminated"):
+            raise CliError(
+                f"acquisition {request_id} is {state}: {acq.get('state_reason') or ''}".rstrip(": "),
+                code="acquisition_ended",
+                details={"request_id": request_id},
+            )
+        if state == "registered":
+            left = max(1.0, timeout_s - elapsed)
+            wait_until_applied(ctx, str(acq["instance_id"]), timeout_s=left, interval_s=interval_s)
+            return dict(ctx.client().request("GET", path))
+        if elapsed >= timeout_s:
+            raise CliError(
+                f"acquisition {request_id} is still {state} after {timeout_s:g}s",
+                code="wait_timeout",
+                details={"request_id": request_id, "state": state, "timeout_s": timeout_s},
+            )
+        time.sleep(interval_s)
+
+
+def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
+    from calque.cli.output import render_table
+
+    return render_table(acqs, ACQ_COLUMNS)
+
+
+def render_acquisition(acq: Mapping[str, Any]) -> str:
+    from calque.cli.output import render_fields, render_table
+
+    fields: list[Any] = [
+        ("request_id", "request_id"),
+        ("state", "state"),
+        ("state_reason", "state_reason"),
+        ("owner", "owner"),
+        ("pool", "pool"),
+        ("instance_type", "instance_type"),
+        ("fallback_types", lambda a: ",".join(a.get("fallback_types") or []) or "-"),
+        ("spot", "spot"),
+        ("instance_id", "instance_id"),
+        ("launched_type", "launched_type"),
+        ("market", "market"),
+        ("availability_zone", "availability_zone"),
+        ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+        ("budget_held", "budget_held"),
+        ("created_at", "created_at"),
+        ("expires_at", "expires_at"),
+    ]
+    attempts = list(acq.get("attempts") or [])
+    text = render_fields(acq, fields)
+    if attempts:
+        text += "\n\n  attempts\n" + "\n".join(
+            "  " + line for line in render_table(attempts, ATTEMPT_COLUMNS).splitlines()
+        )
+    return text
+
+
+def _release(ctx: Any, args: argparse.Namespace) -> None:
+    do_release(ctx, instance_id=args.instance_id, consent=args.consent, reason=args.reason)
+
+
+def do_release(ctx: Any, *, instance_id: str, consent: bool = False, reason: str | None = None) -> None:
+    if not consent:
+        raise CliError(
+            "releasing terminates the instance and ends every session on it: ask again with "
+            "--i-understand-this-terminates-instances",
+            code="consent_required",
+            details={"field": "accept_terminate"},
+        )
+    body: dict[str, Any] = {"accept_terminate": True}
+    if reason:
+        body["reason"] = reason
+    acq = ctx.client().request("POST", f"/v1/hosts/{quote(instance_id, safe='')}/release", body)
+    note = (
+        f"Releasing {instance_id}: its sessions ended, it takes no new ones, and it is being terminated. "
+        "Its budget is released once EC2 confirms."
+    )
+    ctx.emit(acq, text=note + "\n\n" + render_acquisition(acq))
+
+
+def _acquisitions(ctx: Any, args: argparse.Namespace) -> None:
+    do_acquisitions(ctx, request_id=args.request_id, instance_id=args.instance_id)
+
+
+def do_acquisitions(ctx: Any, *, request_id: str | None = None, instance_id: str | None = None) -> None:
+    client = ctx.client()
+    if request_id is not None:
+        acq = client.request("GET", f"/v1/acquisitions/{quote(request_id, safe='')}")
+        ctx.emit(acq, text=render_acquisition(acq))
+        return
+    found = client.request(
+        "GET", "/v1/acquisitions", query={"instance_id": instance_id} if instance_id else None
+    )
+    if instance_id is not None:
+        if not found:
+            raise CliError(
+                f"no acquisition launched {instance_id}",
+                code="not_found",
+                details={"instance_id": instance_id},
+            )
+        ctx.emit(found[0], text=render_acquisition(found[0]))
+        return
+    ctx.emit(found, text=render_acquisitions(found))
+
+
+def _inject(ctx: Any, args: argparse.Namespace) -> None:
+    body = {
+        k: v
+        for k, v in (
+            ("instance_type", getattr(args, "instance_type", None)),
+            ("az", getattr(args, "az", None)),
+            ("times", getattr(args, "times", None)),
+            ("instance_id", getattr(args, "instance_id", None)),
+        )
+        if v is not None
+    }
+    do_inject(ctx, kind=args.kind, body=body)
+
+
+def do_inject(ctx: Any, *, kind: str, body: dict[str, Any]) -> None:
+    ctx.running_plane()  # local plane only: refuse clearly when none runs
+    out = ctx.client().request("POST", f"/local/inject/{kind}", body)
+    ctx.emit(out)
+
+
+def launch_attempts_text(ctx: Any, instance_id: str) -> str:
+    """For ``host show`` (table output): the acquisition that launched the host and every
+    attempt it took, when the fleet launched it and the caller may see it; else nothing."""
+    if ctx.json:
+        return ""
+    found = ctx.client().request("GET", "/v1/acquisitions", query={"instance_id": instance_id})
+    if not found:
+        return ""
+    from calque.cli.output import render_table
+
+    acq = found[0]
+    head = f"\n\nlaunched by the fleet: {acq.get('request_id')} ({acq.get('state')})"
+    table = render_table(list(acq.get("attempts") or []), ATTEMPT_COLUMNS)
+    return head + "\n" + "\n".join("  " + line for line in table.splitlines())

@@ -1,0 +1,150 @@
+"""Fleet (layer 0) API bodies: acquisitions, releases, the budget, and the queue message.
+
+Inputs derive from ``Strict`` (unknown fields are errors), outputs from ``Out``.
+
+Routes: POST /v1/hosts/acquire (admin), GET /v1/acquisitions[/{request_id}],
+POST /v1/hosts/{instance_id}/release (admin), PUT|GET /v1/budget.
+
+Error codes scripts may branch on:
+  400 consent_required (no accept_spend / accept_terminate), invalid_input (type not in the
+      catalog, fallback type repeated), invalid_ttl, invalid_layout
+  422 validation_failed (negative counts, malformed fields)
+  429 budget_exceeded (details: in_use, asked, limit), budget_not_set
+  404 not_found (unknown request id or instance); 409 not_fleet_managed (release of a host
+      the fleet did not launch), already_released
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, field_validator
+
+from calque.contracts.common import Out, Strict
+from calque.contracts.layout import LayoutSpec
+
+# queued: budget reserved, waiting for the acquirer; launching: RunInstances in progress;
+# booting: EC2 has the instance, not yet registered; registered: a tenancy host (its layout
+# is applied by the tenancy path); releasing: drained, TerminateInstances sent; terminated:
+# EC2 confirmed, budget released; failed: every attempt failed (or it timed out), budget released.
+AcquisitionState = Literal[
+    "queued", "launching", "booting", "registered", "releasing", "terminated", "failed"
+]
+OPEN_STATES: tuple[str, ...] = ("queued", "launching", "booting", "registered", "releasing")
+Market = Literal["spot", "on-demand"]
+
+REQUEST_ID_PATTERN = r"^r-[0-9a-f]{8,32}$"
+POOL_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+MAX_COUNT = 20
+MIN_TTL_S = 600
+MAX_TTL_S = 90 * 24 * 3600
+
+
+class AcquireRequest(Strict):
+    """POST /v1/hosts/acquire (admin): launch ``count`` instances behind the spend gate.
+
+    Each instance is its own acquisition (its own request id, EC2 ClientToken and budget
+    reservation); all of them are reserved in one transaction, or none.
+    """
+
+    instance_type: str = Field(min_length=1, max_length=64, description="must be in the catalog")
+    count: int = Field(default=1, ge=1, le=MAX_COUNT)
+    layout: LayoutSpec | None = Field(default=None, description="applied once registered; none: the default")
+    spot: bool = False
+    spot_max_price: float | None = Field(
+        default=None, gt=0, le=1000, description="USD/hour; omitted: up to the on-demand rate"
+    )
+    fallback_on_demand: bool = Field(default=False, description="spot capacity failed: try on-demand")
+    fallback_types: list[str] = Field(default_factory=list, max_length=5)
+    ttl_seconds: int | None = Field(
+        default=None, description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)"
+    )
+    pool: str | None = Field(default=None, pattern=POOL_PATTERN, description="the warm pool asking")
+    accept_spend: StrictBool = Field(default=False, description="--i-understand-this-spends-money")
+
+    @field_validator("spot_max_price", "fallback_on_demand")
+    @classmethod
+    def _spot_only(cls, value: Any, info: Any) -> Any:
+        if value not in (None, False) and not info.data.get("spot"):
+            raise ValueError(f"{info.field_name} needs spot")
+        return value
+
+
+class Attempt(Out):
+    """One RunInstances call: where, what, and how it ended."""
+
+    at: datetime
+    instance_type: str
+    market: Market
+    subnet_id: str | None = None
+    availability_zone: str | None = None
+    outcome: Literal["launched", "capacity", "error"]
+    reason: str | None = None
+
+
+class Acquisition(Out):
+    request_id: str
+    state: AcquisitionState
+    state_reason: str | None = None
+    owner: str
+    pool: str | None = None
+    instance_type: str = Field(description="the type asked for")
+    fallback_types: list[str] = Field(default_factory=list)
+    spot: bool = False
+    fallback_on_demand: bool = False
+    instance_id: str | None = None
+    launched_type: str | None = None
+    market: Market | None = None
+    availability_zone: str | None = None
+    hourly_usd: float = Field(description="the budget this acquisition holds while open")
+    budget_held: bool
+    attempts: list[Attempt] = Field(default_factory=list)
+    created_at: datetime
+    state_since: datetime
+    expires_at: datetime | None = Field(default=None, description="the TTL's hard cap")
+
+
+class AcquireAccepted(Out):
+    acquisitions: list[Acquisition]
+    budget: Budget
+
+
+class ReleaseRequest(Strict):
+    """POST /v1/hosts/{instance_id}/release (admin): drain, end sessions, terminate."""
+
+    accept_terminate: StrictBool = Field(
+        default=False, description="--i-understand-this-terminates-instances"
+    )
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class BudgetUpdate(Strict):
+    """PUT /v1/budget (admin)."""
+
+    max_instances: int = Field(ge=0, le=10_000)
+    max_hourly_usd: float = Field(ge=0, le=1_000_000)
+    max_monthly_usd: float | None = Field(default=None, ge=0, le=100_000_000)
+
+
+class Budget(Out):
+    max_instances: int
+    max_hourly_usd: float
+    max_monthly_usd: float | None = None
+    effective_hourly_usd: float = Field(description="the hourly limit after the monthly one (x 730 h)")
+    in_use_instances: int
+    in_use_hourly_usd: float
+    set: bool = Field(default=True, description="false: no admin set a budget; every acquisition is refused")
+    updated_at: datetime | None = None
+    updated_by: str | None = None
+
+
+AcquireAccepted.model_rebuild()
+
+
+class AcquireMessage(Strict):
+    """The fleet_acquire queue's message: launch one acquisition, or terminate its instance
+    (only the acquirer and the reconciler may call EC2 to launch or terminate)."""
+
+    request_id: str = Field(pattern=REQUEST_ID_PATTERN)
+    action: Literal["launch", "terminate"] = "launch"

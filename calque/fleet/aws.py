@@ -1,0 +1,283 @@
+"""The fleet's boto3 adapters: EC2 (with SSM for agent status), the acquire queue, and
+EventBridge. The only module of the fleet that knows botocore's error shapes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from calque.fleet.ports import CapacityError, Instance, LaunchRefused, LaunchSpec
+
+log = logging.getLogger("calque.fleet")
+
+# EC2 errors that mean "not here, not now": another AZ, type or market may still work.
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientFreeAddressesInSubnet",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+        "Unsupported",  # the type is not offered in this AZ
+    }
+)
+# Throttling and service trouble: let the message come back and try again later.
+TRANSIENT_CODES = frozenset(
+    {
+        "RequestLimitExceeded",
+        "InternalError",
+        "ServiceUnavailable",
+        "Unavailable",
+        "InsufficientAddressCapacity",
+    }
+)
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+# AWS's public SSM parameters for the Deep Learning Base OSS Nvidia Driver AMIs, per GPU
+# family (Blackwell needs the newer driver of the Ubuntu 24.04 image). A deployment may
+# override any of them, or name one AMI for all.
+DEFAULT_AMI_PARAMETERS: dict[str, str] = {
+    "turing": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+    "ampere": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+    "ada": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+    "hopper": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+    "blackwell": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id",
+}
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _message(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
+
+
+def _instance(raw: dict[str, Any]) -> Instance:
+    launched = raw.get("LaunchTime") or datetime.now(UTC)
+    if isinstance(launched, str):
+        launched = datetime.fromisoformat(launched.replace("Z", "+00:00"))
+    return Instance(
+        instance_id=raw["InstanceId"],
+        instance_type=raw.get("InstanceType", ""),
+        state=raw.get("State", {}).get("Name", "pending"),
+        launched_at=launched.astimezone(UTC),
+        tags={t["Key"]: t["Value"] for t in raw.get("Tags") or []},
+        availability_zone=(raw.get("Placement") or {}).get("AvailabilityZone"),
+        market="spot" if raw.get("InstanceLifecycle") == "spot" else "on-demand",
+    )
+
+
+class Ec2Fleet:
+    def __init__(
+        self,
+        ec2: Any,
+        ssm: Any,
+        *,
+        launch_template: str | None,
+        ami_id: str | None = None,
+        ami_parameters: dict[str, str] | None = None,
+        page_size: int = 500,
+        launch_client: Any = None,
+    ) -> None:
+        self.ec2 = ec2
+        # RunInstances goes through a client that does not retry: a capacity error moves on.
+        self.launch_client = launch_client or ec2
+        self.ssm = ssm
+        self.launch_template = launch_template
+        self.ami_id = ami_id
+        self.ami_parameters = {**DEFAULT_AMI_PARAMETERS, **(ami_parameters or {})}
+        self.page_size = page_size
+        self._amis: dict[str, str] = {}
+
+    def _image(self, instance_type: str) -> str:
+        if self.ami_id:
+            return self.ami_id
+        from calque import catalog
+
+        family = catalog.instance_type(instance_type).card.family
+        name = self.ami_parameters[family]
+        if name not in self._amis:
+            self._amis[name] = self.ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        return self._amis[name]
+
+    def run_instance(self, spec: LaunchSpec) -> Instance:
+        tags = [{"Key": k, "Value": v} for k, v in sorted(spec.tags.items())]
+        kwargs: dict[str, Any] = {
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": spec.request_id,
+            "InstanceType": spec.instance_type,
+            "ImageId": self._image(spec.instance_type),
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": tags},
+                {"ResourceType": "volume", "Tags": tags},
+            ],
+        }
+        if self.launch_template:
+            kwargs["LaunchTemplate"] = {"LaunchTemplateName": self.launch_template, "Version": "$Default"}
+        if spec.subnet_id:
+            kwargs["SubnetId"] = spec.subnet_id
+        if spec.market == "spot":
+            options: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
+            if spec.spot_max_price is not None:
+                options["MaxPrice"] = f"{spec.spot_max_price:.4f}"
+            kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+        try:
+            out = self.launch_client.run_instances(**kwargs)
+        except ClientError as exc:
+            code = _code(exc)
+            if code in CAPACITY_CODES:
+                raise CapacityError(code, _message(exc)) from None
+            if code == "IdempotentParameterMismatch":
+                # An earlier call with this token launched: that instance is the answer.
+                found = self.find_by_request(spec.request_id)
+                if found is not None:
+                    return found
+            if (
+                code in TRANSIENT_CODES
+                or int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)) >= 500
+            ):
+                raise
+            raise LaunchRefused(code or "error", _message(exc)) from None
+        return _instance(out["Instances"][0])
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(instance_ids))
+        for start in range(0, len(ids), 1000):
+            chunk = ids[start : start + 1000]
+            try:
+                self.ec2.terminate_instances(InstanceIds=chunk)
+            except ClientError as exc:
+                if _code(exc) != "InvalidInstanceID.NotFound":
+                    raise
+                for iid in chunk:  # one unknown id fails the whole call: send the rest alone
+                    try:
+                        self.ec2.terminate_instances(InstanceIds=[iid])
+                    except ClientError as one:
+                        if _code(one) != "InvalidInstanceID.NotFound":
+                            raise
+
+    def _describe(self, filters: list[dict[str, Any]]) -> Iterator[Instance]:
+        kwargs: dict[str, Any] = {"Filters": filters, "MaxResults": self.page_size}
+        while True:
+            page = self.ec2.describe_instances(**kwargs)
+            for reservation in page.get("Reservations", []):
+                for raw in reservation.get("Instances", []):
+                    yield _instance(raw)
+            token = page.get("NextToken")
+            if not token:
+                return
+            kwargs["NextToken"] = token
+
+    def managed_instances(self) -> Iterator[Instance]:
+        return self._describe(
+            [
+                {"Name": "tag:calque:host", "Values": ["managed"]},
+                {"Name": "instance-state-name", "Values": LIVE_STATES},
+            ]
+        )
+
+    def find_by_request(self, request_id: str) -> Instance | None:
+        found = self._describe(
+            [
+                {"Name": "tag:calque:request-id", "Values": [request_id]},
+                {"Name": "instance-state-name", "Values": LIVE_STATES},
+            ]
+        )
+        return next(iter(found), None)
+
+    def existing(self, instance_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(instance_ids))
+        out: set[str] = set()
+        for start in range(0, len(ids), 200):
+            chunk = ids[start : start + 200]
+            out |= {
+                i.instance_id
+                for i in self._describe(
+                    [
+                        {"Name": "instance-id", "Values": chunk},
+                        {"Name": "instance-state-name", "Values": LIVE_STATES},
+                    ]
+                )
+            }
+        return out
+
+    def agent_online(self, instance_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(instance_ids))
+        out: set[str] = set()
+        for start in range(0, len(ids), 50):
+            kwargs: dict[str, Any] = {"Filters": [{"Key": "InstanceIds", "Values": ids[start : start + 50]}]}
+            while True:
+                page = self.ssm.describe_instance_information(**kwargs)
+                out |= {
+                    i["InstanceId"]
+                    for i in page.get("InstanceInformationList", [])
+                    if i.get("PingStatus") == "Online"
+                }
+                if not page.get("NextToken"):
+                    break
+                kwargs["NextToken"] = page["NextToken"]
+        return out
+
+
+class SqsAcquireQueue:
+    def __init__(self, client: Any, queue_url: str) -> None:
+        self.client = client
+        self.queue_url = queue_url
+
+    def send(self, request_ids: Sequence[str]) -> None:
+        self._send(request_ids, "launch")
+
+    def send_terminate(self, request_ids: Sequence[str]) -> None:
+        self._send(request_ids, "terminate")
+
+    def _send(self, request_ids: Sequence[str], action: str) -> None:
+        from calque.contracts.fleet import AcquireMessage
+
+        ids = list(request_ids)
+        for start in range(0, len(ids), 10):
+            entries = [
+                {"Id": str(n), "MessageBody": AcquireMessage(request_id=rid, action=action).model_dump_json()}
+                for n, rid in enumerate(ids[start : start + 10])
+            ]
+            out = self.client.send_message_batch(QueueUrl=self.queue_url, Entries=entries)
+            if out.get("Failed"):
+                raise RuntimeError(
+                    f"the acquire queue refused {len(out['Failed'])} message(s): {out['Failed']}"
+                )
+
+
+EVENT_SOURCE = "calque"
+
+
+class EventBridgePublisher:
+    """Events on a bus (the default one unless the deployment names another)."""
+
+    def __init__(self, client: Any, bus: str = "default") -> None:
+        self.client = client
+        self.bus = bus
+
+    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
+        out = self.client.put_events(
+            Entries=[
+                {
+                    "Source": EVENT_SOURCE,
+                    "DetailType": detail_type,
+                    "Detail": json.dumps(detail, default=str),
+                    "EventBusName": self.bus,
+                }
+            ]
+        )
+        if out.get("FailedEntryCount"):
+            log.warning("EventBridge refused %s: %s", detail_type, out.get("Entries"))

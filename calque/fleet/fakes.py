@@ -1,0 +1,312 @@
+"""In-memory stand-ins for the fleet's ports, for unit tests and benchmarks.
+
+Kept strict: the store's reservation and release are all or nothing under one lock,
+as the DynamoDB transactions are; the EC2 fake honours ClientToken (same token and
+parameters: the same instance; other parameters after a success:
+IdempotentParameterMismatch), fails on injected capacity errors with EC2's codes,
+and pages DescribeInstances. Every call is counted, so benchmarks can report them.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from calque.fleet.ports import BudgetRefused, CapacityError, Gone, Instance, LaunchRefused, LaunchSpec
+from calque.fleet.records import AcquisitionRecord, BudgetRecord, effective_musd, musd
+
+CLOSED = ("terminated", "failed")
+
+
+class MemoryFleetStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._budget: BudgetRecord | None = None
+        self._acq: dict[str, AcquisitionRecord] = {}
+        self._by_instance: dict[str, str] = {}
+        self.calls: Counter[str] = Counter()
+
+    def reserve(
+        self, budget_delta_instances: int, hourly_usd: float, records: Sequence[AcquisitionRecord]
+    ) -> None:
+        with self._lock:
+            self.calls["transact_write"] += 1
+            b = self._budget
+            m = musd(hourly_usd)
+            if b is None or b.free_instances < budget_delta_instances or b.free_musd < m:
+                raise BudgetRefused()
+            self._budget = b.model_copy(
+                update={
+                    "free_instances": b.free_instances - budget_delta_instances,
+                    "free_musd": b.free_musd - m,
+                    "in_use_instances": b.in_use_instances + budget_delta_instances,
+                    "in_use_musd": b.in_use_musd + m,
+                }
+            )
+            for r in records:
+                self._acq[r.request_id] = r
+
+    def budget(self) -> BudgetRecord | None:
+        self.calls["get"] += 1
+        return self._budget
+
+    def put_budget(
+        self,
+        *,
+        max_instances: int,
+        max_hourly_usd: float,
+        max_monthly_usd: float | None,
+        by: str,
+        at: datetime,
+    ) -> BudgetRecord:
+        with self._lock:
+            self.calls["update"] += 1
+            old = self._budget
+            used_i = old.in_use_instances if old else 0
+            used_m = old.in_use_musd if old else 0
+            eff = effective_musd(musd(max_hourly_usd), max_monthly_usd)
+            self._budget = BudgetRecord(
+                max_instances=max_instances,
+                max_hourly_musd=musd(max_hourly_usd),
+                max_monthly_usd=max_monthly_usd,
+                free_instances=max_instances - used_i,
+                free_musd=eff - used_m,
+                in_use_instances=used_i,
+                in_use_musd=used_m,
+                updated_at=at,
+                updated_by=by,
+            )
+            return self._budget
+
+    def get(self, request_id: str) -> AcquisitionRecord | None:
+        self.calls["get"] += 1
+        return self._acq.get(request_id)
+
+    def by_instance(self, instance_id: str) -> AcquisitionRecord | None:
+        self.calls["get"] += 2
+        rid = self._by_instance.get(instance_id)
+        return self._acq.get(rid) if rid else None
+
+    def list(self) -> builtins.list[AcquisitionRecord]:
+        self.calls["query"] += 1 + len(self._acq) // 1000
+        return sorted(self._acq.values(), key=lambda r: (r.created_at, r.request_id))
+
+    def update(
+        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+    ) -> AcquisitionRecord:
+        with self._lock:
+            self.calls["update"] += 1
+            cur = self._acq.get(record.request_id)
+            if cur is None or cur.state not in expect:
+                raise Gone(record.request_id)
+            new = cur.model_copy(update=changes)
+            AcquisitionRecord.model_validate(new.model_dump())  # strict: changes must fit the record
+            self._acq[record.request_id] = new
+            if changes.get("instance_id"):
+                self.calls["update"] += 1
+                self._by_instance[changes["instance_id"]] = record.request_id
+            return new
+
+    def close(
+        self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
+    ) -> AcquisitionRecord:
+        with self._lock:
+            self.calls["transact_write"] += 1
+            cur = self._acq.get(record.request_id)
+            if cur is None or cur.state in CLOSED:
+                raise Gone(record.request_id)
+            if cur.budget_held and self._budget is not None:
+                b = self._budget
+                self._budget = b.model_copy(
+                    update={
+                        "free_instances": b.free_instances + 1,
+                        "free_musd": b.free_musd + cur.hourly_musd,
+                        "in_use_instances": b.in_use_instances - 1,
+                        "in_use_musd": b.in_use_musd - cur.hourly_musd,
+                    }
+                )
+            new = cur.model_copy(
+                update={"state": state, "state_reason": reason, "state_since": at, "budget_held": False}
+            )
+            self._acq[record.request_id] = new
+            return new
+
+
+class FakeEc2:
+    """EC2 as the fleet sees it: instances, tags, ClientToken, capacity errors, SSM agents."""
+
+    PAGE = 500
+
+    def __init__(self, subnets_az: dict[str, str] | None = None, clock: Callable[[], datetime] | None = None):
+        self.instances: dict[str, Instance] = {}
+        self.subnets_az = subnets_az or {}
+        self.clock = clock or (lambda: datetime.now(UTC).replace(microsecond=0))
+        self._ids = itertools.count(1)
+        self._tokens: dict[str, tuple[LaunchSpec, str]] = {}
+        self._lock = threading.Lock()
+        # (instance_type, az or None) -> how many more launches fail for lack of capacity
+        self.capacity_faults: dict[tuple[str, str | None], int] = {}
+        self.offline: set[str] = set()  # instances whose SSM agent is not online yet
+        self.calls: Counter[str] = Counter()
+        self.launches = 0
+
+    def run_instance(self, spec: LaunchSpec) -> Instance:
+        with self._lock:
+            self.calls["RunInstances"] += 1
+            seen = self._tokens.get(spec.request_id)
+            if seen is not None:
+                if seen[0] != spec:
+                    raise LaunchRefused(
+                        "IdempotentParameterMismatch", "the token was used with other parameters"
+                    )
+                return self.instances[seen[1]]
+            az = self.subnets_az.get(spec.subnet_id or "", "us-east-1a")
+            for key in ((spec.instance_type, az), (spec.instance_type, None)):
+                if self.capacity_faults.get(key, 0) > 0:
+                    self.capacity_faults[key] -= 1
+                    code = "InsufficientInstanceCapacity"
+                    raise CapacityError(
+                        code, f"We currently do not have sufficient {spec.instance_type} capacity in {az}."
+                    )
+            iid = f"i-{next(self._ids):017x}"
+            inst = Instance(
+                instance_id=iid,
+                instance_type=spec.instance_type,
+                state="running",
+                launched_at=self.clock(),
+                tags=dict(spec.tags),
+                availability_zone=az,
+                market=spec.market,
+            )
+            self.instances[iid] = inst
+            self._tokens[spec.request_id] = (spec, iid)
+            self.launches += 1
+            return inst
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        with self._lock:
+            self.calls["TerminateInstances"] += 1
+            for iid in instance_ids:
+                if iid in self.instances:
+                    self.instances[iid] = _with_state(self.instances[iid], "terminated")
+
+    def vanish(self, instance_id: str) -> None:
+        """The instance is gone from EC2 altogether (terminated long ago)."""
+        self.instances.pop(instance_id, None)
+
+    def managed_instances(self) -> Iterator[Instance]:
+        found = [
+            i
+            for i in self.instances.values()
+            if i.tags.get("calque:host") == "managed" and i.state != "terminated"
+        ]
+        for start in range(0, max(1, len(found)), self.PAGE):
+            self.calls["DescribeInstances"] += 1
+            yield from found[start : start + self.PAGE]
+
+    def find_by_request(self, request_id: str) -> Instance | None:
+        self.calls["DescribeInstances"] += 1
+        for i in self.instances.values():
+            if i.tags.get("calque:request-id") == request_id and i.state != "terminated":
+                return i
+        return None
+
+    def existing(self, instance_ids: Sequence[str]) -> set[str]:
+        self.calls["DescribeInstances"] += 1
+        return {i for i in instance_ids if i in self.instances and self.instances[i].state != "terminated"}
+
+    def agent_online(self, instance_ids: Sequence[str]) -> set[str]:
+        self.calls["DescribeInstanceInformation"] += 1
+        return {
+            i
+            for i in instance_ids
+            if i in self.instances and self.instances[i].state == "running" and i not in self.offline
+        }
+
+    def live(self) -> list[Instance]:
+        return [i for i in self.instances.values() if i.state != "terminated"]
+
+
+def _with_state(inst: Instance, state: str) -> Instance:
+    return Instance(
+        instance_id=inst.instance_id,
+        instance_type=inst.instance_type,
+        state=state,
+        launched_at=inst.launched_at,
+        tags=inst.tags,
+        availability_zone=inst.availability_zone,
+        market=inst.market,
+    )
+
+
+class FakeHosts:
+    """The tenancy registry as the fleet sees it: hosts and the live sessions on them."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, dict[str, Any]] = {}
+        # instance -> {session_id: user} live; ended: session_id -> reason
+        self.sessions: dict[str, dict[str, str]] = {}
+        self.ended: dict[str, str] = {}
+        self.calls: Counter[str] = Counter()
+
+    def register(
+        self, instance_id: str, instance_type: str, layout: dict[str, Any] | None, spot: bool
+    ) -> None:
+        self.calls["register"] += 1
+        self.hosts.setdefault(
+            instance_id,
+            {
+                "instance_type": instance_type,
+                "layout": layout,
+                "spot": spot,
+                "state": "ready",
+                "placeable": True,
+            },
+        )
+
+    def drain(
+        self, instance_id: str, *, end_sessions: bool, end_reason: str, note: str
+    ) -> list[tuple[str, str]]:
+        self.calls["drain"] += 1
+        host = self.hosts.get(instance_id)
+        if host is None:
+            return []
+        host.update(state="draining", placeable=False, reason=note)
+        if not end_sessions:
+            return []
+        live = self.sessions.pop(instance_id, {})
+        for sid in live:
+            self.ended[sid] = end_reason
+        return sorted(live.items())
+
+    def registered(self) -> list[str]:
+        self.calls["registered"] += 1
+        return [i for i, h in self.hosts.items() if h["state"] not in ("draining", "drained")]
+
+
+class MemoryQueue:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.terminations: list[str] = []
+
+    def send(self, request_ids: Sequence[str]) -> None:
+        self.sent += list(request_ids)
+
+    def send_terminate(self, request_ids: Sequence[str]) -> None:
+        self.terminations += list(request_ids)
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
+        self.events.append((detail_type, detail))
+
+    def of(self, detail_type: str) -> list[dict[str, Any]]:
+        return [d for t, d in self.events if t == detail_type]

@@ -1,0 +1,157 @@
+"""What the fleet domain may ask of EC2, of its store, of the tenancy registry, of its
+queue and of the event bus. Adapters: calque.fleet.aws (boto3), calque.registry.fleet
+(DynamoDB), calque.fleet.fakes (in memory, for unit tests and benchmarks)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from calque.fleet.records import AcquisitionRecord, BudgetRecord
+
+
+class CapacityError(Exception):
+    """EC2 has no capacity for this type/market in this place now: try the next one."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class LaunchRefused(Exception):
+    """EC2 refused the launch for a reason another place will not fix (bad parameter, permissions)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class BudgetRefused(Exception):
+    """The reservation's condition failed: the budget has no room (nothing was written)."""
+
+
+class Gone(Exception):
+    """The record is not in the state the write expected (someone else moved it first)."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    request_id: str  # also the EC2 ClientToken: a retried launch never starts a second instance
+    instance_type: str
+    market: str  # "spot" | "on-demand"
+    subnet_id: str | None
+    spot_max_price: float | None
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Instance:
+    instance_id: str
+    instance_type: str
+    state: str  # pending | running | shutting-down | terminated | stopping | stopped
+    launched_at: datetime
+    tags: dict[str, str] = field(default_factory=dict)
+    availability_zone: str | None = None
+    market: str = "on-demand"
+
+
+@dataclass(frozen=True)
+class Subnet:
+    subnet_id: str
+    availability_zone: str | None
+
+
+class Ec2(Protocol):
+    def run_instance(self, spec: LaunchSpec) -> Instance:
+        """One instance, or CapacityError / LaunchRefused. Transient failures raise anything else."""
+
+    def terminate(self, instance_ids: Sequence[str]) -> None:
+        """Ask EC2 to terminate; unknown ids are ignored."""
+
+    def managed_instances(self) -> Iterator[Instance]:
+        """Every instance tagged calque:request-id (any state but terminated), page by page."""
+
+    def find_by_request(self, request_id: str) -> Instance | None:
+        """The live instance tagged with this request id, if any (a launch whose record was lost)."""
+
+    def existing(self, instance_ids: Sequence[str]) -> set[str]:
+        """Of these ids, those EC2 still knows and has not terminated."""
+
+    def agent_online(self, instance_ids: Sequence[str]) -> set[str]:
+        """Of these ids, those whose SSM agent is online."""
+
+
+class FleetStore(Protocol):
+    def reserve(
+        self, budget_delta_instances: int, hourly_usd: float, records: Sequence[AcquisitionRecord]
+    ) -> None:
+        """One transaction: the budget's headroom down by the reservation (BudgetRefused when it
+        has no room), every acquisition record created."""
+
+    def budget(self) -> BudgetRecord | None: ...
+
+    def put_budget(
+        self,
+        *,
+        max_instances: int,
+        max_hourly_usd: float,
+        max_monthly_usd: float | None,
+        by: str,
+        at: datetime,
+    ) -> BudgetRecord: ...
+
+    def get(self, request_id: str) -> AcquisitionRecord | None: ...
+
+    def by_instance(self, instance_id: str) -> AcquisitionRecord | None: ...
+
+    def list(self) -> builtins.list[AcquisitionRecord]:
+        """Every acquisition not yet collected, oldest first."""
+
+    def update(
+        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+    ) -> AcquisitionRecord:
+        """Apply changes if the record is still in one of ``expect`` states (Gone otherwise).
+        Setting instance_id also records the instance -> request pointer."""
+
+    def close(
+        self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
+    ) -> AcquisitionRecord:
+        """One transaction: the acquisition -> terminated/failed and, if it still held budget,
+        the budget's headroom back up by exactly what it held. Gone if already closed."""
+
+
+class Hosts(Protocol):
+    """The tenancy registry, as the fleet uses it (calque.tenancy does the work)."""
+
+    def register(
+        self, instance_id: str, instance_type: str, layout: dict[str, Any] | None, spot: bool
+    ) -> None:
+        """Register a launched instance as a host; applying the layout is the tenancy path's job."""
+
+    def drain(
+        self, instance_id: str, *, end_sessions: bool, end_reason: str, note: str
+    ) -> list[tuple[str, str]]:
+        """Out of placement at once; with end_sessions, end every live session there with
+        ``end_reason``. Returns (session_id, user) of each session ended; nothing for a host
+        that is not registered."""
+
+    def registered(self) -> list[str]:
+        """Instance ids of every registered host not draining or drained."""
+
+
+class AcquireQueue(Protocol):
+    def send(self, request_ids: Sequence[str]) -> None:
+        """Ask the acquirer to launch these acquisitions."""
+
+    def send_terminate(self, request_ids: Sequence[str]) -> None:
+        """Ask the acquirer to terminate these acquisitions' instances."""
+
+
+class Publisher(Protocol):
+    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
+        """One event on the default bus: source ``calque``, detail-type ``calque.<noun>.<verb>``."""

@@ -1,0 +1,60 @@
+"""The fleet's Hosts port over the tenancy domain: registration and draining go through
+calque.tenancy exactly as an admin's would, as the fleet's own principal."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from calque.errors import Conflict, NotFound
+from calque.identity import Caller
+
+if TYPE_CHECKING:
+    from calque.tenancy.service import Tenancy
+
+FLEET_CALLER = Caller(principal="calque-fleet", arn="arn:aws:iam::000000000000:role/calque-fleet", admin=True)
+
+
+class TenancyHosts:
+    def __init__(self, tenancy: Tenancy) -> None:
+        self.tenancy = tenancy
+
+    def register(
+        self, instance_id: str, instance_type: str, layout: dict[str, Any] | None, spot: bool
+    ) -> None:
+        from calque.contracts.layout import parse_layout
+        from calque.contracts.tenancy import HostRegistration
+
+        req = HostRegistration(
+            instance_id=instance_id,
+            instance_type=instance_type,
+            layout=parse_layout(layout) if layout else None,
+            spot=spot,
+        )
+        try:
+            self.tenancy.register_host(FLEET_CALLER, req)
+        except Conflict as exc:
+            if exc.code != "already_registered":
+                raise
+
+    def drain(
+        self, instance_id: str, *, end_sessions: bool, end_reason: str, note: str
+    ) -> list[tuple[str, str]]:
+        try:
+            before = self.tenancy.get_host(FLEET_CALLER, instance_id)
+        except NotFound:
+            return []
+        held = {s.session_id: s.holder or "" for s in before.slices if s.state == "held" and s.session_id}
+        after = self.tenancy.drain(
+            FLEET_CALLER, instance_id, force=end_sessions, reason=note, end_reason=end_reason
+        )
+        still = {s.session_id for s in after.slices if s.state == "held"}
+        return sorted((sid, user) for sid, user in held.items() if sid not in still)
+
+    def registered(self) -> list[str]:
+        # A draining host already had its sessions ended (or stopped taking new ones): the
+        # reconciler need not look at it again every run.
+        return [
+            h.instance_id
+            for h in self.tenancy.registry.list_hosts()
+            if h.state not in ("draining", "drained")
+        ]

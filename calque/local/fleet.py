@@ -1,0 +1,364 @@
+"""The fleet's stand-ins on the local plane: EC2 as the acquirer meets it, and EC2's events.
+
+A WSGI interceptor in front of moto (see calque/local/moto_server.py) that:
+
+- honours RunInstances' ClientToken as EC2 does (the same token and parameters answer
+  with the same instance; other parameters after a success: IdempotentParameterMismatch);
+- gives every instance the fleet launches (tagged ``calque:request-id``) its simulated
+  host, as ``calque local launch`` does, before EC2's answer returns;
+- answers SSM DescribeInstanceInformation for the plane's simulated hosts (moto has none);
+- synthesizes the "EC2 Instance State-change Notification" events EventBridge would
+  deliver to the fleet_events function (pending -> running; shutting-down -> terminated);
+- injects faults: capacity errors per instance type (and AZ), an acquirer that dies after
+  RunInstances and before recording, a spot interruption warning (EC2 then terminates the
+  instance two minutes later, times the plane's schedule scale).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+import queue
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from calque import resources
+from calque.local.state import StateDir
+
+log = logging.getLogger("calque.local")
+
+_INSTANCE_ID = re.compile(r"<instanceId>(i-[0-9a-z]+)</instanceId>")
+SPOT_NOTICE_S = 120
+
+
+@dataclass
+class CapacityFault:
+    instance_type: str
+    az: str | None
+    times: int | None  # None: until cleared
+
+    def as_json(self) -> dict[str, Any]:
+        return {"instance_type": self.instance_type, "az": self.az, "times": self.times}
+
+
+def ec2_event(detail_type: str, detail: dict[str, Any], *, account: str, region: str) -> dict[str, Any]:
+    """An aws.ec2 event as EventBridge delivers it to a rule's target."""
+    iid = detail.get("instance-id")
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": detail_type,
+        "source": "aws.ec2",
+        "account": account,
+        "time": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": region,
+        "resources": [f"arn:aws:ec2:{region}:{account}:instance/{iid}"] if iid else [],
+        "detail": detail,
+    }
+
+
+def _error(status: str, code: str, message: str) -> tuple[str, list[tuple[str, str]], bytes]:
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors>"
+        f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
+    ).encode()
+    return status, [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))], body
+
+
+class FleetSimulator:
+    def __init__(
+        self,
+        state: StateDir,
+        *,
+        account: str,
+        region: str,
+        host_role: str,
+        deliver: Callable[[dict[str, Any]], Any],
+        schedule_scale: float = 1.0,
+        event_delay_s: float = 0.5,
+    ) -> None:
+        self.state = state
+        self.account = account
+        self.region = region
+        self.host_role = host_role
+        self.deliver = deliver
+        self.schedule_scale = schedule_scale
+        self.event_delay_s = event_delay_s
+        self.ec2: Any = None  # a client on the plane's moto server, set once it runs
+        self._lock = threading.Lock()
+        self.capacity: list[CapacityFault] = []
+        self.crashes = 0
+        self._tokens: dict[str, tuple[str, bytes]] = {}
+        self._terminated: set[str] = set()
+        self._events: queue.Queue[tuple[float, dict[str, Any]] | None] = queue.Queue()
+        self._timers: list[threading.Timer] = []
+        self.delivered = 0
+        self._thread = threading.Thread(target=self._deliver_loop, name="ec2-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self._events.put(None)
+        self._thread.join(timeout=10)
+
+    # ---- the WSGI interceptor ----------------------------------------------------------------------
+
+    def intercept(self, environ: dict[str, Any], call: Callable[[dict[str, Any]], Any]) -> Any:
+        """(status, headers, body) when this layer answers or wraps the call; None: pass through."""
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        if target == "AmazonSSM.DescribeInstanceInformation":
+            return self._instance_information(self._read(environ))
+        if "/ec2/aws4_request" not in auth:
+            return None
+        raw = self._read(environ)
+        params = dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
+        action = params.get("Action")
+        if action == "RunInstances":
+            return self._run_instances(environ, params, call)
+        if action == "TerminateInstances":
+            status, headers, body = call(environ)
+            if status.startswith("200"):
+                for iid in _INSTANCE_ID.findall(body.decode("utf-8", "replace")):
+                    if iid not in self._terminated:
+                        self._terminated.add(iid)
+                        self._state_change(iid, "shutting-down", 0.0)
+                        self._state_change(iid, "terminated", self.event_delay_s)
+            return status, headers, body
+        return None
+
+    @staticmethod
+    def _read(environ: dict[str, Any]) -> bytes:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        raw = environ["wsgi.input"].read(length) if length else b""
+        environ["wsgi.input"] = io.BytesIO(raw)
+        return bytes(raw)
+
+    def _az_of(self, params: dict[str, str]) -> str | None:
+        if params.get("Placement.AvailabilityZone"):
+            return params["Placement.AvailabilityZone"]
+        subnet = params.get("SubnetId")
+        if not subnet or self.ec2 is None:
+            return None
+        found = self.ec2.describe_subnets(SubnetIds=[subnet]).get("Subnets") or []
+        return found[0]["AvailabilityZone"] if found else None
+
+    def _run_instances(
+        self, environ: dict[str, Any], params: dict[str, str], call: Callable[..., Any]
+    ) -> Any:
+        token = params.get("ClientToken")
+        key = json.dumps({k: v for k, v in sorted(params.items()) if k != "ClientToken"})
+        itype = params.get("InstanceType", "")
+        with self._lock:
+            if token and token in self._tokens:
+                seen_key, body = self._tokens[token]
+                if seen_key != key:
+                    return _error(
+                        "400 Bad Request",
+                        "IdempotentParameterMismatch",
+                        "The client token has been used with different parameters.",
+                    )
+                return "200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))], body
+        az = self._az_of(params)
+        with self._lock:
+            for fault in self.capacity:
+                if fault.instance_type == itype and fault.az in (None, az) and fault.times != 0:
+                    if fault.times is not None:
+                        fault.times -= 1
+                    return _error(
+                        "500 Internal Server Error",
+                        "InsufficientInstanceCapacity",
+                        f"We currently do not have sufficient {itype} capacity in the Availability Zone you "
+                        f"requested ({az or 'any'}).",
+                    )
+        status, headers, body = call(environ)
+        if not status.startswith("200"):
+            return status, headers, body
+        ids = _INSTANCE_ID.findall(body.decode("utf-8", "replace"))
+        fleet_launch = any(v == resources.FLEET_TAG_REQUEST for k, v in params.items() if k.endswith(".Key"))
+        if fleet_launch:
+            for iid in ids:
+                self.state.add_instance(iid, itype, self.host_role)
+        for iid in ids:
+            self._state_change(iid, "pending", 0.0)
+            self._state_change(iid, "running", self.event_delay_s)
+        with self._lock:
+            if token:
+                self._tokens[token] = (key, body)
+            if fleet_launch and self.crashes > 0:
+                self.crashes -= 1
+                log.warning("injected: the acquirer dies after RunInstances launched %s", ids)
+                return _error("500 Internal Server Error", "InternalError", "injected crash after launch")
+        return status, headers, body
+
+    def _instance_information(self, raw: bytes) -> Any:
+        req = json.loads(raw or b"{}")
+        wanted: set[str] | None = None
+        for f in (req.get("Filters") or []) + (req.get("InstanceInformationFilterList") or []):
+            if f.get("Key") in ("InstanceIds", "InstanceIds".lower()) or f.get("key") == "InstanceIds":
+                wanted = set(f.get("Values") or f.get("valueSet") or [])
+        now = dt.datetime.now(dt.UTC).timestamp()
+        items = [
+            {
+                "InstanceId": p.profile,
+                "PingStatus": "Online",
+                "LastPingDateTime": now,
+                "AgentVersion": "3.3.0.0",
+                "IsLatestVersion": True,
+                "PlatformType": "Linux",
+                "ResourceType": "EC2Instance",
+            }
+            for p in self.state.instances()
+            if p.profile not in self._terminated and (wanted is None or p.profile in wanted)
+        ]
+        body = json.dumps({"InstanceInformationList": items}).encode()
+        return (
+            "200 OK",
+            [("Content-Type", "application/x-amz-json-1.1"), ("Content-Length", str(len(body)))],
+            body,
+        )
+
+    # ---- events ------------------------------------------------------------------------------------
+
+    def _state_change(self, instance_id: str, state: str, delay_s: float) -> None:
+        event = ec2_event(
+            resources.EC2_STATE_CHANGE,
+            {"instance-id": instance_id, "state": state},
+            account=self.account,
+            region=self.region,
+        )
+        self._events.put((time.monotonic() + delay_s, event))
+
+    def _deliver_loop(self) -> None:
+        # In order, each no earlier than it is due: a delay never adds up behind another.
+        while True:
+            item = self._events.get()
+            if item is None:
+                return
+            due, event = item
+            wait_s = due - time.monotonic()
+            if wait_s > 0:
+                threading.Event().wait(wait_s)
+            try:
+                self.deliver(event)
+                self.delivered += 1
+            except Exception:
+                log.exception("fleet_events failed on %s", event.get("detail-type"))
+
+    # ---- fault injection (POST /local/inject/<kind>, admins) ----------------------------------------
+
+    def inject(self, kind: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if kind == "capacity":
+            itype = body.get("instance_type")
+            times = body.get("times")
+            if not isinstance(itype, str) or not itype:
+                return _bad("instance_type", "capacity needs instance_type")
+            if times is not None and (not isinstance(times, int) or times < 1):
+                return _bad("times", "times must be a whole number of at least 1")
+            fault = CapacityFault(itype, body.get("az") or None, times)
+            with self._lock:
+                self.capacity.append(fault)
+            return 200, {"injected": "capacity", **fault.as_json()}
+        if kind == "crash-after-launch":
+            times = body.get("times", 1)
+            if not isinstance(times, int) or times < 1:
+                return _bad("times", "times must be a whole number of at least 1")
+            with self._lock:
+                self.crashes += times
+            return 200, {"injected": "crash-after-launch", "times": self.crashes}
+        if kind == "spot-interruption":
+            iid = body.get("instance_id")
+            if not isinstance(iid, str) or not re.fullmatch(r"i-[0-9a-z]{1,32}", iid):
+                return _bad("instance_id", "spot-interruption needs an instance id, i-...")
+            known = self.ec2.describe_instances(
+                Filters=[
+                    {"Name": "instance-id", "Values": [iid]},
+                    {"Name": "instance-state-name", "Values": ["running"]},
+                ]
+            )["Reservations"]
+            if not known:
+                return 404, {
+                    "error": {
+                        "code": "not_found",
+                        "message": f"no running instance {iid}",
+                        "details": {"instance_id": iid},
+                    }
+                }
+            notice_s = SPOT_NOTICE_S * self.schedule_scale
+            action_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=notice_s)
+            event = ec2_event(
+                resources.EC2_SPOT_INTERRUPTION,
+                {
+                    "instance-id": iid,
+                    "instance-action": "terminate",
+                    "instance-action-time": action_at.isoformat(),
+                },
+                account=self.account,
+                region=self.region,
+            )
+            self._events.put((time.monotonic(), event))
+            timer = threading.Timer(notice_s, self._reclaim, args=(iid,))
+            timer.daemon = True
+            timer.start()
+            self._timers.append(timer)
+            return 200, {"injected": "spot-interruption", "instance_id": iid, "terminates_in_s": notice_s}
+        if kind == "clear":
+            with self._lock:
+                self.capacity.clear()
+                self.crashes = 0
+            return 200, {"cleared": True}
+        return 404, {"error": {"code": "not_found", "message": f"no fault {kind!r}", "details": {}}}
+
+    def _reclaim(self, instance_id: str) -> None:
+        try:
+            self.ec2.terminate_instances(InstanceIds=[instance_id])
+        except Exception:
+            log.exception("could not reclaim spot instance %s", instance_id)
+
+    def faults(self) -> dict[str, Any]:
+        with self._lock:
+            return {"capacity": [f.as_json() for f in self.capacity], "crash_after_launch": self.crashes}
+
+
+def _bad(field: str, message: str) -> tuple[int, dict[str, Any]]:
+    return 400, {"error": {"code": "invalid_input", "message": message, "details": {"field": field}}}
+
+
+def default_subnets(ec2: Any, count: int = 3) -> list[str]:
+    """``subnet-id@az`` of the default VPC's first ``count`` AZs: the places the fleet tries."""
+    subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    subnets.sort(key=lambda s: s["AvailabilityZone"])
+    return [f"{s['SubnetId']}@{s['AvailabilityZone']}" for s in subnets[:count]]
+
+
+def fleet_environment(ec2: Any, *, launch_template: str) -> dict[str, str]:
+    """The fleet's settings on the local plane: a launch template and an AMI moto knows, the
+    default VPC's subnets in three AZs."""
+    from calque.local.hosts import _image_id
+
+    image = _image_id(ec2)
+    ec2.create_launch_template(
+        LaunchTemplateName=launch_template,
+        LaunchTemplateData={
+            "ImageId": image,
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "BlockDeviceMappings": [
+                {"DeviceName": "/dev/sda1", "Ebs": {"Encrypted": True, "VolumeSize": 200}}
+            ],
+        },
+    )
+    return {
+        resources.ENV_FLEET_LAUNCH_TEMPLATE: launch_template,
+        resources.ENV_FLEET_AMI_ID: image,
+        resources.ENV_FLEET_SUBNETS: ",".join(default_subnets(ec2)),
+    }

@@ -1,0 +1,281 @@
+"""The fleet's store on the registry table: the budget and the acquisitions.
+
+    item                 pk      sk
+    budget               FLEET   BUDGET
+    acquisition          FLEET   ACQ#<request_id>
+    instance -> request  FLEET   INSTANCE#<instance_id>
+
+The budget keeps its headroom (``free_instances``, ``free_musd``) beside what is in use,
+so a reservation is one conditional decrement (``free >= asked``) in the same
+transaction that creates the acquisitions: N racing acquisitions can never exceed it.
+A closed acquisition gives back exactly what it held, once: its own state condition
+and the budget's increment are one transaction. Closed acquisitions carry ``gc_at``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from calque.errors import DependencyUnavailable
+from calque.fleet.ports import BudgetRefused, Gone
+from calque.fleet.records import AcquisitionRecord, BudgetRecord, effective_musd, musd
+from calque.registry.dynamo import _code, _reasons, _vals, des, ser
+
+FLEET_PK = "FLEET"
+BUDGET_SK = "BUDGET"
+CLOSED_RETENTION_S = 90 * 24 * 3600
+_TRIES = 8
+
+
+def _acq_key(request_id: str) -> dict[str, str]:
+    return {"pk": FLEET_PK, "sk": f"ACQ#{request_id}"}
+
+
+def _instance_key(instance_id: str) -> dict[str, str]:
+    return {"pk": FLEET_PK, "sk": f"INSTANCE#{instance_id}"}
+
+
+def _budget_key() -> dict[str, str]:
+    return {"pk": FLEET_PK, "sk": BUDGET_SK}
+
+
+class DynamoFleetStore:
+    def __init__(self, client: Any, table_name: str) -> None:
+        self.client = client
+        self.table = table_name
+
+    def _get(self, key: dict[str, str]) -> dict[str, Any] | None:
+        raw = self.client.get_item(TableName=self.table, Key=ser(key), ConsistentRead=True).get("Item")
+        return des(raw) if raw else None
+
+    def _transact(self, items: list[dict[str, Any]]) -> None:
+        for it in items:
+            next(iter(it.values()))["TableName"] = self.table
+        self.client.transact_write_items(TransactItems=items)
+
+    # -- the budget -----------------------------------------------------------------------
+    def reserve(
+        self, budget_delta_instances: int, hourly_usd: float, records: Sequence[AcquisitionRecord]
+    ) -> None:
+        m = musd(hourly_usd)
+        items: list[dict[str, Any]] = [
+            {
+                "Update": {
+                    "Key": ser(_budget_key()),
+                    "UpdateExpression": (
+                        "SET free_instances = free_instances - :n, free_musd = free_musd - :m, "
+                        "in_use_instances = in_use_instances + :n, in_use_musd = in_use_musd + :m"
+                    ),
+                    "ConditionExpression": "free_instances >= :n AND free_musd >= :m",
+                    "ExpressionAttributeValues": _vals(n=budget_delta_instances, m=m),
+                }
+            }
+        ]
+        for r in records:
+            items.append(
+                {
+                    "Put": {
+                        "Item": ser({**_acq_key(r.request_id), "type": "acquisition", **r.model_dump()}),
+                        "ConditionExpression": "attribute_not_exists(pk)",
+                    }
+                }
+            )
+        for attempt in range(_TRIES):
+            try:
+                self._transact(items)
+                return
+            except ClientError as exc:
+                if _code(exc) != "TransactionCanceledException":
+                    raise
+                reasons = _reasons(exc)
+                if reasons and reasons[0] == "ConditionalCheckFailed":
+                    raise BudgetRefused() from None
+                if "TransactionConflict" not in reasons:
+                    raise
+                time.sleep(0.02 * (attempt + 1))  # another reservation holds the budget item
+        raise DependencyUnavailable("the budget is busy; try again", retry_after=1)
+
+    def budget(self) -> BudgetRecord | None:
+        item = self._get(_budget_key())
+        return BudgetRecord.model_validate(item) if item else None
+
+    def put_budget(
+        self,
+        *,
+        max_instances: int,
+        max_hourly_usd: float,
+        max_monthly_usd: float | None,
+        by: str,
+        at: datetime,
+    ) -> BudgetRecord:
+        eff = effective_musd(musd(max_hourly_usd), max_monthly_usd)
+        for _ in range(_TRIES):
+            old = self.budget()
+            used_i = old.in_use_instances if old else 0
+            used_m = old.in_use_musd if old else 0
+            record = BudgetRecord(
+                max_instances=max_instances,
+                max_hourly_musd=musd(max_hourly_usd),
+                max_monthly_usd=max_monthly_usd,
+                free_instances=max_instances - used_i,
+                free_musd=eff - used_m,
+                in_use_instances=used_i,
+                in_use_musd=used_m,
+                updated_at=at,
+                updated_by=by,
+            )
+            # Only if nothing reserved or released since the read: the headroom stays exact.
+            if old is None:
+                cond, values = "attribute_not_exists(pk)", None
+            else:
+                cond = "in_use_instances = :i AND in_use_musd = :m"
+                values = _vals(i=used_i, m=used_m)
+            kwargs: dict[str, Any] = {
+                "TableName": self.table,
+                "Item": ser({**_budget_key(), "type": "budget", **record.model_dump()}),
+                "ConditionExpression": cond,
+            }
+            if values:
+                kwargs["ExpressionAttributeValues"] = values
+            try:
+                self.client.put_item(**kwargs)
+                return record
+            except ClientError as exc:
+                if _code(exc) != "ConditionalCheckFailedException":
+                    raise
+        raise DependencyUnavailable("the budget is busy; try again", retry_after=1)
+
+    # -- acquisitions ---------------------------------------------------------------------
+    def get(self, request_id: str) -> AcquisitionRecord | None:
+        item = self._get(_acq_key(request_id))
+        return AcquisitionRecord.model_validate(item) if item else None
+
+    def by_instance(self, instance_id: str) -> AcquisitionRecord | None:
+        pointer = self._get(_instance_key(instance_id))
+        return self.get(str(pointer["request_id"])) if pointer else None
+
+    def list(self) -> builtins.list[AcquisitionRecord]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
+            "ExpressionAttributeValues": _vals(pk=FLEET_PK, p="ACQ#"),
+            "ConsistentRead": True,
+        }
+        out: list[AcquisitionRecord] = []
+        while True:
+            page = self.client.query(**kwargs)
+            out += [AcquisitionRecord.model_validate(des(i)) for i in page.get("Items", [])]
+            if not page.get("LastEvaluatedKey"):
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return sorted(out, key=lambda r: (r.created_at, r.request_id))
+
+    def update(
+        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+    ) -> AcquisitionRecord:
+        new = AcquisitionRecord.model_validate({**record.model_dump(), **changes})
+        dumped = new.model_dump()
+        sets, removes = [], []
+        names = {"#state": "state"}
+        values: dict[str, Any] = {}
+        for n, key in enumerate(changes):
+            names[f"#c{n}"] = key
+            if dumped[key] is None:
+                removes.append(f"#c{n}")
+            else:
+                sets.append(f"#c{n} = :c{n}")
+                values.update(_vals(**{f"c{n}": dumped[key]}))
+        expected = sorted(set(expect))
+        values.update(_vals(**{f"e{n}": e for n, e in enumerate(expected)}))
+        expr = ("SET " + ", ".join(sets) if sets else "") + (
+            " REMOVE " + ", ".join(removes) if removes else ""
+        )
+        change = {
+            "Key": ser(_acq_key(record.request_id)),
+            "UpdateExpression": expr.strip(),
+            "ConditionExpression": f"#state IN ({', '.join(f':e{n}' for n in range(len(expected)))})",
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+        try:
+            if changes.get("instance_id"):
+                pointer = {
+                    **_instance_key(changes["instance_id"]),
+                    "type": "instance",
+                    "request_id": record.request_id,
+                }
+                self._transact([{"Update": change}, {"Put": {"Item": ser(pointer)}}])
+                # The stored record may be newer than the caller's copy: read what was written.
+                current = self.get(record.request_id)
+                return current if current is not None else new
+            out = self.client.update_item(TableName=self.table, ReturnValues="ALL_NEW", **change)
+        except ClientError as exc:
+            if _code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
+                raise Gone(record.request_id) from None
+            raise
+        return AcquisitionRecord.model_validate(des(out["Attributes"]))
+
+    def close(
+        self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
+    ) -> AcquisitionRecord:
+        values = _vals(
+            state=state,
+            at=at,
+            no=False,
+            t="terminated",
+            f="failed",
+            gc=int(at.timestamp()) + CLOSED_RETENTION_S,
+        )
+        update = "SET #state = :state, state_since = :at, budget_held = :no, gc_at = :gc"
+        if reason is not None:
+            update += ", state_reason = :reason"
+            values.update(_vals(reason=reason))
+        items: list[dict[str, Any]] = [
+            {
+                "Update": {
+                    "Key": ser(_acq_key(record.request_id)),
+                    "UpdateExpression": update,
+                    "ConditionExpression": "attribute_exists(pk) AND NOT #state IN (:t, :f)",
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": values,
+                }
+            }
+        ]
+        if record.budget_held:
+            items.append(
+                {
+                    "Update": {
+                        "Key": ser(_budget_key()),
+                        "UpdateExpression": (
+                            "SET free_instances = free_instances + :one, free_musd = free_musd + :m, "
+                            "in_use_instances = in_use_instances - :one, in_use_musd = in_use_musd - :m"
+                        ),
+                        "ConditionExpression": "attribute_exists(pk)",
+                        "ExpressionAttributeValues": _vals(one=1, m=record.hourly_musd),
+                    }
+                }
+            )
+        for attempt in range(_TRIES):
+            try:
+                self._transact(items)
+                break
+            except ClientError as exc:
+                if _code(exc) != "TransactionCanceledException":
+                    raise
+                reasons = _reasons(exc)
+                if reasons and reasons[0] == "ConditionalCheckFailed":
+                    raise Gone(record.request_id) from None
+                if "TransactionConflict" not in reasons:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
+        else:
+            raise DependencyUnavailable("the budget is busy; try again", retry_after=1)
+        return record.model_copy(
+            update={"state": state, "state_reason": reason, "state_since": at, "budget_held": False}
+        )

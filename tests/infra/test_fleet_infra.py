@@ -1,0 +1,168 @@
+"""The fleet's infrastructure: launch template, network, who may launch and terminate, EC2 event rules."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from calque import resources
+from calque.settings import FleetSettings
+from infra import constants
+from infra.components.fleet import FleetNetworkConfig
+from infra.config import ConfigError
+
+from .conftest import Synthesized, resources_of
+
+pytestmark = pytest.mark.infra
+
+FLEET_FUNCTIONS = ("api", "acquirer", "fleet_events", "reconciler")
+
+
+def _role_statements(template: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Role logical id -> its statements."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for policy in resources_of(template, "AWS::IAM::Policy"):
+        for role in policy["Properties"].get("Roles", []):
+            out.setdefault(role["Ref"], []).extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return out
+
+
+def _function_role(template: dict[str, Any], function_id: str) -> str:
+    handler = resources.function(function_id).handler
+    fn = next(
+        f for f in resources_of(template, "AWS::Lambda::Function") if f["Properties"]["Handler"] == handler
+    )
+    return str(fn["Properties"]["Role"]["Fn::GetAtt"][0])
+
+
+def _actions(statement: dict[str, Any]) -> set[str]:
+    a = statement["Action"]
+    return set(a if isinstance(a, list) else [a])
+
+
+def test_the_launch_template_requires_imdsv2_the_host_profile_and_encrypted_volumes(synthesized: Synthesized):
+    template = synthesized.service_json
+    (lt,) = resources_of(template, "AWS::EC2::LaunchTemplate")
+    data = lt["Properties"]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    (profile_id,) = [
+        lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::IAM::InstanceProfile"
+    ]
+    assert profile_id in json.dumps(data["IamInstanceProfile"])
+    ebs = data["BlockDeviceMappings"][0]["Ebs"]
+    assert ebs["Encrypted"] is True
+    assert "ImageId" not in data  # chosen per launch from AWS's public Deep Learning AMI parameters
+
+
+def test_only_the_acquirer_and_reconciler_may_launch_or_terminate_and_only_tagged(synthesized: Synthesized):
+    template = synthesized.service_json
+    by_role = _role_statements(template)
+    launchers = {
+        role
+        for role, stmts in by_role.items()
+        if any(_actions(s) & {"ec2:RunInstances", "ec2:TerminateInstances"} for s in stmts)
+    }
+    assert launchers == {_function_role(template, "acquirer"), _function_role(template, "reconciler")}
+    for role in launchers:
+        stmts = by_role[role]
+        tagged = [s for s in stmts if "ec2:RunInstances" in _actions(s) and "Condition" in s]
+        assert tagged[0]["Condition"] == {"StringEquals": {"aws:RequestTag/calque:host": "managed"}}
+        (term,) = [s for s in stmts if "ec2:TerminateInstances" in _actions(s)]
+        assert term["Condition"] == {"StringEquals": {"ec2:ResourceTag/calque:host": "managed"}}
+        (passrole,) = [s for s in stmts if "iam:PassRole" in _actions(s)]
+        assert passrole["Condition"] == {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+        host_role = next(
+            lid
+            for lid, r in template["Resources"].items()
+            if r["Type"] == "AWS::IAM::Role"
+            and "ec2.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+        )
+        assert json.dumps(passrole["Resource"]).count(host_role) == 1
+    # and no other statement anywhere passes a role
+    others = [
+        s
+        for r, stmts in by_role.items()
+        if r not in launchers
+        for s in stmts
+        if "iam:PassRole" in _actions(s)
+    ]
+    assert others == []
+
+
+def test_ec2_events_reach_the_fleet_events_function(synthesized: Synthesized):
+    template = synthesized.service_json
+    rules = [r for r in resources_of(template, "AWS::Events::Rule") if "EventPattern" in r["Properties"]]
+    (rule,) = rules
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["source"] == ["aws.ec2"]
+    assert set(pattern["detail-type"]) == {
+        resources.EC2_STATE_CHANGE,
+        resources.EC2_SPOT_INTERRUPTION,
+        resources.EC2_REBALANCE,
+    }
+    target = rule["Properties"]["Targets"][0]["Arn"]["Fn::GetAtt"][0]
+    assert (
+        template["Resources"][target]["Properties"]["Handler"] == resources.function("fleet_events").handler
+    )
+
+
+def test_the_default_network_has_no_internet_and_reaches_aws_through_endpoints(synthesized: Synthesized):
+    template = synthesized.service_json
+    assert resources_of(template, "AWS::EC2::NatGateway") == []
+    assert resources_of(template, "AWS::EC2::InternetGateway") == []
+    endpoints = resources_of(template, "AWS::EC2::VPCEndpoint")
+    names = json.dumps([e["Properties"]["ServiceName"] for e in endpoints])
+    for service in ("s3", "dynamodb", "ssm", "ssmmessages", "ec2messages", "execute-api"):
+        assert f".{service}" in names, service
+    gateway = [e for e in endpoints if e["Properties"].get("VpcEndpointType") in (None, "Gateway")]
+    assert len(gateway) == 2
+
+
+@pytest.mark.parametrize("function_id", FLEET_FUNCTIONS)
+def test_every_fleet_function_gets_the_fleets_settings(synthesized: Synthesized, function_id):
+    handler = resources.function(function_id).handler
+    fn = next(
+        f
+        for f in resources_of(synthesized.service_json, "AWS::Lambda::Function")
+        if f["Properties"]["Handler"] == handler
+    )
+    variables = fn["Properties"]["Environment"]["Variables"]
+    required = {f.alias for f in FleetSettings.model_fields.values() if f.is_required()}
+    assert required <= set(variables), required - set(variables)
+    if function_id in ("acquirer", "reconciler"):
+        assert resources.ENV_FLEET_LAUNCH_TEMPLATE in variables
+        assert resources.ENV_FLEET_SUBNETS in variables
+
+
+def test_outputs_name_the_launch_template_and_the_vpc(synthesized: Synthesized):
+    outputs = synthesized.service_json["Outputs"]
+    assert constants.OUTPUT_FLEET_LAUNCH_TEMPLATE in outputs
+    assert constants.OUTPUT_FLEET_VPC_ID in outputs
+
+
+class _Node:
+    def __init__(self, ctx: dict[str, Any]) -> None:
+        self.ctx = ctx
+
+    def try_get_context(self, key: str) -> Any:
+        return self.ctx.get(key)
+
+
+def test_named_subnets_need_a_vpc_and_the_subnet_at_az_shape():
+    ok = FleetNetworkConfig.from_context(
+        _Node(
+            {
+                constants.CONTEXT_FLEET_VPC_ID: "vpc-0abc",
+                constants.CONTEXT_FLEET_SUBNETS: "subnet-01@us-east-1a,subnet-02@us-east-1b",
+            }
+        )
+    )
+    assert ok.subnets == ("subnet-01@us-east-1a", "subnet-02@us-east-1b")
+    with pytest.raises(ConfigError, match="go together"):
+        FleetNetworkConfig.from_context(_Node({constants.CONTEXT_FLEET_SUBNETS: "subnet-01@us-east-1a"}))
+    with pytest.raises(ConfigError, match="subnet-ID@AZ"):
+        FleetNetworkConfig.from_context(
+            _Node({constants.CONTEXT_FLEET_VPC_ID: "vpc-0abc", constants.CONTEXT_FLEET_SUBNETS: "subnet-01"})
+        )
