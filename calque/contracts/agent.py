@@ -163,7 +163,7 @@ class AgentReport(Strict):
     reclaimed_slice_id: str | None = None
     grant: GrantReport | None = Field(default=None, description="grant: the slice's account and access")
     fence: int | None = Field(
-        default=None, description="reclaim: the fence the control plane sent, echoed back"
+        default=None, description="reclaim, grant: the fence the control plane sent, echoed back"
     )
     spec: LayoutSpec | None = Field(
         default=None, description="the spec applied or asserted; for export, the current state"

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from calque import catalog
 from calque.catalog import planner
-from calque.contracts.agent import AgentReport
+from calque.contracts.agent import AgentReport, session_account
 from calque.contracts.tenancy import (
     ApplyTask,
     Host,
@@ -141,6 +141,8 @@ class HostsMixin(TenancyCore):
                 f"the report is for {report.instance_id}, not {instance_id}",
                 details={"field": "instance_id", "value": report.instance_id},
             )
+        if report.verb == "grant":
+            return self._grant_report(host, report)
         now = self.clock()
         known = {s.slice_id: s for s in self.registry.slices(instance_id)}
         freed: list[str] = []
@@ -196,3 +198,45 @@ class HostsMixin(TenancyCore):
         # and this report may hold the last busy slice it waits for.
         host = self._settle_drain(instance_id) if host.state == "draining" or freed else host
         return ReportAccepted(instance_id=instance_id, host_state=host.state, freed=freed, ignored=ignored)
+
+    def _grant_report(self, host: HostRecord, report: AgentReport) -> ReportAccepted:
+        """The agent's answer to a check-out's grant: recorded on the live session holding the
+        slice (its ``host_access``), never a change of any slice's state. A report for a lease
+        that ended meanwhile (or a later one's slice) changes nothing and is ``ignored``."""
+        g = report.grant
+        details = report.error.details if report.error else {}
+        sid = g.slice_id if g is not None else details.get("slice_id")
+        sl = (
+            next((s for s in self.registry.slices(host.instance_id) if s.slice_id == sid), None)
+            if sid
+            else None
+        )
+        session = (
+            self.registry.get_session(sl.session_id) if sl and sl.state == "held" and sl.session_id else None
+        )
+        stale = (
+            session is None
+            or session.state != "live"
+            or (report.fence is not None and report.fence != session.fence)
+        )
+        if stale or session is None:
+            return ReportAccepted(
+                instance_id=host.instance_id, host_state=host.state, ignored=[str(sid)] if sid else []
+            )
+        account = session_account(session.session_id)
+        event = None
+        if report.ok and g is not None and (g.account == account or g.shared_account):
+            state, why = "granted", None
+        else:
+            state = "failed"
+            if report.error is not None:
+                why = f"{report.error.code}: {report.error.message}"
+            elif g is not None:
+                why = f"the host agent gave the slice to {g.account}, not to {account}"
+            else:
+                why = "the host agent reported no grant"
+            event = self._event(
+                "host_access_failed", session, at=self.clock(), who=f"host/{host.instance_id}", why=why
+            )
+        self.registry.set_host_access(session, state=state, reason=why, event=event)
+        return ReportAccepted(instance_id=host.instance_id, host_state=host.state)

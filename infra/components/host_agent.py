@@ -287,6 +287,40 @@ class HostAgent(Construct):
             )
         )
 
+    def start_session_statements(self) -> list[iam.PolicyStatement]:
+        """``ssm:StartSession`` with the session document only, and only on calque hosts.
+
+        Two statements: the tag condition can only hold for the instance, and
+        ``ssm:SessionDocumentAccessCheck`` makes Session Manager check the document too, so
+        a start-session without ``--document-name`` (the default shell document, as
+        ``ssm-user``) is refused."""
+        session_doc = Stack.of(self).format_arn(
+            service="ssm", resource="document", resource_name=self.session_document.ref
+        )
+        instances = Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")
+        return [
+            iam.PolicyStatement(actions=["ssm:StartSession"], resources=[session_doc]),
+            iam.PolicyStatement(
+                actions=["ssm:StartSession"],
+                resources=[instances],
+                conditions={
+                    "StringEquals": {f"ssm:resourceTag/{HOST_TAG_KEY}": HOST_TAG_VALUE},
+                    "BoolIfExists": {"ssm:SessionDocumentAccessCheck": "true"},
+                },
+            ),
+        ]
+
+    def allow_start_session(self, policy: iam.ManagedPolicy) -> None:
+        """Add ``start_session_statements`` to a managed policy (the members' one)."""
+        policy.add_statements(*self.start_session_statements())
+        acknowledge(
+            policy,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+            f"Hosts are launched and adopted at run time, so their ids are unknown at deploy time; "
+            f"StartSession is allowed only on instances tagged {HOST_TAG_KEY}={HOST_TAG_VALUE} and only "
+            "with this stack's session document, whose login asks for the session's token.",
+        )
+
     def _document(self, report_endpoint: str) -> ssm.CfnDocument:
         p = SSM_DOCUMENT_PARAMETERS
         download_dir = f"{constants.HOST_AGENT_ROOT}/downloads/{self.bundle.asset_hash}"
