@@ -89,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-sha256", default=None, metavar="HEX", help="the session token's hash, checked at login"
     )
     sp.add_argument(
-        "--fence", type=int, default=None, metavar="N", help="the lease the grant is for, echoed in the report"
+        "--fence",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the lease the grant is for, echoed in the report",
     )
     sp = sub.add_parser(
         "login", help="(Session Manager) ask for the session's token, then run a shell as its account"

@@ -11,7 +11,6 @@ from typing import Any
 from calque.contracts.tenancy import ApplyTask, GrantTask, ReclaimTask
 from calque.resources import SSM_DOCUMENT_PARAMETERS
 
-
 Task = ApplyTask | ReclaimTask | GrantTask
 
 
