@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from calque.contracts.agent import session_account
+from calque.contracts.agent import connect_account, session_account
 from calque.contracts.tenancy import (
     INSTANCE_ID_PATTERN,
     SESSION_ID_PATTERN,
@@ -284,7 +284,7 @@ class TenancyCore:
             host_access=(
                 HostAccess(
                     state=s.host_access,
-                    account=session_account(s.session_id),
+                    account=connect_account(s.session_id, s.backend, s.slice_id),
                     reason=s.host_access_reason,
                 )
                 if s.host_access is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from datetime import datetime, timedelta
 
-from calque.contracts.agent import session_account, session_connect_command
+from calque.contracts.agent import connect_account, session_connect_command
 from calque.contracts.tenancy import (
     CheckinRequest,
     CheckoutRequest,
@@ -430,7 +430,9 @@ class SessionsMixin(TenancyCore):
             token=token,
             connect=Connect(
                 ssm_command=session_connect_command(
-                    s.instance_id, self.config.session_document_name, session_account(s.session_id)
+                    s.instance_id,
+                    self.config.session_document_name,
+                    connect_account(s.session_id, s.backend, s.slice_id),
                 )
             ),
             warnings=warnings,

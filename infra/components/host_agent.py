@@ -159,7 +159,8 @@ _SLICE_ID = r"^[A-Za-z0-9._:/-]{0,200}$"
 _ENDPOINT = r"^(https?://[A-Za-z0-9.:/_-]+)?$"
 _FENCE = r"^[0-9]{0,18}$"
 _USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.SESSION_ACCOUNT)
-_SESSION_USER = r"^calque-[0-9a-f]{12}$"
+# A session's own account, or a GPU's shared MPS account (MPS slots connect as that one).
+_SESSION_USER = r"^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
 _SHA256 = r"^([0-9a-f]{64})?$"
 
 

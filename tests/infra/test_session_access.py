@@ -69,3 +69,19 @@ def test_members_may_start_a_session_with_the_session_document_only_on_calque_ho
         a for s in _members_statements(template) for a in [s["Action"]] if str(a).startswith("ssm:")
     }
     assert ssm_actions == {"ssm:StartSession"}
+
+
+def test_the_session_document_takes_a_sessions_account_or_an_mps_account_and_nothing_else(
+    synthesized: Synthesized,
+) -> None:
+    import re
+
+    from calque.contracts.agent import mps_account, session_account
+
+    template = synthesized.service_json
+    doc = template["Resources"][_session_document_id(template)]["Properties"]["Content"]
+    pattern = doc["parameters"]["user"]["allowedPattern"]
+    assert re.fullmatch(pattern, session_account("s-0123456789abcdef"))
+    assert re.fullmatch(pattern, mps_account(3))
+    for bad in ("root", "ec2-user", "calque-", "calque-mps-g", "calque-0123 ; id"):
+        assert not re.fullmatch(pattern, bad), bad

@@ -225,3 +225,31 @@ def test_the_agent_echoes_the_fence_and_names_the_slice_when_a_grant_fails():
     assert bad.error is not None
     assert bad.error.details["slice_id"] == "g9-nothing"
     assert bad.error.details["account"] == session_account("s-1")
+
+
+def test_an_mps_slot_connects_as_its_gpus_shared_account_while_the_grant_names_the_session():
+    from host_agent.tenants import mps_account
+
+    world = World()
+    world.ready_host(instance_type="g6.xlarge")
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mps", accept_shared_gpu_no_isolation=True))
+    # Then the connect line and host_access name the GPU's one MPS account (the agent's own name)
+    shared = mps_account(0)
+    assert grant.connect.ssm_command.endswith(f'--parameters "user={shared}"')
+    assert grant.host_access is not None
+    assert grant.host_access.account == shared
+    # While the grant task names the session's own account, which the agent maps to it
+    (task,) = _grants(world)
+    assert task.user == session_account(grant.session_id)
+    # And the agent's report of the shared account is a grant, not a failure
+    world.report(
+        HOST,
+        "grant",
+        fence=task.fence,
+        grant=GrantReport(
+            slice_id=grant.slice_id, account=shared, backend="mps", shared_account=True, imds_blocked=True
+        ),
+    )
+    shown = world.tenancy.get_session(ALICE, grant.session_id).host_access
+    assert shown is not None
+    assert shown.state == "granted"
