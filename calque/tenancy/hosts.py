@@ -11,14 +11,15 @@ from calque.contracts.tenancy import (
     ApplyTask,
     Host,
     HostRegistration,
+    ReclaimTask,
     ReportAccepted,
 )
 from calque.errors import Conflict, InvalidInput
 from calque.identity import Caller
-from calque.registry.models import HostRecord, LeaseEvent, SliceRecord
+from calque.registry.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, StaleWrite
 from calque.tenancy import requests
-from calque.tenancy.core import TenancyCore
+from calque.tenancy.core import TenancyCore, _grant
 
 
 class HostsMixin(TenancyCore):
@@ -220,6 +221,7 @@ class HostsMixin(TenancyCore):
             or (report.fence is not None and report.fence != session.fence)
         )
         if stale or session is None:
+            self._undo_late_grant(host, report, sl, session)
             return ReportAccepted(
                 instance_id=host.instance_id, host_state=host.state, ignored=[str(sid)] if sid else []
             )
@@ -240,3 +242,22 @@ class HostsMixin(TenancyCore):
             )
         self.registry.set_host_access(session, state=state, reason=why, event=event)
         return ReportAccepted(instance_id=host.instance_id, host_state=host.state)
+
+    def _undo_late_grant(
+        self, host: HostRecord, report: AgentReport, sl: SliceRecord | None, holder: SessionRecord | None
+    ) -> None:
+        """A grant that ran after its lease ended (SSM ran a quick check-in's reclaim first)
+        left an ended session's account on the slice. A live holder's own grant is sent
+        again (the agent takes the slice from the stale account first); a slice no session
+        holds is reclaimed again at that grant's fence (its account removed; the report
+        frees nothing a later lease holds)."""
+        g = report.grant
+        if not report.ok or g is None or g.shared_account or sl is None or report.fence is None:
+            return
+        if holder is not None and holder.state == "live" and report.fence < holder.fence:
+            if session_account(holder.session_id) != g.account:
+                self.tasks.send(_grant(holder))
+        elif sl.state != "held" and report.fence <= sl.fence:
+            self.tasks.send(
+                ReclaimTask(instance_id=host.instance_id, slice_id=sl.slice_id, fence=report.fence)
+            )

@@ -253,3 +253,42 @@ def test_an_mps_slot_connects_as_its_gpus_shared_account_while_the_grant_names_t
     shown = world.tenancy.get_session(ALICE, grant.session_id).host_access
     assert shown is not None
     assert shown.state == "granted"
+
+
+def test_a_grant_that_ran_after_a_quick_check_ins_reclaim_is_reclaimed_again(world: World):
+    # Given a session checked in before its grant ran on the host (SSM ran the reclaim first)
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    fence = world.registry.sessions[grant.session_id].fence
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    world.reclaimed(HOST, grant.slice_id, fence=fence)
+    assert world.slice_states()[grant.slice_id] == "free"
+    before = len(world.queue.sent)
+    # When the grant's report arrives, its account now on a free slice
+    accepted = _granted(world, grant.session_id, fence=fence)
+    # Then nothing changes here, and the slice is reclaimed again at that grant's fence
+    assert accepted.ignored == [grant.slice_id]
+    assert world.slice_states()[grant.slice_id] == "free"
+    assert world.queue.sent[before:] == [ReclaimTask(instance_id=HOST, slice_id=grant.slice_id, fence=fence)]
+
+
+def test_a_late_grant_of_an_older_lease_gives_the_slice_back_to_its_holder(world: World):
+    # Given alice's lease ended and bob now holds the same slice
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]})
+    first = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    old = world.registry.sessions[first.session_id].fence
+    world.tenancy.checkin(ALICE, first.session_id, CheckinRequest(token=first.token))
+    world.reclaimed(HOST, first.slice_id, fence=old)
+    bob = world.tenancy.checkout(member("bob"), CheckoutRequest(backend="mig"))
+    assert bob.slice_id == first.slice_id
+    before = len(world.queue.sent)
+    # When alice's grant runs last on the host and reports
+    _granted(world, first.session_id, fence=old)
+    # Then bob's grant is sent again (the agent takes the slice from alice's account first)
+    assert (
+        world.queue.sent[before:]
+        == [t for t in _grants(world) if t.user == session_account(bob.session_id)][-1:]
+    )
+    assert len(world.queue.sent[before:]) == 1
+    # And bob's session is untouched
+    assert world.registry.sessions[bob.session_id].host_access == "pending"
