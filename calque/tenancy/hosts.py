@@ -248,16 +248,23 @@ class HostsMixin(TenancyCore):
     ) -> None:
         """A grant that ran after its lease ended (SSM ran a quick check-in's reclaim first)
         left an ended session's account on the slice. A live holder's own grant is sent
-        again (the agent takes the slice from the stale account first); a slice no session
-        holds is reclaimed again at that grant's fence (its account removed; the report
-        frees nothing a later lease holds)."""
+        again (the agent takes the slice from the stale account first); a slice that was
+        already free when the grant started is reclaimed again at that grant's fence (its
+        account removed; the report frees nothing a later lease holds). A slice still
+        reclaiming is left to its pending reclaim."""
         g = report.grant
         if not report.ok or g is None or g.shared_account or sl is None or report.fence is None:
             return
         if holder is not None and holder.state == "live" and report.fence < holder.fence:
             if session_account(holder.session_id) != g.account:
                 self.tasks.send(_grant(holder))
-        elif sl.state != "held" and report.fence <= sl.fence:
+        elif (
+            sl.state == "free"
+            and report.fence <= sl.fence
+            and sl.state_since is not None
+            and report.started_at >= sl.state_since
+        ):
+            # Freed before this grant even started: the grant ran after the reclaim.
             self.tasks.send(
                 ReclaimTask(instance_id=host.instance_id, slice_id=sl.slice_id, fence=report.fence)
             )

@@ -148,12 +148,15 @@ def test_a_late_grant_report_for_an_ended_lease_changes_nothing(world: World):
     grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
     world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
     states = world.slice_states()
-    # When the grant's report arrives after the check-in
+    sent = len(world.queue.sent)
+    # When the grant's report arrives after the check-in, its reclaim still pending
     accepted = _granted(world, grant.session_id)
     # Then it is ignored: the slice stays reclaiming, the ended session keeps its pending access
     assert accepted.ignored == [grant.slice_id]
     assert world.slice_states() == states == {**states, grant.slice_id: "reclaiming"}
     assert world.registry.sessions[grant.session_id].host_access == "pending"
+    # And nothing more is sent: the pending reclaim takes the account back
+    assert len(world.queue.sent) == sent
 
 
 def test_a_grant_report_of_an_older_fence_does_not_vouch_for_the_current_session(world: World):
