@@ -109,6 +109,8 @@ ENV_SSM_DOCUMENT_NAME = "CALQUE_SSM_DOCUMENT_NAME"
 ENV_HOST_ROLE_NAME = "CALQUE_HOST_ROLE_NAME"
 ENV_API_ENDPOINT = "CALQUE_API_ENDPOINT"
 ENV_LOCAL_MODE = "CALQUE_LOCAL_MODE"
+# The Session Manager document members connect with (the API names it in connect commands).
+ENV_SESSION_DOCUMENT_NAME = "CALQUE_SESSION_DOCUMENT_NAME"
 
 # Which resources each function is wired to (env + grants).
 FUNCTION_WIRING: dict[str, tuple[str, ...]] = {
@@ -116,6 +118,8 @@ FUNCTION_WIRING: dict[str, tuple[str, ...]] = {
     "host_tasks": ("table", "ssm_document", "api_endpoint"),
     "reaper": ("table", "host_tasks_queue"),
 }
+# Tenants isolated on the host: the API names the session document in connect commands.
+FUNCTION_WIRING["api"] += ("session_document",)
 
 
 def function(fid: str) -> FunctionDef:

@@ -67,6 +67,9 @@ class ApiSettings(CommonSettings):
         alias="CALQUE_SESSION_NAMED_ROLES", default_factory=lambda: ["AWSReservedSSO_*"]
     )
     account_id: str | None = Field(alias="CALQUE_ACCOUNT_ID", default=None)
+    # The Session Manager document a check-out's connect command names (the stack's
+    # HostAgent.session_document_name; the local plane's own name there).
+    session_document_name: str = Field(alias="CALQUE_SESSION_DOCUMENT_NAME", min_length=1)
 
     _split_roles = field_validator("session_named_roles", mode="before")(_split)
 

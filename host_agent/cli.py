@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--token-sha256", default=None, metavar="HEX", help="the session token's hash, checked at login"
     )
+    sp.add_argument(
+        "--fence",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the lease the grant is for, echoed in the report",
+    )
     sp = sub.add_parser(
         "login", help="(Session Manager) ask for the session's token, then run a shell as its account"
     )
@@ -213,7 +220,9 @@ def _run(args: argparse.Namespace, spec) -> AgentReport:
         elif args.verb == "reclaim":
             report = verbs.do_reclaim(ctx, args.slice, fence=args.fence)
         elif args.verb == "grant":
-            report = verbs.do_grant(ctx, args.slice, args.user, token_sha256=args.token_sha256)
+            report = verbs.do_grant(
+                ctx, args.slice, args.user, token_sha256=args.token_sha256, fence=args.fence
+            )
         else:
             report = verbs.do_simulate_process(ctx, args.slice, name=args.name, memory_mib=args.memory_mib)
     finally:

@@ -26,7 +26,14 @@ def check_token(account: str, token: str, grants: dict) -> bool:
 def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR) -> int:
     grants = GrantStore(f"{state_dir}/grants.json").load()
     if not any(g.account == account for g in grants.values()):
-        print(f"error: no session on this host holds account {account}", file=sys.stderr)
+        # Check-out answers before the host agent has run its grant (a queued command, a
+        # few seconds): a member who connects at once is told to retry, not that it failed.
+        print(
+            f"error: {account} is not granted on this host (yet): a session's access arrives a few "
+            "seconds after check-out; retry shortly, and if it persists see host_access in "
+            "`calque session show`",
+            file=sys.stderr,
+        )
         return 1
     token = getpass.getpass("calque session token: ")
     if not check_token(account, token, grants):

@@ -231,9 +231,18 @@ def secure_host(b: GpuBackend, views: list[GpuView]) -> list[str]:
     return actions
 
 
-def do_grant(ctx: Context, slice_id: str, account: str, *, token_sha256: str | None = None) -> AgentReport:
+def do_grant(
+    ctx: Context,
+    slice_id: str,
+    account: str,
+    *,
+    token_sha256: str | None = None,
+    fence: int | None = None,
+) -> AgentReport:
     """Give a slice to a session: its own account (MPS: the GPU's shared one), and for MIG
-    the slice's capability files, openable by that account alone."""
+    the slice's capability files, openable by that account alone. ``fence`` (the lease the
+    control plane granted) is echoed; a refusal names the slice and account in its details,
+    so the control plane can tell whose grant failed."""
 
     def body(t: datetime) -> AgentReport:
         b = ctx.backend
@@ -270,7 +279,11 @@ def do_grant(ctx: Context, slice_id: str, account: str, *, token_sha256: str | N
         )
         return _report(ctx, "grant", t, read_all(b), ok=True, actions=actions, grant=grant)
 
-    return _guard(ctx, "grant", body)
+    report = _guard(ctx, "grant", body)
+    if report.error is not None:
+        details = {**report.error.details, "slice_id": slice_id, "account": account}
+        report = report.model_copy(update={"error": report.error.model_copy(update={"details": details})})
+    return report.model_copy(update={"fence": fence})
 
 
 def _revoke(b: GpuBackend, v: GpuView, g: Grant) -> list[str]:

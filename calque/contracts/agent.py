@@ -132,6 +132,22 @@ def session_account(session_id: str) -> str:
     return "calque-" + hashlib.sha256(session_id.encode()).hexdigest()[:12]
 
 
+def mps_account(gpu_index: int) -> str:
+    """The one account every MPS slot of a GPU runs as (one MPS server serves one Unix user)."""
+    return f"calque-mps-g{gpu_index}"
+
+
+def connect_account(session_id: str, backend: str, slice_id: str) -> str:
+    """The account a session's connect command lands in: its own, or for an MPS slot the
+    GPU's shared MPS account (slice ids start with the GPU, ``g<N>-``)."""
+    import re
+
+    m = re.match(r"^g(\d+)-", slice_id)
+    if backend == "mps" and m:
+        return mps_account(int(m.group(1)))
+    return session_account(session_id)
+
+
 def session_connect_command(instance_id: str, document_name: str, account: str) -> str:
     """`aws ssm start-session` with the stack's session document, which asks for the
     session's token on the host and then runs the shell as the session's account."""
@@ -163,7 +179,7 @@ class AgentReport(Strict):
     reclaimed_slice_id: str | None = None
     grant: GrantReport | None = Field(default=None, description="grant: the slice's account and access")
     fence: int | None = Field(
-        default=None, description="reclaim: the fence the control plane sent, echoed back"
+        default=None, description="reclaim, grant: the fence the control plane sent, echoed back"
     )
     spec: LayoutSpec | None = Field(
         default=None, description="the spec applied or asserted; for export, the current state"

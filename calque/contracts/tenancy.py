@@ -54,7 +54,12 @@ EndReason = Literal[
     "spot_interrupted",
     "host_ttl",
 ]
-LeaseEventKind = Literal["granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined"]
+LeaseEventKind = Literal[
+    "granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined", "host_access_failed"
+]
+# Whether the session's own account on its host exists yet (the host agent's grant):
+# pending until the agent reports, then granted or failed (with the agent's reason).
+HostAccessState = Literal["pending", "granted", "failed"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
 SESSION_ID_PATTERN = r"^s-[0-9a-f]{8,32}$"
@@ -168,6 +173,17 @@ class Connect(Out):
     ssm_command: str = Field(description="how to open a shell on the host")
 
 
+class HostAccess(Out):
+    """The session's own OS account on its host, which the connect command lands in."""
+
+    state: HostAccessState = Field(
+        description="pending: the host agent has not reported the grant yet (connecting is refused "
+        "until it has); granted; failed (reason says why)"
+    )
+    account: str = Field(description="the session's account on the host, calque-<12 hex>")
+    reason: str | None = Field(default=None, description="failed: what the host agent reported")
+
+
 class Session(Out):
     session_id: str
     user: str
@@ -182,6 +198,9 @@ class Session(Out):
     ended_at: datetime | None = None
     end_reason: EndReason | None = None
     env: dict[str, str] = Field(default_factory=dict, description="the exact environment to bind a process")
+    host_access: HostAccess | None = Field(
+        default=None, description="the session's own account on the host; null for sessions from before it"
+    )
 
 
 class SessionGrant(Session):
@@ -271,7 +290,20 @@ class ReclaimTask(Strict):
     fence: int = Field(description="the grant whose leftovers are reclaimed")
 
 
-HostTask = Annotated[ApplyTask | ReclaimTask, Field(discriminator="kind")]
+class GrantTask(Strict):
+    """Give a checked-out slice to its session's own account on the host (sent at check-out)."""
+
+    kind: Literal["grant"] = "grant"
+    instance_id: str
+    slice_id: str
+    fence: int = Field(description="the lease the grant is for")
+    user: str = Field(pattern=r"^calque-[0-9a-f]{12}$", description="the session's account on the host")
+    token_sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="the session token's hash, which the host's login checks"
+    )
+
+
+HostTask = Annotated[ApplyTask | ReclaimTask | GrantTask, Field(discriminator="kind")]
 
 
 # ---- host lifecycle (calque.tenancy.lifecycle) ------------------------------------------------

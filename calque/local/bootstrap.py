@@ -24,6 +24,8 @@ class LocalResources:
     dlq_urls: dict[str, str] = field(default_factory=dict)
     ssm_document_name: str = f"{PREFIX}-host-agent"
     host_role_name: str = f"{PREFIX}-host"
+    # What check-out's connect command names; the simulated hosts have no Session Manager.
+    session_document_name: str = f"{PREFIX}-session"
     bucket_name: str = f"{PREFIX}-artifacts"
     schedule_rule_arns: dict[str, str] = field(default_factory=dict)
 
@@ -32,6 +34,7 @@ class LocalResources:
             resources.ENV_TABLE_NAME: self.table_name,
             resources.ENV_SSM_DOCUMENT_NAME: self.ssm_document_name,
             resources.ENV_HOST_ROLE_NAME: self.host_role_name,
+            resources.ENV_SESSION_DOCUMENT_NAME: self.session_document_name,
             resources.ENV_LOCAL_MODE: "1",
         }
         for qid, url in self.queue_urls.items():
@@ -123,6 +126,8 @@ def ssm_document_content() -> dict[str, Any]:
             p.slice_id: {"type": "String", "default": ""},
             p.report_to: {"type": "String", "default": ""},
             p.fence: {"type": "String", "default": ""},
+            p.user: {"type": "String", "default": ""},
+            p.token_sha256: {"type": "String", "default": ""},
         },
         "mainSteps": [
             {

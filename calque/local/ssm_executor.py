@@ -6,9 +6,11 @@ instance that is a simulated host this runs the host agent as a subprocess:
 
     python -m host_agent --simulate <instance type> --state <state>/hosts/<id>.json
         --instance-id <id> --report-to <endpoint> <verb> [--spec FILE] [--slice ID]
+        [--user ACCOUNT] [--token-sha256 HEX] [--fence N]
 
 with the document's parameters (names from calque.resources.SSM_DOCUMENT_PARAMETERS:
-verb, spec (JSON text, written to a file), sliceId, reportTo) and that instance's own
+verb, spec (JSON text, written to a file), sliceId, fence, user, tokenSha256, reportTo),
+mapped to arguments as the deployed document's run_host_agent.sh maps them and that instance's own
 credentials profile, so its report is signed as the instance role. Commands run one
 at a time per instance, in the order sent. What each did is kept in
 ``<state>/ssm/<command-id>/<instance-id>.json``.
@@ -144,9 +146,17 @@ class SsmExecutor:
             first.get(p.report_to) or self.report_to,
             first.get(p.verb, ""),
         ]
+        # As infra/components/run_host_agent.sh's `case "$verb"` builds them.
+        verb = first.get(p.verb, "")
         if spec_file is not None:
             argv += ["--spec", str(spec_file)]
-        if first.get(p.slice_id):
+        if verb == "grant":
+            argv += ["--slice", first.get(p.slice_id, ""), "--user", first.get(p.user, "")]
+            if first.get(p.token_sha256):
+                argv += ["--token-sha256", first[p.token_sha256]]
+            if first.get(p.fence):
+                argv += ["--fence", first[p.fence]]
+        elif first.get(p.slice_id):
             argv += ["--slice", first[p.slice_id]]
             if first.get(p.fence):
                 argv += ["--fence", first[p.fence]]

@@ -882,6 +882,37 @@ class DynamoRegistry(DynamoGroups):
             raise
         return session.model_copy(update={"expires_at": expires_at, "extend_request": request_id})
 
+    def set_host_access(
+        self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
+    ) -> bool:
+        values = _vals(live="live", fence=session.fence, ha=state)
+        update = "SET host_access = :ha"
+        if reason is not None:
+            update += ", host_access_reason = :why"
+            values.update(_vals(why=reason))
+        else:
+            update += " REMOVE host_access_reason"
+        items: list[dict[str, Any]] = [
+            {
+                "Update": {
+                    "Key": ser(keys.session(session.session_id)),
+                    "UpdateExpression": update,
+                    "ConditionExpression": "#state = :live AND fence = :fence",
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": values,
+                }
+            }
+        ]
+        if event is not None:
+            items.append(self._put_event(event))
+        try:
+            self._transact(items)
+        except ClientError as exc:
+            if _code(exc) == "TransactionCanceledException":
+                return False
+            raise
+        return True
+
     # -- quotas ---------------------------------------------------------------------------
     def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
         wanted = [ser(keys.quota(user)), ser(keys.usage(user, month))]

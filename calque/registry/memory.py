@@ -384,6 +384,21 @@ class MemoryRegistry(MemoryGroups):
             self.events.append(event)
             return new
 
+    def set_host_access(
+        self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
+    ) -> bool:
+        with self._lock:
+            self._count()
+            cur = self.sessions.get(session.session_id)
+            if cur is None or cur.state != "live" or cur.fence != session.fence:
+                return False
+            self.sessions[session.session_id] = cur.model_copy(
+                update={"host_access": state, "host_access_reason": reason}
+            )
+            if event is not None:
+                self.events.append(event)
+            return True
+
     # -- quotas ---------------------------------------------------------------------------
     def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
         self._count()

@@ -79,6 +79,11 @@ class SessionRecord(_Record):
     # either answers what the first one did instead of failing or extending twice.
     end_request: str | None = None
     extend_request: str | None = None
+    # The session's own account on its host (calque.contracts.agent.session_account):
+    # "pending" from check-out until the host agent reports its grant, then "granted" or
+    # "failed" (with the agent's reason). None: a session from before accounts existed.
+    host_access: Literal["pending", "granted", "failed"] | None = None
+    host_access_reason: str | None = None
 
 
 class RequestRecord(_Record):
@@ -115,6 +120,7 @@ class LeaseEvent(_Record):
         "reclaimed",
         "quarantined",
         "deregistered",
+        "host_access_failed",
     ]
     at: datetime
     who: str

@@ -222,6 +222,13 @@ class Registry(Protocol):
         """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry (and
         ``request_id`` kept as the last extend's). StaleWrite otherwise."""
 
+    def set_host_access(
+        self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
+    ) -> bool:
+        """Record what the host agent reported of the session's own account (granted / failed),
+        only while the session is live at ``session.fence`` (a late report for an ended lease
+        changes nothing); the event, when given, in the same write. False otherwise."""
+
     # -- quotas ---------------------------------------------------------------------------
     def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
         """The user's quota record (None if never counted or set) and GPU-hours recorded this month."""

@@ -15,11 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from calque.contracts.agent import connect_account, session_account
 from calque.contracts.tenancy import (
     INSTANCE_ID_PATTERN,
     SESSION_ID_PATTERN,
     USER_PATTERN,
+    GrantTask,
     Host,
+    HostAccess,
     ReclaimTask,
     Session,
     Slice,
@@ -51,6 +54,9 @@ class TenancyConfig:
     clock_skew_s: int = 2
     list_limit: int = 100
     reaper_pages: int = 10
+    # The stack's Session Manager document a check-out's connect command names (it asks for
+    # the session's token on the host, then opens a shell as the session's own account).
+    session_document_name: str = "calque-session"
 
 
 @dataclass
@@ -275,6 +281,15 @@ class TenancyCore:
             ended_at=s.ended_at,
             end_reason=s.end_reason,
             env=s.env,
+            host_access=(
+                HostAccess(
+                    state=s.host_access,
+                    account=connect_account(s.session_id, s.backend, s.slice_id),
+                    reason=s.host_access_reason,
+                )
+                if s.host_access is not None
+                else None
+            ),
         )
 
     def _check_quota(self, user: str, quota: QuotaRecord | None, used: float, *, force: bool = False) -> None:
@@ -303,3 +318,15 @@ class TenancyCore:
 
 def _reclaim(session: SessionRecord) -> ReclaimTask:
     return ReclaimTask(instance_id=session.instance_id, slice_id=session.slice_id, fence=session.fence)
+
+
+def _grant(session: SessionRecord) -> GrantTask:
+    """The host agent's ``grant`` of a checked-out slice to the session's own account, with
+    the token hash its login checks (never the token)."""
+    return GrantTask(
+        instance_id=session.instance_id,
+        slice_id=session.slice_id,
+        fence=session.fence,
+        user=session_account(session.session_id),
+        token_sha256=session.token_hash,
+    )

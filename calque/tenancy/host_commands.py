@@ -1,15 +1,20 @@
-"""Host tasks -> SSM Run Command of the host-agent document, with its named parameters."""
+"""Host tasks -> SSM Run Command of the host-agent document, with its named parameters.
+
+A grant carries the session's account and its token's SHA-256 (never the token): the
+command's parameters are visible to whoever may read the instance's command history."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from calque.contracts.tenancy import ApplyTask, ReclaimTask
+from calque.contracts.tenancy import ApplyTask, GrantTask, ReclaimTask
 from calque.resources import SSM_DOCUMENT_PARAMETERS
 
+Task = ApplyTask | ReclaimTask | GrantTask
 
-def command_parameters(task: ApplyTask | ReclaimTask, report_to: str) -> dict[str, list[str]]:
+
+def command_parameters(task: Task, report_to: str) -> dict[str, list[str]]:
     p = SSM_DOCUMENT_PARAMETERS
     params: dict[str, list[str]] = {p.verb: [str(task.kind)], p.report_to: [report_to]}
     if isinstance(task, ApplyTask):
@@ -17,14 +22,17 @@ def command_parameters(task: ApplyTask | ReclaimTask, report_to: str) -> dict[st
     else:
         params[p.slice_id] = [task.slice_id]
         params[p.fence] = [str(task.fence)]
+    if isinstance(task, GrantTask):
+        params[p.user] = [task.user]
+        params[p.token_sha256] = [task.token_sha256]
     return params
 
 
-def send_host_command(ssm: Any, task: ApplyTask | ReclaimTask, *, document_name: str, report_to: str) -> str:
+def send_host_command(ssm: Any, task: Task, *, document_name: str, report_to: str) -> str:
     """Send the task to its instance; returns the SSM command id. A failure raises, so the
     message is retried and, after its retries, lands in the queue's DLQ."""
     comment = f"calque {task.kind}" + (
-        f" {task.slice_id} (fence {task.fence})" if isinstance(task, ReclaimTask) else ""
+        f" {task.slice_id} (fence {task.fence})" if isinstance(task, ReclaimTask | GrantTask) else ""
     )
     out = ssm.send_command(
         InstanceIds=[task.instance_id],

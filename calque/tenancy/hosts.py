@@ -6,19 +6,20 @@ from datetime import timedelta
 
 from calque import catalog
 from calque.catalog import planner
-from calque.contracts.agent import AgentReport
+from calque.contracts.agent import AgentReport, session_account
 from calque.contracts.tenancy import (
     ApplyTask,
     Host,
     HostRegistration,
+    ReclaimTask,
     ReportAccepted,
 )
 from calque.errors import Conflict, InvalidInput
 from calque.identity import Caller
-from calque.registry.models import HostRecord, LeaseEvent, SliceRecord
+from calque.registry.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
 from calque.registry.ports import AlreadyExists, StaleWrite
 from calque.tenancy import requests
-from calque.tenancy.core import TenancyCore
+from calque.tenancy.core import TenancyCore, _grant
 
 
 class HostsMixin(TenancyCore):
@@ -145,6 +146,8 @@ class HostsMixin(TenancyCore):
                 f"the report is for {report.instance_id}, not {instance_id}",
                 details={"field": "instance_id", "value": report.instance_id},
             )
+        if report.verb == "grant":
+            return self._grant_report(host, report)
         now = self.clock()
         known = {s.slice_id: s for s in self.registry.slices(instance_id)}
         freed: list[str] = []
@@ -200,3 +203,72 @@ class HostsMixin(TenancyCore):
         # and this report may hold the last busy slice it waits for.
         host = self._settle_drain(instance_id) if host.state == "draining" or freed else host
         return ReportAccepted(instance_id=instance_id, host_state=host.state, freed=freed, ignored=ignored)
+
+    def _grant_report(self, host: HostRecord, report: AgentReport) -> ReportAccepted:
+        """The agent's answer to a check-out's grant: recorded on the live session holding the
+        slice (its ``host_access``), never a change of any slice's state. A report for a lease
+        that ended meanwhile (or a later one's slice) changes nothing and is ``ignored``."""
+        g = report.grant
+        details = report.error.details if report.error else {}
+        sid = g.slice_id if g is not None else details.get("slice_id")
+        sl = (
+            next((s for s in self.registry.slices(host.instance_id) if s.slice_id == sid), None)
+            if sid
+            else None
+        )
+        session = (
+            self.registry.get_session(sl.session_id) if sl and sl.state == "held" and sl.session_id else None
+        )
+        stale = (
+            session is None
+            or session.state != "live"
+            or (report.fence is not None and report.fence != session.fence)
+        )
+        if stale or session is None:
+            self._undo_late_grant(host, report, sl, session)
+            return ReportAccepted(
+                instance_id=host.instance_id, host_state=host.state, ignored=[str(sid)] if sid else []
+            )
+        account = session_account(session.session_id)
+        event = None
+        if report.ok and g is not None and (g.account == account or g.shared_account):
+            state, why = "granted", None
+        else:
+            state = "failed"
+            if report.error is not None:
+                why = f"{report.error.code}: {report.error.message}"
+            elif g is not None:
+                why = f"the host agent gave the slice to {g.account}, not to {account}"
+            else:
+                why = "the host agent reported no grant"
+            event = self._event(
+                "host_access_failed", session, at=self.clock(), who=f"host/{host.instance_id}", why=why
+            )
+        self.registry.set_host_access(session, state=state, reason=why, event=event)
+        return ReportAccepted(instance_id=host.instance_id, host_state=host.state)
+
+    def _undo_late_grant(
+        self, host: HostRecord, report: AgentReport, sl: SliceRecord | None, holder: SessionRecord | None
+    ) -> None:
+        """A grant that ran after its lease ended (SSM ran a quick check-in's reclaim first)
+        left an ended session's account on the slice. A live holder's own grant is sent
+        again (the agent takes the slice from the stale account first); a slice that was
+        already free when the grant started is reclaimed again at that grant's fence (its
+        account removed; the report frees nothing a later lease holds). A slice still
+        reclaiming is left to its pending reclaim."""
+        g = report.grant
+        if not report.ok or g is None or g.shared_account or sl is None or report.fence is None:
+            return
+        if holder is not None and holder.state == "live" and report.fence < holder.fence:
+            if session_account(holder.session_id) != g.account:
+                self.tasks.send(_grant(holder))
+        elif (
+            sl.state == "free"
+            and report.fence <= sl.fence
+            and sl.state_since is not None
+            and report.started_at >= sl.state_since
+        ):
+            # Freed before this grant even started: the grant ran after the reclaim.
+            self.tasks.send(
+                ReclaimTask(instance_id=host.instance_id, slice_id=sl.slice_id, fence=report.fence)
+            )

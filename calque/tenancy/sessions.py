@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from datetime import datetime, timedelta
 
+from calque.contracts.agent import connect_account, session_connect_command
 from calque.contracts.tenancy import (
     CheckinRequest,
     CheckoutRequest,
@@ -18,7 +19,7 @@ from calque.identity import Caller
 from calque.registry.models import RequestRecord, SessionRecord, SliceRecord
 from calque.registry.ports import QuotaFull, Replayed, SliceTaken, StaleWrite
 from calque.tenancy import groups, requests
-from calque.tenancy.core import TenancyCore, _iso, hash_token, new_token
+from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token
 from calque.tenancy.groups import GroupFull
 
 
@@ -89,6 +90,7 @@ class SessionsMixin(TenancyCore):
                 env=sl.env,
                 spot=sl.spot,
                 group=group.name if group else None,
+                host_access="pending",
             )
             event = self._event("granted", session, at=now, who=user, why=None)
             record = None
@@ -121,6 +123,9 @@ class SessionsMixin(TenancyCore):
                 quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
                 self._check_quota(user, quota, used)
                 self._check_quota(user, quota, used, force=True)
+            # The slice's account on the host: a queue message, like a reclaim. Until the
+            # agent has done it, the host's login refuses ("not granted yet"); see host_access.
+            self.tasks.send(_grant(session))
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)
         # A user at their quota is told that first: freeing a slice would not help them.
@@ -144,6 +149,10 @@ class SessionsMixin(TenancyCore):
         session = self.registry.get_session(found.session_id)
         if session is None:
             return
+        if session.state == "live" and session.host_access == "pending":
+            # The first answer may have been lost with its grant message: send it again (the
+            # agent's grant of the same slice to the same account changes nothing twice).
+            self.tasks.send(_grant(session))
         raise ReplayAnswer(self._grant_view(session, requests.unseal(found.sealed_token, who.principal, key)))
 
     def checkin(
@@ -419,7 +428,13 @@ class SessionsMixin(TenancyCore):
         return SessionGrant(
             **self._session_view(s).model_dump(),
             token=token,
-            connect=Connect(ssm_command=f"aws ssm start-session --target {s.instance_id}"),
+            connect=Connect(
+                ssm_command=session_connect_command(
+                    s.instance_id,
+                    self.config.session_document_name,
+                    connect_account(s.session_id, s.backend, s.slice_id),
+                )
+            ),
             warnings=warnings,
         )
 

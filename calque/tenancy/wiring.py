@@ -29,6 +29,7 @@ def api_tenancy() -> Tenancy:
             ttl_max_s=s.session_ttl_max_s,
             default_ttl_s=min(max(2 * 3600, s.session_ttl_floor_s), s.session_ttl_max_s),
             default_max_sessions=s.default_max_sessions,
+            session_document_name=s.session_document_name,
         ),
     )
 

@@ -1,4 +1,5 @@
-"""host_tasks queue -> SSM Run Command of the host agent (apply a layout, reclaim a slice).
+"""host_tasks queue -> SSM Run Command of the host agent (apply a layout, reclaim a slice,
+grant a checked-out slice to its session's own account).
 
 Records are parsed into pydantic models by the batch processor; a record that fails
 is reported back as a partial batch failure and retried, then lands in the DLQ.

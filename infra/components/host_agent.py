@@ -159,7 +159,8 @@ _SLICE_ID = r"^[A-Za-z0-9._:/-]{0,200}$"
 _ENDPOINT = r"^(https?://[A-Za-z0-9.:/_-]+)?$"
 _FENCE = r"^[0-9]{0,18}$"
 _USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.SESSION_ACCOUNT)
-_SESSION_USER = r"^calque-[0-9a-f]{12}$"
+# A session's own account, or a GPU's shared MPS account (MPS slots connect as that one).
+_SESSION_USER = r"^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
 _SHA256 = r"^([0-9a-f]{64})?$"
 
 
@@ -285,6 +286,40 @@ class HostAgent(Construct):
                 resources=[session_doc, instances],
                 conditions={"BoolIfExists": {"ssm:SessionDocumentAccessCheck": "true"}},
             )
+        )
+
+    def start_session_statements(self) -> list[iam.PolicyStatement]:
+        """``ssm:StartSession`` with the session document only, and only on calque hosts.
+
+        Two statements: the tag condition can only hold for the instance, and
+        ``ssm:SessionDocumentAccessCheck`` makes Session Manager check the document too, so
+        a start-session without ``--document-name`` (the default shell document, as
+        ``ssm-user``) is refused."""
+        session_doc = Stack.of(self).format_arn(
+            service="ssm", resource="document", resource_name=self.session_document.ref
+        )
+        instances = Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")
+        return [
+            iam.PolicyStatement(actions=["ssm:StartSession"], resources=[session_doc]),
+            iam.PolicyStatement(
+                actions=["ssm:StartSession"],
+                resources=[instances],
+                conditions={
+                    "StringEquals": {f"ssm:resourceTag/{HOST_TAG_KEY}": HOST_TAG_VALUE},
+                    "BoolIfExists": {"ssm:SessionDocumentAccessCheck": "true"},
+                },
+            ),
+        ]
+
+    def allow_start_session(self, policy: iam.ManagedPolicy) -> None:
+        """Add ``start_session_statements`` to a managed policy (the members' one)."""
+        policy.add_statements(*self.start_session_statements())
+        acknowledge(
+            policy,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+            f"Hosts are launched and adopted at run time, so their ids are unknown at deploy time; "
+            f"StartSession is allowed only on instances tagged {HOST_TAG_KEY}={HOST_TAG_VALUE} and only "
+            "with this stack's session document, whose login asks for the session's token.",
         )
 
     def _document(self, report_endpoint: str) -> ssm.CfnDocument:

@@ -125,6 +125,7 @@ case "$verb" in
     [ -n "$session_user" ] || fail "grant needs the __P_USER__ parameter"
     set -- "$@" --slice "$slice_id" --user "$session_user"
     if [ -n "$token_sha256" ]; then set -- "$@" --token-sha256 "$token_sha256"; fi
+    if [ -n "$fence" ]; then set -- "$@" --fence "$fence"; fi
     ;;
 esac
 python3 -m host_agent "$@"

@@ -178,6 +178,10 @@ class ServiceStack(Stack):
             ),
             "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.api.url}),
         }
+        # Tenants isolated on the host: check-out's connect command names the session document.
+        bindings["session_document"] = _Binding(
+            environment={resources.ENV_SESSION_DOCUMENT_NAME: self.host_agent.session_document_name}
+        )
         for queue_id, work_queue in self.queues.items():
             bindings[f"{queue_id}_queue"] = _Binding(
                 environment={_queue_env(queue_id): work_queue.queue.queue_url},
@@ -269,6 +273,8 @@ class ServiceStack(Stack):
             description="calque admins: call every route (and add the admin entry in calque:admins)",
             reason="Admins may call every route of this one API; the policy names the API and its stage.",
         )
+        # Members connect to their session's host with the session document, and no other.
+        self.host_agent.allow_start_session(members)
         CfnOutput(
             self,
             constants.OUTPUT_MEMBERS_POLICY_ARN,

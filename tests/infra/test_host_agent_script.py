@@ -235,3 +235,40 @@ def test_the_install_leaves_the_login_the_session_document_runs(host, tmp_path, 
     assert login.startswith("#!/bin/sh\n")
     assert "-m host_agent login --user" in login
     assert str(host / "agent" / "v1" / "src") in login
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_local_planes_executor_gives_a_grant_the_same_arguments_as_the_document(
+    host, tmp_path, shell
+) -> None:
+    from calque.local.ssm_executor import SsmExecutor
+    from calque.local.state import StateDir
+
+    # Given a check-out's grant, with every parameter the control plane sends
+    values = {
+        P.verb: "grant",
+        P.slice_id: "g0-1g.24gb-0",
+        P.user: "calque-0123456789ab",
+        P.token_sha256: "ab" * 32,
+        P.fence: "7",
+    }
+    # When the deployed document's step runs it, and the local plane's executor builds its call
+    result = _run(host, tmp_path, values, env_interpolation=True, shell=shell)
+    assert result.returncode == 0, result.stderr
+    document = json.loads((tmp_path / "record.json").read_text())["args"]
+    executor = SsmExecutor(StateDir(tmp_path / "state"), document_name="d", report_to="", region="us-east-1")
+    local = executor.argv("i-0abc", "g7e.2xlarge", {k: [v] for k, v in values.items()}, None)
+    # Then the verb's arguments are the same, in the same order
+    tail = document[document.index("grant") :]
+    assert local[local.index("grant") :] == tail
+    assert tail == [
+        "grant",
+        "--slice",
+        "g0-1g.24gb-0",
+        "--user",
+        "calque-0123456789ab",
+        "--token-sha256",
+        "ab" * 32,
+        "--fence",
+        "7",
+    ]

@@ -92,7 +92,12 @@ def _managed_policy(template: dict[str, Any], output: str) -> dict[str, Any]:
 
 
 def _routes(policy: dict[str, Any]) -> set[str]:
-    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    # (the members' policy also lets them open a shell with the session document)
+    (statement,) = [
+        s
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "execute-api" in json.dumps(s["Action"])
+    ]
     assert statement["Action"] == "execute-api:Invoke"
     out = set()
     for arn in _as_list(statement["Resource"]):

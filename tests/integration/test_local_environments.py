@@ -20,6 +20,7 @@ def api_env(monkeypatch):
     monkeypatch.setenv("CALQUE_TABLE_NAME", "calque-registry")
     monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", "http://127.0.0.1:1/queue/host-tasks")
     monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", "calque-local-host")
+    monkeypatch.setenv("CALQUE_SESSION_DOCUMENT_NAME", "calque-local-session")
     monkeypatch.setenv("CALQUE_ADMINS", "admin")
     monkeypatch.setenv("POWERTOOLS_TRACE_DISABLED", "1")
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "1")

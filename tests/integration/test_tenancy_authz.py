@@ -16,6 +16,7 @@ from tests.integration.test_tenancy_support import (
     ready_host,
     registry_snapshot,
     wait_all_free,
+    wait_grants_landed,
 )
 
 pytestmark = pytest.mark.integration
@@ -93,6 +94,7 @@ def test_a_wrong_token_releases_nothing_and_says_so(local_plane, world):
     ],
 )
 def test_a_member_cannot_act_as_an_admin(local_plane, world, method, path, body):
+    wait_grants_landed(local_plane, world["iid"])
     before = registry_snapshot(local_plane)
     path = path.format(iid=world["iid"], other=world["other"])
     resp = local_plane.request(
@@ -135,6 +137,7 @@ def test_members_see_slices_but_not_who_holds_them(local_plane, world):
 @pytest.mark.parametrize("how", ["unsigned", "wrong_secret", "tampered_body"])
 def test_a_request_without_a_valid_signature_gets_nothing(local_plane, world, how):
     body = {"instance_id": world["iid"], "backend": "mig", "profile": "1g.24gb", "ttl_seconds": 60}
+    wait_grants_landed(local_plane, world["iid"])
     before = registry_snapshot(local_plane)
     if how == "unsigned":
         resp = local_plane.request("POST", "/v1/sessions", body=body, sign=False)

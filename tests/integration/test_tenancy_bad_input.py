@@ -16,6 +16,7 @@ from tests.integration.test_tenancy_support import (
     ready_host,
     registry_snapshot,
     wait_all_free,
+    wait_grants_landed,
     wait_until,
 )
 
@@ -130,6 +131,7 @@ def world(local_plane):
     iid = ready_host(local_plane)
     [member] = new_members(local_plane, "badin", 1)
     grant = checkout(local_plane, member, iid).json()
+    wait_grants_landed(local_plane, iid)  # the grant's report updates the session: let it land first
     yield {"iid": iid, "member": member, "grant": grant}
     local_plane.request(
         "DELETE", f"/v1/sessions/{grant['session_id']}", profile="admin", body={"force": True}

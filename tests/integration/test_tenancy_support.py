@@ -42,6 +42,23 @@ def wait_until(
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
+def wait_grants_landed(plane: Any, instance_id: str | None = None, timeout_s: float = WAIT_S) -> None:
+    """Until every live session's account on its host (on ``instance_id``, or on any) is made:
+    the host agent's grant, a queued command that lands after check-out and updates the
+    session. Snapshots taken to prove that a request changed nothing must not race it."""
+
+    def check() -> bool:
+        resp = plane.request("GET", "/v1/sessions", profile="admin", query={"all": "true"})
+        assert resp.status == 200, (resp.status, resp.body)
+        return all(
+            (s.get("host_access") or {}).get("state") != "pending"
+            for s in resp.json()
+            if instance_id in (None, s["instance_id"])
+        )
+
+    wait_until("every live session's host access to land", check, timeout_s)
+
+
 def host(plane: Any, instance_id: str) -> dict[str, Any]:
     resp = plane.request("GET", f"/v1/hosts/{instance_id}", profile="admin")
     assert resp.status == 200, (resp.status, resp.body)

@@ -105,6 +105,13 @@ SESSION_COLUMNS = [
 ]
 
 
+def _host_access(session: Mapping[str, Any]) -> str:
+    """pending / granted / failed: reason, and the account the connect command lands in."""
+    access = session.get("host_access") or {}
+    text = f"{access.get('state')} ({access.get('account')})"
+    return f"{text}: {access['reason']}" if access.get("reason") else text
+
+
 def export_lines(env: Mapping[str, Any]) -> list[str]:
     import shlex
 
@@ -131,6 +138,9 @@ def render_grant(grant: Mapping[str, Any]) -> str:
     connect = grant.get("connect") or {}
     if connect.get("ssm_command"):
         lines += ["", "Connect:", "  " + str(connect["ssm_command"])]
+        if grant.get("host_access"):
+            # The host agent makes the session's account a few seconds after check-out.
+            lines.append("  (the host asks for the token; until its account is ready it says to retry)")
     for w in grant.get("warnings") or []:
         lines.append(f"warning: {w}")
     lines += ["", f"Check in when done: calque session checkin {grant.get('session_id')} --token TOKEN"]
@@ -154,6 +164,8 @@ def render_session(session: Mapping[str, Any]) -> str:
     ]
     if session.get("state") == "live":
         fields.append(("time_left", lambda s: remaining(s.get("expires_at"))))
+    if session.get("host_access"):
+        fields.append(("host_access", _host_access))
     else:
         fields += [("ended_at", "ended_at"), ("end_reason", "end_reason")]
     text = render_fields(session, fields)

@@ -18,6 +18,7 @@ from tests.unit.registry.moto_table import create_registry_table
 
 ACCOUNT = "123456789012"
 HOST_ROLE = "calque-test-host"
+SESSION_DOCUMENT = "calque-test-session"
 INSTANCE = "i-0a1b2c3d4e5f60718"
 
 
@@ -175,6 +176,7 @@ def api(_moto, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("CALQUE_TABLE_NAME", table)
     monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", queue_url)
     monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", HOST_ROLE)
+    monkeypatch.setenv("CALQUE_SESSION_DOCUMENT_NAME", SESSION_DOCUMENT)
     monkeypatch.setenv("CALQUE_ADMINS", "admin")
 
     def shared_client(service: str, region: str | None = None) -> Any:

@@ -104,10 +104,67 @@ def test_the_reaper_ends_expired_sessions_then_quarantines_slices_nobody_reclaim
     assert out["expired"] == [grant["session_id"]]
     assert api("GET", f"/v1/sessions/{grant['session_id']}").body["end_reason"] == "expired"
     assert api("GET", f"/v1/sessions/{keep['session_id']}", who="bob").body["state"] == "live"
-    assert [t["kind"] for t in api.tasks()] == ["reclaim"]
+    assert sorted(t["kind"] for t in api.tasks()) == ["grant", "grant", "reclaim"]
     # When the host never reports the reclaim, the next run quarantines the slice, visibly
     time.sleep(2.1)
     out = lambda_handler({"source": "aws.events"}, LambdaContext())
     assert out["quarantined"] == [f"{INSTANCE}/{grant['slice_id']}"]
     slices = {s["slice_id"]: s["state"] for s in api("GET", f"/v1/hosts/{INSTANCE}").body["slices"]}
     assert slices[grant["slice_id"]] == "quarantined"
+
+
+def test_a_checkout_grant_reaches_ssm_with_the_sessions_account_and_its_report_shows_on_the_session(api, ssm):
+    import hashlib
+    from datetime import UTC, datetime
+
+    from calque.contracts.agent import session_account
+    from functions.host_tasks.handler import lambda_handler
+
+    # Given a ready host and a check-out
+    api.ready_host()
+    grant = api("POST", "/v1/sessions", {"backend": "mig"}).body
+    account = session_account(grant["session_id"])
+    # When the host_tasks consumer takes the queued grant
+    tasks = api.tasks()
+    assert [t["kind"] for t in tasks] == ["grant"]
+    out = lambda_handler(sqs_event(json.dumps(tasks[0])), LambdaContext())
+    assert out == {"batchItemFailures": []}
+    # Then the host agent's document is run with the grant's parameters, the token only hashed
+    # (the moto mock is shared by the package: pick this session's command)
+    (cmd,) = [
+        c
+        for c in ssm.list_commands(InstanceId=INSTANCE)["Commands"]
+        if c["Parameters"].get(P.user) == [account]
+    ]
+    assert cmd["Parameters"][P.verb] == ["grant"]
+    assert cmd["Parameters"][P.slice_id] == [grant["slice_id"]]
+    assert cmd["Parameters"][P.fence] == ["1"]
+    assert cmd["Parameters"][P.user] == [account]
+    assert cmd["Parameters"][P.token_sha256] == [hashlib.sha256(grant["token"].encode()).hexdigest()]
+    assert grant["token"] not in json.dumps(cmd["Parameters"])
+    # When the agent reports the grant through the host's report route
+    now = datetime.now(UTC).isoformat()
+    before = {s["slice_id"]: s["state"] for s in api("GET", f"/v1/hosts/{INSTANCE}").body["slices"]}
+    report = {
+        "instance_id": INSTANCE,
+        "verb": "grant",
+        "ok": True,
+        "started_at": now,
+        "finished_at": now,
+        "fence": 1,
+        "grant": {
+            "slice_id": grant["slice_id"],
+            "account": account,
+            "backend": "mig",
+            "device_files": ["/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31"],
+            "imds_blocked": True,
+        },
+    }
+    rep = api("POST", f"/v1/hosts/{INSTANCE}/report", report, who=f"host:{INSTANCE}")
+    assert rep.status == 200, rep.body
+    assert (rep.body["freed"], rep.body["ignored"]) == ([], [])
+    # Then the session shows its access granted, and no slice moved
+    shown = api("GET", f"/v1/sessions/{grant['session_id']}").body
+    assert shown["host_access"] == {"state": "granted", "account": account, "reason": None}
+    after = {s["slice_id"]: s["state"] for s in api("GET", f"/v1/hosts/{INSTANCE}").body["slices"]}
+    assert after == before

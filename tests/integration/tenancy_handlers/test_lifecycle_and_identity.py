@@ -144,7 +144,7 @@ def test_deregister_refuses_live_sessions_then_force_ends_them_and_forgets_the_h
     assert done.status == 200, done.body
     assert done.body["ended_sessions"] == [sid]
     assert api("GET", f"/v1/sessions/{sid}").body["end_reason"] == "deregistered"
-    assert [t["kind"] for t in api.tasks()] == ["reclaim"]
+    assert [t["kind"] for t in api.tasks()] == ["grant", "reclaim"]
     assert api("GET", f"/v1/hosts/{INSTANCE}", who="admin").status == 404
     assert api("GET", "/v1/hosts", who="admin").body == []
     # And the same instance can be registered again

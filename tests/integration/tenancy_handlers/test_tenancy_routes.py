@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from tests.integration.tenancy_handlers.conftest import INSTANCE
+from calque.contracts.agent import session_account
+from tests.integration.tenancy_handlers.conftest import INSTANCE, SESSION_DOCUMENT
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +22,23 @@ def test_register_checkout_checkin_through_the_api(api):
     # Then she gets a session, its token once, the binding, and how to connect
     assert grant.status == 201
     assert {"session_id", "token", "slice_id", "expires_at", "env", "connect", "warnings"} <= set(grant.body)
-    assert grant.body["connect"]["ssm_command"] == f"aws ssm start-session --target {INSTANCE}"
+    account = session_account(grant.body["session_id"])
+    assert grant.body["connect"]["ssm_command"] == (
+        f"aws ssm start-session --target {INSTANCE} --document-name {SESSION_DOCUMENT} "
+        f'--parameters "user={account}"'
+    )
+    assert grant.body["host_access"] == {"state": "pending", "account": account, "reason": None}
+    # And the host is asked to give the slice to her session's own account
+    assert api.tasks() == [
+        {
+            "kind": "grant",
+            "instance_id": INSTANCE,
+            "slice_id": grant.body["slice_id"],
+            "fence": 1,
+            "user": account,
+            "token_sha256": hashlib.sha256(grant.body["token"].encode()).hexdigest(),
+        }
+    ]
     assert grant.body["expires_at"].endswith("Z")
     sid = grant.body["session_id"]
     shown = api("GET", f"/v1/sessions/{sid}")

@@ -24,6 +24,7 @@ def world(monkeypatch) -> Iterator[World]:
     monkeypatch.setenv("CALQUE_TABLE_NAME", "calque-registry")
     monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/host-tasks")
     monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", "CalqueHostRole")
+    monkeypatch.setenv("CALQUE_SESSION_DOCUMENT_NAME", "CalqueSessionDocument")
     monkeypatch.setenv("CALQUE_ADMINS", "admin")
     from calque.settings import api_settings
 

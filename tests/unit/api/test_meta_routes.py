@@ -17,6 +17,7 @@ def handler(monkeypatch):
     monkeypatch.setenv("CALQUE_TABLE_NAME", "calque-registry")
     monkeypatch.setenv("CALQUE_HOST_TASKS_QUEUE_URL", "https://sqs.us-east-1.amazonaws.com/1/host-tasks")
     monkeypatch.setenv("CALQUE_HOST_ROLE_NAME", "CalqueHostRole")
+    monkeypatch.setenv("CALQUE_SESSION_DOCUMENT_NAME", "CalqueSessionDocument")
     monkeypatch.setenv("CALQUE_ADMINS", "admin,Admins/*")
     from functions.api.handler import lambda_handler
 
@@ -124,6 +125,7 @@ def test_the_default_session_allowance_is_a_setting(monkeypatch):
         "CALQUE_TABLE_NAME": "t",
         "CALQUE_HOST_TASKS_QUEUE_URL": "q",
         "CALQUE_HOST_ROLE_NAME": "r",
+        "CALQUE_SESSION_DOCUMENT_NAME": "d",
     }
     assert ApiSettings.from_env(base).default_max_sessions == 2
     assert ApiSettings.from_env({**base, "CALQUE_DEFAULT_MAX_SESSIONS": "5"}).default_max_sessions == 5

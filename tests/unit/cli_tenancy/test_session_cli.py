@@ -230,3 +230,22 @@ def test_an_aws_profile_given_after_checkout_is_caught_with_a_hint(api, cli):
     assert code == 2
     assert api.requests == []
     assert "calque --profile NAME session checkout" in err
+
+
+def test_session_show_says_whether_the_hosts_account_is_ready_and_why_not(api, cli):
+    # Given a session whose grant on the host failed
+    failed = {
+        **{k: v for k, v in GRANT.items() if k not in ("token", "connect", "warnings")},
+        "host_access": {
+            "state": "failed",
+            "account": "calque-0123456789ab",
+            "reason": "host_busy: lock held",
+        },
+    }
+    api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = failed
+    # When the member shows it
+    code, out, _ = cli("session", "show", "s-0123456789abcdef")
+    # Then the account and the agent's reason are there
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("host_access"))
+    assert "failed (calque-0123456789ab): host_busy: lock held" in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from calque.contracts.agent import session_account
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, ReclaimTask
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.tenancy.service import TenancyConfig
@@ -22,7 +23,13 @@ def test_checkout_grants_a_free_slice_with_its_binding_a_token_and_how_to_connec
     assert grant.user == "alice"
     assert grant.profile == "1g.24gb"
     assert grant.env == {"CUDA_VISIBLE_DEVICES": f"MIG-i-0aaa0001-{grant.slice_id}"}
-    assert grant.connect.ssm_command == "aws ssm start-session --target i-0aaa0001"
+    account = session_account(grant.session_id)
+    assert grant.connect.ssm_command == (
+        "aws ssm start-session --target i-0aaa0001 --document-name calque-session "
+        f'--parameters "user={account}"'
+    )
+    assert grant.host_access is not None
+    assert (grant.host_access.state, grant.host_access.account) == ("pending", account)
     assert (grant.expires_at - grant.created_at).total_seconds() == 3600
     # Only a hash of the token is stored
     stored = world.registry.sessions[grant.session_id]
