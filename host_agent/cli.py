@@ -18,7 +18,8 @@ from calque.contracts.agent import AgentReport
 from calque.errors import CalqueError, InvalidInput
 
 VERBS = (
-    "inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process", "grant", "login", "worker",
+    "inventory", "apply", "assert", "export", "reclaim", "report",
+    "simulate-process", "grant", "login", "worker",
 )  # fmt: skip
 
 
@@ -102,12 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("worker", help="start, stop or list a warm pool's workers here (one per slice)")
     sp.add_argument("action", choices=("start", "stop", "status"))
     sp.add_argument("--worker", metavar="FILE", help="start: the pool's worker document (file, '-', or JSON)")
-    sp.add_argument("--spec", metavar="FILE", help="start: the pool's layout, applied before the workers start")
+    sp.add_argument(
+        "--spec", metavar="FILE", help="start: the pool's layout, applied before the workers start"
+    )
     sp.add_argument("--pool", metavar="NAME", help="stop, status: the pool")
     sp.add_argument(
         "--workers-dir",
         default=None,
-        help="where workers' records and logs go (default /var/lib/calque/pools; beside --state when simulated)",
+        help="where workers' records and logs go (default /var/lib/calque/pools; "
+        "beside --state when simulated)",
     )
     return p
 
@@ -248,9 +252,13 @@ def _worker(args: argparse.Namespace) -> int:
     out: dict = {"verb": "worker", "action": args.action, "ok": True}
     if args.action == "start":
         if not args.worker:
-            raise InvalidInput("worker start needs --worker (the pool's worker document)", details={"field": "worker"})
+            raise InvalidInput(
+                "worker start needs --worker (the pool's worker document)", details={"field": "worker"}
+            )
         if not args.report_to:
-            raise InvalidInput("worker start needs --report-to (where the workers report)", details={"field": "report_to"})
+            raise InvalidInput(
+                "worker start needs --report-to (where the workers report)", details={"field": "report_to"}
+            )
         doc = pw.read_doc(args.worker)
         spec = _read_spec(args.spec) if args.spec else None
         args.verb = "apply" if spec is not None else "report"
@@ -284,7 +292,8 @@ def _worker(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         for w in out["workers"]:
-            print(f"{w['worker_id']:<24} {w.get('slice_id', ''):<18} pid {w.get('pid')} {w.get('device_uuid', '')}")
+            slice_id, device = w.get("slice_id", ""), w.get("device_uuid", "")
+            print(f"{w['worker_id']:<24} {slice_id:<18} pid {w.get('pid')} {device}")
     return 0
 
 

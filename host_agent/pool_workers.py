@@ -41,7 +41,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable
 
 from calque.errors import InvalidInput
 
@@ -59,13 +59,13 @@ class WorkerDoc:
     pool: str
     queue_url: str
     runner: str
-    worker_ids: List[str]
-    package: Optional[Dict[str, str]] = None  # {"bucket", "key"}: staged in the artifact bucket
-    package_path: Optional[str] = None  # a directory on this machine (tests)
+    worker_ids: list[str]
+    package: dict[str, str] | None = None  # {"bucket", "key"}: staged in the artifact bucket
+    package_path: str | None = None  # a directory on this machine (tests)
     visibility_s: int = 60
     idle_timeout_s: int = 1800
     poll_wait_s: int = 20
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> WorkerDoc:
@@ -88,19 +88,31 @@ class WorkerDoc:
         if not isinstance(raw["runner"], str) or not _RUNNER.match(raw["runner"]):
             raise InvalidInput("worker: runner must be MODULE:CLASS", details={"field": "runner"})
         ids = raw["worker_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and _WORKER_ID.match(i) for i in ids):
-            raise InvalidInput("worker: worker_ids must be a non-empty list of worker ids", details={"field": "worker_ids"})
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, str) and _WORKER_ID.match(i) for i in ids)
+        ):
+            raise InvalidInput(
+                "worker: worker_ids must be a non-empty list of worker ids", details={"field": "worker_ids"}
+            )
         if len(set(ids)) != len(ids):
             raise InvalidInput("worker: worker_ids repeat an id", details={"field": "worker_ids"})
         package = raw.get("package")
         if package is not None and not (
-            isinstance(package, dict) and set(package) == {"bucket", "key"} and all(isinstance(v, str) and v for v in package.values())
+            isinstance(package, dict)
+            and set(package) == {"bucket", "key"}
+            and all(isinstance(v, str) and v for v in package.values())
         ):
-            raise InvalidInput("worker: package must be {\"bucket\": ..., \"key\": ...}", details={"field": "package"})
+            raise InvalidInput(
+                'worker: package must be {"bucket": ..., "key": ...}', details={"field": "package"}
+            )
         if package is None and not raw.get("package_path"):
             raise InvalidInput("worker: package (or package_path) is required", details={"field": "package"})
         for name in ("visibility_s", "idle_timeout_s", "poll_wait_s"):
-            if name in raw and (not isinstance(raw[name], int) or isinstance(raw[name], bool) or raw[name] < 1):
+            if name in raw and (
+                not isinstance(raw[name], int) or isinstance(raw[name], bool) or raw[name] < 1
+            ):
                 raise InvalidInput(f"worker: {name} must be a positive integer", details={"field": name})
         return cls(
             pool=raw["pool"],
@@ -136,13 +148,16 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Optional[Any] = None) -> str:
+def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
     """The runner package as a directory on this host: downloaded from the artifact bucket
     with the instance role and unpacked once per key (the key names its content's hash)."""
     if doc.package is None:
         assert doc.package_path is not None
         if not Path(doc.package_path).is_dir():
-            raise InvalidInput(f"worker: package_path {doc.package_path} is not a directory", details={"field": "package_path"})
+            raise InvalidInput(
+                f"worker: package_path {doc.package_path} is not a directory",
+                details={"field": "package_path"},
+            )
         return doc.package_path
     key = doc.package["key"]
     target = pool_dir / "package" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
@@ -170,7 +185,9 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Optional[Any] = None) -> s
         for name in zf.namelist():  # never outside the package's own directory
             if name.startswith("/") or ".." in Path(name).parts:
                 shutil.rmtree(partial, ignore_errors=True)
-                raise InvalidInput(f"worker: the package holds an unsafe path {name!r}", details={"field": "package"})
+                raise InvalidInput(
+                    f"worker: the package holds an unsafe path {name!r}", details={"field": "package"}
+                )
         zf.extractall(root)
     archive.unlink()
     (partial / ".complete").write_text(key)
@@ -187,12 +204,12 @@ def _src(staged: str) -> str:
 class Launcher:
     """How a worker is started so it outlives the SSM command that started it."""
 
-    def __init__(self, use_systemd: Optional[bool] = None, which: Callable[[str], Optional[str]] = shutil.which):
+    def __init__(self, use_systemd: bool | None = None, which: Callable[[str], str | None] = shutil.which):
         if use_systemd is None:
             use_systemd = which("systemd-run") is not None and hasattr(os, "geteuid") and os.geteuid() == 0
         self.use_systemd = use_systemd
 
-    def start(self, unit: str, argv: List[str], env: Dict[str, str], log: Path, cwd: Path) -> Dict[str, Any]:
+    def start(self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> dict[str, Any]:
         if self.use_systemd:
             cmd = ["systemd-run", "--unit", unit, "--collect", "--property=Restart=on-failure",
                    "--property=RestartSec=5", f"--property=StandardOutput=append:{log}",
@@ -200,7 +217,10 @@ class Launcher:
             cmd += [f"--setenv={k}={v}" for k, v in sorted(env.items())]
             subprocess.run([*cmd, *argv], check=True, capture_output=True, text=True)
             out = subprocess.run(
-                ["systemctl", "show", "--property=MainPID", "--value", unit], capture_output=True, text=True, check=False
+                ["systemctl", "show", "--property=MainPID", "--value", unit],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             return {"unit": unit, "pid": int(out.stdout.strip() or 0)}
         with open(log, "ab") as fh:
@@ -210,7 +230,7 @@ class Launcher:
             )  # fmt: skip
         return {"pid": proc.pid}
 
-    def stop(self, info: Dict[str, Any]) -> None:
+    def stop(self, info: dict[str, Any]) -> None:
         if info.get("unit"):
             subprocess.run(["systemctl", "stop", str(info["unit"])], capture_output=True, check=False)
             return
@@ -219,7 +239,9 @@ class Launcher:
             os.kill(pid, signal.SIGTERM)  # the worker finishes a claim in hand, then exits
 
 
-def worker_env(slice_env: Dict[str, str], slice_id: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def worker_env(
+    slice_env: dict[str, str], slice_id: str, base: dict[str, str] | None = None
+) -> dict[str, str]:
     """The worker's environment: the agent's own (its credentials chain, its PYTHONPATH) and
     the slice's binding, which decides which GPU or MIG device the runner sees."""
     env = dict(os.environ if base is None else base)
@@ -241,15 +263,15 @@ def worker_env(slice_env: Dict[str, str], slice_id: str, base: Optional[Dict[str
 
 def start(
     doc: WorkerDoc,
-    slices: List[Any],
+    slices: list[Any],
     *,
     instance_id: str,
     report_to: str,
     workers_dir: Path,
     launcher: Launcher,
-    s3: Optional[Any] = None,
+    s3: Any | None = None,
     python: str = sys.executable,
-) -> List[Dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """Start one worker per slice (``slices``: the agent's SliceReports, in slice order)."""
     if len(slices) != len(doc.worker_ids):
         raise InvalidInput(
@@ -261,7 +283,7 @@ def start(
     pool_dir = workers_dir / doc.pool
     pool_dir.mkdir(parents=True, exist_ok=True)
     package = _src(stage_package(doc, pool_dir, s3))
-    started: List[Dict[str, Any]] = []
+    started: list[dict[str, Any]] = []
     for worker_id, sl in zip(doc.worker_ids, sorted(slices, key=lambda s: s.slice_id)):
         record_path = pool_dir / f"{worker_id}.json"
         if record_path.exists():  # the same command delivered twice: one worker per id
@@ -296,8 +318,8 @@ def start(
     return started
 
 
-def records(workers_dir: Path, pool: Optional[str] = None) -> List[Dict[str, Any]]:
-    out: List[Dict[str, Any]] = []
+def records(workers_dir: Path, pool: str | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     pattern = f"{pool}/*.json" if pool else "*/*.json"
     for path in sorted(workers_dir.glob(pattern)):
         try:
@@ -309,7 +331,7 @@ def records(workers_dir: Path, pool: Optional[str] = None) -> List[Dict[str, Any
     return out
 
 
-def stop(workers_dir: Path, pool: str, launcher: Launcher) -> List[Dict[str, Any]]:
+def stop(workers_dir: Path, pool: str, launcher: Launcher) -> list[dict[str, Any]]:
     stopped = []
     for info in records(workers_dir, pool):
         launcher.stop(info)

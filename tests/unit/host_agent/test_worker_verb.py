@@ -80,7 +80,9 @@ def launcher(monkeypatch) -> RecordingLauncher:
 
 @pytest.fixture
 def s3(monkeypatch) -> FakeS3:
-    fake = FakeS3({("art", "pools/small-models/package/abc.zip"): _zip({"my_runner.py": "class Runner: pass\n"})})
+    fake = FakeS3(
+        {("art", "pools/small-models/package/abc.zip"): _zip({"my_runner.py": "class Runner: pass\n"})}
+    )
     real = pw.stage_package
     monkeypatch.setattr(pw, "stage_package", lambda doc, d, s3=None: real(doc, d, fake))
     return fake
@@ -101,7 +103,8 @@ def test_start_with_a_mig_layout_runs_one_worker_per_slice_each_bound_to_its_own
     assert out["applied"] is True
     assert [w["slice_id"] for w in out["workers"]] == [f"g0-1g.24gb-{k}" for k in range(4)]
     bound = [s["env"]["CUDA_VISIBLE_DEVICES"] for s in launcher.started]
-    assert len(set(bound)) == 4 and all(b.startswith("MIG-") for b in bound)
+    assert len(set(bound)) == 4
+    assert all(b.startswith("MIG-") for b in bound)
     assert bound == [w["device_uuid"] for w in out["workers"]]
     # each worker is the real worker module with its own id, this instance and the staged package
     argv = launcher.started[2]["argv"]
@@ -117,7 +120,9 @@ def test_start_with_a_mig_layout_runs_one_worker_per_slice_each_bound_to_its_own
     ]
 
 
-def test_start_again_keeps_the_running_workers_and_the_package_is_downloaded_once(tmp_path, launcher, s3, capsys):
+def test_start_again_keeps_the_running_workers_and_the_package_is_downloaded_once(
+    tmp_path, launcher, s3, capsys
+):
     _start(tmp_path, _doc(4), "--spec", FOUR_SLICES)
     capsys.readouterr()
     rc, _ = _start(tmp_path, _doc(4), "--spec", FOUR_SLICES)
@@ -138,7 +143,12 @@ def test_without_a_layout_there_is_one_worker_per_gpu(tmp_path, launcher, s3, ca
 
 
 def test_more_worker_ids_than_slices_is_refused_and_starts_nothing(tmp_path, launcher, s3, capsys):
-    rc, _ = _start(tmp_path, _doc(3), "--spec", json.dumps({"version": "v1", "gpus": [{"devices": "all", "mig": {"2g.48gb": 2}}]}))
+    rc, _ = _start(
+        tmp_path,
+        _doc(3),
+        "--spec",
+        json.dumps({"version": "v1", "gpus": [{"devices": "all", "mig": {"2g.48gb": 2}}]}),
+    )
     captured = capsys.readouterr()
     assert rc == 1
     assert "asked for 3 worker(s) but this host has 2 slice(s)" in captured.err
@@ -220,10 +230,16 @@ def test_systemd_hosts_get_a_restarting_transient_unit(tmp_path, monkeypatch):
         stdout = "4242\n"
 
     monkeypatch.setattr(pw.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or Done())
-    info = pw.Launcher(use_systemd=True).start("calque-worker-p-w1", ["python3", "-m", "host_agent.worker"],
-                                               {"CUDA_VISIBLE_DEVICES": "MIG-x"}, tmp_path / "l", tmp_path)
+    info = pw.Launcher(use_systemd=True).start(
+        "calque-worker-p-w1",
+        ["python3", "-m", "host_agent.worker"],
+        {"CUDA_VISIBLE_DEVICES": "MIG-x"},
+        tmp_path / "l",
+        tmp_path,
+    )
     assert info == {"unit": "calque-worker-p-w1", "pid": 4242}
     run = calls[0]
     assert run[:3] == ["systemd-run", "--unit", "calque-worker-p-w1"]
-    assert "--property=Restart=on-failure" in run and "--setenv=CUDA_VISIBLE_DEVICES=MIG-x" in run
+    assert "--property=Restart=on-failure" in run
+    assert "--setenv=CUDA_VISIBLE_DEVICES=MIG-x" in run
     assert run[-3:] == ["python3", "-m", "host_agent.worker"]
