@@ -281,6 +281,12 @@ def _worker(args: argparse.Namespace) -> int:
             launcher=launcher,
         )
     else:
+        if not args.pool and args.worker:  # the pool named by the worker document (as SSM sends it)
+            try:
+                text = args.worker if args.worker.lstrip().startswith("{") else Path(args.worker).read_text()
+                args.pool = str(json.loads(text)["pool"])
+            except (OSError, ValueError, KeyError, TypeError):
+                raise InvalidInput("worker: --worker names no pool", details={"field": "worker"}) from None
         if args.action == "stop" and not args.pool:
             raise InvalidInput("worker stop needs --pool", details={"field": "pool"})
         out["pool"] = args.pool

@@ -123,6 +123,8 @@ def ssm_document_content() -> dict[str, Any]:
             p.slice_id: {"type": "String", "default": ""},
             p.report_to: {"type": "String", "default": ""},
             p.fence: {"type": "String", "default": ""},
+            p.worker_action: {"type": "String", "default": ""},  # warm pools' worker verb
+            p.worker: {"type": "String", "default": ""},
         },
         "mainSteps": [
             {

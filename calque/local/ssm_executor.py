@@ -36,6 +36,10 @@ log = logging.getLogger("calque.local")
 DEFAULT_AGENT = (sys.executable, "-m", "host_agent")
 # Of the plane's environment, only what finds the installed host agent and its locale.
 _CARRIED = ("PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "TZ")
+# Stand-ins a pool worker started on a simulated host needs: where AWS is (here moto) and the
+# worker's and the example runner's own settings.
+_CARRIED_FOR_WORKERS = ("CALQUE_AWS_ENDPOINT_URL", "CALQUE_WORKER_LOG_LEVEL")
+_CARRIED_PREFIXES = ("CALQUE_EXAMPLE_",)
 
 
 class SsmExecutor:
@@ -144,6 +148,10 @@ class SsmExecutor:
             first.get(p.report_to) or self.report_to,
             first.get(p.verb, ""),
         ]
+        if first.get(p.verb) == "worker":  # a pool's workers: their records beside the plane's
+            argv += [first.get(p.worker_action) or "status", "--workers-dir", str(self.state.path / "pools")]
+            if first.get(p.worker):
+                argv += ["--worker", first[p.worker]]
         if spec_file is not None:
             argv += ["--spec", str(spec_file)]
         if first.get(p.slice_id):
@@ -171,9 +179,12 @@ class SsmExecutor:
             "AWS_PROFILE": instance_id,
             "AWS_CONFIG_FILE": os.devnull,
         }
-        for name in _CARRIED:
+        for name in _CARRIED + _CARRIED_FOR_WORKERS:
             if os.environ.get(name):
                 env[name] = os.environ[name]
+        for name, value in os.environ.items():
+            if name.startswith(_CARRIED_PREFIXES):
+                env[name] = value
         return env
 
     def run(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> dict[str, Any]:

@@ -114,3 +114,70 @@ class SystemClock:
         import time
 
         return time.time()
+
+
+def worker_document(
+    pool: Any, worker_ids: list[str], *, bucket: str, poll_wait_s: int = 20
+) -> dict[str, Any]:
+    """What the host agent's ``worker start`` is told (host_agent/pool_workers.py WorkerDoc)."""
+    doc: dict[str, Any] = {
+        "pool": pool.name,
+        "queue_url": pool.queue_url,
+        "runner": pool.runner,
+        "worker_ids": list(worker_ids),
+        "visibility_s": pool.visibility_s,
+        "idle_timeout_s": pool.idle_timeout_s,
+        "poll_wait_s": poll_wait_s,
+    }
+    if pool.package_key:
+        doc["package"] = {"bucket": bucket, "key": pool.package_key}
+    else:
+        doc["package_path"] = pool.package_path
+    return doc
+
+
+class SsmWorkerStarter:
+    """Starts a pool's workers on an instance: the host-agent SSM document's ``worker`` verb
+    (action ``start``, the worker document, the pool's layout as its spec). The same command
+    runs on the local plane's simulated hosts (its SSM executor)."""
+
+    def __init__(
+        self, client: Any, *, document_name: str, report_to: str, bucket: str, poll_wait_s: int = 20
+    ) -> None:
+        self.client = client
+        self.document_name = document_name
+        self.report_to = report_to
+        self.bucket = bucket
+        self.poll_wait_s = poll_wait_s
+
+    def parameters(self, pool: Any, worker_ids: list[str]) -> dict[str, list[str]]:
+        from calque.resources import SSM_DOCUMENT_PARAMETERS as p
+
+        doc = worker_document(pool, worker_ids, bucket=self.bucket, poll_wait_s=self.poll_wait_s)
+        params = {
+            p.verb: ["worker"],
+            p.worker_action: ["start"],
+            p.worker: [json.dumps(doc, separators=(",", ":"))],
+            p.report_to: [self.report_to],
+        }
+        if pool.layout:
+            params[p.spec] = [json.dumps(pool.layout, separators=(",", ":"))]
+        return params
+
+    def start(self, pool: Any, instance_id: str, worker_ids: list[str]) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from calque.errors import DependencyUnavailable
+
+        try:
+            out = self.client.send_command(
+                InstanceIds=[instance_id],
+                DocumentName=self.document_name,
+                Parameters=self.parameters(pool, worker_ids),
+                Comment=f"calque pool {pool.name}: start {len(worker_ids)} worker(s)"[:100],
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise DependencyUnavailable(
+                f"cannot send the worker start to {instance_id}: {exc}", details={"instance_id": instance_id}
+            ) from None
+        return str(out["Command"]["CommandId"])

@@ -98,6 +98,17 @@ class Capacity(Protocol):
 
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None: ...
 
+    def ready(self, pool: PoolRecord, grant: Grant) -> str | None:
+        """The instance's id once it runs and its host agent can take commands; None before."""
+
+
+class WorkerStarter(Protocol):
+    """Starts a pool's workers on an instance handed over by the capacity provider: the host
+    agent's ``worker start`` verb through SSM (one worker per slice, ``worker_ids`` in slot
+    order). Raises a CalqueError when the command cannot be sent (tried again next tick)."""
+
+    def start(self, pool: PoolRecord, instance_id: str, worker_ids: list[str]) -> str: ...
+
 
 class Nudge(Protocol):
     """Wake the scaler for one pool now (a submit to an empty pool should not wait a tick)."""

@@ -23,6 +23,28 @@ def _capacity(s: Any) -> Any:
     return FleetCapacity(fleet())
 
 
+def _starter(s: Any) -> Any:
+    """The host agent's worker verb through SSM, where the scaler runs (it has the document)."""
+    if not (s.ssm_document_name and s.api_endpoint):
+        return None
+    import os
+
+    from calque.pools.aws import SsmWorkerStarter
+
+    poll = 20
+    if s.pool_capacity == "local":
+        from calque.local.pool_hosts import ENV_WORKER_POLL_S
+
+        poll = int(os.environ.get(ENV_WORKER_POLL_S, "2"))
+    return SsmWorkerStarter(
+        aws.client("ssm"),
+        document_name=s.ssm_document_name,
+        report_to=s.api_endpoint,
+        bucket=s.artifact_bucket,
+        poll_wait_s=poll,
+    )
+
+
 def pools() -> Pools:
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
@@ -38,6 +60,7 @@ def pools() -> Pools:
         SqsNudge(sqs, s.pool_nudges_queue_url),
         SystemClock(),
         PoolsConfig(max_receives=s.pool_max_receives, visibility_s=s.pool_visibility_s),
+        starter=_starter(s),
     )
 
 
@@ -58,3 +81,6 @@ class _LazyCapacity:
 
     def release(self, pool: Any, worker_id: str, grant: Any) -> None:
         self._get().release(pool, worker_id, grant)
+
+    def ready(self, pool: Any, grant: Any) -> Any:
+        return self._get().ready(pool, grant)
