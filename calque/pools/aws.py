@@ -97,6 +97,24 @@ class S3Objects:
     def get_json(self, key: str) -> Any:
         return json.loads(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+        return str(
+            self.client.generate_presigned_url(
+                "put_object",
+                Params={"Bucket": self.bucket, "Key": key, "ContentType": content_type},
+                ExpiresIn=expires_s,
+            )
+        )
+
 
 class SqsNudge:
     """A submit wakes the scaler through the pool_nudges queue (the scaler consumes it)."""

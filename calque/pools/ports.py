@@ -75,6 +75,9 @@ class ObjectStore(Protocol):
 
     def put_json(self, key: str, data: Any) -> None: ...
     def get_json(self, key: str) -> Any: ...
+    def exists(self, key: str) -> bool: ...
+    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+        """A URL the caller PUTs the object to, without credentials of its own to the bucket."""
 
 
 @dataclass(frozen=True)

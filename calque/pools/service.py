@@ -8,12 +8,23 @@ member submits and sees only their own claims (another's is "not found", never r
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolCreate, PoolDelete, PoolUpdate, WorkerReport
+from calque.contracts.pools import (
+    NAME_PATTERN,
+    PACKAGE_URL_EXPIRES_S,
+    ClaimReport,
+    ClaimSubmit,
+    PackageUpload,
+    PoolCreate,
+    PoolDelete,
+    PoolUpdate,
+    WorkerReport,
+)
 from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.identity import Caller
 from calque.pools import domain as d
@@ -61,6 +72,13 @@ def _iso(epoch: float) -> str:
 
 def _grant(w: d.WorkerRecord) -> Grant:
     return Grant(ref=w.capacity_ref, instance_id=None if w.instance_id == "-" else w.instance_id)
+
+
+PACKAGE_CONTENT_TYPE = "application/zip"
+
+
+def package_prefix(pool: str) -> str:
+    return f"pools/{pool}/package/"
 
 
 def _group(w: d.WorkerRecord) -> str:
@@ -139,6 +157,20 @@ class Pools:
             raise InvalidInput(
                 "a pool needs its runner package (--package)", details={"field": "package_key"}
             )
+        if req.package_key is not None:
+            # where the host role may read it, and uploaded already (pool package)
+            if not req.package_key.startswith(package_prefix(req.name)):
+                raise InvalidInput(
+                    f"package_key must be under {package_prefix(req.name)} "
+                    f"(from POST /v1/pools/{req.name}/package)",
+                    details={"field": "package_key"},
+                )
+            if not self.objects.exists(req.package_key):
+                raise InvalidInput(
+                    f"the runner package {req.package_key} is not in the artifact bucket: upload it first",
+                    code="package_missing",
+                    details={"field": "package_key"},
+                )
         if self.store.get_pool(req.name) is not None:
             raise Conflict(
                 f"a pool named {req.name!r} exists", code="pool_exists", details={"pool": req.name}
@@ -166,6 +198,26 @@ class Pools:
         if pool.min_workers:
             self.nudger.nudge(pool.name)
         return pool
+
+    def package_upload(self, who: Caller, name: str, req: PackageUpload) -> dict[str, Any]:
+        """Where an admin uploads a pool's runner package: a presigned PUT URL for a key named
+        by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
+        _require_admin(who, "staging a runner package")
+        if not re.match(NAME_PATTERN, name):
+            raise InvalidInput(f"{name!r} is not a pool name", details={"field": "name"})
+        key = f"{package_prefix(name)}{req.sha256}.zip"
+        url = self.objects.presign_put(
+            key, expires_s=PACKAGE_URL_EXPIRES_S, content_type=PACKAGE_CONTENT_TYPE
+        )
+        return {
+            "bucket": self.objects.bucket,
+            "key": key,
+            "url": url,
+            "method": "PUT",
+            "headers": {"Content-Type": PACKAGE_CONTENT_TYPE},
+            "expires_in_s": PACKAGE_URL_EXPIRES_S,
+            "exists": self.objects.exists(key),
+        }
 
     def list_pools(self, who: Caller) -> list[d.PoolRecord]:
         return self.store.list_pools()

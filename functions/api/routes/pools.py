@@ -14,6 +14,7 @@ from calque.contracts.pools import (
     ClaimReport,
     ClaimReportAnswer,
     ClaimSubmit,
+    PackageUpload,
     Pool,
     PoolCreate,
     PoolDelete,
@@ -43,6 +44,12 @@ def create_pool(body: PoolCreate) -> Pool:
     pool = pools().create_pool(caller(router), body)
     logger.info("pool created", extra={"pool": pool.name, "instance_type": pool.instance_type})
     return _pool(pool)
+
+
+@router.post("/pools/<name>/package", status_code=201)
+def package_upload(name: str, body: PackageUpload) -> dict[str, Any]:
+    """Where to PUT the runner package (a presigned URL to the artifact bucket's pool prefix)."""
+    return pools().package_upload(caller(router), name, body)
 
 
 @router.get("/pools")

@@ -80,6 +80,12 @@ class MemoryObjects:
     def get_json(self, key: str) -> Any:
         return self.objects[key]
 
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+        return f"https://{self.bucket}.s3.example/{key}?X-Amz-Expires={expires_s}&X-Amz-Signature=fake"
+
 
 @dataclass
 class FakeCapacity:

@@ -52,6 +52,7 @@ class StartWorld(World):
 
 def make(instance_type: str = "g7e.2xlarge", layout: dict | None = FOUR, **kw: Any) -> StartWorld:
     w = StartWorld()
+    w.objects.objects["pools/small/package/ab.zip"] = "zip"
     body = {
         "name": "small", "model": "m", "instance_type": instance_type, "runner": "r:R",
         "package_key": "pools/small/package/ab.zip", "max_workers": 8, "idle_timeout_s": 60,
@@ -246,3 +247,37 @@ class FleetStandIn:
 def test_the_fleet_hands_over_an_instance_only_once_it_is_registered(state, iid, ready):
     capacity = FleetCapacity(FleetStandIn(state, iid))
     assert capacity.ready(None, Grant(ref="r-1")) == ready  # type: ignore[arg-type]
+
+
+def test_an_admin_gets_a_presigned_put_for_the_package_under_the_pools_prefix_and_a_member_does_not():
+    from calque.contracts.pools import PackageUpload
+
+    w = StartWorld()
+    sha = "b" * 64
+    target = w.pools.package_upload(ADMIN, "small", PackageUpload(sha256=sha, size=1234))
+    assert target["key"] == f"pools/small/package/{sha}.zip"
+    assert target["method"] == "PUT"
+    assert target["headers"] == {"Content-Type": "application/zip"}
+    assert "X-Amz-Signature" in target["url"]
+    assert target["exists"] is False
+    with pytest.raises(Forbidden):
+        w.pools.package_upload(member("alice"), "small", PackageUpload(sha256=sha, size=1234))
+
+
+@pytest.mark.parametrize(
+    ("key", "code"),
+    [("packages/other.zip", "invalid_input"), ("pools/small/package/never-uploaded.zip", "package_missing")],
+)
+def test_a_pool_is_created_only_with_its_package_uploaded_under_its_prefix(key, code):
+    from calque.errors import InvalidInput
+
+    w = StartWorld()
+    body = {
+        "name": "small", "model": "m", "instance_type": "g6e.xlarge", "runner": "r:R",
+        "package_key": key, "i_understand_this_spends_money": True,
+    }  # fmt: skip
+    with pytest.raises(InvalidInput) as exc:
+        w.pools.create_pool(ADMIN, PoolCreate(**body))
+    assert exc.value.code == code
+    assert w.store.list_pools() == []
+    assert w.queues.queues == {}  # nothing created
