@@ -166,7 +166,10 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
     if s3 is None:
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_SSM_REGION_NAME") or None
+        s3 = boto3.client(
+            "s3", region_name=region, endpoint_url=os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
+        )
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)

@@ -85,9 +85,12 @@ class SqsPoolQueues:
 
 
 class S3Objects:
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, presigner: Any = None) -> None:
         self.client = client
         self.bucket = bucket
+        # a client configured for SigV4 presigning (signature_version "s3v4"); the default
+        # client may presign with the legacy scheme
+        self.presigner = presigner or client
 
     def put_json(self, key: str, data: Any) -> None:
         self.client.put_object(
@@ -108,7 +111,7 @@ class S3Objects:
 
     def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
         return str(
-            self.client.generate_presigned_url(
+            self.presigner.generate_presigned_url(
                 "put_object",
                 Params={"Bucket": self.bucket, "Key": key, "ContentType": content_type},
                 ExpiresIn=expires_s,

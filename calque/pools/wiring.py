@@ -45,6 +45,31 @@ def _starter(s: Any) -> Any:
     )
 
 
+def _presigner() -> Any:
+    """An S3 client that presigns with SigV4 (a package upload's PUT URL), made on first use."""
+    return _LazySigV4S3()
+
+
+class _LazySigV4S3:
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._client is None:
+            import os
+
+            from botocore.config import Config
+
+            from calque.aws import _session
+
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            kwargs: dict[str, Any] = {"region_name": region, "config": Config(signature_version="s3v4")}
+            if os.environ.get("CALQUE_AWS_ENDPOINT_URL"):
+                kwargs["endpoint_url"] = os.environ["CALQUE_AWS_ENDPOINT_URL"]
+            self._client = _session().client("s3", **kwargs)
+        return getattr(self._client, name)
+
+
 def pools() -> Pools:
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
@@ -55,7 +80,7 @@ def pools() -> Pools:
     return Pools(
         DynamoPoolStore(aws.client("dynamodb"), s.table_name),
         SqsPoolQueues(sqs, s.pool_queue_prefix),
-        S3Objects(aws.client("s3"), s.artifact_bucket),
+        S3Objects(aws.client("s3"), s.artifact_bucket, presigner=_presigner()),
         _LazyCapacity(lambda: _capacity(s)),
         SqsNudge(sqs, s.pool_nudges_queue_url),
         SystemClock(),

@@ -75,6 +75,27 @@ def require_instance_role(who: Caller, args: Mapping[str, str], event: Mapping[s
         )
 
 
+def require_host_role(who: Caller, _args: Mapping[str, str], event: Mapping[str, Any]) -> None:
+    """The host role itself (pinned and of this account, as for a host's report), for routes
+    whose instance is named in the body (a pool worker's reports): the route then checks that
+    the role's session is that instance."""
+    s = api_settings()
+    pinned = s.host_role_id is None or who.principal_id == s.host_role_id
+    home = s.account_id or event.get("requestContext", {}).get("accountId")
+    same_account = home is None or who.account == home
+    if not (_is_host_role(who) and who.role_session and pinned and same_account):
+        raise Forbidden(
+            "only a host's own instance role may report here", details={"principal": who.principal}
+        )
+
+
+def host_role_caller(router: BaseRouter) -> Caller:
+    event = router.current_event.raw_event
+    who = _caller_of(event)
+    require_host_role(who, {}, event)
+    return who
+
+
 def admin(router: BaseRouter) -> Caller:
     who = caller(router)
     require_admin(who)

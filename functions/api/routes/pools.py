@@ -24,7 +24,7 @@ from calque.contracts.pools import (
 from calque.pools.wiring import pools
 from calque.settings import pool_settings
 from functions import observability
-from functions.api.context import caller
+from functions.api.context import caller, guarded, host_role_caller, require_host_role
 
 router = Router()
 logger = observability.logger("api")
@@ -107,13 +107,17 @@ def cancel_claim(claim_id: str) -> Claim:
 
 
 @router.post("/pools/<name>/claims/<claim_id>/report")
+@guarded(require_host_role)
 def claim_report(name: str, claim_id: str, body: ClaimReport) -> ClaimReportAnswer:
-    out = pools().claim_report(caller(router), pool_settings().host_role_name, name, claim_id, body)
+    who = host_role_caller(router)
+    out = pools().claim_report(who, pool_settings().host_role_name, name, claim_id, body)
     if body.event != "started":
         logger.info("claim report", extra={"claim_id": claim_id, "event": body.event, "answer": out})
     return ClaimReportAnswer.model_validate(out)
 
 
 @router.post("/pools/<name>/workers/<worker_id>/report")
+@guarded(require_host_role)
 def worker_report(name: str, worker_id: str, body: WorkerReport) -> dict[str, Any]:
-    return pools().worker_report(caller(router), pool_settings().host_role_name, name, worker_id, body)
+    who = host_role_caller(router)
+    return pools().worker_report(who, pool_settings().host_role_name, name, worker_id, body)
