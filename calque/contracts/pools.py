@@ -107,6 +107,7 @@ class Pool(Out):
     created_at: str
     queue_url: str
     dlq_url: str
+    package_key: str | None = None  # the runner package in the artifact bucket
 
 
 class Claim(Out):
