@@ -176,7 +176,7 @@ def verify_presigned(
     now: dt.datetime | None = None,
 ) -> Principal:
     """The principal who presigned ``request``'s URL (S3 only), or SignatureRejected."""
-    from urllib.parse import parse_qsl, urlencode
+    from urllib.parse import parse_qsl
 
     from botocore.auth import S3SigV4QueryAuth
     from botocore.awsrequest import AWSRequest
@@ -231,7 +231,7 @@ def verify_presigned(
                 out.add_header(k, v)
             return out
 
-    unsigned = urlencode([(k, v) for k, v in params if k != "X-Amz-Signature"], quote_via=_quote)
+    unsigned = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in params if k != "X-Amz-Signature")
     host = _header(request.headers, "host")[0]
     req = AWSRequest(method=request.method.upper(), url=f"http://{host}{path}?{unsigned}", data=b"")
     req.context["timestamp"] = q["X-Amz-Date"]
@@ -242,7 +242,7 @@ def verify_presigned(
     return principal
 
 
-def _quote(value: str, safe: str = "", encoding: str | None = None, errors: str | None = None) -> str:
+def _quote(value: str) -> str:
     from urllib.parse import quote
 
     return quote(value, safe="-_.~")
