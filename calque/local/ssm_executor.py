@@ -160,7 +160,7 @@ class SsmExecutor:
                 argv += ["--fence", first[p.fence]]
         return argv
 
-    def env(self, instance_id: str) -> dict[str, str]:
+    def env(self, instance_id: str, verb: str = "") -> dict[str, str]:
         """What the SSM agent gives an ``aws:runShellScript`` step, and no more: its own PATH
         (here the plane's), ``AWS_SSM_INSTANCE_ID`` and ``AWS_SSM_REGION_NAME``; no
         ``AWS_REGION``/``AWS_DEFAULT_REGION``, no HOME, nothing of the plane's own settings.
@@ -179,12 +179,16 @@ class SsmExecutor:
             "AWS_PROFILE": instance_id,
             "AWS_CONFIG_FILE": os.devnull,
         }
-        for name in _CARRIED + _CARRIED_FOR_WORKERS:
+        for name in _CARRIED:
             if os.environ.get(name):
                 env[name] = os.environ[name]
-        for name, value in os.environ.items():
-            if name.startswith(_CARRIED_PREFIXES):
-                env[name] = value
+        if verb == "worker":  # a pool's workers reach SQS and S3 (here: the plane's moto)
+            for name in _CARRIED_FOR_WORKERS:
+                if os.environ.get(name):
+                    env[name] = os.environ[name]
+            for name, value in os.environ.items():
+                if name.startswith(_CARRIED_PREFIXES):
+                    env[name] = value
         return env
 
     def run(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> dict[str, Any]:
@@ -210,7 +214,9 @@ class SsmExecutor:
             try:
                 done = subprocess.run(
                     argv,
-                    env=self.env(instance_id),
+                    env=self.env(
+                        instance_id, (params.get(resources.SSM_DOCUMENT_PARAMETERS.verb) or [""])[0]
+                    ),
                     capture_output=True,
                     text=True,
                     timeout=self.timeout_s,
