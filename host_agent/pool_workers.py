@@ -25,7 +25,7 @@ systemd unit (``systemd-run``, restarted when it fails) on a host with systemd, 
 detached process in its own session. Each worker's pid, instance, slice and binding are
 kept in ``<workers dir>/<pool>/<worker id>.json``, its log beside it.
 
-Python 3.9+, standard library and boto3 only (the host agent's bundle).
+Python 3.9+, standard library and botocore only (the host agent's bundle).
 """
 
 from __future__ import annotations
@@ -163,11 +163,11 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
     target = pool_dir / "package" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
     if (target / ".complete").exists():
         return str(target)
-    if s3 is None:
-        import boto3
+    if s3 is None:  # botocore alone: the host agent's bundle carries no boto3
+        import botocore.session
 
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_SSM_REGION_NAME") or None
-        s3 = boto3.client(
+        s3 = botocore.session.get_session().create_client(
             "s3", region_name=region, endpoint_url=os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
         )
     partial = target.with_name(target.name + ".partial")
@@ -175,7 +175,10 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
     partial.mkdir(parents=True)
     archive = partial / "package.zip"
     try:
-        s3.download_file(doc.package["bucket"], key, str(archive))
+        body = s3.get_object(Bucket=doc.package["bucket"], Key=key)["Body"]
+        with open(archive, "wb") as out:
+            for chunk in iter(lambda: body.read(1 << 20), b""):
+                out.write(chunk)
     except Exception as exc:
         shutil.rmtree(partial, ignore_errors=True)
         raise InvalidInput(

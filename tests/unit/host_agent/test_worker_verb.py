@@ -41,11 +41,11 @@ class FakeS3:
         self.objects = objects
         self.downloads = 0
 
-    def download_file(self, bucket: str, key: str, path: str) -> None:
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         self.downloads += 1
-        if (bucket, key) not in self.objects:
-            raise RuntimeError("An error occurred (404) when calling the HeadObject operation: Not Found")
-        Path(path).write_bytes(self.objects[(bucket, key)])
+        if (Bucket, Key) not in self.objects:
+            raise RuntimeError("An error occurred (NoSuchKey) when calling the GetObject operation")
+        return {"Body": io.BytesIO(self.objects[(Bucket, Key)])}
 
 
 def _zip(files: dict[str, str]) -> bytes:
