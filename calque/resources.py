@@ -148,10 +148,13 @@ class SsmDocumentParameters:
     fence: str = "fence"  # reclaim: the slice's fence when its lease ended; echoed in the report
     user: str = "user"  # grant: the session's own account on the host (see host_agent.tenants)
     token_sha256: str = "tokenSha256"  # grant: the session token's hash, which login checks
+    worker_action: str = "workerAction"  # worker: start | stop | status (a warm pool's workers)
+    worker: str = "worker"  # worker start: the pool's worker document, JSON (host_agent/pool_workers.py)
 
 
 SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()
 HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "reclaim", "report", "grant")
+HOST_AGENT_VERBS += ("worker",)  # warm pools: start, stop, list a pool's workers on the host
 
 # The control plane may send commands only to instances that carry this tag: whatever
 # launches or adopts a host tags it so (the deployed IAM policy conditions on it).
@@ -188,6 +191,8 @@ POOL_QUEUE_PREFIX_LOCAL = "calque-local-pool"
 POOL_QUEUE_PREFIX_DEPLOYED = "calque-pool"
 FUNCTION_WIRING["api"] = (*FUNCTION_WIRING["api"], "artifact_bucket", "pool_queues", "pool_nudges_queue")
 FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
+# The scaler starts workers on the instances the fleet hands over: the host-agent document's worker verb.
+FUNCTION_WIRING["pool_scaler"] += ("ssm_document", "api_endpoint")
 FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
 
 # ---- the fleet (layer 0) -------------------------------------------------------------------------

@@ -17,7 +17,10 @@ from pathlib import Path
 from calque.contracts.agent import AgentReport
 from calque.errors import CalqueError, InvalidInput
 
-VERBS = ("inventory", "apply", "assert", "export", "reclaim", "report", "simulate-process", "grant", "login")
+VERBS = (
+    "inventory", "apply", "assert", "export", "reclaim", "report",
+    "simulate-process", "grant", "login", "worker",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--slice", required=True, metavar="ID")
     sp.add_argument("--name", default="python")
     sp.add_argument("--memory-mib", type=int, default=1024)
+    # warm pools: a pool's workers on this host, one per slice (host_agent/pool_workers.py)
+    sp = sub.add_parser("worker", help="start, stop or list a warm pool's workers here (one per slice)")
+    sp.add_argument("action", choices=("start", "stop", "status"))
+    sp.add_argument("--worker", metavar="FILE", help="start: the pool's worker document (file, '-', or JSON)")
+    sp.add_argument(
+        "--spec", metavar="FILE", help="start: the pool's layout, applied before the workers start"
+    )
+    sp.add_argument("--pool", metavar="NAME", help="stop, status: the pool")
+    sp.add_argument(
+        "--workers-dir",
+        default=None,
+        help="where workers' records and logs go (default /var/lib/calque/pools; "
+        "beside --state when simulated)",
+    )
     return p
 
 
@@ -230,6 +247,71 @@ def _run(args: argparse.Namespace, spec) -> AgentReport:
     return report
 
 
+def _worker(args: argparse.Namespace) -> int:
+    """The ``worker`` verb: prints one JSON document ({"verb", "action", "ok", "instance_id",
+    "pool", "workers", and for start "applied"}); the workers report for themselves."""
+    from host_agent import pool_workers as pw
+
+    workers_dir = Path(
+        args.workers_dir
+        or (str(Path(args.state).parent / "pools") if args.state else None)
+        or pw.DEFAULT_WORKERS_DIR
+    )
+    launcher = pw.Launcher(use_systemd=False if (args.simulate or args.state) else None)
+    out: dict = {"verb": "worker", "action": args.action, "ok": True}
+    if args.action == "start":
+        if not args.worker:
+            raise InvalidInput(
+                "worker start needs --worker (the pool's worker document)", details={"field": "worker"}
+            )
+        if not args.report_to:
+            raise InvalidInput(
+                "worker start needs --report-to (where the workers report)", details={"field": "report_to"}
+            )
+        doc = pw.read_doc(args.worker)
+        spec = _read_spec(args.spec) if args.spec else None
+        args.verb = "apply" if spec is not None else "report"
+        args.spec = args.spec if spec is not None else None
+        report = run(args)  # converge first (under the host lock), then read the slices
+        if not report.ok:
+            err = report.error
+            raise CalqueError(
+                f"worker start: the pool's layout could not be applied: {err.message if err else 'failed'}",
+                code=err.code if err else "apply_failed",
+                details={"remaining": report.remaining},
+            )
+        out.update(instance_id=report.instance_id, pool=doc.pool, applied=spec is not None)
+        out["workers"] = pw.start(
+            doc,
+            list(report.slices),
+            instance_id=report.instance_id,
+            report_to=args.report_to,
+            workers_dir=workers_dir,
+            launcher=launcher,
+        )
+    else:
+        if not args.pool and args.worker:  # the pool named by the worker document (as SSM sends it)
+            try:
+                text = args.worker if args.worker.lstrip().startswith("{") else Path(args.worker).read_text()
+                args.pool = str(json.loads(text)["pool"])
+            except (OSError, ValueError, KeyError, TypeError):
+                raise InvalidInput("worker: --worker names no pool", details={"field": "worker"}) from None
+        if args.action == "stop" and not args.pool:
+            raise InvalidInput("worker stop needs --pool", details={"field": "pool"})
+        out["pool"] = args.pool
+        if args.action == "stop":
+            out["workers"] = pw.stop(workers_dir, args.pool, launcher)
+        else:
+            out["workers"] = pw.records(workers_dir, args.pool)
+    if args.output == "json":
+        print(json.dumps(out, indent=2))
+    else:
+        for w in out["workers"]:
+            slice_id, device = w.get("slice_id", ""), w.get("device_uuid", "")
+            print(f"{w['worker_id']:<24} {slice_id:<18} pid {w.get('pid')} {device}")
+    return 0
+
+
 def _print(report: AgentReport, output: str) -> None:
     if output == "json":
         print(report.model_dump_json(indent=2, exclude_none=True))
@@ -256,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return login(args.user)
     try:
+        if args.verb == "worker":
+            return _worker(args)
         report = run(args)
     except CalqueError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -10,6 +10,8 @@ from calque.contracts.common import Out, Request, Strict
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
 MAX_ITEMS = 10_000
+PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
+PACKAGE_URL_EXPIRES_S = 900
 
 
 class PoolSettings(Request):
@@ -33,6 +35,13 @@ class PoolCreate(PoolSettings):
     layout: dict[str, Any] | None = None
     spot: bool = False
     i_understand_this_spends_money: bool = False
+
+
+class PackageUpload(Request):
+    """POST /v1/pools/{name}/package (admins): where to upload the runner package (a zip)."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the zip's SHA-256, hex: it names the object")
+    size: int = Field(ge=1, le=PACKAGE_MAX_BYTES, description="the zip's size in bytes")
 
 
 class PoolUpdate(Request):
@@ -98,6 +107,7 @@ class Pool(Out):
     created_at: str
     queue_url: str
     dlq_url: str
+    package_key: str | None = None  # the runner package in the artifact bucket
 
 
 class Claim(Out):

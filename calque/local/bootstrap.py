@@ -128,6 +128,8 @@ def ssm_document_content() -> dict[str, Any]:
             p.fence: {"type": "String", "default": ""},
             p.user: {"type": "String", "default": ""},
             p.token_sha256: {"type": "String", "default": ""},
+            p.worker_action: {"type": "String", "default": ""},  # warm pools' worker verb
+            p.worker: {"type": "String", "default": ""},
         },
         "mainSteps": [
             {

@@ -31,6 +31,7 @@ SendCommandListener = Callable[[dict[str, Any], dict[str, Any]], None]
 log = logging.getLogger("calque.local")
 
 PLANE_PROFILE = "calque-local-plane"
+HOST_SERVICES = ("sqs", "s3")  # what a host's instance role may call (pool workers)
 # the AWS services the plane's moto stands in for (the signing names of their scopes)
 SERVICES = ("dynamodb", "sqs", "s3", "ec2", "ssm", "sts", "events")
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
@@ -81,11 +82,15 @@ class LocalAwsApp:
         credentials: tuple[str, str] | None = None,
         region: str = "us-east-1",
         persistence: Any = None,
+        hosts: Callable[[str], Any] | None = None,
     ):
         self.app = app
         self.on_send_command = on_send_command
         self.dynamodb_lock = threading.Lock()
         self.credentials = credentials
+        # The simulated hosts' instance-role keys (access key -> Principal): let in for what the
+        # host role may use in a deployment (a pool worker's queue and objects), nothing else.
+        self.hosts = hosts
         self.region = region
         self.persistence = persistence
         self.refused = 0
@@ -160,22 +165,54 @@ class LocalAwsApp:
         """(code, message) when the request is not signed with the plane's key pair."""
         if self.credentials is None:
             return None
-        from calque.local.sigv4 import SignatureRejected, SignedRequest, verify
+        from calque.local.sigv4 import (
+            SignatureRejected,
+            SignedRequest,
+            is_presigned,
+            verify,
+            verify_presigned,
+        )
         from calque.local.state import Principal
 
         key, secret = self.credentials
         plane = Principal(
             profile=PLANE_PROFILE, kind="plane", arn="", access_key=key, secret_key=secret, unique_id=""
         )
+        hosts = self.hosts
+
+        def lookup(k: str) -> Any:
+            if k == key:
+                return plane
+            host = hosts(k) if hosts is not None else None
+            return host if host is not None and host.kind == "instance" else None
+
+        if is_presigned(_raw_path(environ)):  # a presigned S3 URL the plane handed out (pool packages)
+            try:
+                verify_presigned(
+                    SignedRequest(
+                        environ.get("REQUEST_METHOD", "GET"), _raw_path(environ), _headers(environ), body
+                    ),
+                    lambda k: plane if k == key else None,
+                    self.region,
+                )
+            except SignatureRejected as exc:
+                return (
+                    "SignatureDoesNotMatch",
+                    f"the plane's moto endpoint refused the request: {exc.message}",
+                )
+            return None
         try:
-            verify(
+            who = verify(
                 SignedRequest(
                     environ.get("REQUEST_METHOD", "GET"), _raw_path(environ), _headers(environ), body
                 ),
-                lambda k: plane if k == key else None,
+                lookup,
                 self.region,
                 services=SERVICES,
             )
+            scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+            if who is not plane and (scope.group(2) if scope else "") not in HOST_SERVICES:
+                return "AccessDenied", "the plane's moto endpoint lets a host's role reach only SQS and S3"
         except SignatureRejected as exc:
             code = {
                 "unrecognized_access_key": "UnrecognizedClientException",
@@ -278,7 +315,9 @@ class MotoServer:
         credentials: tuple[str, str] | None = None,
         region: str = "us-east-1",
         persistence: Any = None,
+        hosts: Callable[[str], Any] | None = None,
     ):
+        self.hosts = hosts
         self.host = host
         self.port = port
         self.on_send_command = on_send_command
@@ -307,6 +346,7 @@ class MotoServer:
             credentials=self.credentials,
             region=self.region,
             persistence=self.persistence,
+            hosts=self.hosts,
         )
         if self.persistence is not None:
             self.persistence.attach(self.app.internal_call)

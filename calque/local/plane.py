@@ -126,6 +126,7 @@ class LocalPlane:
                 credentials=moto_credentials,
                 region=self.region,
                 persistence=self.persistence,
+                hosts=self.state.principal_for_key,  # pool workers sign as their instance
             )
             moto_endpoint = self.moto.start()
             self._set_aws_env(moto_endpoint, moto_credentials)

@@ -1,14 +1,17 @@
 """THE LOCAL PLANE'S CAPACITY ADAPTER for warm pools (behind calque.pools.ports.Capacity).
 
 In a deployment, pool workers run on instances the fleet (layer 0) launches. On the local
-plane, each worker gets a simulated host, launched through the same local path as
-``calque local launch`` (a moto EC2 instance with its own instance-role credentials), and
-runs as a REAL process on this machine: ``python -m host_agent.worker``, the same worker
-code, against the local SQS and S3 (moto), reporting to the local API signed as its
-instance. Release stops the process (SIGTERM: it finishes a claim in hand) and
-terminates the simulated instance.
+plane, each instance is a simulated host, launched through the same local path as
+``calque local launch`` (a moto EC2 instance with its own instance-role credentials). The
+scaler then starts its workers exactly as on a deployed plane: the host-agent document's
+``worker start`` through SSM, which the plane's SSM executor runs as the host agent on
+that simulated host (its fake GPUs: the pool's layout is applied, one worker per slice).
+Each worker is a REAL process on this machine: ``python -m host_agent.worker``, the same
+worker code, against the local SQS and S3 (moto), reporting to the local API signed as
+its instance. Release stops the instance's workers (SIGTERM: each finishes a claim in
+hand) and terminates the simulated instance.
 
-Each worker's pid, instance and log live under ``<state dir>/pools/<pool>/``.
+Each worker's pid, instance, slice and log live under ``<state dir>/pools/<pool>/``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,6 @@ from calque.pools.domain import PoolRecord
 from calque.pools.ports import Grant
 
 ENV_WORKER_POLL_S = "CALQUE_LOCAL_WORKER_POLL_S"
-
-
-def _repo_root() -> str:
-    import calque
-
-    return str(Path(calque.__file__).resolve().parent.parent)
 
 
 def pools_dir(state: StateDir) -> Path:
@@ -74,6 +69,8 @@ class LocalCapacity:
         )
 
     def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
+        """One simulated host per id, running at once; its workers are started by the scaler
+        through the host agent's worker verb (SSM), as on a deployed plane."""
         from calque.local.hosts import launch
 
         granted: dict[str, Grant] = {}
@@ -81,72 +78,22 @@ class LocalCapacity:
             host = launch(
                 self.state, aws.client("ec2"), instance_type=pool.instance_type, host_role=self.host_role
             )
-            pid = self._start_worker(pool, wid, host.instance_id)
-            path = worker_file(self.state, pool.name, wid)
-            path.write_text(
-                json.dumps({"pid": pid, "instance_id": host.instance_id, "started_at": time.time()})
-            )
             granted[wid] = Grant(ref=host.instance_id, instance_id=host.instance_id)
         return granted
 
-    def _start_worker(self, pool: PoolRecord, worker_id: str, instance_id: str) -> int:
-        directory = pools_dir(self.state) / pool.name
-        directory.mkdir(parents=True, exist_ok=True)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            # the control plane's own settings stay with it; the worker's and the example runner's go along
-            if not k.startswith(("AWS_", "CALQUE_", "POWERTOOLS_"))
-            or k == "CALQUE_WORKER_LOG_LEVEL"
-            or k.startswith("CALQUE_EXAMPLE_")
-        }
-        env.update(
-            {
-                "PYTHONPATH": os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH", "")) if p),
-                "AWS_SHARED_CREDENTIALS_FILE": str(self.state.credentials_file),
-                "AWS_CONFIG_FILE": os.devnull,
-                "AWS_PROFILE": instance_id,
-                "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
-                "CALQUE_AWS_ENDPOINT_URL": self.moto_endpoint,
-            }
-        )
-        argv = [
-            sys.executable,
-            "-m",
-            "host_agent.worker",
-            "--pool", pool.name,
-            "--worker-id", worker_id,
-            "--instance-id", instance_id,
-            "--queue-url", pool.queue_url,
-            "--runner", pool.runner,
-            "--report-to", self.api_endpoint,
-            "--visibility", str(pool.visibility_s),
-            "--idle-timeout", str(pool.idle_timeout_s),
-            "--poll-wait", os.environ.get(ENV_WORKER_POLL_S, "2"),
-        ]  # fmt: skip
-        if pool.package_path:
-            argv += ["--package", pool.package_path]
-        log = open(directory / f"{worker_id}.log", "ab")  # noqa: SIM115 - the child keeps it
-        try:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=str(directory),
-            )
-        finally:
-            log.close()
-        return proc.pid
+    def ready(self, pool: PoolRecord, grant: Grant) -> str | None:
+        return grant.instance_id  # a simulated host takes commands as soon as it is launched
 
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
-        path = worker_file(self.state, pool.name, worker_id)
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            pid = int(json.loads(path.read_text())["pid"])
-            if _alive(pid):
-                os.kill(pid, signal.SIGTERM)
+        """Stop the instance's workers (SIGTERM: each finishes a claim in hand), then terminate it."""
+        for path in sorted((pools_dir(self.state) / pool.name).glob("*.json")):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                info = json.loads(path.read_text())
+                if info.get("instance_id") != grant.instance_id:
+                    continue
+                pid = int(info["pid"])
+                if _alive(pid):
+                    os.kill(pid, signal.SIGTERM)
         if grant.instance_id:
             with contextlib.suppress(Exception):
                 aws.client("ec2").terminate_instances(InstanceIds=[grant.instance_id])

@@ -161,3 +161,88 @@ def verify(
             "the request signature does not match: check the secret key and signing method",
         )
     return principal
+
+
+# -- Presigned S3 URLs (query-string SigV4): what a presigned PUT of a pool's runner package
+# carries instead of an Authorization header.
+def is_presigned(raw_path: str) -> bool:
+    return "X-Amz-Signature=" in raw_path.partition("?")[2]
+
+
+def verify_presigned(
+    request: SignedRequest,
+    lookup: Callable[[str], Principal | None],
+    region: str,
+    now: dt.datetime | None = None,
+) -> Principal:
+    """The principal who presigned ``request``'s URL (S3 only), or SignatureRejected."""
+    from urllib.parse import parse_qsl
+
+    from botocore.auth import S3SigV4QueryAuth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    path, _, query = request.raw_path.partition("?")
+    params = parse_qsl(query, keep_blank_values=True)
+    q = dict(params)
+    for needed in (
+        "X-Amz-Credential",
+        "X-Amz-Date",
+        "X-Amz-Expires",
+        "X-Amz-SignedHeaders",
+        "X-Amz-Signature",
+    ):
+        if needed not in q:
+            raise SignatureRejected("invalid_signature", f"the presigned URL has no {needed}")
+    scope = q["X-Amz-Credential"].split("/")
+    if len(scope) != 5 or scope[3] != "s3" or scope[4] != "aws4_request" or scope[2] != region:
+        raise SignatureRejected(
+            "invalid_signature", "the presigned URL's credential scope is not this plane's s3"
+        )
+    principal = lookup(scope[0])
+    if principal is None:
+        raise SignatureRejected(
+            "unrecognized_access_key", "the access key is not known to this control plane"
+        )
+    try:
+        signed_at = dt.datetime.strptime(q["X-Amz-Date"], _SIGV4_TIMESTAMP).replace(tzinfo=dt.UTC)
+        expires = int(q["X-Amz-Expires"])
+    except ValueError:
+        raise SignatureRejected(
+            "invalid_signature", "the presigned URL's date or expiry is malformed"
+        ) from None
+    current = now or dt.datetime.now(dt.UTC)
+    if current > signed_at + dt.timedelta(seconds=expires) or signed_at - current > MAX_SKEW:
+        raise SignatureRejected("signature_expired", "the presigned URL has expired")
+    signed_names = [n.strip().lower() for n in q["X-Amz-SignedHeaders"].split(";") if n.strip()]
+    signed_headers: list[tuple[str, str]] = []
+    for name in signed_names:
+        values = _header(request.headers, name)
+        if not values:
+            raise SignatureRejected("invalid_signature", f"the signed header {name!r} is missing")
+        signed_headers.extend((name, v) for v in values)
+
+    class _Signer(S3SigV4QueryAuth):
+        def headers_to_sign(self, req: AWSRequest) -> Any:
+            from botocore.compat import HTTPHeaders
+
+            out = HTTPHeaders()
+            for k, v in signed_headers:
+                out.add_header(k, v)
+            return out
+
+    unsigned = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in params if k != "X-Amz-Signature")
+    host = _header(request.headers, "host")[0]
+    req = AWSRequest(method=request.method.upper(), url=f"http://{host}{path}?{unsigned}", data=b"")
+    req.context["timestamp"] = q["X-Amz-Date"]
+    signer = _Signer(Credentials(principal.access_key, principal.secret_key), "s3", region, expires=expires)
+    expected = signer.signature(signer.string_to_sign(req, signer.canonical_request(req)), req)
+    if not hmac.compare_digest(expected.encode(), q["X-Amz-Signature"].encode()):
+        raise SignatureRejected("invalid_signature", "the presigned URL's signature does not match")
+    return principal
+
+
+def _quote(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="-_.~")

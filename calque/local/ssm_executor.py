@@ -38,6 +38,10 @@ log = logging.getLogger("calque.local")
 DEFAULT_AGENT = (sys.executable, "-m", "host_agent")
 # Of the plane's environment, only what finds the installed host agent and its locale.
 _CARRIED = ("PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "TZ")
+# Stand-ins a pool worker started on a simulated host needs: where AWS is (here moto) and the
+# worker's and the example runner's own settings.
+_CARRIED_FOR_WORKERS = ("CALQUE_AWS_ENDPOINT_URL", "CALQUE_WORKER_LOG_LEVEL")
+_CARRIED_PREFIXES = ("CALQUE_EXAMPLE_",)
 
 
 class SsmExecutor:
@@ -148,6 +152,10 @@ class SsmExecutor:
         ]
         # As infra/components/run_host_agent.sh's `case "$verb"` builds them.
         verb = first.get(p.verb, "")
+        if verb == "worker":  # a pool's workers: their records beside the plane's
+            argv += [first.get(p.worker_action) or "status", "--workers-dir", str(self.state.path / "pools")]
+            if first.get(p.worker):
+                argv += ["--worker", first[p.worker]]
         if spec_file is not None:
             argv += ["--spec", str(spec_file)]
         if verb == "grant":
@@ -162,7 +170,7 @@ class SsmExecutor:
                 argv += ["--fence", first[p.fence]]
         return argv
 
-    def env(self, instance_id: str) -> dict[str, str]:
+    def env(self, instance_id: str, verb: str = "") -> dict[str, str]:
         """What the SSM agent gives an ``aws:runShellScript`` step, and no more: its own PATH
         (here the plane's), ``AWS_SSM_INSTANCE_ID`` and ``AWS_SSM_REGION_NAME``; no
         ``AWS_REGION``/``AWS_DEFAULT_REGION``, no HOME, nothing of the plane's own settings.
@@ -184,6 +192,13 @@ class SsmExecutor:
         for name in _CARRIED:
             if os.environ.get(name):
                 env[name] = os.environ[name]
+        if verb == "worker":  # a pool's workers reach SQS and S3 (here: the plane's moto)
+            for name in _CARRIED_FOR_WORKERS:
+                if os.environ.get(name):
+                    env[name] = os.environ[name]
+            for name, value in os.environ.items():
+                if name.startswith(_CARRIED_PREFIXES):
+                    env[name] = value
         return env
 
     def run(self, command_id: str, instance_id: str, params: dict[str, list[str]]) -> dict[str, Any]:
@@ -209,7 +224,9 @@ class SsmExecutor:
             try:
                 done = subprocess.run(
                     argv,
-                    env=self.env(instance_id),
+                    env=self.env(
+                        instance_id, (params.get(resources.SSM_DOCUMENT_PARAMETERS.verb) or [""])[0]
+                    ),
                     capture_output=True,
                     text=True,
                     timeout=self.timeout_s,

@@ -85,9 +85,12 @@ class SqsPoolQueues:
 
 
 class S3Objects:
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, presigner: Any = None) -> None:
         self.client = client
         self.bucket = bucket
+        # a client configured for SigV4 presigning (signature_version "s3v4"); the default
+        # client may presign with the legacy scheme
+        self.presigner = presigner or client
 
     def put_json(self, key: str, data: Any) -> None:
         self.client.put_object(
@@ -96,6 +99,24 @@ class S3Objects:
 
     def get_json(self, key: str) -> Any:
         return json.loads(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+        return str(
+            self.presigner.generate_presigned_url(
+                "put_object",
+                Params={"Bucket": self.bucket, "Key": key, "ContentType": content_type},
+                ExpiresIn=expires_s,
+            )
+        )
 
 
 class SqsNudge:
@@ -114,3 +135,70 @@ class SystemClock:
         import time
 
         return time.time()
+
+
+def worker_document(
+    pool: Any, worker_ids: list[str], *, bucket: str, poll_wait_s: int = 20
+) -> dict[str, Any]:
+    """What the host agent's ``worker start`` is told (host_agent/pool_workers.py WorkerDoc)."""
+    doc: dict[str, Any] = {
+        "pool": pool.name,
+        "queue_url": pool.queue_url,
+        "runner": pool.runner,
+        "worker_ids": list(worker_ids),
+        "visibility_s": pool.visibility_s,
+        "idle_timeout_s": pool.idle_timeout_s,
+        "poll_wait_s": poll_wait_s,
+    }
+    if pool.package_key:
+        doc["package"] = {"bucket": bucket, "key": pool.package_key}
+    else:
+        doc["package_path"] = pool.package_path
+    return doc
+
+
+class SsmWorkerStarter:
+    """Starts a pool's workers on an instance: the host-agent SSM document's ``worker`` verb
+    (action ``start``, the worker document, the pool's layout as its spec). The same command
+    runs on the local plane's simulated hosts (its SSM executor)."""
+
+    def __init__(
+        self, client: Any, *, document_name: str, report_to: str, bucket: str, poll_wait_s: int = 20
+    ) -> None:
+        self.client = client
+        self.document_name = document_name
+        self.report_to = report_to
+        self.bucket = bucket
+        self.poll_wait_s = poll_wait_s
+
+    def parameters(self, pool: Any, worker_ids: list[str]) -> dict[str, list[str]]:
+        from calque.resources import SSM_DOCUMENT_PARAMETERS as p
+
+        doc = worker_document(pool, worker_ids, bucket=self.bucket, poll_wait_s=self.poll_wait_s)
+        params = {
+            p.verb: ["worker"],
+            p.worker_action: ["start"],
+            p.worker: [json.dumps(doc, separators=(",", ":"))],
+            p.report_to: [self.report_to],
+        }
+        if pool.layout:
+            params[p.spec] = [json.dumps(pool.layout, separators=(",", ":"))]
+        return params
+
+    def start(self, pool: Any, instance_id: str, worker_ids: list[str]) -> str:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from calque.errors import DependencyUnavailable
+
+        try:
+            out = self.client.send_command(
+                InstanceIds=[instance_id],
+                DocumentName=self.document_name,
+                Parameters=self.parameters(pool, worker_ids),
+                Comment=f"calque pool {pool.name}: start {len(worker_ids)} worker(s)"[:100],
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise DependencyUnavailable(
+                f"cannot send the worker start to {instance_id}: {exc}", details={"instance_id": instance_id}
+            ) from None
+        return str(out["Command"]["CommandId"])

@@ -18,6 +18,9 @@ from calque.pools.ports import Grant
 
 # The principal the fleet records as the owner of a pool's acquisitions.
 POOL_PRINCIPAL = "calque-pools"
+# The fleet's acquisition state of an instance that runs and whose SSM agent has registered
+# (calque.contracts.fleet.AcquisitionState): only then can the host agent take a command.
+READY_STATE = "registered"
 
 
 class FleetCapacity:
@@ -50,6 +53,16 @@ class FleetCapacity:
             wid: Grant(ref=a.request_id, instance_id=a.instance_id)
             for wid, a in zip(worker_ids, accepted.acquisitions, strict=False)
         }
+
+    def ready(self, pool: PoolRecord, grant: Grant) -> str | None:
+        """The instance once the fleet has it running and registered (its SSM agent online)."""
+        try:
+            acquisition = self.fleet.get(self.caller, grant.ref)
+        except CalqueError:
+            return None
+        if getattr(acquisition, "state", "registered") != READY_STATE:
+            return None
+        return acquisition.instance_id or None
 
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
         instance_id = grant.instance_id

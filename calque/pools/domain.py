@@ -89,6 +89,11 @@ class WorkerRecord(_Record):
     claim_id: str | None = None
     reason: str | None = None
     claims_served: int = 0
+    # One instance runs one worker per slice (per GPU without a layout): its workers share a
+    # group (the name the capacity provider knows the instance by) and each has its slot.
+    group: str = ""
+    slot: int = 0
+    started: bool = False  # the host agent was told to start this instance's workers
 
 
 class DecisionRecord(_Record):

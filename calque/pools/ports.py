@@ -75,6 +75,9 @@ class ObjectStore(Protocol):
 
     def put_json(self, key: str, data: Any) -> None: ...
     def get_json(self, key: str) -> Any: ...
+    def exists(self, key: str) -> bool: ...
+    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+        """A URL the caller PUTs the object to, without credentials of its own to the bucket."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,17 @@ class Capacity(Protocol):
     def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]: ...
 
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None: ...
+
+    def ready(self, pool: PoolRecord, grant: Grant) -> str | None:
+        """The instance's id once it runs and its host agent can take commands; None before."""
+
+
+class WorkerStarter(Protocol):
+    """Starts a pool's workers on an instance handed over by the capacity provider: the host
+    agent's ``worker start`` verb through SSM (one worker per slice, ``worker_ids`` in slot
+    order). Raises a CalqueError when the command cannot be sent (tried again next tick)."""
+
+    def start(self, pool: PoolRecord, instance_id: str, worker_ids: list[str]) -> str: ...
 
 
 class Nudge(Protocol):

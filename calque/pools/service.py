@@ -8,16 +8,37 @@ member submits and sees only their own claims (another's is "not found", never r
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolCreate, PoolDelete, PoolUpdate, WorkerReport
-from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
+from calque.contracts.pools import (
+    NAME_PATTERN,
+    PACKAGE_URL_EXPIRES_S,
+    ClaimReport,
+    ClaimSubmit,
+    PackageUpload,
+    PoolCreate,
+    PoolDelete,
+    PoolUpdate,
+    WorkerReport,
+)
+from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.identity import Caller
 from calque.pools import domain as d
-from calque.pools.ports import Capacity, Clock, Grant, Nudge, ObjectStore, PoolQueues, PoolStore, QueueRefs
+from calque.pools.ports import (
+    Capacity,
+    Clock,
+    Grant,
+    Nudge,
+    ObjectStore,
+    PoolQueues,
+    PoolStore,
+    QueueRefs,
+    WorkerStarter,
+)
 from calque.pools.scaler import (
     Backlog,
     Decision,
@@ -53,6 +74,29 @@ def _grant(w: d.WorkerRecord) -> Grant:
     return Grant(ref=w.capacity_ref, instance_id=None if w.instance_id == "-" else w.instance_id)
 
 
+PACKAGE_CONTENT_TYPE = "application/zip"
+
+
+def package_prefix(pool: str) -> str:
+    return f"pools/{pool}/package/"
+
+
+def _group(w: d.WorkerRecord) -> str:
+    return w.group or w.worker_id
+
+
+def slots_per_instance(pool: d.PoolRecord) -> int:
+    """Workers one instance of the pool runs: one per slice of its layout, else one per GPU."""
+    from calque import catalog
+
+    if pool.layout:
+        from calque.catalog.planner import expand_slices
+        from calque.contracts.layout import parse_layout
+
+        return max(1, len(expand_slices(pool.instance_type, parse_layout(pool.layout))))
+    return max(1, catalog.instance_type(pool.instance_type).gpu_count)
+
+
 def _require_admin(who: Caller, what: str) -> None:
     if not who.admin:
         raise Forbidden(f"{what} is for admins only", details={"principal": who.principal})
@@ -68,6 +112,7 @@ class Pools:
         nudge: Nudge,
         clock: Clock,
         config: PoolsConfig | None = None,
+        starter: WorkerStarter | None = None,
     ):
         self.store = store
         self.queues = queues
@@ -76,6 +121,8 @@ class Pools:
         self.nudger = nudge
         self.clock = clock
         self.config = config or PoolsConfig()
+        # None: workers are started some other way (the unit tests' simulated workers).
+        self.starter = starter
 
     # pools
     def _pool(self, name: str) -> d.PoolRecord:
@@ -110,6 +157,20 @@ class Pools:
             raise InvalidInput(
                 "a pool needs its runner package (--package)", details={"field": "package_key"}
             )
+        if req.package_key is not None:
+            # where the host role may read it, and uploaded already (pool package)
+            if not req.package_key.startswith(package_prefix(req.name)):
+                raise InvalidInput(
+                    f"package_key must be under {package_prefix(req.name)} "
+                    f"(from POST /v1/pools/{req.name}/package)",
+                    details={"field": "package_key"},
+                )
+            if not self.objects.exists(req.package_key):
+                raise InvalidInput(
+                    f"the runner package {req.package_key} is not in the artifact bucket: upload it first",
+                    code="package_missing",
+                    details={"field": "package_key"},
+                )
         if self.store.get_pool(req.name) is not None:
             raise Conflict(
                 f"a pool named {req.name!r} exists", code="pool_exists", details={"pool": req.name}
@@ -137,6 +198,26 @@ class Pools:
         if pool.min_workers:
             self.nudger.nudge(pool.name)
         return pool
+
+    def package_upload(self, who: Caller, name: str, req: PackageUpload) -> dict[str, Any]:
+        """Where an admin uploads a pool's runner package: a presigned PUT URL for a key named
+        by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
+        _require_admin(who, "staging a runner package")
+        if not re.match(NAME_PATTERN, name):
+            raise InvalidInput(f"{name!r} is not a pool name", details={"field": "name"})
+        key = f"{package_prefix(name)}{req.sha256}.zip"
+        url = self.objects.presign_put(
+            key, expires_s=PACKAGE_URL_EXPIRES_S, content_type=PACKAGE_CONTENT_TYPE
+        )
+        return {
+            "bucket": self.objects.bucket,
+            "key": key,
+            "url": url,
+            "method": "PUT",
+            "headers": {"Content-Type": PACKAGE_CONTENT_TYPE},
+            "expires_in_s": PACKAGE_URL_EXPIRES_S,
+            "exists": self.objects.exists(key),
+        }
 
     def list_pools(self, who: Caller) -> list[d.PoolRecord]:
         return self.store.list_pools()
@@ -210,9 +291,7 @@ class Pools:
         busy = [w for w in workers if w.state == d.W_BUSY]
         if not force and (visible or in_flight or busy):
             return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": visible + in_flight}
-        for w in workers:
-            self.capacity.release(pool, w.worker_id, _grant(w))
-            self.store.delete_worker(pool.name, w.worker_id)
+        self._drop(pool, workers, {w.worker_id for w in workers})
         if force:
             for c in self.store.claims_of_pool(pool.name, limit=10_000):
                 self.store.transition_claim(
@@ -406,20 +485,21 @@ class Pools:
             return self._finish_delete(pool, force=False)
         now = self.clock.now()
         workers = self.store.workers(name)
-        for w in workers:  # a worker that exited (idle timeout, crash) gives its instance back
-            if w.state == d.W_EXITED:
-                self.capacity.release(pool, w.worker_id, _grant(w))
-                self.store.delete_worker(name, w.worker_id)
-        workers = [w for w in workers if w.state != d.W_EXITED]
-        for w in list(workers):  # a worker that went silent is gone: give its instance back
+        gone: set[str] = set()
+        for w in workers:
+            if w.state == d.W_EXITED:  # a worker that exited (idle timeout, crash)
+                gone.add(w.worker_id)
+                continue
             silent_for = now - (w.seen_at if w.seen_at is not None else w.launched_at)
             limit = (
                 self.config.worker_start_timeout_s if w.state == d.W_STARTING else self.config.worker_stale_s
             )
-            if silent_for > limit:
-                self.capacity.release(pool, w.worker_id, _grant(w))
-                self.store.delete_worker(name, w.worker_id)
-                workers.remove(w)
+            if silent_for > limit:  # went silent (killed, crashed, instance lost)
+                gone.add(w.worker_id)
+        # their records go; an instance goes back once none of its workers is left
+        self._drop(pool, workers, gone)
+        workers = [w for w in workers if w.worker_id not in gone]
+        self._start_workers(pool, workers)
         visible, in_flight = self.queues.depth(pool.queue_url)
         views = [
             WorkerView(w.worker_id, WorkerState(w.state), w.idle_since)
@@ -436,26 +516,39 @@ class Pools:
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
         record = decision.to_record()
         if decision.launch:
-            ids = [f"w-{secrets.token_hex(4)}" for _ in range(decision.launch)]
-            for wid in ids:
-                self.store.put_worker(
-                    d.WorkerRecord(pool=name, worker_id=wid, instance_id="-", launched_at=now)
-                )
-            granted = self.capacity.acquire(pool, ids)
-            for wid in ids:
-                if wid in granted:
-                    g = granted[wid]
-                    self.store.update_worker(
-                        name, wid, {"instance_id": g.instance_id or "-", "capacity_ref": g.ref}
+            # whole instances: one worker per slot, so a launch of k workers may bring a few more
+            slots = slots_per_instance(pool)
+            groups: dict[str, list[str]] = {}
+            for _ in range(-(-decision.launch // slots)):
+                group = f"w-{secrets.token_hex(4)}"
+                groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(slots)]
+                for k, wid in enumerate(groups[group]):
+                    self.store.put_worker(
+                        d.WorkerRecord(
+                            pool=name, worker_id=wid, instance_id="-", launched_at=now, group=group, slot=k
+                        )
                     )
-                else:
-                    self.store.delete_worker(name, wid)
-            record["granted"] = len(granted)
-        by_id = {w.worker_id: w for w in workers}
-        for wid in decision.remove:
-            w = by_id[wid]
-            self.capacity.release(pool, wid, _grant(w))
-            self.store.delete_worker(name, wid)
+            granted = self.capacity.acquire(pool, list(groups))
+            for group, wids in groups.items():
+                for wid in wids:
+                    if group in granted:
+                        g = granted[group]
+                        self.store.update_worker(
+                            name, wid, {"instance_id": g.instance_id or "-", "capacity_ref": g.ref}
+                        )
+                    else:
+                        self.store.delete_worker(name, wid)
+            record["granted"] = sum(len(groups[g]) for g in granted)
+            self._start_workers(pool, self.store.workers(name))
+        # scale-in takes whole instances: an idle worker whose instance still has a live
+        # sibling stays until the sibling may go too
+        removable = set(decision.remove)
+        held = {_group(w) for w in workers if w.worker_id not in removable}
+        self._drop(
+            pool,
+            workers,
+            {w.worker_id for w in workers if w.worker_id in removable and _group(w) not in held},
+        )
         after = decision.history_after(history)
         self.store.update_pool(
             name,
@@ -470,6 +563,49 @@ class Pools:
                 d.DecisionRecord(pool=name, **{k: v for k, v in record.items() if k != "granted"})
             )
         return decision
+
+    def _drop(self, pool: d.PoolRecord, workers: list[d.WorkerRecord], drop: set[str]) -> None:
+        """Delete the workers in ``drop``; release each instance none of whose workers is left."""
+        by_group: dict[str, list[d.WorkerRecord]] = {}
+        for w in workers:
+            by_group.setdefault(_group(w), []).append(w)
+        for group, members in by_group.items():
+            leaving = [w for w in members if w.worker_id in drop]
+            if not leaving:
+                continue
+            if len(leaving) == len(members):
+                self.capacity.release(pool, group, _grant(members[0]))
+            for w in leaving:
+                self.store.delete_worker(pool.name, w.worker_id)
+
+    def _start_workers(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> None:
+        """Tell the host agent of each instance handed over (running, ready) to start its
+        workers, one per slot; an instance still being launched is asked again next tick."""
+        if self.starter is None or pool.state != d.POOL_ACTIVE:
+            return
+        by_group: dict[str, list[d.WorkerRecord]] = {}
+        for w in workers:
+            if w.state == d.W_STARTING and not w.started and w.capacity_ref:
+                by_group.setdefault(_group(w), []).append(w)
+        for members in by_group.values():
+            members.sort(key=lambda w: w.slot)
+            instance_id = self.capacity.ready(pool, _grant(members[0]))
+            if instance_id is None:
+                continue
+            for w in members:  # known before the workers report, so their reports are accepted
+                self.store.update_worker(pool.name, w.worker_id, {"instance_id": instance_id})
+            try:
+                command = self.starter.start(pool, instance_id, [w.worker_id for w in members])
+            except CalqueError as exc:
+                for w in members:
+                    self.store.update_worker(
+                        pool.name, w.worker_id, {"reason": f"not started: {exc.message}"}
+                    )
+                continue
+            for w in members:
+                self.store.update_worker(
+                    pool.name, w.worker_id, {"started": True, "reason": f"started by command {command}"}
+                )
 
     def scale_all(self) -> list[dict[str, Any]]:
         out = []

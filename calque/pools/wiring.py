@@ -23,6 +23,53 @@ def _capacity(s: Any) -> Any:
     return FleetCapacity(fleet())
 
 
+def _starter(s: Any) -> Any:
+    """The host agent's worker verb through SSM, where the scaler runs (it has the document)."""
+    if not (s.ssm_document_name and s.api_endpoint):
+        return None
+    import os
+
+    from calque.pools.aws import SsmWorkerStarter
+
+    poll = 20
+    if s.pool_capacity == "local":
+        from calque.local.pool_hosts import ENV_WORKER_POLL_S
+
+        poll = int(os.environ.get(ENV_WORKER_POLL_S, "2"))
+    return SsmWorkerStarter(
+        aws.client("ssm"),
+        document_name=s.ssm_document_name,
+        report_to=s.api_endpoint,
+        bucket=s.artifact_bucket,
+        poll_wait_s=poll,
+    )
+
+
+def _presigner() -> Any:
+    """An S3 client that presigns with SigV4 (a package upload's PUT URL), made on first use."""
+    return _LazySigV4S3()
+
+
+class _LazySigV4S3:
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._client is None:
+            import os
+
+            from botocore.config import Config
+
+            from calque.aws import _session
+
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            kwargs: dict[str, Any] = {"region_name": region, "config": Config(signature_version="s3v4")}
+            if os.environ.get("CALQUE_AWS_ENDPOINT_URL"):
+                kwargs["endpoint_url"] = os.environ["CALQUE_AWS_ENDPOINT_URL"]
+            self._client = _session().client("s3", **kwargs)
+        return getattr(self._client, name)
+
+
 def pools() -> Pools:
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
@@ -33,11 +80,12 @@ def pools() -> Pools:
     return Pools(
         DynamoPoolStore(aws.client("dynamodb"), s.table_name),
         SqsPoolQueues(sqs, s.pool_queue_prefix),
-        S3Objects(aws.client("s3"), s.artifact_bucket),
+        S3Objects(aws.client("s3"), s.artifact_bucket, presigner=_presigner()),
         _LazyCapacity(lambda: _capacity(s)),
         SqsNudge(sqs, s.pool_nudges_queue_url),
         SystemClock(),
         PoolsConfig(max_receives=s.pool_max_receives, visibility_s=s.pool_visibility_s),
+        starter=_starter(s),
     )
 
 
@@ -58,3 +106,6 @@ class _LazyCapacity:
 
     def release(self, pool: Any, worker_id: str, grant: Any) -> None:
         self._get().release(pool, worker_id, grant)
+
+    def ready(self, pool: Any, grant: Any) -> Any:
+        return self._get().ready(pool, grant)

@@ -54,6 +54,8 @@ class TextStats:
                     "sha256": hashlib.sha256(text.encode()).hexdigest(),
                     "enters": TextStats.enters,
                     "pid": os.getpid(),
+                    # the GPU or MIG slice this worker is bound to (set by the host agent)
+                    "device": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 }
             )
         return out

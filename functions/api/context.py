@@ -60,18 +60,6 @@ def require_admin(who: Caller, _args: Mapping[str, str] | None = None, _event: A
         raise Forbidden("this action is for admins only", details={"principal": who.principal})
 
 
-def require_host_role(who: Caller, _args: Mapping[str, str], event: Mapping[str, Any]) -> None:
-    """The deployment's host role (any of its instances): when the deployment knows it, by the
-    role's own unique id, and from the deploying account: a same-named role in another
-    account, or one created again, is not a host."""
-    s = api_settings()
-    pinned = s.host_role_id is None or who.principal_id == s.host_role_id
-    home = s.account_id or event.get("requestContext", {}).get("accountId")
-    same_account = home is None or who.account == home
-    if not (_is_host_role(who) and pinned and same_account):
-        raise Forbidden("only the host role may call this route", details={"principal": who.principal})
-
-
 def require_instance_role(who: Caller, args: Mapping[str, str], event: Mapping[str, Any]) -> None:
     """The host role's session for the instance the path names (EC2 names it after the instance)."""
     instance_id = args.get("instance_id", "")
@@ -87,6 +75,27 @@ def require_instance_role(who: Caller, args: Mapping[str, str], event: Mapping[s
         )
 
 
+def require_host_role(who: Caller, _args: Mapping[str, str], event: Mapping[str, Any]) -> None:
+    """The host role itself (pinned and of this account, as for a host's report), for routes
+    whose instance is named in the body (a pool worker's reports): the route then checks that
+    the role's session is that instance."""
+    s = api_settings()
+    pinned = s.host_role_id is None or who.principal_id == s.host_role_id
+    home = s.account_id or event.get("requestContext", {}).get("accountId")
+    same_account = home is None or who.account == home
+    if not (_is_host_role(who) and who.role_session and pinned and same_account):
+        raise Forbidden(
+            "only a host's own instance role may report here", details={"principal": who.principal}
+        )
+
+
+def host_role_caller(router: BaseRouter) -> Caller:
+    event = router.current_event.raw_event
+    who = _caller_of(event)
+    require_host_role(who, {}, event)
+    return who
+
+
 def admin(router: BaseRouter) -> Caller:
     who = caller(router)
     require_admin(who)
@@ -97,14 +106,6 @@ def host_caller(router: BaseRouter, instance_id: str) -> Caller:
     event = router.current_event.raw_event
     who = _caller_of(event)
     require_instance_role(who, {"instance_id": instance_id}, event)
-    return who
-
-
-def host_role_caller(router: BaseRouter) -> Caller:
-    """The host role, for routes its instances' workers call (which instance: the route checks)."""
-    event = router.current_event.raw_event
-    who = _caller_of(event)
-    require_host_role(who, {}, event)
     return who
 
 

@@ -1,6 +1,6 @@
 """The pool worker: runs on a pool instance, keeps a runner's model loaded across claims.
 
-Runs on Python 3.9+ with boto3/botocore (SQS, S3, SigV4) and nothing else outside the
+Runs on Python 3.9+ with botocore (SQS, S3, SigV4) and nothing else outside the
 standard library. ``python -m host_agent.worker --help`` for its options.
 
 The runner protocol (user code, staged as the pool's package)::

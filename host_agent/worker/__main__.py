@@ -29,12 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("CALQUE_WORKER_LOG_LEVEL", "INFO"), stream=sys.stderr)
-    import boto3
+    import botocore.session
 
     from host_agent.worker.control import HttpControlPlane
     from host_agent.worker.loop import Worker, WorkerConfig, install_signal_handlers
 
     endpoint = os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
+    # botocore alone (the host agent's bundle carries no boto3); the region as SSM Agent gives it
+    session = botocore.session.get_session()
+    region = (
+        os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or os.environ.get("AWS_SSM_REGION_NAME")
+        or session.get_config_variable("region")
+    )
     try:
         config = WorkerConfig(
             pool=args.pool,
@@ -53,8 +61,8 @@ def main(argv: list | None = None) -> int:
         return 2
     worker = Worker(
         config,
-        sqs=boto3.client("sqs", endpoint_url=endpoint),
-        s3=boto3.client("s3", endpoint_url=endpoint),
+        sqs=session.create_client("sqs", region_name=region, endpoint_url=endpoint),
+        s3=session.create_client("s3", region_name=region, endpoint_url=endpoint),
         control=HttpControlPlane(args.report_to),
     )
     install_signal_handlers(worker)

@@ -162,6 +162,7 @@ _USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.S
 # A session's own account, or a GPU's shared MPS account (MPS slots connect as that one).
 _SESSION_USER = r"^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
 _SHA256 = r"^([0-9a-f]{64})?$"
+_WORKER_ACTION = r"^(start|stop|status)?$"
 
 
 def run_agent_script(*, version: str, download_dir: str, root: str = constants.HOST_AGENT_ROOT) -> list[str]:
@@ -176,6 +177,8 @@ def run_agent_script(*, version: str, download_dir: str, root: str = constants.H
         "__P_FENCE__": p.fence,
         "__P_USER__": p.user,
         "__P_TOKEN__": p.token_sha256,
+        "__P_WACTION__": p.worker_action,
+        "__P_WORKER__": p.worker,
         "__ROOT__": root,
         "__VERSION__": version,
         "__DOWNLOAD__": download_dir,
@@ -390,6 +393,22 @@ class HostAgent(Construct):
                         "login; empty otherwise.",
                         "default": "",
                         "allowedPattern": _SHA256,
+                        "interpolationType": "ENV_VAR",
+                    },
+                    p.worker_action: {
+                        "type": "String",
+                        "description": "worker: start, stop or status a warm pool's workers; empty "
+                        "otherwise.",
+                        "default": "",
+                        "allowedPattern": _WORKER_ACTION,
+                        "interpolationType": "ENV_VAR",
+                    },
+                    p.worker: {
+                        "type": "String",
+                        "description": "worker: the pool's worker document as JSON (pool, queue, "
+                        "runner, package in the artifact bucket, one worker id per slice).",
+                        "default": "",
+                        "allowedPattern": _NO_QUOTE,
                         "interpolationType": "ENV_VAR",
                     },
                     p.report_to: {

@@ -20,6 +20,8 @@ if [ -n "${SSM___P_FENCE__+x}" ]; then fence="$SSM___P_FENCE__"; else fence='{{ 
 if [ -n "${SSM___P_REPORT__+x}" ]; then report_to="$SSM___P_REPORT__"; else report_to='{{ __P_REPORT__ }}'; fi
 if [ -n "${SSM___P_USER__+x}" ]; then session_user="$SSM___P_USER__"; else session_user='{{ __P_USER__ }}'; fi
 if [ -n "${SSM___P_TOKEN__+x}" ]; then token_sha256="$SSM___P_TOKEN__"; else token_sha256='{{ __P_TOKEN__ }}'; fi
+if [ -n "${SSM___P_WACTION__+x}" ]; then worker_action="$SSM___P_WACTION__"; else worker_action='{{ __P_WACTION__ }}'; fi
+if [ -n "${SSM___P_WORKER__+x}" ]; then worker_doc="$SSM___P_WORKER__"; else worker_doc='{{ __P_WORKER__ }}'; fi
 
 root='__ROOT__'
 home="$root/__VERSION__"
@@ -126,6 +128,31 @@ case "$verb" in
     set -- "$@" --slice "$slice_id" --user "$session_user"
     if [ -n "$token_sha256" ]; then set -- "$@" --token-sha256 "$token_sha256"; fi
     if [ -n "$fence" ]; then set -- "$@" --fence "$fence"; fi
+    ;;
+  worker)
+    # A warm pool's workers: started as their own supervised processes (systemd units), so
+    # they outlive this command. start needs the pool's worker document; its layout (spec)
+    # is applied first when given.
+    case "$worker_action" in
+      start)
+        [ -n "$worker_doc" ] || fail "worker start needs the __P_WORKER__ parameter (the pool's worker document)"
+        printf '%s' "$worker_doc" > "$work/worker.json"
+        set -- "$@" start --worker "$work/worker.json"
+        if [ -n "$spec" ]; then
+          printf '%s' "$spec" > "$work/spec.json"
+          set -- "$@" --spec "$work/spec.json"
+        fi
+        ;;
+      stop|status)
+        set -- "$@" "$worker_action"
+        if [ -n "$worker_doc" ]; then
+          pool="$(printf '%s' "$worker_doc" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("pool", ""))')" \
+            || fail "the __P_WORKER__ parameter is not a JSON document"
+          [ -n "$pool" ] && set -- "$@" --pool "$pool"
+        fi
+        ;;
+      *) fail "worker needs the __P_WACTION__ parameter: start, stop or status" ;;
+    esac
     ;;
 esac
 python3 -m host_agent "$@"

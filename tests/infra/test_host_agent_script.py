@@ -35,8 +35,9 @@ import json, os, sys
 import calque_probe
 args = sys.argv[1:]
 spec = open(args[args.index("--spec") + 1]).read() if "--spec" in args else None
+worker = open(args[args.index("--worker") + 1]).read() if "--worker" in args else None
 with open(os.environ["CALQUE_TEST_RECORD"], "w") as out:
-    json.dump({"args": args, "spec": spec, "probe": calque_probe.VALUE}, out)
+    json.dump({"args": args, "spec": spec, "worker": worker, "probe": calque_probe.VALUE}, out)
 """
 
 
@@ -96,7 +97,7 @@ def _run(
         else:
             script = script.replace("{{ " + name + " }}", value)
     # What SSM Agent pastes for a parameter it did not receive: its default.
-    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256, P.worker_action, P.worker):
         script = script.replace("{{ " + name + " }}", "")
     # As SSM Agent does: the lines go to a file, which the shell runs.
     path = tmp_path / "_script.sh"
@@ -272,3 +273,68 @@ def test_the_local_planes_executor_gives_a_grant_the_same_arguments_as_the_docum
         "--fence",
         "7",
     ]
+
+
+HOSTILE_WORKER = json.dumps(
+    {
+        "pool": "small-models",
+        "queue_url": "https://sqs.us-east-1.amazonaws.com/123456789012/calque-pool-small-models",
+        "runner": "runner:Model",
+        "package": {"bucket": "art", "key": "pools/small-models/package/0a1b.zip"},
+        "worker_ids": ["w-1-0", "w-1-1", "w-1-2", "w-1-3"],
+        "note": "$(touch pwned) `id` $HOME",
+    }
+)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("env_interpolation", [True, False], ids=["env-vars", "old-agent-pasting"])
+def test_worker_start_passes_the_worker_document_and_the_layout_intact(
+    host, tmp_path, env_interpolation, shell
+) -> None:
+    # Given a worker start command for a pool with a MIG layout, its document carrying shell syntax
+    layout = '{"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}'
+    values = {
+        P.verb: "worker",
+        P.worker_action: "start",
+        P.worker: HOSTILE_WORKER,
+        P.spec: layout,
+        P.report_to: "https://api.example/prod/",
+    }
+    # When the document's shell step runs it
+    result = _run(host, tmp_path, values, env_interpolation=env_interpolation, shell=shell)
+    # Then the agent's worker verb starts the pool's workers with the document and the layout as files
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "record.json").read_text())
+    args = record["args"]
+    assert args[:7] == [
+        "--instance-id", "i-0abc", "--report-to", "https://api.example/prod/", "worker", "start", "--worker",
+    ]  # fmt: skip
+    assert args[8] == "--spec"
+    assert record["worker"] == HOSTILE_WORKER
+    assert record["spec"] == layout
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_worker_stop_names_the_pool_from_its_document(host, tmp_path, shell) -> None:
+    values = {P.verb: "worker", P.worker_action: "stop", P.worker: '{"pool": "small-models"}'}
+    result = _run(host, tmp_path, values, env_interpolation=True, shell=shell)
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["args"][-4:] == ["worker", "stop", "--pool", "small-models"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_worker_without_an_action_or_a_document_is_refused_before_the_agent_runs(
+    host, tmp_path, shell
+) -> None:
+    no_action = _run(host, tmp_path, {P.verb: "worker"}, env_interpolation=True, shell=shell)
+    assert no_action.returncode != 0
+    assert "start, stop or status" in no_action.stderr
+    no_doc = _run(
+        host, tmp_path, {P.verb: "worker", P.worker_action: "start"}, env_interpolation=True, shell=shell
+    )
+    assert no_doc.returncode != 0
+    assert "worker document" in no_doc.stderr
+    assert not (tmp_path / "record.json").exists()

@@ -376,14 +376,42 @@ def test_ssm_document_takes_the_shared_parameter_names(synthesized: Synthesized)
     parameters = document["Content"]["parameters"]
     p = resources.SSM_DOCUMENT_PARAMETERS
     # Then its parameters are the names the local plane's executor also uses
-    assert set(parameters) == {p.verb, p.spec, p.slice_id, p.report_to, p.fence, p.user, p.token_sha256}
+    every = {
+        p.verb,
+        p.spec,
+        p.slice_id,
+        p.report_to,
+        p.fence,
+        p.user,
+        p.token_sha256,
+        p.worker_action,
+        p.worker,
+    }
+    assert set(parameters) == every
     assert parameters[p.verb]["allowedValues"] == list(resources.HOST_AGENT_VERBS)
+    assert "worker" in parameters[p.verb]["allowedValues"]  # a warm pool's workers
     # And free-text values reach the script as environment variables, never pasted into it
-    for name in (p.spec, p.slice_id, p.report_to, p.fence, p.user, p.token_sha256):
+    for name in every - {p.verb}:
         assert parameters[name]["interpolationType"] == "ENV_VAR"
         assert "'" not in parameters[name]["allowedPattern"].replace("[^']", "")
     # And the report endpoint defaults to this deployment's API
     assert "Ref" in json.dumps(parameters[p.report_to]["default"])
+
+
+def test_the_pool_scaler_may_start_workers_with_the_document_and_knows_where_they_report(
+    synthesized: Synthesized,
+) -> None:
+    # Given the pool scaler's function
+    (scaler,) = [
+        f
+        for f in resources_of(synthesized.service_json, "AWS::Lambda::Function")
+        if "pool_scaler" in json.dumps(f["Properties"].get("Handler", ""))
+    ]
+    env = scaler["Properties"]["Environment"]["Variables"]
+    # Then it has the host-agent document and the API endpoint the workers report to
+    assert resources.ENV_SSM_DOCUMENT_NAME in env
+    assert resources.ENV_API_ENDPOINT in env
+    assert "ssm_document" in resources.FUNCTION_WIRING["pool_scaler"]
 
 
 def test_ssm_document_downloads_the_bundle_then_runs_the_agent(synthesized: Synthesized) -> None:

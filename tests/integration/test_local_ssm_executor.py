@@ -163,3 +163,37 @@ def test_the_instance_profile_signs_as_the_host_role(world):
     principal = state.principal(host.instance_id)
     assert principal.arn == f"arn:aws:sts::123456789012:assumed-role/{made.host_role_name}/{host.instance_id}"
     assert principal.access_key in state.credentials_file.read_text()
+
+
+def test_a_worker_start_passes_its_document_the_layout_and_where_workers_keep_their_records(world):
+    state, clients, made = world
+    host = launch(state, clients.client("ec2"), instance_type="g7e.2xlarge", host_role=made.host_role_name)
+    p = resources.SSM_DOCUMENT_PARAMETERS
+    doc = json.dumps({"pool": "small", "worker_ids": ["w-1-0"]})
+    layout = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
+    sent = clients.client("ssm").send_command(
+        InstanceIds=[host.instance_id],
+        DocumentName=made.ssm_document_name,
+        Parameters={
+            p.verb: ["worker"],
+            p.worker_action: ["start"],
+            p.worker: [doc],
+            p.spec: [json.dumps(layout)],
+            p.report_to: ["http://api.invalid"],
+        },
+    )
+    ran = json.loads(_result(state, sent["Command"]["CommandId"], host.instance_id)["stdout"])
+    argv = ran["argv"]
+    at = argv.index("worker")
+    assert argv[at : at + 6] == [
+        "worker",
+        "start",
+        "--workers-dir",
+        str(state.path / "pools"),
+        "--worker",
+        doc,
+    ]
+    assert ran["spec"] == layout
+    # the worker verb alone gets where AWS is (a pool's workers use SQS and S3), still as the instance
+    assert ran["leaked"] == ["CALQUE_AWS_ENDPOINT_URL"]
+    assert ran["profile"] == host.instance_id

@@ -187,19 +187,13 @@ def do_create(
         raise CliError(
             f"--package {package}: not a directory", code="invalid_input", details={"field": "package"}
         )
-    if ctx._resolve()[1] is None:
-        raise CliError(
-            "staging a runner package to a deployed control plane is not available yet; "
-            "pools run from a local directory on the local plane only",
-            code="not_supported",
-            details={"field": "package"},
-        )
+    package_key = upload_package(ctx, name, path)
     body = {
         "name": name,
         "model": model,
         "instance_type": instance_type,
         "runner": runner,
-        "package_path": str(path.resolve()),
+        "package_key": package_key,
         "min_workers": min_workers,
         "max_workers": max_workers,
         "target_backlog_per_worker": target_backlog_per_worker,
@@ -210,6 +204,74 @@ def do_create(
     }
     pool = ctx.client().request("POST", "/v1/pools", body)
     ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
+
+
+def zip_package(path: Path) -> bytes:
+    """The directory as a zip, byte for byte the same for the same files (sorted, fixed
+    timestamps, no caches), so its SHA-256 names its content."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            rel = f.relative_to(path)
+            if (
+                "__pycache__" in rel.parts
+                or rel.suffix == ".pyc"
+                or any(x.startswith(".") for x in rel.parts)
+            ):
+                continue
+            info = zipfile.ZipInfo(rel.as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, f.read_bytes())
+    return buf.getvalue()
+
+
+def upload_package(ctx: Any, name: str, path: Path) -> str:
+    """Stage the runner package in the artifact bucket: the API answers a presigned PUT URL
+    under the pool's prefix (named by the zip's SHA-256), this uploads the zip to it, and the
+    pool is created with that key. The caller needs no S3 permissions of its own."""
+    import hashlib
+    import urllib.error
+    import urllib.request
+
+    from calque.contracts.pools import PACKAGE_MAX_BYTES
+
+    data = zip_package(path)
+    if len(data) > PACKAGE_MAX_BYTES:
+        raise CliError(
+            f"--package {path}: {len(data)} bytes zipped, over the {PACKAGE_MAX_BYTES} bytes a runner "
+            "package may have (keep model weights in their own storage)",
+            code="invalid_input",
+            details={"field": "package"},
+        )
+    sha = hashlib.sha256(data).hexdigest()
+    target = ctx.client().request(
+        "POST", f"/v1/pools/{quote(name, safe='')}/package", {"sha256": sha, "size": len(data)}
+    )
+    if not target.get("exists"):
+        req = urllib.request.Request(  # noqa: S310 - the URL the API answered
+            target["url"], data=data, method="PUT", headers=dict(target.get("headers") or {})
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            raise CliError(
+                f"uploading the runner package was refused ({exc.code}): "
+                f"{exc.read().decode(errors='replace')[:200]}",
+                code="package_upload_failed",
+                details={"key": target["key"]},
+            ) from None
+        except OSError as exc:
+            raise CliError(
+                f"cannot upload the runner package: {exc}",
+                code="package_upload_failed",
+                details={"key": target["key"]},
+            ) from None
+    return str(target["key"])
 
 
 def do_list(ctx: Any) -> None:

@@ -14,6 +14,7 @@ from calque.contracts.pools import (
     ClaimReport,
     ClaimReportAnswer,
     ClaimSubmit,
+    PackageUpload,
     Pool,
     PoolCreate,
     PoolDelete,
@@ -44,6 +45,12 @@ def create_pool(body: PoolCreate) -> Pool:
     pool = pools().create_pool(caller(router), body)
     logger.info("pool created", extra={"pool": pool.name, "instance_type": pool.instance_type})
     return _pool(pool)
+
+
+@router.post("/pools/<name>/package", status_code=201)
+def package_upload(name: str, body: PackageUpload) -> dict[str, Any]:
+    """Where to PUT the runner package (a presigned URL to the artifact bucket's pool prefix)."""
+    return pools().package_upload(caller(router), name, body)
 
 
 @router.get("/pools")
@@ -105,7 +112,8 @@ def cancel_claim(claim_id: str) -> Claim:
 @router.post("/pools/<name>/claims/<claim_id>/report")
 @guarded(require_host_role)
 def claim_report(name: str, claim_id: str, body: ClaimReport) -> ClaimReportAnswer:
-    out = pools().claim_report(host_role_caller(router), pool_settings().host_role_name, name, claim_id, body)
+    who = host_role_caller(router)
+    out = pools().claim_report(who, pool_settings().host_role_name, name, claim_id, body)
     if body.event != "started":
         logger.info("claim report", extra={"claim_id": claim_id, "event": body.event, "answer": out})
     return ClaimReportAnswer.model_validate(out)
@@ -114,6 +122,5 @@ def claim_report(name: str, claim_id: str, body: ClaimReport) -> ClaimReportAnsw
 @router.post("/pools/<name>/workers/<worker_id>/report")
 @guarded(require_host_role)
 def worker_report(name: str, worker_id: str, body: WorkerReport) -> dict[str, Any]:
-    return pools().worker_report(
-        host_role_caller(router), pool_settings().host_role_name, name, worker_id, body
-    )
+    who = host_role_caller(router)
+    return pools().worker_report(who, pool_settings().host_role_name, name, worker_id, body)

@@ -80,6 +80,12 @@ class MemoryObjects:
     def get_json(self, key: str) -> Any:
         return self.objects[key]
 
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+        return f"https://{self.bucket}.s3.example/{key}?X-Amz-Expires={expires_s}&X-Amz-Signature=fake"
+
 
 @dataclass
 class FakeCapacity:
@@ -89,6 +95,7 @@ class FakeCapacity:
     held: dict[str, str] = field(default_factory=dict)  # worker_id -> instance_id
     released: list[str] = field(default_factory=list)
     counter: int = 0
+    booting: set[str] = field(default_factory=set)  # refs whose instance is not ready yet
 
     def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
         granted = {}
@@ -99,6 +106,9 @@ class FakeCapacity:
             self.held[wid] = f"i-{self.counter:08d}"
             granted[wid] = Grant(ref=f"r-{self.counter:08d}", instance_id=self.held[wid])
         return granted
+
+    def ready(self, pool: PoolRecord, grant: Grant) -> str | None:
+        return None if grant.ref in self.booting else grant.instance_id
 
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
         self.held.pop(worker_id, None)

@@ -30,11 +30,12 @@ EVENTS = st.lists(
 @given(EVENTS)
 def test_a_claim_completes_at_most_once_and_never_leaves_a_final_state(events):
     world = World()
+    world.objects.objects["pools/pool-1/package/k.zip"] = "zip"
     world.pools.create_pool(
         ADMIN,
         PoolCreate(
-            name="pool-1", model="m", instance_type="g6e.xlarge", runner="a:B", package_key="k",
-            max_workers=2, i_understand_this_spends_money=True,
+            name="pool-1", model="m", instance_type="g6e.xlarge", runner="a:B",
+            package_key="pools/pool-1/package/k.zip", max_workers=2, i_understand_this_spends_money=True,
         ),
     )  # fmt: skip
     world.store.update_pool("pool-1", {"min_workers": 2})

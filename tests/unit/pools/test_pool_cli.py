@@ -92,12 +92,17 @@ def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api,
     assert "not a directory" in err
     assert api.requests == []
     api.responses[("POST", "/v1/pools")] = {"name": "p1"}
+    key = "pools/p1/package/" + "a" * 64 + ".zip"
+    api.responses[("POST", "/v1/pools/p1/package")] = {"key": key, "url": "http://unused", "exists": True}
     code, _, err = cli(
         *base, "--package", str(tmp_path), "--idle-timeout", "90s", "--i-understand-this-spends-money"
     )
     assert code == 0, err
-    sent = api.requests[0][2]
-    assert sent["package_path"] == str(tmp_path.resolve())
+    staged = api.requests[0][2]
+    assert len(staged["sha256"]) == 64
+    sent = api.requests[1][2]
+    assert sent["package_key"] == key  # staged in the artifact bucket, on any plane
+    assert "package_path" not in sent
     assert sent["idle_timeout_s"] == 90
     assert sent["i_understand_this_spends_money"] is True
 
@@ -160,3 +165,47 @@ def test_pool_status_shows_workers_backlog_warm_hits_and_the_reasons_of_decision
     assert "w-1" in out
     assert "backlog 4 wants 2 workers" in out
     assert "Latest check: hold: cooldown" in out
+
+
+def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp_path, monkeypatch):
+    import hashlib
+    import io
+    import urllib.request
+    import zipfile
+
+    from calque.cli.commands.pool import zip_package
+
+    got: list[urllib.request.Request] = []
+
+    class Answer(io.BytesIO):
+        def __enter__(self) -> Answer:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda req, timeout=0: got.append(req) or Answer(b""))
+    pkg = tmp_path / "pkg"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "runner.py").write_text("class R: pass\n")
+    (pkg / "__pycache__" / "runner.cpython-311.pyc").write_bytes(b"cache")
+    url = "https://art.s3.amazonaws.com/pools/p1/package/x.zip?X-Amz-Signature=s"
+    api.responses[("POST", "/v1/pools/p1/package")] = {
+        "key": "pools/p1/package/x.zip", "url": url,
+        "headers": {"Content-Type": "application/zip"}, "exists": False,
+    }  # fmt: skip
+    api.responses[("POST", "/v1/pools")] = {"name": "p1"}
+    code, _, err = cli(
+        "pool", "create", "p1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "runner:R",
+        "--package", str(pkg), "--i-understand-this-spends-money",
+    )  # fmt: skip
+    assert code == 0, err
+    (put,) = got
+    assert (put.get_method(), put.full_url) == ("PUT", url)
+    assert put.get_header("Content-type") == "application/zip"
+    body = put.data
+    assert isinstance(body, bytes)
+    assert zipfile.ZipFile(io.BytesIO(body)).namelist() == ["runner.py"]  # no caches
+    assert api.requests[0][2] == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    assert api.requests[1][2]["package_key"] == "pools/p1/package/x.zip"
+    assert zip_package(pkg) == body  # the same files, the same bytes: the hash names the content

@@ -15,12 +15,14 @@ ALICE, BOB = member("alice"), member("bob")
 
 
 def create(world: World, name: str = "textstats", who=ADMIN, **kw) -> None:
+    package_key = f"pools/{name}/package/{'0' * 64}.zip"
+    world.objects.objects[package_key] = "the runner's zip, uploaded to its presigned URL"
     body = {
         "name": name,
         "model": "example",
         "instance_type": "g6e.xlarge",
         "runner": "textstats:TextStats",
-        "package_key": "packages/textstats.zip",
+        "package_key": package_key,
         "max_workers": 3,
         "idle_timeout_s": 60,
         "i_understand_this_spends_money": True,

@@ -1,0 +1,283 @@
+"""The scaler starts workers through the host agent's worker verb once the capacity provider
+hands over a running, ready instance: one worker per slice of the pool's layout (one per GPU
+without one), each known before it reports, so its reports are accepted from its own
+instance alone; an instance goes back only when none of its workers is left."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from calque.contracts.pools import ClaimSubmit, PoolCreate, WorkerReport
+from calque.errors import DependencyUnavailable, Forbidden
+from calque.pools.aws import SsmWorkerStarter
+from calque.pools.capacity import FleetCapacity
+from calque.pools.ports import Grant
+from calque.pools.service import Pools, PoolsConfig
+from calque.resources import SSM_DOCUMENT_PARAMETERS as P
+from tests.unit.pools.fakes import ADMIN, HOST_ROLE, World, instance, member
+
+pytestmark = pytest.mark.unit
+
+FOUR = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
+
+
+@dataclass
+class RecordingStarter:
+    sent: list[tuple[str, str, list[str]]] = field(default_factory=list)
+    failures: int = 0
+
+    def start(self, pool: Any, instance_id: str, worker_ids: list[str]) -> str:
+        if self.failures:
+            self.failures -= 1
+            raise DependencyUnavailable("SSM said ThrottlingException")
+        self.sent.append((pool.name, instance_id, list(worker_ids)))
+        return f"cmd-{len(self.sent)}"
+
+
+@dataclass
+class StartWorld(World):
+    starter: RecordingStarter = field(default_factory=RecordingStarter)
+
+    @property
+    def pools(self) -> Pools:
+        return Pools(
+            self.store, self.queues, self.objects, self.capacity, self.nudges, self.clock,
+            PoolsConfig(max_receives=3), starter=self.starter,
+        )  # fmt: skip
+
+
+def make(instance_type: str = "g7e.2xlarge", layout: dict | None = FOUR, **kw: Any) -> StartWorld:
+    w = StartWorld()
+    w.objects.objects["pools/small/package/ab.zip"] = "zip"
+    body = {
+        "name": "small", "model": "m", "instance_type": instance_type, "runner": "r:R",
+        "package_key": "pools/small/package/ab.zip", "max_workers": 8, "idle_timeout_s": 60,
+        "layout": layout, "i_understand_this_spends_money": True, **kw,
+    }  # fmt: skip
+    w.pools.create_pool(ADMIN, PoolCreate(**body))
+    return w
+
+
+def submit(w: StartWorld) -> None:
+    w.pools.submit(member("alice"), "small", ClaimSubmit(items=[1]))
+
+
+def drain(w: StartWorld) -> None:
+    q = w.queues.queues[w.store.get_pool("small").queue_url]
+    q["visible"].clear()
+    q["in_flight"].clear()
+
+
+def report(w: StartWorld, wid: str, iid: str, state: str = "idle") -> None:
+    w.pools.worker_report(instance(iid), HOST_ROLE, "small", wid, WorkerReport(instance_id=iid, state=state))
+
+
+def test_a_mig_layout_of_four_slices_gets_one_instance_with_four_workers_started_in_one_command():
+    # Given a g7e pool with four 1g.24gb slices, and one claim
+    w = make()
+    submit(w)
+    # When the scaler runs
+    w.pools.scale("small")
+    # Then one instance was asked for, and its agent was told to start four workers, in slot order
+    assert len(w.capacity.held) == 1
+    ((pool, iid, ids),) = w.starter.sent
+    assert pool == "small"
+    assert ids == [f"{ids[0][:-2]}-{k}" for k in range(4)]
+    workers = w.store.workers("small")
+    assert {x.instance_id for x in workers} == {iid}
+    assert all(x.started for x in workers)
+    # And each worker's reports are accepted from its own instance, and from no other
+    for wid in ids:
+        report(w, wid, iid)
+    with pytest.raises(Forbidden):
+        report(w, ids[0], "i-99999999")
+    assert {x.state for x in w.store.workers("small")} == {"idle"}
+
+
+def test_without_a_layout_there_is_one_worker_per_gpu():
+    w = make(instance_type="g6e.12xlarge", layout=None)
+    submit(w)
+    w.pools.scale("small")
+    ((_, _, ids),) = w.starter.sent
+    assert len(ids) == 4  # g6e.12xlarge: four L40S
+
+
+def test_an_instance_still_booting_is_started_once_it_is_ready_and_only_once():
+    w = make()
+    w.capacity.booting = {"r-00000001"}
+    submit(w)
+    w.pools.scale("small")
+    assert w.starter.sent == []  # the fleet has not handed it over yet
+    assert not any(x.started for x in w.store.workers("small"))
+    w.capacity.booting = set()
+    w.clock.t += 60
+    w.pools.scale("small")
+    w.clock.t += 60
+    w.pools.scale("small")
+    assert len(w.starter.sent) == 1
+
+
+def test_a_start_that_cannot_be_sent_is_sent_again_at_the_next_tick():
+    w = make()
+    w.starter.failures = 1
+    submit(w)
+    w.pools.scale("small")
+    assert w.starter.sent == []
+    assert all("ThrottlingException" in (x.reason or "") for x in w.store.workers("small"))
+    w.clock.t += 60
+    w.pools.scale("small")
+    assert len(w.starter.sent) == 1
+
+
+def test_scale_in_releases_an_instance_only_when_all_its_workers_may_go():
+    w = make()
+    submit(w)
+    w.pools.scale("small")
+    ((_, iid, ids),) = w.starter.sent
+    for wid in ids:
+        report(w, wid, iid)
+    # Given no backlog, three workers idle past the idle timeout and one busy sibling
+    drain(w)
+    report(w, ids[0], iid, "busy")
+    w.clock.t += 3600
+    for wid in ids:
+        report(w, wid, iid, "busy" if wid == ids[0] else "idle")
+    w.pools.scale("small")
+    # Then the instance stays, with all four workers
+    assert w.capacity.released == []
+    assert len(w.store.workers("small")) == 4
+    # When the busy one is idle past the timeout too
+    report(w, ids[0], iid, "idle")
+    w.clock.t += 3600
+    for wid in ids:
+        report(w, wid, iid)
+    w.pools.scale("small")
+    # Then the instance goes back once, and no worker record is left
+    assert w.capacity.released == [iid]
+    assert w.store.workers("small") == []
+
+
+def test_one_exited_worker_does_not_take_its_siblings_instance():
+    w = make()
+    submit(w)
+    w.pools.scale("small")
+    ((_, iid, ids),) = w.starter.sent
+    for wid in ids:
+        report(w, wid, iid)
+    report(w, ids[2], iid, "exited")
+    w.pools.scale("small")
+    assert w.capacity.released == []
+    assert [x.worker_id for x in w.store.workers("small")] == [ids[0], ids[1], ids[3]]
+    for wid in (ids[0], ids[1], ids[3]):
+        report(w, wid, iid, "exited")
+    w.pools.scale("small")
+    assert w.capacity.released == [iid]
+
+
+class FakeSsm:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def send_command(self, **kw: Any) -> dict[str, Any]:
+        self.calls.append(kw)
+        return {"Command": {"CommandId": "c-123"}}
+
+
+def test_the_ssm_starter_sends_the_worker_verb_with_the_pools_document_and_layout():
+    w = make()
+    pool = w.store.get_pool("small")
+    ssm = FakeSsm()
+    starter = SsmWorkerStarter(ssm, document_name="calque-host-agent", report_to="https://api/", bucket="art")
+    assert starter.start(pool, "i-0abc", ["w-1-0", "w-1-1", "w-1-2", "w-1-3"]) == "c-123"
+    (call,) = ssm.calls
+    assert call["InstanceIds"] == ["i-0abc"]
+    assert call["DocumentName"] == "calque-host-agent"
+    params = call["Parameters"]
+    assert params[P.verb] == ["worker"]
+    assert params[P.worker_action] == ["start"]
+    assert params[P.report_to] == ["https://api/"]
+    assert json.loads(params[P.spec][0]) == FOUR
+    doc = json.loads(params[P.worker][0])
+    assert doc["package"] == {"bucket": "art", "key": "pools/small/package/ab.zip"}
+    assert doc["worker_ids"] == ["w-1-0", "w-1-1", "w-1-2", "w-1-3"]
+    assert doc["queue_url"] == pool.queue_url
+    assert "'" not in params[P.worker][0]  # the document's allowedPattern
+
+
+def test_the_worker_document_is_what_the_host_agent_accepts():
+    from host_agent.pool_workers import WorkerDoc
+
+    w = make()
+    params = SsmWorkerStarter(FakeSsm(), document_name="d", report_to="u", bucket="art").parameters(
+        w.store.get_pool("small"), ["w-1-0"]
+    )
+    doc = WorkerDoc.parse(params[P.worker][0])
+    assert doc.pool == "small"
+    assert doc.package == {"bucket": "art", "key": "pools/small/package/ab.zip"}
+
+
+@dataclass
+class _Acq:
+    request_id: str
+    state: str
+    instance_id: str | None = None
+
+
+class FleetStandIn:
+    def __init__(self, state: str, instance_id: str | None) -> None:
+        self.acq = _Acq("r-1", state, instance_id)
+
+    def get(self, caller: Any, request_id: str) -> Any:
+        return self.acq
+
+
+@pytest.mark.parametrize(
+    ("state", "iid", "ready"),
+    [
+        ("registered", "i-0abc", "i-0abc"),
+        ("booting", "i-0abc", None),
+        ("launching", None, None),
+        ("failed", None, None),
+    ],
+)
+def test_the_fleet_hands_over_an_instance_only_once_it_is_registered(state, iid, ready):
+    capacity = FleetCapacity(FleetStandIn(state, iid))
+    assert capacity.ready(None, Grant(ref="r-1")) == ready  # type: ignore[arg-type]
+
+
+def test_an_admin_gets_a_presigned_put_for_the_package_under_the_pools_prefix_and_a_member_does_not():
+    from calque.contracts.pools import PackageUpload
+
+    w = StartWorld()
+    sha = "b" * 64
+    target = w.pools.package_upload(ADMIN, "small", PackageUpload(sha256=sha, size=1234))
+    assert target["key"] == f"pools/small/package/{sha}.zip"
+    assert target["method"] == "PUT"
+    assert target["headers"] == {"Content-Type": "application/zip"}
+    assert "X-Amz-Signature" in target["url"]
+    assert target["exists"] is False
+    with pytest.raises(Forbidden):
+        w.pools.package_upload(member("alice"), "small", PackageUpload(sha256=sha, size=1234))
+
+
+@pytest.mark.parametrize(
+    ("key", "code"),
+    [("packages/other.zip", "invalid_input"), ("pools/small/package/never-uploaded.zip", "package_missing")],
+)
+def test_a_pool_is_created_only_with_its_package_uploaded_under_its_prefix(key, code):
+    from calque.errors import InvalidInput
+
+    w = StartWorld()
+    body = {
+        "name": "small", "model": "m", "instance_type": "g6e.xlarge", "runner": "r:R",
+        "package_key": key, "i_understand_this_spends_money": True,
+    }  # fmt: skip
+    with pytest.raises(InvalidInput) as exc:
+        w.pools.create_pool(ADMIN, PoolCreate(**body))
+    assert exc.value.code == code
+    assert w.store.list_pools() == []
+    assert w.queues.queues == {}  # nothing created
