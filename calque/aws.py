@@ -60,6 +60,7 @@ class LazyClient:
 def lazy_client(service: str, region: str | None = None) -> Any:
     return LazyClient(service, region)
 
+
 def single_try_client(service: str, region: str | None = None) -> Any:
     """A client whose calls are not retried by the SDK: for RunInstances, where a capacity
     error (HTTP 500 from EC2) is answered by trying the next place, not the same one again."""

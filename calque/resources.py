@@ -147,7 +147,7 @@ class SsmDocumentParameters:
     report_to: str = "reportTo"  # the API endpoint the agent reports to; defaults to the deployed API
     fence: str = "fence"  # reclaim: the slice's fence when its lease ended; echoed in the report
     user: str = "user"  # grant: the session's own account on the host (see host_agent.tenants)
-    token_sha256: str = "tokenSha256"  # grant: the session token's hash, which login checks
+    token_sha256: str = "tokenSha256"  # grant: the session token's hash, which login checks  # noqa: S105 (a parameter name)
     worker_action: str = "workerAction"  # worker: start | stop | status (a warm pool's workers)
     worker: str = "worker"  # worker start: the pool's worker document, JSON (host_agent/pool_workers.py)
 
@@ -265,4 +265,9 @@ FLEET_TAG_POOL = "calque:pool"
 # Pools get their instances from the fleet, in process: the scaler (and the DLQ consumer,
 # which releases what a deleted pool held) are wired as the fleet's callers.
 for _caller in ("pool_scaler", "pool_dlq"):
-    FUNCTION_WIRING[_caller] = (*FUNCTION_WIRING[_caller], "host_tasks_queue", "fleet_acquire_queue", "events")
+    FUNCTION_WIRING[_caller] = (
+        *FUNCTION_WIRING[_caller],
+        "host_tasks_queue",
+        "fleet_acquire_queue",
+        "events",
+    )

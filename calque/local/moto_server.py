@@ -234,6 +234,7 @@ class LocalAwsApp:
             if "Action" in form:
                 return form["Action"][0]
         return ""
+
     def _call(self, environ: dict[str, Any]) -> tuple[str, list[Any], bytes]:
         """moto's answer as (status, headers, body)."""
         body, (status, headers, _exc) = self._buffered(environ, None)

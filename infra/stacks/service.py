@@ -302,7 +302,6 @@ def _alias(field: str) -> str:
     assert alias is not None
     return alias
 
-
     # ---- the fleet (layer 0) ---------------------------------------------------------------------
 
     def _add_fleet(self) -> None:
