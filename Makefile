@@ -59,6 +59,10 @@ synth: install
 bench: install
 	$(PY) bench/cold_import.py
 	$(PY) bench/checkout.py
+	$(PY) bench/placement_race.py
+	$(PY) bench/fleet.py
+	$(PY) bench/pool_sim.py
+	$(PY) bench/simulate.py
 
 clean:
 	rm -rf $(VENV) cdk.out .bundle-cache .pytest_cache .mypy_cache .ruff_cache
