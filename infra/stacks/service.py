@@ -296,12 +296,6 @@ class ServiceStack(Stack):
             topic_arn=config.alarm_topic_arn,
         )
 
-
-def _alias(field: str) -> str:
-    alias = ApiSettings.model_fields[field].alias
-    assert alias is not None
-    return alias
-
     # ---- the fleet (layer 0) ---------------------------------------------------------------------
 
     def _add_fleet(self) -> None:
@@ -341,6 +335,12 @@ def _alias(field: str) -> str:
             description="The launch template every fleet instance starts from (IMDSv2, encrypted EBS)",
         )
         CfnOutput(self, constants.OUTPUT_FLEET_VPC_ID, value=self.fleet_network.vpc.vpc_id)
+
+
+def _alias(field: str) -> str:
+    alias = ApiSettings.model_fields[field].alias
+    assert alias is not None
+    return alias
 
 
 def _queue_env(queue_id: str) -> str:
