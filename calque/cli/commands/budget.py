@@ -22,18 +22,18 @@ BUDGET_FIELDS: list[Any] = [
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.commands.quota import _non_negative_float, _non_negative_int
+    from calque.cli.argtypes import non_negative_float, non_negative_int
     from calque.cli.main import command_group
 
     group = command_group(
         subparsers, "budget", help="the spend gate: instances and dollars the fleet may hold"
     )
     p = group.add_parser("set", help="set the budget (admins)")
-    p.add_argument("--max-instances", required=True, type=_non_negative_int, metavar="N")
-    p.add_argument("--max-hourly-usd", required=True, type=_non_negative_float, metavar="X")
+    p.add_argument("--max-instances", required=True, type=non_negative_int, metavar="N")
+    p.add_argument("--max-hourly-usd", required=True, type=non_negative_float, metavar="X")
     p.add_argument(
         "--max-monthly-usd",
-        type=_non_negative_float,
+        type=non_negative_float,
         metavar="Y",
         help="a 730-hour month at the reserved rate",
     )

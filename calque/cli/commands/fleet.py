@@ -58,7 +58,8 @@ def _price(text: str) -> float:
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.commands.host import _positive_int, mig_arg
+    from calque.cli.argtypes import positive_int
+    from calque.cli.commands.host import mig_arg
     from calque.cli.durations import duration_arg
     from calque.cli.main import command_group
 
@@ -73,13 +74,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--instance-type", required=True, metavar="T", help="a GPU instance type in the catalog")
     p.add_argument(
-        "--count", type=_positive_int, default=1, metavar="N", help="instances (default 1, at most 20)"
+        "--count", type=positive_int, default=1, metavar="N", help="instances (default 1, at most 20)"
     )
     layout = p.add_argument_group("layout (one of; none: the card's default)")
     layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=_positive_int, metavar="N")
-    layout.add_argument("--mps-thread-percentage", type=_positive_int, metavar="P")
-    layout.add_argument("--mps-memory-limit-mib", type=_positive_int, metavar="M")
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
+    layout.add_argument("--mps-thread-percentage", type=positive_int, metavar="P")
+    layout.add_argument("--mps-memory-limit-mib", type=positive_int, metavar="M")
     layout.add_argument("--spec", metavar="FILE")
     p.add_argument(
         "--spot", action="store_true", help="spot capacity (may be reclaimed with two minutes' warning)"
@@ -130,13 +131,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--instance-type", required=True, metavar="T")
     p.add_argument("--az", metavar="Z", help="only in this AZ (default: every AZ)")
     p.add_argument(
-        "--times", type=_positive_int, metavar="N", help="this many calls (default: until cleared)"
+        "--times", type=positive_int, metavar="N", help="this many calls (default: until cleared)"
     )
     p.set_defaults(func=_inject, kind="capacity")
     p = kinds.add_parser(
         "crash-after-launch", help="the acquirer dies after RunInstances, before recording it"
     )
-    p.add_argument("--times", type=_positive_int, default=1, metavar="N")
+    p.add_argument("--times", type=positive_int, default=1, metavar="N")
     p.set_defaults(func=_inject, kind="crash-after-launch")
     p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
     p.add_argument("instance_id", metavar="I")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from calque.cli.argtypes import positive_int
 from calque.cli.errors import CliError
 
 if TYPE_CHECKING:
@@ -50,16 +51,6 @@ def mig_arg(text: str) -> dict[str, int]:
         return parse_mig(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def layout_from_flags(
@@ -228,19 +219,19 @@ def register(subparsers: Any) -> None:
     )
     layout.add_argument(
         "--mps-slots",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="MPS client slots on every GPU (members then need the no-isolation consent)",
     )
     layout.add_argument(
         "--mps-thread-percentage",
-        type=_positive_int,
+        type=positive_int,
         metavar="P",
         help="each MPS client's share of the SMs, 1-100",
     )
     layout.add_argument(
         "--mps-memory-limit-mib",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="each MPS client's device memory cap in MiB",
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.durations import duration_arg, format_duration
 from calque.cli.errors import CliError
 from calque.cli.output import Column
@@ -44,28 +45,11 @@ def _clock(epoch: Any) -> str:
     return "-" if epoch is None else datetime.fromtimestamp(float(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
-
-
 def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
-    p.add_argument("--min-workers", type=_non_negative_int, default=0 if defaults else None, metavar="N")
-    p.add_argument("--max-workers", type=_positive_int, default=4 if defaults else None, metavar="N")
+    p.add_argument("--min-workers", type=non_negative_int, default=0 if defaults else None, metavar="N")
+    p.add_argument("--max-workers", type=positive_int, default=4 if defaults else None, metavar="N")
     p.add_argument(
-        "--target-backlog-per-worker", type=_positive_int, default=1 if defaults else None, metavar="K"
+        "--target-backlog-per-worker", type=positive_int, default=1 if defaults else None, metavar="K"
     )
     p.add_argument(
         "--idle-timeout", type=duration_arg, default=1800 if defaults else None, metavar="DURATION",
@@ -74,8 +58,8 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.commands.host import _positive_int as _pos
     from calque.cli.commands.host import mig_arg
+    from calque.cli.commands.host import positive_int as _pos
     from calque.cli.main import command_group
 
     group = command_group(

@@ -6,6 +6,8 @@ import argparse
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli.argtypes import non_negative_float, non_negative_int
+
 QUOTA_FIELDS = [
     ("user", "user"),
     ("max_sessions", "max_sessions"),
@@ -28,26 +30,6 @@ def quota_body(*, max_sessions: int, max_gpu_hours_per_month: float | None = Non
     return {"max_sessions": max_sessions, "max_gpu_hours_per_month": max_gpu_hours_per_month}
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
 def register(subparsers: Any) -> None:
     from calque.cli.main import command_group
 
@@ -58,13 +40,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-sessions",
         required=True,
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="sessions the user may hold at once",
     )
     p.add_argument(
         "--max-gpu-hours-per-month",
-        type=_non_negative_float,
+        type=non_negative_float,
         metavar="H",
         help="GPU-hours per calendar month, UTC (default: unlimited)",
     )

@@ -8,27 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.durations import duration_arg
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -49,17 +30,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--instance-type", required=True, metavar="T", help="the pool's instance type (for cost)")
     p.add_argument("--policy", choices=("scaler", "static"), default="scaler", help="default: scaler")
     p.add_argument(
-        "--workers", type=_positive_int, default=None, metavar="N", help="static pool size (--policy static)"
+        "--workers", type=positive_int, default=None, metavar="N", help="static pool size (--policy static)"
     )
     p.add_argument("--cold-start", type=duration_arg, default=180, metavar="DURATION", help="default 180s")
     p.add_argument(
         "--enter", type=duration_arg, default=60, metavar="DURATION", help="model load, default 60s"
     )
-    p.add_argument("--min-workers", type=_non_negative_int, default=0, metavar="N", help="default 0")
-    p.add_argument("--max-workers", type=_positive_int, default=8, metavar="N", help="default 8")
-    p.add_argument(
-        "--target-backlog-per-worker", type=_positive_int, default=1, metavar="K", help="default 1"
-    )
+    p.add_argument("--min-workers", type=non_negative_int, default=0, metavar="N", help="default 0")
+    p.add_argument("--max-workers", type=positive_int, default=8, metavar="N", help="default 8")
+    p.add_argument("--target-backlog-per-worker", type=positive_int, default=1, metavar="K", help="default 1")
     p.add_argument("--idle-timeout", type=duration_arg, default=600, metavar="DURATION", help="default 10m")
     p.add_argument(
         "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
