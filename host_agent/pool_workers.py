@@ -163,11 +163,12 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
     target = pool_dir / "package" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
     if (target / ".complete").exists():
         return str(target)
-    if s3 is None:  # botocore alone: the host agent's bundle carries no boto3
+    client: Any = s3
+    if client is None:  # botocore alone: the host agent's bundle carries no boto3
         import botocore.session
 
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_SSM_REGION_NAME") or None
-        s3 = botocore.session.get_session().create_client(
+        region = os.environ.get("AWS_SSM_REGION_NAME") or os.environ.get("AWS_REGION") or None
+        client = botocore.session.get_session().create_client(
             "s3", region_name=region, endpoint_url=os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
         )
     partial = target.with_name(target.name + ".partial")
@@ -175,7 +176,7 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
     partial.mkdir(parents=True)
     archive = partial / "package.zip"
     try:
-        body = s3.get_object(Bucket=doc.package["bucket"], Key=key)["Body"]
+        body = client.get_object(Bucket=doc.package["bucket"], Key=key)["Body"]
         with open(archive, "wb") as out:
             for chunk in iter(lambda: body.read(1 << 20), b""):
                 out.write(chunk)
