@@ -74,7 +74,7 @@ def test_local_bundling_builds_the_layer_for_lambda_and_reuses_it(tmp_path, monk
 
     # When it is synthesized again with pip unavailable
     def no_pip(*_args, **_kwargs):
-        raise AssertionError("pip ran again although the inputs did not change")
+        raise AssertionError(f"pip ran again although the inputs did not change: {_args}")
 
     monkeypatch.setattr("infra.bundling.subprocess.run", no_pip)
     again = _synth_packaging(tmp_path / "out2", cache)

@@ -223,7 +223,8 @@ def test_the_session_document_lands_a_member_in_the_sessions_account_after_its_t
     content = session_doc["Content"]
     # Then it takes only a session account's name, and runs the agent's login (as root) with it
     assert content["sessionType"] == "InteractiveCommands"
-    assert content["parameters"]["user"]["allowedPattern"] == "^calque-[0-9a-f]{12}$"
+    # a session's own account, or (MPS) the GPU's shared one: never any other account on the host
+    assert content["parameters"]["user"]["allowedPattern"] == "^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
     assert content["properties"]["linux"]["commands"] == "/opt/calque/agent/login {{ user }}"
     assert content["properties"]["linux"]["runAsElevated"] is True
 

@@ -24,6 +24,7 @@ def settings(monkeypatch):
         "CALQUE_HOST_ROLE_NAME": "calque-host",
         "CALQUE_HOST_ROLE_ID": HOST_ROLE_ID,
         "CALQUE_ACCOUNT_ID": "123456789012",
+        "CALQUE_SESSION_DOCUMENT_NAME": "calque-session",
     }.items():
         monkeypatch.setenv(name, value)
     clear_caches()
