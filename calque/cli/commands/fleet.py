@@ -130,9 +130,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--instance-type", required=True, metavar="T")
     p.add_argument("--az", metavar="Z", help="only in this AZ (default: every AZ)")
-    p.add_argument(
-        "--times", type=positive_int, metavar="N", help="this many calls (default: until cleared)"
-    )
+    p.add_argument("--times", type=positive_int, metavar="N", help="this many calls (default: until cleared)")
     p.set_defaults(func=_inject, kind="capacity")
     p = kinds.add_parser(
         "crash-after-launch", help="the acquirer dies after RunInstances, before recording it"
