@@ -248,7 +248,7 @@ def test_spot_interruption_drains_and_ends_every_session_within_one_event_delive
             what="the session to end",
         )
         assert ended["end_reason"] == "spot_interrupted"
-    listed = local_plane.cli("session", "list", profile="alice")
+    listed = local_plane.cli("session", "list", "--ended", profile="alice")
     assert "spot_interrupted" in listed.stdout
     host = fleet.host(iid)
     assert host["state"] in ("draining", "drained")
