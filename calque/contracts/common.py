@@ -25,6 +25,17 @@ class Request(Strict):
     model_config = ConfigDict(strict=True)
 
 
+def to_places(value: float | None, places: int, unit: str) -> float | None:
+    """An amount kept to what can be stored and billed: one that rounds to nothing but is not
+    0 is refused (a number like 5e-324 is below what DynamoDB can hold)."""
+    if value is None:
+        return None
+    rounded = round(value, places)
+    if value > 0 and rounded == 0:
+        raise ValueError(f"must be 0 or at least {10**-places:g} {unit}")
+    return rounded
+
+
 class Out(BaseModel):
     """Base for what goes OUT: tolerant when read back by clients of an older version."""
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from calque.contracts.common import Out, Request, Strict
+from calque.contracts.common import Out, Request, Strict, to_places
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -90,7 +90,19 @@ class UsageReport(Out):
 # ---- groups -----------------------------------------------------------------------------------
 
 
-class GroupCreate(Request):
+class _GroupLimitRules(Request):
+    @field_validator("max_gpu_hours_per_month", check_fields=False)
+    @classmethod
+    def _gpu_hours_to_a_thousandth(cls, value: float | None) -> float | None:
+        return to_places(value, 3, "GPU-hours")  # as a member's quota (calque.contracts.tenancy)
+
+    @field_validator("max_usd_per_month", check_fields=False)
+    @classmethod
+    def _usd_to_a_cent(cls, value: float | None) -> float | None:
+        return to_places(value, 2, "USD")
+
+
+class GroupCreate(_GroupLimitRules):
     """POST /v1/groups (admin)."""
 
     name: str = Field(pattern=GROUP_PATTERN, description="lowercase letters, digits, . _ -")
@@ -105,7 +117,7 @@ class GroupMembers(Request):
     users: list[str] = Field(min_length=1, max_length=50)
 
 
-class GroupLimits(Request):
+class GroupLimits(_GroupLimitRules):
     """PUT /v1/groups/{name}/limits (admin)."""
 
     max_sessions: int | None = Field(default=None, ge=0, le=10_000)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, field_validator
 
-from calque.contracts.common import Out, Strict
+from calque.contracts.common import Out, Request, Strict, to_places
 from calque.contracts.layout import LayoutSpec
 
 # queued: budget reserved, waiting for the acquirer; launching: RunInstances in progress;
@@ -41,7 +41,7 @@ MIN_TTL_S = 600
 MAX_TTL_S = 90 * 24 * 3600
 
 
-class AcquireRequest(Strict):
+class AcquireRequest(Request):
     """POST /v1/hosts/acquire (admin): launch ``count`` instances behind the spend gate.
 
     Each instance is its own acquisition (its own request id, EC2 ClientToken and budget
@@ -62,6 +62,11 @@ class AcquireRequest(Strict):
     )
     pool: str | None = Field(default=None, pattern=POOL_PATTERN, description="the warm pool asking")
     accept_spend: StrictBool = Field(default=False, description="--i-understand-this-spends-money")
+
+    @field_validator("spot_max_price")
+    @classmethod
+    def _price_places(cls, value: float | None) -> float | None:
+        return to_places(value, 5, "USD/hour")
 
     @field_validator("spot_max_price", "fallback_on_demand")
     @classmethod
@@ -110,7 +115,7 @@ class AcquireAccepted(Out):
     budget: Budget
 
 
-class ReleaseRequest(Strict):
+class ReleaseRequest(Request):
     """POST /v1/hosts/{instance_id}/release (admin): drain, end sessions, terminate."""
 
     accept_terminate: StrictBool = Field(
@@ -119,12 +124,17 @@ class ReleaseRequest(Strict):
     reason: str | None = Field(default=None, max_length=500)
 
 
-class BudgetUpdate(Strict):
+class BudgetUpdate(Request):
     """PUT /v1/budget (admin)."""
 
     max_instances: int = Field(ge=0, le=10_000)
     max_hourly_usd: float = Field(ge=0, le=1_000_000)
     max_monthly_usd: float | None = Field(default=None, ge=0, le=100_000_000)
+
+    @field_validator("max_hourly_usd", "max_monthly_usd")
+    @classmethod
+    def _to_a_cent(cls, value: float | None) -> float | None:
+        return to_places(value, 2, "USD")
 
 
 class Budget(Out):

@@ -1,0 +1,38 @@
+"""Amounts that reach DynamoDB are kept to what it can store and what can be billed: a
+value that rounds to nothing is refused with the field named, never a 500 later."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from calque.contracts.economics import GroupCreate, GroupLimits
+from calque.contracts.fleet import AcquireRequest, BudgetUpdate
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "field"),
+    [
+        (GroupCreate, {"name": "lab", "max_gpu_hours_per_month": 1.9e-267}, "max_gpu_hours_per_month"),
+        (GroupLimits, {"max_usd_per_month": 5e-324}, "max_usd_per_month"),
+        (BudgetUpdate, {"max_instances": 1, "max_hourly_usd": 5e-324}, "max_hourly_usd"),
+        (
+            AcquireRequest,
+            {"instance_type": "g6e.xlarge", "spot": True, "spot_max_price": 1e-200},
+            "spot_max_price",
+        ),
+    ],
+)
+def test_an_amount_that_rounds_to_nothing_is_refused_naming_its_field(model, body, field):
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate(body)
+    assert refused.value.errors()[0]["loc"] == (field,)
+    assert "must be 0 or at least" in refused.value.errors()[0]["msg"]
+
+
+def test_amounts_are_kept_to_a_cent_and_gpu_hours_to_a_thousandth():
+    assert BudgetUpdate.model_validate({"max_instances": 1, "max_hourly_usd": 12.345}).max_hourly_usd == 12.35
+    limits = GroupLimits.model_validate({"max_usd_per_month": 0.0, "max_gpu_hours_per_month": 2.0004})
+    assert (limits.max_usd_per_month, limits.max_gpu_hours_per_month) == (0.0, 2.0)
