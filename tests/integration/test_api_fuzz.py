@@ -25,7 +25,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.integration.test_tenancy_support import new_members
+from tests.integration.test_tenancy_support import new_members, wait_grants_landed
 
 pytestmark = pytest.mark.integration
 
@@ -105,6 +105,10 @@ def _call(case: Any, plane: Any, registry: Registry, profile: str) -> None:
     before = registry.snapshot()
     response = case.call(auth=SigV4(key, secret, plane.region), timeout=60)
     case.validate_response(response, checks=CHECKS)
+    if response.status_code < 400 and case.method.upper() == "POST" and case.formatted_path == "/v1/sessions":
+        # A check-out queues its host grant, whose report updates the session a moment later:
+        # let it land, so the next refusal's snapshots do not race it.
+        wait_grants_landed(plane)
     if response.status_code >= 400:
         # A refusal changes nothing: the registry is as it was.
         after = registry.snapshot()
