@@ -32,6 +32,7 @@ class FleetCapacity:
 
     def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
         from calque.contracts.fleet import AcquireRequest
+        from calque.contracts.layout import LayoutSpec
 
         if not worker_ids:
             return {}
@@ -40,7 +41,7 @@ class FleetCapacity:
                 AcquireRequest(
                     instance_type=pool.instance_type,
                     count=len(worker_ids),
-                    layout=pool.layout,
+                    layout=None if pool.layout is None else LayoutSpec.model_validate(pool.layout),
                     spot=pool.spot,
                     pool=pool.name,
                     accept_spend=True,

@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 import calque
 from calque.errors import CalqueError
 from calque.settings import api_settings
+from calque.tenancy import requests as client_requests
 from functions import observability
 from functions.api import body as request_body
 from functions.api import errors
@@ -37,6 +38,20 @@ app.include_router(meta.router, prefix="/v1")
 
 for _router in ROUTERS:
     app.include_router(_router, prefix="/v1")
+
+
+def _idempotency_key_checked(app: APIGatewayRestResolver, next_middleware: Any) -> Response:
+    """Every write refuses a malformed ``Idempotency-Key`` before it changes anything, on
+    every route (the OpenAPI document declares the header on each of them)."""
+    if app.current_event.http_method.lower() in meta.MUTATING:
+        try:
+            client_requests.check_key(app.current_event.headers.get(meta.IDEMPOTENCY_KEY))
+        except CalqueError as exc:
+            return _refused_before_route() or errors.from_domain(exc)
+    return next_middleware(app)
+
+
+app.use(middlewares=[_idempotency_key_checked])
 
 
 @app.get("/v1/openapi.json")

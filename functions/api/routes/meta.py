@@ -101,6 +101,6 @@ def _add_idempotency_key(op: dict[str, Any]) -> None:
             "required": False,
             "description": "a client-chosen id for this request: a retry with the same key is answered "
             "as the first attempt was, and changes nothing again",
-            "schema": {"type": "string", "minLength": 1, "maxLength": 256},
+            "schema": {"type": "string", "minLength": 8, "maxLength": 128, "pattern": "^[!-~]+$"},
         }
     )

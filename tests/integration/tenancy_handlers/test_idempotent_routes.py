@@ -53,6 +53,20 @@ def test_a_malformed_key_is_refused_naming_the_header(api):
     assert api.items() == before
 
 
+@pytest.mark.parametrize("key", ["", "short", "x" * 129, "has a space in it"])
+def test_every_write_refuses_a_malformed_key_before_it_changes_anything(api, key):
+    # Routes that keep no request record still refuse the key the document forbids
+    before = api.items()
+    bad = api("POST", "/v1/groups", {"name": "lab"}, who="admin", headers={"Idempotency-Key": key})
+    assert (bad.status, bad.code) == (400, "invalid_idempotency_key")
+    assert api.items() == before
+    # A member is told first that the route is not theirs
+    denied = api("POST", "/v1/groups", {"name": "lab"}, headers={"Idempotency-Key": key})
+    assert denied.status == 403
+    # Reads do not look at the header
+    assert api("GET", "/v1/groups", who="admin", headers={"Idempotency-Key": key}).status == 200
+
+
 def test_a_resent_registration_answers_the_host_and_queues_one_apply(api):
     body = {"instance_id": "i-0feedbeef0001", "instance_type": "g7e.2xlarge"}
     key = {"Idempotency-Key": "register-key-0001"}
