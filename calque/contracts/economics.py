@@ -17,10 +17,15 @@ UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
+MONTH_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
+# A date, or a date and time with an optional offset: what the query's datetimes parse.
+WHEN_PATTERN = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?$"
+
+
 class UsageQuery(Strict):
     """GET /v1/usage query: a calendar month, or [since, until); by what to sum."""
 
-    month: str | None = Field(default=None, pattern=r"^\d{4}-(0[1-9]|1[0-2])$", description="YYYY-MM (UTC)")
+    month: str | None = Field(default=None, pattern=MONTH_PATTERN, description="YYYY-MM (UTC)")
     since: datetime | None = Field(default=None, description="inclusive, ISO 8601 date or time (UTC)")
     until: datetime | None = Field(default=None, description="exclusive, ISO 8601 date or time (UTC)")
     by: UsageBy = "user"

@@ -16,6 +16,7 @@ from calque.contracts.fleet import (
     BudgetUpdate,
     ReleaseRequest,
 )
+from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.fleet.wiring import fleet
 from functions import observability
 from functions.api.context import admin, caller
@@ -35,7 +36,11 @@ def acquire(body: AcquireRequest) -> AcquireAccepted:
 
 
 @router.get("/acquisitions")
-def list_acquisitions(instance_id: Annotated[str | None, Query(max_length=40)] = None) -> list[Acquisition]:
+def list_acquisitions(
+    instance_id: Annotated[
+        str | None, Query(pattern=INSTANCE_ID_PATTERN, description="the acquisition of this instance")
+    ] = None,
+) -> list[Acquisition]:
     who = caller(router)
     f = fleet()
     if instance_id is not None:

@@ -10,6 +10,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
 
 from calque.contracts.pools import (
+    NAME_PATTERN,
     Claim,
     ClaimReport,
     ClaimReportAnswer,
@@ -88,7 +89,9 @@ def submit(name: str, body: ClaimSubmit) -> Claim:
 
 
 @router.get("/claims")
-def list_claims(pool: Annotated[str | None, Query()] = None) -> list[Claim]:
+def list_claims(
+    pool: Annotated[str | None, Query(pattern=NAME_PATTERN, description="only this pool's claims")] = None,
+) -> list[Claim]:
     return [_claim(c) for c in pools().list_claims(caller(router), pool)]
 
 

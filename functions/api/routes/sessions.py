@@ -8,7 +8,14 @@ from aws_lambda_powertools.event_handler.api_gateway import BaseRouter, Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
 
-from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, Session, SessionGrant
+from calque.contracts.tenancy import (
+    USER_PATTERN,
+    CheckinRequest,
+    CheckoutRequest,
+    ExtendRequest,
+    Session,
+    SessionGrant,
+)
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import caller
@@ -44,7 +51,7 @@ def list_sessions(
         Literal["live", "ended", "any"], Query(description="live (default), ended, or any")
     ] = "live",
     user: Annotated[
-        str | None, Query(min_length=1, max_length=128, description="admins: this user's sessions")
+        str | None, Query(pattern=USER_PATTERN, description="admins: this user's sessions")
     ] = None,
 ) -> list[Session]:
     return api_tenancy().list_sessions(caller(router), everyone=everyone, state=state, user=user)

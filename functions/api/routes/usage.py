@@ -9,7 +9,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from pydantic import ValidationError
 
 from calque.accounting.wiring import api_usage
-from calque.contracts.economics import UsageQuery, UsageReport
+from calque.contracts.economics import MONTH_PATTERN, WHEN_PATTERN, UsageBy, UsageQuery, UsageReport
 from calque.errors import InvalidInput
 from functions.api.context import caller
 
@@ -18,10 +18,14 @@ router = Router()
 
 @router.get("/usage")
 def usage(
-    month: Annotated[str | None, Query()] = None,
-    since: Annotated[str | None, Query()] = None,
-    until: Annotated[str | None, Query()] = None,
-    by: Annotated[str, Query()] = "user",
+    month: Annotated[str | None, Query(pattern=MONTH_PATTERN, description="YYYY-MM (UTC)")] = None,
+    since: Annotated[
+        str | None, Query(pattern=WHEN_PATTERN, description="inclusive: a date or ISO 8601 time (UTC)")
+    ] = None,
+    until: Annotated[
+        str | None, Query(pattern=WHEN_PATTERN, description="exclusive: a date or ISO 8601 time (UTC)")
+    ] = None,
+    by: Annotated[UsageBy, Query(description="what to sum by")] = "user",
 ) -> UsageReport:
     raw = {"month": month, "since": since, "until": until, "by": by}
     try:

@@ -112,3 +112,24 @@ def test_drain_needs_no_body(api):
     api.ready_host()
     out = api("POST", f"/v1/hosts/{INSTANCE}/drain", who="admin")
     assert (out.status, out.body["state"]) == (200, "drained")
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "field"),
+    [
+        ("/v1/acquisitions", {"instance_id": "false"}, "instance_id"),
+        ("/v1/claims", {"pool": "[['x'], {}]"}, "pool"),
+        ("/v1/sessions", {"user": "two words"}, "user"),
+        ("/v1/sessions", {"state": "asleep"}, "state"),
+        ("/v1/usage", {"until": "soon"}, "until"),
+    ],
+)
+def test_a_query_parameter_is_held_to_what_the_document_declares(api, path, query, field):
+    # Given a query value its parameter's declared pattern or values exclude
+    before = api.items()
+    # When it is sent, as admin (nothing about the caller stands in the way)
+    bad = api("GET", path, who="admin", query=query)
+    # Then a 422 names the parameter, and nothing changed
+    assert (bad.status, bad.code) == (422, "validation_failed")
+    assert [f["field"] for f in bad.body["error"]["details"]["fields"]] == [field]
+    assert api.items() == before
