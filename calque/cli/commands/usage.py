@@ -60,6 +60,24 @@ def _month(text: str) -> str:
     return text
 
 
+def _when(text: str) -> str:
+    """A date or an ISO 8601 time, as the API's ``since``/``until`` accept them."""
+    import re
+    from datetime import datetime
+
+    from calque.contracts.economics import WHEN_PATTERN
+
+    try:
+        if not re.fullmatch(WHEN_PATTERN, text):
+            raise ValueError(text)
+        datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date like 2026-12-01 or a time like 2026-12-01T08:00Z"
+        ) from None
+    return text
+
+
 def register(subparsers: Any) -> None:
     p = _parser_with_csv_output(
         subparsers, "usage", help="usage and chargeback for a period (members: your own; admins: everyone)"
@@ -68,8 +86,12 @@ def register(subparsers: Any) -> None:
     when.add_argument(
         "--month", type=_month, metavar="YYYY-MM", help="a calendar month, UTC (default: this one)"
     )
-    when.add_argument("--since", metavar="D", help="start, inclusive: a date (2026-12-01) or ISO time, UTC")
-    p.add_argument("--until", metavar="D", help="end, exclusive (default: now); only with --since")
+    when.add_argument(
+        "--since", type=_when, metavar="D", help="start, inclusive: a date (2026-12-01) or ISO time, UTC"
+    )
+    p.add_argument(
+        "--until", type=_when, metavar="D", help="end, exclusive (default: now); only with --since"
+    )
     p.add_argument("--by", choices=BY, help="sum by this (default: user); csv without it: every line")
     p.add_argument(
         "--output",

@@ -72,4 +72,9 @@ def test_until_without_since_and_a_bad_month_are_refused_before_asking(api, cli)
     assert "--until needs --since" in err
     code, _, _ = cli("usage", "--month", "2026-13")
     assert code == 2
+    code, _, err = cli("usage", "--since", "yesterday")
+    assert code == 2
+    assert "'yesterday' is not a date like 2026-12-01" in err
+    code, _, _ = cli("usage", "--since", "2026-12-01", "--until", "2026-02-30")
+    assert code == 2
     assert api.requests == []
