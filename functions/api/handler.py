@@ -99,7 +99,8 @@ def _not_found(_exc: Exception):
 def _methods_for(path: str) -> list[str]:
     """The methods some route answers on ``path`` (for 405 and its Allow header)."""
     routes = [*getattr(app, "_static_routes", []), *getattr(app, "_dynamic_routes", [])]
-    return sorted({r.method for r in routes if r.rule.match(path)})
+    # fullmatch: a rule's ``$`` also matches before a trailing newline ("/v1/claims/\n")
+    return sorted({r.method for r in routes if r.rule.fullmatch(path)})
 
 
 @app.exception_handler(BotoCoreError)
@@ -129,6 +130,11 @@ def _unexpected(exc: Exception):
 @observability.instrumented("api", correlation_id_path=correlation_paths.API_GATEWAY_REST)
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     metrics.add_metric(name="ApiRequests", unit=MetricUnit.Count, value=1)
+    path = str(event.get("path") or "")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        # No id the API hands out has a control character; a rule's "$" would match
+        # before a final newline, so such a path must never reach the router.
+        return errors.raw_error(404, "route_not_found", f"no route {event.get('httpMethod')} {path!r}")
     body = event.get("body") or ""
     limit = api_settings().max_body_bytes
     if len(body.encode() if isinstance(body, str) else body) > limit:

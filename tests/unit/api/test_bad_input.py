@@ -240,3 +240,11 @@ def test_quota_set_me_sets_the_callers_own_quota_as_show_reads_it(world):
     assert "admin" in world.registry.quotas
     _, shown, _ = call("GET", "/v1/quotas/me", user="admin")
     assert (shown["user"], shown["max_sessions"]) == ("admin", 4)
+
+
+def test_a_path_with_a_trailing_newline_is_no_route_not_a_405(world):
+    # A rule's "$" also matches before a final newline: the newline must not make
+    # "/v1/whoami\n" look like a route that answers other methods
+    for method in ("DELETE", "GET"):
+        status, doc, _ = call(method, "/v1/whoami\n")
+        assert (status, doc["error"]["code"]) == (404, "route_not_found"), method
