@@ -45,6 +45,7 @@ from calque.contracts.fleet import (
 )
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.events import publish_safely
 from calque.fleet.ports import (
     AcquireQueue,
     BudgetRefused,
@@ -504,7 +505,6 @@ class Fleet:
             end_reason="spot_interrupted",
             note="EC2 is reclaiming this spot instance (interruption warning)",
         )
-        self._publish_ended(instance_id, ended, "spot_interrupted")
         self._publish(
             "calque.host.spot_interrupted",
             {
@@ -563,7 +563,6 @@ class Fleet:
                 details={"instance_id": instance_id, "state": rec.state},
             )
         ended = self.hosts.drain(instance_id, end_sessions=True, end_reason=end_reason, note=reason)
-        self._publish_ended(instance_id, ended, end_reason)
         if rec.state != "releasing":
             try:
                 rec = self.store.update(
@@ -673,7 +672,6 @@ class Fleet:
             ended = self.hosts.drain(
                 iid, end_sessions=True, end_reason="host_lost", note="EC2 no longer knows the instance"
             )
-            self._publish_ended(iid, ended, "host_lost")
             self._publish("calque.host.lost", {"instance_id": iid, "sessions_ended": len(ended)})
             out.hosts_lost.append(iid)
         return out
@@ -683,8 +681,7 @@ class Fleet:
     def _end_host(self, rec: AcquisitionRecord, *, reason: str, note: str) -> None:
         if rec.instance_id is None:
             return
-        ended = self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
-        self._publish_ended(rec.instance_id, ended, reason)
+        self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
 
     def _close_terminated(self, rec: AcquisitionRecord, reason: str) -> bool:
         try:
@@ -705,18 +702,10 @@ class Fleet:
         )
         return True
 
-    def _publish_ended(self, instance_id: str, ended: Sequence[tuple[str, str]], reason: str) -> None:
-        for session_id, user in ended:
-            self._publish(
-                "calque.session.ended",
-                {"session_id": session_id, "user": user, "instance_id": instance_id, "reason": reason},
-            )
-
     def _publish(self, detail_type: str, detail: dict[str, Any]) -> None:
-        try:
-            self.publisher.publish(detail_type, detail)
-        except Exception:  # a notification must never undo or block the change it reports
-            log.exception("could not publish %s", detail_type)
+        # Sessions the fleet ends are ended (and published) by tenancy, the one place that
+        # publishes calque.session.*: so every session end is published exactly once.
+        publish_safely(self.publisher, [(detail_type, detail)])
 
     def _must(self, request_id: str) -> AcquisitionRecord:
         rec = self.store.get(request_id)
