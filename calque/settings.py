@@ -150,6 +150,8 @@ class FleetSettings(CommonSettings):
     launch_timeout_s: int = Field(alias="CALQUE_FLEET_LAUNCH_TIMEOUT_S", default=900, gt=0)
     untracked_grace_s: int = Field(alias="CALQUE_FLEET_UNTRACKED_GRACE_S", default=600, ge=0)
     boot_timeout_s: int = Field(alias="CALQUE_FLEET_BOOT_TIMEOUT_S", default=1800, gt=0)
+    # The shortest host --ttl accepted (600 s; a test plane may allow a few seconds).
+    min_ttl_s: int = Field(alias="CALQUE_FLEET_MIN_TTL_S", default=600, ge=1)
 
     _split_subnets = field_validator("subnets", mode="before")(_split)
 

@@ -88,6 +88,8 @@ class FleetConfig:
     untracked_grace_s: int = 600
     # A booting instance whose agent never came online is released after this long.
     boot_timeout_s: int = 1800
+    # The shortest --ttl accepted (a deployment, or a test plane, may allow shorter ones).
+    min_ttl_s: int = MIN_TTL_S
 
 
 @dataclass
@@ -229,13 +231,13 @@ class Fleet:
         doc: dict[str, Any] = req.layout.model_dump(mode="json", exclude_none=True)
         return doc
 
-    @staticmethod
-    def _check_ttl(ttl: int | None) -> int | None:
-        if ttl is not None and not MIN_TTL_S <= ttl <= MAX_TTL_S:
+    def _check_ttl(self, ttl: int | None) -> int | None:
+        lo = self.config.min_ttl_s
+        if ttl is not None and not lo <= ttl <= MAX_TTL_S:
             raise InvalidInput(
-                f"ttl_seconds must be between {MIN_TTL_S} and {MAX_TTL_S} (got {ttl})",
+                f"ttl_seconds must be between {lo} and {MAX_TTL_S} (got {ttl})",
                 code="invalid_ttl",
-                details={"field": "ttl_seconds", "min": MIN_TTL_S, "max": MAX_TTL_S, "value": ttl},
+                details={"field": "ttl_seconds", "min": lo, "max": MAX_TTL_S, "value": ttl},
             )
         return ttl
 

@@ -56,5 +56,6 @@ def fleet() -> Fleet:
             launch_timeout_s=s.launch_timeout_s,
             untracked_grace_s=s.untracked_grace_s,
             boot_timeout_s=s.boot_timeout_s,
+            min_ttl_s=s.min_ttl_s,
         ),
     )

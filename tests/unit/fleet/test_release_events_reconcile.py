@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from calque.contracts.fleet import ReleaseRequest
-from calque.errors import Conflict, ConsentRequired, Forbidden, NotFound
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.fleet.ports import LaunchSpec
-from tests.unit.fleet.conftest import ADMIN, ALICE, World
+from calque.fleet.service import FleetConfig
+from tests.unit.fleet.conftest import ADMIN, ALICE, SUBNETS, World
 
 pytestmark = pytest.mark.unit
 
@@ -108,6 +111,18 @@ def test_ttl_is_a_hard_cap_the_reconciler_enforces(world: World):
     # next run sees EC2 no longer running it and gives the budget back
     world.fleet.reconcile()
     assert world.fleet.budget().in_use_instances == 0
+
+
+def test_the_shortest_ttl_is_the_deployments_setting():
+    # Given a plane that allows TTLs down to 5 s (CALQUE_FLEET_MIN_TTL_S)
+    w = World(FleetConfig(subnets=SUBNETS, min_ttl_s=5))
+    w.budget()
+    # Then 4 s is refused naming that minimum, and 5 s is accepted
+    with pytest.raises(InvalidInput) as exc:
+        w.acquire(ttl_seconds=4)
+    assert (exc.value.code, exc.value.details["min"]) == ("invalid_ttl", 5)
+    (rid,) = w.acquire(ttl_seconds=5)
+    assert w.fleet.get(ADMIN, rid).expires_at == w.clock() + timedelta(seconds=5)
 
 
 def test_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(world: World):
