@@ -271,3 +271,7 @@ for _caller in ("pool_scaler", "pool_dlq"):
         "fleet_acquire_queue",
         "events",
     )
+
+# Tenancy publishes calque.session.* itself: the reaper's expiries (the API's check-outs and
+# check-ins already have the bus, for the fleet's events).
+FUNCTION_WIRING["reaper"] = (*FUNCTION_WIRING["reaper"], "events")

@@ -70,6 +70,8 @@ class ApiSettings(CommonSettings):
     # The Session Manager document a check-out's connect command names (the stack's
     # HostAgent.session_document_name; the local plane's own name there).
     session_document_name: str = Field(alias="CALQUE_SESSION_DOCUMENT_NAME", min_length=1)
+    # Where calque.session.* events go (docs/fleet.md, "Events on the default bus").
+    event_bus: str = Field(alias="CALQUE_EVENT_BUS", default="default", min_length=1)
 
     _split_roles = field_validator("session_named_roles", mode="before")(_split)
 
@@ -84,6 +86,8 @@ class ReaperSettings(CommonSettings):
     reclaim_timeout_s: int = Field(alias="CALQUE_RECLAIM_TIMEOUT_S", default=300, gt=0)
     # A host whose layout apply has not reported after this long is failed (calque.tenancy.lifecycle).
     apply_timeout_s: int = Field(alias="CALQUE_APPLY_TIMEOUT_S", default=900, gt=0)
+    # Where calque.session.ended events of expired sessions go.
+    event_bus: str = Field(alias="CALQUE_EVENT_BUS", default="default", min_length=1)
 
 
 class PoolSettings(CommonSettings):
@@ -146,6 +150,8 @@ class FleetSettings(CommonSettings):
     launch_timeout_s: int = Field(alias="CALQUE_FLEET_LAUNCH_TIMEOUT_S", default=900, gt=0)
     untracked_grace_s: int = Field(alias="CALQUE_FLEET_UNTRACKED_GRACE_S", default=600, ge=0)
     boot_timeout_s: int = Field(alias="CALQUE_FLEET_BOOT_TIMEOUT_S", default=1800, gt=0)
+    # The shortest host --ttl accepted (600 s; a test plane may allow a few seconds).
+    min_ttl_s: int = Field(alias="CALQUE_FLEET_MIN_TTL_S", default=600, ge=1)
 
     _split_subnets = field_validator("subnets", mode="before")(_split)
 

@@ -1,9 +1,9 @@
-"""The fleet's boto3 adapters: EC2 (with SSM for agent status), the acquire queue, and
-EventBridge. The only module of the fleet that knows botocore's error shapes."""
+"""The fleet's boto3 adapters: EC2 (with SSM for agent status) and the acquire queue (the
+EventBridge adapter is calque.events, shared with tenancy). The only module of the fleet
+that knows botocore's error shapes."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -11,6 +11,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+# The bus adapter is shared with tenancy (calque.events); named here too for existing callers.
+from calque.events import EVENT_SOURCE as EVENT_SOURCE
+from calque.events import EventBridgePublisher as EventBridgePublisher
 from calque.fleet.ports import CapacityError, Instance, LaunchRefused, LaunchSpec
 
 log = logging.getLogger("calque.fleet")
@@ -256,28 +259,3 @@ class SqsAcquireQueue:
                 raise RuntimeError(
                     f"the acquire queue refused {len(out['Failed'])} message(s): {out['Failed']}"
                 )
-
-
-EVENT_SOURCE = "calque"
-
-
-class EventBridgePublisher:
-    """Events on a bus (the default one unless the deployment names another)."""
-
-    def __init__(self, client: Any, bus: str = "default") -> None:
-        self.client = client
-        self.bus = bus
-
-    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
-        out = self.client.put_events(
-            Entries=[
-                {
-                    "Source": EVENT_SOURCE,
-                    "DetailType": detail_type,
-                    "Detail": json.dumps(detail, default=str),
-                    "EventBusName": self.bus,
-                }
-            ]
-        )
-        if out.get("FailedEntryCount"):
-            log.warning("EventBridge refused %s: %s", detail_type, out.get("Entries"))

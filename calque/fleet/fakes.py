@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+# The in-memory event bus is shared with tenancy (calque.events).
+from calque.events import RecordingPublisher as RecordingPublisher
 from calque.fleet.ports import BudgetRefused, CapacityError, Gone, Instance, LaunchRefused, LaunchSpec
 from calque.fleet.records import AcquisitionRecord, BudgetRecord, effective_musd, musd
 
@@ -299,14 +301,3 @@ class MemoryQueue:
 
     def send_terminate(self, request_ids: Sequence[str]) -> None:
         self.terminations += list(request_ids)
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
-        self.events.append((detail_type, detail))
-
-    def of(self, detail_type: str) -> list[dict[str, Any]]:
-        return [d for t, d in self.events if t == detail_type]

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+# The event bus: one port for every layer (calque.events).
+from calque.events import Publisher as Publisher
 from calque.fleet.records import AcquisitionRecord, BudgetRecord
 
 
@@ -138,7 +140,8 @@ class Hosts(Protocol):
     ) -> list[tuple[str, str]]:
         """Out of placement at once; with end_sessions, end every live session there with
         ``end_reason``. Returns (session_id, user) of each session ended; nothing for a host
-        that is not registered."""
+        that is not registered. Tenancy publishes ``calque.session.ended`` for each session
+        it ends (the fleet does not: one place publishes every end, once)."""
 
     def registered(self) -> list[str]:
         """Instance ids of every registered host not draining or drained."""
@@ -150,8 +153,3 @@ class AcquireQueue(Protocol):
 
     def send_terminate(self, request_ids: Sequence[str]) -> None:
         """Ask the acquirer to terminate these acquisitions' instances."""
-
-
-class Publisher(Protocol):
-    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
-        """One event on the default bus: source ``calque``, detail-type ``calque.<noun>.<verb>``."""

@@ -45,6 +45,7 @@ from calque.contracts.fleet import (
 )
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.events import publish_safely
 from calque.fleet.ports import (
     AcquireQueue,
     BudgetRefused,
@@ -87,6 +88,8 @@ class FleetConfig:
     untracked_grace_s: int = 600
     # A booting instance whose agent never came online is released after this long.
     boot_timeout_s: int = 1800
+    # The shortest --ttl accepted (a deployment, or a test plane, may allow shorter ones).
+    min_ttl_s: int = MIN_TTL_S
 
 
 @dataclass
@@ -228,13 +231,13 @@ class Fleet:
         doc: dict[str, Any] = req.layout.model_dump(mode="json", exclude_none=True)
         return doc
 
-    @staticmethod
-    def _check_ttl(ttl: int | None) -> int | None:
-        if ttl is not None and not MIN_TTL_S <= ttl <= MAX_TTL_S:
+    def _check_ttl(self, ttl: int | None) -> int | None:
+        lo = self.config.min_ttl_s
+        if ttl is not None and not lo <= ttl <= MAX_TTL_S:
             raise InvalidInput(
-                f"ttl_seconds must be between {MIN_TTL_S} and {MAX_TTL_S} (got {ttl})",
+                f"ttl_seconds must be between {lo} and {MAX_TTL_S} (got {ttl})",
                 code="invalid_ttl",
-                details={"field": "ttl_seconds", "min": MIN_TTL_S, "max": MAX_TTL_S, "value": ttl},
+                details={"field": "ttl_seconds", "min": lo, "max": MAX_TTL_S, "value": ttl},
             )
         return ttl
 
@@ -504,7 +507,6 @@ class Fleet:
             end_reason="spot_interrupted",
             note="EC2 is reclaiming this spot instance (interruption warning)",
         )
-        self._publish_ended(instance_id, ended, "spot_interrupted")
         self._publish(
             "calque.host.spot_interrupted",
             {
@@ -563,7 +565,6 @@ class Fleet:
                 details={"instance_id": instance_id, "state": rec.state},
             )
         ended = self.hosts.drain(instance_id, end_sessions=True, end_reason=end_reason, note=reason)
-        self._publish_ended(instance_id, ended, end_reason)
         if rec.state != "releasing":
             try:
                 rec = self.store.update(
@@ -673,7 +674,6 @@ class Fleet:
             ended = self.hosts.drain(
                 iid, end_sessions=True, end_reason="host_lost", note="EC2 no longer knows the instance"
             )
-            self._publish_ended(iid, ended, "host_lost")
             self._publish("calque.host.lost", {"instance_id": iid, "sessions_ended": len(ended)})
             out.hosts_lost.append(iid)
         return out
@@ -683,8 +683,7 @@ class Fleet:
     def _end_host(self, rec: AcquisitionRecord, *, reason: str, note: str) -> None:
         if rec.instance_id is None:
             return
-        ended = self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
-        self._publish_ended(rec.instance_id, ended, reason)
+        self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
 
     def _close_terminated(self, rec: AcquisitionRecord, reason: str) -> bool:
         try:
@@ -705,18 +704,10 @@ class Fleet:
         )
         return True
 
-    def _publish_ended(self, instance_id: str, ended: Sequence[tuple[str, str]], reason: str) -> None:
-        for session_id, user in ended:
-            self._publish(
-                "calque.session.ended",
-                {"session_id": session_id, "user": user, "instance_id": instance_id, "reason": reason},
-            )
-
     def _publish(self, detail_type: str, detail: dict[str, Any]) -> None:
-        try:
-            self.publisher.publish(detail_type, detail)
-        except Exception:  # a notification must never undo or block the change it reports
-            log.exception("could not publish %s", detail_type)
+        # Sessions the fleet ends are ended (and published) by tenancy, the one place that
+        # publishes calque.session.*: so every session end is published exactly once.
+        publish_safely(self.publisher, [(detail_type, detail)])
 
     def _must(self, request_id: str) -> AcquisitionRecord:
         rec = self.store.get(request_id)

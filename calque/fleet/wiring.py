@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def fleet() -> Fleet:
-    from calque.fleet.aws import Ec2Fleet, EventBridgePublisher, SqsAcquireQueue
+    from calque.events import EventBridgePublisher
+    from calque.fleet.aws import Ec2Fleet, SqsAcquireQueue
     from calque.fleet.ports import Subnet
     from calque.fleet.service import Fleet, FleetConfig
     from calque.fleet.tenancy_hosts import TenancyHosts
@@ -27,8 +28,12 @@ def fleet() -> Fleet:
 
     s = fleet_settings()
     ddb = aws.client("dynamodb")
+    publisher = EventBridgePublisher(aws.client("events"), s.event_bus)
+    # The sessions the fleet ends are ended, and published, by tenancy (once each).
     tenancy = Tenancy(
-        DynamoRegistry(ddb, s.table_name), SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url)
+        DynamoRegistry(ddb, s.table_name),
+        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
+        publisher=publisher,
     )
     subnets = tuple(
         Subnet(subnet_id=item.partition("@")[0], availability_zone=item.partition("@")[2] or None)
@@ -45,11 +50,12 @@ def fleet() -> Fleet:
         ),
         TenancyHosts(tenancy),
         SqsAcquireQueue(aws.client("sqs"), s.acquire_queue_url),
-        EventBridgePublisher(aws.client("events"), s.event_bus),
+        publisher,
         config=FleetConfig(
             subnets=subnets,
             launch_timeout_s=s.launch_timeout_s,
             untracked_grace_s=s.untracked_grace_s,
             boot_timeout_s=s.boot_timeout_s,
+            min_ttl_s=s.min_ttl_s,
         ),
     )

@@ -28,6 +28,7 @@ from calque.contracts.tenancy import (
     Slice,
 )
 from calque.errors import Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.events import Event, NoPublisher, Publisher, publish_safely
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import HostTaskQueue, Registry, SessionEnd, StaleWrite
@@ -97,9 +98,12 @@ class TenancyCore:
         config: TenancyConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
         rng: random.Random | None = None,
+        publisher: Publisher | None = None,
     ) -> None:
         self.registry = registry
         self.tasks = tasks
+        # calque.session.started / .ended, published after the write commits (best effort).
+        self.publisher: Publisher = publisher or NoPublisher()
         self.config = config or TenancyConfig()
         self.clock = clock
         self.rng = rng or random.Random()  # noqa: S311 - spreads contention, not a secret
@@ -181,8 +185,12 @@ class TenancyCore:
             request_id=request_id,
         )
         ended = self.registry.end_session(**end.arguments())
+        self._publish([session_ended(ended)])
         self.tasks.send(_reclaim(session))
         return ended
+
+    def _publish(self, events: list[Event]) -> None:
+        publish_safely(self.publisher, events)
 
     def _ending(
         self,
@@ -314,6 +322,40 @@ class TenancyCore:
                     "gpu_hours_used": round(used, 4),
                 },
             )
+
+
+def session_started(s: SessionRecord) -> Event:
+    """``calque.session.started``: a check-out was granted (docs/fleet.md lists every event)."""
+    return (
+        "calque.session.started",
+        {
+            "session_id": s.session_id,
+            "user": s.user,
+            "group": s.group,
+            "instance_id": s.instance_id,
+            "slice_id": s.slice_id,
+            "backend": s.backend,
+            "profile": s.profile,
+            "expires_at": _iso(s.expires_at),
+        },
+    )
+
+
+def session_ended(s: SessionRecord) -> Event:
+    """``calque.session.ended``: every way a session ends (check-in, expiry, drain, deregister,
+    and the fleet's release, TTL, spot interruption and lost hosts), published once."""
+    return (
+        "calque.session.ended",
+        {
+            "session_id": s.session_id,
+            "user": s.user,
+            "group": s.group,
+            "instance_id": s.instance_id,
+            "slice_id": s.slice_id,
+            "reason": s.end_reason,
+            "ended_at": _iso(s.ended_at),
+        },
+    )
 
 
 def _reclaim(session: SessionRecord) -> ReclaimTask:

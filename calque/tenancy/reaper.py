@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from calque.registry.models import LeaseEvent
-from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaim
+from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaim, session_ended
 
 
 class ReaperMixin(TenancyCore):
@@ -32,6 +32,7 @@ class ReaperMixin(TenancyCore):
                 ]
             )
             done = {s.session_id for s in ended}
+            self._publish([session_ended(s) for s in ended])
             self.tasks.send_many([_reclaim(s) for s in page if s.session_id in done])
             for session in page:
                 # Not ended: extended or checked in meanwhile; theirs wins.

@@ -19,7 +19,7 @@ from calque.identity import Caller
 from calque.registry.models import RequestRecord, SessionRecord, SliceRecord
 from calque.registry.ports import QuotaFull, Replayed, SliceTaken, StaleWrite
 from calque.tenancy import groups, requests
-from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token
+from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token, session_started
 from calque.tenancy.groups import GroupFull
 
 
@@ -125,6 +125,7 @@ class SessionsMixin(TenancyCore):
                 self._check_quota(user, quota, used, force=True)
             # The slice's account on the host: a queue message, like a reclaim. Until the
             # agent has done it, the host's login refuses ("not granted yet"); see host_access.
+            self._publish([session_started(session)])
             self.tasks.send(_grant(session))
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)

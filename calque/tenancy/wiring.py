@@ -13,7 +13,15 @@ from calque import aws
 from calque.settings import api_settings, reaper_settings
 
 if TYPE_CHECKING:
+    from calque.events import EventBridgePublisher
     from calque.tenancy.service import Tenancy
+
+
+def events_publisher(bus: str) -> EventBridgePublisher:
+    """calque.session.* on the deployment's bus; the client is made on the first event."""
+    from calque.events import EventBridgePublisher
+
+    return EventBridgePublisher(aws.lazy_client("events"), bus)
 
 
 def api_tenancy() -> Tenancy:
@@ -31,6 +39,7 @@ def api_tenancy() -> Tenancy:
             default_max_sessions=s.default_max_sessions,
             session_document_name=s.session_document_name,
         ),
+        publisher=events_publisher(s.event_bus),
     )
 
 
@@ -43,4 +52,5 @@ def reaper_tenancy() -> Tenancy:
         DynamoRegistry(aws.client("dynamodb"), s.table_name),
         SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
         config=TenancyConfig(reclaim_timeout_s=s.reclaim_timeout_s),
+        publisher=events_publisher(s.event_bus),
     )

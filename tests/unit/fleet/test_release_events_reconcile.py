@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from calque.contracts.fleet import ReleaseRequest
-from calque.errors import Conflict, ConsentRequired, Forbidden, NotFound
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.fleet.ports import LaunchSpec
-from tests.unit.fleet.conftest import ADMIN, ALICE, World
+from calque.fleet.service import FleetConfig
+from tests.unit.fleet.conftest import ADMIN, ALICE, SUBNETS, World
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +43,10 @@ def test_release_ends_sessions_drains_and_terminates_but_keeps_the_budget_until_
     world.fleet.on_instance_state(iid, "terminated")
     assert world.fleet.budget().in_use_instances == 0
     assert world.fleet.budget().in_use_hourly_usd == 0
-    assert {e["reason"] for e in world.events.of("calque.session.ended")} == {"released"}
+    assert world.events.of("calque.host.releasing")[0]["sessions_ended"] == 2
+    # The ended sessions are published by tenancy, which ended them (once each; see
+    # tests/unit/tenancy/test_session_events.py), never a second time by the fleet.
+    assert world.events.of("calque.session.ended") == []
 
 
 def test_release_without_consent_or_by_a_member_changes_nothing(world: World):
@@ -105,6 +111,18 @@ def test_ttl_is_a_hard_cap_the_reconciler_enforces(world: World):
     # next run sees EC2 no longer running it and gives the budget back
     world.fleet.reconcile()
     assert world.fleet.budget().in_use_instances == 0
+
+
+def test_the_shortest_ttl_is_the_deployments_setting():
+    # Given a plane that allows TTLs down to 5 s (CALQUE_FLEET_MIN_TTL_S)
+    w = World(FleetConfig(subnets=SUBNETS, min_ttl_s=5))
+    w.budget()
+    # Then 4 s is refused naming that minimum, and 5 s is accepted
+    with pytest.raises(InvalidInput) as exc:
+        w.acquire(ttl_seconds=4)
+    assert (exc.value.code, exc.value.details["min"]) == ("invalid_ttl", 5)
+    (rid,) = w.acquire(ttl_seconds=5)
+    assert w.fleet.get(ADMIN, rid).expires_at == w.clock() + timedelta(seconds=5)
 
 
 def test_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(world: World):
