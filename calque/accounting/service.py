@@ -30,8 +30,29 @@ NO_GROUP = "(no group)"
 NO_POOL = "(no pool)"
 
 
-def _utc(at: datetime) -> datetime:
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+def _utc(at: datetime, field: str) -> datetime:
+    try:
+        return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except OverflowError:  # an offset that moves year 1 or 9999 off the calendar
+        raise InvalidInput(
+            f"{field} is outside the calendar in UTC (got {at.isoformat()})",
+            details={"field": field, "value": at.isoformat()},
+        ) from None
+
+
+# The calendar a usage period may lie in: wide enough for any real bill, and far enough
+# from datetime's own edges (year 1, year 9999) that a period's lookback and its next
+# month are still dates.
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST = datetime(3000, 1, 1, tzinfo=UTC)
+
+
+def _within_calendar(at: datetime, field: str, shown: str) -> None:
+    if not EARLIEST <= at < LATEST:
+        raise InvalidInput(
+            f"{field} must lie between {EARLIEST:%Y-%m-%d} and {LATEST.year - 1}-12-31 (got {shown})",
+            details={"field": field, "value": shown},
+        )
 
 
 def period_of(query: UsageQuery, now: datetime) -> tuple[datetime, datetime, str | None]:
@@ -39,6 +60,8 @@ def period_of(query: UsageQuery, now: datetime) -> tuple[datetime, datetime, str
     if query.month is not None:
         if query.since is not None or query.until is not None:
             raise InvalidInput("give either month or since/until, not both", details={"field": "month"})
+        year = int(query.month[:4])
+        _within_calendar(datetime(max(year, 1), 1, 1, tzinfo=UTC), "month", query.month)
         since, until = chargeback.month_range(query.month)
         return since, until, query.month
     if query.since is None and query.until is None:
@@ -46,8 +69,10 @@ def period_of(query: UsageQuery, now: datetime) -> tuple[datetime, datetime, str
         return since, until, f"{now:%Y-%m}"
     if query.since is None:
         raise InvalidInput("until needs since", details={"field": "since"})
-    since = _utc(query.since)
-    until = _utc(query.until) if query.until is not None else now
+    since = _utc(query.since, "since")
+    until = _utc(query.until, "until") if query.until is not None else now
+    _within_calendar(since, "since", f"{since:%Y-%m-%dT%H:%M:%SZ}")
+    _within_calendar(until, "until", f"{until:%Y-%m-%dT%H:%M:%SZ}")
     if until <= since:
         raise InvalidInput(
             f"until ({until:%Y-%m-%dT%H:%M:%SZ}) must be after since ({since:%Y-%m-%dT%H:%M:%SZ})",

@@ -81,3 +81,23 @@ def test_a_period_that_ends_before_it_starts_is_refused_naming_the_field(world):
     assert err.value.details["field"] == "until"
     with pytest.raises(InvalidInput):
         usage(world).usage(ADMIN, UsageQuery(month="2026-12", since=datetime(2026, 12, 2, tzinfo=UTC)))
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"month": "0000-01"}, "month"),
+        ({"month": "9999-12"}, "month"),
+        ({"since": datetime(1, 1, 1, tzinfo=UTC)}, "since"),
+        (
+            {"since": datetime(2026, 12, 1, tzinfo=UTC), "until": datetime(9999, 12, 31, 23, 0, tzinfo=UTC)},
+            "until",
+        ),
+        ({"since": datetime.fromisoformat("0001-01-01T00:00:00+05:00")}, "since"),
+    ],
+)
+def test_a_period_off_the_calendar_is_refused_naming_the_field(world, query, field):
+    # Year 0, year 9999, or an offset that moves year 1 before the calendar: refused, not a crash
+    with pytest.raises(InvalidInput) as err:
+        usage(world).usage(ADMIN, UsageQuery(**query))
+    assert err.value.details["field"] == field
