@@ -45,6 +45,7 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
 
     from calque.contracts.tenancy import HostRegistration
     from calque.fleet.records import AcquisitionRecord, musd
+    from calque.fleet.service import managed_tags
     from calque.fleet.tenancy_hosts import FLEET_CALLER
     from calque.registry.dynamo import ser
     from calque.registry.fleet import _acq_key, _budget_key, _instance_key
@@ -63,11 +64,7 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
             TagSpecifications=[
                 {
                     "ResourceType": "instance",
-                    "Tags": [
-                        {"Key": "calque:host", "Value": "managed"},
-                        {"Key": "calque:request-id", "Value": rid},
-                        {"Key": "calque:owner", "Value": "admin"},
-                    ],
+                    "Tags": [{"Key": k, "Value": v} for k, v in managed_tags(rid, "admin").items()],
                 }
             ],
         )

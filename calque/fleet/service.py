@@ -78,6 +78,14 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+def managed_tags(request_id: str, owner: str, pool: str | None = None) -> dict[str, str]:
+    """The tags of an instance the fleet launches (and of its volumes)."""
+    tags = {TAG_HOST: TAG_HOST_VALUE, TAG_REQUEST: request_id, TAG_OWNER: owner[:256]}
+    if pool:
+        tags[TAG_POOL] = pool
+    return tags
+
+
 @dataclass(frozen=True)
 class FleetConfig:
     # The places to try, in order (one subnet per AZ is the usual shape). Empty: EC2 picks.
@@ -393,10 +401,7 @@ class Fleet:
 
     @staticmethod
     def _tags(rec: AcquisitionRecord) -> dict[str, str]:
-        tags = {TAG_HOST: TAG_HOST_VALUE, TAG_REQUEST: rec.request_id, TAG_OWNER: rec.owner[:256]}
-        if rec.pool:
-            tags[TAG_POOL] = rec.pool
-        return tags
+        return managed_tags(rec.request_id, rec.owner, rec.pool)
 
     def _launched(
         self, rec: AcquisitionRecord, inst: Instance, attempts: list[AttemptRecord] | None

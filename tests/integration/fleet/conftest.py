@@ -25,6 +25,27 @@ def wait_for(check: Callable[[], Any], *, timeout: float = 30, interval: float =
         time.sleep(interval)
 
 
+def acquire_with_cli(plane: LocalPlaneHandle, *extra: str, timeout: str) -> Any:
+    """``calque host acquire`` of one g7e.2xlarge with four 1g.24gb slices, as an admin types
+    it, waiting for the host (``extra``: more flags, e.g. ``--ttl 20s``)."""
+    return plane.cli(
+        "--output",
+        "json",
+        "host",
+        "acquire",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--mig",
+        "1g.24gb=4",
+        *extra,
+        "--i-understand-this-spends-money",
+        "--wait",
+        "--timeout",
+        timeout,
+        profile="admin",
+    )
+
+
 class Fleet:
     def __init__(self, plane: LocalPlaneHandle) -> None:
         self.plane = plane

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from tests.integration.conftest import LocalPlaneHandle
-from tests.integration.fleet.conftest import Fleet, wait_for
+from tests.integration.fleet.conftest import Fleet, acquire_with_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -23,21 +23,7 @@ def test_acquire_wait_registers_the_host_with_its_layout_and_release_ends_sessio
     fleet.set_budget(extra_instances=1)
     before = fleet.budget()
     # When an admin acquires one g7e.2xlarge with four MIG slices and waits
-    done = local_plane.cli(
-        "--output",
-        "json",
-        "host",
-        "acquire",
-        "--instance-type",
-        "g7e.2xlarge",
-        "--mig",
-        "1g.24gb=4",
-        "--i-understand-this-spends-money",
-        "--wait",
-        "--timeout",
-        "60s",
-        profile="admin",
-    )
+    done = acquire_with_cli(local_plane, timeout="60s")
     # Then it is launched, registered, and the layout applied; progress went to stderr
     assert done.returncode == 0, done.stderr
     (acq,) = json.loads(done.stdout)["acquisitions"]

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from calque.fleet.service import managed_tags
 from tests.integration.conftest import LocalPlaneHandle, start_local_plane, stop_local_plane
-from tests.integration.fleet.conftest import Fleet, wait_for
+from tests.integration.fleet.conftest import Fleet, acquire_with_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -95,22 +96,7 @@ class Bus:
 
 def _ready_host(plane: LocalPlaneHandle, fleet: Fleet, *extra: str) -> dict[str, Any]:
     fleet.set_budget(extra_instances=1)
-    done = plane.cli(
-        "--output",
-        "json",
-        "host",
-        "acquire",
-        "--instance-type",
-        "g7e.2xlarge",
-        "--mig",
-        "1g.24gb=4",
-        *extra,
-        "--i-understand-this-spends-money",
-        "--wait",
-        "--timeout",
-        "90s",
-        profile="admin",
-    )
+    done = acquire_with_cli(plane, *extra, timeout="90s")
     assert done.returncode == 0, done.stderr
     (acq,) = json.loads(done.stdout)["acquisitions"]
     fleet.wait_host_ready(acq["instance_id"])
@@ -204,11 +190,7 @@ def test_an_instance_no_acquisition_owns_is_left_alone_until_the_grace_period_th
         TagSpecifications=[
             {
                 "ResourceType": "instance",
-                "Tags": [
-                    {"Key": "calque:host", "Value": "managed"},
-                    {"Key": "calque:request-id", "Value": rid},
-                    {"Key": "calque:owner", "Value": "admin"},
-                ],
+                "Tags": [{"Key": k, "Value": v} for k, v in managed_tags(rid, "admin").items()],
             }
         ],
     )
