@@ -24,6 +24,7 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
+    RetiredHost,
     SessionRecord,
     SliceRecord,
     use_of,
@@ -465,9 +466,11 @@ class DynamoRegistry(DynamoGroups):
             event,
         )
 
-    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
-        # The host and up to 99 slices in one transaction; a larger host's other slices follow
-        # in further ones (placement already fenced them: they are not placeable).
+    def delete_host(
+        self, host: HostRecord, slices: Sequence[SliceRecord], *, retired: RetiredHost | None = None
+    ) -> None:
+        # The host (with its retired record) and up to 98 slices in one transaction; a larger
+        # host's other slices follow in further ones (placement already fenced them).
         deletes = [
             {
                 "Delete": {
@@ -487,7 +490,12 @@ class DynamoRegistry(DynamoGroups):
                 "ExpressionAttributeValues": _vals(state=host.state),
             }
         }
-        batches = [[first, *deletes[:99]]] + [deletes[n : n + 100] for n in range(99, len(deletes), 100)]
+        head: list[dict[str, Any]] = [first]
+        if retired is not None:
+            item = {**keys.retired_host(retired.instance_id, retired.registered_at), "type": "retired_host"}
+            head.append({"Put": {"Item": ser({**item, **retired.model_dump()})}})
+        room = 100 - len(head)
+        batches = [[*head, *deletes[:room]]] + [deletes[n : n + 100] for n in range(room, len(deletes), 100)]
         for batch in batches:
             try:
                 self._transact(batch)
@@ -495,6 +503,12 @@ class DynamoRegistry(DynamoGroups):
                 if _code(exc) in ("TransactionCanceledException", "ConditionalCheckFailedException"):
                     raise StaleWrite(host.instance_id) from None
                 raise
+
+    def retired_hosts(self) -> list[RetiredHost]:
+        items = self._query(
+            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.RETIRED_HOSTS)
+        )
+        return [RetiredHost.model_validate(i) for i in items]
 
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         items = self._query(

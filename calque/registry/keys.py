@@ -9,6 +9,7 @@
     profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
     client request  REQUEST#<hash>            REQUEST          (a check-out's replay record; gc_at ends it)
     lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
+    retired host    RETIRED_HOSTS             HOST#<instance_id>#<registered iso>  (a deregistered host)
 
 Sparse indexes (an item is in an index only while it carries that index's keys):
 
@@ -52,6 +53,13 @@ def slice_(instance_id: str, slice_id: str) -> dict[str, str]:
 
 def session(session_id: str) -> dict[str, str]:
     return {"pk": f"SESSION#{session_id}", "sk": "SESSION"}
+
+
+RETIRED_HOSTS = "RETIRED_HOSTS"
+
+
+def retired_host(instance_id: str, registered_at: datetime) -> dict[str, str]:
+    return {"pk": RETIRED_HOSTS, "sk": f"HOST#{instance_id}#{iso(registered_at)}"}
 
 
 def request(request_id: str) -> dict[str, str]:

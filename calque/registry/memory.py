@@ -15,6 +15,7 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
+    RetiredHost,
     SessionRecord,
     SliceRecord,
 )
@@ -44,6 +45,7 @@ class MemoryRegistry(MemoryGroups):
         self.profiles: dict[tuple[str, str], set[float]] = {}
         self.events: list[LeaseEvent] = []
         self.requests_made: dict[str, RequestRecord] = {}
+        self.retired: dict[tuple[str, datetime], RetiredHost] = {}
         self.requests = 0  # calls made, for the "does not grow with the fleet" property
 
     def _count(self) -> None:
@@ -174,7 +176,9 @@ class MemoryRegistry(MemoryGroups):
             self.events.append(event)
             return True
 
-    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+    def delete_host(
+        self, host: HostRecord, slices: Sequence[SliceRecord], *, retired: RetiredHost | None = None
+    ) -> None:
         with self._lock:
             self._count()
             cur = self.hosts.get(host.instance_id)
@@ -187,6 +191,13 @@ class MemoryRegistry(MemoryGroups):
             del self.hosts[host.instance_id]
             for sl in slices:
                 self.slice_map.pop((sl.instance_id, sl.slice_id), None)
+            if retired is not None:
+                self.retired[(retired.instance_id, retired.registered_at)] = retired
+
+    def retired_hosts(self) -> list[RetiredHost]:
+        self._count()
+        with self._lock:
+            return [self.retired[k] for k in sorted(self.retired)]
 
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         self._count()

@@ -19,6 +19,7 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
+    RetiredHost,
     SessionRecord,
     SliceRecord,
 )
@@ -204,10 +205,17 @@ class Registry(Protocol):
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         """Slices that entered reclaiming at or before ``cutoff``."""
 
-    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+    def delete_host(
+        self, host: HostRecord, slices: Sequence[SliceRecord], *, retired: RetiredHost | None = None
+    ) -> None:
         """Forget a host: its record (if still in ``host.state``) and the given slices (each only
-        if not held), leaving placement at once; lease events stay. StaleWrite when a
-        condition fails (a check-out won a slice meanwhile, or the host changed)."""
+        if not held), leaving placement at once; lease events stay. With ``retired``, the
+        instance's end is recorded in the same write (the usage report stops charging it
+        there). StaleWrite when a condition fails (a check-out won a slice meanwhile, or the
+        host changed)."""
+
+    def retired_hosts(self) -> list[RetiredHost]:
+        """Every deregistered host's lifetime, oldest registration first per instance."""
 
     # -- placement ------------------------------------------------------------------------
     def profile_memories(self, backend: str, profile: str) -> list[float]:
