@@ -170,18 +170,36 @@ class TenancyCore:
         expired_by: datetime | None = None,
         request_id: str | None = None,
     ) -> SessionRecord:
-        end = self._ending(
-            session,
-            at=at,
-            reason=reason,
-            kind=kind,
-            by=by,
-            note=note,
-            token_hash=token_hash,
-            expired_by=expired_by,
-            request_id=request_id,
-        )
-        ended = self.registry.end_session(**end.arguments())
+        for attempt in range(3):
+            end = self._ending(
+                session,
+                at=at,
+                reason=reason,
+                kind=kind,
+                by=by,
+                note=note,
+                token_hash=token_hash,
+                expired_by=expired_by,
+                request_id=request_id,
+            )
+            try:
+                ended = self.registry.end_session(**end.arguments())
+                break
+            except StaleWrite:
+                # An extend that landed since the read changed only the reservation to settle:
+                # end the session as it is now. Anything else changed it for good.
+                current = self.registry.get_session(session.session_id)
+                if (
+                    attempt == 2
+                    or current is None
+                    or current.state != "live"
+                    or current.fence != session.fence
+                    or current.token_hash != session.token_hash
+                    or (current.reserved_ugh, current.reserved_musd)
+                    == (session.reserved_ugh, session.reserved_musd)
+                ):
+                    raise
+                session = current
         self.tasks.send(_reclaim(session))
         return ended
 

@@ -308,3 +308,21 @@ def test_lifting_a_groups_budget_lets_a_refused_member_in(world: World):
     assert group_use(world, "lab").committed_musd == 0
     g.set_limits(ADMIN, "lab", GroupLimits(max_usd_per_month=0.84))
     assert hour(world, ALICE).user == "alice"
+
+
+def test_an_end_racing_an_extend_settles_the_extended_reservation(world: World):
+    # Given a forced end (a drain, a deregistration) that read the session before an extend landed
+    world.ready_host()
+    budget(world, "alice", usd=10)
+    grant = hour(world, ALICE)
+    stale = world.registry.get_session(grant.session_id)
+    world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=3600))
+    world.clock.advance(600)
+    # When it ends the session from what it read
+    ended = world.tenancy.end_session(
+        stale, at=world.clock(), reason="drained", kind="drained", by="admin", note=None
+    )
+    # Then the session still ends, and the whole reservation, extension included, is settled
+    assert ended.state == "ended"
+    use = user_use(world, "alice")
+    assert (use.reserved_musd, use.committed_musd, use.settled_musd) == (0, HOUR_MUSD // 6, HOUR_MUSD // 6)
