@@ -95,6 +95,7 @@ class Backend:
 
 def seed_hosts(backend: Backend, count: int, start: int) -> None:
     """``count`` ready hosts with 4 free 1g.24gb slices each, through the registry adapter."""
+    from calque.accounting.shares import slice_shares
     from calque.catalog import planner
     from calque.contracts.layout import parse_layout
     from calque.registry.dynamo import DynamoRegistry
@@ -102,6 +103,11 @@ def seed_hosts(backend: Backend, count: int, start: int) -> None:
 
     registry = DynamoRegistry(backend.clients.client("dynamodb"), backend.table)
     planned = planner.expand_slices(INSTANCE_TYPE, parse_layout(LAYOUT))
+    # Each slice's share of the instance, recorded at registration (what a check-out reserves
+    # against monthly dollar limits), as calque.tenancy.hosts.register_host records it.
+    shares = slice_shares(
+        INSTANCE_TYPE, LAYOUT, [(p.slice_id, p.gpu_index, p.backend, p.profile) for p in planned]
+    )
     now = datetime.now(UTC).replace(microsecond=0)
     for n in range(start, start + count):
         iid = f"i-{n:017x}"
@@ -129,6 +135,8 @@ def seed_hosts(backend: Backend, count: int, start: int) -> None:
                 device_uuid=f"MIG-{n:08x}-{k}",
                 env={"CUDA_VISIBLE_DEVICES": f"MIG-{n:08x}-{k}"},
                 state_since=now,
+                share=str(shares[p.slice_id]),
+                instance_type=INSTANCE_TYPE,
             )
             for k, p in enumerate(planned)
         ]
@@ -354,9 +362,10 @@ def measure_sessions(api: Api, meter: Meter, tag: str, n: int) -> tuple[Row, Row
         n,
         out,
         1,
-        4,
+        6,
         0,
-        "one transaction (session, lease record) whose conditions check token, expiry, limit",
+        "one transaction (session, lease record, the member's counter: its reservation) "
+        "whose conditions check token, expiry, limit",
     )
     for g in grants:
         api.call(

@@ -6,16 +6,21 @@ was live, so the events of [since - lookback, until) name them all; the sessions
 still live now are added as well. Each session's record then gives its exact start
 and end (the grant's and the ending transaction's times).
 
-An instance is paid from its registration; the registry records no termination yet
-(that is the fleet's record), so a registered instance is paid up to now, drained or not.
+An instance is paid from its registration until it is deregistered (the registry keeps
+a retired record of each deregistered host: its lifetime and its slices); one still
+registered is paid up to now, drained or not. An instance registered again after it was
+deregistered (or failed) has one lifetime per registration, and each session is charged
+with the shares of the lifetime it was granted in.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
@@ -36,29 +41,85 @@ def _days(since: datetime, until: datetime) -> list[str]:
     return out
 
 
-def instances(registry: Registry) -> list[Instance]:
+@dataclass(frozen=True)
+class Lifetime:
+    """One registration of an instance: from its registration to its end (None: still registered)."""
+
+    instance_id: str
+    instance_type: str
+    layout: dict[str, Any] | None
+    start: datetime
+    end: datetime | None
+    pool: str | None
+    # The retired record's slices; None: read the registered host's slices.
+    slices: list[tuple[str, int, str, str]] | None
+
+
+def lifetimes(registry: Registry) -> list[Lifetime]:
+    out = [
+        Lifetime(
+            instance_id=r.instance_id,
+            instance_type=r.instance_type,
+            layout=r.layout,
+            start=r.registered_at,
+            end=r.ended_at,
+            pool=None,
+            slices=[(x.slice_id, x.gpu_index, x.backend, x.profile) for x in r.slices],
+        )
+        for r in registry.retired_hosts()
+    ]
+    out += [
+        Lifetime(
+            instance_id=h.instance_id,
+            instance_type=h.instance_type,
+            layout=h.layout,
+            start=h.registered_at,
+            end=None,
+            pool=getattr(h, "pool", None),
+            slices=None,
+        )
+        for h in registry.list_hosts()
+    ]
+    return out
+
+
+def instances(registry: Registry, known: list[Lifetime] | None = None) -> list[Instance]:
     out = []
-    for host in registry.list_hosts():
+    for life in lifetimes(registry) if known is None else known:
         try:
-            itype = catalog.instance_type(host.instance_type)
+            itype = catalog.instance_type(life.instance_type)
         except InvalidInput:
             continue  # a type the catalog no longer knows has no rate to charge
         out.append(
             Instance(
-                instance_id=host.instance_id,
-                instance_type=host.instance_type,
+                instance_id=life.instance_id,
+                instance_type=life.instance_type,
                 hourly_usd=Decimal(str(itype.hourly_usd)),
                 rate_as_of=itype.price_as_of,
-                start=host.registered_at,
-                end=None,
-                pool=getattr(host, "pool", None),
+                start=life.start,
+                end=life.end,
+                pool=life.pool,
             )
         )
     return out
 
 
+def _lifetime_of(s: SessionRecord, mine: list[Lifetime]) -> Lifetime | None:
+    """The registration a session was granted in (the latest one that started before it)."""
+    found = [x for x in mine if x.start <= s.created_at and (x.end is None or s.created_at < x.end)]
+    if found:
+        return max(found, key=lambda x: x.start)
+    return None
+
+
 def leases(
-    registry: Registry, *, since: datetime, until: datetime, now: datetime, lookback: timedelta
+    registry: Registry,
+    *,
+    since: datetime,
+    until: datetime,
+    now: datetime,
+    lookback: timedelta,
+    known: list[Lifetime] | None = None,
 ) -> list[Lease]:
     ids: set[str] = set()
     for day in _days(since - lookback, min(until, now)):
@@ -71,21 +132,28 @@ def leases(
     page = 1000
     for s in registry.live_sessions(expiring_at_or_before=None, limit=page):
         sessions[s.session_id] = s
-    hosts = {h.instance_id: h for h in registry.list_hosts()}
-    shares: dict[str, dict[str, Fraction]] = {}
+    by_instance: dict[str, list[Lifetime]] = {}
+    for one in lifetimes(registry) if known is None else known:
+        by_instance.setdefault(one.instance_id, []).append(one)
+    shares: dict[tuple[str, datetime], dict[str, Fraction]] = {}
     out = []
     for s in sessions.values():
         if s.created_at >= until or (s.ended_at is not None and s.ended_at <= since):
             continue
-        host = hosts.get(s.instance_id)
-        if host is None:
+        life = _lifetime_of(s, by_instance.get(s.instance_id, []))
+        if life is None:
             continue
-        if s.instance_id not in shares:
-            known: list[tuple[str, int, str, str]] = [
-                (sl.slice_id, sl.gpu_index, sl.backend, sl.profile) for sl in registry.slices(s.instance_id)
+        key = (s.instance_id, life.start)
+        if key not in shares:
+            slices = life.slices
+            if slices is None:
+                slices = [
+                    (x.slice_id, x.gpu_index, x.backend, x.profile) for x in registry.slices(s.instance_id)
+                ]
+            here = [
+                x for x in sessions.values() if x.instance_id == s.instance_id and _lifetime_of(x, [life])
             ]
-            here = [x for x in sessions.values() if x.instance_id == s.instance_id]
-            shares[s.instance_id] = _shares(host.instance_type, host.layout, known, here)
+            shares[key] = _shares(life.instance_type, life.layout, slices, here)
         out.append(
             Lease(
                 session_id=s.session_id,
@@ -93,7 +161,7 @@ def leases(
                 group=getattr(s, "group", None),
                 instance_id=s.instance_id,
                 slice_id=s.slice_id,
-                share=shares[s.instance_id][s.slice_id],
+                share=shares[key][s.slice_id],
                 start=s.created_at,
                 end=s.ended_at,
                 end_reason=s.end_reason,

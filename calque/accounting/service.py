@@ -163,9 +163,12 @@ class Usage:
 
     def bill(self, since: datetime, until: datetime) -> chargeback.Bill:
         now = self.clock()
+        known = history.lifetimes(self.registry)
         return chargeback.compute(
-            history.instances(self.registry),
-            history.leases(self.registry, since=since, until=until, now=now, lookback=self.lookback),
+            history.instances(self.registry, known),
+            history.leases(
+                self.registry, since=since, until=until, now=now, lookback=self.lookback, known=known
+            ),
             since=since,
             until=until,
             now=now,

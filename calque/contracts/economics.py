@@ -137,6 +137,11 @@ class Group(Out):
     max_gpu_hours_per_month: float | None = None
     max_usd_per_month: float | None = None
     live_sessions: int = 0
-    gpu_hours_used_this_month: float = 0.0
+    gpu_hours_used_this_month: float = Field(default=0.0, description="ended sessions charged to this month")
+    gpu_hours_reserved_this_month: float = Field(
+        default=0.0, description="what live sessions charged to this month hold (their TTL's worth)"
+    )
+    usd_used_this_month: str = Field(default="0.00", description="ended sessions charged to this month")
+    usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
     created_at: datetime
     created_by: str

@@ -13,8 +13,9 @@ Error codes scripts may branch on (the contract's error document):
       session_ended / session_expired (extend too late), session_changed (extend raced),
       host_has_live_sessions (drain / deregister), host_not_ready, already_registered,
       host_changed (deregister raced repeatedly)
-  429 quota_exceeded (details: max_sessions/live_sessions or
-      max_gpu_hours_per_month/gpu_hours_used)
+  429 quota_exceeded (details.limit names it: user.max_sessions, user.max_gpu_hours_per_month,
+      user.max_usd_per_month, group.max_sessions, group.max_gpu_hours_per_month,
+      group.max_usd_per_month; monthly ones with used / reserved / asked and the limit)
   403 forbidden (admins only / not this host's role / the host role off its report route),
       invalid_token (nothing released), role_session_not_pinned (a shared role's session)
   400 consent_required (mps without accept_shared_gpu_no_isolation), invalid_layout,
@@ -30,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from calque.contracts.common import Out, Request, Strict
+from calque.contracts.common import Out, Request, Strict, to_places
 from calque.contracts.layout import LayoutSpec
 
 # What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
@@ -248,6 +249,17 @@ class QuotaUpdate(Request):
         le=1_000_000,
         description="GPU-hours per calendar month (UTC), to a thousandth; null: unlimited",
     )
+    max_usd_per_month: float | None = Field(
+        default=None,
+        ge=0,
+        le=100_000_000,
+        description="dollars per calendar month (UTC), to a cent; null: unlimited",
+    )
+
+    @field_validator("max_usd_per_month")
+    @classmethod
+    def _to_a_cent(cls, value: float | None) -> float | None:
+        return to_places(value, 2, "USD")
 
     @field_validator("max_gpu_hours_per_month")
     @classmethod
@@ -264,8 +276,14 @@ class Quota(Out):
     user: str
     max_sessions: int
     max_gpu_hours_per_month: float | None = None
+    max_usd_per_month: float | None = None
     live_sessions: int = Field(description="sessions live now")
     gpu_hours_used_this_month: float = Field(description="ended sessions plus the time live ones have run")
+    gpu_hours_reserved_this_month: float = Field(
+        default=0.0, description="what live sessions hold against the month's limit (their TTL's worth)"
+    )
+    usd_used_this_month: str = Field(default="0.00", description="ended sessions charged to this month")
+    usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
     month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
     default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
 

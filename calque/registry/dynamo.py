@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -24,17 +24,22 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
+    RetiredHost,
     SessionRecord,
     SliceRecord,
+    use_of,
 )
 from calque.registry.ports import (
     AlreadyExists,
     HostNotReady,
+    Limits,
     QuotaFull,
     Replayed,
+    Reservation,
     SessionEnd,
     SliceTaken,
     StaleWrite,
+    micro,
 )
 
 _SER = TypeSerializer()
@@ -98,6 +103,64 @@ def _code(exc: ClientError) -> str:
 
 def _reasons(exc: ClientError) -> list[str]:
     return [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
+
+
+LIMIT_ATTRS = (("ugh", "max_gpu_hours_per_month"), ("musd", "max_usd_per_month"))
+
+
+def reserve_terms(res: Reservation, limits: Limits) -> tuple[list[str], str, dict[str, str], dict[str, Any]]:
+    """SET clauses adding a reservation to a counter item's month, and the condition that it
+    fits each limit: the limit still as read (none: still none) and ``committed <= limit - ask``,
+    which is ``committed + ask <= limit`` (conditions cannot add). Plain values, ':'-named."""
+    sets: list[str] = []
+    conds: list[str] = []
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {":zero": 0}
+    for (unit, attr), read, ask in zip(
+        LIMIT_ATTRS, (limits.gpu_hours, limits.usd), (res.ugh, res.musd), strict=True
+    ):
+        c = f"#c_{unit}"
+        names[c] = keys.use_attr("committed", unit, res.month)
+        values[f":a_{unit}"] = ask
+        sets.append(f"{c} = if_not_exists({c}, :zero) + :a_{unit}")
+        if read is None:
+            conds.append(f"attribute_not_exists({attr})")
+            continue
+        values[f":l_{unit}"] = read
+        cap = micro(read) - ask
+        if cap < 0:  # the ask alone is over the limit: a condition that cannot hold
+            conds.append(f"{attr} = :l_{unit} AND attribute_not_exists({attr})")
+            continue
+        values[f":cap_{unit}"] = cap
+        conds.append(f"{attr} = :l_{unit} AND (attribute_not_exists({c}) OR {c} <= :cap_{unit})")
+    return sets, " AND ".join(f"({c})" for c in conds), names, values
+
+
+def settle_terms(month: str, settle: dict[str, int]) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """ADD clauses of a settlement (committed_ugh=-40, settled_ugh=60, ...) to ``month``."""
+    adds: list[str] = []
+    names: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    for n, (name, delta) in enumerate(settle.items()):
+        state, unit = name.split("_")
+        names[f"#s{n}"] = keys.use_attr(state, unit, month)
+        values[f":s{n}"] = delta
+        adds.append(f"#s{n} :s{n}")
+    return ", ".join(adds), names, values
+
+
+def settlement(session: SessionRecord, used_ugh: int, used_musd: int) -> dict[str, int]:
+    """What an end adds to its month: the reservation replaced by what was used."""
+    return {
+        "committed_ugh": used_ugh - session.reserved_ugh,
+        "committed_musd": used_musd - session.reserved_musd,
+        "settled_ugh": used_ugh,
+        "settled_musd": used_musd,
+    }
+
+
+def _quota(item: dict[str, Any]) -> QuotaRecord:
+    return QuotaRecord.model_validate({**item, "use": use_of(item)})
 
 
 class DynamoRegistry(DynamoGroups):
@@ -403,9 +466,11 @@ class DynamoRegistry(DynamoGroups):
             event,
         )
 
-    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
-        # The host and up to 99 slices in one transaction; a larger host's other slices follow
-        # in further ones (placement already fenced them: they are not placeable).
+    def delete_host(
+        self, host: HostRecord, slices: Sequence[SliceRecord], *, retired: RetiredHost | None = None
+    ) -> None:
+        # The host (with its retired record) and up to 98 slices in one transaction; a larger
+        # host's other slices follow in further ones (placement already fenced them).
         deletes = [
             {
                 "Delete": {
@@ -425,7 +490,12 @@ class DynamoRegistry(DynamoGroups):
                 "ExpressionAttributeValues": _vals(state=host.state),
             }
         }
-        batches = [[first, *deletes[:99]]] + [deletes[n : n + 100] for n in range(99, len(deletes), 100)]
+        head: list[dict[str, Any]] = [first]
+        if retired is not None:
+            item = {**keys.retired_host(retired.instance_id, retired.registered_at), "type": "retired_host"}
+            head.append({"Put": {"Item": ser({**item, **retired.model_dump()})}})
+        room = 100 - len(head)
+        batches = [[*head, *deletes[:room]]] + [deletes[n : n + 100] for n in range(room, len(deletes), 100)]
         for batch in batches:
             try:
                 self._transact(batch)
@@ -433,6 +503,12 @@ class DynamoRegistry(DynamoGroups):
                 if _code(exc) in ("TransactionCanceledException", "ConditionalCheckFailedException"):
                     raise StaleWrite(host.instance_id) from None
                 raise
+
+    def retired_hosts(self) -> list[RetiredHost]:
+        items = self._query(
+            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.RETIRED_HOSTS)
+        )
+        return [RetiredHost.model_validate(i) for i in items]
 
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         items = self._query(
@@ -513,10 +589,11 @@ class DynamoRegistry(DynamoGroups):
         session: SessionRecord,
         *,
         default_max_sessions: int,
-        month: str,
+        reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
     ) -> None:
+        sets, limits, names, values = reserve_terms(reservation, reservation.user)
         # The client request goes first: its reason is then always the first one read.
         first: list[dict[str, Any]] = []
         if request is not None:
@@ -570,29 +647,30 @@ class DynamoRegistry(DynamoGroups):
                     "Key": ser(keys.quota(session.user)),
                     "UpdateExpression": (
                         "SET live = if_not_exists(live, :zero) + :one, "
-                        "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t"
+                        "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t, "
+                        + ", ".join(sets)
                     ),
-                    # The quota is the transaction's own condition (no pre-read): live sessions
-                    # below the maximum, and this month's GPU-hours below the allowance.
+                    # The quota is the transaction's own condition: live sessions below the
+                    # maximum, and the reservation within each monthly limit as read.
                     "ConditionExpression": (
-                        "(attribute_not_exists(live) OR live < max_sessions) AND "
-                        "(attribute_not_exists(max_gpu_hours_per_month) OR attribute_not_exists(#used) "
-                        "OR #used < max_gpu_hours_per_month)"
+                        f"(attribute_not_exists(live) OR live < max_sessions) AND {limits}"
                     ),
-                    "ExpressionAttributeNames": {
-                        "#user": "user",
-                        "#type": "type",
-                        "#used": keys.month_hours(month),
-                    },
-                    "ExpressionAttributeValues": _vals(
-                        zero=0, one=1, dflt=default_max_sessions, user=session.user, t="quota"
+                    "ExpressionAttributeNames": {"#user": "user", "#type": "type", **names},
+                    "ExpressionAttributeValues": ser(
+                        {
+                            **values,
+                            ":one": 1,
+                            ":dflt": default_max_sessions,
+                            ":user": session.user,
+                            ":t": "quota",
+                        }
                     ),
                 }
             },
             self._put_event(event),
         ]
         if session.group is not None:
-            items.append(self._group_take_item(session.group))
+            items.append(self._group_take_item(session.group, reservation))
         try:
             self._transact(items)
         except ClientError as exc:
@@ -661,8 +739,16 @@ class DynamoRegistry(DynamoGroups):
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
+        used_ugh: int = 0,
+        used_musd: int = 0,
     ) -> list[dict[str, Any]]:
+        # The reservation it settles must still be the one read (an extend adds to it).
         cond = "#state = :live AND fence = :fence"
+        for attr in ("reserved_ugh", "reserved_musd"):
+            if getattr(session, attr):
+                cond += f" AND {attr} = :{attr}"
+            else:
+                cond += f" AND (attribute_not_exists({attr}) OR {attr} = :{attr})"
         values = _vals(
             live="live",
             fence=session.fence,
@@ -672,7 +758,11 @@ class DynamoRegistry(DynamoGroups):
             by=by,
             gc=int(at.timestamp()) + ENDED_SESSION_RETENTION_S,
             usk=keys.user_sk(session.created_at, session.session_id, live=False),
+            reserved_ugh=session.reserved_ugh,
+            reserved_musd=session.reserved_musd,
         )
+        settle = settlement(session, used_ugh, used_musd)
+        adds, settle_names, settle_values = settle_terms(month, settle)
         update = (
             "SET #state = :ended, ended_at = :at, end_reason = :reason, ended_by = :by, gc_at = :gc, "
             "user_sk = :usk"
@@ -723,10 +813,10 @@ class DynamoRegistry(DynamoGroups):
             {
                 "Update": {
                     "Key": ser(keys.quota(session.user)),
-                    "UpdateExpression": "SET live = live - :one ADD #used :h",
+                    "UpdateExpression": f"SET live = live - :one ADD {adds}",
                     "ConditionExpression": "live > :zero",
-                    "ExpressionAttributeNames": {"#used": keys.month_hours(month)},
-                    "ExpressionAttributeValues": _vals(one=1, zero=0, h=gpu_hours),
+                    "ExpressionAttributeNames": settle_names,
+                    "ExpressionAttributeValues": ser({":one": 1, ":zero": 0, **settle_values}),
                 }
             },
             {
@@ -744,7 +834,7 @@ class DynamoRegistry(DynamoGroups):
             self._put_event(event),
         ]
         if session.group is not None:
-            items += self._group_release_items(session.group, month, gpu_hours)
+            items += self._group_release_items(session.group, month, gpu_hours, settle)
         return items
 
     def end_session(
@@ -761,6 +851,8 @@ class DynamoRegistry(DynamoGroups):
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
+        used_ugh: int = 0,
+        used_musd: int = 0,
     ) -> SessionRecord:
         items = self._end_items(
             session,
@@ -774,6 +866,8 @@ class DynamoRegistry(DynamoGroups):
             month=month,
             event=event,
             request_id=request_id,
+            used_ugh=used_ugh,
+            used_musd=used_musd,
         )
         try:
             self._transact(items)
@@ -843,6 +937,7 @@ class DynamoRegistry(DynamoGroups):
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,
+        reservation: Reservation | None = None,
     ) -> SessionRecord:
         old = int(session.expires_at.timestamp())
         values = _vals(
@@ -858,29 +953,59 @@ class DynamoRegistry(DynamoGroups):
         if request_id is not None:
             update += ", extend_request = :rq"
             values.update(_vals(rq=request_id))
-        try:
-            self._transact(
-                [
-                    {
-                        "Update": {
-                            "Key": ser(keys.session(session.session_id)),
-                            "UpdateExpression": update,
-                            "ConditionExpression": (
-                                "#state = :live AND token_hash = :th AND expires_epoch = :old "
-                                "AND expires_epoch > :now"
-                            ),
-                            "ExpressionAttributeNames": {"#state": "state"},
-                            "ExpressionAttributeValues": values,
-                        }
-                    },
-                    self._put_event(event),
-                ]
+        reserved: dict[str, Any] = {}
+        if reservation is not None:
+            update += (
+                ", reserved_ugh = if_not_exists(reserved_ugh, :zero) + :ru, "
+                "reserved_musd = if_not_exists(reserved_musd, :zero) + :rm"
             )
+            values.update(_vals(zero=0, ru=reservation.ugh, rm=reservation.musd))
+            reserved = {
+                "reserved_ugh": session.reserved_ugh + reservation.ugh,
+                "reserved_musd": session.reserved_musd + reservation.musd,
+            }
+        items: list[dict[str, Any]] = [
+            {
+                "Update": {
+                    "Key": ser(keys.session(session.session_id)),
+                    "UpdateExpression": update,
+                    "ConditionExpression": (
+                        "#state = :live AND token_hash = :th AND expires_epoch = :old "
+                        "AND expires_epoch > :now"
+                    ),
+                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeValues": values,
+                }
+            },
+            self._put_event(event),
+        ]
+        if reservation is not None:
+            sets, limits, names, plain = reserve_terms(reservation, reservation.user)
+            items.append(
+                {
+                    "Update": {
+                        "Key": ser(keys.quota(session.user)),
+                        "UpdateExpression": "SET " + ", ".join(sets),
+                        "ConditionExpression": limits,
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": ser(plain),
+                    }
+                }
+            )
+            if session.group is not None:
+                items.append(self._group_take_item(session.group, reservation, count=False))
+        try:
+            self._transact(items)
         except ClientError as exc:
             if _code(exc) == "TransactionCanceledException":
+                reasons = _reasons(exc)
+                if reasons[0] == "None" and len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed":
+                    raise QuotaFull(session.user) from None
+                if reasons[0] == "None" and len(reasons) > 3 and reasons[3] == "ConditionalCheckFailed":
+                    raise GroupFull(session.group or "") from None
                 raise StaleWrite(session.session_id) from None
             raise
-        return session.model_copy(update={"expires_at": expires_at, "extend_request": request_id})
+        return session.model_copy(update={"expires_at": expires_at, "extend_request": request_id, **reserved})
 
     def set_host_access(
         self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
@@ -927,21 +1052,57 @@ class DynamoRegistry(DynamoGroups):
             wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
         q = found.get("QUOTA")
         used = float(found.get(f"USAGE#{month}", {}).get("gpu_hours", 0.0))
-        return (QuotaRecord.model_validate(q) if q else None), used
+        return (_quota(q) if q else None), used
+
+    def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
+        from calque.registry.groups import membership_key
+
+        wanted = [ser(keys.quota(user)), ser(membership_key(user))]
+        found: dict[str, dict[str, Any]] = {}
+        while wanted:
+            out = self.client.batch_get_item(
+                RequestItems={self.table: {"Keys": wanted, "ConsistentRead": True}}
+            )
+            for raw in out.get("Responses", {}).get(self.table, []):
+                item = des(raw)
+                found[item["sk"]] = item
+            wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+        q = found.get("QUOTA")
+        groups = {
+            k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            for k, v in found.get("GROUPS", {}).items()
+            if k.startswith("g_")
+        }
+        return (_quota(q) if q else None), groups
 
     def put_quota(
-        self, user: str, *, max_sessions: int, max_gpu_hours_per_month: float | None, by: str, at: datetime
+        self,
+        user: str,
+        *,
+        max_sessions: int,
+        max_gpu_hours_per_month: float | None,
+        by: str,
+        at: datetime,
+        max_usd_per_month: float | None = None,
     ) -> QuotaRecord:
         values = _vals(max=max_sessions, zero=0, user=user, by=by, at=at, yes=True, t="quota")
         update = (
             "SET max_sessions = :max, live = if_not_exists(live, :zero), #user = :user, updated_by = :by, "
             "updated_at = :at, explicit = :yes, #type = :t"
         )
+        removes = []
         if max_gpu_hours_per_month is None:
-            update += " REMOVE max_gpu_hours_per_month"
+            removes.append("max_gpu_hours_per_month")
         else:
             update += ", max_gpu_hours_per_month = :gh"
             values.update(_vals(gh=max_gpu_hours_per_month))
+        if max_usd_per_month is None:
+            removes.append("max_usd_per_month")
+        else:
+            update += ", max_usd_per_month = :usd"
+            values.update(_vals(usd=max_usd_per_month))
+        if removes:
+            update += " REMOVE " + ", ".join(removes)
         out = self.client.update_item(
             TableName=self.table,
             Key=ser(keys.quota(user)),
@@ -950,7 +1111,7 @@ class DynamoRegistry(DynamoGroups):
             ExpressionAttributeValues=values,
             ReturnValues="ALL_NEW",
         )
-        return QuotaRecord.model_validate(des(out["Attributes"]))
+        return _quota(des(out["Attributes"]))
 
     # -- the record -----------------------------------------------------------------------
     def events_on(self, day: str) -> list[LeaseEvent]:

@@ -22,7 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from calque.registry.ports import AlreadyExists, StaleWrite
+from calque.registry.models import use_of
+from calque.registry.ports import AlreadyExists, Limits, Reservation, StaleWrite, add_use, fits
 
 GROUPS_PK = "GROUPS"
 
@@ -42,6 +43,12 @@ class GroupRecord(BaseModel):
     live: int = 0
     created_at: datetime
     created_by: str
+    # Monthly counters (calque.registry.keys.use_attr): committed and settled amounts.
+    use: dict[str, int] = Field(default_factory=dict)
+
+
+def _group(item: dict[str, Any]) -> GroupRecord:
+    return GroupRecord.model_validate({**item, "use": use_of(item)})
 
 
 def group_key(name: str) -> dict[str, str]:
@@ -102,26 +109,31 @@ class MemoryGroups:
     def groups_of(self, user: str) -> dict[str, datetime]:
         return {g.name: g.members[user] for g in self.group_map.values() if user in g.members}
 
-    # called inside MemoryRegistry.grant / end_session, under the lock
-    def _group_take(self, name: str | None) -> None:
+    # called inside MemoryRegistry.grant / extend_session / end_session, under the lock
+    def _group_take(self, name: str | None, res: Reservation, *, count: bool = True) -> None:
         if name is None:
             return
         g = self.group_map.get(name)
         if g is None:
             raise StaleWrite(name)
-        if g.max_sessions is not None and g.live >= g.max_sessions:
+        if count and g.max_sessions is not None and g.live >= g.max_sessions:
+            raise GroupFull(name)
+        stored = Limits(g.max_gpu_hours_per_month, g.max_usd_per_month)
+        if not fits(g.use, stored, res.group or Limits(), res.month, res.ugh, res.musd):
             raise GroupFull(name)
 
-    def _group_took(self, name: str | None) -> None:
+    def _group_took(self, name: str | None, res: Reservation, *, count: bool = True) -> None:
         if name is not None:
             g = self.group_map[name]
-            self.group_map[name] = g.model_copy(update={"live": g.live + 1})
+            use = add_use(g.use, res.month, committed_ugh=res.ugh, committed_musd=res.musd)
+            self.group_map[name] = g.model_copy(update={"live": g.live + count, "use": use})
 
-    def _group_release(self, name: str | None, month: str, gpu_hours: float) -> None:
+    def _group_release(self, name: str | None, month: str, gpu_hours: float, settle: dict[str, int]) -> None:
         if name is None or name not in self.group_map:
             return
         g = self.group_map[name]
-        self.group_map[name] = g.model_copy(update={"live": max(0, g.live - 1)})
+        use = add_use(g.use, month, **settle)
+        self.group_map[name] = g.model_copy(update={"live": max(0, g.live - 1), "use": use})
         self.group_usage[(name, month)] = self.group_usage.get((name, month), 0.0) + gpu_hours
 
 
@@ -137,7 +149,7 @@ class DynamoGroups:
         return ser(item)
 
     def _group_item(self, g: GroupRecord) -> dict[str, Any]:
-        doc = g.model_dump()
+        doc = g.model_dump(exclude={"use"})
         return {**group_key(g.name), "type": "group", **{k: v for k, v in doc.items() if v is not None}}
 
     def create_group(self, group: GroupRecord) -> None:
@@ -158,7 +170,7 @@ class DynamoGroups:
         from calque.registry.dynamo import des
 
         raw = self.client.get_item(TableName=self.table, Key=self._ser(group_key(name)), ConsistentRead=True)
-        return GroupRecord.model_validate(des(raw["Item"])) if "Item" in raw else None
+        return _group(des(raw["Item"])) if "Item" in raw else None
 
     def list_groups(self) -> list[GroupRecord]:
         from calque.registry.dynamo import des
@@ -173,7 +185,7 @@ class DynamoGroups:
             if start:
                 kw["ExclusiveStartKey"] = start
             page = self.client.query(**kw)
-            out += [GroupRecord.model_validate(des(i)) for i in page.get("Items", [])]
+            out += [_group(des(i)) for i in page.get("Items", [])]
             start = page.get("LastEvaluatedKey")
             if not start:
                 return out
@@ -269,29 +281,42 @@ class DynamoGroups:
         raw = self.client.get_item(TableName=self.table, Key=self._ser(group_usage_key(name, month)))
         return float(des(raw["Item"]).get("gpu_hours", 0)) if "Item" in raw else 0.0
 
-    # transaction items for DynamoRegistry.grant / end_session
-    def _group_take_item(self, name: str) -> dict[str, Any]:
+    # transaction items for DynamoRegistry.grant / extend_session / end_session
+    def _group_take_item(self, name: str, res: Reservation, *, count: bool = True) -> dict[str, Any]:
+        from calque.registry.dynamo import reserve_terms
+
+        sets, cond, names, values = reserve_terms(res, res.group or Limits())
+        cond = f"attribute_exists(pk) AND {cond}"
+        if count:
+            sets.insert(0, "live = if_not_exists(live, :zero) + :one")
+            cond += " AND (attribute_not_exists(max_sessions) OR live < max_sessions)"
+            values.update({":one": 1})
         return {
             "Update": {
                 "Key": self._ser(group_key(name)),
-                "UpdateExpression": "SET live = if_not_exists(live, :zero) + :one",
-                "ConditionExpression": (
-                    "attribute_exists(pk) AND (attribute_not_exists(max_sessions) OR live < max_sessions)"
-                ),
-                "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1}),
+                "UpdateExpression": "SET " + ", ".join(sets),
+                "ConditionExpression": cond,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": self._ser(values),
             }
         }
 
-    def _group_release_items(self, name: str, month: str, gpu_hours: float) -> list[dict[str, Any]]:
+    def _group_release_items(
+        self, name: str, month: str, gpu_hours: float, settle: dict[str, int]
+    ) -> list[dict[str, Any]]:
         from decimal import Decimal
 
+        from calque.registry.dynamo import settle_terms
+
+        adds, names, values = settle_terms(month, settle)
         return [
             {
                 "Update": {
                     "Key": self._ser(group_key(name)),
-                    "UpdateExpression": "SET live = live - :one",
+                    "UpdateExpression": f"SET live = live - :one ADD {adds}",
                     "ConditionExpression": "live > :zero",
-                    "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1}),
+                    "ExpressionAttributeNames": names,
+                    "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1, **values}),
                 }
             },
             {

@@ -4,11 +4,12 @@
     host            HOSTS                     HOST#<instance_id>
     slice           HOST#<instance_id>        SLICE#<slice_id>
     session         SESSION#<session_id>      SESSION
-    quota / counter USER#<user>               QUOTA   (live count; gpu_hours_<YYYY-MM> per month)
+    quota / counter USER#<user>               QUOTA   (limits, live count, monthly counters: use_attr)
     monthly usage   USER#<user>               USAGE#<YYYY-MM>
     profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
     client request  REQUEST#<hash>            REQUEST          (a check-out's replay record; gc_at ends it)
     lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
+    retired host    RETIRED_HOSTS             HOST#<instance_id>#<registered iso>  (a deregistered host)
 
 Sparse indexes (an item is in an index only while it carries that index's keys):
 
@@ -52,6 +53,13 @@ def slice_(instance_id: str, slice_id: str) -> dict[str, str]:
 
 def session(session_id: str) -> dict[str, str]:
     return {"pk": f"SESSION#{session_id}", "sk": "SESSION"}
+
+
+RETIRED_HOSTS = "RETIRED_HOSTS"
+
+
+def retired_host(instance_id: str, registered_at: datetime) -> dict[str, str]:
+    return {"pk": RETIRED_HOSTS, "sk": f"HOST#{instance_id}#{iso(registered_at)}"}
 
 
 def request(request_id: str) -> dict[str, str]:
@@ -107,9 +115,11 @@ def fleet_keys(instance_id: str, slice_id: str | None = None) -> dict[str, str]:
     return {"user_pk": FLEET, "user_sk": sk}
 
 
-def month_hours(month: str) -> str:
-    """The quota item's attribute counting a month's GPU-hours of ended sessions."""
-    return f"gpu_hours_{month}"
+def use_attr(state: str, unit: str, month: str) -> str:
+    """A monthly counter on a member's quota item or a group's item: ``committed`` (reserved by
+    live sessions plus settled by ended ones) or ``settled``, in ``ugh`` (micro-GPU-hours)
+    or ``musd`` (micro-dollars), of one month (YYYY-MM), e.g. committed_musd_2026-12."""
+    return f"{state}_{unit}_{month}"
 
 
 def user_pk(user: str) -> str:

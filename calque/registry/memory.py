@@ -15,10 +15,22 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
+    RetiredHost,
     SessionRecord,
     SliceRecord,
 )
-from calque.registry.ports import AlreadyExists, QuotaFull, Replayed, SessionEnd, SliceTaken, StaleWrite
+from calque.registry.ports import (
+    AlreadyExists,
+    Limits,
+    QuotaFull,
+    Replayed,
+    Reservation,
+    SessionEnd,
+    SliceTaken,
+    StaleWrite,
+    add_use,
+    fits,
+)
 
 
 class MemoryRegistry(MemoryGroups):
@@ -33,6 +45,7 @@ class MemoryRegistry(MemoryGroups):
         self.profiles: dict[tuple[str, str], set[float]] = {}
         self.events: list[LeaseEvent] = []
         self.requests_made: dict[str, RequestRecord] = {}
+        self.retired: dict[tuple[str, datetime], RetiredHost] = {}
         self.requests = 0  # calls made, for the "does not grow with the fleet" property
 
     def _count(self) -> None:
@@ -163,7 +176,9 @@ class MemoryRegistry(MemoryGroups):
             self.events.append(event)
             return True
 
-    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+    def delete_host(
+        self, host: HostRecord, slices: Sequence[SliceRecord], *, retired: RetiredHost | None = None
+    ) -> None:
         with self._lock:
             self._count()
             cur = self.hosts.get(host.instance_id)
@@ -176,6 +191,13 @@ class MemoryRegistry(MemoryGroups):
             del self.hosts[host.instance_id]
             for sl in slices:
                 self.slice_map.pop((sl.instance_id, sl.slice_id), None)
+            if retired is not None:
+                self.retired[(retired.instance_id, retired.registered_at)] = retired
+
+    def retired_hosts(self) -> list[RetiredHost]:
+        self._count()
+        with self._lock:
+            return [self.retired[k] for k in sorted(self.retired)]
 
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         self._count()
@@ -223,10 +245,11 @@ class MemoryRegistry(MemoryGroups):
         session: SessionRecord,
         *,
         default_max_sessions: int,
-        month: str,
+        reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
     ) -> None:
+        res = reservation
         with self._lock:
             self._count()
             if request is not None:
@@ -241,10 +264,8 @@ class MemoryRegistry(MemoryGroups):
             q = self.quotas.get(session.user)
             if q is not None and q.live >= q.max_sessions:
                 raise QuotaFull(session.user)
-            allowance = q.max_gpu_hours_per_month if q is not None else None
-            if allowance is not None and self.usage.get((session.user, month), 0.0) >= allowance:
-                raise QuotaFull(session.user)
-            self._group_take(session.group)
+            self._check_user_fits(session.user, res)
+            self._group_take(session.group, res)
             self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
                 update={
                     "state": "held",
@@ -258,8 +279,13 @@ class MemoryRegistry(MemoryGroups):
             self.sessions[session.session_id] = session
             if q is None:
                 q = QuotaRecord(user=session.user, max_sessions=default_max_sessions, live=0)
-            self.quotas[session.user] = q.model_copy(update={"live": q.live + 1})
-            self._group_took(session.group)
+            self.quotas[session.user] = q.model_copy(
+                update={
+                    "live": q.live + 1,
+                    "use": add_use(q.use, res.month, committed_ugh=res.ugh, committed_musd=res.musd),
+                }
+            )
+            self._group_took(session.group, res)
             self.events.append(event)
             if request is not None:
                 self.requests_made[request.request_id] = request
@@ -302,11 +328,16 @@ class MemoryRegistry(MemoryGroups):
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
+        used_ugh: int = 0,
+        used_musd: int = 0,
     ) -> SessionRecord:
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
             if cur is None or cur.state != "live" or cur.fence != session.fence:
+                raise StaleWrite(session.session_id)
+            # Settlement replaces the reservation read: one an extend changed meanwhile is stale.
+            if (cur.reserved_ugh, cur.reserved_musd) != (session.reserved_ugh, session.reserved_musd):
                 raise StaleWrite(session.session_id)
             if token_hash is not None and cur.token_hash != token_hash:
                 raise StaleWrite(session.session_id)
@@ -343,9 +374,17 @@ class MemoryRegistry(MemoryGroups):
                     "state_since": at,
                 }
             )
-            self.quotas[session.user] = q.model_copy(update={"live": q.live - 1})
+            settle = {
+                "committed_ugh": used_ugh - session.reserved_ugh,
+                "committed_musd": used_musd - session.reserved_musd,
+                "settled_ugh": used_ugh,
+                "settled_musd": used_musd,
+            }
+            self.quotas[session.user] = q.model_copy(
+                update={"live": q.live - 1, "use": add_use(q.use, month, **settle)}
+            )
             self.usage[(session.user, month)] = self.usage.get((session.user, month), 0.0) + gpu_hours
-            self._group_release(session.group, month, gpu_hours)
+            self._group_release(session.group, month, gpu_hours, settle)
             self.events.append(event)
             return ended
 
@@ -367,6 +406,7 @@ class MemoryRegistry(MemoryGroups):
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,
+        reservation: Reservation | None = None,
     ) -> SessionRecord:
         with self._lock:
             self._count()
@@ -379,7 +419,20 @@ class MemoryRegistry(MemoryGroups):
                 or int(cur.expires_at.timestamp()) <= int(now.timestamp())
             ):
                 raise StaleWrite(session.session_id)
-            new = cur.model_copy(update={"expires_at": expires_at, "extend_request": request_id})
+            update: dict[str, object] = {"expires_at": expires_at, "extend_request": request_id}
+            res = reservation
+            if res is not None:
+                self._check_user_fits(session.user, res)
+                self._group_take(session.group, res, count=False)
+                q = self.quotas.get(session.user) or QuotaRecord(user=session.user, max_sessions=0)
+                self.quotas[session.user] = q.model_copy(
+                    update={"use": add_use(q.use, res.month, committed_ugh=res.ugh, committed_musd=res.musd)}
+                )
+                self._group_took(session.group, res, count=False)
+                update.update(
+                    reserved_ugh=cur.reserved_ugh + res.ugh, reserved_musd=cur.reserved_musd + res.musd
+                )
+            new = cur.model_copy(update=update)
             self.sessions[session.session_id] = new
             self.events.append(event)
             return new
@@ -404,16 +457,37 @@ class MemoryRegistry(MemoryGroups):
         self._count()
         return self.quotas.get(user), self.usage.get((user, month), 0.0)
 
+    def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
+        self._count()
+        with self._lock:
+            return self.quotas.get(user), self.groups_of(user)
+
+    def _check_user_fits(self, user: str, res: Reservation) -> None:
+        q = self.quotas.get(user)
+        stored = Limits(q.max_gpu_hours_per_month, q.max_usd_per_month) if q else Limits()
+        if not fits(q.use if q else {}, stored, res.user, res.month, res.ugh, res.musd):
+            raise QuotaFull(user)
+
     def put_quota(
-        self, user: str, *, max_sessions: int, max_gpu_hours_per_month: float | None, by: str, at: datetime
+        self,
+        user: str,
+        *,
+        max_sessions: int,
+        max_gpu_hours_per_month: float | None,
+        by: str,
+        at: datetime,
+        max_usd_per_month: float | None = None,
     ) -> QuotaRecord:
         with self._lock:
             self._count()
-            live = self.quotas[user].live if user in self.quotas else 0
+            old = self.quotas.get(user)
+            live = old.live if old else 0
             q = QuotaRecord(
                 user=user,
                 max_sessions=max_sessions,
                 max_gpu_hours_per_month=max_gpu_hours_per_month,
+                max_usd_per_month=max_usd_per_month,
+                use=old.use if old else {},
                 live=live,
                 updated_at=at,
                 updated_by=by,

@@ -51,6 +51,10 @@ class SliceRecord(_Record):
     env: dict[str, str] = Field(default_factory=dict)
     spot: bool = False
     state_since: datetime
+    # The slice's share of its instance (calque.accounting.shares, "n/d") and the instance's
+    # type, fixed at registration: what a check-out reserves against dollar budgets.
+    share: str | None = None
+    instance_type: str | None = None
 
 
 class SessionRecord(_Record):
@@ -84,6 +88,38 @@ class SessionRecord(_Record):
     # "failed" (with the agent's reason). None: a session from before accounts existed.
     host_access: Literal["pending", "granted", "failed"] | None = None
     host_access_reason: str | None = None
+    # What the session costs (its slice's share of the instance, the instance's hourly rate
+    # at check-out) and what it holds against its month's limits until it ends, in
+    # micro-GPU-hours and micro-dollars: its TTL's worth, from check-out and each extend.
+    share: str | None = None
+    hourly_usd: str | None = None
+    reserved_ugh: int = 0
+    reserved_musd: int = 0
+
+    @property
+    def charge_month(self) -> str:
+        """The month its reservation and its settled use are counted in: that of its check-out."""
+        return f"{self.created_at:%Y-%m}"
+
+
+class RetiredSlice(_Record):
+    slice_id: str
+    gpu_index: int
+    backend: SliceBackend
+    profile: str
+
+
+class RetiredHost(_Record):
+    """A host that was deregistered: the instance's paid lifetime (registration to end) and
+    its slices, which the usage report still needs after the host's records are gone."""
+
+    instance_id: str
+    instance_type: str
+    layout: dict[str, Any] | None = None
+    registered_at: datetime
+    ended_at: datetime
+    ended_by: str | None = None
+    slices: list[RetiredSlice] = Field(default_factory=list)
 
 
 class RequestRecord(_Record):
@@ -100,11 +136,51 @@ class QuotaRecord(_Record):
     user: str
     max_sessions: int
     max_gpu_hours_per_month: float | None = None
+    max_usd_per_month: float | None = None
     live: int = 0
+    # Monthly counters (calque.registry.keys.use_attr): committed and settled amounts.
+    use: dict[str, int] = Field(default_factory=dict)
     updated_at: datetime | None = None
     updated_by: str | None = None
     # False: no admin set it; the counter item exists only to count live sessions.
     explicit: bool = False
+
+
+class MonthUse(_Record):
+    """One month's counters of a member or a group, in micro-GPU-hours and micro-dollars.
+
+    ``committed`` is what the month's check-outs reserved plus what ended sessions settled
+    (each end replaces its reservation by what it used); ``settled`` is only the latter."""
+
+    committed_ugh: int = 0
+    committed_musd: int = 0
+    settled_ugh: int = 0
+    settled_musd: int = 0
+
+    @property
+    def reserved_ugh(self) -> int:
+        return self.committed_ugh - self.settled_ugh
+
+    @property
+    def reserved_musd(self) -> int:
+        return self.committed_musd - self.settled_musd
+
+
+def month_use(use: dict[str, int], month: str) -> MonthUse:
+    from calque.registry.keys import use_attr
+
+    return MonthUse(
+        **{
+            f"{state}_{unit}": int(use.get(use_attr(state, unit, month), 0))
+            for state in ("committed", "settled")
+            for unit in ("ugh", "musd")
+        }
+    )
+
+
+def use_of(item: dict[str, Any]) -> dict[str, int]:
+    """The monthly counters among a stored item's attributes."""
+    return {k: int(v) for k, v in item.items() if k.startswith(("committed_", "settled_"))}
 
 
 class LeaseEvent(_Record):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Protocol
 
 from calque.registry.models import (
@@ -18,6 +19,7 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
+    RetiredHost,
     SessionRecord,
     SliceRecord,
 )
@@ -32,7 +34,8 @@ class SliceTaken(StaleWrite):
 
 
 class QuotaFull(StaleWrite):
-    """The user's live-session counter is at its maximum."""
+    """The user's counter item refused: live sessions at their maximum, a monthly limit
+    that the reservation does not fit, or a limit that changed since it was read."""
 
 
 class Replayed(StaleWrite):
@@ -45,6 +48,72 @@ class HostNotReady(StaleWrite):
 
 class AlreadyExists(StaleWrite):
     """The record to create is already there."""
+
+
+MICRO = 1_000_000
+
+
+def micro(amount: float) -> int:
+    """A limit (GPU-hours kept to a thousandth, dollars to a cent) in whole micro-units."""
+    return int((Decimal(repr(amount)) * MICRO).to_integral_value(ROUND_HALF_UP))
+
+
+def add_use(use: dict[str, int], month: str, **deltas: int) -> dict[str, int]:
+    """``use`` with ``deltas`` (e.g. committed_ugh=5) added to ``month``'s counters."""
+    from calque.registry.keys import use_attr
+
+    out = dict(use)
+    for name, delta in deltas.items():
+        state, unit = name.split("_")
+        attr = use_attr(state, unit, month)
+        out[attr] = out.get(attr, 0) + delta
+    return out
+
+
+def fits(
+    use: dict[str, int],
+    stored: Limits,
+    read: Limits,
+    month: str,
+    ugh: int,
+    musd: int,
+) -> bool:
+    """The in-memory form of the transaction's condition: each limit still as read, and the
+    month's committed amount plus the ask within each one set."""
+    from calque.registry.keys import use_attr
+
+    for was, now, unit, ask in (
+        (read.gpu_hours, stored.gpu_hours, "ugh", ugh),
+        (read.usd, stored.usd, "musd", musd),
+    ):
+        if was != now:
+            return False
+        if was is not None and use.get(use_attr("committed", unit, month), 0) + ask > micro(was):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Monthly limits of a member or a group as read before the write (None: none set).
+    The write pins them (the stored limit must still be this value) and checks the month's
+    committed amount against them, so a limit changed meanwhile refuses instead of passing."""
+
+    gpu_hours: float | None = None
+    usd: float | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a check-out or an extend holds against ``month``'s limits: micro-GPU-hours and
+    micro-dollars, checked as ``committed + ask <= limit`` for each limit set, in the same
+    transaction that grants or extends."""
+
+    month: str
+    ugh: int
+    musd: int
+    user: Limits
+    group: Limits | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +131,9 @@ class SessionEnd:
     month: str
     event: LeaseEvent
     request_id: str | None = None
+    # What the session used, replacing its reservation in its month's counters (settlement).
+    used_ugh: int = 0
+    used_musd: int = 0
 
     def arguments(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -133,10 +205,17 @@ class Registry(Protocol):
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:
         """Slices that entered reclaiming at or before ``cutoff``."""
 
-    def delete_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
+    def delete_host(
+        self, host: HostRecord, slices: Sequence[SliceRecord], *, retired: RetiredHost | None = None
+    ) -> None:
         """Forget a host: its record (if still in ``host.state``) and the given slices (each only
-        if not held), leaving placement at once; lease events stay. StaleWrite when a
-        condition fails (a check-out won a slice meanwhile, or the host changed)."""
+        if not held), leaving placement at once; lease events stay. With ``retired``, the
+        instance's end is recorded in the same write (the usage report stops charging it
+        there). StaleWrite when a condition fails (a check-out won a slice meanwhile, or the
+        host changed)."""
+
+    def retired_hosts(self) -> list[RetiredHost]:
+        """Every deregistered host's lifetime, oldest registration first per instance."""
 
     # -- placement ------------------------------------------------------------------------
     def profile_memories(self, backend: str, profile: str) -> list[float]:
@@ -162,15 +241,17 @@ class Registry(Protocol):
         session: SessionRecord,
         *,
         default_max_sessions: int,
-        month: str,
+        reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
     ) -> None:
-        """One transaction: slice free at sl.fence -> held at session.fence, the session created,
-        the user's live counter incremented below its maximum while ``month``'s GPU-hours are
-        below the user's allowance, the event recorded, and the client request recorded
-        (Replayed if one with its id is still within its window).
-        SliceTaken or QuotaFull when a condition fails."""
+        """One transaction: slice free at sl.fence -> held at session.fence, the session created
+        (carrying its reservation), the user's live counter incremented below its maximum and
+        the reservation added to the month's committed amounts of the user and of the
+        session's group, each on condition it fits every monthly limit set (limits pinned as
+        read); the group's live counter below its maximum; the event recorded, and the client
+        request recorded (Replayed if one with its id is still within its window).
+        SliceTaken, QuotaFull (the user's item) or GroupFull (the group's) when a condition fails."""
 
     # -- sessions -------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionRecord | None: ...
@@ -199,11 +280,16 @@ class Registry(Protocol):
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
+        used_ugh: int = 0,
+        used_musd: int = 0,
     ) -> SessionRecord:
-        """One transaction: live session at its fence (and token, and expired by ``expired_by``
-        when given) -> ended; its slice held -> reclaiming; the user's live counter decremented;
-        the month's usage added; the event recorded; ``request_id`` (the check-in's client
-        request) kept on the ended session. StaleWrite when a condition fails."""
+        """One transaction: live session at its fence and reservation (and token, and expired
+        by ``expired_by`` when given) -> ended; its slice held -> reclaiming; the user's (and
+        group's) live counter decremented; settlement: in ``month`` (the session's charge
+        month) the committed amounts change by what it used minus what it reserved and the
+        settled amounts grow by what it used; the month's usage added; the event recorded;
+        ``request_id`` (the check-in's client request) kept on the ended session.
+        StaleWrite when a condition fails."""
 
     def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
         """Each as ``end_session`` (all or nothing per session), batched into as few writes as
@@ -218,9 +304,12 @@ class Registry(Protocol):
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,
+        reservation: Reservation | None = None,
     ) -> SessionRecord:
         """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry (and
-        ``request_id`` kept as the last extend's). StaleWrite otherwise."""
+        ``request_id`` kept as the last extend's), and with ``reservation`` the extra time
+        reserved as a grant does (on the session, the user's and the group's month).
+        StaleWrite, or QuotaFull / GroupFull when a monthly limit refuses."""
 
     def set_host_access(
         self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
@@ -231,10 +320,21 @@ class Registry(Protocol):
 
     # -- quotas ---------------------------------------------------------------------------
     def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
-        """The user's quota record (None if never counted or set) and GPU-hours recorded this month."""
+        """The user's quota record (None if never counted or set; with its monthly counters)
+        and the GPU-hours of sessions charged to ``month`` that ended."""
+
+    def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
+        """The user's quota record and group memberships (group -> when added), in one read."""
 
     def put_quota(
-        self, user: str, *, max_sessions: int, max_gpu_hours_per_month: float | None, by: str, at: datetime
+        self,
+        user: str,
+        *,
+        max_sessions: int,
+        max_gpu_hours_per_month: float | None,
+        by: str,
+        at: datetime,
+        max_usd_per_month: float | None = None,
     ) -> QuotaRecord: ...
 
     # -- the record -----------------------------------------------------------------------

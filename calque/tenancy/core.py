@@ -32,6 +32,7 @@ from calque.events import Event, NoPublisher, Publisher, publish_safely
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import HostTaskQueue, Registry, SessionEnd, StaleWrite
+from calque.tenancy import limits
 
 REAPER = "calque-reaper"
 
@@ -173,18 +174,36 @@ class TenancyCore:
         expired_by: datetime | None = None,
         request_id: str | None = None,
     ) -> SessionRecord:
-        end = self._ending(
-            session,
-            at=at,
-            reason=reason,
-            kind=kind,
-            by=by,
-            note=note,
-            token_hash=token_hash,
-            expired_by=expired_by,
-            request_id=request_id,
-        )
-        ended = self.registry.end_session(**end.arguments())
+        for attempt in range(3):
+            end = self._ending(
+                session,
+                at=at,
+                reason=reason,
+                kind=kind,
+                by=by,
+                note=note,
+                token_hash=token_hash,
+                expired_by=expired_by,
+                request_id=request_id,
+            )
+            try:
+                ended = self.registry.end_session(**end.arguments())
+                break
+            except StaleWrite:
+                # An extend that landed since the read changed only the reservation to settle:
+                # end the session as it is now. Anything else changed it for good.
+                current = self.registry.get_session(session.session_id)
+                if (
+                    attempt == 2
+                    or current is None
+                    or current.state != "live"
+                    or current.fence != session.fence
+                    or current.token_hash != session.token_hash
+                    or (current.reserved_ugh, current.reserved_musd)
+                    == (session.reserved_ugh, session.reserved_musd)
+                ):
+                    raise
+                session = current
         self._publish([session_ended(ended)])
         self.tasks.send(_reclaim(session))
         return ended
@@ -206,6 +225,7 @@ class TenancyCore:
         request_id: str | None = None,
     ) -> SessionEnd:
         hours = round(max(0.0, (at - session.created_at).total_seconds()) / 3600 * session.gpu_fraction, 6)
+        used_ugh, used_musd = limits.used(int((at - session.created_at).total_seconds()), session)
         return SessionEnd(
             session=session,
             at=at,
@@ -215,9 +235,12 @@ class TenancyCore:
             token_hash=token_hash,
             expired_by=expired_by,
             gpu_hours=hours,
-            month=f"{at:%Y-%m}",
+            # Counted whole in the month of its check-out, where its reservation was made.
+            month=session.charge_month,
             event=self._event(kind, session, at=at, who=by, why=note, gpu_hours=hours),
             request_id=request_id,
+            used_ugh=used_ugh,
+            used_musd=used_musd,
         )
 
     @staticmethod
@@ -300,28 +323,24 @@ class TenancyCore:
             ),
         )
 
-    def _check_quota(self, user: str, quota: QuotaRecord | None, used: float, *, force: bool = False) -> None:
+    def _sessions_refusal(self, user: str, quota: QuotaRecord | None) -> QuotaExceeded | None:
+        """The refusal when the member already holds as many live sessions as they may."""
         explicit = quota is not None and quota.explicit
         max_sessions = quota.max_sessions if explicit and quota else self.config.default_max_sessions
         live = quota.live if quota else 0
-        if force or live >= max_sessions:
-            raise QuotaExceeded(
-                f"{user} already has {live} live session(s) and the quota allows {max_sessions}: "
-                "check one in (calque session list, then calque session checkin), or ask an admin "
-                f"to raise it (calque quota set {user} --max-sessions N)",
-                details={"user": user, "max_sessions": max_sessions, "live_sessions": live},
-            )
-        allowance = quota.max_gpu_hours_per_month if quota else None
-        if allowance is not None and used >= allowance:
-            raise QuotaExceeded(
-                f"{user} used {used:.2f} of {allowance:g} GPU-hours this month: ask an admin to "
-                f"raise it (calque quota set {user} --max-gpu-hours-per-month H), or wait for next month",
-                details={
-                    "user": user,
-                    "max_gpu_hours_per_month": allowance,
-                    "gpu_hours_used": round(used, 4),
-                },
-            )
+        if live < max_sessions:
+            return None
+        return QuotaExceeded(
+            f"{user} already has {live} live session(s) and the quota allows {max_sessions}: "
+            "check one in (calque session list, then calque session checkin), or ask an admin "
+            f"to raise it (calque quota set {user} --max-sessions N)",
+            details={
+                "limit": "user.max_sessions",
+                "user": user,
+                "max_sessions": max_sessions,
+                "live_sessions": live,
+            },
+        )
 
 
 def session_started(s: SessionRecord) -> Event:

@@ -2,10 +2,10 @@
 to, and the group's limits a check-out must fit.
 
 A member's default group is the one they were added to first; ``group`` at check-out
-picks another of theirs. The group's ``max_sessions`` is enforced inside the granting
-transaction (a counter on the group, like the member's own); its monthly GPU-hours and
-dollar budget are checked from what is recorded just before the grant, the same way as
-the member's monthly GPU-hours.
+picks another of theirs. Every limit of the group is enforced inside the granting
+transaction, like the member's own: ``max_sessions`` by the group's live counter, its
+monthly GPU-hours and dollar budget by the reservation the check-out adds to the group's
+month (calque.tenancy.limits), each on condition it fits.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, Protocol
 
 from calque.contracts.economics import GROUP_PATTERN, Group, GroupCreate, GroupLimits
@@ -21,7 +20,9 @@ from calque.contracts.tenancy import USER_PATTERN
 from calque.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.identity import Caller
 from calque.registry.groups import LIMITS, GroupFull, GroupRecord
+from calque.registry.models import month_use
 from calque.registry.ports import AlreadyExists, StaleWrite
+from calque.tenancy import limits
 
 __all__ = ["GroupFull", "Groups", "charge_group", "group_full"]
 
@@ -44,26 +45,22 @@ def _known(registry: GroupRegistry, name: str) -> GroupRecord:
     return g
 
 
-def default_group(registry: GroupRegistry, user: str) -> GroupRecord | None:
-    """The group the member was added to first (one read for a member of no group)."""
-    mine = registry.groups_of(user)
+def default_group(
+    registry: GroupRegistry, user: str, mine: dict[str, datetime] | None = None
+) -> GroupRecord | None:
+    """The group the member was added to first (``mine``: their memberships, when read already)."""
+    mine = registry.groups_of(user) if mine is None else mine
     if not mine:
         return None
     return registry.get_group(min(mine, key=lambda n: (mine[n], n)))
 
 
-def month_spend(registry: Any, name: str, now: datetime) -> Decimal:
-    """What the group's sessions cost this month so far (the chargeback's figures)."""
-    from calque.accounting.service import Usage
-
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    bill = Usage(registry, clock=lambda: now).bill(start, now)
-    return sum((x.amount_usd for x in bill.lines if x.group == name), Decimal(0))
-
-
-def charge_group(registry: Any, user: str, requested: str | None, now: datetime) -> GroupRecord | None:
-    """The group a check-out is charged to, after its monthly limits: ``requested`` (one of the
-    member's groups: Forbidden otherwise) or their default; None for a member of no group."""
+def charge_group(
+    registry: Any, user: str, requested: str | None, mine: dict[str, datetime] | None = None
+) -> GroupRecord | None:
+    """The group a check-out is charged to: ``requested`` (one of the member's groups:
+    Forbidden otherwise) or their default; None for a member of no group. A group already
+    at its session limit is refused here; every limit is checked again by the grant."""
     groups: GroupRegistry = registry
     if requested is not None:
         g = registry.get_group(requested) if re.fullmatch(GROUP_PATTERN, requested) else None
@@ -76,51 +73,25 @@ def charge_group(registry: Any, user: str, requested: str | None, now: datetime)
                 details={"group": requested},
             )
     else:
-        g = default_group(groups, user)
+        g = default_group(groups, user, mine)
     if g is None:
         return None
-    month = f"{now:%Y-%m}"
     if g.max_sessions is not None and g.live >= g.max_sessions:
         raise group_full(g)
-    if g.max_gpu_hours_per_month is not None:
-        used = groups.group_month_usage(g.name, month)
-        if used >= g.max_gpu_hours_per_month:
-            raise QuotaExceeded(
-                f"group {g.name} used {used:.2f} of {g.max_gpu_hours_per_month:g} GPU-hours this month",
-                details={
-                    "limit": "group.max_gpu_hours_per_month",
-                    "group": g.name,
-                    "max_gpu_hours_per_month": g.max_gpu_hours_per_month,
-                    "gpu_hours_used": round(used, 4),
-                },
-            )
-    if g.max_usd_per_month is not None:
-        spent = month_spend(registry, g.name, now)
-        if spent >= Decimal(str(g.max_usd_per_month)):
-            raise QuotaExceeded(
-                f"group {g.name} spent {spent:.2f} of its {g.max_usd_per_month:.2f} USD budget this month",
-                details={
-                    "limit": "group.max_usd_per_month",
-                    "group": g.name,
-                    "max_usd_per_month": g.max_usd_per_month,
-                    "usd_spent": f"{spent:.2f}",
-                },
-            )
     return g
-
-
-def group_refused(registry: Any, name: str | None) -> QuotaExceeded:
-    """The refusal when the grant's transaction found the group at its session limit."""
-    g = registry.get_group(name or "")
-    if g is None:
-        return QuotaExceeded(f"group {name} is gone", details={"limit": "group", "group": name})
-    return group_full(g)
 
 
 def group_full(g: GroupRecord) -> QuotaExceeded:
     return QuotaExceeded(
-        f"group {g.name} already has {g.live} live session(s); its limit is {g.max_sessions}",
-        details={"limit": "group.max_sessions", "group": g.name, "max_sessions": g.max_sessions},
+        f"group {g.name} already has {g.live} live session(s); its limit is {g.max_sessions}: "
+        "check one of the group's sessions in, or ask an admin to raise it "
+        f"(calque group limits {g.name} --max-sessions N)",
+        details={
+            "limit": "group.max_sessions",
+            "group": g.name,
+            "max_sessions": g.max_sessions,
+            "live_sessions": g.live,
+        },
     )
 
 
@@ -180,6 +151,8 @@ class Groups:
         return self.view(g)
 
     def view(self, g: GroupRecord) -> Group:
+        month = f"{self.clock():%Y-%m}"
+        use = month_use(g.use, month)
         return Group(
             name=g.name,
             members=sorted(g.members),
@@ -187,9 +160,10 @@ class Groups:
             max_gpu_hours_per_month=g.max_gpu_hours_per_month,
             max_usd_per_month=g.max_usd_per_month,
             live_sessions=g.live,
-            gpu_hours_used_this_month=round(
-                self.registry.group_month_usage(g.name, f"{self.clock():%Y-%m}"), 4
-            ),
+            gpu_hours_used_this_month=round(self.registry.group_month_usage(g.name, month), 4),
+            gpu_hours_reserved_this_month=limits.gpu_hours(use.reserved_ugh),
+            usd_used_this_month=limits.usd(use.settled_musd),
+            usd_reserved_this_month=limits.usd(use.reserved_musd),
             created_at=g.created_at,
             created_by=g.created_by,
         )

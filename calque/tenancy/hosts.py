@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from calque import catalog
+from calque.accounting.shares import slice_shares
 from calque.catalog import planner
 from calque.contracts.agent import AgentReport, session_account
 from calque.contracts.tenancy import (
@@ -61,6 +62,11 @@ class HostsMixin(TenancyCore):
             register_request=rid,
         )
         card_gib = itype.card.memory_gib
+        # Each slice's share of the instance as the usage report charges it: what a check-out
+        # reserves against dollar budgets (calque.tenancy.limits).
+        shares = slice_shares(
+            itype.name, layout_doc, [(p.slice_id, p.gpu_index, p.backend, p.profile) for p in planned]
+        )
         slices = [
             SliceRecord(
                 instance_id=req.instance_id,
@@ -73,6 +79,8 @@ class HostsMixin(TenancyCore):
                 state="pending",
                 spot=req.spot,
                 state_since=now,
+                share=str(shares[p.slice_id]),
+                instance_type=itype.name,
             )
             for p in planned
         ]

@@ -26,7 +26,7 @@ from calque.contracts.tenancy import (
 )
 from calque.errors import Conflict, NotFound
 from calque.identity import Caller
-from calque.registry.models import HostRecord
+from calque.registry.models import HostRecord, RetiredHost, RetiredSlice, SliceRecord
 from calque.registry.ports import StaleWrite
 
 if TYPE_CHECKING:
@@ -91,7 +91,8 @@ class HostLifecycle:
         if existing is not None and existing.state in REREGISTERABLE:
             # Changed meanwhile (another registration won): the create below decides.
             with contextlib.suppress(StaleWrite):
-                self.registry.delete_host(existing, self.registry.slices(req.instance_id))
+                slices = self.registry.slices(req.instance_id)
+                self.registry.delete_host(existing, slices, retired=self._retired(existing, slices, who))
         return self.tenancy.register_host(who, req, idempotency_key=idempotency_key)
 
     # ---- deregister -------------------------------------------------------------------------
@@ -135,8 +136,9 @@ class HostLifecycle:
                     ended.append(session.session_id)
                 except StaleWrite:
                     continue  # ended meanwhile (check-in, expiry): its own reclaim is under way
+            slices = self.registry.slices(instance_id)
             try:
-                self.registry.delete_host(host, self.registry.slices(instance_id))
+                self.registry.delete_host(host, slices, retired=self._retired(host, slices, who))
                 return HostDeregistered(
                     instance_id=instance_id, previous_state=previous, ended_sessions=ended
                 )
@@ -198,6 +200,22 @@ class HostLifecycle:
         if host is None:
             raise NotFound(f"no host {instance_id} is registered", details={"instance_id": instance_id})
         return host
+
+    def _retired(self, host: HostRecord, slices: Sequence[SliceRecord], who: Caller) -> RetiredHost:
+        """The instance's end, for usage: a host the fleet did not launch has no other record
+        of when it stopped being paid for here (its registration again starts a new one)."""
+        return RetiredHost(
+            instance_id=host.instance_id,
+            instance_type=host.instance_type,
+            layout=host.layout,
+            registered_at=host.registered_at,
+            ended_at=self.tenancy.clock(),
+            ended_by=who.principal,
+            slices=[
+                RetiredSlice(slice_id=s.slice_id, gpu_index=s.gpu_index, backend=s.backend, profile=s.profile)
+                for s in slices
+            ],
+        )
 
     def _move(self, host: HostRecord, state: str, reason: str) -> HostRecord:
         try:

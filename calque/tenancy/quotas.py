@@ -1,4 +1,7 @@
-"""Quotas: what an admin sets, what a user has used, and the refusal that says so."""
+"""Quotas: what an admin sets, what a user has used and holds, and the refusal that says so.
+
+How monthly limits are held (a reservation at check-out, settled at the end) is in
+calque.tenancy.limits."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from calque.contracts.tenancy import (
 )
 from calque.errors import Forbidden
 from calque.identity import Caller
+from calque.registry.models import month_use
+from calque.tenancy import limits
 from calque.tenancy.core import TenancyCore
 
 
@@ -18,6 +23,7 @@ class QuotasMixin(TenancyCore):
             user,
             max_sessions=req.max_sessions,
             max_gpu_hours_per_month=req.max_gpu_hours_per_month,
+            max_usd_per_month=req.max_usd_per_month,
             by=who.principal,
             at=self.clock(),
         )
@@ -31,19 +37,26 @@ class QuotasMixin(TenancyCore):
         now = self.clock()
         month = f"{now:%Y-%m}"
         quota, used = self.registry.quota_and_usage(user, month)
-        month_start = now.replace(day=1, hour=0, minute=0, second=0)
         # Only the live sessions: their count is bounded by the quota, ended ones are summed.
+        # A session counts in the month of its check-out (calque.tenancy.limits).
         live = self.registry.sessions_of(user, self.config.list_limit, state="live")
         running = sum(
-            (now - max(s.created_at, month_start)).total_seconds() / 3600 * s.gpu_fraction for s in live
+            (now - s.created_at).total_seconds() / 3600 * s.gpu_fraction
+            for s in live
+            if s.charge_month == month
         )
         explicit = quota is not None and quota.explicit
+        use = month_use(quota.use if quota else {}, month)
         return Quota(
             user=user,
             max_sessions=quota.max_sessions if explicit and quota else self.config.default_max_sessions,
             max_gpu_hours_per_month=quota.max_gpu_hours_per_month if quota else None,
+            max_usd_per_month=quota.max_usd_per_month if quota else None,
             live_sessions=len(live),
             gpu_hours_used_this_month=round(used + running, 4),
+            gpu_hours_reserved_this_month=limits.gpu_hours(use.reserved_ugh),
+            usd_used_this_month=limits.usd(use.settled_musd),
+            usd_reserved_this_month=limits.usd(use.reserved_musd),
             month=month,
             default=not explicit,
         )

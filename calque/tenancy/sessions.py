@@ -16,9 +16,10 @@ from calque.contracts.tenancy import (
 )
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput
 from calque.identity import Caller
-from calque.registry.models import RequestRecord, SessionRecord, SliceRecord
+from calque.registry.groups import GroupRecord
+from calque.registry.models import QuotaRecord, RequestRecord, SessionRecord, SliceRecord
 from calque.registry.ports import QuotaFull, Replayed, SliceTaken, StaleWrite
-from calque.tenancy import groups, requests
+from calque.tenancy import groups, limits, requests
 from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token, session_started
 from calque.tenancy.groups import GroupFull
 
@@ -58,9 +59,15 @@ class SessionsMixin(TenancyCore):
         # No replay pre-read either: the grant's transaction records the request id and
         # fails if it is there; only a failed check-out looks it up.
         fingerprint = requests.fingerprint(req.model_dump_json()) if key else ""
-        # No quota pre-read: the grant's transaction checks the quota itself; only a
-        # refusal reads it, to say why.
-        group = groups.charge_group(self.registry, user, req.group, now)
+        # One read of the member's quota and groups (the one a check-out always made for the
+        # groups): it says what to reserve against; the grant's transaction checks again.
+        quota, mine = self.registry.quota_and_groups(user)
+        month = f"{now:%Y-%m}"
+        refused = self._sessions_refusal(user, quota)
+        if refused is not None:
+            self._replay(who, key, fingerprint, now)
+            raise refused
+        group = groups.charge_group(self.registry, user, req.group, mine)
         token = new_token()
         lost = 0
         tries = 0
@@ -73,6 +80,7 @@ class SessionsMixin(TenancyCore):
                 break
             sl = candidates[0]
             tries += 1
+            share, rate = limits.price(self.registry, sl)
             session = SessionRecord(
                 session_id=f"s-{secrets.token_hex(8)}",
                 user=user,
@@ -91,7 +99,18 @@ class SessionsMixin(TenancyCore):
                 spot=sl.spot,
                 group=group.name if group else None,
                 host_access="pending",
+                share=share,
+                hourly_usd=rate,
             )
+            ugh, musd = limits.reserve(ttl, session)
+            session = session.model_copy(update={"reserved_ugh": ugh, "reserved_musd": musd})
+            res = limits.reservation(month, ugh, musd, quota, group)
+            refused = limits.user_refusal(user, quota, res, "check-out") or limits.group_refusal(
+                group, res, "check-out"
+            )
+            if refused is not None:
+                self._replay(who, key, fingerprint, now)
+                raise refused
             event = self._event("granted", session, at=now, who=user, why=None)
             record = None
             if rid and key:
@@ -107,7 +126,7 @@ class SessionsMixin(TenancyCore):
                     sl,
                     session,
                     default_max_sessions=self.config.default_max_sessions,
-                    month=f"{now:%Y-%m}",
+                    reservation=res,
                     event=event,
                     request=record,
                 )
@@ -116,13 +135,20 @@ class SessionsMixin(TenancyCore):
             except SliceTaken:
                 lost += 1
                 continue
-            except GroupFull:
-                raise groups.group_refused(self.registry, session.group) from None
-            except QuotaFull:
+            except (QuotaFull, GroupFull):
+                # A racing grant took what was left, or a limit changed: read again and say
+                # which limit refuses; if none does now, try again with what was read.
                 self._replay(who, key, fingerprint, now)
-                quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
-                self._check_quota(user, quota, used)
-                self._check_quota(user, quota, used, force=True)
+                quota, mine = self.registry.quota_and_groups(user)
+                group = groups.charge_group(self.registry, user, req.group, mine)
+                refused = (
+                    self._sessions_refusal(user, quota)
+                    or limits.user_refusal(user, quota, res, "check-out")
+                    or limits.group_refusal(group, res, "check-out")
+                )
+                if refused is not None:
+                    raise refused from None
+                continue
             # The slice's account on the host: a queue message, like a reclaim. Until the
             # agent has done it, the host's login refuses ("not granted yet"); see host_access.
             self._publish([session_started(session)])
@@ -130,8 +156,10 @@ class SessionsMixin(TenancyCore):
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)
         # A user at their quota is told that first: freeing a slice would not help them.
-        quota, used = self.registry.quota_and_usage(user, f"{now:%Y-%m}")
-        self._check_quota(user, quota, used)
+        quota, _mine = self.registry.quota_and_groups(user)
+        refused = self._sessions_refusal(user, quota)
+        if refused is not None:
+            raise refused
         raise self._refusal(req, lost=lost, tries=tries)
 
     def _replay(self, who: Caller, key: str | None, fingerprint: str, now: datetime) -> None:
@@ -249,10 +277,37 @@ class SessionsMixin(TenancyCore):
                 },
             )
         event = self._event("extended", session, at=now, who=who.principal, why=None, expires_at=expires_at)
+        # The extra time is reserved as a check-out's TTL is, in the session's own month.
+        ugh, musd = limits.reserve(req.ttl_seconds, session)
+        quota, group = self._limits_of(session)
+        res = limits.reservation(session.charge_month, ugh, musd, quota, group)
+        refused = limits.user_refusal(session.user, quota, res, "extend") or limits.group_refusal(
+            group, res, "extend"
+        )
+        if refused is not None:
+            raise refused
         try:
             new = self.registry.extend_session(
-                session, expires_at=expires_at, token_hash=token_hash, now=now, event=event, request_id=rid
+                session,
+                expires_at=expires_at,
+                token_hash=token_hash,
+                now=now,
+                event=event,
+                request_id=rid,
+                reservation=res,
             )
+        except (QuotaFull, GroupFull):
+            quota, group = self._limits_of(session)
+            refused = limits.user_refusal(session.user, quota, res, "extend") or limits.group_refusal(
+                group, res, "extend"
+            )
+            if refused is not None:
+                raise refused from None
+            raise Conflict(
+                f"session {session_id}'s limits changed while extending; nothing was added: try again",
+                code="session_changed",
+                details={"session_id": session_id},
+            ) from None
         except StaleWrite:
             current = self.registry.get_session(session_id) or session
             if rid is not None and current.extend_request == rid:
@@ -264,6 +319,11 @@ class SessionsMixin(TenancyCore):
                 details={"session_id": session_id},
             ) from None
         return self._session_view(new)
+
+    def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:
+        quota, _mine = self.registry.quota_and_groups(session.user)
+        group = self.registry.get_group(session.group) if session.group else None  # type: ignore[attr-defined]
+        return quota, group
 
     def get_session(self, who: Caller, session_id: str) -> Session:
         return self._session_view(self._visible_session(who, session_id))

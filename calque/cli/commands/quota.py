@@ -1,4 +1,5 @@
-"""``calque quota set | show``: how many sessions a user may hold at once, and GPU-hours a month."""
+"""``calque quota set | show``: how many sessions a user may hold at once, and GPU-hours and
+dollars a month (each check-out reserves its TTL's worth against them; its end settles it)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,36 @@ QUOTA_FIELDS = [
         ),
     ),
     ("gpu_hours_used", lambda q: f"{float(q.get('gpu_hours_used_this_month') or 0):.2f}"),
+    ("gpu_hours_reserved", lambda q: f"{float(q.get('gpu_hours_reserved_this_month') or 0):.2f}"),
+    (
+        "max_usd_per_month",
+        lambda q: (
+            "unlimited" if q.get("max_usd_per_month") is None else f"{float(q['max_usd_per_month']):.2f}"
+        ),
+    ),
+    ("usd_used", lambda q: q.get("usd_used_this_month") or "0.00"),
+    ("usd_reserved", lambda q: q.get("usd_reserved_this_month") or "0.00"),
     ("month", "month"),
     ("source", lambda q: "deployment default" if q.get("default") else "set for this user"),
 ]
 
 
-def quota_body(*, max_sessions: int, max_gpu_hours_per_month: float | None = None) -> dict[str, Any]:
-    return {"max_sessions": max_sessions, "max_gpu_hours_per_month": max_gpu_hours_per_month}
+def quota_body(
+    *,
+    max_sessions: int,
+    max_gpu_hours_per_month: float | None = None,
+    max_usd_per_month: float | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"max_sessions": max_sessions, "max_gpu_hours_per_month": max_gpu_hours_per_month}
+    if max_usd_per_month is not None:
+        body["max_usd_per_month"] = max_usd_per_month
+    return body
 
 
 def register(subparsers: Any) -> None:
     from calque.cli.main import command_group
 
-    group = command_group(subparsers, "quota", help="per-user limits on sessions and GPU-hours")
+    group = command_group(subparsers, "quota", help="per-user limits on sessions, GPU-hours and dollars")
 
     p = group.add_parser("set", help="set a user's quota (admins)")
     p.add_argument("user", metavar="USER", help="the user's principal, as `calque whoami` shows it")
@@ -50,6 +68,12 @@ def register(subparsers: Any) -> None:
         metavar="H",
         help="GPU-hours per calendar month, UTC (default: unlimited)",
     )
+    p.add_argument(
+        "--max-usd-per-month",
+        type=non_negative_float,
+        metavar="X",
+        help="dollars per calendar month, UTC, kept to a cent (default: unlimited)",
+    )
     p.set_defaults(func=_set)
 
     p = group.add_parser("show", help="a user's quota and use (default: your own)")
@@ -63,11 +87,23 @@ def _set(ctx: Any, args: argparse.Namespace) -> None:
         user=args.user,
         max_sessions=args.max_sessions,
         max_gpu_hours_per_month=args.max_gpu_hours_per_month,
+        max_usd_per_month=args.max_usd_per_month,
     )
 
 
-def do_set(ctx: Any, *, user: str, max_sessions: int, max_gpu_hours_per_month: float | None = None) -> None:
-    body = quota_body(max_sessions=max_sessions, max_gpu_hours_per_month=max_gpu_hours_per_month)
+def do_set(
+    ctx: Any,
+    *,
+    user: str,
+    max_sessions: int,
+    max_gpu_hours_per_month: float | None = None,
+    max_usd_per_month: float | None = None,
+) -> None:
+    body = quota_body(
+        max_sessions=max_sessions,
+        max_gpu_hours_per_month=max_gpu_hours_per_month,
+        max_usd_per_month=max_usd_per_month,
+    )
     quota = ctx.client().request("PUT", f"/v1/quotas/{quote(user, safe='')}", body)
     ctx.emit(quota, columns=QUOTA_FIELDS)
 

@@ -40,3 +40,30 @@ def test_quota_set_bad_numbers_are_usage_errors(api, cli, n):
     code, _, _ = cli("quota", "set", "alice", "--max-sessions", n)
     assert code == 2
     assert api.requests == []
+
+
+def test_quota_set_sends_the_monthly_dollar_budget_and_show_prints_it(api, cli):
+    shown = {
+        **QUOTA,
+        "max_usd_per_month": 25.5,
+        "usd_used_this_month": "1.20",
+        "usd_reserved_this_month": "0.84",
+    }
+    api.responses[("PUT", "/v1/quotas/alice")] = shown
+    code, out, _ = cli("quota", "set", "alice", "--max-sessions", "2", "--max-usd-per-month", "25.50")
+    assert code == 0
+    assert api.requests[0][2] == {
+        "max_sessions": 2,
+        "max_gpu_hours_per_month": None,
+        "max_usd_per_month": 25.5,
+    }
+    assert "25.50" in out
+    assert "0.84" in out
+
+
+@pytest.mark.parametrize("usd", ["-5", "lots"])
+def test_quota_set_bad_dollar_budgets_are_usage_errors(api, cli, usd):
+    code, _, err = cli("quota", "set", "alice", "--max-sessions", "2", "--max-usd-per-month", usd)
+    assert code == 2
+    assert "max-usd-per-month" in err
+    assert api.requests == []

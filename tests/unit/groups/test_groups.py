@@ -89,18 +89,23 @@ def test_the_groups_session_limit_refuses_inside_the_grant_naming_the_group(worl
     assert checkout(world, BOB).user == "bob"
 
 
-def test_the_transaction_refuses_a_grant_that_raced_past_the_groups_limit(world):
+def test_the_transaction_refuses_a_grant_that_raced_past_the_groups_limit(world, monkeypatch):
     # Given a group at its limit whose counter a racing check-out already took
     world.ready_host()
     g = groups(world)
     g.create(ADMIN, GroupCreate(name="lab", max_sessions=1))
     g.add(ADMIN, "lab", ["alice", "bob"])
+    before = world.registry.get_group("lab")
     checkout(world, ALICE)
-    # When bob's check-out reads the group before alice's grant was counted (simulated by
-    # skipping the read-time check), the transaction's condition still refuses it
-    world.tenancy._charge_group = lambda user, requested, now: world.registry.get_group("lab")  # type: ignore[method-assign]
+    # When bob's check-out read the group before alice's grant was counted
+    from calque.tenancy import sessions
+
+    real = sessions.groups.charge_group
+    reads = iter([lambda *a: before])
+    monkeypatch.setattr(sessions.groups, "charge_group", lambda *a: next(reads, real)(*a))
     with pytest.raises(QuotaExceeded) as err:
         checkout(world, BOB)
+    # Then the transaction's condition still refuses it, naming the group's limit
     assert err.value.details["limit"] == "group.max_sessions"
     assert [s.state for s in world.registry.slices("i-0aaa0001")].count("held") == 1
 
@@ -108,21 +113,21 @@ def test_the_transaction_refuses_a_grant_that_raced_past_the_groups_limit(world)
 def test_monthly_gpu_hours_and_dollar_budgets_of_a_group_refuse_naming_the_limit(world):
     world.ready_host()
     g = groups(world)
-    g.create(ADMIN, GroupCreate(name="lab", max_gpu_hours_per_month=0.2))
-    g.create(ADMIN, GroupCreate(name="course", max_usd_per_month=0.5))
+    g.create(ADMIN, GroupCreate(name="lab", max_gpu_hours_per_month=0.3))
+    g.create(ADMIN, GroupCreate(name="course", max_usd_per_month=1.0))
     g.add(ADMIN, "lab", ["alice"])
     g.add(ADMIN, "course", ["bob"])
-    for who in (ALICE, BOB):
-        s = checkout(world, who)
+    for who in (ALICE, BOB):  # 1 h of a quarter card: 0.25 GPU-hours, 0.84 USD
+        s = world.tenancy.checkout(who, CheckoutRequest(backend="mig", ttl_seconds=3600))
         world.clock.advance(3600)
         world.tenancy.checkin(who, s.session_id, CheckinRequest(token=s.token))
     with pytest.raises(QuotaExceeded) as hours:
-        checkout(world, ALICE)
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
     assert hours.value.details["limit"] == "group.max_gpu_hours_per_month"
     with pytest.raises(QuotaExceeded) as usd:
-        checkout(world, BOB)
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=3600))
     assert usd.value.details["limit"] == "group.max_usd_per_month"
-    assert usd.value.details["usd_spent"] == "0.84"
+    assert (usd.value.details["used"], usd.value.details["asked"]) == ("0.84", "0.84")
     # lifting the limit lets them in again
     g.set_limits(ADMIN, "course", GroupLimits())
     assert checkout(world, BOB).user == "bob"

@@ -7,9 +7,11 @@ import pytest
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import Conflict, Forbidden, QuotaExceeded
 from calque.registry.models import LeaseEvent
-from calque.registry.ports import QuotaFull, SliceTaken, StaleWrite
+from calque.registry.ports import Limits, QuotaFull, Reservation, SliceTaken, StaleWrite
 from calque.tenancy.service import hash_token
 from tests.unit.tenancy.conftest import ADMIN, World, member
+
+NOTHING = Reservation(month="2026-12", ugh=0, musd=0, user=Limits())
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +67,7 @@ def test_a_grant_at_a_stale_fence_writes_nothing(dynamo_world: World):
         stale,
         _session_for(world, stale, "bob").model_copy(update={"session_id": "s-00000000000000bb"}),
         default_max_sessions=2,
-        month="2026-12",
+        reservation=NOTHING,
         event=_event(world, stale),
     )
     before = _everything(world)
@@ -75,7 +77,7 @@ def test_a_grant_at_a_stale_fence_writes_nothing(dynamo_world: World):
             stale,
             _session_for(world, stale),
             default_max_sessions=2,
-            month="2026-12",
+            reservation=NOTHING,
             event=_event(world, stale),
         )
     # Then no session, no counter change, no event was written
@@ -90,7 +92,7 @@ def test_a_grant_over_the_users_maximum_writes_nothing(dynamo_world: World):
     before = _everything(world)
     with pytest.raises(QuotaFull):
         world.registry.grant(
-            sl, _session_for(world, sl), default_max_sessions=2, month="2026-12", event=_event(world, sl)
+            sl, _session_for(world, sl), default_max_sessions=2, reservation=NOTHING, event=_event(world, sl)
         )
     assert _everything(world) == before
 
@@ -181,7 +183,12 @@ def test_quota_refusals_carry_the_numbers(dynamo_world: World):
     world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
     with pytest.raises(QuotaExceeded) as refused:
         world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
-    assert refused.value.details == {"user": "alice", "max_sessions": 1, "live_sessions": 1}
+    assert refused.value.details == {
+        "limit": "user.max_sessions",
+        "user": "alice",
+        "max_sessions": 1,
+        "live_sessions": 1,
+    }
 
 
 def test_placement_takes_the_best_fit_first_and_exact_profiles(dynamo_world: World):
@@ -203,11 +210,12 @@ def test_a_checkout_costs_the_same_dynamodb_requests_on_a_small_and_a_big_fleet(
         world.ready_host(f"i-{n:08x}")
     world.counter.calls.clear()
     world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
-    # Then the member's groups (calque.registry.groups), at most three placement queries (the
-    # smallest size, and its spread from a random start) and one transaction; no quota pre-read
+    # Then one read of the member's quota and groups (what to reserve against, and which group),
+    # at most three placement queries (the smallest size, and its spread from a random start)
+    # and one transaction
     *reads, write = world.counter.calls
     assert write == "TransactWriteItems"
-    assert reads[0] == "GetItem"
+    assert reads[0] == "BatchGetItem"
     assert set(reads[1:]) == {"Query"}
     assert 1 <= len(reads[1:]) <= 3
 
@@ -317,9 +325,9 @@ def test_once_the_smallest_size_is_known_to_be_big_a_checkout_is_one_query_and_o
     world.counter.calls.clear()
     # When another member checks out the same way
     grant = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", min_memory_gib=20))
-    # Then it read the member's groups, and the size from its own random point at once: one
+    # Then it read the member's quota and groups, and the size from its own random point at once: one
     # query (two when it wrapped around the end of the size), then the transaction
     assert grant.profile == "1g.24gb"
     *reads, write = world.counter.calls
     assert write == "TransactWriteItems"
-    assert reads in (["GetItem", "Query"], ["GetItem", "Query", "Query"])
+    assert reads in (["BatchGetItem", "Query"], ["BatchGetItem", "Query", "Query"])

@@ -63,7 +63,7 @@ def test_the_gpu_hour_allowance_is_the_grants_own_condition(world: World):
     # Given alice used her whole monthly allowance in one session
     world.ready_host(layout=FOUR)
     world.quota("alice", 5, gpu_hours=0.25)
-    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
     world.clock.advance(3600)
     world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
     # When she checks out again

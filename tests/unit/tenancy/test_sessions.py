@@ -243,22 +243,31 @@ def test_quota_of_concurrent_sessions_is_refused_with_the_numbers(world: World):
     free_before = world.slice_states()
     with pytest.raises(QuotaExceeded) as refused:
         world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
-    assert refused.value.details == {"user": "alice", "max_sessions": 1, "live_sessions": 1}
+    assert refused.value.details == {
+        "limit": "user.max_sessions",
+        "user": "alice",
+        "max_sessions": 1,
+        "live_sessions": 1,
+    }
     assert world.slice_states() == free_before
     assert world.tenancy.get_quota(ALICE, "me").live_sessions == 1
 
 
 def test_quota_of_gpu_hours_per_month_is_refused_once_used_up(world: World):
     world.ready_host()
-    world.quota("alice", 4, gpu_hours=0.5)
-    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=7 * 3600))
-    world.clock.advance(3 * 3600)  # a 1g.24gb slice is a quarter of the card: 0.75 GPU-hours
+    world.quota("alice", 4, gpu_hours=1.0)
+    # a 1g.24gb slice is a quarter of the card: 3 h reserve 0.75 GPU-hours
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3 * 3600))
+    world.clock.advance(3 * 3600)
     world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    # 0.25 GPU-hours are left: a 2 h check-out (0.5) does not fit, a 1 h one does
     with pytest.raises(QuotaExceeded) as refused:
-        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
-    assert refused.value.details["max_gpu_hours_per_month"] == 0.5
-    assert refused.value.details["gpu_hours_used"] == pytest.approx(0.75)
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=2 * 3600))
+    assert refused.value.details["limit"] == "user.max_gpu_hours_per_month"
+    assert refused.value.details["max_gpu_hours_per_month"] == 1.0
+    assert (refused.value.details["used"], refused.value.details["asked"]) == (0.75, 0.5)
     assert world.tenancy.get_quota(ALICE, "alice").gpu_hours_used_this_month == pytest.approx(0.75)
+    assert world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600)).user == "alice"
 
 
 def test_members_read_only_their_own_quota(world: World):
@@ -300,7 +309,8 @@ def test_checkout_costs_the_same_number_of_registry_calls_whatever_the_fleet_siz
         world.ready_host(f"i-{n:08x}")
     world.registry.requests = 0
     world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", min_memory_gib=20))
-    assert world.registry.requests == 2  # one candidate read (the quota is the grant's condition), one grant
+    # one read of the member's quota and groups, one candidate read, one grant
+    assert world.registry.requests == 3
 
 
 def test_the_reaper_ends_more_expired_sessions_than_one_page_holds():

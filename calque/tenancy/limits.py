@@ -1,0 +1,180 @@
+"""Monthly limits of members and groups: what a session reserves, what it settles, and the
+refusal that names the limit.
+
+A check-out reserves what its session may use in its TTL, in the same transaction that
+grants it: GPU-hours (TTL x the slice's share of its card) and dollars (TTL x the slice's
+share of the instance x the instance's hourly rate: calque.accounting's share and rate,
+so the figures agree with the usage report). An extend reserves its extra time the same
+way. The transaction adds the reservation to the month's committed amount of the member
+and of the session's group, on condition that ``committed + ask <= limit`` for each limit
+set; so N racing check-outs can never together pass a limit. The end of a session
+(check-in, expiry, force, drain) replaces its reservation by what it used, in the same
+transaction that ends it.
+
+Amounts are kept in whole micro-units (micro-GPU-hours, micro-dollars): reservations are
+rounded up, what was used half-up, so a session that runs its whole TTL never settles
+above what it reserved. A session is counted in the month of its check-out, whole, even
+when it runs into the next month (the usage report still splits it at the edge).
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
+from typing import Any
+
+from calque import catalog
+from calque.errors import InvalidInput, QuotaExceeded
+from calque.registry.models import MonthUse, QuotaRecord, SessionRecord, SliceRecord, month_use
+from calque.registry.ports import MICRO, Limits, Reservation, micro
+
+GPU = "max_gpu_hours_per_month"
+USD = "max_usd_per_month"
+
+
+def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
+    """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
+    usage report charges them. Slices record their share at registration; one registered
+    before that is priced from its host (two reads). (None, None): no rate is known."""
+    share, itype_name = sl.share, sl.instance_type
+    if share is None or itype_name is None:
+        from calque.accounting.shares import slice_shares
+
+        host = registry.get_host(sl.instance_id)
+        if host is None:
+            return None, None
+        itype_name = host.instance_type
+        try:
+            shares = slice_shares(
+                host.instance_type,
+                host.layout,
+                [(s.slice_id, s.gpu_index, s.backend, s.profile) for s in registry.slices(sl.instance_id)],
+            )
+        except InvalidInput:
+            return None, None
+        if sl.slice_id not in shares:
+            return None, None
+        share = str(shares[sl.slice_id])
+    try:
+        rate = str(Decimal(str(catalog.instance_type(itype_name).hourly_usd)))
+    except InvalidInput:
+        return share, None
+    return share, rate
+
+
+def _amounts(seconds: int, session_like: Any, *, up: bool) -> tuple[int, int]:
+    hours = Fraction(seconds, 3600)
+    ugh_exact = hours * Fraction(session_like.gpu_fraction) * MICRO
+    usd_exact = Fraction(0)
+    if session_like.share and session_like.hourly_usd:
+        usd_exact = hours * Fraction(session_like.share) * Fraction(Decimal(session_like.hourly_usd)) * MICRO
+    if up:
+        return math.ceil(ugh_exact), math.ceil(usd_exact)
+    return _half_up(ugh_exact), _half_up(usd_exact)
+
+
+def _half_up(x: Fraction) -> int:
+    return int((Decimal(x.numerator) / Decimal(x.denominator)).quantize(Decimal(1), ROUND_HALF_UP))
+
+
+def reserve(seconds: int, session: SessionRecord) -> tuple[int, int]:
+    """What ``seconds`` more of the session may use: (micro-GPU-hours, micro-dollars), rounded up."""
+    return _amounts(seconds, session, up=True)
+
+
+def used(seconds: int, session: SessionRecord) -> tuple[int, int]:
+    """What ``seconds`` of the session used: (micro-GPU-hours, micro-dollars), rounded half-up."""
+    return _amounts(max(0, seconds), session, up=False)
+
+
+def of_quota(quota: QuotaRecord | None) -> Limits:
+    if quota is None:
+        return Limits()
+    return Limits(gpu_hours=quota.max_gpu_hours_per_month, usd=quota.max_usd_per_month)
+
+
+def of_group(group: Any) -> Limits | None:
+    if group is None:
+        return None
+    return Limits(gpu_hours=group.max_gpu_hours_per_month, usd=group.max_usd_per_month)
+
+
+def reservation(month: str, ugh: int, musd: int, quota: QuotaRecord | None, group: Any) -> Reservation:
+    return Reservation(month=month, ugh=ugh, musd=musd, user=of_quota(quota), group=of_group(group))
+
+
+def gpu_hours(ugh: int) -> float:
+    return round(ugh / MICRO, 6)
+
+
+def usd(musd: int) -> str:
+    return f"{(Decimal(musd) / MICRO).quantize(Decimal('0.01'), ROUND_HALF_UP)}"
+
+
+def monthly_refusal(
+    *,
+    scope: str,
+    name: str,
+    limits: Limits,
+    use: MonthUse,
+    res: Reservation,
+    doing: str,
+) -> QuotaExceeded | None:
+    """The refusal when ``res`` does not fit one of the member's (``scope`` "user") or group's
+    monthly limits given their fresh counters; None when it fits them all."""
+    whose = name if scope == "user" else f"group {name}"
+    for attr, limit, committed, settled, ask, unit in (
+        (GPU, limits.gpu_hours, use.committed_ugh, use.settled_ugh, res.ugh, "GPU-hours"),
+        (USD, limits.usd, use.committed_musd, use.settled_musd, res.musd, "USD"),
+    ):
+        if limit is None or committed + ask <= micro(limit):
+            continue
+        fmt: Any = usd if unit == "USD" else gpu_hours
+        reserved = committed - settled
+        if scope == "user":
+            raise_it = f"calque quota set {name} --max-sessions N --{attr.replace('_', '-')} X"
+        else:
+            raise_it = f"calque group limits {name} --{attr.replace('_', '-')} X"
+        shorter = "a shorter --ttl" if doing == "check-out" else "a shorter extension"
+        return QuotaExceeded(
+            f"{doing} refused by {scope}.{attr}: {whose} has used {fmt(settled)} and live sessions "
+            f"reserve {fmt(reserved)} of {limit:g} {unit} in {res.month}, and this {doing} would "
+            f"reserve {fmt(ask)} more; ask for {shorter}, check a live session in "
+            f"(calque session list, then calque session checkin), or ask an admin to raise it ({raise_it})",
+            details={
+                "limit": f"{scope}.{attr}",
+                scope: name,
+                "month": res.month,
+                "unit": unit,
+                "used": fmt(settled),
+                "reserved": fmt(reserved),
+                "asked": fmt(ask),
+                attr: limit,
+            },
+        )
+    return None
+
+
+def user_refusal(user: str, quota: QuotaRecord | None, res: Reservation, doing: str) -> QuotaExceeded | None:
+    return monthly_refusal(
+        scope="user",
+        name=user,
+        limits=of_quota(quota),
+        use=month_use(quota.use if quota else {}, res.month),
+        res=res,
+        doing=doing,
+    )
+
+
+def group_refusal(group: Any, res: Reservation, doing: str) -> QuotaExceeded | None:
+    if group is None:
+        return None
+    return monthly_refusal(
+        scope="group",
+        name=group.name,
+        limits=of_group(group) or Limits(),
+        use=month_use(group.use, res.month),
+        res=res,
+        doing=doing,
+    )
