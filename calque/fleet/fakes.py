@@ -286,6 +286,14 @@ class FakeHosts:
             self.ended[sid] = end_reason
         return sorted(live.items())
 
+    def retire(self, instance_id: str, note: str) -> bool:
+        self.calls["retire"] += 1
+        if self.hosts.pop(instance_id, None) is None:
+            return False
+        for sid in self.sessions.pop(instance_id, {}):
+            self.ended[sid] = "deregistered"
+        return True
+
     def registered(self) -> list[str]:
         self.calls["registered"] += 1
         return [i for i, h in self.hosts.items() if h["state"] not in ("draining", "drained")]

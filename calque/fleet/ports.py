@@ -146,6 +146,11 @@ class Hosts(Protocol):
     def registered(self) -> list[str]:
         """Instance ids of every registered host not draining or drained."""
 
+    def retire(self, instance_id: str, note: str) -> bool:
+        """The instance is gone (EC2 confirmed it terminated, or no longer knows it): forget the
+        host, recording its end for usage, and end any session still there. False when it was
+        not registered."""
+
 
 class AcquireQueue(Protocol):
     def send(self, request_ids: Sequence[str]) -> None:

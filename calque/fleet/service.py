@@ -679,6 +679,7 @@ class Fleet:
             ended = self.hosts.drain(
                 iid, end_sessions=True, end_reason="host_lost", note="EC2 no longer knows the instance"
             )
+            self.hosts.retire(iid, "EC2 no longer knows the instance")
             self._publish("calque.host.lost", {"instance_id": iid, "sessions_ended": len(ended)})
             out.hosts_lost.append(iid)
         return out
@@ -691,6 +692,11 @@ class Fleet:
         self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
 
     def _close_terminated(self, rec: AcquisitionRecord, reason: str) -> bool:
+        if rec.instance_id is not None:
+            # Paid for until now, and no longer: the host is forgotten and usage stops its
+            # lifetime here. Before the close, so a retire that fails is tried again by the
+            # next event or reconciler run (retiring twice is a no-op).
+            self.hosts.retire(rec.instance_id, reason)
         try:
             rec = self.store.close(
                 rec, state="terminated", reason=rec.state_reason or reason, at=self.clock()

@@ -50,6 +50,15 @@ class TenancyHosts:
         still = {s.session_id for s in after.slices if s.state == "held"}
         return sorted((sid, user) for sid, user in held.items() if sid not in still)
 
+    def retire(self, instance_id: str, note: str) -> bool:
+        from calque.tenancy.lifecycle import HostLifecycle
+
+        try:
+            HostLifecycle(self.tenancy).deregister(FLEET_CALLER, instance_id, force=True, reason=note)
+        except NotFound:
+            return False
+        return True
+
     def registered(self) -> list[str]:
         # A draining host already had its sessions ended (or stopped taking new ones): the
         # reconciler need not look at it again every run.

@@ -288,3 +288,31 @@ def test_a_lost_host_and_a_spot_interruption_each_publish_once(
     assert sorted(ended(events)) == sorted(
         [(sid, "host_lost") for sid in lost_sessions] + [(sid, "spot_interrupted") for sid in spot_sessions]
     )
+
+
+def test_a_terminated_instance_leaves_the_registry_and_is_paid_only_until_then(
+    fleet: FleetWorld, world: World, events: RecordingPublisher
+):
+    from decimal import Decimal
+
+    from calque import catalog
+    from calque.accounting.service import Usage
+
+    # Given a fleet host with two sessions, released one hour after it was registered
+    t0 = world.clock()
+    iid, _sessions = fleet.host_with_sessions()
+    world.clock.advance(3600)
+    fleet.fleet.release(iid, "done with it")
+    fleet.terminate_queued()
+    # When EC2 confirms the termination (and says so again)
+    fleet.fleet.on_instance_state(iid, "terminated")
+    fleet.fleet.on_instance_state(iid, "terminated")
+    # Then the host is no longer registered, and its end is recorded for usage
+    assert iid not in [h.instance_id for h in world.tenancy.registry.list_hosts()]
+    assert [r.instance_id for r in world.tenancy.registry.retired_hosts()] == [iid]
+    # And a day later, the instance is still paid for one hour only, its lines adding up
+    world.clock.advance(24 * 3600)
+    bill = Usage(world.registry, clock=world.clock).bill(t0, world.clock())
+    mine = [x for x in bill.lines if x.instance_id == iid]
+    hourly = Decimal(str(catalog.instance_type("g7e.2xlarge").hourly_usd))
+    assert sum((x.amount_usd for x in mine), Decimal(0)) == hourly.quantize(Decimal("0.01"))
