@@ -23,10 +23,14 @@ read-only Lambda would. These two run with tracing off (``POWERTOOLS_TRACE_DISAB
 first request also builds the Tracer and patches botocore. Nothing is written into the
 repository (no __pycache__).
 
-    python bench/cold_import.py [--runs 9] [--importtime]
+    python bench/cold_import.py [--runs 9] [--importtime] [--account]
 
 --importtime prints, for the bundle with bytecode, the imports of the cold start
-that cost most (python -X importtime, cumulative).
+that cost most (python -X importtime, cumulative). --account splits both cold
+starts into their steps, in the order a cold start takes them (each step's median),
+and measures the floor of the stack: the calls a check-out makes, from a bare
+Powertools resolver with request validation, Logger, Metrics and one pydantic model,
+with no calque code at all.
 """
 
 from __future__ import annotations
@@ -78,6 +82,94 @@ client.get_item(TableName=table, Key={"pk": {"S": "HOST#none"}, "sk": {"S": "HOS
 t2, c2 = time.perf_counter(), time.process_time()
 print(json.dumps({"import": t1 - t0, "first": t2 - t1, "cpu": c2 - c0, "status": 200}))
 """
+
+# --account: the same cold starts, step by step (each step timed, wall and CPU).
+STEPS = """
+import time as _t
+res = []
+for label, step in STEPS:
+    a, b = _t.process_time(), _t.perf_counter()
+    exec(step)
+    res.append((label, _t.perf_counter() - b, _t.process_time() - a))
+print(json.dumps({"import": 0, "first": 0, "cpu": 0, "status": STATUS, "steps": res}))
+"""
+OURS_STEPS = [
+    ("pydantic import", "from pydantic import BaseModel, ConfigDict, Field, TypeAdapter"),
+    (
+        "Powertools Logger, Metrics, event handler import",
+        "from aws_lambda_powertools import Logger, Metrics\n"
+        "from aws_lambda_powertools.event_handler import APIGatewayRestResolver",
+    ),
+    ("pydantic's first model (calque.identity)", "import calque.identity"),
+    (
+        "our settings, errors, contracts",
+        "import calque.settings, calque.errors\n"
+        "import calque.contracts.tenancy, calque.contracts.agent, calque.contracts.fleet\n"
+        "import calque.contracts.pools, calque.contracts.economics",
+    ),
+    ("our routes and handler (Powertools routing)", "from functions.api.handler import lambda_handler"),
+    ("boto3 import", "import boto3"),
+    ("our domain and registry modules", "import calque.registry.dynamo, calque.tenancy.service"),
+    ("DynamoDB client", "from calque import aws\naws.client('dynamodb')"),
+    ("SQS client (the grant task)", "aws.client('sqs')"),
+    ("the check-out (its calls, validation, domain)", "out = lambda_handler(event, Context())"),
+]
+BOTO3_STEPS = [
+    ("boto3 import", "import boto3"),
+    ("DynamoDB client", "client = boto3.client('dynamodb')"),
+    ("GetItem", "client.get_item(TableName=table, Key={'pk': {'S': 'HOST#none'}, 'sk': {'S': 'HOST'}})"),
+]
+# The floor: what any function on this stack pays for the calls a check-out makes today
+# (the stub counts them, so a check-out that makes other calls shows beside it).
+FLOOR = """
+import json, os, sys, time
+event = json.loads(sys.stdin.read())
+table, queue, endpoint = (os.environ[k] for k in ("CALQUE_TABLE_NAME", "CALQUE_HOST_TASKS_QUEUE_URL",
+                                                  "CALQUE_AWS_ENDPOINT_URL"))
+class Context:
+    function_name = "calque-api"; memory_limit_in_mb = 512; aws_request_id = "bench"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:calque-api"
+t0, c0 = time.perf_counter(), time.process_time()
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver
+from pydantic import BaseModel, ConfigDict
+class Checkout(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    backend: str
+    profile: str | None = None
+    ttl_seconds: int | None = None
+class Granted(BaseModel):
+    session_id: str
+app = APIGatewayRestResolver(enable_validation=True)
+logger, metrics = Logger(service="floor"), Metrics(namespace="Calque", service="floor")
+@app.post("/v1/sessions", status_code=201)
+def checkout(body: Checkout) -> Granted:
+    import boto3
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint)
+    pk = {":pk": {"S": "GROUPS#none"}}
+    ddb.query(TableName=table, KeyConditionExpression="pk = :pk", ExpressionAttributeValues=pk)
+    ddb.get_item(TableName=table, Key={"pk": {"S": "PROFILE#none"}, "sk": {"S": "PROFILE"}})
+    for lo in ("a", "b"):
+        ddb.query(TableName=table, IndexName="free_slices", Limit=8,
+                  KeyConditionExpression="free_pk = :pk AND free_sk >= :lo",
+                  ExpressionAttributeValues={":pk": {"S": "FREE#mig"}, ":lo": {"S": lo}})
+    ddb.transact_write_items(TransactItems=[{"Put": {"TableName": table, "Item": {"pk": {"S": "x"}}}}])
+    boto3.client("sqs", endpoint_url=endpoint).send_message(QueueUrl=queue, MessageBody="{}")
+    metrics.add_metric(name="SessionsCheckedOut", unit="Count", value=1)
+    return Granted(session_id="s-floor")
+@logger.inject_lambda_context
+@metrics.log_metrics
+def handler(event, context):
+    return app.resolve(event, context)
+t1 = time.perf_counter()
+out = handler(event, Context())
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"import": t1 - t0, "first": t2 - t1, "cpu": c2 - c0, "status": out["statusCode"]}))
+"""
+
+
+def steps_script(head: str, steps: list[tuple[str, str]], status: str) -> str:
+    return head + f"\nSTEPS = {steps!r}\n" + STEPS.replace("STATUS", status)
 
 
 class Stub:
@@ -327,6 +419,7 @@ def main() -> int:
     )
     parser.add_argument("--runs", type=int, default=9, help="fresh interpreters per variant (default 9)")
     parser.add_argument("--importtime", action="store_true", help="the costliest imports of a cold start")
+    parser.add_argument("--account", action="store_true", help="both cold starts step by step, and the floor")
     args = parser.parse_args()
 
     runs = args.runs + 1  # one warm-up of each, not counted
@@ -366,6 +459,8 @@ def main() -> int:
                         samples[name].append(out)
             if args.importtime:
                 out = run_child(OURS, event, env, shipped, "-X", "importtime")
+            if args.account:
+                account = _account(runs, backend, event, env, table, deps, shipped)
         base = _medians(samples["boto3"])
         print(f"cold start = import + first request, median of {args.runs} fresh interpreters each")
         print("backend: moto's answers, recorded once and replayed; our code bundled as deployed")
@@ -391,6 +486,8 @@ def main() -> int:
             + ("ok" if ratio <= TARGET else "OVER")
             + f"; {traced:.2f}x with X-Ray tracing on, as the stack deploys it"
         )
+        if args.account:
+            _print_account(account, args.runs)
         if args.importtime:
             print("\ncostliest imports of one cold start (bytecode bundle, cumulative ms):")
             for us, name in heaviest(out["stderr"]):
@@ -398,6 +495,56 @@ def main() -> int:
         return 0
     finally:
         backend.stop()
+
+
+def _account(
+    runs: int, backend: Backend, event: str, env: dict[str, str], table: str, deps: str, shipped: str
+) -> dict[str, list[dict[str, Any]]]:
+    head = OURS.split("t0, c0 =")[0]
+    children = {
+        "boto3": (
+            steps_script("import json, sys\ntable = sys.stdin.read().strip()", BOTO3_STEPS, "200"),
+            table,
+            deps,
+        ),
+        "ours": (steps_script(head, OURS_STEPS, 'out["statusCode"]'), event, shipped),
+        "floor": (FLOOR, event, deps),
+    }
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in children}
+    for k in range(runs):
+        for name, (script, stdin, path) in children.items():
+            backend.stub.calls = 0
+            out = run_child(script, stdin, env, path)
+            if out["status"] not in (200, 201):
+                raise SystemExit(f"{name}: answered {out['status']}")
+            out["calls"] = backend.stub.calls
+            if k:
+                samples[name].append(out)
+    return samples
+
+
+def _print_account(account: dict[str, list[dict[str, Any]]], runs: int) -> None:
+    for name, title in (("ours", "api check-out (bytecode)"), ("boto3", "boto3 import + first GetItem")):
+        rows = [s["steps"] for s in account[name]]
+        print(f"\n{title}, step by step (median of {runs} each){'wall ms':>12} {'cpu ms':>8}")
+        for i, (label, _, _) in enumerate(rows[0]):
+            wall = statistics.median(r[i][1] for r in rows)
+            cpu = statistics.median(r[i][2] for r in rows)
+            print(f"  {label:<58} {wall * 1000:>8.1f} {cpu * 1000:>8.1f}")
+        wall = statistics.median(sum(x[1] for x in r) for r in rows)
+        cpu = statistics.median(sum(x[2] for x in r) for r in rows)
+        print(f"  {'total':<58} {wall * 1000:>8.1f} {cpu * 1000:>8.1f}")
+    steps = [s["steps"] for s in account["boto3"]]
+    base_wall = statistics.median(sum(x[1] for x in r) for r in steps)
+    base_cpu = statistics.median(sum(x[2] for x in r) for r in steps)
+    wall = _medians(account["floor"])[2]
+    cpu = statistics.median(s["cpu"] for s in account["floor"])
+    calls = max(s["calls"] for s in account["floor"])
+    print(
+        f"\nthe floor: a bare Powertools resolver (validation, Logger, Metrics) making {calls} calls, "
+        f"no calque code:\n  {wall * 1000:.1f} ms wall, {wall / base_wall:.2f}x boto3's (same runs); "
+        f"{cpu * 1000:.1f} ms cpu, {cpu / base_cpu:.2f}x"
+    )
 
 
 def _medians(samples: list[dict[str, Any]]) -> tuple[float, float, float]:
