@@ -323,7 +323,8 @@ class Backend:
 def traced_env(env: dict[str, str], task_root: Path) -> dict[str, str]:
     """The deployed function's tracing: in Lambda (``LAMBDA_TASK_ROOT``), X-Ray active (the
     runtime's trace header), so the first request builds the Tracer and patches botocore.
-    Its segments go to the usual daemon address over UDP, where nothing listens."""
+    Its segments go to the usual daemon address over UDP, where nothing listens; the SDK
+    touches /tmp/.aws-xray/initialized, as it does in Lambda."""
     traced = {k: v for k, v in env.items() if k != "POWERTOOLS_TRACE_DISABLED"}
     traced.update(
         LAMBDA_TASK_ROOT=str(task_root),
