@@ -6,22 +6,31 @@ is a fresh interpreter that imports ``functions.api.handler`` and answers one
 check-out (an API Gateway event, in-process) against a stubbed backend. The baseline
 is a fresh interpreter that imports boto3, creates a DynamoDB client and makes its
 first call (GetItem) to the same stub. The stub is an HTTP server that answers each
-DynamoDB request at once with the answer moto gave it when it was recorded (a moto
-server seeded with ready hosts, through a recording proxy): both sides pay the real
-botocore work of a call (signing, serializing, HTTP, parsing), neither pays moto's
-latency, which DynamoDB does not have. Runs alternate so both see the same machine; the
-medians and their ratio are printed, side by side. Target: at most 1.5x.
+request at once with the answer moto gave it when it was recorded (a moto server seeded
+with ready hosts, through a recording proxy): both sides pay the real botocore work of a
+call (signing, serializing, HTTP, parsing), neither pays moto's latency, nor any network
+latency (the "calls" column says how many calls each side makes: on AWS each one adds a
+round trip). Runs alternate so both see the same machine; the medians and their ratio
+are printed, side by side, in wall time and in the process's CPU time (steadier than wall
+time on a shared machine). Target: at most 1.5x.
 
 Our code runs from a bundle built here by the deployment's own recipe
 (infra.bundling.CopyPackages) in a temporary directory: "bytecode" is the bundle as
 shipped (compiled by hash for this interpreter, the stand-in for the Lambda's),
 "sources" the same bundle without bytecode, compiled on every cold start as a
-read-only Lambda would. Nothing is written into the repository (no __pycache__).
+read-only Lambda would. These two run with tracing off (``POWERTOOLS_TRACE_DISABLED``);
+"bytecode, X-Ray on" runs as the stack deploys the function (X-Ray active), so its
+first request also builds the Tracer and patches botocore. Nothing is written into the
+repository (no __pycache__).
 
-    python bench/cold_import.py [--runs 9] [--importtime]
+    python bench/cold_import.py [--runs 9] [--importtime] [--account]
 
 --importtime prints, for the bundle with bytecode, the imports of the cold start
-that cost most (python -X importtime, cumulative).
+that cost most (python -X importtime, cumulative). --account splits both cold
+starts into their steps, in the order a cold start takes them (each step's median),
+and measures the floor of the stack: the calls a check-out makes, from a bare
+Powertools resolver with request validation, Logger, Metrics and one pydantic model,
+with no calque code at all.
 """
 
 from __future__ import annotations
@@ -53,32 +62,126 @@ event = json.loads(sys.stdin.read())
 class Context:
     function_name = "calque-api"; memory_limit_in_mb = 512; aws_request_id = "bench"
     invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:calque-api"
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 from functions.api.handler import lambda_handler
 t1 = time.perf_counter()
 out = lambda_handler(event, Context())
-t2 = time.perf_counter()
-doc = {"import": t1 - t0, "first": t2 - t1, "status": out["statusCode"], "body": out["body"][:300]}
+t2, c2 = time.perf_counter(), time.process_time()
+doc = {"import": t1 - t0, "first": t2 - t1, "cpu": c2 - c0}
+doc.update(status=out["statusCode"], body=out["body"][:300])
 print(json.dumps(doc))
 """
 BOTO3 = """
 import json, sys, time
 table = sys.stdin.read().strip()
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import boto3
 t1 = time.perf_counter()
 client = boto3.client("dynamodb")
 client.get_item(TableName=table, Key={"pk": {"S": "HOST#none"}, "sk": {"S": "HOST"}})
-t2 = time.perf_counter()
-print(json.dumps({"import": t1 - t0, "first": t2 - t1, "status": 200}))
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"import": t1 - t0, "first": t2 - t1, "cpu": c2 - c0, "status": 200}))
 """
+
+# --account: the same cold starts, step by step (each step timed, wall and CPU).
+STEPS = """
+import time as _t
+res = []
+for label, step in STEPS:
+    a, b = _t.process_time(), _t.perf_counter()
+    exec(step)
+    res.append((label, _t.perf_counter() - b, _t.process_time() - a))
+print(json.dumps({"import": 0, "first": 0, "cpu": 0, "status": STATUS, "steps": res}))
+"""
+OURS_STEPS = [
+    ("pydantic import", "from pydantic import BaseModel, ConfigDict, Field, TypeAdapter"),
+    (
+        "Powertools Logger, Metrics, event handler import",
+        "from aws_lambda_powertools import Logger, Metrics\n"
+        "from aws_lambda_powertools.event_handler import APIGatewayRestResolver",
+    ),
+    ("pydantic's first model (calque.identity)", "import calque.identity"),
+    (
+        "our settings, errors, contracts",
+        "import calque.settings, calque.errors\n"
+        "import calque.contracts.tenancy, calque.contracts.agent, calque.contracts.fleet\n"
+        "import calque.contracts.pools, calque.contracts.economics",
+    ),
+    ("our routes and handler (Powertools routing)", "from functions.api.handler import lambda_handler"),
+    ("boto3 import", "import boto3"),
+    ("our domain and registry modules", "import calque.registry.dynamo, calque.tenancy.service"),
+    ("DynamoDB client", "from calque import aws\naws.client('dynamodb')"),
+    ("SQS client (the grant task)", "aws.client('sqs')"),
+    ("the check-out (its calls, validation, domain)", "out = lambda_handler(event, Context())"),
+]
+BOTO3_STEPS = [
+    ("boto3 import", "import boto3"),
+    ("DynamoDB client", "client = boto3.client('dynamodb')"),
+    ("GetItem", "client.get_item(TableName=table, Key={'pk': {'S': 'HOST#none'}, 'sk': {'S': 'HOST'}})"),
+]
+# The floor: what any function on this stack pays for the calls a check-out makes today
+# (the stub counts them, so a check-out that makes other calls shows beside it).
+FLOOR = """
+import json, os, sys, time
+event = json.loads(sys.stdin.read())
+table, queue, endpoint = (os.environ[k] for k in ("CALQUE_TABLE_NAME", "CALQUE_HOST_TASKS_QUEUE_URL",
+                                                  "CALQUE_AWS_ENDPOINT_URL"))
+class Context:
+    function_name = "calque-api"; memory_limit_in_mb = 512; aws_request_id = "bench"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:calque-api"
+t0, c0 = time.perf_counter(), time.process_time()
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver
+from pydantic import BaseModel, ConfigDict
+class Checkout(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    backend: str
+    profile: str | None = None
+    ttl_seconds: int | None = None
+class Granted(BaseModel):
+    session_id: str
+app = APIGatewayRestResolver(enable_validation=True)
+logger, metrics = Logger(service="floor"), Metrics(namespace="Calque", service="floor")
+@app.post("/v1/sessions", status_code=201)
+def checkout(body: Checkout) -> Granted:
+    import boto3
+    ddb = boto3.client("dynamodb", endpoint_url=endpoint)
+    pk = {":pk": {"S": "GROUPS#none"}}
+    ddb.query(TableName=table, KeyConditionExpression="pk = :pk", ExpressionAttributeValues=pk)
+    ddb.get_item(TableName=table, Key={"pk": {"S": "PROFILE#none"}, "sk": {"S": "PROFILE"}})
+    for lo in ("a", "b"):
+        ddb.query(TableName=table, IndexName="free_slices", Limit=8,
+                  KeyConditionExpression="free_pk = :pk AND free_sk >= :lo",
+                  ExpressionAttributeValues={":pk": {"S": "FREE#mig"}, ":lo": {"S": lo}})
+    ddb.transact_write_items(TransactItems=[{"Put": {"TableName": table, "Item": {"pk": {"S": "x"}}}}])
+    boto3.client("sqs", endpoint_url=endpoint).send_message(QueueUrl=queue, MessageBody="{}")
+    metrics.add_metric(name="SessionsCheckedOut", unit="Count", value=1)
+    return Granted(session_id="s-floor")
+@logger.inject_lambda_context
+@metrics.log_metrics
+def handler(event, context):
+    return app.resolve(event, context)
+t1 = time.perf_counter()
+out = handler(event, Context())
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"import": t1 - t0, "first": t2 - t1, "cpu": c2 - c0, "status": out["statusCode"]}))
+"""
+
+
+def steps_script(head: str, steps: list[tuple[str, str]], status: str) -> str:
+    return head + f"\nSTEPS = {steps!r}\n" + STEPS.replace("STATUS", status)
 
 
 class Stub:
     """An HTTP endpoint answering DynamoDB calls with recorded answers; records them from ``upstream``.
 
-    Answers are kept by (operation, request body), and by operation alone for requests that
-    differ every time (a transaction carries new ids): replaying needs no state.
+    Answers are kept by (operation, request body). A request that differs every time (a
+    transaction carries new ids, placement reads from a random point) gets the largest
+    answer recorded for its operation: a read that found free slices, never an empty page
+    that would turn the check-out into a refusal. Replaying needs no state. Answers go out
+    without Nagle's delay (TCP_NODELAY): otherwise every answer after the first on a kept
+    connection waits for the client's delayed ACK (~40 ms on Linux), a latency neither
+    DynamoDB nor a real network adds to each call.
     """
 
     def __init__(self, upstream: str) -> None:
@@ -89,10 +192,12 @@ class Stub:
         self.recording = True
         self.exact: dict[tuple[str, bytes], tuple[int, bytes]] = {}
         self.by_target: dict[str, tuple[int, bytes]] = {}
+        self.calls = 0
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -112,6 +217,7 @@ class Stub:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def answer(self, target: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        self.calls += 1
         if self.recording:
             import urllib.error
             import urllib.request
@@ -123,7 +229,9 @@ class Stub:
             except urllib.error.HTTPError as err:
                 status, answer = err.code, err.read()
             self.exact[(target, body)] = (status, answer)
-            self.by_target[target] = (status, answer)
+            kept = self.by_target.get(target)
+            if kept is None or (status < 300, len(answer)) >= (kept[0] < 300, len(kept[1])):
+                self.by_target[target] = (status, answer)
             return status, answer
         return self.exact.get((target, body)) or self.by_target.get(target) or (400, b"{}")
 
@@ -212,6 +320,20 @@ class Backend:
         self.server.stop()
 
 
+def traced_env(env: dict[str, str], task_root: Path) -> dict[str, str]:
+    """The deployed function's tracing: in Lambda (``LAMBDA_TASK_ROOT``), X-Ray active (the
+    runtime's trace header), so the first request builds the Tracer and patches botocore.
+    Its segments go to the usual daemon address over UDP, where nothing listens; the SDK
+    touches /tmp/.aws-xray/initialized, as it does in Lambda."""
+    traced = {k: v for k, v in env.items() if k != "POWERTOOLS_TRACE_DISABLED"}
+    traced.update(
+        LAMBDA_TASK_ROOT=str(task_root),
+        AWS_LAMBDA_FUNCTION_NAME="calque-api",
+        _X_AMZN_TRACE_ID="Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+    )
+    return traced
+
+
 def checkout_event(user: str) -> dict[str, Any]:
     from calque.local.events import api_gateway_event
     from calque.local.state import Principal, user_arn
@@ -298,6 +420,7 @@ def main() -> int:
     )
     parser.add_argument("--runs", type=int, default=9, help="fresh interpreters per variant (default 9)")
     parser.add_argument("--importtime", action="store_true", help="the costliest imports of a cold start")
+    parser.add_argument("--account", action="store_true", help="both cold starts step by step, and the floor")
     args = parser.parse_args()
 
     runs = args.runs + 1  # one warm-up of each, not counted
@@ -307,46 +430,65 @@ def main() -> int:
         deps = site_packages()
         table = backend.resources.table_name
         with tempfile.TemporaryDirectory(prefix="calque-cold-") as tmp:
+            shipped = os.pathsep.join([str(bundle(Path(tmp, "bytecode"), bytecode=True)), deps])
+            # name -> (sys.path, environment)
             variants = {
-                "bytecode": os.pathsep.join([str(bundle(Path(tmp, "bytecode"), bytecode=True)), deps]),
-                "sources": os.pathsep.join([str(bundle(Path(tmp, "sources"), bytecode=False)), deps]),
+                "bytecode": (shipped, env),
+                "sources": (os.pathsep.join([str(bundle(Path(tmp, "sources"), bytecode=False)), deps]), env),
+                "bytecode, X-Ray on": (shipped, traced_env(env, Path(tmp, "bytecode"))),
             }
             samples: dict[str, list[dict[str, Any]]] = {"boto3": [], **{v: [] for v in variants}}
             # Record the backend's answers once (through moto), then only replay them.
             event = json.dumps(checkout_event("cold-user"))
-            for script, stdin, path in ((BOTO3, table, deps), (OURS, event, variants["bytecode"])):
+            for script, stdin, path in ((BOTO3, table, deps), (OURS, event, shipped)):
                 out = run_child(script, stdin, env, path)
                 if out["status"] not in (200, 201):
                     raise SystemExit(f"the recorded check-out was refused: {out['status']} {out['body']}")
             backend.stub.recording = False
             for k in range(runs):
                 for name in samples:
+                    backend.stub.calls = 0
                     if name == "boto3":
                         out = run_child(BOTO3, table, env, deps)
                     else:
-                        out = run_child(OURS, event, env, variants[name])
+                        path, variant_env = variants[name]
+                        out = run_child(OURS, event, variant_env, path)
                         if out["status"] != 201:
                             raise SystemExit(f"the check-out was refused: {out['status']} {out['body']}")
+                    out["calls"] = backend.stub.calls
                     if k:
                         samples[name].append(out)
             if args.importtime:
-                out = run_child(OURS, event, env, variants["bytecode"], "-X", "importtime")
+                out = run_child(OURS, event, env, shipped, "-X", "importtime")
+            if args.account:
+                account = _account(runs, backend, event, env, table, deps, shipped)
         base = _medians(samples["boto3"])
         print(f"cold start = import + first request, median of {args.runs} fresh interpreters each")
         print("backend: moto's answers, recorded once and replayed; our code bundled as deployed")
-        print(f"{'':<34} {'import ms':>10} {'first ms':>10} {'total ms':>10} {'x boto3':>8}")
-        rows = [("boto3 import + first GetItem", base)]
-        rows += [(f"api check-out ({name})", _medians(samples[name])) for name in variants]
-        for label, (imp, first, total) in rows:
+        base_cpu = statistics.median(s["cpu"] for s in samples["boto3"])
+        print(
+            f"{'':<38} {'import ms':>10} {'first ms':>10} {'total ms':>10} {'x boto3':>8} "
+            f"{'cpu ms':>8} {'x boto3':>8} {'calls':>6}"
+        )
+        rows = [("boto3 import + first GetItem", "boto3")]
+        rows += [(f"api check-out ({name})", name) for name in variants]
+        for label, name in rows:
+            imp, first, total = _medians(samples[name])
+            cpu = statistics.median(s["cpu"] for s in samples[name])
+            calls = max(s["calls"] for s in samples[name])
             print(
-                f"{label:<34} {imp * 1000:>10.1f} {first * 1000:>10.1f} {total * 1000:>10.1f} "
-                f"{total / base[2]:>8.2f}"
+                f"{label:<38} {imp * 1000:>10.1f} {first * 1000:>10.1f} {total * 1000:>10.1f} "
+                f"{total / base[2]:>8.2f} {cpu * 1000:>8.1f} {cpu / base_cpu:>8.2f} {calls:>6}"
             )
         ratio = _medians(samples["bytecode"])[2] / base[2]
+        traced = _medians(samples["bytecode, X-Ray on"])[2] / base[2]
         print(
             f"\nshipped bundle: {ratio:.2f}x boto3's cold start (target <= {TARGET}x): "
             + ("ok" if ratio <= TARGET else "OVER")
+            + f"; {traced:.2f}x with X-Ray tracing on, as the stack deploys it"
         )
+        if args.account:
+            _print_account(account, args.runs)
         if args.importtime:
             print("\ncostliest imports of one cold start (bytecode bundle, cumulative ms):")
             for us, name in heaviest(out["stderr"]):
@@ -354,6 +496,56 @@ def main() -> int:
         return 0
     finally:
         backend.stop()
+
+
+def _account(
+    runs: int, backend: Backend, event: str, env: dict[str, str], table: str, deps: str, shipped: str
+) -> dict[str, list[dict[str, Any]]]:
+    head = OURS.split("t0, c0 =")[0]
+    children = {
+        "boto3": (
+            steps_script("import json, sys\ntable = sys.stdin.read().strip()", BOTO3_STEPS, "200"),
+            table,
+            deps,
+        ),
+        "ours": (steps_script(head, OURS_STEPS, 'out["statusCode"]'), event, shipped),
+        "floor": (FLOOR, event, deps),
+    }
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in children}
+    for k in range(runs):
+        for name, (script, stdin, path) in children.items():
+            backend.stub.calls = 0
+            out = run_child(script, stdin, env, path)
+            if out["status"] not in (200, 201):
+                raise SystemExit(f"{name}: answered {out['status']}")
+            out["calls"] = backend.stub.calls
+            if k:
+                samples[name].append(out)
+    return samples
+
+
+def _print_account(account: dict[str, list[dict[str, Any]]], runs: int) -> None:
+    for name, title in (("ours", "api check-out (bytecode)"), ("boto3", "boto3 import + first GetItem")):
+        rows = [s["steps"] for s in account[name]]
+        print(f"\n{title}, step by step (median of {runs} each){'wall ms':>12} {'cpu ms':>8}")
+        for i, (label, _, _) in enumerate(rows[0]):
+            wall = statistics.median(r[i][1] for r in rows)
+            cpu = statistics.median(r[i][2] for r in rows)
+            print(f"  {label:<58} {wall * 1000:>8.1f} {cpu * 1000:>8.1f}")
+        wall = statistics.median(sum(x[1] for x in r) for r in rows)
+        cpu = statistics.median(sum(x[2] for x in r) for r in rows)
+        print(f"  {'total':<58} {wall * 1000:>8.1f} {cpu * 1000:>8.1f}")
+    steps = [s["steps"] for s in account["boto3"]]
+    base_wall = statistics.median(sum(x[1] for x in r) for r in steps)
+    base_cpu = statistics.median(sum(x[2] for x in r) for r in steps)
+    wall = _medians(account["floor"])[2]
+    cpu = statistics.median(s["cpu"] for s in account["floor"])
+    calls = max(s["calls"] for s in account["floor"])
+    print(
+        f"\nthe floor: a bare Powertools resolver (validation, Logger, Metrics) making {calls} calls, "
+        f"no calque code:\n  {wall * 1000:.1f} ms wall, {wall / base_wall:.2f}x boto3's (same runs); "
+        f"{cpu * 1000:.1f} ms cpu, {cpu / base_cpu:.2f}x"
+    )
 
 
 def _medians(samples: list[dict[str, Any]]) -> tuple[float, float, float]:

@@ -23,7 +23,7 @@ DEFAULT_MPS_CLIENTS = 4
 class PlannedSlice(BaseModel):
     """One slice the layout creates, with the id both the control plane and the agent use."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     slice_id: str
     gpu_index: int

@@ -149,9 +149,6 @@ class Budget(Out):
     updated_by: str | None = None
 
 
-AcquireAccepted.model_rebuild()
-
-
 class AcquireMessage(Strict):
     """The fleet_acquire queue's message: launch one acquisition, or terminate its instance
     (only the acquirer and the reconciler may call EC2 to launch or terminate)."""

@@ -33,7 +33,7 @@ class GroupFull(StaleWrite):
 
 
 class GroupRecord(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
     name: str
     members: dict[str, datetime] = Field(default_factory=dict, description="user -> when added")

@@ -14,7 +14,7 @@ SessionState = Literal["live", "ended"]
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
 class HostRecord(_Record):
