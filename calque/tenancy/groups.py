@@ -61,22 +61,29 @@ def month_spend(registry: Any, name: str, now: datetime) -> Decimal:
     return sum((x.amount_usd for x in bill.lines if x.group == name), Decimal(0))
 
 
+def member_group(registry: Any, user: str, requested: str | None) -> GroupRecord | None:
+    """The group a check-out or a claim is charged to: ``requested`` (one of the member's
+    groups: Forbidden otherwise; InvalidInput for no such group) or their default; None for
+    a member of no group. No limit is checked here."""
+    if requested is None:
+        return default_group(registry, user)
+    g = registry.get_group(requested) if re.fullmatch(GROUP_PATTERN, requested) else None
+    if g is None:
+        raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
+    if user not in g.members:
+        raise Forbidden(
+            f"{user} is not a member of group {requested}",
+            code="not_a_member",
+            details={"group": requested},
+        )
+    return g
+
+
 def charge_group(registry: Any, user: str, requested: str | None, now: datetime) -> GroupRecord | None:
     """The group a check-out is charged to, after its monthly limits: ``requested`` (one of the
     member's groups: Forbidden otherwise) or their default; None for a member of no group."""
     groups: GroupRegistry = registry
-    if requested is not None:
-        g = registry.get_group(requested) if re.fullmatch(GROUP_PATTERN, requested) else None
-        if g is None:
-            raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
-        if user not in g.members:
-            raise Forbidden(
-                f"{user} is not a member of group {requested}",
-                code="not_a_member",
-                details={"group": requested},
-            )
-    else:
-        g = default_group(groups, user)
+    g = member_group(registry, user, requested)
     if g is None:
         return None
     month = f"{now:%Y-%m}"
