@@ -122,7 +122,8 @@ def test_a_claim_that_ran_is_found_under_every_day_it_ran_and_no_other(store):
     # cancelled before it ever started: it never ran, so it is on no day
     store.transition_claim("c2", d.LIVE, {"state": d.CANCELLED, "finished_at": "2026-12-02T00:00:05Z"})
     assert [c.claim_id for c in store.claims_ran_on("2026-12-02")] == ["c1"]
-    assert store.claims_ran_on("2026-11-30") == [] and store.claims_ran_on("2026-12-04") == []
+    assert store.claims_ran_on("2026-11-30") == []
+    assert store.claims_ran_on("2026-12-04") == []
 
 
 def test_pool_instances_are_recorded_once_and_ended_once(store):
