@@ -91,6 +91,8 @@ def _key(line: Line, by: str) -> str:
         return line.instance_id
     if by == "instance-type":
         return line.instance_type
+    if by == "pool" and line.pool is not None:
+        return line.pool  # a pool instance's idle is the pool's warm cost: under the pool
     if line.kind == "idle":
         return IDLE
     if by == "user":

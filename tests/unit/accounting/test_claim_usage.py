@@ -97,7 +97,11 @@ def test_a_claim_is_a_line_for_its_member_and_group_and_the_pool_instance_adds_u
     assert (cost.instance_id, cost.cost_usd) == (iid, "6.72")
     amounts = [Decimal(x.amount_usd) for x in report.lines if x.instance_id == iid]
     assert sum(amounts) == Decimal("6.72")
-    assert {r.key: r.amount_usd for r in report.rows} == {"small": "0.84", "(idle)": "5.88"}
+    assert [x.amount_usd for x in report.lines if x.kind == "idle"] == ["5.88"]
+    # And by pool, the pool's row is its whole instance: the claim and the warm idle time
+    (row,) = report.rows
+    assert (row.key, row.amount_usd, row.sessions) == ("small", "6.72", 1)
+    assert row.gpu_hours == 0.25  # what its claims used
     # And by group, the claim is course's
     by_group = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01", by="group"))
     assert {r.key: r.amount_usd for r in by_group.rows}["course"] == "0.84"
