@@ -5,7 +5,8 @@ A lease (a session on a slice) is charged
 
     seconds held x the slice's share of the instance x the instance's hourly rate / 3600
 
-and whatever of the instance's cost no lease used is the instance's ``idle`` line.
+and whatever of the instance's cost no lease used is the instance's ``idle`` line. A pool
+claim is a lease too (``kind="claim"``): the time it ran on its worker's slice.
 The arithmetic is exact (``Fraction``) until the very end; then, per instance and
 calendar month (UTC), the cost is rounded half-up to the cent and the cents are
 handed out over that instance-month's lines by the largest-remainder method, so the
@@ -56,6 +57,7 @@ class Lease:
     end: datetime | None = None
     group: str | None = None
     end_reason: str | None = None
+    kind: str = "session"  # "session", or "claim": a pool claim (session_id is then the claim's id)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class Line:
     pool: str | None
     hourly_usd: Decimal
     rate_as_of: date | None
-    kind: str  # "session" or "idle"
+    kind: str  # "session", "claim" or "idle"
     user: str | None
     group: str | None
     session_id: str | None
@@ -80,6 +82,7 @@ class Line:
     exact_usd: Fraction
     amount_usd: Decimal
     running: bool = False
+    claim_id: str | None = None
 
     @property
     def gpu_hours(self) -> Fraction:
@@ -213,10 +216,11 @@ def compute(
                         pool=inst.pool,
                         hourly_usd=inst.hourly_usd,
                         rate_as_of=inst.rate_as_of,
-                        kind="session",
+                        kind=lease.kind,
                         user=lease.user,
                         group=lease.group,
-                        session_id=lease.session_id,
+                        session_id=lease.session_id if lease.kind == "session" else None,
+                        claim_id=lease.session_id if lease.kind == "claim" else None,
                         slice_id=lease.slice_id,
                         start=a,
                         end=b,

@@ -1,7 +1,7 @@
 """``GET /v1/usage``: a caller's view of the bill for a period, summed by what they ask.
 
 Admins see every line (each instance's idle included, and each instance-month's cost);
-members see only their own sessions' lines.
+members see only their own sessions' and claims' lines.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
-from calque.accounting import chargeback, history
+from calque.accounting import chargeback, claims, history
 from calque.accounting.chargeback import IDLE, Line
 from calque.contracts.economics import (
     InstanceCost,
@@ -23,6 +23,7 @@ from calque.contracts.economics import (
 )
 from calque.errors import InvalidInput
 from calque.identity import Caller
+from calque.pools.ports import PoolStore
 from calque.registry.ports import Registry
 
 MAX_PERIOD = timedelta(days=366)
@@ -90,6 +91,8 @@ def _key(line: Line, by: str) -> str:
         return line.instance_id
     if by == "instance-type":
         return line.instance_type
+    if by == "pool" and line.pool is not None:
+        return line.pool  # a pool instance's idle is the pool's warm cost: under the pool
     if line.kind == "idle":
         return IDLE
     if by == "user":
@@ -107,10 +110,10 @@ def rows_by(lines: list[Line], by: str) -> list[UsageRow]:
             {"cents": Decimal(0), "gpu": Fraction(0), "held": Fraction(0), "ids": set(), "running": False},
         )
         r["cents"] += line.amount_usd
-        if line.kind == "session":
+        if line.kind in ("session", "claim"):
             r["gpu"] += line.gpu_hours
             r["held"] += line.seconds / 3600
-            r["ids"].add(line.session_id)
+            r["ids"].add(line.session_id or line.claim_id)
             r["running"] = r["running"] or line.running
     return [
         UsageRow(
@@ -145,6 +148,7 @@ def line_view(line: Line) -> UsageLine:
         gpu_hours=round(float(line.gpu_hours), 6),
         amount_usd=f"{line.amount_usd:.2f}",
         running=line.running,
+        claim_id=line.claim_id,
     )
 
 
@@ -155,24 +159,30 @@ class Usage:
         *,
         clock: Callable[[], datetime],
         lookback: timedelta = timedelta(days=8),
+        pools: PoolStore | None = None,
     ) -> None:
         self.registry = registry
         self.clock = clock
+        # The pools' records (pool instances and claims); None: no pools to charge.
+        self.pools = pools
         # At least the longest a session may live (plus the reaper's lag): see history.leases.
         self.lookback = lookback
 
     def bill(self, since: datetime, until: datetime) -> chargeback.Bill:
         now = self.clock()
         known = history.lifetimes(self.registry)
-        return chargeback.compute(
-            history.instances(self.registry, known),
-            history.leases(
-                self.registry, since=since, until=until, now=now, lookback=self.lookback, known=known
-            ),
-            since=since,
-            until=until,
-            now=now,
+        insts = history.instances(self.registry, known)
+        held = history.leases(
+            self.registry, since=since, until=until, now=now, lookback=self.lookback, known=known
         )
+        if self.pools is not None:
+            records = self.pools.pool_instances(ended_since=since.timestamp())
+            # a pool instance the fleet also registered as a host is the pool's
+            pooled = {r.instance_id for r in records}
+            insts = [i for i in insts if i.instance_id not in pooled] + claims.instances(records)
+            ran = claims.ran(self.pools, since=since, until=until, now=now)
+            held = held + claims.leases(ran, records)
+        return chargeback.compute(insts, held, since=since, until=until, now=now)
 
     def usage(self, who: Caller, query: UsageQuery) -> UsageReport:
         now = self.clock()

@@ -38,7 +38,8 @@ class UsagePeriod(Out):
 
 
 class UsageLine(Out):
-    """One charge: a session's piece inside one instance-month, or that instance-month's idle."""
+    """One charge: a session's or a pool claim's piece inside one instance-month, or that
+    instance-month's idle."""
 
     month: str
     instance_id: str
@@ -46,7 +47,7 @@ class UsageLine(Out):
     pool: str | None = None
     rate_usd_per_hour: str
     rate_as_of: str | None = None
-    kind: Literal["session", "idle"]
+    kind: Literal["session", "claim", "idle"]
     user: str | None = None
     group: str | None = None
     session_id: str | None = None
@@ -58,14 +59,15 @@ class UsageLine(Out):
     gpu_hours: float = Field(description="seconds x share / 3600")
     amount_usd: str
     running: bool = Field(description="the session is still live: charged up to now")
+    claim_id: str | None = Field(default=None, description="a claim's line: the claim (session_id is empty)")
 
 
 class UsageRow(Out):
     key: str = Field(description='the user, group, host, pool or instance type; "(idle)" for idle time')
     amount_usd: str
     gpu_hours: float
-    session_hours: float
-    sessions: int
+    session_hours: float = Field(description="hours held by the sessions and claims")
+    sessions: int = Field(description="distinct sessions and claims")
     running: bool
 
 

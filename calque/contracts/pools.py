@@ -58,6 +58,11 @@ class PoolDelete(Request):
 
 class ClaimSubmit(Request):
     items: list[Any] = Field(min_length=1, max_length=MAX_ITEMS)
+    group: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        description="the group to charge (one of the member's); omitted: their default group",
+    )
 
 
 class ClaimReport(Strict):
@@ -124,3 +129,4 @@ class Claim(Out):
     attempts: int = 0
     reason: str | None = None
     summary: dict[str, Any] | None = None
+    group: str | None = None

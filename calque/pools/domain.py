@@ -74,6 +74,7 @@ class ClaimRecord(_Record):
     result_key: str | None = None
     summary: dict[str, Any] | None = None
     completions: int = 0  # how many times a completion was recorded: 1, ever, for a succeeded claim
+    group: str | None = None  # the group it is charged to (the member's default, or the one asked)
 
 
 class WorkerRecord(_Record):
@@ -94,6 +95,18 @@ class WorkerRecord(_Record):
     group: str = ""
     slot: int = 0
     started: bool = False  # the host agent was told to start this instance's workers
+
+
+class PoolInstanceRecord(_Record):
+    """An instance a pool paid for: from its launch (its workers' launch) until it was given
+    back (None: still held). Chargeback reads these (calque/accounting/claims.py)."""
+
+    pool: str
+    instance_id: str
+    instance_type: str
+    layout: dict[str, Any] | None = None
+    started_at: float
+    ended_at: float | None = None
 
 
 class DecisionRecord(_Record):

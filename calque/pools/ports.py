@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from calque.pools.domain import ClaimRecord, DecisionRecord, PoolRecord, WorkerRecord
+from calque.pools.domain import ClaimRecord, DecisionRecord, PoolInstanceRecord, PoolRecord, WorkerRecord
 
 
 class PoolStore(Protocol):
@@ -41,6 +41,18 @@ class PoolStore(Protocol):
 
     def add_decision(self, decision: DecisionRecord) -> None: ...
     def decisions(self, pool: str, limit: int) -> list[DecisionRecord]: ...
+
+    # what chargeback reads (calque/accounting/claims.py)
+    def put_pool_instance(self, record: PoolInstanceRecord) -> None:
+        """Record an instance the pool pays for (again: kept as first recorded)."""
+
+    def end_pool_instance(self, instance_id: str, at: float) -> None: ...
+    def pool_instances(self, *, ended_since: float) -> list[PoolInstanceRecord]:
+        """Every pool instance still held, or given back at or after ``ended_since``."""
+
+    def claims_ran_on(self, day: str) -> list[ClaimRecord]:
+        """Claims that ran (started, running or finished) on the UTC day YYYY-MM-DD, as of
+        their last start or finish: a claim is indexed under every day it ran."""
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ class Pools:
         clock: Clock,
         config: PoolsConfig | None = None,
         starter: WorkerStarter | None = None,
+        groups: Any = None,
     ):
         self.store = store
         self.queues = queues
@@ -123,6 +124,8 @@ class Pools:
         self.config = config or PoolsConfig()
         # None: workers are started some other way (the unit tests' simulated workers).
         self.starter = starter
+        # The registry's groups (calque.tenancy.groups): a claim is charged to one. None: no groups.
+        self.groups = groups
 
     # pools
     def _pool(self, name: str) -> d.PoolRecord:
@@ -308,6 +311,7 @@ class Pools:
         pool = self._pool(name)
         if pool.state != d.POOL_ACTIVE:
             raise Conflict(f"pool {name!r} is being deleted and takes no claims", code="pool_deleting")
+        group = self._claim_group(who, req.group)
         claim_id = f"c-{secrets.token_hex(8)}"
         now = self.clock.now()
         manifest_key = f"pools/{name}/claims/{claim_id}/manifest.json"
@@ -319,6 +323,7 @@ class Pools:
             items=len(req.items),
             manifest_key=manifest_key,
             submitted_at=_iso(now),
+            group=group,
         )
         self.store.create_claim(claim)
         pointer = {
@@ -331,6 +336,18 @@ class Pools:
         self.queues.send(pool.queue_url, json.dumps(pointer))
         self.nudger.nudge(name)
         return claim
+
+    def _claim_group(self, who: Caller, requested: str | None) -> str | None:
+        """The group a claim is charged to, resolved as a check-out's is; no monthly limit is
+        checked (a claim's run time is unknown when it is submitted)."""
+        if self.groups is None:
+            if requested is not None:
+                raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
+            return None
+        from calque.tenancy.groups import member_group
+
+        g = member_group(self.groups, who.principal, requested)
+        return g.name if g is not None else None
 
     def _claim_for(self, who: Caller, claim_id: str) -> d.ClaimRecord:
         claim = self.store.get_claim(claim_id)
@@ -575,6 +592,8 @@ class Pools:
                 continue
             if len(leaving) == len(members):
                 self.capacity.release(pool, group, _grant(members[0]))
+                if members[0].instance_id != "-":
+                    self.store.end_pool_instance(members[0].instance_id, self.clock.now())
             for w in leaving:
                 self.store.delete_worker(pool.name, w.worker_id)
 
@@ -594,6 +613,15 @@ class Pools:
                 continue
             for w in members:  # known before the workers report, so their reports are accepted
                 self.store.update_worker(pool.name, w.worker_id, {"instance_id": instance_id})
+            self.store.put_pool_instance(
+                d.PoolInstanceRecord(
+                    pool=pool.name,
+                    instance_id=instance_id,
+                    instance_type=pool.instance_type,
+                    layout=pool.layout,
+                    started_at=min(w.launched_at for w in members),
+                )
+            )
             try:
                 command = self.starter.start(pool, instance_id, [w.worker_id for w in members])
             except CalqueError as exc:

@@ -73,6 +73,7 @@ class _LazySigV4S3:
 def pools() -> Pools:
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
+    from calque.registry.dynamo import DynamoRegistry
     from calque.registry.pools import DynamoPoolStore
 
     s = pool_settings()
@@ -86,6 +87,7 @@ def pools() -> Pools:
         SystemClock(),
         PoolsConfig(max_receives=s.pool_max_receives, visibility_s=s.pool_visibility_s),
         starter=_starter(s),
+        groups=DynamoRegistry(aws.client("dynamodb"), s.table_name),
     )
 
 

@@ -7,23 +7,57 @@
     worker      POOL#<pool>         WORKER#<worker_id>
     decision    POOL#<pool>         DECISION#<epoch ms, 15 digits>#<action>   (scale-outs and scale-ins)
 
+    claim run   CLAIMRUNS#<YYYY-MM-DD>  RUN#<pool>#<claim_id>   (a copy of a claim that ran, under
+                                                         every UTC day it ran: chargeback's index)
+    pool inst.  POOLINSTANCES       INSTANCE#<instance_id>       (an instance a pool paid for, and when)
+
 Index by_user: user_pk = CLAIMS#<user>, user_sk = <submitted iso>#<claim_id> (every claim;
 a partition of its own, apart from the sessions' USER#<user>).
+
+A claim's run copies are written after each transition that starts or ends it (its start
+day while it runs; every day from its start to its end once it ends), so a period's claims
+are one query per day of the period, whatever the number of claims ever submitted.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
+from datetime import datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from calque.errors import Conflict
-from calque.pools.domain import ClaimRecord, DecisionRecord, PoolRecord, WorkerRecord
+from calque.pools.domain import (
+    LIVE,
+    RUNNING,
+    ClaimRecord,
+    DecisionRecord,
+    PoolInstanceRecord,
+    PoolRecord,
+    WorkerRecord,
+)
 from calque.registry.dynamo import des, ser
 
 POOLS_PK = "POOLS"
+POOL_INSTANCES_PK = "POOLINSTANCES"
+
+
+def run_days(claim: ClaimRecord) -> list[str]:
+    """The UTC days (YYYY-MM-DD) a claim ran on, as its record says: its start day while it
+    runs, every day from its start to its end once it ended; none if it never started."""
+    if claim.started_at is None or (claim.state in LIVE and claim.state != RUNNING):
+        return []
+    start = datetime.fromisoformat(claim.started_at.replace("Z", "+00:00")).date()
+    end = start
+    if claim.finished_at is not None:
+        end = max(start, datetime.fromisoformat(claim.finished_at.replace("Z", "+00:00")).date())
+    return [(start + timedelta(days=k)).isoformat() for k in range((end - start).days + 1)]
+
+
+def _run_doc(claim: ClaimRecord) -> dict[str, Any]:
+    return claim.model_dump(exclude={"summary"})
 
 
 def _pool_key(name: str) -> dict[str, str]:
@@ -208,7 +242,57 @@ class DynamoPoolStore:
             current = self.get_claim(claim_id)
             changes["completions"] = (current.completions if current else 0) + 1
         item = self._update_with_state(_claim_key(pool, claim_id), changes, condition, values)
-        return ClaimRecord.model_validate(_strip(item)) if item else None
+        if not item:
+            return None
+        claim = ClaimRecord.model_validate(_strip(item))
+        self._index_run(claim)
+        return claim
+
+    def _index_run(self, claim: ClaimRecord) -> None:
+        days = run_days(claim)
+        doc = _run_doc(claim)
+        sk = f"RUN#{claim.pool}#{claim.claim_id}"
+        for k in range(0, len(days), 25):
+            self.client.batch_write_item(
+                RequestItems={
+                    self.table: [
+                        {"PutRequest": {"Item": ser({"pk": f"CLAIMRUNS#{day}", "sk": sk, **doc})}}
+                        for day in days[k : k + 25]
+                    ]
+                }
+            )
+
+    def claims_ran_on(self, day: str) -> list[ClaimRecord]:
+        return [ClaimRecord.model_validate(_strip(i)) for i in self._query(f"CLAIMRUNS#{day}", "RUN#")]
+
+    def put_pool_instance(self, record: PoolInstanceRecord) -> None:
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=ser(
+                    {"pk": POOL_INSTANCES_PK, "sk": f"INSTANCE#{record.instance_id}", **record.model_dump()}
+                ),
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+    def end_pool_instance(self, instance_id: str, at: float) -> None:
+        self._update(
+            {"pk": POOL_INSTANCES_PK, "sk": f"INSTANCE#{instance_id}"},
+            {"ended_at": at},
+            "attribute_exists(#pk) AND attribute_not_exists(ended_at)",
+            {},
+        )
+
+    def pool_instances(self, *, ended_since: float) -> list[PoolInstanceRecord]:
+        out = []
+        for i in self._query(POOL_INSTANCES_PK, "INSTANCE#"):
+            rec = PoolInstanceRecord.model_validate(_strip(i))
+            if rec.ended_at is None or rec.ended_at >= ended_since:
+                out.append(rec)
+        return out
 
     def _update_with_state(
         self, key: dict[str, str], changes: dict[str, Any], condition: str, values: dict[str, Any]
@@ -280,6 +364,8 @@ class MemoryPoolStore:
         self.claims: dict[str, ClaimRecord] = {}
         self._workers: dict[tuple[str, str], WorkerRecord] = {}
         self._decisions: list[DecisionRecord] = []
+        self._runs: dict[str, dict[str, ClaimRecord]] = {}
+        self._instances: dict[str, PoolInstanceRecord] = {}
 
     def create_pool(self, pool: PoolRecord) -> None:
         with self._lock:
@@ -343,7 +429,34 @@ class MemoryPoolStore:
             if count_completion:
                 update["completions"] = c.completions + 1
             self.claims[claim_id] = c.model_copy(update=update)
-            return self.claims[claim_id].model_copy(deep=True)
+            done = self.claims[claim_id]
+            for day in run_days(done):
+                self._runs.setdefault(day, {})[f"{done.pool}#{claim_id}"] = done.model_copy(
+                    update={"summary": None}, deep=True
+                )
+            return done.model_copy(deep=True)
+
+    def claims_ran_on(self, day: str) -> list[ClaimRecord]:
+        with self._lock:
+            return [c.model_copy(deep=True) for _, c in sorted(self._runs.get(day, {}).items())]
+
+    def put_pool_instance(self, record: PoolInstanceRecord) -> None:
+        with self._lock:
+            self._instances.setdefault(record.instance_id, record.model_copy(deep=True))
+
+    def end_pool_instance(self, instance_id: str, at: float) -> None:
+        with self._lock:
+            rec = self._instances.get(instance_id)
+            if rec is not None and rec.ended_at is None:
+                self._instances[instance_id] = rec.model_copy(update={"ended_at": at})
+
+    def pool_instances(self, *, ended_since: float) -> list[PoolInstanceRecord]:
+        with self._lock:
+            return [
+                r.model_copy(deep=True)
+                for _, r in sorted(self._instances.items())
+                if r.ended_at is None or r.ended_at >= ended_since
+            ]
 
     def put_worker(self, worker: WorkerRecord) -> None:
         with self._lock:

@@ -55,25 +55,33 @@ def default_group(
     return registry.get_group(min(mine, key=lambda n: (mine[n], n)))
 
 
+def member_group(
+    registry: Any, user: str, requested: str | None, mine: dict[str, datetime] | None = None
+) -> GroupRecord | None:
+    """The group a check-out or a claim is charged to: ``requested`` (one of the member's
+    groups: Forbidden otherwise; InvalidInput for no such group) or their default; None for
+    a member of no group. No limit is checked here."""
+    if requested is None:
+        return default_group(registry, user, mine)
+    g = registry.get_group(requested) if re.fullmatch(GROUP_PATTERN, requested) else None
+    if g is None:
+        raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
+    if user not in g.members:
+        raise Forbidden(
+            f"{user} is not a member of group {requested}",
+            code="not_a_member",
+            details={"group": requested},
+        )
+    return g
+
+
 def charge_group(
     registry: Any, user: str, requested: str | None, mine: dict[str, datetime] | None = None
 ) -> GroupRecord | None:
     """The group a check-out is charged to: ``requested`` (one of the member's groups:
     Forbidden otherwise) or their default; None for a member of no group. A group already
     at its session limit is refused here; every limit is checked again by the grant."""
-    groups: GroupRegistry = registry
-    if requested is not None:
-        g = registry.get_group(requested) if re.fullmatch(GROUP_PATTERN, requested) else None
-        if g is None:
-            raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
-        if user not in g.members:
-            raise Forbidden(
-                f"{user} is not a member of group {requested}",
-                code="not_a_member",
-                details={"group": requested},
-            )
-    else:
-        g = default_group(groups, user, mine)
+    g = member_group(registry, user, requested, mine)
     if g is None:
         return None
     if g.max_sessions is not None and g.live >= g.max_sessions:

@@ -20,6 +20,7 @@ CLAIM_FIELDS: list[Column] = [
     ("claim_id", "claim_id"),
     ("pool", "pool"),
     ("user", "user"),
+    ("group", "group"),
     ("state", "state"),
     ("items", "items"),
     ("items_ok", _summary("items_ok")),

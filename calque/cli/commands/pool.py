@@ -114,8 +114,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--timeout", type=duration_arg, default=3600, metavar="DURATION", help="with --wait (default 1h)"
     )
+    p.add_argument("--group", metavar="G", help="the group to charge (one of yours; default: your first)")
     p.set_defaults(func=lambda ctx, args: do_submit(ctx, name=args.name, items=args.items, wait=args.wait,
-                                                    timeout_s=args.timeout))  # fmt: skip
+                                                    timeout_s=args.timeout, group=args.group))  # fmt: skip
 
 
 def _create(ctx: Any, args: argparse.Namespace) -> None:
@@ -361,11 +362,16 @@ def read_items(path: str) -> list[Any]:
     return items
 
 
-def do_submit(ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600) -> None:
+def do_submit(
+    ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600, group: str | None = None
+) -> None:
     from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
 
     values = read_items(items)
-    claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", {"items": values})
+    body: dict[str, Any] = {"items": values}
+    if group is not None:
+        body["group"] = group
+    claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
     if wait:
         claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
     if wait and claim.get("state") != "succeeded":  # one document either way: the error carries the claim

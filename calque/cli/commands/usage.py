@@ -49,6 +49,7 @@ CSV_LINE_COLUMNS = [
     "gpu_hours",
     "amount_usd",
     "running",
+    "claim_id",  # added last: a claim's line (its session_id is empty)
 ]
 
 

@@ -1,6 +1,8 @@
 """Chargeback over random lease histories: re-layouts, month edges, forced ends, expiry,
-live sessions. Per instance-month, the users' lines plus idle are its cost to the cent;
-idle is never negative; every second of every session is charged exactly once."""
+live sessions, and pool instances running claims (succeeded, failed, cancelled, running)
+on their workers' slices. Per instance-month, the users' lines plus idle are its cost to
+the cent; idle is never negative; every second of every session and claim is charged
+exactly once."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from calque import catalog
+from calque.accounting import claims as pool_claims
 from calque.accounting.chargeback import Instance, Lease, compute
 from calque.accounting.shares import slice_shares
 from calque.catalog import planner
 from calque.contracts.layout import LayoutSpec
+from calque.pools.domain import ClaimRecord, PoolInstanceRecord
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +99,83 @@ def histories(draw):
                             end_reason=None if live else draw(st.sampled_from(REASONS)),
                         )
                     )
-    return instances, leases, now
+    claims, expected = _pool_claims(draw, now, users, first=len(instances))
+    records = [r for r, _ in claims]
+    instances += pool_claims.instances(records)
+    leases += pool_claims.leases([c for _, cs in claims for c in cs], records)
+    return instances, leases, now, expected
+
+
+def _iso(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pool_claims(draw, now: datetime, users: list[str], first: int):
+    """Pool instances, each running claims one at a time per worker (one worker per slot);
+    and, per claim, (instance id, start, end or None, the worker's share)."""
+    out, expected = [], {}
+    for n in range(draw(st.integers(0, 2))):
+        itype = draw(st.sampled_from(sorted(LAYOUTS)))
+        layout = draw(st.sampled_from([None, *LAYOUTS[itype]]))
+        start = BASE + timedelta(seconds=draw(st.integers(0, SPAN // 2)))
+        ends = draw(st.booleans())
+        end = start + timedelta(seconds=draw(st.integers(60, SPAN))) if ends else None
+        record = PoolInstanceRecord(
+            pool=draw(st.sampled_from(["embed", "textstats"])),
+            instance_id=f"i-{first + n:08x}",
+            instance_type=itype,
+            layout=layout,
+            started_at=start.timestamp(),
+            ended_at=None if end is None else end.timestamp(),
+        )
+        slots = pool_claims.slot_slices(itype, layout)
+        stop = min(end or now, now)
+        mine = []
+        seg = int((stop - start).total_seconds())
+        for k, (_slice, share) in enumerate(slots):
+            wid = "w-0a1b2c3d" if len(slots) == 1 else f"w-0a1b2c3d-{k}"
+            points = sorted(set(draw(st.lists(st.integers(0, max(seg, 0)), max_size=6))))
+            if draw(st.booleans()) and (len(points) < 2 or points[0] > 0):
+                # a record a lost worker left running, before this slot's claims: it ends
+                # where the next one starts, and the slot is never charged twice over
+                mine.append(
+                    ClaimRecord(
+                        claim_id=f"c-lost-{record.instance_id}-{k}",
+                        pool=record.pool,
+                        user="eve",
+                        state="running",
+                        items=1,
+                        manifest_key="k",
+                        submitted_at=_iso(start),
+                        started_at=_iso(start),
+                        worker=wid,
+                        instance_id=record.instance_id,
+                    )
+                )
+            for j in range(0, len(points) - 1, 2):
+                a, b = start + timedelta(seconds=points[j]), start + timedelta(seconds=points[j + 1])
+                live = end is None and stop == now and points[j + 1] == seg and draw(st.booleans())
+                state = "running" if live else draw(st.sampled_from(["succeeded", "failed", "cancelled"]))
+                cid = f"c-{record.instance_id}-{k}-{j}"
+                mine.append(
+                    ClaimRecord(
+                        claim_id=cid,
+                        pool=record.pool,
+                        user=draw(st.sampled_from(users)),
+                        group=draw(st.sampled_from([None, "lab", "course"])),
+                        state=state,
+                        items=1,
+                        manifest_key="k",
+                        submitted_at=_iso(a),
+                        started_at=_iso(a),
+                        finished_at=None if live else _iso(b),
+                        worker=wid,
+                        instance_id=record.instance_id,
+                    )
+                )
+                expected[cid] = (record.instance_id, a, None if live else b, share)
+        out.append((record, mine))
+    return out, expected
 
 
 def _month_bounds():
@@ -107,7 +187,7 @@ def _month_bounds():
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.integers(0, 3), st.integers(1, 4))
 def test_per_instance_month_the_lines_add_up_to_the_cost_and_idle_is_never_negative(h, a, b):
-    instances, leases, now = h
+    instances, leases, now, _ = h
     bounds = _month_bounds()
     since, until = bounds[a], bounds[min(a + b, len(bounds) - 1)]
     bill = compute(instances, leases, since=since, until=until, now=now)
@@ -124,7 +204,7 @@ def test_per_instance_month_the_lines_add_up_to_the_cost_and_idle_is_never_negat
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories())
 def test_each_session_is_charged_once_for_exactly_its_time_inside_the_period(h):
-    instances, leases, now = h
+    instances, leases, now, _ = h
     since, until = datetime(2026, 11, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC)
     bill = compute(instances, leases, since=since, until=until, now=now)
     paid = {i.instance_id: i for i in instances}
@@ -133,6 +213,8 @@ def test_each_session_is_charged_once_for_exactly_its_time_inside_the_period(h):
         if line.kind == "session":
             seconds[line.session_id] += line.seconds
     for lease in leases:
+        if lease.kind != "session":
+            continue  # claims: the next test
         inst = paid[lease.instance_id]
         lo = max(lease.start, since, inst.start)
         hi = min(lease.end or now, until, now, inst.end or now)
@@ -142,10 +224,35 @@ def test_each_session_is_charged_once_for_exactly_its_time_inside_the_period(h):
             assert all(x.running for x in bill.lines if x.session_id == lease.session_id)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories())
+def test_each_claim_is_charged_once_for_its_run_time_at_its_workers_share(h):
+    instances, leases, now, expected_claims = h
+    since, until = datetime(2026, 11, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC)
+    bill = compute(instances, leases, since=since, until=until, now=now)
+    paid = {i.instance_id: i for i in instances}
+    seconds: dict[str, Fraction] = defaultdict(Fraction)
+    for line in bill.lines:
+        if line.kind == "claim":
+            assert line.session_id is None
+            if line.claim_id.startswith("c-lost-"):
+                continue  # a lost worker's record: cut where the slot's next claim starts
+            seconds[line.claim_id] += line.seconds
+            iid, _a, b, share = expected_claims[line.claim_id]
+            assert line.share == share
+            assert line.pool is not None
+            assert line.running == (b is None)
+    for cid, (iid, a, b, _share) in expected_claims.items():
+        inst = paid[iid]
+        lo = max(a, since, inst.start)
+        hi = min(b or now, until, now, inst.end or now)
+        assert seconds.get(cid, Fraction(0)) == max(Fraction(0), Fraction(int((hi - lo).total_seconds())))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories())
 def test_two_months_billed_together_are_the_two_months_billed_apart(h):
-    instances, leases, now = h
+    instances, leases, now, _ = h
     nov, dec, jan = (
         datetime(2026, 11, 1, tzinfo=UTC),
         datetime(2026, 12, 1, tzinfo=UTC),
@@ -158,6 +265,6 @@ def test_two_months_billed_together_are_the_two_months_billed_apart(h):
     )
 
     def key(lines):
-        return sorted((x.month, x.instance_id, x.session_id or "", x.amount_usd) for x in lines)
+        return sorted((x.month, x.instance_id, x.session_id or x.claim_id or "", x.amount_usd) for x in lines)
 
     assert key(both.lines) == key(apart)

@@ -78,3 +78,13 @@ def test_until_without_since_and_a_bad_month_are_refused_before_asking(api, cli)
     code, _, _ = cli("usage", "--since", "2026-12-01", "--until", "2026-02-30")
     assert code == 2
     assert api.requests == []
+
+
+def test_the_csv_line_columns_only_ever_grow_at_the_end():
+    # finance's imports read these by position: the first eighteen are as they shipped,
+    # and a claim's id came last
+    assert CSV_LINE_COLUMNS == [
+        "month", "instance_id", "instance_type", "pool", "rate_usd_per_hour", "rate_as_of", "kind",
+        "user", "group", "session_id", "slice_id", "start", "end", "seconds", "share", "gpu_hours",
+        "amount_usd", "running", "claim_id",
+    ]  # fmt: skip

@@ -139,6 +139,7 @@ class World:
     capacity: FakeCapacity = field(default_factory=FakeCapacity)
     nudges: FakeNudge = field(default_factory=FakeNudge)
     clock: FakeClock = field(default_factory=FakeClock)
+    groups: Any = None  # a registry with groups (calque.registry.memory.MemoryRegistry), or none
 
     @property
     def pools(self) -> Pools:
@@ -150,4 +151,5 @@ class World:
             self.nudges,
             self.clock,
             PoolsConfig(max_receives=3),
+            groups=self.groups,
         )

@@ -101,3 +101,43 @@ def test_workers_and_decisions(store):
     assert [x.reason for x in store.decisions("p1", 10)] == ["r2", "r1"]
     store.delete_worker("p1", "w1")
     assert store.workers("p1") == []
+
+
+def test_a_claim_that_ran_is_found_under_every_day_it_ran_and_no_other(store):
+    for cid in ("c1", "c2", "c3"):
+        store.create_claim(claim(cid))
+    store.transition_claim(
+        "c1", d.LIVE, {"state": d.RUNNING, "started_at": "2026-12-01T23:00:00Z", "worker": "w-1"}
+    )
+    assert [c.claim_id for c in store.claims_ran_on("2026-12-01")] == ["c1"]
+    assert store.claims_ran_on("2026-12-02") == []  # still running: indexed under its start day
+    store.transition_claim(
+        "c1", frozenset({d.RUNNING}), {"state": d.SUCCEEDED, "finished_at": "2026-12-03T01:00:00Z"}
+    )
+    for day in ("2026-12-01", "2026-12-02", "2026-12-03"):
+        found = store.claims_ran_on(day)
+        assert [(c.claim_id, c.state, c.finished_at) for c in found] == [
+            ("c1", d.SUCCEEDED, "2026-12-03T01:00:00Z")
+        ]
+    # cancelled before it ever started: it never ran, so it is on no day
+    store.transition_claim("c2", d.LIVE, {"state": d.CANCELLED, "finished_at": "2026-12-02T00:00:05Z"})
+    assert [c.claim_id for c in store.claims_ran_on("2026-12-02")] == ["c1"]
+    assert store.claims_ran_on("2026-11-30") == []
+    assert store.claims_ran_on("2026-12-04") == []
+
+
+def test_pool_instances_are_recorded_once_and_ended_once(store):
+    store.put_pool_instance(
+        d.PoolInstanceRecord(pool="p1", instance_id="i-1", instance_type="g6e.xlarge", started_at=100.0)
+    )
+    store.put_pool_instance(  # recorded again (a retried hand-over): the first record stays
+        d.PoolInstanceRecord(pool="p1", instance_id="i-1", instance_type="g6e.xlarge", started_at=150.0)
+    )
+    store.put_pool_instance(
+        d.PoolInstanceRecord(pool="p1", instance_id="i-2", instance_type="g6e.xlarge", started_at=120.0)
+    )
+    store.end_pool_instance("i-1", 200.0)
+    store.end_pool_instance("i-1", 300.0)  # already ended: its end stays
+    got = {r.instance_id: (r.started_at, r.ended_at) for r in store.pool_instances(ended_since=0)}
+    assert got == {"i-1": (100.0, 200.0), "i-2": (120.0, None)}
+    assert [r.instance_id for r in store.pool_instances(ended_since=250.0)] == ["i-2"]

@@ -1,0 +1,172 @@
+"""Pool instances and pool claims as chargeback sees them, read from the pools' records.
+
+A pool instance is paid from its launch until the pool gives it back (a record the scaler
+writes: ``POOLINSTANCES``). A claim that ran is a lease on its worker's slice, from its
+start until its end (or now, while it runs), charged to the claim's user and group:
+
+    seconds x the worker's share of the instance x the instance's hourly rate / 3600
+
+A worker's share is its slice's (calque/accounting/shares.py) when the pool has a layout
+(one worker per slice, slot k bound to the k-th slice the layout plans), else one GPU's.
+
+Which claims ran in a period: a claim is indexed under every UTC day it ran (its start day
+while it runs; every day from start to end once it ended), so they are one query per day
+of the period, however many claims were ever submitted. A claim still running that began
+before the period is found on its worker (each pool's workers name the claim in hand).
+An index copy of a running claim is re-read from the claim itself (it may have been
+retried since). Claims on one slice never overlap (one claim at a time per worker); should
+two records say otherwise (a worker lost mid-claim), the earlier one is charged only until
+the later one started, so the shares never exceed the instance.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from fractions import Fraction
+
+from calque import catalog
+from calque.accounting.chargeback import Instance, Lease
+from calque.accounting.shares import slice_shares
+from calque.errors import InvalidInput
+from calque.pools import domain as d
+from calque.pools.domain import ClaimRecord, PoolInstanceRecord
+from calque.pools.ports import PoolStore
+
+# Worker ids as the scaler names them (calque.pools.service.Pools.scale): "w-<hex>" alone
+# on its instance (slot 0), "w-<hex>-<slot>" with one worker per slice.
+_SLOT = re.compile(r"^w-[0-9a-f]+-(\d+)$")
+
+
+def worker_slot(worker_id: str) -> int:
+    m = _SLOT.match(worker_id)
+    return int(m.group(1)) if m else 0
+
+
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def _iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def slot_slices(instance_type: str, layout: dict | None) -> list[tuple[str, Fraction]]:
+    """(slice id, share of the instance) of each worker slot of a pool instance, in slot order."""
+    from calque.catalog.planner import expand_slices
+    from calque.contracts.layout import LayoutSpec
+
+    itype = catalog.instance_type(instance_type)
+    if not layout:
+        return [(f"g{k}-whole", Fraction(1, itype.gpu_count)) for k in range(itype.gpu_count)]
+    planned = expand_slices(instance_type, LayoutSpec.model_validate(layout))
+    shares = slice_shares(
+        instance_type, layout, [(p.slice_id, p.gpu_index, p.backend, p.profile) for p in planned]
+    )
+    return [(p.slice_id, shares[p.slice_id]) for p in planned]
+
+
+def instances(records: list[PoolInstanceRecord]) -> list[Instance]:
+    out = []
+    for r in records:
+        try:
+            itype = catalog.instance_type(r.instance_type)
+        except InvalidInput:
+            continue  # a type the catalog no longer knows has no rate to charge
+        out.append(
+            Instance(
+                instance_id=r.instance_id,
+                instance_type=r.instance_type,
+                hourly_usd=Decimal(str(itype.hourly_usd)),
+                rate_as_of=itype.price_as_of,
+                start=_at(r.started_at),
+                end=None if r.ended_at is None else _at(r.ended_at),
+                pool=r.pool,
+            )
+        )
+    return out
+
+
+def _days(since: datetime, until: datetime) -> list[str]:
+    out = []
+    day = since.date()
+    while day <= until.date():
+        out.append(day.isoformat())
+        day += timedelta(days=1)
+    return out
+
+
+def ran(store: PoolStore, *, since: datetime, until: datetime, now: datetime) -> list[ClaimRecord]:
+    """The claims that ran in [since, min(until, now)): one query per day, plus the claims
+    in hand on each pool's workers, plus a fresh read of each index copy that says running."""
+    found: dict[str, ClaimRecord] = {}
+    for day in _days(since, min(until, now)):
+        for c in store.claims_ran_on(day):
+            found[c.claim_id] = c
+    for pool in store.list_pools():
+        for w in store.workers(pool.name):
+            if w.claim_id and w.claim_id not in found:
+                held = store.get_claim(w.claim_id)
+                if held is not None:
+                    found[held.claim_id] = held
+    out = []
+    for c in found.values():
+        if c.state == d.RUNNING:
+            fresh = store.get_claim(c.claim_id)
+            c = fresh if fresh is not None else c
+        if c.started_at is None or c.state == d.QUEUED or not c.worker or not c.instance_id:
+            continue  # never ran, or waiting for its next attempt
+        start = _iso(c.started_at)
+        end = _iso(c.finished_at) if c.finished_at else None
+        if start >= until or (end is not None and end <= since):
+            continue
+        out.append(c)
+    return out
+
+
+def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) -> list[Lease]:
+    """Each claim as a lease on its worker's slice of its pool instance (a claim on an
+    instance with no record, or on a slot its layout does not have, has nothing to charge)."""
+    slots: dict[str, list[tuple[str, Fraction]]] = {}
+    for r in pool_instances:
+        try:
+            slots[r.instance_id] = slot_slices(r.instance_type, r.layout)
+        except InvalidInput:
+            continue
+    by_slice: dict[tuple[str, str], list[Lease]] = {}
+    for c in sorted(claims, key=lambda c: (c.started_at or "", c.claim_id)):
+        if c.instance_id is None or c.worker is None or c.started_at is None:
+            continue
+        mine = slots.get(c.instance_id)
+        k = worker_slot(c.worker)
+        if mine is None or k >= len(mine):
+            continue
+        slice_id, share = mine[k]
+        start = _iso(c.started_at)
+        end = _iso(c.finished_at) if c.finished_at else None  # None: running, charged up to now
+        if end is not None and end <= start:
+            continue
+        held = by_slice.setdefault((c.instance_id, slice_id), [])
+        if held and (held[-1].end is None or held[-1].end > start):
+            # the slice is this claim's from its start: a record that says otherwise (its
+            # worker lost mid-claim) ended there
+            before = held.pop()
+            if before.start < start:
+                held.append(replace(before, end=start))
+        held.append(
+            Lease(
+                session_id=c.claim_id,
+                user=c.user,
+                group=c.group,
+                instance_id=c.instance_id,
+                slice_id=slice_id,
+                share=share,
+                start=start,
+                end=end,
+                end_reason=c.state if c.state in d.TERMINAL else None,
+                kind="claim",
+            )
+        )
+    return [lease for held in by_slice.values() for lease in held]

@@ -1,0 +1,67 @@
+"""A claim on the local plane is a usage line: alice submits to a pool charged to one of her
+groups, a real worker runs it, and `calque usage` shows the claim for her and that group,
+while the pool instance's lines add up to its cost."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from tests.integration.pools.conftest import EXAMPLES, claim, create_pool, wait_claims
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_claim_run_on_a_pool_is_charged_to_its_member_and_group(plane, tmp_path):
+    # Given alice is in groups lab (her default) and course, and a pool of the example runner
+    for args in (("group", "create", "lab"), ("group", "create", "course"), ("group", "add", "lab", "alice")):
+        code, doc = plane.cli_json(*args, profile="admin")
+        assert code == 0, doc
+    code, doc = plane.cli_json("group", "add", "course", "alice", profile="admin")
+    assert code == 0, doc
+    create_pool(plane, "billed", runner="textstats:TextStats", package=EXAMPLES, max_workers=1)
+    items = tmp_path / "items.jsonl"
+    # (claims are timed to the second: this one runs at least two)
+    items.write_text(json.dumps({"text": "three small words", "pause": 2.5}) + "\n")
+    # When she submits a claim to a group she is not in, it is refused and nothing is queued
+    code, doc = plane.cli_json("pool", "submit", "billed", "--items", str(items), "--group", "other")
+    assert code == 1
+    assert doc["error"]["code"] == "unknown_group"
+    # And a claim charged to course runs to the end
+    code, doc = plane.cli_json("pool", "submit", "billed", "--items", str(items), "--group", "course")
+    assert code == 0, doc
+    claim_id = doc["claim_id"]
+    (done,) = wait_claims(plane, [claim_id])
+    assert done["state"] == "succeeded", done
+    assert claim(plane, claim_id)["group"] == "course"
+    code, shown = plane.cli_json("claim", "show", claim_id)
+    assert code == 0, shown
+    assert shown["group"] == "course"
+    # Then her usage shows the claim, charged to course, at one GPU of the g6e.xlarge
+    code, mine = plane.cli_json("usage")
+    assert code == 0, mine
+    lines = [x for x in mine["lines"] if x["kind"] == "claim"]
+    assert [(x["user"], x["group"], x["claim_id"], x["pool"]) for x in lines] == [
+        ("alice", "course", claim_id, "billed")
+    ]
+    assert lines[0]["share"] == 1.0
+    assert lines[0]["seconds"] >= 2
+    assert all(x["user"] == "alice" for x in mine["lines"])  # her own lines, no idle
+    # And for an admin, the pool instance's lines (the claim, then idle) add up to its cost
+    code, every = plane.cli_json("usage", profile="admin")
+    assert code == 0, every
+    iid = lines[0]["instance_id"]
+    for month in {m["month"] for m in every["instances"] if m["instance_id"] == iid}:
+        (cost,) = [m for m in every["instances"] if m["instance_id"] == iid and m["month"] == month]
+        mine_here = [x for x in every["lines"] if x["instance_id"] == iid and x["month"] == month]
+        assert {x["kind"] for x in mine_here} >= {"idle"}
+        assert sum(Decimal(x["amount_usd"]) for x in mine_here) == Decimal(cost["cost_usd"])
+    assert any(x["kind"] == "claim" and x["claim_id"] == claim_id for x in every["lines"])
+    # And the CSV export carries the claim's id in its last column
+    csv_out = plane.cli("usage", "--output", "csv")
+    assert csv_out.returncode == 0, csv_out.stderr
+    header, *rows = csv_out.stdout.splitlines()
+    assert header.endswith(",running,claim_id")
+    assert any(r.endswith("," + claim_id) and ",claim," in r for r in rows)

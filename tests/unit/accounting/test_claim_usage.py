@@ -1,0 +1,144 @@
+"""Pool claims in usage: the real pools service records the claims and the instance, the
+usage report charges each claim to its member and group at its worker's slice's share,
+and the rest of the pool instance is its idle line."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from calque.accounting.service import Usage
+from calque.contracts.economics import GroupCreate, UsageQuery
+from calque.contracts.pools import ClaimReport, ClaimSubmit, WorkerReport
+from calque.pools.service import Pools, PoolsConfig
+from calque.registry.memory import MemoryRegistry
+from calque.tenancy.groups import Groups
+from tests.unit.pools.fakes import ADMIN, HOST_ROLE, instance, member
+from tests.unit.pools.test_worker_start import StartWorld, drain, make
+
+pytestmark = pytest.mark.unit
+
+ALICE, BOB = member("alice"), member("bob")
+HOUR = 3600.0
+
+
+class GroupsWorld(StartWorld):
+    @property
+    def pools(self) -> Pools:
+        return Pools(
+            self.store, self.queues, self.objects, self.capacity, self.nudges, self.clock,
+            PoolsConfig(max_receives=3), starter=self.starter, groups=self.groups,
+        )  # fmt: skip
+
+
+def _world() -> tuple[StartWorld, MemoryRegistry]:
+    registry = MemoryRegistry()
+    ticks = iter(datetime(2026, 12, 1, 0, 0, k, tzinfo=UTC) for k in range(60))
+    groups = Groups(registry, clock=lambda: next(ticks))
+    groups.create(ADMIN, GroupCreate(name="lab"))
+    groups.create(ADMIN, GroupCreate(name="course"))
+    groups.add(ADMIN, "lab", ["alice"])
+    groups.add(ADMIN, "course", ["alice"])
+    w = make()  # g7e.2xlarge, four 1g.24gb workers: each a quarter of the card
+    w.__class__ = GroupsWorld
+    w.groups = registry
+    w.clock.t = datetime(2027, 1, 10, 8, 0, tzinfo=UTC).timestamp()
+    return w, registry
+
+
+def _usage(w: StartWorld, registry: MemoryRegistry) -> Usage:
+    return Usage(registry, clock=lambda: datetime.fromtimestamp(w.clock.t, UTC), pools=w.store)
+
+
+def _run_claim(w: StartWorld, who, seconds: float, group: str | None = None) -> tuple[str, str, str]:
+    claim = w.pools.submit(who, "small", ClaimSubmit(items=[1], group=group))
+    if not w.store.workers("small"):
+        w.pools.scale("small")
+    drain(w)  # the worker below takes the claim's message
+    wid = next(x.worker_id for x in w.store.workers("small") if x.claim_id is None)
+    iid = w.store.workers("small")[0].instance_id
+    w.pools.worker_report(instance(iid), HOST_ROLE, "small", wid, WorkerReport(instance_id=iid, state="busy"))
+
+    def rep(event: str, **kw) -> None:
+        w.pools.claim_report(
+            instance(iid),
+            HOST_ROLE,
+            "small",
+            claim.claim_id,
+            ClaimReport(event=event, worker_id=wid, instance_id=iid, attempt=1, **kw),
+        )
+
+    rep("started")
+    w.clock.t += seconds
+    if seconds:
+        rep("succeeded", result_key="r", summary={"items_ok": 1})
+    return claim.claim_id, wid, iid
+
+
+def test_a_claim_is_a_line_for_its_member_and_group_and_the_pool_instance_adds_up():
+    w, registry = _world()
+    # Given the pool's instance starts at 08:00 and alice's claim, charged to course, runs 1 h
+    cid, wid, iid = _run_claim(w, ALICE, HOUR, group="course")
+    w.clock.t += HOUR  # 10:00
+    # When an admin asks for the month
+    report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01", by="pool"))
+    # Then alice is charged 1 h x 1/4 of the card x 3.36/h = 0.84, to course, on her worker's slice
+    (line,) = [x for x in report.lines if x.kind == "claim"]
+    assert (line.user, line.group, line.claim_id, line.session_id) == ("alice", "course", cid, None)
+    assert line.slice_id == "g0-1g.24gb-" + wid.rsplit("-", 1)[1]
+    assert line.share == 0.25
+    assert line.amount_usd == "0.84"
+    assert line.pool == "small"
+    assert not line.running
+    # And the instance's two hours (6.72) are the claim plus the pool's idle line
+    (cost,) = report.instances
+    assert (cost.instance_id, cost.cost_usd) == (iid, "6.72")
+    amounts = [Decimal(x.amount_usd) for x in report.lines if x.instance_id == iid]
+    assert sum(amounts) == Decimal("6.72")
+    assert [x.amount_usd for x in report.lines if x.kind == "idle"] == ["5.88"]
+    # And by pool, the pool's row is its whole instance: the claim and the warm idle time
+    (row,) = report.rows
+    assert (row.key, row.amount_usd, row.sessions) == ("small", "6.72", 1)
+    assert row.gpu_hours == 0.25  # what its claims used
+    # And by group, the claim is course's
+    by_group = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01", by="group"))
+    assert {r.key: r.amount_usd for r in by_group.rows}["course"] == "0.84"
+
+
+def test_members_see_their_own_claims_and_a_running_claim_is_charged_up_to_now():
+    w, registry = _world()
+    _run_claim(w, ALICE, HOUR)
+    _cid, _wid, _iid = _run_claim(w, BOB, 0)  # bob's is still running
+    w.clock.t += 1800
+    mine = _usage(w, registry).usage(ALICE, UsageQuery(month="2027-01"))
+    assert [(x.kind, x.user) for x in mine.lines] == [("claim", "alice")]
+    assert mine.lines[0].group == "lab"  # her default: the group she was added to first
+    assert mine.instances == []
+    bobs = _usage(w, registry).usage(BOB, UsageQuery(month="2027-01"))
+    (line,) = bobs.lines
+    assert line.running
+    assert line.seconds == 1800
+    assert line.amount_usd == "0.42"  # 0.5 h x 1/4 x 3.36
+
+
+def test_a_released_pool_instance_is_paid_until_it_was_given_back():
+    w, registry = _world()
+    _run_claim(w, ALICE, HOUR)
+    # every worker goes idle and the idle timeout passes: the scaler gives the instance back
+    for x in w.store.workers("small"):
+        w.pools.worker_report(
+            instance(x.instance_id),
+            HOST_ROLE,
+            "small",
+            x.worker_id,
+            WorkerReport(instance_id=x.instance_id, state="idle"),
+        )
+    w.clock.t += 3 * HOUR
+    w.pools.scale("small")
+    assert w.store.workers("small") == []
+    w.clock.t += 5 * HOUR
+    report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01"))
+    (cost,) = report.instances
+    assert cost.cost_usd == "13.44"  # 08:00 to 12:00, not to now: 4 h x 3.36
