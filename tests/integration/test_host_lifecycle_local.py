@@ -5,17 +5,12 @@ the host within the apply timeout instead of leaving it pending forever."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import REPO, START_TIMEOUT_S, LocalPlaneHandle, _healthy
+from tests.integration.conftest import LocalPlaneHandle, start_local_plane, stop_local_plane
 
 pytestmark = pytest.mark.integration
 
@@ -70,50 +65,14 @@ def test_wrong_type_fails_then_registers_again_and_deregister_guards_live_sessio
 def short_apply_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlaneHandle]:
     """A plane of its own whose reaper fails applies after APPLY_TIMEOUT_S (the shared plane
     keeps the default, so slow applies elsewhere are never failed)."""
-    state_dir = tmp_path_factory.mktemp("calque-local-apply-timeout")
-    log_path = state_dir / "plane.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("CALQUE_ENDPOINT", "AWS_PROFILE")}
-    env.update(
-        CALQUE_LOCAL_QUEUE_SCALE="0.02",
-        CALQUE_APPLY_TIMEOUT_S=str(APPLY_TIMEOUT_S),
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    handle = start_local_plane(
+        tmp_path_factory.mktemp("calque-local-apply-timeout"),
+        extra_env={"CALQUE_APPLY_TIMEOUT_S": str(APPLY_TIMEOUT_S)},
     )
-    argv = [
-        sys.executable,
-        "-m",
-        "calque.cli.main",
-        "local",
-        "up",
-        "--port",
-        "0",
-        "--state-dir",
-        str(state_dir),
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    handle = LocalPlaneHandle(state_dir=state_dir, process=proc, log_path=log_path)
-    deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the local plane exited ({proc.returncode}):\n{handle.log_tail()}")
-            plane_file = state_dir / "plane.json"
-            if plane_file.exists():
-                handle.info = json.loads(plane_file.read_text())
-                if _healthy(handle.endpoint):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the local plane did not become healthy:\n{handle.log_tail()}")
-            time.sleep(0.2)
         yield handle
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_local_plane(handle)
 
 
 def test_an_apply_that_never_reports_fails_the_host_within_the_apply_timeout(short_apply_plane):

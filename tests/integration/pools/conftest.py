@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, START_TIMEOUT_S, LocalPlaneHandle, _healthy
+from tests.integration.conftest import REPO, LocalPlaneHandle, start_local_plane, stop_local_plane
 
 RUNNERS = Path(__file__).resolve().parent / "runners"
 EXAMPLES = REPO / "examples" / "pools"
@@ -24,58 +22,20 @@ EXAMPLES = REPO / "examples" / "pools"
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory):
     state_dir = tmp_path_factory.mktemp("calque-pools")
-    log_path = state_dir / "plane.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("CALQUE_ENDPOINT", "AWS_PROFILE")}
-    env.update(
-        CALQUE_LOCAL_QUEUE_SCALE="0.02",
-        CALQUE_LOCAL_SCHEDULE_SCALE="0.05",  # the scaler's 60 s schedule fires every 3 s
-        CALQUE_POOL_VISIBILITY_S="3",
-        CALQUE_POOL_MAX_RECEIVES="3",
-        CALQUE_LOCAL_WORKER_POLL_S="1",
-        CALQUE_EXAMPLE_ENTER_SECONDS="1",
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    handle = start_local_plane(
+        state_dir,
+        extra_env={
+            "CALQUE_LOCAL_SCHEDULE_SCALE": "0.05",  # the scaler's 60 s schedule fires every 3 s
+            "CALQUE_POOL_VISIBILITY_S": "3",
+            "CALQUE_POOL_MAX_RECEIVES": "3",
+            "CALQUE_LOCAL_WORKER_POLL_S": "1",
+            "CALQUE_EXAMPLE_ENTER_SECONDS": "1",
+        },
     )
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "calque.cli.main",
-                "local",
-                "up",
-                "--port",
-                "0",
-                "--state-dir",
-                str(state_dir),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=REPO,
-        )
-    handle = LocalPlaneHandle(state_dir=state_dir, process=proc, log_path=log_path)
-    deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the local plane exited ({proc.returncode}):\n{handle.log_tail()}")
-            plane_file = state_dir / "plane.json"
-            if plane_file.exists():
-                handle.info = json.loads(plane_file.read_text())
-                if _healthy(handle.endpoint):
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the local plane did not become healthy:\n{handle.log_tail()}")
-            time.sleep(0.2)
         yield handle
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_local_plane(handle)
         _kill_leftover_workers(state_dir)
 
 
