@@ -24,11 +24,11 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from fractions import Fraction
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
+from calque.accounting.history import priced
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
 from calque.pools import domain as d
@@ -71,21 +71,10 @@ def slot_slices(instance_type: str, layout: dict | None) -> list[tuple[str, Frac
 def instances(records: list[PoolInstanceRecord]) -> list[Instance]:
     out = []
     for r in records:
-        try:
-            itype = catalog.instance_type(r.instance_type)
-        except InvalidInput:
-            continue  # a type the catalog no longer knows has no rate to charge
-        out.append(
-            Instance(
-                instance_id=r.instance_id,
-                instance_type=r.instance_type,
-                hourly_usd=Decimal(str(itype.hourly_usd)),
-                rate_as_of=itype.price_as_of,
-                start=_at(r.started_at),
-                end=None if r.ended_at is None else _at(r.ended_at),
-                pool=r.pool,
-            )
-        )
+        end = None if r.ended_at is None else _at(r.ended_at)
+        inst = priced(r.instance_id, r.instance_type, _at(r.started_at), end, r.pool)
+        if inst is not None:
+            out.append(inst)
     return out
 
 

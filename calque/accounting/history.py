@@ -83,24 +83,32 @@ def lifetimes(registry: Registry) -> list[Lifetime]:
     return out
 
 
+def priced(
+    instance_id: str, instance_type: str, start: datetime, end: datetime | None, pool: str | None
+) -> Instance | None:
+    """An instance's paid lifetime at its catalog rate; None for a type the catalog no longer
+    knows (it has no rate to charge)."""
+    try:
+        itype = catalog.instance_type(instance_type)
+    except InvalidInput:
+        return None
+    return Instance(
+        instance_id=instance_id,
+        instance_type=instance_type,
+        hourly_usd=Decimal(str(itype.hourly_usd)),
+        rate_as_of=itype.price_as_of,
+        start=start,
+        end=end,
+        pool=pool,
+    )
+
+
 def instances(registry: Registry, known: list[Lifetime] | None = None) -> list[Instance]:
     out = []
     for life in lifetimes(registry) if known is None else known:
-        try:
-            itype = catalog.instance_type(life.instance_type)
-        except InvalidInput:
-            continue  # a type the catalog no longer knows has no rate to charge
-        out.append(
-            Instance(
-                instance_id=life.instance_id,
-                instance_type=life.instance_type,
-                hourly_usd=Decimal(str(itype.hourly_usd)),
-                rate_as_of=itype.price_as_of,
-                start=life.start,
-                end=life.end,
-                pool=life.pool,
-            )
-        )
+        inst = priced(life.instance_id, life.instance_type, life.start, life.end, life.pool)
+        if inst is not None:
+            out.append(inst)
     return out
 
 

@@ -1039,8 +1039,9 @@ class DynamoRegistry(DynamoGroups):
         return True
 
     # -- quotas ---------------------------------------------------------------------------
-    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
-        wanted = [ser(keys.quota(user)), ser(keys.usage(user, month))]
+    def _user_items(self, *wanted_keys: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """Items of one user's partition by their sort key, in one consistent batch read."""
+        wanted = [ser(k) for k in wanted_keys]
         found: dict[str, dict[str, Any]] = {}
         while wanted:
             out = self.client.batch_get_item(
@@ -1050,6 +1051,10 @@ class DynamoRegistry(DynamoGroups):
                 item = des(raw)
                 found[item["sk"]] = item
             wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+        return found
+
+    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
+        found = self._user_items(keys.quota(user), keys.usage(user, month))
         q = found.get("QUOTA")
         used = float(found.get(f"USAGE#{month}", {}).get("gpu_hours", 0.0))
         return (_quota(q) if q else None), used
@@ -1057,16 +1062,7 @@ class DynamoRegistry(DynamoGroups):
     def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         from calque.registry.groups import membership_key
 
-        wanted = [ser(keys.quota(user)), ser(membership_key(user))]
-        found: dict[str, dict[str, Any]] = {}
-        while wanted:
-            out = self.client.batch_get_item(
-                RequestItems={self.table: {"Keys": wanted, "ConsistentRead": True}}
-            )
-            for raw in out.get("Responses", {}).get(self.table, []):
-                item = des(raw)
-                found[item["sk"]] = item
-            wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
+        found = self._user_items(keys.quota(user), membership_key(user))
         q = found.get("QUOTA")
         groups = {
             k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
