@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from fractions import Fraction
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
-from calque.accounting.history import priced
+from calque.accounting.history import priced, utc_days
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
 from calque.pools import domain as d
@@ -78,20 +78,11 @@ def instances(records: list[PoolInstanceRecord]) -> list[Instance]:
     return out
 
 
-def _days(since: datetime, until: datetime) -> list[str]:
-    out = []
-    day = since.date()
-    while day <= until.date():
-        out.append(day.isoformat())
-        day += timedelta(days=1)
-    return out
-
-
 def ran(store: PoolStore, *, since: datetime, until: datetime, now: datetime) -> list[ClaimRecord]:
     """The claims that ran in [since, min(until, now)): one query per day, plus the claims
     in hand on each pool's workers, plus a fresh read of each index copy that says running."""
     found: dict[str, ClaimRecord] = {}
-    for day in _days(since, min(until, now)):
+    for day in utc_days(since, min(until, now)):
         for c in store.claims_ran_on(day):
             found[c.claim_id] = c
     for pool in store.list_pools():

@@ -32,7 +32,8 @@ from calque.registry.ports import Registry
 _GPU = re.compile(r"^g(\d+)-")
 
 
-def _days(since: datetime, until: datetime) -> list[str]:
+def utc_days(since: datetime, until: datetime) -> list[str]:
+    """The UTC days (YYYY-MM-DD) from since's to until's, both included."""
     out = []
     day = since.date()
     while day <= until.date():
@@ -130,7 +131,7 @@ def leases(
     known: list[Lifetime] | None = None,
 ) -> list[Lease]:
     ids: set[str] = set()
-    for day in _days(since - lookback, min(until, now)):
+    for day in utc_days(since - lookback, min(until, now)):
         ids.update(e.session_id for e in registry.events_on(day) if e.session_id)
     sessions: dict[str, SessionRecord] = {}
     for sid in sorted(ids):
