@@ -169,13 +169,13 @@ def test_a_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(
     (acq,) = fleet.acquire(instance_type="g6.xlarge")
     # EC2 launched it, but the acquirer died before recording it
     (inst,) = wait_for(lambda: fleet.by_request(acq["request_id"]), what="the crashed launch's instance")
-    before = fleet.acquisition(acq["request_id"])["instance_id"]
-    result = local_plane.fire_schedule("reconciler")["result"]
-    # Then this run adopted it (unless the plane's own reconciler schedule, or the
-    # message's redelivery, got there in the moments before)
-    if before is None:
-        assert inst["InstanceId"] in result["adopted"]
+    # When one reconciler run follows
+    local_plane.fire_schedule("reconciler")
+    # Then the instance is the acquisition's: adopted by that run, or recorded a moment
+    # before it by the message's redelivery or the plane's own schedule (each may win; the
+    # reconciler's adoption alone is proved in tests/unit/fleet), and it is the only one
     assert fleet.acquisition(acq["request_id"])["instance_id"] == inst["InstanceId"]
+    assert [i["InstanceId"] for i in fleet.by_request(acq["request_id"])] == [inst["InstanceId"]]
     tracked = {
         a["instance_id"]
         for a in local_plane.request("GET", "/v1/acquisitions", profile="admin").json()
