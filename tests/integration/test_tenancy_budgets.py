@@ -22,6 +22,11 @@ def test_a_members_dollar_budget_is_reserved_at_checkout_and_settled_at_checkin(
     plane = local_plane
     (who,) = new_members(plane, "budget", 1)
     iid = ready_host(plane)  # g7e.2xlarge, 4 x 1g.24gb: an hour of one is 0.84 USD
+    # The check-out of an hour the member types, twice below
+    hour_checkout = (
+        *("session", "checkout", "--backend", "mig", "--profile", PROFILE),
+        *("--instance-id", iid, "--ttl", "1h"),
+    )
 
     # Given an admin sets the member's monthly budget through the CLI
     code, quota = plane.cli_json(
@@ -35,19 +40,7 @@ def test_a_members_dollar_budget_is_reserved_at_checkout_and_settled_at_checkin(
     )
 
     # When the member checks out for an hour
-    code, grant = plane.cli_json(
-        "session",
-        "checkout",
-        "--backend",
-        "mig",
-        "--profile",
-        PROFILE,
-        "--instance-id",
-        iid,
-        "--ttl",
-        "1h",
-        profile=who,
-    )
+    code, grant = plane.cli_json(*hour_checkout, profile=who)
     assert code == 0, grant
     # Then the hour's worth is reserved against the budget
     code, quota = plane.cli_json("quota", "show", profile=who)
@@ -73,19 +66,7 @@ def test_a_members_dollar_budget_is_reserved_at_checkout_and_settled_at_checkin(
     )
     assert registry_snapshot(plane) == before
     # And the CLI says so in one line, exit 1
-    done = plane.cli(
-        "session",
-        "checkout",
-        "--backend",
-        "mig",
-        "--profile",
-        PROFILE,
-        "--instance-id",
-        iid,
-        "--ttl",
-        "1h",
-        profile=who,
-    )
+    done = plane.cli(*hour_checkout, profile=who)
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert "user.max_usd_per_month" in done.stderr
     assert "Traceback" not in done.stderr
