@@ -185,9 +185,9 @@ class Tally:
 
 
 class Meter:
-    """Counts every DynamoDB and SQS call the code makes, and the capacity units it uses."""
+    """Counts every DynamoDB, SQS and EventBridge call the code makes, and the capacity units it uses."""
 
-    def __init__(self, ddb: Any, sqs: Any, side: Any, table: str) -> None:
+    def __init__(self, ddb: Any, sqs: Any, events: Any, side: Any, table: str) -> None:
         self.side = side  # reads after-images back, outside the count
         self.table = table
         self.tally = Tally()
@@ -196,15 +196,17 @@ class Meter:
         # before-parameter-build sees the call's own parameters (before-call: the wire body).
         ddb.meta.events.register("before-parameter-build.dynamodb", self._before)
         ddb.meta.events.register("after-call.dynamodb", self._after)
-        sqs.meta.events.register("before-call.sqs", self._sqs)
+        sqs.meta.events.register("before-call.sqs", self._other)
+        events.meta.events.register("before-call.events", self._other)
 
     def reset(self) -> Tally:
         out, self.tally = self.tally, Tally()
         return out
 
-    def _sqs(self, model: Any, **_: Any) -> None:
+    def _other(self, model: Any, **_: Any) -> None:
+        service = model.service_model.endpoint_prefix
         with self._lock:
-            self.tally.calls[f"sqs:{model.name}"] += 1
+            self.tally.calls[f"{service}:{model.name}"] += 1
 
     def _before(self, model: Any, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
         context["bench_params"] = params
@@ -311,11 +313,15 @@ class Row:
     min_rcu: float
     note: str
 
+    def dynamodb_calls(self) -> float:
+        return sum(c for k, c in self.tally.calls.items() if ":" not in k) / self.per
+
     def line(self) -> str:
-        ddb = sum(c for k, c in self.tally.calls.items() if not k.startswith("sqs:")) / self.per
+        ddb = self.dynamodb_calls()
         sqs = sum(c for k, c in self.tally.calls.items() if k.startswith("sqs:")) / self.per
+        ev = sum(c for k, c in self.tally.calls.items() if k.startswith("events:")) / self.per
         return (
-            f"{self.what:<34} {ddb:>6.2f} {self.min_calls:>6.2f}  {sqs:>5.2f}  "
+            f"{self.what:<34} {ddb:>6.2f} {self.min_calls:>6.2f}  {sqs:>5.2f} {ev:>6.2f}  "
             f"{self.tally.wcu / self.per:>6.1f} {self.min_wcu:>6.1f}  "
             f"{self.tally.rcu / self.per:>6.1f} {self.min_rcu:>6.1f}   {self.note}"
         )
@@ -414,6 +420,7 @@ def measure_reaper(backend: Backend, api: Api, meter: Meter, expired: int) -> Ro
     from calque import aws
     from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy, TenancyConfig
+    from calque.tenancy.wiring import events_publisher
 
     for k in range(expired):
         api.call(
@@ -425,6 +432,7 @@ def measure_reaper(backend: Backend, api: Api, meter: Meter, expired: int) -> Ro
         SqsHostTaskQueue(aws.client("sqs"), backend.resources.queue_urls["host_tasks"]),
         config=TenancyConfig(),
         clock=lambda: later,
+        publisher=events_publisher("default"),  # as the reaper function wires it
     )
     meter.reset()
     out = reaper.reap()
@@ -443,7 +451,8 @@ def measure_reaper(backend: Backend, api: Api, meter: Meter, expired: int) -> Ro
         min_calls,
         10,
         _min_read(tally.read_bytes) / expired,
-        "batched: 20 ends per transaction (5 items x2 each), 10 reclaim tasks per SQS call",
+        "batched: 20 ends per transaction (5 items x2 each), 10 reclaim tasks per SQS call, "
+        "10 events per PutEvents",
     )
 
 
@@ -489,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             aws_secret_access_key="testing",
             region_name=REGION,
         ).client("dynamodb", endpoint_url=backend.endpoint)
-        meter = Meter(aws.client("dynamodb"), aws.client("sqs"), side, backend.table)
+        meter = Meter(aws.client("dynamodb"), aws.client("sqs"), aws.client("events"), side, backend.table)
         print(f"backend: moto {backend.endpoint}, DynamoDB serialized as the local plane runs it")
         rows: list[Row] = []
         seeded = 0
@@ -509,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(measure_reaper(backend, api, meter, args.expired))
             rows.append(measure_host_list(api, meter, size))
         head = (
-            f"{'operation':<34} {'calls':>6} {'min':>6}  {'sqs':>5}  {'WCU':>6} {'min':>6}  "
+            f"{'operation':<34} {'calls':>6} {'min':>6}  {'sqs':>5} {'events':>6}  {'WCU':>6} {'min':>6}  "
             f"{'RCU':>6} {'min':>6}   the minimum: what any design with the same guarantees must do"
         )
         print()
@@ -522,8 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             per = ", ".join(f"{k} {c / row.per:.2f}" for k, c in sorted(row.tally.calls.items()))
             print(f"  {row.what}: {per}")
         print()
-        print("calls: DynamoDB calls per operation (sqs: SQS calls); WCU/RCU: capacity units per operation")
-        checkouts = [sum(r.tally.calls.values()) / r.per for r in rows if r.what.startswith("check-out")]
+        print(
+            "calls: DynamoDB calls per operation (sqs, events: SQS and EventBridge calls); "
+            "WCU/RCU: capacity units per operation"
+        )
+        checkouts = [r.dynamodb_calls() for r in rows if r.what.startswith("check-out")]
         lists = [sum(r.tally.calls.values()) for r in rows if r.what.startswith("host list")]
         # Per try, a check-out reads at most 3 index pages: flat means bounded by that, not
         # growing with the fleet (a smaller fleet can need the wrap-around read more often).

@@ -14,7 +14,11 @@ round trip). Runs alternate so both see the same machine; the medians and their 
 are printed, side by side, in wall time and in the process's CPU time (steadier than wall
 time on a shared machine). Target: at most 1.5x.
 
-Our code runs from a bundle built here by the deployment's own recipe
+Both sides run with the function's environment as the stack sets it
+(calque.resources.function_environment) and from a dependency layer holding only the
+project's runtime requirements and what they require, compiled by hash (``layer``): not
+from this development environment, whose hundred other distributions a cold start would
+scan. Our code runs from a bundle built here by the deployment's own recipe
 (infra.bundling.CopyPackages) in a temporary directory: "bytecode" is the bundle as
 shipped (compiled by hash for this interpreter, the stand-in for the Lambda's),
 "sources" the same bundle without bytecode, compiled on every cold start as a
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -255,9 +260,12 @@ class Backend:
 
     def env(self) -> dict[str, str]:
         """What a child sees: the handler's settings, the stub's endpoint, no AWS account."""
+        from calque.resources import function_environment
+
         keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
         env = {k: v for k, v in os.environ.items() if k in keep}
         env.update(self.resources.handler_env())
+        env.update(function_environment("api"))  # as the stack sets it
         endpoint = self.stub.endpoint
         env.update(
             CALQUE_AWS_ENDPOINT_URL=endpoint,
@@ -270,7 +278,6 @@ class Backend:
             AWS_SHARED_CREDENTIALS_FILE=os.devnull,
             CALQUE_ADMINS="admin",
             POWERTOOLS_TRACE_DISABLED="1",
-            POWERTOOLS_METRICS_NAMESPACE="Calque",
             POWERTOOLS_LOG_LEVEL="ERROR",
         )
         return env
@@ -305,6 +312,8 @@ class Backend:
                     profile=p.profile,
                     memory_gib=p.memory_gib,
                     gpu_fraction=0.25,
+                    share="1/4",
+                    instance_type=INSTANCE_TYPE,
                     state="free",
                     placeable=True,
                     device_uuid=f"MIG-{n:08x}-{k}",
@@ -372,11 +381,47 @@ def bundle(into: Path, *, bytecode: bool) -> Path:
     return into
 
 
-def site_packages() -> str:
-    """Where this interpreter's dependencies live (the stand-in for the Lambda layer)."""
-    import boto3
+def layer(into: Path) -> Path:
+    """The dependency layer as the stack ships it, from this interpreter's installed copies:
+    the project's runtime requirements (infra.bundling.project_dependencies) and what they
+    require, nothing else (no moto, CDK or test tools: a cold start scans what is on its path,
+    so a development environment's hundred distributions would not be the Lambda's), compiled
+    by hash for this interpreter as infra.bundling compiles the real one. boto3, botocore and
+    s3transfer are in it too, standing in for the runtime's own copies the stack relies on."""
+    from importlib.metadata import PackageNotFoundError, distribution
 
-    return str(Path(boto3.__file__).resolve().parents[1])
+    from packaging.requirements import Requirement
+
+    from infra.bundling import compile_bytecode, project_dependencies
+
+    todo = [Requirement(text) for text in project_dependencies(REPO / "pyproject.toml")]
+    seen: set[str] = set()
+    into.mkdir(parents=True)
+    while todo:
+        req = todo.pop()
+        try:
+            dist = distribution(req.name)
+        except PackageNotFoundError:
+            raise SystemExit(f"{req.name} is not installed: install the project first") from None
+        name = dist.metadata["Name"].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        for file in dist.files or []:
+            if file.parts[0] == ".." or "__pycache__" in file.parts or file.suffix == ".pyc":
+                continue
+            source = Path(str(file.locate()))
+            if source.is_file():
+                (into / file).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, into / file)
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            wanted = req.extras | {""}
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in wanted):
+                todo.append(sub)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    compile_bytecode(into, version, interpreter=sys.executable)
+    return into
 
 
 def run_child(script: str, stdin: str, env: dict[str, str], pythonpath: str, *extra: str) -> dict[str, Any]:
@@ -427,9 +472,9 @@ def main() -> int:
     backend = Backend(hosts=1)
     try:
         env = backend.env()
-        deps = site_packages()
         table = backend.resources.table_name
         with tempfile.TemporaryDirectory(prefix="calque-cold-") as tmp:
+            deps = str(layer(Path(tmp, "layer")))
             shipped = os.pathsep.join([str(bundle(Path(tmp, "bytecode"), bytecode=True)), deps])
             # name -> (sys.path, environment)
             variants = {

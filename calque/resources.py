@@ -122,6 +122,18 @@ FUNCTION_WIRING: dict[str, tuple[str, ...]] = {
 FUNCTION_WIRING["api"] += ("session_document",)
 
 
+def function_environment(fid: str) -> dict[str, str]:
+    """What every deployed function's environment holds besides its resources (the stack
+    sets it; bench/cold_import.py runs its cold starts with it). pydantic's plugin
+    discovery is off: none is used, and looking for one reads every installed distribution's
+    entry points when the first model is built, on the first request."""
+    return {
+        "POWERTOOLS_SERVICE_NAME": f"calque-{fid}",
+        "POWERTOOLS_METRICS_NAMESPACE": "Calque",
+        "PYDANTIC_DISABLE_PLUGINS": "__all__",
+    }
+
+
 def function(fid: str) -> FunctionDef:
     for f in FUNCTIONS:
         if f.id == fid:

@@ -10,6 +10,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from calque import resources
 from calque.resources import FunctionDef
 from infra.components.python_packaging import PythonPackaging
 from infra.nag import acknowledge
@@ -55,11 +56,7 @@ class ServiceFunction(Construct):
             role=self.role,
             log_group=self.log_group,
             tracing=lambda_.Tracing.ACTIVE,
-            environment={
-                "POWERTOOLS_SERVICE_NAME": f"calque-{definition.id}",
-                "POWERTOOLS_METRICS_NAMESPACE": "Calque",
-                **environment,
-            },
+            environment={**resources.function_environment(definition.id), **environment},
         )
         acknowledge(
             self.role,

@@ -121,6 +121,10 @@ def test_each_function_gets_every_setting_it_requires(synthesized: Synthesized, 
     # And the admins and session TTL chosen at deploy time reach it
     assert_admins_pinned(variables[resources.ENV_ADMINS], synthesized.service_json)
     assert variables[ApiSettings.model_fields["session_ttl_max_s"].alias] == str(12 * 3600)
+    # And what every function's environment holds: its service name, and pydantic looking for
+    # no plugin (none is used; looking reads every distribution's entry points on a cold start)
+    assert variables["POWERTOOLS_SERVICE_NAME"] == f"calque-{definition.id}"
+    assert variables["PYDANTIC_DISABLE_PLUGINS"] == "__all__"
 
 
 def test_functions_log_only_to_their_own_log_groups(synthesized: Synthesized) -> None:
