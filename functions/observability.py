@@ -11,12 +11,15 @@ still runs under ``inject_lambda_context`` / ``log_metrics`` and, when tracing,
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
+
+import functions
 
 Handler = Callable[[dict[str, Any], Any], Any]
 # What the functions call out through; patching everything else (requests, httplib, ...) costs time.
@@ -43,6 +46,14 @@ def tracing_enabled(environ: os._Environ[str] | dict[str, str] | None = None) ->
     return in_lambda and not emulated
 
 
+@cache
+def cold_start_done() -> None:
+    """Once, after the first invocation: freeze what the cold start made, and give the
+    collector back its usual thresholds (functions/__init__.py)."""
+    gc.freeze()
+    gc.set_threshold(*functions.GC_THRESHOLDS)
+
+
 def instrumented(service: str, correlation_id_path: str | None = None) -> Callable[[Handler], Handler]:
     """Wrap ``handler`` in Powertools' decorators, constructed on first call."""
 
@@ -59,7 +70,10 @@ def instrumented(service: str, correlation_id_path: str | None = None) -> Callab
             return logger(service).inject_lambda_context(correlation_id_path=correlation_id_path)(wrapped)
 
         def entry(event: dict[str, Any], context: Any) -> Any:
-            return build()(event, context)
+            try:
+                return build()(event, context)
+            finally:
+                cold_start_done()
 
         entry.__name__ = handler.__name__
         entry.__doc__ = handler.__doc__

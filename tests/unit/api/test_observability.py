@@ -71,3 +71,33 @@ def test_with_tracing_on_the_tracer_patches_only_botocore(monkeypatch):
     handler = observability.instrumented("obs-test-on")(_counted("obs-test-on", lambda e: "done"))
     assert handler({}, _Context()) == "done"
     assert built == [{"service": "calque-obs-test-on", "patch_modules": ("botocore",)}]
+
+
+def test_the_first_invocation_ends_the_cold_start_collector_settings_even_when_it_fails(monkeypatch):
+    # Given an entry point's cold start: the collector's automatic passes made rare
+    import gc
+
+    import functions
+
+    monkeypatch.delenv("LAMBDA_TASK_ROOT", raising=False)
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Calque")
+    observability.cold_start_done.cache_clear()
+    gc.set_threshold(100_000, 50, 100)
+    frozen_before = gc.get_freeze_count()
+
+    def failing(event, context):
+        observability.metrics("obs-test-gc").add_metric(name="Calls", unit="Count", value=1)
+        raise RuntimeError("the first request failed")
+
+    handler = observability.instrumented("obs-test-gc")(failing)
+    try:
+        # When its first invocation fails
+        with pytest.raises(RuntimeError):
+            handler({}, _Context())
+        # Then the interpreter's thresholds are back, and what the cold start made is frozen
+        assert gc.get_threshold() == functions.GC_THRESHOLDS
+        assert gc.get_threshold()[0] < 100_000
+        assert gc.get_freeze_count() > frozen_before
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*functions.GC_THRESHOLDS)
