@@ -735,7 +735,6 @@ class DynamoRegistry(DynamoGroups):
         note: str | None,
         token_hash: str | None,
         expired_by: datetime | None,
-        gpu_hours: float,
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
@@ -819,22 +818,10 @@ class DynamoRegistry(DynamoGroups):
                     "ExpressionAttributeValues": ser({":one": 1, ":zero": 0, **settle_values}),
                 }
             },
-            {
-                "Update": {
-                    "Key": ser(keys.usage(session.user, month)),
-                    "UpdateExpression": (
-                        "ADD gpu_hours :h, sessions :one SET #user = :user, #month = :month, #type = :t"
-                    ),
-                    "ExpressionAttributeNames": {"#user": "user", "#month": "month", "#type": "type"},
-                    "ExpressionAttributeValues": _vals(
-                        h=gpu_hours, one=1, user=session.user, month=month, t="usage"
-                    ),
-                }
-            },
             self._put_event(event),
         ]
         if session.group is not None:
-            items += self._group_release_items(session.group, month, gpu_hours, settle)
+            items.append(self._group_release_item(session.group, month, settle))
         return items
 
     def end_session(
@@ -847,7 +834,6 @@ class DynamoRegistry(DynamoGroups):
         note: str | None,
         token_hash: str | None,
         expired_by: datetime | None,
-        gpu_hours: float,
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
@@ -862,7 +848,6 @@ class DynamoRegistry(DynamoGroups):
             note=note,
             token_hash=token_hash,
             expired_by=expired_by,
-            gpu_hours=gpu_hours,
             month=month,
             event=event,
             request_id=request_id,
@@ -887,8 +872,8 @@ class DynamoRegistry(DynamoGroups):
         )
 
     def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
-        # Up to 100 items (DynamoDB's limit: 5 to 7 a session) per transaction, no user or
-        # group twice in one (their counter and usage items would repeat). A cancelled batch
+        # Up to 100 items (DynamoDB's limit: 4 or 5 a session) per transaction, no user or
+        # group twice in one (their counter items would repeat). A cancelled batch
         # is ended one by one, so one session that changed meanwhile never holds back the others.
         done: list[SessionRecord] = []
         pending = list(ends)
@@ -1053,11 +1038,9 @@ class DynamoRegistry(DynamoGroups):
             wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
         return found
 
-    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
-        found = self._user_items(keys.quota(user), keys.usage(user, month))
-        q = found.get("QUOTA")
-        used = float(found.get(f"USAGE#{month}", {}).get("gpu_hours", 0.0))
-        return (_quota(q) if q else None), used
+    def get_quota(self, user: str) -> QuotaRecord | None:
+        q = self._get(keys.quota(user))
+        return _quota(q) if q else None
 
     def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         from calque.registry.groups import membership_key

@@ -2,16 +2,18 @@
 granting transaction checks.
 
     item              pk                 sk
-    group             GROUPS             GROUP#<name>      members {user: added iso}, limits, live
-    group usage       GROUP#<name>       USAGE#<YYYY-MM>   gpu_hours
+    group             GROUPS             GROUP#<name>      members {user: added iso}, limits, live,
+                                                           monthly counters (keys.use_attr)
     membership        USER#<user>        GROUPS            g_<name> = when added (one attribute per group)
 
 The membership item lets a check-out find the member's groups with one read, whatever
 the number of groups; the group item and the members' items change in one transaction.
 
 A session charged to a group carries ``group``; the grant's transaction increments the
-group's live counter under its ``max_sessions`` (GroupFull otherwise) and the ending
-transaction decrements it and adds the session's GPU-hours to the group's month.
+group's live counter under its ``max_sessions`` (GroupFull otherwise) and reserves the
+session's TTL's worth in the group's month; the ending transaction decrements the live
+counter and settles the reservation to what the session used, on the same group item
+(what ``group show`` reports as used this month: calque.tenancy.limits).
 """
 
 from __future__ import annotations
@@ -59,10 +61,6 @@ def membership_key(user: str) -> dict[str, str]:
     return {"pk": f"USER#{user}", "sk": "GROUPS"}
 
 
-def group_usage_key(name: str, month: str) -> dict[str, str]:
-    return {"pk": f"GROUP#{name}", "sk": f"USAGE#{month}"}
-
-
 LIMITS = ("max_sessions", "max_gpu_hours_per_month", "max_usd_per_month")
 
 
@@ -71,11 +69,9 @@ class MemoryGroups:
 
     _lock: threading.RLock
     group_map: dict[str, GroupRecord]
-    group_usage: dict[tuple[str, str], float]
 
     def _groups_init(self) -> None:
         self.group_map = {}
-        self.group_usage = {}
 
     def create_group(self, group: GroupRecord) -> None:
         with self._lock:
@@ -103,9 +99,6 @@ class MemoryGroups:
             self.group_map[name] = new
             return new
 
-    def group_month_usage(self, name: str, month: str) -> float:
-        return self.group_usage.get((name, month), 0.0)
-
     def groups_of(self, user: str) -> dict[str, datetime]:
         return {g.name: g.members[user] for g in self.group_map.values() if user in g.members}
 
@@ -128,13 +121,12 @@ class MemoryGroups:
             use = add_use(g.use, res.month, committed_ugh=res.ugh, committed_musd=res.musd)
             self.group_map[name] = g.model_copy(update={"live": g.live + count, "use": use})
 
-    def _group_release(self, name: str | None, month: str, gpu_hours: float, settle: dict[str, int]) -> None:
+    def _group_release(self, name: str | None, month: str, settle: dict[str, int]) -> None:
         if name is None or name not in self.group_map:
             return
         g = self.group_map[name]
         use = add_use(g.use, month, **settle)
         self.group_map[name] = g.model_copy(update={"live": max(0, g.live - 1), "use": use})
-        self.group_usage[(name, month)] = self.group_usage.get((name, month), 0.0) + gpu_hours
 
 
 class DynamoGroups:
@@ -275,12 +267,6 @@ class DynamoGroups:
             if k.startswith("g_")
         }
 
-    def group_month_usage(self, name: str, month: str) -> float:
-        from calque.registry.dynamo import des
-
-        raw = self.client.get_item(TableName=self.table, Key=self._ser(group_usage_key(name, month)))
-        return float(des(raw["Item"]).get("gpu_hours", 0)) if "Item" in raw else 0.0
-
     # transaction items for DynamoRegistry.grant / extend_session / end_session
     def _group_take_item(self, name: str, res: Reservation, *, count: bool = True) -> dict[str, Any]:
         from calque.registry.dynamo import reserve_terms
@@ -301,32 +287,16 @@ class DynamoGroups:
             }
         }
 
-    def _group_release_items(
-        self, name: str, month: str, gpu_hours: float, settle: dict[str, int]
-    ) -> list[dict[str, Any]]:
-        from decimal import Decimal
-
+    def _group_release_item(self, name: str, month: str, settle: dict[str, int]) -> dict[str, Any]:
         from calque.registry.dynamo import settle_terms
 
         adds, names, values = settle_terms(month, settle)
-        return [
-            {
-                "Update": {
-                    "Key": self._ser(group_key(name)),
-                    "UpdateExpression": f"SET live = live - :one ADD {adds}",
-                    "ConditionExpression": "live > :zero",
-                    "ExpressionAttributeNames": names,
-                    "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1, **values}),
-                }
-            },
-            {
-                "Update": {
-                    "Key": self._ser(group_usage_key(name, month)),
-                    "UpdateExpression": "ADD gpu_hours :h SET #type = :t",
-                    "ExpressionAttributeNames": {"#type": "type"},
-                    "ExpressionAttributeValues": self._ser(
-                        {":h": Decimal(str(round(gpu_hours, 6))), ":t": "group_usage"}
-                    ),
-                }
-            },
-        ]
+        return {
+            "Update": {
+                "Key": self._ser(group_key(name)),
+                "UpdateExpression": f"SET live = live - :one ADD {adds}",
+                "ConditionExpression": "live > :zero",
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1, **values}),
+            }
+        }

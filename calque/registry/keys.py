@@ -5,11 +5,14 @@
     slice           HOST#<instance_id>        SLICE#<slice_id>
     session         SESSION#<session_id>      SESSION
     quota / counter USER#<user>               QUOTA   (limits, live count, monthly counters: use_attr)
-    monthly usage   USER#<user>               USAGE#<YYYY-MM>
     profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
     client request  REQUEST#<hash>            REQUEST          (a check-out's replay record; gc_at ends it)
     lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
     retired host    RETIRED_HOSTS             HOST#<instance_id>#<registered iso>  (a deregistered host)
+
+What a month's ended sessions used is its settled counters (use_attr). USER#<user> /
+USAGE#<YYYY-MM> items, kept by tables from before the counters, are neither written nor
+read (why: calque.tenancy.quotas.QuotasMixin.get_quota).
 
 Sparse indexes (an item is in an index only while it carries that index's keys):
 
@@ -68,10 +71,6 @@ def request(request_id: str) -> dict[str, str]:
 
 def quota(user: str) -> dict[str, str]:
     return {"pk": f"USER#{user}", "sk": "QUOTA"}
-
-
-def usage(user: str, month: str) -> dict[str, str]:
-    return {"pk": f"USER#{user}", "sk": f"USAGE#{month}"}
 
 
 def profile(backend: str, name: str) -> dict[str, str]:

@@ -41,7 +41,6 @@ class MemoryRegistry(MemoryGroups):
         self.slice_map: dict[tuple[str, str], SliceRecord] = {}
         self.sessions: dict[str, SessionRecord] = {}
         self.quotas: dict[str, QuotaRecord] = {}
-        self.usage: dict[tuple[str, str], float] = {}
         self.profiles: dict[tuple[str, str], set[float]] = {}
         self.events: list[LeaseEvent] = []
         self.requests_made: dict[str, RequestRecord] = {}
@@ -324,7 +323,6 @@ class MemoryRegistry(MemoryGroups):
         note: str | None,
         token_hash: str | None,
         expired_by: datetime | None,
-        gpu_hours: float,
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
@@ -383,8 +381,7 @@ class MemoryRegistry(MemoryGroups):
             self.quotas[session.user] = q.model_copy(
                 update={"live": q.live - 1, "use": add_use(q.use, month, **settle)}
             )
-            self.usage[(session.user, month)] = self.usage.get((session.user, month), 0.0) + gpu_hours
-            self._group_release(session.group, month, gpu_hours, settle)
+            self._group_release(session.group, month, settle)
             self.events.append(event)
             return ended
 
@@ -453,9 +450,9 @@ class MemoryRegistry(MemoryGroups):
             return True
 
     # -- quotas ---------------------------------------------------------------------------
-    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
+    def get_quota(self, user: str) -> QuotaRecord | None:
         self._count()
-        return self.quotas.get(user), self.usage.get((user, month), 0.0)
+        return self.quotas.get(user)
 
     def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         self._count()

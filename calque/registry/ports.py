@@ -127,7 +127,6 @@ class SessionEnd:
     note: str | None
     token_hash: str | None
     expired_by: datetime | None
-    gpu_hours: float
     month: str
     event: LeaseEvent
     request_id: str | None = None
@@ -276,7 +275,6 @@ class Registry(Protocol):
         note: str | None,
         token_hash: str | None,
         expired_by: datetime | None,
-        gpu_hours: float,
         month: str,
         event: LeaseEvent,
         request_id: str | None = None,
@@ -287,7 +285,8 @@ class Registry(Protocol):
         by ``expired_by`` when given) -> ended; its slice held -> reclaiming; the user's (and
         group's) live counter decremented; settlement: in ``month`` (the session's charge
         month) the committed amounts change by what it used minus what it reserved and the
-        settled amounts grow by what it used; the month's usage added; the event recorded;
+        settled amounts grow by what it used (the month's one record of use: what quota and
+        group show read); the event recorded;
         ``request_id`` (the check-in's client request) kept on the ended session.
         StaleWrite when a condition fails."""
 
@@ -319,9 +318,9 @@ class Registry(Protocol):
         changes nothing); the event, when given, in the same write. False otherwise."""
 
     # -- quotas ---------------------------------------------------------------------------
-    def quota_and_usage(self, user: str, month: str) -> tuple[QuotaRecord | None, float]:
-        """The user's quota record (None if never counted or set; with its monthly counters)
-        and the GPU-hours of sessions charged to ``month`` that ended."""
+    def get_quota(self, user: str) -> QuotaRecord | None:
+        """The user's quota record (None if never counted or set), read consistently, with its
+        monthly counters: what the month's ended sessions used is its settled amounts."""
 
     def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         """The user's quota record and group memberships (group -> when added), in one read."""

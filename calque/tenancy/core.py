@@ -224,8 +224,10 @@ class TenancyCore:
         expired_by: datetime | None = None,
         request_id: str | None = None,
     ) -> SessionEnd:
-        hours = round(max(0.0, (at - session.created_at).total_seconds()) / 3600 * session.gpu_fraction, 6)
+        # One figure: what the counters settle, in micro-GPU-hours; the lease event's hours are
+        # that figure, so the lease history and quota/group show always agree.
         used_ugh, used_musd = limits.used(int((at - session.created_at).total_seconds()), session)
+        hours = limits.gpu_hours(used_ugh)
         return SessionEnd(
             session=session,
             at=at,
@@ -234,7 +236,6 @@ class TenancyCore:
             note=note,
             token_hash=token_hash,
             expired_by=expired_by,
-            gpu_hours=hours,
             # Counted whole in the month of its check-out, where its reservation was made.
             month=session.charge_month,
             event=self._event(kind, session, at=at, who=by, why=note, gpu_hours=hours),

@@ -36,7 +36,17 @@ class QuotasMixin(TenancyCore):
             raise Forbidden("members may read only their own quota", details={"field": "user"})
         now = self.clock()
         month = f"{now:%Y-%m}"
-        quota, used = self.registry.quota_and_usage(user, month)
+        quota = self.registry.get_quota(user)
+        # What ended sessions used is the month's settled amount on the quota item: the figure
+        # the monthly limit checks and its refusal quotes, kept by the transaction that ends
+        # each session. A table kept from before the counters existed (December 2026 only)
+        # may hold a USER#<user>/USAGE#<month> item with ends the counters never saw. It is
+        # not folded in: since the counters came in every end added to both, so the item and
+        # the counter overlap by an amount nothing records (adding them double-counts, taking
+        # either drops ends), and the limit never counted those ends either; showing the
+        # counter keeps this figure and the refusal's in agreement. The usage report (calque
+        # usage) reads the lease history and still charges every one of them.
+        use = month_use(quota.use if quota else {}, month)
         # Only the live sessions: their count is bounded by the quota, ended ones are summed.
         # A session counts in the month of its check-out (calque.tenancy.limits).
         live = self.registry.sessions_of(user, self.config.list_limit, state="live")
@@ -46,14 +56,13 @@ class QuotasMixin(TenancyCore):
             if s.charge_month == month
         )
         explicit = quota is not None and quota.explicit
-        use = month_use(quota.use if quota else {}, month)
         return Quota(
             user=user,
             max_sessions=quota.max_sessions if explicit and quota else self.config.default_max_sessions,
             max_gpu_hours_per_month=quota.max_gpu_hours_per_month if quota else None,
             max_usd_per_month=quota.max_usd_per_month if quota else None,
             live_sessions=len(live),
-            gpu_hours_used_this_month=round(used + running, 4),
+            gpu_hours_used_this_month=round(limits.gpu_hours(use.settled_ugh) + running, 4),
             gpu_hours_reserved_this_month=limits.gpu_hours(use.reserved_ugh),
             usd_used_this_month=limits.usd(use.settled_musd),
             usd_reserved_this_month=limits.usd(use.reserved_musd),

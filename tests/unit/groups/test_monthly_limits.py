@@ -37,7 +37,7 @@ def hour(world: World, who, ttl: int = 3600, group: str | None = None):
 
 
 def user_use(world: World, user: str, month: str = "2026-12"):
-    quota, _ = world.registry.quota_and_usage(user, month)
+    quota = world.registry.get_quota(user)
     return month_use(quota.use if quota else {}, month)
 
 

@@ -18,7 +18,7 @@ ONE_SLICE = {"gpus": [{"devices": "all", "mig": {"1g.24gb": 1}}]}
 
 
 def _live(world: World) -> int:
-    quota, _ = world.registry.quota_and_usage("alice", "2026-12")
+    quota = world.registry.get_quota("alice")
     return quota.live if quota else 0
 
 
