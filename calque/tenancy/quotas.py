@@ -39,7 +39,7 @@ class QuotasMixin(TenancyCore):
         quota = self.registry.get_quota(user)
         # What ended sessions used is the month's settled amount on the quota item: the figure
         # the monthly limit checks and its refusal quotes, kept by the transaction that ends
-        # each session. A table kept from before the counters existed (December 2026 only)
+        # each session. A table kept from a version before the counters existed
         # may hold a USER#<user>/USAGE#<month> item with ends the counters never saw. It is
         # not folded in: since the counters came in every end added to both, so the item and
         # the counter overlap by an amount nothing records (adding them double-counts, taking
