@@ -269,3 +269,26 @@ def test_a_claim_that_runs_into_the_next_month_counts_in_the_month_it_started(pl
     assert month_use(quota.use, "2027-02").settled_ugh == 0
     assert plane.quota().month == "2027-02"
     assert plane.quota().usd_used_this_month == "0.00"
+
+
+def test_a_claim_on_a_mig_slice_counts_its_slice_as_a_session_there_would():
+    # Given a claim that ran an hour on the third 1g.24gb slice of a g7e.2xlarge (a quarter of
+    # its one card, 3.36 USD an hour; the card's memory is 96 GiB)
+    from calque.accounting.claims import claim_use
+    from calque.pools.domain import ClaimRecord
+
+    layout = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
+    ran_an_hour = ClaimRecord(
+        claim_id="c-1", pool="p", user="alice", items=1, manifest_key="k", state="succeeded",
+        submitted_at="2026-12-02T09:00:00Z", started_at="2026-12-02T10:00:00Z",
+        finished_at="2026-12-02T11:00:00Z", worker="w-0a1b2c3d-2", instance_id="i-1", group="lab",
+    )  # fmt: skip
+    # When its use is priced
+    use = claim_use(ran_an_hour, "g7e.2xlarge", layout)
+    # Then it is a quarter of the card's hour and of the instance's dollars, in its start month
+    assert use is not None
+    assert (use.user, use.group, use.month) == ("alice", "lab", "2026-12")
+    assert use.ugh == 250_000
+    assert use.musd == 840_000
+    # And a claim that never started counts nothing
+    assert claim_use(ran_an_hour.model_copy(update={"started_at": None}), "g7e.2xlarge", layout) is None
