@@ -107,6 +107,9 @@ class PoolSettings(CommonSettings):
     # The scaler starts workers through the host-agent document's worker verb; where they report.
     ssm_document_name: str | None = Field(alias="CALQUE_SSM_DOCUMENT_NAME", default=None, min_length=1)
     api_endpoint: str | None = Field(alias="CALQUE_API_ENDPOINT", default=None, min_length=1)
+    # The API's default session limit (ApiSettings): a claim's end that creates a member's
+    # counter item writes it as a first check-out would.
+    default_max_sessions: int = Field(alias="CALQUE_DEFAULT_MAX_SESSIONS", default=2, ge=0)
 
 
 @cache

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from fractions import Fraction
 
 from calque import catalog
@@ -150,3 +151,50 @@ def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) 
             )
         )
     return [lease for held in by_slice.values() for lease in held]
+
+
+def slot_card_fraction(instance_type: str, layout: dict | None, slot: int) -> float:
+    """The card share of a worker slot's slice, as a session on that slice counts its
+    GPU-hours (its memory over the card's, calque.tenancy.hosts); a whole card without a layout."""
+    from calque.catalog.planner import expand_slices
+    from calque.contracts.layout import LayoutSpec
+
+    if not layout:
+        return 1.0
+    card_gib = catalog.instance_type(instance_type).card.memory_gib
+    planned = expand_slices(instance_type, LayoutSpec.model_validate(layout))
+    if slot >= len(planned) or not card_gib:
+        return 1.0
+    return min(1.0, planned[slot].memory_gib / card_gib)
+
+
+def claim_use(claim: ClaimRecord, instance_type: str, layout: dict | None) -> d.ClaimUse | None:
+    """What an ended claim used, for its member's and group's monthly counters: the time its
+    record says it ran (its last start to its end) on its worker's slice, priced as the usage
+    report prices it (dollars: seconds x the slot's share x the hourly rate) and counted in
+    GPU-hours as a session on that slice would be. Counted whole in the month it started, as
+    a session is in the month of its check-out. None: it never ran, or has nothing to charge."""
+    from calque.tenancy.limits import claim_used
+
+    if claim.started_at is None or claim.finished_at is None or claim.worker is None:
+        return None
+    if claim.instance_id is None:
+        return None
+    try:
+        slots = slot_slices(instance_type, layout)
+        rate = str(Decimal(str(catalog.instance_type(instance_type).hourly_usd)))
+    except InvalidInput:
+        return None
+    k = worker_slot(claim.worker)
+    if k >= len(slots):
+        return None
+    seconds = int((_iso(claim.finished_at) - _iso(claim.started_at)).total_seconds())
+    ugh, musd = claim_used(
+        seconds,
+        gpu_fraction=slot_card_fraction(instance_type, layout, k),
+        share=str(slots[k][1]),
+        hourly_usd=rate,
+    )
+    if not ugh and not musd:
+        return None
+    return d.ClaimUse(user=claim.user, group=claim.group, month=claim.started_at[:7], ugh=ugh, musd=musd)

@@ -12,6 +12,7 @@ effect exactly-once even when SQS delivers its message twice.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,3 +120,15 @@ class DecisionRecord(_Record):
     remove: list[str] = Field(default_factory=list)
     reason: str
     inputs: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimUse:
+    """What an ended claim used, settled into its member's and group's monthly counters
+    (micro-GPU-hours, micro-dollars) of ``month`` (YYYY-MM), in the write that ends it."""
+
+    user: str
+    group: str | None
+    month: str
+    ugh: int
+    musd: int

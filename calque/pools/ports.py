@@ -4,10 +4,18 @@ and in-memory fakes for the unit tests."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from calque.pools.domain import ClaimRecord, DecisionRecord, PoolInstanceRecord, PoolRecord, WorkerRecord
+from calque.pools.domain import (
+    ClaimRecord,
+    ClaimUse,
+    DecisionRecord,
+    PoolInstanceRecord,
+    PoolRecord,
+    WorkerRecord,
+)
 
 
 class PoolStore(Protocol):
@@ -33,6 +41,24 @@ class PoolStore(Protocol):
     ) -> ClaimRecord | None:
         """Apply ``changes`` only if the claim's state is one of ``from_states`` (one
         conditional write); the updated claim, or None when the condition failed."""
+
+    def end_claim(
+        self,
+        claim_id: str,
+        from_states: frozenset[str],
+        changes: dict[str, Any],
+        *,
+        price: Callable[[ClaimRecord], ClaimUse | None],
+        counters: Any = None,
+        default_max_sessions: int = 2,
+        count_completion: bool = False,
+    ) -> ClaimRecord | None:
+        """End a claim as ``transition_claim`` does, and add what it used (``price`` of the
+        ended record) to its member's and group's month on ``counters`` (the registry), in
+        the same transaction, on condition the claim is still in ``from_states`` and still
+        the attempt it was priced from: an end written twice (a redelivered message, a retry)
+        changes and counts nothing the second time. None when the condition failed.
+        ``counters`` None: nothing is counted."""
 
     def put_worker(self, worker: WorkerRecord) -> None: ...
     def update_worker(self, pool: str, worker_id: str, changes: dict[str, Any]) -> WorkerRecord | None: ...

@@ -60,6 +60,9 @@ class PoolsConfig:
     # its instance is released and its claim comes back through SQS. Workers report at
     # least every visibility/2, so this is several missed reports.
     worker_start_timeout_s: int = 900  # capacity granted, but the worker never reported
+    # Concurrent sessions of a member no admin set a quota for: a claim's end that creates the
+    # member's counter item writes it as a first check-out would (calque.settings).
+    default_max_sessions: int = 2
 
     @property
     def worker_stale_s(self) -> float:
@@ -297,11 +300,16 @@ class Pools:
         self._drop(pool, workers, {w.worker_id for w in workers})
         if force:
             for c in self.store.claims_of_pool(pool.name, limit=10_000):
-                self.store.transition_claim(
-                    c.claim_id,
-                    d.LIVE,
-                    {"state": d.CANCELLED, "finished_at": _iso(self.clock.now()), "reason": "pool deleted"},
-                )
+                if c.state in d.LIVE:
+                    self._end(
+                        pool,
+                        c.claim_id,
+                        {
+                            "state": d.CANCELLED,
+                            "finished_at": _iso(self.clock.now()),
+                            "reason": "pool deleted",
+                        },
+                    )
         self.queues.delete(QueueRefs(pool.queue_url, pool.queue_arn, pool.dlq_url, pool.dlq_arn))
         self.store.delete_pool(pool.name)
         return {"pool": pool.name, "state": "deleted"}
@@ -338,16 +346,62 @@ class Pools:
         return claim
 
     def _claim_group(self, who: Caller, requested: str | None) -> str | None:
-        """The group a claim is charged to, resolved as a check-out's is; no monthly limit is
-        checked (a claim's run time is unknown when it is submitted)."""
+        """The group a claim is charged to, resolved as a check-out's is. A claim's run time
+        is unknown when it is submitted, so it reserves nothing; it is refused (QuotaExceeded,
+        naming the limit) when the member's or that group's month has already reached a
+        monthly limit: what was used plus what live sessions reserve."""
         if self.groups is None:
             if requested is not None:
                 raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
             return None
+        from calque.tenancy import limits
         from calque.tenancy.groups import member_group
 
-        g = member_group(self.groups, who.principal, requested)
+        quota, mine = self.groups.quota_and_groups(who.principal)
+        g = member_group(self.groups, who.principal, requested, mine)
+        month = _iso(self.clock.now())[:7]
+        refused = limits.claim_user_refusal(who.principal, quota, month) or limits.claim_group_refusal(
+            g, month
+        )
+        if refused is not None:
+            raise refused
         return g.name if g is not None else None
+
+    def _end(
+        self,
+        pool: d.PoolRecord | str,
+        claim_id: str,
+        changes: dict[str, Any],
+        *,
+        count_completion: bool = False,
+    ) -> d.ClaimRecord | None:
+        """Record a claim's end (from queued or running) and, in the same write, settle what it
+        ran into its member's and group's month (calque.accounting.claims.claim_use); an end
+        already recorded changes and counts nothing. None when the claim had ended already."""
+        record = self.store.get_pool(pool) if isinstance(pool, str) else pool
+        registry = self.groups
+
+        def price(ended: d.ClaimRecord) -> d.ClaimUse | None:
+            from dataclasses import replace
+
+            from calque.accounting.claims import claim_use
+
+            if record is None:
+                return None
+            use = claim_use(ended, record.instance_type, record.layout)
+            if use is not None and use.group is not None and registry.get_group(use.group) is None:
+                use = replace(use, group=None)  # a group no longer there has no month to count in
+            return use
+
+        return self.store.end_claim(
+            claim_id,
+            d.LIVE,
+            changes,
+            price=price,
+            counters=registry,
+            default_max_sessions=self.config.default_max_sessions,
+            count_completion=count_completion,
+        )
 
     def _claim_for(self, who: Caller, claim_id: str) -> d.ClaimRecord:
         claim = self.store.get_claim(claim_id)
@@ -378,9 +432,9 @@ class Pools:
 
     def cancel_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
         claim = self._claim_for(who, claim_id)
-        changed = self.store.transition_claim(
+        changed = self._end(
+            claim.pool,
             claim_id,
-            d.LIVE,
             {
                 "state": d.CANCELLED,
                 "finished_at": _iso(self.clock.now()),
@@ -450,9 +504,9 @@ class Pools:
             raise InvalidInput(
                 "a succeeded report needs result_key and summary", details={"field": "result_key"}
             )
-        changed = self.store.transition_claim(
+        changed = self._end(
+            pool,
             claim_id,
-            d.LIVE,
             {
                 "state": d.SUCCEEDED,
                 "finished_at": now,
@@ -658,8 +712,8 @@ class Pools:
             claim = self.store.get_claim(claim_id)
             last = f"; last: {claim.reason}" if claim and claim.reason else ""
             reason = f"not completed after {pool.max_receives} deliveries{last}"
-            if self.store.transition_claim(
-                claim_id, d.LIVE, {"state": d.FAILED, "finished_at": _iso(self.clock.now()), "reason": reason}
+            if self._end(
+                pool, claim_id, {"state": d.FAILED, "finished_at": _iso(self.clock.now()), "reason": reason}
             ):
                 marked += 1
         return marked

@@ -85,7 +85,11 @@ def pools() -> Pools:
         _LazyCapacity(lambda: _capacity(s)),
         SqsNudge(sqs, s.pool_nudges_queue_url),
         SystemClock(),
-        PoolsConfig(max_receives=s.pool_max_receives, visibility_s=s.pool_visibility_s),
+        PoolsConfig(
+            max_receives=s.pool_max_receives,
+            visibility_s=s.pool_visibility_s,
+            default_max_sessions=s.default_max_sessions,
+        ),
         starter=_starter(s),
         groups=DynamoRegistry(aws.client("dynamodb"), s.table_name),
     )

@@ -1099,6 +1099,75 @@ class DynamoRegistry(DynamoGroups):
         )
         return [LeaseEvent.model_validate(i) for i in items]
 
+    # -- pool claims ----------------------------------------------------------------------
+    def claim_use_items(self, use: Any, *, default_max_sessions: int) -> list[dict[str, Any]]:
+        """Transaction items (without TableName) adding what an ended claim used
+        (calque.pools.domain.ClaimUse) to its member's month (quota item and monthly usage)
+        and, when it has one, its group's: the pool store puts them in the transaction that
+        records the claim's end, so an end written twice never counts twice. A member with no
+        quota item gets the counter item a first check-out would create."""
+        from calque.registry.groups import group_key, group_usage_key
+        from calque.registry.ports import MICRO
+
+        settle = {
+            "committed_ugh": use.ugh,
+            "committed_musd": use.musd,
+            "settled_ugh": use.ugh,
+            "settled_musd": use.musd,
+        }
+        adds, names, values = settle_terms(use.month, settle)
+        hours = Decimal(use.ugh) / MICRO
+        items: list[dict[str, Any]] = [
+            {
+                "Update": {
+                    "Key": ser(keys.quota(use.user)),
+                    "UpdateExpression": (
+                        "SET live = if_not_exists(live, :zero), "
+                        "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t "
+                        f"ADD {adds}"
+                    ),
+                    "ExpressionAttributeNames": {"#user": "user", "#type": "type", **names},
+                    "ExpressionAttributeValues": ser(
+                        {
+                            ":zero": 0,
+                            ":dflt": default_max_sessions,
+                            ":user": use.user,
+                            ":t": "quota",
+                            **values,
+                        }
+                    ),
+                }
+            },
+            {
+                "Update": {
+                    "Key": ser(keys.usage(use.user, use.month)),
+                    "UpdateExpression": "ADD gpu_hours :h SET #user = :user, #month = :month, #type = :t",
+                    "ExpressionAttributeNames": {"#user": "user", "#month": "month", "#type": "type"},
+                    "ExpressionAttributeValues": _vals(h=hours, user=use.user, month=use.month, t="usage"),
+                }
+            },
+        ]
+        if use.group is not None:
+            items += [
+                {
+                    "Update": {
+                        "Key": ser(group_key(use.group)),
+                        "UpdateExpression": f"ADD {adds}",
+                        "ExpressionAttributeNames": names,
+                        "ExpressionAttributeValues": ser(values),
+                    }
+                },
+                {
+                    "Update": {
+                        "Key": ser(group_usage_key(use.group, use.month)),
+                        "UpdateExpression": "ADD gpu_hours :h SET #type = :t",
+                        "ExpressionAttributeNames": {"#type": "type"},
+                        "ExpressionAttributeValues": _vals(h=hours, t="group_usage"),
+                    }
+                },
+            ]
+        return items
+
 
 class SqsHostTaskQueue:
     """Host tasks as JSON messages on the host_tasks queue."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from calque.registry import keys, spread
 from calque.registry.groups import MemoryGroups
@@ -496,6 +497,37 @@ class MemoryRegistry(MemoryGroups):
     def events_on(self, day: str) -> list[LeaseEvent]:
         self._count()
         return sorted((e for e in self.events if f"{e.at:%Y-%m-%d}" == day), key=lambda e: e.at)
+
+    # -- pool claims ----------------------------------------------------------------------
+    def settle_claim(self, write: Any, *, default_max_sessions: int) -> None:
+        """Run a claim's conditional end (``write``) and add what it used to its member's and
+        group's month, all under the registry's lock: the in-memory form of the one
+        transaction. ``write`` returns the use to settle (calque.pools.domain.ClaimUse), or
+        None when it wrote nothing (the claim had ended already) or there is nothing to settle."""
+        from calque.registry.ports import MICRO
+
+        with self._lock:
+            self._count()
+            use = write()
+            if use is None:
+                return
+            settle = {
+                "committed_ugh": use.ugh,
+                "committed_musd": use.musd,
+                "settled_ugh": use.ugh,
+                "settled_musd": use.musd,
+            }
+            hours = use.ugh / MICRO
+            q = self.quotas.get(use.user) or QuotaRecord(
+                user=use.user, max_sessions=default_max_sessions, live=0
+            )
+            self.quotas[use.user] = q.model_copy(update={"use": add_use(q.use, use.month, **settle)})
+            self.usage[(use.user, use.month)] = self.usage.get((use.user, use.month), 0.0) + hours
+            g = self.group_map.get(use.group) if use.group is not None else None
+            if g is not None:
+                self.group_map[g.name] = g.model_copy(update={"use": add_use(g.use, use.month, **settle)})
+                key = (g.name, use.month)
+                self.group_usage[key] = self.group_usage.get(key, 0.0) + hours
 
 
 class MemoryQueue:

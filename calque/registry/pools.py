@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +34,7 @@ from calque.pools.domain import (
     LIVE,
     RUNNING,
     ClaimRecord,
+    ClaimUse,
     DecisionRecord,
     PoolInstanceRecord,
     PoolRecord,
@@ -41,6 +43,7 @@ from calque.pools.domain import (
 from calque.registry.dynamo import des, ser
 
 POOLS_PK = "POOLS"
+_END_TRIES = 5  # a claim's end re-read and tried again after a lost race, at most
 POOL_INSTANCES_PK = "POOLINSTANCES"
 
 
@@ -265,6 +268,80 @@ class DynamoPoolStore:
     def claims_ran_on(self, day: str) -> list[ClaimRecord]:
         return [ClaimRecord.model_validate(_strip(i)) for i in self._query(f"CLAIMRUNS#{day}", "RUN#")]
 
+    def end_claim(
+        self,
+        claim_id: str,
+        from_states: frozenset[str],
+        changes: dict[str, Any],
+        *,
+        price: Callable[[ClaimRecord], ClaimUse | None],
+        counters: Any = None,
+        default_max_sessions: int = 2,
+        count_completion: bool = False,
+    ) -> ClaimRecord | None:
+        # One transaction: the claim's end, on condition it is still in ``from_states`` and
+        # still the attempt it was priced from (a worker may start it again meanwhile), and
+        # what it used added to its member's and group's month. A lost race re-reads.
+        for _ in range(_END_TRIES):
+            pool = self._claim_pool(claim_id)
+            item = self._get(_claim_key(pool, claim_id)) if pool else None
+            if pool is None or item is None:
+                return None
+            current = ClaimRecord.model_validate(_strip(item))
+            if current.state not in from_states:
+                return None
+            update = dict(changes)
+            if count_completion:
+                update["completions"] = current.completions + 1
+            ended = current.model_copy(update=copy.deepcopy(update))
+            use = price(ended) if counters is not None else None
+            states = sorted(from_states)
+            values: dict[str, Any] = {f":s{i}": s for i, s in enumerate(states)}
+            condition = "attribute_exists(#pk) AND #st IN (" + ", ".join(values) + ")"
+            pins: dict[str, str] = {}
+            for n, attr in enumerate(("started_at", "worker")):
+                was = getattr(current, attr)
+                pins[f"#p{n}"] = attr
+                if was is None:
+                    condition += f" AND attribute_not_exists(#p{n})"
+                else:
+                    condition += f" AND #p{n} = :p{n}"
+                    values[f":p{n}"] = was
+            sets = {k: v for k, v in update.items() if v is not None}
+            removes = [k for k, v in update.items() if v is None]
+            names = {f"#a{i}": k for i, k in enumerate(update)}
+            back = {k: n for n, k in names.items()}
+            expr = []
+            if sets:
+                expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
+                values.update({f":v{i}": v for i, v in enumerate(sets.values())})
+            if removes:
+                expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+            items: list[dict[str, Any]] = [
+                {
+                    "Update": {
+                        "Key": ser(_claim_key(pool, claim_id)),
+                        "UpdateExpression": " ".join(expr),
+                        "ConditionExpression": condition,
+                        "ExpressionAttributeNames": {**names, **pins, "#pk": "pk", "#st": "state"},
+                        "ExpressionAttributeValues": ser(values),
+                    }
+                }
+            ]
+            if use is not None:
+                items += counters.claim_use_items(use, default_max_sessions=default_max_sessions)
+            for it in items:
+                next(iter(it.values()))["TableName"] = self.table
+            try:
+                self.client.transact_write_items(TransactItems=items)
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] == "TransactionCanceledException":
+                    continue
+                raise
+            self._index_run(ended)
+            return ended
+        return None
+
     def put_pool_instance(self, record: PoolInstanceRecord) -> None:
         try:
             self.client.put_item(
@@ -435,6 +512,43 @@ class MemoryPoolStore:
                     update={"summary": None}, deep=True
                 )
             return done.model_copy(deep=True)
+
+    def end_claim(
+        self,
+        claim_id: str,
+        from_states: frozenset[str],
+        changes: dict[str, Any],
+        *,
+        price: Callable[[ClaimRecord], ClaimUse | None],
+        counters: Any = None,
+        default_max_sessions: int = 2,
+        count_completion: bool = False,
+    ) -> ClaimRecord | None:
+        ended: list[ClaimRecord] = []
+
+        def write() -> ClaimUse | None:
+            with self._lock:
+                c = self.claims.get(claim_id)
+                if c is None or c.state not in from_states:
+                    return None
+                update = copy.deepcopy(changes)
+                if count_completion:
+                    update["completions"] = c.completions + 1
+                done = c.model_copy(update=update)
+                use = price(done) if counters is not None else None
+                self.claims[claim_id] = done
+                for day in run_days(done):
+                    self._runs.setdefault(day, {})[f"{done.pool}#{claim_id}"] = done.model_copy(
+                        update={"summary": None}, deep=True
+                    )
+                ended.append(done.model_copy(deep=True))
+                return use
+
+        if counters is None:
+            write()
+        else:  # the registry's lock around both: the in-memory form of the one transaction
+            counters.settle_claim(write, default_max_sessions=default_max_sessions)
+        return ended[0] if ended else None
 
     def claims_ran_on(self, day: str) -> list[ClaimRecord]:
         with self._lock:

@@ -178,3 +178,74 @@ def group_refusal(group: Any, res: Reservation, doing: str) -> QuotaExceeded | N
         res=res,
         doing=doing,
     )
+
+
+# -- pool claims ---------------------------------------------------------------------------
+# A claim's run time is unknown when it is submitted, so it reserves nothing: a submit is
+# refused only once the member's or the group's month is already at a limit (what was used
+# plus what live sessions reserve), and a claim settles what it used when it ends, in the
+# same conditional write that records its end (calque.pools.service).
+
+
+def claim_used(seconds: int, *, gpu_fraction: float, share: str, hourly_usd: str | None) -> tuple[int, int]:
+    """What ``seconds`` of a claim on a worker's slice used: (micro-GPU-hours, micro-dollars),
+    rounded half-up as a session's end is (the same arithmetic: ``used``)."""
+    from types import SimpleNamespace
+
+    slot = SimpleNamespace(gpu_fraction=gpu_fraction, share=share, hourly_usd=hourly_usd)
+    return _amounts(max(0, seconds), slot, up=False)
+
+
+def claim_refusal(
+    *, scope: str, name: str, limits: Limits, use: MonthUse, month: str
+) -> QuotaExceeded | None:
+    """The refusal of a pool submit when the member's (``scope`` "user") or group's month has
+    reached one of its limits (used plus reserved at or over it); None when there is room.
+    The same error, and the same details, as a check-out's refusal (``monthly_refusal``)."""
+    whose = name if scope == "user" else f"group {name}"
+    for attr, limit, committed, settled, unit in (
+        (GPU, limits.gpu_hours, use.committed_ugh, use.settled_ugh, "GPU-hours"),
+        (USD, limits.usd, use.committed_musd, use.settled_musd, "USD"),
+    ):
+        if limit is None or committed < micro(limit):
+            continue
+        fmt: Any = usd if unit == "USD" else gpu_hours
+        reserved = committed - settled
+        if scope == "user":
+            raise_it = f"calque quota set {name} --max-sessions N --{attr.replace('_', '-')} X"
+        else:
+            raise_it = f"calque group limits {name} --{attr.replace('_', '-')} X"
+        return QuotaExceeded(
+            f"pool submit refused by {scope}.{attr}: {whose} has used {fmt(settled)} and live "
+            f"sessions reserve {fmt(reserved)} of {limit:g} {unit} in {month}, so no claim may "
+            "start; check a live session in (calque session list, then calque session checkin), "
+            f"wait for next month, or ask an admin to raise it ({raise_it})",
+            details={
+                "limit": f"{scope}.{attr}",
+                scope: name,
+                "month": month,
+                "unit": unit,
+                "used": fmt(settled),
+                "reserved": fmt(reserved),
+                "asked": fmt(0),
+                attr: limit,
+            },
+        )
+    return None
+
+
+def claim_user_refusal(user: str, quota: QuotaRecord | None, month: str) -> QuotaExceeded | None:
+    use = month_use(quota.use if quota else {}, month)
+    return claim_refusal(scope="user", name=user, limits=of_quota(quota), use=use, month=month)
+
+
+def claim_group_refusal(group: Any, month: str) -> QuotaExceeded | None:
+    if group is None:
+        return None
+    return claim_refusal(
+        scope="group",
+        name=group.name,
+        limits=of_group(group) or Limits(),
+        use=month_use(group.use, month),
+        month=month,
+    )

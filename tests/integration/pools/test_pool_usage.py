@@ -65,3 +65,42 @@ def test_a_claim_run_on_a_pool_is_charged_to_its_member_and_group(plane, tmp_pat
     header, *rows = csv_out.stdout.splitlines()
     assert header.endswith(",running,claim_id")
     assert any(r.endswith("," + claim_id) and ",claim," in r for r in rows)
+
+
+def test_claims_count_against_a_members_monthly_dollars_until_a_submit_is_refused(plane, tmp_path):
+    # Given bob may spend one cent a month, and a pool of the example runner on a g6e.xlarge
+    # (1.861 USD an hour: a cent is about 19.4 seconds of a claim)
+    code, doc = plane.cli_json(
+        "quota", "set", "bob", "--max-sessions", "2", "--max-usd-per-month", "0.01", profile="admin"
+    )
+    assert code == 0, doc
+    create_pool(plane, "budgeted", runner="textstats:TextStats", package=EXAMPLES, max_workers=1)
+    items = tmp_path / "slow.jsonl"
+    items.write_text(json.dumps({"text": "a long inference", "pause": 10.5}) + "\n")
+    # When he runs claims until his month is spent
+    ran: list[str] = []
+    refused = None
+    for _ in range(4):
+        code, doc = plane.cli_json("pool", "submit", "budgeted", "--items", str(items), profile="bob")
+        if code != 0:
+            refused = doc
+            break
+        (done,) = wait_claims(plane, [doc["claim_id"]], profile="bob")
+        assert done["state"] == "succeeded", done
+        ran.append(done["claim_id"])
+    # Then the next submit is refused, naming his limit, once what ran reached a cent
+    assert refused is not None, f"never refused after {ran}"
+    assert code == 1
+    assert refused["error"]["code"] == "quota_exceeded"
+    assert refused["error"]["details"]["limit"] == "user.max_usd_per_month"
+    assert 1 <= len(ran) <= 2  # two claims of at least 10 seconds each pass the cent
+    # And nothing was queued for the refused one
+    code, listed = plane.cli_json("claim", "list", "--pool", "budgeted", profile="bob")
+    assert code == 0, listed
+    assert sorted(c["claim_id"] for c in listed) == sorted(ran)
+    # And quota show counts the claims' time and dollars as used this month
+    code, quota = plane.cli_json("quota", "show", profile="bob")
+    assert code == 0, quota
+    assert Decimal(quota["usd_used_this_month"]) >= Decimal("0.01")
+    assert quota["gpu_hours_used_this_month"] >= 20 / 3600
+    assert quota["usd_used_this_month"] == refused["error"]["details"]["used"]

@@ -141,3 +141,54 @@ def test_pool_instances_are_recorded_once_and_ended_once(store):
     got = {r.instance_id: (r.started_at, r.ended_at) for r in store.pool_instances(ended_since=0)}
     assert got == {"i-1": (100.0, 200.0), "i-2": (120.0, None)}
     assert [r.instance_id for r in store.pool_instances(ended_since=250.0)] == ["i-2"]
+
+
+def test_a_claim_restarted_while_its_end_is_priced_is_settled_from_the_attempt_that_ended(monkeypatch):
+    # Given a running claim on DynamoDB and its member's counters there
+    from calque.registry.dynamo import DynamoRegistry
+    from calque.registry.models import month_use
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        table = create_registry_table(ddb)
+        store, registry = DynamoPoolStore(ddb, table), DynamoRegistry(ddb, table)
+        store.create_pool(pool())
+        store.create_claim(claim("c-1"))
+        first = {
+            "state": d.RUNNING,
+            "started_at": "2026-12-02T00:00:00Z",
+            "worker": "w-a",
+            "instance_id": "i-1",
+        }
+        store.transition_claim("c-1", d.LIVE, first)
+        priced: list[str] = []
+
+        def price(ended: d.ClaimRecord) -> d.ClaimUse:
+            priced.append(ended.started_at or "")
+            if len(priced) == 1:  # meanwhile, SQS redelivers it and another worker starts it
+                again = {"state": d.RUNNING, "started_at": "2026-12-02T00:50:00Z", "worker": "w-b"}
+                store.transition_claim("c-1", d.LIVE, again)
+            minutes = 60 if ended.started_at == "2026-12-02T00:00:00Z" else 10
+            return d.ClaimUse(user="alice", group=None, month="2026-12", ugh=minutes * 1000, musd=minutes)
+
+        # When the claim's end is written
+        done = store.end_claim(
+            "c-1",
+            d.LIVE,
+            {"state": d.SUCCEEDED, "finished_at": "2026-12-02T01:00:00Z"},
+            price=price,
+            counters=registry,
+        )
+        # Then the first write lost to the restart, and the end counts the attempt that ended
+        assert priced == ["2026-12-02T00:00:00Z", "2026-12-02T00:50:00Z"]
+        assert done is not None
+        assert done.worker == "w-b"
+        quota, hours = registry.quota_and_usage("alice", "2026-12")
+        assert month_use(quota.use, "2026-12").settled_ugh == 10_000
+        assert hours == 0.01
+        # And a second end of the same claim changes and counts nothing
+        again = store.end_claim("c-1", d.LIVE, {"state": d.FAILED}, price=price, counters=registry)
+        assert again is None
+        assert month_use(registry.quota_and_usage("alice", "2026-12")[0].use, "2026-12").settled_ugh == 10_000
