@@ -1102,12 +1102,11 @@ class DynamoRegistry(DynamoGroups):
     # -- pool claims ----------------------------------------------------------------------
     def claim_use_items(self, use: Any, *, default_max_sessions: int) -> list[dict[str, Any]]:
         """Transaction items (without TableName) adding what an ended claim used
-        (calque.pools.domain.ClaimUse) to its member's month (quota item and monthly usage)
-        and, when it has one, its group's: the pool store puts them in the transaction that
+        (calque.pools.domain.ClaimUse) to its member's month (the quota item's settled
+        counters) and, when it has one, its group's: the pool store puts them in the transaction that
         records the claim's end, so an end written twice never counts twice. A member with no
         quota item gets the counter item a first check-out would create."""
-        from calque.registry.groups import group_key, group_usage_key
-        from calque.registry.ports import MICRO
+        from calque.registry.groups import group_key
 
         settle = {
             "committed_ugh": use.ugh,
@@ -1116,7 +1115,6 @@ class DynamoRegistry(DynamoGroups):
             "settled_musd": use.musd,
         }
         adds, names, values = settle_terms(use.month, settle)
-        hours = Decimal(use.ugh) / MICRO
         items: list[dict[str, Any]] = [
             {
                 "Update": {
@@ -1138,17 +1136,9 @@ class DynamoRegistry(DynamoGroups):
                     ),
                 }
             },
-            {
-                "Update": {
-                    "Key": ser(keys.usage(use.user, use.month)),
-                    "UpdateExpression": "ADD gpu_hours :h SET #user = :user, #month = :month, #type = :t",
-                    "ExpressionAttributeNames": {"#user": "user", "#month": "month", "#type": "type"},
-                    "ExpressionAttributeValues": _vals(h=hours, user=use.user, month=use.month, t="usage"),
-                }
-            },
         ]
         if use.group is not None:
-            items += [
+            items.append(
                 {
                     "Update": {
                         "Key": ser(group_key(use.group)),
@@ -1156,16 +1146,8 @@ class DynamoRegistry(DynamoGroups):
                         "ExpressionAttributeNames": names,
                         "ExpressionAttributeValues": ser(values),
                     }
-                },
-                {
-                    "Update": {
-                        "Key": ser(group_usage_key(use.group, use.month)),
-                        "UpdateExpression": "ADD gpu_hours :h SET #type = :t",
-                        "ExpressionAttributeNames": {"#type": "type"},
-                        "ExpressionAttributeValues": _vals(h=hours, t="group_usage"),
-                    }
-                },
-            ]
+                }
+            )
         return items
 
 

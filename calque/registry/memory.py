@@ -504,8 +504,6 @@ class MemoryRegistry(MemoryGroups):
         group's month, all under the registry's lock: the in-memory form of the one
         transaction. ``write`` returns the use to settle (calque.pools.domain.ClaimUse), or
         None when it wrote nothing (the claim had ended already) or there is nothing to settle."""
-        from calque.registry.ports import MICRO
-
         with self._lock:
             self._count()
             use = write()
@@ -517,17 +515,13 @@ class MemoryRegistry(MemoryGroups):
                 "settled_ugh": use.ugh,
                 "settled_musd": use.musd,
             }
-            hours = use.ugh / MICRO
             q = self.quotas.get(use.user) or QuotaRecord(
                 user=use.user, max_sessions=default_max_sessions, live=0
             )
             self.quotas[use.user] = q.model_copy(update={"use": add_use(q.use, use.month, **settle)})
-            self.usage[(use.user, use.month)] = self.usage.get((use.user, use.month), 0.0) + hours
             g = self.group_map.get(use.group) if use.group is not None else None
             if g is not None:
                 self.group_map[g.name] = g.model_copy(update={"use": add_use(g.use, use.month, **settle)})
-                key = (g.name, use.month)
-                self.group_usage[key] = self.group_usage.get(key, 0.0) + hours
 
 
 class MemoryQueue:
