@@ -306,3 +306,27 @@ def test_a_host_drained_while_waiting_is_not_called_ready(api, cli, monkeypatch)
     assert code == 1
     assert "was drained while waiting" in err
     assert "is ready" not in out + err
+
+
+def test_a_plain_float_flag_given_inf_is_refused_by_the_client_naming_it(monkeypatch, capsys):
+    # Given `group create`, whose amount flags are plain floats, and a transport that must stay unused
+    from botocore.credentials import Credentials
+
+    from calque.cli import commands
+    from calque.cli.client import ApiClient
+    from calque.cli.context import Context
+
+    monkeypatch.setattr(commands, "COMMAND_MODULES", ["group"])
+    monkeypatch.setattr(Context, "endpoint", "http://api.invalid")
+    monkeypatch.setattr(
+        Context, "credentials_and_region", lambda ctx: (Credentials("AKIA", "s"), "us-east-1")
+    )
+    sent: list[object] = []
+    monkeypatch.setattr(ApiClient, "_session", lambda self: sent.append(self) or pytest.fail("sent"))
+    # When an admin gives an infinite budget
+    code, _, err = _main(capsys, "group", "create", "lab", "--max-usd-per-month", "inf")
+    # Then exit 2, naming the flag, and nothing was sent
+    assert code == 2
+    assert err.startswith("calque: error: argument --max-usd-per-month: inf is not a finite number")
+    assert err.count("\n") == 1
+    assert sent == []
