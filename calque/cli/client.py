@@ -4,12 +4,13 @@ identity (service ``execute-api``), as API Gateway's IAM authorization expects."
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from calque.cli.errors import ApiError, EndpointUnreachable
+from calque.cli.errors import ApiError, EndpointUnreachable, UsageError
 
 SERVICE = "execute-api"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -91,7 +92,8 @@ class ApiClient:
             if pairs:
                 # already in SigV4's canonical encoding (%20, not +), so any verifier agrees
                 url += "?" + urlencode(pairs, safe="-_.~", quote_via=quote)
-        data = None if body is None else json.dumps(body).encode()
+        _refuse_non_finite(body)
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
         method = method.upper()
         key = idempotency_key or (str(uuid.uuid4()) if method in WRITES else None)
         attempt = 0
@@ -120,6 +122,33 @@ class ApiClient:
                 time.sleep(min(retry_after if retry_after is not None else 1.0, self.max_wait_s))
                 continue
             raise ApiError(status, doc if isinstance(doc, dict) else {"body": doc}, retry_after=retry_after)
+
+
+def _non_finite(value: Any, path: tuple[str, ...] = ()) -> tuple[tuple[str, ...], float] | None:
+    """The first number JSON cannot carry (inf, -inf, nan) and where it is, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, (*path, str(key)))
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_non_finite(body: Any) -> None:
+    """A usage error (exit 2) naming the flag of a field that holds inf or nan, before any
+    request: the flags' own types refuse them (calque.cli.argtypes); this catches any flag
+    parsed as a plain float (``--max-usd-per-month`` is the field ``max_usd_per_month``)."""
+    found = _non_finite(body)
+    if found is not None:
+        path, value = found
+        flag = "--" + path[-1].replace("_", "-") if path and not path[-1].isdigit() else ".".join(path)
+        raise UsageError(
+            f"argument {flag}: {value!r} is not a finite number: give an amount, e.g. 250 or 0.5",
+            code="invalid_input",
+            details={"field": ".".join(path)},
+        )
 
 
 def _retry_after(value: str | None) -> float | None:

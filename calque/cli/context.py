@@ -4,8 +4,9 @@ Endpoint: ``--endpoint``, else ``CALQUE_ENDPOINT``, else the running local plane
 ``plane.json``. Credentials: with the local plane's endpoint, its own profiles
 (``credentials`` in its state directory, read by our botocore session only: the
 user's ~/.aws is neither read for them nor written); otherwise the standard AWS
-chain with ``--profile``. ``localhost``, ``127.0.0.1`` and ``[::1]`` name the same
-local plane. A profile that does not exist, or no credentials at all, is a refusal
+chain with ``--profile``. ``localhost`` and ``127.0.0.1`` name the same local plane
+(which listens on 127.0.0.1 only). An endpoint that is not an http(s) URL is a usage
+error (exit 2) naming ``--endpoint``. A profile that does not exist, or no credentials at all, is a refusal
 (exit 1) that says what to do.
 """
 
@@ -17,11 +18,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calque.cli.errors import CliError
+from calque.cli.errors import CliError, UsageError
 
 ENDPOINT_ENV = "CALQUE_ENDPOINT"
 LOCAL_DEFAULT_PROFILE = "admin"
-_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+# The local plane listens on 127.0.0.1 only, so ::1 does not name it.
+_LOOPBACK = frozenset({"localhost", "127.0.0.1"})
+
+
+def check_endpoint(url: str, source: str = "--endpoint") -> None:
+    """UsageError (exit 2) unless ``url`` is an http(s) URL with a host, before any credentials
+    are looked for or any connection tried; ``source`` names where it came from."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if parts.scheme.lower() not in ("http", "https"):
+            problem = "it needs http:// or https://"
+        elif not parts.hostname:
+            problem = "it names no host"
+    if problem is not None:
+        raise UsageError(
+            f"{source} {url!r} is not a URL of the control plane ({problem}): give "
+            "http(s)://HOST[:PORT][/PATH], e.g. https://abc123.execute-api.us-east-1.amazonaws.com/prod",
+            code="invalid_endpoint",
+            details={"field": source, "endpoint": url},
+        )
 
 
 def _endpoint_key(url: str) -> tuple[str, str, int | None, str]:
@@ -101,14 +128,20 @@ class Context:
         """(endpoint, the local state dir when the endpoint is the local plane's, plane.json)."""
         if self._resolved is None:
             endpoint = self.endpoint_arg or os.environ.get(ENDPOINT_ENV)
+            if endpoint is not None:
+                check_endpoint(endpoint, "--endpoint" if self.endpoint_arg else ENDPOINT_ENV)
             state = self.local_state()
             plane = state.read_plane() if state.plane_file.exists() else None
             if endpoint is None:
                 if not plane or state.running_pid() is None:
+                    from calque.local.state import STATE_DIR_ENV
+
                     raise CliError(
                         "no endpoint: pass --endpoint URL (or set CALQUE_ENDPOINT), or start the "
-                        "local plane with `calque local up`",
+                        f"local plane with `calque local up` (no local plane runs on {state.path}; "
+                        f"for one started with --state-dir DIR, set {STATE_DIR_ENV}=DIR)",
                         code="no_endpoint",
+                        details={"state_dir": str(state.path)},
                     )
                 endpoint = str(plane["endpoint"])
             is_local = plane is not None and same_endpoint(endpoint, str(plane["endpoint"]))

@@ -1,7 +1,7 @@
 """What the CLI can fail with, and the exit code each one means.
 
 0 success; 1 a refusal or user error (one line on stderr, no traceback);
-2 usage error (argparse); 3 anything unexpected (traceback with --debug).
+2 usage error (argparse, or UsageError); 3 anything unexpected (traceback with --debug).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ class CliError(Exception):
     when the user asked for ``--output json``.
     """
 
+    exit_code = EXIT_REFUSED
+
     def __init__(self, message: str, *, code: str = "cli_error", details: dict[str, Any] | None = None):
         super().__init__(message)
         self.message = message
@@ -31,6 +33,16 @@ class CliError(Exception):
     @property
     def document(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+class UsageError(CliError):
+    """Missing or invalid arguments found after parsing (one flag needs another, nothing to
+    change, a malformed --endpoint): exit 2, as argparse's own usage errors do."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, *, code: str = "usage_error", details: dict[str, Any] | None = None):
+        super().__init__(message, code=code, details=details)
 
 
 class ApiError(CliError):

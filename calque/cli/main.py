@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ctx.json:
             ctx.emit(exc.document)
         _print_error(exc.message)
-        return EXIT_REFUSED
+        return exc.exit_code  # 1, or 2 for a UsageError
     except KeyboardInterrupt:
         _print_error("interrupted")
         return EXIT_INTERRUPTED

@@ -294,6 +294,9 @@ class FleetSimulator:
                         "details": {"instance_id": iid},
                     }
                 }
+            refused = _not_spot(iid, [i for r in known for i in r.get("Instances", [])])
+            if refused is not None:
+                return refused
             notice_s = SPOT_NOTICE_S * self.schedule_scale
             action_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=notice_s)
             event = ec2_event(
@@ -361,4 +364,19 @@ def fleet_environment(ec2: Any, *, launch_template: str) -> dict[str, str]:
         resources.ENV_FLEET_LAUNCH_TEMPLATE: launch_template,
         resources.ENV_FLEET_AMI_ID: image,
         resources.ENV_FLEET_SUBNETS: ",".join(default_subnets(ec2)),
+    }
+
+
+def _not_spot(instance_id: str, instances: list[dict[str, Any]]) -> tuple[int, dict[str, Any]] | None:
+    """EC2 interrupts spot instances only: an on-demand one (no ``InstanceLifecycle: spot``)
+    gets a 409 naming its lifecycle, and no notice is sent."""
+    lifecycle = next((i.get("InstanceLifecycle") for i in instances), None)
+    if lifecycle == "spot":
+        return None
+    return 409, {
+        "error": {
+            "code": "not_spot",
+            "message": f"{instance_id} is an on-demand instance: EC2 interrupts spot instances only",
+            "details": {"instance_id": instance_id, "lifecycle": lifecycle or "on-demand"},
+        }
     }

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calque.errors import Conflict, InvalidInput
+from calque.errors import Conflict, InvalidInput, NotFound
 
 DEFAULT_STATE_DIR = Path("~/.calque/local")
 STATE_DIR_ENV = "CALQUE_LOCAL_STATE_DIR"
@@ -296,6 +296,24 @@ class StateDir:
             users["people"][name] = {"admin": admin, "access_key": key, "secret_key": secret}
             self._save_users(users)
         return self.principal(name)  # type: ignore[return-value]
+
+    def remove_person(self, name: str) -> Principal:
+        """Forget a person's profile and keys (a running plane refuses them from the next
+        request). The last admin stays: without one, nobody could add people again."""
+        with self._write_lock():
+            users = self._users()
+            removed = self._principal(users, name) if name in users["people"] else None
+            if removed is None:
+                raise NotFound(f"no profile named {name!r}", details={"name": name})
+            if removed.admin and [n for n, e in users["people"].items() if e.get("admin")] == [name]:
+                raise Conflict(
+                    f"{name!r} is the plane's last admin: add another admin first",
+                    code="last_admin",
+                    details={"name": name},
+                )
+            users = {**users, "people": {k: v for k, v in users["people"].items() if k != name}}
+            self._save_users(users)
+        return removed
 
     def add_instance(self, instance_id: str, instance_type: str, host_role: str) -> Principal:
         with self._write_lock():

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from calque.cli.errors import CliError
+from calque.cli.errors import CliError, UsageError
 
 ACQ_COLUMNS: list[Any] = [
     ("request_id", "request_id"),
@@ -48,13 +48,13 @@ def _types(text: str) -> list[str]:
 
 
 def _price(text: str) -> float:
+    from calque.cli.argtypes import positive_float
+
     try:
-        value = float(text)
+        float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a price in USD per hour") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
+    return positive_float(text)
 
 
 def register(subparsers: Any) -> None:
@@ -198,7 +198,7 @@ def do_acquire(
             details={"field": "accept_spend"},
         )
     if (spot_max_price is not None or fallback_on_demand) and not spot:
-        raise CliError(
+        raise UsageError(
             "--spot-max-price and --fallback-on-demand need --spot",
             code="invalid_input",
             details={"field": "spot"},

@@ -335,30 +335,67 @@ def do_register(
 
 
 def wait_until_applied(
-    ctx: Any, instance_id: str, *, timeout_s: float, interval_s: float = 1.0
+    ctx: Any, instance_id: str, *, timeout_s: float, interval_s: float = 1.0, heartbeat_s: float = 10.0
 ) -> dict[str, Any]:
     """Poll the host until the agent's report made it ``ready`` (or ``failed``), printing
-    progress on stderr (stdout stays one document for scripts)."""
+    progress on stderr (stdout stays one document for scripts): each change, and at least
+    every ``heartbeat_s`` while nothing changes, so a long wait never looks hung.
+
+    A host that disappears while waiting (the fleet's reconciler forgets an instance EC2
+    does not know, or an admin deregistered it) and one drained meanwhile are refusals that
+    say so, not a bare "not found".
+    """
     import sys
     import time
+
+    from calque.cli.errors import ApiError
 
     path = f"/v1/hosts/{quote(instance_id, safe='')}"
     start = time.monotonic()
     last = None
+    said_at = start
     while True:
-        host = ctx.client().request("GET", path)
+        try:
+            host = ctx.client().request("GET", path)
+        except ApiError as exc:
+            if exc.status != 404 and exc.code != "not_found":
+                raise
+            elapsed = time.monotonic() - start
+            raise CliError(
+                f"{instance_id} was removed while waiting ({elapsed:.0f}s): EC2 does not know this "
+                "instance (the fleet forgets a host whose instance does not exist), or it was "
+                "deregistered; check the instance id and its region",
+                code="host_removed",
+                details={"instance_id": instance_id, "waited_s": round(elapsed)},
+            ) from None
         state = host.get("state")
-        elapsed = time.monotonic() - start
+        now = time.monotonic()
+        elapsed = now - start
         status = f"{state}, slices {slice_summary(host.get('slices') or [])}"
         if status != last:
             print(f"... {instance_id}: {status} ({elapsed:.0f}s)", file=sys.stderr, flush=True)
-            last = status
+            last, said_at = status, now
+        elif now - said_at >= heartbeat_s:
+            print(
+                f"... {instance_id}: still {state}, waiting for the host agent's report "
+                f"({elapsed:.0f}s of {timeout_s:g}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            said_at = now
         if state == "failed":
             raise CliError(
                 f"the host agent could not apply the layout on {instance_id}: "
                 f"{host.get('state_reason') or 'no reason reported'}",
                 code="layout_failed",
                 details={"instance_id": instance_id, "state_reason": host.get("state_reason")},
+            )
+        if state in ("draining", "drained"):
+            raise CliError(
+                f"{instance_id} was drained while waiting ({host.get('state_reason') or 'no reason given'}): "
+                "no sessions are placed there",
+                code="host_drained",
+                details={"instance_id": instance_id, "state": state},
             )
         if state != "pending":
             return dict(host)

@@ -1,13 +1,15 @@
 """``calque local ...``: the embedded control plane.
 
 calque local up [--port N] [--state-dir DIR]   serve it in the foreground until Ctrl-C
-calque local launch --instance-type T           start a simulated running instance
-calque local user add NAME [--admin]            add a profile
+calque local launch --instance-type T           start a simulated running instance (admins)
+calque local user add NAME [--admin]            add a profile (admins)
+calque local user remove NAME                   remove a profile (admins)
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from calque.cli.main import command_group
@@ -64,11 +66,15 @@ def register(subparsers: Any) -> None:
     user = local.add_parser("user", help="(local plane only) manage the plane's profiles")
     user_verbs = user.add_subparsers(title="commands", metavar="COMMAND")
     user.set_defaults(func=None, _group_parser=user)
-    add = user_verbs.add_parser("add", help="add a profile (a member, or an admin with --admin)")
+    add = user_verbs.add_parser("add", help="add a profile (a member, or an admin with --admin; admins)")
     add.add_argument("name", metavar="NAME", help="the profile and IAM user name")
     add.add_argument("--admin", action="store_true", help="make the profile an admin")
     _state_dir_option(add)
     add.set_defaults(func=_user_add)
+    remove = user_verbs.add_parser("remove", help="remove a profile and its keys (admins)")
+    remove.add_argument("name", metavar="NAME", help="the profile to remove")
+    _state_dir_option(remove)
+    remove.set_defaults(func=_user_remove)
 
 
 def _duration(text: str) -> int:
@@ -104,6 +110,10 @@ def _launch(ctx: Any, args: argparse.Namespace) -> None:
 
 def _user_add(ctx: Any, args: argparse.Namespace) -> None:
     do_user_add(ctx, name=args.name, admin=args.admin)
+
+
+def _user_remove(ctx: Any, args: argparse.Namespace) -> None:
+    do_user_remove(ctx, name=args.name)
 
 
 def do_up(ctx: Any, *, port: int, host: str) -> None:
@@ -160,7 +170,7 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
                 + ", ".join(p["profile"] + (" (admin)" if p["admin"] else "") for p in info["profiles"]),
                 *[f"  warning      {w}" for w in plane.warnings],
                 "",
-                "try:  calque whoami --profile alice",
+                *find_plane_lines(state.path),
                 "Ctrl-C stops it.",
             ]
             print("\n".join(lines))
@@ -175,12 +185,29 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
             print("calque local plane stopped", flush=True)
 
 
+def find_plane_lines(state_dir: Path) -> list[str]:
+    """The banner's try-line, after the line to export when the CLI would not look in
+    ``state_dir`` by itself (it looks in ~/.calque/local unless CALQUE_LOCAL_STATE_DIR says)."""
+    import shlex
+
+    from calque.local.state import DEFAULT_STATE_DIR, STATE_DIR_ENV
+
+    lines = []
+    if Path(state_dir).resolve() != DEFAULT_STATE_DIR.expanduser().resolve():
+        lines.append(
+            f"first: export {STATE_DIR_ENV}={shlex.quote(str(state_dir))}  "
+            "(in the shell you run calque from: the CLI looks in ~/.calque/local otherwise)"
+        )
+    return [*lines, "try:  calque whoami --profile alice"]
+
+
 def do_launch(ctx: Any, *, instance_type: str) -> None:
     from calque.local.hosts import launch
     from calque.local.moto_server import MotoClients
 
     plane = ctx.running_plane()
     state = ctx.local_state()
+    require_local_admin(ctx, state, "launching a simulated instance (a new host principal)")
     ec2 = MotoClients(plane["moto_endpoint"], plane["region"], state.plane_credentials()).client("ec2")
     host = launch(state, ec2, instance_type=instance_type, host_role=plane["host_role"])
     if ctx.json:
@@ -189,9 +216,38 @@ def do_launch(ctx: Any, *, instance_type: str) -> None:
         print(host.instance_id)
 
 
-def do_user_add(ctx: Any, *, name: str, admin: bool) -> None:
+def require_local_admin(ctx: Any, state: Any, action: str) -> None:
+    """Commands that change the plane's principals are for admins only, as fault injection
+    is on the plane: the profile signing (``--profile``, default admin) must be an admin of
+    ``users.json``, which is where the plane reads who is an admin. Same refusal as the
+    plane's: code ``forbidden``, naming the principal."""
+    from calque.cli.context import LOCAL_DEFAULT_PROFILE
+    from calque.cli.errors import CliError
+
+    profile = ctx.profile_arg or LOCAL_DEFAULT_PROFILE
+    people = {p.profile: p for p in state.people()}
+    if profile not in people:
+        raise CliError(
+            f"the local plane has no profile {profile!r} (people: {', '.join(sorted(people))})",
+            code="unknown_profile",
+            details={"principal": profile},
+        )
+    if not people[profile].admin:
+        raise CliError(f"{action} is for admins only", code="forbidden", details={"principal": profile})
+
+
+def _people_state(ctx: Any) -> Any:
+    """The state directory, with its default people made on first use (before any `local up`)."""
     state = ctx.local_state()
     state.ensure()
+    if not state.users_file.exists():
+        state.initialize_people()
+    return state
+
+
+def do_user_add(ctx: Any, *, name: str, admin: bool) -> None:
+    state = _people_state(ctx)
+    require_local_admin(ctx, state, "adding a profile")
     p = state.add_person(name, admin=admin)
     ctx.emit(
         {
@@ -200,4 +256,14 @@ def do_user_add(ctx: Any, *, name: str, admin: bool) -> None:
             "arn": p.arn,
             "credentials_file": str(state.credentials_file),
         }
+    )
+
+
+def do_user_remove(ctx: Any, *, name: str) -> None:
+    state = _people_state(ctx)
+    require_local_admin(ctx, state, "removing a profile")
+    p = state.remove_person(name)
+    ctx.emit(
+        {"removed": p.profile, "admin": p.admin, "credentials_file": str(state.credentials_file)},
+        text=f"Removed {p.profile}: its keys no longer sign requests to this plane.",
     )

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.durations import duration_arg, format_duration
-from calque.cli.errors import CliError
+from calque.cli.errors import CliError, UsageError
 from calque.cli.output import Column
 
 POOL_COLUMNS: list[Column] = [
@@ -318,8 +318,8 @@ def _update(ctx: Any, args: argparse.Namespace) -> None:
 def do_update(ctx: Any, *, name: str, **changes: Any) -> None:
     body = {k: v for k, v in changes.items() if v is not None}
     if not body:
-        raise CliError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker or "
-                       "--idle-timeout", code="invalid_input")  # fmt: skip
+        raise UsageError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker "
+                         "or --idle-timeout", code="invalid_input")  # fmt: skip
     pool = ctx.client().request("PATCH", f"/v1/pools/{quote(name, safe='')}", body)
     ctx.emit(pool, columns=POOL_COLUMNS)
 

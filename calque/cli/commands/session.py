@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli.argtypes import positive_float
 from calque.cli.durations import duration_arg
-from calque.cli.errors import CliError
+from calque.cli.errors import CliError, UsageError
 
 CONSENT_FLAG = "--i-understand-shared-gpu-has-no-isolation"
 TOKEN_NOTE = "This token is shown once and never again: keep it to check in or extend."  # noqa: S105
@@ -166,7 +167,7 @@ def render_session(session: Mapping[str, Any]) -> str:
         fields.append(("time_left", lambda s: remaining(s.get("expires_at"))))
     if session.get("host_access"):
         fields.append(("host_access", _host_access))
-    else:
+    if session.get("state") != "live" or session.get("ended_at") or session.get("end_reason"):
         fields += [("ended_at", "ended_at"), ("end_reason", "end_reason")]
     text = render_fields(session, fields)
     env = session.get("env") or {}
@@ -204,7 +205,7 @@ def register(subparsers: Any) -> None:
     )
     which.add_argument(
         "--min-memory-gib",
-        type=_positive_float,
+        type=positive_float,
         metavar="G",
         help="the smallest slice with at least G GiB (best fit)",
     )
@@ -282,16 +283,6 @@ def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> 
     return parser
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
-
-
 _SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$", re.IGNORECASE)
 
 
@@ -332,12 +323,16 @@ def do_checkin(
 ) -> None:
     body = checkin_body(token=token, force=force, reason=reason)
     ended = ctx.client().request("DELETE", f"/v1/sessions/{quote(session_id, safe='')}", body)
-    how = "Forced check-in of" if force and not token else "Checked in"
     ended = ended or {}
+    # Said as the API recorded it: with --force the token is not checked, the end is forced.
+    forced = (ended.get("end_reason") or ("forced" if force else "checked_in")) == "forced"
+    how = "Forced check-in of" if forced else "Checked in"
     text = (
         f"{how} {session_id}; slice {ended.get('slice_id')} on {ended.get('instance_id')} "
         "is reclaimed on the host before anyone else gets it."
     )
+    if forced and token:
+        text += " (With --force the token is not checked: the session ended as forced.)"
     ctx.emit(ended, text=text)
 
 
@@ -367,6 +362,12 @@ def _list(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_list(ctx: Any, *, all_users: bool = False, state: str | None = None, user: str | None = None) -> None:
+    if all_users and state not in (None, "live"):
+        raise UsageError(
+            "every user's sessions can be listed live only: list one user's ended sessions with "
+            "--user NAME --state ended, or see `calque usage`",
+            details={"field": "state"},
+        )
     asked = {"all": "true" if all_users else None, "state": state, "user": user}
     query = {k: v for k, v in asked.items() if v is not None}
     sessions = ctx.client().request("GET", "/v1/sessions", query=query or None)

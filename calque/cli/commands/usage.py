@@ -134,10 +134,10 @@ def do_usage(
     until: str | None = None,
     by: str | None = None,
 ) -> None:
-    from calque.cli.errors import CliError
+    from calque.cli.errors import UsageError
 
     if until is not None and since is None:
-        raise CliError("--until needs --since", code="usage_error", details={"field": "until"})
+        raise UsageError("--until needs --since", code="usage_error", details={"field": "until"})
     query = {"month": month, "since": since, "until": until, "by": by or "user"}
     report = ctx.client().request("GET", "/v1/usage", None, {k: v for k, v in query.items() if v is not None})
     if ctx.output == "csv":

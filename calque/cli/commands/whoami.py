@@ -18,6 +18,8 @@ def _whoami(ctx: Any, args: Any) -> None:
 
 def do_whoami(ctx: Any) -> None:
     me = ctx.client().request("GET", "/v1/whoami")
+    if isinstance(me, dict):
+        me = {**me, "endpoint": ctx.endpoint}  # where it was asked: in the table and in JSON alike
     ctx.emit(
         me,
         columns=[
@@ -25,6 +27,6 @@ def do_whoami(ctx: Any) -> None:
             ("admin", "admin"),
             ("arn", "arn"),
             ("account", "account"),
-            ("endpoint", lambda _row: ctx.endpoint),
+            ("endpoint", "endpoint"),
         ],
     )

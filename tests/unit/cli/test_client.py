@@ -10,7 +10,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from calque.cli.client import ApiClient
-from calque.cli.errors import ApiError, EndpointUnreachable
+from calque.cli.errors import ApiError, EndpointUnreachable, UsageError
 from calque.local.sigv4 import SignedRequest, verify
 from calque.local.state import Principal
 
@@ -114,3 +114,23 @@ def test_a_query_is_sent_in_sigv4_canonical_encoding():
     client.request("GET", "/v1/usage", query={"since": "2026-01-01T00:00:00Z", "by": "a user", "skip": None})
     query = urlsplit(transport.sent[0].url).query
     assert query == "since=2026-01-01T00%3A00%3A00Z&by=a%20user"
+
+
+@pytest.mark.parametrize("amount", [float("inf"), float("-inf"), float("nan")])
+def test_a_number_json_cannot_carry_is_a_usage_error_naming_its_flag_and_nothing_is_sent(amount):
+    # Given a body built from a flag parsed as a plain float (e.g. group create --max-usd-per-month)
+    client, transport = _client(_Resp(200, {}))
+    # When it is sent
+    with pytest.raises(UsageError) as exc:
+        client.request("POST", "/v1/groups", {"name": "lab", "max_usd_per_month": amount})
+    # Then it is refused here, naming the flag, exit 2, and nothing reached the API
+    assert exc.value.message.startswith("argument --max-usd-per-month: ")
+    assert "is not a finite number" in exc.value.message
+    assert exc.value.exit_code == 2
+    assert transport.sent == []
+
+
+def test_finite_numbers_in_nested_bodies_are_sent():
+    client, transport = _client(_Resp(200, {"ok": True}))
+    assert client.request("PUT", "/v1/x", {"layout": {"gpus": [{"mps": {"clients": 2.5}}]}}) == {"ok": True}
+    assert len(transport.sent) == 1

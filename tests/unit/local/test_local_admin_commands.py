@@ -1,0 +1,145 @@
+"""The local plane's own commands that change who may call it are for admins, as fault
+injection is; and its faults are only those EC2 can really deliver."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calque.cli.main import main
+from calque.local.state import StateDir
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    s = StateDir(tmp_path / "plane")
+    s.ensure()
+    s.initialize_people()
+    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(s.path))
+    return s
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_member_cannot_add_an_admin(state, capsys):
+    # When alice (a member) adds mallory as an admin
+    code, out, err = _run(
+        capsys, "--profile", "alice", "--output", "json", "local", "user", "add", "mallory", "--admin"
+    )
+    # Then it is refused as fault injection is, and nobody was added
+    assert code == 1
+    assert err.strip() == "calque: error: adding a profile is for admins only"
+    assert json.loads(out)["error"] == {
+        "code": "forbidden",
+        "message": "adding a profile is for admins only",
+        "details": {"principal": "alice"},
+    }
+    assert state.principal("mallory") is None
+
+
+def test_an_admin_adds_and_removes_a_profile(state, capsys):
+    code, _, err = _run(capsys, "local", "user", "add", "erin")
+    assert code == 0, err
+    assert state.principal("erin") is not None
+    code, out, _ = _run(capsys, "--profile", "admin", "local", "user", "remove", "erin")
+    assert code == 0
+    assert "Removed erin" in out
+    assert state.principal("erin") is None
+    assert "[erin]" not in state.credentials_file.read_text()
+
+
+def test_a_member_cannot_remove_anyone(state, capsys):
+    code, _, err = _run(capsys, "--profile", "bob", "local", "user", "remove", "alice")
+    assert code == 1
+    assert "removing a profile is for admins only" in err
+    assert state.principal("alice") is not None
+
+
+def test_the_last_admin_stays(state, capsys):
+    code, _, err = _run(capsys, "local", "user", "remove", "admin")
+    assert code == 1
+    assert "last admin" in err
+    assert state.principal("admin").admin
+
+
+def test_a_profile_that_does_not_exist_is_named(state, capsys):
+    code, _, err = _run(capsys, "--profile", "nosuch", "local", "user", "add", "erin")
+    assert code == 1
+    assert "no profile 'nosuch'" in err
+    assert state.principal("erin") is None
+
+
+def test_user_add_before_any_local_up_still_works_for_the_default_admin(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "fresh"))
+    code, _, err = _run(capsys, "local", "user", "add", "erin")
+    assert code == 0, err
+    assert StateDir(tmp_path / "fresh").principal("erin") is not None
+
+
+# ---- spot interruptions: spot instances only ------------------------------------------------------
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    from moto import mock_aws
+
+    from calque.local.fleet import FleetSimulator
+
+    delivered: list[dict] = []
+    with mock_aws():
+        import boto3
+
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        sim = FleetSimulator(
+            StateDir(tmp_path / "plane"),
+            account="123456789012",
+            region="us-east-1",
+            host_role="CalqueHostRole",
+            deliver=delivered.append,
+            schedule_scale=1000.0,  # the reclaim stays far away: nothing is terminated here
+        )
+        sim.ec2 = ec2
+        sim.delivered_events = delivered  # type: ignore[attr-defined]
+        try:
+            yield sim
+        finally:
+            sim.stop()
+
+
+def _instance(ec2, *, spot: bool) -> str:
+    extra = {"InstanceMarketOptions": {"MarketType": "spot"}} if spot else {}
+    out = ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="g6e.xlarge", **extra
+    )
+    return str(out["Instances"][0]["InstanceId"])
+
+
+def test_a_spot_interruption_of_an_on_demand_instance_is_refused(fleet):
+    iid = _instance(fleet.ec2, spot=False)
+    status, doc = fleet.inject("spot-interruption", {"instance_id": iid})
+    assert status == 409
+    assert doc["error"]["code"] == "not_spot"
+    assert doc["error"]["message"] == f"{iid} is an on-demand instance: EC2 interrupts spot instances only"
+    fleet.stop()  # delivers what was queued, then ends
+    assert fleet.delivered_events == []  # no warning was sent
+    assert fleet._timers == []  # and nothing will reclaim it
+
+
+def test_a_spot_instance_gets_its_interruption_warning(fleet):
+    iid = _instance(fleet.ec2, spot=True)
+    status, doc = fleet.inject("spot-interruption", {"instance_id": iid})
+    assert status == 200
+    assert doc["instance_id"] == iid
+    assert len(fleet._timers) == 1
+    fleet.stop()  # delivers what was queued, then ends
+    assert [e["detail-type"] for e in fleet.delivered_events] == ["EC2 Spot Instance Interruption Warning"]
