@@ -349,7 +349,7 @@ class SessionsMixin(TenancyCore):
             if state != "live":
                 raise InvalidInput(
                     "every user's sessions can be listed live only; list one user's ended sessions "
-                    "with user, or see the usage report",
+                    "by naming the user (the user query parameter), or see the usage report",
                     details={"field": "state"},
                 )
             found = self.registry.live_sessions(expiring_at_or_before=None, limit=limit)
