@@ -29,7 +29,12 @@ GROUP_FIELDS: list[Any] = [
         lambda g: "unlimited" if g.get("max_usd_per_month") is None else f"{g['max_usd_per_month']:.2f}",
     ),
     ("live_sessions", "live_sessions"),
-    ("gpu_hours_this_month", lambda g: f"{float(g.get('gpu_hours_used_this_month') or 0):.2f}"),
+    # This month's use, as quota show prints a member's: used is what ended sessions and
+    # claims settled, reserved what live sessions hold; used + reserved is what limits check.
+    ("gpu_hours_used", lambda g: f"{float(g.get('gpu_hours_used_this_month') or 0):.2f}"),
+    ("gpu_hours_reserved", lambda g: f"{float(g.get('gpu_hours_reserved_this_month') or 0):.2f}"),
+    ("usd_used", lambda g: g.get("usd_used_this_month") or "0.00"),
+    ("usd_reserved", lambda g: g.get("usd_reserved_this_month") or "0.00"),
 ]
 LIST_COLUMNS: list[Any] = [
     ("name", "name"),

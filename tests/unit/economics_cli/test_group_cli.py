@@ -108,6 +108,25 @@ def test_group_list_and_show_print_json_documents(api, cli):
     assert "alice,bob" in out
 
 
+def test_group_show_prints_the_months_use_and_reservations(api, cli):
+    # Given lab has used 3.5 GPU-hours (12.40 dollars) and a live session holds 0.75 (2.52)
+    api.responses[("GET", "/v1/groups/lab")] = {
+        **LAB,
+        "gpu_hours_reserved_this_month": 0.75,
+        "usd_used_this_month": "12.40",
+        "usd_reserved_this_month": "2.52",
+    }
+
+    # When a member shows the group as a table
+    code, out, _ = cli("group", "show", "lab")
+
+    # Then each figure is printed on its own row
+    assert code == 0
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert (rows["gpu_hours_used"], rows["gpu_hours_reserved"]) == ("3.50", "0.75")
+    assert (rows["usd_used"], rows["usd_reserved"]) == ("12.40", "2.52")
+
+
 def test_group_add_needs_a_user(api, cli):
     assert cli("group", "add", "lab")[0] == 2
     assert api.requests == []
