@@ -101,8 +101,10 @@ class HostsMixin(TenancyCore):
             existing = self.registry.get_host(req.instance_id)
             if rid is not None and existing is not None and existing.register_request == rid:
                 return self._host_view(who, existing, self.registry.slices(req.instance_id))
+            state = f" ({existing.state})" if existing is not None else ""
             raise Conflict(
-                f"host {req.instance_id} is already registered",
+                f"host {req.instance_id} is already registered{state}; to register it again, "
+                f"deregister it first (calque host deregister {req.instance_id})",
                 code="already_registered",
                 details={"instance_id": req.instance_id},
             ) from None
