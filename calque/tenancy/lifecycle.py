@@ -53,7 +53,10 @@ def inventory_mismatch(
     itype = catalog.instance_type(instance_type)
     card = itype.card
     if reported_type and reported_type != itype.name:
-        return f"the instance reports itself as {reported_type}, but it was registered as {itype.name}"
+        return (
+            f"the instance reports itself as {reported_type}, but it was registered as {itype.name}; "
+            f"register it with its real instance type (--instance-type {reported_type})"
+        )
     if len(gpus) != itype.gpu_count:
         return (
             f"the host agent found {len(gpus)} GPU(s), but {itype.name} has {itype.gpu_count} {card.name}; "

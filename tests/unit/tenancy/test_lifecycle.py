@@ -223,6 +223,22 @@ def test_inventory_mismatch_names_what_differs(declared, found, reported_type, w
     assert words in (inventory_mismatch(declared, gpus_of(found), reported_type) or "")
 
 
+def test_a_host_reporting_another_instance_type_fails_with_the_next_step(world):
+    # Given a g7e.2xlarge registered as g6e.xlarge
+    register(world, instance_type="g6e.xlarge")
+    # When its agent reports the instance type it runs on
+    world.tenancy.lifecycle().report(
+        HOST, apply_report(world, gpus=gpus_of("g7e.2xlarge"), instance_type="g7e.2xlarge")
+    )
+    # Then the host fails with the reason and what to do next
+    host = world.tenancy.get_host(ADMIN, HOST)
+    assert host.state == "failed"
+    assert host.state_reason == (
+        "the instance reports itself as g7e.2xlarge, but it was registered as g6e.xlarge; "
+        "register it with its real instance type (--instance-type g7e.2xlarge)"
+    )
+
+
 def test_inventory_with_too_little_memory_is_another_card():
     gpus = [g.model_copy(update={"memory_mib": 24_000}) for g in gpus_of("g6e.2xlarge")]
     assert "24000 MiB" in (inventory_mismatch("g6e.2xlarge", gpus, None) or "")
