@@ -560,7 +560,8 @@ class Fleet:
         rec = self.store.by_instance(instance_id) if re.fullmatch(INSTANCE_ID_PATTERN, instance_id) else None
         if rec is None:
             raise NotFound(
-                f"no instance {instance_id} was launched by the fleet",
+                f"no instance {instance_id} was launched by the fleet; a host registered by hand "
+                f"leaves with calque host deregister {instance_id}",
                 details={"instance_id": instance_id},
             )
         if rec.state in ("terminated", "failed"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from calque import catalog
@@ -25,10 +26,18 @@ from calque.tenancy.core import TenancyCore, _grant
 
 class HostsMixin(TenancyCore):
     def register_host(
-        self, who: Caller, req: HostRegistration, *, idempotency_key: str | None = None
+        self,
+        who: Caller,
+        req: HostRegistration,
+        *,
+        idempotency_key: str | None = None,
+        before_create: Callable[[], None] | None = None,
     ) -> Host:
         """Register a running instance. With a client request id, a replay of the
-        registration that created the host answers the host instead of a conflict."""
+        registration that created the host answers the host instead of a conflict.
+        ``before_create`` runs once the whole request is known to be valid, just before the
+        host is written (a failed host's record is replaced there): a refused request
+        changes nothing."""
         key = requests.check_key(idempotency_key)
         rid = requests.request_id(who.principal, key) if key else None
         itype = catalog.instance_type(req.instance_type)
@@ -84,14 +93,18 @@ class HostsMixin(TenancyCore):
             )
             for p in planned
         ]
+        if before_create is not None:
+            before_create()
         try:
             self.registry.create_host(host, slices)
         except AlreadyExists:
             existing = self.registry.get_host(req.instance_id)
             if rid is not None and existing is not None and existing.register_request == rid:
                 return self._host_view(who, existing, self.registry.slices(req.instance_id))
+            state = f" ({existing.state})" if existing is not None else ""
             raise Conflict(
-                f"host {req.instance_id} is already registered",
+                f"host {req.instance_id} is already registered{state}; to register it again, "
+                f"deregister it first (calque host deregister {req.instance_id})",
                 code="already_registered",
                 details={"instance_id": req.instance_id},
             ) from None

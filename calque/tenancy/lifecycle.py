@@ -53,7 +53,10 @@ def inventory_mismatch(
     itype = catalog.instance_type(instance_type)
     card = itype.card
     if reported_type and reported_type != itype.name:
-        return f"the instance reports itself as {reported_type}, but it was registered as {itype.name}"
+        return (
+            f"the instance reports itself as {reported_type}, but it was registered as {itype.name}; "
+            f"register it with its real instance type (--instance-type {reported_type})"
+        )
     if len(gpus) != itype.gpu_count:
         return (
             f"the host agent found {len(gpus)} GPU(s), but {itype.name} has {itype.gpu_count} {card.name}; "
@@ -86,14 +89,22 @@ class HostLifecycle:
     # ---- register again ---------------------------------------------------------------------
 
     def register(self, who: Caller, req: HostRegistration, *, idempotency_key: str | None = None) -> Host:
-        """Register a host; one that is ``failed`` is forgotten first and registered anew."""
+        """Register a host; one that is ``failed`` is forgotten and registered anew, but only
+        once the new registration is known to be valid: a refused one leaves the failed host
+        and its reason as they were."""
         existing = self.registry.get_host(req.instance_id)
-        if existing is not None and existing.state in REREGISTERABLE:
-            # Changed meanwhile (another registration won): the create below decides.
+
+        def forget_failed() -> None:
+            if existing is None or existing.state not in REREGISTERABLE:
+                return
+            # Changed meanwhile (another registration won): the create decides.
             with contextlib.suppress(StaleWrite):
                 slices = self.registry.slices(req.instance_id)
                 self.registry.delete_host(existing, slices, retired=self._retired(existing, slices, who))
-        return self.tenancy.register_host(who, req, idempotency_key=idempotency_key)
+
+        return self.tenancy.register_host(
+            who, req, idempotency_key=idempotency_key, before_create=forget_failed
+        )
 
     # ---- deregister -------------------------------------------------------------------------
 

@@ -133,7 +133,7 @@ def monthly_refusal(
         fmt: Any = usd if unit == "USD" else gpu_hours
         reserved = committed - settled
         if scope == "user":
-            raise_it = f"calque quota set {name} --max-sessions N --{attr.replace('_', '-')} X"
+            raise_it = f"calque quota set {name} --{attr.replace('_', '-')} X"
         else:
             raise_it = f"calque group limits {name} --{attr.replace('_', '-')} X"
         shorter = "a shorter --ttl" if doing == "check-out" else "a shorter extension"
@@ -212,7 +212,7 @@ def claim_refusal(
         fmt: Any = usd if unit == "USD" else gpu_hours
         reserved = committed - settled
         if scope == "user":
-            raise_it = f"calque quota set {name} --max-sessions N --{attr.replace('_', '-')} X"
+            raise_it = f"calque quota set {name} --{attr.replace('_', '-')} X"
         else:
             raise_it = f"calque group limits {name} --{attr.replace('_', '-')} X"
         return QuotaExceeded(

@@ -37,9 +37,12 @@ class QuotasMixin(TenancyCore):
         now = self.clock()
         month = f"{now:%Y-%m}"
         quota = self.registry.get_quota(user)
-        # What ended sessions used is the month's settled amount on the quota item: the figure
-        # the monthly limit checks and its refusal quotes, kept by the transaction that ends
-        # each session. A table kept from a version before the counters existed
+        # "Used" is what ended sessions (and ended pool claims) settled; "reserved" is what
+        # live sessions hold for their whole TTL. Their sum is exactly what the monthly limit
+        # checks (calque.tenancy.limits): a live session's elapsed time is in its reservation
+        # only, never counted twice. What ended sessions used is the month's settled amount on
+        # the quota item: the figure the refusal quotes as used, kept by the transaction that
+        # ends each session. A table kept from a version before the counters existed
         # may hold a USER#<user>/USAGE#<month> item with ends the counters never saw. It is
         # not folded in: since the counters came in every end added to both, so the item and
         # the counter overlap by an amount nothing records (adding them double-counts, taking
@@ -48,13 +51,7 @@ class QuotasMixin(TenancyCore):
         # usage) reads the lease history and still charges every one of them.
         use = month_use(quota.use if quota else {}, month)
         # Only the live sessions: their count is bounded by the quota, ended ones are summed.
-        # A session counts in the month of its check-out (calque.tenancy.limits).
         live = self.registry.sessions_of(user, self.config.list_limit, state="live")
-        running = sum(
-            (now - s.created_at).total_seconds() / 3600 * s.gpu_fraction
-            for s in live
-            if s.charge_month == month
-        )
         explicit = quota is not None and quota.explicit
         return Quota(
             user=user,
@@ -62,7 +59,7 @@ class QuotasMixin(TenancyCore):
             max_gpu_hours_per_month=quota.max_gpu_hours_per_month if quota else None,
             max_usd_per_month=quota.max_usd_per_month if quota else None,
             live_sessions=len(live),
-            gpu_hours_used_this_month=round(limits.gpu_hours(use.settled_ugh) + running, 4),
+            gpu_hours_used_this_month=limits.gpu_hours(use.settled_ugh),
             gpu_hours_reserved_this_month=limits.gpu_hours(use.reserved_ugh),
             usd_used_this_month=limits.usd(use.settled_musd),
             usd_reserved_this_month=limits.usd(use.reserved_musd),

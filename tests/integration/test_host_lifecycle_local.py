@@ -40,6 +40,14 @@ def test_wrong_type_fails_then_registers_again_and_deregister_guards_live_sessio
     assert doc["error"]["code"] == "layout_failed"
     reason = doc["error"]["details"]["state_reason"]
     assert "g7e.2xlarge" in reason or "RTX PRO 6000" in reason
+    assert "register it with its real instance type" in reason
+    # When registered again as what it is, but with a layout the card cannot take
+    code, refused = _register(plane, instance, "g7e.2xlarge", "--mig", "1g.24gb=9")
+    # Then it is refused and the failed host, with its reason, is still there
+    assert (code, refused["error"]["code"]) == (1, "invalid_layout")
+    code, shown = plane.cli_json("host", "show", instance, profile="admin")
+    assert code == 0, shown
+    assert (shown["state"], shown["state_reason"]) == ("failed", reason)
     # When registered again as what it is
     code, host = _register(plane, instance, "g7e.2xlarge", "--mig", "1g.24gb=4", "--wait", "--timeout", "90s")
     assert code == 0, host

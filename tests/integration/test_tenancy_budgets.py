@@ -48,6 +48,9 @@ def test_a_members_dollar_budget_is_reserved_at_checkout_and_settled_at_checkin(
     table = plane.cli("quota", "show", profile=who).stdout
     assert "usd_reserved" in table
     assert "0.84" in table
+    # And an admin changing only the session limit keeps the dollar budget
+    code, quota = plane.cli_json("quota", "set", who, "--max-sessions", "4", profile="admin")
+    assert (code, quota["max_sessions"], quota["max_usd_per_month"]) == (0, 4, 1.5)
 
     # When a second hour would pass the budget (0.84 reserved + 0.84 asked > 1.50)
     wait_grants_landed(plane, iid)

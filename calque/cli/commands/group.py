@@ -1,11 +1,18 @@
 """``calque group create | add | remove | limits | list | show``: who belongs to which lab,
-course or grant, and the group's limits (admins change; members read their own groups)."""
+course or grant, and the group's limits (admins change; members read their own groups).
+
+``group limits`` changes only the limits named on its command line: the API's PUT replaces
+all three, so the CLI reads the group and sends its limits back with those replaced."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 from urllib.parse import quote
+
+from calque.cli.argtypes import non_negative_float, non_negative_int
+from calque.cli.commands.quota import LIMITS, given_limits, merged, or_unlimited
+from calque.cli.errors import CliError
 
 GROUP_FIELDS: list[Any] = [
     ("name", "name"),
@@ -22,7 +29,12 @@ GROUP_FIELDS: list[Any] = [
         lambda g: "unlimited" if g.get("max_usd_per_month") is None else f"{g['max_usd_per_month']:.2f}",
     ),
     ("live_sessions", "live_sessions"),
-    ("gpu_hours_this_month", lambda g: f"{float(g.get('gpu_hours_used_this_month') or 0):.2f}"),
+    # This month's use, as quota show prints a member's: used is what ended sessions and
+    # claims settled, reserved what live sessions hold; used + reserved is what limits check.
+    ("gpu_hours_used", lambda g: f"{float(g.get('gpu_hours_used_this_month') or 0):.2f}"),
+    ("gpu_hours_reserved", lambda g: f"{float(g.get('gpu_hours_reserved_this_month') or 0):.2f}"),
+    ("usd_used", lambda g: g.get("usd_used_this_month") or "0.00"),
+    ("usd_reserved", lambda g: g.get("usd_reserved_this_month") or "0.00"),
 ]
 LIST_COLUMNS: list[Any] = [
     ("name", "name"),
@@ -34,12 +46,32 @@ LIST_COLUMNS: list[Any] = [
 ]
 
 
-def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-sessions", type=int, metavar="N", help="live sessions of the whole group")
+def _limits(p: argparse.ArgumentParser, *, kept: bool) -> None:
+    """The three limit flags; each takes ``none`` (unlimited). ``kept``: an omitted flag keeps
+    the group's current limit (``group limits``) instead of meaning unlimited (``group create``)."""
+    default = argparse.SUPPRESS if kept else None
+    omitted = "kept" if kept else "unlimited"
     p.add_argument(
-        "--max-gpu-hours-per-month", type=float, metavar="H", help="GPU-hours a calendar month (UTC)"
+        "--max-sessions",
+        type=or_unlimited(non_negative_int),
+        default=default,
+        metavar="N",
+        help=f"live sessions of the whole group; `none`: unlimited (default: {omitted})",
     )
-    p.add_argument("--max-usd-per-month", type=float, metavar="USD", help="monthly budget in dollars")
+    p.add_argument(
+        "--max-gpu-hours-per-month",
+        type=or_unlimited(non_negative_float),
+        default=default,
+        metavar="H",
+        help=f"GPU-hours a calendar month (UTC); `none`: unlimited (default: {omitted})",
+    )
+    p.add_argument(
+        "--max-usd-per-month",
+        type=or_unlimited(non_negative_float),
+        default=default,
+        metavar="USD",
+        help=f"monthly budget in dollars; `none`: unlimited (default: {omitted})",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -49,7 +81,7 @@ def register(subparsers: Any) -> None:
 
     p = group.add_parser("create", help="create a group (admins)")
     p.add_argument("name", metavar="NAME")
-    _limits(p)
+    _limits(p, kept=False)
     p.set_defaults(func=_create)
 
     for verb, helptext in (("add", "add members (admins)"), ("remove", "remove members (admins)")):
@@ -58,9 +90,14 @@ def register(subparsers: Any) -> None:
         p.add_argument("users", metavar="USER", nargs="+")
         p.set_defaults(func=_add if verb == "add" else _remove)
 
-    p = group.add_parser("limits", help="set a group's limits; an omitted one becomes unlimited (admins)")
+    p = group.add_parser(
+        "limits",
+        help="change a group's limits (admins); those not given are kept",
+        description="Change the limits given; every limit not named keeps its current value. "
+        "A limit given as `none` is cleared (unlimited).",
+    )
     p.add_argument("name", metavar="NAME")
-    _limits(p)
+    _limits(p, kept=True)
     p.set_defaults(func=_set_limits)
 
     p = group.add_parser("list", help="groups (members: their own)")
@@ -72,11 +109,7 @@ def register(subparsers: Any) -> None:
 
 
 def _limit_body(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "max_sessions": args.max_sessions,
-        "max_gpu_hours_per_month": args.max_gpu_hours_per_month,
-        "max_usd_per_month": args.max_usd_per_month,
-    }
+    return {k: getattr(args, k, None) for k in LIMITS}
 
 
 def _create(ctx: Any, args: argparse.Namespace) -> None:
@@ -101,13 +134,22 @@ def do_members(ctx: Any, *, name: str, users: list[str], remove: bool) -> None:
 
 
 def _set_limits(ctx: Any, args: argparse.Namespace) -> None:
-    do_set_limits(ctx, name=args.name, **_limit_body(args))
+    do_set_limits(ctx, name=args.name, **given_limits(args))
 
 
-def do_set_limits(ctx: Any, *, name: str, **limits: Any) -> None:
-    ctx.emit(
-        ctx.client().request("PUT", f"/v1/groups/{quote(name, safe='')}/limits", limits), columns=GROUP_FIELDS
-    )
+def do_set_limits(ctx: Any, *, name: str, **changes: Any) -> None:
+    """Change the given limits of group ``name`` and keep the others: the API's PUT replaces
+    all three, so the group is read first and the merged document is sent."""
+    if not changes:
+        raise CliError(
+            "name at least one limit to change: --max-sessions, --max-gpu-hours-per-month or "
+            "--max-usd-per-month",
+            code="nothing_to_change",
+        )
+    client = ctx.client()
+    path = f"/v1/groups/{quote(name, safe='')}"
+    body = merged(client.request("GET", path) if len(changes) < len(LIMITS) else {}, changes)
+    ctx.emit(client.request("PUT", f"{path}/limits", body), columns=GROUP_FIELDS)
 
 
 def _list(ctx: Any, args: argparse.Namespace) -> None:

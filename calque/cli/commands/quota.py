@@ -1,13 +1,18 @@
 """``calque quota set | show``: how many sessions a user may hold at once, and GPU-hours and
-dollars a month (each check-out reserves its TTL's worth against them; its end settles it)."""
+dollars a month (each check-out reserves its TTL's worth against them; its end settles it).
+
+``quota set`` changes only the limits named on its command line: the API's PUT replaces the
+whole quota, so the CLI reads the current one and sends it back with those replaced."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_float, non_negative_int
+from calque.cli.errors import CliError
 
 QUOTA_FIELDS = [
     ("user", "user"),
@@ -36,16 +41,29 @@ QUOTA_FIELDS = [
 ]
 
 
-def quota_body(
-    *,
-    max_sessions: int,
-    max_gpu_hours_per_month: float | None = None,
-    max_usd_per_month: float | None = None,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"max_sessions": max_sessions, "max_gpu_hours_per_month": max_gpu_hours_per_month}
-    if max_usd_per_month is not None:
-        body["max_usd_per_month"] = max_usd_per_month
-    return body
+# The monthly limits a command line may clear: ``--max-usd-per-month none``.
+UNLIMITED_WORDS = ("none", "unlimited")
+LIMITS = ("max_sessions", "max_gpu_hours_per_month", "max_usd_per_month")
+
+
+def or_unlimited(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type taking a number, or ``none`` (unlimited: the limit is cleared)."""
+
+    def parsed(text: str) -> Any:
+        return None if text.strip().lower() in UNLIMITED_WORDS else parse(text)
+
+    parsed.__name__ = getattr(parse, "__name__", "limit")
+    return parsed
+
+
+def given_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits named on the command line (an omitted one is absent, not None)."""
+    return {k: getattr(args, k) for k in LIMITS if hasattr(args, k)}
+
+
+def merged(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """The whole limits document to PUT: the current limits, with those given replaced."""
+    return {k: changes[k] if k in changes else current.get(k) for k in LIMITS}
 
 
 def register(subparsers: Any) -> None:
@@ -53,26 +71,33 @@ def register(subparsers: Any) -> None:
 
     group = command_group(subparsers, "quota", help="per-user limits on sessions, GPU-hours and dollars")
 
-    p = group.add_parser("set", help="set a user's quota (admins)")
+    p = group.add_parser(
+        "set",
+        help="change a user's limits (admins); those not given are kept",
+        description="Change the limits given; every limit not named keeps its current value. "
+        "A monthly limit given as `none` is cleared (unlimited).",
+    )
     p.add_argument("user", metavar="USER", help="the user's principal, as `calque whoami` shows it")
     p.add_argument(
         "--max-sessions",
-        required=True,
         type=non_negative_int,
+        default=argparse.SUPPRESS,
         metavar="N",
-        help="sessions the user may hold at once",
+        help="sessions the user may hold at once (default: kept)",
     )
     p.add_argument(
         "--max-gpu-hours-per-month",
-        type=non_negative_float,
+        type=or_unlimited(non_negative_float),
+        default=argparse.SUPPRESS,
         metavar="H",
-        help="GPU-hours per calendar month, UTC (default: unlimited)",
+        help="GPU-hours per calendar month, UTC; `none`: unlimited (default: kept)",
     )
     p.add_argument(
         "--max-usd-per-month",
-        type=non_negative_float,
+        type=or_unlimited(non_negative_float),
+        default=argparse.SUPPRESS,
         metavar="X",
-        help="dollars per calendar month, UTC, kept to a cent (default: unlimited)",
+        help="dollars per calendar month, UTC, kept to a cent; `none`: unlimited (default: kept)",
     )
     p.set_defaults(func=_set)
 
@@ -82,30 +107,22 @@ def register(subparsers: Any) -> None:
 
 
 def _set(ctx: Any, args: argparse.Namespace) -> None:
-    do_set(
-        ctx,
-        user=args.user,
-        max_sessions=args.max_sessions,
-        max_gpu_hours_per_month=args.max_gpu_hours_per_month,
-        max_usd_per_month=args.max_usd_per_month,
-    )
+    do_set(ctx, user=args.user, **given_limits(args))
 
 
-def do_set(
-    ctx: Any,
-    *,
-    user: str,
-    max_sessions: int,
-    max_gpu_hours_per_month: float | None = None,
-    max_usd_per_month: float | None = None,
-) -> None:
-    body = quota_body(
-        max_sessions=max_sessions,
-        max_gpu_hours_per_month=max_gpu_hours_per_month,
-        max_usd_per_month=max_usd_per_month,
-    )
-    quota = ctx.client().request("PUT", f"/v1/quotas/{quote(user, safe='')}", body)
-    ctx.emit(quota, columns=QUOTA_FIELDS)
+def do_set(ctx: Any, *, user: str, **changes: Any) -> None:
+    """Change the given limits of ``user`` and keep the others: the API's PUT replaces the
+    whole quota, so the current one is read first and the merged document is sent."""
+    if not changes:
+        raise CliError(
+            "name at least one limit to change: --max-sessions, --max-gpu-hours-per-month or "
+            "--max-usd-per-month",
+            code="nothing_to_change",
+        )
+    client = ctx.client()
+    path = f"/v1/quotas/{quote(user, safe='')}"
+    body = merged(client.request("GET", path) if len(changes) < len(LIMITS) else {}, changes)
+    ctx.emit(client.request("PUT", path, body), columns=QUOTA_FIELDS)
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:

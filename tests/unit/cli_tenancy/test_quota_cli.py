@@ -19,12 +19,59 @@ QUOTA = {
 }
 
 
+def puts(api):
+    return [body for method, _path, body, _q in api.requests if method == "PUT"]
+
+
 def test_quota_set_puts_the_numbers(api, cli):
+    api.responses[("GET", "/v1/quotas/alice")] = QUOTA
     api.responses[("PUT", "/v1/quotas/alice")] = QUOTA
     code, out, _ = cli("quota", "set", "alice", "--max-sessions", "2", "--max-gpu-hours-per-month", "40")
     assert code == 0
-    assert api.requests[0][2] == {"max_sessions": 2, "max_gpu_hours_per_month": 40.0}
+    assert puts(api) == [{"max_sessions": 2, "max_gpu_hours_per_month": 40.0, "max_usd_per_month": None}]
     assert "unlimited" in out
+
+
+def test_quota_set_changes_only_the_limit_given_and_keeps_the_others(api, cli):
+    # Given alice may hold 3 sessions, 40 GPU-hours and 25.50 dollars a month
+    current = {**QUOTA, "max_sessions": 3, "max_gpu_hours_per_month": 40.0, "max_usd_per_month": 25.5}
+    api.responses[("GET", "/v1/quotas/alice")] = current
+    api.responses[("PUT", "/v1/quotas/alice")] = lambda body: {**current, **body}
+
+    # When an admin raises only her session limit, as a refusal's hint says
+    code, out, _ = cli("quota", "set", "alice", "--max-sessions", "5")
+
+    # Then the monthly limits are sent back unchanged and shown
+    assert code == 0
+    assert puts(api) == [{"max_sessions": 5, "max_gpu_hours_per_month": 40.0, "max_usd_per_month": 25.5}]
+    assert "25.50" in out
+    assert "unlimited" not in out
+
+
+def test_quota_set_none_clears_one_limit_and_keeps_the_others(api, cli):
+    current = {**QUOTA, "max_sessions": 3, "max_gpu_hours_per_month": 40.0, "max_usd_per_month": 25.5}
+    api.responses[("GET", "/v1/quotas/alice")] = current
+    api.responses[("PUT", "/v1/quotas/alice")] = lambda body: {**current, **body}
+
+    code, out, _ = cli("quota", "set", "alice", "--max-usd-per-month", "none")
+
+    assert code == 0
+    assert puts(api) == [{"max_sessions": 3, "max_gpu_hours_per_month": 40.0, "max_usd_per_month": None}]
+    assert "unlimited" in out
+
+
+def test_quota_set_without_a_limit_is_refused_and_sends_nothing(api, cli):
+    code, out, err = cli("quota", "set", "alice")
+    assert (code, out) == (1, "")
+    assert "name at least one limit" in err
+    assert api.requests == []
+
+
+def test_quota_set_help_says_omitted_limits_are_kept_and_none_clears(cli):
+    code, out, _ = cli("quota", "set", "--help")
+    assert code == 0
+    assert "kept" in out
+    assert "`none`: unlimited" in out
 
 
 def test_quota_show_without_user_shows_the_callers_own(api, cli):
@@ -49,10 +96,11 @@ def test_quota_set_sends_the_monthly_dollar_budget_and_show_prints_it(api, cli):
         "usd_used_this_month": "1.20",
         "usd_reserved_this_month": "0.84",
     }
+    api.responses[("GET", "/v1/quotas/alice")] = QUOTA
     api.responses[("PUT", "/v1/quotas/alice")] = shown
     code, out, _ = cli("quota", "set", "alice", "--max-sessions", "2", "--max-usd-per-month", "25.50")
     assert code == 0
-    assert api.requests[0][2] == {
+    assert puts(api)[0] == {
         "max_sessions": 2,
         "max_gpu_hours_per_month": None,
         "max_usd_per_month": 25.5,

@@ -29,6 +29,7 @@ def test_group_create_add_remove_and_limits_send_what_the_api_expects(api, cli):
     ]:
         api.responses[key] = LAB
     api.responses[("PUT", "/v1/groups/lab/limits")] = LAB
+    api.responses[("GET", "/v1/groups/lab")] = LAB
     assert cli("group", "create", "lab", "--max-usd-per-month", "250")[0] == 0
     assert cli("group", "add", "lab", "alice", "bob")[0] == 0
     assert cli("group", "remove", "lab", "bob")[0] == 0
@@ -47,14 +48,54 @@ def test_group_create_add_remove_and_limits_send_what_the_api_expects(api, cli):
         ),
         ("POST", "/v1/groups/lab/members", {"users": ["alice", "bob"]}),
         ("POST", "/v1/groups/lab/members/remove", {"users": ["bob"]}),
+        ("GET", "/v1/groups/lab", None),
         (
             "PUT",
             "/v1/groups/lab/limits",
-            {"max_sessions": 4, "max_gpu_hours_per_month": None, "max_usd_per_month": None},
+            {"max_sessions": 4, "max_gpu_hours_per_month": None, "max_usd_per_month": 250.0},
         ),
     ]
     assert "250.00" in out
     assert "unlimited" in out
+
+
+def test_group_limits_changes_only_the_limit_given_and_keeps_the_budget(api, cli):
+    # Given lab may hold 4 sessions and spend 250 dollars a month
+    api.responses[("GET", "/v1/groups/lab")] = LAB
+    api.responses[("PUT", "/v1/groups/lab/limits")] = lambda body: {**LAB, **body}
+
+    # When an admin raises only its session limit, as a refusal's hint says
+    code, out, _ = cli("group", "limits", "lab", "--max-sessions", "6")
+
+    # Then the dollar budget is sent back unchanged, and shown
+    assert code == 0
+    assert api.requests[-1][2] == {
+        "max_sessions": 6,
+        "max_gpu_hours_per_month": None,
+        "max_usd_per_month": 250.0,
+    }
+    assert "250.00" in out
+
+
+def test_group_limits_none_clears_one_limit(api, cli):
+    api.responses[("GET", "/v1/groups/lab")] = LAB
+    api.responses[("PUT", "/v1/groups/lab/limits")] = lambda body: {**LAB, **body}
+
+    code, _, _ = cli("group", "limits", "lab", "--max-usd-per-month", "none")
+
+    assert code == 0
+    assert api.requests[-1][2] == {
+        "max_sessions": 4,
+        "max_gpu_hours_per_month": None,
+        "max_usd_per_month": None,
+    }
+
+
+def test_group_limits_without_a_limit_is_refused_and_sends_nothing(api, cli):
+    code, _, err = cli("group", "limits", "lab")
+    assert code == 1
+    assert "name at least one limit" in err
+    assert api.requests == []
 
 
 def test_group_list_and_show_print_json_documents(api, cli):
@@ -65,6 +106,25 @@ def test_group_list_and_show_print_json_documents(api, cli):
     code, out, _ = cli("group", "show", "lab")
     assert code == 0
     assert "alice,bob" in out
+
+
+def test_group_show_prints_the_months_use_and_reservations(api, cli):
+    # Given lab has used 3.5 GPU-hours (12.40 dollars) and a live session holds 0.75 (2.52)
+    api.responses[("GET", "/v1/groups/lab")] = {
+        **LAB,
+        "gpu_hours_reserved_this_month": 0.75,
+        "usd_used_this_month": "12.40",
+        "usd_reserved_this_month": "2.52",
+    }
+
+    # When a member shows the group as a table
+    code, out, _ = cli("group", "show", "lab")
+
+    # Then each figure is printed on its own row
+    assert code == 0
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert (rows["gpu_hours_used"], rows["gpu_hours_reserved"]) == ("3.50", "0.75")
+    assert (rows["usd_used"], rows["usd_reserved"]) == ("12.40", "2.52")
 
 
 def test_group_add_needs_a_user(api, cli):

@@ -59,6 +59,16 @@ def test_release_without_consent_or_by_a_member_changes_nothing(world: World):
     assert world.hosts.ended == {}
 
 
+def test_releasing_a_host_the_fleet_did_not_launch_says_how_it_leaves(world: World):
+    # Given a host registered by hand (no launch of the fleet's)
+    # When an admin releases it
+    with pytest.raises(NotFound) as refused:
+        world.fleet.release_request(ADMIN, "i-0aaa0001", ReleaseRequest(accept_terminate=True))
+    # Then the refusal names the command that removes a registered host
+    assert "was launched by the fleet" in refused.value.message
+    assert "calque host deregister i-0aaa0001" in refused.value.message
+
+
 def test_release_of_an_unknown_or_already_terminated_instance_is_refused(world: World):
     with pytest.raises(NotFound):
         world.fleet.release("i-0123456789abcdef0", "x")

@@ -163,6 +163,29 @@ def test_checkin_settles_the_reservation_to_what_was_used_and_agrees_with_usage(
     assert {r.key: r.amount_usd for r in report.rows}["alice"] == "0.42"
 
 
+def test_quota_dollars_agree_with_the_usage_report_before_rounding_and_differ_by_its_cents(world: World):
+    # Given alice ran two short sessions and bob one (times kept to the second, as stored)
+    world.ready_host()
+    for who, held in ((ALICE, 103), (BOB, 150), (ALICE, 103)):
+        grant = hour(world, who)
+        world.clock.advance(held)
+        world.tenancy.checkin(who, grant.session_id, CheckinRequest(token=grant.token))
+    # When the usage report prices the same sessions
+    usage = Usage(world.registry, clock=world.clock)
+    bill = usage.bill(datetime(2026, 12, 1, tzinfo=UTC), world.clock())
+    exact = {u: sum(x.exact_usd for x in bill.lines if x.user == u) for u in ("alice", "bob")}
+    # Then each member's settled micro-dollars are the report's exact amount, to the micro-dollar
+    for user in ("alice", "bob"):
+        assert abs(user_use(world, user).settled_musd - exact[user] * 1_000_000) <= 1
+    # And quota show rounds that total once to the cent (alice: 2 x 0.02403 = 0.04807 -> 0.05),
+    # while the report rounds each line (0.02 and 0.02 here, so that instances add up to
+    # the bill): the cents differ by rounding only, at most one a line (bob: one line, 0.04 both)
+    report = {r.key: Decimal(r.amount_usd) for r in usage.usage(ADMIN, UsageQuery(by="user")).rows}
+    shown = {u: Decimal(world.tenancy.get_quota(member(u), "me").usd_used_this_month) for u in exact}
+    assert shown == {"alice": Decimal("0.05"), "bob": Decimal("0.04")}
+    assert report == {"alice": Decimal("0.04"), "bob": Decimal("0.04"), "(idle)": report["(idle)"]}
+
+
 def test_a_members_dollar_budget_refuses_a_checkout_that_would_pass_it_and_changes_nothing(world: World):
     # Given alice's monthly budget of 1.50 USD, 0.84 of it reserved by a live session
     world.ready_host()
@@ -177,7 +200,8 @@ def test_a_members_dollar_budget_refuses_a_checkout_that_would_pass_it_and_chang
     assert d["limit"] == "user.max_usd_per_month"
     assert (d["used"], d["reserved"], d["asked"], d["max_usd_per_month"]) == ("0.00", "0.84", "0.84", 1.5)
     assert "--ttl" in refused.value.message
-    assert "calque quota set alice" in refused.value.message
+    # (one flag: `quota set` keeps every limit it is not given)
+    assert "(calque quota set alice --max-usd-per-month X)" in refused.value.message
     assert refused.value.code == "quota_exceeded"
     # And nothing changed
     after = (world.slice_states(), user_use(world, "alice"), len(world.registry.sessions_of("alice", 10)))

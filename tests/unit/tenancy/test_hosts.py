@@ -60,6 +60,11 @@ def test_registering_the_same_instance_twice_is_a_conflict(world: World):
             ADMIN, HostRegistration(instance_id="i-0aaa0001", instance_type="g7e.2xlarge")
         )
     assert refused.value.code == "already_registered"
+    # and the refusal says what to do: deregister it first
+    assert refused.value.message == (
+        "host i-0aaa0001 is already registered (ready); to register it again, deregister it "
+        "first (calque host deregister i-0aaa0001)"
+    )
 
 
 def test_the_agents_apply_report_makes_the_host_ready_and_its_slices_free_with_their_binding(world: World):

@@ -8,7 +8,7 @@ import pytest
 from calque import catalog
 from calque.contracts.agent import AgentReport, GpuReport
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, HostRegistration, ReclaimTask
-from calque.errors import Conflict, NotFound
+from calque.errors import Conflict, InvalidInput, NotFound
 from calque.tenancy.lifecycle import inventory_mismatch
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
@@ -134,6 +134,27 @@ def test_failed_host_is_registered_again_with_a_corrected_layout(world):
     assert {s.profile for s in world.registry.slices(HOST)} == {"2g.48gb"}
 
 
+def test_a_refused_registration_again_keeps_the_failed_host_and_its_reason(world):
+    # Given a g7e.2xlarge registered as g6e.xlarge, failed by its agent's report
+    register(world, instance_type="g6e.xlarge")
+    world.tenancy.lifecycle().report(
+        HOST, apply_report(world, gpus=gpus_of("g7e.2xlarge"), instance_type="g7e.2xlarge")
+    )
+    failed = world.tenancy.get_host(ADMIN, HOST)
+    assert failed.state == "failed"
+    before = dict(world.registry.hosts), dict(world.registry.slice_map)
+
+    # When it is registered again with its real type but a layout that does not fit
+    with pytest.raises(InvalidInput) as refused:
+        register(world, layout={"version": "v1", "gpus": [{"devices": [0], "mig": {"1g.24gb": 9}}]})
+
+    # Then the request is refused and the failed host, with its reason, is still shown
+    assert refused.value.code == "invalid_layout"
+    shown = world.tenancy.get_host(ADMIN, HOST)
+    assert (shown.state, shown.state_reason) == ("failed", failed.state_reason)
+    assert (dict(world.registry.hosts), dict(world.registry.slice_map)) == before
+
+
 def test_a_host_that_is_not_failed_is_still_already_registered(world):
     register(world)
     with pytest.raises(Conflict) as refused:
@@ -200,6 +221,22 @@ def test_host_whose_gpus_match_becomes_ready(world):
 )
 def test_inventory_mismatch_names_what_differs(declared, found, reported_type, words):
     assert words in (inventory_mismatch(declared, gpus_of(found), reported_type) or "")
+
+
+def test_a_host_reporting_another_instance_type_fails_with_the_next_step(world):
+    # Given a g7e.2xlarge registered as g6e.xlarge
+    register(world, instance_type="g6e.xlarge")
+    # When its agent reports the instance type it runs on
+    world.tenancy.lifecycle().report(
+        HOST, apply_report(world, gpus=gpus_of("g7e.2xlarge"), instance_type="g7e.2xlarge")
+    )
+    # Then the host fails with the reason and what to do next
+    host = world.tenancy.get_host(ADMIN, HOST)
+    assert host.state == "failed"
+    assert host.state_reason == (
+        "the instance reports itself as g7e.2xlarge, but it was registered as g6e.xlarge; "
+        "register it with its real instance type (--instance-type g7e.2xlarge)"
+    )
 
 
 def test_inventory_with_too_little_memory_is_another_card():

@@ -270,6 +270,31 @@ def test_quota_of_gpu_hours_per_month_is_refused_once_used_up(world: World):
     assert world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600)).user == "alice"
 
 
+def test_quota_shows_a_live_session_as_reserved_only_and_its_end_as_used(world: World):
+    # Given alice holds a 1g.24gb slice (a quarter of the card) for 3 h, 1 h of it run
+    world.ready_host()
+    world.quota("alice", 4, gpu_hours=1.0)
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3 * 3600))
+    world.clock.advance(3600)
+
+    # When she reads her quota
+    live = world.tenancy.get_quota(ALICE, "me")
+
+    # Then the live session is in "reserved" (its whole TTL) and not yet in "used":
+    # used + reserved is what the 1.0 GPU-hour limit checks, elapsed time counted once
+    assert (live.gpu_hours_used_this_month, live.gpu_hours_reserved_this_month) == (0.0, 0.75)
+    assert (live.usd_used_this_month, live.usd_reserved_this_month) == ("0.00", "2.52")
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=2 * 3600))
+    assert (refused.value.details["used"], refused.value.details["reserved"]) == (0.0, 0.75)
+
+    # And once she checks in, the hour she ran is used and nothing is reserved
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    ended = world.tenancy.get_quota(ALICE, "me")
+    assert (ended.gpu_hours_used_this_month, ended.gpu_hours_reserved_this_month) == (0.25, 0.0)
+    assert (ended.usd_used_this_month, ended.usd_reserved_this_month) == ("0.84", "0.00")
+
+
 def test_members_read_only_their_own_quota(world: World):
     with pytest.raises(Forbidden):
         world.tenancy.get_quota(BOB, "alice")
