@@ -278,11 +278,13 @@ class Quota(Out):
     max_gpu_hours_per_month: float | None = None
     max_usd_per_month: float | None = None
     live_sessions: int = Field(description="sessions live now")
-    gpu_hours_used_this_month: float = Field(description="ended sessions plus the time live ones have run")
+    gpu_hours_used_this_month: float = Field(description="what ended sessions and claims settled this month")
     gpu_hours_reserved_this_month: float = Field(
         default=0.0, description="what live sessions hold against the month's limit (their TTL's worth)"
     )
-    usd_used_this_month: str = Field(default="0.00", description="ended sessions charged to this month")
+    usd_used_this_month: str = Field(
+        default="0.00", description="what ended sessions and claims settled this month"
+    )
     usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
     month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
     default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
