@@ -235,7 +235,7 @@ def test_refused_with_the_error_document_and_nothing_changes(
                 "1",
                 "--i-understand-this-spends-money",
             ],
-            1,
+            2,  # a usage error: --spot-max-price needs --spot
         ),
         (
             [
