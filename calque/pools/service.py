@@ -12,7 +12,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calque.contracts.pools import (
     NAME_PATTERN,
@@ -39,6 +39,9 @@ from calque.pools.ports import (
     QueueRefs,
     WorkerStarter,
 )
+
+if TYPE_CHECKING:
+    from calque.fleet.ports import InstanceRates
 from calque.pools.scaler import (
     Backlog,
     Decision,
@@ -117,6 +120,7 @@ class Pools:
         config: PoolsConfig | None = None,
         starter: WorkerStarter | None = None,
         groups: Any = None,
+        rates: InstanceRates | None = None,
     ):
         self.store = store
         self.queues = queues
@@ -129,6 +133,9 @@ class Pools:
         self.starter = starter
         # The registry's groups (calque.tenancy.groups): a claim is charged to one. None: no groups.
         self.groups = groups
+        # The rates the fleet recorded at launch (a spot instance's): what a claim is charged
+        # at. None: catalog rates only.
+        self.rates = rates
 
     # pools
     def _pool(self, name: str) -> d.PoolRecord:
@@ -380,6 +387,7 @@ class Pools:
         already recorded changes and counts nothing. None when the claim had ended already."""
         record = self.store.get_pool(pool) if isinstance(pool, str) else pool
         registry = self.groups
+        rates = self.rates
 
         def price(ended: d.ClaimRecord) -> d.ClaimUse | None:
             from dataclasses import replace
@@ -388,7 +396,10 @@ class Pools:
 
             if record is None:
                 return None
-            use = claim_use(ended, record.instance_type, record.layout)
+            recorded = (
+                rates.instance_rate(ended.instance_id) if rates is not None and ended.instance_id else None
+            )
+            use = claim_use(ended, record.instance_type, record.layout, recorded)
             if use is not None and use.group is not None and registry.get_group(use.group) is None:
                 use = replace(use, group=None)  # a group no longer there has no month to count in
             return use
