@@ -30,7 +30,7 @@ from fractions import Fraction
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
-from calque.accounting.history import priced, rate_of, utc_days
+from calque.accounting.history import ended_before, priced, rate_of, utc_days
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
 from calque.fleet.records import InstanceRate
@@ -108,7 +108,7 @@ def ran(store: PoolStore, *, since: datetime, until: datetime, now: datetime) ->
             continue  # never ran, or waiting for its next attempt
         start = _iso(c.started_at)
         end = _iso(c.finished_at) if c.finished_at else None
-        if start >= until or (end is not None and end <= since):
+        if start >= until or (end is not None and ended_before(start, end, since)):
             continue
         out.append(c)
     return out
@@ -134,8 +134,10 @@ def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) 
         slice_id, share = mine[k]
         start = _iso(c.started_at)
         end = _iso(c.finished_at) if c.finished_at else None  # None: running, charged up to now
-        if end is not None and end <= start:
-            continue
+        if end is not None and end < start:
+            end = start  # a record that ended "before" it started ran no measurable time
+        # a claim that ran under a second (its start and end the same second, as the claim
+        # records them) is still a lease: a 0 s, $0.00 line, so the report counts it
         held = by_slice.setdefault((c.instance_id, slice_id), [])
         if held and (held[-1].end is None or held[-1].end > start):
             # the slice is this claim's from its start: a record that says otherwise (its

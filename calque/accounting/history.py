@@ -140,6 +140,12 @@ def instances(
     return out
 
 
+def ended_before(start: datetime, end: datetime, since: datetime) -> bool:
+    """Whether what ran [start, end] is wholly before ``since``: one that ran under a second
+    (start == end, as records keep times) at ``since`` itself is the period's."""
+    return end < since or (end == since and start < since)
+
+
 def _lifetime_of(s: SessionRecord, mine: list[Lifetime]) -> Lifetime | None:
     """The registration a session was granted in (the latest one that started before it)."""
     found = [x for x in mine if x.start <= s.created_at and (x.end is None or s.created_at < x.end)]
@@ -174,7 +180,8 @@ def leases(
     shares: dict[tuple[str, datetime], dict[str, Fraction]] = {}
     out = []
     for s in sessions.values():
-        if s.created_at >= until or (s.ended_at is not None and s.ended_at <= since):
+        ended = s.ended_at
+        if s.created_at >= until or (ended is not None and ended_before(s.created_at, ended, since)):
             continue
         life = _lifetime_of(s, by_instance.get(s.instance_id, []))
         if life is None:
