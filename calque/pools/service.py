@@ -19,11 +19,14 @@ from calque.contracts.pools import (
     PACKAGE_URL_EXPIRES_S,
     ClaimReport,
     ClaimSubmit,
+    DecisionStatus,
     PackageUpload,
     PoolCreate,
     PoolDelete,
+    PoolStatus,
     PoolUpdate,
     WorkerReport,
+    WorkerStatus,
 )
 from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.identity import Caller
@@ -265,25 +268,25 @@ class Pools:
         oldest = min((c.submitted_at for c in live), default=None)
         done = [c for c in claims if c.state == d.SUCCEEDED and c.summary]
         warm = sum(1 for c in done if (c.summary or {}).get("warm_hit"))
-        return {
-            "pool": name,
-            "state": pool.state,
-            "backlog": {"visible": visible, "in_flight": in_flight},
-            "oldest_claim_age_s": (
+        return PoolStatus(
+            pool=name,
+            state=pool.state,
+            backlog={"visible": visible, "in_flight": in_flight},
+            oldest_claim_age_s=(
                 round(now - datetime.fromisoformat(oldest.replace("Z", "+00:00")).timestamp())
                 if oldest
                 else None
             ),
-            "claims": {
+            claims={
                 s: sum(1 for c in claims if c.state == s)
                 for s in (d.QUEUED, d.RUNNING, d.SUCCEEDED, d.FAILED, d.CANCELLED)
             },
-            "warm_hits": warm,
-            "completed": len(done),
-            "workers": [w.model_dump() for w in self.store.workers(name)],
-            "decisions": [x.model_dump() for x in self.store.decisions(name, limit=10)],
-            "last_decision": pool.last_decision,
-        }
+            warm_hits=warm,
+            completed=len(done),
+            workers=[WorkerStatus.of(w.model_dump()) for w in self.store.workers(name)],
+            decisions=[DecisionStatus.of(x.model_dump()) for x in self.store.decisions(name, limit=10)],
+            last_decision=DecisionStatus.of(pool.last_decision) if pool.last_decision else None,
+        ).model_dump(mode="json")
 
     def delete_pool(self, who: Caller, name: str, req: PoolDelete) -> dict[str, Any]:
         _require_admin(who, "deleting a pool")

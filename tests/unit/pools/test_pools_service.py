@@ -361,3 +361,25 @@ def test_a_worker_counts_the_claims_it_ran_to_success_once_each(world):
     # Then the worker has served 2 claims: its successes, each once
     (worker,) = [w for w in status["workers"] if w["worker_id"] == wid]
     assert worker["claims_served"] == 2
+
+
+def test_pool_status_answers_every_time_as_iso_8601_utc(world):
+    import json
+    import re
+
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    # Given a worker the scaler launched (a decision recorded) that reported idle
+    wid, _iid = start_worker(world)
+    # When an admin reads the pool's status
+    status = world.pools.status(ADMIN, "textstats")
+    # Then its times are ISO 8601 UTC strings, as in every other document, and it is JSON as is
+    (worker,) = [w for w in status["workers"] if w["worker_id"] == wid]
+    assert worker["launched_at"] == "2027-01-15T08:00:00Z"  # the fake clock's 1_800_000_000
+    assert iso.match(worker["seen_at"])
+    assert iso.match(worker["idle_since"])
+    assert status["decisions"]
+    assert all(iso.match(x["at"]) for x in status["decisions"])
+    assert iso.match(status["last_decision"]["at"])
+    out = status["decisions"][0]["inputs"]
+    assert out["last_scale_out_at"] is None or iso.match(out["last_scale_out_at"])
+    assert json.loads(json.dumps(status)) == status
