@@ -35,8 +35,8 @@ USD = "max_usd_per_month"
 def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
     """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
     usage report charges them. Slices record their share at registration; one registered
-    before that is priced from its host (two reads). The rate is the one the fleet recorded
-    when it launched the instance (spot: one read), else the catalog's on-demand rate.
+    before that is priced from its host (two reads). A spot slice's rate is the one the fleet
+    recorded when it launched the instance (one read), else the catalog's on-demand rate.
     (None, None): no rate is known."""
     share, itype_name = sl.share, sl.instance_type
     if share is None or itype_name is None:
@@ -60,7 +60,8 @@ def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
     from calque.accounting.history import rate_of
     from calque.fleet.rates import recorded_rate
 
-    charged = rate_of(itype_name, recorded_rate(registry, sl.instance_id))
+    # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
+    charged = rate_of(itype_name, recorded_rate(registry, sl.instance_id) if sl.spot else None)
     if charged is None:
         return share, None
     return share, str(charged[0])
