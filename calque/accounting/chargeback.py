@@ -139,6 +139,17 @@ def _seconds(a: datetime, b: datetime) -> Fraction:
     return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 1_000_000)
 
 
+def _holds_instant(
+    at: datetime, m_from: datetime, m_to: datetime, paid_to: datetime, until: datetime
+) -> bool:
+    """Whether a lease that ran no measurable time (its start and end the same second, as
+    records keep them) at ``at`` is this month's: it is one line, 0 s and $0.00, in exactly
+    one month (and one period: ``until`` is the next one's), so that a report counts every
+    session and claim that ran. One at the instant its instance's paid time stops (now, or
+    the instance's end) is the last month's."""
+    return m_from <= at < m_to or (at == m_to == paid_to and paid_to < until)
+
+
 def to_cents(value: Fraction) -> int:
     """Half-up rounding of a non-negative exact amount to whole cents."""
     return int(
@@ -186,8 +197,8 @@ def compute(
             for lease in mine:
                 a = max(lease.start, m_from)
                 b = min(lease.end or stop, m_to)
-                if a < b:
-                    pieces.append((lease, a, b))
+                if a < b or (a == b and _holds_instant(a, m_from, m_to, paid_to, until)):
+                    pieces.append((lease, a, b))  # one that ran under a second is a $0.00 line
             exact = [_seconds(a, b) * lease.share * rate / 3600 for lease, a, b in pieces]
             idle = cost - sum(exact, Fraction(0))
             if idle < 0:

@@ -6,6 +6,8 @@ start until its end (or now, while it runs), charged to the claim's user and gro
 
     seconds x the worker's share of the instance x the instance's hourly rate / 3600
 
+(the hourly rate: the one the fleet recorded at launch for a spot instance, else the catalog's).
+
 A worker's share is its slice's (calque/accounting/shares.py) when the pool has a layout
 (one worker per slice, slot k bound to the k-th slice the layout plans), else one GPU's.
 
@@ -24,14 +26,14 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
-from decimal import Decimal
 from fractions import Fraction
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
-from calque.accounting.history import priced, utc_days
+from calque.accounting.history import ended_before, priced, rate_of, utc_days
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
+from calque.fleet.records import InstanceRate
 from calque.pools import domain as d
 from calque.pools.domain import ClaimRecord, PoolInstanceRecord
 from calque.pools.ports import PoolStore
@@ -69,11 +71,16 @@ def slot_slices(instance_type: str, layout: dict | None) -> list[tuple[str, Frac
     return [(p.slice_id, shares[p.slice_id]) for p in planned]
 
 
-def instances(records: list[PoolInstanceRecord]) -> list[Instance]:
+def instances(
+    records: list[PoolInstanceRecord], rates: dict[str, InstanceRate] | None = None
+) -> list[Instance]:
+    rates = rates or {}
     out = []
     for r in records:
         end = None if r.ended_at is None else _at(r.ended_at)
-        inst = priced(r.instance_id, r.instance_type, _at(r.started_at), end, r.pool)
+        inst = priced(
+            r.instance_id, r.instance_type, _at(r.started_at), end, r.pool, rates.get(r.instance_id)
+        )
         if inst is not None:
             out.append(inst)
     return out
@@ -101,7 +108,7 @@ def ran(store: PoolStore, *, since: datetime, until: datetime, now: datetime) ->
             continue  # never ran, or waiting for its next attempt
         start = _iso(c.started_at)
         end = _iso(c.finished_at) if c.finished_at else None
-        if start >= until or (end is not None and end <= since):
+        if start >= until or (end is not None and ended_before(start, end, since)):
             continue
         out.append(c)
     return out
@@ -127,8 +134,10 @@ def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) 
         slice_id, share = mine[k]
         start = _iso(c.started_at)
         end = _iso(c.finished_at) if c.finished_at else None  # None: running, charged up to now
-        if end is not None and end <= start:
-            continue
+        if end is not None and end < start:
+            end = start  # a record that ended "before" it started ran no measurable time
+        # a claim that ran under a second (its start and end the same second, as the claim
+        # records them) is still a lease: a 0 s, $0.00 line, so the report counts it
         held = by_slice.setdefault((c.instance_id, slice_id), [])
         if held and (held[-1].end is None or held[-1].end > start):
             # the slice is this claim's from its start: a record that says otherwise (its
@@ -168,7 +177,12 @@ def slot_card_fraction(instance_type: str, layout: dict | None, slot: int) -> fl
     return min(1.0, planned[slot].memory_gib / card_gib)
 
 
-def claim_use(claim: ClaimRecord, instance_type: str, layout: dict | None) -> d.ClaimUse | None:
+def claim_use(
+    claim: ClaimRecord,
+    instance_type: str,
+    layout: dict | None,
+    recorded: InstanceRate | None = None,
+) -> d.ClaimUse | None:
     """What an ended claim used, for its member's and group's monthly counters: the time its
     record says it ran (its last start to its end) on its worker's slice, priced as the usage
     report prices it (dollars: seconds x the slot's share x the hourly rate) and counted in
@@ -182,9 +196,12 @@ def claim_use(claim: ClaimRecord, instance_type: str, layout: dict | None) -> d.
         return None
     try:
         slots = slot_slices(instance_type, layout)
-        rate = str(Decimal(str(catalog.instance_type(instance_type).hourly_usd)))
     except InvalidInput:
         return None
+    charged = rate_of(instance_type, recorded)
+    if charged is None:
+        return None
+    rate = str(charged[0])
     k = worker_slot(claim.worker)
     if k >= len(slots):
         return None

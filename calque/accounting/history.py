@@ -6,6 +6,9 @@ was live, so the events of [since - lookback, until) name them all; the sessions
 still live now are added as well. Each session's record then gives its exact start
 and end (the grant's and the ending transaction's times).
 
+An instance is charged at the rate the fleet recorded when it launched it (spot: the spot
+price then, see docs/economics.md), else at the catalog's on-demand rate.
+
 An instance is paid from its registration until it is deregistered (the registry keeps
 a retired record of each deregistered host: its lifetime and its slices); one still
 registered is paid up to now, drained or not. An instance registered again after it was
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -26,6 +29,7 @@ from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
+from calque.fleet.records import InstanceRate
 from calque.registry.models import SessionRecord
 from calque.registry.ports import Registry
 
@@ -84,33 +88,62 @@ def lifetimes(registry: Registry) -> list[Lifetime]:
     return out
 
 
-def priced(
-    instance_id: str, instance_type: str, start: datetime, end: datetime | None, pool: str | None
-) -> Instance | None:
-    """An instance's paid lifetime at its catalog rate; None for a type the catalog no longer
-    knows (it has no rate to charge)."""
+def rate_of(instance_type: str, recorded: InstanceRate | None) -> tuple[Decimal, date | None] | None:
+    """The hourly rate an instance is charged at, and as of when: the rate the fleet recorded
+    when it launched it (spot), else the catalog's on-demand rate; None for a type the catalog
+    no longer knows and no recorded rate (there is nothing to charge)."""
+    if recorded is not None and recorded.instance_type == instance_type:
+        return recorded.hourly_usd, recorded.as_of.date()
     try:
         itype = catalog.instance_type(instance_type)
     except InvalidInput:
         return None
+    return Decimal(str(itype.hourly_usd)), itype.price_as_of
+
+
+def priced(
+    instance_id: str,
+    instance_type: str,
+    start: datetime,
+    end: datetime | None,
+    pool: str | None,
+    recorded: InstanceRate | None = None,
+) -> Instance | None:
+    """An instance's paid lifetime at its rate (``rate_of``); None when it has no rate."""
+    rate = rate_of(instance_type, recorded)
+    if rate is None:
+        return None
     return Instance(
         instance_id=instance_id,
         instance_type=instance_type,
-        hourly_usd=Decimal(str(itype.hourly_usd)),
-        rate_as_of=itype.price_as_of,
+        hourly_usd=rate[0],
+        rate_as_of=rate[1],
         start=start,
         end=end,
         pool=pool,
     )
 
 
-def instances(registry: Registry, known: list[Lifetime] | None = None) -> list[Instance]:
+def instances(
+    registry: Registry,
+    known: list[Lifetime] | None = None,
+    rates: dict[str, InstanceRate] | None = None,
+) -> list[Instance]:
+    rates = rates or {}
     out = []
     for life in lifetimes(registry) if known is None else known:
-        inst = priced(life.instance_id, life.instance_type, life.start, life.end, life.pool)
+        inst = priced(
+            life.instance_id, life.instance_type, life.start, life.end, life.pool, rates.get(life.instance_id)
+        )
         if inst is not None:
             out.append(inst)
     return out
+
+
+def ended_before(start: datetime, end: datetime, since: datetime) -> bool:
+    """Whether what ran [start, end] is wholly before ``since``: one that ran under a second
+    (start == end, as records keep times) at ``since`` itself is the period's."""
+    return end < since or (end == since and start < since)
 
 
 def _lifetime_of(s: SessionRecord, mine: list[Lifetime]) -> Lifetime | None:
@@ -147,7 +180,8 @@ def leases(
     shares: dict[tuple[str, datetime], dict[str, Fraction]] = {}
     out = []
     for s in sessions.values():
-        if s.created_at >= until or (s.ended_at is not None and s.ended_at <= since):
+        ended = s.ended_at
+        if s.created_at >= until or (ended is not None and ended_before(s.created_at, ended, since)):
             continue
         life = _lifetime_of(s, by_instance.get(s.instance_id, []))
         if life is None:

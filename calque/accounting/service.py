@@ -22,6 +22,7 @@ from calque.contracts.economics import (
     UsageRow,
 )
 from calque.errors import InvalidInput
+from calque.fleet.ports import InstanceRates
 from calque.identity import Caller
 from calque.pools.ports import PoolStore
 from calque.registry.ports import Registry
@@ -160,8 +161,11 @@ class Usage:
         clock: Callable[[], datetime],
         lookback: timedelta = timedelta(days=8),
         pools: PoolStore | None = None,
+        rates: InstanceRates | None = None,
     ) -> None:
         self.registry = registry
+        # The rates the fleet recorded at launch (spot instances); None: catalog rates only.
+        self.rates = rates
         self.clock = clock
         # The pools' records (pool instances and claims); None: no pools to charge.
         self.pools = pools
@@ -171,7 +175,8 @@ class Usage:
     def bill(self, since: datetime, until: datetime) -> chargeback.Bill:
         now = self.clock()
         known = history.lifetimes(self.registry)
-        insts = history.instances(self.registry, known)
+        rates = self.rates.instance_rates() if self.rates is not None else {}
+        insts = history.instances(self.registry, known, rates)
         held = history.leases(
             self.registry, since=since, until=until, now=now, lookback=self.lookback, known=known
         )
@@ -179,7 +184,7 @@ class Usage:
             records = self.pools.pool_instances(ended_since=since.timestamp())
             # a pool instance the fleet also registered as a host is the pool's
             pooled = {r.instance_id for r in records}
-            insts = [i for i in insts if i.instance_id not in pooled] + claims.instances(records)
+            insts = [i for i in insts if i.instance_id not in pooled] + claims.instances(records, rates)
             ran = claims.ran(self.pools, since=since, until=until, now=now)
             held = held + claims.leases(ran, records)
         return chargeback.compute(insts, held, since=since, until=until, now=now)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 def api_usage() -> Usage:
     from calque.accounting.service import Usage
     from calque.registry.dynamo import DynamoRegistry
+    from calque.registry.fleet import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
     from calque.tenancy.service import utcnow
 
@@ -25,6 +26,7 @@ def api_usage() -> Usage:
         # A session lives at most the max TTL; the reaper may end it a little later.
         lookback=timedelta(seconds=s.session_ttl_max_s) + timedelta(days=1),
         pools=DynamoPoolStore(aws.client("dynamodb"), s.table_name),
+        rates=DynamoFleetStore(aws.client("dynamodb"), s.table_name),
     )
 
 

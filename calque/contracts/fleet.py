@@ -104,6 +104,16 @@ class Acquisition(Out):
     availability_zone: str | None = None
     hourly_usd: float = Field(description="the budget this acquisition holds while open")
     budget_held: bool
+    charged_hourly_usd: float | None = Field(
+        default=None,
+        description="spot: the hourly rate usage charges the instance at, recorded at launch",
+    )
+    charged_rate_source: Literal["spot_price", "spot_max_price", "on_demand"] | None = Field(
+        default=None,
+        description="spot_price: EC2's spot price in its AZ at launch; spot_max_price: the max "
+        "price set (an upper bound); on_demand: neither was known",
+    )
+    charged_rate_as_of: datetime | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     created_at: datetime
     state_since: datetime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -130,3 +131,74 @@ class Claim(Out):
     reason: str | None = None
     summary: dict[str, Any] | None = None
     group: str | None = None
+
+
+# ---- pool status (GET /v1/pools/{name} -> "status") ---------------------------------------------
+# The pools' records keep times as epoch seconds (the scaler's arithmetic); the API answers
+# them, like every other document, as ISO 8601 UTC strings to the second ("...Z").
+
+# The decision inputs that are times (the scaler's cooldown clocks).
+_INPUT_TIMES = ("last_scale_out_at", "last_scale_in_at")
+
+
+def iso_utc(epoch: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC to the second ("2026-12-02T10:00:00Z"); None stays None."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(float(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class WorkerStatus(Out):
+    pool: str
+    worker_id: str
+    instance_id: str = Field(description='"-" until the fleet names the instance')
+    capacity_ref: str = ""
+    state: str
+    launched_at: str = Field(description="when the scaler asked for it (ISO 8601 UTC)")
+    seen_at: str | None = Field(default=None, description="its last report")
+    idle_since: str | None = None
+    enter_seconds: float | None = None
+    claim_id: str | None = None
+    reason: str | None = None
+    claims_served: int = Field(default=0, description="claims it ran to succeeded")
+    group: str = ""
+    slot: int = 0
+    started: bool = False
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> WorkerStatus:
+        times = {k: iso_utc(record.get(k)) for k in ("launched_at", "seen_at", "idle_since")}
+        return cls.model_validate({**record, **times})
+
+
+class DecisionStatus(Out):
+    pool: str | None = None
+    at: str = Field(description="when the scaler decided (ISO 8601 UTC)")
+    action: str
+    desired: int
+    current: int
+    launch: int = 0
+    remove: list[str] = Field(default_factory=list)
+    reason: str
+    inputs: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> DecisionStatus:
+        inputs = dict(record.get("inputs") or {})
+        for key in _INPUT_TIMES:
+            if isinstance(inputs.get(key), int | float):
+                inputs[key] = iso_utc(inputs[key])
+        return cls.model_validate({**record, "at": iso_utc(record["at"]), "inputs": inputs})
+
+
+class PoolStatus(Out):
+    pool: str
+    state: str
+    backlog: dict[str, int]
+    oldest_claim_age_s: int | None = None
+    claims: dict[str, int]
+    warm_hits: int
+    completed: int
+    workers: list[WorkerStatus]
+    decisions: list[DecisionStatus]
+    last_decision: DecisionStatus | None = None

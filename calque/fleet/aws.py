@@ -63,6 +63,17 @@ def _message(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
 
 
+# The spot products a Linux launch is priced under (the VPC name is EC2-Classic's legacy).
+SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+
+
+def _when(value: Any) -> datetime:
+    """A price's Timestamp (boto3 parses it to a datetime); anything else sorts first."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.min.replace(tzinfo=UTC)
+
+
 def _instance(raw: dict[str, Any]) -> Instance:
     launched = raw.get("LaunchTime") or datetime.now(UTC)
     if isinstance(launched, str):
@@ -154,6 +165,36 @@ class Ec2Fleet:
                 raise
             raise LaunchRefused(code or "error", _message(exc)) from None
         return _instance(out["Instances"][0])
+
+    def spot_price(self, instance_type: str, availability_zone: str) -> float | None:
+        """EC2's latest Linux/UNIX spot price for the type in the AZ: DescribeSpotPriceHistory
+        from now (EC2 answers the price in effect then, and any later change)."""
+        try:
+            out = self.ec2.describe_spot_price_history(
+                InstanceTypes=[instance_type],
+                ProductDescriptions=list(SPOT_PRODUCTS),
+                AvailabilityZone=availability_zone,
+                StartTime=datetime.now(UTC),
+                MaxResults=20,
+            )
+        except ClientError as exc:
+            log.warning("DescribeSpotPriceHistory %s %s: %s", instance_type, availability_zone, _code(exc))
+            return None
+        found = [
+            p
+            for p in out.get("SpotPriceHistory") or []
+            if p.get("InstanceType") == instance_type
+            and p.get("AvailabilityZone") == availability_zone
+            and p.get("ProductDescription") in SPOT_PRODUCTS
+            and p.get("SpotPrice")
+        ]
+        if not found:
+            return None
+        latest = max(found, key=lambda p: _when(p.get("Timestamp")))
+        try:
+            return float(latest["SpotPrice"])
+        except ValueError:
+            return None
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         ids = list(dict.fromkeys(instance_ids))

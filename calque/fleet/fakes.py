@@ -20,7 +20,14 @@ from typing import Any
 # The in-memory event bus is shared with tenancy (calque.events).
 from calque.events import RecordingPublisher as RecordingPublisher
 from calque.fleet.ports import BudgetRefused, CapacityError, Gone, Instance, LaunchRefused, LaunchSpec
-from calque.fleet.records import AcquisitionRecord, BudgetRecord, effective_musd, musd
+from calque.fleet.records import (
+    AcquisitionRecord,
+    BudgetRecord,
+    InstanceRate,
+    effective_musd,
+    instance_rate,
+    musd,
+)
 
 CLOSED = ("terminated", "failed")
 
@@ -114,6 +121,21 @@ class MemoryFleetStore:
                 self._by_instance[changes["instance_id"]] = record.request_id
             return new
 
+    def instance_rate(self, instance_id: str) -> InstanceRate | None:
+        self.calls["get"] += 1
+        rid = self._by_instance.get(instance_id)
+        rec = self._acq.get(rid) if rid else None
+        return instance_rate(rec) if rec is not None else None
+
+    def instance_rates(self) -> dict[str, InstanceRate]:
+        self.calls["query"] += 1
+        out = {}
+        for iid, rid in self._by_instance.items():
+            rate = instance_rate(self._acq[rid]) if rid in self._acq else None
+            if rate is not None:
+                out[iid] = rate
+        return out
+
     def close(
         self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
     ) -> AcquisitionRecord:
@@ -154,6 +176,8 @@ class FakeEc2:
         # (instance_type, az or None) -> how many more launches fail for lack of capacity
         self.capacity_faults: dict[tuple[str, str | None], int] = {}
         self.offline: set[str] = set()  # instances whose SSM agent is not online yet
+        # (instance_type, az) -> the spot price DescribeSpotPriceHistory answers (none: no price)
+        self.spot_prices: dict[tuple[str, str], float] = {}
         self.calls: Counter[str] = Counter()
         self.launches = 0
 
@@ -189,6 +213,10 @@ class FakeEc2:
             self._tokens[spec.request_id] = (spec, iid)
             self.launches += 1
             return inst
+
+    def spot_price(self, instance_type: str, availability_zone: str) -> float | None:
+        self.calls["DescribeSpotPriceHistory"] += 1
+        return self.spot_prices.get((instance_type, availability_zone))
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 # The event bus: one port for every layer (calque.events).
 from calque.events import Publisher as Publisher
-from calque.fleet.records import AcquisitionRecord, BudgetRecord
+from calque.fleet.records import AcquisitionRecord, BudgetRecord, InstanceRate
 
 
 class CapacityError(Exception):
@@ -87,6 +87,20 @@ class Ec2(Protocol):
     def agent_online(self, instance_ids: Sequence[str]) -> set[str]:
         """Of these ids, those whose SSM agent is online."""
 
+    def spot_price(self, instance_type: str, availability_zone: str) -> float | None:
+        """EC2's latest Linux/UNIX spot price (USD/hour) for the type in the AZ
+        (DescribeSpotPriceHistory); None when EC2 gives none."""
+
+
+class InstanceRates(Protocol):
+    """The rates the fleet recorded at launch, as accounting and tenancy read them."""
+
+    def instance_rate(self, instance_id: str) -> InstanceRate | None:
+        """The rate recorded for this instance; None: none (charge the catalog's rate)."""
+
+    def instance_rates(self) -> dict[str, InstanceRate]:
+        """Every recorded rate, by instance id (one paged query)."""
+
 
 class FleetStore(Protocol):
     def reserve(
@@ -118,7 +132,14 @@ class FleetStore(Protocol):
         self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
     ) -> AcquisitionRecord:
         """Apply changes if the record is still in one of ``expect`` states (Gone otherwise).
-        Setting instance_id also records the instance -> request pointer."""
+        Setting instance_id also records the instance -> request pointer, with the rate
+        recorded for it (``charged_*``) when the same changes set one."""
+
+    def instance_rate(self, instance_id: str) -> InstanceRate | None:
+        """The rate recorded at launch (kept as long as the instance -> request pointer,
+        after the acquisition itself is collected)."""
+
+    def instance_rates(self) -> dict[str, InstanceRate]: ...
 
     def close(
         self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime

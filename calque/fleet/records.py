@@ -7,7 +7,8 @@ conditions compare exact integers; views convert to USD.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from decimal import Decimal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +61,46 @@ class AcquisitionRecord(_Record):
     attempts: list[AttemptRecord] = Field(default_factory=list)
     created_at: datetime
     state_since: datetime
+    # What the launched instance is charged per hour, recorded once at launch (spot only;
+    # an on-demand instance is charged at the catalog's rate): see InstanceRate.
+    charged_musd: int | None = None
+    charged_source: str | None = None
+    charged_as_of: datetime | None = None
+
+
+# Where a recorded rate came from, best first: EC2's current spot price for the type in the
+# launched AZ; the max price the launch set (an upper bound on any spot price charged);
+# the on-demand rate (spot with no max price: EC2's default max is the on-demand price).
+RateSource = Literal["spot_price", "spot_max_price", "on_demand"]
+
+
+class InstanceRate(_Record):
+    """The hourly rate the fleet recorded for one instance when it launched it: what usage,
+    session dollar reservations and pool claims charge that instance at (an instance with
+    none is charged at the catalog's on-demand rate)."""
+
+    instance_id: str
+    instance_type: str
+    hourly_musd: int
+    source: RateSource
+    as_of: datetime
+
+    @property
+    def hourly_usd(self) -> Decimal:
+        return Decimal(self.hourly_musd) / Decimal(1_000_000)
+
+
+def instance_rate(rec: AcquisitionRecord) -> InstanceRate | None:
+    """The rate an acquisition recorded for its instance (None: none recorded)."""
+    if rec.instance_id is None or rec.charged_musd is None or rec.charged_as_of is None:
+        return None
+    return InstanceRate(
+        instance_id=rec.instance_id,
+        instance_type=rec.launched_type or rec.instance_type,
+        hourly_musd=rec.charged_musd,
+        source=rec.charged_source or "on_demand",
+        as_of=rec.charged_as_of,
+    )
 
 
 class BudgetRecord(_Record):

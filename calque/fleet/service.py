@@ -414,6 +414,9 @@ class Fleet:
             "market": inst.market,
             "availability_zone": inst.availability_zone,
         }
+        charged = self._spot_rate(rec, inst)
+        if charged is not None:
+            changes.update(charged_musd=charged[0], charged_source=charged[1], charged_as_of=self.clock())
         if attempts is not None:
             changes["attempts"] = attempts
         try:
@@ -443,6 +446,31 @@ class Fleet:
         if inst.state == "running":
             rec = self._try_register(rec)
         return rec
+
+    def _spot_rate(self, rec: AcquisitionRecord, inst: Instance) -> tuple[int, str] | None:
+        """The hourly rate (micro-USD) a spot instance is charged at, recorded once at launch:
+        EC2's current spot price for its type in its AZ (never above the max price set), else
+        the max price set (an upper bound), else the on-demand rate (EC2's default max).
+        None for an on-demand instance (charged at the catalog's rate)."""
+        if inst.market != "spot":
+            return None
+        itype = inst.instance_type or rec.instance_type
+        price: float | None = None
+        if inst.availability_zone:
+            try:
+                price = self.ec2.spot_price(itype, inst.availability_zone)
+            except Exception:  # a rate is worth recording even when EC2's price is not at hand
+                log.warning("no spot price for %s in %s", itype, inst.availability_zone, exc_info=True)
+        if price is not None and price > 0:
+            if rec.spot_max_price is not None:
+                price = min(price, rec.spot_max_price)
+            return musd(price), "spot_price"
+        if rec.spot_max_price is not None:
+            return musd(rec.spot_max_price), "spot_max_price"
+        try:
+            return musd(catalog.instance_type(itype).hourly_usd), "on_demand"
+        except InvalidInput:
+            return None
 
     def _fail(self, rec: AcquisitionRecord, reason: str) -> AcquisitionRecord:
         try:
@@ -745,6 +773,9 @@ class Fleet:
             availability_zone=r.availability_zone,
             hourly_usd=usd(r.hourly_musd),
             budget_held=r.budget_held,
+            charged_hourly_usd=usd(r.charged_musd) if r.charged_musd is not None else None,
+            charged_rate_source=r.charged_source,
+            charged_rate_as_of=r.charged_as_of,
             attempts=[Attempt.model_validate(a.model_dump()) for a in r.attempts],
             created_at=r.created_at,
             state_since=r.state_since,

@@ -9,6 +9,9 @@ A WSGI interceptor in front of moto (see calque/local/moto_server.py) that:
 - answers SSM DescribeInstanceInformation for the plane's simulated hosts (moto has none);
 - synthesizes the "EC2 Instance State-change Notification" events EventBridge would
   deliver to the fleet_events function (pending -> running; shutting-down -> terminated);
+- answers DescribeSpotPriceHistory from LOCAL_SPOT_PRICE_OF_ON_DEMAND (moto answers one
+  made-up price for every type): the local plane has no spot market, so its spot price is
+  that fixed fraction of the catalog's on-demand rate, for every type, in every AZ;
 - injects faults: capacity errors per instance type (and AZ), an acquirer that dies after
   RunInstances and before recording, a spot interruption warning (EC2 then terminates the
   instance two minutes later, times the plane's schedule scale).
@@ -37,6 +40,9 @@ log = logging.getLogger("calque.local")
 
 _INSTANCE_ID = re.compile(r"<instanceId>(i-[0-9a-z]+)</instanceId>")
 SPOT_NOTICE_S = 120
+# The local plane's spot price, as a fraction of the catalog's on-demand rate (a fixed
+# table entry, not AWS's market: real spot prices vary by type, AZ and hour).
+LOCAL_SPOT_PRICE_OF_ON_DEMAND = 0.35
 
 
 @dataclass
@@ -126,6 +132,8 @@ class FleetSimulator:
         action = params.get("Action")
         if action == "RunInstances":
             return self._run_instances(environ, params, call)
+        if action == "DescribeSpotPriceHistory":
+            return self._spot_price_history(params)
         if action == "TerminateInstances":
             status, headers, body = call(environ)
             if status.startswith("200"):
@@ -200,6 +208,36 @@ class FleetSimulator:
                 log.warning("injected: the acquirer dies after RunInstances launched %s", ids)
                 return _error("500 Internal Server Error", "InternalError", "injected crash after launch")
         return status, headers, body
+
+    @staticmethod
+    def _spot_price_history(params: dict[str, str]) -> tuple[str, list[tuple[str, str]], bytes]:
+        """One price per type asked, in the AZ asked (us-east-1a when none), from the local table."""
+        from calque import catalog
+        from calque.errors import InvalidInput
+
+        types = [v for k, v in sorted(params.items()) if k.startswith("InstanceType.")]
+        az = params.get("AvailabilityZone") or "us-east-1a"
+        rows = []
+        for itype in types:
+            try:
+                on_demand = catalog.instance_type(itype).hourly_usd
+            except InvalidInput:
+                continue
+            price = round(on_demand * LOCAL_SPOT_PRICE_OF_ON_DEMAND, 6)
+            rows.append(
+                f"<item><instanceType>{itype}</instanceType>"
+                "<productDescription>Linux/UNIX</productDescription>"
+                f"<spotPrice>{price:.6f}</spotPrice>"
+                f"<timestamp>{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%S.000Z}</timestamp>"
+                f"<availabilityZone>{az}</availabilityZone></item>"
+            )
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(rows)}"
+            "</spotPriceHistorySet><nextToken></nextToken></DescribeSpotPriceHistoryResponse>"
+        ).encode()
+        return "200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))], body
 
     def _instance_information(self, raw: bytes) -> Any:
         req = json.loads(raw or b"{}")

@@ -12,18 +12,21 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calque.contracts.pools import (
     NAME_PATTERN,
     PACKAGE_URL_EXPIRES_S,
     ClaimReport,
     ClaimSubmit,
+    DecisionStatus,
     PackageUpload,
     PoolCreate,
     PoolDelete,
+    PoolStatus,
     PoolUpdate,
     WorkerReport,
+    WorkerStatus,
 )
 from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
 from calque.identity import Caller
@@ -39,6 +42,9 @@ from calque.pools.ports import (
     QueueRefs,
     WorkerStarter,
 )
+
+if TYPE_CHECKING:
+    from calque.fleet.ports import InstanceRates
 from calque.pools.scaler import (
     Backlog,
     Decision,
@@ -117,6 +123,7 @@ class Pools:
         config: PoolsConfig | None = None,
         starter: WorkerStarter | None = None,
         groups: Any = None,
+        rates: InstanceRates | None = None,
     ):
         self.store = store
         self.queues = queues
@@ -129,6 +136,9 @@ class Pools:
         self.starter = starter
         # The registry's groups (calque.tenancy.groups): a claim is charged to one. None: no groups.
         self.groups = groups
+        # The rates the fleet recorded at launch (a spot instance's): what a claim is charged
+        # at. None: catalog rates only.
+        self.rates = rates
 
     # pools
     def _pool(self, name: str) -> d.PoolRecord:
@@ -258,25 +268,25 @@ class Pools:
         oldest = min((c.submitted_at for c in live), default=None)
         done = [c for c in claims if c.state == d.SUCCEEDED and c.summary]
         warm = sum(1 for c in done if (c.summary or {}).get("warm_hit"))
-        return {
-            "pool": name,
-            "state": pool.state,
-            "backlog": {"visible": visible, "in_flight": in_flight},
-            "oldest_claim_age_s": (
+        return PoolStatus(
+            pool=name,
+            state=pool.state,
+            backlog={"visible": visible, "in_flight": in_flight},
+            oldest_claim_age_s=(
                 round(now - datetime.fromisoformat(oldest.replace("Z", "+00:00")).timestamp())
                 if oldest
                 else None
             ),
-            "claims": {
+            claims={
                 s: sum(1 for c in claims if c.state == s)
                 for s in (d.QUEUED, d.RUNNING, d.SUCCEEDED, d.FAILED, d.CANCELLED)
             },
-            "warm_hits": warm,
-            "completed": len(done),
-            "workers": [w.model_dump() for w in self.store.workers(name)],
-            "decisions": [x.model_dump() for x in self.store.decisions(name, limit=10)],
-            "last_decision": pool.last_decision,
-        }
+            warm_hits=warm,
+            completed=len(done),
+            workers=[WorkerStatus.of(w.model_dump()) for w in self.store.workers(name)],
+            decisions=[DecisionStatus.of(x.model_dump()) for x in self.store.decisions(name, limit=10)],
+            last_decision=DecisionStatus.of(pool.last_decision) if pool.last_decision else None,
+        ).model_dump(mode="json")
 
     def delete_pool(self, who: Caller, name: str, req: PoolDelete) -> dict[str, Any]:
         _require_admin(who, "deleting a pool")
@@ -380,6 +390,7 @@ class Pools:
         already recorded changes and counts nothing. None when the claim had ended already."""
         record = self.store.get_pool(pool) if isinstance(pool, str) else pool
         registry = self.groups
+        rates = self.rates
 
         def price(ended: d.ClaimRecord) -> d.ClaimUse | None:
             from dataclasses import replace
@@ -388,7 +399,10 @@ class Pools:
 
             if record is None:
                 return None
-            use = claim_use(ended, record.instance_type, record.layout)
+            recorded = (
+                rates.instance_rate(ended.instance_id) if rates is not None and ended.instance_id else None
+            )
+            use = claim_use(ended, record.instance_type, record.layout, recorded)
             if use is not None and use.group is not None and registry.get_group(use.group) is None:
                 use = replace(use, group=None)  # a group no longer there has no month to count in
             return use

@@ -3,13 +3,15 @@
     item                 pk      sk
     budget               FLEET   BUDGET
     acquisition          FLEET   ACQ#<request_id>
-    instance -> request  FLEET   INSTANCE#<instance_id>
+    instance -> request  FLEET   INSTANCE#<instance_id>   (+ the rate recorded at launch)
 
 The budget keeps its headroom (``free_instances``, ``free_musd``) beside what is in use,
 so a reservation is one conditional decrement (``free >= asked``) in the same
 transaction that creates the acquisitions: N racing acquisitions can never exceed it.
 A closed acquisition gives back exactly what it held, once: its own state condition
-and the budget's increment are one transaction. Closed acquisitions carry ``gc_at``.
+and the budget's increment are one transaction. Closed acquisitions carry ``gc_at``;
+the instance -> request pointer does not: it keeps the rate the instance is charged at
+(spot) for as long as usage reports may ask about that instance.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from botocore.exceptions import ClientError
 
 from calque.errors import DependencyUnavailable
 from calque.fleet.ports import BudgetRefused, Gone
-from calque.fleet.records import AcquisitionRecord, BudgetRecord, effective_musd, musd
+from calque.fleet.records import (
+    AcquisitionRecord,
+    BudgetRecord,
+    InstanceRate,
+    effective_musd,
+    instance_rate,
+    musd,
+)
 from calque.registry.dynamo import _code, _reasons, _vals, des, ser
 
 FLEET_PK = "FLEET"
@@ -160,6 +169,32 @@ class DynamoFleetStore:
         pointer = self._get(_instance_key(instance_id))
         return self.get(str(pointer["request_id"])) if pointer else None
 
+    def instance_rate(self, instance_id: str) -> InstanceRate | None:
+        pointer = self._get(_instance_key(instance_id))
+        rate = pointer.get("rate") if pointer else None
+        return InstanceRate.model_validate(rate) if rate else None
+
+    def instance_rates(self) -> dict[str, InstanceRate]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
+            "ExpressionAttributeValues": _vals(pk=FLEET_PK, p="INSTANCE#"),
+            "ProjectionExpression": "#r",
+            "ExpressionAttributeNames": {"#r": "rate"},
+        }
+        out: dict[str, InstanceRate] = {}
+        while True:
+            page = self.client.query(**kwargs)
+            for item in page.get("Items", []):
+                raw = des(item).get("rate")
+                if raw:
+                    rate = InstanceRate.model_validate(raw)
+                    out[rate.instance_id] = rate
+            if not page.get("LastEvaluatedKey"):
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return out
+
     def list(self) -> builtins.list[AcquisitionRecord]:
         kwargs: dict[str, Any] = {
             "TableName": self.table,
@@ -205,11 +240,14 @@ class DynamoFleetStore:
         }
         try:
             if changes.get("instance_id"):
-                pointer = {
+                pointer: dict[str, Any] = {
                     **_instance_key(changes["instance_id"]),
                     "type": "instance",
                     "request_id": record.request_id,
                 }
+                rate = instance_rate(new)
+                if rate is not None:
+                    pointer["rate"] = rate.model_dump(mode="json")
                 self._transact([{"Update": change}, {"Put": {"Item": ser(pointer)}}])
                 # The stored record may be newer than the caller's copy: read what was written.
                 current = self.get(record.request_id)

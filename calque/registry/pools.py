@@ -33,6 +33,7 @@ from calque.errors import Conflict
 from calque.pools.domain import (
     LIVE,
     RUNNING,
+    SUCCEEDED,
     ClaimRecord,
     ClaimUse,
     DecisionRecord,
@@ -77,6 +78,14 @@ def _pointer_key(claim_id: str) -> dict[str, str]:
 
 def _worker_key(pool: str, worker_id: str) -> dict[str, str]:
     return {"pk": f"POOL#{pool}", "sk": f"WORKER#{worker_id}"}
+
+
+def _served_by(before: ClaimRecord, ended: ClaimRecord) -> str | None:
+    """The worker whose ``claims_served`` this end adds one to: the worker that ran the claim
+    to ``succeeded`` (a claim that failed or was cancelled was served by nobody)."""
+    if ended.state != SUCCEEDED or before.state == SUCCEEDED or not ended.worker:
+        return None
+    return ended.worker
 
 
 _KEYS = ("pk", "sk", "user_pk", "user_sk")
@@ -330,6 +339,20 @@ class DynamoPoolStore:
             ]
             if use is not None:
                 items += counters.claim_use_items(use, default_max_sessions=default_max_sessions)
+            served = _served_by(current, ended)
+            if served is not None and self._get(_worker_key(pool, served)) is not None:
+                # the worker served one more claim, in the claim's own end; a worker removed
+                # meanwhile fails the condition, and the next try leaves it out
+                items.append(
+                    {
+                        "Update": {
+                            "Key": ser(_worker_key(pool, served)),
+                            "UpdateExpression": "ADD claims_served :one",
+                            "ConditionExpression": "attribute_exists(pk)",
+                            "ExpressionAttributeValues": ser({":one": 1}),
+                        }
+                    }
+                )
             for it in items:
                 next(iter(it.values()))["TableName"] = self.table
             try:
@@ -537,6 +560,12 @@ class MemoryPoolStore:
                 done = c.model_copy(update=update)
                 use = price(done) if counters is not None else None
                 self.claims[claim_id] = done
+                served = _served_by(c, done)
+                worker = self._workers.get((done.pool, served)) if served else None
+                if worker is not None:
+                    self._workers[(done.pool, worker.worker_id)] = worker.model_copy(
+                        update={"claims_served": worker.claims_served + 1}
+                    )
                 for day in run_days(done):
                     self._runs.setdefault(day, {})[f"{done.pool}#{claim_id}"] = done.model_copy(
                         update={"summary": None}, deep=True

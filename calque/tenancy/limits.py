@@ -24,7 +24,6 @@ from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 from typing import Any
 
-from calque import catalog
 from calque.errors import InvalidInput, QuotaExceeded
 from calque.registry.models import MonthUse, QuotaRecord, SessionRecord, SliceRecord, month_use
 from calque.registry.ports import MICRO, Limits, Reservation, micro
@@ -36,7 +35,9 @@ USD = "max_usd_per_month"
 def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
     """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
     usage report charges them. Slices record their share at registration; one registered
-    before that is priced from its host (two reads). (None, None): no rate is known."""
+    before that is priced from its host (two reads). A spot slice's rate is the one the fleet
+    recorded when it launched the instance (one read), else the catalog's on-demand rate.
+    (None, None): no rate is known."""
     share, itype_name = sl.share, sl.instance_type
     if share is None or itype_name is None:
         from calque.accounting.shares import slice_shares
@@ -56,11 +57,14 @@ def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
         if sl.slice_id not in shares:
             return None, None
         share = str(shares[sl.slice_id])
-    try:
-        rate = str(Decimal(str(catalog.instance_type(itype_name).hourly_usd)))
-    except InvalidInput:
+    from calque.accounting.history import rate_of
+    from calque.fleet.rates import recorded_rate
+
+    # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
+    charged = rate_of(itype_name, recorded_rate(registry, sl.instance_id) if sl.spot else None)
+    if charged is None:
         return share, None
-    return share, rate
+    return share, str(charged[0])
 
 
 def _amounts(seconds: int, session_like: Any, *, up: bool) -> tuple[int, int]:

@@ -182,14 +182,20 @@ class FleetLaunch(Construct):
         """Read EC2 and SSM's view of instances (no resource-level scoping exists for these)."""
         grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["ec2:DescribeInstances", "ec2:DescribeSubnets", "ssm:DescribeInstanceInformation"],
+                actions=[
+                    "ec2:DescribeInstances",
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeSpotPriceHistory",  # the spot price a launch is charged at
+                    "ssm:DescribeInstanceInformation",
+                ],
                 resources=["*"],
             )
         )
         acknowledge(
             grantee.grant_principal,  # type: ignore[arg-type]
             "AwsSolutions-IAM5[Resource::*]",
-            "ec2:DescribeInstances, ec2:DescribeSubnets and ssm:DescribeInstanceInformation support no "
+            "ec2:DescribeInstances, ec2:DescribeSubnets, ec2:DescribeSpotPriceHistory and "
+            "ssm:DescribeInstanceInformation support no "
             "resource-level permissions; they read state and change nothing.",
         )
 

@@ -239,6 +239,7 @@ def test_only_xray_statements_use_a_wildcard_resource(synthesized: Synthesized) 
             # the fleet's reads of EC2 and SSM state, which have no resource-level permissions either
             "ec2:DescribeInstances",
             "ec2:DescribeSubnets",
+            "ec2:DescribeSpotPriceHistory",
             "ssm:DescribeInstanceInformation",
         }
 

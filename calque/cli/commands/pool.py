@@ -39,10 +39,15 @@ DECISION_COLUMNS: list[Column] = [
 ]
 
 
-def _clock(epoch: Any) -> str:
+def _clock(at: Any) -> str:
+    """A time as the API answers it (ISO 8601 UTC; epoch seconds from an older plane)."""
     from datetime import UTC, datetime
 
-    return "-" if epoch is None else datetime.fromtimestamp(float(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if at is None:
+        return "-"
+    if isinstance(at, str):
+        return at
+    return datetime.fromtimestamp(float(at), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:

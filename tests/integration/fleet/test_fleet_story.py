@@ -239,3 +239,34 @@ def test_spot_interruption_drains_and_ends_every_session_within_one_event_delive
     host = fleet.host(iid)
     assert host["state"] in ("draining", "drained")
     assert "spot" in (host["state_reason"] or "")
+
+
+def test_a_spot_instance_is_charged_in_usage_at_the_spot_price_recorded_at_launch(
+    local_plane: LocalPlaneHandle, fleet: Fleet
+):
+    import csv
+    import io
+
+    # Given room for one more instance, and the local plane's spot price for g7e.2xlarge
+    # (35 % of the catalog's 3.36 $/h: calque/local/fleet.py's table)
+    fleet.set_budget(extra_instances=1)
+    # When an admin acquires it on spot with a 2.00 $/h max price and waits
+    done = acquire_with_cli(local_plane, "--spot", "--spot-max-price", "2", timeout="60s")
+    assert done.returncode == 0, done.stderr
+    (acq,) = json.loads(done.stdout)["acquisitions"]
+    iid = acq["instance_id"]
+    # Then the budget holds the max price, and the acquisition records the spot price
+    assert acq["market"] == "spot"
+    assert acq["hourly_usd"] == 2.0
+    assert (acq["charged_hourly_usd"], acq["charged_rate_source"]) == (1.176, "spot_price")
+    # And usage charges the instance at that rate, not at the on-demand 3.36
+    out = local_plane.cli("usage", "--output", "csv", profile="admin")
+    assert out.returncode == 0, out.stderr
+    rows = [r for r in csv.DictReader(io.StringIO(out.stdout)) if r["instance_id"] == iid]
+    assert rows
+    assert {r["rate_usd_per_hour"] for r in rows} == {"1.176"}
+    released = local_plane.cli(
+        "host", "release", iid, "--i-understand-this-terminates-instances", profile="admin"
+    )
+    assert released.returncode == 0, released.stderr
+    fleet.wait_state(acq["request_id"], "terminated")

@@ -104,3 +104,36 @@ def test_claims_count_against_a_members_monthly_dollars_until_a_submit_is_refuse
     assert Decimal(quota["usd_used_this_month"]) >= Decimal("0.01")
     assert quota["gpu_hours_used_this_month"] >= 20 / 3600
     assert quota["usd_used_this_month"] == refused["error"]["details"]["used"]
+
+
+def test_quick_claims_are_each_a_usage_line_and_the_worker_counts_what_it_served(plane, tmp_path):
+    import re
+
+    # Given a pool of one worker that ran two quick claims to success (under a second each,
+    # as likely as not: times are recorded to the second)
+    create_pool(plane, "quick", runner="textstats:TextStats", package=EXAMPLES, max_workers=1)
+    items = tmp_path / "quick.jsonl"
+    items.write_text(json.dumps({"text": "two words"}) + "\n")
+    ids = []
+    for _ in range(2):
+        code, doc = plane.cli_json("pool", "submit", "quick", "--items", str(items))
+        assert code == 0, doc
+        ids.append(doc["claim_id"])
+    done = wait_claims(plane, ids)
+    assert [c["state"] for c in done] == ["succeeded", "succeeded"], done
+    # When an admin asks for usage by pool
+    code, report = plane.cli_json("usage", "--by", "pool", profile="admin")
+    assert code == 0, report
+    # Then the pool's row counts both claims, each a line
+    (row,) = [r for r in report["rows"] if r["key"] == "quick"]
+    assert row["sessions"] == 2
+    lines = [x for x in report["lines"] if x["kind"] == "claim" and x["pool"] == "quick"]
+    assert {x["claim_id"] for x in lines} == set(ids)
+    # And the pool's status says its worker served 2 claims, its times in ISO 8601 UTC
+    code, status = plane.cli_json("pool", "status", "quick", profile="admin")
+    assert code == 0, status
+    workers = status["status"]["workers"]
+    assert sum(w["claims_served"] for w in workers) == 2
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    assert all(iso.match(w["launched_at"]) for w in workers)
+    assert all(iso.match(x["at"]) for x in status["status"]["decisions"])

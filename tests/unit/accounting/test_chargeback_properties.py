@@ -99,6 +99,21 @@ def histories(draw):
                             end_reason=None if live else draw(st.sampled_from(REASONS)),
                         )
                     )
+                if points and draw(st.booleans()):
+                    # a session that ran under a second: its start and end the same second
+                    instant = a + timedelta(seconds=points[-1])
+                    leases.append(
+                        Lease(
+                            session_id=f"s-{len(leases):06x}",
+                            user=draw(st.sampled_from(users)),
+                            instance_id=inst.instance_id,
+                            slice_id=f"r{k}-{slice_id}",
+                            share=share,
+                            start=instant,
+                            end=instant,
+                            end_reason="checked_in",
+                        )
+                    )
     claims, expected = _pool_claims(draw, now, users, first=len(instances))
     records = [r for r, _ in claims]
     instances += pool_claims.instances(records)
@@ -174,6 +189,26 @@ def _pool_claims(draw, now: datetime, users: list[str], first: int):
                     )
                 )
                 expected[cid] = (record.instance_id, a, None if live else b, share)
+            if points and draw(st.booleans()):
+                # a claim that ran under a second, after the slot's others
+                instant = start + timedelta(seconds=points[-1])
+                cid = f"c-{record.instance_id}-{k}-instant"
+                mine.append(
+                    ClaimRecord(
+                        claim_id=cid,
+                        pool=record.pool,
+                        user=draw(st.sampled_from(users)),
+                        state="succeeded",
+                        items=1,
+                        manifest_key="k",
+                        submitted_at=_iso(instant),
+                        started_at=_iso(instant),
+                        finished_at=_iso(instant),
+                        worker=wid,
+                        instance_id=record.instance_id,
+                    )
+                )
+                expected[cid] = (record.instance_id, instant, instant, share)
         out.append((record, mine))
     return out, expected
 
@@ -268,3 +303,30 @@ def test_two_months_billed_together_are_the_two_months_billed_apart(h):
         return sorted((x.month, x.instance_id, x.session_id or x.claim_id or "", x.amount_usd) for x in lines)
 
     assert key(both.lines) == key(apart)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), st.integers(0, 3), st.integers(1, 4))
+def test_every_session_and_claim_that_ran_in_the_period_has_a_line_even_under_a_second(h, a, b):
+    instances, leases, now, _ = h
+    bounds = _month_bounds()
+    since, until = bounds[a], bounds[min(a + b, len(bounds) - 1)]
+    bill = compute(instances, leases, since=since, until=until, now=now)
+    paid = {i.instance_id: i for i in instances}
+    lined = {line.session_id or line.claim_id for line in bill.lines if line.kind != "idle"}
+    for lease in leases:
+        if lease.session_id.startswith("c-lost-"):
+            continue  # a lost worker's record: cut where the slot's next claim starts
+        inst = paid[lease.instance_id]
+        paid_from, paid_to = max(since, inst.start), min(until, now, inst.end or now)
+        if paid_from >= paid_to:
+            continue  # the instance was not paid in the period: nothing of it is a line
+        lo, hi = max(lease.start, paid_from), min(lease.end or now, paid_to)
+        if lease.end == lease.start:  # under a second: a 0 s line at its instant
+            ran = paid_from <= lease.start < paid_to or lease.start == paid_to < until
+        else:
+            ran = lo < hi
+        assert (lease.session_id in lined) == ran, lease
+        for line in bill.lines:
+            if (line.session_id or line.claim_id) == lease.session_id and lease.end == lease.start:
+                assert (line.seconds, line.amount_usd) == (0, Decimal("0.00"))

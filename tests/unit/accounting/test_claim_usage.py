@@ -142,3 +142,24 @@ def test_a_released_pool_instance_is_paid_until_it_was_given_back():
     report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01"))
     (cost,) = report.instances
     assert cost.cost_usd == "13.44"  # 08:00 to 12:00, not to now: 4 h x 3.36
+
+
+def test_a_claim_that_ran_under_a_second_is_still_a_line_and_counted():
+    w, registry = _world()
+    # Given the pool ran two claims to success: one for an hour, one within the same second
+    _run_claim(w, ALICE, HOUR)
+    quick, _wid, iid = _run_claim(w, BOB, 0.4)
+    claim = w.store.get_claim(quick)
+    assert claim.state == "succeeded"
+    assert claim.started_at == claim.finished_at  # recorded to the second
+    w.clock.t += HOUR
+    # When an admin asks for usage by pool
+    report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01", by="pool"))
+    # Then the pool's row counts both claims, and the quick one is a 0 s, $0.00 line
+    (row,) = report.rows
+    assert (row.key, row.sessions) == ("small", 2)
+    (line,) = [x for x in report.lines if x.claim_id == quick]
+    assert (line.user, line.seconds, line.amount_usd) == ("bob", 0.0, "0.00")
+    # And the lines still add up to the instance's cost
+    (cost,) = report.instances
+    assert sum(Decimal(x.amount_usd) for x in report.lines if x.instance_id == iid) == Decimal(cost.cost_usd)

@@ -101,3 +101,23 @@ def test_a_period_off_the_calendar_is_refused_naming_the_field(world, query, fie
     with pytest.raises(InvalidInput) as err:
         usage(world).usage(ADMIN, UsageQuery(**query))
     assert err.value.details["field"] == field
+
+
+def test_a_session_checked_in_within_the_second_it_began_is_a_line_and_counted(world):
+    world.clock.now = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
+    # Given alice checks out and checks in within the same second, and bob holds a slice 1 h
+    quick = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.tenancy.checkin(ALICE, quick.session_id, CheckinRequest(token=quick.token))
+    held = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.clock.advance(3600)
+    world.tenancy.checkin(BOB, held.session_id, CheckinRequest(token=held.token))
+    # When an admin asks for December by user
+    report = usage(world).usage(ADMIN, UsageQuery(month="2026-12", by="user"))
+    # Then alice's session is a 0 s, $0.00 line, counted as one session
+    (line,) = [x for x in report.lines if x.session_id == quick.session_id]
+    assert (line.seconds, line.amount_usd) == (0.0, "0.00")
+    rows = {r.key: r for r in report.rows}
+    assert (rows["alice"].sessions, rows["alice"].amount_usd) == (1, "0.00")
+    assert rows["bob"].sessions == 1
+    # And the report still adds up to the instance's cost
+    assert report.total_usd == report.instances[0].cost_usd

@@ -152,7 +152,7 @@ def test_pool_status_shows_workers_backlog_warm_hits_and_the_reasons_of_decision
             "backlog": {"visible": 3, "in_flight": 1}, "oldest_claim_age_s": 42,
             "claims": {"queued": 3, "running": 1, "succeeded": 5}, "warm_hits": 4, "completed": 5,
             "workers": [{"worker_id": "w-1", "instance_id": "i-1", "state": "busy", "claim_id": "c-9"}],
-            "decisions": [{"at": 1800000000.0, "action": "scale_out", "desired": 2, "current": 1,
+            "decisions": [{"at": "2027-01-15T08:00:00Z", "action": "scale_out", "desired": 2, "current": 1,
                            "reason": "backlog 4 wants 2 workers"}],
             "last_decision": {"action": "hold", "reason": "cooldown"},
         },
@@ -164,6 +164,7 @@ def test_pool_status_shows_workers_backlog_warm_hits_and_the_reasons_of_decision
     assert "4 of 5 completed" in out
     assert "w-1" in out
     assert "backlog 4 wants 2 workers" in out
+    assert "2027-01-15T08:00:00Z" in out  # the decision's time, as the API answers it
     assert "Latest check: hold: cooldown" in out
 
 

@@ -191,3 +191,26 @@ def test_a_claim_restarted_while_its_end_is_priced_is_settled_from_the_attempt_t
         again = store.end_claim("c-1", d.LIVE, {"state": d.FAILED}, price=price, counters=registry)
         assert again is None
         assert month_use(registry.get_quota("alice").use, "2026-12").settled_ugh == 10_000
+
+
+def test_a_claim_ended_succeeded_counts_once_for_the_worker_that_ran_it(store):
+    store.create_pool(pool())
+    store.put_worker(d.WorkerRecord(pool="p1", worker_id="w1", instance_id="i-1", launched_at=10.0))
+    for cid in ("c-1", "c-2", "c-3"):
+        store.create_claim(claim(cid))
+        store.transition_claim(cid, d.LIVE, {"state": d.RUNNING, "worker": "w1", "attempts": 1})
+    # Given two claims end succeeded (one of them twice) and one fails, all on w1
+    ok = {"state": d.SUCCEEDED, "finished_at": "2026-12-02T00:00:09Z", "worker": "w1"}
+    assert store.end_claim("c-1", d.LIVE, ok, price=lambda c: None) is not None
+    assert store.end_claim("c-1", d.LIVE, ok, price=lambda c: None) is None
+    assert store.end_claim("c-2", d.LIVE, ok, price=lambda c: None) is not None
+    store.end_claim("c-3", d.LIVE, {"state": d.FAILED, "worker": "w1"}, price=lambda c: None)
+    # Then the worker served 2 claims
+    (w,) = store.workers("p1")
+    assert w.claims_served == 2
+    # And a claim whose worker is gone still ends (nothing to count on)
+    store.delete_worker("p1", "w1")
+    store.create_claim(claim("c-4"))
+    store.transition_claim("c-4", d.LIVE, {"state": d.RUNNING, "worker": "w1", "attempts": 1})
+    assert store.end_claim("c-4", d.LIVE, ok, price=lambda c: None).state == d.SUCCEEDED
+    assert store.workers("p1") == []

@@ -343,3 +343,43 @@ def test_a_deleting_pool_is_finished_by_the_scaler_once_drained(world):
     assert world.store.get_pool("textstats") is None
     assert iid in world.capacity.released
     assert "sqs://textstats" in world.queues.deleted
+
+
+def test_a_worker_counts_the_claims_it_ran_to_success_once_each(world):
+    wid, iid = start_worker(world)
+    # Given the worker ran two claims to success, one delivered twice, and one that failed
+    for n in range(2):
+        claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[n]))
+        report(world, claim.claim_id, "started", wid, iid)
+        report(world, claim.claim_id, "succeeded", wid, iid, result_key=f"k{n}", summary={"items_ok": 1})
+        report(world, claim.claim_id, "succeeded", wid, iid, attempt=2, result_key="again", summary={})
+    lost = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[9]))
+    report(world, lost.claim_id, "started", wid, iid)
+    world.pools.cancel_claim(ALICE, lost.claim_id)
+    # When an admin reads the pool's status
+    status = world.pools.status(ADMIN, "textstats")
+    # Then the worker has served 2 claims: its successes, each once
+    (worker,) = [w for w in status["workers"] if w["worker_id"] == wid]
+    assert worker["claims_served"] == 2
+
+
+def test_pool_status_answers_every_time_as_iso_8601_utc(world):
+    import json
+    import re
+
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    # Given a worker the scaler launched (a decision recorded) that reported idle
+    wid, _iid = start_worker(world)
+    # When an admin reads the pool's status
+    status = world.pools.status(ADMIN, "textstats")
+    # Then its times are ISO 8601 UTC strings, as in every other document, and it is JSON as is
+    (worker,) = [w for w in status["workers"] if w["worker_id"] == wid]
+    assert worker["launched_at"] == "2027-01-15T08:00:00Z"  # the fake clock's 1_800_000_000
+    assert iso.match(worker["seen_at"])
+    assert iso.match(worker["idle_since"])
+    assert status["decisions"]
+    assert all(iso.match(x["at"]) for x in status["decisions"])
+    assert iso.match(status["last_decision"]["at"])
+    out = status["decisions"][0]["inputs"]
+    assert out["last_scale_out_at"] is None or iso.match(out["last_scale_out_at"])
+    assert json.loads(json.dumps(status)) == status
