@@ -307,6 +307,15 @@ def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
     return render_table(acqs, ACQ_COLUMNS)
 
 
+def _charged(acq: Mapping[str, Any]) -> str:
+    """The rate usage charges the instance at, and where it came from (spot: recorded at launch)."""
+    rate = acq.get("charged_hourly_usd")
+    if rate is None:
+        return "-"
+    source = str(acq.get("charged_rate_source") or "").replace("_", " ")
+    return f"{float(rate):g} ({source})" if source else f"{float(rate):g}"
+
+
 def render_acquisition(acq: Mapping[str, Any]) -> str:
     from calque.cli.output import render_fields, render_table
 
@@ -324,6 +333,7 @@ def render_acquisition(acq: Mapping[str, Any]) -> str:
         ("market", "market"),
         ("availability_zone", "availability_zone"),
         ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+        ("charged_usd_per_hour", _charged),
         ("budget_held", "budget_held"),
         ("created_at", "created_at"),
         ("expires_at", "expires_at"),

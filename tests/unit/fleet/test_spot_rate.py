@@ -181,3 +181,13 @@ def test_ec2_spot_price_is_none_when_ec2_answers_none_or_refuses():
         stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", "not allowed")
         assert fleet.spot_price("g7e.2xlarge", "us-east-1a") is None
         assert fleet.spot_price("g7e.2xlarge", "us-east-1a") is None
+
+
+def test_an_acquisition_shows_the_rate_usage_charges_and_where_it_came_from():
+    # Given a spot acquisition whose rate was recorded from EC2's spot price, and one without
+    from calque.cli.commands.fleet import render_acquisition
+
+    spot = {"request_id": "r-1", "charged_hourly_usd": 1.176, "charged_rate_source": "spot_price"}
+    # Then `host acquisitions` prints the rate beside its source, and a dash when none is recorded
+    assert "charged_usd_per_hour  1.176 (spot price)" in render_acquisition(spot)
+    assert "charged_usd_per_hour  -" in render_acquisition({"request_id": "r-2"})
