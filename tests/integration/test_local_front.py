@@ -71,6 +71,7 @@ def test_an_added_admin_is_an_admin_at_once(local_plane):
         "arn": f"arn:aws:iam::{local_plane.account}:user/dana",
         "account": local_plane.account,
         "admin": True,
+        "endpoint": local_plane.endpoint,
     }
 
 

@@ -308,8 +308,8 @@ def test_a_host_drained_while_waiting_is_not_called_ready(api, cli, monkeypatch)
     assert "is ready" not in out + err
 
 
-def test_a_plain_float_flag_given_inf_is_refused_by_the_client_naming_it(monkeypatch, capsys):
-    # Given `group create`, whose amount flags are plain floats, and a transport that must stay unused
+def test_an_amount_flag_given_inf_is_refused_naming_it_and_nothing_is_sent(monkeypatch, capsys):
+    # Given `group create` and a transport that must stay unused
     from botocore.credentials import Credentials
 
     from calque.cli import commands
@@ -327,6 +327,19 @@ def test_a_plain_float_flag_given_inf_is_refused_by_the_client_naming_it(monkeyp
     code, _, err = _main(capsys, "group", "create", "lab", "--max-usd-per-month", "inf")
     # Then exit 2, naming the flag, and nothing was sent
     assert code == 2
-    assert err.startswith("calque: error: argument --max-usd-per-month: inf is not a finite number")
-    assert err.count("\n") == 1
+    assert "argument --max-usd-per-month: 'inf' is not a finite number" in err
     assert sent == []
+
+
+def test_a_body_holding_inf_is_refused_by_the_client_naming_its_flag():
+    # Given a request body a plain float flag filled with infinity (JSON cannot carry it)
+    from calque.cli.client import _refuse_non_finite
+    from calque.cli.errors import UsageError
+
+    # When the client is about to send it
+    with pytest.raises(UsageError) as refused:
+        _refuse_non_finite({"limits": {"max_usd_per_month": float("inf")}})
+    # Then it is a usage error naming the flag, and a finite body passes
+    assert refused.value.message.startswith("argument --max-usd-per-month: inf is not a finite number")
+    assert refused.value.exit_code == 2
+    _refuse_non_finite({"limits": {"max_usd_per_month": 250.0}, "members": ["a"]})

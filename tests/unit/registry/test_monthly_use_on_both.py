@@ -78,7 +78,7 @@ def test_used_this_month_is_what_the_ended_sessions_used(any_world: World):
     assert ended_hours(world, "bob") == pytest.approx(bob.gpu_hours_used_this_month, abs=1e-9)
 
 
-def test_a_live_sessions_time_so_far_counts_in_the_members_used(any_world: World):
+def test_a_live_session_counts_as_reserved_and_only_its_end_as_used(any_world: World):
     # Given one session checked in after 30 min and another still live after 30 min
     world = any_world
     world.ready_host()
@@ -88,10 +88,10 @@ def test_a_live_sessions_time_so_far_counts_in_the_members_used(any_world: World
     world.tenancy.checkin(ALICE, done.session_id, CheckinRequest(token=done.token))
     # When alice reads her quota
     quota = world.tenancy.get_quota(ALICE, "me")
-    # Then used is the ended one's 0.125 plus the live one's 0.125 so far; the live one
-    # still reserves its whole hour
-    assert (quota.gpu_hours_used_this_month, quota.gpu_hours_reserved_this_month) == (0.25, 0.25)
-    assert quota.usd_used_this_month == "0.42"
+    # Then used is what the ended one settled (0.125), and the live one reserves its whole
+    # hour (0.25): used + reserved is what the limit checks, nothing counted twice
+    assert (quota.gpu_hours_used_this_month, quota.gpu_hours_reserved_this_month) == (0.125, 0.25)
+    assert quota.usd_used_this_month == "0.42"  # 30 min of a quarter of 3.36 $/h
 
 
 def test_a_refusal_quotes_the_used_figure_quota_show_gives(any_world: World):
