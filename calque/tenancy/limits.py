@@ -20,6 +20,7 @@ when it runs into the next month (the usage report still splits it at the edge).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 from typing import Any
@@ -116,6 +117,62 @@ def usd(musd: int) -> str:
     return f"{(Decimal(musd) / MICRO).quantize(Decimal('0.01'), ROUND_HALF_UP)}"
 
 
+@dataclass(frozen=True)
+class _Over:
+    """One monthly limit a request does not fit, with the figures its refusal quotes."""
+
+    attr: str
+    limit: float
+    unit: str
+    used: str
+    reserved: str
+    asked: str
+    raise_it: str  # the admin's command that raises it
+
+
+def _first_over(
+    scope: str, name: str, limits: Limits, use: MonthUse, asked: tuple[int, int], *, reached: bool
+) -> _Over | None:
+    """The first of the month's limits that ``asked`` (micro-GPU-hours, micro-dollars) does not
+    fit, or with ``reached``, that used plus reserved already meets; None when all have room."""
+    for attr, limit, committed, settled, ask, unit in (
+        (GPU, limits.gpu_hours, use.committed_ugh, use.settled_ugh, asked[0], "GPU-hours"),
+        (USD, limits.usd, use.committed_musd, use.settled_musd, asked[1], "USD"),
+    ):
+        if limit is None:
+            continue
+        if (committed < micro(limit)) if reached else (committed + ask <= micro(limit)):
+            continue
+        fmt: Any = usd if unit == "USD" else gpu_hours
+        command = "quota set" if scope == "user" else "group limits"
+        return _Over(
+            attr=attr,
+            limit=limit,
+            unit=unit,
+            used=fmt(settled),
+            reserved=fmt(committed - settled),
+            asked=fmt(ask),
+            raise_it=f"calque {command} {name} --{attr.replace('_', '-')} X",
+        )
+    return None
+
+
+def _refused(message: str, over: _Over, scope: str, name: str, month: str) -> QuotaExceeded:
+    return QuotaExceeded(
+        message,
+        details={
+            "limit": f"{scope}.{over.attr}",
+            scope: name,
+            "month": month,
+            "unit": over.unit,
+            "used": over.used,
+            "reserved": over.reserved,
+            "asked": over.asked,
+            over.attr: over.limit,
+        },
+    )
+
+
 def monthly_refusal(
     *,
     scope: str,
@@ -127,37 +184,21 @@ def monthly_refusal(
 ) -> QuotaExceeded | None:
     """The refusal when ``res`` does not fit one of the member's (``scope`` "user") or group's
     monthly limits given their fresh counters; None when it fits them all."""
+    over = _first_over(scope, name, limits, use, (res.ugh, res.musd), reached=False)
+    if over is None:
+        return None
     whose = name if scope == "user" else f"group {name}"
-    for attr, limit, committed, settled, ask, unit in (
-        (GPU, limits.gpu_hours, use.committed_ugh, use.settled_ugh, res.ugh, "GPU-hours"),
-        (USD, limits.usd, use.committed_musd, use.settled_musd, res.musd, "USD"),
-    ):
-        if limit is None or committed + ask <= micro(limit):
-            continue
-        fmt: Any = usd if unit == "USD" else gpu_hours
-        reserved = committed - settled
-        if scope == "user":
-            raise_it = f"calque quota set {name} --{attr.replace('_', '-')} X"
-        else:
-            raise_it = f"calque group limits {name} --{attr.replace('_', '-')} X"
-        shorter = "a shorter --ttl" if doing == "check-out" else "a shorter extension"
-        return QuotaExceeded(
-            f"{doing} refused by {scope}.{attr}: {whose} has used {fmt(settled)} and live sessions "
-            f"reserve {fmt(reserved)} of {limit:g} {unit} in {res.month}, and this {doing} would "
-            f"reserve {fmt(ask)} more; ask for {shorter}, check a live session in "
-            f"(calque session list, then calque session checkin), or ask an admin to raise it ({raise_it})",
-            details={
-                "limit": f"{scope}.{attr}",
-                scope: name,
-                "month": res.month,
-                "unit": unit,
-                "used": fmt(settled),
-                "reserved": fmt(reserved),
-                "asked": fmt(ask),
-                attr: limit,
-            },
-        )
-    return None
+    shorter = "a shorter --ttl" if doing == "check-out" else "a shorter extension"
+    return _refused(
+        f"{doing} refused by {scope}.{over.attr}: {whose} has used {over.used} and live sessions "
+        f"reserve {over.reserved} of {over.limit:g} {over.unit} in {res.month}, and this {doing} would "
+        f"reserve {over.asked} more; ask for {shorter}, check a live session in "
+        f"(calque session list, then calque session checkin), or ask an admin to raise it ({over.raise_it})",
+        over,
+        scope,
+        name,
+        res.month,
+    )
 
 
 def user_refusal(user: str, quota: QuotaRecord | None, res: Reservation, doing: str) -> QuotaExceeded | None:
@@ -206,36 +247,20 @@ def claim_refusal(
     """The refusal of a pool submit when the member's (``scope`` "user") or group's month has
     reached one of its limits (used plus reserved at or over it); None when there is room.
     The same error, and the same details, as a check-out's refusal (``monthly_refusal``)."""
+    over = _first_over(scope, name, limits, use, (0, 0), reached=True)
+    if over is None:
+        return None
     whose = name if scope == "user" else f"group {name}"
-    for attr, limit, committed, settled, unit in (
-        (GPU, limits.gpu_hours, use.committed_ugh, use.settled_ugh, "GPU-hours"),
-        (USD, limits.usd, use.committed_musd, use.settled_musd, "USD"),
-    ):
-        if limit is None or committed < micro(limit):
-            continue
-        fmt: Any = usd if unit == "USD" else gpu_hours
-        reserved = committed - settled
-        if scope == "user":
-            raise_it = f"calque quota set {name} --{attr.replace('_', '-')} X"
-        else:
-            raise_it = f"calque group limits {name} --{attr.replace('_', '-')} X"
-        return QuotaExceeded(
-            f"pool submit refused by {scope}.{attr}: {whose} has used {fmt(settled)} and live "
-            f"sessions reserve {fmt(reserved)} of {limit:g} {unit} in {month}, so no claim may "
-            "start; check a live session in (calque session list, then calque session checkin), "
-            f"wait for next month, or ask an admin to raise it ({raise_it})",
-            details={
-                "limit": f"{scope}.{attr}",
-                scope: name,
-                "month": month,
-                "unit": unit,
-                "used": fmt(settled),
-                "reserved": fmt(reserved),
-                "asked": fmt(0),
-                attr: limit,
-            },
-        )
-    return None
+    return _refused(
+        f"pool submit refused by {scope}.{over.attr}: {whose} has used {over.used} and live "
+        f"sessions reserve {over.reserved} of {over.limit:g} {over.unit} in {month}, so no claim may "
+        "start; check a live session in (calque session list, then calque session checkin), "
+        f"wait for next month, or ask an admin to raise it ({over.raise_it})",
+        over,
+        scope,
+        name,
+        month,
+    )
 
 
 def claim_user_refusal(user: str, quota: QuotaRecord | None, month: str) -> QuotaExceeded | None:
