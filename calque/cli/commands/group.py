@@ -11,8 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_float, non_negative_int
-from calque.cli.commands.quota import LIMITS, given_limits, merged, or_unlimited
-from calque.cli.errors import CliError
+from calque.cli.commands.quota import LIMITS, given_limits, or_unlimited, put_changed_limits
 
 GROUP_FIELDS: list[Any] = [
     ("name", "name"),
@@ -138,18 +137,11 @@ def _set_limits(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_set_limits(ctx: Any, *, name: str, **changes: Any) -> None:
-    """Change the given limits of group ``name`` and keep the others: the API's PUT replaces
-    all three, so the group is read first and the merged document is sent."""
-    if not changes:
-        raise CliError(
-            "name at least one limit to change: --max-sessions, --max-gpu-hours-per-month or "
-            "--max-usd-per-month",
-            code="nothing_to_change",
-        )
-    client = ctx.client()
+    """Change the given limits of group ``name`` and keep the others (``put_changed_limits``)."""
     path = f"/v1/groups/{quote(name, safe='')}"
-    body = merged(client.request("GET", path) if len(changes) < len(LIMITS) else {}, changes)
-    ctx.emit(client.request("PUT", f"{path}/limits", body), columns=GROUP_FIELDS)
+    ctx.emit(
+        put_changed_limits(ctx, read=path, write=f"{path}/limits", changes=changes), columns=GROUP_FIELDS
+    )
 
 
 def _list(ctx: Any, args: argparse.Namespace) -> None:

@@ -66,6 +66,21 @@ def merged(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return {k: changes[k] if k in changes else current.get(k) for k in LIMITS}
 
 
+def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, Any]) -> Any:
+    """Change only the limits given and keep the others: the API's PUT (``write``) replaces
+    all three, so the current ones are read (``read``) first, unless all three are given,
+    and the merged document is sent. Naming none changes nothing."""
+    if not changes:
+        raise CliError(
+            "name at least one limit to change: --max-sessions, --max-gpu-hours-per-month or "
+            "--max-usd-per-month",
+            code="nothing_to_change",
+        )
+    client = ctx.client()
+    body = merged(client.request("GET", read) if len(changes) < len(LIMITS) else {}, changes)
+    return client.request("PUT", write, body)
+
+
 def register(subparsers: Any) -> None:
     from calque.cli.main import command_group
 
@@ -111,18 +126,9 @@ def _set(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_set(ctx: Any, *, user: str, **changes: Any) -> None:
-    """Change the given limits of ``user`` and keep the others: the API's PUT replaces the
-    whole quota, so the current one is read first and the merged document is sent."""
-    if not changes:
-        raise CliError(
-            "name at least one limit to change: --max-sessions, --max-gpu-hours-per-month or "
-            "--max-usd-per-month",
-            code="nothing_to_change",
-        )
-    client = ctx.client()
+    """Change the given limits of ``user`` and keep the others (``put_changed_limits``)."""
     path = f"/v1/quotas/{quote(user, safe='')}"
-    body = merged(client.request("GET", path) if len(changes) < len(LIMITS) else {}, changes)
-    ctx.emit(client.request("PUT", path, body), columns=QUOTA_FIELDS)
+    ctx.emit(put_changed_limits(ctx, read=path, write=path, changes=changes), columns=QUOTA_FIELDS)
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:
