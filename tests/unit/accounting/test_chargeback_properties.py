@@ -167,6 +167,7 @@ def _pool_claims(draw, now: datetime, users: list[str], first: int):
                         instance_id=record.instance_id,
                     )
                 )
+            busy_to_now = False
             for j in range(0, len(points) - 1, 2):
                 a, b = start + timedelta(seconds=points[j]), start + timedelta(seconds=points[j + 1])
                 live = end is None and stop == now and points[j + 1] == seg and draw(st.booleans())
@@ -189,8 +190,10 @@ def _pool_claims(draw, now: datetime, users: list[str], first: int):
                     )
                 )
                 expected[cid] = (record.instance_id, a, None if live else b, share)
-            if points and draw(st.booleans()):
-                # a claim that ran under a second, after the slot's others
+                busy_to_now = busy_to_now or live
+            if points and not busy_to_now and draw(st.booleans()):
+                # a claim that ran under a second, after the slot's others (never while one
+                # still runs there: a worker runs one claim at a time)
                 instant = start + timedelta(seconds=points[-1])
                 cid = f"c-{record.instance_id}-{k}-instant"
                 mine.append(
