@@ -601,12 +601,14 @@ class Pools:
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
         record = decision.to_record()
         if decision.launch:
-            # whole instances: one worker per slot, so a launch of k workers may bring a few more
+            # whole instances, but exactly the workers decided (never past max_workers): each
+            # new instance's slots filled in order, the last one's remaining slots left idle
             slots = slots_per_instance(pool)
             groups: dict[str, list[str]] = {}
-            for _ in range(-(-decision.launch // slots)):
+            for first in range(0, decision.launch, slots):
                 group = f"w-{secrets.token_hex(4)}"
-                groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(slots)]
+                n = min(slots, decision.launch - first)
+                groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(n)]
                 for k, wid in enumerate(groups[group]):
                     self.store.put_worker(
                         d.WorkerRecord(
@@ -667,7 +669,8 @@ class Pools:
 
     def _start_workers(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> None:
         """Tell the host agent of each instance handed over (running, ready) to start its
-        workers, one per slot; an instance still being launched is asked again next tick."""
+        workers, each on the slot its id names (an instance may have fewer workers than
+        slots); an instance still being launched is asked again next tick."""
         if self.starter is None or pool.state != d.POOL_ACTIVE:
             return
         by_group: dict[str, list[d.WorkerRecord]] = {}
