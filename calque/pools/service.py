@@ -601,13 +601,16 @@ class Pools:
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
         record = decision.to_record()
         if decision.launch:
-            # whole instances, but exactly the workers decided (never past max_workers): each
-            # new instance's slots filled in order, the last one's remaining slots left idle
+            # whole instances: the workers decided, rounded up to fill the new instances' slots
+            # (they are paid for whole) but never past max_workers; under the cap the last
+            # instance's remaining slots stay without a worker
             slots = slots_per_instance(pool)
+            room = max(0, pool.max_workers - len(views))
+            count = min(-(-decision.launch // slots) * slots, max(room, decision.launch))
             groups: dict[str, list[str]] = {}
-            for first in range(0, decision.launch, slots):
+            for first in range(0, count, slots):
                 group = f"w-{secrets.token_hex(4)}"
-                n = min(slots, decision.launch - first)
+                n = min(slots, count - first)
                 groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(n)]
                 for k, wid in enumerate(groups[group]):
                     self.store.put_worker(

@@ -184,6 +184,19 @@ def _slots(ids: list[str]) -> list[int]:
     return [int(wid.rsplit("-", 1)[1]) for wid in ids]
 
 
+def test_one_claim_under_the_cap_fills_the_instance_it_pays_for():
+    # Given a pool of four 1g.24gb slices per instance, at most 8 workers, and one claim
+    w = make(max_workers=8)
+    submit(w, 1)
+    # When the scaler runs
+    w.pools.scale("small")
+    # Then the instance paid for whole runs a worker on each of its four slices, ready for
+    # the next claims, rather than one worker and three idle slices
+    assert len(w.capacity.held) == 1
+    ((_, _iid, ids),) = w.starter.sent
+    assert _slots(ids) == [0, 1, 2, 3]
+
+
 def test_max_workers_below_the_slices_of_one_instance_runs_exactly_max_workers():
     # Given a pool of four 1g.24gb slices per instance, at most 3 workers, and ten claims
     w = make(max_workers=3)
