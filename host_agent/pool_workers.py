@@ -15,14 +15,20 @@ handed the pool a running instance. ``--worker`` is the pool's worker document (
 
 ``start`` applies the pool's layout first when one is given (the same converge as
 ``apply``), reads this host's slices as the agent sees them (one per GPU without a layout;
-one per MIG instance or MPS slot with one), and refuses unless there is exactly one
-worker id per slice. It downloads the runner package from the artifact bucket with the
-instance's own role (no internet: S3 only), unpacks it once per package key, and starts
-one ``python -m host_agent.worker`` per slice, bound to it by the slice's own environment
-(``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` for a MIG slice, the GPU's uuid and MPS pipe for an
-MPS slot). Each worker is a supervised process that outlives the SSM command: a transient
-systemd unit (``systemd-run``, restarted when it fails) on a host with systemd, else a
-detached process in its own session. Each worker's pid, instance, slice and binding are
+one per MIG instance or MPS slot with one) and puts them in slot order, the order of the
+control plane's planner: by GPU, then by MIG profile, then by the slice's ordinal. It
+takes 1..N worker ids for N slices (the scaler never starts more workers than the pool's
+--max-workers, so the last instance of a pool may run fewer workers than slices): each
+id's slot suffix names its slice (``w-<hex>-<k>``: the k-th slice; a bare ``w-<hex>`` is
+slot 0 of a one-slot host), and a slot out of range, two ids for one slot or an id without
+a slot on a host of several slices is refused, naming the id, before anything starts.
+Slices no id names are left untouched. It downloads the runner package from the artifact
+bucket with the instance's own role (no internet: S3 only), unpacks it once per package
+key, and starts one ``python -m host_agent.worker`` per id, bound to its slice by the
+slice's own environment (``CUDA_VISIBLE_DEVICES=MIG-<uuid>`` for a MIG slice, the GPU's
+uuid and MPS pipe for an MPS slot). Each worker is a supervised process that outlives the
+SSM command: a transient systemd unit (``systemd-run``, restarted when it fails) on a host
+with systemd, else a detached process in its own session. Each worker's pid, instance, slice and binding are
 kept in ``<workers dir>/<pool>/<worker id>.json``, its log beside it.
 
 Python 3.9+, standard library and botocore only (the host agent's bundle).
@@ -50,6 +56,10 @@ ACTIONS = ("start", "stop", "status")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _RUNNER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# worker ids as the scaler names them: "w-<hex>-<slot>", or "w-<hex>" alone on a one-slot
+# instance (calque.accounting.claims.worker_slot reads them the same way)
+_SLOT = re.compile(r"^w-[0-9a-f]+-(\d+)$")
+_ORDINAL = re.compile(r"-(\d+)$")
 
 
 @dataclass
@@ -268,6 +278,59 @@ def worker_env(
     return env
 
 
+def slot_order(slices: list[Any]) -> list[Any]:
+    """The slices in slot order, as the control plane's planner lists them
+    (calque.catalog.planner.expand_slices): by GPU, then MIG profile, then the ordinal that
+    ends the slice id (``g0-1g.24gb-2``, ``g1-mps-10``), counted as a number."""
+
+    def key(sl: Any) -> tuple[int, str, int, str]:
+        m = _ORDINAL.search(sl.slice_id)
+        profile = sl.profile if sl.backend == "mig" else ""
+        return (int(sl.gpu_index), profile, int(m.group(1)) if m else 0, sl.slice_id)
+
+    return sorted(slices, key=key)
+
+
+def bind_slots(doc: WorkerDoc, slices: list[Any]) -> list[tuple[str, Any]]:
+    """(worker id, slice) for each id of the document, in slot order; refuses, naming the id,
+    a slot this host does not have, two ids for one slot, or an id without a slot on a host
+    of several slices. Nothing has started when it refuses."""
+    ordered = slot_order(slices)
+    names = [s.slice_id for s in ordered]
+    if len(doc.worker_ids) > len(ordered):
+        raise InvalidInput(
+            f"worker: pool {doc.pool} asked for {len(doc.worker_ids)} worker(s) but this host has "
+            f"{len(ordered)} slice(s) ({', '.join(names) or 'none'})",
+            code="slices_mismatch",
+            details={"workers": len(doc.worker_ids), "slices": names},
+        )
+    taken: dict[int, str] = {}
+    for worker_id in doc.worker_ids:
+        m = _SLOT.match(worker_id)
+        if m is None and len(ordered) != 1:
+            raise InvalidInput(
+                f"worker: worker id {worker_id} names no slot (w-<hex>-<slot>) but this host has "
+                f"{len(ordered)} slices",
+                code="slices_mismatch",
+                details={"worker_id": worker_id, "slices": names},
+            )
+        slot = int(m.group(1)) if m else 0
+        if slot >= len(ordered):
+            raise InvalidInput(
+                f"worker: worker id {worker_id} names slot {slot} but this host has {len(ordered)} "
+                f"slice(s) (slots 0..{len(ordered) - 1})",
+                code="slices_mismatch",
+                details={"worker_id": worker_id, "slot": slot, "slices": names},
+            )
+        if slot in taken:
+            raise InvalidInput(
+                f"worker: worker id {worker_id} names slot {slot}, already named by {taken[slot]}",
+                details={"worker_id": worker_id, "slot": slot, "field": "worker_ids"},
+            )
+        taken[slot] = worker_id
+    return [(taken[k], ordered[k]) for k in sorted(taken)]
+
+
 def start(
     doc: WorkerDoc,
     slices: list[Any],
@@ -279,19 +342,14 @@ def start(
     s3: Any | None = None,
     python: str = sys.executable,
 ) -> list[dict[str, Any]]:
-    """Start one worker per slice (``slices``: the agent's SliceReports, in slice order)."""
-    if len(slices) != len(doc.worker_ids):
-        raise InvalidInput(
-            f"worker: pool {doc.pool} asked for {len(doc.worker_ids)} worker(s) but this host has "
-            f"{len(slices)} slice(s) ({', '.join(s.slice_id for s in slices) or 'none'})",
-            code="slices_mismatch",
-            details={"workers": len(doc.worker_ids), "slices": [s.slice_id for s in slices]},
-        )
+    """Start one worker per id, each on the slice its slot names (``slices``: the agent's
+    SliceReports); the slices no id names are left as they are."""
+    pairs = bind_slots(doc, slices)
     pool_dir = workers_dir / doc.pool
     pool_dir.mkdir(parents=True, exist_ok=True)
     package = _src(stage_package(doc, pool_dir, s3))
     started: list[dict[str, Any]] = []
-    for worker_id, sl in zip(doc.worker_ids, sorted(slices, key=lambda s: s.slice_id)):
+    for worker_id, sl in pairs:
         record_path = pool_dir / f"{worker_id}.json"
         if record_path.exists():  # the same command delivered twice: one worker per id
             old = json.loads(record_path.read_text())

@@ -5,7 +5,9 @@ plane, each instance is a simulated host, launched through the same local path a
 ``calque local launch`` (a moto EC2 instance with its own instance-role credentials). The
 scaler then starts its workers exactly as on a deployed plane: the host-agent document's
 ``worker start`` through SSM, which the plane's SSM executor runs as the host agent on
-that simulated host (its fake GPUs: the pool's layout is applied, one worker per slice).
+that simulated host (its fake GPUs: the pool's layout is applied, and each worker the
+scaler decided is bound to the slice its id's slot names; slices past the pool's
+--max-workers stay without one, as on a deployed plane).
 Each worker is a REAL process on this machine: ``python -m host_agent.worker``, the same
 worker code, against the local SQS and S3 (moto), reporting to the local API signed as
 its instance. Release stops the instance's workers (SIGTERM: each finishes a claim in

@@ -601,12 +601,17 @@ class Pools:
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
         record = decision.to_record()
         if decision.launch:
-            # whole instances: one worker per slot, so a launch of k workers may bring a few more
+            # whole instances: the workers decided, rounded up to fill the new instances' slots
+            # (they are paid for whole) but never past max_workers; under the cap the last
+            # instance's remaining slots stay without a worker
             slots = slots_per_instance(pool)
+            room = max(0, pool.max_workers - len(views))
+            count = min(-(-decision.launch // slots) * slots, max(room, decision.launch))
             groups: dict[str, list[str]] = {}
-            for _ in range(-(-decision.launch // slots)):
+            for first in range(0, count, slots):
                 group = f"w-{secrets.token_hex(4)}"
-                groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(slots)]
+                n = min(slots, count - first)
+                groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(n)]
                 for k, wid in enumerate(groups[group]):
                     self.store.put_worker(
                         d.WorkerRecord(
@@ -667,7 +672,8 @@ class Pools:
 
     def _start_workers(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> None:
         """Tell the host agent of each instance handed over (running, ready) to start its
-        workers, one per slot; an instance still being launched is asked again next tick."""
+        workers, each on the slot its id names (an instance may have fewer workers than
+        slots); an instance still being launched is asked again next tick."""
         if self.starter is None or pool.state != d.POOL_ACTIVE:
             return
         by_group: dict[str, list[d.WorkerRecord]] = {}

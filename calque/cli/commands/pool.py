@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -194,6 +195,7 @@ def do_create(
     }
     pool = ctx.client().request("POST", "/v1/pools", body)
     ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
+    _note_idle_slices(pool)
 
 
 def zip_package(path: Path) -> bytes:
@@ -327,6 +329,39 @@ def do_update(ctx: Any, *, name: str, **changes: Any) -> None:
                          "or --idle-timeout", code="invalid_input")  # fmt: skip
     pool = ctx.client().request("PATCH", f"/v1/pools/{quote(name, safe='')}", body)
     ctx.emit(pool, columns=POOL_COLUMNS)
+    if "max_workers" in body:
+        _note_idle_slices(pool)
+
+
+def idle_slices_note(pool: dict[str, Any]) -> str | None:
+    """One line when --max-workers is not a multiple of the slices per instance: the pool
+    pays for whole instances, and at max_workers its last instance leaves some slices idle."""
+    from calque import catalog
+    from calque.catalog.planner import expand_slices
+    from calque.contracts.layout import LayoutSpec
+
+    try:
+        max_workers = int(pool["max_workers"])
+        if pool.get("layout"):
+            slots = len(expand_slices(pool["instance_type"], LayoutSpec.model_validate(pool["layout"])))
+        else:
+            slots = catalog.instance_type(pool["instance_type"]).gpu_count
+    except Exception:  # an answer this CLI cannot read: no note rather than a failure
+        return None
+    idle = -max_workers % slots if slots > 1 else 0
+    if not idle:
+        return None
+    return (
+        f"note: {pool.get('name')} runs at most {max_workers} workers on {slots} slices per instance: "
+        f"at {max_workers} workers {idle} slice(s) of its last instance stay idle, paid for; "
+        f"--max-workers {max_workers + idle} would use them"
+    )
+
+
+def _note_idle_slices(pool: Any) -> None:
+    note = idle_slices_note(pool) if isinstance(pool, dict) else None
+    if note:
+        sys.stderr.write(note + "\n")
 
 
 def do_delete(ctx: Any, *, name: str, now: bool = False, accept: bool = False) -> None:

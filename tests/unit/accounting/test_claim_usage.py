@@ -33,7 +33,7 @@ class GroupsWorld(StartWorld):
         )  # fmt: skip
 
 
-def _world() -> tuple[StartWorld, MemoryRegistry]:
+def _world(**pool: object) -> tuple[StartWorld, MemoryRegistry]:
     registry = MemoryRegistry()
     ticks = iter(datetime(2026, 12, 1, 0, 0, k, tzinfo=UTC) for k in range(60))
     groups = Groups(registry, clock=lambda: next(ticks))
@@ -41,7 +41,7 @@ def _world() -> tuple[StartWorld, MemoryRegistry]:
     groups.create(ADMIN, GroupCreate(name="course"))
     groups.add(ADMIN, "lab", ["alice"])
     groups.add(ADMIN, "course", ["alice"])
-    w = make()  # g7e.2xlarge, four 1g.24gb workers: each a quarter of the card
+    w = make(**pool)  # g7e.2xlarge, four 1g.24gb slices: each a quarter of the card
     w.__class__ = GroupsWorld
     w.groups = registry
     w.clock.t = datetime(2027, 1, 10, 8, 0, tzinfo=UTC).timestamp()
@@ -163,3 +163,41 @@ def test_a_claim_that_ran_under_a_second_is_still_a_line_and_counted():
     # And the lines still add up to the instance's cost
     (cost,) = report.instances
     assert sum(Decimal(x.amount_usd) for x in report.lines if x.instance_id == iid) == Decimal(cost.cost_usd)
+
+
+def test_an_instance_running_three_workers_on_four_slices_still_adds_up_to_its_cost():
+    # Given a pool of four 1g.24gb slices per instance, at most 3 workers, and three claims
+    w, registry = _world(max_workers=3)
+    claims = [w.pools.submit(ALICE, "small", ClaimSubmit(items=[1])) for _ in range(3)]
+    w.pools.scale("small")
+    drain(w)
+    workers = sorted(w.store.workers("small"), key=lambda x: x.slot)
+    assert [x.slot for x in workers] == [0, 1, 2]  # the fourth slice has no worker
+    iid = workers[0].instance_id
+    # When each worker runs one claim for an hour, and the instance runs two hours in all
+    for claim, worker in zip(claims, workers, strict=True):
+        w.pools.claim_report(
+            instance(iid), HOST_ROLE, "small", claim.claim_id,
+            ClaimReport(event="started", worker_id=worker.worker_id, instance_id=iid, attempt=1),
+        )  # fmt: skip
+    w.clock.t += HOUR
+    for claim, worker in zip(claims, workers, strict=True):
+        w.pools.claim_report(
+            instance(iid), HOST_ROLE, "small", claim.claim_id,
+            ClaimReport(event="succeeded", worker_id=worker.worker_id, instance_id=iid, attempt=1,
+                        result_key="r", summary={"items_ok": 1}),
+        )  # fmt: skip
+    w.clock.t += HOUR
+    report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01", by="pool"))
+    # Then each claim is a quarter of the card for an hour (0.84), on its worker's own slice
+    lines = [x for x in report.lines if x.kind == "claim"]
+    assert sorted(x.slice_id for x in lines) == [f"g0-1g.24gb-{k}" for k in range(3)]
+    assert [x.amount_usd for x in lines] == ["0.84"] * 3
+    # And the instance's two hours (6.72) are the three claims plus the pool's idle line,
+    # which holds the slice with no worker for the whole time
+    (cost,) = report.instances
+    assert (cost.instance_id, cost.cost_usd) == (iid, "6.72")
+    assert [x.amount_usd for x in report.lines if x.kind == "idle"] == ["4.20"]
+    assert sum(Decimal(x.amount_usd) for x in report.lines if x.instance_id == iid) == Decimal("6.72")
+    (row,) = report.rows
+    assert (row.key, row.amount_usd, row.sessions) == ("small", "6.72", 3)

@@ -156,6 +156,86 @@ def test_more_worker_ids_than_slices_is_refused_and_starts_nothing(tmp_path, lau
     assert launcher.started == []
 
 
+def test_fewer_worker_ids_than_slices_start_on_their_own_slots_and_leave_the_rest_untouched(
+    tmp_path, launcher, s3, capsys
+):
+    # Given a host of four 1g.24gb slices, When the pool asks for three workers (slots 0..2)
+    rc, _ = _start(tmp_path, _doc(3), "--spec", FOUR_SLICES)
+    out = json.loads(capsys.readouterr().out)
+    # Then three workers run, each on the slice its slot names, and the fourth slice has none
+    assert rc == 0, out
+    assert [(w["worker_id"], w["slice_id"]) for w in out["workers"]] == [
+        (f"w-0001-{k}", f"g0-1g.24gb-{k}") for k in range(3)
+    ]
+    assert [s["env"]["CALQUE_SLICE_ID"] for s in launcher.started] == [f"g0-1g.24gb-{k}" for k in range(3)]
+    assert sorted(p.name for p in (tmp_path / "pools" / "small-models").glob("*.json")) == [
+        f"w-0001-{k}.json" for k in range(3)
+    ]
+
+
+def test_a_worker_id_is_bound_to_the_slice_its_slot_names_not_to_its_place_in_the_list(
+    tmp_path, launcher, s3, capsys
+):
+    rc, _ = _start(tmp_path, _doc(1, worker_ids=["w-00ab-3", "w-00ab-1"]), "--spec", FOUR_SLICES)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert {w["worker_id"]: w["slice_id"] for w in out["workers"]} == {
+        "w-00ab-1": "g0-1g.24gb-1",
+        "w-00ab-3": "g0-1g.24gb-3",
+    }
+
+
+def test_a_bare_worker_id_is_slot_0_of_a_one_slot_host(tmp_path, launcher, s3, capsys):
+    rc, _ = _start(tmp_path, _doc(1, worker_ids=["w-1a2b3c4d"]), itype="g6e.xlarge")
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    assert [(w["worker_id"], w["slice_id"]) for w in out["workers"]] == [("w-1a2b3c4d", "g0-whole")]
+
+
+@pytest.mark.parametrize(
+    ("ids", "named", "says"),
+    [
+        (["w-00ab-0", "w-00ab-4"], "w-00ab-4", "names slot 4 but this host has 4 slice(s)"),
+        (["w-00ab-1", "w-00cd-1"], "w-00cd-1", "names slot 1, already named by w-00ab-1"),
+        (["w-00ab"], "w-00ab", "names no slot (w-<hex>-<slot>) but this host has 4 slices"),
+    ],
+)
+def test_a_slot_the_host_cannot_give_is_refused_naming_the_worker_and_starts_nothing(
+    tmp_path, launcher, s3, capsys, ids, named, says
+):
+    rc, _ = _start(tmp_path, _doc(1, worker_ids=ids), "--spec", FOUR_SLICES)
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert f"worker id {named} {says}" in captured.err
+    assert json.loads(captured.out)["error"]["details"]["worker_id"] == named
+    assert launcher.started == []
+    assert not list((tmp_path / "pools").glob("*/*.json"))
+
+
+def test_slot_order_is_the_planners_order_with_ordinals_counted_as_numbers():
+    from calque.catalog.planner import expand_slices
+    from calque.contracts.layout import LayoutSpec
+
+    # Given a layout of two GPUs, one with two MIG profiles and one with twelve MPS clients
+    spec = LayoutSpec.model_validate(
+        {"version": "v1", "gpus": [
+            {"devices": [0], "mig": {"2g.48gb": 1, "1g.24gb": 2}},
+            {"devices": [1], "mps": {"clients": 12}},
+        ]}
+    )  # fmt: skip
+    planned = expand_slices("g7e.12xlarge", spec)
+
+    class Seen:  # what the agent reads back, shuffled
+        def __init__(self, p: Any) -> None:
+            self.slice_id, self.gpu_index, self.backend, self.profile = (
+                p.slice_id, p.gpu_index, p.backend, p.profile
+            )  # fmt: skip
+
+    seen = [Seen(p) for p in reversed(planned)]
+    # Then the agent's slot order is the planner's: slot k is the same slice on both sides
+    assert [s.slice_id for s in pw.slot_order(seen)] == [p.slice_id for p in planned]
+
+
 def test_a_package_missing_from_the_bucket_is_a_clear_refusal(tmp_path, launcher, s3, capsys):
     doc = _doc(1, package={"bucket": "art", "key": "pools/small-models/package/nope.zip"})
     rc, _ = _start(tmp_path, doc, itype="g6e.xlarge")

@@ -210,3 +210,48 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     assert api.requests[0][2] == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
     assert api.requests[1][2]["package_key"] == "pools/p1/package/x.zip"
     assert zip_package(pkg) == body  # the same files, the same bytes: the hash names the content
+
+
+FOUR_MIG = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
+
+
+def test_update_notes_the_idle_slices_of_the_last_instance_when_max_workers_is_not_a_multiple(api, cli):
+    # Given a pool of four MIG slices per instance
+    pool = {"name": "p1", "instance_type": "g7e.2xlarge", "layout": FOUR_MIG, "min_workers": 0}
+    # When an admin sets --max-workers 3, Then one line on stderr says one slice stays idle
+    api.responses[("PATCH", "/v1/pools/p1")] = {**pool, "max_workers": 3}
+    code, out, err = cli("--output", "json", "pool", "update", "p1", "--max-workers", "3")
+    assert code == 0, err
+    assert json.loads(out)["max_workers"] == 3  # stdout stays one JSON document
+    assert err.strip() == (
+        "note: p1 runs at most 3 workers on 4 slices per instance: at 3 workers 1 slice(s) of its "
+        "last instance stay idle, paid for; --max-workers 4 would use them"
+    )
+    # When it is a multiple of the slices, Then there is no note
+    api.responses[("PATCH", "/v1/pools/p1")] = {**pool, "max_workers": 8}
+    code, _, err = cli("pool", "update", "p1", "--max-workers", "8")
+    assert code == 0
+    assert err == ""
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "layout", "max_workers", "idle"),
+    [
+        ("g7e.2xlarge", FOUR_MIG, 5, 3),
+        ("g6e.12xlarge", None, 6, 2),  # no layout: one worker per GPU, four L40S
+        ("g6e.xlarge", None, 3, 0),  # one GPU: never a note
+    ],
+)
+def test_the_note_counts_slices_per_instance_from_the_layout_else_the_gpus(
+    instance_type, layout, max_workers, idle
+):
+    from calque.cli.commands.pool import idle_slices_note
+
+    note = idle_slices_note(
+        {"name": "p1", "instance_type": instance_type, "layout": layout, "max_workers": max_workers}
+    )
+    if idle:
+        assert note is not None
+        assert f"{idle} slice(s) of its last instance stay idle" in note
+    else:
+        assert note is None

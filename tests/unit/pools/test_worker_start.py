@@ -1,7 +1,8 @@
 """The scaler starts workers through the host agent's worker verb once the capacity provider
-hands over a running, ready instance: one worker per slice of the pool's layout (one per GPU
-without one), each known before it reports, so its reports are accepted from its own
-instance alone; an instance goes back only when none of its workers is left."""
+hands over a running, ready instance: at most one worker per slice of the pool's layout (one
+per GPU without one), exactly as many as the scaler decided (never past --max-workers), each
+known before it reports, so its reports are accepted from its own instance alone; an
+instance goes back only when none of its workers is left."""
 
 from __future__ import annotations
 
@@ -62,8 +63,9 @@ def make(instance_type: str = "g7e.2xlarge", layout: dict | None = FOUR, **kw: A
     return w
 
 
-def submit(w: StartWorld) -> None:
-    w.pools.submit(member("alice"), "small", ClaimSubmit(items=[1]))
+def submit(w: StartWorld, claims: int = 1) -> None:
+    for _ in range(claims):
+        w.pools.submit(member("alice"), "small", ClaimSubmit(items=[1]))
 
 
 def drain(w: StartWorld) -> None:
@@ -77,9 +79,9 @@ def report(w: StartWorld, wid: str, iid: str, state: str = "idle") -> None:
 
 
 def test_a_mig_layout_of_four_slices_gets_one_instance_with_four_workers_started_in_one_command():
-    # Given a g7e pool with four 1g.24gb slices, and one claim
+    # Given a g7e pool with four 1g.24gb slices, and four claims (one worker each)
     w = make()
-    submit(w)
+    submit(w, 4)
     # When the scaler runs
     w.pools.scale("small")
     # Then one instance was asked for, and its agent was told to start four workers, in slot order
@@ -100,7 +102,7 @@ def test_a_mig_layout_of_four_slices_gets_one_instance_with_four_workers_started
 
 def test_without_a_layout_there_is_one_worker_per_gpu():
     w = make(instance_type="g6e.12xlarge", layout=None)
-    submit(w)
+    submit(w, 4)
     w.pools.scale("small")
     ((_, _, ids),) = w.starter.sent
     assert len(ids) == 4  # g6e.12xlarge: four L40S
@@ -135,7 +137,7 @@ def test_a_start_that_cannot_be_sent_is_sent_again_at_the_next_tick():
 
 def test_scale_in_releases_an_instance_only_when_all_its_workers_may_go():
     w = make()
-    submit(w)
+    submit(w, 4)
     w.pools.scale("small")
     ((_, iid, ids),) = w.starter.sent
     for wid in ids:
@@ -163,7 +165,7 @@ def test_scale_in_releases_an_instance_only_when_all_its_workers_may_go():
 
 def test_one_exited_worker_does_not_take_its_siblings_instance():
     w = make()
-    submit(w)
+    submit(w, 4)
     w.pools.scale("small")
     ((_, iid, ids),) = w.starter.sent
     for wid in ids:
@@ -176,6 +178,85 @@ def test_one_exited_worker_does_not_take_its_siblings_instance():
         report(w, wid, iid, "exited")
     w.pools.scale("small")
     assert w.capacity.released == [iid]
+
+
+def _slots(ids: list[str]) -> list[int]:
+    return [int(wid.rsplit("-", 1)[1]) for wid in ids]
+
+
+def test_one_claim_under_the_cap_fills_the_instance_it_pays_for():
+    # Given a pool of four 1g.24gb slices per instance, at most 8 workers, and one claim
+    w = make(max_workers=8)
+    submit(w, 1)
+    # When the scaler runs
+    w.pools.scale("small")
+    # Then the instance paid for whole runs a worker on each of its four slices, ready for
+    # the next claims, rather than one worker and three idle slices
+    assert len(w.capacity.held) == 1
+    ((_, _iid, ids),) = w.starter.sent
+    assert _slots(ids) == [0, 1, 2, 3]
+
+
+def test_max_workers_below_the_slices_of_one_instance_runs_exactly_max_workers():
+    # Given a pool of four 1g.24gb slices per instance, at most 3 workers, and ten claims
+    w = make(max_workers=3)
+    submit(w, 10)
+    # When the scaler runs, and again past the scale-out cooldown with the backlog still there
+    w.pools.scale("small")
+    w.clock.t += 300
+    w.pools.scale("small")
+    # Then one instance runs three workers, on slots 0, 1 and 2; slot 3 has none
+    assert len(w.capacity.held) == 1
+    ((_, iid, ids),) = w.starter.sent
+    assert _slots(ids) == [0, 1, 2]
+    workers = w.store.workers("small")
+    assert sorted(x.slot for x in workers) == [0, 1, 2]
+    assert {x.instance_id for x in workers} == {iid}
+    assert len({x.group for x in workers}) == 1
+
+
+def test_max_workers_past_one_instance_fills_the_first_and_starts_one_on_the_second():
+    # Given a pool of four slices per instance, at most 5 workers, and ten claims
+    w = make(max_workers=5)
+    submit(w, 10)
+    # When the scaler runs, and again past the scale-out cooldown with the backlog still there
+    w.pools.scale("small")
+    w.clock.t += 300
+    w.pools.scale("small")
+    # Then two instances: four workers on the first, one (slot 0) on the second
+    assert len(w.capacity.held) == 2
+    assert sorted(_slots(ids) for _, _, ids in w.starter.sent) == [[0], [0, 1, 2, 3]]
+    assert len(w.store.workers("small")) == 5
+    assert len({x.instance_id for x in w.store.workers("small")}) == 2
+
+
+def test_scale_in_releases_the_partly_filled_instance_only_when_its_one_worker_is_gone():
+    # Given five workers: four on one instance, one on another, all reporting
+    w = make(max_workers=5)
+    submit(w, 5)
+    w.pools.scale("small")
+    full, single = sorted(w.starter.sent, key=lambda sent: len(sent[2]), reverse=True)
+    every = [(wid, iid) for _, iid, ids in (full, single) for wid in ids]
+    for wid, iid in every:
+        report(w, wid, iid)
+    # When the backlog is gone and all are idle past the timeout except one on the full instance
+    drain(w)
+    busy = full[2][0]
+    w.clock.t += 3600
+    for wid, iid in every:
+        report(w, wid, iid, "busy" if wid == busy else "idle")
+    w.pools.scale("small")
+    # Then only the partly filled instance goes back: the full one keeps all four workers
+    assert w.capacity.released == [single[1]]
+    assert sorted(x.worker_id for x in w.store.workers("small")) == sorted(full[2])
+    # When the busy one is idle past the timeout too, Then the other instance goes back
+    report(w, busy, full[1])
+    w.clock.t += 3600
+    for wid in full[2]:
+        report(w, wid, full[1])
+    w.pools.scale("small")
+    assert w.capacity.released == [single[1], full[1]]
+    assert w.store.workers("small") == []
 
 
 class FakeSsm:
