@@ -30,9 +30,10 @@ from fractions import Fraction
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
-from calque.accounting.history import ended_before, priced, rate_of, utc_days
+from calque.accounting.history import ended_before, priced, utc_days
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
+from calque.fleet.rates import rate_of
 from calque.fleet.records import InstanceRate
 from calque.pools import domain as d
 from calque.pools.domain import ClaimRecord, PoolInstanceRecord

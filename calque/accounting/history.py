@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
-from decimal import Decimal
+from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
-from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
 from calque.accounting.shares import slice_shares
-from calque.errors import InvalidInput
+from calque.fleet.rates import rate_of
 from calque.fleet.records import InstanceRate
 from calque.registry.models import SessionRecord
 from calque.registry.ports import Registry
@@ -86,19 +84,6 @@ def lifetimes(registry: Registry) -> list[Lifetime]:
         for h in registry.list_hosts()
     ]
     return out
-
-
-def rate_of(instance_type: str, recorded: InstanceRate | None) -> tuple[Decimal, date | None] | None:
-    """The hourly rate an instance is charged at, and as of when: the rate the fleet recorded
-    when it launched it (spot), else the catalog's on-demand rate; None for a type the catalog
-    no longer knows and no recorded rate (there is nothing to charge)."""
-    if recorded is not None and recorded.instance_type == instance_type:
-        return recorded.hourly_usd, recorded.as_of.date()
-    try:
-        itype = catalog.instance_type(instance_type)
-    except InvalidInput:
-        return None
-    return Decimal(str(itype.hourly_usd)), itype.price_as_of
 
 
 def priced(

@@ -58,8 +58,7 @@ def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
         if sl.slice_id not in shares:
             return None, None
         share = str(shares[sl.slice_id])
-    from calque.accounting.history import rate_of
-    from calque.fleet.rates import recorded_rate
+    from calque.fleet.rates import rate_of, recorded_rate
 
     # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
     charged = rate_of(itype_name, recorded_rate(registry, sl.instance_id) if sl.spot else None)
