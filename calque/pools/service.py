@@ -42,9 +42,6 @@ from calque.pools.ports import (
     QueueRefs,
     WorkerStarter,
 )
-
-if TYPE_CHECKING:
-    from calque.fleet.ports import InstanceRates
 from calque.pools.scaler import (
     Backlog,
     Decision,
@@ -54,6 +51,9 @@ from calque.pools.scaler import (
     WorkerView,
     decide,
 )
+
+if TYPE_CHECKING:
+    from calque.fleet.ports import InstanceRates
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,31 @@ def _served_by(before: ClaimRecord, ended: ClaimRecord) -> str | None:
     return ended.worker
 
 
+def _update_parts(
+    changes: dict[str, Any], values: dict[str, Any]
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """An UpdateExpression setting ``changes`` (a None value removes its attribute), with its
+    attribute names and, beside ``values``, its values."""
+    sets = {k: v for k, v in changes.items() if v is not None}
+    removes = [k for k, v in changes.items() if v is None]
+    names = {f"#a{i}": k for i, k in enumerate(changes)}
+    back = {k: n for n, k in names.items()}
+    expr = []
+    vals = dict(values)
+    if sets:
+        expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
+        vals.update({f":v{i}": v for i, v in enumerate(sets.values())})
+    if removes:
+        expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+    return " ".join(expr), names, vals
+
+
+def _in_states(states: frozenset[str]) -> tuple[str, dict[str, Any]]:
+    """The condition that the item exists and its state (``#st``) is one of ``states``."""
+    values = {f":s{i}": s for i, s in enumerate(sorted(states))}
+    return "attribute_exists(#pk) AND #st IN (" + ", ".join(values) + ")", values
+
+
 _KEYS = ("pk", "sk", "user_pk", "user_sk")
 
 
@@ -128,21 +153,11 @@ class DynamoPoolStore:
     def _update(
         self, key: dict[str, str], changes: dict[str, Any], condition: str, values: dict[str, Any]
     ) -> dict[str, Any] | None:
-        sets = {k: v for k, v in changes.items() if v is not None}
-        removes = [k for k, v in changes.items() if v is None]
-        names = {f"#a{i}": k for i, k in enumerate(changes)}
-        back = {k: n for n, k in names.items()}
-        expr = []
-        vals = dict(values)
-        if sets:
-            expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
-            vals.update({f":v{i}": v for i, v in enumerate(sets.values())})
-        if removes:
-            expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+        expr, names, vals = _update_parts(changes, values)
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "Key": ser(key),
-            "UpdateExpression": " ".join(expr),
+            "UpdateExpression": expr,
             "ConditionExpression": condition,
             "ExpressionAttributeNames": {**names, "#pk": "pk"},
             "ReturnValues": "ALL_NEW",
@@ -246,9 +261,7 @@ class DynamoPoolStore:
         pool = self._claim_pool(claim_id)
         if pool is None:
             return None
-        states = sorted(from_states)
-        values = {f":s{i}": s for i, s in enumerate(states)}
-        condition = "attribute_exists(#pk) AND #st IN (" + ", ".join(values) + ")"
+        condition, values = _in_states(from_states)
         changes = dict(changes)
         if count_completion:
             current = self.get_claim(claim_id)
@@ -304,9 +317,7 @@ class DynamoPoolStore:
                 update["completions"] = current.completions + 1
             ended = current.model_copy(update=copy.deepcopy(update))
             use = price(ended) if counters is not None else None
-            states = sorted(from_states)
-            values: dict[str, Any] = {f":s{i}": s for i, s in enumerate(states)}
-            condition = "attribute_exists(#pk) AND #st IN (" + ", ".join(values) + ")"
+            condition, values = _in_states(from_states)
             pins: dict[str, str] = {}
             for n, attr in enumerate(("started_at", "worker")):
                 was = getattr(current, attr)
@@ -316,21 +327,12 @@ class DynamoPoolStore:
                 else:
                     condition += f" AND #p{n} = :p{n}"
                     values[f":p{n}"] = was
-            sets = {k: v for k, v in update.items() if v is not None}
-            removes = [k for k, v in update.items() if v is None]
-            names = {f"#a{i}": k for i, k in enumerate(update)}
-            back = {k: n for n, k in names.items()}
-            expr = []
-            if sets:
-                expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
-                values.update({f":v{i}": v for i, v in enumerate(sets.values())})
-            if removes:
-                expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+            expr, names, values = _update_parts(update, values)
             items: list[dict[str, Any]] = [
                 {
                     "Update": {
                         "Key": ser(_claim_key(pool, claim_id)),
-                        "UpdateExpression": " ".join(expr),
+                        "UpdateExpression": expr,
                         "ConditionExpression": condition,
                         "ExpressionAttributeNames": {**names, **pins, "#pk": "pk", "#st": "state"},
                         "ExpressionAttributeValues": ser(values),
@@ -398,22 +400,12 @@ class DynamoPoolStore:
         self, key: dict[str, str], changes: dict[str, Any], condition: str, values: dict[str, Any]
     ) -> dict[str, Any] | None:
         # "state" is a reserved word: the condition names it through #st.
-        sets = {k: v for k, v in changes.items() if v is not None}
-        removes = [k for k, v in changes.items() if v is None]
-        names = {f"#a{i}": k for i, k in enumerate(changes)}
-        back = {k: n for n, k in names.items()}
-        expr = []
-        vals = dict(values)
-        if sets:
-            expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
-            vals.update({f":v{i}": v for i, v in enumerate(sets.values())})
-        if removes:
-            expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+        expr, names, vals = _update_parts(changes, values)
         try:
             out = self.client.update_item(
                 TableName=self.table,
                 Key=ser(key),
-                UpdateExpression=" ".join(expr),
+                UpdateExpression=expr,
                 ConditionExpression=condition,
                 ExpressionAttributeNames={**names, "#pk": "pk", "#st": "state"},
                 ExpressionAttributeValues=ser(vals),
