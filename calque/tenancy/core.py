@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from calque.contracts.agent import connect_account, session_account
 from calque.contracts.tenancy import (
@@ -33,6 +34,9 @@ from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
 from calque.registry.ports import HostTaskQueue, Registry, SessionEnd, StaleWrite
 from calque.tenancy import limits
+
+if TYPE_CHECKING:
+    from calque.fleet.ports import InstanceRates
 
 REAPER = "calque-reaper"
 
@@ -100,8 +104,12 @@ class TenancyCore:
         clock: Callable[[], datetime] = utcnow,
         rng: random.Random | None = None,
         publisher: Publisher | None = None,
+        rates: InstanceRates | None = None,
     ) -> None:
         self.registry = registry
+        # The rates the fleet recorded when it launched its instances: a spot slice's
+        # dollars are reserved at its instance's (None: every slice at the catalog's rate).
+        self.rates = rates
         self.tasks = tasks
         # calque.session.started / .ended, published after the write commits (best effort).
         self.publisher: Publisher = publisher or NoPublisher()

@@ -23,22 +23,27 @@ import math
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calque.errors import InvalidInput, QuotaExceeded
 from calque.registry.models import MonthUse, QuotaRecord, SessionRecord, SliceRecord, month_use
 from calque.registry.ports import MICRO, Limits, Reservation, micro
 
+if TYPE_CHECKING:
+    from calque.fleet.ports import InstanceRates
+
 GPU = "max_gpu_hours_per_month"
 USD = "max_usd_per_month"
 
 
-def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
+def price(
+    registry: Any, sl: SliceRecord, rates: InstanceRates | None = None
+) -> tuple[str | None, str | None]:
     """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
     usage report charges them. Slices record their share at registration; one registered
     before that is priced from its host (two reads). A spot slice's rate is the one the fleet
-    recorded when it launched the instance (one read), else the catalog's on-demand rate.
-    (None, None): no rate is known."""
+    recorded when it launched the instance (one read of ``rates``), else the catalog's
+    on-demand rate. (None, None): no rate is known."""
     share, itype_name = sl.share, sl.instance_type
     if share is None or itype_name is None:
         from calque.accounting.shares import slice_shares
@@ -58,10 +63,11 @@ def price(registry: Any, sl: SliceRecord) -> tuple[str | None, str | None]:
         if sl.slice_id not in shares:
             return None, None
         share = str(shares[sl.slice_id])
-    from calque.fleet.rates import rate_of, recorded_rate
+    from calque.fleet.rates import rate_of
 
     # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
-    charged = rate_of(itype_name, recorded_rate(registry, sl.instance_id) if sl.spot else None)
+    recorded = rates.instance_rate(sl.instance_id) if sl.spot and rates is not None else None
+    charged = rate_of(itype_name, recorded)
     if charged is None:
         return share, None
     return share, str(charged[0])

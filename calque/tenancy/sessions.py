@@ -80,7 +80,7 @@ class SessionsMixin(TenancyCore):
                 break
             sl = candidates[0]
             tries += 1
-            share, rate = limits.price(self.registry, sl)
+            share, rate = limits.price(self.registry, sl, self.rates)
             session = SessionRecord(
                 session_id=f"s-{secrets.token_hex(8)}",
                 user=user,

@@ -7,14 +7,35 @@ and the DynamoDB adapter are imported on first use, not when an entry point is i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calque import aws
 from calque.settings import api_settings, reaper_settings
 
 if TYPE_CHECKING:
     from calque.events import EventBridgePublisher
+    from calque.fleet.records import InstanceRate
     from calque.tenancy.service import Tenancy
+
+
+class FleetRates:
+    """The rates the fleet recorded at launch, on the deployment's table
+    (calque.fleet.ports.InstanceRates). Only a spot check-out reads one, so the fleet's
+    store is imported at that first read rather than on every cold start."""
+
+    def __init__(self, client: Any, table: str) -> None:
+        self._client, self._table = client, table
+
+    def _store(self) -> Any:
+        from calque.registry.fleet import DynamoFleetStore
+
+        return DynamoFleetStore(self._client, self._table)
+
+    def instance_rate(self, instance_id: str) -> InstanceRate | None:
+        return self._store().instance_rate(instance_id)
+
+    def instance_rates(self) -> dict[str, InstanceRate]:
+        return self._store().instance_rates()
 
 
 def events_publisher(bus: str) -> EventBridgePublisher:
@@ -29,8 +50,9 @@ def api_tenancy() -> Tenancy:
     from calque.tenancy.service import Tenancy, TenancyConfig
 
     s = api_settings()
+    ddb = aws.client("dynamodb")
     return Tenancy(
-        DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        DynamoRegistry(ddb, s.table_name),
         SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
         config=TenancyConfig(
             ttl_floor_s=s.session_ttl_floor_s,
@@ -40,6 +62,7 @@ def api_tenancy() -> Tenancy:
             session_document_name=s.session_document_name,
         ),
         publisher=events_publisher(s.event_bus),
+        rates=FleetRates(ddb, s.table_name),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from decimal import Decimal
 
 import pytest
 
@@ -265,6 +266,24 @@ def test_a_spot_instance_is_charged_in_usage_at_the_spot_price_recorded_at_launc
     rows = [r for r in csv.DictReader(io.StringIO(out.stdout)) if r["instance_id"] == iid]
     assert rows
     assert {r["rate_usd_per_hour"] for r in rows} == {"1.176"}
+
+    # And a check-out of a quarter of it for 30 min reserves 0.5 h x 1/4 x 1.176 $/h = 0.15 $
+    # (the API's Tenancy reads the recorded rate through its wiring)
+    def reserved() -> Decimal:
+        resp = local_plane.request("GET", "/v1/quotas/carol", profile="carol")
+        assert resp.status == 200, resp.body
+        return Decimal(resp.json()["usd_reserved_this_month"])
+
+    before = reserved()
+    session = fleet.checkout("carol", iid)
+    assert reserved() - before == Decimal("0.15")
+    checked_in = local_plane.request(
+        "DELETE",
+        f"/v1/sessions/{session['session_id']}",
+        profile="carol",
+        body={"token": session["token"]},
+    )
+    assert checked_in.status == 200, checked_in.body
     released = local_plane.cli(
         "host", "release", iid, "--i-understand-this-terminates-instances", profile="admin"
     )

@@ -52,7 +52,7 @@ def world() -> World:
 
 def test_a_spot_instance_is_charged_at_its_recorded_rate_and_on_demand_ones_at_the_catalogs(world):
     rates = Rates(spot("i-0spot0001", 0.5, "spot_max_price"))
-    world.registry.fleet_rates = rates  # the registry's table holds the fleet's records
+    world.tenancy.rates = rates  # as the API's wiring gives them to its Tenancy
     # Given alice holds a quarter of the spot instance for 2 h
     world.clock.now = datetime(2026, 12, 2, 8, 0, tzinfo=UTC)
     grant = world.tenancy.checkout(
