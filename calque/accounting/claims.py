@@ -24,7 +24,7 @@ the later one started, so the shares never exceed the instance.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 
@@ -57,19 +57,39 @@ def _iso(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def slot_slices(instance_type: str, layout: dict | None) -> list[tuple[str, Fraction]]:
-    """(slice id, share of the instance) of each worker slot of a pool instance, in slot order."""
+@dataclass(frozen=True)
+class Slot:
+    """A worker slot of a pool instance: its slice, that slice's share of the instance (what
+    dollars are split by) and of its card (what GPU-hours count, as for a session on it)."""
+
+    slice_id: str
+    share: Fraction
+    card_fraction: float
+
+
+def slots_of(instance_type: str, layout: dict | None) -> list[Slot]:
+    """The worker slots of a pool instance, in slot order: one per slice of its layout (the
+    planner's order), else one whole card per GPU."""
     from calque.catalog.planner import expand_slices
     from calque.contracts.layout import LayoutSpec
 
     itype = catalog.instance_type(instance_type)
     if not layout:
-        return [(f"g{k}-whole", Fraction(1, itype.gpu_count)) for k in range(itype.gpu_count)]
+        return [Slot(f"g{k}-whole", Fraction(1, itype.gpu_count), 1.0) for k in range(itype.gpu_count)]
     planned = expand_slices(instance_type, LayoutSpec.model_validate(layout))
     shares = slice_shares(
         instance_type, layout, [(p.slice_id, p.gpu_index, p.backend, p.profile) for p in planned]
     )
-    return [(p.slice_id, shares[p.slice_id]) for p in planned]
+    card_gib = itype.card.memory_gib
+    return [
+        Slot(p.slice_id, shares[p.slice_id], min(1.0, p.memory_gib / card_gib) if card_gib else 1.0)
+        for p in planned
+    ]
+
+
+def slot_slices(instance_type: str, layout: dict | None) -> list[tuple[str, Fraction]]:
+    """(slice id, share of the instance) of each worker slot of a pool instance, in slot order."""
+    return [(s.slice_id, s.share) for s in slots_of(instance_type, layout)]
 
 
 def instances(
@@ -163,21 +183,6 @@ def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) 
     return [lease for held in by_slice.values() for lease in held]
 
 
-def slot_card_fraction(instance_type: str, layout: dict | None, slot: int) -> float:
-    """The card share of a worker slot's slice, as a session on that slice counts its
-    GPU-hours (its memory over the card's, calque.tenancy.hosts); a whole card without a layout."""
-    from calque.catalog.planner import expand_slices
-    from calque.contracts.layout import LayoutSpec
-
-    if not layout:
-        return 1.0
-    card_gib = catalog.instance_type(instance_type).card.memory_gib
-    planned = expand_slices(instance_type, LayoutSpec.model_validate(layout))
-    if slot >= len(planned) or not card_gib:
-        return 1.0
-    return min(1.0, planned[slot].memory_gib / card_gib)
-
-
 def claim_use(
     claim: ClaimRecord,
     instance_type: str,
@@ -196,7 +201,7 @@ def claim_use(
     if claim.instance_id is None:
         return None
     try:
-        slots = slot_slices(instance_type, layout)
+        slots = slots_of(instance_type, layout)
     except InvalidInput:
         return None
     charged = rate_of(instance_type, recorded)
@@ -209,8 +214,8 @@ def claim_use(
     seconds = int((_iso(claim.finished_at) - _iso(claim.started_at)).total_seconds())
     ugh, musd = claim_used(
         seconds,
-        gpu_fraction=slot_card_fraction(instance_type, layout, k),
-        share=str(slots[k][1]),
+        gpu_fraction=slots[k].card_fraction,
+        share=str(slots[k].share),
         hourly_usd=rate,
     )
     if not ugh and not musd:
