@@ -302,7 +302,7 @@ def _worker(args: argparse.Namespace) -> int:
         if args.action == "stop":
             out["workers"] = pw.stop(workers_dir, args.pool, launcher)
         else:
-            out["workers"] = pw.records(workers_dir, args.pool)
+            out["workers"] = pw.records(workers_dir, args.pool, launcher)
     if args.output == "json":
         print(json.dumps(out, indent=2))
     else:

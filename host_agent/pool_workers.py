@@ -228,6 +228,9 @@ class Launcher:
 
     def start(self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> dict[str, Any]:
         if self.use_systemd:
+            # a unit of this name that ended in failure and is still loaded would refuse the
+            # name (the slot's earlier worker); forgetting it is harmless when there is none
+            subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, check=False)
             cmd = ["systemd-run", "--unit", unit, "--collect", "--property=Restart=on-failure",
                    "--property=RestartSec=5", f"--property=StandardOutput=append:{log}",
                    f"--property=StandardError=append:{log}", f"--working-directory={cwd}"]  # fmt: skip
@@ -246,6 +249,20 @@ class Launcher:
                 cwd=str(cwd), start_new_session=True, close_fds=True,
             )  # fmt: skip
         return {"pid": proc.pid}
+
+    def running(self, info: dict[str, Any]) -> bool:
+        """Whether the worker a record names still runs: its unit is loaded and not ended (a
+        unit restarting after a failure still runs), else its process is alive. A worker that
+        exited leaves a record behind; its slot may be given a worker again."""
+        if info.get("unit"):
+            out = subprocess.run(
+                ["systemctl", "show", "--property=ActiveState", "--value", str(info["unit"])],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            return out.stdout.strip() not in ("", "inactive", "failed")
+        return _alive(int(info.get("pid") or 0))
 
     def stop(self, info: dict[str, Any]) -> None:
         if info.get("unit"):
@@ -353,7 +370,7 @@ def start(
         record_path = pool_dir / f"{worker_id}.json"
         if record_path.exists():  # the same command delivered twice: one worker per id
             old = json.loads(record_path.read_text())
-            if old.get("unit") or _alive(int(old.get("pid") or 0)):
+            if launcher.running(old):
                 started.append({**old, "already_running": True})
                 continue
         argv = [
@@ -383,7 +400,10 @@ def start(
     return started
 
 
-def records(workers_dir: Path, pool: str | None = None) -> list[dict[str, Any]]:
+def records(
+    workers_dir: Path, pool: str | None = None, launcher: Launcher | None = None
+) -> list[dict[str, Any]]:
+    launcher = launcher or Launcher()
     out: list[dict[str, Any]] = []
     pattern = f"{pool}/*.json" if pool else "*/*.json"
     for path in sorted(workers_dir.glob(pattern)):
@@ -391,14 +411,14 @@ def records(workers_dir: Path, pool: str | None = None) -> list[dict[str, Any]]:
             info = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        info["running"] = bool(info.get("unit")) or _alive(int(info.get("pid") or 0))
+        info["running"] = launcher.running(info)
         out.append(info)
     return out
 
 
 def stop(workers_dir: Path, pool: str, launcher: Launcher) -> list[dict[str, Any]]:
     stopped = []
-    for info in records(workers_dir, pool):
+    for info in records(workers_dir, pool, launcher):
         launcher.stop(info)
         (workers_dir / pool / f"{info['worker_id']}.json").unlink()
         stopped.append(info)

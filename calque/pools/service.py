@@ -601,12 +601,16 @@ class Pools:
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
         record = decision.to_record()
         if decision.launch:
-            # whole instances: the workers decided, rounded up to fill the new instances' slots
-            # (they are paid for whole) but never past max_workers; under the cap the last
-            # instance's remaining slots stay without a worker
+            # first the free slots of instances the pool already pays for (a worker there
+            # exited or went silent), then whole new instances: the rest of the workers
+            # decided, rounded up to fill the new instances' slots (they are paid for whole)
+            # but never past max_workers; under the cap the last instance's remaining slots
+            # stay without a worker
             slots = slots_per_instance(pool)
-            room = max(0, pool.max_workers - len(views))
-            count = min(-(-decision.launch // slots) * slots, max(room, decision.launch))
+            refilled = self._fill_free_slots(pool, workers, slots, decision.launch, now)
+            rest = decision.launch - len(refilled)
+            room = max(0, pool.max_workers - len(views) - len(refilled))
+            count = min(-(-rest // slots) * slots, max(room, rest)) if rest > 0 else 0
             groups: dict[str, list[str]] = {}
             for first in range(0, count, slots):
                 group = f"w-{secrets.token_hex(4)}"
@@ -628,7 +632,8 @@ class Pools:
                         )
                     else:
                         self.store.delete_worker(name, wid)
-            record["granted"] = sum(len(groups[g]) for g in granted)
+            record["granted"] = len(refilled) + sum(len(groups[g]) for g in granted)
+            record["refilled"] = len(refilled)
             self._start_workers(pool, self.store.workers(name))
         # scale-in takes whole instances: an idle worker whose instance still has a live
         # sibling stays until the sibling may go too
@@ -650,9 +655,47 @@ class Pools:
         )
         if decision.launch or decision.remove:
             self.store.add_decision(
-                d.DecisionRecord(pool=name, **{k: v for k, v in record.items() if k != "granted"})
+                d.DecisionRecord(
+                    pool=name, **{k: v for k, v in record.items() if k not in ("granted", "refilled")}
+                )
             )
         return decision
+
+    def _fill_free_slots(
+        self, pool: d.PoolRecord, workers: list[d.WorkerRecord], slots: int, want: int, now: float
+    ) -> list[str]:
+        """Up to ``want`` workers on the free slots of instances the pool already holds (the
+        worker a slot had exited or went silent): no new instance is paid for while one the
+        pool pays for has a slice with no worker. The fullest instance is filled first, so an
+        emptier one may go back sooner. Each takes its slot's id (``<group>-<slot>``): were the
+        slot's old worker still running, the host agent finds it by that id and starts no
+        second worker on the slice. Started at once if the instance is ready."""
+        if slots == 1:
+            return []  # a one-slot instance goes back with its worker: it has no free slot
+        by_group: dict[str, list[d.WorkerRecord]] = {}
+        for w in workers:
+            if w.group and w.capacity_ref and w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY):
+                by_group.setdefault(w.group, []).append(w)
+        added: list[str] = []
+        for group, members in sorted(by_group.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            taken = {m.slot for m in members}
+            for k in (k for k in range(slots) if k not in taken):
+                if len(added) >= want:
+                    return added
+                known = next((m.instance_id for m in members if m.instance_id != "-"), "-")
+                self.store.put_worker(
+                    d.WorkerRecord(
+                        pool=pool.name,
+                        worker_id=f"{group}-{k}",
+                        instance_id=known,
+                        capacity_ref=members[0].capacity_ref,
+                        launched_at=now,
+                        group=group,
+                        slot=k,
+                    )
+                )
+                added.append(f"{group}-{k}")
+        return added
 
     def _drop(self, pool: d.PoolRecord, workers: list[d.WorkerRecord], drop: set[str]) -> None:
         """Delete the workers in ``drop``; release each instance none of whose workers is left."""

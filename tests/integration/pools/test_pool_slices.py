@@ -125,3 +125,61 @@ def test_max_workers_below_the_slices_of_one_instance_runs_exactly_that_many(pla
     while workers(plane, "three"):
         assert time.monotonic() < deadline, plane.log_tail(40)
         time.sleep(0.5)
+
+
+def test_a_killed_workers_slot_is_given_a_worker_again_on_the_same_instance(plane):
+    import os
+    import signal
+
+    # Given a pool kept at four workers on four 1g.24gb slices of one instance
+    code, pool = plane.cli_json(
+        "pool", "create", "refill", "--model", "textstats", "--instance-type", "g7e.2xlarge",
+        "--runner", "textstats:TextStats", "--package", str(EXAMPLES), "--mig", "1g.24gb=4",
+        "--min-workers", "4", "--max-workers", "4", "--idle-timeout", "10m",
+        "--i-understand-this-spends-money",
+        profile="admin",
+    )  # fmt: skip
+    assert code == 0, pool
+    deadline = time.monotonic() + 120
+    while len(before := workers(plane, "refill")) < 4:
+        assert time.monotonic() < deadline, plane.log_tail(40)
+        time.sleep(0.5)
+    (iid,) = {w["instance_id"] for w in before}
+
+    def states() -> list[str]:
+        code, status = plane.cli_json("pool", "status", "refill", profile="admin")
+        assert code == 0, status
+        return sorted(w["state"] for w in status["status"]["workers"])
+
+    # (each has entered its runner and reported: one killed while starting is waited for as
+    # long as an instance may take to boot, worker_start_timeout_s)
+    while states() != ["idle"] * 4:
+        assert time.monotonic() < deadline, plane.log_tail(40)
+        time.sleep(0.5)
+    # When the worker on slice 2 is killed with SIGKILL
+    victim = next(w for w in before if w["slice_id"] == "g0-1g.24gb-2")
+    os.kill(int(victim["pid"]), signal.SIGKILL)
+    # Then, once the scaler finds it silent, its slot runs a worker again under the same id,
+    # on the same instance: the pool keeps one instance, paid for whole, with four workers
+    deadline = time.monotonic() + 120
+    while True:
+        now = {w["worker_id"]: w for w in workers(plane, "refill")}
+        back = now.get(victim["worker_id"])
+        if len(now) == 4 and back is not None and back["pid"] != victim["pid"]:
+            break
+        assert time.monotonic() < deadline, (now, plane.log_tail(40))
+        time.sleep(0.5)
+    assert {w["instance_id"] for w in now.values()} == {iid}
+    assert back["slice_id"] == "g0-1g.24gb-2"
+    assert {w["worker_id"]: w["pid"] for w in now.values() if w is not back} == {
+        w["worker_id"]: w["pid"] for w in before if w is not victim
+    }
+    # And the pool's decisions show the first launch of four and the one that restored it
+    code, status = plane.cli_json("pool", "status", "refill", profile="admin")
+    assert code == 0
+    launches = sorted(d["launch"] for d in status["status"]["decisions"] if d["action"] == "scale_out")
+    assert launches == [1, 4], status["status"]["decisions"]
+    code, _ = plane.cli_json(
+        "pool", "delete", "refill", "--now", "--i-understand-this-terminates-instances", profile="admin"
+    )
+    assert code == 0

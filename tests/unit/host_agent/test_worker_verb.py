@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import time
 import zipfile
 from pathlib import Path
@@ -131,6 +132,50 @@ def test_start_again_keeps_the_running_workers_and_the_package_is_downloaded_onc
     assert len(launcher.started) == 4
     assert all(w["already_running"] for w in out["workers"])
     assert s3.downloads == 1
+
+
+def test_a_slot_whose_worker_exited_gets_a_worker_again_and_the_others_stay(tmp_path, launcher, s3, capsys):
+    # Given four workers started, and the one on slot 2 since exited (its process is gone)
+    _start(tmp_path, _doc(4), "--spec", FOUR_SLICES)
+    capsys.readouterr()
+    record = tmp_path / "pools" / "small-models" / "w-0001-2.json"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    record.write_text(json.dumps({**json.loads(record.read_text()), "pid": dead.pid}))
+    # When the control plane starts that slot's worker again, and the whole set once more
+    rc, _ = _start(tmp_path, _doc(4, worker_ids=["w-0001-2"]), "--spec", FOUR_SLICES)
+    out = json.loads(capsys.readouterr().out)
+    # Then a new worker runs on slot 2's slice, recorded in place of the old one
+    assert rc == 0, out
+    assert len(launcher.started) == 5
+    assert launcher.started[4]["env"]["CALQUE_SLICE_ID"] == "g0-1g.24gb-2"
+    assert [w.get("already_running", False) for w in out["workers"]] == [False]
+    assert json.loads(record.read_text())["pid"] == os.getpid()
+    rc, _ = _start(tmp_path, _doc(4), "--spec", FOUR_SLICES)
+    assert all(w["already_running"] for w in json.loads(capsys.readouterr().out)["workers"])
+    assert len(launcher.started) == 5
+
+
+@pytest.mark.parametrize(
+    ("state", "running"),
+    [
+        ("active", True),
+        ("activating", True),
+        ("deactivating", True),
+        ("inactive", False),
+        ("failed", False),
+        ("", False),
+    ],
+)
+def test_a_systemd_worker_runs_while_its_unit_is_loaded_and_not_ended(monkeypatch, state, running):
+    calls: list[list[str]] = []
+
+    class Shown:
+        stdout = f"{state}\n"
+
+    monkeypatch.setattr(pw.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or Shown())
+    assert pw.Launcher(use_systemd=True).running({"unit": "calque-worker-p-w1", "pid": 4242}) is running
+    assert calls == [["systemctl", "show", "--property=ActiveState", "--value", "calque-worker-p-w1"]]
 
 
 def test_without_a_layout_there_is_one_worker_per_gpu(tmp_path, launcher, s3, capsys):
@@ -318,7 +363,8 @@ def test_systemd_hosts_get_a_restarting_transient_unit(tmp_path, monkeypatch):
         tmp_path,
     )
     assert info == {"unit": "calque-worker-p-w1", "pid": 4242}
-    run = calls[0]
+    assert calls[0] == ["systemctl", "reset-failed", "calque-worker-p-w1"]
+    run = calls[1]
     assert run[:3] == ["systemd-run", "--unit", "calque-worker-p-w1"]
     assert "--property=Restart=on-failure" in run
     assert "--setenv=CUDA_VISIBLE_DEVICES=MIG-x" in run

@@ -259,6 +259,96 @@ def test_scale_in_releases_the_partly_filled_instance_only_when_its_one_worker_i
     assert w.store.workers("small") == []
 
 
+def _backlog(w: StartWorld, claims: int) -> None:
+    q = w.queues.queues[w.store.get_pool("small").queue_url]
+    q["in_flight"].clear()
+    del q["visible"][claims:]
+
+
+def test_a_free_slot_on_a_held_instance_is_filled_before_a_new_instance_is_paid_for():
+    # Given one instance of four slices running four workers, and work for four
+    w = make(max_workers=8)
+    submit(w, 4)
+    w.pools.scale("small")
+    ((_, iid, ids),) = w.starter.sent
+    for wid in ids:
+        report(w, wid, iid)
+    # When the worker on slot 2 exits (its runner crashed) while the backlog still wants four
+    w.clock.t += 300
+    for wid in ids:
+        report(w, wid, iid, "exited" if wid == ids[2] else "idle")
+    w.pools.scale("small")
+    # Then its slot gets a worker again, on the same instance: no instance is acquired
+    assert len(w.capacity.held) == 1
+    assert w.capacity.released == []
+    assert w.starter.sent[-1] == ("small", iid, [ids[2]])
+    workers = {x.worker_id: x for x in w.store.workers("small")}
+    assert sorted(workers) == sorted(ids)
+    assert (workers[ids[2]].slot, workers[ids[2]].instance_id, workers[ids[2]].started) == (2, iid, True)
+    decision = w.store.get_pool("small").last_decision
+    assert (decision["action"], decision["launch"], decision["granted"], decision["refilled"]) == (
+        "scale_out",
+        1,
+        1,
+        1,
+    )
+    # And the refilled worker's reports are accepted from that instance
+    report(w, ids[2], iid)
+    assert {x.worker_id: x.state for x in w.store.workers("small")}[ids[2]] == "idle"
+
+
+def test_free_slots_are_filled_fullest_instance_first_and_only_as_many_as_wanted():
+    # Given two instances of four workers each
+    w = make(max_workers=8)
+    submit(w, 8)
+    w.pools.scale("small")
+    (_, a, a_ids), (_, b, b_ids) = w.starter.sent
+    every = [(wid, iid) for iid, ids in ((a, a_ids), (b, b_ids)) for wid in ids]
+    for wid, iid in every:
+        report(w, wid, iid)
+    # When one worker of the first exits and two of the second, and the backlog wants six
+    gone = {a_ids[0], b_ids[1], b_ids[3]}
+    w.clock.t += 300
+    for wid, iid in every:
+        report(w, wid, iid, "exited" if wid in gone else "busy")
+    _backlog(w, 6)
+    w.pools.scale("small")
+    # Then one worker starts, on the first instance's free slot (3 live there, 2 on the other)
+    assert w.starter.sent[2:] == [("small", a, [a_ids[0]])]
+    assert len(w.capacity.held) == 2
+    # When the backlog wants eight again, past the cooldown
+    w.clock.t += 300
+    for x in w.store.workers("small"):
+        report(w, x.worker_id, x.instance_id, "busy")
+    submit(w, 2)
+    w.pools.scale("small")
+    # Then the second instance's two free slots are filled, in one command, and still no
+    # third instance is paid for
+    assert w.starter.sent[3:] == [("small", b, [b_ids[1], b_ids[3]])]
+    assert len(w.capacity.held) == 2
+    assert sorted(x.worker_id for x in w.store.workers("small")) == sorted(a_ids + b_ids)
+
+
+def test_free_slots_and_new_instances_together_stay_within_max_workers():
+    # Given five workers under --max-workers 5: four on one instance, one on another
+    w = make(max_workers=5)
+    submit(w, 10)
+    w.pools.scale("small")
+    sent = sorted(w.starter.sent, key=lambda x: len(x[2]), reverse=True)
+    every = [(wid, iid) for _, iid, ids in sent for wid in ids]
+    for wid, iid in every:
+        report(w, wid, iid)
+    # When a worker of the full instance exits, with the backlog still above five
+    w.clock.t += 300
+    for wid, iid in every:
+        report(w, wid, iid, "exited" if wid == sent[0][2][1] else "busy")
+    w.pools.scale("small")
+    # Then exactly one worker replaces it, on the fullest instance: five again, two instances
+    assert w.starter.sent[-1] == ("small", sent[0][1], [sent[0][2][1]])
+    assert len(w.store.workers("small")) == 5
+    assert len(w.capacity.held) == 2
+
+
 class FakeSsm:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
