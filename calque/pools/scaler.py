@@ -239,3 +239,51 @@ def decide(
         )
 
     return out(Action.HOLD, f"backlog {backlog.total} wants {desired} workers, have {current}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a scale-out's workers go: first the free slots of instances the pool holds,
+    ``(instance, slot)``, fullest instance first; then new instances, each with its number
+    of workers on slots 0, 1, ... of it."""
+
+    refill: tuple[tuple[str, int], ...] = ()
+    new_instances: tuple[int, ...] = ()
+
+    @property
+    def workers(self) -> int:
+        return len(self.refill) + sum(self.new_instances)
+
+
+def place_launch(
+    launch: int, *, slots: int, max_workers: int, live: int, held: dict[str, set[int]] | None = None
+) -> Placement:
+    """Where the ``launch`` workers a decision asks for run, on instances of ``slots`` worker
+    slots each (a slice of the pool's layout, else a GPU), with ``live`` workers running and
+    ``held``: the taken slots of each instance the pool holds.
+
+    No new instance is paid for while one the pool holds has a free slot: those are filled
+    first, the fullest instance first (so an emptier one may go back sooner). Then whole
+    new instances, the rest of the workers rounded up to fill them (each is paid for whole),
+    but the pool never passes ``max_workers``: under the cap the last instance's remaining
+    slots stay without a worker. Pure: the pool scaler and the simulator both place with it."""
+    refill: list[tuple[str, int]] = []
+    if slots > 1:
+        for instance, taken in sorted((held or {}).items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            free = [k for k in range(slots) if k not in taken]
+            refill.extend((instance, k) for k in free[: max(0, launch - len(refill))])
+    rest = launch - len(refill)
+    if rest <= 0:
+        return Placement(tuple(refill))
+    room = max(0, max_workers - live - len(refill))
+    count = min(-(-rest // slots) * slots, max(room, rest))
+    return Placement(tuple(refill), tuple(min(slots, count - first) for first in range(0, count, slots)))
+
+
+def whole_instances(remove: tuple[str, ...] | list[str] | set[str], instance_of: dict[str, str]) -> set[str]:
+    """Of the workers a scale-in chose, those that go: a worker goes only with every other
+    worker on its instance, as the instance is given back whole (``instance_of``: each live
+    worker's instance). An idle worker whose instance still has a worker that stays, stays."""
+    chosen = set(remove)
+    kept = {instance for worker, instance in instance_of.items() if worker not in chosen}
+    return {w for w in chosen if instance_of.get(w, w) not in kept}

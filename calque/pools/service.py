@@ -45,11 +45,14 @@ from calque.pools.ports import (
 from calque.pools.scaler import (
     Backlog,
     Decision,
+    Placement,
     ScalerConfig,
     ScalerHistory,
     WorkerState,
     WorkerView,
     decide,
+    place_launch,
+    whole_instances,
 )
 
 if TYPE_CHECKING:
@@ -601,21 +604,28 @@ class Pools:
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
         record = decision.to_record()
         if decision.launch:
-            # first the free slots of instances the pool already pays for (a worker there
-            # exited or went silent), then whole new instances: the rest of the workers
-            # decided, rounded up to fill the new instances' slots (they are paid for whole)
-            # but never past max_workers; under the cap the last instance's remaining slots
-            # stay without a worker
+            # the free slots of instances the pool holds first, then whole new instances,
+            # within max_workers (calque.pools.scaler.place_launch)
             slots = slots_per_instance(pool)
-            refilled = self._fill_free_slots(pool, workers, slots, decision.launch, now)
-            rest = decision.launch - len(refilled)
-            room = max(0, pool.max_workers - len(views) - len(refilled))
-            count = min(-(-rest // slots) * slots, max(room, rest)) if rest > 0 else 0
+            live = [w for w in workers if w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY)]
+            held: dict[str, set[int]] = {}
+            for w in live:
+                if w.group and w.capacity_ref:
+                    held.setdefault(w.group, set()).add(w.slot)
+            placement = place_launch(
+                decision.launch,
+                slots=slots,
+                max_workers=pool.max_workers,
+                live=len(views),
+                held=held,
+            )
+            refilled = self._fill_free_slots(pool, live, placement, now)
             groups: dict[str, list[str]] = {}
-            for first in range(0, count, slots):
+            for n in placement.new_instances:
                 group = f"w-{secrets.token_hex(4)}"
-                n = min(slots, count - first)
-                groups[group] = [group] if slots == 1 else [f"{group}-{k}" for k in range(n)]
+                groups[group] = (
+                    [group] if slots_per_instance(pool) == 1 else [f"{group}-{k}" for k in range(n)]
+                )
                 for k, wid in enumerate(groups[group]):
                     self.store.put_worker(
                         d.WorkerRecord(
@@ -635,15 +645,8 @@ class Pools:
             record["granted"] = len(refilled) + sum(len(groups[g]) for g in granted)
             record["refilled"] = len(refilled)
             self._start_workers(pool, self.store.workers(name))
-        # scale-in takes whole instances: an idle worker whose instance still has a live
-        # sibling stays until the sibling may go too
-        removable = set(decision.remove)
-        held = {_group(w) for w in workers if w.worker_id not in removable}
-        self._drop(
-            pool,
-            workers,
-            {w.worker_id for w in workers if w.worker_id in removable and _group(w) not in held},
-        )
+        # scale-in gives instances back whole (calque.pools.scaler.whole_instances)
+        self._drop(pool, workers, whole_instances(decision.remove, {w.worker_id: _group(w) for w in workers}))
         after = decision.history_after(history)
         self.store.update_pool(
             name,
@@ -662,39 +665,29 @@ class Pools:
         return decision
 
     def _fill_free_slots(
-        self, pool: d.PoolRecord, workers: list[d.WorkerRecord], slots: int, want: int, now: float
+        self, pool: d.PoolRecord, live: list[d.WorkerRecord], placement: Placement, now: float
     ) -> list[str]:
-        """Up to ``want`` workers on the free slots of instances the pool already holds (the
-        worker a slot had exited or went silent): no new instance is paid for while one the
-        pool pays for has a slice with no worker. The fullest instance is filled first, so an
-        emptier one may go back sooner. Each takes its slot's id (``<group>-<slot>``): were the
-        slot's old worker still running, the host agent finds it by that id and starts no
-        second worker on the slice. Started at once if the instance is ready."""
-        if slots == 1:
-            return []  # a one-slot instance goes back with its worker: it has no free slot
-        by_group: dict[str, list[d.WorkerRecord]] = {}
-        for w in workers:
-            if w.group and w.capacity_ref and w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY):
-                by_group.setdefault(w.group, []).append(w)
+        """Workers on the free slots the placement chose, of instances the pool already holds
+        (the worker a slot had exited or went silent). Each takes its slot's id
+        (``<group>-<slot>``): were the slot's old worker still running, the host agent finds
+        it by that id and starts no second worker on the slice. Started at once if the
+        instance is ready."""
         added: list[str] = []
-        for group, members in sorted(by_group.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-            taken = {m.slot for m in members}
-            for k in (k for k in range(slots) if k not in taken):
-                if len(added) >= want:
-                    return added
-                known = next((m.instance_id for m in members if m.instance_id != "-"), "-")
-                self.store.put_worker(
-                    d.WorkerRecord(
-                        pool=pool.name,
-                        worker_id=f"{group}-{k}",
-                        instance_id=known,
-                        capacity_ref=members[0].capacity_ref,
-                        launched_at=now,
-                        group=group,
-                        slot=k,
-                    )
+        for group, k in placement.refill:
+            members = [w for w in live if w.group == group]
+            known = next((m.instance_id for m in members if m.instance_id != "-"), "-")
+            self.store.put_worker(
+                d.WorkerRecord(
+                    pool=pool.name,
+                    worker_id=f"{group}-{k}",
+                    instance_id=known,
+                    capacity_ref=members[0].capacity_ref,
+                    launched_at=now,
+                    group=group,
+                    slot=k,
                 )
-                added.append(f"{group}-{k}")
+            )
+            added.append(f"{group}-{k}")
         return added
 
     def _drop(self, pool: d.PoolRecord, workers: list[d.WorkerRecord], drop: set[str]) -> None:

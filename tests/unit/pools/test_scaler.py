@@ -9,11 +9,14 @@ from hypothesis import strategies as st
 from calque.pools.scaler import (
     Action,
     Backlog,
+    Placement,
     ScalerConfig,
     ScalerHistory,
     WorkerState,
     WorkerView,
     decide,
+    place_launch,
+    whole_instances,
 )
 
 pytestmark = pytest.mark.unit
@@ -232,3 +235,40 @@ def test_properties_hold_for_any_situation(situation, now):
         assert d.launch >= 1
     assert not (d.launch and d.remove)
     assert d.reason
+
+
+# Where a scale-out's workers go, and which scale-in choices go (whole instances)
+
+
+def test_one_slot_instances_get_exactly_the_workers_decided():
+    assert place_launch(3, slots=1, max_workers=8, live=2) == Placement((), (1, 1, 1))
+
+
+def test_new_instances_are_filled_whole_up_to_the_cap_and_no_further():
+    assert place_launch(1, slots=4, max_workers=8, live=0) == Placement((), (4,))
+    assert place_launch(5, slots=4, max_workers=8, live=0) == Placement((), (4, 4))
+    assert place_launch(5, slots=4, max_workers=5, live=0) == Placement((), (4, 1))
+    assert place_launch(3, slots=4, max_workers=3, live=0) == Placement((), (3,))
+
+
+def test_free_slots_of_held_instances_are_filled_fullest_first_before_a_new_one():
+    held = {"w-a": {0, 2, 3}, "w-b": {0}}
+    # one worker: the fuller instance's free slot
+    assert place_launch(1, slots=4, max_workers=8, live=4, held=held) == Placement((("w-a", 1),), ())
+    # four: every free slot, and no new instance
+    assert place_launch(4, slots=4, max_workers=8, live=4, held=held).refill == (
+        ("w-a", 1),
+        ("w-b", 1),
+        ("w-b", 2),
+        ("w-b", 3),
+    )
+    # five: the four free slots, then one new instance, of one worker under the cap of 9
+    got = place_launch(5, slots=4, max_workers=9, live=4, held=held)
+    assert (len(got.refill), got.new_instances, got.workers) == (4, (1,), 5)
+
+
+def test_a_scale_in_takes_a_worker_only_with_every_other_worker_on_its_instance():
+    instance_of = {"a-0": "a", "a-1": "a", "b-0": "b", "c": "c"}
+    assert whole_instances(("a-0", "b-0", "c"), instance_of) == {"b-0", "c"}
+    assert whole_instances(("a-0", "a-1"), instance_of) == {"a-0", "a-1"}
+    assert whole_instances((), instance_of) == set()
