@@ -8,9 +8,16 @@ then they take claims first come, first served. With the ``scaler`` policy,
 submit (the nudge), exactly as the scaler function does; ``static`` holds N workers
 from the start to the end of the trace.
 
-One worker is one GPU (the pool default: one worker per GPU of an instance), so paid
-GPU-seconds are the seconds workers existed, launch to removal, and busy GPU-seconds
-the seconds they ran claims. No sleeping: a day of trace takes a moment of wall time.
+Workers run on instances as a pool runs them: one per slot of an instance (a slice of
+the pool's layout, else a GPU), placed and given back by the scaler's own
+``place_launch`` and ``whole_instances`` (free slots of held instances first, new
+instances filled whole up to --max-workers, an instance given back only with all its
+workers). A worker on a new instance is ready after the instance's cold start and its
+own enter; one on a free slot of a running instance pays only its enter. Paid
+GPU-seconds are the seconds instances existed, launch to give-back, times their GPUs;
+busy GPU-seconds the seconds workers ran claims, times their slot's share of its card
+(a 1g.24gb slice of a 96 GB card: a quarter). With one slot per instance (the default)
+one worker is one GPU. No sleeping: a day of trace takes a moment of wall time.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from calque.pools.scaler import (
     WorkerState,
     WorkerView,
     decide,
+    place_launch,
+    whole_instances,
 )
 
 REQUIRED_COLUMNS = ("arrival_s", "service_s")
@@ -132,6 +141,22 @@ class SimConfig:
     enter_s: float = 60.0
     tick_s: float = 60.0
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    # An instance of the pool: its GPUs (what it is paid for), and its worker slots' shares
+    # of their card, in slot order (calque.accounting.claims.slots_of); () is one whole GPU.
+    gpus_per_instance: int = 1
+    slot_card_fractions: tuple[float, ...] = ()
+
+    @property
+    def slots(self) -> int:
+        return max(1, len(self.slot_card_fractions))
+
+
+@dataclass
+class _Instance:
+    instance_id: str
+    launched_at: float
+    ready_at: float
+    removed_at: float | None = None
 
 
 @dataclass
@@ -139,6 +164,8 @@ class _Worker:
     worker_id: str
     launched_at: float
     ready_at: float
+    instance_id: str = ""
+    slot: int = 0
     state: WorkerState = WorkerState.STARTING
     idle_since: float | None = None
     claims_served: int = 0
@@ -155,6 +182,7 @@ class SimResult:
     warm_hits: int
     waits: list[float]
     max_workers: int
+    max_instances: int
     decisions: list[Decision]
     timeline: list[tuple[float, int, int]]  # (t, backlog, workers)
     end_s: float
@@ -192,6 +220,7 @@ class SimResult:
             "wait_p95_s": round(self.wait_percentile(95), 1),
             "wait_max_s": round(max(self.waits, default=0.0), 1),
             "max_workers": self.max_workers,
+            "max_instances": self.max_instances,
             "scale_decisions": counts,
             "simulated_seconds": round(self.end_s, 1),
         }
@@ -218,6 +247,7 @@ def simulate(
         heapq.heappush(events, (t, kind, next(seq), payload))
 
     workers: dict[str, _Worker] = {}
+    instances: dict[str, _Instance] = {}
     ids = itertools.count(1)
     queue: list[TraceClaim] = []  # FIFO of waiting claims
     waits: list[float] = []
@@ -226,15 +256,47 @@ def simulate(
     history = ScalerHistory()
     timeline: list[tuple[float, int, int]] = []
     max_workers = 0
+    max_instances = 0
     done = 0
+    fractions = config.slot_card_fractions or (1.0,)
 
     def live() -> list[_Worker]:
         return [w for w in workers.values() if w.removed_at is None]
 
-    def launch(now: float) -> None:
-        w = _Worker(f"w{next(ids)}", launched_at=now, ready_at=now + config.cold_start_s + config.enter_s)
+    def start(instance: _Instance, slot: int, now: float) -> None:
+        w = _Worker(
+            f"{instance.instance_id}-{slot}",
+            launched_at=now,
+            ready_at=max(now, instance.ready_at) + config.enter_s,
+            instance_id=instance.instance_id,
+            slot=slot,
+        )
         workers[w.worker_id] = w
         push(w.ready_at, _READY, w.worker_id)
+
+    def launch(n: int, now: float, live_workers: int, max_allowed: int) -> None:
+        nonlocal max_instances
+        held: dict[str, set[int]] = {}
+        for w in live():
+            held.setdefault(w.instance_id, set()).add(w.slot)
+        placement = place_launch(n, slots=config.slots, max_workers=max_allowed, live=live_workers, held=held)
+        for instance_id, slot in placement.refill:
+            start(instances[instance_id], slot, now)
+        for count in placement.new_instances:
+            instance = _Instance(f"i{next(ids)}", launched_at=now, ready_at=now + config.cold_start_s)
+            instances[instance.instance_id] = instance
+            for slot in range(count):
+                start(instance, slot, now)
+        max_instances = max(max_instances, sum(1 for i in instances.values() if i.removed_at is None))
+
+    def remove(chosen: tuple[str, ...], now: float) -> None:
+        going = whole_instances(chosen, {w.worker_id: w.instance_id for w in live()})
+        for wid in going:
+            workers[wid].removed_at = now
+        still = {w.instance_id for w in live()}
+        for instance in instances.values():
+            if instance.removed_at is None and instance.instance_id not in still:
+                instance.removed_at = now
 
     def record(now: float) -> None:
         nonlocal max_workers
@@ -258,7 +320,7 @@ def simulate(
                 warm_hits += 1
             w.claims_served += 1
             w.state, w.idle_since = WorkerState.BUSY, None
-            w.busy_s += claim.service_s
+            w.busy_s += claim.service_s * fractions[w.slot]
             push(now + claim.service_s, _DONE, w.worker_id)
 
     def scale(now: float) -> None:
@@ -268,16 +330,15 @@ def simulate(
         d = decide(config.scaler, Backlog(visible=len(queue), in_flight=in_flight), views, now, history)
         decisions.append(d)
         history = d.history_after(history)
-        for _ in range(d.launch):
-            launch(now)
-        for wid in d.remove:
-            workers[wid].removed_at = now
+        if d.launch:
+            launch(d.launch, now, len(views), config.scaler.max_workers)
+        if d.remove:
+            remove(d.remove, now)
 
     for claim in trace:
         push(claim.arrival_s, _ARRIVAL, claim)
     if config.policy == "static":
-        for _ in range(config.static_workers):
-            launch(0.0)
+        launch(config.static_workers, 0.0, 0, config.static_workers)
     else:
         scale(0.0)
         push(config.tick_s, _TICK)
@@ -299,8 +360,22 @@ def simulate(
             w.state, w.idle_since = WorkerState.IDLE, now
             done += 1
         elif kind == _TICK:
+            # settled: every claim served and the pool as small as it gets: at its minimum,
+            # or every worker idle past the timeout and a scale-in still took none (it
+            # chose workers whose instances keep others, and would choose them again)
+            before = len(live())
             scale(now)
-            settled = done == len(trace) and len(live()) <= config.scaler.min_workers
+            stuck = (
+                decisions[-1].action is Action.SCALE_IN
+                and len(live()) == before
+                and all(
+                    w.state is WorkerState.IDLE
+                    and w.idle_since is not None
+                    and now - w.idle_since >= config.scaler.idle_timeout_s
+                    for w in live()
+                )
+            )
+            settled = done == len(trace) and (len(live()) <= config.scaler.min_workers or stuck)
             if not settled:
                 push(now + config.tick_s, _TICK)
         dispatch(now)
@@ -310,8 +385,9 @@ def simulate(
 
     end = now
     paid = 0.0
-    for w in workers.values():
-        paid += (w.removed_at if w.removed_at is not None else end) - w.launched_at
+    for instance in instances.values():
+        lifetime = (instance.removed_at if instance.removed_at is not None else end) - instance.launched_at
+        paid += lifetime * config.gpus_per_instance
     busy_total = sum(w.busy_s for w in workers.values())
     return SimResult(
         policy=config.policy if config.policy == "scaler" else f"static:{config.static_workers}",
@@ -321,6 +397,7 @@ def simulate(
         warm_hits=warm_hits,
         waits=waits,
         max_workers=max_workers,
+        max_instances=max_instances,
         decisions=decisions,
         timeline=timeline,
         end_s=end,

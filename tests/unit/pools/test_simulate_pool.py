@@ -101,6 +101,71 @@ def test_on_the_bursty_trace_the_scaler_pays_less_than_a_static_pool_of_its_size
     assert scaler.claims == len(trace) == len(scaler.waits)
 
 
+QUARTERS = (0.25, 0.25, 0.25, 0.25)  # four 1g.24gb slices of one 96 GB card
+
+
+def test_one_claim_on_a_four_slice_instance_starts_four_workers_and_pays_one_card():
+    # Given a pool on one card cut into four slices, and one 40 s claim at t=100
+    trace = [TraceClaim(2, 100.0, 40.0)]
+    config = SimConfig(
+        cold_start_s=180,
+        enter_s=60,
+        scaler=ScalerConfig(idle_timeout_s=300, scale_in_cooldown_s=0),
+        gpus_per_instance=1,
+        slot_card_fractions=QUARTERS,
+    )
+    r = simulate(trace, config)
+    # Then one instance runs a worker on each slice (it is paid for whole), the claim waits
+    # for the instance's cold start and its worker's enter
+    assert (r.max_instances, r.max_workers) == (1, 4)
+    assert r.waits == [240.0]
+    # And the claim's run counts a quarter of the card; the instance is paid as one card
+    # from its launch until all four workers were idle past the timeout and it went back
+    assert r.busy_gpu_seconds == 10.0
+    # (three idle ones were chosen first, at 660 s, but their instance kept the fourth)
+    chosen = [(d.at, len(d.remove)) for d in r.decisions if d.action.value == "scale_in"]
+    assert chosen == [(660.0, 3), (720.0, 4)]
+    assert r.paid_gpu_seconds == 720.0 - 100.0
+
+
+def test_an_instance_goes_back_only_with_all_its_workers():
+    # Given a four-slice pool kept at one worker at least, after a burst of four claims
+    trace = [TraceClaim(i + 2, 0.0, 30.0) for i in range(4)]
+    config = SimConfig(
+        scaler=ScalerConfig(min_workers=1, idle_timeout_s=60, scale_in_cooldown_s=0),
+        slot_card_fractions=QUARTERS,
+    )
+    r = simulate(trace, config)
+    # Then the scaler chose three idle workers to remove, keeping one, but an instance is
+    # given back whole: all four stay, and the instance is paid to the end of the replay
+    scale_ins = [d for d in r.decisions if d.action.value == "scale_in"]
+    assert [len(d.remove) for d in scale_ins] == [3]
+    assert (r.max_instances, r.max_workers) == (1, 4)
+    assert r.timeline[-1][2] == 4
+    assert r.paid_gpu_seconds == r.end_s
+
+
+def test_a_static_pool_holds_whole_instances_and_pays_every_gpu_of_them():
+    # Given a static pool of five workers on instances of four GPUs (one worker per GPU)
+    trace = [TraceClaim(2, 0.0, 10.0)]
+    config = SimConfig(policy="static", static_workers=5, gpus_per_instance=4, slot_card_fractions=(1.0,) * 4)
+    r = simulate(trace, config)
+    # Then it holds two instances (four workers and one), paying all eight GPUs
+    assert (r.max_instances, r.max_workers) == (2, 5)
+    assert r.paid_gpu_seconds == 2 * 4 * r.end_s
+
+
+def test_slices_cost_less_than_whole_cards_for_the_same_trace():
+    # Given the bursty trace at up to eight workers, on whole cards and on quarter slices
+    trace = load_trace(BURSTY)
+    whole = simulate(trace, SimConfig(scaler=ScalerConfig(max_workers=8)))
+    sliced = simulate(trace, SimConfig(scaler=ScalerConfig(max_workers=8), slot_card_fractions=QUARTERS))
+    # Then both serve every claim, and the sliced pool pays for at most two cards at once
+    assert whole.claims == sliced.claims == len(sliced.waits)
+    assert (whole.max_instances, sliced.max_instances) == (8, 2)
+    assert sliced.paid_gpu_seconds < whole.paid_gpu_seconds / 2
+
+
 @pytest.fixture
 def cli(capsys):
     from calque.cli.main import main
@@ -168,3 +233,31 @@ def test_cli_plot_writes_a_png(cli, tmp_path):
     )
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_simulates_a_layout_as_pool_create_takes_it(cli):
+    code, out, err = cli(
+        "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g7e.2xlarge",
+        "--mig", "1g.24gb=4", "--output", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["workers_per_instance"] == 4
+    assert doc["layout"]["gpus"][0]["mig"] == {"1g.24gb": 4}
+    assert doc["max_instances"] <= 2
+    assert doc["max_workers"] <= 8
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (("--mig", "1g.24gb=9"), "1g.24gb"),  # more slices than the card has
+        (("--mig", "1g.24gb=4", "--mps-slots", "2"), "give one layout"),
+        (("--spec", "/nonexistent/layout.json"), "layout.json"),
+    ],
+)
+def test_cli_refuses_a_layout_the_pool_could_not_run(cli, flags, fragment):
+    code, out, err = cli("simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g7e.2xlarge", *flags)
+    assert code == 1, (out, err)
+    assert fragment in err
+    assert "Traceback" not in err
