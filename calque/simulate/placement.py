@@ -856,8 +856,11 @@ def do_placement(
 ) -> None:
     import sys
 
+    from calque.simulate import check_plot_path, write_plot
+
     if plot is not None:
         _require_matplotlib()
+        check_plot_path(plot)
     sys.stderr.write(f"replaying {trace} on {hosts} as {layout} ...\n")
     res = simulate(
         trace,
@@ -868,7 +871,7 @@ def do_placement(
         progress=lambda m: sys.stderr.write(m + "\n"),
     )
     if plot is not None:
-        plot_timeline(res, plot)
+        write_plot(plot_timeline, res, plot)
         sys.stderr.write(f"plot written to {plot}\n")
     ctx.emit(res.document(), columns=RESULT_FIELDS)
 

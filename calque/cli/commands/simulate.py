@@ -86,6 +86,7 @@ def do_pool(
     from calque import catalog
     from calque.cli.errors import CliError
     from calque.pools.scaler import ScalerConfig
+    from calque.simulate import check_plot_path, write_plot
     from calque.simulate.pool import SimConfig, load_trace, plot, simulate
 
     itype = catalog.instance_type(instance_type)
@@ -115,6 +116,7 @@ def do_pool(
             raise CliError(
                 "--plot needs matplotlib: pip install 'calque[plot]'", code="missing_dependency"
             ) from None
+        check_plot_path(plot_path)
     claims = load_trace(trace)
     config = SimConfig(
         policy="static" if policy == "static" else "scaler",
@@ -127,7 +129,7 @@ def do_pool(
     result = simulate(claims, config, hourly_usd_per_gpu=itype.hourly_usd / itype.gpu_count)
     summary = {"trace": trace, "instance_type": instance_type, **result.summary()}
     if plot_path is not None:
-        plot(result, plot_path)
+        write_plot(plot, result, plot_path)
         summary["plot"] = plot_path
     if ctx.json:
         summary["decisions"] = [d.to_record() for d in result.decisions if d.action.value != "hold"]

@@ -192,3 +192,15 @@ def test_plot_draws_the_run_to_a_png(tmp_path, cli):
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot written" in err
+
+
+def test_a_plot_file_that_cannot_be_written_is_refused_before_the_replay(tmp_path, cli):
+    pytest.importorskip("matplotlib")
+    code, out, err = cli(
+        "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=2", "--layout", "dedicated",
+        "--plot", str(tmp_path / "missing-dir" / "run.png"), "--output", "json",
+    )  # fmt: skip
+    assert code == 1, err
+    assert "replaying" not in err  # refused before the replay, not after it
+    assert "no directory" in err.splitlines()[-1]
+    assert json.loads(out)["error"]["code"] == "invalid_input"
