@@ -285,7 +285,9 @@ class Pools:
             completed=len(done),
             workers=[WorkerStatus.of(w.model_dump()) for w in self.store.workers(name)],
             decisions=[DecisionStatus.of(x.model_dump()) for x in self.store.decisions(name, limit=10)],
-            last_decision=DecisionStatus.of(pool.last_decision) if pool.last_decision else None,
+            last_decision=(
+                DecisionStatus.of({**pool.last_decision, "pool": name}) if pool.last_decision else None
+            ),
         ).model_dump(mode="json")
 
     def delete_pool(self, who: Caller, name: str, req: PoolDelete) -> dict[str, Any]:

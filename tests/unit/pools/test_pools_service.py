@@ -383,3 +383,16 @@ def test_pool_status_answers_every_time_as_iso_8601_utc(world):
     out = status["decisions"][0]["inputs"]
     assert out["last_scale_out_at"] is None or iso.match(out["last_scale_out_at"])
     assert json.loads(json.dumps(status)) == status
+
+
+def test_pool_status_answers_the_latest_scale_out_with_its_pool_and_what_it_granted(world):
+    # Given the scaler launched a worker for the pool's first claim
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[{"text": "x"}]))
+    world.pools.scale("textstats")
+    # When an admin reads the pool's status
+    last = world.pools.status(ADMIN, "textstats")["last_decision"]
+    # Then the latest decision names its pool, like the listed ones, and says how many workers
+    # it was granted and how many of them went to free slots (docs/pools.md: `refilled`)
+    assert last["action"] == "scale_out"
+    assert last["pool"] == "textstats"
+    assert (last["launch"], last["granted"], last["refilled"]) == (1, 1, 0)
