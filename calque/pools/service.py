@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from calque.contracts.pools import (
     NAME_PATTERN,
+    NAME_RULE,
     PACKAGE_URL_EXPIRES_S,
     ClaimReport,
     ClaimSubmit,
@@ -220,7 +221,7 @@ class Pools:
         by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
         _require_admin(who, "staging a runner package")
         if not re.match(NAME_PATTERN, name):
-            raise InvalidInput(f"{name!r} is not a pool name", details={"field": "name"})
+            raise InvalidInput(f"{NAME_RULE} (got {name!r})", details={"field": "name"})
         key = f"{package_prefix(name)}{req.sha256}.zip"
         url = self.objects.presign_put(
             key, expires_s=PACKAGE_URL_EXPIRES_S, content_type=PACKAGE_CONTENT_TYPE

@@ -396,3 +396,27 @@ def test_pool_status_answers_the_latest_scale_out_with_its_pool_and_what_it_gran
     assert last["action"] == "scale_out"
     assert last["pool"] == "textstats"
     assert (last["launch"], last["granted"], last["refilled"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("name", ["p2", "Bad_Name", "pool-", "9lives"])
+def test_a_bad_pool_name_is_refused_saying_what_a_pool_name_is(world, name):
+    from calque.contracts.pools import PackageUpload
+
+    rule = "3 to 40 characters, lowercase letters, digits and '-'"
+    # Given an admin names a pool wrongly: `pool create` first asks where to upload the package
+    with pytest.raises(InvalidInput) as err:
+        world.pools.package_upload(ADMIN, name, PackageUpload(sha256="0" * 64, size=1))
+    # Then the refusal says what a pool name is, not only that this is not one
+    assert rule in err.value.message
+    assert repr(name) in err.value.message
+    # And the API's body says the same
+    with pytest.raises(ValidationError) as bad:
+        create(world, name=name)
+    assert rule in str(bad.value)
+
+
+def test_a_runner_that_is_not_module_colon_class_is_refused_in_words(world):
+    with pytest.raises(ValidationError) as bad:
+        create(world, name="other", runner="textstats.TextStats")
+    assert "MODULE:CLASS" in str(bad.value)
+    assert "should match pattern" not in str(bad.value)
