@@ -245,6 +245,13 @@ class Pools:
     def update_pool(self, who: Caller, name: str, req: PoolUpdate) -> d.PoolRecord:
         _require_admin(who, "changing a pool")
         pool = self._pool(name)
+        if pool.state != d.POOL_ACTIVE:
+            raise Conflict(
+                f"pool {name!r} is being deleted and is no longer resized; `calque pool delete {name} "
+                "--now --i-understand-this-terminates-instances` finishes the deletion at once",
+                code="pool_deleting",
+                details={"pool": name},
+            )
         changes = req.model_dump(exclude_none=True)
         merged = pool.model_copy(update=changes)
         if merged.min_workers > merged.max_workers:

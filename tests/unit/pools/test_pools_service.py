@@ -420,3 +420,17 @@ def test_a_runner_that_is_not_module_colon_class_is_refused_in_words(world):
         create(world, name="other", runner="textstats.TextStats")
     assert "MODULE:CLASS" in str(bad.value)
     assert "should match pattern" not in str(bad.value)
+
+
+def test_a_pool_being_deleted_is_not_resized(world):
+    # Given a pool being deleted while a claim still waits
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    before = world.store.get_pool("textstats")
+    # When an admin changes its sizing
+    with pytest.raises(Conflict) as err:
+        world.pools.update_pool(ADMIN, "textstats", PoolUpdate(min_workers=2, max_workers=3))
+    # Then it is refused, saying how to finish the deletion, and nothing changes
+    assert err.value.code == "pool_deleting"
+    assert "--now" in err.value.message
+    assert world.store.get_pool("textstats") == before
