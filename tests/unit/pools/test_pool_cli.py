@@ -255,3 +255,22 @@ def test_the_note_counts_slices_per_instance_from_the_layout_else_the_gpus(
         assert f"{idle} slice(s) of its last instance stay idle" in note
     else:
         assert note is None
+
+
+def test_a_wait_that_times_out_says_the_claim_goes_on_and_how_to_follow_or_stop_it(api, cli, tmp_path):
+    # Given a claim that stays queued longer than the member waits for it
+    items = tmp_path / "items.jsonl"
+    items.write_text("1\n")
+    api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
+    api.responses[("GET", "/v1/claims/c-1")] = CLAIM
+    # When the wait times out
+    code, out, err = cli(
+        "--output", "json", "pool", "submit", "textstats", "--items", str(items), "--wait", "--timeout", "1s"
+    )  # fmt: skip
+    # Then it is a refusal (exit 1) that says the claim was not stopped and what to run next
+    assert code == 1
+    last = err.splitlines()[-1]
+    assert "still queued after 1s" in last
+    assert "calque claim show c-1" in last
+    assert "calque claim cancel c-1" in last
+    assert json.loads(out)["error"]["code"] == "wait_timeout"
