@@ -96,6 +96,19 @@ class ClaimSubmit(Request):
         description="the group to charge (one of the member's); omitted: their default group",
     )
 
+    @field_validator("group", mode="before")
+    @classmethod
+    def _group_rule_in_words(cls, value: object) -> object:
+        """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
+        if isinstance(value, str) and not re.fullmatch(r"^[a-z0-9][a-z0-9._-]{0,62}$", value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch",
+                "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
+                {"got": repr(value[:64])},
+            )
+        return value
+
 
 class ClaimReport(Strict):
     """A worker's report on a claim (instance role only)."""

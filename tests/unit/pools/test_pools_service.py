@@ -434,3 +434,13 @@ def test_a_pool_being_deleted_is_not_resized(world):
     assert err.value.code == "pool_deleting"
     assert "--now" in err.value.message
     assert world.store.get_pool("textstats") == before
+
+
+def test_a_group_name_that_cannot_exist_is_refused_in_words():
+    # Given a member who charges a claim to a group no group can be named
+    with pytest.raises(ValidationError) as bad:
+        ClaimSubmit(items=[1], group="BAD GROUP")
+    # Then the refusal says what a group name is, and where to find theirs, not a pattern
+    assert "a group name is 1 to 63 characters" in str(bad.value)
+    assert "calque group list" in str(bad.value)
+    assert "should match pattern" not in str(bad.value)
