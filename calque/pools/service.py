@@ -112,6 +112,26 @@ def _require_admin(who: Caller, what: str) -> None:
         raise Forbidden(f"{what} is for admins only", details={"principal": who.principal})
 
 
+def check_pool_request(req: PoolCreate) -> None:
+    """What a new pool must hold beyond its contract: an instance type of the catalog, a layout
+    its card takes, min_workers <= max_workers. The API checks it; the CLI too, before it
+    uploads the runner package, so a refused pool leaves no package behind."""
+    from calque import catalog
+
+    catalog.instance_type(req.instance_type)
+    if req.layout is not None:
+        from calque.catalog.planner import validate_layout
+        from calque.contracts.layout import parse_layout
+
+        # InvalidInput naming the problem: a bad spec, or one the instance type's card cannot take
+        validate_layout(req.instance_type, parse_layout(req.layout))
+    if req.min_workers > req.max_workers:
+        raise InvalidInput(
+            f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
+            details={"field": "min_workers"},
+        )
+
+
 class Pools:
     def __init__(
         self,
@@ -156,20 +176,7 @@ class Pools:
                 "--i-understand-this-spends-money",
                 details={"field": "i_understand_this_spends_money"},
             )
-        from calque import catalog
-
-        catalog.instance_type(req.instance_type)
-        if req.layout is not None:
-            from calque.catalog.planner import validate_layout
-            from calque.contracts.layout import parse_layout
-
-            # InvalidInput naming the problem: a bad spec, or one the instance type's card cannot take
-            validate_layout(req.instance_type, parse_layout(req.layout))
-        if req.min_workers > req.max_workers:
-            raise InvalidInput(
-                f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
-                details={"field": "min_workers"},
-            )
+        check_pool_request(req)
         if req.package_key is None and req.package_path is None:
             raise InvalidInput(
                 "a pool needs its runner package (--package)", details={"field": "package_key"}

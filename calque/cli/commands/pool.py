@@ -178,13 +178,11 @@ def do_create(
         raise CliError(
             f"--package {package}: not a directory", code="invalid_input", details={"field": "package"}
         )
-    package_key = upload_package(ctx, name, path)
     body = {
         "name": name,
         "model": model,
         "instance_type": instance_type,
         "runner": runner,
-        "package_key": package_key,
         "min_workers": min_workers,
         "max_workers": max_workers,
         "target_backlog_per_worker": target_backlog_per_worker,
@@ -193,9 +191,34 @@ def do_create(
         "spot": spot,
         "i_understand_this_spends_money": True,
     }
+    check_before_upload(body)
+    body["package_key"] = upload_package(ctx, name, path)
     pool = ctx.client().request("POST", "/v1/pools", body)
     ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
     _note_idle_slices(pool)
+
+
+def check_before_upload(body: dict[str, Any]) -> None:
+    """Refuse a pool the API would refuse before its package is uploaded (nothing is left in
+    the artifact bucket for a pool that never existed): its contract, its instance type, its
+    layout, min <= max, as the API words them."""
+    from pydantic import ValidationError
+
+    from calque.contracts.pools import PoolCreate
+    from calque.pools.service import check_pool_request
+
+    try:
+        req = PoolCreate.model_validate(body)
+    except ValidationError as exc:
+        fields = [
+            {"field": ".".join(str(p) for p in e["loc"]) or "body", "problem": e["msg"]} for e in exc.errors()
+        ]
+        raise CliError(
+            f"invalid {', '.join(f['field'] for f in fields)}: {fields[0]['problem']}",
+            code="validation_failed",
+            details={"fields": fields},
+        ) from None
+    check_pool_request(req)  # a CalqueError: exit 1 naming the problem
 
 
 def zip_package(path: Path) -> bytes:

@@ -83,7 +83,7 @@ def test_submit_wait_shows_progress_on_stderr_and_refuses_a_failed_claim(api, cl
 
 
 def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api, cli, tmp_path):
-    base = ["pool", "create", "p1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "a:B"]
+    base = ["pool", "create", "pool1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "a:B"]
     code, _, err = cli(*base, "--package", str(tmp_path))
     assert code == 1
     assert "--i-understand-this-spends-money" in err
@@ -91,9 +91,9 @@ def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api,
     assert code == 1
     assert "not a directory" in err
     assert api.requests == []
-    api.responses[("POST", "/v1/pools")] = {"name": "p1"}
-    key = "pools/p1/package/" + "a" * 64 + ".zip"
-    api.responses[("POST", "/v1/pools/p1/package")] = {"key": key, "url": "http://unused", "exists": True}
+    api.responses[("POST", "/v1/pools")] = {"name": "pool1"}
+    key = "pools/pool1/package/" + "a" * 64 + ".zip"
+    api.responses[("POST", "/v1/pools/pool1/package")] = {"key": key, "url": "http://unused", "exists": True}
     code, _, err = cli(
         *base, "--package", str(tmp_path), "--idle-timeout", "90s", "--i-understand-this-spends-money"
     )
@@ -190,14 +190,14 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     (pkg / "__pycache__").mkdir(parents=True)
     (pkg / "runner.py").write_text("class R: pass\n")
     (pkg / "__pycache__" / "runner.cpython-311.pyc").write_bytes(b"cache")
-    url = "https://art.s3.amazonaws.com/pools/p1/package/x.zip?X-Amz-Signature=s"
-    api.responses[("POST", "/v1/pools/p1/package")] = {
-        "key": "pools/p1/package/x.zip", "url": url,
+    url = "https://art.s3.amazonaws.com/pools/pool1/package/x.zip?X-Amz-Signature=s"
+    api.responses[("POST", "/v1/pools/pool1/package")] = {
+        "key": "pools/pool1/package/x.zip", "url": url,
         "headers": {"Content-Type": "application/zip"}, "exists": False,
     }  # fmt: skip
-    api.responses[("POST", "/v1/pools")] = {"name": "p1"}
+    api.responses[("POST", "/v1/pools")] = {"name": "pool1"}
     code, _, err = cli(
-        "pool", "create", "p1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "runner:R",
+        "pool", "create", "pool1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "runner:R",
         "--package", str(pkg), "--i-understand-this-spends-money",
     )  # fmt: skip
     assert code == 0, err
@@ -208,7 +208,7 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     assert isinstance(body, bytes)
     assert zipfile.ZipFile(io.BytesIO(body)).namelist() == ["runner.py"]  # no caches
     assert api.requests[0][2] == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
-    assert api.requests[1][2]["package_key"] == "pools/p1/package/x.zip"
+    assert api.requests[1][2]["package_key"] == "pools/pool1/package/x.zip"
     assert zip_package(pkg) == body  # the same files, the same bytes: the hash names the content
 
 
@@ -274,3 +274,29 @@ def test_a_wait_that_times_out_says_the_claim_goes_on_and_how_to_follow_or_stop_
     assert "calque claim show c-1" in last
     assert "calque claim cancel c-1" in last
     assert json.loads(out)["error"]["code"] == "wait_timeout"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--instance-type", "m5.large"], "m5.large"),
+        (["--instance-type", "g6e.xlarge", "--min-workers", "3", "--max-workers", "2"], "must not exceed"),
+        (["--instance-type", "g6e.xlarge", "--mig", "1g.24gb=4"], "does not support MIG"),
+        (["--instance-type", "g6e.xlarge", "--runner", "textstats.TextStats"], "MODULE:CLASS"),
+        (["--instance-type", "g6e.xlarge", "--idle-timeout", "5s"], "idle_timeout_s"),
+    ],
+)
+def test_a_pool_the_api_would_refuse_is_refused_before_its_package_is_uploaded(
+    api, cli, tmp_path, flags, says
+):
+    # Given an admin's pool create with something the API refuses
+    argv = ["pool", "create", "textstats", "--model", "m", "--runner", "textstats:TextStats"]
+    # When they run it
+    code, out, err = cli(
+        "--output", "json", *argv, *flags, "--package", str(tmp_path), "--i-understand-this-spends-money"
+    )
+    # Then it is refused naming the problem, and nothing was sent: no package in the bucket
+    assert code == 1
+    assert says in err.splitlines()[-1]
+    assert "error" in json.loads(out)
+    assert api.requests == []
