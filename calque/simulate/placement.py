@@ -754,6 +754,8 @@ def simulate(
     jobs, skipped = read_trace(trace)
     parsed_hosts = parse_hosts(hosts)
     sim = Simulator(jobs, parsed_hosts, parse_layout(layout), seed=seed)
+    if progress is not None:  # only once the trace, hosts and layout are good: a refusal is one line
+        progress(f"replaying {trace} on {hosts} as {layout} ...")
     started = time.perf_counter()
     res = sim.run(trace=str(trace), hosts=hosts, seed=seed, timeline=timeline)
     wall = time.perf_counter() - started
@@ -861,7 +863,6 @@ def do_placement(
     if plot is not None:
         _require_matplotlib()
         check_plot_path(plot)
-    sys.stderr.write(f"replaying {trace} on {hosts} as {layout} ...\n")
     res = simulate(
         trace,
         hosts,
