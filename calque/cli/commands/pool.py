@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.durations import duration_arg, format_duration
-from calque.cli.errors import CliError, UsageError
+from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
 
 POOL_COLUMNS: list[Column] = [
@@ -425,6 +425,25 @@ def read_items(path: str) -> list[Any]:
     return items
 
 
+def _too_large(path: str, values: list[Any], body: dict[str, Any], exc: ApiError) -> CliError:
+    """The API's size refusal said as what to do: how many lines a claim of this file may hold."""
+    import json
+
+    size = len(json.dumps(body).encode())
+    limit = exc.details.get("limit_bytes")
+    if isinstance(limit, int):
+        per_claim = max(1, len(values) * limit // size * 9 // 10)  # a tenth to spare
+        how = f" ({limit} bytes): split it into several claims, e.g. `split -l {per_claim} {path}`"
+    else:
+        how = ": split it into several claims"
+    return CliError(
+        f"{path}: {len(values)} items make a {size}-byte request, more than the API takes{how}, "
+        "then submit each part",
+        code="body_too_large",
+        details={**exc.details, "items": len(values), "request_bytes": size},
+    )
+
+
 def do_submit(
     ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600, group: str | None = None
 ) -> None:
@@ -434,7 +453,12 @@ def do_submit(
     body: dict[str, Any] = {"items": values}
     if group is not None:
         body["group"] = group
-    claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
+    try:
+        claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
+    except ApiError as exc:
+        if exc.code != "body_too_large":
+            raise
+        raise _too_large(items, values, body, exc) from None
     if wait:
         claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
     if wait and claim.get("state") != "succeeded":  # one document either way: the error carries the claim

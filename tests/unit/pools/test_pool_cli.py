@@ -300,3 +300,26 @@ def test_a_pool_the_api_would_refuse_is_refused_before_its_package_is_uploaded(
     assert says in err.splitlines()[-1]
     assert "error" in json.loads(out)
     assert api.requests == []
+
+
+def test_items_too_large_for_one_request_say_how_to_split_them(api, cli, tmp_path):
+    from calque.cli.errors import ApiError
+
+    # Given an items file whose request is over the API's body limit
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"text": "hello world"}\n' * 100)
+    api.responses[("POST", "/v1/pools/textstats/claims")] = ApiError(
+        413, {"error": {"code": "body_too_large", "message": "request body exceeds 1024 bytes",
+                        "details": {"limit_bytes": 1024}}},
+    )  # fmt: skip
+    # When a member submits it
+    code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
+    # Then the refusal says it is the file's size and how to split it into claims that fit
+    assert code == 1
+    line = err.splitlines()[-1]
+    assert f"{items}: 100 items make a" in line
+    assert "(1024 bytes)" in line
+    assert f"split -l 36 {items}" in line  # 100 x 1024 / 2,500 bytes, with a tenth to spare
+    doc = json.loads(out)
+    assert doc["error"]["code"] == "body_too_large"
+    assert doc["error"]["details"]["items"] == 100
