@@ -322,6 +322,8 @@ def render_status(pool: dict[str, Any]) -> str:
     ]
     parts = [render_fields(pool, fields)]
     parts.append("\nWorkers:\n" + render_table(st.get("workers") or [], WORKER_COLUMNS))
+    exited = [w for w in st.get("workers") or [] if w.get("state") == "exited" and w.get("reason")]
+    parts.extend(f"{w.get('worker_id')} exited: {w['reason']}" for w in exited)
     parts.append("\nLast scaling decisions:\n" + render_table(st.get("decisions") or [], DECISION_COLUMNS))
     last = st.get("last_decision")
     if last:

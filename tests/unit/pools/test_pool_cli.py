@@ -323,3 +323,27 @@ def test_items_too_large_for_one_request_say_how_to_split_them(api, cli, tmp_pat
     doc = json.loads(out)
     assert doc["error"]["code"] == "body_too_large"
     assert doc["error"]["details"]["items"] == 100
+
+
+def test_pool_status_says_why_a_worker_exited(api, cli):
+    # Given a pool whose worker exited because its runner could not be imported
+    why = "the runner's enter() failed: RunnerError: cannot import runner module 'textstats'"
+    api.responses[("GET", "/v1/pools/textstats")] = {
+        "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+        "min_workers": 0, "max_workers": 2,
+        "status": {
+            "backlog": {"visible": 1, "in_flight": 0}, "claims": {"queued": 1},
+            "warm_hits": 0, "completed": 0,
+            "workers": [
+                {"worker_id": "w-1", "instance_id": "i-1", "state": "exited", "reason": why},
+                {"worker_id": "w-2", "instance_id": "i-2", "state": "idle", "reason": "started by command x"},
+            ],
+            "decisions": [],
+        },
+    }  # fmt: skip
+    # When an admin reads the pool's status as a table
+    code, out, err = cli("pool", "status", "textstats")
+    # Then the exited worker's reason is there, not only in the JSON (a live worker's is not news)
+    assert code == 0, err
+    assert f"w-1 exited: {why}" in out
+    assert "started by command x" not in out
