@@ -192,6 +192,7 @@ def do_create(
         "i_understand_this_spends_money": True,
     }
     check_before_upload(body)
+    _check_runner_module(runner, path)
     body["package_key"] = upload_package(ctx, name, path)
     pool = ctx.client().request("POST", "/v1/pools", body)
     ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
@@ -219,6 +220,22 @@ def check_before_upload(body: dict[str, Any]) -> None:
             details={"fields": fields},
         ) from None
     check_pool_request(req)  # a CalqueError: exit 1 naming the problem
+
+
+def _check_runner_module(runner: str, package: Path) -> None:
+    """The runner's module must be in the package (a worker imports it from there alone): a
+    pool whose workers cannot import it would only relaunch them while its claims wait."""
+    module = runner.split(":", 1)[0]
+    rel = Path(*module.split("."))
+    candidates = [package / rel.with_suffix(".py"), package / rel / "__init__.py"]
+    if not any(c.is_file() for c in candidates):
+        raise CliError(
+            f"--runner {runner}: --package {package} has no module {module} "
+            f"({rel.with_suffix('.py').as_posix()} or {(rel / '__init__.py').as_posix()}); "
+            "the package must hold the runner's module",
+            code="invalid_input",
+            details={"field": "runner"},
+        )
 
 
 def zip_package(path: Path) -> bytes:

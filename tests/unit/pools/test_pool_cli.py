@@ -91,6 +91,7 @@ def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api,
     assert code == 1
     assert "not a directory" in err
     assert api.requests == []
+    (tmp_path / "a.py").write_text("class B: ...\n")  # the runner's module, in the package
     api.responses[("POST", "/v1/pools")] = {"name": "pool1"}
     key = "pools/pool1/package/" + "a" * 64 + ".zip"
     api.responses[("POST", "/v1/pools/pool1/package")] = {"key": key, "url": "http://unused", "exists": True}
@@ -347,3 +348,37 @@ def test_pool_status_says_why_a_worker_exited(api, cli):
     assert code == 0, err
     assert f"w-1 exited: {why}" in out
     assert "started by command x" not in out
+
+
+@pytest.mark.parametrize(
+    ("files", "runner", "ok"),
+    [
+        (["other.py"], "textstats:TextStats", False),
+        (["textstats.py"], "textstats:TextStats", True),
+        (["models/__init__.py", "models/text.py"], "models.text:Runner", True),
+        (["models/text.py"], "models.texts:Runner", False),
+        (["models/__init__.py"], "models:Runner", True),
+    ],
+)
+def test_create_refuses_a_package_without_the_runners_module_before_sending(
+    api, cli, tmp_path, files, runner, ok
+):
+    # Given a package directory that holds some modules
+    pkg = tmp_path / "pkg"
+    for f in files:
+        (pkg / f).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / f).write_text("x = 1\n")
+    api.responses[("POST", "/v1/pools/textstats/package")] = {"key": "k", "url": "u", "exists": True}
+    api.responses[("POST", "/v1/pools")] = {"name": "textstats"}
+    # When an admin creates a pool with a runner
+    code, _, err = cli(
+        "pool", "create", "textstats", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", runner,
+        "--package", str(pkg), "--i-understand-this-spends-money",
+    )  # fmt: skip
+    # Then a runner whose module is not in the package is refused, naming it, and nothing is sent
+    if ok:
+        assert code == 0, err
+    else:
+        assert code == 1
+        assert f"has no module {runner.split(':')[0]}" in err
+        assert api.requests == []
