@@ -324,7 +324,11 @@ def render_status(pool: dict[str, Any]) -> str:
         ("state", "state"),
         (
             "workers",
-            lambda p: f"{len(st.get('workers') or [])} (min {p['min_workers']}, max {p['max_workers']})",
+            # an exited worker's record stays until the scaler's next tick: it is not a worker
+            lambda p: (
+                f"{sum(1 for w in st.get('workers') or [] if w.get('state') != 'exited')} "
+                f"(min {p['min_workers']}, max {p['max_workers']})"
+            ),
         ),
         (
             "backlog",

@@ -348,6 +348,8 @@ def test_pool_status_says_why_a_worker_exited(api, cli):
     assert code == 0, err
     assert f"w-1 exited: {why}" in out
     assert "started by command x" not in out
+    # And only the live worker is counted as one
+    assert "workers        1 (min 0, max 2)" in out
 
 
 @pytest.mark.parametrize(
