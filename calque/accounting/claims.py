@@ -23,6 +23,7 @@ the later one started, so the shares never exceed the instance.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -50,7 +51,9 @@ def worker_slot(worker_id: str) -> int:
 
 
 def _at(epoch: float) -> datetime:
-    return datetime.fromtimestamp(epoch, UTC)
+    """A pool instance's launch or release (the scaler's clock, epoch seconds) to the second,
+    as every other time in usage is recorded: its lines and claims then start and end on it."""
+    return datetime.fromtimestamp(math.floor(epoch), UTC)
 
 
 def _iso(text: str) -> datetime:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from calque.contracts.common import Out, Request, Strict
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
+NAME_RULE = (
+    "a pool name is 3 to 40 characters, lowercase letters, digits and '-', starting with a "
+    "letter and ending with a letter or digit"
+)
+RUNNER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 MAX_ITEMS = 10_000
 PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
 PACKAGE_URL_EXPIRES_S = 900
@@ -26,7 +33,7 @@ class PoolCreate(PoolSettings):
     name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits and dashes; 3 to 40")
     model: str = Field(min_length=1, max_length=200)
     instance_type: str = Field(min_length=1, max_length=40)
-    runner: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description="MODULE:CLASS")
+    runner: str = Field(pattern=RUNNER_PATTERN, description="MODULE:CLASS")
     package_key: str | None = Field(
         default=None, max_length=500, description="the runner package, staged in the artifact bucket"
     )
@@ -36,6 +43,30 @@ class PoolCreate(PoolSettings):
     layout: dict[str, Any] | None = None
     spot: bool = False
     i_understand_this_spends_money: bool = False
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_rule_in_words(cls, value: object) -> object:
+        """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
+        if isinstance(value, str) and not re.fullmatch(NAME_PATTERN, value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch",
+                NAME_RULE + " (got {got})",
+                {"got": repr(value[:64]), "pattern": NAME_PATTERN},
+            )
+        return value
+
+    @field_validator("runner", mode="before")
+    @classmethod
+    def _runner_rule_in_words(cls, value: object) -> object:
+        if isinstance(value, str) and not re.fullmatch(RUNNER_PATTERN, value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch",
+                "the runner is MODULE:CLASS, a module of the package and its runner class, "
+                "e.g. textstats:TextStats (got {got})",
+                {"got": repr(value[:200]), "pattern": RUNNER_PATTERN},
+            )
+        return value
 
 
 class PackageUpload(Request):
@@ -64,6 +95,19 @@ class ClaimSubmit(Request):
         pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
         description="the group to charge (one of the member's); omitted: their default group",
     )
+
+    @field_validator("group", mode="before")
+    @classmethod
+    def _group_rule_in_words(cls, value: object) -> object:
+        """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
+        if isinstance(value, str) and not re.fullmatch(r"^[a-z0-9][a-z0-9._-]{0,62}$", value):
+            raise PydanticCustomError(
+                "string_pattern_mismatch",
+                "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
+                "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
+                {"got": repr(value[:64])},
+            )
+        return value
 
 
 class ClaimReport(Strict):
@@ -181,6 +225,12 @@ class DecisionStatus(Out):
     remove: list[str] = Field(default_factory=list)
     reason: str
     inputs: dict[str, Any] = Field(default_factory=dict)
+    granted: int | None = Field(
+        default=None, description="a scale-out (the latest decision only): the workers it got"
+    )
+    refilled: int | None = Field(
+        default=None, description="a scale-out (the latest decision only): of those, on free slots"
+    )
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> DecisionStatus:

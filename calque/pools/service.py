@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from calque.contracts.pools import (
     NAME_PATTERN,
+    NAME_RULE,
     PACKAGE_URL_EXPIRES_S,
     ClaimReport,
     ClaimSubmit,
@@ -114,6 +115,26 @@ def _require_admin(who: Caller, what: str) -> None:
         raise Forbidden(f"{what} is for admins only", details={"principal": who.principal})
 
 
+def check_pool_request(req: PoolCreate) -> None:
+    """What a new pool must hold beyond its contract: an instance type of the catalog, a layout
+    its card takes, min_workers <= max_workers. The API checks it; the CLI too, before it
+    uploads the runner package, so a refused pool leaves no package behind."""
+    from calque import catalog
+
+    catalog.instance_type(req.instance_type)
+    if req.layout is not None:
+        from calque.catalog.planner import validate_layout
+        from calque.contracts.layout import parse_layout
+
+        # InvalidInput naming the problem: a bad spec, or one the instance type's card cannot take
+        validate_layout(req.instance_type, parse_layout(req.layout))
+    if req.min_workers > req.max_workers:
+        raise InvalidInput(
+            f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
+            details={"field": "min_workers"},
+        )
+
+
 class Pools:
     def __init__(
         self,
@@ -158,20 +179,7 @@ class Pools:
                 "--i-understand-this-spends-money",
                 details={"field": "i_understand_this_spends_money"},
             )
-        from calque import catalog
-
-        catalog.instance_type(req.instance_type)
-        if req.layout is not None:
-            from calque.catalog.planner import validate_layout
-            from calque.contracts.layout import parse_layout
-
-            # InvalidInput naming the problem: a bad spec, or one the instance type's card cannot take
-            validate_layout(req.instance_type, parse_layout(req.layout))
-        if req.min_workers > req.max_workers:
-            raise InvalidInput(
-                f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
-                details={"field": "min_workers"},
-            )
+        check_pool_request(req)
         if req.package_key is None and req.package_path is None:
             raise InvalidInput(
                 "a pool needs its runner package (--package)", details={"field": "package_key"}
@@ -223,7 +231,7 @@ class Pools:
         by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
         _require_admin(who, "staging a runner package")
         if not re.match(NAME_PATTERN, name):
-            raise InvalidInput(f"{name!r} is not a pool name", details={"field": "name"})
+            raise InvalidInput(f"{NAME_RULE} (got {name!r})", details={"field": "name"})
         key = f"{package_prefix(name)}{req.sha256}.zip"
         url = self.objects.presign_put(
             key, expires_s=PACKAGE_URL_EXPIRES_S, content_type=PACKAGE_CONTENT_TYPE
@@ -247,6 +255,13 @@ class Pools:
     def update_pool(self, who: Caller, name: str, req: PoolUpdate) -> d.PoolRecord:
         _require_admin(who, "changing a pool")
         pool = self._pool(name)
+        if pool.state != d.POOL_ACTIVE:
+            raise Conflict(
+                f"pool {name!r} is being deleted and is no longer resized; `calque pool delete {name} "
+                "--now --i-understand-this-terminates-instances` finishes the deletion at once",
+                code="pool_deleting",
+                details={"pool": name},
+            )
         changes = req.model_dump(exclude_none=True)
         merged = pool.model_copy(update=changes)
         if merged.min_workers > merged.max_workers:
@@ -288,7 +303,9 @@ class Pools:
             completed=len(done),
             workers=[WorkerStatus.of(w.model_dump()) for w in self.store.workers(name)],
             decisions=[DecisionStatus.of(x.model_dump()) for x in self.store.decisions(name, limit=10)],
-            last_decision=DecisionStatus.of(pool.last_decision) if pool.last_decision else None,
+            last_decision=(
+                DecisionStatus.of({**pool.last_decision, "pool": name}) if pool.last_decision else None
+            ),
         ).model_dump(mode="json")
 
     def delete_pool(self, who: Caller, name: str, req: PoolDelete) -> dict[str, Any]:

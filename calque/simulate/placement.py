@@ -754,6 +754,8 @@ def simulate(
     jobs, skipped = read_trace(trace)
     parsed_hosts = parse_hosts(hosts)
     sim = Simulator(jobs, parsed_hosts, parse_layout(layout), seed=seed)
+    if progress is not None:  # only once the trace, hosts and layout are good: a refusal is one line
+        progress(f"replaying {trace} on {hosts} as {layout} ...")
     started = time.perf_counter()
     res = sim.run(trace=str(trace), hosts=hosts, seed=seed, timeline=timeline)
     wall = time.perf_counter() - started
@@ -856,9 +858,11 @@ def do_placement(
 ) -> None:
     import sys
 
+    from calque.simulate import check_plot_path, write_plot
+
     if plot is not None:
         _require_matplotlib()
-    sys.stderr.write(f"replaying {trace} on {hosts} as {layout} ...\n")
+        check_plot_path(plot)
     res = simulate(
         trace,
         hosts,
@@ -868,7 +872,7 @@ def do_placement(
         progress=lambda m: sys.stderr.write(m + "\n"),
     )
     if plot is not None:
-        plot_timeline(res, plot)
+        write_plot(plot_timeline, res, plot)
         sys.stderr.write(f"plot written to {plot}\n")
     ctx.emit(res.document(), columns=RESULT_FIELDS)
 

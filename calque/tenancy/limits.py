@@ -256,11 +256,16 @@ def claim_refusal(
     if over is None:
         return None
     whose = name if scope == "user" else f"group {name}"
+    # checking a session in gives back only what live sessions reserve: no advice when that is 0
+    check_in = (
+        "check a live session in (calque session list, then calque session checkin), "
+        if Decimal(over.reserved) > 0
+        else ""
+    )
     return _refused(
         f"pool submit refused by {scope}.{over.attr}: {whose} has used {over.used} and live "
         f"sessions reserve {over.reserved} of {over.limit:g} {over.unit} in {month}, so no claim may "
-        "start; check a live session in (calque session list, then calque session checkin), "
-        f"wait for next month, or ask an admin to raise it ({over.raise_it})",
+        f"start; {check_in}wait for next month, or ask an admin to raise it ({over.raise_it})",
         over,
         scope,
         name,

@@ -148,7 +148,9 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
             return claim
         if elapsed >= timeout_s:
             raise CliError(
-                f"claim {claim_id} is still {state} after {timeout_s:g}s",
+                f"claim {claim_id} is still {state} after {timeout_s:g}s and goes on without the wait: "
+                f"follow it with `calque claim show {claim_id}`, "
+                f"or stop it with `calque claim cancel {claim_id}`",
                 code="wait_timeout",
                 details={"claim_id": claim_id, "state": state},
             )

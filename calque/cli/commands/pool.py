@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.durations import duration_arg, format_duration
-from calque.cli.errors import CliError, UsageError
+from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
 
 POOL_COLUMNS: list[Column] = [
@@ -178,13 +178,11 @@ def do_create(
         raise CliError(
             f"--package {package}: not a directory", code="invalid_input", details={"field": "package"}
         )
-    package_key = upload_package(ctx, name, path)
     body = {
         "name": name,
         "model": model,
         "instance_type": instance_type,
         "runner": runner,
-        "package_key": package_key,
         "min_workers": min_workers,
         "max_workers": max_workers,
         "target_backlog_per_worker": target_backlog_per_worker,
@@ -193,9 +191,51 @@ def do_create(
         "spot": spot,
         "i_understand_this_spends_money": True,
     }
+    check_before_upload(body)
+    _check_runner_module(runner, path)
+    body["package_key"] = upload_package(ctx, name, path)
     pool = ctx.client().request("POST", "/v1/pools", body)
     ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
     _note_idle_slices(pool)
+
+
+def check_before_upload(body: dict[str, Any]) -> None:
+    """Refuse a pool the API would refuse before its package is uploaded (nothing is left in
+    the artifact bucket for a pool that never existed): its contract, its instance type, its
+    layout, min <= max, as the API words them."""
+    from pydantic import ValidationError
+
+    from calque.contracts.pools import PoolCreate
+    from calque.pools.service import check_pool_request
+
+    try:
+        req = PoolCreate.model_validate(body)
+    except ValidationError as exc:
+        fields = [
+            {"field": ".".join(str(p) for p in e["loc"]) or "body", "problem": e["msg"]} for e in exc.errors()
+        ]
+        raise CliError(
+            f"invalid {', '.join(f['field'] for f in fields)}: {fields[0]['problem']}",
+            code="validation_failed",
+            details={"fields": fields},
+        ) from None
+    check_pool_request(req)  # a CalqueError: exit 1 naming the problem
+
+
+def _check_runner_module(runner: str, package: Path) -> None:
+    """The runner's module must be in the package (a worker imports it from there alone): a
+    pool whose workers cannot import it would only relaunch them while its claims wait."""
+    module = runner.split(":", 1)[0]
+    rel = Path(*module.split("."))
+    candidates = [package / rel.with_suffix(".py"), package / rel / "__init__.py"]
+    if not any(c.is_file() for c in candidates):
+        raise CliError(
+            f"--runner {runner}: --package {package} has no module {module} "
+            f"({rel.with_suffix('.py').as_posix()} or {(rel / '__init__.py').as_posix()}); "
+            "the package must hold the runner's module",
+            code="invalid_input",
+            details={"field": "runner"},
+        )
 
 
 def zip_package(path: Path) -> bytes:
@@ -284,7 +324,11 @@ def render_status(pool: dict[str, Any]) -> str:
         ("state", "state"),
         (
             "workers",
-            lambda p: f"{len(st.get('workers') or [])} (min {p['min_workers']}, max {p['max_workers']})",
+            # an exited worker's record stays until the scaler's next tick: it is not a worker
+            lambda p: (
+                f"{sum(1 for w in st.get('workers') or [] if w.get('state') != 'exited')} "
+                f"(min {p['min_workers']}, max {p['max_workers']})"
+            ),
         ),
         (
             "backlog",
@@ -299,6 +343,8 @@ def render_status(pool: dict[str, Any]) -> str:
     ]
     parts = [render_fields(pool, fields)]
     parts.append("\nWorkers:\n" + render_table(st.get("workers") or [], WORKER_COLUMNS))
+    exited = [w for w in st.get("workers") or [] if w.get("state") == "exited" and w.get("reason")]
+    parts.extend(f"{w.get('worker_id')} exited: {w['reason']}" for w in exited)
     parts.append("\nLast scaling decisions:\n" + render_table(st.get("decisions") or [], DECISION_COLUMNS))
     last = st.get("last_decision")
     if last:
@@ -402,6 +448,25 @@ def read_items(path: str) -> list[Any]:
     return items
 
 
+def _too_large(path: str, values: list[Any], body: dict[str, Any], exc: ApiError) -> CliError:
+    """The API's size refusal said as what to do: how many lines a claim of this file may hold."""
+    import json
+
+    size = len(json.dumps(body).encode())
+    limit = exc.details.get("limit_bytes")
+    if isinstance(limit, int):
+        per_claim = max(1, len(values) * limit // size * 9 // 10)  # a tenth to spare
+        how = f" ({limit} bytes): split it into several claims, e.g. `split -l {per_claim} {path}`"
+    else:
+        how = ": split it into several claims"
+    return CliError(
+        f"{path}: {len(values)} items make a {size}-byte request, more than the API takes{how}, "
+        "then submit each part",
+        code="body_too_large",
+        details={**exc.details, "items": len(values), "request_bytes": size},
+    )
+
+
 def do_submit(
     ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600, group: str | None = None
 ) -> None:
@@ -411,7 +476,12 @@ def do_submit(
     body: dict[str, Any] = {"items": values}
     if group is not None:
         body["group"] = group
-    claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
+    try:
+        claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
+    except ApiError as exc:
+        if exc.code != "body_too_large":
+            raise
+        raise _too_large(items, values, body, exc) from None
     if wait:
         claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
     if wait and claim.get("state") != "succeeded":  # one document either way: the error carries the claim

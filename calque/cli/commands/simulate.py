@@ -100,6 +100,7 @@ def do_pool(
     from calque.cli.commands.host import layout_from_flags
     from calque.cli.errors import CliError
     from calque.pools.scaler import ScalerConfig
+    from calque.simulate import check_plot_path, write_plot
     from calque.simulate.pool import SimConfig, load_trace, plot, simulate
 
     itype = catalog.instance_type(instance_type)
@@ -133,6 +134,7 @@ def do_pool(
             raise CliError(
                 "--plot needs matplotlib: pip install 'calque[plot]'", code="missing_dependency"
             ) from None
+        check_plot_path(plot_path)
     claims = load_trace(trace)
     config = SimConfig(
         policy="static" if policy == "static" else "scaler",
@@ -153,7 +155,7 @@ def do_pool(
         **result.summary(),
     }
     if plot_path is not None:
-        plot(result, plot_path)
+        write_plot(plot, result, plot_path)
         summary["plot"] = plot_path
     if ctx.json:
         summary["decisions"] = [d.to_record() for d in result.decisions if d.action.value != "hold"]

@@ -201,3 +201,33 @@ def test_an_instance_running_three_workers_on_four_slices_still_adds_up_to_its_c
     assert sum(Decimal(x.amount_usd) for x in report.lines if x.instance_id == iid) == Decimal("6.72")
     (row,) = report.rows
     assert (row.key, row.amount_usd, row.sessions) == ("small", "6.72", 3)
+
+
+def test_a_pool_instances_times_are_to_the_second_like_every_other_line():
+    import re
+
+    w, registry = _world()
+    # Given a pool instance launched and given back at fractions of a second, as the scaler's
+    # clock reads them
+    w.clock.t += 0.38
+    _run_claim(w, ALICE, HOUR)
+    for x in w.store.workers("small"):
+        w.pools.worker_report(
+            instance(x.instance_id), HOST_ROLE, "small", x.worker_id,
+            WorkerReport(instance_id=x.instance_id, state="idle"),
+        )  # fmt: skip
+    w.clock.t += 3 * HOUR + 0.91
+    w.pools.scale("small")
+    assert w.store.workers("small") == []
+    # When an admin asks for the month as a document
+    report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01"))
+    doc = report.model_dump(mode="json")
+    # Then every start and end, the idle line's and the instance's included, is to the second
+    # (docs/economics.md: "Times are recorded to the second")
+    second = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    times = [x[k] for x in doc["lines"] + doc["instances"] for k in ("start", "end")]
+    assert len(times) == 2 * (len(doc["lines"]) + len(doc["instances"])) > 4
+    assert all(second.match(t) for t in times), times
+    # And the lines still add up to the instance's cost
+    (cost,) = report.instances
+    assert sum(Decimal(x.amount_usd) for x in report.lines) == Decimal(cost.cost_usd)

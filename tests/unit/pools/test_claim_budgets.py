@@ -292,3 +292,21 @@ def test_a_claim_on_a_mig_slice_counts_its_slice_as_a_session_there_would():
     assert use.musd == 840_000
     # And a claim that never started counts nothing
     assert claim_use(ran_an_hour.model_copy(update={"started_at": None}), "g7e.2xlarge", layout) is None
+
+
+@pytest.mark.parametrize(("reserved_musd", "suggests_check_in"), [(0, False), (500_000, True)])
+def test_a_submit_refusal_suggests_checking_a_session_in_only_when_sessions_reserve_something(
+    reserved_musd, suggests_check_in
+):
+    from calque.registry.models import MonthUse
+    from calque.registry.ports import Limits
+    from calque.tenancy.limits import claim_refusal
+
+    # Given a member whose month has reached 1 USD: all of it used, or half of it held by live sessions
+    use = MonthUse(committed_musd=1_000_000, settled_musd=1_000_000 - reserved_musd)
+    # When a submit is refused
+    err = claim_refusal(scope="user", name="alice", limits=Limits(usd=1.0), use=use, month="2026-12")
+    # Then checking a session in is suggested only where it would give something back
+    assert err is not None
+    assert ("calque session checkin" in err.message) is suggests_check_in
+    assert "calque quota set alice --max-usd-per-month X" in err.message

@@ -83,7 +83,7 @@ def test_submit_wait_shows_progress_on_stderr_and_refuses_a_failed_claim(api, cl
 
 
 def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api, cli, tmp_path):
-    base = ["pool", "create", "p1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "a:B"]
+    base = ["pool", "create", "pool1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "a:B"]
     code, _, err = cli(*base, "--package", str(tmp_path))
     assert code == 1
     assert "--i-understand-this-spends-money" in err
@@ -91,9 +91,10 @@ def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api,
     assert code == 1
     assert "not a directory" in err
     assert api.requests == []
-    api.responses[("POST", "/v1/pools")] = {"name": "p1"}
-    key = "pools/p1/package/" + "a" * 64 + ".zip"
-    api.responses[("POST", "/v1/pools/p1/package")] = {"key": key, "url": "http://unused", "exists": True}
+    (tmp_path / "a.py").write_text("class B: ...\n")  # the runner's module, in the package
+    api.responses[("POST", "/v1/pools")] = {"name": "pool1"}
+    key = "pools/pool1/package/" + "a" * 64 + ".zip"
+    api.responses[("POST", "/v1/pools/pool1/package")] = {"key": key, "url": "http://unused", "exists": True}
     code, _, err = cli(
         *base, "--package", str(tmp_path), "--idle-timeout", "90s", "--i-understand-this-spends-money"
     )
@@ -190,14 +191,14 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     (pkg / "__pycache__").mkdir(parents=True)
     (pkg / "runner.py").write_text("class R: pass\n")
     (pkg / "__pycache__" / "runner.cpython-311.pyc").write_bytes(b"cache")
-    url = "https://art.s3.amazonaws.com/pools/p1/package/x.zip?X-Amz-Signature=s"
-    api.responses[("POST", "/v1/pools/p1/package")] = {
-        "key": "pools/p1/package/x.zip", "url": url,
+    url = "https://art.s3.amazonaws.com/pools/pool1/package/x.zip?X-Amz-Signature=s"
+    api.responses[("POST", "/v1/pools/pool1/package")] = {
+        "key": "pools/pool1/package/x.zip", "url": url,
         "headers": {"Content-Type": "application/zip"}, "exists": False,
     }  # fmt: skip
-    api.responses[("POST", "/v1/pools")] = {"name": "p1"}
+    api.responses[("POST", "/v1/pools")] = {"name": "pool1"}
     code, _, err = cli(
-        "pool", "create", "p1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "runner:R",
+        "pool", "create", "pool1", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", "runner:R",
         "--package", str(pkg), "--i-understand-this-spends-money",
     )  # fmt: skip
     assert code == 0, err
@@ -208,7 +209,7 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     assert isinstance(body, bytes)
     assert zipfile.ZipFile(io.BytesIO(body)).namelist() == ["runner.py"]  # no caches
     assert api.requests[0][2] == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
-    assert api.requests[1][2]["package_key"] == "pools/p1/package/x.zip"
+    assert api.requests[1][2]["package_key"] == "pools/pool1/package/x.zip"
     assert zip_package(pkg) == body  # the same files, the same bytes: the hash names the content
 
 
@@ -255,3 +256,131 @@ def test_the_note_counts_slices_per_instance_from_the_layout_else_the_gpus(
         assert f"{idle} slice(s) of its last instance stay idle" in note
     else:
         assert note is None
+
+
+def test_a_wait_that_times_out_says_the_claim_goes_on_and_how_to_follow_or_stop_it(api, cli, tmp_path):
+    # Given a claim that stays queued longer than the member waits for it
+    items = tmp_path / "items.jsonl"
+    items.write_text("1\n")
+    api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
+    api.responses[("GET", "/v1/claims/c-1")] = CLAIM
+    # When the wait times out
+    code, out, err = cli(
+        "--output", "json", "pool", "submit", "textstats", "--items", str(items), "--wait", "--timeout", "1s"
+    )  # fmt: skip
+    # Then it is a refusal (exit 1) that says the claim was not stopped and what to run next
+    assert code == 1
+    last = err.splitlines()[-1]
+    assert "still queued after 1s" in last
+    assert "calque claim show c-1" in last
+    assert "calque claim cancel c-1" in last
+    assert json.loads(out)["error"]["code"] == "wait_timeout"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--instance-type", "m5.large"], "m5.large"),
+        (["--instance-type", "g6e.xlarge", "--min-workers", "3", "--max-workers", "2"], "must not exceed"),
+        (["--instance-type", "g6e.xlarge", "--mig", "1g.24gb=4"], "does not support MIG"),
+        (["--instance-type", "g6e.xlarge", "--runner", "textstats.TextStats"], "MODULE:CLASS"),
+        (["--instance-type", "g6e.xlarge", "--idle-timeout", "5s"], "idle_timeout_s"),
+    ],
+)
+def test_a_pool_the_api_would_refuse_is_refused_before_its_package_is_uploaded(
+    api, cli, tmp_path, flags, says
+):
+    # Given an admin's pool create with something the API refuses
+    argv = ["pool", "create", "textstats", "--model", "m", "--runner", "textstats:TextStats"]
+    # When they run it
+    code, out, err = cli(
+        "--output", "json", *argv, *flags, "--package", str(tmp_path), "--i-understand-this-spends-money"
+    )
+    # Then it is refused naming the problem, and nothing was sent: no package in the bucket
+    assert code == 1
+    assert says in err.splitlines()[-1]
+    assert "error" in json.loads(out)
+    assert api.requests == []
+
+
+def test_items_too_large_for_one_request_say_how_to_split_them(api, cli, tmp_path):
+    from calque.cli.errors import ApiError
+
+    # Given an items file whose request is over the API's body limit
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"text": "hello world"}\n' * 100)
+    api.responses[("POST", "/v1/pools/textstats/claims")] = ApiError(
+        413, {"error": {"code": "body_too_large", "message": "request body exceeds 1024 bytes",
+                        "details": {"limit_bytes": 1024}}},
+    )  # fmt: skip
+    # When a member submits it
+    code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
+    # Then the refusal says it is the file's size and how to split it into claims that fit
+    assert code == 1
+    line = err.splitlines()[-1]
+    assert f"{items}: 100 items make a" in line
+    assert "(1024 bytes)" in line
+    assert f"split -l 36 {items}" in line  # 100 x 1024 / 2,500 bytes, with a tenth to spare
+    doc = json.loads(out)
+    assert doc["error"]["code"] == "body_too_large"
+    assert doc["error"]["details"]["items"] == 100
+
+
+def test_pool_status_says_why_a_worker_exited(api, cli):
+    # Given a pool whose worker exited because its runner could not be imported
+    why = "the runner's enter() failed: RunnerError: cannot import runner module 'textstats'"
+    api.responses[("GET", "/v1/pools/textstats")] = {
+        "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+        "min_workers": 0, "max_workers": 2,
+        "status": {
+            "backlog": {"visible": 1, "in_flight": 0}, "claims": {"queued": 1},
+            "warm_hits": 0, "completed": 0,
+            "workers": [
+                {"worker_id": "w-1", "instance_id": "i-1", "state": "exited", "reason": why},
+                {"worker_id": "w-2", "instance_id": "i-2", "state": "idle", "reason": "started by command x"},
+            ],
+            "decisions": [],
+        },
+    }  # fmt: skip
+    # When an admin reads the pool's status as a table
+    code, out, err = cli("pool", "status", "textstats")
+    # Then the exited worker's reason is there, not only in the JSON (a live worker's is not news)
+    assert code == 0, err
+    assert f"w-1 exited: {why}" in out
+    assert "started by command x" not in out
+    # And only the live worker is counted as one
+    assert "workers        1 (min 0, max 2)" in out
+
+
+@pytest.mark.parametrize(
+    ("files", "runner", "ok"),
+    [
+        (["other.py"], "textstats:TextStats", False),
+        (["textstats.py"], "textstats:TextStats", True),
+        (["models/__init__.py", "models/text.py"], "models.text:Runner", True),
+        (["models/text.py"], "models.texts:Runner", False),
+        (["models/__init__.py"], "models:Runner", True),
+    ],
+)
+def test_create_refuses_a_package_without_the_runners_module_before_sending(
+    api, cli, tmp_path, files, runner, ok
+):
+    # Given a package directory that holds some modules
+    pkg = tmp_path / "pkg"
+    for f in files:
+        (pkg / f).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / f).write_text("x = 1\n")
+    api.responses[("POST", "/v1/pools/textstats/package")] = {"key": "k", "url": "u", "exists": True}
+    api.responses[("POST", "/v1/pools")] = {"name": "textstats"}
+    # When an admin creates a pool with a runner
+    code, _, err = cli(
+        "pool", "create", "textstats", "--model", "m", "--instance-type", "g6e.xlarge", "--runner", runner,
+        "--package", str(pkg), "--i-understand-this-spends-money",
+    )  # fmt: skip
+    # Then a runner whose module is not in the package is refused, naming it, and nothing is sent
+    if ok:
+        assert code == 0, err
+    else:
+        assert code == 1
+        assert f"has no module {runner.split(':')[0]}" in err
+        assert api.requests == []

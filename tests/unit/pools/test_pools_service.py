@@ -383,3 +383,64 @@ def test_pool_status_answers_every_time_as_iso_8601_utc(world):
     out = status["decisions"][0]["inputs"]
     assert out["last_scale_out_at"] is None or iso.match(out["last_scale_out_at"])
     assert json.loads(json.dumps(status)) == status
+
+
+def test_pool_status_answers_the_latest_scale_out_with_its_pool_and_what_it_granted(world):
+    # Given the scaler launched a worker for the pool's first claim
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[{"text": "x"}]))
+    world.pools.scale("textstats")
+    # When an admin reads the pool's status
+    last = world.pools.status(ADMIN, "textstats")["last_decision"]
+    # Then the latest decision names its pool, like the listed ones, and says how many workers
+    # it was granted and how many of them went to free slots (docs/pools.md: `refilled`)
+    assert last["action"] == "scale_out"
+    assert last["pool"] == "textstats"
+    assert (last["launch"], last["granted"], last["refilled"]) == (1, 1, 0)
+
+
+@pytest.mark.parametrize("name", ["p2", "Bad_Name", "pool-", "9lives"])
+def test_a_bad_pool_name_is_refused_saying_what_a_pool_name_is(world, name):
+    from calque.contracts.pools import PackageUpload
+
+    rule = "3 to 40 characters, lowercase letters, digits and '-'"
+    # Given an admin names a pool wrongly: `pool create` first asks where to upload the package
+    with pytest.raises(InvalidInput) as err:
+        world.pools.package_upload(ADMIN, name, PackageUpload(sha256="0" * 64, size=1))
+    # Then the refusal says what a pool name is, not only that this is not one
+    assert rule in err.value.message
+    assert repr(name) in err.value.message
+    # And the API's body says the same
+    with pytest.raises(ValidationError) as bad:
+        create(world, name=name)
+    assert rule in str(bad.value)
+
+
+def test_a_runner_that_is_not_module_colon_class_is_refused_in_words(world):
+    with pytest.raises(ValidationError) as bad:
+        create(world, name="other", runner="textstats.TextStats")
+    assert "MODULE:CLASS" in str(bad.value)
+    assert "should match pattern" not in str(bad.value)
+
+
+def test_a_pool_being_deleted_is_not_resized(world):
+    # Given a pool being deleted while a claim still waits
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    before = world.store.get_pool("textstats")
+    # When an admin changes its sizing
+    with pytest.raises(Conflict) as err:
+        world.pools.update_pool(ADMIN, "textstats", PoolUpdate(min_workers=2, max_workers=3))
+    # Then it is refused, saying how to finish the deletion, and nothing changes
+    assert err.value.code == "pool_deleting"
+    assert "--now" in err.value.message
+    assert world.store.get_pool("textstats") == before
+
+
+def test_a_group_name_that_cannot_exist_is_refused_in_words():
+    # Given a member who charges a claim to a group no group can be named
+    with pytest.raises(ValidationError) as bad:
+        ClaimSubmit(items=[1], group="BAD GROUP")
+    # Then the refusal says what a group name is, and where to find theirs, not a pattern
+    assert "a group name is 1 to 63 characters" in str(bad.value)
+    assert "calque group list" in str(bad.value)
+    assert "should match pattern" not in str(bad.value)

@@ -192,3 +192,28 @@ def test_plot_draws_the_run_to_a_png(tmp_path, cli):
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot written" in err
+
+
+def test_a_plot_file_that_cannot_be_written_is_refused_before_the_replay(tmp_path, cli):
+    pytest.importorskip("matplotlib")
+    code, out, err = cli(
+        "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=2", "--layout", "dedicated",
+        "--plot", str(tmp_path / "missing-dir" / "run.png"), "--output", "json",
+    )  # fmt: skip
+    assert code == 1, err
+    assert "replaying" not in err  # refused before the replay, not after it
+    assert "no directory" in err.splitlines()[-1]
+    assert json.loads(out)["error"]["code"] == "invalid_input"
+
+
+@pytest.mark.parametrize(
+    ("hosts", "layout"),
+    [("g7e.2xlarge", "dedicated"), ("g7e.2xlarge=1", "weird"), ("g7e.2xlarge=1", "mig:1g.24gb=9")],
+)
+def test_a_refused_replay_is_one_line_on_stderr(cli, hosts, layout):
+    # Given bad hosts or a layout the card cannot take
+    code, _, err = cli("simulate", "placement", "--trace", str(SLICE), "--hosts", hosts, "--layout", layout)
+    # Then the refusal is the one line a refusal is, with no progress line claiming a replay
+    assert code == 1
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("calque: error:")
