@@ -158,6 +158,8 @@ class Pool(Out):
     queue_url: str
     dlq_url: str
     package_key: str | None = None  # the runner package in the artifact bucket
+    start_failures: int = Field(default=0, description="workers in a row that exited before they could serve")
+    start_failure: str | None = Field(default=None, description="why the latest of them exited")
 
 
 class Claim(Out):

@@ -56,6 +56,12 @@ class PoolRecord(_Record):
     last_scale_out_at: float | None = None
     last_scale_in_at: float | None = None
     last_decision: dict[str, Any] | None = None
+    # Workers in a row that exited before they could serve (their runner failed to load, or
+    # its package does not import): past PoolsConfig.start_failure_limit the scaler starts
+    # no more, and submits are refused, until an admin updates the pool.
+    start_failures: int = 0
+    start_failed_at: float | None = None  # the latest failed worker's launch
+    start_failure: str | None = None  # why it exited
 
 
 class ClaimRecord(_Record):
@@ -96,6 +102,7 @@ class WorkerRecord(_Record):
     group: str = ""
     slot: int = 0
     started: bool = False  # the host agent was told to start this instance's workers
+    failed_start: bool = False  # it exited before it ever reported idle (it could not serve)
 
 
 class PoolInstanceRecord(_Record):

@@ -7,6 +7,7 @@ member submits and sees only their own claims (another's is "not found", never r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -44,6 +45,7 @@ from calque.pools.ports import (
     WorkerStarter,
 )
 from calque.pools.scaler import (
+    Action,
     Backlog,
     Decision,
     Placement,
@@ -70,6 +72,9 @@ class PoolsConfig:
     # its instance is released and its claim comes back through SQS. Workers report at
     # least every visibility/2, so this is several missed reports.
     worker_start_timeout_s: int = 900  # capacity granted, but the worker never reported
+    # Workers in a row that may exit before serving (a runner that cannot load) before the
+    # scaler stops paying for more instances for them.
+    start_failure_limit: int = 3
     # Concurrent sessions of a member no admin set a quota for: a claim's end that creates the
     # member's counter item writes it as a first check-out would (calque.settings).
     default_max_sessions: int = 2
@@ -269,6 +274,9 @@ class Pools:
                 f"min_workers ({merged.min_workers}) must not exceed max_workers ({merged.max_workers})",
                 details={"field": "min_workers"},
             )
+        if pool.start_failures:
+            # an admin's change (a new setting, or the same one again) lets the scaler try again
+            changes.update(start_failures=0, start_failed_at=None, start_failure=None)
         if not changes:
             return pool
         updated = self.store.update_pool(name, changes)
@@ -349,6 +357,14 @@ class Pools:
         pool = self._pool(name)
         if pool.state != d.POOL_ACTIVE:
             raise Conflict(f"pool {name!r} is being deleted and takes no claims", code="pool_deleting")
+        if pool.start_failures >= self.config.start_failure_limit:
+            raise Conflict(
+                f"pool {name!r} takes no claims now: {pool.start_failures} of its workers in a row exited "
+                f"before they could serve (the last: {pool.start_failure or 'no reason given'}); an "
+                f"admin fixes its runner and runs `calque pool update {name} ...` to start it again",
+                code="pool_failing",
+                details={"pool": name, "start_failures": pool.start_failures, "reason": pool.start_failure},
+            )
         group = self._claim_group(who, req.group)
         claim_id = f"c-{secrets.token_hex(8)}"
         now = self.clock.now()
@@ -578,6 +594,8 @@ class Pools:
             changes.update(idle_since=None, claim_id=rep.claim_id)
         if rep.enter_seconds is not None:
             changes["enter_seconds"] = rep.enter_seconds
+        if rep.state == d.W_EXITED and current is not None and current.state == d.W_STARTING:
+            changes["failed_start"] = True  # it never served: counted by the scaler
         self.store.update_worker(pool, worker_id, changes)
         return {"worker_id": worker_id, "state": rep.state}
 
@@ -601,6 +619,7 @@ class Pools:
             )
             if silent_for > limit:  # went silent (killed, crashed, instance lost)
                 gone.add(w.worker_id)
+        failures = self._start_failures(pool, workers, gone)
         # their records go; an instance goes back once none of its workers is left
         self._drop(pool, workers, gone)
         workers = [w for w in workers if w.worker_id not in gone]
@@ -619,6 +638,15 @@ class Pools:
         )
         history = ScalerHistory(pool.last_scale_out_at, pool.last_scale_in_at)
         decision = decide(config, Backlog(visible, in_flight), views, now, history)
+        if decision.launch and failures["start_failures"] >= self.config.start_failure_limit:
+            decision = dataclasses.replace(
+                decision,
+                action=Action.HOLD,
+                launch=0,
+                reason=f"{decision.reason}; but {failures['start_failures']} workers in a row exited "
+                f"before they could serve (the last: {failures['start_failure'] or 'no reason given'}): "
+                f"no more are started until the pool is updated (calque pool update {name} ...)",
+            )
         record = decision.to_record()
         if decision.launch:
             # the free slots of instances the pool holds first, then whole new instances,
@@ -671,6 +699,7 @@ class Pools:
                 "last_scale_out_at": after.last_scale_out_at,
                 "last_scale_in_at": after.last_scale_in_at,
                 "last_decision": record,
+                **failures,
             },
         )
         if decision.launch or decision.remove:
@@ -680,6 +709,33 @@ class Pools:
                 )
             )
         return decision
+
+    def _start_failures(
+        self, pool: d.PoolRecord, workers: list[d.WorkerRecord], gone: set[str]
+    ) -> dict[str, Any]:
+        """The pool's run of workers that exited before they could serve, after this tick: the
+        ones going now are added; a worker launched no earlier than the last of them that did
+        serve ends the run (what failed was not the pool's runner)."""
+        out = {
+            "start_failures": pool.start_failures,
+            "start_failed_at": pool.start_failed_at,
+            "start_failure": pool.start_failure,
+        }
+        failed = sorted(
+            (w for w in workers if w.worker_id in gone and w.failed_start), key=lambda w: w.launched_at
+        )
+        if failed:
+            out["start_failures"] = pool.start_failures + len(failed)
+            out["start_failed_at"] = max(failed[-1].launched_at, pool.start_failed_at or 0.0)
+            out["start_failure"] = failed[-1].reason
+        elif pool.start_failures and any(
+            w.worker_id not in gone
+            and w.state in (d.W_IDLE, d.W_BUSY)
+            and w.launched_at >= (pool.start_failed_at or 0.0)
+            for w in workers
+        ):
+            out.update(start_failures=0, start_failed_at=None, start_failure=None)
+        return out
 
     def _fill_free_slots(
         self, pool: d.PoolRecord, live: list[d.WorkerRecord], placement: Placement, now: float

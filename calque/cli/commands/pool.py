@@ -342,6 +342,12 @@ def render_status(pool: dict[str, Any]) -> str:
         ("warm_hits", lambda p: f"{st.get('warm_hits', 0)} of {completed} completed"),
     ]
     parts = [render_fields(pool, fields)]
+    if pool.get("start_failures"):
+        parts.append(
+            f"failing: {pool['start_failures']} workers in a row exited before they could serve "
+            f"(the last: {pool.get('start_failure') or 'no reason given'}); fix the runner, then "
+            f"`calque pool update {pool.get('name')} ...` starts it again"
+        )
     parts.append("\nWorkers:\n" + render_table(st.get("workers") or [], WORKER_COLUMNS))
     exited = [w for w in st.get("workers") or [] if w.get("state") == "exited" and w.get("reason")]
     parts.extend(f"{w.get('worker_id')} exited: {w['reason']}" for w in exited)

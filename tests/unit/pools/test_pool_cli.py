@@ -352,6 +352,22 @@ def test_pool_status_says_why_a_worker_exited(api, cli):
     assert "workers        1 (min 0, max 2)" in out
 
 
+def test_pool_status_says_a_failing_pool_starts_no_workers_and_what_to_do(api, cli):
+    why = "the runner's enter() failed: RunnerError: cannot import runner module 'textstats'"
+    api.responses[("GET", "/v1/pools/textstats")] = {
+        "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+        "min_workers": 0, "max_workers": 2, "start_failures": 3, "start_failure": why,
+        "status": {
+            "backlog": {"visible": 1, "in_flight": 0}, "claims": {"queued": 1}, "workers": [],
+            "decisions": [],
+        },
+    }  # fmt: skip
+    code, out, err = cli("pool", "status", "textstats")
+    assert code == 0, err
+    assert f"failing: 3 workers in a row exited before they could serve (the last: {why})" in out
+    assert "`calque pool update textstats ...` starts it again" in out
+
+
 @pytest.mark.parametrize(
     ("files", "runner", "ok"),
     [

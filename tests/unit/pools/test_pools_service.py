@@ -444,3 +444,88 @@ def test_a_group_name_that_cannot_exist_is_refused_in_words():
     assert "a group name is 1 to 63 characters" in str(bad.value)
     assert "calque group list" in str(bad.value)
     assert "should match pattern" not in str(bad.value)
+
+
+def _fail_start(
+    world: World, pool: str = "textstats", reason: str = "ModuleNotFoundError: textstats"
+) -> None:
+    """The starting worker exits before it could serve (its runner does not load)."""
+    w = next(w for w in world.store.workers(pool) if w.state == "starting")
+    world.pools.worker_report(
+        instance(w.instance_id),
+        HOST_ROLE,
+        pool,
+        w.worker_id,
+        WorkerReport(instance_id=w.instance_id, state="exited", reason=reason),
+    )
+
+
+def test_a_runner_that_cannot_load_stops_the_scaler_paying_for_instances_after_three_tries(world):
+    # Given a claim waiting on a pool whose runner fails to load on every worker
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.scale("textstats")
+    for _ in range(3):
+        _fail_start(world)
+        world.clock.t += 120
+        world.pools.scale("textstats")
+    # Then three instances were paid for and released, and no fourth is started
+    assert world.capacity.counter == 3
+    assert world.capacity.held == {}
+    assert world.store.workers("textstats") == []
+    pool = world.store.get_pool("textstats")
+    assert (pool.start_failures, pool.start_failure) == (3, "ModuleNotFoundError: textstats")
+    assert pool.last_decision["action"] == "hold"
+    assert "3 workers in a row exited before they could serve" in pool.last_decision["reason"]
+    assert "calque pool update textstats" in pool.last_decision["reason"]
+    world.clock.t += 600
+    world.pools.scale("textstats")
+    assert world.capacity.counter == 3
+    # And a submit is refused naming why, with nothing queued
+    depth = world.queues.depth(pool.queue_url)
+    with pytest.raises(Conflict) as refused:
+        world.pools.submit(BOB, "textstats", ClaimSubmit(items=[2]))
+    assert refused.value.code == "pool_failing"
+    assert "ModuleNotFoundError" in refused.value.message
+    assert world.queues.depth(pool.queue_url) == depth
+    # When an admin updates the pool, Then the scaler tries again, and takes claims again
+    world.pools.update_pool(ADMIN, "textstats", PoolUpdate(max_workers=3))
+    assert world.store.get_pool("textstats").start_failures == 0
+    world.pools.scale("textstats")
+    assert world.capacity.counter == 4
+    world.pools.submit(BOB, "textstats", ClaimSubmit(items=[2]))
+
+
+def test_a_worker_that_serves_ends_a_run_of_failed_starts(world):
+    # Given two workers that failed to start, then one that enters and reports idle
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.scale("textstats")
+    for _ in range(2):
+        _fail_start(world, reason="the runner process exited with code 1")
+        world.clock.t += 120
+        world.pools.scale("textstats")
+    assert world.store.get_pool("textstats").start_failures == 2
+    w = next(w for w in world.store.workers("textstats") if w.state == "starting")
+    world.pools.worker_report(
+        instance(w.instance_id),
+        HOST_ROLE,
+        "textstats",
+        w.worker_id,
+        WorkerReport(instance_id=w.instance_id, state="idle", enter_seconds=2.0),
+    )
+    # When the scaler next runs, Then the run is over: the pool is healthy again
+    world.pools.scale("textstats")
+    pool = world.store.get_pool("textstats")
+    assert (pool.start_failures, pool.start_failure) == (0, None)
+
+
+def test_a_worker_that_exits_after_serving_is_not_a_failed_start(world):
+    wid, iid = start_worker(world)
+    world.pools.worker_report(
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="exited", reason="idle for 60s"),
+    )
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats").start_failures == 0
