@@ -42,6 +42,7 @@ class Instance:
     start: datetime
     end: datetime | None = None
     pool: str | None = None
+    gpus: int = 1  # its GPU count: what its lines' GPU-hours are counted in
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,14 @@ class Line:
     amount_usd: Decimal
     running: bool = False
     claim_id: str | None = None
+    gpus: int = 1  # the instance's GPU count
 
     @property
     def gpu_hours(self) -> Fraction:
-        """Share-weighted hours: what of the instance this line used (idle: what nobody used)."""
-        return self.seconds * self.share / 3600
+        """GPU-hours: the hours times the GPUs' worth of the instance this line used (its share
+        of the instance times the instance's GPUs: a whole card for an hour is 1 on any
+        instance); idle: what nobody used."""
+        return self.seconds * self.share * self.gpus / 3600
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,7 @@ def compute(
                         exact_usd=x,
                         amount_usd=_usd(c),
                         running=lease.end is None,
+                        gpus=inst.gpus,
                     )
                 )
             used = sum((lease.share * _seconds(a, b) for lease, a, b in pieces), Fraction(0))
@@ -264,6 +269,7 @@ def compute(
                     exact_usd=idle,
                     amount_usd=_usd(cents[-1]),
                     running=inst.end is None and m_to == stop and stop == now,
+                    gpus=inst.gpus,
                 )
             )
     return bill

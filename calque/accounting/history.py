@@ -24,8 +24,10 @@ from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
+from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
 from calque.accounting.shares import slice_shares
+from calque.errors import InvalidInput
 from calque.fleet.rates import rate_of
 from calque.fleet.records import InstanceRate
 from calque.registry.models import SessionRecord
@@ -98,6 +100,10 @@ def priced(
     rate = rate_of(instance_type, recorded)
     if rate is None:
         return None
+    try:
+        gpus = catalog.instance_type(instance_type).gpu_count
+    except InvalidInput:  # a type the catalog no longer lists, charged at its recorded rate
+        gpus = 1
     return Instance(
         instance_id=instance_id,
         instance_type=instance_type,
@@ -106,6 +112,7 @@ def priced(
         start=start,
         end=end,
         pool=pool,
+        gpus=gpus,
     )
 
 

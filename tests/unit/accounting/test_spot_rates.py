@@ -137,3 +137,25 @@ def test_a_pool_instance_and_its_claims_are_charged_at_the_recorded_rate():
     assert use is not None
     assert use.musd == 840_000
     assert claims.claim_use(claim, "g7e.2xlarge", None).musd == 3_360_000  # type: ignore[union-attr]
+
+
+def test_usage_counts_gpu_hours_in_cards_on_an_instance_of_eight_and_agrees_with_the_quota():
+    # Given an eight-GPU instance, each card one whole 7g.141gb MIG instance, and alice on
+    # one card for 2 h
+    world = World()
+    world.clock.now = LAUNCHED
+    whole = {"version": "v1", "gpus": [{"devices": "all", "mig": {"7g.141gb": 1}}]}
+    world.ready_host("i-0p5e00001", instance_type="p5e.48xlarge", layout=whole)
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3 * 3600))
+    world.clock.advance(2 * 3600)
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    # When an admin reads usage by user
+    report = Usage(world.registry, clock=world.clock).usage(ADMIN, UsageQuery(by="user"))
+    # Then alice used 2 GPU-hours (one card of eight for 2 h, not an eighth of that), what her
+    # quota counted against her monthly GPU-hours
+    (row,) = [r for r in report.rows if r.key == "alice"]
+    assert row.gpu_hours == 2.0
+    assert world.tenancy.get_quota(ALICE, "alice").gpu_hours_used_this_month == 2.0
+    # And the instance's idle line holds the other seven cards' hours
+    (idle,) = [x for x in report.lines if x.kind == "idle"]
+    assert idle.gpu_hours == 8 * 2 - 2.0
