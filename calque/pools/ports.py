@@ -30,7 +30,12 @@ class PoolStore(Protocol):
     def create_claim(self, claim: ClaimRecord) -> None: ...
     def get_claim(self, claim_id: str) -> ClaimRecord | None: ...
     def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]: ...
-    def claims_of_pool(self, pool: str, limit: int) -> list[ClaimRecord]: ...
+    def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
+        """The pool's queued and running claims, oldest submitted first (every one: limit None)."""
+
+    def ended_claims(self, pool: str, limit: int) -> list[ClaimRecord]:
+        """The pool's latest ended claims, the latest to end first."""
+
     def transition_claim(
         self,
         claim_id: str,

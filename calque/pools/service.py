@@ -93,6 +93,8 @@ def _grant(w: d.WorkerRecord) -> Grant:
 
 
 PACKAGE_CONTENT_TYPE = "application/zip"
+# pool status counts every live claim and the latest this many that ended
+STATUS_ENDED_CLAIMS = 1000
 
 
 def package_prefix(pool: str) -> str:
@@ -288,9 +290,10 @@ class Pools:
     def status(self, who: Caller, name: str) -> dict[str, Any]:
         pool = self._pool(name)
         visible, in_flight = self.queues.depth(pool.queue_url)
-        claims = self.store.claims_of_pool(name, limit=1000)
+        # every live claim (the backlog), and the latest STATUS_ENDED_CLAIMS that ended
+        live = self.store.live_claims(name)
+        claims = live + self.store.ended_claims(name, STATUS_ENDED_CLAIMS)
         now = self.clock.now()
-        live = [c for c in claims if c.state in d.LIVE]
         oldest = min((c.submitted_at for c in live), default=None)
         done = [c for c in claims if c.state == d.SUCCEEDED and c.summary]
         warm = sum(1 for c in done if (c.summary or {}).get("warm_hit"))
@@ -337,7 +340,7 @@ class Pools:
             return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": visible + in_flight}
         self._drop(pool, workers, {w.worker_id for w in workers})
         if force:
-            for c in self.store.claims_of_pool(pool.name, limit=10_000):
+            for c in self.store.live_claims(pool.name):
                 if c.state in d.LIVE:
                     self._end(
                         pool,
@@ -464,7 +467,9 @@ class Pools:
 
     def list_claims(self, who: Caller, pool: str | None = None, limit: int = 200) -> list[d.ClaimRecord]:
         if pool is not None and who.admin:
-            return self.store.claims_of_pool(pool, limit)
+            # its live claims and its latest ended ones, the latest submitted first
+            both = self.store.live_claims(pool, limit) + self.store.ended_claims(pool, limit)
+            return sorted(both, key=lambda c: (c.submitted_at, c.claim_id), reverse=True)[:limit]
         mine = self.store.claims_of_user(who.principal, limit)
         return [c for c in mine if pool is None or c.pool == pool]
 

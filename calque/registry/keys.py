@@ -28,6 +28,8 @@ Sparse indexes (an item is in an index only while it carries that index's keys):
                  (the index is overloaded: the whole fleet, hosts followed by their slices, in one query)
     by_expiry    expiry_pk = LIVE           expiry_sk = <expiry epoch s, 12 digits>#<session_id>  (live)
                  expiry_pk = RECLAIMING     expiry_sk = <since epoch s, 12 digits>#<instance>#<slice>
+                 expiry_pk = POOLCLAIMS#<pool>  expiry_sk = L#<submitted>#<claim> | E#<finished>#<claim>
+                 (overloaded: a pool's live claims and its ended ones; calque.registry.pools)
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@
 
 Index by_user: user_pk = CLAIMS#<user>, user_sk = <submitted iso>#<claim_id> (every claim;
 a partition of its own, apart from the sessions' USER#<user>).
+Index by_expiry (overloaded, as by_user is): expiry_pk = POOLCLAIMS#<pool>, expiry_sk =
+L#<submitted iso>#<claim_id> while the claim is live (queued, running), E#<finished
+iso>#<claim_id> once it ended: a pool's live claims oldest first, and its latest ended
+claims, are each one query, however many claims the pool ever took.
 
 A claim's run copies are written after each transition that starts or ends it (its start
 day while it runs; every day from its start to its end once it ends), so a period's claims
@@ -34,6 +38,7 @@ from calque.pools.domain import (
     LIVE,
     RUNNING,
     SUCCEEDED,
+    TERMINAL,
     ClaimRecord,
     ClaimUse,
     DecisionRecord,
@@ -113,7 +118,16 @@ def _in_states(states: frozenset[str]) -> tuple[str, dict[str, Any]]:
     return "attribute_exists(#pk) AND #st IN (" + ", ".join(values) + ")", values
 
 
-_KEYS = ("pk", "sk", "user_pk", "user_sk")
+_KEYS = ("pk", "sk", "user_pk", "user_sk", "expiry_pk", "expiry_sk")
+
+
+def _pool_index(claim: ClaimRecord) -> dict[str, str]:
+    """The claim's place in its pool's listing (by_expiry): L# while live, E# once ended."""
+    if claim.state in LIVE:
+        sk = f"L#{claim.submitted_at}#{claim.claim_id}"
+    else:
+        sk = f"E#{claim.finished_at or claim.submitted_at}#{claim.claim_id}"
+    return {"expiry_pk": f"POOLCLAIMS#{claim.pool}", "expiry_sk": sk}
 
 
 def _strip(item: dict[str, Any]) -> dict[str, Any]:
@@ -205,6 +219,7 @@ class DynamoPoolStore:
             **claim.model_dump(),
             "user_pk": f"CLAIMS#{claim.user}",
             "user_sk": f"{claim.submitted_at}#{claim.claim_id}",
+            **_pool_index(claim),
         }
         self.client.transact_write_items(
             TransactItems=[
@@ -245,10 +260,30 @@ class DynamoPoolStore:
         )
         return [ClaimRecord.model_validate(_strip(des(i))) for i in page.get("Items", [])]
 
-    def claims_of_pool(self, pool: str, limit: int) -> list[ClaimRecord]:
-        return [
-            ClaimRecord.model_validate(_strip(i)) for i in self._query(f"POOL#{pool}", "CLAIM#", limit=limit)
-        ]
+    def _pool_claims(self, pool: str, prefix: str, *, limit: int | None, forward: bool) -> list[ClaimRecord]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": "by_expiry",
+            "KeyConditionExpression": "expiry_pk = :pk AND begins_with(expiry_sk, :p)",
+            "ExpressionAttributeValues": ser({":pk": f"POOLCLAIMS#{pool}", ":p": prefix}),
+            "ScanIndexForward": forward,
+        }
+        out: list[ClaimRecord] = []
+        while True:
+            if limit is not None:
+                kwargs["Limit"] = limit - len(out)
+            page = self.client.query(**kwargs)
+            out += [ClaimRecord.model_validate(_strip(des(i))) for i in page.get("Items", [])]
+            start = page.get("LastEvaluatedKey")
+            if not start or (limit is not None and len(out) >= limit):
+                return out
+            kwargs["ExclusiveStartKey"] = start
+
+    def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
+        return self._pool_claims(pool, "L#", limit=limit, forward=True)
+
+    def ended_claims(self, pool: str, limit: int) -> list[ClaimRecord]:
+        return self._pool_claims(pool, "E#", limit=limit, forward=False)
 
     def transition_claim(
         self,
@@ -263,9 +298,12 @@ class DynamoPoolStore:
             return None
         condition, values = _in_states(from_states)
         changes = dict(changes)
+        current = self.get_claim(claim_id) if count_completion or changes.get("state") in TERMINAL else None
         if count_completion:
-            current = self.get_claim(claim_id)
             changes["completions"] = (current.completions if current else 0) + 1
+        if current is not None and changes.get("state") in TERMINAL:
+            # an end leaves the pool's live listing for its ended one, in the same write
+            changes.update(_pool_index(current.model_copy(update=changes)))
         item = self._update_with_state(_claim_key(pool, claim_id), changes, condition, values)
         if not item:
             return None
@@ -327,7 +365,7 @@ class DynamoPoolStore:
                 else:
                     condition += f" AND #p{n} = :p{n}"
                     values[f":p{n}"] = was
-            expr, names, values = _update_parts(update, values)
+            expr, names, values = _update_parts({**update, **_pool_index(ended)}, values)
             items: list[dict[str, Any]] = [
                 {
                     "Update": {
@@ -499,11 +537,23 @@ class MemoryPoolStore:
             mine = [c for c in self.claims.values() if c.user == user]
         return sorted(mine, key=lambda c: (c.submitted_at, c.claim_id), reverse=True)[:limit]
 
-    def claims_of_pool(self, pool: str, limit: int) -> list[ClaimRecord]:
+    def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
         with self._lock:
-            return sorted((c for c in self.claims.values() if c.pool == pool), key=lambda c: c.claim_id)[
-                :limit
+            live = [
+                c.model_copy(deep=True) for c in self.claims.values() if c.pool == pool and c.state in LIVE
             ]
+        return sorted(live, key=lambda c: (c.submitted_at, c.claim_id))[:limit]
+
+    def ended_claims(self, pool: str, limit: int) -> list[ClaimRecord]:
+        with self._lock:
+            ended = [
+                c.model_copy(deep=True)
+                for c in self.claims.values()
+                if c.pool == pool and c.state not in LIVE
+            ]
+        return sorted(ended, key=lambda c: (c.finished_at or c.submitted_at, c.claim_id), reverse=True)[
+            :limit
+        ]
 
     def transition_claim(
         self,

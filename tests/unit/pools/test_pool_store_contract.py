@@ -83,7 +83,34 @@ def test_claims_list_by_user_newest_first_and_by_pool(store):
     store.create_claim(claim("c-3", user="bob"))
     assert [c.claim_id for c in store.claims_of_user("alice", 10)] == ["c-2", "c-1"]
     assert [c.claim_id for c in store.claims_of_user("bob", 10)] == ["c-3"]
-    assert {c.claim_id for c in store.claims_of_pool("p1", 10)} == {"c-1", "c-2", "c-3"}
+    assert [c.claim_id for c in store.live_claims("p1")] == ["c-1", "c-3", "c-2"]  # oldest first
+    assert store.ended_claims("p1", 10) == []
+
+
+def test_a_pools_live_claims_are_all_listed_and_its_ended_ones_latest_first(store):
+    # Given a pool with 120 claims (more than one page of a limit), in submission order
+    store.create_pool(pool())
+    for k in range(120):
+        store.create_claim(claim(f"c-{k:03d}", at=f"2026-12-02T00:{k // 60:02d}:{k % 60:02d}Z"))
+    # When some end (by the claim end, and by a plain transition), out of submission order
+    for k, at in ((5, "2026-12-02T03:00:00Z"), (90, "2026-12-02T01:00:00Z"), (7, "2026-12-02T02:00:00Z")):
+        ended = store.end_claim(
+            f"c-{k:03d}", d.LIVE, {"state": d.CANCELLED, "finished_at": at}, price=lambda c: None
+        )
+        assert ended is not None
+    store.transition_claim("c-100", d.LIVE, {"state": d.FAILED, "finished_at": "2026-12-02T04:00:00Z"})
+    store.transition_claim("c-101", d.LIVE, {"state": d.RUNNING, "started_at": "2026-12-02T04:00:00Z"})
+    # Then every live claim is listed, oldest submitted first, and only live ones
+    live = store.live_claims("p1")
+    assert len(live) == 116
+    assert live[0].claim_id == "c-000"
+    assert {c.state for c in live} == {d.QUEUED, d.RUNNING}
+    assert [c.claim_id for c in store.live_claims("p1", 3)] == ["c-000", "c-001", "c-002"]
+    # And the ended ones come latest to end first, whatever their ids or submission times
+    assert [c.claim_id for c in store.ended_claims("p1", 10)] == ["c-100", "c-005", "c-007", "c-090"]
+    assert [c.claim_id for c in store.ended_claims("p1", 2)] == ["c-100", "c-005"]
+    # And another pool's claims are not among them
+    assert store.live_claims("p2") == []
 
 
 def test_workers_and_decisions(store):
