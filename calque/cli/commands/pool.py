@@ -193,10 +193,29 @@ def do_create(
     }
     check_before_upload(body)
     _check_runner_module(runner, path)
+    _check_name_free(ctx, name)
     body["package_key"] = upload_package(ctx, name, path)
     pool = ctx.client().request("POST", "/v1/pools", body)
     ctx.emit(pool, columns=[*POOL_COLUMNS, ("queue", "queue_url")])
     _note_idle_slices(pool)
+
+
+def _check_name_free(ctx: Any, name: str) -> None:
+    """A name already taken is refused before the package is uploaded (the API refuses it
+    too, but only after the upload, leaving the zip for a pool that was never created)."""
+    from calque.cli.errors import ApiError
+
+    try:
+        ctx.client().request("GET", f"/v1/pools/{quote(name, safe='')}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return
+        raise
+    raise CliError(
+        f"a pool named {name!r} exists; `calque pool update {name}` changes it, or choose another name",
+        code="pool_exists",
+        details={"pool": name},
+    )
 
 
 def check_before_upload(body: dict[str, Any]) -> None:

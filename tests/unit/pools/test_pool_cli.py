@@ -9,6 +9,26 @@ import pytest
 
 from tests.unit.cli_tenancy.conftest import FakeApi
 
+
+class PoolsApi(FakeApi):
+    """The fake API, answering a GET of a pool it was given no answer for as the API does for
+    a pool that does not exist (404), so pool create finds its name free."""
+
+    def request(self, method, path, body=None, query=None):
+        if method == "GET" and path.startswith("/v1/pools/") and (method, path) not in self.responses:
+            from calque.cli.errors import ApiError
+
+            self.requests.append((method, path, body, query))
+            raise ApiError(
+                404, {"error": {"code": "not_found", "message": f"no pool at {path}", "details": {}}}
+            )
+        return super().request(method, path, body, query)
+
+    def sent(self) -> list:
+        """What the CLI sent, without its reads."""
+        return [r for r in self.requests if r[0] != "GET"]
+
+
 pytestmark = pytest.mark.unit
 
 CLAIM = {
@@ -22,7 +42,7 @@ def api(monkeypatch, tmp_path):
     from calque.cli import commands
     from calque.cli.context import Context
 
-    fake = FakeApi()
+    fake = PoolsApi()
     monkeypatch.setattr(commands, "COMMAND_MODULES", ["pool", "claim"])
     monkeypatch.setattr(Context, "client", lambda ctx: fake)
     # the local plane's endpoint: pool create sends a local package directory
@@ -99,9 +119,9 @@ def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api,
         *base, "--package", str(tmp_path), "--idle-timeout", "90s", "--i-understand-this-spends-money"
     )
     assert code == 0, err
-    staged = api.requests[0][2]
+    staged = api.sent()[0][2]
     assert len(staged["sha256"]) == 64
-    sent = api.requests[1][2]
+    sent = api.sent()[1][2]
     assert sent["package_key"] == key  # staged in the artifact bucket, on any plane
     assert "package_path" not in sent
     assert sent["idle_timeout_s"] == 90
@@ -208,8 +228,8 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     body = put.data
     assert isinstance(body, bytes)
     assert zipfile.ZipFile(io.BytesIO(body)).namelist() == ["runner.py"]  # no caches
-    assert api.requests[0][2] == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
-    assert api.requests[1][2]["package_key"] == "pools/pool1/package/x.zip"
+    assert api.sent()[0][2] == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    assert api.sent()[1][2]["package_key"] == "pools/pool1/package/x.zip"
     assert zip_package(pkg) == body  # the same files, the same bytes: the hash names the content
 
 
@@ -400,3 +420,19 @@ def test_create_refuses_a_package_without_the_runners_module_before_sending(
         assert code == 1
         assert f"has no module {runner.split(':')[0]}" in err
         assert api.requests == []
+
+
+def test_create_of_a_name_already_taken_is_refused_before_the_package_is_uploaded(api, cli, tmp_path):
+    # Given a pool named textstats exists
+    (tmp_path / "textstats.py").write_text("class TextStats: ...\n")
+    api.responses[("GET", "/v1/pools/textstats")] = {"name": "textstats", "state": "active"}
+    # When an admin creates another pool of that name
+    code, _, err = cli(
+        "pool", "create", "textstats", "--model", "m", "--instance-type", "g6e.xlarge",
+        "--runner", "textstats:TextStats", "--package", str(tmp_path), "--i-understand-this-spends-money",
+    )  # fmt: skip
+    # Then it is refused naming the pool and what to do, and nothing was uploaded or created
+    assert code == 1
+    assert "a pool named 'textstats' exists" in err
+    assert "calque pool update textstats" in err
+    assert api.sent() == []
