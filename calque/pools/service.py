@@ -662,6 +662,12 @@ class Pools:
             for w in live:
                 if w.group and w.capacity_ref:
                     held.setdefault(w.group, set()).add(w.slot)
+            if slots > 1:
+                # only an instance the capacity provider still hands over (running, ready) takes
+                # a worker on a free slot: one being interrupted or released would hold a
+                # worker that never starts, counted as one meanwhile
+                first = {w.group: w for w in live if w.group in held}
+                held = {g: taken for g, taken in held.items() if self.capacity.ready(pool, _grant(first[g]))}
             placement = place_launch(
                 decision.launch,
                 slots=slots,

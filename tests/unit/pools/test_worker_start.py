@@ -297,6 +297,26 @@ def test_a_free_slot_on_a_held_instance_is_filled_before_a_new_instance_is_paid_
     assert {x.worker_id: x.state for x in w.store.workers("small")}[ids[2]] == "idle"
 
 
+def test_a_free_slot_on_an_instance_no_longer_handed_over_gets_no_worker():
+    # Given one instance of four workers, whose worker on slot 2 exited
+    w = make(max_workers=8)
+    submit(w, 4)
+    w.pools.scale("small")
+    ((_, iid, ids),) = w.starter.sent
+    w.clock.t += 300
+    for wid in ids:
+        report(w, wid, iid, "exited" if wid == ids[2] else "idle")
+    # And the capacity provider no longer hands the instance over (interrupted, being released)
+    (ref,) = {x.capacity_ref for x in w.store.workers("small")}
+    w.capacity.booting.add(ref)
+    # When the backlog still wants four
+    w.pools.scale("small")
+    # Then no worker is put on its free slot: a new instance is acquired for the fourth
+    assert ids[2] not in {x.worker_id for x in w.store.workers("small")}
+    assert len(w.capacity.held) == 2
+    assert w.store.get_pool("small").last_decision["refilled"] == 0
+
+
 def test_free_slots_are_filled_fullest_instance_first_and_only_as_many_as_wanted():
     # Given two instances of four workers each
     w = make(max_workers=8)
