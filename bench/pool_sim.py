@@ -4,10 +4,13 @@ Replays examples/traces/bursty.csv through the real scaler decision (calque simu
 pool's engine), then through static pools of 1..--max-static workers, and picks the
 cheapest static pool whose p95 wait is the same as or better than the scaler's.
 Prints paid and busy GPU-seconds, paid/busy, and p95 wait side by side, with the
-scaler's paid GPU-seconds as a ratio of that static pool's.
+scaler's paid GPU-seconds as a ratio of that static pool's. Then the same scaler on
+--instance-type with whole cards and with --mig (four 1g.24gb slices of each card by
+default): instances paid for, dollars at the catalog's rate, p95 wait, side by side.
 
     python bench/pool_sim.py [--trace FILE.csv] [--max-workers 8] [--max-static 32]
-                             [--cold-start 180] [--enter 60] [--idle-timeout 600] [--json]
+                             [--cold-start 180] [--enter 60] [--idle-timeout 600]
+                             [--instance-type g7e.2xlarge] [--mig 1g.24gb=4] [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +28,35 @@ from calque.pools.scaler import ScalerConfig  # noqa: E402
 from calque.simulate.pool import SimConfig, load_trace, simulate  # noqa: E402
 
 
+def layouts(trace: list, args: argparse.Namespace, common: dict) -> list[tuple[str, dict]]:
+    """The scaler on whole cards and on the --mig layout of --instance-type, priced."""
+    from calque import catalog
+    from calque.accounting.claims import slots_of
+    from calque.cli.commands.host import parse_mig
+    from calque.contracts.layout import parse_layout
+
+    itype = catalog.instance_type(args.instance_type)
+    mig = parse_layout({"version": "v1", "gpus": [{"devices": "all", "mig": parse_mig(args.mig)}]})
+    out = []
+    for name, layout in (
+        ("whole cards", None),
+        (f"mig {args.mig}", mig.model_dump(mode="json", exclude_none=True)),
+    ):
+        fractions = tuple(slot.card_fraction for slot in slots_of(args.instance_type, layout))
+        result = simulate(
+            trace,
+            SimConfig(
+                scaler=ScalerConfig(max_workers=args.max_workers, idle_timeout_s=args.idle_timeout),
+                gpus_per_instance=itype.gpu_count,
+                slot_card_fractions=fractions,
+                **common,
+            ),
+            hourly_usd_per_gpu=itype.hourly_usd / itype.gpu_count,
+        )
+        out.append((name, result.summary()))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=str(REPO / "examples" / "traces" / "bursty.csv"))
@@ -33,6 +65,8 @@ def main() -> int:
     parser.add_argument("--cold-start", type=float, default=180.0)
     parser.add_argument("--enter", type=float, default=60.0)
     parser.add_argument("--idle-timeout", type=float, default=600.0)
+    parser.add_argument("--instance-type", default="g7e.2xlarge")
+    parser.add_argument("--mig", default="1g.24gb=4", metavar="PROFILE=COUNT")
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = parser.parse_args()
 
@@ -54,10 +88,12 @@ def main() -> int:
     rows = [("scaler", scaler.summary())]
     if best is not None:
         rows.append((best.policy, best.summary()))
+    sliced = layouts(trace, args, common)
     if args.json:
         doc = {name: s for name, s in rows}
         if best is not None:
             doc["paid_ratio_scaler_over_static"] = round(scaler.paid_gpu_seconds / best.paid_gpu_seconds, 3)
+        doc["layouts"] = {name: s for name, s in sliced}
         print(json.dumps(doc, indent=2))
         return 0
     shown = os.path.relpath(args.trace, REPO)
@@ -79,6 +115,15 @@ def main() -> int:
             f"scaler pays {ratio:.2f}x the GPU-seconds of {best.policy} "
             f"(the smallest static pool with p95 wait <= {target:.0f}s)"
         )
+    print(f"\nthe scaler on {args.instance_type}, up to {args.max_workers} workers, whole cards vs slices")
+    print(f"{'layout':<18} {'workers/inst':>12} {'max inst':>9} {'paid USD':>9} {'p95 wait':>9}")
+    for name, s in sliced:
+        workers = s["max_workers"] // max(1, s["max_instances"]) if s["max_instances"] else 0
+        print(
+            f"{name:<18} {workers:>12} {s['max_instances']:>9} {s['paid_usd']:>9.2f} {s['wait_p95_s']:>8.0f}s"
+        )
+    whole, cut = sliced[0][1], sliced[1][1]
+    print(f"slices pay {cut['paid_usd'] / whole['paid_usd']:.2f}x what whole cards pay for the same trace")
     return 0
 
 
