@@ -141,7 +141,8 @@ class Groups:
             raise InvalidInput(
                 f"{', '.join(missing)} not in group {name}", code="not_a_member", details={"users": missing}
             )
-        return self._update(name, add={}, remove=users, limits={})
+        # Each user once: a transaction may not touch one membership item twice.
+        return self._update(name, add={}, remove=list(dict.fromkeys(users)), limits={})
 
     def set_limits(self, who: Caller, name: str, req: GroupLimits) -> Group:
         self._admin(who)
