@@ -388,7 +388,7 @@ def do_acquisitions(ctx: Any, *, request_id: str | None = None, instance_id: str
         ctx.emit(acq, text=render_acquisition(acq))
         return
     found = client.request(
-        "GET", "/v1/acquisitions", query={"instance_id": instance_id} if instance_id else None
+        "GET", "/v1/acquisitions", query={"instance_id": instance_id} if instance_id is not None else None
     )
     if instance_id is not None:
         if not found:
