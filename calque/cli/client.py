@@ -86,6 +86,7 @@ class ApiClient:
         *,
         idempotency_key: str | None = None,
     ) -> Any:
+        _refuse_empty_segment(method, path)
         url = self.endpoint + (path if path.startswith("/") else "/" + path)
         if query:
             pairs = [(k, str(v)) for k, v in query.items() if v is not None]
@@ -134,6 +135,19 @@ def _non_finite(value: Any, path: tuple[str, ...] = ()) -> tuple[tuple[str, ...]
         if found is not None:
             return found
     return None
+
+
+def _refuse_empty_segment(method: str, path: str) -> None:
+    """A usage error (exit 2) before any request when an id or name given on the command line
+    is empty (``calque host show ""``): ``/v1/hosts/`` would ask for another resource (the
+    list) than the one named, or for none."""
+    bare = path.split("?", 1)[0]
+    if bare.endswith("/") or "//" in bare:
+        raise UsageError(
+            f"an id or name on the command line is empty ({method.upper()} {path}): give a non-empty one",
+            code="invalid_input",
+            details={"path": path},
+        )
 
 
 def _refuse_non_finite(body: Any) -> None:

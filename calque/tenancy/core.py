@@ -339,10 +339,16 @@ class TenancyCore:
         live = quota.live if quota else 0
         if live < max_sessions:
             return None
-        return QuotaExceeded(
-            f"{user} already has {live} live session(s) and the quota allows {max_sessions}: "
+        said = (
+            f"{user}'s quota allows no session: ask an admin to raise it "
+            f"(calque quota set {user} --max-sessions N)"
+            if max_sessions == 0 and live == 0  # nothing to check in
+            else f"{user} already has {live} live session(s) and the quota allows {max_sessions}: "
             "check one in (calque session list, then calque session checkin), or ask an admin "
-            f"to raise it (calque quota set {user} --max-sessions N)",
+            f"to raise it (calque quota set {user} --max-sessions N)"
+        )
+        return QuotaExceeded(
+            said,
             details={
                 "limit": "user.max_sessions",
                 "user": user,

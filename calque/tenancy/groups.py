@@ -89,10 +89,16 @@ def charge_group(
 
 
 def group_full(g: GroupRecord) -> QuotaExceeded:
-    return QuotaExceeded(
-        f"group {g.name} already has {g.live} live session(s); its limit is {g.max_sessions}: "
+    said = (
+        f"group {g.name} allows no session: ask an admin to raise it "
+        f"(calque group limits {g.name} --max-sessions N)"
+        if g.max_sessions == 0 and g.live == 0  # nothing to check in
+        else f"group {g.name} already has {g.live} live session(s); its limit is {g.max_sessions}: "
         "check one of the group's sessions in, or ask an admin to raise it "
-        f"(calque group limits {g.name} --max-sessions N)",
+        f"(calque group limits {g.name} --max-sessions N)"
+    )
+    return QuotaExceeded(
+        said,
         details={
             "limit": "group.max_sessions",
             "group": g.name,
@@ -141,7 +147,8 @@ class Groups:
             raise InvalidInput(
                 f"{', '.join(missing)} not in group {name}", code="not_a_member", details={"users": missing}
             )
-        return self._update(name, add={}, remove=users, limits={})
+        # Each user once: a transaction may not touch one membership item twice.
+        return self._update(name, add={}, remove=list(dict.fromkeys(users)), limits={})
 
     def set_limits(self, who: Caller, name: str, req: GroupLimits) -> Group:
         self._admin(who)

@@ -103,12 +103,13 @@ def from_validation(errors: list[dict[str, Any]]) -> Response:
                 else (f"not valid JSON ({why})" if why else "not valid JSON")
             )
         fields.append({"field": ".".join(loc) or "body", "problem": problem})
-    names = ", ".join(f["field"] for f in fields) or "body"
-    first = fields[0]["problem"] if fields else "invalid value"
+    # Each field with its own problem: two fields' limits differ, and one problem said of
+    # both would state a wrong limit for the second.
+    said = "; ".join(f"{f['field']}: {f['problem']}" for f in fields) or "body: invalid value"
     return error_response(
         HTTPStatus.UNPROCESSABLE_ENTITY,
         "validation_failed",
-        f"invalid {names}: {first}",
+        f"invalid {said}",
         {"fields": fields},
     )
 

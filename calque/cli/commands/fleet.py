@@ -371,6 +371,13 @@ def do_release(ctx: Any, *, instance_id: str, consent: bool = False, reason: str
 
 
 def _acquisitions(ctx: Any, args: argparse.Namespace) -> None:
+    if args.request_id is not None and args.instance_id is not None:
+        # Either names one acquisition; given both, one would be silently ignored.
+        raise UsageError(
+            "give REQUEST_ID or --instance-id, not both",
+            code="invalid_input",
+            details={"field": "instance_id"},
+        )
     do_acquisitions(ctx, request_id=args.request_id, instance_id=args.instance_id)
 
 
@@ -381,7 +388,7 @@ def do_acquisitions(ctx: Any, *, request_id: str | None = None, instance_id: str
         ctx.emit(acq, text=render_acquisition(acq))
         return
     found = client.request(
-        "GET", "/v1/acquisitions", query={"instance_id": instance_id} if instance_id else None
+        "GET", "/v1/acquisitions", query={"instance_id": instance_id} if instance_id is not None else None
     )
     if instance_id is not None:
         if not found:

@@ -39,9 +39,8 @@ LIST_COLUMNS: list[Any] = [
     ("name", "name"),
     ("members", lambda g: len(g.get("members") or [])),
     ("live", "live_sessions"),
-    ("max_sessions", "max_sessions"),
-    ("max_gpu_hours_per_month", "max_gpu_hours_per_month"),
-    ("max_usd_per_month", "max_usd_per_month"),
+    # the limits as group show prints them: `unlimited`, not `-`; dollars to the cent
+    *GROUP_FIELDS[2:5],
 ]
 
 

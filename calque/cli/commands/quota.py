@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_float, non_negative_int
-from calque.cli.errors import CliError
+from calque.cli.errors import UsageError
 
 QUOTA_FIELDS = [
     ("user", "user"),
@@ -71,7 +71,8 @@ def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, An
     all three, so the current ones are read (``read``) first, unless all three are given,
     and the merged document is sent. Naming none changes nothing."""
     if not changes:
-        raise CliError(
+        # Nothing to change is a usage error (exit 2), as for `pool update`.
+        raise UsageError(
             "name at least one limit to change: --max-sessions, --max-gpu-hours-per-month or "
             "--max-usd-per-month",
             code="nothing_to_change",

@@ -134,3 +134,23 @@ def test_finite_numbers_in_nested_bodies_are_sent():
     client, transport = _client(_Resp(200, {"ok": True}))
     assert client.request("PUT", "/v1/x", {"layout": {"gpus": [{"mps": {"clients": 2.5}}]}}) == {"ok": True}
     assert len(transport.sent) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/hosts/", "/v1/sessions/", "/v1/hosts//drain", "/v1/acquisitions/"])
+def test_an_empty_id_is_a_usage_error_and_nothing_is_sent(path):
+    # Given a command whose id was given empty (`calque host show ""`), so its path lost a segment
+    client, transport = _client(_Resp(200, [{"instance_id": "i-other"}]))
+    # When it is sent
+    with pytest.raises(UsageError) as exc:
+        client.request("GET", path)
+    # Then it is refused here, exit 2, and nothing reached the API (which would answer another
+    # resource: the list, where the command expected one record and crashed with exit 3)
+    assert "is empty" in exc.value.message
+    assert exc.value.exit_code == 2
+    assert transport.sent == []
+
+
+def test_a_path_with_every_segment_is_sent():
+    client, transport = _client(_Resp(200, {"ok": True}))
+    assert client.request("GET", "/v1/hosts/i-0abc") == {"ok": True}
+    assert len(transport.sent) == 1

@@ -62,7 +62,7 @@ def test_quota_set_none_clears_one_limit_and_keeps_the_others(api, cli):
 
 def test_quota_set_without_a_limit_is_refused_and_sends_nothing(api, cli):
     code, out, err = cli("quota", "set", "alice")
-    assert (code, out) == (1, "")
+    assert (code, out) == (2, "")  # a usage error, as for `pool update` with nothing to change
     assert "name at least one limit" in err
     assert api.requests == []
 
