@@ -58,7 +58,9 @@ class UsageLine(Out):
     end: datetime
     seconds: float
     share: float = Field(description="the slice's share of the instance (idle: the unused share)")
-    gpu_hours: float = Field(description="seconds x share / 3600")
+    gpu_hours: float = Field(
+        description="GPU-hours: seconds x share x the instance's GPUs / 3600 (a whole card for an hour is 1)"
+    )
     amount_usd: str
     running: bool = Field(description="the session is still live: charged up to now")
     claim_id: str | None = Field(default=None, description="a claim's line: the claim (session_id is empty)")

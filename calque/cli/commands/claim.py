@@ -75,7 +75,8 @@ def do_show(ctx: Any, *, claim_id: str) -> None:
 
 
 def do_list(ctx: Any, *, pool: str | None = None) -> None:
-    claims = ctx.client().request("GET", "/v1/claims", None, {"pool": pool} if pool else None)
+    # an empty --pool is sent as given (the API refuses it), not dropped into "every claim"
+    claims = ctx.client().request("GET", "/v1/claims", None, {"pool": pool} if pool is not None else None)
     ctx.emit(claims, columns=CLAIM_COLUMNS)
 
 

@@ -436,3 +436,10 @@ def test_create_of_a_name_already_taken_is_refused_before_the_package_is_uploade
     assert "a pool named 'textstats' exists" in err
     assert "calque pool update textstats" in err
     assert api.sent() == []
+
+
+def test_claim_list_sends_an_empty_pool_filter_as_given_rather_than_listing_every_claim(api, cli):
+    api.responses[("GET", "/v1/claims")] = []
+    code, _, err = cli("--output", "json", "claim", "list", "--pool", "")
+    assert code == 0, err
+    assert api.requests == [("GET", "/v1/claims", None, {"pool": ""})]
