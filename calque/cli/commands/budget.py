@@ -28,18 +28,30 @@ def register(subparsers: Any) -> None:
     group = command_group(
         subparsers, "budget", help="the spend gate: instances and dollars the fleet may hold"
     )
-    p = group.add_parser("set", help="set the budget (admins)")
+    from calque.cli.commands.quota import or_unlimited
+
+    p = group.add_parser(
+        "set",
+        help="set the budget (admins)",
+        description="Set the instances and hourly dollars the fleet may hold. A monthly cap "
+        "set before is kept unless --max-monthly-usd is given (`none` removes it).",
+    )
     p.add_argument("--max-instances", required=True, type=non_negative_int, metavar="N")
     p.add_argument("--max-hourly-usd", required=True, type=non_negative_float, metavar="X")
     p.add_argument(
         "--max-monthly-usd",
-        type=non_negative_float,
+        type=or_unlimited(non_negative_float),
+        default=argparse.SUPPRESS,
         metavar="Y",
-        help="a 730-hour month at the reserved rate",
+        help="a 730-hour month at the reserved rate; kept when not given, `none` removes it",
     )
     p.set_defaults(func=_set)
     p = group.add_parser("show", help="the budget and what is in use")
     p.set_defaults(func=_show)
+
+
+# --max-monthly-usd not given: the monthly cap set before stays
+KEEP = object()
 
 
 def _set(ctx: Any, args: argparse.Namespace) -> None:
@@ -47,17 +59,21 @@ def _set(ctx: Any, args: argparse.Namespace) -> None:
         ctx,
         max_instances=args.max_instances,
         max_hourly_usd=args.max_hourly_usd,
-        max_monthly_usd=args.max_monthly_usd,
+        max_monthly_usd=getattr(args, "max_monthly_usd", KEEP),
     )
 
 
-def do_set(
-    ctx: Any, *, max_instances: int, max_hourly_usd: float, max_monthly_usd: float | None = None
-) -> None:
+def do_set(ctx: Any, *, max_instances: int, max_hourly_usd: float, max_monthly_usd: Any = KEEP) -> None:
+    """PUT the budget. The API's PUT replaces the whole budget, so a monthly cap not given is
+    read first and sent again (None: removed)."""
+    client = ctx.client()
     body: dict[str, Any] = {"max_instances": max_instances, "max_hourly_usd": max_hourly_usd}
+    if max_monthly_usd is KEEP:
+        current = client.request("GET", "/v1/budget") or {}
+        max_monthly_usd = current.get("max_monthly_usd") if current.get("set", True) else None
     if max_monthly_usd is not None:
         body["max_monthly_usd"] = max_monthly_usd
-    ctx.emit(ctx.client().request("PUT", "/v1/budget", body), columns=BUDGET_FIELDS)
+    ctx.emit(client.request("PUT", "/v1/budget", body), columns=BUDGET_FIELDS)
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:
