@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 
 class Strict(BaseModel):
@@ -23,6 +25,17 @@ class Request(Strict):
     """
 
     model_config = ConfigDict(strict=True)
+
+
+def in_words(value: object, pattern: str, rule: str, *, keep: int = 64) -> object:
+    """``value`` unchanged, or the refusal of a string ``pattern`` does not match said in
+    words (``rule``, with ``{got}`` for the value, cut to ``keep`` characters). For a
+    ``mode="before"`` validator: the pattern stays on the field, for the schema."""
+    if isinstance(value, str) and not re.fullmatch(pattern, value):
+        raise PydanticCustomError(
+            "string_pattern_mismatch", rule, {"got": repr(value[:keep]), "pattern": pattern}
+        )
+    return value
 
 
 def to_places(value: float | None, places: int, unit: str) -> float | None:

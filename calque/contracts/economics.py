@@ -6,14 +6,12 @@ needs it. Hours are floats rounded to 6 places (for reading, not for summing mon
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_core import PydanticCustomError
 
-from calque.contracts.common import Out, Request, Strict, to_places
+from calque.contracts.common import Out, Request, Strict, in_words, to_places
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
@@ -122,14 +120,12 @@ class GroupCreate(_GroupLimitRules):
     @classmethod
     def _name_rule_in_words(cls, value: object) -> object:
         """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
-        if isinstance(value, str) and not re.fullmatch(GROUP_PATTERN, value):
-            raise PydanticCustomError(
-                "string_pattern_mismatch",
-                "a group name is 1 to 63 characters, lowercase letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit (got {got})",
-                {"got": repr(value[:64]), "pattern": GROUP_PATTERN},
-            )
-        return value
+        return in_words(
+            value,
+            GROUP_PATTERN,
+            "a group name is 1 to 63 characters, lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (got {got})",
+        )
 
     max_sessions: int | None = Field(default=None, ge=0, le=10_000, description="live sessions of the group")
     max_gpu_hours_per_month: float | None = Field(default=None, ge=0, le=1_000_000)

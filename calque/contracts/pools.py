@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_core import PydanticCustomError
 
-from calque.contracts.common import Out, Request, Strict
+from calque.contracts.common import Out, Request, Strict, in_words
+from calque.contracts.economics import GROUP_PATTERN
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
 NAME_RULE = (
@@ -48,25 +47,18 @@ class PoolCreate(PoolSettings):
     @classmethod
     def _name_rule_in_words(cls, value: object) -> object:
         """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
-        if isinstance(value, str) and not re.fullmatch(NAME_PATTERN, value):
-            raise PydanticCustomError(
-                "string_pattern_mismatch",
-                NAME_RULE + " (got {got})",
-                {"got": repr(value[:64]), "pattern": NAME_PATTERN},
-            )
-        return value
+        return in_words(value, NAME_PATTERN, NAME_RULE + " (got {got})")
 
     @field_validator("runner", mode="before")
     @classmethod
     def _runner_rule_in_words(cls, value: object) -> object:
-        if isinstance(value, str) and not re.fullmatch(RUNNER_PATTERN, value):
-            raise PydanticCustomError(
-                "string_pattern_mismatch",
-                "the runner is MODULE:CLASS, a module of the package and its runner class, "
-                "e.g. textstats:TextStats (got {got})",
-                {"got": repr(value[:200]), "pattern": RUNNER_PATTERN},
-            )
-        return value
+        return in_words(
+            value,
+            RUNNER_PATTERN,
+            "the runner is MODULE:CLASS, a module of the package and its runner class, "
+            "e.g. textstats:TextStats (got {got})",
+            keep=200,
+        )
 
 
 class PackageUpload(Request):
@@ -92,7 +84,7 @@ class ClaimSubmit(Request):
     items: list[Any] = Field(min_length=1, max_length=MAX_ITEMS)
     group: str | None = Field(
         default=None,
-        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        pattern=GROUP_PATTERN,
         description="the group to charge (one of the member's); omitted: their default group",
     )
 
@@ -100,14 +92,12 @@ class ClaimSubmit(Request):
     @classmethod
     def _group_rule_in_words(cls, value: object) -> object:
         """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
-        if isinstance(value, str) and not re.fullmatch(r"^[a-z0-9][a-z0-9._-]{0,62}$", value):
-            raise PydanticCustomError(
-                "string_pattern_mismatch",
-                "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
-                "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
-                {"got": repr(value[:64])},
-            )
-        return value
+        return in_words(
+            value,
+            GROUP_PATTERN,
+            "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
+        )
 
 
 class ClaimReport(Strict):
