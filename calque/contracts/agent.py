@@ -13,6 +13,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from calque.contracts.accounts import (  # noqa: F401  (the host agent's names for them)
+    connect_account,
+    mps_account,
+    session_account,
+    session_connect_command,
+)
 from calque.contracts.common import Strict
 from calque.contracts.layout import LayoutSpec
 
@@ -122,39 +128,6 @@ class GrantReport(Strict):
         default=False, description="true for MPS: every slot of the GPU runs as one account"
     )
     imds_blocked: bool = Field(description="true: only root can reach the instance metadata service")
-
-
-def session_account(session_id: str) -> str:
-    """The OS account a session gets on its host: derived from the session id, so the control
-    plane and the agent name it alike without storing it."""
-    import hashlib
-
-    return "calque-" + hashlib.sha256(session_id.encode()).hexdigest()[:12]
-
-
-def mps_account(gpu_index: int) -> str:
-    """The one account every MPS slot of a GPU runs as (one MPS server serves one Unix user)."""
-    return f"calque-mps-g{gpu_index}"
-
-
-def connect_account(session_id: str, backend: str, slice_id: str) -> str:
-    """The account a session's connect command lands in: its own, or for an MPS slot the
-    GPU's shared MPS account (slice ids start with the GPU, ``g<N>-``)."""
-    import re
-
-    m = re.match(r"^g(\d+)-", slice_id)
-    if backend == "mps" and m:
-        return mps_account(int(m.group(1)))
-    return session_account(session_id)
-
-
-def session_connect_command(instance_id: str, document_name: str, account: str) -> str:
-    """`aws ssm start-session` with the stack's session document, which asks for the
-    session's token on the host and then runs the shell as the session's account."""
-    return (
-        f"aws ssm start-session --target {instance_id} --document-name {document_name} "
-        f'--parameters "user={account}"'
-    )
 
 
 class AgentReport(Strict):

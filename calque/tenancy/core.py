@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from calque.contracts.agent import connect_account, session_account
+from calque.contracts.accounts import connect_account, session_account
 from calque.contracts.tenancy import (
     INSTANCE_ID_PATTERN,
     SESSION_ID_PATTERN,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from calque import catalog
 from calque.accounting.shares import slice_shares
 from calque.catalog import planner
-from calque.contracts.agent import AgentReport, session_account
+from calque.contracts.accounts import session_account
 from calque.contracts.tenancy import (
     ApplyTask,
     Host,
@@ -22,6 +23,9 @@ from calque.registry.models import HostRecord, LeaseEvent, SessionRecord, SliceR
 from calque.registry.ports import AlreadyExists, StaleWrite
 from calque.tenancy import requests
 from calque.tenancy.core import TenancyCore, _grant
+
+if TYPE_CHECKING:  # the agent's report models: only the report route builds them
+    from calque.contracts.agent import AgentReport
 
 
 class HostsMixin(TenancyCore):

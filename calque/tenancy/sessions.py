@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from datetime import datetime, timedelta
 
-from calque.contracts.agent import connect_account, session_connect_command
+from calque.contracts.accounts import connect_account, session_connect_command
 from calque.contracts.tenancy import (
     CheckinRequest,
     CheckoutRequest,

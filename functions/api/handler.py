@@ -8,7 +8,9 @@ functions/api/errors.py only.
 from __future__ import annotations
 
 import base64
+import importlib
 import json
+import threading
 from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
@@ -26,9 +28,9 @@ from calque.settings import api_settings
 from calque.tenancy import requests as client_requests
 from functions import observability
 from functions.api import body as request_body
-from functions.api import errors
+from functions.api import errors, routes
 from functions.api.context import refusal_before_route
-from functions.api.routes import ROUTERS, meta
+from functions.api.routes import meta
 
 logger = observability.logger("api")
 metrics = observability.metrics("api")
@@ -36,8 +38,19 @@ metrics = observability.metrics("api")
 app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=request_body.json_object)
 app.include_router(meta.router, prefix="/v1")
 
-for _router in ROUTERS:
-    app.include_router(_router, prefix="/v1")
+# The capabilities' routers included so far (functions/api/routes/__init__.py).
+_included: set[str] = set()
+_including = threading.Lock()
+
+
+def include_routes(modules: tuple[str, ...] | list[str]) -> None:
+    """Import and include the routers of ``modules`` not included yet (each once)."""
+    with _including:
+        for name in modules:
+            if name not in _included:
+                module = importlib.import_module(f"functions.api.routes.{name}")
+                app.include_router(module.router, prefix="/v1")
+                _included.add(name)
 
 
 def _idempotency_key_checked(app: APIGatewayRestResolver, next_middleware: Any) -> Response:
@@ -56,6 +69,7 @@ app.use(middlewares=[_idempotency_key_checked])
 
 @app.get("/v1/openapi.json")
 def openapi() -> dict[str, Any]:
+    include_routes(routes.MODULES)
     return meta.openapi_document(
         json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
     )
@@ -150,6 +164,7 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             return errors.raw_error(
                 400, "invalid_body", "request body must be UTF-8 encoded JSON", {"field": "body"}
             )
+    include_routes(routes.modules_for(path))
     event, media_type = request_body.with_json_content_type(event)
     app.append_context(**{request_body.MEDIA_TYPE_KEY: media_type})
     return app.resolve(event, context)

@@ -243,7 +243,7 @@ class HostAgent(Construct):
 
     @property
     def session_document_name(self) -> str:
-        """What a session's connect command names (calque.contracts.agent.session_connect_command)."""
+        """What a session's connect command names (calque.contracts.accounts.session_connect_command)."""
         return self.session_document.ref
 
     def _session_document(self) -> ssm.CfnDocument:

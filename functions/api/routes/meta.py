@@ -53,13 +53,17 @@ def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
 
     SigV4 on every operation (API Gateway's AWS_IAM authorization, in its
     ``x-amazon-apigateway-authtype`` convention), every error status with the
-    error document's schema, and the Idempotency-Key header on mutating routes.
+    error document's schema, and the Idempotency-Key header on mutating routes. Paths
+    and schemas are sorted by name: the routers are included in the order requests
+    first needed them, and the document is the same whatever that order was.
     """
+    doc["paths"] = dict(sorted(doc.get("paths", {}).items()))
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     error_schema = ErrorDocument.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorDocument"] = error_schema
+    components["schemas"] = schemas = dict(sorted(schemas.items()))
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     components.setdefault("securitySchemes", {})[SIGV4] = {

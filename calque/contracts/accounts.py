@@ -1,0 +1,40 @@
+"""The OS accounts a session runs as on its host, and the command that reaches it.
+
+Plain functions, no models: the control plane names an account as the host agent does,
+without importing the agent's report models (a check-out's cold start needs only these).
+"""
+
+from __future__ import annotations
+
+
+def session_account(session_id: str) -> str:
+    """The OS account a session gets on its host: derived from the session id, so the control
+    plane and the agent name it alike without storing it."""
+    import hashlib
+
+    return "calque-" + hashlib.sha256(session_id.encode()).hexdigest()[:12]
+
+
+def mps_account(gpu_index: int) -> str:
+    """The one account every MPS slot of a GPU runs as (one MPS server serves one Unix user)."""
+    return f"calque-mps-g{gpu_index}"
+
+
+def connect_account(session_id: str, backend: str, slice_id: str) -> str:
+    """The account a session's connect command lands in: its own, or for an MPS slot the
+    GPU's shared MPS account (slice ids start with the GPU, ``g<N>-``)."""
+    import re
+
+    m = re.match(r"^g(\d+)-", slice_id)
+    if backend == "mps" and m:
+        return mps_account(int(m.group(1)))
+    return session_account(session_id)
+
+
+def session_connect_command(instance_id: str, document_name: str, account: str) -> str:
+    """`aws ssm start-session` with the stack's session document, which asks for the
+    session's token on the host and then runs the shell as the session's account."""
+    return (
+        f"aws ssm start-session --target {instance_id} --document-name {document_name} "
+        f'--parameters "user={account}"'
+    )
