@@ -108,12 +108,15 @@ OURS_STEPS = [
     ),
     ("pydantic's first model (calque.identity)", "import calque.identity"),
     (
-        "our settings, errors, contracts",
-        "import calque.settings, calque.errors\n"
-        "import calque.contracts.tenancy, calque.contracts.agent, calque.contracts.fleet\n"
-        "import calque.contracts.pools, calque.contracts.economics",
+        "our settings, errors, sessions' contracts",
+        "import calque.settings, calque.errors, calque.contracts.tenancy",
     ),
-    ("our routes and handler (Powertools routing)", "from functions.api.handler import lambda_handler"),
+    ("our handler (Powertools routing, health, whoami)", "from functions.api.handler import lambda_handler"),
+    (
+        "the sessions routes (the first request includes them)",
+        "from functions.api import handler, routes\n"
+        "handler.include_routes(routes.modules_for('/v1/sessions'))",
+    ),
     ("boto3 import", "import boto3"),
     ("our domain and registry modules", "import calque.registry.dynamo, calque.tenancy.service"),
     ("DynamoDB client", "from calque import aws\naws.client('dynamodb')"),
