@@ -16,7 +16,8 @@ months' reports.
 
 Leases are clipped to the period, to the instance's paid lifetime and to ``now``;
 a lease crossing a month edge becomes one line per month. A lease still live is
-charged up to ``now`` and marked running.
+charged up to ``now`` and marked running, as is the idle line of an instance still paid
+for when the period reaches ``now`` (what usage's ``running`` column sums).
 """
 
 from __future__ import annotations

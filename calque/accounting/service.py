@@ -111,11 +111,14 @@ def rows_by(lines: list[Line], by: str) -> list[UsageRow]:
             {"cents": Decimal(0), "gpu": Fraction(0), "held": Fraction(0), "ids": set(), "running": False},
         )
         r["cents"] += line.amount_usd
+        # Still charged up to now: a live session or running claim, or (an idle line) an
+        # instance still paid for, so a host, its type or its pool that runs with nobody on it
+        # reads running as well (chargeback.compute marks the lines).
+        r["running"] = r["running"] or line.running
         if line.kind in ("session", "claim"):
             r["gpu"] += line.gpu_hours
             r["held"] += line.seconds / 3600
             r["ids"].add(line.session_id or line.claim_id)
-            r["running"] = r["running"] or line.running
     return [
         UsageRow(
             key=k,

@@ -60,7 +60,10 @@ class UsageLine(Out):
         description="GPU-hours: seconds x share x the instance's GPUs / 3600 (a whole card for an hour is 1)"
     )
     amount_usd: str
-    running: bool = Field(description="the session is still live: charged up to now")
+    running: bool = Field(
+        description="still charged up to now, the period reaching now: a session still live or a claim "
+        "still running; an idle line: its instance is still paid for (registered, or held by its pool)"
+    )
     claim_id: str | None = Field(default=None, description="a claim's line: the claim (session_id is empty)")
 
 
@@ -70,7 +73,13 @@ class UsageRow(Out):
     gpu_hours: float
     session_hours: float = Field(description="hours held by the sessions and claims")
     sessions: int = Field(description="distinct sessions and claims")
-    running: bool
+    running: bool = Field(
+        description="a line of this row is still charged up to now (false for a period that ended "
+        "before now): a session still live or a claim still running; for admins also an instance still "
+        "paid for, so a host, instance type or pool row whose instance runs with nobody on it is "
+        "running, as is (idle) while any instance is; a member's rows count only their own sessions "
+        "and claims"
+    )
 
 
 class InstanceCost(Out):

@@ -116,7 +116,11 @@ class DrainRequest(Request):
     """POST /v1/hosts/{instance_id}/drain (admin)."""
 
     force: bool = Field(default=False, description="end the sessions still live there")
-    reason: str | None = Field(default=None, max_length=500, description="recorded on each session it ends")
+    reason: str | None = Field(
+        default=None,
+        max_length=500,
+        description="recorded on each session it ends: its member sees it as the session's end_note",
+    )
 
 
 class ReportAccepted(Out):
@@ -198,6 +202,14 @@ class Session(Out):
     created_at: datetime
     ended_at: datetime | None = None
     end_reason: EndReason | None = None
+    end_note: str | None = Field(
+        default=None,
+        description="ended: the words recorded with its end, which its member sees. The admin's reason "
+        "for a forced check-in (end_reason forced), a drain or a deregister with force (drained, "
+        "deregistered) or a host release (released); else the control plane's own words (expired: "
+        "the TTL passed; the fleet's reason for a spot interruption, a host's TTL or a lost host); "
+        "the member's own reason for a check-in. null: live, or none was given",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="the exact environment to bind a process")
     host_access: HostAccess | None = Field(
         default=None, description="the session's own account on the host; null for sessions from before it"
@@ -217,7 +229,11 @@ class CheckinRequest(Request):
 
     token: str | None = Field(default=None, min_length=1, max_length=256)
     force: bool = Field(default=False, description="admins: end it without the token")
-    reason: str | None = Field(default=None, max_length=500)
+    reason: str | None = Field(
+        default=None,
+        max_length=500,
+        description="recorded on the session: its member sees it as the session's end_note",
+    )
 
 
 class ExtendRequest(Request):
@@ -333,7 +349,11 @@ class DeregisterRequest(Strict):
     """DELETE /v1/hosts/{instance_id} (admin): forget a host; its lease history is kept."""
 
     force: bool = Field(default=False, description="end the sessions still live there (reason: deregistered)")
-    reason: str | None = Field(default=None, max_length=500, description="recorded on each session it ends")
+    reason: str | None = Field(
+        default=None,
+        max_length=500,
+        description="recorded on each session it ends: its member sees it as the session's end_note",
+    )
 
 
 class HostDeregistered(Out):

@@ -320,6 +320,7 @@ class TenancyCore:
             created_at=s.created_at,
             ended_at=s.ended_at,
             end_reason=s.end_reason,
+            end_note=s.end_note or None,
             env=s.env,
             host_access=(
                 HostAccess(

@@ -60,11 +60,15 @@ def test_wrong_type_fails_then_registers_again_and_deregister_guards_live_sessio
     assert (code, refused["error"]["code"]) == (1, "host_has_live_sessions")
     assert plane.cli_json("session", "show", grant["session_id"])[1]["state"] == "live"
     # When forced, the session ends with the reason and the host is forgotten
-    code, out = plane.cli_json("host", "deregister", instance, "--force", profile="admin")
+    code, out = plane.cli_json(
+        "host", "deregister", instance, "--force", "--reason", "bad PSU", profile="admin"
+    )
     assert code == 0, out
     assert out["ended_sessions"] == [grant["session_id"]]
     code, session = plane.cli_json("session", "show", grant["session_id"])
     assert (session["state"], session["end_reason"]) == ("ended", "deregistered")
+    # And its member reads the admin's reason
+    assert session["end_note"] == "bad PSU"
     code, gone = plane.cli_json("host", "show", instance, profile="admin")
     assert (code, gone["error"]["code"]) == (1, "not_found")
 

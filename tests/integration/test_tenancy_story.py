@@ -147,11 +147,21 @@ def test_register_check_out_check_in_reclaim_and_drain_through_the_cli(local_pla
     # When the admin drains while a session lives there, it is refused; forced, the session ends
     code, doc = plane.cli_json("host", "drain", iid, profile="admin")
     assert (code, doc["error"]["code"]) == (1, "host_has_live_sessions")
-    code, drained = plane.cli_json("host", "drain", iid, "--force", profile="admin")
+    code, drained = plane.cli_json(
+        "host", "drain", iid, "--force", "--reason", "maintenance window", profile="admin"
+    )
     assert code == 0, drained
     assert drained["state"] in ("draining", "drained")
     code, gone = plane.cli_json("session", "show", grant["session_id"], profile=second)
     assert (gone["state"], gone["end_reason"]) == ("ended", "drained")
+    # And its member reads the admin's reason, in show and in the list of their ended sessions
+    assert gone["end_note"] == "maintenance window"
+    shown = _ok(plane.cli("session", "show", grant["session_id"], profile=second)).stdout
+    assert "end_note     maintenance window" in shown.splitlines()
+    listed = _ok(plane.cli("session", "list", "--ended", profile=second)).stdout.splitlines()
+    assert listed[0].split()[-1] == "NOTE"
+    (row,) = [x for x in listed if x.startswith(grant["session_id"])]
+    assert row.endswith("drained  maintenance window")
     # And no new session is placed there
     code, doc = plane.cli_json(
         "session", "checkout", "--backend", "mig", "--instance-id", iid, profile=second

@@ -261,7 +261,9 @@ def register(subparsers: Any) -> None:
     p = group.add_parser("drain", help="stop placing sessions on a host (admins); --force ends live ones")
     p.add_argument("instance_id", metavar="I")
     p.add_argument("--force", action="store_true", help="end the sessions still live there")
-    p.add_argument("--reason", help="recorded on each session a forced drain ends")
+    p.add_argument(
+        "--reason", help="recorded on each session a forced drain ends; its member reads it (session show)"
+    )
     p.set_defaults(func=_drain)
 
     p = group.add_parser(
@@ -272,7 +274,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--force", action="store_true", help="end the sessions still live there (reason: deregistered)"
     )
-    p.add_argument("--reason", help="recorded on each session a forced deregistration ends")
+    p.add_argument(
+        "--reason",
+        help="recorded on each session a forced deregistration ends; its member reads it (session show)",
+    )
     p.set_defaults(func=_deregister)
 
 

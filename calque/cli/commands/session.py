@@ -106,6 +106,23 @@ SESSION_COLUMNS = [
 ]
 
 
+def end_note(session: Mapping[str, Any]) -> str | None:
+    """The words recorded with a session's end (an admin's reason of a forced check-in or a
+    drain), on one line: a reason typed over several lines keeps a table's rows whole."""
+    note = " ".join(str(session.get("end_note") or "").split())
+    return note or None
+
+
+NOTE_COLUMN = ("note", end_note)
+
+
+def session_columns(sessions: Any) -> list[Any]:
+    """The list's columns; a last one with the end's note when a session listed has one."""
+    rows = sessions if isinstance(sessions, list) else []
+    noted = any(isinstance(s, Mapping) and end_note(s) for s in rows)
+    return [*SESSION_COLUMNS, NOTE_COLUMN] if noted else SESSION_COLUMNS
+
+
 def _host_access(session: Mapping[str, Any]) -> str:
     """pending / granted / failed: reason, and the account the connect command lands in."""
     access = session.get("host_access") or {}
@@ -169,6 +186,8 @@ def render_session(session: Mapping[str, Any]) -> str:
         fields.append(("host_access", _host_access))
     if session.get("state") != "live" or session.get("ended_at") or session.get("end_reason"):
         fields += [("ended_at", "ended_at"), ("end_reason", "end_reason")]
+        if end_note(session):
+            fields.append(("end_note", end_note))
     text = render_fields(session, fields)
     env = session.get("env") or {}
     if env:
@@ -228,7 +247,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("session_id", metavar="SESSION_ID")
     p.add_argument("--token", help="the token the check-out printed")
     p.add_argument("--force", action="store_true", help="admins: end someone's session without its token")
-    p.add_argument("--reason", help="recorded with a forced check-in")
+    p.add_argument(
+        "--reason", help="recorded with the check-in; the session's member sees it (session show / list)"
+    )
     p.set_defaults(func=_checkin, _parser=p)
 
     p = group.add_parser("extend", help="push a session's expiry later (within the deployment's max)")
@@ -371,7 +392,7 @@ def do_list(ctx: Any, *, all_users: bool = False, state: str | None = None, user
     asked = {"all": "true" if all_users else None, "state": state, "user": user}
     query = {k: v for k, v in asked.items() if v is not None}
     sessions = ctx.client().request("GET", "/v1/sessions", query=query or None)
-    ctx.emit(sessions, columns=SESSION_COLUMNS)
+    ctx.emit(sessions, columns=session_columns(sessions))
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:

@@ -7,6 +7,8 @@ from decimal import Decimal
 
 import pytest
 
+from tests.integration.tenancy_handlers.conftest import INSTANCE
+
 pytestmark = pytest.mark.integration
 
 
@@ -60,3 +62,30 @@ def test_group_and_usage_refusals_have_the_contracts_statuses(api):
     # A well-formed time that is not a date (Feb 30) is still refused by the query model
     feb = api("GET", "/v1/usage", query={"since": "2026-02-30"})
     assert (feb.status, feb.body["error"]["details"]["field"]) == (400, "since")
+
+
+def test_usage_by_host_reads_running_while_the_host_is_paid_for_with_nobody_on_it(api, monkeypatch):
+    import calque.tenancy.service as service
+
+    # Given a registered host where alice held a slice and checked in: nobody is on it now
+    api.ready_host()
+    start = datetime.now(UTC).replace(microsecond=0)
+    grant = api("POST", "/v1/sessions", {"backend": "mig", "ttl_seconds": 7200}).body
+    ended = api("DELETE", f"/v1/sessions/{grant['session_id']}", {"token": grant["token"]})
+    assert ended.status == 200, ended.body
+    # When an admin asks for usage by host two hours later
+    later = start + timedelta(hours=2)
+    monkeypatch.setattr(service, "utcnow", lambda: later)
+    query = {"since": f"{start - timedelta(days=1):%Y-%m-%d}", "by": "host"}
+    rows = api("GET", "/v1/usage", who="admin", query=query).body["rows"]
+    # Then the host's row is running: its instance is still paid for
+    assert [(r["key"], r["sessions"], r["running"]) for r in rows] == [(INSTANCE, 1, True)]
+    # And a period that ended an hour before now is not running
+    until = later - timedelta(hours=1)
+    past = {**query, "until": f"{until:%Y-%m-%dT%H:%M:%SZ}"}
+    rows = api("GET", "/v1/usage", who="admin", query=past).body["rows"]
+    assert [(r["key"], r["running"]) for r in rows] == [(INSTANCE, False)]
+    # When the host is deregistered, it is no longer running
+    assert api("DELETE", f"/v1/hosts/{INSTANCE}", who="admin").status == 200
+    rows = api("GET", "/v1/usage", who="admin", query=query).body["rows"]
+    assert [(r["key"], r["running"]) for r in rows] == [(INSTANCE, False)]

@@ -143,7 +143,8 @@ def test_deregister_refuses_live_sessions_then_force_ends_them_and_forgets_the_h
     done = api("DELETE", f"/v1/hosts/{INSTANCE}", {"force": True, "reason": "bad PSU"}, who="admin")
     assert done.status == 200, done.body
     assert done.body["ended_sessions"] == [sid]
-    assert api("GET", f"/v1/sessions/{sid}").body["end_reason"] == "deregistered"
+    ended = api("GET", f"/v1/sessions/{sid}").body
+    assert (ended["end_reason"], ended["end_note"]) == ("deregistered", "bad PSU")
     assert [t["kind"] for t in api.tasks()] == ["grant", "reclaim"]
     assert api("GET", f"/v1/hosts/{INSTANCE}", who="admin").status == 404
     assert api("GET", "/v1/hosts", who="admin").body == []

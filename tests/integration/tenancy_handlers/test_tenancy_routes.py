@@ -107,6 +107,12 @@ def test_drain_refuses_with_live_sessions_then_force_ends_them(api):
     assert (drained.status, drained.body["state"]) == (200, "draining")
     ended = api("GET", f"/v1/sessions/{grant.body['session_id']}")
     assert (ended.body["state"], ended.body["end_reason"]) == ("ended", "drained")
+    # And the member sees the admin's reason on their session, shown and listed
+    assert ended.body["end_note"] == "maintenance"
+    listed = api("GET", "/v1/sessions", query={"state": "ended"})
+    assert [(s["session_id"], s["end_note"]) for s in listed.body] == [
+        (grant.body["session_id"], "maintenance")
+    ]
 
 
 # ---- authorization ------------------------------------------------------------------------------
@@ -180,3 +186,6 @@ def test_admins_force_a_checkin_without_the_token(api):
         "DELETE", f"/v1/sessions/{grant['session_id']}", {"force": True, "reason": "stuck"}, who="admin"
     )
     assert (out.status, out.body["end_reason"]) == (200, "forced")
+    # And the member whose session it was reads the admin's reason
+    mine = api("GET", f"/v1/sessions/{grant['session_id']}")
+    assert (mine.body["end_reason"], mine.body["end_note"]) == ("forced", "stuck")

@@ -231,3 +231,24 @@ def test_a_pool_instances_times_are_to_the_second_like_every_other_line():
     # And the lines still add up to the instance's cost
     (cost,) = report.instances
     assert sum(Decimal(x.amount_usd) for x in report.lines) == Decimal(cost.cost_usd)
+
+
+def test_a_pools_row_is_running_while_it_holds_its_instance_with_no_claim_running():
+    w, registry = _world()
+    # Given the pool's instance ran alice's 1 h claim and has waited warm, with nothing to do, since
+    _run_claim(w, ALICE, HOUR)
+    w.clock.t += HOUR
+    # When an admin asks for the month by pool
+    report = _usage(w, registry).usage(ADMIN, UsageQuery(month="2027-01", by="pool"))
+    # Then the pool's row is running: its instance is still paid for
+    assert [(r.key, r.sessions, r.running) for r in report.rows] == [("small", 1, True)]
+    # And a period that ended before now is not
+    before = _usage(w, registry).usage(
+        ADMIN,
+        UsageQuery(
+            since=datetime(2027, 1, 10, 8, 0, tzinfo=UTC),
+            until=datetime(2027, 1, 10, 9, 0, tzinfo=UTC),
+            by="pool",
+        ),
+    )
+    assert [(r.key, r.running) for r in before.rows] == [("small", False)]

@@ -121,3 +121,58 @@ def test_a_session_checked_in_within_the_second_it_began_is_a_line_and_counted(w
     assert rows["bob"].sessions == 1
     # And the report still adds up to the instance's cost
     assert report.total_usd == report.instances[0].cost_usd
+
+
+# ---- running: still charged up to now -----------------------------------------------------------
+
+HOST = "i-0aaa0001"
+
+
+def test_a_host_that_runs_with_nobody_on_it_reads_running(world):
+    # Given alice held a slice for half an hour this morning and checked in: nobody is on the host
+    world.clock.now = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.clock.advance(1800)
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    world.clock.now = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+    # When an admin asks for this month by host
+    by_host = usage(world).usage(ADMIN, UsageQuery(by="host"))
+    # Then the host's row is running: its instance is still paid for, session or not
+    (row,) = by_host.rows
+    assert (row.key, row.sessions, row.running) == (HOST, 1, True)
+    # And so is its instance type's row, and the idle time still accruing
+    by_type = usage(world).usage(ADMIN, UsageQuery(by="instance-type"))
+    assert [(r.key, r.running) for r in by_type.rows] == [("g7e.2xlarge", True)]
+    by_user = {r.key: r.running for r in usage(world).usage(ADMIN, UsageQuery(by="user")).rows}
+    # And alice, whose session ended, is not running
+    assert by_user == {"alice": False, "(idle)": True}
+
+
+def test_a_host_row_stops_running_once_deregistered_and_for_a_period_that_ended(world):
+    # Given the host runs since November 30
+    world.clock.now = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+    # When an admin asks for November, a period that ended before now
+    november = usage(world).usage(ADMIN, UsageQuery(month="2026-11", by="host"))
+    # Then its row is not running: nothing in that period is still charged
+    assert [(r.key, r.running) for r in november.rows] == [(HOST, False)]
+    # When the host is deregistered, and this month is asked an hour later
+    world.tenancy.lifecycle().deregister(ADMIN, HOST, force=False, reason=None)
+    world.clock.advance(3600)
+    december = usage(world).usage(ADMIN, UsageQuery(by="host"))
+    # Then its row is not running either: the instance is no longer paid for
+    assert [(r.key, r.running) for r in december.rows] == [(HOST, False)]
+
+
+def test_a_members_host_row_runs_only_while_their_own_session_lives(world):
+    # Given alice's session ended and bob's still lives on the running host
+    world.clock.now = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
+    done = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    world.clock.advance(1800)
+    world.tenancy.checkin(ALICE, done.session_id, CheckinRequest(token=done.token))
+    # When each asks for their own usage by host
+    alice = usage(world).usage(ALICE, UsageQuery(by="host"))
+    bob = usage(world).usage(BOB, UsageQuery(by="host"))
+    # Then a member's row sums only their own lines: running for bob, not for alice
+    assert [(r.key, r.running) for r in alice.rows] == [(HOST, False)]
+    assert [(r.key, r.running) for r in bob.rows] == [(HOST, True)]

@@ -180,3 +180,13 @@ def test_openapi_document_offers_an_idempotency_key_on_mutating_routes_only(hand
                 method,
                 op,
             )
+
+
+def test_openapi_document_describes_the_sessions_end_note_for_its_member(handler):
+    # Given the OpenAPI document the API serves
+    _, doc = handler(rest_event("GET", "/v1/openapi.json"))
+    # Then a session (as shown, and as listed) has an optional end_note, described for scripts
+    note = doc["components"]["schemas"]["Session"]["properties"]["end_note"]
+    assert {"type": "null"} in note["anyOf"]
+    assert "admin's reason" in note["description"]
+    assert "end_note" not in doc["components"]["schemas"]["Session"].get("required", [])

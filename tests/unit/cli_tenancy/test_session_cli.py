@@ -249,3 +249,60 @@ def test_session_show_says_whether_the_hosts_account_is_ready_and_why_not(api, c
     assert code == 0
     line = next(x for x in out.splitlines() if x.startswith("host_access"))
     assert "failed (calque-0123456789ab): host_busy: lock held" in line
+
+
+# ---- why a session ended: the admin's reason on the member's own view ----------------------------
+
+
+def _forced_by_an_admin(reason: str) -> tuple[dict, dict]:
+    """A session an admin forced the check-in of (with ``reason``) and one still live, as the real
+    tenancy service answers them to their member."""
+    from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+    from tests.unit.tenancy.conftest import ADMIN, World, member
+
+    world = World()
+    world.ready_host()
+    alice = member("alice")
+    forced = world.tenancy.checkout(alice, CheckoutRequest(backend="mig"))
+    live = world.tenancy.checkout(alice, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(ADMIN, forced.session_id, CheckinRequest(force=True, reason=reason))
+    return (
+        world.tenancy.get_session(alice, forced.session_id).model_dump(mode="json"),
+        world.tenancy.get_session(alice, live.session_id).model_dump(mode="json"),
+    )
+
+
+def test_session_show_tells_the_member_why_an_admin_ended_their_session(api, cli):
+    # Given alice's session whose check-in an admin forced, for a runaway job
+    ended, _ = _forced_by_an_admin("runaway job: 8 GPUs at 0% for 6h")
+    api.responses[("GET", f"/v1/sessions/{ended['session_id']}")] = ended
+    # When alice shows it
+    code, out, _ = cli("session", "show", ended["session_id"])
+    # Then she reads forced, and the admin's words
+    assert code == 0
+    fields = dict(x.split(None, 1) for x in out.splitlines() if len(x.split(None, 1)) == 2 and x[0] != " ")
+    assert fields["end_reason"] == "forced"
+    assert fields["end_note"] == "runaway job: 8 GPUs at 0% for 6h"
+    # And with --output json, scripts read it under end_note
+    code, out, _ = cli("--output", "json", "session", "show", ended["session_id"])
+    assert (code, json.loads(out)["end_note"]) == (0, "runaway job: 8 GPUs at 0% for 6h")
+
+
+def test_session_list_adds_the_note_column_when_a_session_listed_has_one(api, cli):
+    # Given alice's ended sessions, one forced with a reason typed over two lines
+    ended, live = _forced_by_an_admin("runaway job\nsee ticket 42")
+    api.responses[("GET", "/v1/sessions")] = [ended]
+    # When she lists them
+    code, out, _ = cli("session", "list", "--ended")
+    # Then the table has a NOTE column holding the reason, on the session's one row
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split()[-1] == "NOTE"
+    assert row.startswith(ended["session_id"])
+    assert row.endswith("forced  runaway job see ticket 42")
+    # And her live sessions' table has no NOTE column
+    api.responses[("GET", "/v1/sessions")] = [live]
+    code, out, _ = cli("session", "list")
+    assert code == 0
+    assert "NOTE" not in out.splitlines()[0]
+    assert "end_note" not in out

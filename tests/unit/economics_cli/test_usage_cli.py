@@ -88,3 +88,19 @@ def test_the_csv_line_columns_only_ever_grow_at_the_end():
         "user", "group", "session_id", "slice_id", "start", "end", "seconds", "share", "gpu_hours",
         "amount_usd", "running", "claim_id",
     ]  # fmt: skip
+
+
+def test_usage_by_host_reads_running_for_a_host_still_paid_for_with_nobody_on_it(served, cli):
+    # Given both members checked in, and the host still registered (paid for up to now)
+    # When an admin asks for this month by host
+    code, out, _ = cli("usage", "--month", "2026-12", "--by", "host")
+    # Then the host's row reads running
+    assert code == 0
+    lines = out.splitlines()
+    header = lines[1].split()
+    (row,) = [ln.split() for ln in lines[2:] if ln.startswith("i-0aaa0001")]
+    assert (header[-1], row[header.index("SESSIONS")], row[-1]) == ("RUNNING", "2", "yes")
+    # And the CSV for finance says the same
+    _, out_csv, _ = cli("usage", "--month", "2026-12", "--by", "host", "--output", "csv")
+    (csv_row,) = csv.DictReader(io.StringIO(out_csv))
+    assert (csv_row["key"], csv_row["running"]) == ("i-0aaa0001", "True")
