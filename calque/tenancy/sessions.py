@@ -195,15 +195,7 @@ class SessionsMixin(TenancyCore):
         if session.state == "ended" and rid is not None and session.end_request == rid:
             return self._session_view(session)  # a replay of the check-in that ended it
         if session.state == "ended":
-            raise Conflict(
-                f"session {session_id} already ended ({session.end_reason})",
-                code="already_checked_in",
-                details={
-                    "session_id": session_id,
-                    "end_reason": session.end_reason,
-                    "ended_at": _iso(session.ended_at),
-                },
-            )
+            raise already_ended(session, "already_checked_in")
         token_hash: str | None = None
         if req.force:
             reason, kind = "forced", "forced"
@@ -226,11 +218,7 @@ class SessionsMixin(TenancyCore):
             if current is not None and current.state == "ended" and rid and current.end_request == rid:
                 return self._session_view(current)
             if current is not None and current.state == "ended":
-                raise Conflict(
-                    f"session {session_id} already ended ({current.end_reason})",
-                    code="already_checked_in",
-                    details={"session_id": session_id, "end_reason": current.end_reason},
-                ) from None
+                raise already_ended(current, "already_checked_in") from None
             raise Conflict(
                 f"session {session_id}'s slice changed while checking in; nothing was released",
                 code="slice_state_changed",
@@ -461,11 +449,7 @@ class SessionsMixin(TenancyCore):
 
     def _check_extendable(self, session: SessionRecord, now: datetime) -> None:
         if session.state == "ended":
-            raise Conflict(
-                f"session {session.session_id} already ended ({session.end_reason})",
-                code="session_ended",
-                details={"session_id": session.session_id, "end_reason": session.end_reason},
-            )
+            raise already_ended(session, "session_ended")
         if session.expires_at <= now:
             raise Conflict(
                 f"session {session.session_id} expired at {session.expires_at:%Y-%m-%dT%H:%M:%SZ}",
@@ -515,3 +499,21 @@ def _describe(req: CheckoutRequest) -> str:
     if req.min_memory_gib is not None:
         return f"{req.backend} slice with at least {req.min_memory_gib:g} GiB"
     return f"{req.backend} slice"
+
+
+def already_ended(session: SessionRecord, code: str) -> Conflict:
+    """The refusal for a session that has ended: why, in the words recorded with its end
+    (an admin's reason for a forced check-in or a drain is how its member learns it)."""
+    why = str(session.end_reason)
+    if session.end_note:
+        why += f": {' '.join(session.end_note.split())}"
+    return Conflict(
+        f"session {session.session_id} already ended ({why})",
+        code=code,
+        details={
+            "session_id": session.session_id,
+            "end_reason": session.end_reason,
+            "end_note": session.end_note or None,
+            "ended_at": _iso(session.ended_at),
+        },
+    )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, Session
-from calque.errors import NotFound
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, Session
+from calque.errors import Conflict, NotFound
 from calque.fleet.tenancy_hosts import TenancyHosts
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
@@ -37,6 +37,23 @@ def test_a_member_sees_the_admins_reason_for_forcing_the_check_in_of_their_sessi
     assert [(s.session_id, s.end_note) for s in listed] == [(grant.session_id, RUNAWAY)]
     # And the JSON scripts read carries it under end_note
     assert shown.model_dump(mode="json")["end_note"] == RUNAWAY
+
+
+def test_checking_in_or_extending_a_session_an_admin_ended_says_why(world: World):
+    # Given an admin forced the check-in of alice's session, saying why
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(ADMIN, grant.session_id, CheckinRequest(force=True, reason=RUNAWAY))
+    # When alice, not having looked, checks it in with her token, or extends it
+    with pytest.raises(Conflict) as checkin:
+        world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    with pytest.raises(Conflict) as extend:
+        world.tenancy.extend(ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=600))
+    # Then each refusal says it ended, forced, and the admin's words
+    for refusal, code in ((checkin.value, "already_checked_in"), (extend.value, "session_ended")):
+        assert refusal.code == code
+        assert refusal.message == f"session {grant.session_id} already ended (forced: {RUNAWAY})"
+        assert refusal.details["end_note"] == RUNAWAY
 
 
 def test_a_forced_check_in_without_a_reason_has_no_note(world: World):
