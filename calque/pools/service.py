@@ -633,7 +633,14 @@ class Pools:
         if rep.state == d.W_EXITED and current is not None and current.state == d.W_STARTING:
             changes["failed_start"] = True  # it never served: counted by the scaler
         self.store.update_worker(pool, worker_id, changes)
-        return {"worker_id": worker_id, "state": rep.state}
+        answer: dict[str, Any] = {"worker_id": worker_id, "state": rep.state}
+        if rep.state == d.W_BUSY and rep.claim_id:
+            # the worker's heartbeat learns here that the claim it runs ended (cancelled): it
+            # stops the run and records nothing (host_agent/worker/loop.py)
+            claim = self.store.get_claim(rep.claim_id)
+            if claim is not None and claim.pool == pool:
+                answer["claim_state"] = claim.state
+        return answer
 
     # the scaler (schedule + nudge) and the DLQ consumer
     def scale(self, name: str) -> Decision | dict[str, Any] | None:

@@ -1,12 +1,14 @@
-"""A claim cancelled while queued leaves its message on the pool's queue until a worker
-deletes it unrun; the scaler does not size the pool for it meanwhile (no instance paid for
-a claim nobody wants), and stops discounting it once its message left the queue."""
+"""Cancelling a claim. One cancelled while queued leaves its message on the pool's queue
+until a worker deletes it unrun; the scaler does not size the pool for it meanwhile (no
+instance paid for a claim nobody wants), and stops discounting it once its message left the
+queue. One cancelled while running: its worker learns it from the answer to its busy report
+(its heartbeat) and stops (host_agent/worker/loop.py; tests/unit/host_agent/test_worker_cancel.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolDelete
+from calque.contracts.pools import ClaimReport, ClaimSubmit, PoolDelete, WorkerReport
 from calque.pools import domain as d
 from calque.pools.scaler import Action, Backlog, ScalerConfig, decide, waiting_cancelled
 from tests.unit.pools.fakes import ADMIN, HOST_ROLE, World, instance, member
@@ -116,6 +118,26 @@ def test_a_running_claim_cancelled_still_counts_while_its_worker_holds_it(world)
     # Then nothing is discounted: the worker still holds the message until it stops
     assert world.store.pending_discards(POOL) == {}
     assert world.pools.status(ADMIN, POOL)["backlog"] == {"visible": 0, "in_flight": 1, "cancelled": 0}
+
+
+def busy(world: World, wid: str, iid: str, claim_id: str) -> dict:
+    return world.pools.worker_report(
+        instance(iid), HOST_ROLE, POOL, wid, WorkerReport(instance_id=iid, state="busy", claim_id=claim_id)
+    )
+
+
+def test_a_worker_busy_with_a_claim_learns_from_its_report_that_the_claim_was_cancelled(world):
+    # Given a claim running on a worker, which reports itself busy with it (its heartbeat)
+    wid, iid = start_worker(world)
+    claim_id = submit(world)
+    started(world, claim_id, wid, iid)
+    assert busy(world, wid, iid, claim_id)["claim_state"] == d.RUNNING
+    # When its member cancels it
+    world.pools.cancel_claim(ALICE, claim_id)
+    # Then the worker's next report is answered with the claim's end
+    assert busy(world, wid, iid, claim_id)["claim_state"] == d.CANCELLED
+    # and a claim of another pool, or none, is not revealed
+    assert "claim_state" not in busy(world, wid, iid, "c-unknown")
 
 
 def test_a_cancelled_claims_message_moved_to_the_dlq_is_no_longer_discounted(world):
