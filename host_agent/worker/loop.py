@@ -122,8 +122,11 @@ class Worker:
         self.claims_run = 0
         self._last_report = 0.0
         self._state = "starting"
-        self._claim_id: str | None = None
-        # the claim in hand ended elsewhere (its state, as the control plane answered a beat)
+        # The claim in hand, and whether it ended elsewhere (its state, as the control plane
+        # answered a beat): the heartbeat thread reads and sets these under the lock, so a
+        # late beat of one claim never stops the next.
+        self._lock = threading.Lock()
+        self._current: str | None = None
         self._ended: str | None = None
         self._stop_asked_at: float | None = None
         self._killed = False
@@ -141,8 +144,6 @@ class Worker:
     def _report_self(self, state: str, **extra: Any) -> dict[str, Any]:
         """Report this worker's state; the control plane's answer ({} when it failed)."""
         self._state, self._last_report = state, self.clock()
-        if state == "busy":
-            self._claim_id = extra.get("claim_id")
         body = {"instance_id": self.config.instance_id, "state": state, **extra}
         try:
             answer = self.control.worker(self.config.pool, self.config.worker_id, body)
@@ -200,7 +201,8 @@ class Worker:
             # Already completed, failed or cancelled: exactly-once effect, do not run it again.
             self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
             return f"skipped:{answer.get('state')}"
-        self._ended, self._stop_asked_at, self._killed = None, None, False
+        with self._lock:
+            self._current, self._ended, self._stop_asked_at, self._killed = claim_id, None, None, False
         self._report_self("busy", claim_id=claim_id)
         try:
             with _Heartbeat(
@@ -239,6 +241,8 @@ class Worker:
             self.claims_run += 1
             return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
         finally:
+            with self._lock:
+                self._current = None
             self._report_self("idle")
 
     def _still_busy(self, claim_id: str) -> None:
@@ -246,20 +250,22 @@ class Worker:
         if so, ask the runner to stop its run, and kill it if it has not after the grace."""
         answer = self._report_self("busy", claim_id=claim_id)
         state = answer.get("claim_state")
-        if claim_id != self._claim_id:
-            return  # a late beat of a claim already over
-        if self._ended is None and state in ENDED:
-            self._ended, self._stop_asked_at = str(state), self.clock()
-            log.info("claim %s is %s: stopping its run", self._claim_id, state)
-            self.supervisor.interrupt()
-        elif (
-            self._stop_asked_at is not None
-            and not self._killed
-            and self.clock() - self._stop_asked_at >= self.config.stop_grace_s
-        ):
-            log.warning("the runner did not stop within %.0fs: killing it", self.config.stop_grace_s)
-            self._killed = True
-            self.supervisor.kill_runner()
+        # under the lock: the run stopped is this claim's, never the next one's
+        with self._lock:
+            if claim_id != self._current:
+                return  # a late beat of a claim already over
+            if self._ended is None and state in ENDED:
+                self._ended, self._stop_asked_at = str(state), self.clock()
+                log.info("claim %s is %s: stopping its run", claim_id, state)
+                self.supervisor.interrupt()
+            elif (
+                self._stop_asked_at is not None
+                and not self._killed
+                and self.clock() - self._stop_asked_at >= self.config.stop_grace_s
+            ):
+                log.warning("the runner did not stop within %.0fs: killing it", self.config.stop_grace_s)
+                self._killed = True
+                self.supervisor.kill_runner()
 
     def _attempt(self, pointer: dict[str, Any], attempt: int) -> Any:
         manifest = pointer["manifest"]

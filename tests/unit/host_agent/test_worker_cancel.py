@@ -233,3 +233,20 @@ def test_a_claim_completed_by_another_delivery_meanwhile_is_stopped_too():
     assert out == ["stopped:succeeded"]
     assert results_of(s3, "c-dup") == []
     assert sqs.deleted == ["r-dup"]
+
+
+def test_a_late_heartbeat_answer_about_a_claim_already_over_does_not_stop_the_next_one():
+    # Given a worker running claim B, and claim A, over, since cancelled
+    runner = SlowRunner(run_s=0.5)
+    worker, sqs, s3, control = make_worker(runner)
+    control.states["c-a"] = "cancelled"
+    thread, out = handle_in_background(worker, message(s3, "c-b", "r-b"))
+    wait_for(lambda: "c-b" in control.busy_reports)
+    # When a beat of A, held up on its way, comes back while B runs
+    worker._still_busy("c-a")
+    thread.join(WAIT_S)
+    # Then B is not stopped: it completes with its result
+    assert out == ["succeeded"]
+    assert runner.interrupts == 0
+    assert control.states["c-b"] == "succeeded"
+    assert sqs.deleted == ["r-b"]
