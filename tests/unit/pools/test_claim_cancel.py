@@ -230,3 +230,38 @@ def test_a_claim_ended_while_queued_is_listed_to_discard_until_cleared(store):  
     assert store.pending_discards("p1") == {}
     store.clear_discard("p1", "c-1")  # clearing twice is harmless
     assert store.pending_discards("other") == {}
+
+
+def test_a_pool_queue_keeps_messages_as_long_as_the_scaler_discounts_cancelled_ones(monkeypatch):
+    import boto3
+    from moto import mock_aws
+
+    from calque.pools.aws import SqsPoolQueues
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        refs = SqsPoolQueues(sqs, "calque-pool").create("p1", visibility_s=60, max_receives=3)
+        attrs = sqs.get_queue_attributes(QueueUrl=refs.queue_url, AttributeNames=["MessageRetentionPeriod"])
+    assert int(attrs["Attributes"]["MessageRetentionPeriod"]) == d.MESSAGE_RETENTION_S
+
+
+def test_a_discard_entry_on_dynamodb_is_collected_by_ttl_once_the_retention_is_past(monkeypatch):
+    import boto3
+    from moto import mock_aws
+
+    from calque.registry.pools import DynamoPoolStore
+    from tests.unit.registry.moto_table import create_registry_table
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        table = create_registry_table(ddb)
+        s = DynamoPoolStore(ddb, table)
+        s.create_pool(pool())
+        s.create_claim(claim("c-1"))
+        s.end_claim("c-1", d.LIVE, {"state": d.CANCELLED}, price=lambda c: None, discard_at=1000.0)
+        item = ddb.get_item(TableName=table, Key={"pk": {"S": "POOL#p1"}, "sk": {"S": "DISCARD#c-1"}})["Item"]
+    assert int(item["gc_at"]["N"]) == 1000 + d.MESSAGE_RETENTION_S + 1
