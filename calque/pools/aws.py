@@ -7,12 +7,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from calque.pools.domain import MESSAGE_RETENTION_S
 from calque.pools.ports import DeadLetter, QueueRefs
 
 
 class SqsPoolQueues:
     """One queue and one DLQ per pool, named ``<prefix>-<pool>[-dlq]``: encrypted (SSE-SQS),
-    redriven after ``max_receives`` deliveries, DLQ kept 14 days."""
+    redriven after ``max_receives`` deliveries, messages kept ``MESSAGE_RETENTION_S`` (the
+    scaler's discount of cancelled claims' messages rests on it), DLQ kept 14 days."""
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
@@ -36,6 +38,7 @@ class SqsPoolQueues:
             Attributes={
                 "SqsManagedSseEnabled": "true",
                 "VisibilityTimeout": str(visibility_s),
+                "MessageRetentionPeriod": str(MESSAGE_RETENTION_S),
                 "RedrivePolicy": json.dumps(
                     {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receives}
                 ),

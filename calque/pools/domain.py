@@ -23,6 +23,11 @@ LIVE = frozenset({QUEUED, RUNNING})
 
 POOL_ACTIVE, POOL_DELETING = "active", "deleting"
 
+# How long a pool queue keeps a message no worker received (set on the queue; SQS's default).
+# A claim cancelled while queued leaves its message there at most this long: the scaler stops
+# discounting it after that, as SQS has dropped it.
+MESSAGE_RETENTION_S = 4 * 24 * 3600
+
 # Worker states as the control plane records them (the scaler's view, plus the end).
 W_STARTING, W_IDLE, W_BUSY, W_EXITED = "starting", "idle", "busy", "exited"
 

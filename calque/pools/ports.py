@@ -57,13 +57,24 @@ class PoolStore(Protocol):
         counters: Any = None,
         default_max_sessions: int = 2,
         count_completion: bool = False,
+        discard_at: float | None = None,
     ) -> ClaimRecord | None:
         """End a claim as ``transition_claim`` does, and add what it used (``price`` of the
         ended record) to its member's and group's month on ``counters`` (the registry), in
         the same transaction, on condition the claim is still in ``from_states`` and still
         the attempt it was priced from: an end written twice (a redelivered message, a retry)
         changes and counts nothing the second time. None when the condition failed.
-        ``counters`` None: nothing is counted."""
+        ``counters`` None: nothing is counted. ``discard_at`` (epoch seconds): when the claim
+        ends from queued, list it among the pool's ``pending_discards`` in the same write
+        (its message waits on the queue for a worker to delete it unrun)."""
+
+    def pending_discards(self, pool: str) -> dict[str, float]:
+        """The pool's claims cancelled while queued whose message no worker has discarded yet,
+        with when each was cancelled (epoch seconds): one query, however many claims."""
+
+    def clear_discard(self, pool: str, claim_id: str) -> None:
+        """The claim's message left the queue (a worker deleted it, or SQS moved it to the
+        DLQ): it is no longer one to discard. Nothing happens when it was not listed."""
 
     def put_worker(self, worker: WorkerRecord) -> None: ...
     def update_worker(self, pool: str, worker_id: str, changes: dict[str, Any]) -> WorkerRecord | None: ...

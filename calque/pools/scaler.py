@@ -8,7 +8,8 @@ Rules, in the order they apply:
 
 1. desired = clamp(ceil(backlog / target_backlog_per_worker), min_workers, max_workers),
    where backlog counts visible AND in-flight messages (a claim being worked on still
-   needs its worker).
+   needs its worker), less the messages of claims cancelled while queued that are still
+   waiting on the queue (nobody wants them run; a worker deletes each unrun).
 2. Any backlog with zero workers starts one, at once: no cooldown delays the first worker.
    Likewise fewer workers than ``min_workers`` (one was lost) are restored at once.
 3. Scale-out launches desired - current, unless a scale-out happened within
@@ -23,6 +24,7 @@ Every decision carries its inputs and a reason a person can read.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -73,12 +75,29 @@ class ScalerConfig:
 
 @dataclass(frozen=True)
 class Backlog:
+    """The pool queue's messages: ``visible`` (waiting) and ``in_flight`` (received by a
+    worker), and ``cancelled``: how many of them belong to claims cancelled while queued
+    whose message no worker has discarded yet (``waiting_cancelled``). Those need no worker:
+    they come off the waiting messages, never below zero."""
+
     visible: int
     in_flight: int
+    cancelled: int = 0
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self.visible - self.cancelled)
 
     @property
     def total(self) -> int:
-        return self.visible + self.in_flight
+        return self.waiting + self.in_flight
+
+
+def waiting_cancelled(cancelled_at: Iterable[float], now: float, retention_s: float) -> int:
+    """How many claims cancelled while queued (at these clock seconds) still have their message
+    on the queue to be discarded: those cancelled within the queue's message retention (an
+    older one's message is gone, delivered or not, and no longer on the queue to discount)."""
+    return sum(1 for at in cancelled_at if now - at < retention_s)
 
 
 @dataclass(frozen=True)
@@ -157,6 +176,7 @@ def decide(
     inputs: dict[str, Any] = {
         "backlog_visible": backlog.visible,
         "backlog_in_flight": backlog.in_flight,
+        "backlog_cancelled": backlog.cancelled,
         "workers": counts,
         "config": asdict(config),
         "last_scale_out_at": history.last_scale_out_at,

@@ -55,6 +55,7 @@ from calque.pools.scaler import (
     WorkerView,
     decide,
     place_launch,
+    waiting_cancelled,
     whole_instances,
 )
 
@@ -287,9 +288,22 @@ class Pools:
         self.nudger.nudge(name)
         return updated
 
+    def _backlog(self, pool: d.PoolRecord, now: float, *, prune: bool = False) -> Backlog:
+        """The pool queue's messages, less those of claims cancelled while queued that still
+        wait there (within the queue's retention) for a worker to discard them. ``prune``: an
+        entry past the retention (SQS dropped its message) is removed as well as ignored."""
+        pending = self.store.pending_discards(pool.name)
+        visible, in_flight = self.queues.depth(pool.queue_url)
+        cancelled = waiting_cancelled(pending.values(), now, d.MESSAGE_RETENTION_S)
+        if prune:
+            for claim_id, at in pending.items():
+                if not waiting_cancelled([at], now, d.MESSAGE_RETENTION_S):
+                    self.store.clear_discard(pool.name, claim_id)
+        return Backlog(visible, in_flight, cancelled)
+
     def status(self, who: Caller, name: str) -> dict[str, Any]:
         pool = self._pool(name)
-        visible, in_flight = self.queues.depth(pool.queue_url)
+        backlog = self._backlog(pool, self.clock.now())
         # every live claim (the backlog), and the latest STATUS_ENDED_CLAIMS that ended
         live = self.store.live_claims(name)
         claims = live + self.store.ended_claims(name, STATUS_ENDED_CLAIMS)
@@ -300,7 +314,11 @@ class Pools:
         return PoolStatus(
             pool=name,
             state=pool.state,
-            backlog={"visible": visible, "in_flight": in_flight},
+            backlog={
+                "visible": backlog.visible,
+                "in_flight": backlog.in_flight,
+                "cancelled": backlog.cancelled,
+            },
             oldest_claim_age_s=(
                 round(now - datetime.fromisoformat(oldest.replace("Z", "+00:00")).timestamp())
                 if oldest
@@ -333,11 +351,11 @@ class Pools:
 
     def _finish_delete(self, pool: d.PoolRecord, *, force: bool) -> dict[str, Any]:
         """Deleted when drained (or forced): workers released, queues deleted, record gone."""
-        visible, in_flight = self.queues.depth(pool.queue_url)
+        backlog = self._backlog(pool, self.clock.now())
         workers = self.store.workers(pool.name)
         busy = [w for w in workers if w.state == d.W_BUSY]
-        if not force and (visible or in_flight or busy):
-            return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": visible + in_flight}
+        if not force and (backlog.total or busy):
+            return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": backlog.total}
         self._drop(pool, workers, {w.worker_id for w in workers})
         if force:
             for c in self.store.live_claims(pool.name):
@@ -352,6 +370,8 @@ class Pools:
                         },
                     )
         self.queues.delete(QueueRefs(pool.queue_url, pool.queue_arn, pool.dlq_url, pool.dlq_arn))
+        for claim_id in self.store.pending_discards(pool.name):  # their queue is gone
+            self.store.clear_discard(pool.name, claim_id)
         self.store.delete_pool(pool.name)
         return {"pool": pool.name, "state": "deleted"}
 
@@ -423,10 +443,13 @@ class Pools:
         changes: dict[str, Any],
         *,
         count_completion: bool = False,
+        discard_at: float | None = None,
     ) -> d.ClaimRecord | None:
         """Record a claim's end (from queued or running) and, in the same write, settle what it
         ran into its member's and group's month (calque.accounting.claims.claim_use); an end
-        already recorded changes and counts nothing. None when the claim had ended already."""
+        already recorded changes and counts nothing. None when the claim had ended already.
+        ``discard_at``: a claim ended while queued is listed as one whose message waits on the
+        queue to be discarded (not counted in the backlog the scaler sizes the pool by)."""
         record = self.store.get_pool(pool) if isinstance(pool, str) else pool
         registry = self.groups
         rates = self.rates
@@ -454,6 +477,7 @@ class Pools:
             counters=registry,
             default_max_sessions=self.config.default_max_sessions,
             count_completion=count_completion,
+            discard_at=discard_at,
         )
 
     def _claim_for(self, who: Caller, claim_id: str) -> d.ClaimRecord:
@@ -487,14 +511,18 @@ class Pools:
 
     def cancel_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
         claim = self._claim_for(who, claim_id)
+        now = self.clock.now()
+        # cancelled while queued: its message stays on the queue until a worker receives and
+        # deletes it unrun; meanwhile the scaler does not count it (pending_discards)
         changed = self._end(
             claim.pool,
             claim_id,
             {
                 "state": d.CANCELLED,
-                "finished_at": _iso(self.clock.now()),
+                "finished_at": _iso(now),
                 "reason": f"cancelled by {who.principal}",
             },
+            discard_at=now,
         )
         if changed is None:
             raise Conflict(
@@ -540,6 +568,9 @@ class Pools:
                 },
             )
             state = changed.state if changed else self._state(claim_id)
+            if state == d.CANCELLED:
+                # the worker deletes the message unrun: no longer one waiting to be discarded
+                self.store.clear_discard(pool, claim_id)
             return {"proceed": changed is not None, "completed": False, "state": state}
         if rep.event == "attempt_failed":
             changed = self.store.transition_claim(
@@ -602,7 +633,14 @@ class Pools:
         if rep.state == d.W_EXITED and current is not None and current.state == d.W_STARTING:
             changes["failed_start"] = True  # it never served: counted by the scaler
         self.store.update_worker(pool, worker_id, changes)
-        return {"worker_id": worker_id, "state": rep.state}
+        answer: dict[str, Any] = {"worker_id": worker_id, "state": rep.state}
+        if rep.state == d.W_BUSY and rep.claim_id:
+            # the worker's heartbeat learns here that the claim it runs ended (cancelled): it
+            # stops the run and records nothing (host_agent/worker/loop.py)
+            claim = self.store.get_claim(rep.claim_id)
+            if claim is not None and claim.pool == pool:
+                answer["claim_state"] = claim.state
+        return answer
 
     # the scaler (schedule + nudge) and the DLQ consumer
     def scale(self, name: str) -> Decision | dict[str, Any] | None:
@@ -629,7 +667,7 @@ class Pools:
         self._drop(pool, workers, gone)
         workers = [w for w in workers if w.worker_id not in gone]
         self._start_workers(pool, workers)
-        visible, in_flight = self.queues.depth(pool.queue_url)
+        backlog = self._backlog(pool, now, prune=True)
         views = [
             WorkerView(w.worker_id, WorkerState(w.state), w.idle_since)
             for w in workers
@@ -642,7 +680,7 @@ class Pools:
             idle_timeout_s=pool.idle_timeout_s,
         )
         history = ScalerHistory(pool.last_scale_out_at, pool.last_scale_in_at)
-        decision = decide(config, Backlog(visible, in_flight), views, now, history)
+        decision = decide(config, backlog, views, now, history)
         if decision.launch and failures["start_failures"] >= self.config.start_failure_limit:
             decision = dataclasses.replace(
                 decision,
@@ -850,6 +888,9 @@ class Pools:
             except (ValueError, KeyError, TypeError):
                 continue
             claim = self.store.get_claim(claim_id)
+            if claim is not None and claim.state == d.CANCELLED:
+                # cancelled while queued, its message moved here: not on the queue any more
+                self.store.clear_discard(pool.name, claim_id)
             last = f"; last: {claim.reason}" if claim and claim.reason else ""
             reason = f"not completed after {pool.max_receives} deliveries{last}"
             if self._end(

@@ -6,6 +6,11 @@
     claim ptr   CLAIM#<claim_id>    CLAIM                 (the claim's pool, to find it by id)
     worker      POOL#<pool>         WORKER#<worker_id>
     decision    POOL#<pool>         DECISION#<epoch ms, 15 digits>#<action>   (scale-outs and scale-ins)
+    discard     POOL#<pool>         DISCARD#<claim_id>    (a claim cancelled while queued whose
+                                                         message is still on the queue: written in
+                                                         the cancel's transaction, deleted when a
+                                                         worker discards the message; gc_at (TTL)
+                                                         once the queue's retention is past)
 
     claim run   CLAIMRUNS#<YYYY-MM-DD>  RUN#<pool>#<claim_id>   (a copy of a claim that ran, under
                                                          every UTC day it ran: chargeback's index)
@@ -36,6 +41,8 @@ from botocore.exceptions import ClientError
 from calque.errors import Conflict
 from calque.pools.domain import (
     LIVE,
+    MESSAGE_RETENTION_S,
+    QUEUED,
     RUNNING,
     SUCCEEDED,
     TERMINAL,
@@ -85,6 +92,10 @@ def _worker_key(pool: str, worker_id: str) -> dict[str, str]:
     return {"pk": f"POOL#{pool}", "sk": f"WORKER#{worker_id}"}
 
 
+def _discard_key(pool: str, claim_id: str) -> dict[str, str]:
+    return {"pk": f"POOL#{pool}", "sk": f"DISCARD#{claim_id}"}
+
+
 def _served_by(before: ClaimRecord, ended: ClaimRecord) -> str | None:
     """The worker whose ``claims_served`` this end adds one to: the worker that ran the claim
     to ``succeeded`` (a claim that failed or was cancelled was served by nobody)."""
@@ -128,6 +139,12 @@ def _pool_index(claim: ClaimRecord) -> dict[str, str]:
     else:
         sk = f"E#{claim.finished_at or claim.submitted_at}#{claim.claim_id}"
     return {"expiry_pk": f"POOLCLAIMS#{claim.pool}", "expiry_sk": sk}
+
+
+def _discard_item(pool: str, claim_id: str, at: float) -> dict[str, Any]:
+    # DynamoDB's TTL collects it once SQS has dropped the message, should no worker discard it
+    gc_at = int(at + MESSAGE_RETENTION_S) + 1
+    return {**_discard_key(pool, claim_id), "pool": pool, "claim_id": claim_id, "at": at, "gc_at": gc_at}
 
 
 def _strip(item: dict[str, Any]) -> dict[str, Any]:
@@ -338,10 +355,13 @@ class DynamoPoolStore:
         counters: Any = None,
         default_max_sessions: int = 2,
         count_completion: bool = False,
+        discard_at: float | None = None,
     ) -> ClaimRecord | None:
         # One transaction: the claim's end, on condition it is still in ``from_states`` and
         # still the attempt it was priced from (a worker may start it again meanwhile), and
         # what it used added to its member's and group's month. A lost race re-reads.
+        # ``discard_at``: a claim ended while queued (its message still waits on the queue)
+        # is listed as one to discard, in the same transaction.
         for _ in range(_END_TRIES):
             pool = self._claim_pool(claim_id)
             item = self._get(_claim_key(pool, claim_id)) if pool else None
@@ -365,6 +385,10 @@ class DynamoPoolStore:
                 else:
                     condition += f" AND #p{n} = :p{n}"
                     values[f":p{n}"] = was
+            if discard_at is not None and current.state == QUEUED:
+                # still queued as the write lands: a start meanwhile fails the transaction
+                condition += " AND #st = :queued"
+                values[":queued"] = QUEUED
             expr, names, values = _update_parts({**update, **_pool_index(ended)}, values)
             items: list[dict[str, Any]] = [
                 {
@@ -377,6 +401,8 @@ class DynamoPoolStore:
                     }
                 }
             ]
+            if discard_at is not None and current.state == QUEUED:
+                items.append({"Put": {"Item": ser(_discard_item(pool, claim_id, discard_at))}})
             if use is not None:
                 items += counters.claim_use_items(use, default_max_sessions=default_max_sessions)
             served = _served_by(current, ended)
@@ -404,6 +430,12 @@ class DynamoPoolStore:
             self._index_run(ended)
             return ended
         return None
+
+    def pending_discards(self, pool: str) -> dict[str, float]:
+        return {str(i["claim_id"]): float(i["at"]) for i in self._query(f"POOL#{pool}", "DISCARD#")}
+
+    def clear_discard(self, pool: str, claim_id: str) -> None:
+        self.client.delete_item(TableName=self.table, Key=ser(_discard_key(pool, claim_id)))
 
     def put_pool_instance(self, record: PoolInstanceRecord) -> None:
         try:
@@ -496,6 +528,7 @@ class MemoryPoolStore:
         self._decisions: list[DecisionRecord] = []
         self._runs: dict[str, dict[str, ClaimRecord]] = {}
         self._instances: dict[str, PoolInstanceRecord] = {}
+        self._discards: dict[tuple[str, str], float] = {}
 
     def create_pool(self, pool: PoolRecord) -> None:
         with self._lock:
@@ -588,6 +621,7 @@ class MemoryPoolStore:
         counters: Any = None,
         default_max_sessions: int = 2,
         count_completion: bool = False,
+        discard_at: float | None = None,
     ) -> ClaimRecord | None:
         ended: list[ClaimRecord] = []
 
@@ -602,6 +636,8 @@ class MemoryPoolStore:
                 done = c.model_copy(update=update)
                 use = price(done) if counters is not None else None
                 self.claims[claim_id] = done
+                if discard_at is not None and c.state == QUEUED:
+                    self._discards[(done.pool, claim_id)] = discard_at
                 served = _served_by(c, done)
                 worker = self._workers.get((done.pool, served)) if served else None
                 if worker is not None:
@@ -620,6 +656,14 @@ class MemoryPoolStore:
         else:  # the registry's lock around both: the in-memory form of the one transaction
             counters.settle_claim(write, default_max_sessions=default_max_sessions)
         return ended[0] if ended else None
+
+    def pending_discards(self, pool: str) -> dict[str, float]:
+        with self._lock:
+            return {cid: at for (p, cid), at in sorted(self._discards.items()) if p == pool}
+
+    def clear_discard(self, pool: str, claim_id: str) -> None:
+        with self._lock:
+            self._discards.pop((pool, claim_id), None)
 
     def claims_ran_on(self, day: str) -> list[ClaimRecord]:
         with self._lock:

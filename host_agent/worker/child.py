@@ -4,12 +4,18 @@ Talks to its parent over a multiprocessing connection; the runner's stdout and s
 go to the files the parent names for each claim (file descriptors 1 and 2 redirected),
 so a print or a C library's output lands in that claim's log. When the parent dies
 (kill -9 of the worker), the child notices and exits: a runner never outlives its worker.
+
+A claim cancelled while it runs is stopped here: the parent writes the run's number in the
+shared ``stop`` value and sends SIGUSR1; the handler raises ``ClaimStopped`` in the runner's
+``run`` at its next Python instruction (a native call in progress, a GPU kernel, finishes
+first), as Ctrl-C would. The runner stays loaded: the worker's next claim is warm.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -17,6 +23,24 @@ import traceback
 from typing import Any
 
 from host_agent.worker.runner import RunnerError, load_runner, run_items
+
+
+class ClaimStopped(BaseException):
+    """Raised in the runner's ``run`` when the parent stops the claim (not an ``Exception``:
+    a runner's ``except Exception`` does not swallow it)."""
+
+
+def _stop_on_signal(stop: Any, running: dict) -> None:
+    """SIGUSR1 stops the run in progress if it is the one ``stop`` names (a late signal for a
+    run already over stops nothing)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        seq = running.get("seq", 0)
+        if seq and stop is not None and stop.value == seq:
+            running["seq"] = 0
+            raise ClaimStopped()
+
+    signal.signal(signal.SIGUSR1, handler)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -55,7 +79,7 @@ class _Redirect:
             os.close(saved)
 
 
-def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int) -> None:
+def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int, stop: Any = None) -> None:
     _exit_with_parent(parent_pid)
     started = time.monotonic()
     try:
@@ -64,6 +88,8 @@ def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int)
     except BaseException as exc:
         conn.send({"op": "enter_failed", "reason": f"{type(exc).__name__}: {exc}"[:2000]})
         return
+    running: dict = {"seq": 0}  # the number of the run in progress; 0 between runs
+    _stop_on_signal(stop, running)
     conn.send({"op": "entered", "enter_seconds": round(time.monotonic() - started, 3)})
     while True:
         try:
@@ -75,8 +101,14 @@ def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int)
         began = time.monotonic()
         try:
             with _Redirect(request.get("stdout"), request.get("stderr")):
-                results = run_items(runner, request["items"])
+                running["seq"] = int(request.get("seq") or 0)
+                try:
+                    results = run_items(runner, request["items"])
+                finally:
+                    running["seq"] = 0
             conn.send({"op": "done", "results": results, "run_seconds": round(time.monotonic() - began, 3)})
+        except ClaimStopped:
+            conn.send({"op": "stopped", "run_seconds": round(time.monotonic() - began, 3)})
         except RunnerError as exc:
             conn.send({"op": "failed", "reason": str(exc)})
         except BaseException as exc:

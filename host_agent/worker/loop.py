@@ -6,6 +6,14 @@ a redelivered claim that is already completed (or cancelled, or failed) is delet
 without running again. A claim whose worker dies is redelivered by SQS when its
 visibility lapses (no heartbeat any more); after the queue's bounded receives it lands
 in the DLQ, where the pool's DLQ consumer marks it failed.
+
+Cancel while running: with each heartbeat the worker reports itself busy with the claim
+(its liveness), and the control plane answers the claim's state. A claim that ended
+meanwhile (cancelled by its member, or completed by another delivery) is stopped: the
+runner's ``run`` is interrupted (host_agent/worker/child.py) and stays loaded; nothing is
+reported or written as a result; the message is deleted and the worker takes its next
+claim. A runner that does not stop within ``stop_grace_s`` is killed (the next claim is
+cold).
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ from host_agent.worker.supervisor import Outcome, Supervisor
 
 log = logging.getLogger("calque.worker")
 
+# A claim in one of these states needs no more running (the control plane's claim states).
+ENDED = frozenset({"succeeded", "failed", "cancelled"})
+
 
 @dataclass
 class WorkerConfig:
@@ -38,6 +49,7 @@ class WorkerConfig:
     heartbeat_s: float = 20.0  # a third of the visibility: two missed beats still hold the claim
     idle_timeout_s: float = 600.0
     poll_wait_s: int = 20  # SQS long poll (at most 20)
+    stop_grace_s: float = 60.0  # a run asked to stop (its claim ended) and still running is killed after this
 
     def __post_init__(self) -> None:
         if self.heartbeat_s * 2 >= self.visibility_s:
@@ -75,6 +87,11 @@ class _Heartbeat:
                 self.beats += 1
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
+            if self._on_beat is not None and not self._stop.is_set():
+                try:
+                    self._on_beat()
+                except Exception as exc:
+                    log.warning("heartbeat report failed: %s", exc)
 
     def __enter__(self) -> _Heartbeat:
         self._thread.start()
@@ -105,7 +122,14 @@ class Worker:
         self.claims_run = 0
         self._last_report = 0.0
         self._state = "starting"
-        self._claim_id: str | None = None
+        # The claim in hand, and whether it ended elsewhere (its state, as the control plane
+        # answered a beat): the heartbeat thread reads and sets these under the lock, so a
+        # late beat of one claim never stops the next.
+        self._lock = threading.Lock()
+        self._current: str | None = None
+        self._ended: str | None = None
+        self._stop_asked_at: float | None = None
+        self._killed = False
 
     @property
     def report_every_s(self) -> float:
@@ -117,15 +141,16 @@ class Worker:
         """SIGTERM: finish the claim in hand (if any), then exit."""
         self.stopping = True
 
-    def _report_self(self, state: str, **extra: Any) -> None:
+    def _report_self(self, state: str, **extra: Any) -> dict[str, Any]:
+        """Report this worker's state; the control plane's answer ({} when it failed)."""
         self._state, self._last_report = state, self.clock()
-        if state == "busy":
-            self._claim_id = extra.get("claim_id")
         body = {"instance_id": self.config.instance_id, "state": state, **extra}
         try:
-            self.control.worker(self.config.pool, self.config.worker_id, body)
+            answer = self.control.worker(self.config.pool, self.config.worker_id, body)
         except Exception as exc:
             log.warning("worker state report failed: %s", exc)
+            return {}
+        return answer if isinstance(answer, dict) else {}
 
     def run_forever(self) -> int:
         try:
@@ -176,6 +201,8 @@ class Worker:
             # Already completed, failed or cancelled: exactly-once effect, do not run it again.
             self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
             return f"skipped:{answer.get('state')}"
+        with self._lock:
+            self._current, self._ended, self._stop_asked_at, self._killed = claim_id, None, None, False
         self._report_self("busy", claim_id=claim_id)
         try:
             with _Heartbeat(
@@ -184,9 +211,14 @@ class Worker:
                 receipt,
                 self.config.visibility_s,
                 self.config.heartbeat_s,
-                on_beat=self._still_busy,
+                on_beat=lambda: self._still_busy(claim_id),
             ):
                 outcome, logs = self._attempt(pointer, attempt)
+            if self._ended is not None:
+                # Ended elsewhere while it ran (cancelled): no result, no report; the message goes.
+                self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
+                log.info("claim %s %s while it ran: stopped, nothing recorded", claim_id, self._ended)
+                return f"stopped:{self._ended}"
             if not outcome.ok:
                 self.control.claim(
                     pool, claim_id, {"event": "attempt_failed", "reason": outcome.reason, **who}
@@ -209,11 +241,31 @@ class Worker:
             self.claims_run += 1
             return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
         finally:
+            with self._lock:
+                self._current = None
             self._report_self("idle")
 
-    def _still_busy(self) -> None:
-        if self.clock() - self._last_report >= self.report_every_s:
-            self._report_self("busy", claim_id=self._claim_id)
+    def _still_busy(self, claim_id: str) -> None:
+        """Each heartbeat: report busy (liveness) and learn whether the claim ended elsewhere;
+        if so, ask the runner to stop its run, and kill it if it has not after the grace."""
+        answer = self._report_self("busy", claim_id=claim_id)
+        state = answer.get("claim_state")
+        # under the lock: the run stopped is this claim's, never the next one's
+        with self._lock:
+            if claim_id != self._current:
+                return  # a late beat of a claim already over
+            if self._ended is None and state in ENDED:
+                self._ended, self._stop_asked_at = str(state), self.clock()
+                log.info("claim %s is %s: stopping its run", claim_id, state)
+                self.supervisor.interrupt()
+            elif (
+                self._stop_asked_at is not None
+                and not self._killed
+                and self.clock() - self._stop_asked_at >= self.config.stop_grace_s
+            ):
+                log.warning("the runner did not stop within %.0fs: killing it", self.config.stop_grace_s)
+                self._killed = True
+                self.supervisor.kill_runner()
 
     def _attempt(self, pointer: dict[str, Any], attempt: int) -> Any:
         manifest = pointer["manifest"]
@@ -228,6 +280,8 @@ class Worker:
         results = pointer["results"]
         # Per delivery AND worker: SQS may hand one message to two workers at once (at-least-once).
         prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}-{self.config.worker_id}"
+        if self._ended is not None:
+            return outcome, {"prefix": prefix, "items": len(items)}  # stopped: nothing is kept
         for name, data in logs.items():
             self.s3.put_object(Bucket=results["bucket"], Key=f"{prefix}/{name}.txt", Body=data)
         return outcome, {"prefix": prefix, "items": len(items)}

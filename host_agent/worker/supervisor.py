@@ -20,6 +20,7 @@ class Outcome:
     reason: str = ""
     warm_hit: bool = False
     enter_seconds: float = 0.0
+    stopped: bool = False  # the worker stopped it (its claim was cancelled): not a failure
 
 
 def _exit_reason(code: int | None) -> str:
@@ -46,6 +47,8 @@ class Supervisor:
         self.enter_seconds = 0.0
         self.enters = 0  # how many times enter() ran in this worker's life
         self._served_since_enter = 0
+        self._stop: Any = None  # shared with the child: the number of the run to stop
+        self._seq = 0  # the number of the latest run
 
     @property
     def alive(self) -> bool:
@@ -57,9 +60,10 @@ class Supervisor:
 
         ctx = multiprocessing.get_context("spawn")
         parent, kid = ctx.Pipe()
+        self._stop = ctx.Value("q", 0, lock=False)
         proc = ctx.Process(
             target=child.main,
-            args=(kid, self.runner_spec, self.package_path, os.getpid()),
+            args=(kid, self.runner_spec, self.package_path, os.getpid(), self._stop),
             name="calque-runner",
             daemon=True,
         )
@@ -99,8 +103,11 @@ class Supervisor:
         warm = self._served_since_enter > 0
         enter_s = 0.0 if warm else self.enter_seconds
         self._served_since_enter += 1
+        self._seq += 1
         with contextlib.suppress(OSError, BrokenPipeError):
-            self._conn.send({"op": "run", "items": items, "stdout": stdout_path, "stderr": stderr_path})
+            self._conn.send(
+                {"op": "run", "seq": self._seq, "items": items, "stdout": stdout_path, "stderr": stderr_path}
+            )
         message = self._receive()
         if message is None:
             # The pipe closes as the child exits, a moment before the exit code can be read.
@@ -108,6 +115,15 @@ class Supervisor:
             reason = _exit_reason(self._proc.exitcode)
             self.stop()
             return Outcome(ok=False, reason=reason, warm_hit=warm, enter_seconds=enter_s)
+        if message.get("op") == "stopped":
+            return Outcome(
+                ok=False,
+                stopped=True,
+                reason="stopped by the worker",
+                run_seconds=float(message.get("run_seconds", 0.0)),
+                warm_hit=warm,
+                enter_seconds=enter_s,
+            )
         if message.get("op") != "done":
             return Outcome(ok=False, reason=str(message.get("reason")), warm_hit=warm, enter_seconds=enter_s)
         return Outcome(
@@ -117,6 +133,28 @@ class Supervisor:
             warm_hit=warm,
             enter_seconds=enter_s,
         )
+
+    def interrupt(self) -> bool:
+        """Stop the run in progress (from another thread than the one in ``run``): the runner
+        gets ``ClaimStopped`` raised in its ``run`` and stays loaded; ``run`` answers an
+        Outcome with ``stopped``. False when no runner process is there to ask."""
+        proc, stop = self._proc, self._stop
+        if proc is None or stop is None or not proc.is_alive():
+            return False
+        stop.value = self._seq
+        try:
+            os.kill(proc.pid, signal.SIGUSR1)
+        except OSError:
+            return False
+        return True
+
+    def kill_runner(self) -> None:
+        """End the runner process at once (a run that did not stop when asked): ``run`` answers
+        a failed Outcome, and the next claim starts a new runner (cold)."""
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            with contextlib.suppress(OSError):
+                proc.kill()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self._proc is None:

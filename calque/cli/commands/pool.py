@@ -351,7 +351,14 @@ def render_status(pool: dict[str, Any]) -> str:
         ),
         (
             "backlog",
-            lambda p: f"{backlog.get('visible', 0)} visible, {backlog.get('in_flight', 0)} in flight",
+            lambda p: (
+                f"{backlog.get('visible', 0)} visible, {backlog.get('in_flight', 0)} in flight"
+                + (
+                    f" ({backlog['cancelled']} of them cancelled, to be discarded)"
+                    if backlog.get("cancelled")
+                    else ""
+                )
+            ),
         ),
         (
             "oldest_claim",

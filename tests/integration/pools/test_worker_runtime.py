@@ -6,6 +6,8 @@ from __future__ import annotations
 import glob
 import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,67 @@ def test_the_worker_runtime_runs_the_protocol_on_python_3_9():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "9", "False"]
+
+
+def test_a_run_stopped_by_its_worker_ends_at_once_and_the_runner_stays_warm(tmp_path):
+    # Given a runner in the middle of a long claim (its first item sleeps 60 s)
+    sup = Supervisor("misbehaving:Misbehaving", str(RUNNERS))
+    outcomes: list = []
+    try:
+        sup.start()
+        pid = sup._proc.pid
+        run = threading.Thread(
+            target=lambda: outcomes.append(
+                sup.run([{"sleep": 60}, {"n": 2}], str(tmp_path / "o1"), str(tmp_path / "e1"))
+            )
+        )
+        began = time.monotonic()
+        run.start()
+        time.sleep(0.5)
+        # When the worker stops it (its claim was cancelled)
+        assert sup.interrupt() is True
+        run.join(20)
+        stopped_after = time.monotonic() - began
+        # Then the run ends at once, stopped (not failed), with no result
+        assert outcomes
+        assert outcomes[0].stopped is True
+        assert outcomes[0].ok is False
+        assert outcomes[0].results == []
+        assert stopped_after < 10
+        # and the same runner process, still loaded, serves the next claim warm
+        after = sup.run([{"n": 3}], str(tmp_path / "o2"), str(tmp_path / "e2"))
+        assert after.ok is True
+        assert after.warm_hit is True
+        assert after.results[0]["output"] == {"square": 9, "pid": pid}
+        assert sup.enters == 1
+        # and a late request to stop, once no run is in progress, stops nothing
+        assert sup.interrupt() is True
+        late = sup.run([{"n": 4}], str(tmp_path / "o3"), str(tmp_path / "e3"))
+        assert late.ok is True
+        assert late.results[0]["output"]["square"] == 16
+    finally:
+        sup.stop()
+
+
+def test_a_run_is_stopped_the_same_way_on_python_3_9():
+    python39 = _python39()
+    if python39 is None:
+        pytest.skip("no Python 3.9 interpreter here")
+    code = (
+        "import sys, threading, time; sys.path.insert(0, sys.argv[1]);"
+        "from host_agent.worker.supervisor import Supervisor;"
+        "s = Supervisor('misbehaving:Misbehaving', sys.argv[2]); s.start(); out = [];"
+        "t = threading.Thread(target=lambda: out.append(s.run([{'sleep': 60}], '/dev/null', '/dev/null')));"
+        "t.start(); time.sleep(0.5); s.interrupt(); t.join(20);"
+        "o = s.run([{'n': 3}], '/dev/null', '/dev/null'); s.stop();"
+        "print(out[0].stopped, o.ok, o.warm_hit, o.results[0]['output']['square'])"
+    )
+    done = subprocess.run(
+        [python39, "-c", code, str(REPO), str(Path(RUNNERS))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True", "9"]
