@@ -175,8 +175,10 @@ class Usage:
         # At least the longest a session may live (plus the reaper's lag): see history.leases.
         self.lookback = lookback
 
-    def bill(self, since: datetime, until: datetime) -> chargeback.Bill:
-        now = self.clock()
+    def bill(self, since: datetime, until: datetime, *, now: datetime | None = None) -> chargeback.Bill:
+        """The bill of [since, until) as seen at ``now`` (default: the clock): a report passes
+        the ``now`` its period was computed with, so a period that ends now reaches it."""
+        now = self.clock() if now is None else now
         known = history.lifetimes(self.registry)
         rates = self.rates.instance_rates() if self.rates is not None else {}
         insts = history.instances(self.registry, known, rates)
@@ -195,7 +197,7 @@ class Usage:
     def usage(self, who: Caller, query: UsageQuery) -> UsageReport:
         now = self.clock()
         since, until, month = period_of(query, now)
-        bill = self.bill(since, until)
+        bill = self.bill(since, until, now=now)  # the same now: until may be it (no --until)
         lines = bill.lines if who.admin else [x for x in bill.lines if x.user == who.principal]
         total = sum((x.amount_usd for x in lines), Decimal("0.00"))
         return UsageReport(

@@ -176,3 +176,21 @@ def test_a_members_host_row_runs_only_while_their_own_session_lives(world):
     # Then a member's row sums only their own lines: running for bob, not for alice
     assert [(r.key, r.running) for r in alice.rows] == [(HOST, False)]
     assert [(r.key, r.running) for r in bob.rows] == [(HOST, True)]
+
+
+def test_a_period_since_a_date_with_no_until_reaches_now_and_reads_running(world):
+    # Given the host runs with nobody on it, and a clock that moves on between two reads of it
+    # (as a real one does while the report is computed)
+    world.clock.now = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
+
+    def ticking() -> datetime:
+        world.clock.advance(0.001)
+        return world.clock()
+
+    # When an admin asks from a date on, with no --until (the period ends now)
+    report = Usage(world.registry, clock=ticking).usage(
+        ADMIN, UsageQuery(since=datetime(2026, 12, 1, tzinfo=UTC), by="host")
+    )
+    # Then the host's row is running, as it is for this month: its instance is still paid for
+    assert [(r.key, r.running) for r in report.rows] == [(HOST, True)]
+    assert report.period.until == report.as_of
