@@ -244,7 +244,9 @@ def compute(
                         share=lease.share,
                         exact_usd=x,
                         amount_usd=_usd(c),
-                        running=lease.end is None,
+                        # still live, and the period reaches now: a past period's line
+                        # is charged up to its end, never to now
+                        running=lease.end is None and stop == now,
                         gpus=inst.gpus,
                     )
                 )

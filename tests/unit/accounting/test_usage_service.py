@@ -194,3 +194,18 @@ def test_a_period_since_a_date_with_no_until_reaches_now_and_reads_running(world
     # Then the host's row is running, as it is for this month: its instance is still paid for
     assert [(r.key, r.running) for r in report.rows] == [(HOST, True)]
     assert report.period.until == report.as_of
+
+
+def test_a_session_still_live_reads_not_running_on_a_month_that_ended(world):
+    # Given alice checked out on November 30 and her session still lives on December 1
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=6 * 3600))
+    world.clock.now = datetime(2026, 12, 1, 1, 0, tzinfo=UTC)
+    assert grant.session_id
+    # When she asks for November, a period that ended before now
+    november = usage(world).usage(ALICE, UsageQuery(month="2026-11", by="host"))
+    # Then neither her line nor her row of November is running: nothing there is still charged
+    assert [x.running for x in november.lines] == [False]
+    assert [(r.key, r.running) for r in november.rows] == [(HOST, False)]
+    # And December's, which reaches now, is
+    december = usage(world).usage(ALICE, UsageQuery(month="2026-12", by="host"))
+    assert [(r.key, r.running) for r in december.rows] == [(HOST, True)]
