@@ -64,13 +64,14 @@ class PoolStore(Protocol):
         the same transaction, on condition the claim is still in ``from_states`` and still
         the attempt it was priced from: an end written twice (a redelivered message, a retry)
         changes and counts nothing the second time. None when the condition failed.
-        ``counters`` None: nothing is counted. ``discard_at`` (epoch seconds): when the claim
-        ends from queued, list it among the pool's ``pending_discards`` in the same write
-        (its message waits on the queue for a worker to delete it unrun)."""
+        ``counters`` None: nothing is counted. ``discard_at`` (epoch seconds: when its message was
+        sent, from which the queue's retention counts): when the claim ends from queued, list
+        it among the pool's ``pending_discards`` in the same write (its message waits on the
+        queue for a worker to delete it unrun)."""
 
     def pending_discards(self, pool: str) -> dict[str, float]:
         """The pool's claims cancelled while queued whose message no worker has discarded yet,
-        with when each was cancelled (epoch seconds): one query, however many claims."""
+        with when each one's message was sent (epoch seconds): one query, however many claims."""
 
     def clear_discard(self, pool: str, claim_id: str) -> None:
         """The claim's message left the queue (a worker deleted it, or SQS moved it to the

@@ -93,11 +93,12 @@ class Backlog:
         return self.waiting + self.in_flight
 
 
-def waiting_cancelled(cancelled_at: Iterable[float], now: float, retention_s: float) -> int:
-    """How many claims cancelled while queued (at these clock seconds) still have their message
-    on the queue to be discarded: those cancelled within the queue's message retention (an
-    older one's message is gone, delivered or not, and no longer on the queue to discount)."""
-    return sum(1 for at in cancelled_at if now - at < retention_s)
+def waiting_cancelled(sent_at: Iterable[float], now: float, retention_s: float) -> int:
+    """How many claims cancelled while queued (their messages sent at these clock seconds) still
+    have their message on the queue to be discarded: those sent within the queue's message
+    retention (an older one's message is gone, delivered or not, and no longer on the queue to
+    discount)."""
+    return sum(1 for at in sent_at if now - at < retention_s)
 
 
 @dataclass(frozen=True)

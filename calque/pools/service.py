@@ -513,7 +513,11 @@ class Pools:
         claim = self._claim_for(who, claim_id)
         now = self.clock.now()
         # cancelled while queued: its message stays on the queue until a worker receives and
-        # deletes it unrun; meanwhile the scaler does not count it (pending_discards)
+        # deletes it unrun; meanwhile the scaler does not count it (pending_discards). The
+        # entry is dated when the message was sent (the claim's submission): SQS's retention
+        # counts from then, not from the cancel, and an entry outliving its message would
+        # hold a real claim back.
+        sent = datetime.fromisoformat(claim.submitted_at.replace("Z", "+00:00")).timestamp()
         changed = self._end(
             claim.pool,
             claim_id,
@@ -522,7 +526,7 @@ class Pools:
                 "finished_at": _iso(now),
                 "reason": f"cancelled by {who.principal}",
             },
-            discard_at=now,
+            discard_at=sent,
         )
         if changed is None:
             raise Conflict(

@@ -107,6 +107,23 @@ def test_a_cancelled_entry_past_the_queues_retention_no_longer_holds_a_real_clai
     assert world.store.pending_discards(POOL) == {}
 
 
+def test_a_claim_cancelled_days_after_it_was_queued_stops_being_discounted_when_sqs_drops_it(world):
+    # Given a claim that waited three days on the queue (no capacity), then was cancelled
+    old = submit(world)
+    world.clock.t += 3 * 24 * 3600
+    world.pools.cancel_claim(ALICE, old)
+    # When its message reaches the queue's retention, counted from when it was sent, and SQS
+    # drops it; then a member submits a claim and the scaler ticks
+    world.clock.t += d.MESSAGE_RETENTION_S - 3 * 24 * 3600 + 1
+    queue(world)["visible"].clear()
+    submit(world)
+    decision = world.pools.scale(POOL)
+    # Then the cancelled claim's entry holds nothing back: a worker starts for the real claim
+    assert decision.inputs["backlog_cancelled"] == 0
+    assert decision.action is Action.SCALE_OUT
+    assert workers_asked_for(world) == 1
+
+
 def test_a_running_claim_cancelled_still_counts_while_its_worker_holds_it(world):
     # Given a claim running on a worker (its message in flight)
     wid, iid = start_worker(world)
