@@ -41,6 +41,9 @@ def _stop_on_signal(stop: Any, running: dict) -> None:
             raise ClaimStopped()
 
     signal.signal(signal.SIGUSR1, handler)
+    # the parent starts this process with SIGUSR1 blocked (host_agent/worker/supervisor.py):
+    # a stop asked before now is delivered here, to the handler, which ignores it outside a run
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -80,6 +83,8 @@ class _Redirect:
 
 
 def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int, stop: Any = None) -> None:
+    running: dict = {"seq": 0}  # the number of the run in progress; 0 between runs
+    _stop_on_signal(stop, running)  # first: a stop asked while the runner enters must not kill it
     _exit_with_parent(parent_pid)
     started = time.monotonic()
     try:
@@ -88,8 +93,6 @@ def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int,
     except BaseException as exc:
         conn.send({"op": "enter_failed", "reason": f"{type(exc).__name__}: {exc}"[:2000]})
         return
-    running: dict = {"seq": 0}  # the number of the run in progress; 0 between runs
-    _stop_on_signal(stop, running)
     conn.send({"op": "entered", "enter_seconds": round(time.monotonic() - started, 3)})
     while True:
         try:
@@ -101,7 +104,12 @@ def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int,
         began = time.monotonic()
         try:
             with _Redirect(request.get("stdout"), request.get("stderr")):
-                running["seq"] = int(request.get("seq") or 0)
+                running["seq"] = seq = int(request.get("seq") or 0)
+                if seq and stop is not None and stop.value == seq:
+                    # asked to stop before it began (while the runner entered, or before
+                    # this run's number was set): its signal found no run to stop
+                    running["seq"] = 0
+                    raise ClaimStopped()
                 try:
                     results = run_items(runner, request["items"])
                 finally:

@@ -6,6 +6,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,10 @@ class Supervisor:
         self._served_since_enter = 0
         self._stop: Any = None  # shared with the child: the number of the run to stop
         self._seq = 0  # the number of the latest run
+        # The run last asked to stop, kept across a restart of the child: a stop asked while
+        # a claim's run is still starting the runner (cold) applies once the run begins.
+        self._stop_seq = 0
+        self._stop_lock = threading.Lock()
 
     @property
     def alive(self) -> bool:
@@ -60,16 +65,24 @@ class Supervisor:
 
         ctx = multiprocessing.get_context("spawn")
         parent, kid = ctx.Pipe()
-        self._stop = ctx.Value("q", 0, lock=False)
+        with self._stop_lock:
+            self._stop = stop = ctx.Value("q", self._stop_seq, lock=False)
         proc = ctx.Process(
             target=child.main,
-            args=(kid, self.runner_spec, self.package_path, os.getpid(), self._stop),
+            args=(kid, self.runner_spec, self.package_path, os.getpid(), stop),
             name="calque-runner",
             daemon=True,
         )
-        proc.start()
+        # The child starts with SIGUSR1 blocked (the mask is inherited) and unblocks it once
+        # its handler is in place: a stop asked while it starts never kills it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         kid.close()
-        self._proc, self._conn = proc, parent
+        with self._stop_lock:
+            self._proc, self._conn = proc, parent
         message = self._receive()
         if message is None or message.get("op") != "entered":
             if message is None:
@@ -98,12 +111,13 @@ class Supervisor:
                 return None
 
     def run(self, items: list[Any], stdout_path: str, stderr_path: str) -> Outcome:
+        with self._stop_lock:
+            self._seq += 1  # before a cold start: a stop asked while it enters names this run
         if not self.alive:
             self.start()
         warm = self._served_since_enter > 0
         enter_s = 0.0 if warm else self.enter_seconds
         self._served_since_enter += 1
-        self._seq += 1
         with contextlib.suppress(OSError, BrokenPipeError):
             self._conn.send(
                 {"op": "run", "seq": self._seq, "items": items, "stdout": stdout_path, "stderr": stderr_path}
@@ -138,15 +152,18 @@ class Supervisor:
         """Stop the run in progress (from another thread than the one in ``run``): the runner
         gets ``ClaimStopped`` raised in its ``run`` and stays loaded; ``run`` answers an
         Outcome with ``stopped``. False when no runner process is there to ask."""
-        proc, stop = self._proc, self._stop
-        if proc is None or stop is None or not proc.is_alive():
-            return False
-        stop.value = self._seq
-        try:
-            os.kill(proc.pid, signal.SIGUSR1)
-        except OSError:
-            return False
-        return True
+        with self._stop_lock:
+            self._stop_seq = self._seq
+            proc, stop = self._proc, self._stop
+            if stop is not None:
+                stop.value = self._seq  # the child checks it as a run begins, too
+            if proc is None or not proc.is_alive():
+                return False
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)
+            except OSError:
+                return False
+            return True
 
     def kill_runner(self) -> None:
         """End the runner process at once (a run that did not stop when asked): ``run`` answers

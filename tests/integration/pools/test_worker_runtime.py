@@ -155,3 +155,82 @@ def test_a_run_is_stopped_the_same_way_on_python_3_9():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "True", "9"]
+
+
+SLOW_ENTER = """
+import os, time
+
+
+class SlowEnter:
+    def enter(self):
+        time.sleep(float(os.environ.get("CALQUE_TEST_ENTER_S", "2")))
+
+    def run(self, items):
+        out = []
+        for item in items:
+            time.sleep(float(item.get("sleep", 0)))
+            out.append({"square": item.get("n", 0) ** 2, "pid": os.getpid()})
+        return out
+"""
+
+
+def test_a_stop_asked_while_the_runner_starts_for_the_claim_stops_that_run_and_spares_the_runner(
+    tmp_path, monkeypatch
+):
+    # Given a runner whose enter() takes seconds, started by the claim's own run (as after a
+    # crash of the runner: the next claim starts it again, cold)
+    (tmp_path / "slowenter.py").write_text(SLOW_ENTER)
+    monkeypatch.setenv("CALQUE_TEST_ENTER_S", "2")
+    sup = Supervisor("slowenter:SlowEnter", str(tmp_path))
+    outcomes: list = []
+    try:
+        run = threading.Thread(
+            target=lambda: outcomes.append(
+                sup.run([{"sleep": 60}], str(tmp_path / "o1"), str(tmp_path / "e1"))
+            )
+        )
+        began = time.monotonic()
+        run.start()
+        # When the worker asks it to stop while it is still entering (its claim was cancelled)
+        time.sleep(1.0)
+        sup.interrupt()
+        run.join(30)
+        # Then the run is stopped, before it ran its minute, and the runner was not killed by
+        # the request: it stays loaded and serves the next claim warm
+        assert outcomes, "the run raised: the runner was killed while it entered"
+        assert outcomes[0].stopped is True
+        assert time.monotonic() - began < 20
+        after = sup.run([{"n": 3}], str(tmp_path / "o2"), str(tmp_path / "e2"))
+        assert (after.ok, after.warm_hit, after.results[0]["output"]["square"]) == (True, True, 9)
+        assert sup.enters == 1
+    finally:
+        sup.stop()
+
+
+def test_a_stop_asked_while_the_runner_starts_is_handled_the_same_way_on_python_3_9(tmp_path):
+    python39 = _python39()
+    if python39 is None:
+        pytest.skip("no Python 3.9 interpreter here")
+    (tmp_path / "slowenter.py").write_text(SLOW_ENTER)
+    # the stop is asked as early as the child exists: still spawning, then entering
+    code = (
+        "import sys, threading, time; sys.path.insert(0, sys.argv[1]);"
+        "from host_agent.worker.supervisor import Supervisor;"
+        "s = Supervisor('slowenter:SlowEnter', sys.argv[2]); out = [];"
+        "t = threading.Thread(target=lambda: out.append(s.run([{'sleep': 60}], '/dev/null', '/dev/null')));"
+        "t.start();\n"
+        "while s._proc is None: time.sleep(0.0005)\n"
+        "s.interrupt(); t.join(30);"
+        "o = s.run([{'n': 3}], '/dev/null', '/dev/null'); s.stop();"
+        "print(out[0].stopped, o.ok, o.warm_hit, o.results[0]['output']['square'], s.enters)"
+    )
+    done = subprocess.run(
+        [python39, "-c", code, str(REPO), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "CALQUE_TEST_ENTER_S": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True", "9", "1"]
