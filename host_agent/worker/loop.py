@@ -271,15 +271,22 @@ class Worker:
         manifest = pointer["manifest"]
         body = self.s3.get_object(Bucket=manifest["bucket"], Key=manifest["key"])["Body"].read()
         items = json.loads(body)["items"]
+        results = pointer["results"]
+        # Per delivery AND worker: SQS may hand one message to two workers at once (at-least-once).
+        prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}-{self.config.worker_id}"
+        with self._lock:
+            ended = self._ended
+        if ended is not None:
+            # ended while its manifest was read: a stop asked then named no run (the runner
+            # was between runs), so it is not begun at all
+            stopped = Outcome(ok=False, stopped=True, reason=f"{ended} before it ran")
+            return stopped, {"prefix": prefix, "items": len(items)}
         with tempfile.TemporaryDirectory(prefix="calque-claim-") as tmp:
             out_path, err_path = os.path.join(tmp, "stdout.txt"), os.path.join(tmp, "stderr.txt")
             outcome: Outcome = self.supervisor.run(items, out_path, err_path)
             logs = {}
             for name, path in (("stdout", out_path), ("stderr", err_path)):
                 logs[name] = open(path, "rb").read() if os.path.exists(path) else b""  # noqa: SIM115
-        results = pointer["results"]
-        # Per delivery AND worker: SQS may hand one message to two workers at once (at-least-once).
-        prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}-{self.config.worker_id}"
         if self._ended is not None:
             return outcome, {"prefix": prefix, "items": len(items)}  # stopped: nothing is kept
         for name, data in logs.items():

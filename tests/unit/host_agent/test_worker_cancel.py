@@ -250,3 +250,36 @@ def test_a_late_heartbeat_answer_about_a_claim_already_over_does_not_stop_the_ne
     assert runner.interrupts == 0
     assert control.states["c-b"] == "succeeded"
     assert sqs.deleted == ["r-b"]
+
+
+class GatedS3(FakeS3):
+    """Holds the manifest's read until released (a slow read while the claim is cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        assert self.release.wait(WAIT_S)
+        return super().get_object(Bucket, Key)
+
+
+def test_a_claim_cancelled_before_its_run_began_is_not_run_at_all():
+    # Given a worker that took a claim and is still reading its manifest
+    runner = SlowRunner(run_s=60.0)
+    worker, sqs, s3, control = make_worker(runner)
+    s3 = GatedS3()
+    worker.s3 = s3
+    thread, out = handle_in_background(worker, message(s3, "c-early", "r-early"))
+    wait_for(lambda: control.busy_reports)
+    # When the claim is cancelled and a heartbeat learns it, before the run began
+    control.states["c-early"] = "cancelled"
+    wait_for(lambda: worker._ended == "cancelled")
+    s3.release.set()
+    thread.join(WAIT_S)
+    # Then the run never starts (not run for the grace, then killed): nothing is recorded
+    assert out == ["stopped:cancelled"]
+    assert runner.runs == 0
+    assert runner.kills == 0
+    assert results_of(s3, "c-early") == []
+    assert sqs.deleted == ["r-early"]
