@@ -506,7 +506,9 @@ def already_ended(session: SessionRecord, code: str) -> Conflict:
     (an admin's reason for a forced check-in or a drain is how its member learns it)."""
     why = str(session.end_reason)
     if session.end_note:
-        why += f": {' '.join(session.end_note.split())}"
+        # one line, and no control character (the CLI prints the sentence on a terminal)
+        plain = "".join(c if c.isprintable() else " " for c in session.end_note)
+        why += f": {' '.join(plain.split())}"
     return Conflict(
         f"session {session.session_id} already ended ({why})",
         code=code,

@@ -108,8 +108,10 @@ SESSION_COLUMNS = [
 
 def end_note(session: Mapping[str, Any]) -> str | None:
     """The words recorded with a session's end (an admin's reason of a forced check-in or a
-    drain), on one line: a reason typed over several lines keeps a table's rows whole."""
-    note = " ".join(str(session.get("end_note") or "").split())
+    drain), on one line: a reason typed over several lines keeps a table's rows whole, and a
+    control character (an escape sequence, a bidi override) never reaches the member's terminal."""
+    text = str(session.get("end_note") or "")
+    note = " ".join("".join(c if c.isprintable() else " " for c in text).split())
     return note or None
 
 

@@ -306,3 +306,21 @@ def test_session_list_adds_the_note_column_when_a_session_listed_has_one(api, cl
     assert code == 0
     assert "NOTE" not in out.splitlines()[0]
     assert "end_note" not in out
+
+
+def test_a_note_with_terminal_control_characters_reaches_the_members_terminal_as_plain_text(api, cli):
+    # Given a session ended with a reason holding escape sequences (clear the screen, retitle
+    # the terminal) and a right-to-left override
+    ended, _ = _forced_by_an_admin("runaway\x1b[2J\x1b]0;pwned\x07 job\u202e42")
+    api.responses[("GET", "/v1/sessions")] = [ended]
+    api.responses[("GET", f"/v1/sessions/{ended['session_id']}")] = ended
+    # When its member lists and shows it
+    _, listed, _ = cli("session", "list", "--ended")
+    _, shown, _ = cli("session", "show", ended["session_id"])
+    # Then no control character reaches the terminal: the words are kept, the controls are not
+    for out in (listed, shown):
+        assert not [c for c in out if not c.isprintable() and c != "\n"], repr(out)
+    assert listed.splitlines()[1].endswith("runaway [2J ]0;pwned job 42")
+    # And the JSON document keeps the note as recorded (escaped by JSON itself)
+    _, out, _ = cli("--output", "json", "session", "show", ended["session_id"])
+    assert json.loads(out)["end_note"] == "runaway\x1b[2J\x1b]0;pwned\x07 job\u202e42"

@@ -135,3 +135,20 @@ def test_a_members_own_check_in_keeps_their_own_reason_and_none_without_one(worl
     world.tenancy.checkin(ALICE, silent.session_id, CheckinRequest(token=silent.token))
     assert world.tenancy.get_session(ALICE, said.session_id).end_note == "done early"
     assert world.tenancy.get_session(ALICE, silent.session_id).end_note is None
+
+
+def test_the_refusal_of_an_ended_session_says_the_admins_words_without_their_control_characters(
+    world: World,
+):
+    # Given an admin's reason holding an escape sequence and a bell (a member prints the
+    # refusal's one sentence on their terminal)
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    note = "runaway\x1b]0;pwned\x07 job"
+    world.tenancy.checkin(ADMIN, grant.session_id, CheckinRequest(force=True, reason=note))
+    # When alice checks it in
+    with pytest.raises(Conflict) as refusal:
+        world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    # Then the sentence has the words and no control character; details keep the note as recorded
+    assert refusal.value.message == f"session {grant.session_id} already ended (forced: runaway ]0;pwned job)"
+    assert refusal.value.details["end_note"] == note
