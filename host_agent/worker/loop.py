@@ -283,7 +283,17 @@ class Worker:
             return stopped, {"prefix": prefix, "items": len(items)}
         with tempfile.TemporaryDirectory(prefix="calque-claim-") as tmp:
             out_path, err_path = os.path.join(tmp, "stdout.txt"), os.path.join(tmp, "stderr.txt")
-            outcome: Outcome = self.supervisor.run(items, out_path, err_path)
+            try:
+                outcome: Outcome = self.supervisor.run(items, out_path, err_path)
+            except RuntimeError as exc:
+                # The runner failed to start again for this run: a failure of the worker,
+                # unless the claim ended meanwhile and the start was killed after the grace
+                # (an enter() longer than it): then the claim is stopped as any other.
+                with self._lock:
+                    ended = self._ended
+                if ended is None:
+                    raise
+                outcome = Outcome(ok=False, stopped=True, reason=str(exc))
             logs = {}
             for name, path in (("stdout", out_path), ("stderr", err_path)):
                 logs[name] = open(path, "rb").read() if os.path.exists(path) else b""  # noqa: SIM115

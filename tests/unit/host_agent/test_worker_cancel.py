@@ -283,3 +283,39 @@ def test_a_claim_cancelled_before_its_run_began_is_not_run_at_all():
     assert runner.kills == 0
     assert results_of(s3, "c-early") == []
     assert sqs.deleted == ["r-early"]
+
+
+class ColdRunner(SlowRunner):
+    """A runner started again by the claim's own run (after a crash), whose enter() outlasts
+    the grace: a stop is not heard while it enters, and a kill then fails the start."""
+
+    def run(self, items: list[Any], stdout_path: str, stderr_path: str) -> Outcome:
+        self.runs += 1
+        self._stop.clear()
+        while not self._stop.wait(0.01):
+            pass  # entering
+        if self.kills:
+            raise RuntimeError("the runner's enter() failed: the runner process was killed by SIGKILL")
+        return Outcome(ok=False, stopped=True, reason="stopped by the worker")
+
+    def interrupt(self) -> bool:
+        self.interrupts += 1  # heard only once enter() is over
+        return True
+
+
+def test_a_claim_cancelled_while_its_runner_enters_longer_than_the_grace_ends_without_killing_the_worker():
+    # Given a worker whose claim's run is starting the runner again, cold, for longer than the grace
+    runner = ColdRunner()
+    worker, sqs, s3, control = make_worker(runner, stop_grace_s=0.2)
+    thread, out = handle_in_background(worker, message(s3, "c-cold", "r-cold"))
+    wait_for(lambda: control.busy_reports)
+    # When the claim is cancelled, and the runner is killed once the grace is over
+    control.states["c-cold"] = "cancelled"
+    thread.join(WAIT_S)
+    # Then the claim ends stopped, as any stopped claim does, and the worker goes on (it did not
+    # die of the failed start): nothing recorded, the message deleted
+    assert out == ["stopped:cancelled"]
+    assert runner.kills == 1
+    assert [e for c, e in control.claim_reports if c == "c-cold"] == ["started"]
+    assert results_of(s3, "c-cold") == []
+    assert sqs.deleted == ["r-cold"]
