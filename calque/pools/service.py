@@ -537,19 +537,23 @@ class Pools:
         return changed
 
     # worker reports (the instance role of a worker of this pool)
-    def _check_worker(self, who: Caller, host_role: str, pool: str, worker_id: str, instance_id: str) -> None:
+    def _check_worker(
+        self, who: Caller, host_role: str, pool: str, worker_id: str, instance_id: str
+    ) -> d.WorkerRecord:
+        """The reporting worker's record: only its own instance's role reports for it. One read
+        of that record, however many workers the pool has (a busy worker reports every beat)."""
         if who.role != host_role or who.role_session != instance_id:
             raise Forbidden(
                 f"only {instance_id}'s own instance role may report for it",
                 details={"principal": who.principal},
             )
-        if not any(
-            w.worker_id == worker_id and w.instance_id == instance_id for w in self.store.workers(pool)
-        ):
+        worker = self.store.worker(pool, worker_id)
+        if worker is None or worker.instance_id != instance_id:
             raise Forbidden(
                 f"{worker_id} on {instance_id} is not a worker of pool {pool!r}",
                 details={"pool": pool, "worker_id": worker_id},
             )
+        return worker
 
     def claim_report(
         self, who: Caller, host_role: str, pool: str, claim_id: str, rep: ClaimReport
@@ -622,11 +626,10 @@ class Pools:
     def worker_report(
         self, who: Caller, host_role: str, pool: str, worker_id: str, rep: WorkerReport
     ) -> dict[str, Any]:
-        self._check_worker(who, host_role, pool, worker_id, rep.instance_id)
+        current = self._check_worker(who, host_role, pool, worker_id, rep.instance_id)
         now = self.clock.now()
         changes: dict[str, Any] = {"state": rep.state, "reason": rep.reason, "seen_at": now}
-        current = next((w for w in self.store.workers(pool) if w.worker_id == worker_id), None)
-        if rep.state == d.W_IDLE and current is not None and current.state == d.W_IDLE:
+        if rep.state == d.W_IDLE and current.state == d.W_IDLE:
             changes.pop("state")  # still idle: keep when it became idle, for the idle timeout
         elif rep.state == d.W_IDLE:
             changes.update(idle_since=now, claim_id=None)
@@ -634,7 +637,7 @@ class Pools:
             changes.update(idle_since=None, claim_id=rep.claim_id)
         if rep.enter_seconds is not None:
             changes["enter_seconds"] = rep.enter_seconds
-        if rep.state == d.W_EXITED and current is not None and current.state == d.W_STARTING:
+        if rep.state == d.W_EXITED and current.state == d.W_STARTING:
             changes["failed_start"] = True  # it never served: counted by the scaler
         self.store.update_worker(pool, worker_id, changes)
         answer: dict[str, Any] = {"worker_id": worker_id, "state": rep.state}

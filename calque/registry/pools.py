@@ -501,6 +501,10 @@ class DynamoPoolStore:
     def delete_worker(self, pool: str, worker_id: str) -> None:
         self.client.delete_item(TableName=self.table, Key=ser(_worker_key(pool, worker_id)))
 
+    def worker(self, pool: str, worker_id: str) -> WorkerRecord | None:
+        item = self._get(_worker_key(pool, worker_id))
+        return WorkerRecord.model_validate(_strip(item)) if item else None
+
     def workers(self, pool: str) -> list[WorkerRecord]:
         return [WorkerRecord.model_validate(_strip(i)) for i in self._query(f"POOL#{pool}", "WORKER#")]
 
@@ -702,6 +706,11 @@ class MemoryPoolStore:
     def delete_worker(self, pool: str, worker_id: str) -> None:
         with self._lock:
             self._workers.pop((pool, worker_id), None)
+
+    def worker(self, pool: str, worker_id: str) -> WorkerRecord | None:
+        with self._lock:
+            w = self._workers.get((pool, worker_id))
+            return w.model_copy(deep=True) if w else None
 
     def workers(self, pool: str) -> list[WorkerRecord]:
         with self._lock:

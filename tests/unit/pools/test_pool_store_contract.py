@@ -119,6 +119,9 @@ def test_workers_and_decisions(store):
     assert w.state == d.W_IDLE
     assert w.idle_since == 12.5
     assert store.update_worker("p1", "nope", {"state": d.W_IDLE}) is None
+    assert store.worker("p1", "w1") == w
+    assert store.worker("p1", "nope") is None
+    assert store.worker("p2", "w1") is None  # a worker id is its pool's
     store.add_decision(
         d.DecisionRecord(pool="p1", at=1.0, action="scale_out", desired=1, current=0, reason="r1")
     )
@@ -128,6 +131,7 @@ def test_workers_and_decisions(store):
     assert [x.reason for x in store.decisions("p1", 10)] == ["r2", "r1"]
     store.delete_worker("p1", "w1")
     assert store.workers("p1") == []
+    assert store.worker("p1", "w1") is None
 
 
 def test_a_claim_that_ran_is_found_under_every_day_it_ran_and_no_other(store):

@@ -180,6 +180,34 @@ def test_only_the_pools_own_worker_instances_may_report(world):
     assert world.store.get_claim(claim.claim_id).state == "queued"
 
 
+def test_a_workers_report_reads_its_own_record_not_the_pools_workers(world, monkeypatch):
+    # Given a pool with a busy worker (it reports on every heartbeat while it runs a claim)
+    wid, iid = start_worker(world)
+    scans: list[str] = []
+    listed = world.store.workers
+    monkeypatch.setattr(world.store, "workers", lambda pool: scans.append(pool) or listed(pool))
+    # When it reports busy, and another instance reports for it
+    world.pools.worker_report(
+        instance(iid),
+        HOST_ROLE,
+        "textstats",
+        wid,
+        WorkerReport(instance_id=iid, state="busy", claim_id="c-1"),
+    )
+    with pytest.raises(Forbidden):
+        world.pools.worker_report(
+            instance("i-other"),
+            HOST_ROLE,
+            "textstats",
+            wid,
+            WorkerReport(instance_id="i-other", state="idle"),
+        )
+    # Then its record says busy, and no report read the pool's list of workers (a cost that
+    # grows with the pool, paid every beat of every worker)
+    assert world.store.worker("textstats", wid).state == "busy"
+    assert scans == []
+
+
 def test_a_failed_attempt_requeues_and_the_dlq_consumer_marks_failed_with_the_reason(world):
     wid, iid = start_worker(world)
     claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
