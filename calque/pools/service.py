@@ -410,7 +410,21 @@ class Pools:
             "manifest": {"bucket": self.objects.bucket, "key": manifest_key},
             "results": {"bucket": self.objects.bucket, "prefix": f"pools/{name}/claims/{claim_id}"},
         }
-        self.queues.send(pool.queue_url, json.dumps(pointer))
+        try:
+            self.queues.send(pool.queue_url, json.dumps(pointer))
+        except Exception as exc:
+            # No message, no worker will ever take it: end it now rather than leave a claim
+            # queued forever (nothing ran, so nothing is charged), and say why.
+            self._end(
+                pool,
+                claim_id,
+                {
+                    "state": d.FAILED,
+                    "finished_at": _iso(self.clock.now()),
+                    "reason": f"could not be queued: {type(exc).__name__}",
+                },
+            )
+            raise
         self.nudger.nudge(name)
         return claim
 

@@ -118,6 +118,24 @@ def test_submit_stages_a_manifest_queues_a_pointer_and_nudges_the_scaler(world):
     assert "textstats" in world.nudges.nudged
 
 
+def test_a_claim_whose_message_could_not_be_queued_ends_failed_instead_of_waiting_forever(world, monkeypatch):
+    # Given SQS refuses the claim's message
+
+    def down(queue_url, body):
+        raise ConnectionError("sqs unreachable")
+
+    monkeypatch.setattr(world.queues, "send", down)
+    # When alice submits
+    with pytest.raises(ConnectionError):
+        world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1, 2]))
+    # Then her claim is not left queued with no message for any worker to take: it ended
+    # failed, saying why, and counts in no backlog
+    (claim,) = world.pools.list_claims(ALICE)
+    assert claim.state == "failed"
+    assert claim.reason == "could not be queued: ConnectionError"
+    assert world.store.live_claims("textstats", 10) == []
+
+
 def test_submit_to_an_unknown_pool_queues_nothing(world):
     with pytest.raises(NotFound):
         world.pools.submit(ALICE, "nope", ClaimSubmit(items=[1]))
