@@ -41,6 +41,7 @@ from calque.contracts.fleet import (
     Attempt,
     Budget,
     BudgetUpdate,
+    ChargedRate,
     ReleaseRequest,
 )
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
@@ -60,7 +61,15 @@ from calque.fleet.ports import (
     Publisher,
     Subnet,
 )
-from calque.fleet.records import AcquisitionRecord, AttemptRecord, BudgetRecord, musd, usd
+from calque.fleet.records import (
+    AcquisitionRecord,
+    AttemptRecord,
+    BudgetRecord,
+    RateSegment,
+    add_changes,
+    musd,
+    usd,
+)
 from calque.identity import Caller
 
 log = logging.getLogger("calque.fleet")
@@ -98,6 +107,9 @@ class FleetConfig:
     boot_timeout_s: int = 1800
     # The shortest --ttl accepted (a deployment, or a test plane, may allow shorter ones).
     min_ttl_s: int = MIN_TTL_S
+    # How often the reconciler reads a live spot instance's price changes from EC2 (each change
+    # is recorded from its own timestamp, whenever it is read), and once more when it ends.
+    spot_refresh_s: int = 3600
 
 
 @dataclass
@@ -416,7 +428,15 @@ class Fleet:
         }
         charged = self._spot_rate(rec, inst)
         if charged is not None:
-            changes.update(charged_musd=charged[0], charged_source=charged[1], charged_as_of=self.clock())
+            now = self.clock()
+            first = RateSegment(start=now, hourly_musd=charged[0], source=charged[1])
+            changes.update(
+                charged_musd=charged[0],
+                charged_source=charged[1],
+                charged_as_of=now,
+                charged_segments=[first],
+                charged_checked_at=now,
+            )
         if attempts is not None:
             changes["attempts"] = attempts
         try:
@@ -471,6 +491,65 @@ class Fleet:
             return musd(catalog.instance_type(itype).hourly_usd), "on_demand"
         except InvalidInput:
             return None
+
+    def refresh_spot_rate(self, rec: AcquisitionRecord, *, final: bool = False) -> AcquisitionRecord:
+        """Record a spot instance's price changes since its last recorded one: one
+        DescribeSpotPriceHistory read (every page) for its type and AZ from that change's start
+        to now, each change capped at the max price set, applied from its own timestamp. Runs
+        from the reconciler once ``spot_refresh_s`` has passed since the last read, and
+        ``final``ly when the instance ends (release, termination observed), so a finished
+        instance's record covers its whole life. When EC2's answer cannot be had, the last
+        recorded rate continues and the next read (from the same start) fills the gap."""
+        if rec.market != "spot" or rec.instance_id is None or not rec.availability_zone:
+            return rec
+        segments = list(rec.charged_segments)
+        if not segments and rec.charged_musd is not None and rec.charged_as_of is not None:
+            source: Any = rec.charged_source or "on_demand"
+            segments = [RateSegment(start=rec.charged_as_of, hourly_musd=rec.charged_musd, source=source)]
+        if not segments:
+            return rec
+        now = self.clock()
+        checked = rec.charged_checked_at
+        if not final and checked is not None and (now - checked).total_seconds() < self.config.spot_refresh_s:
+            return rec
+        itype = rec.launched_type or rec.instance_type
+        start = segments[-1].start
+        try:
+            prices = self.ec2.spot_price_history(itype, rec.availability_zone, start, now)
+        except Exception:  # the last rate continues; the next read starts from the same change
+            log.warning(
+                "no spot price history for %s (%s in %s) since %s; its last rate continues",
+                rec.instance_id,
+                itype,
+                rec.availability_zone,
+                start,
+                exc_info=True,
+            )
+            return rec
+        cap = rec.spot_max_price
+        changes = [
+            RateSegment(
+                start=p.at,
+                hourly_musd=musd(min(p.usd_per_hour, cap) if cap is not None else p.usd_per_hour),
+                source="spot_price",
+            )
+            for p in prices
+            if p.usd_per_hour > 0
+        ]
+        after = add_changes(segments, changes)
+        last = after[-1]
+        try:
+            return self.store.update(
+                rec,
+                expect=OPEN_STATES,
+                charged_segments=after,
+                charged_musd=last.hourly_musd,
+                charged_source=last.source,
+                charged_as_of=last.start,
+                charged_checked_at=now,
+            )
+        except Gone:  # closed or moved meanwhile: the next run (or the end) reads it again
+            return self._must(rec.request_id)
 
     def _fail(self, rec: AcquisitionRecord, reason: str) -> AcquisitionRecord:
         try:
@@ -599,6 +678,7 @@ class Fleet:
                 details={"instance_id": instance_id, "state": rec.state},
             )
         ended = self.hosts.drain(instance_id, end_sessions=True, end_reason=end_reason, note=reason)
+        rec = self.refresh_spot_rate(rec, final=True)
         if rec.state != "releasing":
             try:
                 rec = self.store.update(
@@ -683,10 +763,13 @@ class Fleet:
                 if self._close_terminated(rec, "EC2 no longer knows the instance"):
                     out.vanished.append(iid)
                 continue
+            expired = rec.expires_at is not None and rec.expires_at <= now
+            if not expired:  # (a release reads the prices itself, once more)
+                rec = self.refresh_spot_rate(rec)
             if rec.state == "releasing":
                 releasing_live.append(iid)
                 continue
-            if rec.expires_at is not None and rec.expires_at <= now:
+            if expired:
                 self.release(iid, f"its TTL of {rec.ttl_s}s passed", end_reason="host_ttl")
                 out.ttl_released.append(iid)
                 releasing_live.append(iid)
@@ -726,6 +809,8 @@ class Fleet:
             # lifetime here. Before the close, so a retire that fails is tried again by the
             # next event or reconciler run (retiring twice is a no-op).
             self.hosts.retire(rec.instance_id, reason)
+            # Its rates up to its end, before the close (a closed record is not written again).
+            rec = self.refresh_spot_rate(rec, final=True)
         try:
             rec = self.store.close(
                 rec, state="terminated", reason=rec.state_reason or reason, at=self.clock()
@@ -776,6 +861,10 @@ class Fleet:
             charged_hourly_usd=usd(r.charged_musd) if r.charged_musd is not None else None,
             charged_rate_source=r.charged_source,
             charged_rate_as_of=r.charged_as_of,
+            charged_rates=[
+                ChargedRate(start=x.start, hourly_usd=usd(x.hourly_musd), source=x.source)
+                for x in r.charged_segments
+            ],
             attempts=[Attempt.model_validate(a.model_dump()) for a in r.attempts],
             created_at=r.created_at,
             state_since=r.state_since,
