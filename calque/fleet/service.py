@@ -678,7 +678,6 @@ class Fleet:
                 details={"instance_id": instance_id, "state": rec.state},
             )
         ended = self.hosts.drain(instance_id, end_sessions=True, end_reason=end_reason, note=reason)
-        rec = self.refresh_spot_rate(rec, final=True)
         if rec.state != "releasing":
             try:
                 rec = self.store.update(
@@ -703,7 +702,11 @@ class Fleet:
         rec = self.store.get(request_id)
         if rec is None or rec.instance_id is None or rec.state != "releasing":
             return self._view(rec) if rec else None
-        self.ec2.terminate([rec.instance_id])
+        # The release's read of the prices, where EC2 may be called (the API may not): the
+        # termination's own read, when EC2 confirms it, covers the last minutes.
+        iid = rec.instance_id
+        rec = self.refresh_spot_rate(rec, final=True)
+        self.ec2.terminate([iid])
         return self._view(rec)
 
     # ---- the reconciler --------------------------------------------------------------------------

@@ -124,11 +124,11 @@ def test_release_and_termination_read_the_prices_up_to_the_end(priced: World):
     world.ec2.set_spot_price(T, AZ, 0.70, at=launched_at + timedelta(minutes=10))
     world.clock.advance(15 * 60)
     world.fleet.release_request(ADMIN, iid, ReleaseRequest(accept_terminate=True))
+    world.deliver()  # the acquirer terminates it, reading the prices first
     assert [r[1] for r in _rates(world, iid)] == [0.60, 0.70]
     world.ec2.set_spot_price(T, AZ, 0.50, at=launched_at + timedelta(minutes=20))
     # When EC2 confirms the termination at 25 minutes
     world.clock.advance(10 * 60)
-    world.deliver()
     world.fleet.on_instance_state(iid, "terminated")
     # Then the closed record covers the instance's whole life
     assert [r[1] for r in _rates(world, iid)] == [0.60, 0.70, 0.50]
