@@ -57,5 +57,6 @@ def fleet() -> Fleet:
             untracked_grace_s=s.untracked_grace_s,
             boot_timeout_s=s.boot_timeout_s,
             min_ttl_s=s.min_ttl_s,
+            spot_refresh_s=s.spot_refresh_s,
         ),
     )

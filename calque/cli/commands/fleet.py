@@ -140,7 +140,14 @@ def register(subparsers: Any) -> None:
     p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
     p.add_argument("instance_id", metavar="I")
     p.set_defaults(func=_inject, kind="spot-interruption")
-    p = kinds.add_parser("clear", help="forget every injected fault")
+    p = kinds.add_parser(
+        "spot-price", help="the spot price of a type in an AZ changes now (DescribeSpotPriceHistory)"
+    )
+    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--az", required=True, metavar="Z")
+    p.add_argument("--usd-per-hour", required=True, type=float, metavar="X")
+    p.set_defaults(func=_inject, kind="spot-price")
+    p = kinds.add_parser("clear", help="forget every injected fault (and spot price change)")
     p.set_defaults(func=_inject, kind="clear")
 
     p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
@@ -410,6 +417,7 @@ def _inject(ctx: Any, args: argparse.Namespace) -> None:
             ("az", getattr(args, "az", None)),
             ("times", getattr(args, "times", None)),
             ("instance_id", getattr(args, "instance_id", None)),
+            ("usd_per_hour", getattr(args, "usd_per_hour", None)),
         )
         if v is not None
     }
