@@ -109,7 +109,7 @@ class Ec2(Protocol):
 
 
 class InstanceRates(Protocol):
-    """The rates the fleet recorded at launch, as accounting and tenancy read them."""
+    """The rates the fleet recorded (spot: at launch and each change), as accounting and tenancy read them."""
 
     def instance_rate(self, instance_id: str) -> InstanceRate | None:
         """The rate recorded for this instance; None: none (charge the catalog's rate)."""
@@ -152,8 +152,8 @@ class FleetStore(Protocol):
         recorded for it (``charged_*``) when the same changes set one."""
 
     def instance_rate(self, instance_id: str) -> InstanceRate | None:
-        """The rate recorded at launch (kept as long as the instance -> request pointer,
-        after the acquisition itself is collected)."""
+        """The rates recorded, at launch and each change since (kept as long as the instance ->
+        request pointer, after the acquisition itself is collected)."""
 
     def instance_rates(self) -> dict[str, InstanceRate]: ...
 

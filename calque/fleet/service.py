@@ -468,10 +468,11 @@ class Fleet:
         return rec
 
     def _spot_rate(self, rec: AcquisitionRecord, inst: Instance) -> tuple[int, str] | None:
-        """The hourly rate (micro-USD) a spot instance is charged at, recorded once at launch:
-        EC2's current spot price for its type in its AZ (never above the max price set), else
-        the max price set (an upper bound), else the on-demand rate (EC2's default max).
-        None for an on-demand instance (charged at the catalog's rate)."""
+        """The hourly rate (micro-USD) a spot instance is charged at from its launch (its first
+        rate segment; ``refresh_spot_rate`` records the changes after it): EC2's current spot
+        price for its type in its AZ (never above the max price set), else the max price set
+        (an upper bound), else the on-demand rate (EC2's default max). None for an on-demand
+        instance (charged at the catalog's rate)."""
         if inst.market != "spot":
             return None
         itype = inst.instance_type or rec.instance_type
@@ -713,7 +714,8 @@ class Fleet:
 
     def reconcile(self) -> ReconcileSummary:
         """Make the store and EC2 agree. Cost: DescribeInstances pages filtered by tag, one
-        read of the acquisitions, one of the hosts; per-instance calls only for what changes."""
+        read of the acquisitions, one of the hosts; per-instance calls only for what changes
+        (and a spot instance's price history once its read is due: ``refresh_spot_rate``)."""
         now = self.clock()
         out = ReconcileSummary()
         live: dict[str, Instance] = {i.instance_id: i for i in self.ec2.managed_instances()}

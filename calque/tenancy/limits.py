@@ -13,8 +13,10 @@ transaction that ends it.
 
 Amounts are kept in whole micro-units (micro-GPU-hours, micro-dollars): reservations are
 rounded up, what was used half-up, so a session that runs its whole TTL never settles
-above what it reserved. A session is counted in the month of its check-out, whole, even
-when it runs into the next month (the usage report still splits it at the edge).
+above what it reserved (unless its spot instance's price rose meanwhile: a check-out
+reserves at the latest recorded rate, an end settles the recorded rates over its time).
+A session is counted in the month of its check-out, whole, even when it runs into the
+next month (the usage report still splits it at the edge).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class FleetRates:
-    """The rates the fleet recorded at launch, on the deployment's table
+    """The rates the fleet recorded (spot: at launch and each change), on the deployment's table
     (calque.fleet.ports.InstanceRates). Only a spot check-out reads one, so the fleet's
     store is imported at that first read rather than on every cold start."""
 
