@@ -308,6 +308,13 @@ def wait_until_ready(
         time.sleep(interval_s)
 
 
+RATE_COLUMNS: list[Any] = [
+    ("from", "start"),
+    ("usd_per_hour", lambda r: f"{float(r.get('hourly_usd') or 0):g}"),
+    ("source", "source"),
+]
+
+
 def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
     from calque.cli.output import render_table
 
@@ -347,6 +354,11 @@ def render_acquisition(acq: Mapping[str, Any]) -> str:
     ]
     attempts = list(acq.get("attempts") or [])
     text = render_fields(acq, fields)
+    rates = list(acq.get("charged_rates") or [])
+    if len(rates) > 1:  # a spot price that changed: every recorded rate, each from its start
+        text += "\n\n  charged rates\n" + "\n".join(
+            "  " + line for line in render_table(rates, RATE_COLUMNS).splitlines()
+        )
     if attempts:
         text += "\n\n  attempts\n" + "\n".join(
             "  " + line for line in render_table(attempts, ATTEMPT_COLUMNS).splitlines()

@@ -343,3 +343,42 @@ def test_the_dynamo_store_keeps_every_recorded_rate_on_the_instance_pointer(monk
         assert [(s.start, s.hourly_musd) for s in rate.history()] == [(now, 600_000), (later.start, 900_000)]
         assert (rate.hourly_musd, rate.as_of) == (900_000, later.start)
         assert store.instance_rates() == {"i-0abd": rate}
+
+
+def test_an_acquisition_whose_spot_price_changed_lists_every_rate():
+    from calque.cli.commands.fleet import render_acquisition
+
+    acq = {
+        "request_id": "r-1",
+        "charged_hourly_usd": 0.9,
+        "charged_rate_source": "spot_price",
+        "charged_rates": [
+            {"start": "2026-12-02T10:00:00Z", "hourly_usd": 0.6, "source": "spot_price"},
+            {"start": "2026-12-02T11:00:00Z", "hourly_usd": 0.9, "source": "spot_price"},
+        ],
+    }
+    text = render_acquisition(acq)
+    assert "charged_usd_per_hour  0.9 (spot price)" in text
+    assert "charged rates" in text
+    rows = [line.split() for line in text.splitlines() if "2026-12-02T1" in line]
+    assert [r[:2] for r in rows] == [["2026-12-02T10:00:00Z", "0.6"], ["2026-12-02T11:00:00Z", "0.9"]]
+
+
+def test_a_rate_recorded_before_segments_were_kept_is_followed_from_its_launch(priced: World):
+    world = priced
+    launched_at = world.clock.now
+    rec = _launched(world)
+    iid = rec.instance_id
+    assert iid is not None
+    # Given an acquisition recorded with one rate and no segments (as older records are)
+    rec = world.store.update(rec, expect=("registered",), charged_segments=[], charged_checked_at=None)
+    assert _rates(world, iid) == [(launched_at, 0.60, "spot_price")]
+    # When the price changes and the reconciler runs
+    world.ec2.set_spot_price(T, AZ, 0.75, at=launched_at + timedelta(minutes=5))
+    world.clock.advance(600)
+    world.fleet.reconcile()
+    # Then its one rate becomes the first segment and the change follows it
+    assert _rates(world, iid) == [
+        (launched_at, 0.60, "spot_price"),
+        (launched_at + timedelta(minutes=5), 0.75, "spot_price"),
+    ]
