@@ -603,7 +603,7 @@ class Fleet:
         if state in ("shutting-down", "terminated", "stopping", "stopped"):
             if rec.state not in ("terminated", "failed"):
                 reason = "released" if rec.state == "releasing" else "host_lost"
-                self._end_host(rec, reason=reason, note=f"EC2 reports the instance {state}")
+                rec = self._end_host(rec, reason=reason, note=f"EC2 reports the instance {state}")
             if state == "terminated":
                 closed = self._close_terminated(rec, "EC2 confirmed the instance terminated")
                 return "terminated, budget released" if closed else "already closed"
@@ -764,7 +764,7 @@ class Fleet:
             iid = rec.instance_id
             if iid not in live and iid not in still:
                 reason = "released" if rec.state == "releasing" else "host_lost"
-                self._end_host(rec, reason=reason, note="EC2 no longer knows the instance")
+                rec = self._end_host(rec, reason=reason, note="EC2 no longer knows the instance")
                 if self._close_terminated(rec, "EC2 no longer knows the instance"):
                     out.vanished.append(iid)
                 continue
@@ -803,10 +803,16 @@ class Fleet:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _end_host(self, rec: AcquisitionRecord, *, reason: str, note: str) -> None:
-        if rec.instance_id is None:
-            return
-        self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
+    def _end_host(self, rec: AcquisitionRecord, *, reason: str, note: str) -> AcquisitionRecord:
+        """The instance is ending (EC2 says so, or no longer knows it): its prices are read up to
+        now first, so its record covers its whole life and the sessions ended here settle them;
+        then every session there ends."""
+        iid = rec.instance_id
+        if iid is None:
+            return rec
+        rec = self.refresh_spot_rate(rec, final=True)
+        self.hosts.drain(iid, end_sessions=True, end_reason=reason, note=note)
+        return rec
 
     def _close_terminated(self, rec: AcquisitionRecord, reason: str) -> bool:
         if rec.instance_id is not None:
@@ -814,8 +820,6 @@ class Fleet:
             # lifetime here. Before the close, so a retire that fails is tried again by the
             # next event or reconciler run (retiring twice is a no-op).
             self.hosts.retire(rec.instance_id, reason)
-            # Its rates up to its end, before the close (a closed record is not written again).
-            rec = self.refresh_spot_rate(rec, final=True)
         try:
             rec = self.store.close(
                 rec, state="terminated", reason=rec.state_reason or reason, at=self.clock()
