@@ -155,6 +155,8 @@ class FleetSettings(CommonSettings):
     boot_timeout_s: int = Field(alias="CALQUE_FLEET_BOOT_TIMEOUT_S", default=1800, gt=0)
     # The shortest host --ttl accepted (600 s; a test plane may allow a few seconds).
     min_ttl_s: int = Field(alias="CALQUE_FLEET_MIN_TTL_S", default=600, ge=1)
+    # How often the reconciler reads a spot instance's price changes from EC2 (docs/fleet.md).
+    spot_refresh_s: int = Field(alias="CALQUE_FLEET_SPOT_REFRESH_S", default=3600, ge=1)
 
     _split_subnets = field_validator("subnets", mode="before")(_split)
 

@@ -1,9 +1,10 @@
 """Chargeback arithmetic: who owes what of each instance's bill, to the cent.
 
-Every instance costs its hourly rate for the time it is paid for inside the period.
-A lease (a session on a slice) is charged
+Every instance costs its hourly rate for the time it is paid for inside the period; a spot
+instance's rate changes over its life (``Instance.changes``: each from its start), so every
+amount below is the sum over the rate's segments. A lease (a session on a slice) is charged
 
-    seconds held x the slice's share of the instance x the instance's hourly rate / 3600
+    sum over segments of seconds held in it x the slice's share of the instance x its rate / 3600
 
 and whatever of the instance's cost no lease used is the instance's ``idle`` line. A pool
 claim is a lease too (``kind="claim"``): the time it ran on its worker's slice.
@@ -28,13 +29,16 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
+from calque.fleet.rates import Rate, mean_rate, usd_between
+
 IDLE = "(idle)"
 CENT = Decimal("0.01")
 
 
 @dataclass(frozen=True)
 class Instance:
-    """An instance the institution pays for from ``start`` until ``end`` (None: still paid)."""
+    """An instance the institution pays for from ``start`` until ``end`` (None: still paid), at
+    ``hourly_usd`` (as of ``rate_as_of``) and from each of ``changes``' starts at that one."""
 
     instance_id: str
     instance_type: str
@@ -44,6 +48,11 @@ class Instance:
     end: datetime | None = None
     pool: str | None = None
     gpus: int = 1  # its GPU count: what its lines' GPU-hours are counted in
+    changes: tuple[Rate, ...] = ()
+
+    @property
+    def schedule(self) -> tuple[Rate, ...]:
+        return (Rate(start=None, hourly_usd=self.hourly_usd, as_of=self.rate_as_of), *self.changes)
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,9 @@ class Lease:
 
 @dataclass(frozen=True)
 class Line:
-    """One charge: a lease's piece inside one instance-month, or that instance-month's idle."""
+    """One charge: a lease's piece inside one instance-month, or that instance-month's idle.
+    ``hourly_usd`` is the time-weighted average of the instance's rates over [start, end) (the
+    one rate when it did not change there), ``rate_as_of`` the date of the latest of them."""
 
     month: str
     instance_id: str
@@ -195,16 +206,16 @@ def compute(
         if paid_from >= paid_to:
             continue
         mine = sorted(by_instance.get(inst.instance_id, []), key=lambda x: (x.start, x.session_id))
-        rate = Fraction(inst.hourly_usd)
+        schedule = inst.schedule
         for month, m_from, m_to in _months(paid_from, paid_to):
-            cost = _seconds(m_from, m_to) * rate / 3600
+            cost = usd_between(schedule, m_from, m_to)
             pieces: list[tuple[Lease, datetime, datetime]] = []
             for lease in mine:
                 a = max(lease.start, m_from)
                 b = min(lease.end or stop, m_to)
                 if a < b or (a == b and _holds_instant(a, m_from, m_to, paid_to, until)):
                     pieces.append((lease, a, b))  # one that ran under a second is a $0.00 line
-            exact = [_seconds(a, b) * lease.share * rate / 3600 for lease, a, b in pieces]
+            exact = [usd_between(schedule, a, b) * lease.share for lease, a, b in pieces]
             idle = cost - sum(exact, Fraction(0))
             if idle < 0:
                 raise ValueError(
@@ -224,14 +235,15 @@ def compute(
                 )
             )
             for (lease, a, b), x, c in zip(pieces, exact, cents, strict=False):
+                shown, as_of = mean_rate(schedule, a, b)
                 bill.lines.append(
                     Line(
                         month=month,
                         instance_id=inst.instance_id,
                         instance_type=inst.instance_type,
                         pool=inst.pool,
-                        hourly_usd=inst.hourly_usd,
-                        rate_as_of=inst.rate_as_of,
+                        hourly_usd=shown,
+                        rate_as_of=as_of,
                         kind=lease.kind,
                         user=lease.user,
                         group=lease.group,
@@ -252,14 +264,15 @@ def compute(
                 )
             used = sum((lease.share * _seconds(a, b) for lease, a, b in pieces), Fraction(0))
             span = _seconds(m_from, m_to)
+            shown, as_of = mean_rate(schedule, m_from, m_to)
             bill.lines.append(
                 Line(
                     month=month,
                     instance_id=inst.instance_id,
                     instance_type=inst.instance_type,
                     pool=inst.pool,
-                    hourly_usd=inst.hourly_usd,
-                    rate_as_of=inst.rate_as_of,
+                    hourly_usd=shown,
+                    rate_as_of=as_of,
                     kind="idle",
                     user=None,
                     group=None,

@@ -6,7 +6,8 @@ start until its end (or now, while it runs), charged to the claim's user and gro
 
     seconds x the worker's share of the instance x the instance's hourly rate / 3600
 
-(the hourly rate: the one the fleet recorded at launch for a spot instance, else the catalog's).
+(the hourly rate: the ones the fleet recorded for a spot instance, each change from its timestamp,
+summed over its segments; else the catalog's).
 
 A worker's share is its slice's (calque/accounting/shares.py) when the pool has a layout
 (one worker per slice, slot k bound to the k-th slice the layout plans), else one GPU's.
@@ -34,7 +35,7 @@ from calque.accounting.chargeback import Instance, Lease
 from calque.accounting.history import ended_before, priced, utc_days
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
-from calque.fleet.rates import rate_of
+from calque.fleet.rates import schedule_of
 from calque.fleet.records import InstanceRate
 from calque.pools import domain as d
 from calque.pools.domain import ClaimRecord, PoolInstanceRecord
@@ -194,7 +195,8 @@ def claim_use(
 ) -> d.ClaimUse | None:
     """What an ended claim used, for its member's and group's monthly counters: the time its
     record says it ran (its last start to its end) on its worker's slice, priced as the usage
-    report prices it (dollars: seconds x the slot's share x the hourly rate) and counted in
+    report prices it (dollars: seconds x the slot's share x the hourly rate, summed over the
+    instance's rate segments) and counted in
     GPU-hours as a session on that slice would be. Counted whole in the month it started, as
     a session is in the month of its check-out. None: it never ran, or has nothing to charge."""
     from calque.tenancy.limits import claim_used
@@ -207,10 +209,9 @@ def claim_use(
         slots = slots_of(instance_type, layout)
     except InvalidInput:
         return None
-    charged = rate_of(instance_type, recorded)
-    if charged is None:
+    schedule = schedule_of(instance_type, recorded)
+    if schedule is None:
         return None
-    rate = str(charged[0])
     k = worker_slot(claim.worker)
     if k >= len(slots):
         return None
@@ -219,7 +220,9 @@ def claim_use(
         seconds,
         gpu_fraction=slots[k].card_fraction,
         share=str(slots[k].share),
-        hourly_usd=rate,
+        hourly_usd=str(schedule[-1].hourly_usd),
+        schedule=schedule,
+        start=_iso(claim.started_at),
     )
     if not ugh and not musd:
         return None

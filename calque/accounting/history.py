@@ -6,8 +6,9 @@ was live, so the events of [since - lookback, until) name them all; the sessions
 still live now are added as well. Each session's record then gives its exact start
 and end (the grant's and the ending transaction's times).
 
-An instance is charged at the rate the fleet recorded when it launched it (spot: the spot
-price then, see docs/economics.md), else at the catalog's on-demand rate.
+An instance is charged at the rates the fleet recorded for it (spot: the spot price at launch
+and every change since, each from its timestamp; see docs/economics.md), else at the
+catalog's on-demand rate.
 
 An instance is paid from its registration until it is deregistered (the registry keeps
 a retired record of each deregistered host: its lifetime and its slices); one still
@@ -28,7 +29,7 @@ from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
 from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
-from calque.fleet.rates import rate_of
+from calque.fleet.rates import schedule_of
 from calque.fleet.records import InstanceRate
 from calque.registry.models import SessionRecord
 from calque.registry.ports import Registry
@@ -96,9 +97,9 @@ def priced(
     pool: str | None,
     recorded: InstanceRate | None = None,
 ) -> Instance | None:
-    """An instance's paid lifetime at its rate (``rate_of``); None when it has no rate."""
-    rate = rate_of(instance_type, recorded)
-    if rate is None:
+    """An instance's paid lifetime at its rates (``schedule_of``); None when it has no rate."""
+    schedule = schedule_of(instance_type, recorded)
+    if schedule is None:
         return None
     try:
         gpus = catalog.instance_type(instance_type).gpu_count
@@ -107,12 +108,13 @@ def priced(
     return Instance(
         instance_id=instance_id,
         instance_type=instance_type,
-        hourly_usd=rate[0],
-        rate_as_of=rate[1],
+        hourly_usd=schedule[0].hourly_usd,
+        rate_as_of=schedule[0].as_of,
         start=start,
         end=end,
         pool=pool,
         gpus=gpus,
+        changes=tuple(schedule[1:]),
     )
 
 

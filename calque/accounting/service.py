@@ -167,7 +167,7 @@ class Usage:
         rates: InstanceRates | None = None,
     ) -> None:
         self.registry = registry
-        # The rates the fleet recorded at launch (spot instances); None: catalog rates only.
+        # The rates the fleet recorded for spot instances (launch, changes); None: catalog rates only.
         self.rates = rates
         self.clock = clock
         # The pools' records (pool instances and claims); None: no pools to charge.

@@ -88,6 +88,14 @@ class Attempt(Out):
     reason: str | None = None
 
 
+class ChargedRate(Out):
+    """From ``start`` (the first: from launch) the instance is charged ``hourly_usd``."""
+
+    start: datetime
+    hourly_usd: float
+    source: Literal["spot_price", "spot_max_price", "on_demand"]
+
+
 class Acquisition(Out):
     request_id: str
     state: AcquisitionState
@@ -106,14 +114,21 @@ class Acquisition(Out):
     budget_held: bool
     charged_hourly_usd: float | None = Field(
         default=None,
-        description="spot: the hourly rate usage charges the instance at, recorded at launch",
+        description="spot: the latest hourly rate recorded for the instance (what a check-out "
+        "reserves at); usage follows every recorded change (charged_rates)",
     )
     charged_rate_source: Literal["spot_price", "spot_max_price", "on_demand"] | None = Field(
         default=None,
-        description="spot_price: EC2's spot price in its AZ at launch; spot_max_price: the max "
-        "price set (an upper bound); on_demand: neither was known",
+        description="spot_price: EC2's spot price in its AZ (at launch, or a change read since); "
+        "spot_max_price: the max price set (an upper bound); on_demand: neither was known",
     )
-    charged_rate_as_of: datetime | None = None
+    charged_rate_as_of: datetime | None = Field(
+        default=None, description="from when the latest recorded rate applies"
+    )
+    charged_rates: list[ChargedRate] = Field(
+        default_factory=list,
+        description="spot: every recorded rate, oldest first, each from its start (the first at launch)",
+    )
     attempts: list[Attempt] = Field(default_factory=list)
     created_at: datetime
     state_since: datetime

@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 # The bus adapter is shared with tenancy (calque.events); named here too for existing callers.
 from calque.events import EVENT_SOURCE as EVENT_SOURCE
 from calque.events import EventBridgePublisher as EventBridgePublisher
-from calque.fleet.ports import CapacityError, Instance, LaunchRefused, LaunchSpec
+from calque.fleet.ports import CapacityError, Instance, LaunchRefused, LaunchSpec, SpotPrice
 
 log = logging.getLogger("calque.fleet")
 
@@ -65,6 +65,11 @@ def _message(exc: ClientError) -> str:
 
 # The spot products a Linux launch is priced under (the VPC name is EC2-Classic's legacy).
 SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+# The product a launched Linux instance's price changes are read under, and how they are paged
+# (EC2 allows 5 to 1000 a page; a refresh reads hours, where prices change a few times a day).
+SPOT_HISTORY_PRODUCT = "Linux/UNIX"
+HISTORY_PAGE = 1000
+HISTORY_PAGES = 20
 
 
 def _when(value: Any) -> datetime:
@@ -195,6 +200,47 @@ class Ec2Fleet:
             return float(latest["SpotPrice"])
         except ValueError:
             return None
+
+    def spot_price_history(
+        self, instance_type: str, availability_zone: str, start: datetime, end: datetime
+    ) -> list[SpotPrice]:
+        """Every Linux/UNIX price change over [start, end], oldest first: DescribeSpotPriceHistory
+        with StartTime/EndTime answers the changes inside it and the one in effect at StartTime
+        (newest first, NextToken until it is empty). An error (ClientError: throttled, not
+        allowed) propagates: the fleet keeps the rates it has and reads again next time."""
+        kwargs: dict[str, Any] = {
+            "InstanceTypes": [instance_type],
+            "ProductDescriptions": [SPOT_HISTORY_PRODUCT],
+            "AvailabilityZone": availability_zone,
+            "StartTime": start,
+            "EndTime": end,
+            "MaxResults": HISTORY_PAGE,
+        }
+        found: dict[datetime, float] = {}
+        for _ in range(HISTORY_PAGES):
+            out = self.ec2.describe_spot_price_history(**kwargs)
+            for p in out.get("SpotPriceHistory") or []:
+                if (
+                    p.get("InstanceType") != instance_type
+                    or p.get("AvailabilityZone") != availability_zone
+                    or p.get("ProductDescription") != SPOT_HISTORY_PRODUCT
+                    or not isinstance(p.get("Timestamp"), datetime)
+                ):
+                    continue
+                try:
+                    found[_when(p["Timestamp"])] = float(p["SpotPrice"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+            token = out.get("NextToken")
+            if not token:
+                break
+            kwargs["NextToken"] = token
+        else:
+            raise RuntimeError(
+                f"DescribeSpotPriceHistory {instance_type} {availability_zone}: more than "
+                f"{HISTORY_PAGES} pages since {start:%Y-%m-%dT%H:%M:%SZ}"
+            )
+        return [SpotPrice(at=at, usd_per_hour=price) for at, price in sorted(found.items())]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         ids = list(dict.fromkeys(instance_ids))

@@ -19,7 +19,15 @@ from typing import Any
 
 # The in-memory event bus is shared with tenancy (calque.events).
 from calque.events import RecordingPublisher as RecordingPublisher
-from calque.fleet.ports import BudgetRefused, CapacityError, Gone, Instance, LaunchRefused, LaunchSpec
+from calque.fleet.ports import (
+    BudgetRefused,
+    CapacityError,
+    Gone,
+    Instance,
+    LaunchRefused,
+    LaunchSpec,
+    SpotPrice,
+)
 from calque.fleet.records import (
     AcquisitionRecord,
     BudgetRecord,
@@ -165,6 +173,7 @@ class FakeEc2:
     """EC2 as the fleet sees it: instances, tags, ClientToken, capacity errors, SSM agents."""
 
     PAGE = 500
+    HISTORY_PAGE = 1000
 
     def __init__(self, subnets_az: dict[str, str] | None = None, clock: Callable[[], datetime] | None = None):
         self.instances: dict[str, Instance] = {}
@@ -176,8 +185,12 @@ class FakeEc2:
         # (instance_type, az or None) -> how many more launches fail for lack of capacity
         self.capacity_faults: dict[tuple[str, str | None], int] = {}
         self.offline: set[str] = set()  # instances whose SSM agent is not online yet
-        # (instance_type, az) -> the spot price DescribeSpotPriceHistory answers (none: no price)
+        # (instance_type, az) -> the spot price in effect since this fake began (none: no price),
+        # and the changes since, oldest first (``set_spot_price``)
         self.spot_prices: dict[tuple[str, str], float] = {}
+        self.spot_changes: dict[tuple[str, str], list[tuple[datetime, float]]] = {}
+        self.spot_history_faults = 0  # how many more DescribeSpotPriceHistory calls fail
+        self.began = self.clock()
         self.calls: Counter[str] = Counter()
         self.launches = 0
 
@@ -214,9 +227,90 @@ class FakeEc2:
             self.launches += 1
             return inst
 
+    def set_spot_price(
+        self, instance_type: str, availability_zone: str, usd_per_hour: float, at: datetime | None = None
+    ) -> None:
+        """The spot price changes to ``usd_per_hour`` at ``at`` (default: now)."""
+        when = at or self.clock()
+        changes = self.spot_changes.setdefault((instance_type, availability_zone), [])
+        changes.append((when, usd_per_hour))
+        changes.sort()
+
+    def _price_changes(self, key: tuple[str, str]) -> list[tuple[datetime, float]]:
+        base = [(self.began, self.spot_prices[key])] if key in self.spot_prices else []
+        return base + self.spot_changes.get(key, [])
+
     def spot_price(self, instance_type: str, availability_zone: str) -> float | None:
         self.calls["DescribeSpotPriceHistory"] += 1
-        return self.spot_prices.get((instance_type, availability_zone))
+        now = self.clock()
+        current = [p for at, p in self._price_changes((instance_type, availability_zone)) if at <= now]
+        return current[-1] if current else None
+
+    def describe_spot_price_history(self, **params: Any) -> dict[str, Any]:
+        """DescribeSpotPriceHistory as EC2 documents it: the changes within [StartTime, EndTime]
+        and the last change at or before StartTime (the price in effect then), newest first,
+        each with Timestamp, SpotPrice (a string), AvailabilityZone, InstanceType and
+        ProductDescription; MaxResults (5 to 1000, default 1000) a page, NextToken after each
+        page but the last ("" on the last)."""
+        self.calls["DescribeSpotPriceHistory"] += 1
+        if self.spot_history_faults > 0:
+            self.spot_history_faults -= 1
+            raise RuntimeError("RequestLimitExceeded: Request limit exceeded.")
+        size = int(params.get("MaxResults", 1000))
+        if not 5 <= size <= 1000:
+            raise ValueError("InvalidParameterValue: MaxResults must be between 5 and 1000")
+        start = params.get("StartTime") or self.clock()
+        end = params.get("EndTime") or self.clock()
+        products = params.get("ProductDescriptions") or ["Linux/UNIX"]
+        azs = (
+            [params["AvailabilityZone"]]
+            if params.get("AvailabilityZone")
+            else sorted({az for _, az in (*self.spot_prices, *self.spot_changes)})
+        )
+        rows: list[dict[str, Any]] = []
+        for itype in params.get("InstanceTypes") or []:
+            for az in azs:
+                changes = [c for c in self._price_changes((itype, az)) if c[0] <= end]
+                before = [c for c in changes if c[0] <= start][-1:]
+                within = [c for c in changes if start < c[0]]
+                for at, price in before + within:
+                    if "Linux/UNIX" in products:
+                        rows.append(
+                            {
+                                "AvailabilityZone": az,
+                                "InstanceType": itype,
+                                "ProductDescription": "Linux/UNIX",
+                                "SpotPrice": f"{price:.6f}",
+                                "Timestamp": at,
+                            }
+                        )
+        rows.sort(key=lambda r: r["Timestamp"], reverse=True)
+        offset = int(params.get("NextToken") or 0)
+        page = rows[offset : offset + size]
+        more = offset + size < len(rows)
+        return {"SpotPriceHistory": page, "NextToken": str(offset + size) if more else ""}
+
+    def spot_price_history(
+        self, instance_type: str, availability_zone: str, start: datetime, end: datetime
+    ) -> list[SpotPrice]:
+        """The port over ``describe_spot_price_history``, paged as the boto3 adapter pages it."""
+        kwargs: dict[str, Any] = {
+            "InstanceTypes": [instance_type],
+            "ProductDescriptions": ["Linux/UNIX"],
+            "AvailabilityZone": availability_zone,
+            "StartTime": start,
+            "EndTime": end,
+            "MaxResults": self.HISTORY_PAGE,
+        }
+        found: dict[datetime, float] = {}
+        while True:
+            out = self.describe_spot_price_history(**kwargs)
+            for p in out["SpotPriceHistory"]:
+                found[p["Timestamp"]] = float(p["SpotPrice"])
+            if not out["NextToken"]:
+                break
+            kwargs["NextToken"] = out["NextToken"]
+        return [SpotPrice(at=at, usd_per_hour=price) for at, price in sorted(found.items())]
 
     def terminate(self, instance_ids: Sequence[str]) -> None:
         with self._lock:

@@ -68,6 +68,14 @@ class Subnet:
     availability_zone: str | None
 
 
+@dataclass(frozen=True)
+class SpotPrice:
+    """One spot price change: from ``at`` the type costs ``usd_per_hour`` in the AZ."""
+
+    at: datetime
+    usd_per_hour: float
+
+
 class Ec2(Protocol):
     def run_instance(self, spec: LaunchSpec) -> Instance:
         """One instance, or CapacityError / LaunchRefused. Transient failures raise anything else."""
@@ -91,9 +99,17 @@ class Ec2(Protocol):
         """EC2's latest Linux/UNIX spot price (USD/hour) for the type in the AZ
         (DescribeSpotPriceHistory); None when EC2 gives none."""
 
+    def spot_price_history(
+        self, instance_type: str, availability_zone: str, start: datetime, end: datetime
+    ) -> list[SpotPrice]:
+        """Every Linux/UNIX spot price change for the type in the AZ over [start, end], oldest
+        first, the one in effect at ``start`` included (its timestamp at or before it):
+        DescribeSpotPriceHistory with StartTime/EndTime, every page. Raises when EC2's answer
+        could not be had (the caller keeps the rates it has)."""
+
 
 class InstanceRates(Protocol):
-    """The rates the fleet recorded at launch, as accounting and tenancy read them."""
+    """The rates the fleet recorded (spot: at launch and each change), as accounting and tenancy read them."""
 
     def instance_rate(self, instance_id: str) -> InstanceRate | None:
         """The rate recorded for this instance; None: none (charge the catalog's rate)."""
@@ -136,8 +152,8 @@ class FleetStore(Protocol):
         recorded for it (``charged_*``) when the same changes set one."""
 
     def instance_rate(self, instance_id: str) -> InstanceRate | None:
-        """The rate recorded at launch (kept as long as the instance -> request pointer,
-        after the acquisition itself is collected)."""
+        """The rates recorded, at launch and each change since (kept as long as the instance ->
+        request pointer, after the acquisition itself is collected)."""
 
     def instance_rates(self) -> dict[str, InstanceRate]: ...
 

@@ -7,7 +7,8 @@ conditions compare exact integers; views convert to USD.
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,6 +39,27 @@ class AttemptRecord(_Record):
     reason: str | None = None
 
 
+# Where a recorded rate came from, best first: EC2's spot price for the type in the launched
+# AZ (at launch, or a change read from its price history since); the max price the launch set
+# (an upper bound on any spot price charged); the on-demand rate (spot with no max price:
+# EC2's default max is the on-demand price).
+RateSource = Literal["spot_price", "spot_max_price", "on_demand"]
+
+# The most rate segments one instance keeps. Spot prices change at most a few times a day, so
+# this covers months; past it the two oldest segments are merged into one at their
+# time-weighted average rate (``add_changes``), which keeps the instance's total cost.
+MAX_RATE_SEGMENTS = 256
+
+
+class RateSegment(_Record):
+    """From ``start`` (the first segment: also before it) until the next segment's start, the
+    instance is charged ``hourly_musd`` per hour."""
+
+    start: datetime
+    hourly_musd: int
+    source: RateSource
+
+
 class AcquisitionRecord(_Record):
     request_id: str
     state: str
@@ -61,37 +83,44 @@ class AcquisitionRecord(_Record):
     attempts: list[AttemptRecord] = Field(default_factory=list)
     created_at: datetime
     state_since: datetime
-    # What the launched instance is charged per hour, recorded once at launch (spot only;
-    # an on-demand instance is charged at the catalog's rate): see InstanceRate.
+    # What the launched instance is charged per hour (spot only; an on-demand instance is
+    # charged at the catalog's rate): see InstanceRate. ``charged_musd``/``_source``/``_as_of``
+    # are the latest recorded rate; ``charged_segments`` every recorded change, the first at
+    # launch; ``charged_checked_at``: the end of the last interval EC2's price history was read.
     charged_musd: int | None = None
     charged_source: str | None = None
     charged_as_of: datetime | None = None
-
-
-# Where a recorded rate came from, best first: EC2's current spot price for the type in the
-# launched AZ; the max price the launch set (an upper bound on any spot price charged);
-# the on-demand rate (spot with no max price: EC2's default max is the on-demand price).
-RateSource = Literal["spot_price", "spot_max_price", "on_demand"]
+    charged_segments: list[RateSegment] = Field(default_factory=list)
+    charged_checked_at: datetime | None = None
 
 
 class InstanceRate(_Record):
-    """The hourly rate the fleet recorded for one instance when it launched it: what usage,
-    session dollar reservations and pool claims charge that instance at (an instance with
-    none is charged at the catalog's on-demand rate)."""
+    """The hourly rates the fleet recorded for one instance: ``segments``, each change from its
+    start (the first at launch), are what usage, settlements and pool claims charge it at;
+    ``hourly_musd``/``source``/``as_of`` are the latest one, what a check-out reserves at. An
+    instance with none is charged at the catalog's on-demand rate. A rate recorded before
+    segments were kept has none: its one rate applies to the whole life (``history``)."""
 
     instance_id: str
     instance_type: str
     hourly_musd: int
     source: RateSource
     as_of: datetime
+    segments: list[RateSegment] = Field(default_factory=list)
 
     @property
     def hourly_usd(self) -> Decimal:
         return Decimal(self.hourly_musd) / Decimal(1_000_000)
 
+    def history(self) -> list[RateSegment]:
+        """The segments, oldest first (one at ``as_of`` for a record without segments)."""
+        if self.segments:
+            return list(self.segments)
+        return [RateSegment(start=self.as_of, hourly_musd=self.hourly_musd, source=self.source)]
+
 
 def instance_rate(rec: AcquisitionRecord) -> InstanceRate | None:
-    """The rate an acquisition recorded for its instance (None: none recorded)."""
+    """The rates an acquisition recorded for its instance (None: none recorded)."""
     if rec.instance_id is None or rec.charged_musd is None or rec.charged_as_of is None:
         return None
     return InstanceRate(
@@ -100,7 +129,45 @@ def instance_rate(rec: AcquisitionRecord) -> InstanceRate | None:
         hourly_musd=rec.charged_musd,
         source=rec.charged_source or "on_demand",
         as_of=rec.charged_as_of,
+        segments=list(rec.charged_segments),
     )
+
+
+def add_changes(
+    segments: list[RateSegment],
+    changes: list[RateSegment],
+    *,
+    limit: int = MAX_RATE_SEGMENTS,
+) -> list[RateSegment]:
+    """``segments`` with later price ``changes`` applied, oldest first. A change at or before
+    the last segment's start is the price in effect then: it corrects that segment only when
+    its price was a stand-in (max price or on-demand rate: EC2 gave none at launch); a later
+    change opens a segment at its own timestamp unless the price stays the same. Past
+    ``limit`` segments the two oldest are merged into one at their time-weighted average
+    (micro-dollars, half-up), which keeps the instance's cost over that span."""
+    out = list(segments)
+    ordered = sorted(changes, key=lambda c: c.start)
+    if out:
+        before = [c for c in ordered if c.start <= out[-1].start]
+        last = out[-1]
+        if before and last.source != "spot_price" and before[-1].source == "spot_price":
+            out[-1] = last.model_copy(
+                update={"hourly_musd": before[-1].hourly_musd, "source": before[-1].source}
+            )
+        ordered = [c for c in ordered if c.start > out[-1].start]
+    for ch in ordered:
+        if out and ch.hourly_musd == out[-1].hourly_musd:
+            continue
+        out.append(ch)
+    while len(out) > max(limit, 2):
+        a, b, c = out[0], out[1], out[2]
+        wa = Fraction(int((b.start - a.start).total_seconds()))
+        wb = Fraction(int((c.start - b.start).total_seconds()))
+        mean = (a.hourly_musd * wa + b.hourly_musd * wb) / (wa + wb) if wa + wb else Fraction(b.hourly_musd)
+        exact = Decimal(mean.numerator) / Decimal(mean.denominator)
+        rounded = int(exact.quantize(Decimal(1), ROUND_HALF_UP))
+        out[:2] = [RateSegment(start=a.start, hourly_musd=rounded, source=b.source)]
+    return out
 
 
 class BudgetRecord(_Record):

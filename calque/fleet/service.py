@@ -41,6 +41,7 @@ from calque.contracts.fleet import (
     Attempt,
     Budget,
     BudgetUpdate,
+    ChargedRate,
     ReleaseRequest,
 )
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
@@ -60,7 +61,15 @@ from calque.fleet.ports import (
     Publisher,
     Subnet,
 )
-from calque.fleet.records import AcquisitionRecord, AttemptRecord, BudgetRecord, musd, usd
+from calque.fleet.records import (
+    AcquisitionRecord,
+    AttemptRecord,
+    BudgetRecord,
+    RateSegment,
+    add_changes,
+    musd,
+    usd,
+)
 from calque.identity import Caller
 
 log = logging.getLogger("calque.fleet")
@@ -98,6 +107,9 @@ class FleetConfig:
     boot_timeout_s: int = 1800
     # The shortest --ttl accepted (a deployment, or a test plane, may allow shorter ones).
     min_ttl_s: int = MIN_TTL_S
+    # How often the reconciler reads a live spot instance's price changes from EC2 (each change
+    # is recorded from its own timestamp, whenever it is read), and once more when it ends.
+    spot_refresh_s: int = 3600
 
 
 @dataclass
@@ -416,7 +428,15 @@ class Fleet:
         }
         charged = self._spot_rate(rec, inst)
         if charged is not None:
-            changes.update(charged_musd=charged[0], charged_source=charged[1], charged_as_of=self.clock())
+            now = self.clock()
+            first = RateSegment(start=now, hourly_musd=charged[0], source=charged[1])
+            changes.update(
+                charged_musd=charged[0],
+                charged_source=charged[1],
+                charged_as_of=now,
+                charged_segments=[first],
+                charged_checked_at=now,
+            )
         if attempts is not None:
             changes["attempts"] = attempts
         try:
@@ -448,10 +468,11 @@ class Fleet:
         return rec
 
     def _spot_rate(self, rec: AcquisitionRecord, inst: Instance) -> tuple[int, str] | None:
-        """The hourly rate (micro-USD) a spot instance is charged at, recorded once at launch:
-        EC2's current spot price for its type in its AZ (never above the max price set), else
-        the max price set (an upper bound), else the on-demand rate (EC2's default max).
-        None for an on-demand instance (charged at the catalog's rate)."""
+        """The hourly rate (micro-USD) a spot instance is charged at from its launch (its first
+        rate segment; ``refresh_spot_rate`` records the changes after it): EC2's current spot
+        price for its type in its AZ (never above the max price set), else the max price set
+        (an upper bound), else the on-demand rate (EC2's default max). None for an on-demand
+        instance (charged at the catalog's rate)."""
         if inst.market != "spot":
             return None
         itype = inst.instance_type or rec.instance_type
@@ -471,6 +492,65 @@ class Fleet:
             return musd(catalog.instance_type(itype).hourly_usd), "on_demand"
         except InvalidInput:
             return None
+
+    def refresh_spot_rate(self, rec: AcquisitionRecord, *, final: bool = False) -> AcquisitionRecord:
+        """Record a spot instance's price changes since its last recorded one: one
+        DescribeSpotPriceHistory read (every page) for its type and AZ from that change's start
+        to now, each change capped at the max price set, applied from its own timestamp. Runs
+        from the reconciler once ``spot_refresh_s`` has passed since the last read, and
+        ``final``ly when the instance ends (release, termination observed), so a finished
+        instance's record covers its whole life. When EC2's answer cannot be had, the last
+        recorded rate continues and the next read (from the same start) fills the gap."""
+        if rec.market != "spot" or rec.instance_id is None or not rec.availability_zone:
+            return rec
+        segments = list(rec.charged_segments)
+        if not segments and rec.charged_musd is not None and rec.charged_as_of is not None:
+            source: Any = rec.charged_source or "on_demand"
+            segments = [RateSegment(start=rec.charged_as_of, hourly_musd=rec.charged_musd, source=source)]
+        if not segments:
+            return rec
+        now = self.clock()
+        checked = rec.charged_checked_at
+        if not final and checked is not None and (now - checked).total_seconds() < self.config.spot_refresh_s:
+            return rec
+        itype = rec.launched_type or rec.instance_type
+        start = segments[-1].start
+        try:
+            prices = self.ec2.spot_price_history(itype, rec.availability_zone, start, now)
+        except Exception:  # the last rate continues; the next read starts from the same change
+            log.warning(
+                "no spot price history for %s (%s in %s) since %s; its last rate continues",
+                rec.instance_id,
+                itype,
+                rec.availability_zone,
+                start,
+                exc_info=True,
+            )
+            return rec
+        cap = rec.spot_max_price
+        changes = [
+            RateSegment(
+                start=p.at,
+                hourly_musd=musd(min(p.usd_per_hour, cap) if cap is not None else p.usd_per_hour),
+                source="spot_price",
+            )
+            for p in prices
+            if p.usd_per_hour > 0
+        ]
+        after = add_changes(segments, changes)
+        last = after[-1]
+        try:
+            return self.store.update(
+                rec,
+                expect=OPEN_STATES,
+                charged_segments=after,
+                charged_musd=last.hourly_musd,
+                charged_source=last.source,
+                charged_as_of=last.start,
+                charged_checked_at=now,
+            )
+        except Gone:  # closed or moved meanwhile: the next run (or the end) reads it again
+            return self._must(rec.request_id)
 
     def _fail(self, rec: AcquisitionRecord, reason: str) -> AcquisitionRecord:
         try:
@@ -523,7 +603,7 @@ class Fleet:
         if state in ("shutting-down", "terminated", "stopping", "stopped"):
             if rec.state not in ("terminated", "failed"):
                 reason = "released" if rec.state == "releasing" else "host_lost"
-                self._end_host(rec, reason=reason, note=f"EC2 reports the instance {state}")
+                rec = self._end_host(rec, reason=reason, note=f"EC2 reports the instance {state}")
             if state == "terminated":
                 closed = self._close_terminated(rec, "EC2 confirmed the instance terminated")
                 return "terminated, budget released" if closed else "already closed"
@@ -623,14 +703,19 @@ class Fleet:
         rec = self.store.get(request_id)
         if rec is None or rec.instance_id is None or rec.state != "releasing":
             return self._view(rec) if rec else None
-        self.ec2.terminate([rec.instance_id])
+        # The release's read of the prices, where EC2 may be called (the API may not): the
+        # termination's own read, when EC2 confirms it, covers the last minutes.
+        iid = rec.instance_id
+        rec = self.refresh_spot_rate(rec, final=True)
+        self.ec2.terminate([iid])
         return self._view(rec)
 
     # ---- the reconciler --------------------------------------------------------------------------
 
     def reconcile(self) -> ReconcileSummary:
         """Make the store and EC2 agree. Cost: DescribeInstances pages filtered by tag, one
-        read of the acquisitions, one of the hosts; per-instance calls only for what changes."""
+        read of the acquisitions, one of the hosts; per-instance calls only for what changes
+        (and a spot instance's price history once its read is due: ``refresh_spot_rate``)."""
         now = self.clock()
         out = ReconcileSummary()
         live: dict[str, Instance] = {i.instance_id: i for i in self.ec2.managed_instances()}
@@ -679,14 +764,17 @@ class Fleet:
             iid = rec.instance_id
             if iid not in live and iid not in still:
                 reason = "released" if rec.state == "releasing" else "host_lost"
-                self._end_host(rec, reason=reason, note="EC2 no longer knows the instance")
+                rec = self._end_host(rec, reason=reason, note="EC2 no longer knows the instance")
                 if self._close_terminated(rec, "EC2 no longer knows the instance"):
                     out.vanished.append(iid)
                 continue
+            expired = rec.expires_at is not None and rec.expires_at <= now
+            if not expired:  # (a release reads the prices itself, once more)
+                rec = self.refresh_spot_rate(rec)
             if rec.state == "releasing":
                 releasing_live.append(iid)
                 continue
-            if rec.expires_at is not None and rec.expires_at <= now:
+            if expired:
                 self.release(iid, f"its TTL of {rec.ttl_s}s passed", end_reason="host_ttl")
                 out.ttl_released.append(iid)
                 releasing_live.append(iid)
@@ -715,10 +803,16 @@ class Fleet:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _end_host(self, rec: AcquisitionRecord, *, reason: str, note: str) -> None:
-        if rec.instance_id is None:
-            return
-        self.hosts.drain(rec.instance_id, end_sessions=True, end_reason=reason, note=note)
+    def _end_host(self, rec: AcquisitionRecord, *, reason: str, note: str) -> AcquisitionRecord:
+        """The instance is ending (EC2 says so, or no longer knows it): its prices are read up to
+        now first, so its record covers its whole life and the sessions ended here settle them;
+        then every session there ends."""
+        iid = rec.instance_id
+        if iid is None:
+            return rec
+        rec = self.refresh_spot_rate(rec, final=True)
+        self.hosts.drain(iid, end_sessions=True, end_reason=reason, note=note)
+        return rec
 
     def _close_terminated(self, rec: AcquisitionRecord, reason: str) -> bool:
         if rec.instance_id is not None:
@@ -776,6 +870,10 @@ class Fleet:
             charged_hourly_usd=usd(r.charged_musd) if r.charged_musd is not None else None,
             charged_rate_source=r.charged_source,
             charged_rate_as_of=r.charged_as_of,
+            charged_rates=[
+                ChargedRate(start=x.start, hourly_usd=usd(x.hourly_musd), source=x.source)
+                for x in r.charged_segments
+            ],
             attempts=[Attempt.model_validate(a.model_dump()) for a in r.attempts],
             created_at=r.created_at,
             state_since=r.state_since,

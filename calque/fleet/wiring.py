@@ -30,17 +30,20 @@ def fleet() -> Fleet:
     ddb = aws.client("dynamodb")
     publisher = EventBridgePublisher(aws.client("events"), s.event_bus)
     # The sessions the fleet ends are ended, and published, by tenancy (once each).
+    store = DynamoFleetStore(ddb, s.table_name)
     tenancy = Tenancy(
         DynamoRegistry(ddb, s.table_name),
         SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
         publisher=publisher,
+        # A spot session the fleet ends settles the recorded rates over its time.
+        rates=store,
     )
     subnets = tuple(
         Subnet(subnet_id=item.partition("@")[0], availability_zone=item.partition("@")[2] or None)
         for item in s.subnets
     )
     return Fleet(
-        DynamoFleetStore(ddb, s.table_name),
+        store,
         Ec2Fleet(
             aws.client("ec2"),
             aws.client("ssm"),
@@ -57,5 +60,6 @@ def fleet() -> Fleet:
             untracked_grace_s=s.untracked_grace_s,
             boot_timeout_s=s.boot_timeout_s,
             min_ttl_s=s.min_ttl_s,
+            spot_refresh_s=s.spot_refresh_s,
         ),
     )

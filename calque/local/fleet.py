@@ -9,12 +9,16 @@ A WSGI interceptor in front of moto (see calque/local/moto_server.py) that:
 - answers SSM DescribeInstanceInformation for the plane's simulated hosts (moto has none);
 - synthesizes the "EC2 Instance State-change Notification" events EventBridge would
   deliver to the fleet_events function (pending -> running; shutting-down -> terminated);
-- answers DescribeSpotPriceHistory from LOCAL_SPOT_PRICE_OF_ON_DEMAND (moto answers one
-  made-up price for every type): the local plane has no spot market, so its spot price is
-  that fixed fraction of the catalog's on-demand rate, for every type, in every AZ;
+- answers DescribeSpotPriceHistory as EC2 documents it (moto answers one made-up price for
+  every type): the local plane has no spot market, so its spot price is
+  LOCAL_SPOT_PRICE_OF_ON_DEMAND of the catalog's on-demand rate, for every type, in every AZ,
+  since the plane started, changed only by ``spot-price`` injections (each from its time);
+  a StartTime/EndTime read answers the changes inside it and the one in effect at StartTime,
+  newest first, MaxResults a page with NextToken;
 - injects faults: capacity errors per instance type (and AZ), an acquirer that dies after
   RunInstances and before recording, a spot interruption warning (EC2 then terminates the
-  instance two minutes later, times the plane's schedule scale).
+  instance two minutes later, times the plane's schedule scale), a spot price change for a
+  type in an AZ (``clear`` takes the changes back: the table's price again).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import datetime as dt
 import io
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -43,6 +48,11 @@ SPOT_NOTICE_S = 120
 # The local plane's spot price, as a fraction of the catalog's on-demand rate (a fixed
 # table entry, not AWS's market: real spot prices vary by type, AZ and hour).
 LOCAL_SPOT_PRICE_OF_ON_DEMAND = 0.35
+# How often the local plane's reconciler reads a spot instance's price changes (a deployment
+# reads them hourly: CALQUE_FLEET_SPOT_REFRESH_S); every run here, so a change shows soon.
+LOCAL_SPOT_REFRESH_S = 1
+SPOT_REFRESH_ENV = "CALQUE_FLEET_SPOT_REFRESH_S"
+SPOT_HISTORY_PAGE_MAX = 1000
 
 
 @dataclass
@@ -103,6 +113,9 @@ class FleetSimulator:
         self._lock = threading.Lock()
         self.capacity: list[CapacityFault] = []
         self.crashes = 0
+        self.began = dt.datetime.now(dt.UTC)
+        # (instance_type, az) -> injected spot price changes, oldest first: (from, $/h)
+        self.spot_changes: dict[tuple[str, str], list[tuple[dt.datetime, float]]] = {}
         self._tokens: dict[str, tuple[str, bytes]] = {}
         self._terminated: set[str] = set()
         self._events: queue.Queue[tuple[float, dict[str, Any]] | None] = queue.Queue()
@@ -209,33 +222,63 @@ class FleetSimulator:
                 return _error("500 Internal Server Error", "InternalError", "injected crash after launch")
         return status, headers, body
 
-    @staticmethod
-    def _spot_price_history(params: dict[str, str]) -> tuple[str, list[tuple[str, str]], bytes]:
-        """One price per type asked, in the AZ asked (us-east-1a when none), from the local table."""
+    def _spot_prices(self, itype: str, az: str) -> list[tuple[dt.datetime, float]]:
+        """Every price of the type in the AZ, oldest first: the table's since the plane
+        started, then the injected changes."""
         from calque import catalog
         from calque.errors import InvalidInput
 
+        try:
+            on_demand = catalog.instance_type(itype).hourly_usd
+        except InvalidInput:
+            return []
+        with self._lock:
+            changes = list(self.spot_changes.get((itype, az), []))
+        return [(self.began, round(on_demand * LOCAL_SPOT_PRICE_OF_ON_DEMAND, 6)), *changes]
+
+    def _spot_price_history(self, params: dict[str, str]) -> tuple[str, list[tuple[str, str]], bytes]:
+        """DescribeSpotPriceHistory: for each type asked, in the AZ asked (every AZ of the
+        plane's subnets when none), the Linux/UNIX changes within [StartTime, EndTime] and the
+        one in effect at StartTime (default both: now), newest first; MaxResults (5 to 1000,
+        default 1000) a page, NextToken to the next ("" after the last)."""
         types = [v for k, v in sorted(params.items()) if k.startswith("InstanceType.")]
-        az = params.get("AvailabilityZone") or "us-east-1a"
-        rows = []
-        for itype in types:
-            try:
-                on_demand = catalog.instance_type(itype).hourly_usd
-            except InvalidInput:
-                continue
-            price = round(on_demand * LOCAL_SPOT_PRICE_OF_ON_DEMAND, 6)
-            rows.append(
-                f"<item><instanceType>{itype}</instanceType>"
-                "<productDescription>Linux/UNIX</productDescription>"
-                f"<spotPrice>{price:.6f}</spotPrice>"
-                f"<timestamp>{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%S.000Z}</timestamp>"
-                f"<availabilityZone>{az}</availabilityZone></item>"
-            )
+        products = [v for k, v in params.items() if k.startswith("ProductDescription.")]
+        now = dt.datetime.now(dt.UTC)
+        try:
+            start = _when(params.get("StartTime")) or now
+            end = _when(params.get("EndTime")) or now
+            size = int(params.get("MaxResults") or SPOT_HISTORY_PAGE_MAX)
+            offset = int(params.get("NextToken") or 0)
+        except ValueError as exc:
+            return _error("400 Bad Request", "InvalidParameterValue", str(exc))
+        if not 5 <= size <= SPOT_HISTORY_PAGE_MAX:
+            return _error("400 Bad Request", "InvalidParameterValue", "MaxResults must be between 5 and 1000")
+        azs = [params["AvailabilityZone"]] if params.get("AvailabilityZone") else ["us-east-1a"]
+        rows: list[tuple[dt.datetime, str]] = []
+        if not products or "Linux/UNIX" in products:
+            for itype in types:
+                for az in azs:
+                    prices = [p for p in self._spot_prices(itype, az) if p[0] <= end]
+                    before = [p for p in prices if p[0] <= start][-1:]
+                    for at, price in before + [p for p in prices if p[0] > start]:
+                        rows.append(
+                            (
+                                at,
+                                f"<item><instanceType>{itype}</instanceType>"
+                                "<productDescription>Linux/UNIX</productDescription>"
+                                f"<spotPrice>{price:.6f}</spotPrice>"
+                                f"<timestamp>{at:%Y-%m-%dT%H:%M:%S.000Z}</timestamp>"
+                                f"<availabilityZone>{az}</availabilityZone></item>",
+                            )
+                        )
+        rows.sort(key=lambda r: r[0], reverse=True)
+        page = rows[offset : offset + size]
+        token = str(offset + size) if offset + size < len(rows) else ""
         body = (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             '<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
-            f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(rows)}"
-            "</spotPriceHistorySet><nextToken></nextToken></DescribeSpotPriceHistoryResponse>"
+            f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(r[1] for r in page)}"
+            f"</spotPriceHistorySet><nextToken>{token}</nextToken></DescribeSpotPriceHistoryResponse>"
         ).encode()
         return "200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))], body
 
@@ -353,12 +396,42 @@ class FleetSimulator:
             timer.start()
             self._timers.append(timer)
             return 200, {"injected": "spot-interruption", "instance_id": iid, "terminates_in_s": notice_s}
+        if kind == "spot-price":
+            return self._inject_spot_price(body)
         if kind == "clear":
             with self._lock:
                 self.capacity.clear()
                 self.crashes = 0
+                self.spot_changes.clear()
             return 200, {"cleared": True}
         return 404, {"error": {"code": "not_found", "message": f"no fault {kind!r}", "details": {}}}
+
+    def _inject_spot_price(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The spot price of ``instance_type`` in ``az`` changes to ``usd_per_hour``, now."""
+        from calque import catalog
+        from calque.errors import InvalidInput
+
+        itype, az, price = body.get("instance_type"), body.get("az"), body.get("usd_per_hour")
+        if not isinstance(itype, str) or not itype:
+            return _bad("instance_type", "spot-price needs instance_type")
+        try:
+            catalog.instance_type(itype)
+        except InvalidInput as exc:
+            return _bad("instance_type", exc.message)
+        if not isinstance(az, str) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d[a-z]", az):
+            return _bad("az", "spot-price needs an availability zone, e.g. us-east-1a")
+        if isinstance(price, bool) or not isinstance(price, int | float) or not 0 < price <= 1000:
+            return _bad("usd_per_hour", "usd_per_hour must be a price above 0 and at most 1000 $/h")
+        at = dt.datetime.now(dt.UTC)
+        with self._lock:
+            self.spot_changes.setdefault((itype, az), []).append((at, float(price)))
+        return 200, {
+            "injected": "spot-price",
+            "instance_type": itype,
+            "az": az,
+            "usd_per_hour": float(price),
+            "at": at.isoformat(),
+        }
 
     def _reclaim(self, instance_id: str) -> None:
         try:
@@ -368,7 +441,23 @@ class FleetSimulator:
 
     def faults(self) -> dict[str, Any]:
         with self._lock:
-            return {"capacity": [f.as_json() for f in self.capacity], "crash_after_launch": self.crashes}
+            return {
+                "capacity": [f.as_json() for f in self.capacity],
+                "crash_after_launch": self.crashes,
+                "spot_prices": [
+                    {"instance_type": t, "az": az, "usd_per_hour": p, "at": at.isoformat()}
+                    for (t, az), changes in sorted(self.spot_changes.items())
+                    for at, p in changes
+                ],
+            }
+
+
+def _when(value: str | None) -> dt.datetime | None:
+    """A query's timestamp (ISO 8601, as botocore sends it), in UTC; None when absent."""
+    if not value:
+        return None
+    at = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return at if at.tzinfo else at.replace(tzinfo=dt.UTC)
 
 
 def _bad(field: str, message: str) -> tuple[int, dict[str, Any]]:
@@ -402,6 +491,9 @@ def fleet_environment(ec2: Any, *, launch_template: str) -> dict[str, str]:
         resources.ENV_FLEET_LAUNCH_TEMPLATE: launch_template,
         resources.ENV_FLEET_AMI_ID: image,
         resources.ENV_FLEET_SUBNETS: ",".join(default_subnets(ec2)),
+        "CALQUE_FLEET_SPOT_REFRESH_S": os.environ.get(
+            "CALQUE_FLEET_SPOT_REFRESH_S", str(LOCAL_SPOT_REFRESH_S)
+        ),
     }
 
 

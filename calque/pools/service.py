@@ -168,7 +168,7 @@ class Pools:
         self.starter = starter
         # The registry's groups (calque.tenancy.groups): a claim is charged to one. None: no groups.
         self.groups = groups
-        # The rates the fleet recorded at launch (a spot instance's): what a claim is charged
+        # The rates the fleet recorded for a spot instance (launch, changes): what a claim is charged
         # at. None: catalog rates only.
         self.rates = rates
 

@@ -3,15 +3,16 @@
     item                 pk      sk
     budget               FLEET   BUDGET
     acquisition          FLEET   ACQ#<request_id>
-    instance -> request  FLEET   INSTANCE#<instance_id>   (+ the rate recorded at launch)
+    instance -> request  FLEET   INSTANCE#<instance_id>   (+ the rates recorded: launch, changes)
 
 The budget keeps its headroom (``free_instances``, ``free_musd``) beside what is in use,
 so a reservation is one conditional decrement (``free >= asked``) in the same
 transaction that creates the acquisitions: N racing acquisitions can never exceed it.
 A closed acquisition gives back exactly what it held, once: its own state condition
 and the budget's increment are one transaction. Closed acquisitions carry ``gc_at``;
-the instance -> request pointer does not: it keeps the rate the instance is charged at
-(spot) for as long as usage reports may ask about that instance.
+the instance -> request pointer does not: it keeps the rates the instance is charged at
+(spot: at launch and every price change since) for as long as usage reports may ask about
+that instance.
 """
 
 from __future__ import annotations
@@ -239,9 +240,13 @@ class DynamoFleetStore:
             "ExpressionAttributeValues": values,
         }
         try:
-            if changes.get("instance_id"):
+            # The pointer keeps the instance's rates: written with the instance, and again with
+            # every change of its rates (the spot price changes the fleet records).
+            if new.instance_id and (
+                changes.get("instance_id") or any(k.startswith("charged_") for k in changes)
+            ):
                 pointer: dict[str, Any] = {
-                    **_instance_key(changes["instance_id"]),
+                    **_instance_key(new.instance_id),
                     "type": "instance",
                     "request_id": record.request_id,
                 }

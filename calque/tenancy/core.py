@@ -37,6 +37,7 @@ from calque.tenancy import limits
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates
+    from calque.fleet.rates import Schedule
 
 REAPER = "calque-reaper"
 
@@ -219,6 +220,16 @@ class TenancyCore:
     def _publish(self, events: list[Event]) -> None:
         publish_safely(self.publisher, events)
 
+    def _spot_schedule(self, session: SessionRecord) -> Schedule | None:
+        """The rates the fleet recorded for a spot session's instance (one read), so its end
+        settles what those rates charged over its time; None: settle at the session's rate."""
+        if not session.spot or self.rates is None or not session.share:
+            return None
+        from calque.fleet.rates import recorded_schedule
+
+        recorded = self.rates.instance_rate(session.instance_id)
+        return recorded_schedule(recorded) if recorded is not None else None
+
     def _ending(
         self,
         session: SessionRecord,
@@ -234,7 +245,9 @@ class TenancyCore:
     ) -> SessionEnd:
         # One figure: what the counters settle, in micro-GPU-hours; the lease event's hours are
         # that figure, so the lease history and quota/group show always agree.
-        used_ugh, used_musd = limits.used(int((at - session.created_at).total_seconds()), session)
+        used_ugh, used_musd = limits.used(
+            int((at - session.created_at).total_seconds()), session, self._spot_schedule(session)
+        )
         hours = limits.gpu_hours(used_ugh)
         return SessionEnd(
             session=session,

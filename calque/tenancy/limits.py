@@ -13,14 +13,17 @@ transaction that ends it.
 
 Amounts are kept in whole micro-units (micro-GPU-hours, micro-dollars): reservations are
 rounded up, what was used half-up, so a session that runs its whole TTL never settles
-above what it reserved. A session is counted in the month of its check-out, whole, even
-when it runs into the next month (the usage report still splits it at the edge).
+above what it reserved (unless its spot instance's price rose meanwhile: a check-out
+reserves at the latest recorded rate, an end settles the recorded rates over its time).
+A session is counted in the month of its check-out, whole, even when it runs into the
+next month (the usage report still splits it at the edge).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,7 @@ from calque.registry.ports import MICRO, Limits, Reservation, micro
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates
+    from calque.fleet.rates import Schedule
 
 GPU = "max_gpu_hours_per_month"
 USD = "max_usd_per_month"
@@ -73,11 +77,25 @@ def price(
     return share, str(charged[0])
 
 
-def _amounts(seconds: int, session_like: Any, *, up: bool) -> tuple[int, int]:
+def _amounts(
+    seconds: int,
+    session_like: Any,
+    *,
+    up: bool,
+    schedule: Schedule | None = None,
+    start: datetime | None = None,
+) -> tuple[int, int]:
     hours = Fraction(seconds, 3600)
     ugh_exact = hours * Fraction(session_like.gpu_fraction) * MICRO
     usd_exact = Fraction(0)
-    if session_like.share and session_like.hourly_usd:
+    if session_like.share and schedule and start is not None:
+        # What the instance's recorded rates charged over the time it ran (a spot price that
+        # changed meanwhile is followed, each change from its timestamp).
+        from calque.fleet.rates import usd_between
+
+        cost = usd_between(schedule, start, start + timedelta(seconds=seconds))
+        usd_exact = Fraction(session_like.share) * cost * MICRO
+    elif session_like.share and session_like.hourly_usd:
         usd_exact = hours * Fraction(session_like.share) * Fraction(Decimal(session_like.hourly_usd)) * MICRO
     if up:
         return math.ceil(ugh_exact), math.ceil(usd_exact)
@@ -93,9 +111,11 @@ def reserve(seconds: int, session: SessionRecord) -> tuple[int, int]:
     return _amounts(seconds, session, up=True)
 
 
-def used(seconds: int, session: SessionRecord) -> tuple[int, int]:
-    """What ``seconds`` of the session used: (micro-GPU-hours, micro-dollars), rounded half-up."""
-    return _amounts(max(0, seconds), session, up=False)
+def used(seconds: int, session: SessionRecord, schedule: Schedule | None = None) -> tuple[int, int]:
+    """What ``seconds`` of the session used: (micro-GPU-hours, micro-dollars), rounded half-up.
+    With its instance's rate ``schedule`` (spot) the dollars follow the rates over the time
+    it ran; else they are at the rate recorded on the session at check-out."""
+    return _amounts(max(0, seconds), session, up=False, schedule=schedule, start=session.created_at)
 
 
 def of_quota(quota: QuotaRecord | None) -> Limits:
@@ -237,13 +257,22 @@ def group_refusal(group: Any, res: Reservation, doing: str) -> QuotaExceeded | N
 # same conditional write that records its end (calque.pools.service).
 
 
-def claim_used(seconds: int, *, gpu_fraction: float, share: str, hourly_usd: str | None) -> tuple[int, int]:
+def claim_used(
+    seconds: int,
+    *,
+    gpu_fraction: float,
+    share: str,
+    hourly_usd: str | None,
+    schedule: Schedule | None = None,
+    start: datetime | None = None,
+) -> tuple[int, int]:
     """What ``seconds`` of a claim on a worker's slice used: (micro-GPU-hours, micro-dollars),
-    rounded half-up as a session's end is (the same arithmetic: ``used``)."""
+    rounded half-up as a session's end is (the same arithmetic: ``used``; with a rate
+    ``schedule`` and the claim's ``start``, the dollars follow the rates over its run)."""
     from types import SimpleNamespace
 
     slot = SimpleNamespace(gpu_fraction=gpu_fraction, share=share, hourly_usd=hourly_usd)
-    return _amounts(max(0, seconds), slot, up=False)
+    return _amounts(max(0, seconds), slot, up=False, schedule=schedule, start=start)
 
 
 def claim_refusal(

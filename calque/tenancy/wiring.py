@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class FleetRates:
-    """The rates the fleet recorded at launch, on the deployment's table
+    """The rates the fleet recorded (spot: at launch and each change), on the deployment's table
     (calque.fleet.ports.InstanceRates). Only a spot check-out reads one, so the fleet's
     store is imported at that first read rather than on every cold start."""
 
@@ -71,9 +71,12 @@ def reaper_tenancy() -> Tenancy:
     from calque.tenancy.service import Tenancy, TenancyConfig
 
     s = reaper_settings()
+    ddb = aws.client("dynamodb")
     return Tenancy(
-        DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        DynamoRegistry(ddb, s.table_name),
         SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
         config=TenancyConfig(reclaim_timeout_s=s.reclaim_timeout_s),
         publisher=events_publisher(s.event_bus),
+        # An expired spot session settles the recorded rates over its time, as a check-in does.
+        rates=FleetRates(ddb, s.table_name),
     )

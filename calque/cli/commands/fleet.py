@@ -140,7 +140,14 @@ def register(subparsers: Any) -> None:
     p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
     p.add_argument("instance_id", metavar="I")
     p.set_defaults(func=_inject, kind="spot-interruption")
-    p = kinds.add_parser("clear", help="forget every injected fault")
+    p = kinds.add_parser(
+        "spot-price", help="the spot price of a type in an AZ changes now (DescribeSpotPriceHistory)"
+    )
+    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--az", required=True, metavar="Z")
+    p.add_argument("--usd-per-hour", required=True, type=float, metavar="X")
+    p.set_defaults(func=_inject, kind="spot-price")
+    p = kinds.add_parser("clear", help="forget every injected fault (and spot price change)")
     p.set_defaults(func=_inject, kind="clear")
 
     p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
@@ -301,6 +308,13 @@ def wait_until_ready(
         time.sleep(interval_s)
 
 
+RATE_COLUMNS: list[Any] = [
+    ("from", "start"),
+    ("usd_per_hour", lambda r: f"{float(r.get('hourly_usd') or 0):g}"),
+    ("source", "source"),
+]
+
+
 def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
     from calque.cli.output import render_table
 
@@ -340,6 +354,11 @@ def render_acquisition(acq: Mapping[str, Any]) -> str:
     ]
     attempts = list(acq.get("attempts") or [])
     text = render_fields(acq, fields)
+    rates = list(acq.get("charged_rates") or [])
+    if len(rates) > 1:  # a spot price that changed: every recorded rate, each from its start
+        text += "\n\n  charged rates\n" + "\n".join(
+            "  " + line for line in render_table(rates, RATE_COLUMNS).splitlines()
+        )
     if attempts:
         text += "\n\n  attempts\n" + "\n".join(
             "  " + line for line in render_table(attempts, ATTEMPT_COLUMNS).splitlines()
@@ -410,6 +429,7 @@ def _inject(ctx: Any, args: argparse.Namespace) -> None:
             ("az", getattr(args, "az", None)),
             ("times", getattr(args, "times", None)),
             ("instance_id", getattr(args, "instance_id", None)),
+            ("usd_per_hour", getattr(args, "usd_per_hour", None)),
         )
         if v is not None
     }

@@ -1,0 +1,109 @@
+"""The local plane's EC2 stand-in answers DescribeSpotPriceHistory as EC2 documents it, and
+`local inject spot-price` changes a price from now."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from calque.local.fleet import FleetSimulator
+from calque.local.state import StateDir
+
+pytestmark = pytest.mark.unit
+
+NS = {"e": "http://ec2.amazonaws.com/doc/2016-11-15/"}
+T = "g7e.2xlarge"
+AZ = "us-east-1b"
+
+
+@pytest.fixture
+def sim(tmp_path):
+    s = FleetSimulator(
+        StateDir(tmp_path / "plane"),
+        account="123456789012",
+        region="us-east-1",
+        host_role="CalqueHostRole",
+        deliver=lambda event: None,
+        schedule_scale=1000.0,
+    )
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _ask(sim: FleetSimulator, **params: str) -> tuple[list[tuple[str, str]], str]:
+    query = {"Action": "DescribeSpotPriceHistory", "InstanceType.1": T, "ProductDescription.1": "Linux/UNIX"}
+    status, _headers, body = sim._spot_price_history({**query, "AvailabilityZone": AZ, **params})
+    assert status.startswith("200"), body
+    doc = ET.fromstring(body)
+    rows = [
+        (item.findtext("e:timestamp", namespaces=NS) or "", item.findtext("e:spotPrice", namespaces=NS) or "")
+        for item in doc.findall("e:spotPriceHistorySet/e:item", NS)
+    ]
+    return rows, doc.findtext("e:nextToken", namespaces=NS) or ""
+
+
+def _iso(at: dt.datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_a_history_read_answers_the_changes_and_the_price_in_effect_at_its_start(sim: FleetSimulator):
+    # Given the table's price (35 % of 3.36 $/h) and two injected changes a second apart
+    status, first = sim.inject("spot-price", {"instance_type": T, "az": AZ, "usd_per_hour": 1.5})
+    assert status == 200
+    time.sleep(1.1)
+    status, _ = sim.inject("spot-price", {"instance_type": T, "az": AZ, "usd_per_hour": 1.25})
+    assert status == 200
+    # When the history is read from just after the first change to now
+    start = dt.datetime.fromisoformat(first["at"]) + dt.timedelta(milliseconds=500)
+    rows, token = _ask(sim, StartTime=_iso(start), EndTime=_iso(dt.datetime.now(dt.UTC)))
+    # Then the change inside it and the one in effect at StartTime, newest first, prices as strings
+    assert [price for _at, price in rows] == ["1.250000", "1.500000"]
+    assert rows[0][0] > rows[1][0]
+    assert token == ""
+    # And a read of the whole life pages five at most with NextToken
+    since = sim.began - dt.timedelta(seconds=1)
+    page, token = _ask(sim, StartTime=_iso(since), MaxResults="5")
+    assert [price for _at, price in page] == ["1.250000", "1.500000", "1.176000"]
+    assert token == ""
+
+
+def test_pages_follow_next_token(sim: FleetSimulator):
+    for n in range(6):
+        sim.spot_changes.setdefault((T, AZ), []).append(
+            (sim.began + dt.timedelta(seconds=n + 1), 1.0 + n / 10)
+        )
+    end = _iso(sim.began + dt.timedelta(seconds=30))
+    page1, token = _ask(sim, StartTime=_iso(sim.began), EndTime=end, MaxResults="5")
+    assert len(page1) == 5
+    assert token
+    page2, token2 = _ask(sim, StartTime=_iso(sim.began), EndTime=end, MaxResults="5", NextToken=token)
+    # (the table's price since the plane began, and six changes: seven in all, newest first)
+    assert [p for _a, p in page1 + page2] == [
+        "1.500000",
+        "1.400000",
+        "1.300000",
+        "1.200000",
+        "1.100000",
+        "1.000000",
+        "1.176000",
+    ]
+    assert token2 == ""
+
+
+def test_a_bad_page_size_or_injection_is_refused(sim: FleetSimulator):
+    status, _h, body = sim._spot_price_history({"InstanceType.1": T, "MaxResults": "4"})
+    assert status.startswith("400")
+    assert b"InvalidParameterValue" in body
+    assert sim.inject("spot-price", {"instance_type": T, "az": AZ, "usd_per_hour": 0})[0] == 400
+    assert sim.inject("spot-price", {"instance_type": T, "az": "nowhere", "usd_per_hour": 1})[0] == 400
+    assert sim.inject("spot-price", {"instance_type": "x9.huge", "az": AZ, "usd_per_hour": 1})[0] == 400
+    # And `clear` takes every change back
+    assert sim.inject("spot-price", {"instance_type": T, "az": AZ, "usd_per_hour": 2})[0] == 200
+    sim.inject("clear", {})
+    rows, _ = _ask(sim)
+    assert [p for _a, p in rows] == ["1.176000"]
