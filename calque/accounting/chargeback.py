@@ -156,14 +156,16 @@ def _seconds(a: datetime, b: datetime) -> Fraction:
 
 
 def _holds_instant(
-    at: datetime, m_from: datetime, m_to: datetime, paid_to: datetime, until: datetime
+    at: datetime, m_from: datetime, m_to: datetime, paid_to: datetime, paid_stop: datetime
 ) -> bool:
     """Whether a lease that ran no measurable time (its start and end the same second, as
     records keep them) at ``at`` is this month's: it is one line, 0 s and $0.00, in exactly
-    one month (and one period: ``until`` is the next one's), so that a report counts every
-    session and claim that ran. One at the instant its instance's paid time stops (now, or
-    the instance's end) is the last month's."""
-    return m_from <= at < m_to or (at == m_to == paid_to and paid_to < until)
+    one month of exactly one period, so that a report counts every session and claim that
+    ran. One at the instant its instance's paid time really stops (``paid_stop``: now, or
+    the instance's end) is the last month's, even when that instant is also the period's
+    end: no later period has paid time to hold it. One at a period's end that the paid time
+    runs past is the next period's."""
+    return m_from <= at < m_to or (at == m_to == paid_to == paid_stop)
 
 
 def to_cents(value: Fraction) -> int:
@@ -203,6 +205,7 @@ def compute(
     for inst in sorted(instances, key=lambda i: i.instance_id):
         paid_from = max(since, inst.start)
         paid_to = min(stop, inst.end or stop)
+        paid_stop = min(now, inst.end or now)  # where its paid time stops, whatever the period
         if paid_from >= paid_to:
             continue
         mine = sorted(by_instance.get(inst.instance_id, []), key=lambda x: (x.start, x.session_id))
@@ -213,7 +216,7 @@ def compute(
             for lease in mine:
                 a = max(lease.start, m_from)
                 b = min(lease.end or stop, m_to)
-                if a < b or (a == b and _holds_instant(a, m_from, m_to, paid_to, until)):
+                if a < b or (a == b and _holds_instant(a, m_from, m_to, paid_to, paid_stop)):
                     pieces.append((lease, a, b))  # one that ran under a second is a $0.00 line
             exact = [usd_between(schedule, a, b) * lease.share for lease, a, b in pieces]
             idle = cost - sum(exact, Fraction(0))

@@ -82,3 +82,26 @@ def test_shares_are_compute_slices_over_the_instances_gpus_and_mps_percentages_c
     assert slice_shares("g7e.2xlarge", None, [("g0-whole", 0, "exclusive", "whole")]) == {
         "g0-whole": Fraction(1)
     }
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["checked out at now", "instance ended then"])
+def test_a_session_of_no_time_at_a_month_edge_is_one_line_whether_months_are_billed_together_or_apart(ended):
+    # Given an instance paid since November 30, and a session of no measurable time at the
+    # instant December begins: checked out at now (the edge), or on an instance that ended then
+    edge = t(1)
+    inst = Instance(
+        "i-0aaa0004", "g7e.2xlarge", Decimal("3.36"), None, start=t(30, 0, 11), end=edge if ended else None
+    )
+    lease = Lease("s-04", "carol", inst.instance_id, "g0-whole", Fraction(1), edge, edge if ended else None)
+    nov, jan = t(1, 0, 11), NEW_YEAR
+
+    def sessions(since, until):
+        bill = compute([inst], [lease], since=since, until=until, now=edge)
+        return [(x.month, x.session_id, x.seconds, x.amount_usd) for x in bill.lines if x.kind == "session"]
+
+    # When November and December are billed together, and each on its own
+    together = sessions(nov, jan)
+    apart = sessions(nov, edge) + sessions(edge, jan)
+    # Then the session is one $0.00 line, in the same month both ways (the paid time stops at
+    # the edge: the last month with paid time holds it), never lost and never counted twice
+    assert together == apart == [("2026-11", "s-04", 0, Decimal("0.00"))]
