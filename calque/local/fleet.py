@@ -368,7 +368,9 @@ class FleetSimulator:
 
     def faults(self) -> dict[str, Any]:
         with self._lock:
-            return {"capacity": [f.as_json() for f in self.capacity], "crash_after_launch": self.crashes}
+            # a fault whose --times are used up no longer refuses anything: it is not in effect
+            live = [f.as_json() for f in self.capacity if f.times != 0]
+            return {"capacity": live, "crash_after_launch": self.crashes}
 
 
 def _bad(field: str, message: str) -> tuple[int, dict[str, Any]]:
