@@ -75,6 +75,9 @@ _NOUNS = {
     "request": "check-out replay record",
     "retired_host": "retired host",
     "instance": "fleet instance record",
+    "acquisition": "fleet acquisition",
+    "budget": "budget",
+    "group": "group",
     "membership": "group membership",
     OTHER_ITEMS: "other registry item",
 }

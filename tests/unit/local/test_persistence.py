@@ -128,3 +128,6 @@ def test_what_came_back_names_slice_profiles_and_member_quotas_for_what_they_are
         "3 other registry items, 1 instance, 0 queued messages"
     )
     assert "user profile" not in line
+    # And the fleet's and groups' items read as words too, not as "<type> item"
+    fleet = Restored(items=Counter({"acquisition": 2, "budget": 1, "group": 1})).summary()
+    assert fleet == "2 fleet acquisitions, 1 budget, 1 group, 0 instances, 0 queued messages"
