@@ -199,7 +199,9 @@ def register(subparsers: Any) -> None:
     from calque.cli.durations import duration_arg
     from calque.cli.main import command_group
 
-    group = command_group(subparsers, "host", help="tenancy hosts: register running instances, list, drain")
+    group = command_group(
+        subparsers, "host", help="hosts: register running instances or acquire new ones, list, drain, release"
+    )
 
     p = group.add_parser(
         "register",

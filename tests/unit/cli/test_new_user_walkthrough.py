@@ -343,3 +343,16 @@ def test_a_body_holding_inf_is_refused_by_the_client_naming_its_flag():
     assert refused.value.message.startswith("argument --max-usd-per-month: inf is not a finite number")
     assert refused.value.exit_code == 2
     _refuse_non_finite({"limits": {"max_usd_per_month": 250.0}, "members": ["a"]})
+
+
+def test_the_top_level_help_says_host_acquires_and_releases_too(capsys):
+    # Given the CLI a new user meets, every command group registered
+    from calque.cli.main import main
+
+    # When they read `calque --help`
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    # Then `host` is described with the fleet's verbs it carries, not as register/list/drain only
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "host hosts: register running instances or acquire new ones, list, drain, release" in out
