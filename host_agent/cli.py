@@ -41,7 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--instance-id", help="this host's EC2 instance id (default: $CALQUE_INSTANCE_ID, else IMDS)"
     )
-    p.add_argument("--report-to", metavar="URL", help="control plane endpoint: POST the report, SigV4-signed")
+    p.add_argument(
+        "--report-to",
+        metavar="URL",
+        type=_endpoint_url,
+        help="control plane endpoint: POST the report, SigV4-signed",
+    )
     p.add_argument(
         "--output", choices=("json", "text"), default="json", help="json (default): one document on stdout"
     )
@@ -122,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         "beside --state when simulated)",
     )
     return p
+
+
+def _endpoint_url(value: str) -> str:
+    """--report-to: an http(s) URL with a host, or a usage error naming the flag (not a
+    traceback from the signer after the verb has already run)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a URL of the control plane: give http(s)://HOST[:PORT][/PATH]"
+        )
+    return value.strip()
 
 
 class _Verbs:

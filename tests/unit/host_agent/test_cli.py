@@ -44,6 +44,25 @@ def test_every_option_of_reclaim_and_simulate_process_is_explained(capsys):
     assert "GPU memory it holds, in MiB" in out
 
 
+@pytest.mark.parametrize("url", ["notaurl", "ftp://api.example/prod", "https://", "api.example/prod"])
+def test_a_report_to_that_is_not_an_http_url_is_a_usage_error_before_anything_runs(capsys, tmp_path, url):
+    # Given a simulated host's state
+    state = tmp_path / "host.json"
+    assert main(["--simulate", "g7e.2xlarge", "--state", str(state), "inventory"]) == 0
+    before = state.read_text()
+    capsys.readouterr()
+    # When a verb is asked to report to something that is not the control plane's URL
+    with pytest.raises(SystemExit) as exc:
+        main(["--state", str(state), "--report-to", url, "apply", "--spec", '{"version": "v1", "gpus": []}'])
+    # Then it is a usage error naming the flag (not a traceback from the signer), and nothing ran
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --report-to" in err
+    assert "is not a URL of the control plane" in err
+    assert "Traceback" not in err
+    assert state.read_text() == before
+
+
 def test_unknown_instance_type_is_a_one_line_refusal(capsys):
     rc = main(["--simulate", "m5.large", "inventory"])
     captured = capsys.readouterr()
