@@ -356,3 +356,17 @@ def test_the_top_level_help_says_host_acquires_and_releases_too(capsys):
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "host hosts: register running instances or acquire new ones, list, drain, release" in out
+
+
+def test_python_dash_m_calque_is_the_same_cli(capsys, monkeypatch):
+    # Given a checkout without the console script on PATH
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["python -m calque", "--version"])
+    # When a new user runs `python -m calque --version`
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("calque", run_name="__main__")
+    # Then it is the calque CLI, not "No module named calque.__main__"
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("calque ")
