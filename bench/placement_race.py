@@ -241,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{racers:>6} {rnd + 1:>5} {grants:>7} {r['refused']:>8} {r['refused_while_free']:>19} "
                     f"{tpg:>9.2f} {qpc:>17.2f}   "
                     f"{'met' if ok else 'MISSED'} (0 refused while free, tx/grant < 2)"
-                    + (f"  refusals: {dict(r['codes'])}" if r["refused"] else "")
+                    + (
+                        "  refusals: " + ", ".join(f"{code} {n}" for code, n in sorted(r["codes"].items()))
+                        if r["refused"]
+                        else ""
+                    )
                 )
                 if (racers, rnd) != (counts[-1], args.rounds - 1):  # the last round needs no reset
                     end_all(r)

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from calque import catalog  # noqa: E402 - after the path is set
+from calque.errors import InvalidInput  # noqa: E402
 from calque.simulate.placement import (  # noqa: E402
     Layout,
     Simulator,
@@ -32,15 +33,27 @@ from calque.simulate.placement import (  # noqa: E402
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "openb_pod_list_default.csv"
 
 
-def main() -> int:
+# The trace is public data kept beside the repository, not in it: say where it comes from.
+TRACE_SOURCE = (
+    "openb_pod_list_default.csv is the default pod list of the Alibaba GPU cluster trace v2023 "
+    "(repository alibaba/clusterdata, folder cluster-trace-gpu-v2023/csv); pass its path with --trace FILE"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=str(DEFAULT_TRACE))
     ap.add_argument("--hosts", default="g7e.2xlarge=16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", metavar="FILE.png", help="bar chart of the four policies (needs matplotlib)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
-    jobs, _skipped = read_trace(args.trace)
+    try:
+        jobs, _skipped = read_trace(args.trace)
+    except InvalidInput as exc:
+        missing = not Path(args.trace).is_file()
+        print(f"bench/simulate.py: {exc}" + (f"; {TRACE_SOURCE}" if missing else ""), file=sys.stderr)
+        return 1
     hosts = parse_hosts(args.hosts)
     cards = {catalog.instance_type(t).card.name: catalog.instance_type(t).card for t, _n in hosts}
     layouts = [Layout("dedicated")]

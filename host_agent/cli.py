@@ -41,7 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--instance-id", help="this host's EC2 instance id (default: $CALQUE_INSTANCE_ID, else IMDS)"
     )
-    p.add_argument("--report-to", metavar="URL", help="control plane endpoint: POST the report, SigV4-signed")
+    p.add_argument(
+        "--report-to",
+        metavar="URL",
+        type=_endpoint_url,
+        help="control plane endpoint: POST the report, SigV4-signed",
+    )
     p.add_argument(
         "--output", choices=("json", "text"), default="json", help="json (default): one document on stdout"
     )
@@ -61,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a changing verb waits for another run to finish (default 600)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
-    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    subparsers = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub = _Verbs(subparsers)
     sub.add_parser("inventory", help="every GPU: MIG mode, instances, processes, MPS daemon")
     for verb, what in (
         ("apply", "converge the GPUs to the spec"),
@@ -76,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     sub.add_parser("export", help="the current state as a layout spec")
     sp = sub.add_parser("reclaim", help="stop every process on a slice and confirm none remains")
-    sp.add_argument("--slice", required=True, metavar="ID")
+    sp.add_argument("--slice", required=True, metavar="ID", help="the slice, e.g. g0-1g.24gb-1")
     sp.add_argument(
         "--fence",
         type=int,
@@ -86,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("report", help="the agent's report of this host (slices, bindings, processes)")
     sp = sub.add_parser("grant", help="give a slice to a session's own account (MIG: its device files)")
-    sp.add_argument("--slice", required=True, metavar="ID")
+    sp.add_argument("--slice", required=True, metavar="ID", help="the slice, e.g. g0-1g.24gb-1")
     sp.add_argument("--user", required=True, metavar="ACCOUNT", help="the session's account: calque-<12 hex>")
     sp.add_argument(
         "--token-sha256", default=None, metavar="HEX", help="the session token's hash, checked at login"
@@ -101,11 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser(
         "login", help="(Session Manager) ask for the session's token, then run a shell as its account"
     )
-    sp.add_argument("--user", required=True, metavar="ACCOUNT")
+    sp.add_argument("--user", required=True, metavar="ACCOUNT", help="the session's account: calque-<12 hex>")
     sp = sub.add_parser("simulate-process", help="simulated hosts only: start a pretend process on a slice")
-    sp.add_argument("--slice", required=True, metavar="ID")
-    sp.add_argument("--name", default="python")
-    sp.add_argument("--memory-mib", type=int, default=1024)
+    sp.add_argument("--slice", required=True, metavar="ID", help="the slice, e.g. g0-1g.24gb-1")
+    sp.add_argument("--name", default="python", help="the process's name (default python)")
+    sp.add_argument("--memory-mib", type=int, default=1024, help="GPU memory it holds, in MiB (default 1024)")
     # warm pools: a pool's workers on this host, one per slice (host_agent/pool_workers.py)
     sp = sub.add_parser("worker", help="start, stop or list a warm pool's workers here (one per slice)")
     sp.add_argument("action", choices=("start", "stop", "status"))
@@ -121,6 +127,30 @@ def build_parser() -> argparse.ArgumentParser:
         "beside --state when simulated)",
     )
     return p
+
+
+def _endpoint_url(value: str) -> str:
+    """--report-to: an http(s) URL with a host, or a usage error naming the flag (not a
+    traceback from the signer after the verb has already run)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a URL of the control plane: give http(s)://HOST[:PORT][/PATH]"
+        )
+    return value.strip()
+
+
+class _Verbs:
+    """The verbs' subparsers: each verb's --help opens with what it does (its one-line help),
+    not with the usage line alone."""
+
+    def __init__(self, subparsers: argparse._SubParsersAction) -> None:
+        self._subparsers = subparsers
+
+    def add_parser(self, name: str, *, help: str) -> argparse.ArgumentParser:
+        return self._subparsers.add_parser(name, help=help, description=help)
 
 
 def _instance_id(args: argparse.Namespace, simulated_seed: str | None) -> str:

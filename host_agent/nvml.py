@@ -69,7 +69,15 @@ class NvmlBackend:
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise e.from_nvml(exc.value, "initialise NVML") from None
+            err = e.from_nvml(exc.value, "initialise NVML")
+            if isinstance(err, e.NvmlUnavailable):
+                # what a host admin does about it, not only NVML's code
+                err = e.NvmlUnavailable(
+                    f"{err.message} (no NVIDIA driver is loaded here: on a GPU instance install it or"
+                    " check `nvidia-smi`; to try the agent without a GPU, give --simulate INSTANCE_TYPE)",
+                    details=err.details,
+                )
+            raise err from None
         self._nv = nv
         try:
             yield self

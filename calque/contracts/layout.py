@@ -163,7 +163,14 @@ def parse_layout(data: str | bytes | dict[str, Any]) -> LayoutSpec:
             try:
                 doc = yaml.safe_load(data)
             except yaml.YAMLError as exc:
-                raise InvalidInput(f"layout spec is neither JSON nor YAML: {exc}".splitlines()[0]) from None
+                # where and what: PyYAML's first line alone ("while parsing a flow mapping")
+                # names neither the line nor what is wrong there
+                mark = getattr(exc, "problem_mark", None)
+                problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+                raise InvalidInput(
+                    f"layout spec is neither JSON nor YAML: {where}{problem}", details={"field": "spec"}
+                ) from None
     else:
         doc = data
     if not isinstance(doc, dict):

@@ -441,8 +441,9 @@ class FleetSimulator:
 
     def faults(self) -> dict[str, Any]:
         with self._lock:
+            # a fault whose --times are used up no longer refuses anything: it is not in effect
             return {
-                "capacity": [f.as_json() for f in self.capacity],
+                "capacity": [f.as_json() for f in self.capacity if f.times != 0],
                 "crash_after_launch": self.crashes,
                 "spot_prices": [
                     {"instance_type": t, "az": az, "usd_per_hour": p, "at": at.isoformat()}

@@ -55,18 +55,31 @@ DYNAMODB_WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteI
 COMPACT_EVERY = 2000
 _DDB_TARGET = "DynamoDB_20120810."
 
+OTHER_ITEMS = "other"  # registry items with no `type` attribute (pools, claims, workers)
+
 # (status, body) of one call made straight to moto's own WSGI app, past the plane's checks
 InternalCall = Callable[..., tuple[int, bytes]]
 
 
+# Item types of the registry (calque.registry.keys), as a person reads them: a `profile`
+# item is a slice profile's registered sizes, not a person's profile, and a `quota` item
+# is a member's limits and counters, made at their first check-out.
 _NOUNS = {
     "host": "host",
     "slice": "slice",
     "session": "session",
-    "quota": "quota",
-    "profile": "user profile",
+    "quota": "member quota",
+    "profile": "slice profile",
     "event": "lease history event",
     "usage": "usage record",
+    "request": "check-out replay record",
+    "retired_host": "retired host",
+    "instance": "fleet instance record",
+    "acquisition": "fleet acquisition",
+    "budget": "budget",
+    "group": "group",
+    "membership": "group membership",
+    OTHER_ITEMS: "other registry item",
 }
 
 
@@ -102,7 +115,10 @@ class Restored:
     def summary(self) -> str:
         """One line a person reads: ``1 host, 4 slices, 2 sessions, ...``."""
         order = ["host", "slice", "session", "quota", "profile", "event"]
-        kinds = sorted(self.items, key=lambda k: (order.index(k) if k in order else len(order), k))
+        kinds = sorted(
+            self.items,
+            key=lambda k: (order.index(k) if k in order else len(order) + (k == OTHER_ITEMS), k),
+        )
         parts = [_count(self.items[k], _NOUNS.get(k, f"{k} item")) for k in kinds]
         parts += [_count(self.instances, "instance"), _count(self.messages, "queued message")]
         if self.objects:
@@ -272,9 +288,8 @@ class Persistence:
         tables = self.compact_dynamodb()
         for items in tables.values():
             for it in items:
-                kind = (it.get("type") or {}).get("S")
-                if kind:
-                    out.items[kind] += 1
+                # pools' and claims' items carry no type; they came back all the same
+                out.items[(it.get("type") or {}).get("S") or OTHER_ITEMS] += 1
 
     # --- SQS, EC2, SSM, S3: the whole service's state after each change -----------------
     def _save(self, service: str) -> None:

@@ -171,7 +171,8 @@ class StateDir:
             plane = self.read_plane() or {}
             raise Conflict(
                 f"a local plane already runs on {self.path} (pid {pid}, endpoint "
-                f"{plane.get('endpoint', '?')}); stop it first or pass another --state-dir",
+                f"{plane.get('endpoint', '?')}); stop it first (calque local down) "
+                "or pass another --state-dir",
                 code="plane_already_running",
             ) from None
         fh.seek(0)

@@ -70,6 +70,14 @@ install_agent() {
   } > "$root/login.$$"
   chmod 0755 "$root/login.$$"
   mv -f "$root/login.$$" "$root/login"
+  # What a host admin runs by hand (as root): the installed agent with its own dependencies,
+  # e.g. `/opt/calque/agent/host-agent --output text export`.
+  {
+    echo '#!/bin/sh'
+    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent \"\$@\""
+  } > "$root/host-agent.$$"
+  chmod 0755 "$root/host-agent.$$"
+  mv -f "$root/host-agent.$$" "$root/host-agent"
   # Older agent versions are of no further use.
   find "$root" -mindepth 1 -maxdepth 1 -type d ! -name "$(basename "$home")" -exec rm -rf {} +
 }

@@ -240,6 +240,29 @@ def test_the_install_leaves_the_login_the_session_document_runs(host, tmp_path, 
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_the_install_leaves_a_command_a_host_admin_runs_the_agent_with(host, tmp_path, shell) -> None:
+    # Given an instance where the document's step has installed the agent
+    result = _run(host, tmp_path, {P.verb: "report"}, env_interpolation=True, shell=shell)
+    assert result.returncode == 0, result.stderr
+    # When a host admin runs the installed agent by hand, arguments with spaces included
+    record = tmp_path / "by-hand.json"
+    by_hand = subprocess.run(
+        [shell, str(host / "agent" / "host-agent"), "--output", "text", "reclaim", "--slice", "g0 mps-1"],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "CALQUE_TEST_RECORD": str(record)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Then it is the installed agent, with its wheelhouse dependencies, given exactly those arguments
+    assert by_hand.returncode == 0, by_hand.stderr
+    ran = json.loads(record.read_text())
+    assert ran["args"] == ["--output", "text", "reclaim", "--slice", "g0 mps-1"]
+    assert ran["probe"] == "from the wheelhouse"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_the_local_planes_executor_gives_a_grant_the_same_arguments_as_the_document(
     host, tmp_path, shell
 ) -> None:

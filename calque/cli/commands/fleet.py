@@ -439,7 +439,41 @@ def _inject(ctx: Any, args: argparse.Namespace) -> None:
 def do_inject(ctx: Any, *, kind: str, body: dict[str, Any]) -> None:
     ctx.running_plane()  # local plane only: refuse clearly when none runs
     out = ctx.client().request("POST", f"/local/inject/{kind}", body)
-    ctx.emit(out)
+    ctx.emit(out, text=render_injected(out))
+
+
+def _capacity_fault_text(fault: dict[str, Any]) -> str:
+    where = f"in {fault['az']}" if fault.get("az") else "in every AZ"
+    times = fault.get("times")
+    left = "until cleared" if times is None else f"{times} more call{'s' if times != 1 else ''}"
+    return f"no {fault.get('instance_type')} capacity {where} ({left})"
+
+
+def render_injected(out: dict[str, Any]) -> str:
+    """What was injected, then every fault now in effect, in words (not the JSON's repr)."""
+    from calque.cli.output import render_fields
+
+    faults = out.get("faults") or {}
+    in_effect = [_capacity_fault_text(f) for f in faults.get("capacity") or []]
+    crashes = int(faults.get("crash_after_launch") or 0)
+    if crashes:
+        in_effect.append(
+            "the next launch crashes after RunInstances"
+            if crashes == 1
+            else f"the next {crashes} launches crash after RunInstances"
+        )
+    for change in faults.get("spot_prices") or []:
+        in_effect.append(
+            f"{change.get('instance_type')} in {change.get('az')}: spot price "
+            f"${change.get('usd_per_hour')}/h from {change.get('at')}"
+        )
+    fields = {k: v for k, v in out.items() if k != "faults"}
+    if fields.get("injected") == "capacity" and "times" in fields and fields["times"] is None:
+        fields["times"] = "until cleared"
+    if fields.get("injected") == "capacity" and not fields.get("az"):
+        fields["az"] = "every AZ"
+    text = render_fields(fields)
+    return text + "\n\nin effect:\n" + ("\n".join(f"  {line}" for line in in_effect) or "  nothing")
 
 
 def launch_attempts_text(ctx: Any, instance_id: str) -> str:

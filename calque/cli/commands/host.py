@@ -199,7 +199,9 @@ def register(subparsers: Any) -> None:
     from calque.cli.durations import duration_arg
     from calque.cli.main import command_group
 
-    group = command_group(subparsers, "host", help="tenancy hosts: register running instances, list, drain")
+    group = command_group(
+        subparsers, "host", help="hosts: register running instances or acquire new ones, list, drain, release"
+    )
 
     p = group.add_parser(
         "register",
@@ -402,7 +404,11 @@ def wait_until_applied(
                 code="host_drained",
                 details={"instance_id": instance_id, "state": state},
             )
-        if state != "pending":
+        # The report makes the host ready first, then each slice free, one write at a time:
+        # until then a ready host still lists slices as pending, and "is ready" would be early.
+        # (A slice the report left out stays pending: at the timeout the host is what it is.)
+        still_pending = any(sl.get("state") == "pending" for sl in host.get("slices") or [])
+        if state != "pending" and (not still_pending or elapsed >= timeout_s):
             return dict(host)
         if elapsed >= timeout_s:
             raise CliError(

@@ -1,6 +1,7 @@
 """``calque local ...``: the embedded control plane.
 
 calque local up [--port N] [--state-dir DIR]   serve it in the foreground until Ctrl-C
+calque local down [--state-dir DIR]             stop the plane that runs there, as Ctrl-C does
 calque local launch --instance-type T           start a simulated running instance (admins)
 calque local user add NAME [--admin]            add a profile (admins)
 calque local user remove NAME                   remove a profile (admins)
@@ -56,6 +57,19 @@ def register(subparsers: Any) -> None:
     )
     up.set_defaults(func=_up)
 
+    down = local.add_parser(
+        "down", help="stop the local plane running on the state directory, as Ctrl-C in its terminal does"
+    )
+    _state_dir_option(down)
+    down.add_argument(
+        "--timeout",
+        type=_duration,
+        default=60,
+        metavar="DURATION",
+        help="how long to wait for it to stop (default 60s)",
+    )
+    down.set_defaults(func=_down)
+
     launch = local.add_parser("launch", help="(local plane only) start a simulated running GPU instance")
     launch.add_argument(
         "--instance-type", required=True, metavar="T", help="a GPU instance type, e.g. g7e.2xlarge"
@@ -102,6 +116,10 @@ def _up(ctx: Any, args: argparse.Namespace) -> None:
     if rates:
         os.environ["CALQUE_LOCAL_SCHEDULE_RATES"] = ",".join(f"{k}={v}" for k, v in sorted(rates.items()))
     do_up(ctx, port=args.port, host=args.host)
+
+
+def _down(ctx: Any, args: argparse.Namespace) -> None:
+    do_down(ctx, timeout_s=args.timeout)
 
 
 def _launch(ctx: Any, args: argparse.Namespace) -> None:
@@ -183,6 +201,64 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
         plane.stop()
         if started and not ctx.json:
             print("calque local plane stopped", flush=True)
+
+
+def do_down(ctx: Any, *, timeout_s: int) -> None:
+    """SIGTERM to the plane holding the state directory's lock (its pid is in the lock file),
+    then wait until the lock is free: the plane has saved its state and removed plane.json.
+    No plane there is not an error: there is nothing to stop."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from calque.cli.errors import CliError
+
+    state = ctx.local_state()
+    pid = state.running_pid()
+    if pid is None:
+        ctx.emit(
+            {"stopped": False, "state_dir": str(state.path), "pid": None},
+            text=f"no local plane runs on {state.path}: nothing to stop",
+        )
+        return
+    if pid <= 0:
+        raise CliError(
+            f"a local plane holds {state.lock_file} but its pid is not recorded there; "
+            "stop it with Ctrl-C where it runs",
+            code="plane_pid_unknown",
+            details={"state_dir": str(state.path)},
+        )
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # it stopped in the meantime
+    except PermissionError:
+        raise CliError(
+            f"the local plane on {state.path} (pid {pid}) runs as another user: stop it as that user",
+            code="forbidden",
+            details={"state_dir": str(state.path), "pid": pid},
+        ) from None
+    started = time.monotonic()
+    said = started
+    while state.running_pid() is not None:
+        waited = time.monotonic() - started
+        if waited >= timeout_s:
+            raise CliError(
+                f"the local plane on {state.path} (pid {pid}) did not stop within {timeout_s}s; "
+                f"`kill -9 {pid}` stops it at once (its state survives a kill -9)",
+                code="plane_did_not_stop",
+                details={"state_dir": str(state.path), "pid": pid},
+            )
+        if time.monotonic() - said >= 2:
+            print(f"... waiting for the local plane (pid {pid}) to stop ({waited:.0f}s)", file=sys.stderr)
+            said = time.monotonic()
+        time.sleep(0.1)
+    ctx.emit(
+        {"stopped": True, "state_dir": str(state.path), "pid": pid},
+        text=f"stopped the local plane on {state.path} (pid {pid}); `calque local up` starts it again "
+        "with everything it held",
+    )
 
 
 def find_plane_lines(state_dir: Path) -> list[str]:

@@ -77,8 +77,17 @@ def bundle(tmp_path_factory) -> Path:
     return downloads
 
 
-def _ssm_run(downloads: Path, root: Path, python: str, shell: str, verb: str) -> subprocess.CompletedProcess:
-    """The document's shell step, as SSM Agent runs it, with `python` as the system python3."""
+def _ssm_run(
+    downloads: Path,
+    root: Path,
+    python: str,
+    shell: str,
+    verb: str,
+    *,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """The document's shell step, as SSM Agent runs it, with `python` as the system python3;
+    ``env`` replaces the environment SSM Agent gives the step (parameters as SSM_<name>)."""
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     link = bin_dir / "python3"
@@ -89,11 +98,12 @@ def _ssm_run(downloads: Path, root: Path, python: str, shell: str, verb: str) ->
     for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
         script = script.replace("{{ " + name + " }}", "")
     (root / "step.sh").write_text(script + "\n")
+    if env is None:
+        env = {"HOME": str(root), "AWS_SSM_INSTANCE_ID": "i-0abc"}
     env = {
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(root),
-        "AWS_SSM_INSTANCE_ID": "i-0abc",
         "CALQUE_AGENT_LOCK": str(root / "agent.lock"),
+        **env,
     }
     return subprocess.run(
         [shell, str(root / "step.sh")], cwd=root, env=env, capture_output=True, text=True, timeout=300
@@ -141,3 +151,31 @@ def test_the_agent_installs_offline_and_runs_every_verb(bundle, tmp_path, versio
     agent("simulate-process", "--slice", "g0-1g.24gb-1")
     reclaimed = agent("reclaim", "--slice", "g0-1g.24gb-1")
     assert reclaimed["reclaimed_slice_id"] == "g0-1g.24gb-1"
+
+
+def test_the_step_signs_its_report_for_the_region_ssm_agent_exports(bundle, tmp_path, local_plane):
+    # Given an instance whose shell is dash and whose python3 is the oldest supported here, with
+    # the environment SSM Agent gives a step: AWS_SSM_REGION_NAME, no AWS_REGION, no HOME
+    if shutil.which("dash") is None:
+        pytest.skip("dash is not installed on this machine")
+    python = next((path for path in INTERPRETERS.values() if path), None)
+    if python is None:
+        pytest.skip("no supported python3 on this machine")
+    instance_id = local_plane.launch("g7e.2xlarge")  # a host principal the plane never registered
+    env = {
+        "AWS_SSM_INSTANCE_ID": instance_id,
+        "AWS_SSM_REGION_NAME": local_plane.info["region"],
+        f"SSM_{P.report_to}": local_plane.info["endpoint"],
+        # the instance role's credentials (IMDS on EC2): the plane's profile for this instance
+        "AWS_SHARED_CREDENTIALS_FILE": str(local_plane.state_dir / "credentials"),
+        "AWS_PROFILE": instance_id,
+        "AWS_CONFIG_FILE": "/dev/null",
+    }
+    # When the document's step runs the agent with a report endpoint
+    result = _ssm_run(bundle, tmp_path, python, "dash", "report", env=env)
+    # Then the report reached the API's handler signed for SSM Agent's region (the front refuses
+    # a signature for another region with 403 before any handler), which answers for this
+    # unregistered instance: 404
+    assert result.returncode == 1, result.stderr
+    assert f"the control plane refused the report (404): no host {instance_id} is registered" in result.stderr
+    assert json.loads(result.stdout)["instance_id"] == instance_id

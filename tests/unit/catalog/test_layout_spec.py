@@ -34,6 +34,20 @@ def test_yaml_file_is_accepted(tmp_path):
     assert spec.per_gpu(2)[1].mig == {"1g.24gb": 4}
 
 
+def test_a_file_that_is_neither_json_nor_yaml_is_refused_naming_the_line_and_the_problem(tmp_path):
+    # Given a spec whose JSON brace is never closed (so it is no YAML either)
+    f = tmp_path / "four-slices.json"
+    f.write_text('{"version": "v1",\n "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]\n')
+    # When it is loaded
+    with pytest.raises(InvalidInput) as raised:
+        load_layout(f)
+    # Then the refusal says where and what, not only PyYAML's "while parsing a flow mapping"
+    assert raised.value.message == (
+        "layout spec is neither JSON nor YAML: line 3, column 1: expected ',' or '}', but got '<stream end>'"
+    )
+    assert raised.value.details == {"field": "spec"}
+
+
 def test_export_round_trips():
     spec = parse_layout(ISSUE_EXAMPLE)
     assert parse_layout(spec.to_json()) == spec

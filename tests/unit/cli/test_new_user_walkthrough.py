@@ -343,3 +343,30 @@ def test_a_body_holding_inf_is_refused_by_the_client_naming_its_flag():
     assert refused.value.message.startswith("argument --max-usd-per-month: inf is not a finite number")
     assert refused.value.exit_code == 2
     _refuse_non_finite({"limits": {"max_usd_per_month": 250.0}, "members": ["a"]})
+
+
+def test_the_top_level_help_says_host_acquires_and_releases_too(capsys):
+    # Given the CLI a new user meets, every command group registered
+    from calque.cli.main import main
+
+    # When they read `calque --help`
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    # Then `host` is described with the fleet's verbs it carries, not as register/list/drain only
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "host hosts: register running instances or acquire new ones, list, drain, release" in out
+
+
+def test_python_dash_m_calque_is_the_same_cli(capsys, monkeypatch):
+    # Given a checkout without the console script on PATH
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["python -m calque", "--version"])
+    # When a new user runs `python -m calque --version`
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("calque", run_name="__main__")
+    # Then it is the calque CLI, not "No module named calque.__main__"
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("calque ")

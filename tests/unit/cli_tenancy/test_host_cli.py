@@ -251,6 +251,25 @@ def test_register_wait_shows_progress_until_the_agent_applied_the_layout(api, cl
     assert "ready, slices 4: 4 free" in err
 
 
+def test_register_wait_is_done_only_once_the_ready_hosts_slices_are_free_too(api, cli, monkeypatch):
+    # Given a host the report has made ready while its last slice is still being written
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    api.responses[("POST", "/v1/hosts")] = HOST
+    half = _ready(HOST)
+    half["slices"] = [*half["slices"][:-1], {**HOST["slices"][-1], "state": "pending"}]
+    looks = iter([HOST, half, _ready(HOST)])
+    api.responses[("GET", "/v1/hosts/i-0abc")] = lambda _body: next(looks)
+    # When the admin registers with --wait
+    code, out, err = cli(
+        "host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge", "--wait"
+    )
+    # Then "is ready" comes with every slice free, not with one still pending
+    assert code == 0, err
+    assert "ready, slices 4: 3 free, 1 pending" in err
+    assert "4: 4 free" in out
+    assert "pending" not in out
+
+
 def test_register_wait_says_why_the_layout_failed(api, cli, monkeypatch):
     monkeypatch.setattr("time.sleep", lambda _s: None)
     api.responses[("POST", "/v1/hosts")] = HOST

@@ -17,6 +17,52 @@ def test_usage_errors_exit_2(capsys):
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("verb", "says"),
+    [
+        ("inventory", "every GPU: MIG mode, instances, processes, MPS daemon"),
+        ("export", "the current state as a layout spec"),
+        ("reclaim", "stop every process on a slice and confirm none remains"),
+        ("report", "the agent's report of this host"),
+    ],
+)
+def test_each_verbs_help_says_what_it_does(capsys, verb, says):
+    # When a host admin asks a verb for its help
+    with pytest.raises(SystemExit) as exc:
+        main([verb, "--help"])
+    # Then it says what the verb does, not only its usage line
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert says in out
+
+
+def test_every_option_of_reclaim_and_simulate_process_is_explained(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate-process", "--help"])
+    out = capsys.readouterr().out
+    assert "the slice, e.g. g0-1g.24gb-1" in out
+    assert "GPU memory it holds, in MiB" in out
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://api.example/prod", "https://", "api.example/prod"])
+def test_a_report_to_that_is_not_an_http_url_is_a_usage_error_before_anything_runs(capsys, tmp_path, url):
+    # Given a simulated host's state
+    state = tmp_path / "host.json"
+    assert main(["--simulate", "g7e.2xlarge", "--state", str(state), "inventory"]) == 0
+    before = state.read_text()
+    capsys.readouterr()
+    # When a verb is asked to report to something that is not the control plane's URL
+    with pytest.raises(SystemExit) as exc:
+        main(["--state", str(state), "--report-to", url, "apply", "--spec", '{"version": "v1", "gpus": []}'])
+    # Then it is a usage error naming the flag (not a traceback from the signer), and nothing ran
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --report-to" in err
+    assert "is not a URL of the control plane" in err
+    assert "Traceback" not in err
+    assert state.read_text() == before
+
+
 def test_unknown_instance_type_is_a_one_line_refusal(capsys):
     rc = main(["--simulate", "m5.large", "inventory"])
     captured = capsys.readouterr()

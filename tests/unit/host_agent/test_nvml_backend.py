@@ -48,8 +48,33 @@ def test_no_driver_is_a_clear_dependency_error():
         pynvml.nvmlShutdown()
         pytest.skip("an NVML library is present here")
     # When the real backend opens a session / Then the failure says what is missing
-    with pytest.raises(e.NvmlUnavailable, match="NVML_ERROR_LIBRARY_NOT_FOUND"), NvmlBackend().session():
+    with (
+        pytest.raises(e.NvmlUnavailable, match="NVML_ERROR_LIBRARY_NOT_FOUND") as raised,
+        NvmlBackend().session(),
+    ):
         pass
+    # And what a host admin can do about it: the driver, or --simulate to try the agent
+    assert "NVIDIA driver" in raised.value.message
+    assert "--simulate INSTANCE_TYPE" in raised.value.message
+
+
+def test_a_driver_not_loaded_says_what_to_do_and_leaves_no_session(stub, monkeypatch):
+    # Given a host whose NVIDIA kernel driver is not loaded
+    _fake, nv = stub
+
+    def not_loaded():
+        raise nv.NVMLError(nv.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(nv, "nvmlInit", not_loaded)
+    # When the agent opens its NVML session
+    with pytest.raises(e.NvmlUnavailable) as raised, NvmlBackend().session():
+        pass
+    # Then the refusal names NVML's code and what a host admin can do about it
+    assert raised.value.code == "nvml_unavailable"
+    assert raised.value.message.startswith("initialise NVML: NVML_ERROR_DRIVER_NOT_LOADED (")
+    assert "install it or check `nvidia-smi`" in raised.value.message
+    assert "--simulate INSTANCE_TYPE" in raised.value.message
+    assert raised.value.details["nvml_error"] == "NVML_ERROR_DRIVER_NOT_LOADED"
 
 
 def test_real_backend_reads_what_the_gpu_reports(stub):

@@ -143,3 +143,66 @@ def test_a_spot_instance_gets_its_interruption_warning(fleet):
     assert len(fleet._timers) == 1
     fleet.stop()  # delivers what was queued, then ends
     assert [e["detail-type"] for e in fleet.delivered_events] == ["EC2 Spot Instance Interruption Warning"]
+
+
+# ---- what an injection answers: the faults in effect, in words -----------------------------------
+
+
+def test_a_used_up_capacity_fault_is_no_longer_listed_in_effect(fleet):
+    # Given a capacity fault for one call and one until cleared
+    fleet.inject("capacity", {"instance_type": "g6e.xlarge", "times": 1})
+    fleet.inject("capacity", {"instance_type": "g7e.2xlarge", "az": "us-east-1a"})
+    # When a g6e.xlarge launch uses the first one up
+    status, _, _ = fleet._run_instances(
+        {}, {"InstanceType": "g6e.xlarge", "Placement.AvailabilityZone": "us-east-1b"}, call=None
+    )
+    assert status.startswith("500")
+    # Then only the fault that still refuses launches is in effect
+    assert fleet.faults()["capacity"] == [{"instance_type": "g7e.2xlarge", "az": "us-east-1a", "times": None}]
+
+
+def test_inject_says_what_is_in_effect_in_words_not_as_a_python_repr():
+    from calque.cli.commands.fleet import render_injected
+
+    # Given the plane's answer to `local inject capacity --instance-type g7e.2xlarge`
+    answer = {
+        "injected": "capacity",
+        "instance_type": "g7e.2xlarge",
+        "az": None,
+        "times": None,
+        "faults": {
+            "capacity": [
+                {"instance_type": "g6e.xlarge", "az": "us-east-1a", "times": 2},
+                {"instance_type": "g7e.2xlarge", "az": None, "times": None},
+            ],
+            "crash_after_launch": 1,
+            "spot_prices": [
+                {
+                    "instance_type": "g6e.xlarge",
+                    "az": "us-east-1a",
+                    "usd_per_hour": 0.9,
+                    "at": "2026-12-03T12:00:00+00:00",
+                }
+            ],
+        },
+    }
+    # When it is shown to a person
+    text = render_injected(answer)
+    # Then each fault reads as a sentence, and nothing looks like a Python dict
+    assert text.splitlines() == [
+        "injected       capacity",
+        "instance_type  g7e.2xlarge",
+        "az             every AZ",
+        "times          until cleared",
+        "",
+        "in effect:",
+        "  no g6e.xlarge capacity in us-east-1a (2 more calls)",
+        "  no g7e.2xlarge capacity in every AZ (until cleared)",
+        "  the next launch crashes after RunInstances",
+        "  g6e.xlarge in us-east-1a: spot price $0.9/h from 2026-12-03T12:00:00+00:00",
+    ]
+    assert "{" not in text
+    assert "None" not in text
+    # And after `local inject clear`, it says nothing is in effect
+    cleared = render_injected({"cleared": True, "faults": {"capacity": [], "crash_after_launch": 0}})
+    assert cleared.splitlines()[-2:] == ["in effect:", "  nothing"]

@@ -111,3 +111,23 @@ def test_what_came_back_reads_as_a_person_would_say_it():
         out.summary() == "1 host, 4 slices, 2 sessions, 1 lease history event, 1 instance, 3 queued messages"
     )
     assert Restored().empty
+
+
+def test_what_came_back_names_slice_profiles_and_member_quotas_for_what_they_are():
+    # Given a registry with slice profile size items, member quotas, replay records and pool items
+    # (which carry no type)
+    out = Restored(
+        items=Counter({"profile": 2, "quota": 5, "request": 9, "other": 3, "host": 1}),
+        instances=1,
+    )
+    # When the banner says what came back
+    line = out.summary()
+    # Then nobody reads "2 user profiles" for two slice profiles, and untyped items are counted last
+    assert line == (
+        "1 host, 5 member quotas, 2 slice profiles, 9 check-out replay records, "
+        "3 other registry items, 1 instance, 0 queued messages"
+    )
+    assert "user profile" not in line
+    # And the fleet's and groups' items read as words too, not as "<type> item"
+    fleet = Restored(items=Counter({"acquisition": 2, "budget": 1, "group": 1})).summary()
+    assert fleet == "2 fleet acquisitions, 1 budget, 1 group, 0 instances, 0 queued messages"

@@ -1,0 +1,91 @@
+"""`calque local down`: stop the plane of a state directory from another terminal, as
+Ctrl-C in its own does, and say so; nothing to stop is not an error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from calque.cli.main import main
+from calque.local.state import StateDir
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    s = StateDir(tmp_path / "plane")
+    s.ensure()
+    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(s.path))
+    return s
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_down_signals_the_running_plane_and_returns_once_it_has_let_go(state, capsys, monkeypatch):
+    # Given a plane holding the state directory (its pid in the lock file)
+    held = state.acquire_plane_lock()
+    sent: list[tuple[int, int]] = []
+
+    def plane_receives(pid: int, sig: int) -> None:
+        # the plane's SIGTERM handler: it saves its state and lets go of the lock
+        sent.append((pid, sig))
+        held.close()
+
+    monkeypatch.setattr(os, "kill", plane_receives)
+    # When `calque local down` runs from another terminal
+    code, out, err = _run(capsys, "local", "down")
+    # Then the plane got SIGTERM (as Ctrl-C's stop), and the command says it stopped
+    assert code == 0, err
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+    assert out.startswith(f"stopped the local plane on {state.path} (pid {os.getpid()})")
+    assert state.running_pid() is None
+
+
+def test_down_with_no_plane_running_is_nothing_to_stop(state, capsys, monkeypatch):
+    monkeypatch.setattr(os, "kill", lambda *_: pytest.fail("no process may be signalled"))
+    code, out, _ = _run(capsys, "--output", "json", "local", "down")
+    assert code == 0
+    assert json.loads(out) == {"stopped": False, "state_dir": str(state.path), "pid": None}
+
+
+def test_a_plane_that_does_not_stop_in_time_is_named_with_what_to_do(state, capsys, monkeypatch):
+    # Given a plane that ignores its SIGTERM
+    held = state.acquire_plane_lock()
+    monkeypatch.setattr(os, "kill", lambda *_: None)
+    try:
+        # When down waits one second for it
+        code, _, err = _run(capsys, "local", "down", "--timeout", "1s")
+    finally:
+        held.close()
+    # Then it exits 1 with one line naming the pid and the way out (its state survives kill -9)
+    assert code == 1
+    assert err.strip() == (
+        f"calque: error: the local plane on {state.path} (pid {os.getpid()}) did not stop within 1s; "
+        f"`kill -9 {os.getpid()}` stops it at once (its state survives a kill -9)"
+    )
+
+
+def test_a_plane_of_another_user_is_refused_in_one_line(state, capsys, monkeypatch):
+    held = state.acquire_plane_lock()
+
+    def not_yours(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", not_yours)
+    try:
+        code, _, err = _run(capsys, "local", "down")
+    finally:
+        held.close()
+    assert code == 1
+    assert "runs as another user" in err
