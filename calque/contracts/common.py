@@ -8,6 +8,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+# A group's name (calque.contracts.economics re-exports it): here, with no models, so a
+# check-out resolving its group imports none of the groups API's contracts.
+GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
 
 class Strict(BaseModel):
     """Base for everything that comes IN across a boundary: unknown fields are errors."""

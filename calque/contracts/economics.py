@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from calque.contracts.common import GROUP_PATTERN as GROUP_PATTERN  # its home; re-exported
 from calque.contracts.common import Out, Request, Strict, in_words, to_places
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
-GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
 MONTH_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from calque.contracts.economics import GROUP_PATTERN, Group, GroupCreate, GroupLimits
+from calque.contracts.common import GROUP_PATTERN
 from calque.contracts.tenancy import USER_PATTERN
 from calque.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.identity import Caller
@@ -23,6 +23,9 @@ from calque.registry.groups import LIMITS, GroupFull, GroupRecord
 from calque.registry.models import month_use
 from calque.registry.ports import AlreadyExists, StaleWrite
 from calque.tenancy import limits
+
+if TYPE_CHECKING:  # the groups API's contracts: a check-out resolving its group needs none
+    from calque.contracts.economics import Group, GroupCreate, GroupLimits
 
 __all__ = ["GroupFull", "Groups", "charge_group", "group_full"]
 
@@ -165,6 +168,8 @@ class Groups:
         return self.view(g)
 
     def view(self, g: GroupRecord) -> Group:
+        from calque.contracts.economics import Group
+
         month = f"{self.clock():%Y-%m}"
         use = month_use(g.use, month)
         return Group(
