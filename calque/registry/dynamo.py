@@ -524,13 +524,20 @@ class DynamoRegistry(DynamoGroups):
         # Sizes of a profile only ever grow (a registration adds one), and a profile keeps
         # its size across cards: a container re-reads them every few minutes, or at once
         # when it knows none (the profile may be new).
-        key = (self.table, backend, profile)
-        cached = _PROFILE_CACHE.get(key)
+        known = self._known_profile(backend, profile)
+        if known is not None:
+            return known
+        return self._remember_profile(backend, profile, self._get(keys.profile(backend, profile)))
+
+    def _known_profile(self, backend: str, profile: str) -> list[float] | None:
+        cached = _PROFILE_CACHE.get((self.table, backend, profile))
         if cached is not None and cached[1] and cached[0] > time.monotonic():
             return cached[1]
-        item = self._get(keys.profile(backend, profile))
+        return None
+
+    def _remember_profile(self, backend: str, profile: str, item: dict[str, Any] | None) -> list[float]:
         mems = sorted(float(m) for m in (item or {}).get("memories", []))
-        _PROFILE_CACHE[key] = (time.monotonic() + PROFILE_CACHE_S, mems)
+        _PROFILE_CACHE[(self.table, backend, profile)] = (time.monotonic() + PROFILE_CACHE_S, mems)
         return mems
 
     def free_candidates(
@@ -1024,17 +1031,17 @@ class DynamoRegistry(DynamoGroups):
         return True
 
     # -- quotas ---------------------------------------------------------------------------
-    def _user_items(self, *wanted_keys: dict[str, str]) -> dict[str, dict[str, Any]]:
-        """Items of one user's partition by their sort key, in one consistent batch read."""
+    def _items(self, *wanted_keys: dict[str, str]) -> dict[tuple[str, str], dict[str, Any]]:
+        """Items by their key (pk, sk), in one consistent batch read."""
         wanted = [ser(k) for k in wanted_keys]
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[tuple[str, str], dict[str, Any]] = {}
         while wanted:
             out = self.client.batch_get_item(
                 RequestItems={self.table: {"Keys": wanted, "ConsistentRead": True}}
             )
             for raw in out.get("Responses", {}).get(self.table, []):
                 item = des(raw)
-                found[item["sk"]] = item
+                found[(item["pk"], item["sk"])] = item
             wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
         return found
 
@@ -1042,14 +1049,22 @@ class DynamoRegistry(DynamoGroups):
         q = self._get(keys.quota(user))
         return _quota(q) if q else None
 
-    def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
+    def quota_and_groups(
+        self, user: str, *, profile: tuple[str, str] | None = None
+    ) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         from calque.registry.groups import membership_key
 
-        found = self._user_items(keys.quota(user), membership_key(user))
-        q = found.get("QUOTA")
+        quota_key, groups_key = keys.quota(user), membership_key(user)
+        wanted = [quota_key, groups_key]
+        if profile is not None and self._known_profile(*profile) is None:
+            wanted.append(keys.profile(*profile))  # one round trip fewer for a cold container
+        found = self._items(*wanted)
+        if len(wanted) == 3 and profile is not None:
+            self._remember_profile(*profile, found.get((wanted[2]["pk"], wanted[2]["sk"])))
+        q = found.get((quota_key["pk"], quota_key["sk"]))
         groups = {
             k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            for k, v in found.get("GROUPS", {}).items()
+            for k, v in found.get((groups_key["pk"], groups_key["sk"]), {}).items()
             if k.startswith("g_")
         }
         return (_quota(q) if q else None), groups

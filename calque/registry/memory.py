@@ -455,7 +455,9 @@ class MemoryRegistry(MemoryGroups):
         self._count()
         return self.quotas.get(user)
 
-    def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
+    def quota_and_groups(
+        self, user: str, *, profile: tuple[str, str] | None = None
+    ) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         self._count()
         with self._lock:
             return self.quotas.get(user), self.groups_of(user)

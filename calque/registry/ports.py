@@ -322,8 +322,12 @@ class Registry(Protocol):
         """The user's quota record (None if never counted or set), read consistently, with its
         monthly counters: what the month's ended sessions used is its settled amounts."""
 
-    def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
-        """The user's quota record and group memberships (group -> when added), in one read."""
+    def quota_and_groups(
+        self, user: str, *, profile: tuple[str, str] | None = None
+    ) -> tuple[QuotaRecord | None, dict[str, datetime]]:
+        """The user's quota record and group memberships (group -> when added), in one read;
+        with ``profile`` (backend, name), that read may also fetch the profile's sizes for
+        ``profile_memories`` to answer without one of its own."""
 
     def put_quota(
         self,

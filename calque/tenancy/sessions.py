@@ -61,7 +61,9 @@ class SessionsMixin(TenancyCore):
         fingerprint = requests.fingerprint(req.model_dump_json()) if key else ""
         # One read of the member's quota and groups (the one a check-out always made for the
         # groups): it says what to reserve against; the grant's transaction checks again.
-        quota, mine = self.registry.quota_and_groups(user)
+        # (With a profile, the same read may fetch its sizes, which placement reads next.)
+        profile = (req.backend, req.profile) if req.profile is not None and req.instance_id is None else None
+        quota, mine = self.registry.quota_and_groups(user, profile=profile)
         month = f"{now:%Y-%m}"
         refused = self._sessions_refusal(user, quota)
         if refused is not None:

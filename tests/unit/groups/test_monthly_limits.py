@@ -90,8 +90,8 @@ def test_racing_checkouts_against_a_group_budget_grant_exactly_what_fits(world: 
     seen = threading.local()
     read = world.registry.quota_and_groups
 
-    def read_then_wait(user: str):
-        out = read(user)
+    def read_then_wait(user: str, **kw):
+        out = read(user, **kw)
         if not getattr(seen, "waited", False):
             seen.waited = True
             barrier.wait()

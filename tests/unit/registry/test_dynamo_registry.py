@@ -6,6 +6,7 @@ import pytest
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import Conflict, Forbidden, QuotaExceeded
+from calque.registry import dynamo
 from calque.registry.models import LeaseEvent
 from calque.registry.ports import Limits, QuotaFull, Reservation, SliceTaken, StaleWrite
 from calque.tenancy.service import hash_token
@@ -329,3 +330,28 @@ def test_once_the_smallest_size_is_known_to_be_big_a_checkout_is_one_query_and_o
     *reads, write = world.counter.calls
     assert write == "TransactWriteItems"
     assert reads in (["BatchGetItem", "Query"], ["BatchGetItem", "Query", "Query"])
+
+
+def test_a_profile_check_out_on_a_cold_container_reads_the_profiles_sizes_with_the_members_quota(
+    dynamo_world: World,
+):
+    # Given a container that has not read the 1g.24gb profile's sizes yet
+    world = dynamo_world
+    world.ready_host()
+    dynamo._PROFILE_CACHE.clear()
+    world.counter.calls.clear()
+    # When a member checks out by profile
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", profile="1g.24gb"))
+    # Then the profile's sizes came in the one batch read of the member's quota and groups: no
+    # read of its own before placement (a round trip fewer), then placement and the transaction
+    assert grant.profile == "1g.24gb"
+    *reads, write = world.counter.calls
+    assert write == "TransactWriteItems"
+    assert reads[0] == "BatchGetItem"
+    assert "GetItem" not in reads
+    assert set(reads[1:]) == {"Query"}
+    # And a profile no host offers is still told apart from a busy one
+    dynamo._PROFILE_CACHE.clear()
+    with pytest.raises(Conflict) as nothing:
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", profile="7g.96gb"))
+    assert nothing.value.code == "nothing_fits"
