@@ -139,9 +139,11 @@ def add_changes(
     *,
     limit: int = MAX_RATE_SEGMENTS,
 ) -> list[RateSegment]:
-    """``segments`` with later price ``changes`` applied, oldest first. A change at or before
-    the last segment's start is the price in effect then: it corrects that segment only when
-    its price was a stand-in (max price or on-demand rate: EC2 gave none at launch); a later
+    """``segments`` with later price ``changes`` applied, oldest first. The latest change at or
+    before the last segment's start is the price in effect then: it replaces that segment's
+    rate when it differs, or when that rate was a stand-in (max price or on-demand rate: EC2
+    gave none at launch; or EC2 stamped a change at or before the launch that the launch's
+    own read did not see); a later
     change opens a segment at its own timestamp unless the price stays the same. Past
     ``limit`` segments the two oldest are merged into one at their time-weighted average
     (micro-dollars, half-up), which keeps the instance's cost over that span."""
@@ -150,7 +152,11 @@ def add_changes(
     if out:
         before = [c for c in ordered if c.start <= out[-1].start]
         last = out[-1]
-        if before and last.source != "spot_price" and before[-1].source == "spot_price":
+        if (
+            before
+            and before[-1].source == "spot_price"
+            and (last.source != "spot_price" or before[-1].hourly_musd != last.hourly_musd)
+        ):
             out[-1] = last.model_copy(
                 update={"hourly_musd": before[-1].hourly_musd, "source": before[-1].source}
             )

@@ -543,7 +543,11 @@ class Fleet:
         # end: separate processes) recorded rates since ``rec`` was read; else the changes
         # read here are applied to what that one recorded, so neither's changes are lost.
         for _ in range(RATE_WRITE_TRIES):
-            after = add_changes(segments, changes)
+            # (the price this read found in effect at its start says nothing of a later start)
+            fresh = segments[-1].start
+            after = add_changes(
+                segments, changes if fresh == start else [c for c in changes if c.start > fresh]
+            )
             last = after[-1]
             try:
                 return self.store.update(

@@ -155,6 +155,24 @@ def test_a_price_read_from_history_replaces_a_launch_stand_in(world: World):
     ]
 
 
+def test_a_change_at_the_launchs_own_second_is_charged_from_the_launch(priced: World):
+    # Given a launch that read 0.60 $/h, and a change to 0.90 $/h EC2 stamps with the very
+    # second the launch was recorded at (after the launch had read its price)
+    world = priced
+    launched_at = world.clock.now
+    iid = _launched(world).instance_id
+    assert iid is not None
+    world.ec2.set_spot_price(T, AZ, 0.90, at=launched_at)
+    # When the reconciler reads the history from the launch's rate
+    world.clock.advance(HOUR)
+    world.fleet.reconcile()
+    world.clock.advance(HOUR)
+    world.fleet.reconcile()
+    # Then the price EC2 says was in effect from then is the one charged (the read's price in
+    # effect at its StartTime is the change itself: it was dropped as already known)
+    assert _rates(world, iid) == [(launched_at, 0.90, "spot_price")]
+
+
 def test_every_page_of_the_history_is_read(priced: World):
     world = priced
     launched_at = world.clock.now
