@@ -47,7 +47,8 @@ RateSource = Literal["spot_price", "spot_max_price", "on_demand"]
 
 # The most rate segments one instance keeps. Spot prices change at most a few times a day, so
 # this covers months; past it the two oldest segments are merged into one at their
-# time-weighted average rate (``add_changes``), which keeps the instance's total cost.
+# time-weighted average rate (``add_changes``), which keeps the instance's total cost up to
+# that rate's rounding (half a micro-dollar an hour over the merged span, each merge).
 MAX_RATE_SEGMENTS = 256
 
 
@@ -146,7 +147,8 @@ def add_changes(
     own read did not see); a later
     change opens a segment at its own timestamp unless the price stays the same. Past
     ``limit`` segments the two oldest are merged into one at their time-weighted average
-    (micro-dollars, half-up), which keeps the instance's cost over that span."""
+    (micro-dollars, half-up), which keeps the instance's cost over that span up to that
+    rounding (half a micro-dollar an hour over the span)."""
     out = list(segments)
     ordered = sorted(changes, key=lambda c: c.start)
     if out:
