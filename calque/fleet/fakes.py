@@ -114,12 +114,14 @@ class MemoryFleetStore:
         return sorted(self._acq.values(), key=lambda r: (r.created_at, r.request_id))
 
     def update(
-        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+        self, record: AcquisitionRecord, *, expect: Sequence[str], same: Sequence[str] = (), **changes: Any
     ) -> AcquisitionRecord:
         with self._lock:
             self.calls["update"] += 1
             cur = self._acq.get(record.request_id)
             if cur is None or cur.state not in expect:
+                raise Gone(record.request_id)
+            if any(getattr(cur, f) != getattr(record, f) for f in same):
                 raise Gone(record.request_id)
             new = cur.model_copy(update=changes)
             AcquisitionRecord.model_validate(new.model_dump())  # strict: changes must fit the record

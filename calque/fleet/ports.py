@@ -145,11 +145,12 @@ class FleetStore(Protocol):
         """Every acquisition not yet collected, oldest first."""
 
     def update(
-        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+        self, record: AcquisitionRecord, *, expect: Sequence[str], same: Sequence[str] = (), **changes: Any
     ) -> AcquisitionRecord:
-        """Apply changes if the record is still in one of ``expect`` states (Gone otherwise).
-        Setting instance_id also records the instance -> request pointer, with the rate
-        recorded for it (``charged_*``) when the same changes set one."""
+        """Apply changes if the record is still in one of ``expect`` states, and each field named
+        in ``same`` still holds ``record``'s value (Gone otherwise: a write computed from an
+        older copy). Setting instance_id also records the instance -> request pointer, with the
+        rate recorded for it (``charged_*``) when the same changes set one."""
 
     def instance_rate(self, instance_id: str) -> InstanceRate | None:
         """The rates recorded, at launch and each change since (kept as long as the instance ->

@@ -47,7 +47,8 @@ RateSource = Literal["spot_price", "spot_max_price", "on_demand"]
 
 # The most rate segments one instance keeps. Spot prices change at most a few times a day, so
 # this covers months; past it the two oldest segments are merged into one at their
-# time-weighted average rate (``add_changes``), which keeps the instance's total cost.
+# time-weighted average rate (``add_changes``), which keeps the instance's total cost up to
+# that rate's rounding (half a micro-dollar an hour over the merged span, each merge).
 MAX_RATE_SEGMENTS = 256
 
 
@@ -139,18 +140,25 @@ def add_changes(
     *,
     limit: int = MAX_RATE_SEGMENTS,
 ) -> list[RateSegment]:
-    """``segments`` with later price ``changes`` applied, oldest first. A change at or before
-    the last segment's start is the price in effect then: it corrects that segment only when
-    its price was a stand-in (max price or on-demand rate: EC2 gave none at launch); a later
+    """``segments`` with later price ``changes`` applied, oldest first. The latest change at or
+    before the last segment's start is the price in effect then: it replaces that segment's
+    rate when it differs, or when that rate was a stand-in (max price or on-demand rate: EC2
+    gave none at launch; or EC2 stamped a change at or before the launch that the launch's
+    own read did not see); a later
     change opens a segment at its own timestamp unless the price stays the same. Past
     ``limit`` segments the two oldest are merged into one at their time-weighted average
-    (micro-dollars, half-up), which keeps the instance's cost over that span."""
+    (micro-dollars, half-up), which keeps the instance's cost over that span up to that
+    rounding (half a micro-dollar an hour over the span)."""
     out = list(segments)
     ordered = sorted(changes, key=lambda c: c.start)
     if out:
         before = [c for c in ordered if c.start <= out[-1].start]
         last = out[-1]
-        if before and last.source != "spot_price" and before[-1].source == "spot_price":
+        if (
+            before
+            and before[-1].source == "spot_price"
+            and (last.source != "spot_price" or before[-1].hourly_musd != last.hourly_musd)
+        ):
             out[-1] = last.model_copy(
                 update={"hourly_musd": before[-1].hourly_musd, "source": before[-1].source}
             )

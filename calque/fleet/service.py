@@ -80,6 +80,8 @@ TAG_HOST_VALUE = "managed"
 TAG_REQUEST = "calque:request-id"
 TAG_OWNER = "calque:owner"
 TAG_POOL = "calque:pool"
+# How often a spot instance's rates write is tried again on the rates another read recorded meanwhile.
+RATE_WRITE_TRIES = 3
 LIVE_EC2_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 
 
@@ -537,20 +539,33 @@ class Fleet:
             for p in prices
             if p.usd_per_hour > 0
         ]
-        after = add_changes(segments, changes)
-        last = after[-1]
-        try:
-            return self.store.update(
-                rec,
-                expect=OPEN_STATES,
-                charged_segments=after,
-                charged_musd=last.hourly_musd,
-                charged_source=last.source,
-                charged_as_of=last.start,
-                charged_checked_at=now,
+        # The write holds only if no other read (the reconciler, a release, the instance's
+        # end: separate processes) recorded rates since ``rec`` was read; else the changes
+        # read here are applied to what that one recorded, so neither's changes are lost.
+        for _ in range(RATE_WRITE_TRIES):
+            # (the price this read found in effect at its start says nothing of a later start)
+            fresh = segments[-1].start
+            after = add_changes(
+                segments, changes if fresh == start else [c for c in changes if c.start > fresh]
             )
-        except Gone:  # closed or moved meanwhile: the next run (or the end) reads it again
-            return self._must(rec.request_id)
+            last = after[-1]
+            try:
+                return self.store.update(
+                    rec,
+                    expect=OPEN_STATES,
+                    same=("charged_checked_at",),
+                    charged_segments=after,
+                    charged_musd=last.hourly_musd,
+                    charged_source=last.source,
+                    charged_as_of=last.start,
+                    charged_checked_at=now,
+                )
+            except Gone:
+                rec = self._must(rec.request_id)
+                if rec.state not in OPEN_STATES or not rec.charged_segments:
+                    return rec  # closed meanwhile: its end read the prices
+                segments = list(rec.charged_segments)
+        return rec  # still racing: the next run (or the end) reads from the last change again
 
     def _fail(self, rec: AcquisitionRecord, reason: str) -> AcquisitionRecord:
         try:

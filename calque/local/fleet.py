@@ -18,7 +18,8 @@ A WSGI interceptor in front of moto (see calque/local/moto_server.py) that:
 - injects faults: capacity errors per instance type (and AZ), an acquirer that dies after
   RunInstances and before recording, a spot interruption warning (EC2 then terminates the
   instance two minutes later, times the plane's schedule scale), a spot price change for a
-  type in an AZ (``clear`` takes the changes back: the table's price again).
+  type in an AZ (``clear`` takes the changes back: the table's price again from then, the
+  history before it kept).
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ class FleetSimulator:
         self.began = dt.datetime.now(dt.UTC)
         # (instance_type, az) -> injected spot price changes, oldest first: (from, $/h)
         self.spot_changes: dict[tuple[str, str], list[tuple[dt.datetime, float]]] = {}
+        # ... and those ``clear`` took back, each followed by the table's price again from the
+        # clear: EC2's history never rewrites the past, so neither does the plane's
+        self.spot_retired: dict[tuple[str, str], list[tuple[dt.datetime, float]]] = {}
         self._tokens: dict[str, tuple[str, bytes]] = {}
         self._terminated: set[str] = set()
         self._events: queue.Queue[tuple[float, dict[str, Any]] | None] = queue.Queue()
@@ -233,8 +237,12 @@ class FleetSimulator:
         except InvalidInput:
             return []
         with self._lock:
-            changes = list(self.spot_changes.get((itype, az), []))
-        return [(self.began, round(on_demand * LOCAL_SPOT_PRICE_OF_ON_DEMAND, 6)), *changes]
+            changes = [*self.spot_retired.get((itype, az), []), *self.spot_changes.get((itype, az), [])]
+        return [(self.began, self._table_price(on_demand)), *changes]
+
+    @staticmethod
+    def _table_price(on_demand: float) -> float:
+        return round(on_demand * LOCAL_SPOT_PRICE_OF_ON_DEMAND, 6)
 
     def _spot_price_history(self, params: dict[str, str]) -> tuple[str, list[tuple[str, str]], bytes]:
         """DescribeSpotPriceHistory: for each type asked, in the AZ asked (every AZ of the
@@ -402,9 +410,22 @@ class FleetSimulator:
             with self._lock:
                 self.capacity.clear()
                 self.crashes = 0
-                self.spot_changes.clear()
+                self._retire_spot_changes()
             return 200, {"cleared": True}
         return 404, {"error": {"code": "not_found", "message": f"no fault {kind!r}", "details": {}}}
+
+    def _retire_spot_changes(self) -> None:
+        """(Under the lock.) The injected prices end now: each type and AZ changed is at the
+        table's price again from now, its changes kept in the history before that."""
+        from calque import catalog
+
+        now = dt.datetime.now(dt.UTC)
+        for (itype, az), changes in self.spot_changes.items():
+            if not changes:
+                continue
+            back = self._table_price(catalog.instance_type(itype).hourly_usd)
+            self.spot_retired.setdefault((itype, az), []).extend([*changes, (now, back)])
+        self.spot_changes.clear()
 
     def _inject_spot_price(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The spot price of ``instance_type`` in ``az`` changes to ``usd_per_hour``, now."""

@@ -213,7 +213,7 @@ class DynamoFleetStore:
         return sorted(out, key=lambda r: (r.created_at, r.request_id))
 
     def update(
-        self, record: AcquisitionRecord, *, expect: Sequence[str], **changes: Any
+        self, record: AcquisitionRecord, *, expect: Sequence[str], same: Sequence[str] = (), **changes: Any
     ) -> AcquisitionRecord:
         new = AcquisitionRecord.model_validate({**record.model_dump(), **changes})
         dumped = new.model_dump()
@@ -232,10 +232,20 @@ class DynamoFleetStore:
         expr = ("SET " + ", ".join(sets) if sets else "") + (
             " REMOVE " + ", ".join(removes) if removes else ""
         )
+        condition = f"#state IN ({', '.join(f':e{n}' for n in range(len(expected)))})"
+        # ``same``: the fields the changes were computed from still hold the caller's values
+        was = record.model_dump()
+        for n, key in enumerate(same):
+            names[f"#s{n}"] = key
+            if was[key] is None:
+                condition += f" AND attribute_not_exists(#s{n})"
+            else:
+                condition += f" AND #s{n} = :s{n}"
+                values.update(_vals(**{f"s{n}": was[key]}))
         change = {
             "Key": ser(_acq_key(record.request_id)),
             "UpdateExpression": expr.strip(),
-            "ConditionExpression": f"#state IN ({', '.join(f':e{n}' for n in range(len(expected)))})",
+            "ConditionExpression": condition,
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
         }

@@ -238,7 +238,10 @@ def do_acquire(
     out = ctx.client().request("POST", "/v1/hosts/acquire", body)
     acqs = list(out.get("acquisitions") or [])
     if wait_s is not None:
-        acqs = [wait_until_ready(ctx, a["request_id"], timeout_s=wait_s) for a in acqs]
+        import time
+
+        began = time.monotonic()  # one timeout for them all, not one each in turn
+        acqs = [wait_until_ready(ctx, a["request_id"], timeout_s=wait_s, since=began) for a in acqs]
         ctx.emit(
             {"acquisitions": acqs, "budget": out.get("budget")},
             text=f"{len(acqs)} host(s) ready.\n\n" + render_acquisitions(acqs),
@@ -255,14 +258,15 @@ def do_acquire(
 
 
 def wait_until_ready(
-    ctx: Any, request_id: str, *, timeout_s: float, interval_s: float = 1.0
+    ctx: Any, request_id: str, *, timeout_s: float, interval_s: float = 1.0, since: float | None = None
 ) -> dict[str, Any]:
-    """Follow one acquisition to a ready host, printing each state and attempt on stderr."""
+    """Follow one acquisition to a ready host, printing each state and attempt on stderr;
+    ``timeout_s`` counts from ``since`` (a time.monotonic(); default: now)."""
     import time
 
     from calque.cli.commands.host import wait_until_applied
 
-    start = time.monotonic()
+    start = time.monotonic() if since is None else since
     seen_attempts = 0
     last = None
     path = f"/v1/acquisitions/{quote(request_id, safe='')}"

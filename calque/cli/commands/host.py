@@ -337,7 +337,9 @@ def do_register(
     )
     if wait_s is not None:
         host = wait_until_applied(ctx, instance_id, timeout_s=wait_s)
-        note = f"{instance_id} is ready: the host agent applied the layout."
+        note = (
+            still_pending_note(host, wait_s) or f"{instance_id} is ready: the host agent applied the layout."
+        )
     ctx.emit(host, text=note + "\n\n" + render_host(host))
 
 
@@ -409,6 +411,8 @@ def wait_until_applied(
         # (A slice the report left out stays pending: at the timeout the host is what it is.)
         still_pending = any(sl.get("state") == "pending" for sl in host.get("slices") or [])
         if state != "pending" and (not still_pending or elapsed >= timeout_s):
+            if still_pending:
+                print(f"... {still_pending_note(host, timeout_s)}", file=sys.stderr, flush=True)
             return dict(host)
         if elapsed >= timeout_s:
             raise CliError(
@@ -418,6 +422,22 @@ def wait_until_applied(
                 details={"instance_id": instance_id, "timeout_s": timeout_s},
             )
         time.sleep(interval_s)
+
+
+def still_pending_note(host: Mapping[str, Any], waited_s: float) -> str | None:
+    """What a wait that ended at its timeout on a ready host with slices still pending says
+    (None: every slice is past pending): those slices, not that the layout was applied."""
+    slices = host.get("slices") or []
+    pending = [str(sl.get("slice_id")) for sl in slices if sl.get("state") == "pending"]
+    if not pending:
+        return None
+    one = len(pending) == 1
+    return (
+        f"{host.get('instance_id')} is ready, but {len(pending)} of its {len(slices)} slices "
+        f"{'is' if one else 'are'} still pending after {waited_s:g}s ({', '.join(pending)}): the "
+        f"host agent's report did not free {'it' if one else 'them'}; sessions are placed on the "
+        "free ones, and `calque host show` says more"
+    )
 
 
 def _list(ctx: Any, args: argparse.Namespace) -> None:

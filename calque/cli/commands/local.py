@@ -196,9 +196,13 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
         while not stop.wait(0.5):
             pass
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        plane.stop()
+        # A second Ctrl-C may interrupt a stop that hangs; a second SIGTERM (another `calque
+        # local down`, one that timed out) leaves it to finish saving the state, as the first.
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])
+        try:
+            plane.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         if started and not ctx.json:
             print("calque local plane stopped", flush=True)
 

@@ -63,3 +63,46 @@ def test_an_empty_instance_id_is_asked_about_and_never_shows_another_acquisition
     assert api.requests == [("GET", "/v1/acquisitions", None, {"instance_id": ""})]
     assert (code, out) == (1, "")
     assert "no acquisition launched" in err
+
+
+def test_acquire_wait_gives_all_its_acquisitions_one_timeout_together(api, fleet_cli, monkeypatch):
+    # Given two acquisitions whose hosts are ready but keep one slice pending (a report that
+    # left it out), and a clock that moves 10s at each look
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    ticks = iter(range(0, 100_000, 10))
+    monkeypatch.setattr("time.monotonic", lambda: float(next(ticks)))
+    api.responses[("POST", "/v1/hosts/acquire")] = {
+        "acquisitions": [{"request_id": "r-1"}, {"request_id": "r-2"}],
+        "budget": {},
+    }
+    for n in (1, 2):
+        api.responses[("GET", f"/v1/acquisitions/r-{n}")] = {
+            **ACQ,
+            "request_id": f"r-{n}",
+            "instance_id": f"i-{n}",
+        }
+        api.responses[("GET", f"/v1/hosts/i-{n}")] = {
+            "instance_id": f"i-{n}",
+            "state": "ready",
+            "slices": [{"slice_id": "s-0", "state": "free"}, {"slice_id": "s-1", "state": "pending"}],
+        }
+    # When the admin acquires both with --wait and a 60s timeout
+    code, _out, err = fleet_cli(
+        "host",
+        "acquire",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--count",
+        "2",
+        "--i-understand-this-spends-money",
+        "--wait",
+        "--timeout",
+        "60s",
+    )
+    # Then the wait ends once the 60s are up for both together, not after 60s for each
+    assert code == 0, err
+    looks = [p for _m, p, _b, _q in api.requests if p.startswith("/v1/hosts/i-")]
+    assert looks.count("/v1/hosts/i-1") >= 3
+    assert looks.count("/v1/hosts/i-2") <= 2
+    assert "i-1 is ready, but 1 of its 2 slices is still pending" in err
+    assert "i-2 is ready, but 1 of its 2 slices is still pending" in err

@@ -270,6 +270,37 @@ def test_register_wait_is_done_only_once_the_ready_hosts_slices_are_free_too(api
     assert "pending" not in out
 
 
+def test_register_wait_with_a_slice_that_never_becomes_free_stops_at_the_timeout_and_says_so(
+    api, cli, monkeypatch
+):
+    # Given a ready host whose report left one slice pending, and a clock that moves 10s a look
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    ticks = iter(range(0, 100_000, 10))
+    monkeypatch.setattr("time.monotonic", lambda: float(next(ticks)))
+    api.responses[("POST", "/v1/hosts")] = HOST
+    stuck = _ready(HOST)
+    stuck["slices"] = [*stuck["slices"][:-1], {**HOST["slices"][-1], "state": "pending"}]
+    api.responses[("GET", "/v1/hosts/i-0abc")] = lambda _body: stuck
+    # When the admin registers with --wait and a 60s timeout
+    code, out, err = cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        "--wait",
+        "--timeout",
+        "60s",
+    )
+    # Then the wait ends at the timeout (the host is ready and its free slices are placed on),
+    # and it says the slice is still pending rather than that the layout was applied
+    assert code == 0, err
+    assert "applied the layout" not in out
+    assert "i-0abc is ready, but 1 of its 4 slices is still pending after 60s" in out
+    assert "g0-1g.24gb-3" in out
+
+
 def test_register_wait_says_why_the_layout_failed(api, cli, monkeypatch):
     monkeypatch.setattr("time.sleep", lambda _s: None)
     api.responses[("POST", "/v1/hosts")] = HOST

@@ -155,6 +155,24 @@ def test_a_price_read_from_history_replaces_a_launch_stand_in(world: World):
     ]
 
 
+def test_a_change_at_the_launchs_own_second_is_charged_from_the_launch(priced: World):
+    # Given a launch that read 0.60 $/h, and a change to 0.90 $/h EC2 stamps with the very
+    # second the launch was recorded at (after the launch had read its price)
+    world = priced
+    launched_at = world.clock.now
+    iid = _launched(world).instance_id
+    assert iid is not None
+    world.ec2.set_spot_price(T, AZ, 0.90, at=launched_at)
+    # When the reconciler reads the history from the launch's rate
+    world.clock.advance(HOUR)
+    world.fleet.reconcile()
+    world.clock.advance(HOUR)
+    world.fleet.reconcile()
+    # Then the price EC2 says was in effect from then is the one charged (the read's price in
+    # effect at its StartTime is the change itself: it was dropped as already known)
+    assert _rates(world, iid) == [(launched_at, 0.90, "spot_price")]
+
+
 def test_every_page_of_the_history_is_read(priced: World):
     world = priced
     launched_at = world.clock.now
@@ -382,3 +400,103 @@ def test_a_rate_recorded_before_segments_were_kept_is_followed_from_its_launch(p
         (launched_at, 0.60, "spot_price"),
         (launched_at + timedelta(minutes=5), 0.75, "spot_price"),
     ]
+
+
+def test_a_read_that_lands_after_a_newer_one_keeps_the_change_the_newer_one_recorded(priced: World):
+    # Given a spot instance, and a reconciler run that has read EC2's history (no change yet)
+    world = priced
+    launched_at = world.clock.now
+    rec = _launched(world)
+    iid = rec.instance_id
+    assert iid is not None
+    world.clock.advance(HOUR)
+    stale = world.store.get(rec.request_id)
+    assert stale is not None
+    real = world.ec2.spot_price_history
+    raced = []
+
+    def history_then_a_newer_writer(*args):
+        answer = real(*args)
+        if not raced:
+            raced.append(True)
+            # ... while it computes, the price changes and the instance's end reads it (as the
+            # fleet events function does, in another process) and records it
+            world.ec2.set_spot_price(T, AZ, 0.90, at=world.clock.now)
+            world.clock.advance(60)
+            fresh = world.store.get(rec.request_id)
+            assert fresh is not None
+            world.fleet.refresh_spot_rate(fresh, final=True)
+        return answer
+
+    world.ec2.spot_price_history = history_then_a_newer_writer  # type: ignore[method-assign]
+    # When the reconciler's read, older than the one recorded meanwhile, is written
+    world.fleet.refresh_spot_rate(stale)
+    # Then the change the newer read recorded is still there: a write is conditional on the
+    # rates it was computed from, so the older read does not take it back
+    assert _rates(world, iid) == [
+        (launched_at, 0.60, "spot_price"),
+        (launched_at + timedelta(hours=1), 0.90, "spot_price"),
+    ]
+
+
+def test_the_dynamodb_store_refuses_a_rates_write_computed_from_rates_changed_since():
+    now = datetime(2026, 12, 2, 10, tzinfo=UTC)
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        store = DynamoFleetStore(ddb, create_registry_table(ddb))
+        store.put_budget(max_instances=2, max_hourly_usd=100, max_monthly_usd=None, by="admin", at=now)
+        rec = AcquisitionRecord(
+            request_id="r-00000000000000a3",
+            state="queued",
+            owner="admin",
+            instance_type=T,
+            spot=True,
+            hourly_musd=2_000_000,
+            created_at=now,
+            state_since=now,
+        )
+        store.reserve(1, 2.0, [rec])
+        first = RateSegment(start=now, hourly_musd=600_000, source="spot_price")
+        rec = store.update(
+            rec,
+            expect=("queued",),
+            state="booting",
+            instance_id="i-0abe",
+            launched_type=T,
+            market="spot",
+            availability_zone=AZ,
+            charged_musd=600_000,
+            charged_source="spot_price",
+            charged_as_of=now,
+            charged_segments=[first],
+            charged_checked_at=now,
+        )
+        # Given one reader records a change
+        later = RateSegment(start=now + timedelta(hours=1), hourly_musd=900_000, source="spot_price")
+        store.update(
+            rec,
+            expect=("booting",),
+            same=("charged_checked_at",),
+            charged_segments=[first, later],
+            charged_musd=900_000,
+            charged_as_of=later.start,
+            charged_checked_at=now + timedelta(hours=2),
+        )
+        # When another writes rates computed from the record as it was before that
+        from calque.fleet.ports import Gone
+
+        with pytest.raises(Gone):
+            store.update(
+                rec,
+                expect=("booting",),
+                same=("charged_checked_at",),
+                charged_segments=[first],
+                charged_checked_at=now + timedelta(hours=1),
+            )
+        # Then the change stays recorded, in the record and in the instance's pointer
+        got = store.get(rec.request_id)
+        assert got is not None
+        assert [s.hourly_musd for s in got.charged_segments] == [600_000, 900_000]
+        rate = store.instance_rate("i-0abe")
+        assert rate is not None
+        assert [s.hourly_musd for s in rate.history()] == [600_000, 900_000]

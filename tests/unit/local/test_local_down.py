@@ -89,3 +89,41 @@ def test_a_plane_of_another_user_is_refused_in_one_line(state, capsys, monkeypat
         held.close()
     assert code == 1
     assert "runs as another user" in err
+
+
+def test_a_second_down_while_the_plane_saves_its_state_waits_for_it_instead_of_killing_it(
+    state, capsys, monkeypatch
+):
+    from types import SimpleNamespace
+
+    seen: dict[str, object] = {}
+    before = signal.getsignal(signal.SIGTERM)
+
+    class Plane:
+        """A plane that `local down` stops as soon as it is up."""
+
+        restored = SimpleNamespace(empty=True)
+        warnings: list[str] = []
+
+        def __init__(self, *_a: object, **_k: object) -> None:
+            pass
+
+        def start(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the first `calque local down`
+
+        def profiles_summary(self) -> list[dict[str, object]]:
+            return []
+
+        def stop(self) -> None:
+            # what a second `calque local down` (impatient, or after the first timed out)
+            # would meet while the plane saves its state
+            seen["term"] = signal.getsignal(signal.SIGTERM)
+
+    monkeypatch.setattr("calque.local.plane.LocalPlane", Plane)
+    # When the plane is stopped
+    code, _out, err = _run(capsys, "--output", "json", "local", "up", "--port", "0")
+    # Then while it saved its state, SIGTERM still asked it to stop (it did not end the process
+    # before the save), and once stopped the process's own SIGTERM handling is back
+    assert code == 0, err
+    assert seen["term"] not in (signal.SIG_DFL, signal.SIG_IGN, None)
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -107,3 +107,20 @@ def test_a_bad_page_size_or_injection_is_refused(sim: FleetSimulator):
     sim.inject("clear", {})
     rows, _ = _ask(sim)
     assert [p for _a, p in rows] == ["1.176000"]
+
+
+def test_clear_changes_the_price_back_from_then_and_keeps_the_history_before_it(sim: FleetSimulator):
+    # Given an injected change the fleet may already have recorded for a running instance
+    began = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    assert sim.inject("spot-price", {"instance_type": T, "az": AZ, "usd_per_hour": 2})[0] == 200
+    time.sleep(1.1)
+    # When the faults are cleared
+    sim.inject("clear", {})
+    # Then the price is the table's again from the clear on, and a read from before the change
+    # still answers it, as EC2's history never rewrites the past (a rewritten past would leave
+    # the recorded change in force, or make a later read take it back)
+    rows, _ = _ask(sim, StartTime=_iso(began))
+    assert [p for _a, p in rows] == ["1.176000", "2.000000", "1.176000"]
+    assert rows[0][0] > rows[1][0]
+    # And no injected price is listed as in effect any more
+    assert sim.faults()["spot_prices"] == []
