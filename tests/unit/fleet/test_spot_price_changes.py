@@ -312,6 +312,47 @@ def test_the_ec2_adapter_pages_the_history_and_answers_oldest_first():
     ]
 
 
+def _launched_spot(
+    store: DynamoFleetStore,
+    request_id: str,
+    instance_id: str,
+    now: datetime,
+    *,
+    checked_at: datetime | None = None,
+) -> tuple[AcquisitionRecord, RateSegment]:
+    """A spot acquisition launched at ``now`` at 0.60 $/h, as the fleet records it: its record,
+    and its first rate."""
+    store.put_budget(max_instances=2, max_hourly_usd=100, max_monthly_usd=None, by="admin", at=now)
+    rec = AcquisitionRecord(
+        request_id=request_id,
+        state="queued",
+        owner="admin",
+        instance_type=T,
+        spot=True,
+        hourly_musd=2_000_000,
+        created_at=now,
+        state_since=now,
+    )
+    store.reserve(1, 2.0, [rec])
+    first = RateSegment(start=now, hourly_musd=600_000, source="spot_price")
+    checked = {"charged_checked_at": checked_at} if checked_at is not None else {}
+    rec = store.update(
+        rec,
+        expect=("queued",),
+        state="booting",
+        instance_id=instance_id,
+        launched_type=T,
+        market="spot",
+        availability_zone=AZ,
+        charged_musd=600_000,
+        charged_source="spot_price",
+        charged_as_of=now,
+        charged_segments=[first],
+        **checked,
+    )
+    return rec, first
+
+
 def test_the_dynamo_store_keeps_every_recorded_rate_on_the_instance_pointer(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -319,32 +360,7 @@ def test_the_dynamo_store_keeps_every_recorded_rate_on_the_instance_pointer(monk
     with mock_aws():
         ddb = boto3.client("dynamodb", region_name="us-east-1")
         store = DynamoFleetStore(ddb, create_registry_table(ddb))
-        store.put_budget(max_instances=2, max_hourly_usd=100, max_monthly_usd=None, by="admin", at=now)
-        rec = AcquisitionRecord(
-            request_id="r-00000000000000a2",
-            state="queued",
-            owner="admin",
-            instance_type=T,
-            spot=True,
-            hourly_musd=2_000_000,
-            created_at=now,
-            state_since=now,
-        )
-        store.reserve(1, 2.0, [rec])
-        first = RateSegment(start=now, hourly_musd=600_000, source="spot_price")
-        rec = store.update(
-            rec,
-            expect=("queued",),
-            state="booting",
-            instance_id="i-0abd",
-            launched_type=T,
-            market="spot",
-            availability_zone=AZ,
-            charged_musd=600_000,
-            charged_source="spot_price",
-            charged_as_of=now,
-            charged_segments=[first],
-        )
+        rec, first = _launched_spot(store, "r-00000000000000a2", "i-0abd", now)
         # When a change is recorded (as the fleet's refresh records it)
         later = RateSegment(start=now + timedelta(hours=1), hourly_musd=900_000, source="spot_price")
         store.update(
@@ -444,33 +460,7 @@ def test_the_dynamodb_store_refuses_a_rates_write_computed_from_rates_changed_si
     with mock_aws():
         ddb = boto3.client("dynamodb", region_name="us-east-1")
         store = DynamoFleetStore(ddb, create_registry_table(ddb))
-        store.put_budget(max_instances=2, max_hourly_usd=100, max_monthly_usd=None, by="admin", at=now)
-        rec = AcquisitionRecord(
-            request_id="r-00000000000000a3",
-            state="queued",
-            owner="admin",
-            instance_type=T,
-            spot=True,
-            hourly_musd=2_000_000,
-            created_at=now,
-            state_since=now,
-        )
-        store.reserve(1, 2.0, [rec])
-        first = RateSegment(start=now, hourly_musd=600_000, source="spot_price")
-        rec = store.update(
-            rec,
-            expect=("queued",),
-            state="booting",
-            instance_id="i-0abe",
-            launched_type=T,
-            market="spot",
-            availability_zone=AZ,
-            charged_musd=600_000,
-            charged_source="spot_price",
-            charged_as_of=now,
-            charged_segments=[first],
-            charged_checked_at=now,
-        )
+        rec, first = _launched_spot(store, "r-00000000000000a3", "i-0abe", now, checked_at=now)
         # Given one reader records a change
         later = RateSegment(start=now + timedelta(hours=1), hourly_musd=900_000, source="spot_price")
         store.update(
