@@ -6,6 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def one_line(text: str) -> str:
+    """Free text someone typed (a reason, a note) as one printable line: each control character
+    (a newline, an escape sequence's ESC, a bell, a bidi override) becomes a space and runs of
+    spaces one. What a refusal's message quotes, and what the CLI prints on a terminal."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
 class CalqueError(Exception):
     """Base of every expected failure: a refusal the user can act on."""
 

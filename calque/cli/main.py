@@ -107,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_error(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {message}\n")
+    """One line on stderr, whatever free text the message quotes (calque.errors.one_line)."""
+    from calque.errors import one_line
+
+    sys.stderr.write(f"{PROG}: error: {message if message.isprintable() else one_line(message)}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
+from calque.errors import one_line
+
 # A column is a header and either a key into each row or a function of the row.
 Column = tuple[str, str | Callable[[Mapping[str, Any]], Any]]
 
@@ -27,7 +29,10 @@ def _cell(value: Any) -> str:
         return ",".join(f"{k}={v}" for k, v in value.items()) or "-"
     if isinstance(value, list | tuple):
         return ",".join(_cell(v) for v in value) or "-"
-    return str(value)
+    text = str(value)
+    # what the control plane hands back may quote free text (a reason, a note): a cell is one
+    # line, and no control character reaches the terminal
+    return text if text.isprintable() else one_line(text)
 
 
 def slice_summary(profile: Any, memory_gib: Any, backend: Any) -> str:

@@ -14,7 +14,7 @@ from calque.contracts.tenancy import (
     Session,
     SessionGrant,
 )
-from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput
+from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, one_line
 from calque.identity import Caller
 from calque.registry.groups import GroupRecord
 from calque.registry.models import QuotaRecord, RequestRecord, SessionRecord, SliceRecord
@@ -508,9 +508,7 @@ def already_ended(session: SessionRecord, code: str) -> Conflict:
     (an admin's reason for a forced check-in or a drain is how its member learns it)."""
     why = str(session.end_reason)
     if session.end_note:
-        # one line, and no control character (the CLI prints the sentence on a terminal)
-        plain = "".join(c if c.isprintable() else " " for c in session.end_note)
-        why += f": {' '.join(plain.split())}"
+        why += f": {one_line(session.end_note)}"  # the CLI prints the sentence on a terminal
     return Conflict(
         f"session {session.session_id} already ended ({why})",
         code=code,

@@ -17,6 +17,7 @@ from urllib.parse import quote
 from calque.cli.argtypes import positive_float
 from calque.cli.durations import duration_arg
 from calque.cli.errors import CliError, UsageError
+from calque.errors import one_line
 
 CONSENT_FLAG = "--i-understand-shared-gpu-has-no-isolation"
 TOKEN_NOTE = "This token is shown once and never again: keep it to check in or extend."  # noqa: S105
@@ -110,9 +111,7 @@ def end_note(session: Mapping[str, Any]) -> str | None:
     """The words recorded with a session's end (an admin's reason of a forced check-in or a
     drain), on one line: a reason typed over several lines keeps a table's rows whole, and a
     control character (an escape sequence, a bidi override) never reaches the member's terminal."""
-    text = str(session.get("end_note") or "")
-    note = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return note or None
+    return one_line(str(session.get("end_note") or "")) or None
 
 
 NOTE_COLUMN = ("note", end_note)

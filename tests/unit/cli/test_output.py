@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from calque.cli.output import emit, render_table
+from calque.cli.output import emit, render_fields, render_table
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +64,24 @@ def test_a_slice_is_summed_up_without_repeating_itself():
     # and a MIG slice, whose profile says more
     assert slice_summary("1g.24gb", 23.5, "mig") == "1g.24gb, 23.5 GiB, mig"
     assert slice_summary(None, None, None) == "-"
+
+
+def test_free_text_the_control_plane_quotes_reaches_the_terminal_as_one_printable_line():
+    # Given a claim whose failure reason a runner wrote with a newline and an escape sequence
+    rows = [{"claim_id": "c-1", "reason": "OOM\n\x1b[2Jkilled\x07 at item 3"}]
+    # When it is listed, and shown as a record
+    table = render_table(rows, [("claim", "claim_id"), ("reason", "reason")])
+    fields = render_fields(rows[0])
+    # Then each is whole lines with no control character; plain values are printed as they are
+    assert table.splitlines()[1].split() == ["c-1", "OOM", "[2Jkilled", "at", "item", "3"]
+    assert fields.splitlines() == ["claim_id  c-1", "reason    OOM [2Jkilled at item 3"]
+    assert all(line.isprintable() for line in table.splitlines() + fields.splitlines())
+    assert render_fields({"cmd": "aws ssm  start-session"}) == "cmd  aws ssm  start-session"
+
+
+def test_an_error_is_one_line_on_stderr_whatever_its_message_quotes(capsys):
+    from calque.cli.main import _print_error
+
+    _print_error("host i-1 is failed: apply failed\n\x1b]0;title\x07 on GPU 0")
+    err = capsys.readouterr().err
+    assert err == "calque: error: host i-1 is failed: apply failed ]0;title on GPU 0\n"
