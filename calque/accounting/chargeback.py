@@ -29,7 +29,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
-from calque.fleet.rates import Rate, mean_rate, usd_between
+from calque.fleet.rates import Rate, mean_rate, seconds, usd_between
 
 IDLE = "(idle)"
 CENT = Decimal("0.01")
@@ -150,11 +150,6 @@ def _months(since: datetime, until: datetime) -> list[tuple[str, datetime, datet
     return out
 
 
-def _seconds(a: datetime, b: datetime) -> Fraction:
-    delta = b - a
-    return Fraction(delta.days * 86400 + delta.seconds) + Fraction(delta.microseconds, 1_000_000)
-
-
 def _holds_instant(
     at: datetime, m_from: datetime, m_to: datetime, paid_to: datetime, paid_stop: datetime
 ) -> bool:
@@ -255,7 +250,7 @@ def compute(
                         slice_id=lease.slice_id,
                         start=a,
                         end=b,
-                        seconds=_seconds(a, b),
+                        seconds=seconds(a, b),
                         share=lease.share,
                         exact_usd=x,
                         amount_usd=_usd(c),
@@ -265,8 +260,8 @@ def compute(
                         gpus=inst.gpus,
                     )
                 )
-            used = sum((lease.share * _seconds(a, b) for lease, a, b in pieces), Fraction(0))
-            span = _seconds(m_from, m_to)
+            used = sum((lease.share * seconds(a, b) for lease, a, b in pieces), Fraction(0))
+            span = seconds(m_from, m_to)
             shown, as_of = mean_rate(schedule, m_from, m_to)
             bill.lines.append(
                 Line(

@@ -67,6 +67,7 @@ from calque.fleet.records import (
     BudgetRecord,
     RateSegment,
     add_changes,
+    instance_rate,
     musd,
     usd,
 )
@@ -505,12 +506,10 @@ class Fleet:
         recorded rate continues and the next read (from the same start) fills the gap."""
         if rec.market != "spot" or rec.instance_id is None or not rec.availability_zone:
             return rec
-        segments = list(rec.charged_segments)
-        if not segments and rec.charged_musd is not None and rec.charged_as_of is not None:
-            source: Any = rec.charged_source or "on_demand"
-            segments = [RateSegment(start=rec.charged_as_of, hourly_musd=rec.charged_musd, source=source)]
-        if not segments:
+        recorded = instance_rate(rec)  # a rate recorded before segments were kept: one from launch
+        if recorded is None:
             return rec
+        segments = recorded.history()
         now = self.clock()
         checked = rec.charged_checked_at
         if not final and checked is not None and (now - checked).total_seconds() < self.config.spot_refresh_s:
