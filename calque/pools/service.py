@@ -89,6 +89,11 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _epoch(iso: str) -> float:
+    """``_iso``'s inverse: a recorded time as the clock's seconds."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
 def _grant(w: d.WorkerRecord) -> Grant:
     return Grant(ref=w.capacity_ref, instance_id=None if w.instance_id == "-" else w.instance_id)
 
@@ -319,11 +324,7 @@ class Pools:
                 "in_flight": backlog.in_flight,
                 "cancelled": backlog.cancelled,
             },
-            oldest_claim_age_s=(
-                round(now - datetime.fromisoformat(oldest.replace("Z", "+00:00")).timestamp())
-                if oldest
-                else None
-            ),
+            oldest_claim_age_s=(round(now - _epoch(oldest)) if oldest else None),
             claims={
                 s: sum(1 for c in claims if c.state == s)
                 for s in (d.QUEUED, d.RUNNING, d.SUCCEEDED, d.FAILED, d.CANCELLED)
@@ -531,7 +532,7 @@ class Pools:
         # entry is dated when the message was sent (the claim's submission): SQS's retention
         # counts from then, not from the cancel, and an entry outliving its message would
         # hold a real claim back.
-        sent = datetime.fromisoformat(claim.submitted_at.replace("Z", "+00:00")).timestamp()
+        sent = _epoch(claim.submitted_at)
         changed = self._end(
             claim.pool,
             claim_id,
