@@ -1055,16 +1055,21 @@ class DynamoRegistry(DynamoGroups):
         from calque.registry.groups import membership_key
 
         quota_key, groups_key = keys.quota(user), membership_key(user)
-        wanted = [quota_key, groups_key]
-        if profile is not None and self._known_profile(*profile) is None:
-            wanted.append(keys.profile(*profile))  # one round trip fewer for a cold container
-        found = self._items(*wanted)
-        if len(wanted) == 3 and profile is not None:
-            self._remember_profile(*profile, found.get((wanted[2]["pk"], wanted[2]["sk"])))
-        q = found.get((quota_key["pk"], quota_key["sk"]))
+        # the profile's sizes too while this container knows none: one round trip fewer
+        profile_key = (
+            keys.profile(*profile) if profile is not None and self._known_profile(*profile) is None else None
+        )
+        found = self._items(quota_key, groups_key, *([profile_key] if profile_key else []))
+
+        def item(key: dict[str, str]) -> dict[str, Any] | None:
+            return found.get((key["pk"], key["sk"]))
+
+        if profile is not None and profile_key is not None:
+            self._remember_profile(*profile, item(profile_key))
+        q = item(quota_key)
         groups = {
             k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            for k, v in found.get((groups_key["pk"], groups_key["sk"]), {}).items()
+            for k, v in (item(groups_key) or {}).items()
             if k.startswith("g_")
         }
         return (_quota(q) if q else None), groups
