@@ -8,7 +8,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from calque.pools.domain import MESSAGE_RETENTION_S
-from calque.pools.ports import DeadLetter, QueueRefs
+from calque.pools.ports import DeadLetter, QueueRefs, StartOutcome
 
 
 class SqsPoolQueues:
@@ -205,3 +205,38 @@ class SsmWorkerStarter:
                 f"cannot send the worker start to {instance_id}: {exc}", details={"instance_id": instance_id}
             ) from None
         return str(out["Command"]["CommandId"])
+
+    # A command invocation's Status that has not ended (SSM's GetCommandInvocation).
+    RUNNING = frozenset({"Pending", "InProgress", "Delayed", "Cancelling"})
+
+    def outcome(self, instance_id: str, command_id: str) -> StartOutcome | None:
+        """The start's end as SSM recorded it: Success, or why not (the host agent's own error
+        line, else SSM's status: Undeliverable, DeliveryTimedOut, ExecutionTimedOut, ...)."""
+        from botocore.exceptions import BotoCoreError
+
+        from calque.errors import one_line
+
+        try:
+            out = self.client.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+        except (BotoCoreError, ClientError):
+            # InvocationDoesNotExist right after SendCommand, throttling, an outage: next tick
+            return None
+        status = str(out.get("Status") or "")
+        if not status or status in self.RUNNING:
+            return None
+        if status == "Success":
+            return StartOutcome(ok=True)
+        lines = [
+            line.strip()
+            for line in str(
+                out.get("StandardErrorContent") or out.get("StandardOutputContent") or ""
+            ).splitlines()
+            if line.strip()
+        ]
+        # the agent's own refusal ("error: ..."), else the last thing it said
+        said = next((x for x in reversed(lines) if x.startswith("error:")), lines[-1] if lines else "")
+        detail = str(out.get("StatusDetails") or status)
+        why = one_line(said.removeprefix("error:"))[:300]
+        return StartOutcome(
+            ok=False, reason=f"the host agent's worker start ended {detail}" + (f": {why}" if why else "")
+        )

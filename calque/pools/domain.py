@@ -107,6 +107,7 @@ class WorkerRecord(_Record):
     group: str = ""
     slot: int = 0
     started: bool = False  # the host agent was told to start this instance's workers
+    start_command: str | None = None  # the command that told it, until it is known to have run
     failed_start: bool = False  # it exited before it ever reported idle (it could not serve)
 
 

@@ -163,12 +163,25 @@ class Capacity(Protocol):
         """The instance's id once it runs and its host agent can take commands; None before."""
 
 
+@dataclass(frozen=True)
+class StartOutcome:
+    """How a sent ``worker start`` ended on its instance: ``ok`` when the host agent started
+    the workers (each then reports for itself); otherwise ``reason`` says why it did not."""
+
+    ok: bool
+    reason: str = ""
+
+
 class WorkerStarter(Protocol):
     """Starts a pool's workers on an instance handed over by the capacity provider: the host
     agent's ``worker start`` verb through SSM (one worker per slice, ``worker_ids`` in slot
     order). Raises a CalqueError when the command cannot be sent (tried again next tick)."""
 
     def start(self, pool: PoolRecord, instance_id: str, worker_ids: list[str]) -> str: ...
+
+    def outcome(self, instance_id: str, command_id: str) -> StartOutcome | None:
+        """How the start ``command_id`` ended on ``instance_id``; None while it has not ended
+        (or the command's record cannot be read now: asked again next tick)."""
 
 
 class Nudge(Protocol):

@@ -42,6 +42,7 @@ from calque.pools.ports import (
     PoolQueues,
     PoolStore,
     QueueRefs,
+    StartOutcome,
     WorkerStarter,
 )
 from calque.pools.scaler import (
@@ -672,10 +673,10 @@ class Pools:
         if pool.state == d.POOL_DELETING:
             return self._finish_delete(pool, force=False)
         now = self.clock.now()
-        workers = self.store.workers(name)
+        workers = self._check_starts(pool, self.store.workers(name))
         gone: set[str] = set()
         for w in workers:
-            if w.state == d.W_EXITED:  # a worker that exited (idle timeout, crash)
+            if w.state == d.W_EXITED:  # a worker that exited (idle timeout, crash, never started)
                 gone.add(w.worker_id)
                 continue
             silent_for = now - (w.seen_at if w.seen_at is not None else w.launched_at)
@@ -780,6 +781,36 @@ class Pools:
                 )
             )
         return decision
+
+    def _check_starts(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> list[d.WorkerRecord]:
+        """Read how each start command still awaited ended (once per instance's command). A
+        start that ended without starting its workers (the runner package cannot be fetched,
+        the layout cannot be applied, SSM could not deliver it) leaves workers that will never
+        report: they exit now, as workers that could not serve, rather than after
+        worker_start_timeout_s of an instance paid for. A start that ran is not read again;
+        its workers report for themselves."""
+        if self.starter is None:
+            return workers
+        ended: dict[tuple[str, str], StartOutcome | None] = {}
+        counted: set[tuple[str, str]] = set()
+        out: list[d.WorkerRecord] = []
+        for w in workers:
+            if w.state == d.W_STARTING and w.start_command and w.seen_at is None and w.instance_id != "-":
+                key = (w.instance_id, w.start_command)
+                if key not in ended:
+                    ended[key] = self.starter.outcome(*key)
+                result = ended[key]
+                if result is not None and result.ok:
+                    w = self.store.update_worker(pool.name, w.worker_id, {"start_command": None}) or w
+                elif result is not None:  # their records go this tick (scale: gone)
+                    # one failed start per instance's command, however many workers it named
+                    first = key not in counted
+                    counted.add(key)
+                    w = w.model_copy(
+                        update={"state": d.W_EXITED, "failed_start": first, "reason": result.reason}
+                    )
+            out.append(w)
+        return out
 
     def _start_failures(
         self, pool: d.PoolRecord, workers: list[d.WorkerRecord], gone: set[str]
@@ -886,7 +917,9 @@ class Pools:
                 continue
             for w in members:
                 self.store.update_worker(
-                    pool.name, w.worker_id, {"started": True, "reason": f"started by command {command}"}
+                    pool.name,
+                    w.worker_id,
+                    {"started": True, "start_command": command, "reason": f"started by command {command}"},
                 )
 
     def scale_all(self) -> list[dict[str, Any]]:

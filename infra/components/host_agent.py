@@ -446,7 +446,9 @@ class HostAgent(Construct):
         )
 
     def grant_send_command(self, grantee: iam.IGrantable) -> None:
-        """Run this document, and only on instances tagged as calque hosts."""
+        """Run this document, and only on instances tagged as calque hosts; and read how a
+        command ended (the pool scaler's worker start: a start that failed gives its instance
+        back at once)."""
         grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(actions=["ssm:SendCommand"], resources=[self.document_arn])
         )
@@ -464,4 +466,13 @@ class HostAgent(Construct):
             f"Hosts are launched and adopted at run time, so their ids are unknown at deploy time; "
             f"SendCommand is allowed only on instances tagged {HOST_TAG_KEY}={HOST_TAG_VALUE} and "
             "only with this stack's host-agent document.",
+        )
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=["ssm:GetCommandInvocation"], resources=["*"])
+        )
+        acknowledge(
+            grantee.grant_principal,  # type: ignore[arg-type]
+            "AwsSolutions-IAM5[Resource::*]",
+            "ssm:GetCommandInvocation supports no resource-level permissions; it reads how a "
+            "command ended and changes nothing.",
         )

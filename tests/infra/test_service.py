@@ -232,7 +232,8 @@ def test_one_schedule_rule_per_definition_targets_its_function(synthesized: Synt
 def test_only_xray_statements_use_a_wildcard_resource(synthesized: Synthesized) -> None:
     # Given every IAM statement of the service stack
     wildcard = [s for s in _statements(synthesized.service_json) if "*" in _as_list(s["Resource"])]
-    # Then only X-Ray's trace upload and the fleet's describes (no resource-level permissions) name "*"
+    # Then only X-Ray's trace upload, the fleet's describes and SSM's command reads (no
+    # resource-level permissions) name "*"
     assert wildcard
     for statement in wildcard:
         assert set(_as_list(statement["Action"])) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} | {
@@ -241,6 +242,8 @@ def test_only_xray_statements_use_a_wildcard_resource(synthesized: Synthesized) 
             "ec2:DescribeSubnets",
             "ec2:DescribeSpotPriceHistory",
             "ssm:DescribeInstanceInformation",
+            # how a command the control plane sent ended (the pool scaler's worker start)
+            "ssm:GetCommandInvocation",
         }
 
 

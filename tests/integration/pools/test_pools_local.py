@@ -154,6 +154,45 @@ def test_a_runner_crashing_its_process_fails_the_claim_after_its_attempts_and_dl
     assert c2["state"] == "succeeded"
 
 
+def _running_instances(plane) -> set[str]:
+    pages = (
+        plane.client("ec2")
+        .get_paginator("describe_instances")
+        .paginate(Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    )
+    return {i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"]}
+
+
+def test_a_worker_start_that_fails_gives_its_instance_back_at_once_and_loses_no_claim(plane, tmp_path):
+    # Given a pool whose runner package is no longer in the artifact bucket
+    pool = create_pool(plane, "unfetched", runner="misbehaving:Misbehaving", package=RUNNERS, max_workers=1)
+    s3, bucket, key = plane.client("s3"), plane.info["bucket"], pool["package_key"]
+    package = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.delete_object(Bucket=bucket, Key=key)
+    before = _running_instances(plane)
+    # When a claim is submitted, the scaler launches an instance and its host agent's worker
+    # start fails (it cannot download the package)
+    cid = submit(plane, "unfetched", [{"n": 4}], tmp_path)
+    # Then the scaler reads the failed start at its next tick and gives the instance back, rather
+    # than paying for it until the start timeout (15 minutes); after three starts failed in a
+    # row it stops launching, saying why
+    deadline = time.monotonic() + 150  # a wait, not a target
+    while (doc := plane.cli_json("pool", "status", "unfetched", profile="admin")[1])["start_failures"] < 3:
+        assert time.monotonic() < deadline, (doc, plane.log_tail(40))
+        time.sleep(0.5)
+    assert "cannot download the runner package" in doc["start_failure"], doc
+    assert _running_instances(plane) <= before  # every instance it launched is terminated
+    assert doc["status"]["workers"] == []
+    # And the claim waits in the queue, not lost
+    assert claim(plane, cid)["state"] == "queued"
+    # When an admin puts the package back and touches the pool, Then the claim runs
+    s3.put_object(Bucket=bucket, Key=key, Body=package)
+    code, out = plane.cli_json("pool", "update", "unfetched", "--max-workers", "1", profile="admin")
+    assert code == 0, out
+    (done,) = wait_claims(plane, [cid], timeout_s=120)
+    assert done["state"] == "succeeded", (done, plane.log_tail(40))
+
+
 @pytest.mark.parametrize("repetitions", [int(os.environ.get("CALQUE_POOL_KILL_REPETITIONS", "5"))])
 def test_kill_9_of_a_worker_mid_claim_loses_nothing_and_completes_exactly_once(plane, tmp_path, repetitions):
     # Given a pool that keeps two warm workers

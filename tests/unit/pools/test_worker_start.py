@@ -16,7 +16,7 @@ from calque.contracts.pools import ClaimSubmit, PoolCreate, WorkerReport
 from calque.errors import DependencyUnavailable, Forbidden
 from calque.pools.aws import SsmWorkerStarter
 from calque.pools.capacity import FleetCapacity
-from calque.pools.ports import Grant
+from calque.pools.ports import Grant, StartOutcome
 from calque.pools.service import Pools, PoolsConfig
 from calque.resources import SSM_DOCUMENT_PARAMETERS as P
 from tests.unit.pools.fakes import ADMIN, HOST_ROLE, World, instance, member
@@ -30,6 +30,8 @@ FOUR = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
 class RecordingStarter:
     sent: list[tuple[str, str, list[str]]] = field(default_factory=list)
     failures: int = 0
+    ended: dict[str, StartOutcome] = field(default_factory=dict)  # command -> how it ended
+    asked: list[tuple[str, str]] = field(default_factory=list)
 
     def start(self, pool: Any, instance_id: str, worker_ids: list[str]) -> str:
         if self.failures:
@@ -37,6 +39,10 @@ class RecordingStarter:
             raise DependencyUnavailable("SSM said ThrottlingException")
         self.sent.append((pool.name, instance_id, list(worker_ids)))
         return f"cmd-{len(self.sent)}"
+
+    def outcome(self, instance_id: str, command_id: str) -> StartOutcome | None:
+        self.asked.append((instance_id, command_id))
+        return self.ended.get(command_id)  # not in it: still running
 
 
 @dataclass
@@ -133,6 +139,50 @@ def test_a_start_that_cannot_be_sent_is_sent_again_at_the_next_tick():
     w.clock.t += 60
     w.pools.scale("small")
     assert len(w.starter.sent) == 1
+
+
+def test_a_start_that_ended_without_starting_its_workers_gives_the_instance_back_at_once():
+    # Given a pool whose start command was sent to a new instance
+    w = make(max_workers=4)
+    submit(w)
+    w.pools.scale("small")
+    ((_, iid, ids),) = w.starter.sent
+    # While the command runs, its workers wait (and it is asked again next tick)
+    w.clock.t += 10
+    w.pools.scale("small")
+    assert w.capacity.released == []
+    assert len(w.store.workers("small")) == 4
+    # When the host agent's worker start fails (its package cannot be fetched)
+    why = "the host agent's worker start ended Failed: worker: cannot download the runner package"
+    w.starter.ended["cmd-1"] = StartOutcome(ok=False, reason=why)
+    w.clock.t += 10
+    w.pools.scale("small")
+    # Then its workers are gone at this tick, not after the start timeout, the instance goes
+    # back, the pool says why, and the claim still waiting gets a new instance
+    assert iid in w.capacity.released
+    pool = w.store.get_pool("small")
+    assert (pool.start_failures, pool.start_failure) == (1, why)  # one start, of four workers
+    assert w.starter.asked.count((iid, "cmd-1")) == 2  # once per tick, one read for the four
+    assert not {x.worker_id for x in w.store.workers("small")} & set(ids)
+    assert len(w.starter.sent) == 2
+    assert w.starter.sent[1][1] != iid
+
+
+def test_a_start_that_ran_is_not_read_again_and_its_silent_workers_wait_for_the_start_timeout():
+    w = make(max_workers=4)
+    submit(w)
+    w.pools.scale("small")
+    ((_, iid, ids),) = w.starter.sent
+    w.starter.ended["cmd-1"] = StartOutcome(ok=True)
+    for _ in range(3):
+        w.clock.t += 10
+        w.pools.scale("small")
+    assert w.starter.asked == [(iid, "cmd-1")]
+    assert [x.start_command for x in w.store.workers("small")] == [None] * 4
+    assert w.capacity.released == []
+    # a worker that already reported is never read for: its own reports say how it is
+    report(w, ids[0], iid)
+    assert w.store.get_pool("small").start_failures == 0
 
 
 def test_scale_in_releases_an_instance_only_when_all_its_workers_may_go():
@@ -397,6 +447,52 @@ def test_the_ssm_starter_sends_the_worker_verb_with_the_pools_document_and_layou
     assert doc["worker_ids"] == ["w-1-0", "w-1-1", "w-1-2", "w-1-3"]
     assert doc["queue_url"] == pool.queue_url
     assert "'" not in params[P.worker][0]  # the document's allowedPattern
+
+
+def _ssm_answering(*answers: dict[str, Any] | str) -> Any:
+    """A real botocore SSM client whose GetCommandInvocation answers are ``answers`` in turn
+    (a string: that error code), checked against the service model by botocore's Stubber."""
+    import botocore.session
+    from botocore.stub import Stubber
+
+    client = botocore.session.get_session().create_client(
+        "ssm", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
+    stub = Stubber(client)
+    want = {"CommandId": "c" * 36, "InstanceId": "i-0abc"}
+    for answer in answers:
+        if isinstance(answer, str):
+            stub.add_client_error("get_command_invocation", answer, expected_params=want)
+        else:
+            stub.add_response("get_command_invocation", {**want, **answer}, expected_params=want)
+    stub.activate()
+    return client
+
+
+def test_the_ssm_starter_reads_how_a_start_ended_and_says_why_one_failed():
+    ssm = _ssm_answering(
+        "InvocationDoesNotExist",  # just sent: SSM does not list it yet
+        {"Status": "InProgress", "StatusDetails": "InProgress"},
+        {"Status": "Success", "StatusDetails": "Success"},
+        {
+            "Status": "Failed",
+            "StatusDetails": "Failed",
+            "StandardOutputContent": "",
+            "StandardErrorContent": "converging\nerror: worker: cannot download the runner package "
+            "s3://art/pools/small/package/ab.zip: AccessDenied\n",
+        },
+        {"Status": "TimedOut", "StatusDetails": "DeliveryTimedOut"},
+    )
+    starter = SsmWorkerStarter(ssm, document_name="d", report_to="u", bucket="art")
+    read = [starter.outcome("i-0abc", "c" * 36) for _ in range(5)]
+    assert read[:2] == [None, None]
+    assert read[2] == StartOutcome(ok=True)
+    assert read[3] == StartOutcome(
+        ok=False,
+        reason="the host agent's worker start ended Failed: worker: cannot download the runner "
+        "package s3://art/pools/small/package/ab.zip: AccessDenied",
+    )
+    assert read[4] == StartOutcome(ok=False, reason="the host agent's worker start ended DeliveryTimedOut")
 
 
 def test_the_worker_document_is_what_the_host_agent_accepts():
