@@ -30,23 +30,34 @@ class HttpControlPlane:
         self.region = region
         self.timeout_s = timeout_s
         self.retries = retries
+        self._signer: tuple[Any, str] | None = None  # (credentials, region), resolved once
+
+    def _credentials(self) -> tuple[Any, str]:
+        """The instance's credentials and region, resolved on the first report and kept: a
+        worker reports every few seconds, and resolving anew would ask the instance metadata
+        service each time. The credentials object refreshes itself before the role's expire."""
+        if self._signer is None:
+            import botocore.session
+
+            session = botocore.session.get_session()
+            creds = session.get_credentials()
+            if creds is None:
+                raise ControlPlaneError("no AWS credentials to sign the report with (instance role)")
+            region = (
+                self.region
+                or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION")
+                or session.get_config_variable("region")
+                or "us-east-1"
+            )
+            self._signer = (creds, region)
+        return self._signer
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        import botocore.session
         from botocore.auth import SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        session = botocore.session.get_session()
-        creds = session.get_credentials()
-        if creds is None:
-            raise ControlPlaneError("no AWS credentials to sign the report with (instance role)")
-        region = (
-            self.region
-            or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION")
-            or session.get_config_variable("region")
-            or "us-east-1"
-        )
+        creds, region = self._credentials()
         url = self.endpoint + path
         data = json.dumps(body).encode()
         last = ""

@@ -98,3 +98,18 @@ def workers(plane: LocalPlaneHandle, pool: str) -> list[dict[str, Any]]:
     from calque.local.state import StateDir
 
     return [w for w in running_workers(StateDir(plane.state_dir)) if w["pool"] == pool]
+
+
+def pool_story(plane: LocalPlaneHandle, pool: str, lines: int = 15) -> str:
+    """What a failed wait on a pool needs to say: its workers as the control plane has them
+    (state, instance, reason), the last start decision, each worker log's tail, the plane's log."""
+    code, doc = plane.cli_json("pool", "status", pool, profile="admin")
+    out = [f"pool status ({code}): start_failures={doc.get('start_failures')} {doc.get('start_failure')}"]
+    status = doc.get("status") or {}
+    for w in status.get("workers", []):
+        out.append(f"  {w.get('worker_id')} {w.get('state')} {w.get('instance_id')} {w.get('reason')}")
+    out.append(f"  last decision: {status.get('last_decision')}")
+    for log in sorted(Path(plane.state_dir).glob(f"**/{pool}/*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        out += [f"--- {log.name}", *tail]
+    return "\n".join(out) + "\n" + plane.log_tail(40)

@@ -17,6 +17,7 @@ from tests.integration.pools.conftest import (
     RUNNERS,
     claim,
     create_pool,
+    pool_story,
     submit,
     wait_claims,
     workers,
@@ -178,7 +179,7 @@ def test_a_worker_start_that_fails_gives_its_instance_back_at_once_and_loses_no_
     # row it stops launching, saying why
     deadline = time.monotonic() + 150  # a wait, not a target
     while (doc := plane.cli_json("pool", "status", "unfetched", profile="admin")[1])["start_failures"] < 3:
-        assert time.monotonic() < deadline, (doc, plane.log_tail(40))
+        assert time.monotonic() < deadline, pool_story(plane, "unfetched")
         time.sleep(0.5)
     assert "cannot download the runner package" in doc["start_failure"], doc
     assert _running_instances(plane) <= before  # every instance it launched is terminated
@@ -201,7 +202,7 @@ def test_kill_9_of_a_worker_mid_claim_loses_nothing_and_completes_exactly_once(p
     )
     deadline = time.monotonic() + 180  # a wait, not a target: two workers start on a busy box
     while len(workers(plane, "sturdy")) < 2:
-        assert time.monotonic() < deadline, plane.log_tail(40)
+        assert time.monotonic() < deadline, pool_story(plane, "sturdy")
         time.sleep(0.5)
     claims = []
     for k in range(repetitions):
@@ -222,7 +223,7 @@ def test_kill_9_of_a_worker_mid_claim_loses_nothing_and_completes_exactly_once(p
         # and the pool is back to two live workers before the next round
         deadline = time.monotonic() + 60
         while len(workers(plane, "sturdy")) < 2:
-            assert time.monotonic() < deadline, plane.log_tail(40)
+            assert time.monotonic() < deadline, pool_story(plane, "sturdy")
             time.sleep(0.5)
     # And every claim completed exactly once: one result object, its own output
     s3 = plane.client("s3")
