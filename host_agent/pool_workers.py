@@ -43,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -181,9 +182,11 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
         client = botocore.session.get_session().create_client(
             "s3", region_name=region, endpoint_url=os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
         )
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    # Each staging works in a directory of its own, renamed into place when complete: two
+    # starts of the same pool at once (two commands, or simulated hosts sharing a disk) never
+    # write into each other's files, and the one that finishes second keeps the first's copy.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
     archive = partial / "package.zip"
     try:
         body = client.get_object(Bucket=doc.package["bucket"], Key=key)["Body"]
@@ -208,8 +211,16 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
         zf.extractall(root)
     archive.unlink()
     (partial / ".complete").write_text(key)
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    if (target / ".complete").exists():  # another start staged it meanwhile: keep that one
+        shutil.rmtree(partial, ignore_errors=True)
+        return str(target)
+    shutil.rmtree(target, ignore_errors=True)  # an incomplete one (a start that died mid-way)
+    try:
+        partial.rename(target)
+    except OSError:  # another start renamed its copy into place first
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (target / ".complete").exists():
+            raise
     return str(target)
 
 

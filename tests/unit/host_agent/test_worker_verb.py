@@ -310,6 +310,46 @@ def test_a_bad_worker_document_is_refused_naming_the_field(tmp_path, launcher, s
     assert launcher.started == []
 
 
+class _Interleaving:
+    """A download body that runs ``meanwhile`` once its first chunk is read."""
+
+    def __init__(self, data: bytes, meanwhile: Any) -> None:
+        self.buf, self.meanwhile = io.BytesIO(data), meanwhile
+
+    def read(self, n: int) -> bytes:
+        chunk = self.buf.read(n)
+        if self.meanwhile is not None:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+        return chunk
+
+
+def test_two_starts_staging_one_package_at_once_both_get_it_whole(tmp_path):
+    # Given two starts of one pool on one disk (two commands, or the local plane's simulated
+    # hosts), the second staging the package whole while the first is mid-download
+    data = _zip({"my_runner.py": "class Runner: pass\n"})
+    doc = pw.WorkerDoc.parse(json.dumps(_doc(1)))
+    second: list[str] = []
+
+    class S3:
+        calls = 0
+
+        def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+            self.calls += 1
+            if self.calls == 1:
+                return {
+                    "Body": _Interleaving(data, lambda: second.append(pw.stage_package(doc, tmp_path, self)))
+                }
+            return {"Body": io.BytesIO(data)}
+
+    first = pw.stage_package(doc, tmp_path, S3())
+    # Then both name one complete copy, and no staging directory is left behind
+    assert second == [first]
+    assert (Path(first) / "src" / "my_runner.py").read_text() == "class Runner: pass\n"
+    assert (Path(first) / ".complete").exists()
+    assert [p.name for p in (tmp_path / "package").iterdir()] == [Path(first).name]
+
+
 def test_a_zip_reaching_outside_its_directory_is_refused(tmp_path):
     fake = FakeS3({("art", "k.zip"): _zip({"../evil.py": "x"})})
     doc = pw.WorkerDoc.parse(json.dumps(_doc(1, package={"bucket": "art", "key": "k.zip"})))
