@@ -148,8 +148,12 @@ class Pool(Out):
     queue_url: str
     dlq_url: str
     package_key: str | None = None  # the runner package in the artifact bucket
-    start_failures: int = Field(default=0, description="workers in a row that exited before they could serve")
-    start_failure: str | None = Field(default=None, description="why the latest of them exited")
+    start_failures: int = Field(
+        default=0,
+        description="worker starts in a row that failed before serving: a worker that exited "
+        "before it served, or a start command that started none (counted once)",
+    )
+    start_failure: str | None = Field(default=None, description="why the latest of them failed")
 
 
 class Claim(Out):

@@ -61,9 +61,10 @@ class PoolRecord(_Record):
     last_scale_out_at: float | None = None
     last_scale_in_at: float | None = None
     last_decision: dict[str, Any] | None = None
-    # Workers in a row that exited before they could serve (their runner failed to load, or
-    # its package does not import): past PoolsConfig.start_failure_limit the scaler starts
-    # no more, and submits are refused, until an admin updates the pool.
+    # Worker starts in a row that failed before serving (a runner that failed to load, a
+    # package that does not import; a start command that started no worker counts once):
+    # past PoolsConfig.start_failure_limit the scaler starts no more, and submits are
+    # refused, until an admin updates the pool.
     start_failures: int = 0
     start_failed_at: float | None = None  # the latest failed worker's launch
     start_failure: str | None = None  # why it exited

@@ -384,8 +384,8 @@ class Pools:
             raise Conflict(f"pool {name!r} is being deleted and takes no claims", code="pool_deleting")
         if pool.start_failures >= self.config.start_failure_limit:
             raise Conflict(
-                f"pool {name!r} takes no claims now: {pool.start_failures} of its workers in a row exited "
-                f"before they could serve (the last: {pool.start_failure or 'no reason given'}); an "
+                f"pool {name!r} takes no claims now: {pool.start_failures} of its worker starts in a row "
+                f"failed before serving (the last: {pool.start_failure or 'no reason given'}); an "
                 f"admin fixes its runner and runs `calque pool update {name} ...` to start it again",
                 code="pool_failing",
                 details={"pool": name, "start_failures": pool.start_failures, "reason": pool.start_failure},
@@ -709,8 +709,8 @@ class Pools:
                 decision,
                 action=Action.HOLD,
                 launch=0,
-                reason=f"{decision.reason}; but {failures['start_failures']} workers in a row exited "
-                f"before they could serve (the last: {failures['start_failure'] or 'no reason given'}): "
+                reason=f"{decision.reason}; but {failures['start_failures']} worker starts in a row "
+                f"failed before serving (the last: {failures['start_failure'] or 'no reason given'}): "
                 f"no more are started until the pool is updated (calque pool update {name} ...)",
             )
         record = decision.to_record()

@@ -370,7 +370,7 @@ def render_status(pool: dict[str, Any]) -> str:
     parts = [render_fields(pool, fields)]
     if pool.get("start_failures"):
         parts.append(
-            f"failing: {pool['start_failures']} workers in a row exited before they could serve "
+            f"failing: {pool['start_failures']} worker starts in a row failed before serving "
             f"(the last: {pool.get('start_failure') or 'no reason given'}); fix the runner, then "
             f"`calque pool update {pool.get('name')} ...` starts it again"
         )

@@ -384,7 +384,7 @@ def test_pool_status_says_a_failing_pool_starts_no_workers_and_what_to_do(api, c
     }  # fmt: skip
     code, out, err = cli("pool", "status", "textstats")
     assert code == 0, err
-    assert f"failing: 3 workers in a row exited before they could serve (the last: {why})" in out
+    assert f"failing: 3 worker starts in a row failed before serving (the last: {why})" in out
     assert "`calque pool update textstats ...` starts it again" in out
 
 

@@ -521,7 +521,7 @@ def test_a_runner_that_cannot_load_stops_the_scaler_paying_for_instances_after_t
     pool = world.store.get_pool("textstats")
     assert (pool.start_failures, pool.start_failure) == (3, "ModuleNotFoundError: textstats")
     assert pool.last_decision["action"] == "hold"
-    assert "3 workers in a row exited before they could serve" in pool.last_decision["reason"]
+    assert "3 worker starts in a row failed before serving" in pool.last_decision["reason"]
     assert "calque pool update textstats" in pool.last_decision["reason"]
     world.clock.t += 600
     world.pools.scale("textstats")
