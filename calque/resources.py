@@ -165,6 +165,10 @@ class SsmDocumentParameters:
 
 
 SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()
+# The document's step that runs the host agent (after the step that downloads it): how a
+# command ended on an instance is read for this step (GetCommandInvocation's PluginName,
+# required for a document of more than one step).
+HOST_AGENT_STEP = "runAgent"
 HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "reclaim", "report", "grant")
 HOST_AGENT_VERBS += ("worker",)  # warm pools: start, stop, list a pool's workers on the host
 

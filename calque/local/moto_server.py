@@ -427,7 +427,9 @@ class CommandRecords:
 
     moto marks every command ``Success`` on every EC2 instance it knows of; the plane
     narrows a command to the instances it really targeted and writes each one's real
-    status, exit code and output, so ``GetCommandInvocation`` tells what happened."""
+    status, exit code and output, so ``GetCommandInvocation`` tells what happened. Each
+    invocation is named by the document's step that runs the agent, as SSM names it (and
+    as a reader of a document of several steps must ask for it)."""
 
     OUTPUT_LIMIT = 24000  # SSM keeps this much of each stream in the API answer
 
@@ -446,12 +448,16 @@ class CommandRecords:
         return ssm_backends[self.account][self.region].get_command_by_id(command_id)
 
     def targeted(self, command_id: str, instance_ids: list[str]) -> None:
+        from calque.resources import HOST_AGENT_STEP
+
         command = self._command(command_id)
         by_id = {i["InstanceId"]: i for i in command.invocations}
         command.instance_ids = list(instance_ids)
         command.invocations = [
             {
-                **by_id.get(i, command.invocation_response(i, "aws:runShellScript")),
+                # its step's name, as SSM names a step's invocation (not the plugin's action)
+                **by_id.get(i, command.invocation_response(i, HOST_AGENT_STEP)),
+                "PluginName": HOST_AGENT_STEP,
                 "Status": "Pending",
                 "StatusDetails": "Pending",
                 "ResponseCode": -1,

@@ -210,14 +210,19 @@ class SsmWorkerStarter:
     RUNNING = frozenset({"Pending", "InProgress", "Delayed", "Cancelling"})
 
     def outcome(self, instance_id: str, command_id: str) -> StartOutcome | None:
-        """The start's end as SSM recorded it: Success, or why not (the host agent's own error
-        line, else SSM's status: Undeliverable, DeliveryTimedOut, ExecutionTimedOut, ...)."""
+        """The start's end as SSM recorded it for the document's step that runs the agent:
+        Success, or why not (the host agent's own error line, else SSM's status: Undeliverable,
+        DeliveryTimedOut, ExecutionTimedOut, ...). A step that never ran because the agent's
+        download failed ends as well (not Success)."""
         from botocore.exceptions import BotoCoreError
 
         from calque.errors import one_line
+        from calque.resources import HOST_AGENT_STEP
 
         try:
-            out = self.client.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+            out = self.client.get_command_invocation(
+                CommandId=command_id, InstanceId=instance_id, PluginName=HOST_AGENT_STEP
+            )
         except (BotoCoreError, ClientError):
             # InvocationDoesNotExist right after SendCommand, throttling, an outage: next tick
             return None

@@ -25,7 +25,13 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
-from calque.resources import HOST_AGENT_VERBS, HOST_TAG_KEY, HOST_TAG_VALUE, SSM_DOCUMENT_PARAMETERS
+from calque.resources import (
+    HOST_AGENT_STEP,
+    HOST_AGENT_VERBS,
+    HOST_TAG_KEY,
+    HOST_TAG_VALUE,
+    SSM_DOCUMENT_PARAMETERS,
+)
 from infra import constants
 from infra.bundling import BundlingError, CopyPackages, local_asset
 from infra.nag import acknowledge
@@ -432,7 +438,7 @@ class HostAgent(Construct):
                     },
                     {
                         "action": "aws:runShellScript",
-                        "name": "runAgent",
+                        "name": HOST_AGENT_STEP,
                         "precondition": linux,
                         "inputs": {
                             "timeoutSeconds": "1800",

@@ -433,6 +433,9 @@ def test_ssm_document_downloads_the_bundle_then_runs_the_agent(synthesized: Synt
     assert "-m host_agent" in script
     assert "--report-to" in script
     assert "--instance-id" in script
+    # And the step that runs it has the name the pool scaler reads a command's outcome by
+    # (GetCommandInvocation's PluginName, required for a document of several steps)
+    assert steps[1]["name"] == resources.HOST_AGENT_STEP
 
 
 def test_outputs_have_stable_names(synthesized: Synthesized) -> None:

@@ -451,7 +451,9 @@ def test_the_ssm_starter_sends_the_worker_verb_with_the_pools_document_and_layou
 
 def _ssm_answering(*answers: dict[str, Any] | str) -> Any:
     """A real botocore SSM client whose GetCommandInvocation answers are ``answers`` in turn
-    (a string: that error code), checked against the service model by botocore's Stubber."""
+    (a string: that error code), checked against the service model by botocore's Stubber.
+    Each call must name the step that runs the agent: SSM requires a step's name for a
+    document of more than one step (ours downloads the agent, then runs it)."""
     import botocore.session
     from botocore.stub import Stubber
 
@@ -459,7 +461,7 @@ def _ssm_answering(*answers: dict[str, Any] | str) -> Any:
         "ssm", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
     )
     stub = Stubber(client)
-    want = {"CommandId": "c" * 36, "InstanceId": "i-0abc"}
+    want = {"CommandId": "c" * 36, "InstanceId": "i-0abc", "PluginName": "runAgent"}
     for answer in answers:
         if isinstance(answer, str):
             stub.add_client_error("get_command_invocation", answer, expected_params=want)
