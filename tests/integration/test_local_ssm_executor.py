@@ -120,7 +120,10 @@ def test_a_command_runs_the_agent_on_its_simulated_host_as_that_instance(world):
     # And SSM's own record tells what really happened, for the targeted instance only
     ssm = clients.client("ssm")
     assert ssm.list_commands(CommandId=command_id)["Commands"][0]["InstanceIds"] == [host.instance_id]
-    invocation = ssm.get_command_invocation(CommandId=command_id, InstanceId=host.instance_id)
+    invocation = ssm.get_command_invocation(
+        CommandId=command_id, InstanceId=host.instance_id, PluginName=resources.HOST_AGENT_STEP
+    )
+    assert invocation["PluginName"] == resources.HOST_AGENT_STEP  # the step's name, as SSM names it
     assert invocation["Status"] == "Success"
     assert invocation["ResponseCode"] == 0
     assert json.loads(invocation["StandardOutputContent"])["profile"] == host.instance_id
