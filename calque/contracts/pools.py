@@ -248,3 +248,8 @@ class PoolStatus(Out):
     workers: list[WorkerStatus]
     decisions: list[DecisionStatus]
     last_decision: DecisionStatus | None = None
+    start_failure_limit: int | None = Field(
+        default=None,
+        description="failed worker starts in a row after which the scaler starts no more and "
+        "submits are refused, until an admin updates the pool",
+    )

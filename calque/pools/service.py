@@ -337,6 +337,7 @@ class Pools:
             last_decision=(
                 DecisionStatus.of({**pool.last_decision, "pool": name}) if pool.last_decision else None
             ),
+            start_failure_limit=self.config.start_failure_limit,
         ).model_dump(mode="json")
 
     def delete_pool(self, who: Caller, name: str, req: PoolDelete) -> dict[str, Any]:

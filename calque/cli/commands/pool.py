@@ -368,12 +368,21 @@ def render_status(pool: dict[str, Any]) -> str:
         ("warm_hits", lambda p: f"{st.get('warm_hits', 0)} of {completed} completed"),
     ]
     parts = [render_fields(pool, fields)]
-    if pool.get("start_failures"):
-        parts.append(
-            f"failing: {pool['start_failures']} worker starts in a row failed before serving "
-            f"(the last: {pool.get('start_failure') or 'no reason given'}); fix the runner, then "
-            f"`calque pool update {pool.get('name')} ...` starts it again"
+    failed = int(pool.get("start_failures") or 0)
+    if failed:
+        limit = st.get("start_failure_limit")
+        line = (
+            f"failing: {failed} worker start{'' if failed == 1 else 's'} in a row failed before "
+            f"serving (the last: {pool.get('start_failure') or 'no reason given'}); "
         )
+        if limit is not None and failed < limit:
+            line += f"the scaler tries again, and stops after {limit} in a row"
+        else:
+            line += (
+                "no more are started and submits are refused: fix the runner (or its package), "
+                f"then `calque pool update {pool.get('name')} ...` starts it again"
+            )
+        parts.append(line)
     parts.append("\nWorkers:\n" + render_table(st.get("workers") or [], WORKER_COLUMNS))
     exited = [w for w in st.get("workers") or [] if w.get("state") == "exited" and w.get("reason")]
     parts.extend(f"{w.get('worker_id')} exited: {w['reason']}" for w in exited)

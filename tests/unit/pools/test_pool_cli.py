@@ -385,7 +385,25 @@ def test_pool_status_says_a_failing_pool_starts_no_workers_and_what_to_do(api, c
     code, out, err = cli("pool", "status", "textstats")
     assert code == 0, err
     assert f"failing: 3 worker starts in a row failed before serving (the last: {why})" in out
+    assert "no more are started and submits are refused" in out
     assert "`calque pool update textstats ...` starts it again" in out
+
+
+def test_pool_status_says_the_scaler_still_tries_below_the_limit(api, cli):
+    why = "the host agent's worker start ended Failed: worker: cannot download the runner package"
+    api.responses[("GET", "/v1/pools/textstats")] = {
+        "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+        "min_workers": 0, "max_workers": 2, "start_failures": 1, "start_failure": why,
+        "status": {
+            "backlog": {"visible": 1, "in_flight": 0}, "claims": {"queued": 1}, "workers": [],
+            "decisions": [], "start_failure_limit": 3,
+        },
+    }  # fmt: skip
+    code, out, err = cli("pool", "status", "textstats")
+    assert code == 0, err
+    assert f"failing: 1 worker start in a row failed before serving (the last: {why})" in out
+    assert "the scaler tries again, and stops after 3 in a row" in out
+    assert "submits are refused" not in out
 
 
 @pytest.mark.parametrize(

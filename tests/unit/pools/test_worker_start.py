@@ -162,6 +162,7 @@ def test_a_start_that_ended_without_starting_its_workers_gives_the_instance_back
     assert iid in w.capacity.released
     pool = w.store.get_pool("small")
     assert (pool.start_failures, pool.start_failure) == (1, why)  # one start, of four workers
+    assert w.pools.status(ADMIN, "small")["start_failure_limit"] == 3  # what `pool status` compares
     assert w.starter.asked.count((iid, "cmd-1")) == 2  # once per tick, one read for the four
     assert not {x.worker_id for x in w.store.workers("small")} & set(ids)
     assert len(w.starter.sent) == 2
