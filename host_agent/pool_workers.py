@@ -211,16 +211,16 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
         zf.extractall(root)
     archive.unlink()
     (partial / ".complete").write_text(key)
-    if (target / ".complete").exists():  # another start staged it meanwhile: keep that one
-        shutil.rmtree(partial, ignore_errors=True)
-        return str(target)
-    shutil.rmtree(target, ignore_errors=True)  # an incomplete one (a start that died mid-way)
     try:
+        partial.rename(target)  # fails while a non-empty directory is there
+    except OSError:
+        if (target / ".complete").exists():  # another start put its copy in place: keep that one
+            shutil.rmtree(partial, ignore_errors=True)
+            return str(target)
+        # an incomplete one, left by an earlier version's staging that died mid-way (a copy
+        # staged here is only ever renamed into place complete, so none is removed in use)
+        shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
-    except OSError:  # another start renamed its copy into place first
-        shutil.rmtree(partial, ignore_errors=True)
-        if not (target / ".complete").exists():
-            raise
     return str(target)
 
 

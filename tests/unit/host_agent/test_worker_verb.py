@@ -350,6 +350,18 @@ def test_two_starts_staging_one_package_at_once_both_get_it_whole(tmp_path):
     assert [p.name for p in (tmp_path / "package").iterdir()] == [Path(first).name]
 
 
+def test_an_incomplete_copy_left_by_a_staging_that_died_is_replaced(tmp_path):
+    doc = pw.WorkerDoc.parse(json.dumps(_doc(1)))
+    left = tmp_path / "package" / "pools_small-models_package_abc.zip"
+    (left / "src").mkdir(parents=True)
+    (left / "src" / "half.py").write_text("")  # no .complete: it died mid-way
+    fake = FakeS3({("art", "pools/small-models/package/abc.zip"): _zip({"my_runner.py": "x = 1\n"})})
+    staged = Path(pw.stage_package(doc, tmp_path, fake))
+    assert staged == left
+    assert sorted(p.name for p in (staged / "src").iterdir()) == ["my_runner.py"]
+    assert (staged / ".complete").exists()
+
+
 def test_a_zip_reaching_outside_its_directory_is_refused(tmp_path):
     fake = FakeS3({("art", "k.zip"): _zip({"../evil.py": "x"})})
     doc = pw.WorkerDoc.parse(json.dumps(_doc(1, package={"bucket": "art", "key": "k.zip"})))
