@@ -4,6 +4,7 @@ what is refused before anything is sent, and what people and scripts see."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -372,16 +373,21 @@ def test_pool_status_says_why_a_worker_exited(api, cli):
     assert "workers        1 (min 0, max 2)" in out
 
 
-def test_pool_status_says_a_failing_pool_starts_no_workers_and_what_to_do(api, cli):
-    why = "the runner's enter() failed: RunnerError: cannot import runner module 'textstats'"
+def _failing_pool(api, failures: int, why: str, **status: Any) -> None:
+    """The API's answer for pool textstats after ``failures`` failed worker starts in a row."""
     api.responses[("GET", "/v1/pools/textstats")] = {
         "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
-        "min_workers": 0, "max_workers": 2, "start_failures": 3, "start_failure": why,
+        "min_workers": 0, "max_workers": 2, "start_failures": failures, "start_failure": why,
         "status": {
             "backlog": {"visible": 1, "in_flight": 0}, "claims": {"queued": 1}, "workers": [],
-            "decisions": [],
+            "decisions": [], **status,
         },
     }  # fmt: skip
+
+
+def test_pool_status_says_a_failing_pool_starts_no_workers_and_what_to_do(api, cli):
+    why = "the runner's enter() failed: RunnerError: cannot import runner module 'textstats'"
+    _failing_pool(api, 3, why)
     code, out, err = cli("pool", "status", "textstats")
     assert code == 0, err
     assert f"failing: 3 worker starts in a row failed before serving (the last: {why})" in out
@@ -391,14 +397,7 @@ def test_pool_status_says_a_failing_pool_starts_no_workers_and_what_to_do(api, c
 
 def test_pool_status_says_the_scaler_still_tries_below_the_limit(api, cli):
     why = "the host agent's worker start ended Failed: worker: cannot download the runner package"
-    api.responses[("GET", "/v1/pools/textstats")] = {
-        "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
-        "min_workers": 0, "max_workers": 2, "start_failures": 1, "start_failure": why,
-        "status": {
-            "backlog": {"visible": 1, "in_flight": 0}, "claims": {"queued": 1}, "workers": [],
-            "decisions": [], "start_failure_limit": 3,
-        },
-    }  # fmt: skip
+    _failing_pool(api, 1, why, start_failure_limit=3)
     code, out, err = cli("pool", "status", "textstats")
     assert code == 0, err
     assert f"failing: 1 worker start in a row failed before serving (the last: {why})" in out
