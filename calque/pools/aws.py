@@ -160,19 +160,35 @@ def worker_document(
     return doc
 
 
+# How long SSM may try to deliver a worker start (SendCommand's TimeoutSeconds) before it
+# gives up with DeliveryTimedOut: an instance handed over is registered and its SSM agent
+# online, so a start not begun in this time will not be, and the scaler (which reads each
+# start's outcome) releases the instance then rather than at the pool's 15-minute start
+# timeout. Running time is bounded by the document's own executionTimeout, not this.
+START_DELIVERY_TIMEOUT_S = 300
+
+
 class SsmWorkerStarter:
     """Starts a pool's workers on an instance: the host-agent SSM document's ``worker`` verb
     (action ``start``, the worker document, the pool's layout as its spec). The same command
     runs on the local plane's simulated hosts (its SSM executor)."""
 
     def __init__(
-        self, client: Any, *, document_name: str, report_to: str, bucket: str, poll_wait_s: int = 20
+        self,
+        client: Any,
+        *,
+        document_name: str,
+        report_to: str,
+        bucket: str,
+        poll_wait_s: int = 20,
+        delivery_timeout_s: int = START_DELIVERY_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.document_name = document_name
         self.report_to = report_to
         self.bucket = bucket
         self.poll_wait_s = poll_wait_s
+        self.delivery_timeout_s = delivery_timeout_s
 
     def parameters(self, pool: Any, worker_ids: list[str]) -> dict[str, list[str]]:
         from calque.resources import SSM_DOCUMENT_PARAMETERS as p
@@ -198,6 +214,7 @@ class SsmWorkerStarter:
                 InstanceIds=[instance_id],
                 DocumentName=self.document_name,
                 Parameters=self.parameters(pool, worker_ids),
+                TimeoutSeconds=self.delivery_timeout_s,
                 Comment=f"calque pool {pool.name}: start {len(worker_ids)} worker(s)"[:100],
             )
         except (BotoCoreError, ClientError) as exc:

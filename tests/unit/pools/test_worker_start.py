@@ -448,6 +448,39 @@ def test_the_ssm_starter_sends_the_worker_verb_with_the_pools_document_and_layou
     assert doc["worker_ids"] == ["w-1-0", "w-1-1", "w-1-2", "w-1-3"]
     assert doc["queue_url"] == pool.queue_url
     assert "'" not in params[P.worker][0]  # the document's allowedPattern
+    # SSM gives up delivering it (DeliveryTimedOut, which the scaler reads as a failed start)
+    # well before the pool's own start timeout would release the instance
+    assert 30 <= call["TimeoutSeconds"] < PoolsConfig().worker_start_timeout_s / 2
+
+
+def test_the_ssm_starters_command_is_one_ssm_accepts():
+    """The whole SendCommand, checked against SSM's service model by botocore's Stubber
+    (TimeoutSeconds between 30 and 2592000, a Comment of at most 100 characters)."""
+    import botocore.session
+    from botocore.stub import ANY, Stubber
+
+    client = botocore.session.get_session().create_client(
+        "ssm", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y"
+    )
+    w = make()
+    pool = w.store.get_pool("small")
+    starter = SsmWorkerStarter(
+        client, document_name="calque-host-agent", report_to="https://api/", bucket="art"
+    )
+    with Stubber(client) as stub:
+        stub.add_response(
+            "send_command",
+            {"Command": {"CommandId": "c" * 36}},
+            expected_params={
+                "InstanceIds": ["i-0abc"],
+                "DocumentName": "calque-host-agent",
+                "Parameters": starter.parameters(pool, ["w-1-0"]),
+                "TimeoutSeconds": 300,
+                "Comment": ANY,
+            },
+        )
+        assert starter.start(pool, "i-0abc", ["w-1-0"]) == "c" * 36
+        stub.assert_no_pending_responses()
 
 
 def _ssm_answering(*answers: dict[str, Any] | str) -> Any:
