@@ -2,37 +2,25 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from calque.cli.context import Context
 from calque.cli.errors import CliError
-from calque.local.state import StateDir
+from tests.unit.cli_support import context, forget_endpoint_and_aws_keys, running_plane
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
 def plane(tmp_path, monkeypatch):
-    for var in ("CALQUE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    state = StateDir(tmp_path / "plane")
-    state.ensure()
-    state.initialize_people()
-    state.write_plane({"endpoint": "http://127.0.0.1:9999", "region": "eu-north-1"})
-    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(state.path))
-    held = state.acquire_plane_lock()
-    yield state
-    held.close()
-
-
-def _ctx(**kw) -> Context:
-    return Context.from_args(argparse.Namespace(**kw))
+    forget_endpoint_and_aws_keys(monkeypatch)
+    with running_plane(
+        tmp_path / "plane", monkeypatch, endpoint="http://127.0.0.1:9999", region="eu-north-1"
+    ) as state:
+        yield state
 
 
 def test_with_a_running_plane_the_cli_calls_it_as_the_named_profile(plane):
-    ctx = _ctx(profile="bob")
+    ctx = context(profile="bob")
     creds, region = ctx.credentials_and_region()
     assert ctx.endpoint == "http://127.0.0.1:9999"
     assert creds.access_key == plane.principal("bob").access_key
@@ -40,21 +28,21 @@ def test_with_a_running_plane_the_cli_calls_it_as_the_named_profile(plane):
 
 
 def test_the_default_local_profile_is_the_admin(plane):
-    creds, _ = _ctx().credentials_and_region()
+    creds, _ = context().credentials_and_region()
     assert creds.access_key == plane.principal("admin").access_key
 
 
 def test_keys_in_the_environment_do_not_replace_the_local_profile(plane, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAREALACCOUNTKEY00")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "real-secret")
-    creds, _ = _ctx(profile="alice").credentials_and_region()
+    creds, _ = context(profile="alice").credentials_and_region()
     assert creds.access_key == plane.principal("alice").access_key
 
 
 def test_an_unknown_local_profile_is_refused_naming_the_people(plane):
     plane.add_instance("i-0abc", "g7e.2xlarge", "calque-local-host")
     with pytest.raises(CliError) as exc:
-        _ctx(profile="mallory").credentials_and_region()
+        context(profile="mallory").credentials_and_region()
     assert "admin, alice, bob, carol" in exc.value.message
     assert "i-0abc" not in exc.value.message
 
@@ -62,7 +50,7 @@ def test_an_unknown_local_profile_is_refused_naming_the_people(plane):
 def test_another_endpoint_does_not_get_the_local_keys(plane, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAREALACCOUNTKEY00")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "real-secret")
-    ctx = _ctx(endpoint="https://abc.execute-api.us-east-1.amazonaws.com/prod", region="us-east-1")
+    ctx = context(endpoint="https://abc.execute-api.us-east-1.amazonaws.com/prod", region="us-east-1")
     creds, region = ctx.credentials_and_region()
     assert creds.access_key == "AKIAREALACCOUNTKEY00"
     assert region == "us-east-1"
@@ -72,4 +60,4 @@ def test_without_an_endpoint_or_a_running_plane_the_cli_says_what_to_do(tmp_path
     monkeypatch.delenv("CALQUE_ENDPOINT", raising=False)
     monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "nothing-here"))
     with pytest.raises(CliError, match="calque local up"):
-        _ = _ctx().endpoint
+        _ = context().endpoint

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from calque.cli.durations import duration_arg, format_duration, parse_duration, ttl_refusal_in_units
+from tests.unit.cli_support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +68,6 @@ def calque(monkeypatch, capsys):
     """calque(answer, *argv) -> (exit code, stdout, stderr, the fake API)."""
     from calque.cli import commands
     from calque.cli.context import Context
-    from calque.cli.main import main
 
     monkeypatch.setattr(commands, "COMMAND_MODULES", ["session"])
 
@@ -75,12 +75,7 @@ def calque(monkeypatch, capsys):
         api = _Api(answer)
         monkeypatch.setattr(Context, "client", lambda ctx: api)
         monkeypatch.setattr(Context, "endpoint", "http://api.invalid")
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err, api
+        return (*run_cli(capsys, *argv), api)
 
     return run
 

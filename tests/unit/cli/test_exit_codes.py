@@ -7,6 +7,7 @@ import json
 import pytest
 
 from calque.cli.errors import ApiError, EndpointUnreachable
+from tests.unit.cli_support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -25,19 +26,13 @@ class _Api:
 def run(monkeypatch, capsys):
     from calque.cli import commands
     from calque.cli.context import Context
-    from calque.cli.main import main
 
     monkeypatch.setattr(commands, "COMMAND_MODULES", ["whoami", "local"])
 
     def _run(answer, *argv):
         monkeypatch.setattr(Context, "client", lambda ctx: _Api(answer))
         monkeypatch.setattr(Context, "endpoint", "http://api.invalid")
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
+        return run_cli(capsys, *argv)
 
     return _run
 

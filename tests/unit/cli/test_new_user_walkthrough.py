@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from calque.cli.errors import ApiError
-from tests.unit.cli_tenancy.conftest import FakeApi
+from tests.unit.cli_support import FakeApi, cli_runner, install_fake_api, no_aws_config_and_no_plane, run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -42,33 +42,17 @@ NOT_FOUND = {"error": {"code": "not_found", "message": "no host i-0abc is regist
 
 @pytest.fixture
 def api(monkeypatch):
-    from calque.cli import commands
-    from calque.cli.context import Context
-
-    fake = FakeApi()
-    monkeypatch.setattr(
-        commands,
-        "COMMAND_MODULES",
+    return install_fake_api(
+        monkeypatch,
+        FakeApi(),
         ["whoami", "local", "host", "session", "quota", "pool", "usage", "fleet"],
+        endpoint="http://api.invalid",
     )
-    monkeypatch.setattr(Context, "client", lambda ctx: fake)
-    monkeypatch.setattr(Context, "endpoint", "http://api.invalid")
-    return fake
 
 
 @pytest.fixture
 def cli(api, capsys):
-    from calque.cli.main import main
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return cli_runner(capsys)
 
 
 # ---- finding the plane, and the endpoint ---------------------------------------------------------
@@ -76,31 +60,12 @@ def cli(api, capsys):
 
 @pytest.fixture
 def no_plane(tmp_path, monkeypatch):
-    for var in ("CALQUE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    (tmp_path / "aws-config").write_text("")
-    (tmp_path / "aws-credentials").write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "no-plane-here"))
-    return tmp_path
-
-
-def _main(capsys, *argv: str) -> tuple[int, str, str]:
-    from calque.cli.main import main
-
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return no_aws_config_and_no_plane(tmp_path, monkeypatch)
 
 
 def test_with_no_plane_found_the_error_says_how_to_point_at_another_state_dir(no_plane, capsys):
     # Given a plane started with --state-dir elsewhere, and a shell without CALQUE_LOCAL_STATE_DIR
-    code, _, err = _main(capsys, "whoami", "--profile", "alice")
+    code, _, err = run_cli(capsys, "whoami", "--profile", "alice")
     # Then the refusal names the variable that finds it, and the directory looked in
     assert code == 1
     assert "CALQUE_LOCAL_STATE_DIR=DIR" in err
@@ -111,7 +76,7 @@ def test_with_no_plane_found_the_error_says_how_to_point_at_another_state_dir(no
 @pytest.mark.parametrize("endpoint", ["notaurl", "ftp://example.org", "http://", "https://host:notaport"])
 def test_an_endpoint_that_is_not_an_http_url_is_a_usage_error_naming_the_flag(no_plane, capsys, endpoint):
     # When a user mistypes --endpoint (and has no credentials either)
-    code, out, err = _main(capsys, "--endpoint", endpoint, "whoami")
+    code, out, err = run_cli(capsys, "--endpoint", endpoint, "whoami")
     # Then exit 2, one line naming --endpoint, before credentials are looked for
     assert code == 2
     assert f"--endpoint {endpoint!r} is not a URL of the control plane" in err
@@ -123,7 +88,7 @@ def test_an_endpoint_that_is_not_an_http_url_is_a_usage_error_naming_the_flag(no
 
 def test_a_bad_calque_endpoint_variable_is_named_as_such(no_plane, capsys, monkeypatch):
     monkeypatch.setenv("CALQUE_ENDPOINT", "notaurl")
-    code, out, err = _main(capsys, "--output", "json", "whoami")
+    code, out, err = run_cli(capsys, "--output", "json", "whoami")
     assert code == 2
     assert "CALQUE_ENDPOINT 'notaurl'" in err
     assert json.loads(out)["error"]["code"] == "invalid_endpoint"
@@ -324,7 +289,7 @@ def test_an_amount_flag_given_inf_is_refused_naming_it_and_nothing_is_sent(monke
     sent: list[object] = []
     monkeypatch.setattr(ApiClient, "_session", lambda self: sent.append(self) or pytest.fail("sent"))
     # When an admin gives an infinite budget
-    code, _, err = _main(capsys, "group", "create", "lab", "--max-usd-per-month", "inf")
+    code, _, err = run_cli(capsys, "group", "create", "lab", "--max-usd-per-month", "inf")
     # Then exit 2, naming the flag, and nothing was sent
     assert code == 2
     assert "argument --max-usd-per-month: 'inf' is not a finite number" in err

@@ -4,30 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.cli_tenancy.conftest import FakeApi
+from tests.unit.cli_support import FakeApi, cli_runner, install_fake_api
 
 
 @pytest.fixture
 def api(monkeypatch):
-    from calque.cli import commands
-    from calque.cli.context import Context
-
-    fake = FakeApi()
-    monkeypatch.setattr(commands, "COMMAND_MODULES", ["usage", "group", "simulate"])
-    monkeypatch.setattr(Context, "client", lambda ctx: fake)
-    return fake
+    return install_fake_api(monkeypatch, FakeApi(), ["usage", "group", "simulate"])
 
 
 @pytest.fixture
 def cli(api, capsys):
-    from calque.cli.main import main
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return cli_runner(capsys)

@@ -3,14 +3,12 @@ get one clear line and exit 1."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from calque.cli.context import Context, same_endpoint
+from calque.cli.context import same_endpoint
 from calque.cli.errors import CliError
 from calque.cli.main import main
-from calque.local.state import StateDir
+from tests.unit.cli_support import context, no_aws_config_and_no_plane, running_plane
 
 pytestmark = pytest.mark.unit
 
@@ -18,30 +16,15 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 def no_aws_config(tmp_path, monkeypatch):
     """An AWS config with no profiles at all, and no keys in the environment."""
-    for var in ("CALQUE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
-        monkeypatch.delenv(var, raising=False)
-    (tmp_path / "aws-config").write_text("")
-    (tmp_path / "aws-credentials").write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "no-plane-here"))
+    no_aws_config_and_no_plane(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def plane(tmp_path, monkeypatch, no_aws_config):
-    state = StateDir(tmp_path / "plane")
-    state.ensure()
-    state.initialize_people()
-    state.write_plane({"endpoint": "http://127.0.0.1:8787", "region": "us-east-1"})
-    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(state.path))
-    held = state.acquire_plane_lock()
-    yield state
-    held.close()
-
-
-def _ctx(**kw) -> Context:
-    return Context.from_args(argparse.Namespace(**kw))
+    with running_plane(
+        tmp_path / "plane", monkeypatch, endpoint="http://127.0.0.1:8787", region="us-east-1"
+    ) as state:
+        yield state
 
 
 @pytest.mark.parametrize(
@@ -50,7 +33,7 @@ def _ctx(**kw) -> Context:
 )
 def test_localhost_names_the_local_plane_as_127_0_0_1_does(plane, endpoint):
     # Given a plane at 127.0.0.1:8787, When the user passes it as localhost
-    creds, _ = _ctx(endpoint=endpoint, profile="alice").credentials_and_region()
+    creds, _ = context(endpoint=endpoint, profile="alice").credentials_and_region()
     # Then the CLI signs as the plane's own alice
     assert creds.access_key == plane.principal("alice").access_key
 
@@ -64,7 +47,7 @@ def test_another_port_or_host_is_not_the_local_plane():
 
 
 def test_an_unknown_aws_profile_is_a_refusal_naming_it(no_aws_config):
-    ctx = _ctx(endpoint="https://abc.execute-api.us-east-1.amazonaws.com/prod", profile="nosuch")
+    ctx = context(endpoint="https://abc.execute-api.us-east-1.amazonaws.com/prod", profile="nosuch")
     with pytest.raises(CliError) as exc:
         ctx.credentials_and_region()
     assert exc.value.code == "unknown_profile"

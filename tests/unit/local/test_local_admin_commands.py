@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from calque.cli.main import main
 from calque.local.state import StateDir
+from tests.unit.cli_support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -22,18 +22,9 @@ def state(tmp_path, monkeypatch):
     return s
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_a_member_cannot_add_an_admin(state, capsys):
     # When alice (a member) adds mallory as an admin
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "--profile", "alice", "--output", "json", "local", "user", "add", "mallory", "--admin"
     )
     # Then it is refused as fault injection is, and nobody was added
@@ -48,10 +39,10 @@ def test_a_member_cannot_add_an_admin(state, capsys):
 
 
 def test_an_admin_adds_and_removes_a_profile(state, capsys):
-    code, _, err = _run(capsys, "local", "user", "add", "erin")
+    code, _, err = run_cli(capsys, "local", "user", "add", "erin")
     assert code == 0, err
     assert state.principal("erin") is not None
-    code, out, _ = _run(capsys, "--profile", "admin", "local", "user", "remove", "erin")
+    code, out, _ = run_cli(capsys, "--profile", "admin", "local", "user", "remove", "erin")
     assert code == 0
     assert "Removed erin" in out
     assert state.principal("erin") is None
@@ -59,21 +50,21 @@ def test_an_admin_adds_and_removes_a_profile(state, capsys):
 
 
 def test_a_member_cannot_remove_anyone(state, capsys):
-    code, _, err = _run(capsys, "--profile", "bob", "local", "user", "remove", "alice")
+    code, _, err = run_cli(capsys, "--profile", "bob", "local", "user", "remove", "alice")
     assert code == 1
     assert "removing a profile is for admins only" in err
     assert state.principal("alice") is not None
 
 
 def test_the_last_admin_stays(state, capsys):
-    code, _, err = _run(capsys, "local", "user", "remove", "admin")
+    code, _, err = run_cli(capsys, "local", "user", "remove", "admin")
     assert code == 1
     assert "last admin" in err
     assert state.principal("admin").admin
 
 
 def test_a_profile_that_does_not_exist_is_named(state, capsys):
-    code, _, err = _run(capsys, "--profile", "nosuch", "local", "user", "add", "erin")
+    code, _, err = run_cli(capsys, "--profile", "nosuch", "local", "user", "add", "erin")
     assert code == 1
     assert "no profile 'nosuch'" in err
     assert state.principal("erin") is None
@@ -81,7 +72,7 @@ def test_a_profile_that_does_not_exist_is_named(state, capsys):
 
 def test_user_add_before_any_local_up_still_works_for_the_default_admin(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "fresh"))
-    code, _, err = _run(capsys, "local", "user", "add", "erin")
+    code, _, err = run_cli(capsys, "local", "user", "add", "erin")
     assert code == 0, err
     assert StateDir(tmp_path / "fresh").principal("erin") is not None
 

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from calque.cli.main import main
 from calque.local.state import StateDir
+from tests.unit.cli_support import run_cli
 
 pytestmark = pytest.mark.unit
 
@@ -21,15 +21,6 @@ def state(tmp_path, monkeypatch):
     s.ensure()
     monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(s.path))
     return s
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_down_signals_the_running_plane_and_returns_once_it_has_let_go(state, capsys, monkeypatch):
@@ -44,7 +35,7 @@ def test_down_signals_the_running_plane_and_returns_once_it_has_let_go(state, ca
 
     monkeypatch.setattr(os, "kill", plane_receives)
     # When `calque local down` runs from another terminal
-    code, out, err = _run(capsys, "local", "down")
+    code, out, err = run_cli(capsys, "local", "down")
     # Then the plane got SIGTERM (as Ctrl-C's stop), and the command says it stopped
     assert code == 0, err
     assert sent == [(os.getpid(), signal.SIGTERM)]
@@ -54,7 +45,7 @@ def test_down_signals_the_running_plane_and_returns_once_it_has_let_go(state, ca
 
 def test_down_with_no_plane_running_is_nothing_to_stop(state, capsys, monkeypatch):
     monkeypatch.setattr(os, "kill", lambda *_: pytest.fail("no process may be signalled"))
-    code, out, _ = _run(capsys, "--output", "json", "local", "down")
+    code, out, _ = run_cli(capsys, "--output", "json", "local", "down")
     assert code == 0
     assert json.loads(out) == {"stopped": False, "state_dir": str(state.path), "pid": None}
 
@@ -65,7 +56,7 @@ def test_a_plane_that_does_not_stop_in_time_is_named_with_what_to_do(state, caps
     monkeypatch.setattr(os, "kill", lambda *_: None)
     try:
         # When down waits one second for it
-        code, _, err = _run(capsys, "local", "down", "--timeout", "1s")
+        code, _, err = run_cli(capsys, "local", "down", "--timeout", "1s")
     finally:
         held.close()
     # Then it exits 1 with one line naming the pid and the way out (its state survives kill -9)
@@ -84,7 +75,7 @@ def test_a_plane_of_another_user_is_refused_in_one_line(state, capsys, monkeypat
 
     monkeypatch.setattr(os, "kill", not_yours)
     try:
-        code, _, err = _run(capsys, "local", "down")
+        code, _, err = run_cli(capsys, "local", "down")
     finally:
         held.close()
     assert code == 1
@@ -121,7 +112,7 @@ def test_a_second_down_while_the_plane_saves_its_state_waits_for_it_instead_of_k
 
     monkeypatch.setattr("calque.local.plane.LocalPlane", Plane)
     # When the plane is stopped
-    code, _out, err = _run(capsys, "--output", "json", "local", "up", "--port", "0")
+    code, _out, err = run_cli(capsys, "--output", "json", "local", "up", "--port", "0")
     # Then while it saved its state, SIGTERM still asked it to stop (it did not end the process
     # before the save), and once stopped the process's own SIGTERM handling is back
     assert code == 0, err

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.cli_tenancy.conftest import FakeApi
+from tests.unit.cli_support import FakeApi, cli_runner, install_fake_api
 
 
 class PoolsApi(FakeApi):
@@ -40,12 +40,9 @@ CLAIM = {
 
 @pytest.fixture
 def api(monkeypatch, tmp_path):
-    from calque.cli import commands
     from calque.cli.context import Context
 
-    fake = PoolsApi()
-    monkeypatch.setattr(commands, "COMMAND_MODULES", ["pool", "claim"])
-    monkeypatch.setattr(Context, "client", lambda ctx: fake)
+    fake = install_fake_api(monkeypatch, PoolsApi(), ["pool", "claim"])
     # the local plane's endpoint: pool create sends a local package directory
     monkeypatch.setattr(Context, "_resolve", lambda ctx: ("http://127.0.0.1:1", tmp_path, {"endpoint": "x"}))
     return fake
@@ -53,17 +50,7 @@ def api(monkeypatch, tmp_path):
 
 @pytest.fixture
 def cli(api, capsys):
-    from calque.cli.main import main
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return cli_runner(capsys)
 
 
 def test_submit_sends_the_items_of_a_jsonl_file(api, cli, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from calque.errors import InvalidInput
 from calque.pools.scaler import ScalerConfig
 from calque.simulate.pool import SimConfig, TraceClaim, load_trace, simulate
+from tests.unit.cli_support import cli_runner
 
 pytestmark = pytest.mark.unit
 
@@ -168,17 +169,7 @@ def test_slices_cost_less_than_whole_cards_for_the_same_trace():
 
 @pytest.fixture
 def cli(capsys):
-    from calque.cli.main import main
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return cli_runner(capsys)
 
 
 def test_cli_prints_one_json_document_with_the_comparison_fields(cli):
