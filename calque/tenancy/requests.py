@@ -36,6 +36,31 @@ def request_id(principal: str, key: str) -> str:
     return hashlib.sha256(f"calque-request\0{principal}\0{key}".encode()).hexdigest()
 
 
+def stamp(rid: str | None, body: str) -> str | None:
+    """What a session keeps of the request that last changed it (``end_request``,
+    ``extend_request``): the request id and what that request asked, so a replay of the
+    same key with a different body is refused instead of answered as the first one."""
+    return f"{rid}:{fingerprint(body)[:32]}" if rid else None
+
+
+def is_replay(stored: str | None, stamped: str | None, what: str) -> bool:
+    """Whether ``stamped`` (this request's ``stamp``) is the request ``stored`` recorded.
+    The same key with a different body raises ``idempotency_key_reused``. A record kept
+    before bodies were stamped (the bare request id) matches on the id alone."""
+    if not stored or not stamped:
+        return False
+    rid = stamped.split(":", 1)[0]
+    if stored in (stamped, rid):
+        return True
+    if stored.split(":", 1)[0] == rid:
+        raise InvalidInput(
+            f"this Idempotency-Key was already used for a different {what}; use a new key",
+            code="idempotency_key_reused",
+            details={"field": "Idempotency-Key"},
+        )
+    return False
+
+
 def fingerprint(body: str) -> str:
     """What the request asked, to refuse one key reused for a different request."""
     return hashlib.sha256(body.encode()).hexdigest()

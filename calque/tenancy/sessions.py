@@ -190,19 +190,21 @@ class SessionsMixin(TenancyCore):
         self, who: Caller, session_id: str, req: CheckinRequest, *, idempotency_key: str | None = None
     ) -> Session:
         key = requests.check_key(idempotency_key)
-        rid = requests.request_id(who.principal, key) if key else None
+        rid = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
         session = self._visible_session(who, session_id)
         if req.force and not who.admin:
             raise Forbidden("only admins may force a check-in", details={"field": "force"})
-        if session.state == "ended" and rid is not None and session.end_request == rid:
+        token_hash: str | None = None
+        if not req.force:
+            # first, replay or not: a wrong token is refused, never answered with the session
+            token_hash = self._check_token(session, req.token, "nothing was released")
+        if session.state == "ended" and requests.is_replay(session.end_request, rid, "check-in"):
             return self._session_view(session)  # a replay of the check-in that ended it
         if session.state == "ended":
             raise already_ended(session, "already_checked_in")
-        token_hash: str | None = None
         if req.force:
             reason, kind = "forced", "forced"
         else:
-            token_hash = self._check_token(session, req.token, "nothing was released")
             reason, kind = "checked_in", "checked_in"
         try:
             ended = self._end(
@@ -217,7 +219,11 @@ class SessionsMixin(TenancyCore):
             )
         except StaleWrite:
             current = self.registry.get_session(session_id)
-            if current is not None and current.state == "ended" and rid and current.end_request == rid:
+            if (
+                current is not None
+                and current.state == "ended"
+                and requests.is_replay(current.end_request, rid, "check-in")
+            ):
                 return self._session_view(current)
             if current is not None and current.state == "ended":
                 raise already_ended(current, "already_checked_in") from None
@@ -235,11 +241,11 @@ class SessionsMixin(TenancyCore):
         replay finds it changed and adds nothing; with a client request id, a replay of
         the extend that changed it answers the same session."""
         key = requests.check_key(idempotency_key)
-        rid = requests.request_id(who.principal, key) if key else None
+        rid = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
         session = self._visible_session(who, session_id)
         now = self.clock()
         token_hash = self._check_token(session, req.token, "the expiry is unchanged")
-        if rid is not None and session.extend_request == rid:
+        if requests.is_replay(session.extend_request, rid, "extend"):
             return self._session_view(session)  # a replay of the extend that set this expiry
         self._check_extendable(session, now)
         if req.expected_expires_at is not None and req.expected_expires_at != session.expires_at:
@@ -300,7 +306,7 @@ class SessionsMixin(TenancyCore):
             ) from None
         except StaleWrite:
             current = self.registry.get_session(session_id) or session
-            if rid is not None and current.extend_request == rid:
+            if requests.is_replay(current.extend_request, rid, "extend"):
                 return self._session_view(current)
             self._check_extendable(current, self.clock())
             raise Conflict(

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
-from calque.errors import Conflict, InvalidInput
+from calque.errors import Conflict, Forbidden, InvalidInput
 from tests.unit.tenancy.conftest import World, member
 
 pytestmark = pytest.mark.unit
@@ -109,6 +109,44 @@ def test_a_replayed_extend_adds_its_time_once(any_world: World):
     assert again.expires_at == first.expires_at
     assert refused.value.code == "session_changed"
     assert world.tenancy.get_session(ALICE, grant.session_id).expires_at == first.expires_at
+
+
+def test_one_key_reused_for_a_different_extend_is_refused_and_adds_nothing(any_world: World):
+    # Given a session extended once by 10 minutes with a key
+    world = any_world
+    world.ready_host(layout=ONE_SLICE)
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=600))
+    first = world.tenancy.extend(
+        ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=600), idempotency_key=KEY
+    )
+    # When the same key comes with a different extend (20 minutes)
+    with pytest.raises(InvalidInput) as refused:
+        world.tenancy.extend(
+            ALICE, grant.session_id, ExtendRequest(token=grant.token, ttl_seconds=1200), idempotency_key=KEY
+        )
+    # Then it is refused as a reused key, not answered as if its 20 minutes were added
+    assert refused.value.code == "idempotency_key_reused"
+    assert world.tenancy.get_session(ALICE, grant.session_id).expires_at == first.expires_at
+
+
+def test_a_replayed_checkin_with_a_wrong_token_is_refused_not_answered(any_world: World):
+    # Given a session checked in with a key
+    world = any_world
+    world.ready_host(layout=ONE_SLICE)
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token), idempotency_key=KEY)
+    # When the same key comes with a token that is not the session's, or with another body
+    with pytest.raises(Forbidden) as wrong_token:
+        world.tenancy.checkin(
+            ALICE, grant.session_id, CheckinRequest(token="not-the-token"), idempotency_key=KEY
+        )
+    with pytest.raises(InvalidInput) as other_body:
+        world.tenancy.checkin(
+            ALICE, grant.session_id, CheckinRequest(token=grant.token, reason="done"), idempotency_key=KEY
+        )
+    # Then neither gets the ended session as if it were the first check-in's answer
+    assert wrong_token.value.code == "invalid_token"
+    assert other_body.value.code == "idempotency_key_reused"
 
 
 def test_a_malformed_key_is_refused_before_anything_changes(any_world: World):
