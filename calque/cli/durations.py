@@ -10,7 +10,8 @@ from typing import Any
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PART = re.compile(r"(\d+)([smhd])")
-_WHOLE = re.compile(r"(?:\d+[smhd])+")
+# Each unit at most once, largest first: 1h30m, 2d12h; not 2h2h or 30m1h.
+_WHOLE = re.compile(r"(?=\d)(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?")
 # argparse reads ``--ttl -5m`` as an option named -5m ("expected one argument") unless the value
 # looks like a negative number: a parser using this matcher hands it to the option instead, whose
 # type then says what is wrong with it.
@@ -24,7 +25,8 @@ def parse_duration(text: str) -> int:
         raise ValueError(f"invalid duration {text!r}: must be longer than zero, e.g. {value[1:]}")
     if not _WHOLE.fullmatch(value):
         raise ValueError(
-            f"invalid duration {text!r}: use a number with a unit s, m, h or d, e.g. 90s, 15m, 2h, 1h30m"
+            f"invalid duration {text!r}: use a number with a unit s, m, h or d, e.g. 90s, 15m, 2h, 1h30m "
+            "(each unit once, largest first)"
         )
     seconds = sum(int(n) * _UNITS[u] for n, u in _PART.findall(value))
     if seconds <= 0:
@@ -38,6 +40,30 @@ def duration_arg(text: str) -> int:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_wait_timeout(parser: argparse.ArgumentParser, *, default_s: int) -> None:
+    """``--timeout DURATION``, which bounds ``--wait`` (the parser's flag) and means nothing without it."""
+    parser.add_argument(
+        "--timeout",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help=f"with --wait: how long to wait, e.g. 90s, 10m (default {format_duration(default_s)})",
+    )
+    parser.set_defaults(_timeout_default_s=default_s)
+
+
+def wait_timeout(args: argparse.Namespace) -> int | None:
+    """How long ``--wait`` waits (``--timeout``, else its default); None without ``--wait``.
+    ``--timeout`` without ``--wait`` is a usage error (exit 2): it would be silently ignored."""
+    from calque.cli.errors import UsageError
+
+    if not args.wait:
+        if args.timeout is not None:
+            raise UsageError("--timeout needs --wait", details={"field": "timeout"})
+        return None
+    return int(args.timeout if args.timeout is not None else args._timeout_default_s)
 
 
 def format_duration(seconds: float) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli.durations import add_wait_timeout, wait_timeout
 from calque.cli.errors import CliError, UsageError
 
 ACQ_COLUMNS: list[Any] = [
@@ -103,9 +104,7 @@ def register(subparsers: Any) -> None:
         help="required: this launches",
     )
     p.add_argument("--wait", action="store_true", help="follow each instance until its host is ready")
-    p.add_argument(
-        "--timeout", type=duration_arg, default=1200, metavar="DURATION", help="with --wait (default 20m)"
-    )
+    add_wait_timeout(p, default_s=1200)
     p.set_defaults(func=_acquire)
 
     p = group.add_parser(
@@ -173,7 +172,7 @@ def _acquire(ctx: Any, args: argparse.Namespace) -> None:
         ttl_s=args.ttl,
         pool=args.pool,
         consent=args.consent,
-        wait_s=args.timeout if args.wait else None,
+        wait_s=wait_timeout(args),
     )
 
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import positive_int
-from calque.cli.errors import CliError
+from calque.cli.durations import add_wait_timeout, wait_timeout
+from calque.cli.errors import CliError, UsageError
 
 if TYPE_CHECKING:
     from calque.cli.output import Column
@@ -64,7 +65,7 @@ def layout_from_flags(
     """The LayoutSpec document the flags describe, validated; None for the card's default.
 
     Raises CliError (exit 1) for a spec file that cannot be read or is not a valid
-    spec, and for MPS limits given without ``--mps-slots``.
+    spec; UsageError (exit 2) for two layouts, or MPS limits without ``--mps-slots``.
     """
     from calque.contracts.layout import load_layout, parse_layout
     from calque.errors import InvalidInput
@@ -74,12 +75,13 @@ def layout_from_flags(
         for name, value in (("--mig", mig), ("--mps-slots", mps_slots), ("--spec", spec))
         if value is not None
     ]
+    # usage errors (exit 2), as argparse's own: the flags, not their values, are wrong
     if len(chosen) > 1:
-        raise CliError(
+        raise UsageError(
             f"give one layout: {' or '.join(chosen)}", code="invalid_layout", details={"field": "layout"}
         )
     if mps_slots is None and (mps_thread_percentage is not None or mps_memory_limit_mib is not None):
-        raise CliError(
+        raise UsageError(
             "--mps-thread-percentage and --mps-memory-limit-mib need --mps-slots",
             code="invalid_layout",
             details={"field": "layout"},
@@ -196,7 +198,6 @@ def _indent(text: str) -> str:
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.durations import duration_arg
     from calque.cli.main import command_group
 
     group = command_group(
@@ -244,13 +245,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="wait, showing progress, until the host agent has applied the layout (or failed)",
     )
-    p.add_argument(
-        "--timeout",
-        type=duration_arg,
-        default=600,
-        metavar="DURATION",
-        help="with --wait: how long to wait, e.g. 90s, 10m (default 10m)",
-    )
+    add_wait_timeout(p, default_s=600)
     p.set_defaults(func=_register, _parser=p)
 
     p = group.add_parser("list", help="every host and its slices")
@@ -303,7 +298,7 @@ def _register(ctx: Any, args: argparse.Namespace) -> None:
         mps_memory_limit_mib=args.mps_memory_limit_mib,
         spec=args.spec,
         spot=args.spot,
-        wait_s=args.timeout if args.wait else None,
+        wait_s=wait_timeout(args),
     )
 
 

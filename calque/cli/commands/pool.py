@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
-from calque.cli.durations import duration_arg, format_duration
+from calque.cli.durations import add_wait_timeout, duration_arg, format_duration, wait_timeout
 from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
 
@@ -117,12 +117,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("name", metavar="NAME")
     p.add_argument("--items", required=True, metavar="FILE.jsonl", help="one JSON value per line")
     p.add_argument("--wait", action="store_true", help="wait for the claim to finish (progress on stderr)")
-    p.add_argument(
-        "--timeout", type=duration_arg, default=3600, metavar="DURATION", help="with --wait (default 1h)"
-    )
+    add_wait_timeout(p, default_s=3600)
     p.add_argument("--group", metavar="G", help="the group to charge (one of yours; default: your first)")
-    p.set_defaults(func=lambda ctx, args: do_submit(ctx, name=args.name, items=args.items, wait=args.wait,
-                                                    timeout_s=args.timeout, group=args.group))  # fmt: skip
+    p.set_defaults(func=_submit)
+
+
+def _submit(ctx: Any, args: argparse.Namespace) -> None:
+    waited = wait_timeout(args)
+    do_submit(
+        ctx,
+        name=args.name,
+        items=args.items,
+        wait=waited is not None,
+        timeout_s=waited or 0,
+        group=args.group,
+    )
 
 
 def _create(ctx: Any, args: argparse.Namespace) -> None:

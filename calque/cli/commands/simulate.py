@@ -98,7 +98,7 @@ def do_pool(
     from calque import catalog
     from calque.accounting.claims import slots_of
     from calque.cli.commands.host import layout_from_flags
-    from calque.cli.errors import CliError
+    from calque.cli.errors import CliError, UsageError
     from calque.pools.scaler import ScalerConfig
     from calque.simulate import check_plot_path, write_plot
     from calque.simulate.pool import SimConfig, load_trace, plot, simulate
@@ -109,13 +109,10 @@ def do_pool(
     # why, when the layout does not fit the type)
     slots = slots_of(instance_type, layout)
     if policy == "static" and workers is None:
-        raise CliError(
-            "--policy static needs --workers N", code="invalid_input", details={"field": "workers"}
-        )
+        raise UsageError("--policy static needs --workers N", details={"field": "workers"})
     if policy == "scaler" and workers is not None:
-        raise CliError(
+        raise UsageError(
             "--workers sizes a static pool; with --policy scaler use --min-workers/--max-workers",
-            code="invalid_input",
             details={"field": "workers"},
         )
     try:

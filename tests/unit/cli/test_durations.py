@@ -28,7 +28,9 @@ def test_durations_people_write_are_understood(text, seconds):
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "90", "m", "1.5h", "-5m", "2 hours", "0s", "1h 30m", "15x"])
+@pytest.mark.parametrize(
+    "text", ["", "90", "m", "1.5h", "-5m", "2 hours", "0s", "1h 30m", "15x", "2h2h", "30m1h", "1h1h30m"]
+)
 def test_bad_durations_are_refused_naming_the_forms_accepted(text):
     with pytest.raises(ValueError, match=r"invalid duration .*(90s, 15m, 2h|longer than zero)"):
         parse_duration(text)
@@ -147,3 +149,24 @@ def test_other_refusals_keep_the_apis_words():
     assert (
         ttl_refusal_in_units("validation_failed", {"fields": [{"field": "profile", "problem": "x"}]}) is None
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["host", "register", "--instance-id", "i-0123456789abcdef0", "--instance-type", "g7e.2xlarge"],
+        ["host", "acquire", "--instance-type", "g7e.2xlarge", "--i-understand-this-spends-money"],
+        ["pool", "submit", "small", "--items", "items.jsonl"],
+    ],
+)
+def test_a_timeout_without_wait_is_a_usage_error_not_silently_ignored(monkeypatch, capsys, argv):
+    from calque.cli import commands
+    from calque.cli.context import Context
+
+    api = _Api({})
+    monkeypatch.setattr(commands, "COMMAND_MODULES", ["host", "fleet", "pool"])
+    monkeypatch.setattr(Context, "client", lambda ctx: api)
+    code, _, err = run_cli(capsys, *argv, "--timeout", "3s")
+    assert code == 2
+    assert "--timeout needs --wait" in err
+    assert api.sent == []

@@ -209,7 +209,7 @@ def test_cli_static_policy_needs_workers_and_refuses_unknown_instance_types(cli)
     code, _, err = cli(
         "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g6e.xlarge", "--policy", "static"
     )
-    assert code == 1
+    assert code == 2  # a flag that needs another: a usage error, as argparse's own
     assert "--workers" in err
     code, _, err = cli("simulate", "pool", "--trace", str(BURSTY), "--instance-type", "m5.large")
     assert code == 1
@@ -240,16 +240,16 @@ def test_cli_simulates_a_layout_as_pool_create_takes_it(cli):
 
 
 @pytest.mark.parametrize(
-    ("flags", "fragment"),
+    ("flags", "fragment", "exit_code"),
     [
-        (("--mig", "1g.24gb=9"), "1g.24gb"),  # more slices than the card has
-        (("--mig", "1g.24gb=4", "--mps-slots", "2"), "give one layout"),
-        (("--spec", "/nonexistent/layout.json"), "layout.json"),
+        (("--mig", "1g.24gb=9"), "1g.24gb", 1),  # more slices than the card has
+        (("--mig", "1g.24gb=4", "--mps-slots", "2"), "give one layout", 2),  # a usage error
+        (("--spec", "/nonexistent/layout.json"), "layout.json", 1),
     ],
 )
-def test_cli_refuses_a_layout_the_pool_could_not_run(cli, flags, fragment):
+def test_cli_refuses_a_layout_the_pool_could_not_run(cli, flags, fragment, exit_code):
     code, out, err = cli("simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g7e.2xlarge", *flags)
-    assert code == 1, (out, err)
+    assert code == exit_code, (out, err)
     assert fragment in err
     assert "Traceback" not in err
 
