@@ -889,6 +889,15 @@ def _require_matplotlib() -> None:
 
 
 def plot_timeline(res: Result, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(res)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def timeline_figure(res: Result) -> Any:
+    """The busy share and the jobs waiting over the trace's days (a matplotlib Figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -896,13 +905,22 @@ def plot_timeline(res: Result, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4))
     days = [t / 86400 for t, _b, _q in res.timeline]
-    ax.plot(days, [b for _t, b, _q in res.timeline], label="busy share of the GPUs", linewidth=0.8)
+    # each sample is the state after that instant's events, held until the next: steps, not slopes
+    ax.step(
+        days, [b for _t, b, _q in res.timeline], where="post", label="busy share of the GPUs", linewidth=0.8
+    )
     ax.set_xlabel("trace day")
     ax.set_ylabel("busy share")
     ax2 = ax.twinx()
-    ax2.plot(days, [q for _t, _b, q in res.timeline], color="tab:red", label="jobs waiting", linewidth=0.8)
+    ax2.step(
+        days,
+        [q for _t, _b, q in res.timeline],
+        where="post",
+        color="tab:red",
+        label="jobs waiting",
+        linewidth=0.8,
+    )
     ax2.set_ylabel("jobs waiting")
     ax.set_title(f"{res.layout} on {res.hosts}: {res.members_per_gpu_hour} members per GPU-hour")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

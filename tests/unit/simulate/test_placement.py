@@ -194,6 +194,24 @@ def test_plot_draws_the_run_to_a_png(tmp_path, cli):
     assert "plot written" in err
 
 
+def test_the_plot_draws_each_sample_as_held_until_the_next_not_as_a_slope():
+    # The busy share and the queue change only at events: a line between two samples would
+    # show a queue draining over days that in fact stood still, then dropped at once.
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from calque.simulate.placement import timeline_figure
+
+    res = simulate(str(SLICE), "g7e.2xlarge=2", "mps:2", timeline=True, compare=False)
+    fig = timeline_figure(res)
+    try:
+        lines = [line for ax in fig.axes for line in ax.get_lines()]
+        assert [line.get_drawstyle() for line in lines] == ["steps-post", "steps-post"]
+        assert len(lines[0].get_xdata()) == len(res.timeline)
+    finally:
+        plt.close(fig)
+
+
 def test_a_plot_file_that_cannot_be_written_is_refused_before_the_replay(tmp_path, cli):
     pytest.importorskip("matplotlib")
     code, out, err = cli(
