@@ -13,6 +13,9 @@ from typing import Any
 from calque.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEXPECTED, EXIT_USAGE, CliError
 
 PROG = "calque"
+OUTPUTS = ("table", "json", "csv")
+# A command that writes csv sets this default on its parser; --output csv elsewhere is refused.
+CSV_OUTPUT = "_writes_csv"
 
 
 def _global_options() -> argparse.ArgumentParser:
@@ -35,9 +38,10 @@ def _global_options() -> argparse.ArgumentParser:
     g.add_argument("--region", default=argparse.SUPPRESS, metavar="REGION", help="AWS region to sign for")
     g.add_argument(
         "--output",
-        choices=("table", "json"),
+        choices=OUTPUTS,
         default=argparse.SUPPRESS,
-        help="table for people (default), json for scripts: one document on stdout",
+        help="table for people (default), json for scripts: one document on stdout; "
+        "csv for finance (calque usage)",
     )
     g.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of unexpected errors"
@@ -118,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.func is None:
         args._group_parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "output", None) == "csv" and not getattr(args, CSV_OUTPUT, False):
+        # given before the command or after it, the option is the same one: refused the same way
+        _print_error("--output csv is for `calque usage`; this command writes table or json")
         return EXIT_USAGE
     from calque.cli.context import Context
 

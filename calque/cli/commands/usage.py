@@ -80,8 +80,10 @@ def _when(text: str) -> str:
 
 
 def register(subparsers: Any) -> None:
-    p = _parser_with_csv_output(
-        subparsers, "usage", help="usage and chargeback for a period (members: your own; admins: everyone)"
+    from calque.cli.main import CSV_OUTPUT
+
+    p = subparsers.add_parser(
+        "usage", help="usage and chargeback for a period (members: your own; admins: everyone)"
     )
     when = p.add_mutually_exclusive_group()
     when.add_argument(
@@ -94,32 +96,7 @@ def register(subparsers: Any) -> None:
         "--until", type=_when, metavar="D", help="end, exclusive (default: now); only with --since"
     )
     p.add_argument("--by", choices=BY, help="sum by this (default: user); csv without it: every line")
-    p.add_argument(
-        "--output",
-        choices=("table", "json", "csv"),
-        default=argparse.SUPPRESS,
-        help="table for people (default), json for scripts, csv for finance",
-    )
-    p.set_defaults(func=_usage)
-
-
-def _parser_with_csv_output(subparsers: Any, name: str, *, help: str) -> argparse.ArgumentParser:
-    """A command parser with the global options, its ``--output`` also taking ``csv``.
-
-    The global options are shared action objects; this parser takes every one of them
-    except ``--output``, and adds its own (a conflict "resolve" would strip the shared one).
-    """
-    from calque.cli.main import _COMMON
-
-    p: argparse.ArgumentParser = argparse._SubParsersAction.add_parser(
-        subparsers, name, help=help, description=help, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    g = p.add_argument_group("global options")
-    for action in _COMMON._actions:
-        if "--output" in action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
-        g._add_action(action)
-    return p
+    p.set_defaults(func=_usage, **{CSV_OUTPUT: True})  # --output csv: for finance
 
 
 def _usage(ctx: Any, args: argparse.Namespace) -> None:

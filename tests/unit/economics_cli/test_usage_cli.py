@@ -58,6 +58,21 @@ def test_csv_rows_and_json_rows_carry_the_same_figures(served, cli):
     assert {r["key"]: r["amount_usd"] for r in rows}["alice"] == "0.84"  # 1 h x 1/4 x 3.36
 
 
+def test_output_csv_is_the_same_option_before_the_command_and_after_it(served, cli):
+    # docs/cli.md: global options are given before or after the command, alike
+    after = cli("usage", "--by", "user", "--output", "csv", "--month", "2026-12")
+    before = cli("--output", "csv", "usage", "--by", "user", "--month", "2026-12")
+    assert after == before
+    assert after[0] == 0
+    # and where no csv is written, it is refused either way as a usage error, asking nothing
+    asked = len(served.requests)
+    for argv in (("--output", "csv", "group", "list"), ("group", "list", "--output", "csv")):
+        code, out, err = cli(*argv)
+        assert (code, out) == (2, "")
+        assert "--output csv is for `calque usage`" in err
+    assert len(served.requests) == asked
+
+
 def test_csv_without_by_is_every_line_with_the_stable_columns(served, cli):
     code, out, _ = cli("usage", "--since", "2026-12-01", "--until", "2026-12-02", "--output", "csv")
     assert code == 0
