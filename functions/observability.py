@@ -54,6 +54,17 @@ def cold_start_done() -> None:
     gc.set_threshold(*functions.GC_THRESHOLDS)
 
 
+def discard_unpublished_metrics(service: str) -> None:
+    """With metrics disabled (the local plane, tests), Powertools' ``log_metrics`` publishes
+    nothing but keeps each invocation's metrics, and at 100 values of one metric
+    ``add_metric`` prints them anyway (an EMF document in the plane's log, disabled or
+    not). Each invocation's are dropped when it ends instead."""
+    from aws_lambda_powertools.metrics.functions import is_metrics_disabled
+
+    if is_metrics_disabled():
+        metrics(service).clear_metrics()
+
+
 def instrumented(service: str, correlation_id_path: str | None = None) -> Callable[[Handler], Handler]:
     """Wrap ``handler`` in Powertools' decorators, constructed on first call."""
 
@@ -73,6 +84,7 @@ def instrumented(service: str, correlation_id_path: str | None = None) -> Callab
             try:
                 return build()(event, context)
             finally:
+                discard_unpublished_metrics(service)
                 cold_start_done()
 
         entry.__name__ = handler.__name__

@@ -101,3 +101,35 @@ def test_the_first_invocation_ends_the_cold_start_collector_settings_even_when_i
     finally:
         gc.unfreeze()
         gc.set_threshold(*functions.GC_THRESHOLDS)
+
+
+def test_with_metrics_disabled_a_hundred_invocations_print_no_metrics(monkeypatch, capsys):
+    # Powertools keeps a disabled function's metrics and prints them at 100 values of one
+    # metric, disabled or not: the local plane's log filled with EMF documents.
+    monkeypatch.delenv("LAMBDA_TASK_ROOT", raising=False)
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Calque")
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "1")
+    handler = observability.instrumented("obs-test-disabled")(
+        _counted("obs-test-disabled", lambda e: {"ok": e["n"]})
+    )
+    capsys.readouterr()
+    for n in range(150):
+        assert handler({"n": n}, _Context()) == {"ok": n}
+    assert "CloudWatchMetrics" not in capsys.readouterr().out
+    assert observability.metrics("obs-test-disabled").metric_set == {}
+
+
+def test_with_metrics_enabled_each_invocation_publishes_its_own(monkeypatch, capsys):
+    monkeypatch.delenv("LAMBDA_TASK_ROOT", raising=False)
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Calque")
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    monkeypatch.delenv("POWERTOOLS_DEV", raising=False)
+    handler = observability.instrumented("obs-test-enabled")(
+        _counted("obs-test-enabled", lambda e: {"ok": 1})
+    )
+    capsys.readouterr()
+    for _ in range(3):
+        handler({}, _Context())
+    out = capsys.readouterr().out
+    assert out.count('"CloudWatchMetrics"') == 3
+    assert out.count('"Calls":[1.0]') == 3
