@@ -221,12 +221,8 @@ class DecisionStatus(Out):
     remove: list[str] = Field(default_factory=list)
     reason: str
     inputs: dict[str, Any] = Field(default_factory=dict)
-    granted: int | None = Field(
-        default=None, description="a scale-out (the latest decision only): the workers it got"
-    )
-    refilled: int | None = Field(
-        default=None, description="a scale-out (the latest decision only): of those, on free slots"
-    )
+    granted: int | None = Field(default=None, description="a scale-out: the workers it got")
+    refilled: int | None = Field(default=None, description="a scale-out: of those, on free slots")
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> DecisionStatus:

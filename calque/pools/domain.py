@@ -134,6 +134,10 @@ class DecisionRecord(_Record):
     remove: list[str] = Field(default_factory=list)
     reason: str
     inputs: dict[str, Any] = Field(default_factory=dict)
+    # a scale-out's outcome: the workers it got, and how many of them went to free slots of
+    # instances already held (None: it launched nothing)
+    granted: int | None = None
+    refilled: int | None = None
 
 
 @dataclass(frozen=True)

@@ -352,31 +352,64 @@ class Pools:
         self.store.update_pool(name, {"state": d.POOL_DELETING})
         return self._finish_delete(pool, force=req.now)
 
+    def _cannot_drain(
+        self, pool: d.PoolRecord, workers: list[d.WorkerRecord], now: float
+    ) -> dict[str, Any] | None:
+        """When a deleting pool's workers could not start and none that loaded its runner is
+        left (nor, below the start-failure limit, one still starting), no one will run its
+        claims, and it is not paid for more tries: its start failures (those exited since the
+        last tick counted), else None."""
+        failures = self._start_failures(
+            pool, workers, {w.worker_id for w in workers if w.state == d.W_EXITED}
+        )
+        if not failures["start_failures"]:
+            return None
+        below_limit = failures["start_failures"] < self.config.start_failure_limit
+        for w in workers:
+            silent_for = now - (w.seen_at if w.seen_at is not None else w.launched_at)
+            if w.state in (d.W_IDLE, d.W_BUSY) and silent_for <= self.config.worker_stale_s:
+                return None
+            if below_limit and w.state == d.W_STARTING and silent_for <= self.config.worker_start_timeout_s:
+                return None
+        return failures
+
     def _finish_delete(self, pool: d.PoolRecord, *, force: bool) -> dict[str, Any]:
-        """Deleted when drained (or forced): workers released, queues deleted, record gone."""
-        backlog = self._backlog(pool, self.clock.now())
+        """Deleted when drained (or forced): workers released, queues deleted, record gone.
+        A pool whose workers could not start is drained by no one: it is finished at once, its
+        live claims cancelled as by --now, with a reason saying why."""
+        now = self.clock.now()
+        backlog = self._backlog(pool, now)
         workers = self.store.workers(pool.name)
         busy = [w for w in workers if w.state == d.W_BUSY]
+        reason = "pool deleted"
         if not force and (backlog.total or busy):
-            return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": backlog.total}
+            failures = self._cannot_drain(pool, workers, now)
+            if failures is None:
+                return {"pool": pool.name, "state": d.POOL_DELETING, "backlog": backlog.total}
+            force = True
+            reason = (
+                f"pool deleted while its workers could not start ({failures['start_failures']} starts "
+                f"in a row failed before serving; the last: {failures['start_failure'] or 'no reason given'})"
+            )
         self._drop(pool, workers, {w.worker_id for w in workers})
+        cancelled = 0
         if force:
             for c in self.store.live_claims(pool.name):
                 if c.state in d.LIVE:
-                    self._end(
+                    ended = self._end(
                         pool,
                         c.claim_id,
-                        {
-                            "state": d.CANCELLED,
-                            "finished_at": _iso(self.clock.now()),
-                            "reason": "pool deleted",
-                        },
+                        {"state": d.CANCELLED, "finished_at": _iso(self.clock.now()), "reason": reason},
                     )
+                    cancelled += ended is not None
         self.queues.delete(QueueRefs(pool.queue_url, pool.queue_arn, pool.dlq_url, pool.dlq_arn))
         for claim_id in self.store.pending_discards(pool.name):  # their queue is gone
             self.store.clear_discard(pool.name, claim_id)
         self.store.delete_pool(pool.name)
-        return {"pool": pool.name, "state": "deleted"}
+        out: dict[str, Any] = {"pool": pool.name, "state": "deleted"}
+        if cancelled:
+            out.update(cancelled=cancelled, reason=reason)
+        return out
 
     # claims
     def submit(self, who: Caller, name: str, req: ClaimSubmit) -> d.ClaimRecord:
@@ -566,8 +599,10 @@ class Pools:
             )
         worker = self.store.worker(pool, worker_id)
         if worker is None or worker.instance_id != instance_id:
+            # the worker stops at this answer: its pool was deleted, or the scaler released it
             raise Forbidden(
                 f"{worker_id} on {instance_id} is not a worker of pool {pool!r}",
+                code="not_a_worker",
                 details={"pool": pool, "worker_id": worker_id},
             )
         return worker
@@ -672,7 +707,12 @@ class Pools:
         if pool is None:
             return None
         if pool.state == d.POOL_DELETING:
-            return self._finish_delete(pool, force=False)
+            done = self._finish_delete(pool, force=False)
+            if done["state"] != d.POOL_DELETING:
+                return done
+            # Still draining: the tick below serves its backlog as for an active pool (a worker
+            # gone silent is replaced, one that is needed is started; none is kept idle), so a
+            # delete that waits for the backlog never waits for a worker nobody starts.
         now = self.clock.now()
         workers = self._check_starts(pool, self.store.workers(name))
         gone: set[str] = set()
@@ -698,7 +738,7 @@ class Pools:
             if w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY)
         ]
         config = ScalerConfig(
-            min_workers=pool.min_workers,
+            min_workers=pool.min_workers if pool.state == d.POOL_ACTIVE else 0,
             max_workers=pool.max_workers,
             target_backlog_per_worker=pool.target_backlog_per_worker,
             idle_timeout_s=pool.idle_timeout_s,
@@ -776,11 +816,7 @@ class Pools:
             },
         )
         if decision.launch or decision.remove:
-            self.store.add_decision(
-                d.DecisionRecord(
-                    pool=name, **{k: v for k, v in record.items() if k not in ("granted", "refilled")}
-                )
-            )
+            self.store.add_decision(d.DecisionRecord(pool=name, **record))
         return decision
 
     def _check_starts(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> list[d.WorkerRecord]:

@@ -24,6 +24,21 @@ class ControlPlaneError(Exception):
     """The control plane could not be reached or refused a report."""
 
 
+class NotAWorker(ControlPlaneError):
+    """The control plane no longer knows this worker (403 ``not_a_worker``): its pool was
+    deleted, or the scaler released it. It will never accept its reports again."""
+
+
+def _error_code(text: str) -> str:
+    """The ``error.code`` of the API's error document, or ""."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return ""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
 class HttpControlPlane:
     def __init__(self, endpoint: str, region: str | None = None, timeout_s: float = 15.0, retries: int = 4):
         self.endpoint = endpoint.rstrip("/")
@@ -71,9 +86,12 @@ class HttpControlPlane:
             except urllib.error.HTTPError as exc:
                 text = exc.read().decode(errors="replace")[:500]
                 if exc.code < 500 and exc.code != 429:
-                    raise ControlPlaneError(
-                        f"the control plane refused {path} ({exc.code}): {text}"
-                    ) from None
+                    refused = (
+                        NotAWorker
+                        if exc.code == 403 and _error_code(text) == "not_a_worker"
+                        else ControlPlaneError
+                    )
+                    raise refused(f"the control plane refused {path} ({exc.code}): {text}") from None
                 last = f"HTTP {exc.code}: {text}"
             except (urllib.error.URLError, OSError) as exc:
                 last = str(exc)

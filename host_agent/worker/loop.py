@@ -14,6 +14,12 @@ runner's ``run`` is interrupted (host_agent/worker/child.py) and stays loaded; n
 reported or written as a result; the message is deleted and the worker takes its next
 claim. A runner that does not stop within ``stop_grace_s`` is killed (the next claim is
 cold).
+
+Dismissed: when the control plane refuses a report because this is no longer a worker of
+the pool (403 ``not_a_worker``: the pool was deleted, or the scaler released the worker),
+or the pool's queue no longer exists, the worker stops its claim's run the same way, records
+nothing, hands the message back (a claim still live is delivered to a worker of the pool)
+and exits, saying why in one line.
 """
 
 from __future__ import annotations
@@ -29,12 +35,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from host_agent.worker.control import NotAWorker
 from host_agent.worker.supervisor import Outcome, Supervisor
 
 log = logging.getLogger("calque.worker")
 
 # A claim in one of these states needs no more running (the control plane's claim states).
 ENDED = frozenset({"succeeded", "failed", "cancelled"})
+# A claim stopped because its worker was dismissed (not a claim state: the claim goes on elsewhere).
+DISMISSED = "dismissed"
+# SQS's codes for a queue that does not exist (query and JSON protocols): the pool was deleted.
+QUEUE_GONE = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+
+
+def _queue_gone(exc: BaseException) -> bool:
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    return isinstance(error, dict) and bool({error.get("Code"), error.get("QueryErrorCode")} & QUEUE_GONE)
 
 
 @dataclass
@@ -70,9 +87,11 @@ class _Heartbeat:
         visibility_s: int,
         every_s: float,
         on_beat: Callable[[], None] | None = None,
+        on_error: Callable[[Exception], bool] | None = None,
     ):
         self._stop = threading.Event()
         self._on_beat = on_beat
+        self._on_error = on_error  # True: the failure was dealt with (no warning)
         self._thread = threading.Thread(
             target=self._beat, args=(sqs, queue_url, receipt, visibility_s, every_s), daemon=True
         )
@@ -86,7 +105,8 @@ class _Heartbeat:
                 )
                 self.beats += 1
             except Exception as exc:
-                log.warning("heartbeat failed: %s", exc)
+                if self._on_error is None or not self._on_error(exc):
+                    log.warning("heartbeat failed: %s", exc)
             if self._on_beat is not None and not self._stop.is_set():
                 try:
                     self._on_beat()
@@ -130,6 +150,7 @@ class Worker:
         self._ended: str | None = None
         self._stop_asked_at: float | None = None
         self._killed = False
+        self._dismissed: str | None = None  # why the pool no longer has this worker
 
     @property
     def report_every_s(self) -> float:
@@ -142,15 +163,54 @@ class Worker:
         self.stopping = True
 
     def _report_self(self, state: str, **extra: Any) -> dict[str, Any]:
-        """Report this worker's state; the control plane's answer ({} when it failed)."""
+        """Report this worker's state; the control plane's answer ({} when it failed, and
+        once dismissed: nothing is reported any more)."""
         self._state, self._last_report = state, self.clock()
+        if self._dismissed is not None:
+            return {}
         body = {"instance_id": self.config.instance_id, "state": state, **extra}
         try:
             answer = self.control.worker(self.config.pool, self.config.worker_id, body)
         except Exception as exc:
-            log.warning("worker state report failed: %s", exc)
+            if not self._dismissed_by(exc):
+                log.warning("worker state report failed: %s", exc)
             return {}
         return answer if isinstance(answer, dict) else {}
+
+    def _dismissed_by(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the pool no longer has this worker; if so, it is dismissed."""
+        if isinstance(exc, NotAWorker):
+            why = f"the control plane says it is no longer a worker of pool {self.config.pool!r}"
+            self._dismiss(why + " (the pool was deleted, or the scaler released this worker)")
+        elif _queue_gone(exc):
+            self._dismiss(f"the queue of pool {self.config.pool!r} no longer exists (the pool was deleted)")
+        else:
+            return False
+        return True
+
+    def _dismiss(self, why: str) -> None:
+        """Stop the claim in hand at once, as a cancel does (its runner killed if it has not
+        stopped after the grace), then exit. Said once."""
+        with self._lock:
+            if self._dismissed is not None:
+                return
+            self._dismissed, self.stopping = why, True
+            claim = self._current
+            if claim is not None and self._ended is None:
+                self._ended, self._stop_asked_at = DISMISSED, self.clock()
+                self.supervisor.interrupt()
+        stopped = f"; its claim {claim} is stopped, nothing recorded" if claim is not None else ""
+        log.warning("worker %s exits: %s%s", self.config.worker_id, why, stopped)
+
+    def _hand_back(self, receipt: str) -> None:
+        """The claim's message visible again at once, for a worker of the pool (if the queue
+        is still there; a dismissed worker deletes nothing)."""
+        try:
+            self.sqs.change_message_visibility(
+                QueueUrl=self.config.queue_url, ReceiptHandle=receipt, VisibilityTimeout=0
+            )
+        except Exception as exc:
+            log.debug("message not handed back: %s", exc)
 
     def run_forever(self) -> int:
         try:
@@ -169,17 +229,24 @@ class Worker:
                     return 0
                 if self.clock() - self._last_report >= self.report_every_s:
                     self._report_self("idle")  # still here
+                if self.stopping:
+                    break  # dismissed by that report
                 wait = int(max(1, min(self.config.poll_wait_s, left, self.report_every_s)))
-                resp = self.sqs.receive_message(
-                    QueueUrl=self.config.queue_url,
-                    MaxNumberOfMessages=1,
-                    WaitTimeSeconds=wait,
-                    AttributeNames=["ApproximateReceiveCount"],
-                )
+                try:
+                    resp = self.sqs.receive_message(
+                        QueueUrl=self.config.queue_url,
+                        MaxNumberOfMessages=1,
+                        WaitTimeSeconds=wait,
+                        AttributeNames=["ApproximateReceiveCount"],
+                    )
+                except Exception as exc:
+                    if self._dismissed_by(exc):
+                        break
+                    raise
                 for message in resp.get("Messages", []):
                     self.handle(message)
                     idle_since = self.clock()
-            self._report_self("exited", reason="stopped")
+            self._report_self("exited", reason="stopped")  # not sent once dismissed
             return 0
         finally:
             self.supervisor.stop()
@@ -187,6 +254,15 @@ class Worker:
     # one claim
     def handle(self, message: dict[str, Any]) -> str:
         """Process one message; returns what happened (for logs and tests)."""
+        try:
+            return self._handle(message)
+        except Exception as exc:
+            if not self._dismissed_by(exc):
+                raise
+            self._hand_back(message["ReceiptHandle"])
+            return DISMISSED
+
+    def _handle(self, message: dict[str, Any]) -> str:
         receipt = message["ReceiptHandle"]
         try:
             pointer = json.loads(message["Body"])
@@ -212,8 +288,14 @@ class Worker:
                 self.config.visibility_s,
                 self.config.heartbeat_s,
                 on_beat=lambda: self._still_busy(claim_id),
+                on_error=self._dismissed_by,
             ):
                 outcome, logs = self._attempt(pointer, attempt)
+            if self._dismissed is not None:
+                # The pool no longer has this worker: nothing is recorded; the claim, if still
+                # live, goes to a worker of the pool
+                self._hand_back(receipt)
+                return DISMISSED
             if self._ended is not None:
                 # Ended elsewhere while it ran (cancelled): no result, no report; the message goes.
                 self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
@@ -229,14 +311,18 @@ class Worker:
                 )
                 return "attempt_failed"
             summary, result_key = self._write_result(pointer, attempt, outcome, logs)
-            answer = self.control.claim(
-                pool, claim_id, {"event": "succeeded", "result_key": result_key, "summary": summary, **who}
-            )
+            try:
+                answer = self.control.claim(
+                    pool,
+                    claim_id,
+                    {"event": "succeeded", "result_key": result_key, "summary": summary, **who},
+                )
+            except NotAWorker:
+                self._remove_result(pointer, result_key)  # refused: this run's result is not the claim's
+                raise
             if not answer.get("completed"):
                 # Another delivery completed it first: this run's result is not the claim's.
-                bucket = pointer["results"]["bucket"]
-                for key in (result_key, result_key.rsplit("/", 1)[0] + "/summary.json"):
-                    self.s3.delete_object(Bucket=bucket, Key=key)
+                self._remove_result(pointer, result_key)
             self.sqs.delete_message(QueueUrl=self.config.queue_url, ReceiptHandle=receipt)
             self.claims_run += 1
             return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
@@ -244,6 +330,11 @@ class Worker:
             with self._lock:
                 self._current = None
             self._report_self("idle")
+
+    def _remove_result(self, pointer: dict[str, Any], result_key: str) -> None:
+        bucket = pointer["results"]["bucket"]
+        for key in (result_key, result_key.rsplit("/", 1)[0] + "/summary.json"):
+            self.s3.delete_object(Bucket=bucket, Key=key)
 
     def _still_busy(self, claim_id: str) -> None:
         """Each heartbeat: report busy (liveness) and learn whether the claim ended elsewhere;

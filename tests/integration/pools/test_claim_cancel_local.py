@@ -7,11 +7,12 @@ worker, which records nothing and serves the next claim on the same warm runner.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.pools.conftest import RUNNERS, claim, create_pool, submit, wait_claims
+from tests.integration.pools.conftest import RUNNERS, claim, create_pool, submit, wait_claims, workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -75,3 +76,33 @@ def test_cancelled_claims_are_not_scaled_for_and_a_running_one_stops_its_worker(
         assert code == 1
     status = _status(plane, "cancels")
     assert status["backlog"] == {"visible": 0, "in_flight": 0, "cancelled": 0}
+
+
+def test_a_pool_deleted_now_stops_its_busy_worker_at_once_and_it_exits_cleanly(plane, tmp_path):
+    create_pool(plane, "deleted", runner="misbehaving:Misbehaving", package=RUNNERS, max_workers=1)
+    # Given the pool's worker busy with a long claim (its first item sleeps a minute)
+    long = submit(plane, "deleted", [{"sleep": 60}, {"n": 2}], tmp_path)
+    _until("the long claim to run", plane, lambda: claim(plane, long)["state"] == "running")
+    assert len(workers(plane, "deleted")) == 1
+    # When an admin deletes the pool with --now
+    deleted_at = time.monotonic()
+    code, out = plane.cli_json(
+        "pool", "delete", "deleted", "--now", "--i-understand-this-terminates-instances", profile="admin"
+    )
+    assert code == 0, out
+    assert claim(plane, long)["state"] == "cancelled"
+    # Then the worker learns it at its next beat (visibility 3 s: a beat a second), stops the run
+    # and exits, well before the minute is over
+    _until("the worker to exit", plane, lambda: not workers(plane, "deleted"), timeout_s=30)
+    assert time.monotonic() - deleted_at < 30
+    # saying why in one line: no repeated failures, no traceback
+    (log,) = Path(plane.state_dir).glob("**/deleted/*.log")
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text
+    assert text.count(" exits: ") == 1, text
+    assert "heartbeat failed" not in text, text
+    assert "report failed" not in text, text
+    assert "is stopped, nothing recorded" in text, text
+    # and the claim stays cancelled, with nothing recorded
+    c = claim(plane, long)
+    assert (c["state"], c.get("result_key")) == ("cancelled", None), c

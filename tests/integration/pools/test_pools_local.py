@@ -164,12 +164,28 @@ def _running_instances(plane) -> set[str]:
     return {i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"]}
 
 
-def test_a_worker_start_that_fails_gives_its_instance_back_at_once_and_loses_no_claim(plane, tmp_path):
-    # Given a pool whose runner package is no longer in the artifact bucket
-    pool = create_pool(plane, "unfetched", runner="misbehaving:Misbehaving", package=RUNNERS, max_workers=1)
+def _unfetchable(plane, name: str) -> tuple[dict, bytes]:
+    """A pool whose runner package is no longer in the artifact bucket: (the pool, the package)."""
+    pool = create_pool(plane, name, runner="misbehaving:Misbehaving", package=RUNNERS, max_workers=1)
     s3, bucket, key = plane.client("s3"), plane.info["bucket"], pool["package_key"]
     package = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     s3.delete_object(Bucket=bucket, Key=key)
+    return pool, package
+
+
+def _until_failing(plane, name: str) -> dict:
+    """The pool's status once three worker starts in a row failed (the scaler starts no more)."""
+    deadline = time.monotonic() + 150  # a wait, not a target
+    while (doc := plane.cli_json("pool", "status", name, profile="admin")[1])["start_failures"] < 3:
+        assert time.monotonic() < deadline, pool_story(plane, name)
+        time.sleep(0.5)
+    return dict(doc)
+
+
+def test_a_worker_start_that_fails_gives_its_instance_back_at_once_and_loses_no_claim(plane, tmp_path):
+    # Given a pool whose runner package is no longer in the artifact bucket
+    pool, package = _unfetchable(plane, "unfetched")
+    s3, bucket, key = plane.client("s3"), plane.info["bucket"], pool["package_key"]
     before = _running_instances(plane)
     # When a claim is submitted, the scaler launches an instance and its host agent's worker
     # start fails (it cannot download the package)
@@ -177,10 +193,7 @@ def test_a_worker_start_that_fails_gives_its_instance_back_at_once_and_loses_no_
     # Then the scaler reads the failed start at its next tick and gives the instance back, rather
     # than paying for it until the start timeout (15 minutes); after three starts failed in a
     # row it stops launching, saying why
-    deadline = time.monotonic() + 150  # a wait, not a target
-    while (doc := plane.cli_json("pool", "status", "unfetched", profile="admin")[1])["start_failures"] < 3:
-        assert time.monotonic() < deadline, pool_story(plane, "unfetched")
-        time.sleep(0.5)
+    doc = _until_failing(plane, "unfetched")
     assert "cannot download the runner package" in doc["start_failure"], doc
     assert _running_instances(plane) <= before  # every instance it launched is terminated
     assert doc["status"]["workers"] == []
@@ -192,6 +205,29 @@ def test_a_worker_start_that_fails_gives_its_instance_back_at_once_and_loses_no_
     assert code == 0, out
     (done,) = wait_claims(plane, [cid], timeout_s=120)
     assert done["state"] == "succeeded", (done, plane.log_tail(40))
+
+
+def test_deleting_a_pool_whose_workers_cannot_start_cancels_its_claims_instead_of_waiting(plane, tmp_path):
+    # Given a pool whose workers cannot start (three failed starts: the scaler holds), a claim queued
+    _unfetchable(plane, "broken")
+    cid = submit(plane, "broken", [{"n": 4}], tmp_path)
+    _until_failing(plane, "broken")
+    assert claim(plane, cid)["state"] == "queued"
+    # When an admin deletes it without --now
+    code, out = plane.cli_json(
+        "pool", "delete", "broken", "--i-understand-this-terminates-instances", profile="admin"
+    )
+    # Then it is deleted at once, not left deleting forever, and the answer says why the claim
+    # it had was cancelled
+    assert code == 0, out
+    assert (out["state"], out["cancelled"]) == ("deleted", 1), out
+    assert "could not start" in out["reason"]
+    code, _ = plane.cli_json("pool", "status", "broken", profile="admin")
+    assert code == 1
+    done = claim(plane, cid)
+    assert done["state"] == "cancelled"
+    assert done["reason"].startswith("pool deleted while its workers could not start")
+    assert "cannot download the runner package" in done["reason"]
 
 
 @pytest.mark.parametrize("repetitions", [int(os.environ.get("CALQUE_POOL_KILL_REPETITIONS", "5"))])

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 import time
 from typing import Any
 
 import pytest
 
+from host_agent.worker.control import NotAWorker
 from host_agent.worker.loop import Worker, WorkerConfig
 from host_agent.worker.supervisor import Outcome
 
@@ -24,12 +26,30 @@ class FakeSqs:
     def __init__(self) -> None:
         self.deleted: list[str] = []
         self.extended: list[str] = []
+        self.handed_back: list[str] = []
+        self.gone = False  # the queue was deleted (its pool was)
+        self.messages: list[dict[str, Any]] = []
+
+    def _exists(self, operation: str) -> None:
+        if self.gone:
+            from botocore.exceptions import ClientError
+
+            error = {"Code": "AWS.SimpleQueueService.NonExistentQueue", "QueryErrorCode": "QueueDoesNotExist"}
+            raise ClientError(
+                {"Error": {**error, "Message": "The specified queue does not exist."}}, operation
+            )
 
     def change_message_visibility(self, QueueUrl: str, ReceiptHandle: str, VisibilityTimeout: int) -> None:
-        self.extended.append(ReceiptHandle)
+        self._exists("ChangeMessageVisibility")
+        (self.handed_back if VisibilityTimeout == 0 else self.extended).append(ReceiptHandle)
 
     def delete_message(self, QueueUrl: str, ReceiptHandle: str) -> None:
+        self._exists("DeleteMessage")
         self.deleted.append(ReceiptHandle)
+
+    def receive_message(self, QueueUrl: str, **_: Any) -> dict[str, Any]:
+        self._exists("ReceiveMessage")
+        return {"Messages": [self.messages.pop(0)] if self.messages else []}
 
 
 class FakeS3:
@@ -53,8 +73,18 @@ class FakeControl:
         self.states: dict[str, str] = {}
         self.claim_reports: list[tuple[str, str]] = []
         self.busy_reports: list[str] = []
+        self.worker_reports: list[str] = []
+        self.dismissed = False  # the pool no longer has the worker (deleted, or it was released)
+
+    def _known(self, path: str) -> None:
+        if self.dismissed:
+            raise NotAWorker(
+                f"the control plane refused {path} (403): "
+                '{"error": {"code": "not_a_worker", "message": "w-1 on i-1 is not a worker of pool"}}'
+            )
 
     def claim(self, pool: str, claim_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._known(f"/v1/pools/{pool}/claims/{claim_id}/report")
         self.claim_reports.append((claim_id, body["event"]))
         if body["event"] == "started":
             self.states[claim_id] = "running"
@@ -65,6 +95,8 @@ class FakeControl:
         return {"proceed": False, "completed": False, "state": self.states.get(claim_id, "gone")}
 
     def worker(self, pool: str, worker_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._known(f"/v1/pools/{pool}/workers/{worker_id}/report")
+        self.worker_reports.append(body["state"])
         answer = {"worker_id": worker_id, "state": body["state"]}
         if body["state"] == "busy" and body.get("claim_id"):
             self.busy_reports.append(body["claim_id"])
@@ -319,3 +351,76 @@ def test_a_claim_cancelled_while_its_runner_enters_longer_than_the_grace_ends_wi
     assert [e for c, e in control.claim_reports if c == "c-cold"] == ["started"]
     assert results_of(s3, "c-cold") == []
     assert sqs.deleted == ["r-cold"]
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("how", ["pool deleted with --now", "queue deleted"])
+def test_a_worker_its_pool_no_longer_has_stops_its_run_at_once_and_exits_in_one_line(caplog, how):
+    # Given a worker running a long claim (it would take a minute)
+    runner = SlowRunner(run_s=60.0)
+    worker, sqs, s3, control = make_worker(runner)
+    thread, out = handle_in_background(worker, message(s3, "c-long", "r-long"))
+    wait_for(lambda: control.busy_reports)
+    # When its pool is deleted: the control plane no longer knows the worker (403 not_a_worker),
+    # or its queue no longer exists
+    if how == "queue deleted":
+        sqs.gone = True
+    else:
+        control.dismissed = True
+    thread.join(WAIT_S)
+    # Then the run is stopped at the next beat, as a cancel stops it, not after the minute
+    assert out == ["dismissed"]
+    assert runner.interrupts == 1
+    # and nothing is recorded: no result or log object, no report after "started"
+    assert results_of(s3, "c-long") == []
+    assert [e for c, e in control.claim_reports if c == "c-long"] == ["started"]
+    # and the message is not deleted but handed back (a claim still live is another worker's to
+    # run), where its queue is still there
+    assert sqs.deleted == []
+    assert sqs.handed_back == ([] if how == "queue deleted" else ["r-long"])
+    # and the worker stops, having said why in one line (no repeated failures, no traceback)
+    assert worker.stopping
+    warned = warnings_of(caplog)
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("worker w-1 exits: ")
+    assert "pool 'textstats'" in warned[0]
+    assert "claim c-long is stopped, nothing recorded" in warned[0]
+
+
+def test_a_worker_refused_its_success_report_removes_the_result_and_exits_cleanly(caplog):
+    # Given a worker whose pool is deleted while it finishes a claim, before the heartbeat heard
+    runner = SlowRunner(run_s=0.0)
+    worker, sqs, s3, control = make_worker(runner, idle_timeout_s=30.0, poll_wait_s=1)
+    sqs.messages.append(message(s3, "c-late", "r-late"))
+    real_claim = control.claim
+
+    def claim(pool: str, claim_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        if body["event"] == "succeeded":
+            control.dismissed = True  # deleted with --now meanwhile
+        return real_claim(pool, claim_id, body)
+
+    control.claim = claim  # type: ignore[method-assign]
+    # When the worker runs
+    code = worker.run_forever()
+    # Then it exits cleanly (no ControlPlaneError traceback), at once, having said why in one line
+    assert code == 0
+    warned = warnings_of(caplog)
+    assert len(warned) == 1, warned
+    assert "no longer a worker of pool 'textstats'" in warned[0]
+    # and the result its success report was refused for is removed, the message not deleted
+    assert not any(k.endswith(("/result.json", "/summary.json")) for k in results_of(s3, "c-late"))
+    assert sqs.deleted == []
+    # and it reports nothing more (it would be refused): no "idle", no "exited"
+    assert control.worker_reports == ["idle", "busy"]
+
+
+def test_an_idle_worker_whose_queue_is_gone_exits_cleanly():
+    # Given an idle worker whose pool was deleted: its queue no longer exists
+    worker, sqs, _, control = make_worker(SlowRunner(), idle_timeout_s=30.0, poll_wait_s=1)
+    sqs.gone = True
+    # When it polls, Then it exits at once with 0 (systemd's Restart=on-failure starts no other)
+    assert worker.run_forever() == 0
+    assert control.worker_reports == ["idle"]

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
 import botocore.session
 import pytest
 
-from host_agent.worker.control import ControlPlaneError, HttpControlPlane
+from host_agent.worker.control import ControlPlaneError, HttpControlPlane, NotAWorker
 
 pytestmark = pytest.mark.unit
 
@@ -76,3 +77,31 @@ def test_no_credentials_is_said_and_nothing_is_sent(sent, monkeypatch):
     with pytest.raises(ControlPlaneError, match="no AWS credentials"):
         HttpControlPlane("https://api.example/prod").worker("p", "w-1", {"state": "idle"})
     assert sent == []
+
+
+@pytest.mark.parametrize(
+    ("code", "refused"),
+    [("not_a_worker", NotAWorker), ("forbidden", ControlPlaneError), ("", ControlPlaneError)],
+)
+def test_a_worker_the_pool_no_longer_has_is_told_apart_from_other_refusals(monkeypatch, code, refused):
+    # Given the control plane refusing the report with 403 and an error document of that code
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ASIAINSTANCEROLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    calls = []
+    doc = (
+        json.dumps({"error": {"code": code, "message": "w-1 on i-1 is not a worker of pool 'p'"}})
+        if code
+        else "no"
+    )
+
+    def urlopen(request: urllib.request.Request, timeout: float) -> Answer:
+        calls.append(request)
+        raise urllib.error.HTTPError(request.full_url, 403, "Forbidden", {}, io.BytesIO(doc.encode()))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    # When the worker reports, Then only not_a_worker says the pool no longer has it; no retry
+    with pytest.raises(ControlPlaneError) as err:
+        HttpControlPlane("https://api.example/prod").worker("p", "w-1", {"state": "busy"})
+    assert type(err.value) is refused
+    assert "(403)" in str(err.value)
+    assert len(calls) == 1

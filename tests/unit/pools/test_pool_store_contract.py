@@ -123,12 +123,16 @@ def test_workers_and_decisions(store):
     assert store.worker("p1", "nope") is None
     assert store.worker("p2", "w1") is None  # a worker id is its pool's
     store.add_decision(
-        d.DecisionRecord(pool="p1", at=1.0, action="scale_out", desired=1, current=0, reason="r1")
+        d.DecisionRecord(
+            pool="p1", at=1.0, action="scale_out", desired=1, current=0, reason="r1", granted=4, refilled=1
+        )
     )
     store.add_decision(
         d.DecisionRecord(pool="p1", at=2.0, action="scale_in", desired=0, current=1, reason="r2")
     )
     assert [x.reason for x in store.decisions("p1", 10)] == ["r2", "r1"]
+    # a scale-out keeps what it got; a decision that launched nothing has neither
+    assert [(x.granted, x.refilled) for x in store.decisions("p1", 10)] == [(None, None), (4, 1)]
     store.delete_worker("p1", "w1")
     assert store.workers("p1") == []
     assert store.worker("p1", "w1") is None

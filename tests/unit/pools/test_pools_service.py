@@ -391,6 +391,34 @@ def test_a_deleting_pool_is_finished_by_the_scaler_once_drained(world):
     assert "sqs://textstats" in world.queues.deleted
 
 
+def test_a_deleting_pool_with_a_backlog_and_no_worker_starts_one_to_drain_it(world):
+    # Given a claim queued while the pool has no worker (scaled to zero), deleted before a tick
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    assert out["state"] == "deleting"
+    assert world.store.workers("textstats") == []
+    # When the scaler ticks, it starts a worker for the claim, as for an active pool
+    world.pools.scale("textstats")
+    (worker,) = world.store.workers("textstats")
+    assert worker.state == "starting"
+    assert world.store.get_pool("textstats").state == "deleting"
+    # And once the queue is drained, the next tick finishes the delete and gives the instance back
+    world.queues.queues["sqs://textstats"]["visible"].clear()
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats") is None
+    assert world.capacity.held == {}
+
+
+def test_a_deleting_pool_keeps_no_idle_worker_for_its_min_workers(world):
+    # Given a pool that keeps one warm worker, and a claim waiting, being deleted
+    world.store.update_pool("textstats", {"min_workers": 2, "max_workers": 4})
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    # When the scaler ticks, it starts one worker for the claim, none more for min_workers
+    world.pools.scale("textstats")
+    assert len(world.store.workers("textstats")) == 1
+
+
 def test_a_worker_counts_the_claims_it_ran_to_success_once_each(world):
     wid, iid = start_worker(world)
     # Given the worker ran two claims to success, one delivered twice, and one that failed
@@ -442,6 +470,21 @@ def test_pool_status_answers_the_latest_scale_out_with_its_pool_and_what_it_gran
     assert last["action"] == "scale_out"
     assert last["pool"] == "textstats"
     assert (last["launch"], last["granted"], last["refilled"]) == (1, 1, 0)
+
+
+def test_the_decision_history_keeps_what_each_scale_out_granted_after_later_decisions(world):
+    # Given the scaler launched a worker for the pool's first claim, and later decided again
+    world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[{"text": "x"}]))
+    world.pools.scale("textstats")
+    world.clock.t += 30
+    world.pools.scale("textstats")  # a hold: it overwrites last_decision
+    # When an admin reads the pool's status
+    status = world.pools.status(ADMIN, "textstats")
+    # Then the scale-out in the history still says how many workers it got, and how many on
+    # free slots: not only while it is the latest decision
+    assert status["last_decision"]["action"] != "scale_out"
+    out = next(x for x in status["decisions"] if x["action"] == "scale_out")
+    assert (out["launch"], out["granted"], out["refilled"]) == (1, 1, 0)
 
 
 @pytest.mark.parametrize("name", ["p2", "Bad_Name", "pool-", "9lives"])
@@ -539,6 +582,66 @@ def test_a_runner_that_cannot_load_stops_the_scaler_paying_for_instances_after_t
     world.pools.scale("textstats")
     assert world.capacity.counter == 4
     world.pools.submit(BOB, "textstats", ClaimSubmit(items=[2]))
+
+
+def _failing_pool_with_a_queued_claim(world: World, failures: int = 3) -> str:
+    """A pool whose runner failed to load on ``failures`` workers in a row, a claim queued."""
+    claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
+    world.pools.scale("textstats")
+    for _ in range(failures):
+        _fail_start(world, reason="the runner's enter() failed: RuntimeError: no model")
+        world.clock.t += 120
+        world.pools.scale("textstats")
+    return claim.claim_id
+
+
+def test_deleting_a_pool_whose_workers_cannot_start_cancels_its_claims_instead_of_waiting(world):
+    # Given a pool at its start-failure limit (the scaler holds), a claim still queued
+    claim_id = _failing_pool_with_a_queued_claim(world)
+    assert world.store.workers("textstats") == []
+    # When an admin deletes it without --now
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    # Then it is deleted at once, rather than waiting for claims no worker will ever run, and
+    # the answer says what happened to them and why
+    assert out["state"] == "deleted"
+    assert out["cancelled"] == 1
+    assert "could not start" in out["reason"]
+    assert world.store.get_pool("textstats") is None
+    assert "sqs://textstats" in world.queues.deleted
+    # and the claim is cancelled with that reason, the last failure named
+    claim = world.store.get_claim(claim_id)
+    assert claim.state == "cancelled"
+    assert claim.reason.startswith("pool deleted while its workers could not start (3 starts in a row")
+    assert "RuntimeError: no model" in claim.reason
+
+
+def test_deleting_a_pool_whose_last_start_failed_after_the_scalers_last_tick_does_not_wait(world):
+    # Given a pool below its limit whose worker starting now fails, before the scaler's next tick
+    claim_id = _failing_pool_with_a_queued_claim(world, failures=1)
+    _fail_start(world, reason="the runner process exited with code 1")
+    # When an admin deletes it (a deleting pool starts no other worker)
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    # Then no one is left to run the claim: it is cancelled and the pool deleted
+    assert out["state"] == "deleted"
+    assert world.store.get_claim(claim_id).state == "cancelled"
+    assert "2 starts in a row" in world.store.get_claim(claim_id).reason
+    assert world.capacity.held == {}
+
+
+def test_deleting_a_failing_pool_still_waits_for_a_worker_that_can_run_its_claims(world):
+    # Given a pool below its limit with a worker still starting, a claim queued
+    claim_id = _failing_pool_with_a_queued_claim(world, failures=1)
+    assert [w.state for w in world.store.workers("textstats")] == ["starting"]
+    # When an admin deletes it without --now
+    out = world.pools.delete_pool(ADMIN, "textstats", PoolDelete(i_understand_this_terminates_instances=True))
+    # Then it waits for that worker, as for a healthy pool: the claim stays queued
+    assert out["state"] == "deleting"
+    assert world.store.get_claim(claim_id).state == "queued"
+    # And once that worker fails too (no one left), the scaler's next tick finishes the delete
+    _fail_start(world)
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats") is None
+    assert world.store.get_claim(claim_id).state == "cancelled"
 
 
 def test_a_worker_that_serves_ends_a_run_of_failed_starts(world):
