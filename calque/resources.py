@@ -266,6 +266,8 @@ ENV_FLEET_SUBNETS = "CALQUE_FLEET_SUBNETS"  # subnet-id@az,... in the order to t
 ENV_FLEET_AMI_ID = "CALQUE_FLEET_AMI_ID"  # one AMI for every type (else AWS's DLAMI parameters)
 ENV_EVENT_BUS = "CALQUE_EVENT_BUS"
 FUNCTION_WIRING["api"] += ("fleet_acquire_queue", "events")
+# An admin's host registration asks EC2 whether the instance runs, and as what type.
+FUNCTION_WIRING["api"] += ("instance_describe",)
 FUNCTION_WIRING.update(
     {
         "acquirer": ("table", "host_tasks_queue", "fleet_acquire_queue", "fleet_launch", "events"),

@@ -42,6 +42,8 @@ TRANSIENT_CODES = frozenset(
     }
 )
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+# DescribeInstances' answers for an id EC2 does not know (in this account and region).
+UNKNOWN_INSTANCE_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 
 # AWS's public SSM parameters for the Deep Learning Base OSS Nvidia Driver AMIs, per GPU
 # family (Blackwell needs the newer driver of the Ubuntu 24.04 image). A deployment may
@@ -319,6 +321,30 @@ class Ec2Fleet:
                     break
                 kwargs["NextToken"] = page["NextToken"]
         return out
+
+
+class Ec2Instances:
+    """EC2's view of one instance, by id: what an admin's registration is checked against
+    (calque.tenancy.lifecycle.Instances). The API function's only EC2 call."""
+
+    def __init__(self, ec2: Any) -> None:
+        self.ec2 = ec2
+
+    @property
+    def region(self) -> str:
+        return str(self.ec2.meta.region_name)
+
+    def describe(self, instance_id: str) -> Instance | None:
+        try:
+            page = self.ec2.describe_instances(InstanceIds=[instance_id])
+        except ClientError as exc:
+            if _code(exc) in UNKNOWN_INSTANCE_CODES:
+                return None
+            # Throttled, EC2 unavailable: raised as it is, so the API answers 503 (its handler
+            # maps transient AWS errors) instead of registering an instance nobody checked.
+            raise
+        found = (_instance(raw) for r in page.get("Reservations", []) for raw in r.get("Instances", []))
+        return next((i for i in found if i.instance_id == instance_id), None)
 
 
 class SqsAcquireQueue:

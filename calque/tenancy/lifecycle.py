@@ -1,6 +1,7 @@
-"""Layer 2, the host lifecycle an operator needs: deregister a host, register a failed one
-again with a corrected layout, fail an apply that never reports, and fail a host whose
-GPUs are not what its declared instance type carries.
+"""Layer 2, the host lifecycle an operator needs: register a host once EC2 confirms the
+instance runs and is of the declared type, deregister a host, register a failed one again
+with a corrected layout, fail an apply that never reports, and fail a host whose GPUs are
+not what its declared instance type carries.
 
 Works through the tenancy service's registry and its one way of ending a session, so
 a session ended here is recorded, counted and reclaimed exactly as any other.
@@ -13,10 +14,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from calque import catalog
-from calque.contracts.agent import AgentReport, GpuReport
+from calque.contracts.agent import AgentReport, GpuReport, InventoryGpu
 from calque.contracts.tenancy import (
     INSTANCE_ID_PATTERN,
     Host,
@@ -24,12 +25,13 @@ from calque.contracts.tenancy import (
     HostRegistration,
     ReportAccepted,
 )
-from calque.errors import Conflict, NotFound
+from calque.errors import Conflict, InvalidInput, NotFound
 from calque.identity import Caller
 from calque.registry.models import HostRecord, RetiredHost, RetiredSlice, SliceRecord
 from calque.registry.ports import StaleWrite
 
 if TYPE_CHECKING:
+    from calque.fleet.ports import Instance
     from calque.tenancy.service import Tenancy
 
 # Hosts in these states may be registered again: the failed one with a corrected layout.
@@ -39,6 +41,27 @@ REREGISTERABLE = frozenset({"failed"})
 # the GPU is another card.
 MEMORY_BAND = (0.85, 1.10)
 DEREGISTER_TRIES = 3
+# What to do about an instance in each state but running (EC2's instance-state-name). A pending
+# one is refused too: the layout's apply goes through SSM, which cannot reach it before it runs.
+NOT_RUNNING_HINT = {
+    "pending": "it is still starting; register it once it is running",
+    "stopping": "start it, then register it",
+    "stopped": "start it, then register it",
+    "shutting-down": "it is being terminated; register a running instance",
+    "terminated": "it is terminated; register a running instance",
+}
+
+
+class Instances(Protocol):
+    """EC2's view of an instance, as an admin's registration is checked against it
+    (adapter: calque.fleet.aws.Ec2Instances)."""
+
+    @property
+    def region(self) -> str: ...
+
+    def describe(self, instance_id: str) -> Instance | None:
+        """The instance EC2 knows by this id; None when it knows none. Raises when EC2's
+        answer could not be had (throttled, unavailable)."""
 
 
 @dataclass
@@ -47,9 +70,10 @@ class StalledApplies:
 
 
 def inventory_mismatch(
-    instance_type: str, gpus: Sequence[GpuReport], reported_type: str | None
+    instance_type: str, gpus: Sequence[GpuReport | InventoryGpu], reported_type: str | None
 ) -> str | None:
-    """Why the GPUs an agent found are not those of ``instance_type``; None when they are."""
+    """Why the GPUs an agent found are not those of ``instance_type``; None when they are.
+    With no GPUs read (NVML could not be), only the reported instance type is compared."""
     itype = catalog.instance_type(instance_type)
     card = itype.card
     if reported_type and reported_type != itype.name:
@@ -57,6 +81,8 @@ def inventory_mismatch(
             f"the instance reports itself as {reported_type}, but it was registered as {itype.name}; "
             f"register it with its real instance type (--instance-type {reported_type})"
         )
+    if not gpus:
+        return None
     if len(gpus) != itype.gpu_count:
         return (
             f"the host agent found {len(gpus)} GPU(s), but {itype.name} has {itype.gpu_count} {card.name}; "
@@ -81,20 +107,28 @@ def inventory_mismatch(
 
 
 class HostLifecycle:
-    def __init__(self, tenancy: Tenancy, *, apply_timeout_s: int = 900) -> None:
+    def __init__(
+        self, tenancy: Tenancy, *, apply_timeout_s: int = 900, instances: Instances | None = None
+    ) -> None:
         self.tenancy = tenancy
         self.registry = tenancy.registry
         self.apply_timeout_s = apply_timeout_s
+        # EC2, which an admin's registration is checked against (the API wires it); None: not
+        # checked (the fleet registers what it launched itself, through calque.fleet.tenancy_hosts).
+        self.instances = instances
 
-    # ---- register again ---------------------------------------------------------------------
+    # ---- register (again) -------------------------------------------------------------------
 
     def register(self, who: Caller, req: HostRegistration, *, idempotency_key: str | None = None) -> Host:
-        """Register a host; one that is ``failed`` is forgotten and registered anew, but only
-        once the new registration is known to be valid: a refused one leaves the failed host
-        and its reason as they were."""
+        """Register a running instance; one that is ``failed`` is forgotten and registered
+        anew. Once the request is known to be valid, and before anything is written, EC2 is
+        asked about the instance: one it does not know, one not running, or one of another
+        type than declared is refused, and a refused registration leaves a failed host and
+        its reason as they were."""
         existing = self.registry.get_host(req.instance_id)
 
-        def forget_failed() -> None:
+        def check_then_forget_failed() -> None:
+            self._check_instance(req)
             if existing is None or existing.state not in REREGISTERABLE:
                 return
             # Changed meanwhile (another registration won): the create decides.
@@ -103,8 +137,44 @@ class HostLifecycle:
                 self.registry.delete_host(existing, slices, retired=self._retired(existing, slices, who))
 
         return self.tenancy.register_host(
-            who, req, idempotency_key=idempotency_key, before_create=forget_failed
+            who, req, idempotency_key=idempotency_key, before_create=check_then_forget_failed
         )
+
+    def _check_instance(self, req: HostRegistration) -> None:
+        """EC2 knows the instance, it runs, and it is of the declared type (when EC2 says)."""
+        if self.instances is None:
+            return
+        iid = req.instance_id
+        region = self.instances.region
+        found = self.instances.describe(iid)
+        if found is None:
+            raise NotFound(
+                f"EC2 knows no instance {iid} in {region}; register a running instance of this "
+                "account and region",
+                code="instance_not_found",
+                details={"instance_id": iid, "region": region},
+            )
+        if found.state != "running":
+            hint = NOT_RUNNING_HINT.get(found.state, "register it once it is running")
+            raise Conflict(
+                f"instance {iid} is {found.state}, not running; {hint}",
+                code="instance_not_running",
+                details={"instance_id": iid, "region": region, "state": found.state},
+            )
+        declared = catalog.instance_type(req.instance_type).name
+        if found.instance_type and found.instance_type != declared:
+            raise InvalidInput(
+                f"instance {iid} is a {found.instance_type} (EC2 says), but it was registered as "
+                f"{declared}; register it with its real instance type "
+                f"(--instance-type {found.instance_type})",
+                code="instance_type_mismatch",
+                details={
+                    "field": "instance_type",
+                    "instance_id": iid,
+                    "instance_type": declared,
+                    "ec2_instance_type": found.instance_type,
+                },
+            )
 
     # ---- deregister -------------------------------------------------------------------------
 
@@ -165,10 +235,18 @@ class HostLifecycle:
 
     def report(self, instance_id: str, report: AgentReport) -> ReportAccepted:
         """A host agent's report: a pending host whose GPUs are not its instance type's is
-        failed with the reason, and none of its slices is offered; otherwise as usual."""
+        failed with the reason, and none of its slices is offered; otherwise as usual. A failed
+        apply is compared too (its GPUs are in ``inventory``, ``gpus`` is empty): the wrong
+        instance type, not the layout that did not fit the real card, is what to fix."""
         host = self.registry.get_host(instance_id)
-        if host is not None and host.state == "pending" and report.instance_id == instance_id and report.gpus:
-            why = inventory_mismatch(host.instance_type, report.gpus, report.instance_type)
+        found = report.gpus or (report.inventory.gpus if report.inventory is not None else [])
+        if (
+            host is not None
+            and host.state == "pending"
+            and report.instance_id == instance_id
+            and (found or report.instance_type)
+        ):
+            why = inventory_mismatch(host.instance_type, found, report.instance_type)
             if why is not None:
                 host = self._move(host, "failed", why)
                 return ReportAccepted(

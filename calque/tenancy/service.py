@@ -29,7 +29,7 @@ from calque.tenancy.reaper import ReaperMixin
 from calque.tenancy.sessions import SessionsMixin
 
 if TYPE_CHECKING:
-    from calque.tenancy.lifecycle import HostLifecycle
+    from calque.tenancy.lifecycle import HostLifecycle, Instances
 
 __all__ = [
     "REAPER",
@@ -49,10 +49,11 @@ class Tenancy(HostsMixin, SessionsMixin, QuotasMixin, ReaperMixin):
 
     # ---- host lifecycle: deregister, register again, stalled applies (calque.tenancy.lifecycle) ----
 
-    def lifecycle(self, *, apply_timeout_s: int = 900) -> HostLifecycle:
+    def lifecycle(self, *, apply_timeout_s: int = 900, instances: Instances | None = None) -> HostLifecycle:
+        """``instances``: EC2, which an admin's registration is checked against (None: not checked)."""
         from calque.tenancy.lifecycle import HostLifecycle
 
-        return HostLifecycle(self, apply_timeout_s=apply_timeout_s)
+        return HostLifecycle(self, apply_timeout_s=apply_timeout_s, instances=instances)
 
     def end_session(
         self, session: SessionRecord, *, at: datetime, reason: str, kind: str, by: str, note: str | None

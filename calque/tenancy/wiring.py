@@ -14,6 +14,7 @@ from calque.settings import api_settings, reaper_settings
 
 if TYPE_CHECKING:
     from calque.events import EventBridgePublisher
+    from calque.fleet.aws import Ec2Instances
     from calque.fleet.records import InstanceRate
     from calque.tenancy.service import Tenancy
 
@@ -64,6 +65,14 @@ def api_tenancy() -> Tenancy:
         publisher=events_publisher(s.event_bus),
         rates=FleetRates(ddb, s.table_name),
     )
+
+
+def api_instances() -> Ec2Instances:
+    """EC2's view of an instance, which an admin's registration is checked against (the client
+    is made on the first call: only a registration makes one)."""
+    from calque.fleet.aws import Ec2Instances
+
+    return Ec2Instances(aws.lazy_client("ec2"))
 
 
 def reaper_tenancy() -> Tenancy:

@@ -178,25 +178,26 @@ class FleetLaunch(Construct):
             region=None if region else "",
         )
 
-    def grant_describe(self, grantee: iam.IGrantable) -> None:
-        """Read EC2 and SSM's view of instances (no resource-level scoping exists for these)."""
-        grantee.grant_principal.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "ec2:DescribeInstances",
-                    "ec2:DescribeSubnets",
-                    "ec2:DescribeSpotPriceHistory",  # the spot price a launch is charged at
-                    "ssm:DescribeInstanceInformation",
-                ],
-                resources=["*"],
-            )
+    def grant_describe(self, grantee: iam.IGrantable, *, instances_only: bool = False) -> None:
+        """Read EC2 and SSM's view of instances (no resource-level scoping exists for these).
+        ``instances_only``: DescribeInstances alone, what an admin's host registration is
+        checked against (the instance runs, and is of the type declared)."""
+        actions = (
+            ["ec2:DescribeInstances"]
+            if instances_only
+            else [
+                "ec2:DescribeInstances",
+                "ec2:DescribeSubnets",
+                "ec2:DescribeSpotPriceHistory",  # the spot price a launch is charged at
+                "ssm:DescribeInstanceInformation",
+            ]
         )
+        grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=["*"]))
         acknowledge(
             grantee.grant_principal,  # type: ignore[arg-type]
             "AwsSolutions-IAM5[Resource::*]",
-            "ec2:DescribeInstances, ec2:DescribeSubnets, ec2:DescribeSpotPriceHistory and "
-            "ssm:DescribeInstanceInformation support no "
-            "resource-level permissions; they read state and change nothing.",
+            f"{', '.join(actions)} support no resource-level permissions; they read state and "
+            "change nothing.",
         )
 
     def grant_launch(self, grantee: iam.IGrantable) -> None:

@@ -322,6 +322,10 @@ class ServiceStack(Stack):
         return {
             "fleet_launch": _Binding(environment=launch_env, grant=self.fleet.grant_launch),
             "fleet_describe": _Binding(environment=launch_env, grant=self.fleet.grant_describe),
+            # An admin's host registration asks EC2 about the instance (calque.tenancy.lifecycle).
+            "instance_describe": _Binding(
+                environment={}, grant=lambda grantee: self.fleet.grant_describe(grantee, instances_only=True)
+            ),
             "events": _Binding(
                 environment={resources.ENV_EVENT_BUS: "default"}, grant=self.fleet.grant_publish
             ),

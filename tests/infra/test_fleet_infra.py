@@ -91,6 +91,15 @@ def test_only_the_acquirer_and_reconciler_may_launch_or_terminate_and_only_tagge
     assert others == []
 
 
+def test_the_api_may_describe_instances_and_change_none(synthesized: Synthesized):
+    # Given the API function's role (an admin's host registration asks EC2 about the instance)
+    template = synthesized.service_json
+    stmts = _role_statements(template)[_function_role(template, "api")]
+    ec2 = {a for s in stmts for a in _actions(s) if a.startswith("ec2:")}
+    # Then it may read instances, and nothing else of EC2
+    assert ec2 == {"ec2:DescribeInstances"}
+
+
 def test_ec2_events_reach_the_fleet_events_function(synthesized: Synthesized):
     template = synthesized.service_json
     rules = [r for r in resources_of(template, "AWS::Events::Rule") if "EventPattern" in r["Properties"]]

@@ -1,7 +1,8 @@
-"""The host lifecycle on the local plane, through the CLI: an instance registered as the wrong
-type fails with the reason and is registered again; deregistration refuses live sessions
-unless forced; an apply nobody reports (the SSM command cannot reach the instance) fails
-the host within the apply timeout instead of leaving it pending forever."""
+"""The host lifecycle on the local plane, through the CLI: a registration EC2 (moto's) does not
+confirm is refused and writes nothing; an instance whose GPUs are not its registered type's
+fails with the reason and is registered again; deregistration refuses live sessions unless
+forced; an apply nobody reports (the SSM command cannot reach the instance) fails the host
+within the apply timeout instead of leaving it pending forever."""
 
 from __future__ import annotations
 
@@ -30,10 +31,63 @@ def _register(plane: LocalPlaneHandle, instance_id: str, instance_type: str, *ex
     )
 
 
+def _set_ec2_type(plane: LocalPlaneHandle, instance_id: str, instance_type: str) -> None:
+    """What EC2 says the instance is, whatever its (simulated) GPUs are."""
+    plane.client("ec2").modify_instance_attribute(
+        InstanceId=instance_id, InstanceType={"Value": instance_type}
+    )
+
+
+def test_an_instance_ec2_does_not_know_is_refused_and_never_becomes_a_host(local_plane):
+    plane = local_plane
+    # When an admin registers an id no instance has
+    code, refused = _register(plane, "i-0000000000000abc", "g7e.2xlarge")
+    # Then it is refused at once, naming the id and the region
+    assert (code, refused["error"]["code"]) == (1, "instance_not_found"), refused
+    assert "i-0000000000000abc" in refused["error"]["message"]
+    assert plane.region in refused["error"]["message"]
+    # And no host was written (none to bill idle time for)
+    code, gone = plane.cli_json("host", "show", "i-0000000000000abc", profile="admin")
+    assert (code, gone["error"]["code"]) == (1, "not_found")
+    # And a person reads one line, with no traceback
+    done = plane.cli(
+        "host",
+        "register",
+        "--instance-id",
+        "i-0000000000000abc",
+        "--instance-type",
+        "g7e.2xlarge",
+        profile="admin",
+    )
+    assert done.returncode == 1
+    assert "EC2 knows no instance i-0000000000000abc" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_failed_apply_on_another_card_names_the_real_instance_type(local_plane):
+    plane = local_plane
+    # Given a g6e (L40S, no MIG) that EC2 reports as a g7e, registered as a g7e with MIG slices
+    instance = plane.launch("g6e.2xlarge")
+    _set_ec2_type(plane, instance, "g7e.2xlarge")
+    code, doc = _register(plane, instance, "g7e.2xlarge", "--mig", "1g.24gb=4", "--wait", "--timeout", "90s")
+    # Then the host fails on its instance type, not on the layout the L40S cannot take
+    assert (code, doc["error"]["code"]) == (1, "layout_failed"), doc
+    reason = doc["error"]["details"]["state_reason"]
+    assert "reports itself as g6e.2xlarge, but it was registered as g7e.2xlarge" in reason
+    assert "--instance-type g6e.2xlarge" in reason
+
+
 def test_wrong_type_fails_then_registers_again_and_deregister_guards_live_sessions(local_plane):
     plane = local_plane
     # Given a running g7e (RTX PRO 6000) that an admin registers as a g6e (L40S)
     instance = plane.launch("g7e.2xlarge")
+    code, refused = _register(plane, instance, "g6e.2xlarge", "--mps-slots", "4")
+    # Then EC2's word refuses it at once, naming both types, and no host is written
+    assert (code, refused["error"]["code"]) == (1, "instance_type_mismatch"), refused
+    assert "is a g7e.2xlarge (EC2 says), but it was registered as g6e.2xlarge" in refused["error"]["message"]
+    assert plane.cli_json("host", "show", instance, profile="admin")[1]["error"]["code"] == "not_found"
+    # Given EC2 saying g6e (its type changed) while its GPUs are still a g7e's: the agent's check
+    _set_ec2_type(plane, instance, "g6e.2xlarge")
     code, doc = _register(plane, instance, "g6e.2xlarge", "--mps-slots", "4", "--wait", "--timeout", "90s")
     # Then the agent's first report shows other GPUs: the host is failed with the reason
     assert code == 1, doc
@@ -41,6 +95,7 @@ def test_wrong_type_fails_then_registers_again_and_deregister_guards_live_sessio
     reason = doc["error"]["details"]["state_reason"]
     assert "g7e.2xlarge" in reason or "RTX PRO 6000" in reason
     assert "register it with its real instance type" in reason
+    _set_ec2_type(plane, instance, "g7e.2xlarge")
     # When registered again as what it is, but with a layout the card cannot take
     code, refused = _register(plane, instance, "g7e.2xlarge", "--mig", "1g.24gb=9")
     # Then it is refused and the failed host, with its reason, is still there
@@ -89,21 +144,26 @@ def short_apply_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loca
 
 def test_an_apply_that_never_reports_fails_the_host_within_the_apply_timeout(short_apply_plane):
     plane = short_apply_plane
-    # Given an instance id no simulated host answers for: the SSM command is never run
-    code, host = _register(plane, "i-0deadbeef00000001", "g7e.2xlarge")
+    # Given a running instance no simulated host answers for: the SSM command is never run
+    from calque.local.hosts import _image_id
+
+    ec2 = plane.client("ec2")
+    started = ec2.run_instances(ImageId=_image_id(ec2), InstanceType="g7e.2xlarge", MinCount=1, MaxCount=1)
+    iid = started["Instances"][0]["InstanceId"]
+    code, host = _register(plane, iid, "g7e.2xlarge")
     assert code == 0, host
     assert host["state"] == "pending"
     # When the reaper runs before the timeout, the host is still pending
     plane.fire_schedule("reaper")
-    assert plane.cli_json("host", "show", "i-0deadbeef00000001", profile="admin")[1]["state"] == "pending"
+    assert plane.cli_json("host", "show", iid, profile="admin")[1]["state"] == "pending"
     # And after it
     time.sleep(APPLY_TIMEOUT_S + 1.5)
     plane.fire_schedule("reaper")
     # Then the host is failed, with the reason an operator can act on
-    code, host = plane.cli_json("host", "show", "i-0deadbeef00000001", profile="admin")
+    code, host = plane.cli_json("host", "show", iid, profile="admin")
     assert code == 0, host
     assert host["state"] == "failed"
     assert "did not report" in host["state_reason"]
     # And it can be registered again
-    code, again = _register(plane, "i-0deadbeef00000001", "g7e.2xlarge")
+    code, again = _register(plane, iid, "g7e.2xlarge")
     assert (code, again["state"]) == (0, "pending")

@@ -18,7 +18,7 @@ from calque.contracts.tenancy import (
     HostRegistration,
     ReportAccepted,
 )
-from calque.tenancy.wiring import api_tenancy
+from calque.tenancy.wiring import api_instances, api_tenancy
 from functions import observability
 from functions.api.context import admin, admin_only, caller, guarded, host_caller, require_instance_role
 from functions.api.routes.sessions import idempotency_key
@@ -32,8 +32,9 @@ metrics = observability.metrics("api")
 @admin_only
 def register_host(body: HostRegistration) -> Host:
     who = admin(router)
-    # A failed host may be registered again (with a corrected layout).
-    host = api_tenancy().lifecycle().register(who, body, idempotency_key=idempotency_key(router))
+    # Checked with EC2 first (it runs, it is that type); a failed host may be registered again.
+    life = api_tenancy().lifecycle(instances=api_instances())
+    host = life.register(who, body, idempotency_key=idempotency_key(router))
     logger.info("host registered", extra={"instance_id": host.instance_id, "slices": len(host.slices)})
     metrics.add_metric(name="HostsRegistered", unit=MetricUnit.Count, value=1)
     return host

@@ -1,14 +1,16 @@
 """Drive functions.api.handler.lambda_handler with crafted API Gateway REST proxy events,
-against moto's in-process DynamoDB and SQS."""
+against moto's in-process DynamoDB, SQS and EC2 (a registration asks EC2 about its instance)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import boto3
 import pytest
@@ -50,8 +52,52 @@ class Reply:
 
 
 class Api:
-    def __init__(self, ddb: Any, sqs: Any, table: str, queue_url: str) -> None:
-        self.ddb, self.sqs, self.table, self.queue_url = ddb, sqs, table, queue_url
+    def __init__(self, ddb: Any, sqs: Any, table: str, queue_url: str, ec2: Any) -> None:
+        self.ddb, self.sqs, self.table, self.queue_url, self.ec2 = ddb, sqs, table, queue_url, ec2
+        # An admin registers a running instance: before each POST /v1/hosts, EC2 is made to know
+        # one of that id and type. Tests of what EC2 answers turn this off.
+        self.instances_run = True
+
+    def running_instance(self, instance_id: str, instance_type: str) -> None:
+        """A running instance of this id and type in moto's EC2 (the package shares one)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            known = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except ClientError:
+            known = []
+        raws = [i for r in known for i in r["Instances"]]
+        if raws:
+            if raws[0]["State"]["Name"] in ("stopping", "stopped"):
+                self.ec2.start_instances(InstanceIds=[instance_id])
+            if raws[0]["InstanceType"] != instance_type:
+                self.ec2.modify_instance_attribute(
+                    InstanceId=instance_id, InstanceType={"Value": instance_type}
+                )
+            return
+        from calque.local.hosts import _image_id
+
+        # moto names each instance at random; this one takes the id the test registers
+        with mock.patch("moto.ec2.models.instances.random_instance_id", return_value=instance_id):
+            self.ec2.run_instances(
+                ImageId=_image_id(self.ec2), InstanceType=instance_type, MinCount=1, MaxCount=1
+            )
+
+    def _instance_for(self, method: str, path: str, body: Any) -> None:
+        from calque import catalog
+        from calque.contracts.tenancy import INSTANCE_ID_PATTERN
+        from calque.errors import CalqueError
+
+        if not (self.instances_run and method == "POST" and path == "/v1/hosts" and isinstance(body, dict)):
+            return
+        iid, itype = body.get("instance_id"), body.get("instance_type")
+        if not (isinstance(iid, str) and re.fullmatch(INSTANCE_ID_PATTERN, iid) and isinstance(itype, str)):
+            return
+        try:
+            itype = catalog.instance_type(itype).name
+        except CalqueError:
+            return  # not a catalog type: the API refuses it before asking EC2
+        self.running_instance(iid, itype)
 
     def __call__(
         self,
@@ -66,6 +112,7 @@ class Api:
     ) -> Reply:
         from functions.api.handler import lambda_handler
 
+        self._instance_for(method, path, body)
         text = raw_body if raw_body is not None else (None if body is None else json.dumps(body))
         event = {
             "resource": path,
@@ -157,7 +204,7 @@ def _moto():
     os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
     with mock_aws():
         session = boto3.session.Session(region_name="us-east-1")
-        yield {name: session.client(name) for name in ("dynamodb", "sqs", "ssm")}
+        yield {name: session.client(name) for name in ("dynamodb", "sqs", "ssm", "ec2")}
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -185,7 +232,7 @@ def api(_moto, monkeypatch: pytest.MonkeyPatch):
     shared_client.cache_clear = lambda: None  # type: ignore[attr-defined]
     monkeypatch.setattr(aws, "client", shared_client)
     settings.clear_caches()
-    yield Api(_moto["dynamodb"], _moto["sqs"], table, queue_url)
+    yield Api(_moto["dynamodb"], _moto["sqs"], table, queue_url, _moto["ec2"])
     settings.clear_caches()
     _moto["dynamodb"].delete_table(TableName=table)
     _moto["sqs"].delete_queue(QueueUrl=queue_url)

@@ -187,6 +187,53 @@ def test_a_host_whose_gpus_are_not_its_type_fails_and_can_be_registered_again(ap
     assert [t["kind"] for t in api.tasks()] == ["apply"]
 
 
+# ---- registration asks EC2 first ------------------------------------------------------------------
+
+
+def _register(api: Any, instance_id: str, instance_type: str) -> Reply:
+    return api("POST", "/v1/hosts", {"instance_id": instance_id, "instance_type": instance_type}, who="admin")
+
+
+@pytest.mark.parametrize(
+    ("ec2_error", "status", "code"),
+    [(None, 404, "instance_not_found"), ("RequestLimitExceeded", 503, "dependency_unavailable")],
+)
+def test_a_registration_ec2_does_not_confirm_writes_nothing(api, ec2_error, status, code):
+    from botocore.stub import Stubber
+
+    # Given an instance id EC2 knows nothing of, or EC2 throttling its answer
+    api.instances_run = False
+    before = api.items()
+    with Stubber(api.ec2) as stub:
+        if ec2_error:
+            stub.add_client_error("describe_instances", service_error_code=ec2_error, http_status_code=503)
+        else:
+            stub.deactivate()  # moto's own answer: no such instance
+        # When an admin registers it
+        reg = _register(api, "i-0000000000000abc", "g7e.2xlarge")
+    # Then it is refused (404 naming the id and the region; 503 to try again), and nothing
+    # is registered or queued
+    assert (reg.status, reg.code) == (status, code), reg.body
+    if code == "instance_not_found":
+        assert "i-0000000000000abc" in reg.body["error"]["message"]
+        assert reg.body["error"]["details"]["region"] == "us-east-1"
+    assert api.items() == before
+    assert api.tasks() == []
+
+
+def test_registering_a_stopped_instance_or_another_type_is_refused(api):
+    api.running_instance("i-0c0ffee000000001", "g6e.2xlarge")
+    api.instances_run = False
+    other = _register(api, "i-0c0ffee000000001", "g7e.2xlarge")
+    assert (other.status, other.code) == (400, "instance_type_mismatch"), other.body
+    assert other.body["error"]["details"]["ec2_instance_type"] == "g6e.2xlarge"
+    api.ec2.stop_instances(InstanceIds=["i-0c0ffee000000001"])
+    stopped = _register(api, "i-0c0ffee000000001", "g6e.2xlarge")
+    assert (stopped.status, stopped.code) == (409, "instance_not_running"), stopped.body
+    assert stopped.body["error"]["details"]["state"] == "stopped"
+    assert api("GET", "/v1/hosts/i-0c0ffee000000001", who="admin").status == 404
+
+
 # ---- the host role may only report ----------------------------------------------------------------
 
 
