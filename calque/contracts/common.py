@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -11,6 +12,20 @@ from pydantic_core import PydanticCustomError
 # A group's name (calque.contracts.economics re-exports it): here, with no models, so a
 # check-out resolving its group imports none of the groups API's contracts.
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+
+# The version of a member's quota or a group's limits, and a write based on the one it read.
+LimitsVersion = Annotated[
+    int, Field(description="the limits' version: 0 until first set, then one more with every write")
+]
+IfVersion = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        le=2**53 - 1,
+        description="write only while the limits' version is still this one (else 409 "
+        "limits_changed, and nothing changes); omitted: replace them whatever their version",
+    ),
+]
 
 
 class Strict(BaseModel):
@@ -44,13 +59,31 @@ def in_words(value: object, pattern: str, rule: str, *, keep: int = 64) -> objec
 
 def to_places(value: float | None, places: int, unit: str) -> float | None:
     """An amount kept to what can be stored and billed: one that rounds to nothing but is not
-    0 is refused (a number like 5e-324 is below what DynamoDB can hold)."""
+    0 is refused (a number like 5e-324 is below what DynamoDB can hold), and so is one given
+    more finely than that (1.005 USD would be kept as 1.00 or 1.01, not what was asked)."""
     if value is None:
         return None
     rounded = round(value, places)
     if value > 0 and rounded == 0:
         raise ValueError(f"must be 0 or at least {10**-places:g} {unit}")
+    # binary floating point's own noise (0.1 + 0.2) is not a finer amount: only a real one is refused
+    if abs(value - rounded) > 1e-9 * max(1.0, abs(value)):
+        raise ValueError(
+            f"must be given in whole {10**-places:g} {unit} (at most {places} decimal places), got {value!r}"
+        )
     return rounded
+
+
+def problem_of(error: Mapping[str, Any]) -> str:
+    """One pydantic error's problem in the user's words (without pydantic's "Value error, ")."""
+    return str(error.get("msg") or "invalid").removeprefix("Value error, ")
+
+
+def fields_said(fields: list[dict[str, str]]) -> str:
+    """``invalid <field>: <problem>; ...`` for each field: two fields' limits differ, and one
+    problem said of both would state a wrong limit for the second."""
+    said = "; ".join(f"{f['field']}: {f['problem']}" for f in fields) or "body: invalid value"
+    return f"invalid {said}"
 
 
 class Out(BaseModel):

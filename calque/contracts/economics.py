@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from calque.contracts.common import GROUP_PATTERN as GROUP_PATTERN  # its home; re-exported
-from calque.contracts.common import Out, Request, Strict, in_words, to_places
+from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, Strict, in_words, to_places
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 
@@ -153,6 +153,7 @@ class GroupLimits(_GroupLimitRules):
     max_sessions: int | None = Field(default=None, ge=0, le=10_000)
     max_gpu_hours_per_month: float | None = Field(default=None, ge=0, le=1_000_000)
     max_usd_per_month: float | None = Field(default=None, ge=0, le=100_000_000)
+    if_version: IfVersion = None
 
 
 class Group(Out):
@@ -170,3 +171,4 @@ class Group(Out):
     usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
     created_at: datetime
     created_by: str
+    version: LimitsVersion = 0

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from calque.contracts.common import Out, Request, Strict, to_places
+from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, Strict, to_places
 from calque.contracts.layout import LayoutSpec
 
 # What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
@@ -60,7 +60,7 @@ LeaseEventKind = Literal[
 ]
 # Whether the session's own account on its host exists yet (the host agent's grant):
 # pending until the agent reports, then granted or failed (with the agent's reason).
-HostAccessState = Literal["pending", "granted", "failed"]
+HostAccessState = Literal["pending", "granted", "failed", "revoked"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
 SESSION_ID_PATTERN = r"^s-[0-9a-f]{8,32}$"
@@ -183,7 +183,8 @@ class HostAccess(Out):
 
     state: HostAccessState = Field(
         description="pending: the host agent has not reported the grant yet (connecting is refused "
-        "until it has); granted; failed (reason says why)"
+        "until it has); granted; failed (reason says why); revoked: the session ended, connecting is "
+        "refused and the host agent removes the account with the slice's reclaim"
     )
     account: str = Field(description="the session's account on the host, calque-<12 hex>")
     reason: str | None = Field(default=None, description="failed: what the host agent reported")
@@ -271,6 +272,7 @@ class QuotaUpdate(Request):
         le=100_000_000,
         description="dollars per calendar month (UTC), to a cent; null: unlimited",
     )
+    if_version: IfVersion = None
 
     @field_validator("max_usd_per_month")
     @classmethod
@@ -280,12 +282,7 @@ class QuotaUpdate(Request):
     @field_validator("max_gpu_hours_per_month")
     @classmethod
     def _to_a_thousandth(cls, value: float | None) -> float | None:
-        if value is None:
-            return None
-        rounded = round(value, 3)
-        if value > 0 and rounded == 0:
-            raise ValueError(f"must be 0 or at least {GPU_HOURS_RESOLUTION} GPU-hours")
-        return rounded
+        return to_places(value, 3, "GPU-hours")
 
 
 class Quota(Out):
@@ -304,6 +301,7 @@ class Quota(Out):
     usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
     month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
     default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
+    version: LimitsVersion = 0
 
 
 # ---- host tasks (the host_tasks queue) -------------------------------------------------------

@@ -33,6 +33,7 @@ from calque.registry.ports import (
     AlreadyExists,
     HostNotReady,
     Limits,
+    LimitsChanged,
     QuotaFull,
     Replayed,
     Reservation,
@@ -157,6 +158,53 @@ def settlement(session: SessionRecord, used_ugh: int, used_musd: int) -> dict[st
         "settled_ugh": used_ugh,
         "settled_musd": used_musd,
     }
+
+
+def write_limits(
+    client: Any,
+    table: str,
+    key: dict[str, str],
+    limits: dict[str, Any],
+    *,
+    also: dict[str, Any],
+    if_version: int | None,
+    request: str | None,
+    condition: str | None = None,
+) -> dict[str, Any]:
+    """One update of a member's quota or a group's limits (``limits``: None removes one; ``also``:
+    more attributes set), bumping their version and keeping ``request`` as the last write's;
+    with ``if_version``, only while the stored version is that one (an absent item or
+    attribute is 0), else LimitsChanged. The item as written."""
+    sets, removes, names, values = [], [], {"#ver": "version"}, {":zero": 0, ":one": 1}
+    for n, (attr, value) in enumerate({**limits, "limits_request": request, **also}.items()):
+        names[f"#l{n}"] = attr
+        if value is None:
+            removes.append(f"#l{n}")
+        else:
+            sets.append(f"#l{n} = :l{n}")
+            values[f":l{n}"] = value
+    # the live-session counter is kept (a first check-out may have made the item), 0 if new
+    sets += ["#ver = if_not_exists(#ver, :zero) + :one", "live = if_not_exists(live, :zero)"]
+    conditions = [condition] if condition else []
+    if if_version is not None:
+        conditions.append("#ver = :v" if if_version else "(attribute_not_exists(#ver) OR #ver = :v)")
+        values[":v"] = if_version
+    kw = {"ConditionExpression": " AND ".join(conditions)} if conditions else {}
+    try:
+        out = client.update_item(
+            TableName=table,
+            Key=ser(key),
+            UpdateExpression="SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else ""),
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues={k: _SER.serialize(_to_dynamo(v)) for k, v in values.items()},
+            ReturnValues="ALL_NEW",
+            **kw,
+        )
+    except ClientError as exc:
+        if _code(exc) == "ConditionalCheckFailedException":
+            raise LimitsChanged(key["pk"]) from None
+        raise
+    return des(out["Attributes"])
 
 
 def _quota(item: dict[str, Any]) -> QuotaRecord:
@@ -1083,34 +1131,23 @@ class DynamoRegistry(DynamoGroups):
         by: str,
         at: datetime,
         max_usd_per_month: float | None = None,
+        if_version: int | None = None,
+        request: str | None = None,
     ) -> QuotaRecord:
-        values = _vals(max=max_sessions, zero=0, user=user, by=by, at=at, yes=True, t="quota")
-        update = (
-            "SET max_sessions = :max, live = if_not_exists(live, :zero), #user = :user, updated_by = :by, "
-            "updated_at = :at, explicit = :yes, #type = :t"
+        item = write_limits(
+            self.client,
+            self.table,
+            keys.quota(user),
+            {
+                "max_sessions": max_sessions,
+                "max_gpu_hours_per_month": max_gpu_hours_per_month,
+                "max_usd_per_month": max_usd_per_month,
+            },
+            also={"user": user, "updated_by": by, "updated_at": at, "explicit": True, "type": "quota"},
+            if_version=if_version,
+            request=request,
         )
-        removes = []
-        if max_gpu_hours_per_month is None:
-            removes.append("max_gpu_hours_per_month")
-        else:
-            update += ", max_gpu_hours_per_month = :gh"
-            values.update(_vals(gh=max_gpu_hours_per_month))
-        if max_usd_per_month is None:
-            removes.append("max_usd_per_month")
-        else:
-            update += ", max_usd_per_month = :usd"
-            values.update(_vals(usd=max_usd_per_month))
-        if removes:
-            update += " REMOVE " + ", ".join(removes)
-        out = self.client.update_item(
-            TableName=self.table,
-            Key=ser(keys.quota(user)),
-            UpdateExpression=update,
-            ExpressionAttributeNames={"#user": "user", "#type": "type"},
-            ExpressionAttributeValues=values,
-            ReturnValues="ALL_NEW",
-        )
-        return _quota(des(out["Attributes"]))
+        return _quota(item)
 
     # -- the record -----------------------------------------------------------------------
     def events_on(self, day: str) -> list[LeaseEvent]:

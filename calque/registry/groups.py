@@ -25,7 +25,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from calque.registry.models import use_of
-from calque.registry.ports import AlreadyExists, Limits, Reservation, StaleWrite, add_use, fits
+from calque.registry.ports import (
+    AlreadyExists,
+    Limits,
+    LimitsChanged,
+    Reservation,
+    StaleWrite,
+    add_use,
+    fits,
+)
 
 GROUPS_PK = "GROUPS"
 
@@ -47,6 +55,9 @@ class GroupRecord(BaseModel):
     created_by: str
     # Monthly counters (calque.registry.keys.use_attr): committed and settled amounts.
     use: dict[str, int] = Field(default_factory=dict)
+    # As a member's quota (calque.registry.models.QuotaRecord): bumped by every write of the limits.
+    version: int = 0
+    limits_request: str | None = None
 
 
 def _group(item: dict[str, Any]) -> GroupRecord:
@@ -96,6 +107,19 @@ class MemoryGroups:
             for u in remove:
                 members.pop(u, None)
             new = cur.model_copy(update={"members": members, **limits})
+            self.group_map[name] = new
+            return new
+
+    def set_group_limits(
+        self, name: str, limits: dict[str, Any], *, if_version: int | None, request: str | None
+    ) -> GroupRecord:
+        with self._lock:
+            cur = self.group_map.get(name)
+            if cur is None:
+                raise StaleWrite(name)
+            if if_version is not None and cur.version != if_version:
+                raise LimitsChanged(name)
+            new = cur.model_copy(update={**limits, "version": cur.version + 1, "limits_request": request})
             self.group_map[name] = new
             return new
 
@@ -253,6 +277,25 @@ class DynamoGroups:
         if got is None:
             raise StaleWrite(name)
         return got
+
+    def set_group_limits(
+        self, name: str, limits: dict[str, Any], *, if_version: int | None, request: str | None
+    ) -> GroupRecord:
+        """The group's limits replaced and their version bumped (calque.registry.dynamo.write_limits):
+        StaleWrite when the group is gone, LimitsChanged when its version is not ``if_version``."""
+        from calque.registry.dynamo import write_limits
+
+        item = write_limits(
+            self.client,
+            self.table,
+            group_key(name),
+            limits,
+            also={},
+            if_version=if_version,
+            request=request,
+            condition="attribute_exists(pk)",
+        )
+        return _group(item)
 
     def groups_of(self, user: str) -> dict[str, datetime]:
         from calque.registry.dynamo import des

@@ -23,6 +23,7 @@ from calque.registry.models import (
 from calque.registry.ports import (
     AlreadyExists,
     Limits,
+    LimitsChanged,
     QuotaFull,
     Replayed,
     Reservation,
@@ -477,10 +478,15 @@ class MemoryRegistry(MemoryGroups):
         by: str,
         at: datetime,
         max_usd_per_month: float | None = None,
+        if_version: int | None = None,
+        request: str | None = None,
     ) -> QuotaRecord:
         with self._lock:
             self._count()
             old = self.quotas.get(user)
+            version = old.version if old else 0
+            if if_version is not None and version != if_version:
+                raise LimitsChanged(user)
             live = old.live if old else 0
             q = QuotaRecord(
                 user=user,
@@ -492,6 +498,8 @@ class MemoryRegistry(MemoryGroups):
                 updated_at=at,
                 updated_by=by,
                 explicit=True,
+                version=version + 1,
+                limits_request=request,
             )
             self.quotas[user] = q
             return q

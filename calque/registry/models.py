@@ -144,6 +144,11 @@ class QuotaRecord(_Record):
     updated_by: str | None = None
     # False: no admin set it; the counter item exists only to count live sessions.
     explicit: bool = False
+    # Bumped by every write of the limits (absent: 0), so a write may be conditional on the
+    # limits it was based on; ``limits_request`` stamps the client request of the last one
+    # (calque.tenancy.requests.stamp), so its replay is answered instead of refused.
+    version: int = 0
+    limits_request: str | None = None
 
 
 class MonthUse(_Record):

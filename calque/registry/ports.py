@@ -50,6 +50,10 @@ class AlreadyExists(StaleWrite):
     """The record to create is already there."""
 
 
+class LimitsChanged(StaleWrite):
+    """A conditional write of limits found another version than the one it was based on."""
+
+
 MICRO = 1_000_000
 
 
@@ -338,7 +342,13 @@ class Registry(Protocol):
         by: str,
         at: datetime,
         max_usd_per_month: float | None = None,
-    ) -> QuotaRecord: ...
+        if_version: int | None = None,
+        request: str | None = None,
+    ) -> QuotaRecord:
+        """Replace the user's three limits and bump their version, keeping the counters;
+        with ``if_version``, only while the stored version is that one (an absent item or
+        version is 0): LimitsChanged otherwise, and nothing is written. ``request`` (the
+        client request's stamp, or None) is kept as the last write's."""
 
     # -- the record -----------------------------------------------------------------------
     def events_on(self, day: str) -> list[LeaseEvent]:

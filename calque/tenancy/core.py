@@ -337,7 +337,9 @@ class TenancyCore:
             env=s.env,
             host_access=(
                 HostAccess(
-                    state=s.host_access,
+                    # an ended session's account is no longer one to connect to, whatever the
+                    # grant's last report said
+                    state="revoked" if s.state != "live" and s.host_access == "granted" else s.host_access,
                     account=connect_account(s.session_id, s.backend, s.slice_id),
                     reason=s.host_access_reason,
                 )

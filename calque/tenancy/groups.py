@@ -37,6 +37,9 @@ class GroupRegistry(Protocol):
     def update_group(
         self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
     ) -> GroupRecord: ...
+    def set_group_limits(
+        self, name: str, limits: dict[str, Any], *, if_version: int | None, request: str | None
+    ) -> GroupRecord: ...
     def groups_of(self, user: str) -> dict[str, datetime]: ...
 
 
@@ -153,10 +156,25 @@ class Groups:
         # Each user once: a transaction may not touch one membership item twice.
         return self._update(name, add={}, remove=list(dict.fromkeys(users)), limits={})
 
-    def set_limits(self, who: Caller, name: str, req: GroupLimits) -> Group:
+    def set_limits(
+        self, who: Caller, name: str, req: GroupLimits, *, idempotency_key: str | None = None
+    ) -> Group:
+        """Replace the group's three limits; with ``if_version``, only while their version is
+        that one (limits_changed otherwise: calque.tenancy.limits.write_versioned)."""
         self._admin(who)
         _known(self.registry, name)
-        return self._update(name, add={}, remove=[], limits={k: getattr(req, k) for k in LIMITS})
+
+        def put(stamp: str | None) -> None:
+            wanted = req.model_dump(include=set(LIMITS))
+            self.registry.set_group_limits(name, wanted, if_version=req.if_version, request=stamp)
+
+        try:
+            limits.write_versioned(
+                who, req, idempotency_key, scope="group", name=name, read=self.registry.get_group, write=put
+            )
+        except StaleWrite:
+            raise NotFound(f"no group {name}", details={"group": name}) from None
+        return self.view(_known(self.registry, name))
 
     def list(self, who: Caller) -> list[Group]:
         return [self.view(g) for g in self.registry.list_groups() if who.admin or who.principal in g.members]
@@ -185,6 +203,7 @@ class Groups:
             usd_reserved_this_month=limits.usd(use.reserved_musd),
             created_at=g.created_at,
             created_by=g.created_by,
+            version=g.version,
         )
 
     def _update(self, name: str, **kw: Any) -> Group:

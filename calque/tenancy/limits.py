@@ -28,11 +28,14 @@ from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from calque.errors import InvalidInput, QuotaExceeded
+from calque.errors import Conflict, InvalidInput, QuotaExceeded
 from calque.registry.models import MonthUse, QuotaRecord, SessionRecord, SliceRecord, month_use
-from calque.registry.ports import MICRO, Limits, Reservation, micro
+from calque.registry.ports import MICRO, Limits, Reservation, StaleWrite, micro
+from calque.tenancy import requests
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from calque.fleet.ports import InstanceRates
     from calque.fleet.rates import Schedule
 
@@ -316,4 +319,59 @@ def claim_group_refusal(group: Any, month: str) -> QuotaExceeded | None:
         limits=of_group(group) or Limits(),
         use=month_use(group.use, month),
         month=month,
+    )
+
+
+# -- changing limits -----------------------------------------------------------------------
+# An admin's tool changes some limits and keeps the others by reading them, and sending all
+# three back with ``if_version``: the version it read. The write is conditional on it, so a
+# change that landed in between is never silently undone: it is refused (limits_changed) and
+# the tool reads again. The item's ``limits_request`` is the stamp of the request that wrote
+# it last, so a replay of that request (an answer lost on the way) is answered, not refused.
+
+
+def write_versioned(
+    who: Any,
+    req: Any,
+    idempotency_key: str | None,
+    *,
+    scope: str,
+    name: str,
+    read: Callable[[str], Any],
+    write: Callable[[str | None], Any],
+) -> None:
+    """``write`` the limits of ``name`` (``scope`` "user" or "group") that ``req`` asks, given
+    the stamp of the request (calque.tenancy.requests.stamp) to keep, unless this request
+    wrote them last (a replay: nothing is written), or, with ``req.if_version``, their
+    version (``read(name)``: the record or None) is another (Conflict ``limits_changed``,
+    nothing written). ``write`` is conditional on ``if_version`` too (StaleWrite when it
+    fails), which decides a race between the read and the write."""
+    key = requests.check_key(idempotency_key)
+    stamp = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
+    what = "quota set" if scope == "user" else "group limits"
+
+    def replayed(current: Any) -> bool:
+        if requests.is_replay(getattr(current, "limits_request", None), stamp, what):
+            return True
+        version = current.version if current is not None else 0
+        if req.if_version is not None and version != req.if_version:
+            raise limits_changed(scope, name, version, req.if_version)
+        return False
+
+    if replayed(read(name)):
+        return
+    try:
+        write(stamp)
+    except StaleWrite:
+        if not replayed(read(name)):
+            raise
+
+
+def limits_changed(scope: str, name: str, version: int, if_version: int) -> Conflict:
+    whose = f"{name}'s quota" if scope == "user" else f"group {name}'s limits"
+    return Conflict(
+        f"{whose} changed since version {if_version} was read: another change landed first "
+        f"(now version {version}); nothing was changed: read them again and retry",
+        code="limits_changed",
+        details={scope: name, "version": version, "if_version": if_version},
     )

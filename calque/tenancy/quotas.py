@@ -11,21 +11,32 @@ from calque.contracts.tenancy import (
 )
 from calque.errors import Forbidden
 from calque.identity import Caller
+from calque.registry.groups import LIMITS
 from calque.registry.models import month_use
 from calque.tenancy import limits
 from calque.tenancy.core import TenancyCore
 
 
 class QuotasMixin(TenancyCore):
-    def set_quota(self, who: Caller, user: str, req: QuotaUpdate) -> Quota:
+    def set_quota(
+        self, who: Caller, user: str, req: QuotaUpdate, *, idempotency_key: str | None = None
+    ) -> Quota:
+        """Replace the user's three limits; with ``if_version``, only while their version is
+        that one (limits_changed otherwise: calque.tenancy.limits.write_versioned)."""
         self._check_user(user)
-        self.registry.put_quota(
-            user,
-            max_sessions=req.max_sessions,
-            max_gpu_hours_per_month=req.max_gpu_hours_per_month,
-            max_usd_per_month=req.max_usd_per_month,
-            by=who.principal,
-            at=self.clock(),
+
+        def put(stamp: str | None) -> None:
+            self.registry.put_quota(
+                user,
+                **req.model_dump(include=set(LIMITS)),
+                by=who.principal,
+                at=self.clock(),
+                if_version=req.if_version,
+                request=stamp,
+            )
+
+        limits.write_versioned(
+            who, req, idempotency_key, scope="user", name=user, read=self.registry.get_quota, write=put
         )
         return self.get_quota(who, user)
 
@@ -65,4 +76,5 @@ class QuotasMixin(TenancyCore):
             usd_reserved_this_month=limits.usd(use.reserved_musd),
             month=month,
             default=not explicit,
+            version=quota.version if quota else 0,
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import Response, content_types
 
+from calque.contracts.common import fields_said, problem_of
 from calque.errors import (
     CalqueError,
     Conflict,
@@ -93,7 +94,7 @@ def from_validation(errors: list[dict[str, Any]]) -> Response:
     fields = []
     for err in errors:
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-        problem = err.get("msg", "invalid")
+        problem = problem_of(err)
         if err.get("type") == "json_invalid":
             loc = []  # its loc holds a character offset, not a field: the body itself is bad
             why = str((err.get("ctx") or {}).get("error") or "")
@@ -103,13 +104,10 @@ def from_validation(errors: list[dict[str, Any]]) -> Response:
                 else (f"not valid JSON ({why})" if why else "not valid JSON")
             )
         fields.append({"field": ".".join(loc) or "body", "problem": problem})
-    # Each field with its own problem: two fields' limits differ, and one problem said of
-    # both would state a wrong limit for the second.
-    said = "; ".join(f"{f['field']}: {f['problem']}" for f in fields) or "body: invalid value"
     return error_response(
         HTTPStatus.UNPROCESSABLE_ENTITY,
         "validation_failed",
-        f"invalid {said}",
+        fields_said(fields),
         {"fields": fields},
     )
 

@@ -35,6 +35,47 @@ class FakeApi:
         return answer(body) if isinstance(answer, Callable) else answer
 
 
+class VersionedLimits:
+    """A member's quota or a group's limits as the API keeps them: GET answers them with their
+    version; PUT replaces them and counts one more version, but only on the version it names
+    in ``if_version`` (409 limits_changed otherwise, nothing changed). ``meanwhile``: changes
+    another admin lands between each of this CLI's reads and its write, one per read."""
+
+    def __init__(self, doc: dict[str, Any], *, meanwhile: Sequence[dict[str, Any]] = ()) -> None:
+        self.doc = {**doc, "version": doc.get("version", 1)}
+        self.meanwhile = list(meanwhile)
+
+    def install(self, fake: FakeApi, *, read: str, write: str) -> VersionedLimits:
+        fake.responses[("GET", read)] = self.get
+        fake.responses[("PUT", write)] = self.put
+        return self
+
+    def get(self, _body: Any = None) -> dict[str, Any]:
+        answer = dict(self.doc)
+        if self.meanwhile:
+            self.doc = {**self.doc, **self.meanwhile.pop(0), "version": self.doc["version"] + 1}
+        return answer
+
+    def put(self, body: dict[str, Any]) -> dict[str, Any]:
+        from calque.cli.errors import ApiError
+
+        asked = body.get("if_version")
+        if asked is not None and asked != self.doc["version"]:
+            raise ApiError(
+                409,
+                {
+                    "error": {
+                        "code": "limits_changed",
+                        "message": "another change landed first",
+                        "details": {"version": self.doc["version"], "if_version": asked},
+                    }
+                },
+            )
+        limits = {k: v for k, v in body.items() if k != "if_version"}
+        self.doc = {**self.doc, **limits, "version": self.doc["version"] + 1}
+        return dict(self.doc)
+
+
 def install_fake_api(
     monkeypatch,
     fake: FakeApi,

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from calque.contracts.economics import GroupCreate, GroupLimits
 from calque.contracts.fleet import AcquireRequest, BudgetUpdate
+from calque.contracts.tenancy import QuotaUpdate
 
 pytestmark = pytest.mark.unit
 
@@ -33,6 +34,32 @@ def test_an_amount_that_rounds_to_nothing_is_refused_naming_its_field(model, bod
 
 
 def test_amounts_are_kept_to_a_cent_and_gpu_hours_to_a_thousandth():
-    assert BudgetUpdate.model_validate({"max_instances": 1, "max_hourly_usd": 12.345}).max_hourly_usd == 12.35
-    limits = GroupLimits.model_validate({"max_usd_per_month": 0.0, "max_gpu_hours_per_month": 2.0004})
-    assert (limits.max_usd_per_month, limits.max_gpu_hours_per_month) == (0.0, 2.0)
+    assert BudgetUpdate.model_validate({"max_instances": 1, "max_hourly_usd": 12.34}).max_hourly_usd == 12.34
+    # a float's own noise is not a finer amount (0.1 + 0.2 is 0.30000000000000004)
+    assert (
+        BudgetUpdate.model_validate({"max_instances": 1, "max_hourly_usd": 0.1 + 0.2}).max_hourly_usd == 0.3
+    )
+    limits = GroupLimits.model_validate({"max_usd_per_month": 0.0, "max_gpu_hours_per_month": 2.004})
+    assert (limits.max_usd_per_month, limits.max_gpu_hours_per_month) == (0.0, 2.004)
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "field", "said"),
+    [
+        (BudgetUpdate, {"max_instances": 1, "max_hourly_usd": 12.345}, "max_hourly_usd", "2 decimal places"),
+        (GroupLimits, {"max_gpu_hours_per_month": 2.0004}, "max_gpu_hours_per_month", "3 decimal places"),
+        (QuotaUpdate, {"max_sessions": 1, "max_usd_per_month": 1.005}, "max_usd_per_month", "got 1.005"),
+        (
+            QuotaUpdate,
+            {"max_sessions": 1, "max_gpu_hours_per_month": 0.0006},
+            "max_gpu_hours_per_month",
+            "0.001",
+        ),
+    ],
+)
+def test_an_amount_given_more_finely_than_it_is_kept_is_refused_not_rounded(model, body, field, said):
+    # 1.005 USD would be stored as 1.00 and shown back as what was set: refused, naming the field
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate(body)
+    assert refused.value.errors()[0]["loc"] == (field,)
+    assert said in refused.value.errors()[0]["msg"]

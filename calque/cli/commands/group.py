@@ -2,7 +2,8 @@
 course or grant, and the group's limits (admins change; members read their own groups).
 
 ``group limits`` changes only the limits named on its command line: the API's PUT replaces
-all three, so the CLI reads the group and sends its limits back with those replaced."""
+all three, so the CLI reads the group and sends its limits back with those replaced, on
+condition that they are still the version read (``quota.put_changed_limits``)."""
 
 from __future__ import annotations
 

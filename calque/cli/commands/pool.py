@@ -104,7 +104,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_update)
 
     p = group.add_parser(
-        "delete", help="stop taking claims, drain, release instances, delete queues (admins)"
+        "delete",
+        help="stop taking claims, drain (a pool whose workers cannot start cancels its claims), "
+        "release instances, delete queues (admins)",
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--now", action="store_true", help="do not wait for the backlog: cancel what is left")
@@ -233,6 +235,7 @@ def check_before_upload(body: dict[str, Any]) -> None:
     layout, min <= max, as the API words them."""
     from pydantic import ValidationError
 
+    from calque.contracts.common import fields_said, problem_of
     from calque.contracts.pools import PoolCreate
     from calque.pools.service import check_pool_request
 
@@ -240,13 +243,10 @@ def check_before_upload(body: dict[str, Any]) -> None:
         req = PoolCreate.model_validate(body)
     except ValidationError as exc:
         fields = [
-            {"field": ".".join(str(p) for p in e["loc"]) or "body", "problem": e["msg"]} for e in exc.errors()
+            {"field": ".".join(str(p) for p in e["loc"]) or "body", "problem": problem_of(e)}
+            for e in exc.errors()
         ]
-        raise CliError(
-            f"invalid {', '.join(f['field'] for f in fields)}: {fields[0]['problem']}",
-            code="validation_failed",
-            details={"fields": fields},
-        ) from None
+        raise CliError(fields_said(fields), code="validation_failed", details={"fields": fields}) from None
     check_pool_request(req)  # a CalqueError: exit 1 naming the problem
 
 
@@ -384,7 +384,15 @@ def render_status(pool: dict[str, Any]) -> str:
             f"failing: {failed} worker start{'' if failed == 1 else 's'} in a row failed before "
             f"serving (the last: {pool.get('start_failure') or 'no reason given'}); "
         )
-        if limit is not None and failed < limit:
+        if pool.get("state") == "deleting":
+            # a deleting pool starts no worker, and `pool update` is refused (pool_deleting)
+            line += (
+                "the pool is being deleted and starts no more: the delete finishes once its workers "
+                "have run the claims left, and cancels them if none is left to run them; "
+                f"`calque pool delete {pool.get('name')} --now --i-understand-this-terminates-instances` "
+                "cancels them now"
+            )
+        elif limit is not None and failed < limit:
             line += f"the scaler tries again, and stops after {limit} in a row"
         else:
             line += (

@@ -2,7 +2,8 @@
 dollars a month (each check-out reserves its TTL's worth against them; its end settles it).
 
 ``quota set`` changes only the limits named on its command line: the API's PUT replaces the
-whole quota, so the CLI reads the current one and sends it back with those replaced."""
+whole quota, so the CLI reads the current one and sends it back with those replaced, on
+condition that it is still the version read (``put_changed_limits``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_float, non_negative_int
-from calque.cli.errors import UsageError
+from calque.cli.errors import ApiError, CliError, UsageError
 
 QUOTA_FIELDS = [
     ("user", "user"),
@@ -66,10 +67,17 @@ def merged(current: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return {k: changes[k] if k in changes else current.get(k) for k in LIMITS}
 
 
+# How many times a change is read, merged and sent again when another admin's change to the
+# same limits landed between its read and its write.
+LIMIT_WRITE_TRIES = 5
+
+
 def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, Any]) -> Any:
     """Change only the limits given and keep the others: the API's PUT (``write``) replaces
     all three, so the current ones are read (``read``) first, unless all three are given,
-    and the merged document is sent. Naming none changes nothing."""
+    and the merged document is sent with ``if_version``, the version read: when another
+    change landed in between, the API refuses it (409 limits_changed) and this reads, merges
+    and sends again, up to LIMIT_WRITE_TRIES times. Naming none changes nothing."""
     if not changes:
         # Nothing to change is a usage error (exit 2), as for `pool update`.
         raise UsageError(
@@ -78,8 +86,24 @@ def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, An
             code="nothing_to_change",
         )
     client = ctx.client()
-    body = merged(client.request("GET", read) if len(changes) < len(LIMITS) else {}, changes)
-    return client.request("PUT", write, body)
+    if len(changes) == len(LIMITS):
+        return client.request("PUT", write, merged({}, changes))  # a full replace: nothing to keep
+    for _ in range(LIMIT_WRITE_TRIES):
+        current = client.request("GET", read)
+        body = merged(current, changes)
+        if "version" in current:  # an API from before versions would refuse the field
+            body["if_version"] = current["version"]
+        try:
+            return client.request("PUT", write, body)
+        except ApiError as exc:
+            if exc.status != 409 or exc.code != "limits_changed":
+                raise
+    raise CliError(
+        f"the limits kept changing while this change was made ({LIMIT_WRITE_TRIES} tries: each "
+        "time another change landed first); nothing of this change was applied: run it again",
+        code="limits_changed",
+        details={"tries": LIMIT_WRITE_TRIES},
+    )
 
 
 def register(subparsers: Any) -> None:

@@ -103,7 +103,7 @@ SESSION_COLUMNS = [
     ("memory_gib", lambda s: _gib(s.get("memory_gib"))),
     ("state", "state"),
     ("expires_at", "expires_at"),
-    ("left", lambda s: remaining(s.get("expires_at")) if s.get("state") == "live" else s.get("end_reason")),
+    ("left", lambda s: remaining(s.get("expires_at")) if s.get("state") == "live" else "-"),
 ]
 
 
@@ -117,15 +117,23 @@ def end_note(session: Mapping[str, Any]) -> str | None:
 NOTE_COLUMN = ("note", end_note)
 
 
+END_REASON_COLUMN = ("end_reason", lambda s: s.get("end_reason") or "-")
+
+
 def session_columns(sessions: Any) -> list[Any]:
-    """The list's columns; a last one with the end's note when a session listed has one."""
-    rows = sessions if isinstance(sessions, list) else []
-    noted = any(isinstance(s, Mapping) and end_note(s) for s in rows)
-    return [*SESSION_COLUMNS, NOTE_COLUMN] if noted else SESSION_COLUMNS
+    """The list's columns; why each ended when a session listed has ended, and a last one with
+    the end's note when a session listed has one."""
+    rows = [s for s in (sessions if isinstance(sessions, list) else []) if isinstance(s, Mapping)]
+    columns = list(SESSION_COLUMNS)
+    if any(s.get("state") != "live" for s in rows):
+        columns.append(END_REASON_COLUMN)
+    if any(end_note(s) for s in rows):
+        columns.append(NOTE_COLUMN)
+    return columns
 
 
 def _host_access(session: Mapping[str, Any]) -> str:
-    """pending / granted / failed: reason, and the account the connect command lands in."""
+    """pending / granted / failed: reason / revoked, and the account the connect command lands in."""
     access = session.get("host_access") or {}
     text = f"{access.get('state')} ({access.get('account')})"
     return f"{text}: {access['reason']}" if access.get("reason") else text

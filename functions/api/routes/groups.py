@@ -8,6 +8,7 @@ from calque.accounting.wiring import api_groups
 from calque.contracts.economics import Group, GroupCreate, GroupLimits, GroupMembers
 from functions import observability
 from functions.api.context import admin_only, caller
+from functions.api.routes.sessions import idempotency_key
 
 router = Router()
 logger = observability.logger("api")
@@ -50,4 +51,4 @@ def remove_members(name: str, body: GroupMembers) -> Group:
 @router.put("/groups/<name>/limits")
 @admin_only
 def set_limits(name: str, body: GroupLimits) -> Group:
-    return api_groups().set_limits(caller(router), name, body)
+    return api_groups().set_limits(caller(router), name, body, idempotency_key=idempotency_key(router))

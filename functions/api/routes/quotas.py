@@ -16,6 +16,7 @@ from calque.identity import Caller
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import admin, admin_only, caller
+from functions.api.routes.sessions import idempotency_key
 
 router = Router()
 logger = observability.logger("api")
@@ -45,8 +46,10 @@ def set_quota(user: str, body: QuotaUpdate) -> Quota:
     user = unquote(user)
     who = admin(router)
     user = _named(user, who)
-    quota = api_tenancy().set_quota(who, user, body)
-    logger.info("quota set", extra={"user": user, "max_sessions": body.max_sessions})
+    quota = api_tenancy().set_quota(who, user, body, idempotency_key=idempotency_key(router))
+    logger.info(
+        "quota set", extra={"user": user, "max_sessions": body.max_sessions, "version": quota.version}
+    )
     return quota
 
 

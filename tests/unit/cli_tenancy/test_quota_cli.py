@@ -6,6 +6,10 @@ import json
 
 import pytest
 
+from calque.cli.commands.quota import LIMIT_WRITE_TRIES
+from calque.cli.errors import ApiError
+from tests.unit.cli_support import VersionedLimits
+
 pytestmark = pytest.mark.unit
 
 QUOTA = {
@@ -115,3 +119,59 @@ def test_quota_set_bad_dollar_budgets_are_usage_errors(api, cli, usd):
     assert code == 2
     assert "max-usd-per-month" in err
     assert api.requests == []
+
+
+# -- another admin's change landing between the read and the write ---------------------------
+
+
+def test_quota_set_sends_the_version_it_read_and_merges_again_when_another_change_landed(api, cli):
+    # Given bob's quota, and another admin who changes his dollar budget right after each read
+    store = VersionedLimits(
+        {**QUOTA, "user": "bob", "max_sessions": 5, "max_usd_per_month": None},
+        meanwhile=[{"max_usd_per_month": 42.0}],
+    ).install(api, read="/v1/quotas/bob", write="/v1/quotas/bob")
+
+    # When an admin changes only bob's session limit
+    code, out, _ = cli("--output", "json", "quota", "set", "bob", "--max-sessions", "7")
+
+    # Then the first write, based on the version read, is refused; the CLI reads again and
+    # merges its change into the other one, which is kept
+    assert code == 0
+    assert [b.get("if_version") for b in puts(api)] == [1, 2]
+    assert (store.doc["max_sessions"], store.doc["max_usd_per_month"], store.doc["version"]) == (7, 42.0, 3)
+    assert json.loads(out) == store.doc
+
+
+def test_quota_set_gives_up_after_five_tries_with_a_clear_message(api, cli):
+    VersionedLimits(
+        {**QUOTA, "user": "bob"}, meanwhile=[{"max_usd_per_month": float(n)} for n in range(10)]
+    ).install(api, read="/v1/quotas/bob", write="/v1/quotas/bob")
+
+    code, out, err = cli("quota", "set", "bob", "--max-sessions", "7")
+
+    assert (code, out) == (1, "")
+    assert len(puts(api)) == LIMIT_WRITE_TRIES == 5
+    assert "kept changing" in err
+    assert "run it again" in err
+
+
+def test_quota_set_does_not_retry_other_refusals(api, cli):
+    api.responses[("GET", "/v1/quotas/bob")] = {**QUOTA, "version": 1}
+    api.responses[("PUT", "/v1/quotas/bob")] = ApiError(
+        409, {"error": {"code": "something_else", "message": "no", "details": {}}}
+    )
+    code, _, err = cli("quota", "set", "bob", "--max-sessions", "7")
+    assert code == 1
+    assert len(puts(api)) == 1
+    assert "no" in err
+
+
+def test_quota_set_of_all_three_limits_is_a_full_replace_without_a_read(api, cli):
+    api.responses[("PUT", "/v1/quotas/bob")] = QUOTA
+    code, _, _ = cli(
+        *("quota", "set", "bob", "--max-sessions", "2"),
+        *("--max-gpu-hours-per-month", "none", "--max-usd-per-month", "none"),
+    )
+    assert code == 0
+    assert [m for m, *_ in api.requests] == ["PUT"]
+    assert "if_version" not in puts(api)[0]

@@ -297,14 +297,15 @@ def test_session_list_adds_the_note_column_when_a_session_listed_has_one(api, cl
     # Then the table has a NOTE column holding the reason, on the session's one row
     assert code == 0
     header, row = out.splitlines()
-    assert header.split()[-1] == "NOTE"
+    assert header.split()[-3:] == ["LEFT", "END_REASON", "NOTE"]
     assert row.startswith(ended["session_id"])
-    assert row.endswith("forced  runaway job see ticket 42")
-    # And her live sessions' table has no NOTE column
+    # nothing left of an ended session; why it ended under END_REASON, not under LEFT
+    assert row.endswith("  -     forced      runaway job see ticket 42")
+    # And her live sessions' table has neither column
     api.responses[("GET", "/v1/sessions")] = [live]
     code, out, _ = cli("session", "list")
     assert code == 0
-    assert "NOTE" not in out.splitlines()[0]
+    assert out.splitlines()[0].split()[-1] == "LEFT"
     assert "end_note" not in out
 
 

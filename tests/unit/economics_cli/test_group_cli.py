@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from tests.unit.cli_support import VersionedLimits
+
 pytestmark = pytest.mark.unit
 
 LAB = {
@@ -157,3 +159,18 @@ def test_checkout_with_group_sends_it_and_without_leaves_the_default(monkeypatch
     assert cli("session", "checkout", "--backend", "mig")[0] == 0
     assert api.requests[0][2]["group"] == "course"
     assert "group" not in api.requests[1][2]
+
+
+def test_group_limits_merges_again_when_another_admins_change_landed_first(api, cli):
+    # Given another admin changes lab's budget right after this CLI reads its limits
+    store = VersionedLimits(LAB, meanwhile=[{"max_usd_per_month": 300.0}]).install(
+        api, read="/v1/groups/lab", write="/v1/groups/lab/limits"
+    )
+
+    # When an admin raises only its session limit
+    code, _, _ = cli("group", "limits", "lab", "--max-sessions", "6")
+
+    # Then the stale write is refused, read again, and both changes are kept
+    assert code == 0
+    assert [b.get("if_version") for m, _p, b, _q in api.requests if m == "PUT"] == [1, 2]
+    assert (store.doc["max_sessions"], store.doc["max_usd_per_month"]) == (6, 300.0)

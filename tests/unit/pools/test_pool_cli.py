@@ -392,6 +392,23 @@ def test_pool_status_says_the_scaler_still_tries_below_the_limit(api, cli):
     assert "submits are refused" not in out
 
 
+@pytest.mark.parametrize(("failures", "limit"), [(3, 3), (1, 3)])
+def test_pool_status_of_a_failing_pool_being_deleted_does_not_advise_an_update(api, cli, failures, limit):
+    # Given a failing pool an admin is deleting (an update of it is refused: pool_deleting)
+    why = "the runner's enter() failed: RuntimeError: no model"
+    _failing_pool(api, failures, why, start_failure_limit=limit)
+    api.responses[("GET", "/v1/pools/textstats")]["state"] = "deleting"
+    # When the admin reads its status
+    code, out, err = cli("pool", "status", "textstats")
+    # Then the failing line says what the delete does with the claims left, not to update it
+    assert code == 0, err
+    assert "failing: " in out
+    assert "pool update" not in out
+    assert "the scaler tries again" not in out
+    assert "cancels them if none is left to run them" in out
+    assert "`calque pool delete textstats --now --i-understand-this-terminates-instances`" in out
+
+
 @pytest.mark.parametrize(
     ("files", "runner", "ok"),
     [

@@ -104,6 +104,16 @@ def test_the_agents_grant_report_marks_the_session_granted_and_moves_no_slice(wo
     assert (shown.state, shown.account, shown.reason) == ("granted", session_account(grant.session_id), None)
 
 
+def test_a_granted_access_shows_revoked_once_its_session_has_ended(world: World):
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    _granted(world, grant.session_id)
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest(token=grant.token))
+    shown = world.tenancy.get_session(ALICE, grant.session_id).host_access
+    assert shown is not None
+    assert (shown.state, shown.account) == ("revoked", session_account(grant.session_id))
+
+
 def test_a_failed_grant_is_recorded_with_the_agents_reason_and_shown(world: World):
     world.ready_host()
     grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
