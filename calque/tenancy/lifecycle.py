@@ -183,7 +183,20 @@ class HostLifecycle:
     ) -> HostDeregistered:
         """Forget a host. Refused while sessions live there unless forced; forced, each is
         ended (reason ``deregistered``, recorded) and its slice reclaimed on the host."""
+        from calque.fleet.tenancy_hosts import FLEET_CALLER
+
         host = self._host(instance_id)
+        if host.registered_by == FLEET_CALLER.principal and who.principal != FLEET_CALLER.principal:
+            # Forgetting it would leave the instance running, paid for and held in the budget,
+            # with no host to use it and no usage line to charge it: the fleet must release it.
+            raise Conflict(
+                f"{instance_id} was launched by the fleet (host acquire): release it with "
+                f"`calque host release {instance_id} --i-understand-this-terminates-instances`, "
+                "which ends its sessions, terminates it and gives its budget back; "
+                "deregistering would leave it running and paid for",
+                code="fleet_instance",
+                details={"instance_id": instance_id},
+            )
         previous = host.state
         ended: list[str] = []
         for _try in range(DEREGISTER_TRIES):

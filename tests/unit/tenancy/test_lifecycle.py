@@ -104,6 +104,25 @@ def test_deregistered_host_can_be_registered_again(world):
     assert host.slices
 
 
+def test_an_instance_the_fleet_launched_is_released_not_deregistered(world):
+    # Given a host the fleet registered for an instance it launched (host acquire)
+    from calque.fleet.tenancy_hosts import FLEET_CALLER, TenancyHosts
+
+    TenancyHosts(world.tenancy).register(HOST, "g7e.2xlarge", None, False)
+    before = dict(world.registry.hosts)
+    # When an admin deregisters it, forced or not
+    for force in (False, True):
+        with pytest.raises(Conflict) as refused:
+            world.tenancy.lifecycle().deregister(ADMIN, HOST, force=force, reason=None)
+        # Then it is refused, pointing to host release, and the host stays
+        assert refused.value.code == "fleet_instance"
+        assert f"calque host release {HOST}" in refused.value.message
+    assert dict(world.registry.hosts) == before
+    # While the fleet itself still forgets it when EC2 confirms the termination
+    world.tenancy.lifecycle().deregister(FLEET_CALLER, HOST, force=True, reason="terminated")
+    assert HOST not in world.registry.hosts
+
+
 def test_deregister_of_an_unknown_host_is_not_found(world):
     with pytest.raises(NotFound):
         world.tenancy.lifecycle().deregister(ADMIN, "i-0nothere", force=True, reason=None)
