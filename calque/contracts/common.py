@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -18,7 +18,7 @@ LimitsVersion = Annotated[
     int, Field(description="the limits' version: 0 until first set, then one more with every write")
 ]
 IfVersion = Annotated[
-    int | None,
+    Optional[int],  # noqa: UP045 -- evaluated at import: the host agent imports this module on Python 3.9
     Field(
         ge=0,
         le=2**53 - 1,
