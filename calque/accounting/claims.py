@@ -149,7 +149,11 @@ def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) 
         except InvalidInput:
             continue
     by_slice: dict[tuple[str, str], list[Lease]] = {}
-    for c in sorted(claims, key=lambda c: (c.started_at or "", c.claim_id)):
+    # by start, then (claims started in the same second, as the records keep times) by end,
+    # so a quick claim comes before the one its worker started next in that same second
+    for c in sorted(
+        claims, key=lambda c: (c.started_at or "", c.finished_at is None, c.finished_at or "", c.claim_id)
+    ):
         if c.instance_id is None or c.worker is None or c.started_at is None:
             continue
         mine = slots.get(c.instance_id)
@@ -167,9 +171,10 @@ def leases(claims: list[ClaimRecord], pool_instances: list[PoolInstanceRecord]) 
         if held and (held[-1].end is None or held[-1].end > start):
             # the slice is this claim's from its start: a record that says otherwise (its
             # worker lost mid-claim) ended there
+            # (ended where this one started: one that started in the same second is a 0 s line,
+            # still a line: dropping it would leave a claim that ran out of the report)
             before = held.pop()
-            if before.start < start:
-                held.append(replace(before, end=start))
+            held.append(replace(before, end=max(before.start, start)))
         held.append(
             Lease(
                 session_id=c.claim_id,

@@ -252,3 +252,44 @@ def test_a_pools_row_is_running_while_it_holds_its_instance_with_no_claim_runnin
         ),
     )
     assert [(r.key, r.running) for r in before.rows] == [("small", False)]
+
+
+@pytest.mark.parametrize("first_id", ["c-aaaa", "c-zzzz"])
+def test_two_claims_that_started_in_the_same_second_on_one_slot_are_both_lines(first_id):
+    # Given a worker that ran a quick claim (started and ended in the same second) and then the
+    # next one, started in that same second too: times are recorded to the second, and claim
+    # ids sort either way
+    from calque.accounting.claims import leases
+    from calque.pools.domain import ClaimRecord, PoolInstanceRecord
+
+    second_id = "c-mmmm"
+    common = {"pool": "quick", "user": "alice", "items": 1, "manifest_key": "m", "state": "succeeded"}
+    run = {"worker": "w-1", "instance_id": "i-0abc", "submitted_at": "2027-01-10T08:00:00Z"}
+    first = ClaimRecord(
+        claim_id=first_id,
+        started_at="2027-01-10T08:00:13Z",
+        finished_at="2027-01-10T08:00:13Z",
+        **common,
+        **run,
+    )
+    second = ClaimRecord(
+        claim_id=second_id,
+        started_at="2027-01-10T08:00:13Z",
+        finished_at="2027-01-10T08:00:14Z",
+        **common,
+        **run,
+    )
+    instance_record = PoolInstanceRecord(
+        pool="quick", instance_id="i-0abc", instance_type="g6e.xlarge", started_at=0.0
+    )
+    # When their leases on the slot are made, in either order of the records
+    for claims in ([first, second], [second, first]):
+        made = leases(claims, [instance_record])
+        # Then each claim is a lease (the quick one of no time), none dropped, none overlapping
+        assert sorted(x.session_id for x in made) == sorted([first_id, second_id])
+        by_id = {x.session_id: x for x in made}
+        assert (by_id[first_id].start, by_id[first_id].end) == (
+            by_id[first_id].start,
+            by_id[first_id].start,
+        )
+        assert by_id[second_id].end > by_id[second_id].start
