@@ -164,17 +164,17 @@ class Groups:
         self._admin(who)
         _known(self.registry, name)
 
-        def put(stamp: str | None) -> None:
+        def put(stamp: str | None) -> GroupRecord:
             wanted = req.model_dump(include=set(LIMITS))
-            self.registry.set_group_limits(name, wanted, if_version=req.if_version, request=stamp)
+            return self.registry.set_group_limits(name, wanted, if_version=req.if_version, request=stamp)
 
         try:
-            limits.write_versioned(
+            group = limits.write_versioned(
                 who, req, idempotency_key, scope="group", name=name, read=self.registry.get_group, write=put
             )
         except StaleWrite:
             raise NotFound(f"no group {name}", details={"group": name}) from None
-        return self.view(_known(self.registry, name))
+        return self.view(group)
 
     def list(self, who: Caller) -> list[Group]:
         return [self.view(g) for g in self.registry.list_groups() if who.admin or who.principal in g.members]

@@ -339,13 +339,14 @@ def write_versioned(
     name: str,
     read: Callable[[str], Any],
     write: Callable[[str | None], Any],
-) -> None:
+) -> Any:
     """``write`` the limits of ``name`` (``scope`` "user" or "group") that ``req`` asks, given
     the stamp of the request (calque.tenancy.requests.stamp) to keep, unless this request
     wrote them last (a replay: nothing is written), or, with ``req.if_version``, their
     version (``read(name)``: the record or None) is another (Conflict ``limits_changed``,
     nothing written). ``write`` is conditional on ``if_version`` too (StaleWrite when it
-    fails), which decides a race between the read and the write."""
+    fails), which decides a race between the read and the write. The record as written
+    (``write``'s), or as the replayed request left it."""
     key = requests.check_key(idempotency_key)
     stamp = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
     what = "quota set" if scope == "user" else "group limits"
@@ -358,13 +359,16 @@ def write_versioned(
             raise limits_changed(scope, name, version, req.if_version)
         return False
 
-    if replayed(read(name)):
-        return
+    current = read(name)
+    if replayed(current):
+        return current
     try:
-        write(stamp)
+        return write(stamp)
     except StaleWrite:
-        if not replayed(read(name)):
+        current = read(name)
+        if not replayed(current):
             raise
+        return current
 
 
 def limits_changed(scope: str, name: str, version: int, if_version: int) -> Conflict:

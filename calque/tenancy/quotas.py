@@ -12,7 +12,7 @@ from calque.contracts.tenancy import (
 from calque.errors import Forbidden
 from calque.identity import Caller
 from calque.registry.groups import LIMITS
-from calque.registry.models import month_use
+from calque.registry.models import QuotaRecord, month_use
 from calque.tenancy import limits
 from calque.tenancy.core import TenancyCore
 
@@ -25,8 +25,8 @@ class QuotasMixin(TenancyCore):
         that one (limits_changed otherwise: calque.tenancy.limits.write_versioned)."""
         self._check_user(user)
 
-        def put(stamp: str | None) -> None:
-            self.registry.put_quota(
+        def put(stamp: str | None) -> QuotaRecord:
+            return self.registry.put_quota(
                 user,
                 **req.model_dump(include=set(LIMITS)),
                 by=who.principal,
