@@ -59,7 +59,8 @@ LeaseEventKind = Literal[
     "granted", "extended", "checked_in", "expired", "forced", "reclaimed", "quarantined", "host_access_failed"
 ]
 # Whether the session's own account on its host exists yet (the host agent's grant):
-# pending until the agent reports, then granted or failed (with the agent's reason).
+# pending until the agent reports, then granted or failed (with the agent's reason); a granted
+# one reads revoked once its session has ended.
 HostAccessState = Literal["pending", "granted", "failed", "revoked"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
@@ -68,9 +69,6 @@ USER_PATTERN = r"^[A-Za-z0-9+=,.@_\-/]{1,128}$"
 # A bound no deployment's TTL reaches (ten years): the deployment's own floor and
 # maximum are checked by the domain, this one keeps its date arithmetic finite.
 TTL_SECONDS_LIMIT = 10 * 365 * 24 * 3600
-# GPU-hours are kept to a thousandth (3.6 s): finer values cannot be stored or billed.
-GPU_HOURS_RESOLUTION = 0.001
-
 
 # ---- hosts -----------------------------------------------------------------------------------
 

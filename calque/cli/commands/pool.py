@@ -385,10 +385,10 @@ def render_status(pool: dict[str, Any]) -> str:
             f"serving (the last: {pool.get('start_failure') or 'no reason given'}); "
         )
         if pool.get("state") == "deleting":
-            # a deleting pool starts no worker, and `pool update` is refused (pool_deleting)
+            # `pool update` is refused while deleting (pool_deleting): say what the delete does
             line += (
-                "the pool is being deleted and starts no more: the delete finishes once its workers "
-                "have run the claims left, and cancels them if none is left to run them; "
+                "the pool is being deleted: the delete finishes once its workers have run the "
+                "claims left, and cancels them if none is left to run them; "
                 f"`calque pool delete {pool.get('name')} --now --i-understand-this-terminates-instances` "
                 "cancels them now"
             )
