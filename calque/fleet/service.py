@@ -75,7 +75,6 @@ from calque.identity import Caller
 
 log = logging.getLogger("calque.fleet")
 
-FLEET_PRINCIPAL = "calque-fleet"
 TAG_HOST = "calque:host"
 TAG_HOST_VALUE = "managed"
 TAG_REQUEST = "calque:request-id"
