@@ -1,7 +1,11 @@
 """Cached AWS client factories. Nothing is created at import time.
 
 ``CALQUE_AWS_ENDPOINT_URL`` points every client at one endpoint (the local plane's
-moto server); otherwise boto3's own resolution applies (including ``AWS_ENDPOINT_URL``).
+moto server); otherwise botocore's own resolution applies (including ``AWS_ENDPOINT_URL``).
+
+The clients are botocore's, made from a botocore session: the same clients boto3 hands
+out, without importing the ``boto3`` package, whose ``__init__`` imports s3transfer (and
+multiprocessing) that no function uses, on every cold start.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ _LOCK = threading.Lock()
 
 @cache
 def _session() -> Any:
-    import boto3  # heavy: imported on first use, not at cold start of every handler
+    import botocore.session  # heavy: imported on first use, not at cold start of every handler
 
-    # One Session per process: building one loads the service models (~0.2 s each time).
-    return boto3.session.Session()
+    # One session per process: it caches the service models it loads (~0.2 s each time).
+    return botocore.session.get_session()
 
 
 def client(service: str, region: str | None = None) -> Any:
@@ -37,7 +41,7 @@ def _client(service: str, region: str, endpoint: str | None) -> Any:
     if endpoint:
         kwargs["endpoint_url"] = endpoint
     with _LOCK:
-        return _session().client(service, **kwargs)
+        return _session().create_client(service, **kwargs)
 
 
 def clear_caches() -> None:
@@ -77,4 +81,4 @@ def _single_try_client(service: str, region: str, endpoint: str | None) -> Any:
     if endpoint:
         kwargs["endpoint_url"] = endpoint
     with _LOCK:
-        return _session().client(service, **kwargs)
+        return _session().create_client(service, **kwargs)

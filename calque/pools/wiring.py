@@ -66,7 +66,7 @@ class _LazySigV4S3:
             kwargs: dict[str, Any] = {"region_name": region, "config": Config(signature_version="s3v4")}
             if os.environ.get("CALQUE_AWS_ENDPOINT_URL"):
                 kwargs["endpoint_url"] = os.environ["CALQUE_AWS_ENDPOINT_URL"]
-            self._client = _session().client("s3", **kwargs)
+            self._client = _session().create_client("s3", **kwargs)
         return getattr(self._client, name)
 
 

@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
 from calque.registry import keys, spread
+from calque.registry.attrs import deserialize, serialize
 from calque.registry.groups import DynamoGroups, GroupFull
 from calque.registry.models import (
     HostRecord,
@@ -43,7 +43,6 @@ from calque.registry.ports import (
     micro,
 )
 
-_SER = TypeSerializer()
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
 _PROFILE_CACHE: dict[tuple[str, str, str], tuple[float, list[float]]] = {}
 PROFILE_CACHE_S = 300.0
@@ -52,7 +51,6 @@ PROFILE_CACHE_S = 300.0
 # window is read again once the hint expires.
 _TIER_HINTS: dict[tuple[str, str, str], tuple[float, str]] = {}
 TIER_HINT_S = 10.0
-_DES = TypeDeserializer()
 
 # How long an ended session's record stays before DynamoDB TTL may collect it.
 ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
@@ -87,15 +85,15 @@ def _plain(value: Any) -> Any:
 
 
 def ser(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: _SER.serialize(v) for k, v in _to_dynamo(item).items()}
+    return {k: serialize(v) for k, v in _to_dynamo(item).items()}
 
 
 def des(item: dict[str, Any]) -> dict[str, Any]:
-    return _plain({k: _DES.deserialize(v) for k, v in item.items()})
+    return _plain({k: deserialize(v) for k, v in item.items()})
 
 
 def _vals(**values: Any) -> dict[str, Any]:
-    return {f":{k}": _SER.serialize(_to_dynamo(v)) for k, v in values.items()}
+    return {f":{k}": serialize(_to_dynamo(v)) for k, v in values.items()}
 
 
 def _code(exc: ClientError) -> str:
@@ -196,7 +194,7 @@ def write_limits(
             Key=ser(key),
             UpdateExpression="SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else ""),
             ExpressionAttributeNames=names,
-            ExpressionAttributeValues={k: _SER.serialize(_to_dynamo(v)) for k, v in values.items()},
+            ExpressionAttributeValues={k: serialize(_to_dynamo(v)) for k, v in values.items()},
             ReturnValues="ALL_NEW",
             **kw,
         )
