@@ -196,10 +196,34 @@ def parse_layout(text: str) -> Layout:
             mix.append((name, int(count)))
         else:
             return Layout("mig", mig=tuple(mix))
-    raise InvalidInput(
-        f"--layout {text!r}: expected dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N or adaptive",
-        details={"field": "layout"},
-    )
+    raise InvalidInput(f"--layout {text!r}: expected {LAYOUT_FORMS}", details={"field": "layout"})
+
+
+LAYOUT_FORMS = "dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N or adaptive"
+
+
+def _layout_arg(text: str) -> str:
+    """argparse ``type=``: a --layout that is none of its forms is a usage error (exit 2)."""
+    from calque.errors import InvalidInput
+
+    try:
+        parse_layout(text)
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {LAYOUT_FORMS}") from None
+    return text
+
+
+def _hosts_arg(text: str) -> str:
+    """argparse ``type=``: --hosts not written TYPE=N[,...] is a usage error (exit 2); a type
+    the catalog does not know is refused when the run starts (exit 1, with the closest)."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("names no instance type: expected TYPE=N[,TYPE=N...]")
+    for part in parts:
+        _name, sep, count = part.partition("=")
+        if not sep or not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r} is not TYPE=N (N >= 1)")
+    return text
 
 
 def _gpu_entry(card: Card, layout: Layout, gpu: int) -> Any:
@@ -838,9 +862,19 @@ def add_placement_parser(group: Any) -> None:
     p.add_argument(
         "--trace", required=True, metavar="FILE.csv", help="a pod-list trace (Alibaba GPU trace v2023)"
     )
-    p.add_argument("--hosts", required=True, metavar="TYPE=N[,...]", help="e.g. g7e.2xlarge=4,p5e.48xlarge=1")
     p.add_argument(
-        "--layout", required=True, metavar="LAYOUT", help="dedicated | mig:PROFILE=N[,...] | mps:N | adaptive"
+        "--hosts",
+        required=True,
+        type=_hosts_arg,
+        metavar="TYPE=N[,...]",
+        help="e.g. g7e.2xlarge=4,p5e.48xlarge=1",
+    )
+    p.add_argument(
+        "--layout",
+        required=True,
+        type=_layout_arg,
+        metavar="LAYOUT",
+        help="dedicated | mig:PROFILE=N[,...] | mps:N | adaptive",
     )
     p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
     p.add_argument(

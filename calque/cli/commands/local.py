@@ -27,6 +27,18 @@ def _state_dir_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _port(text: str) -> int:
+    """argparse ``type=``: a TCP port, 0 to 65535; anything else is a usage error (exit 2),
+    refused before the state directory is made."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: use 0 (any free port) to 65535")
+    return port
+
+
 def register(subparsers: Any) -> None:
     local = command_group(
         subparsers, "local", help="the embedded local control plane (no AWS account needed)"
@@ -35,7 +47,7 @@ def register(subparsers: Any) -> None:
     up = local.add_parser("up", help="serve the embedded control plane in the foreground until Ctrl-C")
     up.add_argument(
         "--port",
-        type=int,
+        type=_port,
         default=DEFAULT_PORT,
         help=f"port of the plane's API (default {DEFAULT_PORT}; 0 picks a free one)",
     )

@@ -96,3 +96,12 @@ def test_an_api_error_without_the_contract_shape_still_reads_as_one(run):
     code, out, _err = run(ApiError(502, {"body": "Bad Gateway"}), "--output", "json", "whoami")
     assert code == 1
     assert json.loads(out)["error"]["code"] == "http_502"
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_local_up_refuses_a_port_that_cannot_be_before_making_its_state_directory(run, tmp_path, port):
+    state = tmp_path / "plane"
+    code, _out, err = run(ME, "local", "up", "--port", port, "--state-dir", str(state))
+    assert code == 2
+    assert "--port" in err and port in err
+    assert not state.exists()

@@ -148,10 +148,17 @@ def test_bad_layouts_and_hosts_are_refused_before_replaying(cli):
     )
     assert code == 1
     assert "g9.huge" in err
+    # malformed flags are usage errors (exit 2), naming the flag and the forms it takes
     code, _, err = cli(
         "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=1", "--layout", "mps:0"
     )
-    assert code == 1
+    assert code == 2
+    assert "--layout" in err and "mps:N" in err
+    code, _, err = cli(
+        "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge", "--layout", "mps:2"
+    )
+    assert code == 2
+    assert "--hosts" in err and "TYPE=N" in err
 
 
 def test_the_command_prints_the_numbers_as_one_json_document(cli):
@@ -224,9 +231,16 @@ def test_a_plot_file_that_cannot_be_written_is_refused_before_the_replay(tmp_pat
     assert json.loads(out)["error"]["code"] == "invalid_input"
 
 
+@pytest.mark.parametrize(("hosts", "layout"), [("g7e.2xlarge", "dedicated"), ("g7e.2xlarge=1", "weird")])
+def test_malformed_hosts_or_layout_are_usage_errors_before_any_replay(cli, hosts, layout):
+    code, _, err = cli("simulate", "placement", "--trace", str(SLICE), "--hosts", hosts, "--layout", layout)
+    assert code == 2
+    assert "replaying" not in err
+    assert err.splitlines()[-1].startswith("calque simulate placement: error: argument --")
+
+
 @pytest.mark.parametrize(
-    ("hosts", "layout"),
-    [("g7e.2xlarge", "dedicated"), ("g7e.2xlarge=1", "weird"), ("g7e.2xlarge=1", "mig:1g.24gb=9")],
+    ("hosts", "layout"), [("g7e.2xlargee=1", "dedicated"), ("g7e.2xlarge=1", "mig:1g.24gb=9")]
 )
 def test_a_refused_replay_is_one_line_on_stderr(cli, hosts, layout):
     # Given bad hosts or a layout the card cannot take
