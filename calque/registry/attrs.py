@@ -4,9 +4,10 @@
 Why not boto3's own: importing anything under ``boto3`` runs the package's ``__init__``,
 which imports s3transfer and, through it, multiprocessing and concurrent.futures: 25 to
 35 ms of every function's cold start, measured here on top of what the functions import
-anyway (about 6% of the API's), for two small classes. The functions use botocore's clients directly (calque.aws), so this is the only
-thing they took from boto3. tests/unit/registry/test_attrs.py holds the two to the same
-answers, errors included, across every type.
+anyway (about 6% of the API's), for two small classes. The functions use botocore's
+clients directly (calque.aws), so this is the only thing they took from boto3.
+tests/unit/registry/test_attrs.py holds the two to the same answers, errors included,
+across every type.
 
 Numbers are Decimals in DynamoDB's context (38 digits, exponents -128..126): a value that
 it cannot hold exactly is refused (decimal.Inexact, Rounded, Overflow, Underflow), never

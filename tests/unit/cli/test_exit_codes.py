@@ -103,5 +103,6 @@ def test_local_up_refuses_a_port_that_cannot_be_before_making_its_state_director
     state = tmp_path / "plane"
     code, _out, err = run(ME, "local", "up", "--port", port, "--state-dir", str(state))
     assert code == 2
-    assert "--port" in err and port in err
+    assert "--port" in err
+    assert port in err
     assert not state.exists()

@@ -153,12 +153,14 @@ def test_bad_layouts_and_hosts_are_refused_before_replaying(cli):
         "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=1", "--layout", "mps:0"
     )
     assert code == 2
-    assert "--layout" in err and "mps:N" in err
+    assert "--layout" in err
+    assert "mps:N" in err
     code, _, err = cli(
         "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge", "--layout", "mps:2"
     )
     assert code == 2
-    assert "--hosts" in err and "TYPE=N" in err
+    assert "--hosts" in err
+    assert "TYPE=N" in err
 
 
 def test_the_command_prints_the_numbers_as_one_json_document(cli):
