@@ -37,7 +37,7 @@ def _split(value: object) -> object:
 
 class CommonSettings(_EnvSettings):
     table_name: str = Field(alias="CALQUE_TABLE_NAME", min_length=1)
-    admins: list[str] = Field(alias="CALQUE_ADMINS", default_factory=list)
+    admins: list[str] = Field(alias="CALQUE_ADMINS", default=[])
     local_mode: bool = Field(alias="CALQUE_LOCAL_MODE", default=False)
 
     _split_admins = field_validator("admins", mode="before")(_split)
@@ -147,7 +147,7 @@ class FleetSettings(CommonSettings):
     host_tasks_queue_url: str = Field(alias="CALQUE_HOST_TASKS_QUEUE_URL", min_length=1)
     acquire_queue_url: str = Field(alias="CALQUE_FLEET_ACQUIRE_QUEUE_URL", min_length=1)
     launch_template: str | None = Field(alias="CALQUE_FLEET_LAUNCH_TEMPLATE", default=None)
-    subnets: list[str] = Field(alias="CALQUE_FLEET_SUBNETS", default_factory=list)
+    subnets: list[str] = Field(alias="CALQUE_FLEET_SUBNETS", default=[])
     ami_id: str | None = Field(alias="CALQUE_FLEET_AMI_ID", default=None)
     event_bus: str = Field(alias="CALQUE_EVENT_BUS", default="default", min_length=1)
     launch_timeout_s: int = Field(alias="CALQUE_FLEET_LAUNCH_TIMEOUT_S", default=900, gt=0)

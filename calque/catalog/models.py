@@ -42,7 +42,7 @@ class Card(_Fact):
     memory_slices: int = 0
     mig_mode_change_needs_reset: bool = False
     max_mps_clients: int = 48
-    mig_profiles: list[MigProfile] = Field(default_factory=list)
+    mig_profiles: list[MigProfile] = Field(default=[])
     source: str
     verified_on_hardware: bool = False
 

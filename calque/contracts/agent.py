@@ -29,7 +29,7 @@ SliceState = Literal["ready", "reclaimed", "failed"]
 class AgentError(Strict):
     code: str = Field(description="snake_case: gpu_busy, insufficient_resources, mig_not_supported, ...")
     message: str
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default={})
 
 
 class ProcessReport(Strict):
@@ -55,7 +55,7 @@ class GpuInstanceReport(Strict):
     device_uuid: str | None = Field(
         default=None, description="MIG-...: present once a compute instance exists"
     )
-    compute_instances: list[ComputeInstanceReport] = Field(default_factory=list)
+    compute_instances: list[ComputeInstanceReport] = Field(default=[])
     slice_id: str | None = None
 
 
@@ -78,8 +78,8 @@ class GpuReport(Strict):
     mig_capable: bool
     mig_mode_current: bool | None = None
     mig_mode_pending: bool | None = None
-    gpu_instances: list[GpuInstanceReport] = Field(default_factory=list)
-    processes: list[ProcessReport] = Field(default_factory=list)
+    gpu_instances: list[GpuInstanceReport] = Field(default=[])
+    processes: list[ProcessReport] = Field(default=[])
     mps: MpsDaemonReport | None = None
 
 
@@ -99,7 +99,7 @@ class HostInventory(Strict):
     gpu_model: str | None = Field(
         default=None, description="the one model every GPU is; null when they differ or there are none"
     )
-    gpus: list[InventoryGpu] = Field(default_factory=list)
+    gpus: list[InventoryGpu] = Field(default=[])
 
 
 class SliceReport(Strict):
@@ -112,7 +112,7 @@ class SliceReport(Strict):
     device_uuid: str = Field(description="MIG-... for MIG; the GPU's own GPU-... uuid otherwise")
     state: SliceState
     env: dict[str, str] = Field(description="exactly what a client process needs to bind to this slice")
-    processes: list[ProcessReport] = Field(default_factory=list, description="still running on it")
+    processes: list[ProcessReport] = Field(default=[], description="still running on it")
 
 
 class GrantReport(Strict):
@@ -121,9 +121,7 @@ class GrantReport(Strict):
     slice_id: str
     account: str = Field(description="the OS account a session's connect command lands in")
     backend: Literal["mig", "mps", "exclusive"]
-    device_files: list[str] = Field(
-        default_factory=list, description="MIG capability files only this account may open"
-    )
+    device_files: list[str] = Field(default=[], description="MIG capability files only this account may open")
     shared_account: bool = Field(
         default=False, description="true for MPS: every slot of the GPU runs as one account"
     )
@@ -144,8 +142,8 @@ class AgentReport(Strict):
     inventory: HostInventory | None = Field(
         default=None, description="GPU model, count and memory per GPU; null only when NVML could not be read"
     )
-    gpus: list[GpuReport] = Field(default_factory=list, description="inventory after the verb ran")
-    slices: list[SliceReport] = Field(default_factory=list)
+    gpus: list[GpuReport] = Field(default=[], description="inventory after the verb ran")
+    slices: list[SliceReport] = Field(default=[])
     layout_applied: bool = Field(
         default=False, description="true: the GPUs now match the spec that was applied"
     )
@@ -157,8 +155,8 @@ class AgentReport(Strict):
     spec: LayoutSpec | None = Field(
         default=None, description="the spec applied or asserted; for export, the current state"
     )
-    actions: list[str] = Field(default_factory=list, description="what this run changed, in order")
-    remaining: list[str] = Field(default_factory=list, description="what still differs from the spec")
+    actions: list[str] = Field(default=[], description="what this run changed, in order")
+    remaining: list[str] = Field(default=[], description="what still differs from the spec")
     mutating_calls: int = Field(
         default=0, description="GPU-changing calls this run made (0 on a converged host)"
     )

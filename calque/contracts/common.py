@@ -95,7 +95,7 @@ class Out(BaseModel):
 class ErrorBody(Out):
     code: str = Field(description="snake_case, stable: scripts branch on it")
     message: str = Field(description="one sentence for people")
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default={})
 
 
 class ErrorDocument(Out):

@@ -101,7 +101,7 @@ class UsageReport(Out):
     rows: list[UsageRow]
     lines: list[UsageLine]
     instances: list[InstanceCost] = Field(
-        default_factory=list, description="each instance-month's cost (admins): its lines add up to it"
+        default=[], description="each instance-month's cost (admins): its lines add up to it"
     )
 
 

@@ -56,7 +56,7 @@ class AcquireRequest(Request):
         default=None, gt=0, le=1000, description="USD/hour; omitted: up to the on-demand rate"
     )
     fallback_on_demand: bool = Field(default=False, description="spot capacity failed: try on-demand")
-    fallback_types: list[str] = Field(default_factory=list, max_length=5)
+    fallback_types: list[str] = Field(default=[], max_length=5)
     ttl_seconds: int | None = Field(
         default=None, description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)"
     )
@@ -103,7 +103,7 @@ class Acquisition(Out):
     owner: str
     pool: str | None = None
     instance_type: str = Field(description="the type asked for")
-    fallback_types: list[str] = Field(default_factory=list)
+    fallback_types: list[str] = Field(default=[])
     spot: bool = False
     fallback_on_demand: bool = False
     instance_id: str | None = None
@@ -126,10 +126,10 @@ class Acquisition(Out):
         default=None, description="from when the latest recorded rate applies"
     )
     charged_rates: list[ChargedRate] = Field(
-        default_factory=list,
+        default=[],
         description="spot: every recorded rate, oldest first, each from its start (the first at launch)",
     )
-    attempts: list[Attempt] = Field(default_factory=list)
+    attempts: list[Attempt] = Field(default=[])
     created_at: datetime
     state_since: datetime
     expires_at: datetime | None = Field(default=None, description="the TTL's hard cap")

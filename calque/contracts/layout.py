@@ -99,7 +99,7 @@ class GpuEntry(Strict):
 
 class LayoutSpec(Strict):
     version: Literal["v1"] = "v1"
-    gpus: list[GpuEntry] = Field(default_factory=list)
+    gpus: list[GpuEntry] = Field(default=[])
 
     @model_validator(mode="after")
     def _each_gpu_once(self) -> LayoutSpec:

@@ -218,9 +218,9 @@ class DecisionStatus(Out):
     desired: int
     current: int
     launch: int = 0
-    remove: list[str] = Field(default_factory=list)
+    remove: list[str] = Field(default=[])
     reason: str
-    inputs: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, Any] = Field(default={})
     granted: int | None = Field(default=None, description="a scale-out: the workers it got")
     refilled: int | None = Field(default=None, description="a scale-out: of those, on free slots")
 

@@ -104,7 +104,7 @@ class Host(Out):
     sharing: Sharing
     state: HostState
     spot: bool = False
-    slices: list[Slice] = Field(default_factory=list)
+    slices: list[Slice] = Field(default=[])
     registered_at: datetime
     layout: dict[str, Any] | None = None
     state_reason: str | None = Field(default=None, description="why the host is draining, drained or failed")
@@ -127,10 +127,8 @@ class ReportAccepted(Out):
     accepted: bool = True
     instance_id: str
     host_state: HostState
-    freed: list[str] = Field(default_factory=list, description="slices this report made free")
-    ignored: list[str] = Field(
-        default_factory=list, description="slices reported that could not change (stale)"
-    )
+    freed: list[str] = Field(default=[], description="slices this report made free")
+    ignored: list[str] = Field(default=[], description="slices reported that could not change (stale)")
 
 
 # ---- sessions ------------------------------------------------------------------------------------
@@ -209,7 +207,7 @@ class Session(Out):
         "the TTL passed; the fleet's reason for a spot interruption, a host's TTL or a lost host); "
         "the member's own reason for a check-in. null: live, or none was given",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="the exact environment to bind a process")
+    env: dict[str, str] = Field(default={}, description="the exact environment to bind a process")
     host_access: HostAccess | None = Field(
         default=None, description="the session's own account on the host; null for sessions from before it"
     )
@@ -220,7 +218,7 @@ class SessionGrant(Session):
 
     token: str = Field(description="shown once; needed to check in or extend")
     connect: Connect
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default=[])
 
 
 class CheckinRequest(Request):
@@ -356,4 +354,4 @@ class HostDeregistered(Out):
     instance_id: str
     deregistered: bool = True
     previous_state: HostState
-    ended_sessions: list[str] = Field(default_factory=list, description="sessions ended by --force")
+    ended_sessions: list[str] = Field(default=[], description="sessions ended by --force")

@@ -68,7 +68,7 @@ class AcquisitionRecord(_Record):
     owner: str
     pool: str | None = None
     instance_type: str
-    fallback_types: list[str] = Field(default_factory=list)
+    fallback_types: list[str] = Field(default=[])
     spot: bool = False
     spot_max_price: float | None = None
     fallback_on_demand: bool = False
@@ -81,7 +81,7 @@ class AcquisitionRecord(_Record):
     launched_type: str | None = None
     market: str | None = None
     availability_zone: str | None = None
-    attempts: list[AttemptRecord] = Field(default_factory=list)
+    attempts: list[AttemptRecord] = Field(default=[])
     created_at: datetime
     state_since: datetime
     # What the launched instance is charged per hour (spot only; an on-demand instance is
@@ -91,7 +91,7 @@ class AcquisitionRecord(_Record):
     charged_musd: int | None = None
     charged_source: str | None = None
     charged_as_of: datetime | None = None
-    charged_segments: list[RateSegment] = Field(default_factory=list)
+    charged_segments: list[RateSegment] = Field(default=[])
     charged_checked_at: datetime | None = None
 
 
@@ -107,7 +107,7 @@ class InstanceRate(_Record):
     hourly_musd: int
     source: RateSource
     as_of: datetime
-    segments: list[RateSegment] = Field(default_factory=list)
+    segments: list[RateSegment] = Field(default=[])
 
     @property
     def hourly_usd(self) -> Decimal:

@@ -131,9 +131,9 @@ class DecisionRecord(_Record):
     desired: int
     current: int
     launch: int = 0
-    remove: list[str] = Field(default_factory=list)
+    remove: list[str] = Field(default=[])
     reason: str
-    inputs: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, Any] = Field(default={})
     # a scale-out's outcome: the workers it got, and how many of them went to free slots of
     # instances already held (None: it launched nothing)
     granted: int | None = None

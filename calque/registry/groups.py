@@ -46,7 +46,7 @@ class GroupRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
     name: str
-    members: dict[str, datetime] = Field(default_factory=dict, description="user -> when added")
+    members: dict[str, datetime] = Field(default={}, description="user -> when added")
     max_sessions: int | None = None
     max_gpu_hours_per_month: float | None = None
     max_usd_per_month: float | None = None
@@ -54,7 +54,7 @@ class GroupRecord(BaseModel):
     created_at: datetime
     created_by: str
     # Monthly counters (calque.registry.keys.use_attr): committed and settled amounts.
-    use: dict[str, int] = Field(default_factory=dict)
+    use: dict[str, int] = Field(default={})
     # As a member's quota (calque.registry.models.QuotaRecord): bumped by every write of the limits.
     version: int = 0
     limits_request: str | None = None

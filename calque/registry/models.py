@@ -48,7 +48,7 @@ class SliceRecord(_Record):
     holder: str | None = None
     session_id: str | None = None
     device_uuid: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default={})
     spot: bool = False
     state_since: datetime
     # The slice's share of its instance (calque.accounting.shares, "n/d") and the instance's
@@ -75,7 +75,7 @@ class SessionRecord(_Record):
     end_reason: str | None = None
     ended_by: str | None = None
     end_note: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default={})
     spot: bool = False
     # The group the session is charged to (None: the member belongs to none).
     group: str | None = None
@@ -119,7 +119,7 @@ class RetiredHost(_Record):
     registered_at: datetime
     ended_at: datetime
     ended_by: str | None = None
-    slices: list[RetiredSlice] = Field(default_factory=list)
+    slices: list[RetiredSlice] = Field(default=[])
 
 
 class RequestRecord(_Record):
@@ -139,7 +139,7 @@ class QuotaRecord(_Record):
     max_usd_per_month: float | None = None
     live: int = 0
     # Monthly counters (calque.registry.keys.use_attr): committed and settled amounts.
-    use: dict[str, int] = Field(default_factory=dict)
+    use: dict[str, int] = Field(default={})
     updated_at: datetime | None = None
     updated_by: str | None = None
     # False: no admin set it; the counter item exists only to count live sessions.

@@ -137,3 +137,25 @@ def test_the_functions_path_imports_no_boto3() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_model_defaults_through_a_builtins_factory() -> None:
+    """pydantic inspects a default factory's signature when it builds a model; a builtin's
+    (``list``, ``dict``) is parsed from text through tokenize, whose regex is compiled on the
+    spot: several ms of the first request's cold start. A pydantic model says ``default=[]``
+    (pydantic copies a mutable default for each instance); dataclasses keep their factories."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    pattern = re.compile(
+        r"Field\([^)]*default_factory=(list|dict|set|tuple)\b|^\s*default_factory=(list|dict)\b"
+    )
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for package in ("calque", "functions", "host_agent")
+        for path in sorted((root / package).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []
