@@ -7,6 +7,7 @@ read from the cancellation reasons), never a partial write.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -51,6 +52,8 @@ PROFILE_CACHE_S = 300.0
 # window is read again once the hint expires.
 _TIER_HINTS: dict[tuple[str, str, str], tuple[float, str]] = {}
 TIER_HINT_S = 10.0
+
+_log = logging.getLogger(__name__)
 
 # How long an ended session's record stays before DynamoDB TTL may collect it.
 ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
@@ -955,13 +958,24 @@ class DynamoRegistry(DynamoGroups):
             try:
                 self._transact(items)
             except ClientError as exc:
-                if _code(exc) != "TransactionCanceledException":
+                if _code(exc) not in ("TransactionCanceledException", "ValidationException"):
                     raise
                 for end in batch:
                     try:
                         done.append(self.end_session(**end.arguments()))
                     except StaleWrite:
                         continue
+                    except ClientError as one:
+                        # The store refuses this one write as it is (an item at DynamoDB's size
+                        # limit, say): trying again will not help, and the others must still
+                        # end. It stays live, logged, and is tried again on the next run.
+                        if _code(one) != "ValidationException":
+                            raise
+                        _log.error(
+                            "the store refused to end session %s: %s",
+                            end.session.session_id,
+                            one.response.get("Error", {}).get("Message", ""),
+                        )
             else:
                 done += [end.ended() for end in batch]
         return done

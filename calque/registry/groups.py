@@ -38,8 +38,19 @@ from calque.registry.ports import (
 GROUPS_PK = "GROUPS"
 
 
+# A group's members live in its one item (DynamoDB caps an item at 400 KB): a member's entry
+# is at most ~160 bytes (a 128-character name and when it was added), so 1,000 members stay
+# under 160 KB, and every write that ends or grants a session charged to the group (which
+# grows the item by a few counters) keeps fitting.
+MAX_GROUP_MEMBERS = 1000
+
+
 class GroupFull(StaleWrite):
     """The group's live-session counter is at its maximum."""
+
+
+class TooManyMembers(StaleWrite):
+    """Adding these members would take the group past MAX_GROUP_MEMBERS. Nothing was written."""
 
 
 class GroupRecord(BaseModel):
@@ -106,6 +117,8 @@ class MemoryGroups:
             members = {**{u: t for u, t in add.items() if u not in cur.members}, **cur.members}
             for u in remove:
                 members.pop(u, None)
+            if add and len(members) > MAX_GROUP_MEMBERS:
+                raise TooManyMembers(name)
             new = cur.model_copy(update={"members": members, **limits})
             self.group_map[name] = new
             return new
@@ -232,14 +245,19 @@ class DynamoGroups:
         values[":t"] = "group"
         names["#type"] = "type"
         expr = "SET " + ", ".join(sets) + ((" REMOVE " + ", ".join(removes)) if removes else "")
+        condition = "attribute_exists(pk)"
+        if add:
+            # Room for every name added (one already a member is counted too: conservative).
+            values[":room"] = MAX_GROUP_MEMBERS - len(add)
+            condition += " AND (attribute_not_exists(#m) OR size(#m) <= :room)"
         items: list[dict[str, Any]] = [
             {
                 "Update": {
                     "TableName": self.table,
                     "Key": self._ser(group_key(name)),
                     "UpdateExpression": expr,
-                    "ConditionExpression": "attribute_exists(pk)",
-                    "ExpressionAttributeNames": {k: v for k, v in names.items() if k in expr},
+                    "ConditionExpression": condition,
+                    "ExpressionAttributeNames": {k: v for k, v in names.items() if k in expr + condition},
                     "ExpressionAttributeValues": self._ser(values),
                 }
             }
@@ -271,6 +289,9 @@ class DynamoGroups:
             self.client.transact_write_items(TransactItems=items)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "TransactionCanceledException":
+                now = self.get_group(name)
+                if now is not None and add and len(now.members) + len(add) > MAX_GROUP_MEMBERS:
+                    raise TooManyMembers(name) from None
                 raise StaleWrite(name) from None
             raise
         got = self.get_group(name)

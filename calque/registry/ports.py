@@ -296,7 +296,9 @@ class Registry(Protocol):
 
     def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
         """Each as ``end_session`` (all or nothing per session), batched into as few writes as
-        the store allows. Returns the sessions ended; the others changed meanwhile."""
+        the store allows. Returns the sessions ended; the others changed meanwhile, or the
+        store refused their one write as it is (logged; they stay live, and one such session
+        never holds back the others)."""
 
     def extend_session(
         self,

@@ -19,7 +19,7 @@ from calque.contracts.common import GROUP_PATTERN
 from calque.contracts.tenancy import USER_PATTERN
 from calque.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.identity import Caller
-from calque.registry.groups import LIMITS, GroupFull, GroupRecord
+from calque.registry.groups import LIMITS, MAX_GROUP_MEMBERS, GroupFull, GroupRecord, TooManyMembers
 from calque.registry.models import month_use
 from calque.registry.ports import AlreadyExists, StaleWrite
 from calque.tenancy import limits
@@ -48,6 +48,15 @@ def _known(registry: GroupRegistry, name: str) -> GroupRecord:
     if g is None:
         raise NotFound(f"no group {name}", details={"group": name})
     return g
+
+
+def _too_many(name: str, members: int, adding: int) -> Conflict:
+    return Conflict(
+        f"group {name} has {members} member(s); adding {adding} would pass the limit of "
+        f"{MAX_GROUP_MEMBERS} members a group holds: split it into groups (nothing was changed)",
+        code="group_too_large",
+        details={"group": name, "members": members, "adding": adding, "max_members": MAX_GROUP_MEMBERS},
+    )
 
 
 def default_group(
@@ -141,9 +150,15 @@ class Groups:
 
     def add(self, who: Caller, name: str, users: list[str]) -> Group:
         self._admin(who)
-        _known(self.registry, name)
+        g = _known(self.registry, name)
         now = self.clock()
-        return self._update(name, add={self._user(u): now for u in users}, remove=[], limits={})
+        new = {self._user(u): now for u in users}
+        new = {u: at for u, at in new.items() if u not in g.members}  # already in: nothing to write
+        if not new:
+            return self.view(g)
+        if len(g.members) + len(new) > MAX_GROUP_MEMBERS:
+            raise _too_many(name, len(g.members), len(new))
+        return self._update(name, add=new, remove=[], limits={})
 
     def remove(self, who: Caller, name: str, users: list[str]) -> Group:
         self._admin(who)
@@ -209,6 +224,9 @@ class Groups:
     def _update(self, name: str, **kw: Any) -> Group:
         try:
             return self.view(self.registry.update_group(name, **kw))
+        except TooManyMembers:
+            g = _known(self.registry, name)
+            raise _too_many(name, len(g.members), len(kw["add"])) from None
         except StaleWrite:
             raise NotFound(f"no group {name}", details={"group": name}) from None
 
