@@ -14,7 +14,7 @@ from calque.contracts.tenancy import (
     Session,
     SessionGrant,
 )
-from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, one_line
+from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, one_line
 from calque.identity import Caller
 from calque.registry.groups import GroupRecord
 from calque.registry.models import QuotaRecord, RequestRecord, SessionRecord, SliceRecord
@@ -69,7 +69,13 @@ class SessionsMixin(TenancyCore):
         if refused is not None:
             self._replay(who, key, fingerprint, now)
             raise refused
-        group = groups.charge_group(self.registry, user, req.group, mine)
+        try:
+            group = groups.charge_group(self.registry, user, req.group, mine)
+        except CalqueError:
+            # A group at its limit (or a membership gone) refuses a new check-out, never the
+            # replay of one already granted: the first grant's own session may be what fills it.
+            self._replay(who, key, fingerprint, now)
+            raise
         token = new_token()
         lost = 0
         tries = 0

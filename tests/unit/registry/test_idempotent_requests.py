@@ -44,6 +44,27 @@ def test_a_replay_after_the_fleet_filled_up_still_gets_its_grant(any_world: Worl
     assert world.tenancy.checkout(ALICE, req, idempotency_key=KEY).session_id == first.session_id
 
 
+def test_a_replay_still_gets_its_grant_when_its_own_session_filled_the_group(any_world: World):
+    from calque.contracts.economics import GroupCreate, GroupLimits
+    from calque.tenancy.groups import Groups
+    from tests.unit.tenancy.conftest import ADMIN
+
+    world = any_world
+    world.ready_host(layout={"gpus": [{"devices": "all", "mig": {"1g.24gb": 2}}]})
+    g = Groups(world.registry, clock=world.clock)
+    g.create(ADMIN, GroupCreate(name="lab"))
+    g.add(ADMIN, "lab", ["alice"])
+    g.set_limits(ADMIN, "lab", GroupLimits(max_sessions=1))
+    req = CheckoutRequest(backend="mig", ttl_seconds=600)
+    first = world.tenancy.checkout(ALICE, req, idempotency_key=KEY)
+
+    again = world.tenancy.checkout(ALICE, req, idempotency_key=KEY)
+
+    assert (again.session_id, again.token) == (first.session_id, first.token)
+    with pytest.raises(Exception, match="group lab already has 1 live session"):
+        world.tenancy.checkout(ALICE, req, idempotency_key="another-key-0000000001")
+
+
 def test_the_table_never_holds_a_token_that_works(any_world: World):
     world = any_world
     world.ready_host(layout=ONE_SLICE)
