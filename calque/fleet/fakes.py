@@ -26,6 +26,7 @@ from calque.fleet.ports import (
     Instance,
     LaunchRefused,
     LaunchSpec,
+    RequestExists,
     SpotPrice,
 )
 from calque.fleet.records import (
@@ -55,6 +56,8 @@ class MemoryFleetStore:
             self.calls["transact_write"] += 1
             b = self._budget
             m = musd(hourly_usd)
+            if any(r.request_id in self._acq for r in records):
+                raise RequestExists()
             if b is None or b.free_instances < budget_delta_instances or b.free_musd < m:
                 raise BudgetRefused()
             self._budget = b.model_copy(

@@ -33,6 +33,11 @@ class LaunchRefused(Exception):
         self.message = message
 
 
+class RequestExists(Exception):
+    """An acquisition with one of these request ids is recorded already (a replayed request
+    whose ids derive from its Idempotency-Key). Nothing was written."""
+
+
 class BudgetRefused(Exception):
     """The reservation's condition failed: the budget has no room (nothing was written)."""
 

@@ -84,6 +84,9 @@ class AcquisitionRecord(_Record):
     attempts: list[AttemptRecord] = Field(default=[])
     created_at: datetime
     state_since: datetime
+    # A request made with an Idempotency-Key: its body's hash, so that a replay with another
+    # body is refused (the request ids are derived from the caller and the key).
+    request_fingerprint: str | None = None
     # What the launched instance is charged per hour (spot only; an on-demand instance is
     # charged at the catalog's rate): see InstanceRate. ``charged_musd``/``_source``/``_as_of``
     # are the latest recorded rate; ``charged_segments`` every recorded change, the first at

@@ -59,6 +59,7 @@ from calque.fleet.ports import (
     LaunchRefused,
     LaunchSpec,
     Publisher,
+    RequestExists,
     Subnet,
 )
 from calque.fleet.records import (
@@ -134,6 +135,20 @@ def _new_request_id() -> str:
     return f"r-{secrets.token_hex(8)}"
 
 
+def _keyed_request_ids(principal: str, key: str, count: int) -> list[str]:
+    """The acquisitions' ids for one caller's Idempotency-Key: the same on every replay."""
+    import hashlib
+
+    base = hashlib.sha256(f"acquire\n{principal}\n{key}".encode()).hexdigest()
+    return [f"r-{hashlib.sha256(f'{base}/{n}'.encode()).hexdigest()[:16]}" for n in range(count)]
+
+
+def _fingerprint(req: AcquireRequest) -> str:
+    import hashlib
+
+    return hashlib.sha256(req.model_dump_json().encode()).hexdigest()[:32]
+
+
 def _rate_usd(instance_type: str, market: str, spot_max_price: float | None) -> float:
     on_demand = catalog.instance_type(instance_type).hourly_usd
     if market == "spot" and spot_max_price is not None:
@@ -163,25 +178,41 @@ class Fleet:
 
     # ---- acquire (API, pools) --------------------------------------------------------------------
 
-    def acquire(self, req: AcquireRequest, caller: Caller) -> AcquireAccepted:
-        """Reserve budget for ``req.count`` instances and queue their launch (all or nothing)."""
+    def acquire(
+        self, req: AcquireRequest, caller: Caller, *, idempotency_key: str | None = None
+    ) -> AcquireAccepted:
+        """Reserve budget for ``req.count`` instances and queue their launch (all or nothing).
+        With a client request id (``Idempotency-Key``), the acquisitions' ids derive from the
+        caller and the key: a retry or replay answers the first request's acquisitions (sending
+        a launch again for any still queued, which the launcher takes once) and never reserves
+        or launches twice; the same key with another body is ``idempotency_key_reused``."""
+        if not caller.admin:
+            raise Forbidden("acquiring instances is for admins only", details={"principal": caller.principal})
         if not req.accept_spend:
             raise ConsentRequired(
                 "acquiring instances spends money; ask again with accept_spend "
                 "(--i-understand-this-spends-money)",
                 details={"field": "accept_spend"},
             )
-        if not caller.admin:
-            raise Forbidden("acquiring instances is for admins only", details={"principal": caller.principal})
         types = self._candidate_types(req)
         layout = self._check_layout(req, types)
         ttl = self._check_ttl(req.ttl_seconds)
         markets = self._markets(req)
         hourly = max(_rate_usd(t, m, req.spot_max_price) for t in types for m in markets)
+        fingerprint = _fingerprint(req) if idempotency_key else None
+        ids = (
+            _keyed_request_ids(caller.principal, idempotency_key, req.count)
+            if idempotency_key
+            else [_new_request_id() for _ in range(req.count)]
+        )
+        if idempotency_key:
+            replay = self._replayed(ids, fingerprint)
+            if replay is not None:
+                return replay
         now = self.clock()
         records = [
             AcquisitionRecord(
-                request_id=_new_request_id(),
+                request_id=rid,
                 state="queued",
                 owner=caller.principal,
                 pool=req.pool,
@@ -197,13 +228,20 @@ class Fleet:
                 budget_held=True,
                 created_at=now,
                 state_since=now,
+                request_fingerprint=fingerprint,
             )
-            for _ in range(req.count)
+            for rid in ids
         ]
         try:
             self.store.reserve(req.count, hourly * req.count, records)
         except BudgetRefused:
             raise self._refusal(caller, req.count, hourly * req.count) from None
+        except RequestExists:
+            # The same request, sent again while its first attempt was being written.
+            replay = self._replayed(ids, fingerprint)
+            if replay is None:
+                raise
+            return replay
         self.queue.send([r.request_id for r in records])
         for r in records:
             self._publish(
@@ -217,6 +255,24 @@ class Fleet:
                 },
             )
         return AcquireAccepted(acquisitions=[self._view(r) for r in records], budget=self.budget())
+
+    def _replayed(self, ids: list[str], fingerprint: str | None) -> AcquireAccepted | None:
+        """The first request's answer if these acquisitions exist (a replay), else None."""
+        found = [rec for rec in (self.store.get(rid) for rid in ids) if rec is not None]
+        if not found:
+            return None
+        if any(rec.request_fingerprint != fingerprint for rec in found):
+            raise InvalidInput(
+                "this Idempotency-Key was already used for a different acquire; use a new key",
+                code="idempotency_key_reused",
+                details={"field": "Idempotency-Key"},
+            )
+        # The first attempt's answer may have been lost with its launch messages: send again
+        # for what is still queued (launching one acquisition is safe any number of times).
+        queued = [rec.request_id for rec in found if rec.state == "queued"]
+        if queued:
+            self.queue.send(queued)
+        return AcquireAccepted(acquisitions=[self._view(rec) for rec in found], budget=self.budget())
 
     def _candidate_types(self, req: AcquireRequest) -> list[str]:
         types = [req.instance_type, *req.fallback_types]
@@ -662,15 +718,16 @@ class Fleet:
     # ---- release ---------------------------------------------------------------------------------
 
     def release_request(self, caller: Caller, instance_id: str, req: ReleaseRequest) -> Acquisition:
-        """POST /v1/hosts/{instance_id}/release: consent and admin checked before anything changes."""
+        """POST /v1/hosts/{instance_id}/release: admin, then consent, checked before anything
+        changes (a member learns the route is not theirs, not what it would ask of them)."""
+        if not caller.admin:
+            raise Forbidden("releasing instances is for admins only", details={"principal": caller.principal})
         if not req.accept_terminate:
             raise ConsentRequired(
                 "releasing terminates the instance and ends every session on it; ask again with "
                 "accept_terminate (--i-understand-this-terminates-instances)",
                 details={"field": "accept_terminate"},
             )
-        if not caller.admin:
-            raise Forbidden("releasing instances is for admins only", details={"principal": caller.principal})
         return self.release(instance_id, req.reason or f"released by {caller.principal}")
 
     def release(self, instance_id: str, reason: str, *, end_reason: str = "released") -> Acquisition:

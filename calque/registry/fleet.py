@@ -26,7 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from calque.errors import DependencyUnavailable
-from calque.fleet.ports import BudgetRefused, Gone
+from calque.fleet.ports import BudgetRefused, Gone, RequestExists
 from calque.fleet.records import (
     AcquisitionRecord,
     BudgetRecord,
@@ -104,6 +104,8 @@ class DynamoFleetStore:
                 if _code(exc) != "TransactionCanceledException":
                     raise
                 reasons = _reasons(exc)
+                if "ConditionalCheckFailed" in reasons[1:]:
+                    raise RequestExists() from None  # a replay: its acquisitions are recorded
                 if reasons and reasons[0] == "ConditionalCheckFailed":
                     raise BudgetRefused() from None
                 if "TransactionConflict" not in reasons:

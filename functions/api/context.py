@@ -22,6 +22,7 @@ from calque.identity import Caller, caller_from_event
 from calque.settings import api_settings
 
 Guard = Callable[[Caller, Mapping[str, str], Mapping[str, Any]], None]
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 F = TypeVar("F", bound=Callable[..., Any])
 _GUARD = "__calque_guard__"
 
@@ -135,3 +136,10 @@ def refusal_before_route(event: Mapping[str, Any], route: Any, args: Mapping[str
     except CalqueError as exc:
         return exc
     return None
+
+
+def idempotency_key(on: BaseRouter) -> str | None:
+    """The client request id (``Idempotency-Key``) a retried or replayed write carries (its
+    form is checked for every route by the handler, before any route runs)."""
+    value = on.current_event.headers.get(IDEMPOTENCY_HEADER)  # case-insensitive
+    return None if value is None else str(value)

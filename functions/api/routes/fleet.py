@@ -19,7 +19,7 @@ from calque.contracts.fleet import (
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.fleet.wiring import fleet
 from functions import observability
-from functions.api.context import admin, caller
+from functions.api.context import admin, admin_only, caller, idempotency_key
 
 router = Router()
 logger = observability.logger("api")
@@ -27,8 +27,9 @@ metrics = observability.metrics("api")
 
 
 @router.post("/hosts/acquire", status_code=202)
+@admin_only
 def acquire(body: AcquireRequest) -> AcquireAccepted:
-    out = fleet().acquire(body, caller(router))
+    out = fleet().acquire(body, caller(router), idempotency_key=idempotency_key(router))
     ids = [a.request_id for a in out.acquisitions]
     logger.info("acquisition queued", extra={"request_ids": ids, "instance_type": body.instance_type})
     metrics.add_metric(name="InstancesRequested", unit=MetricUnit.Count, value=len(ids))
@@ -55,6 +56,7 @@ def show_acquisition(request_id: str) -> Acquisition:
 
 
 @router.post("/hosts/<instance_id>/release", status_code=202)
+@admin_only
 def release(instance_id: str, body: Annotated[ReleaseRequest | None, Body()] = None) -> Acquisition:
     out = fleet().release_request(caller(router), instance_id, body or ReleaseRequest())
     logger.info("host released", extra={"instance_id": instance_id, "request_id": out.request_id})
@@ -63,6 +65,7 @@ def release(instance_id: str, body: Annotated[ReleaseRequest | None, Body()] = N
 
 
 @router.put("/budget")
+@admin_only
 def set_budget(body: BudgetUpdate) -> Budget:
     return fleet().set_budget(admin(router), body)
 

@@ -7,8 +7,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from calque.accounting.wiring import api_groups
 from calque.contracts.economics import Group, GroupCreate, GroupLimits, GroupMembers
 from functions import observability
-from functions.api.context import admin_only, caller
-from functions.api.routes.sessions import idempotency_key
+from functions.api.context import admin_only, caller, idempotency_key
 
 router = Router()
 logger = observability.logger("api")

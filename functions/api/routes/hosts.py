@@ -20,8 +20,15 @@ from calque.contracts.tenancy import (
 )
 from calque.tenancy.wiring import api_instances, api_tenancy
 from functions import observability
-from functions.api.context import admin, admin_only, caller, guarded, host_caller, require_instance_role
-from functions.api.routes.sessions import idempotency_key
+from functions.api.context import (
+    admin,
+    admin_only,
+    caller,
+    guarded,
+    host_caller,
+    idempotency_key,
+    require_instance_role,
+)
 
 router = Router()
 logger = observability.logger("api")

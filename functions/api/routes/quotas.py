@@ -15,8 +15,7 @@ from calque.contracts.tenancy import Quota, QuotaUpdate
 from calque.identity import Caller
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
-from functions.api.context import admin, admin_only, caller
-from functions.api.routes.sessions import idempotency_key
+from functions.api.context import admin, admin_only, caller, idempotency_key
 
 router = Router()
 logger = observability.logger("api")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from aws_lambda_powertools.event_handler.api_gateway import BaseRouter, Router
+from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -18,19 +18,11 @@ from calque.contracts.tenancy import (
 )
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
-from functions.api.context import caller
-
-IDEMPOTENCY_HEADER = "Idempotency-Key"
+from functions.api.context import caller, idempotency_key
 
 router = Router()
 logger = observability.logger("api")
 metrics = observability.metrics("api")
-
-
-def idempotency_key(on: BaseRouter) -> str | None:
-    """The client request id (``Idempotency-Key``) a retried or replayed write carries."""
-    value = on.current_event.headers.get(IDEMPOTENCY_HEADER)  # case-insensitive
-    return None if value is None else str(value)
 
 
 @router.post("/sessions", status_code=201)
