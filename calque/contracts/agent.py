@@ -8,10 +8,10 @@ names the same ids for what it actually created.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from calque.contracts.accounts import (  # noqa: F401  (the host agent's names for them)
     connect_account,
@@ -128,6 +128,13 @@ class GrantReport(Strict):
     imds_blocked: bool = Field(description="true: only root can reach the instance metadata service")
 
 
+# A report's times come from the host's clock: one outside these years is a clock that is
+# wrong (or a forged report), refused by name rather than overflowing the date arithmetic.
+_UTC = timezone.utc  # noqa: UP017 (datetime.UTC is 3.11+; the host agent imports this on 3.9)
+EARLIEST_REPORT = datetime(2000, 1, 1, tzinfo=_UTC)
+LATEST_REPORT = datetime(2100, 1, 1, tzinfo=_UTC)
+
+
 class AgentReport(Strict):
     instance_id: str
     instance_type: str | None = None
@@ -150,7 +157,10 @@ class AgentReport(Strict):
     reclaimed_slice_id: str | None = None
     grant: GrantReport | None = Field(default=None, description="grant: the slice's account and access")
     fence: int | None = Field(
-        default=None, description="reclaim, grant: the fence the control plane sent, echoed back"
+        default=None,
+        ge=0,
+        le=2**63 - 1,
+        description="reclaim, grant: the fence the control plane sent, echoed back",
     )
     spec: LayoutSpec | None = Field(
         default=None, description="the spec applied or asserted; for export, the current state"
@@ -160,3 +170,11 @@ class AgentReport(Strict):
     mutating_calls: int = Field(
         default=0, description="GPU-changing calls this run made (0 on a converged host)"
     )
+
+    @field_validator("started_at", "finished_at")
+    @classmethod
+    def _a_clock_that_is_right(cls, value: datetime) -> datetime:
+        aware = value if value.tzinfo else value.replace(tzinfo=_UTC)
+        if not EARLIEST_REPORT <= aware < LATEST_REPORT:
+            raise ValueError(f"{value.isoformat()} is not a time this host can have run at: check its clock")
+        return value
