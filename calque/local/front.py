@@ -161,6 +161,14 @@ class Front:
         status = 500
         try:
             length_text = h.headers.get("Content-Length")
+            if len(set(h.headers.get_all("Content-Length") or [])) > 1:
+                # two lengths: which body is meant is ambiguous (request smuggling's opening)
+                status = 400
+                self._send(
+                    h, status, error_body("bad_request", "the request has more than one Content-Length")
+                )
+                h.close_connection = True
+                return
             if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
                 status = 411
                 self._send(h, status, error_body("length_required", "send the body with a Content-Length"))
@@ -183,6 +191,16 @@ class Front:
                 h.close_connection = True
                 return
             body = h.rfile.read(length) if length else b""
+            if len(body) < length:
+                # the client stopped sending before its Content-Length: not the request it signed
+                status = 400
+                self._send(
+                    h,
+                    status,
+                    error_body("bad_request", f"the body ended after {len(body)} of {length} bytes"),
+                )
+                h.close_connection = True
+                return
             headers = [(k, v) for k, v in h.headers.items()]
             path_only = h.path.split("?", 1)[0]
             principal: Principal | None = None
