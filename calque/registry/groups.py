@@ -69,6 +69,10 @@ class GroupRecord(BaseModel):
     # As a member's quota (calque.registry.models.QuotaRecord): bumped by every write of the limits.
     version: int = 0
     limits_request: str | None = None
+    # The requests (calque.tenancy.requests.stamp) that created the group and that last
+    # changed its members: a replay of either is answered with the group as it is.
+    created_request: str | None = None
+    members_request: str | None = None
 
 
 def _group(item: dict[str, Any]) -> GroupRecord:
@@ -108,7 +112,13 @@ class MemoryGroups:
         return [self.group_map[k] for k in sorted(self.group_map)]
 
     def update_group(
-        self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
+        self,
+        name: str,
+        *,
+        add: dict[str, datetime],
+        remove: list[str],
+        limits: dict[str, Any],
+        request: str | None = None,
     ) -> GroupRecord:
         with self._lock:
             cur = self.group_map.get(name)
@@ -119,7 +129,8 @@ class MemoryGroups:
                 members.pop(u, None)
             if add and len(members) > MAX_GROUP_MEMBERS:
                 raise TooManyMembers(name)
-            new = cur.model_copy(update={"members": members, **limits})
+            stamped = {"members_request": request} if request else {}
+            new = cur.model_copy(update={"members": members, **limits, **stamped})
             self.group_map[name] = new
             return new
 
@@ -220,7 +231,13 @@ class DynamoGroups:
                 return out
 
     def update_group(
-        self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
+        self,
+        name: str,
+        *,
+        add: dict[str, datetime],
+        remove: list[str],
+        limits: dict[str, Any],
+        request: str | None = None,
     ) -> GroupRecord:
         from botocore.exceptions import ClientError
 
@@ -244,6 +261,9 @@ class DynamoGroups:
         sets.append("#type = :t")
         values[":t"] = "group"
         names["#type"] = "type"
+        if request:
+            sets.append("members_request = :mr")
+            values[":mr"] = request
         expr = "SET " + ", ".join(sets) + ((" REMOVE " + ", ".join(removes)) if removes else "")
         condition = "attribute_exists(pk)"
         if add:

@@ -22,7 +22,7 @@ from calque.identity import Caller
 from calque.registry.groups import LIMITS, MAX_GROUP_MEMBERS, GroupFull, GroupRecord, TooManyMembers
 from calque.registry.models import month_use
 from calque.registry.ports import AlreadyExists, StaleWrite
-from calque.tenancy import limits
+from calque.tenancy import limits, requests
 
 if TYPE_CHECKING:  # the groups API's contracts: a check-out resolving its group needs none
     from calque.contracts.economics import Group, GroupCreate, GroupLimits
@@ -35,7 +35,13 @@ class GroupRegistry(Protocol):
     def get_group(self, name: str) -> GroupRecord | None: ...
     def list_groups(self) -> list[GroupRecord]: ...
     def update_group(
-        self, name: str, *, add: dict[str, datetime], remove: list[str], limits: dict[str, Any]
+        self,
+        name: str,
+        *,
+        add: dict[str, datetime],
+        remove: list[str],
+        limits: dict[str, Any],
+        request: str | None = None,
     ) -> GroupRecord: ...
     def set_group_limits(
         self, name: str, limits: dict[str, Any], *, if_version: int | None, request: str | None
@@ -48,6 +54,12 @@ def _known(registry: GroupRegistry, name: str) -> GroupRecord:
     if g is None:
         raise NotFound(f"no group {name}", details={"group": name})
     return g
+
+
+def _stamp(who: Caller, key: str | None, *what: str) -> str | None:
+    """This request's stamp (calque.tenancy.requests.stamp) over what it asks, or None without a key."""
+    key = requests.check_key(key)
+    return requests.stamp(requests.request_id(who.principal, key) if key else None, "\n".join(what))
 
 
 def _too_many(name: str, members: int, adding: int) -> Conflict:
@@ -130,8 +142,10 @@ class Groups:
         self.registry: GroupRegistry = registry
         self.clock = clock
 
-    def create(self, who: Caller, req: GroupCreate) -> Group:
+    def create(self, who: Caller, req: GroupCreate, *, idempotency_key: str | None = None) -> Group:
+        """With a client request id, a replay is answered with the group it created."""
         self._admin(who)
+        stamp = _stamp(who, idempotency_key, "create", req.model_dump_json())
         g = GroupRecord(
             name=req.name,
             max_sessions=req.max_sessions,
@@ -139,18 +153,25 @@ class Groups:
             max_usd_per_month=req.max_usd_per_month,
             created_at=self.clock(),
             created_by=who.principal,
+            created_request=stamp,
         )
         try:
             self.registry.create_group(g)
         except AlreadyExists:
+            there = self.registry.get_group(req.name)
+            if there is not None and requests.is_replay(there.created_request, stamp, "group create"):
+                return self.view(there)
             raise Conflict(
                 f"group {req.name} already exists", code="group_exists", details={"group": req.name}
             ) from None
         return self.view(g)
 
-    def add(self, who: Caller, name: str, users: list[str]) -> Group:
+    def add(self, who: Caller, name: str, users: list[str], *, idempotency_key: str | None = None) -> Group:
         self._admin(who)
         g = _known(self.registry, name)
+        stamp = _stamp(who, idempotency_key, "add", name, *users)
+        if requests.is_replay(g.members_request, stamp, "member change"):
+            return self.view(g)
         now = self.clock()
         new = {self._user(u): now for u in users}
         new = {u: at for u, at in new.items() if u not in g.members}  # already in: nothing to write
@@ -158,18 +179,23 @@ class Groups:
             return self.view(g)
         if len(g.members) + len(new) > MAX_GROUP_MEMBERS:
             raise _too_many(name, len(g.members), len(new))
-        return self._update(name, add=new, remove=[], limits={})
+        return self._update(name, add=new, remove=[], limits={}, request=stamp)
 
-    def remove(self, who: Caller, name: str, users: list[str]) -> Group:
+    def remove(
+        self, who: Caller, name: str, users: list[str], *, idempotency_key: str | None = None
+    ) -> Group:
         self._admin(who)
         g = _known(self.registry, name)
+        stamp = _stamp(who, idempotency_key, "remove", name, *users)
+        if requests.is_replay(g.members_request, stamp, "member change"):
+            return self.view(g)  # its members are gone already: answered as the first time
         missing = [u for u in users if u not in g.members]
         if missing:
             raise InvalidInput(
                 f"{', '.join(missing)} not in group {name}", code="not_a_member", details={"users": missing}
             )
         # Each user once: a transaction may not touch one membership item twice.
-        return self._update(name, add={}, remove=list(dict.fromkeys(users)), limits={})
+        return self._update(name, add={}, remove=list(dict.fromkeys(users)), limits={}, request=stamp)
 
     def set_limits(
         self, who: Caller, name: str, req: GroupLimits, *, idempotency_key: str | None = None

@@ -16,7 +16,7 @@ logger = observability.logger("api")
 @router.post("/groups", status_code=201)
 @admin_only
 def create_group(body: GroupCreate) -> Group:
-    group = api_groups().create(caller(router), body)
+    group = api_groups().create(caller(router), body, idempotency_key=idempotency_key(router))
     logger.info("group created", extra={"group": body.name})
     return group
 
@@ -34,7 +34,7 @@ def show_group(name: str) -> Group:
 @router.post("/groups/<name>/members")
 @admin_only
 def add_members(name: str, body: GroupMembers) -> Group:
-    group = api_groups().add(caller(router), name, body.users)
+    group = api_groups().add(caller(router), name, body.users, idempotency_key=idempotency_key(router))
     logger.info("group members added", extra={"group": name, "users": body.users})
     return group
 
@@ -42,7 +42,7 @@ def add_members(name: str, body: GroupMembers) -> Group:
 @router.post("/groups/<name>/members/remove")
 @admin_only
 def remove_members(name: str, body: GroupMembers) -> Group:
-    group = api_groups().remove(caller(router), name, body.users)
+    group = api_groups().remove(caller(router), name, body.users, idempotency_key=idempotency_key(router))
     logger.info("group members removed", extra={"group": name, "users": body.users})
     return group
 
