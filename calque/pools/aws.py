@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from calque.pools.domain import MESSAGE_RETENTION_S
-from calque.pools.ports import DeadLetter, QueueRefs, StartOutcome
+from calque.pools.ports import DeadLetter, QueueMissing, QueueRefs, StartOutcome
+
+
+def _queue_missing(exc: ClientError) -> bool:
+    """SQS's answer for a queue that does not exist, in its query (NonExistentQueue) and its
+    JSON protocol's (QueueDoesNotExist) spelling."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    return "NonExistentQueue" in code or code.endswith("QueueDoesNotExist")
 
 
 class SqsPoolQueues:
@@ -27,42 +35,66 @@ class SqsPoolQueues:
     def create(self, pool: str, *, visibility_s: int, max_receives: int) -> QueueRefs:
         base = f"{self.prefix}-{pool}"
         tags = {"calque:pool": pool}
-        dlq_url = self.client.create_queue(
-            QueueName=f"{base}-dlq",
-            Attributes={"SqsManagedSseEnabled": "true", "MessageRetentionPeriod": str(14 * 24 * 3600)},
-            tags=tags,
-        )["QueueUrl"]
-        dlq_arn = self._arn(dlq_url)
-        url = self.client.create_queue(
-            QueueName=base,
-            Attributes={
-                "SqsManagedSseEnabled": "true",
-                "VisibilityTimeout": str(visibility_s),
-                "MessageRetentionPeriod": str(MESSAGE_RETENTION_S),
-                "RedrivePolicy": json.dumps(
-                    {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receives}
-                ),
-            },
-            tags=tags,
-        )["QueueUrl"]
-        return QueueRefs(url, self._arn(url), dlq_url, dlq_arn)
+        made: list[str] = []
+        try:
+            dlq_url = self.client.create_queue(
+                QueueName=f"{base}-dlq",
+                Attributes={"SqsManagedSseEnabled": "true", "MessageRetentionPeriod": str(14 * 24 * 3600)},
+                tags=tags,
+            )["QueueUrl"]
+            made.append(dlq_url)
+            dlq_arn = self._arn(dlq_url)
+            url = self.client.create_queue(
+                QueueName=base,
+                Attributes={
+                    "SqsManagedSseEnabled": "true",
+                    "VisibilityTimeout": str(visibility_s),
+                    "MessageRetentionPeriod": str(MESSAGE_RETENTION_S),
+                    "RedrivePolicy": json.dumps(
+                        {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receives}
+                    ),
+                },
+                tags=tags,
+            )["QueueUrl"]
+            made.append(url)
+            return QueueRefs(url, self._arn(url), dlq_url, dlq_arn)
+        except Exception:
+            # the pool is not created: none of its queues is left behind (the caller holds
+            # the pool's name, so no other create uses them); the first error is the one raised
+            for made_url in reversed(made):
+                with contextlib.suppress(ClientError, BotoCoreError):
+                    self._delete_url(made_url)
+            raise
+
+    def _delete_url(self, url: str) -> None:
+        try:
+            self.client.delete_queue(QueueUrl=url)
+        except ClientError as exc:
+            if not _queue_missing(exc):
+                raise
 
     def delete(self, refs: QueueRefs) -> None:
         for url in (refs.queue_url, refs.dlq_url):
-            try:
-                self.client.delete_queue(QueueUrl=url)
-            except ClientError as exc:
-                if "NonExistentQueue" not in exc.response["Error"]["Code"]:
-                    raise
+            self._delete_url(url)
 
     def send(self, queue_url: str, body: str) -> None:
-        self.client.send_message(QueueUrl=queue_url, MessageBody=body)
+        try:
+            self.client.send_message(QueueUrl=queue_url, MessageBody=body)
+        except ClientError as exc:
+            if _queue_missing(exc):
+                raise QueueMissing(queue_url) from None
+            raise
 
     def depth(self, queue_url: str) -> tuple[int, int]:
-        attrs = self.client.get_queue_attributes(
-            QueueUrl=queue_url,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
+        try:
+            attrs = self.client.get_queue_attributes(
+                QueueUrl=queue_url,
+                AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+            )["Attributes"]
+        except ClientError as exc:
+            if _queue_missing(exc):
+                raise QueueMissing(queue_url) from None
+            raise
         return int(attrs.get("ApproximateNumberOfMessages", 0)), int(
             attrs.get("ApproximateNumberOfMessagesNotVisible", 0)
         )
@@ -70,13 +102,18 @@ class SqsPoolQueues:
     def dead_letters(self, dlq_url: str, *, hide_s: int, limit: int) -> list[DeadLetter]:
         out: list[DeadLetter] = []
         while len(out) < limit:
-            resp = self.client.receive_message(
-                QueueUrl=dlq_url,
-                MaxNumberOfMessages=min(10, limit - len(out)),
-                VisibilityTimeout=hide_s,
-                WaitTimeSeconds=0,
-                AttributeNames=["ApproximateReceiveCount"],
-            )
+            try:
+                resp = self.client.receive_message(
+                    QueueUrl=dlq_url,
+                    MaxNumberOfMessages=min(10, limit - len(out)),
+                    VisibilityTimeout=hide_s,
+                    WaitTimeSeconds=0,
+                    AttributeNames=["ApproximateReceiveCount"],
+                )
+            except ClientError as exc:
+                if _queue_missing(exc):
+                    raise QueueMissing(dlq_url) from None
+                raise
             messages = resp.get("Messages", [])
             if not messages:
                 break
@@ -205,8 +242,6 @@ class SsmWorkerStarter:
         return params
 
     def start(self, pool: Any, instance_id: str, worker_ids: list[str]) -> str:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         from calque.errors import DependencyUnavailable
 
         try:
@@ -231,8 +266,6 @@ class SsmWorkerStarter:
         Success, or why not (the host agent's own error line, else SSM's status: Undeliverable,
         DeliveryTimedOut, ExecutionTimedOut, ...). A step that never ran because the agent's
         download failed ends as well (not Success)."""
-        from botocore.exceptions import BotoCoreError
-
         from calque.errors import one_line
         from calque.resources import HOST_AGENT_STEP
 

@@ -68,6 +68,9 @@ class PoolRecord(_Record):
     start_failures: int = 0
     start_failed_at: float | None = None  # the latest failed worker's launch
     start_failure: str | None = None  # why it exited
+    # The create request's stamp (calque.tenancy.requests.stamp: its Idempotency-Key's request
+    # id and body): a replay of that request is answered with this pool, not 409 pool_exists.
+    create_request: str | None = None
 
 
 class ClaimRecord(_Record):
@@ -88,6 +91,19 @@ class ClaimRecord(_Record):
     summary: dict[str, Any] | None = None
     completions: int = 0  # how many times a completion was recorded: 1, ever, for a succeeded claim
     group: str | None = None  # the group it is charged to (the member's default, or the one asked)
+    cancel_request: str | None = None  # the cancel's stamp (Idempotency-Key): its replay is answered
+
+
+class ClaimRequestRecord(_Record):
+    """A claim submitted with an Idempotency-Key: ``request_id`` (calque.tenancy.requests,
+    a hash of the caller and the key) names the claim it made, and ``fingerprint`` what it
+    asked, until ``expires_at`` (epoch seconds)."""
+
+    request_id: str
+    claim_id: str
+    fingerprint: str
+    at: float
+    expires_at: float
 
 
 class WorkerRecord(_Record):

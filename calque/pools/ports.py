@@ -8,8 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from calque.errors import Conflict
 from calque.pools.domain import (
     ClaimRecord,
+    ClaimRequestRecord,
     ClaimUse,
     DecisionRecord,
     PoolInstanceRecord,
@@ -18,16 +20,64 @@ from calque.pools.domain import (
 )
 
 
+class QueueMissing(Conflict):
+    """A pool's queue (or DLQ) does not exist: deleted with its pool, or outside calque."""
+
+    code = "pool_queue_missing"
+
+    def __init__(self, queue_url: str) -> None:
+        super().__init__(f"the pool queue {queue_url} does not exist", details={"queue_url": queue_url})
+        self.queue_url = queue_url
+
+
+class PoolClosed(Exception):
+    """The claim's pool is gone or being deleted: it takes no claim (nothing was written)."""
+
+
+class RequestRecorded(Exception):
+    """A claim submit's request id is recorded already (a replay, or a racing first
+    attempt): nothing was written; ``PoolStore.claim_request`` reads what it made."""
+
+
 class PoolStore(Protocol):
-    def create_pool(self, pool: PoolRecord) -> None:
-        """Conflict when a pool of that name exists."""
+    def claim_name(self, name: str, token: str, *, now: float, stale_before: float) -> None:
+        """Hold ``name`` for the pool create ``token`` while it makes the pool's queues, so
+        no other create makes (and, losing, deletes) the same ones. Conflict (pool_exists)
+        when a pool of that name exists, or another create has held it since ``stale_before``
+        or later; a hold older than that (its create died) is taken over."""
+
+    def release_name(self, name: str, token: str) -> None:
+        """Drop the hold on ``name`` if ``token`` still has it (a create that failed)."""
+
+    def create_pool(self, pool: PoolRecord, *, claim: str | None = None) -> None:
+        """Conflict when a pool of that name exists. ``claim``: the token that holds the name
+        (``claim_name``), dropped in the same write; Conflict when it no longer holds it."""
 
     def get_pool(self, name: str) -> PoolRecord | None: ...
     def list_pools(self) -> list[PoolRecord]: ...
     def update_pool(self, name: str, changes: dict[str, Any]) -> PoolRecord | None: ...
     def delete_pool(self, name: str) -> None: ...
 
-    def create_claim(self, claim: ClaimRecord) -> None: ...
+    def create_claim(
+        self, claim: ClaimRecord, *, pool_active: bool = False, request: ClaimRequestRecord | None = None
+    ) -> None:
+        """Record a new claim. ``pool_active``: on condition its pool exists and is active
+        (PoolClosed otherwise), so no claim is recorded once a delete has begun. ``request``:
+        with its Idempotency-Key's record, in the same write, on condition no live record of
+        that request id exists (RequestRecorded otherwise). Either way nothing is written."""
+
+    def claim_request(self, request_id: str, *, now: float) -> ClaimRequestRecord | None:
+        """The claim submit recorded under ``request_id``, unless it expired before ``now``."""
+
+    def release_request(self, request_id: str, claim_id: str) -> None:
+        """Forget the request id if it still names ``claim_id`` (its submit failed: the same
+        key submits anew)."""
+
+    def discard_claim(self, claim: ClaimRecord) -> None:
+        """Remove a claim that was never queued (its submit was refused after it was
+        recorded): the claim, its pointer and any discard entry. Nothing ran, nothing was
+        charged."""
+
     def get_claim(self, claim_id: str) -> ClaimRecord | None: ...
     def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]: ...
     def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
@@ -116,10 +166,16 @@ class DeadLetter:
 
 
 class PoolQueues(Protocol):
-    """Per-pool SQS queues, created and deleted with the pool (pools are dynamic)."""
+    """Per-pool SQS queues, created and deleted with the pool (pools are dynamic). ``send``,
+    ``depth`` and ``dead_letters`` raise QueueMissing for a queue that does not exist."""
 
-    def create(self, pool: str, *, visibility_s: int, max_receives: int) -> QueueRefs: ...
-    def delete(self, refs: QueueRefs) -> None: ...
+    def create(self, pool: str, *, visibility_s: int, max_receives: int) -> QueueRefs:
+        """The pool's queue and DLQ. A create that fails part way deletes what it made (the
+        caller holds the pool's name: nothing else uses queues of that name)."""
+
+    def delete(self, refs: QueueRefs) -> None:
+        """Delete both queues; one already gone is not an error."""
+
     def send(self, queue_url: str, body: str) -> None: ...
     def depth(self, queue_url: str) -> tuple[int, int]:
         """(visible, in flight)."""

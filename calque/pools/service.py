@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,15 @@ from calque.contracts.pools import (
     WorkerReport,
     WorkerStatus,
 )
-from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
+from calque.errors import (
+    CalqueError,
+    Conflict,
+    ConsentRequired,
+    DependencyUnavailable,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+)
 from calque.identity import Caller
 from calque.pools import domain as d
 from calque.pools.ports import (
@@ -39,9 +48,12 @@ from calque.pools.ports import (
     Grant,
     Nudge,
     ObjectStore,
+    PoolClosed,
     PoolQueues,
     PoolStore,
+    QueueMissing,
     QueueRefs,
+    RequestRecorded,
     StartOutcome,
     WorkerStarter,
 )
@@ -59,9 +71,12 @@ from calque.pools.scaler import (
     waiting_cancelled,
     whole_instances,
 )
+from calque.tenancy import requests
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates
+
+log = logging.getLogger("calque.pools")
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,10 @@ class PoolsConfig:
     # Concurrent sessions of a member no admin set a quota for: a claim's end that creates the
     # member's counter item writes it as a first check-out would (calque.settings).
     default_max_sessions: int = 2
+    # How long a pool create holds its name while it makes the queues before another create
+    # may take it over (the holder died): Lambda's own 15-minute limit, so no create that
+    # still runs loses its name.
+    create_hold_s: int = 900
 
     @property
     def worker_stale_s(self) -> float:
@@ -185,8 +204,28 @@ class Pools:
             raise NotFound(f"no pool {name!r}", details={"pool": name})
         return pool
 
-    def create_pool(self, who: Caller, req: PoolCreate) -> d.PoolRecord:
+    def _created_by(self, stamp: str | None, name: str) -> d.PoolRecord | None:
+        """The pool this create request (its stamp) made already: a replay's answer."""
+        existing = self.store.get_pool(name) if stamp else None
+        if existing is not None and requests.is_replay(existing.create_request, stamp, "pool create"):
+            return existing
+        return None
+
+    def create_pool(
+        self, who: Caller, req: PoolCreate, *, idempotency_key: str | None = None
+    ) -> d.PoolRecord:
+        """Create a pool and its queues. Its name is held in the registry (a conditional write)
+        before any queue is made, so of two creates of one name, the one refused has made
+        nothing and deletes nothing (SQS hands both the same queues). With an Idempotency-Key,
+        a replay is answered with the pool its first attempt created."""
         _require_admin(who, "creating a pool")
+        key = requests.check_key(idempotency_key)
+        stamp = requests.stamp(
+            requests.request_id(who.principal, key) if key else None, req.model_dump_json()
+        )
+        replayed = self._created_by(stamp, req.name)
+        if replayed is not None:
+            return replayed
         if not req.i_understand_this_spends_money:
             raise ConsentRequired(
                 "a pool holds instances that cost money while they run; create it only with "
@@ -216,25 +255,52 @@ class Pools:
             raise Conflict(
                 f"a pool named {req.name!r} exists", code="pool_exists", details={"pool": req.name}
             )
-        refs = self.queues.create(
-            req.name, visibility_s=self.config.visibility_s, max_receives=self.config.max_receives
-        )
+        now = self.clock.now()
+        token = secrets.token_hex(8)
+        try:
+            self.store.claim_name(req.name, token, now=now, stale_before=now - self.config.create_hold_s)
+        except Conflict:
+            # another create holds the name, or has just created it: maybe this request's first try
+            replayed = self._created_by(stamp, req.name)
+            if replayed is not None:
+                return replayed
+            raise
+        try:
+            refs = self.queues.create(
+                req.name, visibility_s=self.config.visibility_s, max_receives=self.config.max_receives
+            )
+        except BaseException:
+            self.store.release_name(req.name, token)  # the adapter removed what it made
+            raise
         pool = d.PoolRecord(
             **req.model_dump(exclude={"i_understand_this_spends_money", "name"}),
             name=req.name,
             created_by=who.principal,
-            created_at=_iso(self.clock.now()),
+            created_at=_iso(now),
             queue_url=refs.queue_url,
             queue_arn=refs.queue_arn,
             dlq_url=refs.dlq_url,
             dlq_arn=refs.dlq_arn,
             max_receives=self.config.max_receives,
             visibility_s=self.config.visibility_s,
+            create_request=stamp,
         )
         try:
-            self.store.create_pool(pool)
+            self.store.create_pool(pool, claim=token)
         except Conflict:
-            self.queues.delete(refs)
+            # Only when this create outlived its hold and another took the name over: the
+            # queues are that create's now (the same names), so they stay.
+            raise
+        except BaseException:
+            # The write failed or its answer was lost. Undo only what is certainly not a pool:
+            # when the record is there (it was written), or it cannot be read, keep the queues.
+            try:
+                written = self.store.get_pool(req.name) is not None
+            except Exception:
+                written = True
+            if not written:
+                self.queues.delete(refs)
+                self.store.release_name(req.name, token)
             raise
         if pool.min_workers:
             self.nudger.nudge(pool.name)
@@ -299,7 +365,14 @@ class Pools:
         wait there (within the queue's retention) for a worker to discard them. ``prune``: an
         entry past the retention (SQS dropped its message) is removed as well as ignored."""
         pending = self.store.pending_discards(pool.name)
-        visible, in_flight = self.queues.depth(pool.queue_url)
+        try:
+            visible, in_flight = self.queues.depth(pool.queue_url)
+        except QueueMissing:
+            if pool.state == d.POOL_ACTIVE:
+                raise
+            # a pool being deleted whose queue is gone (its delete got that far) holds nothing
+            # more: the delete finishes
+            visible, in_flight = 0, 0
         cancelled = waiting_cancelled(pending.values(), now, d.MESSAGE_RETENTION_S)
         if prune:
             for claim_id, at in pending.items():
@@ -348,8 +421,12 @@ class Pools:
                 "--i-understand-this-terminates-instances",
                 details={"field": "i_understand_this_terminates_instances"},
             )
-        pool = self._pool(name)
-        self.store.update_pool(name, {"state": d.POOL_DELETING})
+        self._pool(name)
+        # Written before anything is released: from here no claim is recorded for it
+        # (submit's write is conditional on the pool being active).
+        pool = self.store.update_pool(name, {"state": d.POOL_DELETING})
+        if pool is None:
+            raise NotFound(f"no pool {name!r}", details={"pool": name})
         return self._finish_delete(pool, force=req.now)
 
     def _cannot_drain(
@@ -412,10 +489,47 @@ class Pools:
         return out
 
     # claims
-    def submit(self, who: Caller, name: str, req: ClaimSubmit) -> d.ClaimRecord:
+    def _not_taking(self, name: str) -> CalqueError:
+        """Why pool ``name`` takes no claim now: it is gone (404) or being deleted (409)."""
+        if self.store.get_pool(name) is None:
+            return NotFound(f"no pool {name!r}", details={"pool": name})
+        return Conflict(
+            f"pool {name!r} is being deleted and takes no claims",
+            code="pool_deleting",
+            details={"pool": name},
+        )
+
+    def _submitted(self, who: Caller, rid: str | None, fingerprint: str) -> d.ClaimRecord | None:
+        """The claim this submit (its request id) made already: a replay's answer. The same
+        key with another body (items, group or pool) is ``idempotency_key_reused``."""
+        found = self.store.claim_request(rid, now=self.clock.now()) if rid else None
+        if found is None:
+            return None
+        if found.fingerprint != fingerprint:
+            raise InvalidInput(
+                "this Idempotency-Key was already used for a different claim submit; use a new key",
+                code="idempotency_key_reused",
+                details={"field": "Idempotency-Key"},
+            )
+        claim = self.store.get_claim(found.claim_id)
+        return claim if claim is not None and claim.user == who.principal else None
+
+    def submit(
+        self, who: Caller, name: str, req: ClaimSubmit, *, idempotency_key: str | None = None
+    ) -> d.ClaimRecord:
+        """Record a claim, stage its manifest and queue its pointer. With an Idempotency-Key a
+        replay (a retry after a lost answer or a 503) is answered with the first attempt's
+        claim, as it is now, and makes no second claim; an attempt that failed to queue its
+        claim leaves the key free, so its retry submits anew."""
+        key = requests.check_key(idempotency_key)
+        rid = requests.request_id(who.principal, key) if key else None
+        fingerprint = requests.fingerprint(f"{name}\0{req.model_dump_json()}") if rid else ""
+        replayed = self._submitted(who, rid, fingerprint)
+        if replayed is not None:
+            return replayed
         pool = self._pool(name)
         if pool.state != d.POOL_ACTIVE:
-            raise Conflict(f"pool {name!r} is being deleted and takes no claims", code="pool_deleting")
+            raise self._not_taking(name)
         if pool.start_failures >= self.config.start_failure_limit:
             raise Conflict(
                 f"pool {name!r} takes no claims now: {pool.start_failures} of its worker starts in a row "
@@ -428,7 +542,6 @@ class Pools:
         claim_id = f"c-{secrets.token_hex(8)}"
         now = self.clock.now()
         manifest_key = f"pools/{name}/claims/{claim_id}/manifest.json"
-        self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
         claim = d.ClaimRecord(
             claim_id=claim_id,
             pool=name,
@@ -438,7 +551,37 @@ class Pools:
             submitted_at=_iso(now),
             group=group,
         )
-        self.store.create_claim(claim)
+        request = (
+            d.ClaimRequestRecord(
+                request_id=rid,
+                claim_id=claim_id,
+                fingerprint=fingerprint,
+                at=now,
+                expires_at=now + requests.REPLAY_WINDOW_S,
+            )
+            if rid
+            else None
+        )
+        # Recorded first, on condition the pool is still active (a delete writes its state
+        # before it cancels the pool's claims and deletes its queue) and, with a key, that no
+        # attempt of this request recorded one: a refusal here has written nothing.
+        for _ in range(3):
+            try:
+                self.store.create_claim(claim, pool_active=True, request=request)
+                break
+            except PoolClosed:
+                raise self._not_taking(name) from None
+            except RequestRecorded:
+                # a racing attempt of this request recorded its claim first: answer that one
+                # (unless it failed to queue it and freed the key meanwhile: then try again)
+                replayed = self._submitted(who, rid, fingerprint)
+                if replayed is not None:
+                    return replayed
+        else:
+            raise DependencyUnavailable(
+                "attempts of this request with the same Idempotency-Key kept racing; ask again",
+                details={"field": "Idempotency-Key"},
+            )
         pointer = {
             "v": 1,
             "claim_id": claim_id,
@@ -447,22 +590,41 @@ class Pools:
             "results": {"bucket": self.objects.bucket, "prefix": f"pools/{name}/claims/{claim_id}"},
         }
         try:
+            self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
             self.queues.send(pool.queue_url, json.dumps(pointer))
+        except QueueMissing as exc:
+            after = self.store.get_pool(name)
+            if after is None or after.state != d.POOL_ACTIVE:
+                # The pool's delete got past this claim's write: its queue is gone, nothing
+                # was sent. The claim never was: no record (a --now delete may have cancelled
+                # it meanwhile), no charge, the key free; the member is told why.
+                self.store.discard_claim(claim)
+                if rid:
+                    self.store.release_request(rid, claim_id)
+                raise self._not_taking(name) from None
+            self._unqueued(pool, claim_id, rid, f"could not be queued: {exc.message}")
+            raise Conflict(
+                f"pool {name!r} cannot take claims: its queue {pool.queue_url} does not exist (deleted "
+                f"outside calque?); an admin deletes the pool (`calque pool delete {name} --now "
+                "--i-understand-this-terminates-instances`) and creates it again",
+                code="pool_queue_missing",
+                details={"pool": name, "queue_url": pool.queue_url},
+            ) from None
         except Exception as exc:
-            # No message, no worker will ever take it: end it now rather than leave a claim
-            # queued forever (nothing ran, so nothing is charged), and say why.
-            self._end(
-                pool,
-                claim_id,
-                {
-                    "state": d.FAILED,
-                    "finished_at": _iso(self.clock.now()),
-                    "reason": f"could not be queued: {type(exc).__name__}",
-                },
-            )
+            self._unqueued(pool, claim_id, rid, f"could not be queued: {type(exc).__name__}")
             raise
         self.nudger.nudge(name)
         return claim
+
+    def _unqueued(self, pool: d.PoolRecord, claim_id: str, rid: str | None, reason: str) -> None:
+        """A claim whose pointer could not be sent: no worker will ever take it, so it ends
+        now rather than stay queued forever (nothing ran: nothing is charged), saying why;
+        its key is freed so that the member's retry submits anew."""
+        self._end(
+            pool, claim_id, {"state": d.FAILED, "finished_at": _iso(self.clock.now()), "reason": reason}
+        )
+        if rid:
+            self.store.release_request(rid, claim_id)
 
     def _claim_group(self, who: Caller, requested: str | None) -> str | None:
         """The group a claim is charged to, resolved as a check-out's is. A claim's run time
@@ -559,8 +721,19 @@ class Pools:
         result = self.objects.get_json(claim.result_key)
         return {"claim_id": claim_id, "summary": claim.summary, "results": result.get("results", [])}
 
-    def cancel_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
+    def cancel_claim(
+        self, who: Caller, claim_id: str, *, idempotency_key: str | None = None
+    ) -> d.ClaimRecord:
+        """End a live claim ``cancelled``. With an Idempotency-Key, a replay of the cancel that
+        ended it (its stamp is kept on the claim, written with the end) is answered with the
+        claim, as the first attempt was; another cancel of an ended claim is 409."""
+        key = requests.check_key(idempotency_key)
+        stamp = requests.stamp(
+            requests.request_id(who.principal, key) if key else None, f"cancel\0{claim_id}"
+        )
         claim = self._claim_for(who, claim_id)
+        if requests.is_replay(claim.cancel_request, stamp, "claim cancel"):
+            return claim
         now = self.clock.now()
         # cancelled while queued: its message stays on the queue until a worker receives and
         # deletes it unrun; meanwhile the scaler does not count it (pending_discards). The
@@ -575,10 +748,14 @@ class Pools:
                 "state": d.CANCELLED,
                 "finished_at": _iso(now),
                 "reason": f"cancelled by {who.principal}",
+                "cancel_request": stamp,
             },
             discard_at=sent,
         )
         if changed is None:
+            again = self.store.get_claim(claim_id)
+            if again is not None and requests.is_replay(again.cancel_request, stamp, "claim cancel"):
+                return again  # a racing attempt of this cancel ended it
             raise Conflict(
                 f"claim {claim_id} is already {self.store.get_claim(claim_id).state if claim else 'gone'}",  # type: ignore[union-attr]
                 code="claim_finished",
@@ -960,11 +1137,23 @@ class Pools:
                 )
 
     def scale_all(self) -> list[dict[str, Any]]:
-        out = []
-        for pool in self.store.list_pools():
-            result = self.scale(pool.name)
+        return self.scale_pools([p.name for p in self.store.list_pools()])
+
+    def scale_pools(self, names: list[str]) -> list[dict[str, Any]]:
+        """One tick for each pool named, each on its own: a pool whose tick fails (its queue is
+        gone, a write refused) is logged with its name and answered ``{"pool", "error"}``, and
+        the others are still served. A pool no longer there is ``{"pool", "result": None}``."""
+        out: list[dict[str, Any]] = []
+        for name in names:
+            try:
+                result = self.scale(name)
+            except Exception as exc:
+                out.append({"pool": name, "error": _failure(name, "scaler tick", exc)})
+                continue
             out.append(
-                result.to_record() if isinstance(result, Decision) else {"pool": pool.name, "result": result}
+                {"pool": name, **result.to_record()}
+                if isinstance(result, Decision)
+                else {"pool": name, "result": result}
             )
         return out
 
@@ -974,7 +1163,13 @@ class Pools:
         if pool is None:
             return 0
         marked = 0
-        for letter in self.queues.dead_letters(pool.dlq_url, hide_s=self.config.dlq_hide_s, limit=100):
+        try:
+            letters = self.queues.dead_letters(pool.dlq_url, hide_s=self.config.dlq_hide_s, limit=100)
+        except QueueMissing:
+            if pool.state == d.POOL_ACTIVE:
+                raise
+            return 0  # a pool being deleted whose DLQ is gone already: nothing left to mark
+        for letter in letters:
             try:
                 claim_id = str(json.loads(letter.body)["claim_id"])
             except (ValueError, KeyError, TypeError):
@@ -991,5 +1186,27 @@ class Pools:
                 marked += 1
         return marked
 
-    def drain_all_dead_letters(self) -> int:
-        return sum(self.drain_dead_letters(p.name) for p in self.store.list_pools())
+    def drain_all_dead_letters(self) -> DeadLetterSweep:
+        """Every pool's dead letters, each pool on its own: one whose DLQ cannot be read (gone,
+        refused) or whose claims cannot be marked is logged with its name and counted in
+        ``failed``, and the other pools are still drained."""
+        sweep = DeadLetterSweep()
+        for pool in self.store.list_pools():
+            try:
+                sweep.marked += self.drain_dead_letters(pool.name)
+            except Exception as exc:
+                sweep.failed[pool.name] = _failure(pool.name, "dead-letter sweep", exc)
+        return sweep
+
+
+@dataclass
+class DeadLetterSweep:
+    marked: int = 0  # claims marked failed
+    failed: dict[str, str] = field(default_factory=dict)  # pool -> why its sweep failed
+
+
+def _failure(pool: str, what: str, exc: Exception) -> str:
+    """Log one pool's failed scheduled work with the pool's name; what the answer says of it."""
+    why = exc.message if isinstance(exc, CalqueError) else f"{type(exc).__name__}: {exc}"
+    log.exception("pool %s: %s failed: %s", pool, what, why, extra={"pool": pool})
+    return why

@@ -12,6 +12,12 @@
                                                          worker discards the message; gc_at (TTL)
                                                          once the queue's retention is past)
 
+    name hold   POOLS               CREATING#<name>       (a create holding the name while it makes
+                                                         the pool's queues: token, at; dropped in
+                                                         the write that records the pool)
+    claim req.  CLAIMREQ#<request id>  CLAIMREQ           (a claim submitted with an Idempotency-Key:
+                                                         the claim it made, what it asked; gc_at)
+
     claim run   CLAIMRUNS#<YYYY-MM-DD>  RUN#<pool>#<claim_id>   (a copy of a claim that ran, under
                                                          every UTC day it ran: chargeback's index)
     pool inst.  POOLINSTANCES       INSTANCE#<instance_id>       (an instance a pool paid for, and when)
@@ -42,22 +48,32 @@ from calque.errors import Conflict
 from calque.pools.domain import (
     LIVE,
     MESSAGE_RETENTION_S,
+    POOL_ACTIVE,
     QUEUED,
     RUNNING,
     SUCCEEDED,
     TERMINAL,
     ClaimRecord,
+    ClaimRequestRecord,
     ClaimUse,
     DecisionRecord,
     PoolInstanceRecord,
     PoolRecord,
     WorkerRecord,
 )
+from calque.pools.ports import PoolClosed, RequestRecorded
 from calque.registry.dynamo import des, ser
 
 POOLS_PK = "POOLS"
 _END_TRIES = 5  # a claim's end re-read and tried again after a lost race, at most
 POOL_INSTANCES_PK = "POOLINSTANCES"
+NAME_HOLD_GC_S = 24 * 3600  # DynamoDB's TTL collects a hold its create never dropped
+
+
+def _name_taken(name: str) -> Conflict:
+    return Conflict(
+        f"a pool named {name!r} exists (or is being created)", code="pool_exists", details={"pool": name}
+    )
 
 
 def run_days(claim: ClaimRecord) -> list[str]:
@@ -82,6 +98,19 @@ def _pool_key(name: str) -> dict[str, str]:
 
 def _claim_key(pool: str, claim_id: str) -> dict[str, str]:
     return {"pk": f"POOL#{pool}", "sk": f"CLAIM#{claim_id}"}
+
+
+def _hold_key(name: str) -> dict[str, str]:
+    return {"pk": POOLS_PK, "sk": f"CREATING#{name}"}
+
+
+def _request_key(request_id: str) -> dict[str, str]:
+    return {"pk": f"CLAIMREQ#{request_id}", "sk": "CLAIMREQ"}
+
+
+def _cancelled_by(exc: ClientError) -> list[str]:
+    """Each transaction item's cancellation reason (``None`` for one that did not fail)."""
+    return [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
 
 
 def _pointer_key(claim_id: str) -> dict[str, str]:
@@ -203,16 +232,77 @@ class DynamoPoolStore:
             raise
 
     # pools
-    def create_pool(self, pool: PoolRecord) -> None:
+    def claim_name(self, name: str, token: str, *, now: float, stale_before: float) -> None:
+        hold = {**_hold_key(name), "token": token, "at": now, "gc_at": int(now) + NAME_HOLD_GC_S}
         try:
-            self.client.put_item(
-                TableName=self.table,
-                Item=ser({**_pool_key(pool.name), **pool.model_dump()}),
-                ConditionExpression="attribute_not_exists(pk)",
+            self.client.transact_write_items(
+                TransactItems=[
+                    {
+                        "Put": {
+                            "TableName": self.table,
+                            "Item": ser(hold),
+                            "ConditionExpression": "attribute_not_exists(pk) OR #at < :stale",
+                            "ExpressionAttributeNames": {"#at": "at"},
+                            "ExpressionAttributeValues": ser({":stale": stale_before}),
+                        }
+                    },
+                    {
+                        "ConditionCheck": {
+                            "TableName": self.table,
+                            "Key": ser(_pool_key(name)),
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                        }
+                    },
+                ]
             )
         except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                raise Conflict(f"a pool named {pool.name!r} exists", code="pool_exists") from None
+            if exc.response["Error"]["Code"] == "TransactionCanceledException":
+                raise _name_taken(name) from None
+            raise
+
+    def release_name(self, name: str, token: str) -> None:
+        try:
+            self.client.delete_item(
+                TableName=self.table,
+                Key=ser(_hold_key(name)),
+                ConditionExpression="#t = :t",
+                ExpressionAttributeNames={"#t": "token"},
+                ExpressionAttributeValues=ser({":t": token}),
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+    def create_pool(self, pool: PoolRecord, *, claim: str | None = None) -> None:
+        put = {
+            "TableName": self.table,
+            "Item": ser({**_pool_key(pool.name), **pool.model_dump()}),
+            "ConditionExpression": "attribute_not_exists(pk)",
+        }
+        try:
+            if claim is None:
+                self.client.put_item(**put)
+                return
+            self.client.transact_write_items(
+                TransactItems=[
+                    {"Put": put},
+                    {
+                        "Delete": {
+                            "TableName": self.table,
+                            "Key": ser(_hold_key(pool.name)),
+                            "ConditionExpression": "#t = :t",
+                            "ExpressionAttributeNames": {"#t": "token"},
+                            "ExpressionAttributeValues": ser({":t": claim}),
+                        }
+                    },
+                ]
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in (
+                "ConditionalCheckFailedException",
+                "TransactionCanceledException",
+            ):
+                raise _name_taken(pool.name) from None
             raise
 
     def get_pool(self, name: str) -> PoolRecord | None:
@@ -230,7 +320,9 @@ class DynamoPoolStore:
         self.client.delete_item(TableName=self.table, Key=ser(_pool_key(name)))
 
     # claims
-    def create_claim(self, claim: ClaimRecord) -> None:
+    def create_claim(
+        self, claim: ClaimRecord, *, pool_active: bool = False, request: ClaimRequestRecord | None = None
+    ) -> None:
         item = {
             **_claim_key(claim.pool, claim.claim_id),
             **claim.model_dump(),
@@ -238,22 +330,92 @@ class DynamoPoolStore:
             "user_sk": f"{claim.submitted_at}#{claim.claim_id}",
             **_pool_index(claim),
         }
+        items: list[dict[str, Any]] = [
+            {
+                "Put": {
+                    "TableName": self.table,
+                    "Item": ser(item),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            },
+            {
+                "Put": {
+                    "TableName": self.table,
+                    "Item": ser({**_pointer_key(claim.claim_id), "pool": claim.pool}),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            },
+        ]
+        if pool_active:
+            # a delete writes its pool's state first: no claim is recorded after it
+            items.append(
+                {
+                    "ConditionCheck": {
+                        "TableName": self.table,
+                        "Key": ser(_pool_key(claim.pool)),
+                        "ConditionExpression": "#st = :active",
+                        "ExpressionAttributeNames": {"#st": "state"},
+                        "ExpressionAttributeValues": ser({":active": POOL_ACTIVE}),
+                    }
+                }
+            )
+        if request is not None:
+            items.append(
+                {
+                    "Put": {
+                        "TableName": self.table,
+                        "Item": ser(
+                            {
+                                **_request_key(request.request_id),
+                                **request.model_dump(),
+                                "gc_at": int(request.expires_at),
+                            }
+                        ),
+                        # a record past its window (DynamoDB's TTL may be days late) is no replay
+                        "ConditionExpression": "attribute_not_exists(pk) OR gc_at < :now",
+                        "ExpressionAttributeValues": ser({":now": int(request.at)}),
+                    }
+                }
+            )
+        try:
+            self.client.transact_write_items(TransactItems=items)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                raise
+            reasons = _cancelled_by(exc)
+            if request is not None and reasons[-1:] == ["ConditionalCheckFailed"]:
+                raise RequestRecorded(request.request_id) from None
+            if pool_active and reasons[2:3] == ["ConditionalCheckFailed"]:
+                raise PoolClosed(claim.pool) from None
+            raise
+
+    def claim_request(self, request_id: str, *, now: float) -> ClaimRequestRecord | None:
+        item = self._get(_request_key(request_id))
+        if item is None or int(item.get("gc_at", 0)) < int(now):
+            return None
+        return ClaimRequestRecord.model_validate(_strip(item))
+
+    def release_request(self, request_id: str, claim_id: str) -> None:
+        try:
+            self.client.delete_item(
+                TableName=self.table,
+                Key=ser(_request_key(request_id)),
+                ConditionExpression="claim_id = :c",
+                ExpressionAttributeValues=ser({":c": claim_id}),
+            )
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+
+    def discard_claim(self, claim: ClaimRecord) -> None:
         self.client.transact_write_items(
             TransactItems=[
-                {
-                    "Put": {
-                        "TableName": self.table,
-                        "Item": ser(item),
-                        "ConditionExpression": "attribute_not_exists(pk)",
-                    }
-                },
-                {
-                    "Put": {
-                        "TableName": self.table,
-                        "Item": ser({**_pointer_key(claim.claim_id), "pool": claim.pool}),
-                        "ConditionExpression": "attribute_not_exists(pk)",
-                    }
-                },
+                {"Delete": {"TableName": self.table, "Key": ser(key)}}
+                for key in (
+                    _claim_key(claim.pool, claim.claim_id),
+                    _pointer_key(claim.claim_id),
+                    _discard_key(claim.pool, claim.claim_id),
+                )
             ]
         )
 
@@ -533,12 +695,29 @@ class MemoryPoolStore:
         self._runs: dict[str, dict[str, ClaimRecord]] = {}
         self._instances: dict[str, PoolInstanceRecord] = {}
         self._discards: dict[tuple[str, str], float] = {}
+        self.holds: dict[str, tuple[str, float]] = {}  # pool name -> (create token, since)
+        self.requests: dict[str, ClaimRequestRecord] = {}
 
-    def create_pool(self, pool: PoolRecord) -> None:
+    def claim_name(self, name: str, token: str, *, now: float, stale_before: float) -> None:
         with self._lock:
-            if pool.name in self.pools:
-                raise Conflict(f"a pool named {pool.name!r} exists", code="pool_exists")
+            held = self.holds.get(name)
+            if name in self.pools or (held is not None and held[1] >= stale_before):
+                raise _name_taken(name)
+            self.holds[name] = (token, now)
+
+    def release_name(self, name: str, token: str) -> None:
+        with self._lock:
+            if name in self.holds and self.holds[name][0] == token:
+                del self.holds[name]
+
+    def create_pool(self, pool: PoolRecord, *, claim: str | None = None) -> None:
+        with self._lock:
+            held = self.holds.get(pool.name)
+            if pool.name in self.pools or (claim is not None and (held is None or held[0] != claim)):
+                raise _name_taken(pool.name)
             self.pools[pool.name] = pool.model_copy(deep=True)
+            if claim is not None:
+                del self.holds[pool.name]
 
     def get_pool(self, name: str) -> PoolRecord | None:
         with self._lock:
@@ -560,9 +739,36 @@ class MemoryPoolStore:
         with self._lock:
             self.pools.pop(name, None)
 
-    def create_claim(self, claim: ClaimRecord) -> None:
+    def create_claim(
+        self, claim: ClaimRecord, *, pool_active: bool = False, request: ClaimRequestRecord | None = None
+    ) -> None:
         with self._lock:
+            if request is not None:
+                known = self.requests.get(request.request_id)
+                if known is not None and known.expires_at >= request.at:
+                    raise RequestRecorded(request.request_id)
+            pool = self.pools.get(claim.pool)
+            if pool_active and (pool is None or pool.state != POOL_ACTIVE):
+                raise PoolClosed(claim.pool)
             self.claims[claim.claim_id] = claim.model_copy(deep=True)
+            if request is not None:
+                self.requests[request.request_id] = request.model_copy(deep=True)
+
+    def claim_request(self, request_id: str, *, now: float) -> ClaimRequestRecord | None:
+        with self._lock:
+            known = self.requests.get(request_id)
+            return known.model_copy(deep=True) if known is not None and known.expires_at >= now else None
+
+    def release_request(self, request_id: str, claim_id: str) -> None:
+        with self._lock:
+            known = self.requests.get(request_id)
+            if known is not None and known.claim_id == claim_id:
+                del self.requests[request_id]
+
+    def discard_claim(self, claim: ClaimRecord) -> None:
+        with self._lock:
+            self.claims.pop(claim.claim_id, None)
+            self._discards.pop((claim.pool, claim.claim_id), None)
 
     def get_claim(self, claim_id: str) -> ClaimRecord | None:
         with self._lock:

@@ -1,5 +1,7 @@
 """The pool scaler: EventBridge schedule -> size every pool; pool_nudges queue (a submit) ->
-size the pools named. One decision per pool, stored with its inputs and reason."""
+size the pools named. One decision per pool, stored with its inputs and reason. Each pool is
+sized on its own: one that fails is logged and counted (PoolScaleFailures), the others are
+still sized, and a nudge for it comes back (a partial batch response) to be tried again."""
 
 from __future__ import annotations
 
@@ -15,41 +17,45 @@ logger = observability.logger("pool_scaler")
 metrics = observability.metrics("pool_scaler")
 
 
-def _nudged_pools(event: dict[str, Any]) -> list[str] | None:
-    """The pools an SQS batch of nudges names, or None for a scheduled event (every pool)."""
+def _nudges(event: dict[str, Any]) -> dict[str, list[str]] | None:
+    """The pools an SQS batch of nudges names, each with the ids of the messages naming it,
+    or None for a scheduled event (every pool)."""
     records = event.get("Records")
     if not records:
         return None
-    names = []
+    named: dict[str, list[str]] = {}
     for r in records:
         try:
-            names.append(str(json.loads(r["body"])["pool"]))
+            name = str(json.loads(r["body"])["pool"])
         except (ValueError, KeyError, TypeError):
             logger.warning("not a nudge, ignored", extra={"body": str(r.get("body"))[:200]})
-    return sorted(set(names))
+            continue
+        named.setdefault(name, []).append(str(r.get("messageId", "")))
+    return dict(sorted(named.items()))
 
 
 @observability.instrumented("pool_scaler")
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     service = pools()
-    names = _nudged_pools(event)
-    if names is None:
-        results = service.scale_all()
+    nudged = _nudges(event)
+    if nudged is None:
+        answered = service.scale_all()
     else:
-        results = []
-        for name in names:
-            out = service.scale(name)
-            if out is not None:
-                results.append(
-                    out.to_record() if hasattr(out, "to_record") else {"pool": name, "result": out}
-                )
+        answered = [r for r in service.scale_pools(list(nudged)) if r.get("result", True) is not None]
+    failed = {str(r["pool"]): str(r["error"]) for r in answered if "error" in r}
+    results = [r for r in answered if "error" not in r]
     launched = sum(int(r.get("launch", 0)) for r in results)
     removed = sum(len(r.get("remove", [])) for r in results)
     metrics.add_metric(name="PoolWorkersLaunched", unit=MetricUnit.Count, value=launched)
     metrics.add_metric(name="PoolWorkersRemoved", unit=MetricUnit.Count, value=removed)
+    metrics.add_metric(name="PoolScaleFailures", unit=MetricUnit.Count, value=len(failed))
     for r in results:
         if r.get("action") in ("scale_out", "scale_in"):
             logger.info("pool scaled", extra={"decision": r})
-    if names is not None:  # a nudge batch: every nudge is served (a failure raises: the batch comes back)
-        return {"batchItemFailures": [], "decisions": results}
-    return {"decisions": results}
+    for name, why in failed.items():
+        logger.error("pool not scaled", extra={"pool": name, "error": why})
+    if nudged is not None:
+        # the nudges of a pool that failed come back to be tried again; the others are served
+        retry = [{"itemIdentifier": mid} for name in failed for mid in nudged.get(name, []) if mid]
+        return {"batchItemFailures": retry, "decisions": results, "failed": failed}
+    return {"decisions": results, "failed": failed}

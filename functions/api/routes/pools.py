@@ -25,7 +25,14 @@ from calque.contracts.pools import (
 from calque.pools.wiring import pools
 from calque.settings import pool_settings
 from functions import observability
-from functions.api.context import admin_only, caller, guarded, host_role_caller, require_host_role
+from functions.api.context import (
+    admin_only,
+    caller,
+    guarded,
+    host_role_caller,
+    idempotency_key,
+    require_host_role,
+)
 
 router = Router()
 logger = observability.logger("api")
@@ -43,7 +50,7 @@ def _claim(record: Any) -> Claim:
 @router.post("/pools", status_code=201)
 @admin_only
 def create_pool(body: PoolCreate) -> Pool:
-    pool = pools().create_pool(caller(router), body)
+    pool = pools().create_pool(caller(router), body, idempotency_key=idempotency_key(router))
     logger.info("pool created", extra={"pool": pool.name, "instance_type": pool.instance_type})
     return _pool(pool)
 
@@ -82,7 +89,7 @@ def delete_pool(name: str, body: Annotated[PoolDelete | None, Body()] = None) ->
 
 @router.post("/pools/<name>/claims", status_code=201)
 def submit(name: str, body: ClaimSubmit) -> Claim:
-    claim = pools().submit(caller(router), name, body)
+    claim = pools().submit(caller(router), name, body, idempotency_key=idempotency_key(router))
     metrics.add_metric(name="ClaimsSubmitted", unit=MetricUnit.Count, value=1)
     logger.info("claim submitted", extra={"pool": name, "claim_id": claim.claim_id, "items": claim.items})
     return _claim(claim)
@@ -107,7 +114,7 @@ def claim_result(claim_id: str) -> dict[str, Any]:
 
 @router.delete("/claims/<claim_id>")
 def cancel_claim(claim_id: str) -> Claim:
-    claim = pools().cancel_claim(caller(router), claim_id)
+    claim = pools().cancel_claim(caller(router), claim_id, idempotency_key=idempotency_key(router))
     logger.info("claim cancelled", extra={"claim_id": claim_id})
     return _claim(claim)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from calque.identity import Caller
 from calque.pools.domain import PoolRecord
-from calque.pools.ports import DeadLetter, Grant, QueueRefs
+from calque.pools.ports import DeadLetter, Grant, QueueMissing, QueueRefs
 from calque.pools.service import Pools, PoolsConfig
 from calque.registry.pools import MemoryPoolStore
 
@@ -28,19 +28,21 @@ def instance(instance_id: str) -> Caller:
 
 
 class FakeQueues:
+    """SQS as the pools use it: CreateQueue of an existing name (same attributes) answers the
+    queue that exists, as SQS does; a queue that does not exist raises QueueMissing."""
+
     def __init__(self) -> None:
         self.queues: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
+        self.created: list[str] = []
 
     def create(self, pool: str, *, visibility_s: int, max_receives: int) -> QueueRefs:
         url, dlq = f"sqs://{pool}", f"sqs://{pool}-dlq"
-        self.queues[url] = {
-            "visible": [],
-            "in_flight": [],
-            "max_receives": max_receives,
-            "visibility": visibility_s,
-        }
-        self.queues[dlq] = {"visible": [], "in_flight": []}
+        self.queues.setdefault(
+            url, {"visible": [], "in_flight": [], "max_receives": max_receives, "visibility": visibility_s}
+        )
+        self.queues.setdefault(dlq, {"visible": [], "in_flight": []})
+        self.created.append(url)
         return QueueRefs(url, f"arn:{pool}", dlq, f"arn:{pool}-dlq")
 
     def delete(self, refs: QueueRefs) -> None:
@@ -48,11 +50,16 @@ class FakeQueues:
             self.queues.pop(url, None)
             self.deleted.append(url)
 
+    def _queue(self, url: str) -> dict[str, Any]:
+        if url not in self.queues:
+            raise QueueMissing(url)
+        return self.queues[url]
+
     def send(self, queue_url: str, body: str) -> None:
-        self.queues[queue_url]["visible"].append(body)
+        self._queue(queue_url)["visible"].append(body)
 
     def depth(self, queue_url: str) -> tuple[int, int]:
-        q = self.queues[queue_url]
+        q = self._queue(queue_url)
         return len(q["visible"]), len(q["in_flight"])
 
     def take(self, queue_url: str) -> dict[str, Any]:
@@ -65,7 +72,7 @@ class FakeQueues:
         self.queues[f"sqs://{pool}-dlq"]["visible"].append(body)
 
     def dead_letters(self, dlq_url: str, *, hide_s: int, limit: int) -> list[DeadLetter]:
-        return [DeadLetter(b, 3) for b in self.queues[dlq_url]["visible"][:limit]]
+        return [DeadLetter(b, 3) for b in self._queue(dlq_url)["visible"][:limit]]
 
 
 class MemoryObjects:
