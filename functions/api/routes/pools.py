@@ -56,6 +56,7 @@ def create_pool(body: PoolCreate) -> Pool:
 
 
 @router.post("/pools/<name>/package", status_code=201)
+@admin_only
 def package_upload(name: str, body: PackageUpload) -> dict[str, Any]:
     """Where to PUT the runner package (a presigned URL to the artifact bucket's pool prefix)."""
     return pools().package_upload(caller(router), name, body)

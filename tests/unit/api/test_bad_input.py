@@ -105,6 +105,11 @@ def test_a_member_on_an_admin_route_is_403_whatever_the_body(world, content_type
         ("/v1/quotas/bob", "PUT", '{"max_sessions": "lots"}'),
         (f"/v1/hosts/{IID}/drain", "POST", '{"force": "yes"}'),
         ("/v1/hosts", "POST", "[1, 2]"),
+        ("/v1/hosts/acquire", "POST", '{"instance_type": "g7e.2xlarge", "count": "two"}'),
+        (f"/v1/hosts/{IID}/release", "POST", '{"accept_terminate": "yes"}'),
+        ("/v1/budget", "PUT", "{}"),
+        ("/v1/pools/p1/package", "POST", "{}"),
+        ("/v1/groups", "POST", '{"name": 7}'),
     ]:
         status, doc, _ = call(method, path, user="alice", body=body, content_type=content_type)
         assert (status, assert_error_shape(doc)["code"]) == (403, "forbidden"), (path, content_type, doc)
