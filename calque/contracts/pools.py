@@ -106,7 +106,8 @@ class ClaimReport(Strict):
     event: Literal["started", "attempt_failed", "succeeded"]
     worker_id: str = Field(min_length=1, max_length=100)
     instance_id: str = Field(min_length=1, max_length=40)
-    attempt: int = Field(ge=1)
+    # SQS's receive count, at most its maxReceiveCount's ceiling (1,000)
+    attempt: int = Field(ge=1, le=1000)
     reason: str | None = Field(default=None, max_length=4000)
     result_key: str | None = Field(default=None, max_length=1000)
     summary: dict[str, Any] | None = None
@@ -120,7 +121,8 @@ class ClaimReport(Strict):
 class WorkerReport(Strict):
     instance_id: str = Field(min_length=1, max_length=40)
     state: Literal["idle", "busy", "exited"]
-    enter_seconds: float | None = None
+    # how long the runner's enter took (loading the model): a week bounds any real one
+    enter_seconds: float | None = Field(default=None, ge=0, le=7 * 24 * 3600)
     claim_id: str | None = None
     reason: str | None = Field(default=None, max_length=4000)
 
@@ -197,7 +199,8 @@ class WorkerStatus(Out):
     launched_at: str = Field(description="when the scaler asked for it (ISO 8601 UTC)")
     seen_at: str | None = Field(default=None, description="its last report")
     idle_since: str | None = None
-    enter_seconds: float | None = None
+    # how long the runner's enter took (loading the model): a week bounds any real one
+    enter_seconds: float | None = Field(default=None, ge=0, le=7 * 24 * 3600)
     claim_id: str | None = None
     reason: str | None = None
     claims_served: int = Field(default=0, description="claims it ran to succeeded")

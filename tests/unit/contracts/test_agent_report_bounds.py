@@ -41,3 +41,25 @@ def test_a_value_no_real_host_sends_is_refused_by_name(field, value, says):
     (error,) = refused.value.errors()
     assert error["loc"] == (field,)
     assert says in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("model", "doc"),
+    [
+        ("WorkerReport", {"instance_id": "i-0aaa0001", "state": "idle", "enter_seconds": 1e308}),
+        ("WorkerReport", {"instance_id": "i-0aaa0001", "state": "idle", "enter_seconds": -1}),
+        (
+            "ClaimReport",
+            {"event": "started", "worker_id": "w1", "instance_id": "i-0aaa0001", "attempt": 10**40},
+        ),
+    ],
+)
+def test_pool_reports_out_of_range_are_refused(model, doc):
+    """A worker's report with a 1e308 s enter or a 41-digit attempt answered 500 (a number the
+    store could not hold); refused by name (422)."""
+    from calque.contracts import pools
+
+    with pytest.raises(ValidationError):
+        getattr(pools, model).model_validate(doc)
+    ok = {**doc, "enter_seconds": 12.5} if model == "WorkerReport" else {**doc, "attempt": 3}
+    getattr(pools, model).model_validate(ok)
