@@ -32,6 +32,16 @@ class InvalidInput(CalqueError):
     code = "invalid_input"
 
 
+def idempotency_key_reused(what: str) -> InvalidInput:
+    """A write replayed under its Idempotency-Key with another body: refused, never answered
+    as the first one (``what``: the write, e.g. "check-out")."""
+    return InvalidInput(
+        f"this Idempotency-Key was already used for a different {what}; use a new key",
+        code="idempotency_key_reused",
+        details={"field": "Idempotency-Key"},
+    )
+
+
 class Unauthenticated(CalqueError):
     """No verifiable identity (401)."""
 

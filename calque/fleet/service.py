@@ -45,7 +45,15 @@ from calque.contracts.fleet import (
     ReleaseRequest,
 )
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
-from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound, QuotaExceeded
+from calque.errors import (
+    Conflict,
+    ConsentRequired,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    idempotency_key_reused,
+)
 from calque.events import publish_safely
 from calque.fleet.ports import (
     AcquireQueue,
@@ -262,11 +270,7 @@ class Fleet:
         if not found:
             return None
         if any(rec.request_fingerprint != fingerprint for rec in found):
-            raise InvalidInput(
-                "this Idempotency-Key was already used for a different acquire; use a new key",
-                code="idempotency_key_reused",
-                details={"field": "Idempotency-Key"},
-            )
+            raise idempotency_key_reused("acquire")
         # The first attempt's answer may have been lost with its launch messages: send again
         # for what is still queued (launching one acquisition is safe any number of times).
         queued = [rec.request_id for rec in found if rec.state == "queued"]

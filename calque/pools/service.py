@@ -39,6 +39,7 @@ from calque.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    idempotency_key_reused,
 )
 from calque.identity import Caller
 from calque.pools import domain as d
@@ -506,11 +507,7 @@ class Pools:
         if found is None:
             return None
         if found.fingerprint != fingerprint:
-            raise InvalidInput(
-                "this Idempotency-Key was already used for a different claim submit; use a new key",
-                code="idempotency_key_reused",
-                details={"field": "Idempotency-Key"},
-            )
+            raise idempotency_key_reused("claim submit")
         claim = self.store.get_claim(found.claim_id)
         return claim if claim is not None and claim.user == who.principal else None
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from calque.errors import InvalidInput
+from calque.errors import InvalidInput, idempotency_key_reused
 
 REPLAY_WINDOW_S = 24 * 3600
 # Printable ASCII without spaces: UUIDs, ULIDs, and whatever a script derives from its own ids.
@@ -53,11 +53,7 @@ def is_replay(stored: str | None, stamped: str | None, what: str) -> bool:
     if stored in (stamped, rid):
         return True
     if stored.split(":", 1)[0] == rid:
-        raise InvalidInput(
-            f"this Idempotency-Key was already used for a different {what}; use a new key",
-            code="idempotency_key_reused",
-            details={"field": "Idempotency-Key"},
-        )
+        raise idempotency_key_reused(what)
     return False
 
 

@@ -14,7 +14,15 @@ from calque.contracts.tenancy import (
     Session,
     SessionGrant,
 )
-from calque.errors import CalqueError, Conflict, ConsentRequired, Forbidden, InvalidInput, one_line
+from calque.errors import (
+    CalqueError,
+    Conflict,
+    ConsentRequired,
+    Forbidden,
+    InvalidInput,
+    idempotency_key_reused,
+    one_line,
+)
 from calque.identity import Caller
 from calque.registry.groups import GroupRecord
 from calque.registry.models import QuotaRecord, RequestRecord, SessionRecord, SliceRecord
@@ -178,11 +186,7 @@ class SessionsMixin(TenancyCore):
         if found is None:
             return
         if found.fingerprint != fingerprint:
-            raise InvalidInput(
-                "this Idempotency-Key was already used for a different check-out; use a new key",
-                code="idempotency_key_reused",
-                details={"field": "Idempotency-Key"},
-            )
+            raise idempotency_key_reused("check-out")
         session = self.registry.get_session(found.session_id)
         if session is None:
             return
