@@ -13,10 +13,26 @@ from __future__ import annotations
 import os
 import threading
 from functools import cache
-from typing import Any
+from typing import Any, Final
+
+# Every AWS service the functions call, and the only ones whose models the Lambda layer's
+# botocore carries (infra.bundling.prune_botocore): botocore lists every service directory
+# it ships each time it loads a client's first model, ~450 of them, on every cold start.
+# STS stays for botocore's own credential providers. A client of any other service is
+# refused here, in every test that reaches it, before a deployed function would fail.
+SERVICES: Final = frozenset({"dynamodb", "ec2", "events", "s3", "sqs", "ssm", "sts"})
 
 # Creating a client from a shared Session is not thread-safe; clients themselves are.
 _LOCK = threading.Lock()
+
+
+def _known(service: str) -> str:
+    if service not in SERVICES:
+        raise ValueError(
+            f"calque.aws: no client for {service!r}: the Lambda layer ships botocore's models only for "
+            f"{', '.join(sorted(SERVICES))} (add it to calque.aws.SERVICES)"
+        )
+    return service
 
 
 @cache
@@ -29,7 +45,7 @@ def _session() -> Any:
 
 def client(service: str, region: str | None = None) -> Any:
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return _client(service, region, os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
+    return _client(_known(service), region, os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
 
 
 @cache
@@ -69,7 +85,7 @@ def single_try_client(service: str, region: str | None = None) -> Any:
     """A client whose calls are not retried by the SDK: for RunInstances, where a capacity
     error (HTTP 500 from EC2) is answered by trying the next place, not the same one again."""
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return _single_try_client(service, region, os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
+    return _single_try_client(_known(service), region, os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None)
 
 
 @cache

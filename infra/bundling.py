@@ -4,7 +4,8 @@ Two kinds of bundle:
 
 - ``PipInstall``: runtime dependencies installed as manylinux wheels for the Lambda
   platform (``pip install --platform ... --only-binary=:all:``), so the result runs on
-  Lambda whatever machine synthesizes it.
+  Lambda whatever machine synthesizes it; botocore's data is cut down to the services
+  the functions call (``prune_botocore``).
 - ``CopyPackages``: our own pure-Python packages copied as they are.
 
 Both ship compiled bytecode for the Lambda's Python version beside the sources
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -40,7 +42,7 @@ import jsii
 from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
 
 # Bumped when the way a bundle is built changes, so old cache entries stop matching.
-_BUNDLER_VERSION = "2"  # 2: compiled bytecode beside the sources
+_BUNDLER_VERSION = "3"  # 2: compiled bytecode beside the sources; 3: botocore's data pruned
 LAMBDA_PYTHON_ENV = "CALQUE_LAMBDA_PYTHON"
 _CACHE_KEEP = 3  # bundles of each kind kept in the cache
 _IGNORED_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
@@ -178,14 +180,45 @@ class _CachedLocalBundling:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def prune_botocore(site: Path, services: Iterable[str]) -> None:
+    """Keep, of botocore's data under ``site``, only the models of ``services``.
+
+    botocore ships the models of every AWS service (~450 directories) and, the first time
+    a process loads a client's model, lists all of them to learn which exist (a directory
+    listing each) and parses ``endpoints.json`` (1.2 MB, every service in every partition):
+    about 45 ms of each cold start, for services no function calls. The shared files stay
+    (partitions, retry and default configuration); ``endpoints.json`` keeps every partition
+    and region, with only those services' entries. A client of any other service then fails
+    with botocore's UnknownServiceError, which ``calque.aws`` refuses earlier, by name.
+    """
+    data = site / "botocore" / "data"
+    if not data.is_dir():
+        raise BundlingError(f"no botocore data under {site}: botocore is not installed there")
+    wanted = set(services)
+    present = {p.name for p in data.iterdir() if p.is_dir()}
+    if missing := sorted(wanted - present):
+        raise BundlingError(f"botocore under {site} has no model for {', '.join(missing)}")
+    for name in sorted(present - wanted):
+        shutil.rmtree(data / name)
+    endpoints = json.loads((data / "endpoints.json").read_text())
+    for partition in endpoints["partitions"]:
+        partition["services"] = {k: v for k, v in partition["services"].items() if k in wanted}
+    (data / "endpoints.json").write_text(json.dumps(endpoints, separators=(",", ":"), sort_keys=True))
+
+
 @dataclass(frozen=True, kw_only=True)
 class PipInstall:
-    """Runtime dependencies installed for a Lambda platform from wheels only."""
+    """Runtime dependencies installed for a Lambda platform from wheels only.
+
+    boto3, botocore and s3transfer are installed too, as the requirements pin them, not
+    taken from the Lambda runtime: the layer's botocore carries only ``botocore_services``'
+    models (``prune_botocore``), and a layer's packages come before the runtime's.
+    """
 
     requirements: tuple[str, ...]
     platform: str  # e.g. manylinux2014_aarch64
     python_version: str  # e.g. 3.12
-    exclude: tuple[str, ...] = ()  # distributions the runtime already provides
+    botocore_services: tuple[str, ...] = ()  # the botocore models kept; empty: botocore as it ships
     target_subdir: str = "python"  # a Lambda layer's packages live under python/
 
     @property
@@ -200,7 +233,7 @@ class PipInstall:
                 _bytecode_marker(self.python_version),
                 *sorted(self.requirements),
                 "--",
-                *sorted(self.exclude),
+                *sorted(self.botocore_services),
             ]
         )
 
@@ -233,26 +266,11 @@ class PipInstall:
                 f"{self.python_version} (Docker is not used; wheels must exist for that platform):\n"
                 f"{result.stderr.strip()[-4000:]}"
             )
-        self._remove(target)
-        compile_bytecode(target, self.python_version)
-
-    def _remove(self, target: Path) -> None:
-        # Console scripts are of no use in a layer, and the runtime's own packages win anyway.
+        # Console scripts are of no use in a layer.
         shutil.rmtree(target / "bin", ignore_errors=True)
-        wanted = {name.lower().replace("-", "_") for name in self.exclude}
-        for dist_info in target.glob("*.dist-info"):
-            dist = dist_info.name.split("-")[0].lower().replace("-", "_")
-            if dist not in wanted:
-                continue
-            for line in (dist_info / "RECORD").read_text().splitlines():
-                top = line.split(",")[0].split("/")[0]
-                if top and not top.endswith(".dist-info") and top not in ("..", "bin"):
-                    path = target / top
-                    if path.is_dir():
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        path.unlink(missing_ok=True)
-            shutil.rmtree(dist_info, ignore_errors=True)
+        if self.botocore_services:
+            prune_botocore(target, self.botocore_services)
+        compile_bytecode(target, self.python_version)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,8 +54,6 @@ CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE: Final = "calque:create-apigateway-cloudwatch
 LAMBDA_ARCHITECTURE: Final = "arm64"
 LAMBDA_PIP_PLATFORM: Final = "manylinux2014_aarch64"
 LAMBDA_PYTHON_VERSION: Final = "3.12"
-# Provided by the Lambda Python runtime; left out of the dependency layer to keep it small.
-LAMBDA_RUNTIME_PROVIDED: Final = ("boto3", "botocore", "s3transfer")
 
 # API Gateway.
 API_STAGE_NAME: Final = "prod"

@@ -7,6 +7,7 @@ from pathlib import Path
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from calque import aws
 from infra import constants
 from infra.bundling import CopyPackages, PipInstall, local_asset, project_dependencies
 
@@ -42,7 +43,7 @@ class PythonPackaging(Construct):
             requirements=project_dependencies(project_root / "pyproject.toml"),
             platform=constants.LAMBDA_PIP_PLATFORM,
             python_version=constants.LAMBDA_PYTHON_VERSION,
-            exclude=constants.LAMBDA_RUNTIME_PROVIDED,
+            botocore_services=tuple(sorted(aws.SERVICES)),
         )
         self.runtime = lambda_runtime()
         self.architecture = lambda_architecture()

@@ -82,7 +82,7 @@ def test_the_first_invocation_ends_the_cold_start_collector_settings_even_when_i
     monkeypatch.delenv("LAMBDA_TASK_ROOT", raising=False)
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "Calque")
     observability.cold_start_done.cache_clear()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(*functions.COLD_START_GC_THRESHOLDS)
     frozen_before = gc.get_freeze_count()
 
     def failing(event, context):
@@ -96,7 +96,7 @@ def test_the_first_invocation_ends_the_cold_start_collector_settings_even_when_i
             handler({}, _Context())
         # Then the interpreter's thresholds are back, and what the cold start made is frozen
         assert gc.get_threshold() == functions.GC_THRESHOLDS
-        assert gc.get_threshold()[0] < 100_000
+        assert gc.get_threshold()[0] < functions.COLD_START_GC_THRESHOLDS[0]
         assert gc.get_freeze_count() > frozen_before
     finally:
         gc.unfreeze()
