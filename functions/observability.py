@@ -6,7 +6,8 @@ tracing is on (in Lambda, not turned off by ``POWERTOOLS_TRACE_DISABLED``), patc
 only botocore (the one library the functions call out through): importing an entry
 point stays cheap, and a first request builds nothing it will not use. Each function
 still runs under ``inject_lambda_context`` / ``log_metrics`` and, when tracing,
-``capture_lambda_handler``.
+``capture_lambda_handler``, which records errors but never the function's answer (it holds
+session tokens).
 """
 
 from __future__ import annotations
@@ -76,7 +77,9 @@ def instrumented(service: str, correlation_id_path: str | None = None) -> Callab
                 from aws_lambda_powertools import Tracer
 
                 tracer = Tracer(service=f"calque-{service}", patch_modules=TRACED_MODULES)
-                wrapped = tracer.capture_lambda_handler(wrapped)
+                # Never the answer in the trace: a check-out's carries the session's token,
+                # and anyone who may read X-Ray traces would read it there.
+                wrapped = tracer.capture_lambda_handler(wrapped, capture_response=False)
             wrapped = metrics(service).log_metrics(wrapped)
             return logger(service).inject_lambda_context(correlation_id_path=correlation_id_path)(wrapped)
 

@@ -64,13 +64,74 @@ def test_with_tracing_on_the_tracer_patches_only_botocore(monkeypatch):
         def __init__(self, **kwargs):
             built.append(kwargs)
 
-        def capture_lambda_handler(self, handler):
+        def capture_lambda_handler(self, handler, **kwargs):
+            built.append(kwargs)
             return handler
 
     monkeypatch.setattr(aws_lambda_powertools, "Tracer", FakeTracer)
     handler = observability.instrumented("obs-test-on")(_counted("obs-test-on", lambda e: "done"))
     assert handler({}, _Context()) == "done"
-    assert built == [{"service": "calque-obs-test-on", "patch_modules": ("botocore",)}]
+    assert built == [
+        {"service": "calque-obs-test-on", "patch_modules": ("botocore",)},
+        {"capture_response": False},  # the answer stays out of the trace: it may hold a token
+    ]
+
+
+# A traced invocation in a fresh interpreter, its segments sent to a UDP socket standing in
+# for the X-Ray daemon (the SDK's own emitter): what a trace would hold.
+TRACED = """
+import json, os, socket, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind(("127.0.0.1", 0))
+sock.settimeout(5)
+os.environ["AWS_XRAY_DAEMON_ADDRESS"] = "127.0.0.1:%d" % sock.getsockname()[1]
+from functions import observability
+class Context:
+    function_name = "calque-test"; memory_limit_in_mb = 128; aws_request_id = "req"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:calque-test"
+def checkout(event, context):
+    return {"statusCode": 201, "body": json.dumps({"token": "cq-secret-token-0123456789"})}
+print(observability.instrumented("obs-traced")(checkout)({}, Context())["statusCode"])
+sent = []
+try:
+    while True:
+        sent.append(sock.recv(65536).decode())
+        if '"## checkout"' in sent[-1]:
+            break
+except socket.timeout:
+    pass
+print(json.dumps(sent))
+"""
+
+
+def test_a_traced_invocation_records_its_handler_but_never_its_answer(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from infra.deployment import PROJECT_ROOT
+
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "LAMBDA_TASK_ROOT": str(tmp_path),
+        "AWS_LAMBDA_FUNCTION_NAME": "calque-test",
+        "_X_AMZN_TRACE_ID": "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1",
+        "AWS_REGION": "us-east-1",
+        "POWERTOOLS_METRICS_NAMESPACE": "Calque",
+        "POWERTOOLS_LOG_LEVEL": "ERROR",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", TRACED], env=env, cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, sent = done.stdout.strip().splitlines()[-2:]
+    assert status == "201"
+    segments = json.loads(sent)
+    # the handler's subsegment reached the daemon (a trace that recorded nothing proves nothing)
+    assert any('"## checkout"' in s for s in segments), segments
+    assert not any("cq-secret-token" in s for s in segments), segments
 
 
 def test_the_first_invocation_ends_the_cold_start_collector_settings_even_when_it_fails(monkeypatch):
