@@ -129,7 +129,7 @@ def function_environment(fid: str) -> dict[str, str]:
     entry points when the first model is built, on the first request."""
     return {
         "POWERTOOLS_SERVICE_NAME": f"calque-{fid}",
-        "POWERTOOLS_METRICS_NAMESPACE": "Calque",
+        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         "PYDANTIC_DISABLE_PLUGINS": "__all__",
     }
 
@@ -198,6 +198,34 @@ QUEUES += (QueueDef("pool_nudges", consumer="pool_scaler", batch_size=10, max_re
 SCHEDULES += (
     ScheduleDef("pool_scaler", target="pool_scaler", rate_s=60, description="size every pool"),
     ScheduleDef("pool_dlq", target="pool_dlq", rate_s=60, description="mark dead-lettered claims failed"),
+)
+# Where every function's Powertools metrics go (EMF, dimension ``service``: the function's id).
+METRICS_NAMESPACE = "Calque"
+
+
+@dataclass(frozen=True)
+class FailureMetricDef:
+    """A count a function publishes that should stay 0 while it still succeeds (so its
+    errors alarm does not fire): one pool of many failed. An alarm fires at 1."""
+
+    function: str
+    metric: str
+    description: str
+
+
+FAILURE_METRICS: tuple[FailureMetricDef, ...] = (
+    FailureMetricDef(
+        "pool_scaler",
+        "PoolScaleFailures",
+        "A warm pool could not be sized (the others were): its backlog may wait with no worker. "
+        "The pool_scaler log group names the pool and the error ('pool not scaled').",
+    ),
+    FailureMetricDef(
+        "pool_dlq",
+        "PoolDlqFailures",
+        "A warm pool's dead-letter queue could not be read (the others were): its failed claims "
+        "stay unmarked. The pool_dlq log group names the pool and the error.",
+    ),
 )
 ENV_ARTIFACT_BUCKET = "CALQUE_ARTIFACT_BUCKET"
 ENV_POOL_QUEUE_PREFIX = "CALQUE_POOL_QUEUE_PREFIX"

@@ -21,6 +21,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 
 import functions
+from calque import resources
 
 Handler = Callable[[dict[str, Any], Any], Any]
 # What the functions call out through; patching everything else (requests, httplib, ...) costs time.
@@ -34,7 +35,7 @@ def logger(service: str) -> Logger:
 
 @cache
 def metrics(service: str) -> Metrics:
-    return Metrics(namespace="Calque", service=service)
+    return Metrics(namespace=resources.METRICS_NAMESPACE, service=service)
 
 
 def tracing_enabled(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:

@@ -1,6 +1,7 @@
-"""Alarms an operator acts on: messages in a dead-letter queue, function errors, and a
-schedule whose function stopped running (its invocations went missing). Each notifies the
-SNS topic the admin named, if any."""
+"""Alarms an operator acts on: messages in a dead-letter queue, function errors, a count
+of partial failures a function publishes while it still succeeds (a pool it could not
+scale), and a schedule whose function stopped running (its invocations went missing).
+Each notifies the SNS topic the admin named, if any."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from calque.resources import ScheduleDef
+from calque.resources import METRICS_NAMESPACE, FailureMetricDef, ScheduleDef
 
 
 class OperationsAlarms(Construct):
@@ -26,6 +27,7 @@ class OperationsAlarms(Construct):
         functions: Mapping[str, lambda_.IFunction],
         dead_letter_queues: Mapping[str, sqs.IQueue],
         schedules: Mapping[str, ScheduleDef],
+        failure_metrics: tuple[FailureMetricDef, ...] = (),
         topic_arn: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -52,6 +54,24 @@ class OperationsAlarms(Construct):
                 missing=cloudwatch.TreatMissingData.NOT_BREACHING,
                 description=f"The {function_id} function failed (an unhandled error or a timeout); "
                 "see its log group.",
+            )
+        for failure in failure_metrics:
+            if failure.function not in functions:
+                raise ValueError(f"failure metric {failure.metric}: no function {failure.function!r}")
+            self._add(
+                f"{failure.function}-{failure.metric}",
+                cloudwatch.Metric(
+                    namespace=METRICS_NAMESPACE,
+                    metric_name=failure.metric,
+                    # Powertools' EMF: the service dimension is the function's id
+                    dimensions_map={"service": failure.function},
+                    period=Duration.minutes(5),
+                    statistic="Sum",
+                ),
+                threshold=1,
+                comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                missing=cloudwatch.TreatMissingData.NOT_BREACHING,
+                description=failure.description,
             )
         for schedule_id, schedule in schedules.items():
             # Three missed ticks in a row: a disabled rule, a throttled or broken target.

@@ -293,6 +293,7 @@ class ServiceStack(Stack):
             functions={fid: f.function for fid, f in self.functions.items()},
             dead_letter_queues={qid: q.dead_letter_queue for qid, q in self.queues.items()},
             schedules={s.id: s for s in resources.SCHEDULES},
+            failure_metrics=resources.FAILURE_METRICS,
             topic_arn=config.alarm_topic_arn,
         )
 

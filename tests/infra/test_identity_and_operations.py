@@ -171,6 +171,21 @@ def test_every_function_alarms_on_errors(synthesized: Synthesized) -> None:
     assert {a["Namespace"] for a in errors} == {"AWS/Lambda"}
 
 
+def test_a_pool_that_could_not_be_scaled_or_swept_alarms(synthesized: Synthesized) -> None:
+    # Those functions still succeed when one pool of many fails: their errors alarm stays quiet.
+    alarms = _alarms(synthesized.service_json)
+    custom = [a for a in alarms if a.get("Namespace") == resources.METRICS_NAMESPACE]
+    assert sorted((a["MetricName"], a["Dimensions"][0]["Value"]) for a in custom) == sorted(
+        (f.metric, f.function) for f in resources.FAILURE_METRICS
+    )
+    assert {f.function for f in resources.FAILURE_METRICS} == {"pool_scaler", "pool_dlq"}
+    for alarm in custom:
+        assert alarm["Dimensions"][0]["Name"] == "service"
+        assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
+        assert (alarm["Statistic"], alarm["TreatMissingData"]) == ("Sum", "notBreaching")
+        assert "log group names the pool" in alarm["AlarmDescription"]
+
+
 def test_a_reaper_that_stopped_running_alarms(synthesized: Synthesized) -> None:
     stopped = [a for a in _alarms(synthesized.service_json) if a["MetricName"] == "Invocations"]
     assert len(stopped) == len(resources.SCHEDULES)

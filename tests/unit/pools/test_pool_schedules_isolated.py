@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from calque.contracts.pools import ClaimSubmit
+from calque.resources import FAILURE_METRICS, METRICS_NAMESPACE
 from tests.unit.pools.fakes import ADMIN, World, member
 from tests.unit.pools.test_pools_service import create
 
@@ -112,3 +113,22 @@ def test_a_pool_being_deleted_whose_queues_are_gone_is_finished_by_the_tick(worl
     assert {r["pool"]: r for r in results}["broken"]["result"]["state"] == "deleted"
     assert world.store.get_pool("broken") is None
     assert ADMIN.admin
+
+
+@pytest.mark.parametrize("failure", FAILURE_METRICS, ids=lambda f: f.metric)
+def test_the_failure_count_is_published_where_its_alarm_reads_it(failure, world, monkeypatch, capsys):
+    # The stack's alarm (infra/components/alarms.py) reads the metric by namespace, name and the
+    # service dimension: the function's own EMF output must carry exactly those.
+    handler = _handler(monkeypatch, f"functions.{failure.function}.handler", world)
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+    capsys.readouterr()
+    handler({"source": "aws.events", "detail-type": "Scheduled Event"}, _Context())
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    emf = [d for d in docs if failure.metric in d and "_aws" in d]
+    assert len(emf) == 1, docs
+    (directive,) = emf[0]["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == METRICS_NAMESPACE
+    assert ["service"] in directive["Dimensions"]
+    assert emf[0]["service"] == failure.function
+    assert failure.metric in {m["Name"] for m in directive["Metrics"]}
+    assert emf[0][failure.metric] in (1.0, [1.0])  # the one broken pool (EMF may list values)
