@@ -75,6 +75,24 @@ def is_loopback(url: str) -> bool:
     return _endpoint_key(url)[1] == "loopback"
 
 
+def on_this_machine(url: str) -> bool:
+    """Any loopback address (``[::1]``, ``127.0.0.2``, ``*.localhost``), not only the two that
+    name the local plane: credentials are not what such an endpoint is missing."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        host = (urlsplit(url.strip()).hostname or "").lower()
+    except ValueError:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass
 class Context:
     output: str = "table"
@@ -209,10 +227,11 @@ class Context:
     def _refuse_if_no_local_plane(self) -> None:
         """A loopback endpoint that no running local plane serves: that is the likelier mistake."""
         endpoint = self._resolve()[0]
-        if is_loopback(endpoint):
+        if on_this_machine(endpoint):
             path = self.local_state().path
+            where = "" if is_loopback(endpoint) else " (a local plane listens on 127.0.0.1 only)"
             raise CliError(
-                f"no local plane of {path} runs at {endpoint}: start one with `calque local up` "
+                f"no local plane of {path} runs at {endpoint}{where}: start one with `calque local up` "
                 "(or set CALQUE_LOCAL_STATE_DIR to the state directory of the one that runs there)",
                 code="local_plane_not_running",
                 details={"endpoint": endpoint, "state_dir": str(path)},

@@ -352,6 +352,9 @@ class FleetSimulator:
             times = body.get("times")
             if not isinstance(itype, str) or not itype:
                 return _bad("instance_type", "capacity needs instance_type")
+            refused = self._unknown_place(itype, body.get("az") or None)
+            if refused is not None:
+                return refused
             if times is not None and (not isinstance(times, int) or times < 1):
                 return _bad("times", "times must be a whole number of at least 1")
             fault = CapacityFault(itype, body.get("az") or None, times)
@@ -414,6 +417,25 @@ class FleetSimulator:
             return 200, {"cleared": True}
         return 404, {"error": {"code": "not_found", "message": f"no fault {kind!r}", "details": {}}}
 
+    def _unknown_place(self, itype: str, az: str | None) -> tuple[int, dict[str, Any]] | None:
+        """A fault for a type the catalog does not know, or an AZ the region does not have,
+        would never fire: refused, naming what exists."""
+        from calque import catalog
+        from calque.errors import InvalidInput
+
+        try:
+            catalog.instance_type(itype)
+        except InvalidInput as exc:
+            return _bad("instance_type", exc.message)
+        if az is not None:
+            zones = sorted(
+                z["ZoneName"] for z in self.ec2.describe_availability_zones().get("AvailabilityZones", [])
+            )
+            if az not in zones:
+                valid = ", ".join(zones)
+                return _bad("az", f"no availability zone {az!r} in {self.region}; its zones: {valid}")
+        return None
+
     def _retire_spot_changes(self) -> None:
         """(Under the lock.) The injected prices end now: each type and AZ changed is at the
         table's price again from now, its changes kept in the history before that."""
@@ -429,18 +451,15 @@ class FleetSimulator:
 
     def _inject_spot_price(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The spot price of ``instance_type`` in ``az`` changes to ``usd_per_hour``, now."""
-        from calque import catalog
-        from calque.errors import InvalidInput
 
         itype, az, price = body.get("instance_type"), body.get("az"), body.get("usd_per_hour")
         if not isinstance(itype, str) or not itype:
             return _bad("instance_type", "spot-price needs instance_type")
-        try:
-            catalog.instance_type(itype)
-        except InvalidInput as exc:
-            return _bad("instance_type", exc.message)
-        if not isinstance(az, str) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d[a-z]", az):
+        if not isinstance(az, str) or not az:
             return _bad("az", "spot-price needs an availability zone, e.g. us-east-1a")
+        refused = self._unknown_place(itype, az)
+        if refused is not None:
+            return refused
         if isinstance(price, bool) or not isinstance(price, int | float) or not 0 < price <= 1000:
             return _bad("usd_per_hour", "usd_per_hour must be a price above 0 and at most 1000 $/h")
         at = dt.datetime.now(dt.UTC)

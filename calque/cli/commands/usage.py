@@ -124,14 +124,29 @@ def do_usage(
         ctx.emit(report)
         return
     period = report["period"]
+    month = f"{period['month']} " if period.get("month") else ""
     head = (
-        f"usage {period.get('month') or ''} [{period['since']} .. {period['until']}) by {report['by']}"
+        f"usage {month}[{period['since']} .. {period['until']}) by {report['by']}"
         f" ({'everyone' if report['scope'] == 'everyone' else 'your own'}), as of {report['as_of']}"
     )
     from calque.cli.output import render_table
 
     body = render_table(report["rows"], ROW_COLUMNS)
     ctx.emit(report, text=f"{head}\n{body}\ntotal  {report['total_usd']} USD")
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet reads as meant: true/false, not Python's True/False; numbers
+    in plain decimal, never in exponent notation (6.9e-05 GPU-hours is 0.000069); none empty."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        from decimal import Decimal
+
+        return format(Decimal(repr(value)), "f")
+    return value
 
 
 def to_csv(report: dict[str, Any], *, grouped: bool) -> str:
@@ -141,9 +156,9 @@ def to_csv(report: dict[str, Any], *, grouped: bool) -> str:
         w.writerow(CSV_ROW_COLUMNS)
         p = report["period"]
         for r in report["rows"]:
-            w.writerow([p["since"], p["until"], report["by"], *(r[c] for c in CSV_ROW_COLUMNS[3:])])
+            w.writerow([p["since"], p["until"], report["by"], *(_cell(r[c]) for c in CSV_ROW_COLUMNS[3:])])
     else:
         w.writerow(CSV_LINE_COLUMNS)
         for line in report["lines"]:
-            w.writerow(["" if line.get(c) is None else line.get(c) for c in CSV_LINE_COLUMNS])
+            w.writerow([_cell(line.get(c)) for c in CSV_LINE_COLUMNS])
     return out.getvalue()

@@ -118,4 +118,23 @@ def test_usage_by_host_reads_running_for_a_host_still_paid_for_with_nobody_on_it
     # And the CSV for finance says the same
     _, out_csv, _ = cli("usage", "--month", "2026-12", "--by", "host", "--output", "csv")
     (csv_row,) = csv.DictReader(io.StringIO(out_csv))
-    assert (csv_row["key"], csv_row["running"]) == ("i-0aaa0001", "True")
+    assert (csv_row["key"], csv_row["running"]) == ("i-0aaa0001", "true")
+
+
+def test_csv_cells_are_plain_decimals_and_lowercase_booleans():
+    from calque.cli.commands.usage import _cell
+
+    # a spreadsheet would read 6.9e-05 as text in some locales, and True/False as Python's
+    assert [_cell(v) for v in (6.9e-05, 1e-07, 12.5, 3.0, 7, True, False, None, "x")] == [
+        "0.000069", "0.0000001", "12.5", "3.0", 7, "true", "false", "", "x",
+    ]  # fmt: skip
+    report = {
+        "period": {"since": "a", "until": "b"},
+        "by": "user",
+        "rows": [{"key": "alice", "amount_usd": "0.01", "gpu_hours": 6.9e-05, "session_hours": 0.0003,
+                  "sessions": 1, "running": False}],
+    }  # fmt: skip
+    from calque.cli.commands.usage import to_csv
+
+    (row,) = csv.DictReader(io.StringIO(to_csv(report, grouped=True)))
+    assert (row["gpu_hours"], row["session_hours"], row["running"]) == ("0.000069", "0.0003", "false")

@@ -81,3 +81,20 @@ def test_a_loopback_endpoint_where_no_plane_runs_says_to_start_one(no_aws_config
     assert code == 1
     assert "calque local up" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["http://[::1]:8787", "http://127.0.0.2:1", "http://plane.localhost:8787"]
+)
+def test_another_loopback_address_is_told_where_the_plane_listens_not_to_find_aws_keys(
+    endpoint, no_aws_config, capsys, monkeypatch
+):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    code = main(["--endpoint", endpoint, "whoami"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1
+    assert "calque local up" in err
+    assert "listens on 127.0.0.1 only" in err
+    assert "credentials" not in err

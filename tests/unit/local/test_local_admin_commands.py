@@ -136,6 +136,48 @@ def test_a_spot_instance_gets_its_interruption_warning(fleet):
     assert [e["detail-type"] for e in fleet.delivered_events] == ["EC2 Spot Instance Interruption Warning"]
 
 
+@pytest.mark.parametrize(
+    ("kind", "body", "field", "said"),
+    [
+        (
+            "capacity",
+            {"instance_type": "nosuch"},
+            "instance_type",
+            "unknown or non-GPU instance type 'nosuch'",
+        ),
+        (
+            "capacity",
+            {"instance_type": "g7e.2xlarge", "az": "mars-1a"},
+            "az",
+            "no availability zone 'mars-1a'",
+        ),
+        (
+            "spot-price",
+            {"instance_type": "g7e.2xlarge", "az": "us-east-9z", "usd_per_hour": 1},
+            "az",
+            "its zones: us-east-1a",
+        ),
+        (
+            "spot-price",
+            {"instance_type": "nosuch", "az": "us-east-1a", "usd_per_hour": 1},
+            "instance_type",
+            "nosuch",
+        ),
+    ],
+)
+def test_a_fault_that_could_never_fire_is_refused_and_nothing_is_injected(fleet, kind, body, field, said):
+    status, doc = fleet.inject(kind, body)
+    assert status == 400
+    assert doc["error"]["details"]["field"] == field
+    assert said in doc["error"]["message"]
+    assert fleet.faults() == {"capacity": [], "crash_after_launch": 0, "spot_prices": []}
+    # and the same fault in a real place is taken
+    good = {**body, "instance_type": "g7e.2xlarge"}
+    if "az" in body:
+        good["az"] = "us-east-1b"
+    assert fleet.inject(kind, good)[0] == 200
+
+
 # ---- what an injection answers: the faults in effect, in words -----------------------------------
 
 
