@@ -169,6 +169,7 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
     plane = ctx.running_plane()
     tour = _Tour(ctx, timeout_s)
     state = ctx.local_state()
+    _refuse_if_a_member_is_at_their_limit(tour, state)
     tour.say(f"calque local demo: tenancy on the local plane at {plane['endpoint']}")
     tour.say(f"(state dir {state.path}; each step is signed as the person named in its command)")
 
@@ -364,6 +365,30 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
     )
     if ctx.json:
         ctx.emit({"instance_id": iid, "steps": tour.record, "host": final})
+
+
+def _refuse_if_a_member_is_at_their_limit(tour: _Tour, state: Any) -> None:
+    """Before anything is launched: each member the tour checks out for needs one session
+    more than they hold (a plane already used by hand may have them at their limit), else
+    the tour would stop half-way with a host registered and sessions held."""
+    people = {p.profile for p in state.people()}
+    full = []
+    for who in (*MEMBERS, *ADDED_MEMBERS):
+        if who not in people:
+            continue  # added by step 4, with no sessions yet
+        q = tour.as_(who).request("GET", f"/v1/quotas/{who}")
+        if int(q["live_sessions"]) >= int(q["max_sessions"]):
+            full.append(f"{who} ({q['live_sessions']} of {q['max_sessions']})")
+    if full:
+        raise CliError(
+            "the demo checks out one session for each of its members, and "
+            + ", ".join(full)
+            + " already hold(s) as many live sessions as allowed: check some in first "
+            "(`calque --profile NAME session list`, then `session checkin`), or raise the limit "
+            "(`calque --profile admin quota set NAME --max-sessions N`); nothing was started",
+            code="demo_members_at_limit",
+            details={"members": full},
+        )
 
 
 def _seconds_left(expires_at: str) -> float:
