@@ -428,10 +428,14 @@ class FleetSimulator:
         except InvalidInput as exc:
             return _bad("instance_type", exc.message)
         if az is not None:
-            zones = sorted(
-                z["ZoneName"] for z in self.ec2.describe_availability_zones().get("AvailabilityZones", [])
-            )
-            if az not in zones:
+            if self.ec2 is not None:
+                described = self.ec2.describe_availability_zones().get("AvailabilityZones", [])
+                zones = sorted(z["ZoneName"] for z in described)
+                known = az in zones
+            else:  # no EC2 client attached yet: the region's zone names, as EC2 spells them
+                zones = [f"{self.region}a", "..."]
+                known = re.fullmatch(rf"{re.escape(self.region)}[a-z]", az) is not None
+            if not known:
                 valid = ", ".join(zones)
                 return _bad("az", f"no availability zone {az!r} in {self.region}; its zones: {valid}")
         return None
