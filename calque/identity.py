@@ -24,8 +24,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel
 
@@ -99,8 +98,7 @@ class InvalidAdminEntry(ValueError):
     """An admin entry that could never match a caller, or that a member could pose as."""
 
 
-@dataclass(frozen=True)
-class AdminEntry:
+class AdminEntry(NamedTuple):
     """One parsed admin entry. ``account`` None: the API's own account."""
 
     kind: Literal["user", "role", "unique_id"]

@@ -7,18 +7,16 @@ between the two backends. Plain data only: no boto3, no CDK imports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Index:
+class Index(NamedTuple):
     name: str
     partition_key: str
     sort_key: str
 
 
-@dataclass(frozen=True)
-class TableDef:
+class TableDef(NamedTuple):
     partition_key: str
     sort_key: str
     ttl_attribute: str
@@ -49,8 +47,7 @@ REGISTRY_TABLE = TableDef(
 )
 
 
-@dataclass(frozen=True)
-class FunctionDef:
+class FunctionDef(NamedTuple):
     """A Lambda entry point. ``handler`` is the dotted path the runtime loads."""
 
     id: str
@@ -60,8 +57,7 @@ class FunctionDef:
     description: str = ""
 
 
-@dataclass(frozen=True)
-class QueueDef:
+class QueueDef(NamedTuple):
     id: str
     consumer: str  # FunctionDef.id of the queue-triggered consumer
     max_receive_count: int = 5
@@ -71,8 +67,7 @@ class QueueDef:
     visibility_factor: int = 6
 
 
-@dataclass(frozen=True)
-class ScheduleDef:
+class ScheduleDef(NamedTuple):
     id: str
     target: str  # FunctionDef.id
     rate_s: int
@@ -101,7 +96,7 @@ SCHEDULES: tuple[ScheduleDef, ...] = (
     ScheduleDef("reaper", target="reaper", rate_s=60, description="end expired sessions"),
 )
 
-# Environment variable each function reads for each resource (see calque/settings.py).
+# Environment variable each function reads for each resource (see calque/settings).
 ENV_TABLE_NAME = "CALQUE_TABLE_NAME"
 ENV_ADMINS = "CALQUE_ADMINS"
 ENV_HOST_TASKS_QUEUE_URL = "CALQUE_HOST_TASKS_QUEUE_URL"
@@ -145,8 +140,7 @@ def visibility_timeout_s(queue: QueueDef) -> int:
     return function(queue.consumer).timeout_s * queue.visibility_factor
 
 
-@dataclass(frozen=True)
-class SsmDocumentParameters:
+class SsmDocumentParameters(NamedTuple):
     """Parameter names of the SSM Command document that runs the host agent.
 
     The deployed document (infra/) and the local plane's SSM executor both read
@@ -203,8 +197,7 @@ SCHEDULES += (
 METRICS_NAMESPACE = "Calque"
 
 
-@dataclass(frozen=True)
-class FailureMetricDef:
+class FailureMetricDef(NamedTuple):
     """A count a function publishes that should stay 0 while it still succeeds (so its
     errors alarm does not fire): one pool of many failed. An alarm fires at 1."""
 
@@ -242,8 +235,7 @@ FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_qu
 # ---- the fleet (layer 0) -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EventRuleDef:
+class EventRuleDef(NamedTuple):
     """An EventBridge rule on the default bus whose matches go to ``target`` (a FunctionDef.id)."""
 
     id: str

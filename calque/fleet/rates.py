@@ -13,11 +13,10 @@ Light at import: a check-out prices its slice through this module.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from calque import catalog
 from calque.errors import InvalidInput
@@ -28,8 +27,7 @@ if TYPE_CHECKING:
 MICRO_PLACES = Decimal("0.000001")
 
 
-@dataclass(frozen=True)
-class Rate:
+class Rate(NamedTuple):
     """From ``start`` (None: from always) the instance costs ``hourly_usd``, a rate as of ``as_of``."""
 
     start: datetime | None

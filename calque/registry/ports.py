@@ -8,10 +8,9 @@ instead of a silent overwrite.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from calque.registry.models import (
     HostRecord,
@@ -97,8 +96,7 @@ def fits(
     return True
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """Monthly limits of a member or a group as read before the write (None: none set).
     The write pins them (the stored limit must still be this value) and checks the month's
     committed amount against them, so a limit changed meanwhile refuses instead of passing."""
@@ -107,8 +105,7 @@ class Limits:
     usd: float | None = None
 
 
-@dataclass(frozen=True)
-class Reservation:
+class Reservation(NamedTuple):
     """What a check-out or an extend holds against ``month``'s limits: micro-GPU-hours and
     micro-dollars, checked as ``committed + ask <= limit`` for each limit set, in the same
     transaction that grants or extends."""
@@ -120,8 +117,7 @@ class Reservation:
     group: Limits | None = None
 
 
-@dataclass(frozen=True)
-class SessionEnd:
+class SessionEnd(NamedTuple):
     """One session to end: what ``Registry.end_session`` takes, as a value."""
 
     session: SessionRecord
@@ -139,7 +135,7 @@ class SessionEnd:
     used_musd: int = 0
 
     def arguments(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return self._asdict()
 
     def ended(self) -> SessionRecord:
         """The session as ending it leaves it."""

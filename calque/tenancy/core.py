@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from calque.contracts.accounts import connect_account, session_account
 from calque.contracts.tenancy import (
@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 REAPER = "calque-reaper"
 
 
-@dataclass(frozen=True)
-class TenancyConfig:
+class TenancyConfig(NamedTuple):
     ttl_floor_s: int = 10
     ttl_max_s: int = 7 * 24 * 3600
     default_ttl_s: int = 2 * 3600

@@ -6,9 +6,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from calque import catalog
-from calque.accounting.shares import slice_shares
-from calque.catalog import planner
 from calque.contracts.accounts import session_account
 from calque.contracts.tenancy import (
     ApplyTask,
@@ -42,6 +39,12 @@ class HostsMixin(TenancyCore):
         ``before_create`` runs once the whole request is known to be valid, just before the
         host is written (a failed host's record is replaced there): a refused request
         changes nothing."""
+        # The catalog, the planner and the shares are registration's alone: imported here,
+        # they stay out of every other request's cold start (bench/cold_import.py).
+        from calque import catalog
+        from calque.accounting.shares import slice_shares
+        from calque.catalog import planner
+
         key = requests.check_key(idempotency_key)
         rid = requests.request_id(who.principal, key) if key else None
         itype = catalog.instance_type(req.instance_type)

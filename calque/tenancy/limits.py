@@ -22,11 +22,10 @@ next month (the usage report still splits it at the edge).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from calque.errors import Conflict, InvalidInput, QuotaExceeded
 from calque.registry.models import MonthUse, QuotaRecord, SessionRecord, SliceRecord, month_use
@@ -145,8 +144,7 @@ def usd(musd: int) -> str:
     return f"{(Decimal(musd) / MICRO).quantize(Decimal('0.01'), ROUND_HALF_UP)}"
 
 
-@dataclass(frozen=True)
-class _Over:
+class _Over(NamedTuple):
     """One monthly limit a request does not fit, with the figures its refusal quotes."""
 
     attr: str

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from calque import resources
-from calque.settings import FleetSettings
+from calque.settings.functions import FleetSettings
 from infra import constants
 from infra.components.fleet import FleetNetworkConfig
 from infra.config import ConfigError

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from calque import resources
-from calque.settings import ApiSettings, FleetSettings, HostTasksSettings, PoolSettings, ReaperSettings
+from calque.settings import ApiSettings
+from calque.settings.functions import FleetSettings, HostTasksSettings, PoolSettings, ReaperSettings
 from infra import constants
 
 from .conftest import Synthesized, assert_admins_pinned, resources_of, service_functions
