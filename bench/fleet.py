@@ -43,7 +43,7 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
     ones the fleet writes (same keys, same models), and they hold their budget."""
     from datetime import UTC, datetime
 
-    from calque.contracts.tenancy import HostRegistration
+    from calque.contracts.hosts import HostRegistration
     from calque.fleet.records import AcquisitionRecord, musd
     from calque.fleet.service import managed_tags
     from calque.fleet.tenancy_hosts import FLEET_CALLER

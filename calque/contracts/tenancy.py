@@ -1,4 +1,6 @@
-"""Tenancy API bodies: hosts, their slices, sessions (check-out / check-in), quotas.
+"""Tenancy API bodies: sessions (check-out / check-in), quotas, a session's host tasks, and
+what the host contracts share with them (patterns, states). The hosts' own bodies are in
+calque.contracts.hosts: a check-out's cold start does not declare them.
 
 Inputs derive from ``Strict`` (unknown fields are errors), outputs from ``Out``.
 Times are ISO 8601 in UTC. A session's token appears exactly once, in the
@@ -27,12 +29,11 @@ Error codes scripts may branch on (the contract's error document):
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, Strict, to_places
-from calque.contracts.layout import LayoutSpec
 
 # What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
 SessionBackend = Literal["mig", "mps"]
@@ -69,67 +70,6 @@ USER_PATTERN = r"^[A-Za-z0-9+=,.@_\-/]{1,128}$"
 # A bound no deployment's TTL reaches (ten years): the deployment's own floor and
 # maximum are checked by the domain, this one keeps its date arithmetic finite.
 TTL_SECONDS_LIMIT = 10 * 365 * 24 * 3600
-
-# ---- hosts -----------------------------------------------------------------------------------
-
-
-class HostRegistration(Request):
-    """POST /v1/hosts (admin): adopt a running instance as a tenancy host."""
-
-    instance_id: str = Field(pattern=INSTANCE_ID_PATTERN, description="the EC2 instance id, i-...")
-    instance_type: str = Field(
-        min_length=1, max_length=64, description="e.g. g7e.2xlarge; must be in the catalog"
-    )
-    layout: LayoutSpec | None = Field(
-        default=None, description="the host agent's layout spec; omitted: the card's default"
-    )
-    spot: bool = Field(default=False, description="the instance runs on spot capacity")
-
-
-class Slice(Out):
-    slice_id: str
-    gpu_index: int
-    backend: SliceBackend
-    profile: str
-    memory_gib: float
-    state: SliceState
-    holder: str | None = Field(default=None, description="who holds it (admins only; null for members)")
-    session_id: str | None = Field(default=None, description="the live session on it (admins only)")
-    state_since: datetime | None = None
-
-
-class Host(Out):
-    instance_id: str
-    instance_type: str
-    sharing: Sharing
-    state: HostState
-    spot: bool = False
-    slices: list[Slice] = Field(default=[])
-    registered_at: datetime
-    layout: dict[str, Any] | None = None
-    state_reason: str | None = Field(default=None, description="why the host is draining, drained or failed")
-
-
-class DrainRequest(Request):
-    """POST /v1/hosts/{instance_id}/drain (admin)."""
-
-    force: bool = Field(default=False, description="end the sessions still live there")
-    reason: str | None = Field(
-        default=None,
-        max_length=500,
-        description="recorded on each session it ends: its member sees it as the session's end_note",
-    )
-
-
-class ReportAccepted(Out):
-    """The answer to a host agent's report."""
-
-    accepted: bool = True
-    instance_id: str
-    host_state: HostState
-    freed: list[str] = Field(default=[], description="slices this report made free")
-    ignored: list[str] = Field(default=[], description="slices reported that could not change (stale)")
-
 
 # ---- sessions ------------------------------------------------------------------------------------
 
@@ -300,15 +240,7 @@ class Quota(Out):
     version: LimitsVersion = 0
 
 
-# ---- host tasks (the host_tasks queue) -------------------------------------------------------
-
-
-class ApplyTask(Strict):
-    """Converge a host's GPUs to a layout (sent at registration)."""
-
-    kind: Literal["apply"] = "apply"
-    instance_id: str
-    spec: dict[str, Any] = Field(description="the LayoutSpec document")
+# ---- a session's host tasks (the host_tasks queue; a registration's ApplyTask: contracts.hosts) --
 
 
 class ReclaimTask(Strict):
@@ -331,27 +263,3 @@ class GrantTask(Strict):
     token_sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="the session token's hash, which the host's login checks"
     )
-
-
-HostTask = Annotated[ApplyTask | ReclaimTask | GrantTask, Field(discriminator="kind")]
-
-
-# ---- host lifecycle (calque.tenancy.lifecycle) ------------------------------------------------
-
-
-class DeregisterRequest(Strict):
-    """DELETE /v1/hosts/{instance_id} (admin): forget a host; its lease history is kept."""
-
-    force: bool = Field(default=False, description="end the sessions still live there (reason: deregistered)")
-    reason: str | None = Field(
-        default=None,
-        max_length=500,
-        description="recorded on each session it ends: its member sees it as the session's end_note",
-    )
-
-
-class HostDeregistered(Out):
-    instance_id: str
-    deregistered: bool = True
-    previous_state: HostState
-    ended_sessions: list[str] = Field(default=[], description="sessions ended by --force")

@@ -21,8 +21,8 @@ class TenancyHosts:
     def register(
         self, instance_id: str, instance_type: str, layout: dict[str, Any] | None, spot: bool
     ) -> None:
+        from calque.contracts.hosts import HostRegistration
         from calque.contracts.layout import parse_layout
-        from calque.contracts.tenancy import HostRegistration
 
         req = HostRegistration(
             instance_id=instance_id,

@@ -403,8 +403,8 @@ class Simulator:
 
     # -- hosts ----------------------------------------------------------------------------
     def _add_host(self, instance_id: str, itype: InstanceType) -> None:
+        from calque.contracts.hosts import HostRegistration
         from calque.contracts.layout import LayoutSpec
-        from calque.contracts.tenancy import HostRegistration
         from calque.identity import Caller
 
         self.types[instance_id] = itype

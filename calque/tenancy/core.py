@@ -22,16 +22,14 @@ from calque.contracts.tenancy import (
     SESSION_ID_PATTERN,
     USER_PATTERN,
     GrantTask,
-    Host,
     HostAccess,
     ReclaimTask,
     Session,
-    Slice,
 )
 from calque.errors import Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.events import Event, NoPublisher, Publisher, publish_safely
 from calque.identity import Caller
-from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord, SliceRecord
+from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord
 from calque.registry.ports import HostTaskQueue, Registry, SessionEnd, StaleWrite
 from calque.tenancy import limits
 
@@ -288,33 +286,6 @@ class TenancyCore:
             gpu_hours=gpu_hours,
             expires_at=expires_at or session.expires_at,
             group=session.group,
-        )
-
-    @staticmethod
-    def _host_view(who: Caller, host: HostRecord, slices: list[SliceRecord]) -> Host:
-        return Host(
-            instance_id=host.instance_id,
-            instance_type=host.instance_type,
-            sharing=host.sharing,
-            state=host.state,
-            spot=host.spot,
-            registered_at=host.registered_at,
-            layout=host.layout,
-            state_reason=host.state_reason,
-            slices=[
-                Slice(
-                    slice_id=s.slice_id,
-                    gpu_index=s.gpu_index,
-                    backend=s.backend,
-                    profile=s.profile,
-                    memory_gib=s.memory_gib,
-                    state=s.state,
-                    state_since=s.state_since,
-                    holder=s.holder if who.admin else None,
-                    session_id=s.session_id if who.admin else None,
-                )
-                for s in slices
-            ],
         )
 
     @staticmethod

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from calque.contracts.tenancy import ApplyTask, GrantTask, ReclaimTask
+from calque.contracts.hosts import ApplyTask
+from calque.contracts.tenancy import GrantTask, ReclaimTask
 from calque.resources import SSM_DOCUMENT_PARAMETERS
 
 Task = ApplyTask | ReclaimTask | GrantTask

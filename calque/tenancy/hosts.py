@@ -7,13 +7,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from calque.contracts.accounts import session_account
-from calque.contracts.tenancy import (
-    ApplyTask,
-    Host,
-    HostRegistration,
-    ReclaimTask,
-    ReportAccepted,
-)
+from calque.contracts.tenancy import ReclaimTask
 from calque.errors import Conflict, InvalidInput
 from calque.identity import Caller
 from calque.registry.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
@@ -21,8 +15,11 @@ from calque.registry.ports import AlreadyExists, StaleWrite
 from calque.tenancy import requests
 from calque.tenancy.core import TenancyCore, _grant
 
+# The host contracts (calque.contracts.hosts) are imported where they are built: the Tenancy
+# service mixes this class in, and every request's cold start would otherwise declare them.
 if TYPE_CHECKING:  # the agent's report models: only the report route builds them
     from calque.contracts.agent import AgentReport
+    from calque.contracts.hosts import Host, HostRegistration, ReportAccepted
 
 
 class HostsMixin(TenancyCore):
@@ -44,6 +41,7 @@ class HostsMixin(TenancyCore):
         from calque import catalog
         from calque.accounting.shares import slice_shares
         from calque.catalog import planner
+        from calque.contracts.hosts import ApplyTask
 
         key = requests.check_key(idempotency_key)
         rid = requests.request_id(who.principal, key) if key else None
@@ -167,7 +165,38 @@ class HostsMixin(TenancyCore):
                 continue
         return self._host_view(who, self._settle_drain(instance_id), self.registry.slices(instance_id))
 
+    @staticmethod
+    def _host_view(who: Caller, host: HostRecord, slices: list[SliceRecord]) -> Host:
+        from calque.contracts.hosts import Host, Slice
+
+        return Host(
+            instance_id=host.instance_id,
+            instance_type=host.instance_type,
+            sharing=host.sharing,
+            state=host.state,
+            spot=host.spot,
+            registered_at=host.registered_at,
+            layout=host.layout,
+            state_reason=host.state_reason,
+            slices=[
+                Slice(
+                    slice_id=s.slice_id,
+                    gpu_index=s.gpu_index,
+                    backend=s.backend,
+                    profile=s.profile,
+                    memory_gib=s.memory_gib,
+                    state=s.state,
+                    state_since=s.state_since,
+                    holder=s.holder if who.admin else None,
+                    session_id=s.session_id if who.admin else None,
+                )
+                for s in slices
+            ],
+        )
+
     def report(self, instance_id: str, report: AgentReport) -> ReportAccepted:
+        from calque.contracts.hosts import ReportAccepted
+
         host = self._host(instance_id)
         if report.instance_id != instance_id:
             raise InvalidInput(
@@ -236,6 +265,8 @@ class HostsMixin(TenancyCore):
         """The agent's answer to a check-out's grant: recorded on the live session holding the
         slice (its ``host_access``), never a change of any slice's state. A report for a lease
         that ended meanwhile (or a later one's slice) changes nothing and is ``ignored``."""
+        from calque.contracts.hosts import ReportAccepted
+
         g = report.grant
         details = report.error.details if report.error else {}
         sid = g.slice_id if g is not None else details.get("slice_id")

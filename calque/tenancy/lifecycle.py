@@ -18,13 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from calque import catalog
 from calque.contracts.agent import AgentReport, GpuReport, InventoryGpu
-from calque.contracts.tenancy import (
-    INSTANCE_ID_PATTERN,
-    Host,
-    HostDeregistered,
-    HostRegistration,
-    ReportAccepted,
-)
+from calque.contracts.hosts import Host, HostDeregistered, HostRegistration, ReportAccepted
+from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.errors import Conflict, InvalidInput, NotFound
 from calque.identity import Caller
 from calque.registry.models import HostRecord, RetiredHost, RetiredSlice, SliceRecord

@@ -31,7 +31,7 @@ def processor() -> BatchProcessor:
     from aws_lambda_powertools.utilities.parser.models import SqsRecordModel
     from pydantic import Json
 
-    from calque.contracts.tenancy import HostTask
+    from calque.contracts.hosts import HostTask
 
     class HostTaskRecord(SqsRecordModel):
         body: Json[HostTask]

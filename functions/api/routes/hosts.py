@@ -10,7 +10,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body
 from aws_lambda_powertools.metrics import MetricUnit
 
 from calque.contracts.agent import AgentReport
-from calque.contracts.tenancy import (
+from calque.contracts.hosts import (
     DeregisterRequest,
     DrainRequest,
     Host,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calque.contracts.tenancy import CheckoutRequest, HostRegistration
+from calque.contracts.hosts import HostRegistration
+from calque.contracts.tenancy import CheckoutRequest
 from calque.registry.ports import StaleWrite
 from tests.unit.tenancy.conftest import ADMIN, World, member
 

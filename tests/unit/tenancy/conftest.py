@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from calque.contracts.agent import AgentReport, SliceReport
-from calque.contracts.tenancy import HostRegistration, QuotaUpdate
+from calque.contracts.hosts import HostRegistration
+from calque.contracts.tenancy import QuotaUpdate
 from calque.identity import Caller
 from calque.registry.memory import MemoryQueue, MemoryRegistry
 from calque.tenancy.service import Tenancy, TenancyConfig

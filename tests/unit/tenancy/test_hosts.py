@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calque.contracts.tenancy import ApplyTask, CheckoutRequest, HostRegistration, ReclaimTask
+from calque.contracts.hosts import ApplyTask, HostRegistration
+from calque.contracts.tenancy import CheckoutRequest, ReclaimTask
 from calque.errors import Conflict, InvalidInput
 from tests.unit.tenancy.conftest import ADMIN, World, member
 

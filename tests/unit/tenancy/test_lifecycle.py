@@ -7,7 +7,8 @@ import pytest
 
 from calque import catalog
 from calque.contracts.agent import AgentReport, GpuReport
-from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, HostRegistration, ReclaimTask
+from calque.contracts.hosts import HostRegistration
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ReclaimTask
 from calque.errors import Conflict, InvalidInput, NotFound
 from calque.tenancy.lifecycle import inventory_mismatch
 from tests.unit.tenancy.conftest import ADMIN, World, member

@@ -15,7 +15,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from calque.contracts.agent import AgentError, AgentReport, HostInventory, InventoryGpu
-from calque.contracts.tenancy import HostRegistration
+from calque.contracts.hosts import HostRegistration
 from calque.errors import Conflict, InvalidInput, NotFound
 from calque.fleet.aws import Ec2Instances
 from calque.fleet.tenancy_hosts import TenancyHosts
