@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from calque.catalog.models import Card, InstanceType, MigProfile
 from calque.errors import InvalidInput
@@ -26,22 +27,53 @@ __all__ = [
 
 
 @cache
+def _raw() -> dict[str, Any]:
+    text = resources.files("calque.catalog").joinpath("catalog.json").read_text(encoding="utf-8")
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+@cache
+def _entries() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    raw = _raw()
+    return {c["name"]: c for c in raw["cards"]}, {t["name"]: t for t in raw["instance_types"]}
+
+
+# Each card and instance type is validated when first asked for: a check-out prices its one
+# instance type, and validating all fifty would be most of the catalog's share of its cold start.
+# Only names the catalog has are cached (a request may name anything).
+def _card(name: str) -> Card | None:
+    return _valid_card(name) if name in _entries()[0] else None
+
+
+def _instance_type(name: str) -> InstanceType | None:
+    return _valid_instance_type(name) if name in _entries()[1] else None
+
+
+@cache
+def _valid_card(name: str) -> Card:
+    return Card.model_validate(_entries()[0][name])
+
+
+@cache
+def _valid_instance_type(name: str) -> InstanceType:
+    entry = _entries()[1][name]
+    return InstanceType.model_validate({**entry, "card": _valid_card(entry["card"])})
+
+
+@cache
 def _data() -> tuple[dict[str, Card], dict[str, InstanceType]]:
-    raw = json.loads(resources.files("calque.catalog").joinpath("catalog.json").read_text(encoding="utf-8"))
-    by_card = {c["name"]: Card.model_validate(c) for c in raw["cards"]}
-    by_type = {
-        t["name"]: InstanceType.model_validate({**t, "card": by_card[t["card"]]})
-        for t in raw["instance_types"]
+    by_card, by_type = _entries()
+    return {name: _valid_card(name) for name in by_card}, {
+        name: _valid_instance_type(name) for name in by_type
     }
-    return by_card, by_type
 
 
 @cache
 def compute_instance_profiles() -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
     """NVML_COMPUTE_INSTANCE_PROFILE_* index -> slices, and GPU-instance slices -> the
     compute-instance profile indices such a GPU instance offers."""
-    raw = json.loads(resources.files("calque.catalog").joinpath("catalog.json").read_text(encoding="utf-8"))
-    table = raw["compute_instance_profiles"]
+    table = _raw()["compute_instance_profiles"]
     slices = {p["index"]: p["slices"] for p in table["profiles"]}
     offered = {int(k): tuple(v) for k, v in table["offered_by_gpu_instance_slices"].items()}
     return slices, offered
@@ -52,9 +84,10 @@ def cards() -> list[Card]:
 
 
 def card(name: str) -> Card:
-    by_card = _data()[0]
-    if name in by_card:
-        return by_card[name]
+    found = _card(name)
+    if found is not None:
+        return found
+    by_card = _entries()[0]
     raise InvalidInput(
         f"unknown GPU card {name!r}; valid: {', '.join(by_card)}",
         details={"field": "card", "value": name, "valid": list(by_card)},
@@ -66,10 +99,10 @@ def instance_types() -> list[InstanceType]:
 
 
 def instance_type(name: str) -> InstanceType:
-    by_type = _data()[1]
-    if name in by_type:
-        return by_type[name]
-    valid = sorted(by_type)
+    found = _instance_type(name)
+    if found is not None:
+        return found
+    valid = sorted(_entries()[1])
     raise InvalidInput(
         f"unknown or non-GPU instance type {name!r}; {_closest(name, valid)}",
         details={"field": "instance_type", "value": name, "valid": valid},

@@ -1,6 +1,7 @@
-"""Tenancy API bodies: sessions (check-out / check-in), quotas, a session's host tasks, and
-what the host contracts share with them (patterns, states). The hosts' own bodies are in
-calque.contracts.hosts: a check-out's cold start does not declare them.
+"""Tenancy API bodies: sessions (check-out / check-in), a session's host tasks, and what the
+host and quota contracts share with them (patterns, states). The hosts' own bodies are in
+calque.contracts.hosts, the quotas' in calque.contracts.quotas: a check-out's cold start
+does not declare them.
 
 Inputs derive from ``Strict`` (unknown fields are errors), outputs from ``Out``.
 Times are ISO 8601 in UTC. A session's token appears exactly once, in the
@@ -33,7 +34,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, Strict, to_places
+from calque.contracts.common import Out, Request, Strict
 
 # What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
 SessionBackend = Literal["mig", "mps"]
@@ -187,57 +188,6 @@ class ExtendRequest(Request):
             "nothing is added (409 session_changed): a replayed extend never adds twice"
         ),
     )
-
-
-# ---- quotas ------------------------------------------------------------------------------------
-
-
-class QuotaUpdate(Request):
-    """PUT /v1/quotas/{user} (admin)."""
-
-    max_sessions: int = Field(ge=0, le=10_000, description="concurrent live sessions")
-    max_gpu_hours_per_month: float | None = Field(
-        default=None,
-        ge=0,
-        le=1_000_000,
-        description="GPU-hours per calendar month (UTC), to a thousandth; null: unlimited",
-    )
-    max_usd_per_month: float | None = Field(
-        default=None,
-        ge=0,
-        le=100_000_000,
-        description="dollars per calendar month (UTC), to a cent; null: unlimited",
-    )
-    if_version: IfVersion = None
-
-    @field_validator("max_usd_per_month")
-    @classmethod
-    def _to_a_cent(cls, value: float | None) -> float | None:
-        return to_places(value, 2, "USD")
-
-    @field_validator("max_gpu_hours_per_month")
-    @classmethod
-    def _to_a_thousandth(cls, value: float | None) -> float | None:
-        return to_places(value, 3, "GPU-hours")
-
-
-class Quota(Out):
-    user: str
-    max_sessions: int
-    max_gpu_hours_per_month: float | None = None
-    max_usd_per_month: float | None = None
-    live_sessions: int = Field(description="sessions live now")
-    gpu_hours_used_this_month: float = Field(description="what ended sessions and claims settled this month")
-    gpu_hours_reserved_this_month: float = Field(
-        default=0.0, description="what live sessions hold against the month's limit (their TTL's worth)"
-    )
-    usd_used_this_month: str = Field(
-        default="0.00", description="what ended sessions and claims settled this month"
-    )
-    usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
-    month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
-    default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
-    version: LimitsVersion = 0
 
 
 # ---- a session's host tasks (the host_tasks queue; a registration's ApplyTask: contracts.hosts) --

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
@@ -25,7 +25,6 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
-    RetiredHost,
     SessionRecord,
     SliceRecord,
     use_of,
@@ -43,6 +42,9 @@ from calque.registry.ports import (
     StaleWrite,
     micro,
 )
+
+if TYPE_CHECKING:  # a deregistration's record: calque.registry.retired
+    from calque.registry.retired import RetiredHost
 
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
 _PROFILE_CACHE: dict[tuple[str, str, str], tuple[float, list[float]]] = {}
@@ -557,6 +559,8 @@ class DynamoRegistry(DynamoGroups):
         items = self._query(
             KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.RETIRED_HOSTS)
         )
+        from calque.registry.retired import RetiredHost
+
         return [RetiredHost.model_validate(i) for i in items]
 
     def reclaiming_before(self, cutoff: datetime, limit: int) -> list[SliceRecord]:

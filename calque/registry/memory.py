@@ -16,7 +16,6 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
-    RetiredHost,
     SessionRecord,
     SliceRecord,
 )
@@ -33,6 +32,7 @@ from calque.registry.ports import (
     add_use,
     fits,
 )
+from calque.registry.retired import RetiredHost
 
 
 class MemoryRegistry(MemoryGroups):

@@ -102,26 +102,6 @@ class SessionRecord(_Record):
         return f"{self.created_at:%Y-%m}"
 
 
-class RetiredSlice(_Record):
-    slice_id: str
-    gpu_index: int
-    backend: SliceBackend
-    profile: str
-
-
-class RetiredHost(_Record):
-    """A host that was deregistered: the instance's paid lifetime (registration to end) and
-    its slices, which the usage report still needs after the host's records are gone."""
-
-    instance_id: str
-    instance_type: str
-    layout: dict[str, Any] | None = None
-    registered_at: datetime
-    ended_at: datetime
-    ended_by: str | None = None
-    slices: list[RetiredSlice] = Field(default=[])
-
-
 class RequestRecord(_Record):
     """A check-out made with a client request id, kept for the replay window."""
 

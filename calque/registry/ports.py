@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from calque.registry.models import (
     HostRecord,
@@ -18,10 +18,12 @@ from calque.registry.models import (
     LeaseEvent,
     QuotaRecord,
     RequestRecord,
-    RetiredHost,
     SessionRecord,
     SliceRecord,
 )
+
+if TYPE_CHECKING:  # a deregistration's record: calque.registry.retired
+    from calque.registry.retired import RetiredHost
 
 
 class StaleWrite(Exception):

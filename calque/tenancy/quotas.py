@@ -5,16 +5,17 @@ calque.tenancy.limits."""
 
 from __future__ import annotations
 
-from calque.contracts.tenancy import (
-    Quota,
-    QuotaUpdate,
-)
+from typing import TYPE_CHECKING
+
 from calque.errors import Forbidden
 from calque.identity import Caller
 from calque.registry.groups import LIMITS
 from calque.registry.models import QuotaRecord, month_use
 from calque.tenancy import limits
 from calque.tenancy.core import TenancyCore
+
+if TYPE_CHECKING:  # built by get_quota only: the Tenancy service mixes this class into every request
+    from calque.contracts.quotas import Quota, QuotaUpdate
 
 
 class QuotasMixin(TenancyCore):
@@ -41,6 +42,8 @@ class QuotasMixin(TenancyCore):
         return self.get_quota(who, user)
 
     def get_quota(self, who: Caller, user: str) -> Quota:
+        from calque.contracts.quotas import Quota
+
         user = who.principal if user == "me" else user
         self._check_user(user)
         if user != who.principal and not who.admin:

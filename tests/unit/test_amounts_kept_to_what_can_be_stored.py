@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from calque.contracts.economics import GroupCreate, GroupLimits
 from calque.contracts.fleet import AcquireRequest, BudgetUpdate
-from calque.contracts.tenancy import QuotaUpdate
+from calque.contracts.quotas import QuotaUpdate
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
-from calque.contracts.tenancy import Quota, QuotaUpdate
+from calque.contracts.quotas import Quota, QuotaUpdate
 from calque.identity import Caller
 from calque.tenancy.wiring import api_tenancy
 from functions import observability

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from calque.contracts.economics import GroupCreate, GroupLimits
-from calque.contracts.tenancy import CheckoutRequest, QuotaUpdate
+from calque.contracts.quotas import QuotaUpdate
+from calque.contracts.tenancy import CheckoutRequest
 from calque.errors import Conflict, InvalidInput
 from calque.tenancy.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World, member

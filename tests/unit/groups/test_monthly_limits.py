@@ -13,7 +13,8 @@ import pytest
 
 from calque.accounting.service import Usage
 from calque.contracts.economics import GroupCreate, GroupLimits, UsageQuery
-from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, QuotaUpdate
+from calque.contracts.quotas import QuotaUpdate
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import QuotaExceeded
 from calque.registry.models import month_use
 from calque.registry.ports import Limits, QuotaFull, Reservation

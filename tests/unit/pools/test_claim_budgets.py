@@ -19,7 +19,7 @@ from calque.accounting import chargeback
 from calque.accounting.claims import instances, leases, ran
 from calque.contracts.economics import GroupCreate, GroupLimits
 from calque.contracts.pools import ClaimSubmit, PoolDelete
-from calque.contracts.tenancy import QuotaUpdate
+from calque.contracts.quotas import QuotaUpdate
 from calque.errors import Conflict, QuotaExceeded
 from calque.pools.domain import PoolInstanceRecord
 from calque.registry.dynamo import DynamoRegistry

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from calque.contracts.economics import GroupCreate
-from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, QuotaUpdate
+from calque.contracts.quotas import QuotaUpdate
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.errors import QuotaExceeded
 from calque.registry import keys
 from calque.registry.dynamo import ser

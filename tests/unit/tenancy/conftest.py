@@ -10,7 +10,7 @@ import pytest
 
 from calque.contracts.agent import AgentReport, SliceReport
 from calque.contracts.hosts import HostRegistration
-from calque.contracts.tenancy import QuotaUpdate
+from calque.contracts.quotas import QuotaUpdate
 from calque.identity import Caller
 from calque.registry.memory import MemoryQueue, MemoryRegistry
 from calque.tenancy.service import Tenancy, TenancyConfig
