@@ -123,3 +123,24 @@ def test_the_openapi_document_is_the_same_whichever_routes_were_loaded_before():
     areas = {"/v1/sessions", "/v1/pools/{name}/claims", "/v1/hosts/acquire", "/v1/usage", "/v1/budget"}
     assert areas <= set(paths)
     assert list(paths) == sorted(paths)
+
+
+def test_what_a_check_out_runs_declares_none_of_the_models_only_other_requests_build():
+    # Given a fresh environment that imports everything a check-out runs through (its routes,
+    # the tenancy service with every mixin, the registry) and prices an instance type
+    out = _fresh(
+        "call('PATCH', '/v1/sessions')\n"
+        "import calque.tenancy.service, calque.tenancy.wiring, calque.registry.dynamo, calque.fleet.rates\n"
+        "from calque import catalog\n"
+        "catalog.instance_type('g7e.2xlarge')\n"
+        "wanted = ['calque.contracts.hosts', 'calque.contracts.quotas', 'calque.contracts.layout',\n"
+        "          'calque.registry.retired', 'calque.settings.functions', 'calque.catalog.planner',\n"
+        "          'calque.accounting.shares']\n"
+        "print(json.dumps({'loaded': [m for m in wanted if m in sys.modules],\n"
+        "                  'types_validated': catalog._valid_instance_type.cache_info().currsize}))\n"
+    )
+    # Then the hosts', quotas' and layouts' contracts, a deregistered host's records, the other
+    # functions' settings and registration's planner were never imported (declaring a model
+    # costs a cold start even when it is never built), and only the one instance type was validated
+    assert out["loaded"] == []
+    assert out["types_validated"] == 1
