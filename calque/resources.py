@@ -199,7 +199,8 @@ METRICS_NAMESPACE = "Calque"
 
 class FailureMetricDef(NamedTuple):
     """A count a function publishes that should stay 0 while it still succeeds (so its
-    errors alarm does not fire): one pool of many failed. An alarm fires at 1."""
+    errors alarm does not fire): one pool of many failed, a request answered 500. An alarm
+    fires at 1."""
 
     function: str
     metric: str
@@ -207,6 +208,13 @@ class FailureMetricDef(NamedTuple):
 
 
 FAILURE_METRICS: tuple[FailureMetricDef, ...] = (
+    FailureMetricDef(
+        "api",
+        "ApiInternalErrors",
+        "The API answered a request 500 (the function itself succeeded): an unexpected error "
+        "('unexpected error' in the api log group, with its trace) or a permission its role "
+        "lacks ('missing permission', naming the action).",
+    ),
     FailureMetricDef(
         "pool_scaler",
         "PoolScaleFailures",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -136,6 +137,35 @@ TRANSIENT_AWS_CODES = frozenset(
         "RequestTimeout",
     }
 )
+
+
+# AWS error codes that mean the caller's role lacks a permission: here the control plane's
+# own role (a deployment that did not grant what a route needs), never the member's.
+PERMISSION_AWS_CODES = frozenset(
+    {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthorizationError"}
+)
+_ACTION = re.compile(r"perform: ([A-Za-z0-9-]+:[A-Za-z0-9]+)")
+
+
+def is_permission_denied(response: Mapping[str, Any]) -> bool:
+    return response.get("Error", {}).get("Code", "") in PERMISSION_AWS_CODES
+
+
+def missing_permission(response: Mapping[str, Any], operation: str) -> Response:
+    """The 500 a request gets when AWS refused the control plane's own role: which action
+    (from AWS's message when it names one, else the operation), and who can mend it."""
+    error = response.get("Error", {})
+    code = str(error.get("Code", ""))
+    named = _ACTION.search(str(error.get("Message", "")))
+    action = named.group(1) if named else operation
+    return error_response(
+        500,
+        "missing_permission",
+        f"the control plane may not call {action} ({code}): its role lacks a permission the "
+        "deployment should have granted; an admin can redeploy the stack (cdk deploy). "
+        "It has been logged",
+        {"action": action, "cause": code},
+    )
 
 
 def is_transient(response: Mapping[str, Any]) -> bool:

@@ -34,6 +34,8 @@ from functions.api.routes import meta
 
 logger = observability.logger("api")
 metrics = observability.metrics("api")
+# Requests answered 500 (calque.resources.FAILURE_METRICS: its alarm)
+INTERNAL_ERRORS = "ApiInternalErrors"
 
 app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=request_body.json_object)
 app.include_router(meta.router, prefix="/v1")
@@ -129,13 +131,20 @@ def _dependency_refused(exc: ClientError):
     if errors.is_transient(exc.response):
         logger.warning("dependency unavailable", extra={"error": str(exc)})
         return errors.from_domain(errors.dependency_down(exc.response.get("Error", {}).get("Code", "")))
+    if errors.is_permission_denied(exc.response):
+        # The deployment's fault, not the caller's: counted with the other 500s (their alarm).
+        logger.error("missing permission", extra={"error": str(exc)})
+        metrics.add_metric(name=INTERNAL_ERRORS, unit=MetricUnit.Count, value=1)
+        return errors.missing_permission(exc.response, exc.operation_name)
     return _unexpected(exc)
 
 
 @app.exception_handler(Exception)
 def _unexpected(exc: Exception):
-    # Never a stack trace to the caller: log it, answer with the contract's shape.
+    # Never a stack trace to the caller: log it, count it (the function itself succeeds, so
+    # only this metric's alarm sees it), answer with the contract's shape.
     logger.exception("unexpected error")
+    metrics.add_metric(name=INTERNAL_ERRORS, unit=MetricUnit.Count, value=1)
     return errors.error_response(
         500, "internal_error", "the control plane hit an unexpected error; it has been logged"
     )

@@ -171,19 +171,22 @@ def test_every_function_alarms_on_errors(synthesized: Synthesized) -> None:
     assert {a["Namespace"] for a in errors} == {"AWS/Lambda"}
 
 
-def test_a_pool_that_could_not_be_scaled_or_swept_alarms(synthesized: Synthesized) -> None:
-    # Those functions still succeed when one pool of many fails: their errors alarm stays quiet.
+def test_a_pool_that_could_not_be_scaled_or_swept_or_a_500_alarms(synthesized: Synthesized) -> None:
+    # Those functions still succeed when one pool of many fails, and the API when it answers
+    # 500: their errors alarm stays quiet.
     alarms = _alarms(synthesized.service_json)
     custom = [a for a in alarms if a.get("Namespace") == resources.METRICS_NAMESPACE]
     assert sorted((a["MetricName"], a["Dimensions"][0]["Value"]) for a in custom) == sorted(
         (f.metric, f.function) for f in resources.FAILURE_METRICS
     )
-    assert {f.function for f in resources.FAILURE_METRICS} == {"pool_scaler", "pool_dlq"}
+    assert {f.function for f in resources.FAILURE_METRICS} == {"pool_scaler", "pool_dlq", "api"}
     for alarm in custom:
         assert alarm["Dimensions"][0]["Name"] == "service"
         assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")
         assert (alarm["Statistic"], alarm["TreatMissingData"]) == ("Sum", "notBreaching")
-        assert "log group names the pool" in alarm["AlarmDescription"]
+        service = alarm["Dimensions"][0]["Value"]
+        says = "api log group" if service == "api" else "log group names the pool"
+        assert says in alarm["AlarmDescription"]
 
 
 def test_a_reaper_that_stopped_running_alarms(synthesized: Synthesized) -> None:

@@ -221,6 +221,34 @@ def test_a_registration_ec2_does_not_confirm_writes_nothing(api, ec2_error, stat
     assert api.tasks() == []
 
 
+def test_a_permission_the_deployment_lacks_is_named_and_writes_nothing(api):
+    from botocore.stub import Stubber
+
+    # Given a deployment whose API role may not call ec2:DescribeInstances (EC2's own words)
+    api.instances_run = False
+    before = api.items()
+    with Stubber(api.ec2) as stub:
+        stub.add_client_error(
+            "describe_instances",
+            service_error_code="UnauthorizedOperation",
+            service_message="You are not authorized to perform this operation. User: "
+            "arn:aws:sts::123456789012:assumed-role/calque-api/fn is not authorized to perform: "
+            "ec2:DescribeInstances because no identity-based policy allows the ec2:DescribeInstances action",
+            http_status_code=403,
+        )
+        # When an admin registers an instance
+        reg = _register(api, "i-0000000000000abd", "g7e.2xlarge")
+    # Then the answer names the action and who can mend it (not the member's fault, not a
+    # bare "unexpected error"), without the role's ARN, and nothing is registered or queued
+    assert (reg.status, reg.code) == (500, "missing_permission"), reg.body
+    details = reg.body["error"]["details"]
+    assert details == {"action": "ec2:DescribeInstances", "cause": "UnauthorizedOperation"}
+    assert "cdk deploy" in reg.body["error"]["message"]
+    assert "arn:aws" not in json.dumps(reg.body)
+    assert api.items() == before
+    assert api.tasks() == []
+
+
 def test_registering_a_stopped_instance_or_another_type_is_refused(api):
     api.running_instance("i-0c0ffee000000001", "g6e.2xlarge")
     api.instances_run = False

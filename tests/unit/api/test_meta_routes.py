@@ -118,6 +118,40 @@ def test_an_aws_error_that_is_not_transient_is_a_plain_500_without_a_trace(handl
     assert "Traceback" not in json.dumps(body)
 
 
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (RuntimeError("a bug"), "internal_error"),
+        (ClientError({"Error": {"Code": "AccessDeniedException"}}, "Query"), "missing_permission"),
+    ],
+    ids=["unexpected", "missing-permission"],
+)
+def test_a_500_is_counted_where_its_alarm_reads_it(handler, monkeypatch, capsys, error, code):
+    # The function still succeeds when it answers 500, so its errors alarm stays quiet: the
+    # stack's alarm on ApiInternalErrors (calque.resources.FAILURE_METRICS) reads this EMF.
+    from calque.resources import FAILURE_METRICS, METRICS_NAMESPACE
+
+    (alarmed,) = [f for f in FAILURE_METRICS if f.function == "api"]
+    import functions.api.routes.hosts as hosts
+
+    def broken():
+        raise error
+
+    monkeypatch.setattr(hosts, "api_tenancy", broken)
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+    capsys.readouterr()
+    status, body = handler(rest_event("GET", "/v1/hosts"))
+    assert (status, body["error"]["code"]) == (500, code)
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    emf = [d for d in docs if alarmed.metric in d and "_aws" in d]
+    assert len(emf) == 1, docs
+    (directive,) = emf[0]["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == METRICS_NAMESPACE
+    assert ["service"] in directive["Dimensions"]
+    assert emf[0]["service"] == "api"
+    assert emf[0][alarmed.metric] in (1.0, [1.0])
+
+
 def test_the_default_session_allowance_is_a_setting(monkeypatch):
     from calque.settings import ApiSettings
 
