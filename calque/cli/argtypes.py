@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 
 def non_negative_int(text: str) -> int:
@@ -49,3 +50,27 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
     return value
+
+
+def session_id(text: str) -> str:
+    """A session id as the control plane hands them out; anything else (a slash, a typo) is
+    refused here, with what an id looks like, rather than sent as a path nothing routes."""
+    from calque.contracts.tenancy import SESSION_ID_PATTERN
+
+    if not re.fullmatch(SESSION_ID_PATTERN, text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a session id: s- and 8 to 32 hex digits, as `calque session list` shows them"
+        )
+    return text
+
+
+def instance_id(text: str) -> str:
+    """An EC2 instance id (i- and up to 32 lowercase letters or digits), checked as session_id."""
+    from calque.contracts.tenancy import INSTANCE_ID_PATTERN
+
+    if not re.fullmatch(INSTANCE_ID_PATTERN, text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an instance id: i- and up to 32 lowercase letters or digits, as "
+            "`calque host list` shows them"
+        )
+    return text

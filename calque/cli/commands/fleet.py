@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli import argtypes
 from calque.cli.durations import add_wait_timeout, wait_timeout
 from calque.cli.errors import CliError, UsageError
 
@@ -110,7 +111,7 @@ def register(subparsers: Any) -> None:
     p = group.add_parser(
         "release", help="drain, end sessions, terminate an instance the fleet launched (admins)"
     )
-    p.add_argument("instance_id", metavar="I")
+    p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.add_argument(
         "--i-understand-this-terminates-instances",
         dest="consent",
@@ -137,7 +138,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--times", type=positive_int, default=1, metavar="N")
     p.set_defaults(func=_inject, kind="crash-after-launch")
     p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
-    p.add_argument("instance_id", metavar="I")
+    p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.set_defaults(func=_inject, kind="spot-interruption")
     p = kinds.add_parser(
         "spot-price", help="the spot price of a type in an AZ changes now (DescribeSpotPriceHistory)"

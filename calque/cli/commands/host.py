@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from calque.cli import argtypes
 from calque.cli.argtypes import positive_int
 from calque.cli.durations import add_wait_timeout, wait_timeout
 from calque.cli.errors import CliError, UsageError
@@ -252,11 +253,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_list)
 
     p = group.add_parser("show", help="one host and its slices")
-    p.add_argument("instance_id", metavar="I")
+    p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.set_defaults(func=_show)
 
     p = group.add_parser("drain", help="stop placing sessions on a host (admins); --force ends live ones")
-    p.add_argument("instance_id", metavar="I")
+    p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.add_argument("--force", action="store_true", help="end the sessions still live there")
     p.add_argument(
         "--reason", help="recorded on each session a forced drain ends; its member reads it (session show)"
@@ -267,7 +268,7 @@ def register(subparsers: Any) -> None:
         "deregister",
         help="forget a host (admins); refused while sessions live there unless --force; history kept",
     )
-    p.add_argument("instance_id", metavar="I")
+    p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.add_argument(
         "--force", action="store_true", help="end the sessions still live there (reason: deregistered)"
     )

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli import argtypes
 from calque.cli.argtypes import positive_float
 from calque.cli.durations import duration_arg
 from calque.cli.errors import CliError, UsageError
@@ -253,7 +254,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_checkout, _parser=p)
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
-    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
     p.add_argument("--token", help="the token the check-out printed")
     p.add_argument("--force", action="store_true", help="admins: end someone's session without its token")
     p.add_argument(
@@ -262,7 +263,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_checkin, _parser=p)
 
     p = group.add_parser("extend", help="push a session's expiry later (within the deployment's max)")
-    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
     p.add_argument("--token", required=True)
     p.add_argument("--ttl", required=True, type=duration_arg, metavar="DURATION", help="time added, e.g. 1h")
     p.set_defaults(func=_extend)
@@ -285,7 +286,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_list)
 
     p = group.add_parser("show", help="one session")
-    p.add_argument("session_id", metavar="SESSION_ID")
+    p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
     p.set_defaults(func=_show)
 
 

@@ -143,6 +143,25 @@ def test_arguments_that_cannot_go_together_are_usage_errors(api, cli, argv, word
 
 
 @pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("session", "show", "s-0123abcd/../x"), "'s-0123abcd/../x' is not a session id: s- and 8 to 32 hex"),
+        (("session", "checkin", "bogus", "--token", "t"), "'bogus' is not a session id"),
+        (("session", "extend", "S-0123ABCD", "--token", "t", "--ttl", "1h"), "'S-0123ABCD' is not a session"),
+        (("host", "show", "i-abc/def"), "'i-abc/def' is not an instance id: i- and up to 32"),
+        (("host", "drain", "I-0ABC"), "'I-0ABC' is not an instance id"),
+        (("host", "release", "web-1", "--i-understand-this-terminates-instances"), "'web-1' is not an"),
+    ],
+)  # fmt: skip
+def test_an_id_that_is_no_id_is_a_usage_error_and_nothing_is_sent(api, cli, argv, words):
+    # (a slash in one would otherwise reach the API as a path nothing routes)
+    code, _, err = cli(*argv)
+    assert code == 2
+    assert words in err.splitlines()[-1]
+    assert api.requests == []
+
+
+@pytest.mark.parametrize(
     ("argv", "flag"),
     [
         (("quota", "set", "eve", "--max-sessions", "2", "--max-usd-per-month", "inf"), "--max-usd-per-month"),
