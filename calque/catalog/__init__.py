@@ -7,12 +7,28 @@ instance type says where its facts come from and whether they were verified.
 from __future__ import annotations
 
 import json
+from datetime import date
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from calque.catalog.models import Card, InstanceType, MigProfile
 from calque.errors import InvalidInput
+
+# The models are imported when a card or an instance type is first validated: a check-out
+# prices its slice from the data alone (on_demand_rate) and declares none of them.
+if TYPE_CHECKING:
+    from calque.catalog.models import Card, InstanceType, MigProfile
+
+_MODELS = ("Card", "InstanceType", "MigProfile")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODELS:
+        from calque.catalog import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Card",
@@ -52,13 +68,28 @@ def _instance_type(name: str) -> InstanceType | None:
 
 @cache
 def _valid_card(name: str) -> Card:
+    from calque.catalog.models import Card
+
     return Card.model_validate(_entries()[0][name])
 
 
 @cache
 def _valid_instance_type(name: str) -> InstanceType:
+    from calque.catalog.models import InstanceType
+
     entry = _entries()[1][name]
     return InstanceType.model_validate({**entry, "card": _valid_card(entry["card"])})
+
+
+def on_demand_rate(name: str) -> tuple[float, date] | None:
+    """An instance type's on-demand hourly rate (USD) and the day it is as of, read from the
+    catalog's data without building its models; None for a type the catalog does not have.
+    What a check-out prices its slice with (calque.fleet.rates); the catalog's tests hold it
+    to ``instance_type(name)`` for every type."""
+    entry = _entries()[1].get(name)
+    if entry is None:
+        return None
+    return float(entry["hourly_usd"]), date.fromisoformat(entry["price_as_of"])
 
 
 @cache

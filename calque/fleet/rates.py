@@ -19,7 +19,6 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, NamedTuple
 
 from calque import catalog
-from calque.errors import InvalidInput
 
 if TYPE_CHECKING:
     from calque.fleet.records import InstanceRate
@@ -44,11 +43,11 @@ def schedule_of(instance_type: str, recorded: InstanceRate | None) -> tuple[Rate
     rate (there is nothing to charge)."""
     if recorded is not None and recorded.instance_type == instance_type:
         return recorded_schedule(recorded)
-    try:
-        itype = catalog.instance_type(instance_type)
-    except InvalidInput:
+    rate = catalog.on_demand_rate(instance_type)
+    if rate is None:
         return None
-    return (Rate(start=None, hourly_usd=Decimal(str(itype.hourly_usd)), as_of=itype.price_as_of),)
+    hourly_usd, as_of = rate
+    return (Rate(start=None, hourly_usd=Decimal(str(hourly_usd)), as_of=as_of),)
 
 
 def recorded_schedule(recorded: InstanceRate) -> tuple[Rate, ...]:

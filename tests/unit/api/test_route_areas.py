@@ -127,20 +127,20 @@ def test_the_openapi_document_is_the_same_whichever_routes_were_loaded_before():
 
 def test_what_a_check_out_runs_declares_none_of_the_models_only_other_requests_build():
     # Given a fresh environment that imports everything a check-out runs through (its routes,
-    # the tenancy service with every mixin, the registry) and prices an instance type
+    # the tenancy service with every mixin, the registry) and prices an instance type as a
+    # check-out does (the catalog's on-demand rate)
     out = _fresh(
         "call('PATCH', '/v1/sessions')\n"
-        "import calque.tenancy.service, calque.tenancy.wiring, calque.registry.dynamo, calque.fleet.rates\n"
-        "from calque import catalog\n"
-        "catalog.instance_type('g7e.2xlarge')\n"
+        "import calque.tenancy.service, calque.tenancy.wiring, calque.registry.dynamo\n"
+        "from calque.fleet import rates\n"
+        "priced = str(rates.rate_of('g7e.2xlarge', None)[0])\n"
         "wanted = ['calque.contracts.hosts', 'calque.contracts.quotas', 'calque.contracts.layout',\n"
         "          'calque.registry.retired', 'calque.settings.functions', 'calque.catalog.planner',\n"
-        "          'calque.accounting.shares']\n"
-        "print(json.dumps({'loaded': [m for m in wanted if m in sys.modules],\n"
-        "                  'types_validated': catalog._valid_instance_type.cache_info().currsize}))\n"
+        "          'calque.accounting.shares', 'calque.catalog.models']\n"
+        "print(json.dumps({'loaded': [m for m in wanted if m in sys.modules], 'priced': priced}))\n"
     )
-    # Then the hosts', quotas' and layouts' contracts, a deregistered host's records, the other
-    # functions' settings and registration's planner were never imported (declaring a model
-    # costs a cold start even when it is never built), and only the one instance type was validated
+    # Then it was priced, and the hosts', quotas' and layouts' contracts, a deregistered host's
+    # records, the other functions' settings, registration's planner and the catalog's models
+    # were never imported (declaring a model costs a cold start even when it is never built)
+    assert float(out["priced"]) > 0
     assert out["loaded"] == []
-    assert out["types_validated"] == 1

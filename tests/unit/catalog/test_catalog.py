@@ -181,3 +181,11 @@ def test_p4d_and_p4de_rates_are_after_the_june_2025_price_cut():
         t = catalog.instance_type(name)
         assert t.hourly_usd <= ceiling
         assert t.price_as_of.isoformat() >= "2025-06-05"
+
+
+def test_the_rate_read_from_the_data_is_the_models_for_every_instance_type():
+    # (a check-out prices its slice with on_demand_rate, which builds no model)
+    for itype in catalog.instance_types():
+        assert catalog.on_demand_rate(itype.name) == (itype.hourly_usd, itype.price_as_of), itype.name
+    assert catalog.on_demand_rate("g7e.nothing") is None
+    assert catalog.on_demand_rate("") is None
