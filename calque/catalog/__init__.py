@@ -55,17 +55,9 @@ def _entries() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     return {c["name"]: c for c in raw["cards"]}, {t["name"]: t for t in raw["instance_types"]}
 
 
-# Each card and instance type is validated when first asked for: a check-out prices its one
-# instance type, and validating all fifty would be most of the catalog's share of its cold start.
-# Only names the catalog has are cached (a request may name anything).
-def _card(name: str) -> Card | None:
-    return _valid_card(name) if name in _entries()[0] else None
-
-
-def _instance_type(name: str) -> InstanceType | None:
-    return _valid_instance_type(name) if name in _entries()[1] else None
-
-
+# Each card and instance type is validated when first asked for: validating all fifty would be
+# most of the catalog's share of a cold start. Only names the catalog has are cached (callers
+# check the name first: a request may name anything).
 @cache
 def _valid_card(name: str) -> Card:
     from calque.catalog.models import Card
@@ -115,10 +107,9 @@ def cards() -> list[Card]:
 
 
 def card(name: str) -> Card:
-    found = _card(name)
-    if found is not None:
-        return found
     by_card = _entries()[0]
+    if name in by_card:
+        return _valid_card(name)
     raise InvalidInput(
         f"unknown GPU card {name!r}; valid: {', '.join(by_card)}",
         details={"field": "card", "value": name, "valid": list(by_card)},
@@ -130,10 +121,10 @@ def instance_types() -> list[InstanceType]:
 
 
 def instance_type(name: str) -> InstanceType:
-    found = _instance_type(name)
-    if found is not None:
-        return found
-    valid = sorted(_entries()[1])
+    by_type = _entries()[1]
+    if name in by_type:
+        return _valid_instance_type(name)
+    valid = sorted(by_type)
     raise InvalidInput(
         f"unknown or non-GPU instance type {name!r}; {_closest(name, valid)}",
         details={"field": "instance_type", "value": name, "valid": valid},

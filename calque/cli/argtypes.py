@@ -52,25 +52,30 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _an_id(pattern: str, text: str, what: str, shape: str, listed_by: str) -> str:
+    """``text`` if it is an id of the control plane's shape; anything else (a slash, a typo)
+    is refused here, saying what such an id looks like, rather than sent as a path nothing
+    routes."""
+    if not re.fullmatch(pattern, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}: {shape}, as `{listed_by}` shows them")
+    return text
+
+
 def session_id(text: str) -> str:
-    """A session id as the control plane hands them out; anything else (a slash, a typo) is
-    refused here, with what an id looks like, rather than sent as a path nothing routes."""
     from calque.contracts.tenancy import SESSION_ID_PATTERN
 
-    if not re.fullmatch(SESSION_ID_PATTERN, text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a session id: s- and 8 to 32 hex digits, as `calque session list` shows them"
-        )
-    return text
+    return _an_id(
+        SESSION_ID_PATTERN, text, "a session id", "s- and 8 to 32 hex digits", "calque session list"
+    )
 
 
 def instance_id(text: str) -> str:
-    """An EC2 instance id (i- and up to 32 lowercase letters or digits), checked as session_id."""
     from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 
-    if not re.fullmatch(INSTANCE_ID_PATTERN, text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an instance id: i- and up to 32 lowercase letters or digits, as "
-            "`calque host list` shows them"
-        )
-    return text
+    return _an_id(
+        INSTANCE_ID_PATTERN,
+        text,
+        "an instance id",
+        "i- and up to 32 lowercase letters or digits",
+        "calque host list",
+    )
