@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
+from calque.dynamo import cancellation_reasons, des, error_code, expr_values, ser, serialize_value
 from calque.registry import keys, spread
-from calque.registry.attrs import deserialize, serialize
 from calque.registry.groups import DynamoGroups, GroupFull
 from calque.registry.models import (
     HostRecord,
@@ -59,54 +58,6 @@ _log = logging.getLogger(__name__)
 
 # How long an ended session's record stays before DynamoDB TTL may collect it.
 ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
-
-
-def _to_dynamo(value: Any) -> Any:
-    if isinstance(value, bool) or value is None or isinstance(value, str | int | Decimal):
-        return value
-    if isinstance(value, float):
-        return Decimal(repr(value))
-    if isinstance(value, datetime):
-        return keys.iso(value)
-    if isinstance(value, dict):
-        return {k: _to_dynamo(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list | tuple):
-        return [_to_dynamo(v) for v in value]
-    if isinstance(value, set):
-        return {_to_dynamo(v) for v in value}
-    raise TypeError(f"cannot store {type(value).__name__}")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, set):
-        return sorted(_plain(v) for v in value)
-    return value
-
-
-def ser(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: serialize(v) for k, v in _to_dynamo(item).items()}
-
-
-def des(item: dict[str, Any]) -> dict[str, Any]:
-    return _plain({k: deserialize(v) for k, v in item.items()})
-
-
-def _vals(**values: Any) -> dict[str, Any]:
-    return {f":{k}": serialize(_to_dynamo(v)) for k, v in values.items()}
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _reasons(exc: ClientError) -> list[str]:
-    return [str(r.get("Code") or "None") for r in exc.response.get("CancellationReasons", [])]
 
 
 LIMIT_ATTRS = (("ugh", "max_gpu_hours_per_month"), ("musd", "max_usd_per_month"))
@@ -199,12 +150,12 @@ def write_limits(
             Key=ser(key),
             UpdateExpression="SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else ""),
             ExpressionAttributeNames=names,
-            ExpressionAttributeValues={k: serialize(_to_dynamo(v)) for k, v in values.items()},
+            ExpressionAttributeValues={k: serialize_value(v) for k, v in values.items()},
             ReturnValues="ALL_NEW",
             **kw,
         )
     except ClientError as exc:
-        if _code(exc) == "ConditionalCheckFailedException":
+        if error_code(exc) == "ConditionalCheckFailedException":
             raise LimitsChanged(key["pk"]) from None
         raise
     return des(out["Attributes"])
@@ -215,35 +166,6 @@ def _quota(item: dict[str, Any]) -> QuotaRecord:
 
 
 class DynamoRegistry(DynamoGroups):
-    def __init__(self, client: Any, table_name: str) -> None:
-        self.client = client
-        self.table = table_name
-
-    # -- plumbing -------------------------------------------------------------------------
-    def _query(self, limit: int | None = None, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        kwargs["TableName"] = self.table
-        seen = 0
-        while True:
-            if limit is not None:
-                kwargs["Limit"] = limit - seen
-            page = self.client.query(**kwargs)
-            for raw in page.get("Items", []):
-                seen += 1
-                yield des(raw)
-            start = page.get("LastEvaluatedKey")
-            if not start or (limit is not None and seen >= limit):
-                return
-            kwargs["ExclusiveStartKey"] = start
-
-    def _get(self, key: dict[str, str]) -> dict[str, Any] | None:
-        raw = self.client.get_item(TableName=self.table, Key=ser(key), ConsistentRead=True).get("Item")
-        return des(raw) if raw else None
-
-    def _transact(self, items: list[dict[str, Any]]) -> None:
-        for it in items:
-            next(iter(it.values()))["TableName"] = self.table
-        self.client.transact_write_items(TransactItems=items)
-
     @staticmethod
     def _put_event(event: LeaseEvent) -> dict[str, Any]:
         item = {
@@ -302,7 +224,7 @@ class DynamoRegistry(DynamoGroups):
                 ConditionExpression="attribute_not_exists(pk)",
             )
         except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
+            if error_code(exc) == "ConditionalCheckFailedException":
                 raise AlreadyExists(host.instance_id) from None
             raise
         pending = [{"PutRequest": {"Item": ser(self._slice_item(sl))}} for sl in slices]
@@ -333,7 +255,7 @@ class DynamoRegistry(DynamoGroups):
         return [
             HostRecord.model_validate(i)
             for i in self._query(
-                KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.HOSTS_PK)
+                KeyConditionExpression="pk = :pk", ExpressionAttributeValues=expr_values(pk=keys.HOSTS_PK)
             )
         ]
 
@@ -344,7 +266,7 @@ class DynamoRegistry(DynamoGroups):
         for item in self._query(
             IndexName="by_user",
             KeyConditionExpression="user_pk = :pk",
-            ExpressionAttributeValues=_vals(pk=keys.FLEET),
+            ExpressionAttributeValues=expr_values(pk=keys.FLEET),
         ):
             if item.get("type") == "host":
                 out.append((HostRecord.model_validate(item), []))
@@ -355,7 +277,7 @@ class DynamoRegistry(DynamoGroups):
     def slices(self, instance_id: str) -> list[SliceRecord]:
         items = self._query(
             KeyConditionExpression="pk = :pk AND begins_with(sk, :s)",
-            ExpressionAttributeValues=_vals(pk=keys.host_partition(instance_id), s="SLICE#"),
+            ExpressionAttributeValues=expr_values(pk=keys.host_partition(instance_id), s="SLICE#"),
             ConsistentRead=True,
         )
         return [self._slice(i) for i in items]
@@ -365,13 +287,13 @@ class DynamoRegistry(DynamoGroups):
     ) -> HostRecord:
         expected = sorted(expect)
         names = ", ".join(f":e{n}" for n in range(len(expected)))
-        values = _vals(state=state, at=at, **{f"e{n}": e for n, e in enumerate(expected)})
+        values = expr_values(state=state, at=at, **{f"e{n}": e for n, e in enumerate(expected)})
         update = "SET #state = :state, state_since = :at"
         if reason is None:
             update += " REMOVE state_reason"
         else:
             update += ", state_reason = :reason"
-            values.update(_vals(reason=reason))
+            values.update(expr_values(reason=reason))
         try:
             out = self.client.update_item(
                 TableName=self.table,
@@ -383,13 +305,13 @@ class DynamoRegistry(DynamoGroups):
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
-            if _code(exc) == "ConditionalCheckFailedException":
+            if error_code(exc) == "ConditionalCheckFailedException":
                 raise StaleWrite(instance_id) from None
             raise
         return HostRecord.model_validate(des(out["Attributes"]))
 
     def set_placeable(self, sl: SliceRecord, placeable: bool) -> bool:
-        values = _vals(free="free", fence=sl.fence)
+        values = expr_values(free="free", fence=sl.fence)
         set_free, remove = self._free_keys(sl, placeable, values)
         update = f"SET {set_free.removeprefix(', ')}" if set_free else f"REMOVE {remove}"
         try:
@@ -403,7 +325,7 @@ class DynamoRegistry(DynamoGroups):
         """SET and REMOVE clauses that put the slice in placement, or take it out."""
         if placeable:
             values.update(
-                _vals(
+                expr_values(
                     fpk=keys.free_pk(sl.backend),
                     fsk=keys.free_sk(sl.memory_gib, sl.profile, sl.instance_id, sl.slice_id),
                 )
@@ -440,7 +362,7 @@ class DynamoRegistry(DynamoGroups):
                         "Key": ser(keys.host(sl.instance_id)),
                         "ConditionExpression": "#state = :ready",
                         "ExpressionAttributeNames": {"#state": "state"},
-                        "ExpressionAttributeValues": _vals(ready="ready"),
+                        "ExpressionAttributeValues": expr_values(ready="ready"),
                     }
                 }
             )
@@ -452,11 +374,11 @@ class DynamoRegistry(DynamoGroups):
             else:
                 self._transact(items)
         except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException" and host_ready:
-                reasons = _reasons(exc)
+            if error_code(exc) == "TransactionCanceledException" and host_ready:
+                reasons = cancellation_reasons(exc)
                 if reasons[0] == "None" and reasons[1] == "ConditionalCheckFailed":
                     raise HostNotReady(sl.instance_id) from None
-            if _code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
+            if error_code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
                 return False
             raise
         return True
@@ -476,7 +398,7 @@ class DynamoRegistry(DynamoGroups):
         self, sl: SliceRecord, *, device_uuid: str, env: dict[str, str], placeable: bool, at: datetime
     ) -> bool:
         def write(placeable: bool) -> bool:
-            values = _vals(free="free", pending="pending", uuid=device_uuid, env=env, at=at)
+            values = expr_values(free="free", pending="pending", uuid=device_uuid, env=env, at=at)
             set_free, remove = self._free_keys(sl, placeable, values)
             update = f"SET #state = :free, device_uuid = :uuid, env = :env, state_since = :at{set_free}"
             if remove:
@@ -495,11 +417,11 @@ class DynamoRegistry(DynamoGroups):
         fence: int | None = None,
     ) -> bool:
         def write(placeable: bool) -> bool:
-            values = _vals(free="free", r="reclaiming", q="quarantined", nb=not_before, at=event.at)
+            values = expr_values(free="free", r="reclaiming", q="quarantined", nb=not_before, at=event.at)
             condition = "#state IN (:r, :q) AND state_since <= :nb"
             if fence is not None:
                 condition += " AND fence = :fence"
-                values.update(_vals(fence=fence))
+                values.update(expr_values(fence=fence))
             set_free, remove = self._free_keys(sl, placeable, values)
             update = f"SET #state = :free, state_since = :at{set_free} REMOVE expiry_pk, expiry_sk"
             if remove:
@@ -513,7 +435,7 @@ class DynamoRegistry(DynamoGroups):
             sl,
             "SET #state = :q, state_since = :at REMOVE expiry_pk, expiry_sk",
             "#state = :r AND fence = :fence AND state_since = :since",
-            _vals(q="quarantined", r="reclaiming", at=at, fence=sl.fence, since=sl.state_since),
+            expr_values(q="quarantined", r="reclaiming", at=at, fence=sl.fence, since=sl.state_since),
             event,
         )
 
@@ -528,7 +450,7 @@ class DynamoRegistry(DynamoGroups):
                     "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
                     "ConditionExpression": "attribute_not_exists(pk) OR #state <> :held",
                     "ExpressionAttributeNames": {"#state": "state"},
-                    "ExpressionAttributeValues": _vals(held="held"),
+                    "ExpressionAttributeValues": expr_values(held="held"),
                 }
             }
             for sl in slices
@@ -538,7 +460,7 @@ class DynamoRegistry(DynamoGroups):
                 "Key": ser(keys.host(host.instance_id)),
                 "ConditionExpression": "#state = :state",
                 "ExpressionAttributeNames": {"#state": "state"},
-                "ExpressionAttributeValues": _vals(state=host.state),
+                "ExpressionAttributeValues": expr_values(state=host.state),
             }
         }
         head: list[dict[str, Any]] = [first]
@@ -551,13 +473,13 @@ class DynamoRegistry(DynamoGroups):
             try:
                 self._transact(batch)
             except ClientError as exc:
-                if _code(exc) in ("TransactionCanceledException", "ConditionalCheckFailedException"):
+                if error_code(exc) in ("TransactionCanceledException", "ConditionalCheckFailedException"):
                     raise StaleWrite(host.instance_id) from None
                 raise
 
     def retired_hosts(self) -> list[RetiredHost]:
         items = self._query(
-            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=keys.RETIRED_HOSTS)
+            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=expr_values(pk=keys.RETIRED_HOSTS)
         )
         from calque.registry.retired import RetiredHost
 
@@ -568,7 +490,9 @@ class DynamoRegistry(DynamoGroups):
             limit=limit,
             IndexName="by_expiry",
             KeyConditionExpression="expiry_pk = :pk AND expiry_sk < :hi",
-            ExpressionAttributeValues=_vals(pk=keys.RECLAIMING, hi=f"{int(cutoff.timestamp()) + 1:012d}"),
+            ExpressionAttributeValues=expr_values(
+                pk=keys.RECLAIMING, hi=f"{int(cutoff.timestamp()) + 1:012d}"
+            ),
         )
         return [self._slice(i) for i in items]
 
@@ -605,10 +529,10 @@ class DynamoRegistry(DynamoGroups):
         def query(low: str, high: str | None, n: int) -> list[tuple[str, SliceRecord]]:
             if high is None:
                 cond = "free_pk = :pk AND free_sk >= :lo"
-                values = _vals(pk=keys.free_pk(backend), lo=low)
+                values = expr_values(pk=keys.free_pk(backend), lo=low)
             else:
                 cond = "free_pk = :pk AND free_sk BETWEEN :lo AND :hi"
-                values = _vals(pk=keys.free_pk(backend), lo=low, hi=high)
+                values = expr_values(pk=keys.free_pk(backend), lo=low, hi=high)
             # One page of ``n`` items: the request count stays flat however big the fleet is.
             page = self.client.query(
                 TableName=self.table,
@@ -669,7 +593,7 @@ class DynamoRegistry(DynamoGroups):
                             }
                         ),
                         "ConditionExpression": "attribute_not_exists(pk) OR gc_at < :now",
-                        "ExpressionAttributeValues": _vals(now=int(session.created_at.timestamp())),
+                        "ExpressionAttributeValues": expr_values(now=int(session.created_at.timestamp())),
                     }
                 }
             )
@@ -685,7 +609,7 @@ class DynamoRegistry(DynamoGroups):
                     ),
                     "ConditionExpression": "#state = :free AND fence = :fence AND attribute_exists(free_pk)",
                     "ExpressionAttributeNames": {"#state": "state"},
-                    "ExpressionAttributeValues": _vals(
+                    "ExpressionAttributeValues": expr_values(
                         held="held",
                         free="free",
                         next=session.fence,
@@ -734,9 +658,9 @@ class DynamoRegistry(DynamoGroups):
         try:
             self._transact(items)
         except ClientError as exc:
-            if _code(exc) != "TransactionCanceledException":
+            if error_code(exc) != "TransactionCanceledException":
                 raise
-            reasons = _reasons(exc)
+            reasons = cancellation_reasons(exc)
             if first and reasons and reasons[0] == "ConditionalCheckFailed":
                 raise Replayed(session.user) from None
             reasons = reasons[len(first) :]
@@ -761,10 +685,10 @@ class DynamoRegistry(DynamoGroups):
 
     def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
         if state is None:
-            cond, values = "user_pk = :pk", _vals(pk=keys.user_pk(user))
+            cond, values = "user_pk = :pk", expr_values(pk=keys.user_pk(user))
         else:
             cond = "user_pk = :pk AND begins_with(user_sk, :st)"
-            values = _vals(pk=keys.user_pk(user), st=keys.user_state(state == "live"))
+            values = expr_values(pk=keys.user_pk(user), st=keys.user_state(state == "live"))
         items = self._query(
             limit=limit,
             IndexName="by_user",
@@ -776,10 +700,10 @@ class DynamoRegistry(DynamoGroups):
 
     def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
         if expiring_at_or_before is None:
-            cond, values = "expiry_pk = :pk", _vals(pk=keys.LIVE)
+            cond, values = "expiry_pk = :pk", expr_values(pk=keys.LIVE)
         else:
             cond = "expiry_pk = :pk AND expiry_sk < :hi"
-            values = _vals(pk=keys.LIVE, hi=f"{int(expiring_at_or_before.timestamp()) + 1:012d}")
+            values = expr_values(pk=keys.LIVE, hi=f"{int(expiring_at_or_before.timestamp()) + 1:012d}")
         items = self._query(
             limit=limit, IndexName="by_expiry", KeyConditionExpression=cond, ExpressionAttributeValues=values
         )
@@ -808,7 +732,7 @@ class DynamoRegistry(DynamoGroups):
                 cond += f" AND {attr} = :{attr}"
             else:
                 cond += f" AND (attribute_not_exists({attr}) OR {attr} = :{attr})"
-        values = _vals(
+        values = expr_values(
             live="live",
             fence=session.fence,
             ended="ended",
@@ -828,16 +752,16 @@ class DynamoRegistry(DynamoGroups):
         )
         if note is not None:
             update += ", end_note = :note"
-            values.update(_vals(note=note))
+            values.update(expr_values(note=note))
         if request_id is not None:
             update += ", end_request = :rq"
-            values.update(_vals(rq=request_id))
+            values.update(expr_values(rq=request_id))
         if token_hash is not None:
             cond += " AND token_hash = :th"
-            values.update(_vals(th=token_hash))
+            values.update(expr_values(th=token_hash))
         if expired_by is not None:
             cond += " AND expires_epoch <= :cutoff"
-            values.update(_vals(cutoff=int(expired_by.timestamp())))
+            values.update(expr_values(cutoff=int(expired_by.timestamp())))
         update += " REMOVE expiry_pk, expiry_sk"
         items = [
             {
@@ -858,7 +782,7 @@ class DynamoRegistry(DynamoGroups):
                     ),
                     "ConditionExpression": "#state = :held AND session_id = :sid AND fence = :fence",
                     "ExpressionAttributeNames": {"#state": "state"},
-                    "ExpressionAttributeValues": _vals(
+                    "ExpressionAttributeValues": expr_values(
                         reclaiming="reclaiming",
                         held="held",
                         sid=session.session_id,
@@ -917,7 +841,7 @@ class DynamoRegistry(DynamoGroups):
         try:
             self._transact(items)
         except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
+            if error_code(exc) == "TransactionCanceledException":
                 raise StaleWrite(session.session_id) from None
             raise
         return session.model_copy(
@@ -962,7 +886,7 @@ class DynamoRegistry(DynamoGroups):
             try:
                 self._transact(items)
             except ClientError as exc:
-                if _code(exc) not in ("TransactionCanceledException", "ValidationException"):
+                if error_code(exc) not in ("TransactionCanceledException", "ValidationException"):
                     raise
                 for end in batch:
                     try:
@@ -973,7 +897,7 @@ class DynamoRegistry(DynamoGroups):
                         # The store refuses this one write as it is (an item at DynamoDB's size
                         # limit, say): trying again will not help, and the others must still
                         # end. It stays live, logged, and is tried again on the next run.
-                        if _code(one) != "ValidationException":
+                        if error_code(one) != "ValidationException":
                             raise
                         _log.error(
                             "the store refused to end session %s: %s",
@@ -996,7 +920,7 @@ class DynamoRegistry(DynamoGroups):
         reservation: Reservation | None = None,
     ) -> SessionRecord:
         old = int(session.expires_at.timestamp())
-        values = _vals(
+        values = expr_values(
             exp=expires_at,
             epoch=int(expires_at.timestamp()),
             esk=keys.expiry_sk(expires_at, session.session_id),
@@ -1008,14 +932,14 @@ class DynamoRegistry(DynamoGroups):
         update = "SET expires_at = :exp, expires_epoch = :epoch, expiry_sk = :esk"
         if request_id is not None:
             update += ", extend_request = :rq"
-            values.update(_vals(rq=request_id))
+            values.update(expr_values(rq=request_id))
         reserved: dict[str, Any] = {}
         if reservation is not None:
             update += (
                 ", reserved_ugh = if_not_exists(reserved_ugh, :zero) + :ru, "
                 "reserved_musd = if_not_exists(reserved_musd, :zero) + :rm"
             )
-            values.update(_vals(zero=0, ru=reservation.ugh, rm=reservation.musd))
+            values.update(expr_values(zero=0, ru=reservation.ugh, rm=reservation.musd))
             reserved = {
                 "reserved_ugh": session.reserved_ugh + reservation.ugh,
                 "reserved_musd": session.reserved_musd + reservation.musd,
@@ -1053,8 +977,8 @@ class DynamoRegistry(DynamoGroups):
         try:
             self._transact(items)
         except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
-                reasons = _reasons(exc)
+            if error_code(exc) == "TransactionCanceledException":
+                reasons = cancellation_reasons(exc)
                 if reasons[0] == "None" and len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed":
                     raise QuotaFull(session.user) from None
                 if reasons[0] == "None" and len(reasons) > 3 and reasons[3] == "ConditionalCheckFailed":
@@ -1066,11 +990,11 @@ class DynamoRegistry(DynamoGroups):
     def set_host_access(
         self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
     ) -> bool:
-        values = _vals(live="live", fence=session.fence, ha=state)
+        values = expr_values(live="live", fence=session.fence, ha=state)
         update = "SET host_access = :ha"
         if reason is not None:
             update += ", host_access_reason = :why"
-            values.update(_vals(why=reason))
+            values.update(expr_values(why=reason))
         else:
             update += " REMOVE host_access_reason"
         items: list[dict[str, Any]] = [
@@ -1089,7 +1013,7 @@ class DynamoRegistry(DynamoGroups):
         try:
             self._transact(items)
         except ClientError as exc:
-            if _code(exc) == "TransactionCanceledException":
+            if error_code(exc) == "TransactionCanceledException":
                 return False
             raise
         return True
@@ -1168,7 +1092,7 @@ class DynamoRegistry(DynamoGroups):
     # -- the record -----------------------------------------------------------------------
     def events_on(self, day: str) -> list[LeaseEvent]:
         items = self._query(
-            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=_vals(pk=f"EVENTS#{day}")
+            KeyConditionExpression="pk = :pk", ExpressionAttributeValues=expr_values(pk=f"EVENTS#{day}")
         )
         return [LeaseEvent.model_validate(i) for i in items]
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from calque.dynamo import Table, cancellation_reasons, des, error_code, expr_values, ser
 from calque.errors import DependencyUnavailable
 from calque.fleet.ports import BudgetRefused, Gone, RequestExists
 from calque.fleet.records import (
@@ -35,7 +36,6 @@ from calque.fleet.records import (
     instance_rate,
     musd,
 )
-from calque.registry.dynamo import _code, _reasons, _vals, des, ser
 
 FLEET_PK = "FLEET"
 BUDGET_SK = "BUDGET"
@@ -55,20 +55,7 @@ def _budget_key() -> dict[str, str]:
     return {"pk": FLEET_PK, "sk": BUDGET_SK}
 
 
-class DynamoFleetStore:
-    def __init__(self, client: Any, table_name: str) -> None:
-        self.client = client
-        self.table = table_name
-
-    def _get(self, key: dict[str, str]) -> dict[str, Any] | None:
-        raw = self.client.get_item(TableName=self.table, Key=ser(key), ConsistentRead=True).get("Item")
-        return des(raw) if raw else None
-
-    def _transact(self, items: list[dict[str, Any]]) -> None:
-        for it in items:
-            next(iter(it.values()))["TableName"] = self.table
-        self.client.transact_write_items(TransactItems=items)
-
+class DynamoFleetStore(Table):
     # -- the budget -----------------------------------------------------------------------
     def reserve(
         self, budget_delta_instances: int, hourly_usd: float, records: Sequence[AcquisitionRecord]
@@ -83,7 +70,7 @@ class DynamoFleetStore:
                         "in_use_instances = in_use_instances + :n, in_use_musd = in_use_musd + :m"
                     ),
                     "ConditionExpression": "free_instances >= :n AND free_musd >= :m",
-                    "ExpressionAttributeValues": _vals(n=budget_delta_instances, m=m),
+                    "ExpressionAttributeValues": expr_values(n=budget_delta_instances, m=m),
                 }
             }
         ]
@@ -101,9 +88,9 @@ class DynamoFleetStore:
                 self._transact(items)
                 return
             except ClientError as exc:
-                if _code(exc) != "TransactionCanceledException":
+                if error_code(exc) != "TransactionCanceledException":
                     raise
-                reasons = _reasons(exc)
+                reasons = cancellation_reasons(exc)
                 if "ConditionalCheckFailed" in reasons[1:]:
                     raise RequestExists() from None  # a replay: its acquisitions are recorded
                 if reasons and reasons[0] == "ConditionalCheckFailed":
@@ -147,7 +134,7 @@ class DynamoFleetStore:
                 cond, values = "attribute_not_exists(pk)", None
             else:
                 cond = "in_use_instances = :i AND in_use_musd = :m"
-                values = _vals(i=used_i, m=used_m)
+                values = expr_values(i=used_i, m=used_m)
             kwargs: dict[str, Any] = {
                 "TableName": self.table,
                 "Item": ser({**_budget_key(), "type": "budget", **record.model_dump()}),
@@ -159,7 +146,7 @@ class DynamoFleetStore:
                 self.client.put_item(**kwargs)
                 return record
             except ClientError as exc:
-                if _code(exc) != "ConditionalCheckFailedException":
+                if error_code(exc) != "ConditionalCheckFailedException":
                     raise
         raise DependencyUnavailable("the budget is busy; try again", retry_after=1)
 
@@ -178,40 +165,20 @@ class DynamoFleetStore:
         return InstanceRate.model_validate(rate) if rate else None
 
     def instance_rates(self) -> dict[str, InstanceRate]:
-        kwargs: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
-            "ExpressionAttributeValues": _vals(pk=FLEET_PK, p="INSTANCE#"),
-            "ProjectionExpression": "#r",
-            "ExpressionAttributeNames": {"#r": "rate"},
-        }
         out: dict[str, InstanceRate] = {}
-        while True:
-            page = self.client.query(**kwargs)
-            for item in page.get("Items", []):
-                raw = des(item).get("rate")
-                if raw:
-                    rate = InstanceRate.model_validate(raw)
-                    out[rate.instance_id] = rate
-            if not page.get("LastEvaluatedKey"):
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        for item in self._query(
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
+            ExpressionAttributeValues=expr_values(pk=FLEET_PK, p="INSTANCE#"),
+            ProjectionExpression="#r",
+            ExpressionAttributeNames={"#r": "rate"},
+        ):
+            if item.get("rate"):
+                rate = InstanceRate.model_validate(item["rate"])
+                out[rate.instance_id] = rate
         return out
 
     def list(self) -> builtins.list[AcquisitionRecord]:
-        kwargs: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
-            "ExpressionAttributeValues": _vals(pk=FLEET_PK, p="ACQ#"),
-            "ConsistentRead": True,
-        }
-        out: list[AcquisitionRecord] = []
-        while True:
-            page = self.client.query(**kwargs)
-            out += [AcquisitionRecord.model_validate(des(i)) for i in page.get("Items", [])]
-            if not page.get("LastEvaluatedKey"):
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        out = [AcquisitionRecord.model_validate(i) for i in self._query_prefix(FLEET_PK, "ACQ#")]
         return sorted(out, key=lambda r: (r.created_at, r.request_id))
 
     def update(
@@ -228,9 +195,9 @@ class DynamoFleetStore:
                 removes.append(f"#c{n}")
             else:
                 sets.append(f"#c{n} = :c{n}")
-                values.update(_vals(**{f"c{n}": dumped[key]}))
+                values.update(expr_values(**{f"c{n}": dumped[key]}))
         expected = sorted(set(expect))
-        values.update(_vals(**{f"e{n}": e for n, e in enumerate(expected)}))
+        values.update(expr_values(**{f"e{n}": e for n, e in enumerate(expected)}))
         expr = ("SET " + ", ".join(sets) if sets else "") + (
             " REMOVE " + ", ".join(removes) if removes else ""
         )
@@ -243,7 +210,7 @@ class DynamoFleetStore:
                 condition += f" AND attribute_not_exists(#s{n})"
             else:
                 condition += f" AND #s{n} = :s{n}"
-                values.update(_vals(**{f"s{n}": was[key]}))
+                values.update(expr_values(**{f"s{n}": was[key]}))
         change = {
             "Key": ser(_acq_key(record.request_id)),
             "UpdateExpression": expr.strip(),
@@ -271,7 +238,7 @@ class DynamoFleetStore:
                 return current if current is not None else new
             out = self.client.update_item(TableName=self.table, ReturnValues="ALL_NEW", **change)
         except ClientError as exc:
-            if _code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
+            if error_code(exc) in ("ConditionalCheckFailedException", "TransactionCanceledException"):
                 raise Gone(record.request_id) from None
             raise
         return AcquisitionRecord.model_validate(des(out["Attributes"]))
@@ -279,7 +246,7 @@ class DynamoFleetStore:
     def close(
         self, record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime
     ) -> AcquisitionRecord:
-        values = _vals(
+        values = expr_values(
             state=state,
             at=at,
             no=False,
@@ -290,7 +257,7 @@ class DynamoFleetStore:
         update = "SET #state = :state, state_since = :at, budget_held = :no, gc_at = :gc"
         if reason is not None:
             update += ", state_reason = :reason"
-            values.update(_vals(reason=reason))
+            values.update(expr_values(reason=reason))
         items: list[dict[str, Any]] = [
             {
                 "Update": {
@@ -312,7 +279,7 @@ class DynamoFleetStore:
                             "in_use_instances = in_use_instances - :one, in_use_musd = in_use_musd - :m"
                         ),
                         "ConditionExpression": "attribute_exists(pk)",
-                        "ExpressionAttributeValues": _vals(one=1, m=record.hourly_musd),
+                        "ExpressionAttributeValues": expr_values(one=1, m=record.hourly_musd),
                     }
                 }
             )
@@ -321,9 +288,9 @@ class DynamoFleetStore:
                 self._transact(items)
                 break
             except ClientError as exc:
-                if _code(exc) != "TransactionCanceledException":
+                if error_code(exc) != "TransactionCanceledException":
                     raise
-                reasons = _reasons(exc)
+                reasons = cancellation_reasons(exc)
                 if reasons and reasons[0] == "ConditionalCheckFailed":
                     raise Gone(record.request_id) from None
                 if "TransactionConflict" not in reasons:

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from calque.dynamo import Table, ser
 from calque.registry.models import use_of
 from calque.registry.ports import (
     AlreadyExists,
@@ -177,16 +178,8 @@ class MemoryGroups:
         self.group_map[name] = g.model_copy(update={"live": max(0, g.live - 1), "use": use})
 
 
-class DynamoGroups:
+class DynamoGroups(Table):
     """Groups for the DynamoDB registry (mixed into DynamoRegistry)."""
-
-    client: Any
-    table: str
-
-    def _ser(self, item: dict[str, Any]) -> dict[str, Any]:
-        from calque.registry.dynamo import ser
-
-        return ser(item)
 
     def _group_item(self, g: GroupRecord) -> dict[str, Any]:
         doc = g.model_dump(exclude={"use"})
@@ -198,7 +191,7 @@ class DynamoGroups:
         try:
             self.client.put_item(
                 TableName=self.table,
-                Item=self._ser(self._group_item(group)),
+                Item=ser(self._group_item(group)),
                 ConditionExpression="attribute_not_exists(pk)",
             )
         except ClientError as exc:
@@ -207,28 +200,16 @@ class DynamoGroups:
             raise
 
     def get_group(self, name: str) -> GroupRecord | None:
-        from calque.registry.dynamo import des
-
-        raw = self.client.get_item(TableName=self.table, Key=self._ser(group_key(name)), ConsistentRead=True)
-        return _group(des(raw["Item"])) if "Item" in raw else None
+        item = self._get(group_key(name))
+        return _group(item) if item is not None else None
 
     def list_groups(self) -> list[GroupRecord]:
-        from calque.registry.dynamo import des
-
-        out, start = [], None
-        while True:
-            kw: dict[str, Any] = {
-                "TableName": self.table,
-                "KeyConditionExpression": "pk = :pk",
-                "ExpressionAttributeValues": self._ser({":pk": GROUPS_PK}),
-            }
-            if start:
-                kw["ExclusiveStartKey"] = start
-            page = self.client.query(**kw)
-            out += [_group(des(i)) for i in page.get("Items", [])]
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return out
+        return [
+            _group(i)
+            for i in self._query(
+                KeyConditionExpression="pk = :pk", ExpressionAttributeValues=ser({":pk": GROUPS_PK})
+            )
+        ]
 
     def update_group(
         self,
@@ -274,11 +255,11 @@ class DynamoGroups:
             {
                 "Update": {
                     "TableName": self.table,
-                    "Key": self._ser(group_key(name)),
+                    "Key": ser(group_key(name)),
                     "UpdateExpression": expr,
                     "ConditionExpression": condition,
                     "ExpressionAttributeNames": {k: v for k, v in names.items() if k in expr + condition},
-                    "ExpressionAttributeValues": self._ser(values),
+                    "ExpressionAttributeValues": ser(values),
                 }
             }
         ]
@@ -287,10 +268,10 @@ class DynamoGroups:
                 {
                     "Update": {
                         "TableName": self.table,
-                        "Key": self._ser(membership_key(user)),
+                        "Key": ser(membership_key(user)),
                         "UpdateExpression": "SET #g = if_not_exists(#g, :at), #type = :t",
                         "ExpressionAttributeNames": {"#g": f"g_{name}", "#type": "type"},
-                        "ExpressionAttributeValues": self._ser({":at": at, ":t": "membership"}),
+                        "ExpressionAttributeValues": ser({":at": at, ":t": "membership"}),
                     }
                 }
             )
@@ -299,7 +280,7 @@ class DynamoGroups:
                 {
                     "Update": {
                         "TableName": self.table,
-                        "Key": self._ser(membership_key(user)),
+                        "Key": ser(membership_key(user)),
                         "UpdateExpression": "REMOVE #g",
                         "ExpressionAttributeNames": {"#g": f"g_{name}"},
                     }
@@ -339,12 +320,7 @@ class DynamoGroups:
         return _group(item)
 
     def groups_of(self, user: str) -> dict[str, datetime]:
-        from calque.registry.dynamo import des
-
-        raw = self.client.get_item(
-            TableName=self.table, Key=self._ser(membership_key(user)), ConsistentRead=True
-        )
-        item = des(raw["Item"]) if "Item" in raw else {}
+        item = self._get(membership_key(user)) or {}
         return {
             k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
             for k, v in item.items()
@@ -363,11 +339,11 @@ class DynamoGroups:
             values.update({":one": 1})
         return {
             "Update": {
-                "Key": self._ser(group_key(name)),
+                "Key": ser(group_key(name)),
                 "UpdateExpression": "SET " + ", ".join(sets),
                 "ConditionExpression": cond,
                 "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": self._ser(values),
+                "ExpressionAttributeValues": ser(values),
             }
         }
 
@@ -377,10 +353,10 @@ class DynamoGroups:
         adds, names, values = settle_terms(month, settle)
         return {
             "Update": {
-                "Key": self._ser(group_key(name)),
+                "Key": ser(group_key(name)),
                 "UpdateExpression": f"SET live = live - :one ADD {adds}",
                 "ConditionExpression": "live > :zero",
                 "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": self._ser({":zero": 0, ":one": 1, **values}),
+                "ExpressionAttributeValues": ser({":zero": 0, ":one": 1, **values}),
             }
         }

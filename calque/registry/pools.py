@@ -44,6 +44,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from calque.dynamo import Table, des, ser
 from calque.errors import Conflict
 from calque.pools.domain import (
     LIVE,
@@ -62,7 +63,6 @@ from calque.pools.domain import (
     WorkerRecord,
 )
 from calque.pools.ports import PoolClosed, RequestRecorded
-from calque.registry.dynamo import des, ser
 
 POOLS_PK = "POOLS"
 _END_TRIES = 5  # a claim's end re-read and tried again after a lost race, at most
@@ -180,36 +180,7 @@ def _strip(item: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in item.items() if k not in _KEYS}
 
 
-class DynamoPoolStore:
-    def __init__(self, client: Any, table_name: str) -> None:
-        self.client = client
-        self.table = table_name
-
-    def _get(self, key: dict[str, str]) -> dict[str, Any] | None:
-        raw = self.client.get_item(TableName=self.table, Key=ser(key), ConsistentRead=True).get("Item")
-        return des(raw) if raw else None
-
-    def _query(
-        self, pk: str, prefix: str, *, limit: int | None = None, forward: bool = True
-    ) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :p)",
-            "ExpressionAttributeValues": ser({":pk": pk, ":p": prefix}),
-            "ConsistentRead": True,
-            "ScanIndexForward": forward,
-        }
-        out: list[dict[str, Any]] = []
-        while True:
-            if limit is not None:
-                kwargs["Limit"] = limit - len(out)
-            page = self.client.query(**kwargs)
-            out += [des(i) for i in page.get("Items", [])]
-            start = page.get("LastEvaluatedKey")
-            if not start or (limit is not None and len(out) >= limit):
-                return out
-            kwargs["ExclusiveStartKey"] = start
-
+class DynamoPoolStore(Table):
     def _update(
         self, key: dict[str, str], changes: dict[str, Any], condition: str, values: dict[str, Any]
     ) -> dict[str, Any] | None:
@@ -310,7 +281,7 @@ class DynamoPoolStore:
         return PoolRecord.model_validate(_strip(item)) if item else None
 
     def list_pools(self) -> list[PoolRecord]:
-        return [PoolRecord.model_validate(_strip(i)) for i in self._query(POOLS_PK, "POOL#")]
+        return [PoolRecord.model_validate(_strip(i)) for i in self._query_prefix(POOLS_PK, "POOL#")]
 
     def update_pool(self, name: str, changes: dict[str, Any]) -> PoolRecord | None:
         item = self._update(_pool_key(name), changes, "attribute_exists(#pk)", {})
@@ -505,7 +476,7 @@ class DynamoPoolStore:
             )
 
     def claims_ran_on(self, day: str) -> list[ClaimRecord]:
-        return [ClaimRecord.model_validate(_strip(i)) for i in self._query(f"CLAIMRUNS#{day}", "RUN#")]
+        return [ClaimRecord.model_validate(_strip(i)) for i in self._query_prefix(f"CLAIMRUNS#{day}", "RUN#")]
 
     def end_claim(
         self,
@@ -594,7 +565,7 @@ class DynamoPoolStore:
         return None
 
     def pending_discards(self, pool: str) -> dict[str, float]:
-        return {str(i["claim_id"]): float(i["at"]) for i in self._query(f"POOL#{pool}", "DISCARD#")}
+        return {str(i["claim_id"]): float(i["at"]) for i in self._query_prefix(f"POOL#{pool}", "DISCARD#")}
 
     def clear_discard(self, pool: str, claim_id: str) -> None:
         self.client.delete_item(TableName=self.table, Key=ser(_discard_key(pool, claim_id)))
@@ -622,7 +593,7 @@ class DynamoPoolStore:
 
     def pool_instances(self, *, ended_since: float) -> list[PoolInstanceRecord]:
         out = []
-        for i in self._query(POOL_INSTANCES_PK, "INSTANCE#"):
+        for i in self._query_prefix(POOL_INSTANCES_PK, "INSTANCE#"):
             rec = PoolInstanceRecord.model_validate(_strip(i))
             if rec.ended_at is None or rec.ended_at >= ended_since:
                 out.append(rec)
@@ -668,7 +639,7 @@ class DynamoPoolStore:
         return WorkerRecord.model_validate(_strip(item)) if item else None
 
     def workers(self, pool: str) -> list[WorkerRecord]:
-        return [WorkerRecord.model_validate(_strip(i)) for i in self._query(f"POOL#{pool}", "WORKER#")]
+        return [WorkerRecord.model_validate(_strip(i)) for i in self._query_prefix(f"POOL#{pool}", "WORKER#")]
 
     # decisions
     def add_decision(self, decision: DecisionRecord) -> None:
@@ -679,7 +650,7 @@ class DynamoPoolStore:
         self.client.put_item(TableName=self.table, Item=ser({**key, **decision.model_dump()}))
 
     def decisions(self, pool: str, limit: int) -> list[DecisionRecord]:
-        items = self._query(f"POOL#{pool}", "DECISION#", limit=limit, forward=False)
+        items = self._query_prefix(f"POOL#{pool}", "DECISION#", limit=limit, forward=False)
         return [DecisionRecord.model_validate(_strip(i)) for i in items]
 
 

@@ -12,7 +12,7 @@ from calque.contracts.quotas import QuotaUpdate
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.errors import QuotaExceeded
 from calque.registry import keys
-from calque.registry.dynamo import ser
+from calque.dynamo import ser
 from calque.tenancy.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World, member
 

@@ -1,4 +1,4 @@
-"""calque.registry.attrs answers as boto3's TypeSerializer / TypeDeserializer do, value for
+"""calque.dynamo.attrs answers as boto3's TypeSerializer / TypeDeserializer do, value for
 value and error for error: boto3's own classes are the oracle here (the tests may import
 boto3; the functions do not)."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from boto3.dynamodb.types import Binary, TypeDeserializer, TypeSerializer
 
-from calque.registry import attrs
+from calque.dynamo import attrs
 
 pytestmark = pytest.mark.unit
 
@@ -58,13 +58,24 @@ def _sorted_sets(av: Any) -> Any:
     return av
 
 
-@pytest.mark.parametrize("value", VALUES, ids=repr)
+def _id(value: Any) -> str:
+    """A test id that is the same in every process (set order and object addresses are not):
+    parallel workers must collect the same tests."""
+    if isinstance(value, (set, frozenset)):
+        inner = ", ".join(sorted(_id(v) for v in value))
+        return f"{type(value).__name__}({{{inner}}})"
+    if type(value) is object:
+        return "object()"
+    return repr(value)
+
+
+@pytest.mark.parametrize("value", VALUES, ids=_id)
 def test_serializes_as_boto3_does(value: Any) -> None:
     ours = attrs.serialize(value)
     assert _sorted_sets(ours) == _sorted_sets(BOTO_SER.serialize(value))
 
 
-@pytest.mark.parametrize("value", VALUES, ids=repr)
+@pytest.mark.parametrize("value", VALUES, ids=_id)
 def test_round_trips_as_boto3_does(value: Any) -> None:
     av = BOTO_SER.serialize(value)
     ours, theirs = attrs.deserialize(av), BOTO_DES.deserialize(av)
@@ -93,7 +104,7 @@ def test_numbers_come_back_as_decimals_in_dynamodbs_context() -> None:
         ({"a", 1}, TypeError),  # a mixed set has no DynamoDB type
         (object(), TypeError),
     ],
-    ids=repr,
+    ids=_id,
 )
 def test_refuses_what_boto3_refuses(value: Any, error: type[Exception]) -> None:
     with pytest.raises(error):
@@ -108,7 +119,7 @@ def test_refuses_negative_infinity_which_boto3_leaves_to_dynamodb() -> None:
         attrs.serialize(Decimal("-Infinity"))
 
 
-@pytest.mark.parametrize("av", [{}, {"X": "1"}, {"SSS": []}], ids=repr)
+@pytest.mark.parametrize("av", [{}, {"X": "1"}, {"SSS": []}], ids=_id)
 def test_refuses_what_boto3_cannot_read(av: dict[str, Any]) -> None:
     with pytest.raises(TypeError):
         BOTO_DES.deserialize(av)
