@@ -9,53 +9,15 @@ variable's name. Nothing is read at import time; call the cached factories.
 
 from __future__ import annotations
 
-import os
 from functools import cache
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from calque.settings.common import CommonSettings, split_csv
 
 if TYPE_CHECKING:
     from calque.settings.functions import FleetSettings, HostTasksSettings, PoolSettings, ReaperSettings
-
-T = TypeVar("T", bound=BaseModel)
-
-
-class _EnvSettings(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, defer_build=True)
-
-    @classmethod
-    def from_env(cls: type[T], environ: dict[str, str] | None = None) -> T:
-        env = os.environ if environ is None else environ
-        values = {}
-        for name, field in cls.model_fields.items():
-            key = field.alias or name
-            if key in env:
-                values[key] = env[key]
-        return cls.model_validate(values)
-
-
-def split_csv(value: object) -> object:
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return value
-
-
-class CommonSettings(_EnvSettings):
-    table_name: str = Field(alias="CALQUE_TABLE_NAME", min_length=1)
-    admins: list[str] = Field(alias="CALQUE_ADMINS", default=[])
-    local_mode: bool = Field(alias="CALQUE_LOCAL_MODE", default=False)
-
-    _split_admins = field_validator("admins", mode="before")(split_csv)
-
-    @field_validator("admins")
-    @classmethod
-    def _admins_can_match(cls, value: list[str]) -> list[str]:
-        # An entry that can never match (or that a member could pose as) fails at cold start.
-        from calque.identity import parse_admins
-
-        parse_admins(value)
-        return value
 
 
 class ApiSettings(CommonSettings):

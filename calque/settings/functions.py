@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from calque.settings import CommonSettings, split_csv
+from calque.settings.common import CommonSettings, split_csv
 
 
 class HostTasksSettings(CommonSettings):
