@@ -44,10 +44,10 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
     from datetime import UTC, datetime
 
     from calque.contracts.hosts import HostRegistration
+    from calque.dynamo import ser
     from calque.fleet.records import AcquisitionRecord, musd
     from calque.fleet.service import managed_tags
     from calque.fleet.tenancy_hosts import FLEET_CALLER
-    from calque.dynamo import ser
     from calque.registry.fleet import _acq_key, _budget_key, _instance_key
 
     now = datetime.now(UTC).replace(microsecond=0)

@@ -59,7 +59,7 @@ def plain(value: Any) -> Any:
 
 def serialize_value(value: Any) -> dict[str, Any]:
     """One attribute value (None included, as NULL)."""
-    return serialize(to_dynamo(value))  # type: ignore[no-any-return]
+    return serialize(to_dynamo(value))
 
 
 def ser(item: dict[str, Any]) -> dict[str, Any]:

@@ -166,8 +166,9 @@ def test_circles_are_found_where_they_are() -> None:
 
 def test_the_house_has_no_import_circle() -> None:
     circles = _circles(dict(imports()))
-    assert not circles, "import circles (what two modules share moves down into one both import):\n" + "\n".join(
-        " <-> ".join(c) for c in circles
+    assert not circles, (
+        "import circles (what two modules share moves down into one both import):\n"
+        + "\n".join(" <-> ".join(c) for c in circles)
     )
 
 

@@ -10,9 +10,9 @@ import pytest
 from calque.contracts.economics import GroupCreate
 from calque.contracts.quotas import QuotaUpdate
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+from calque.dynamo import ser
 from calque.errors import QuotaExceeded
 from calque.registry import keys
-from calque.dynamo import ser
 from calque.tenancy.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
