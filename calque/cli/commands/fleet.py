@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli import argtypes
-from calque.cli.durations import add_wait_timeout, wait_timeout
 from calque.cli.errors import CliError, UsageError
+from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 ACQ_COLUMNS: list[Any] = [
     ("request_id", "request_id"),

@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 from calque.cli import argtypes
 from calque.cli.argtypes import positive_int
-from calque.cli.durations import add_wait_timeout, wait_timeout
 from calque.cli.errors import CliError, UsageError
+from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 if TYPE_CHECKING:
     from calque.cli.output import Column

@@ -9,9 +9,10 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
-from calque.cli.durations import add_wait_timeout, duration_arg, format_duration, wait_timeout
+from calque.cli.durations import duration_arg, format_duration
 from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
+from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 POOL_COLUMNS: list[Column] = [
     ("name", "name"),
