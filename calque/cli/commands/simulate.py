@@ -46,7 +46,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--plot", metavar="FILE.png", default=None, help="draw backlog and workers (needs matplotlib)"
     )
-    from calque.cli.commands.host import mig_arg
+    from calque.cli.layout_flags import mig_arg
 
     layout = p.add_argument_group("the pool's layout (one of; none: one worker per GPU), as for pool create")
     layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
@@ -97,8 +97,8 @@ def do_pool(
 ) -> None:
     from calque import catalog
     from calque.accounting.claims import slots_of
-    from calque.cli.commands.host import layout_from_flags
     from calque.cli.errors import CliError, UsageError
+    from calque.cli.layout_flags import layout_from_flags
     from calque.pools.scaler import ScalerConfig
     from calque.simulate import check_plot_path, write_plot
     from calque.simulate.pool import SimConfig, load_trace, plot, simulate
