@@ -32,7 +32,7 @@ def layouts(trace: list, args: argparse.Namespace, common: dict) -> list[tuple[s
     """The scaler on whole cards and on the --mig layout of --instance-type, priced."""
     from calque import catalog
     from calque.accounting.claims import slots_of
-    from calque.cli.commands.host import parse_mig
+    from calque.cli.layout_flags import parse_mig
     from calque.contracts.layout import parse_layout
 
     itype = catalog.instance_type(args.instance_type)

@@ -22,13 +22,9 @@ sys.path.insert(0, str(REPO))
 
 from calque import catalog  # noqa: E402 - after the path is set
 from calque.errors import InvalidInput  # noqa: E402
-from calque.simulate.placement import (  # noqa: E402
-    Layout,
-    Simulator,
-    parse_hosts,
-    read_trace,
-    static_mig_layouts,
-)
+from calque.simulate.placement import Simulator  # noqa: E402
+from calque.simulate.placement_layouts import Layout, parse_hosts, static_mig_layouts  # noqa: E402
+from calque.simulate.placement_trace import read_trace  # noqa: E402
 
 DEFAULT_TRACE = REPO.parent / "shared" / "traces" / "openb_pod_list_default.csv"
 

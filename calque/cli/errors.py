@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from calque.cli.durations import ttl_refusal_in_units
+
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -58,8 +60,6 @@ class ApiError(CliError):
             code=str(err.get("code") or "error"),
             details=err.get("details") or {},
         )
-        from calque.cli.durations import ttl_refusal_in_units
-
         # The API speaks seconds; the user wrote --ttl 999d (the document keeps the API's words).
         self.message = ttl_refusal_in_units(self.code, self.details) or self.message
         self.status = status

@@ -38,297 +38,32 @@ Waits are nearest-rank percentiles over placed jobs.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import heapq
-import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from calque.simulate.placement_layouts import (
+    Layout,
+    compute_profile,
+    gpu_entry,
+    parse_hosts,
+    parse_layout,
+    slice_share,
+    static_mig_layouts,
+)
+from calque.simulate.placement_report import Result, percentile
+from calque.simulate.placement_trace import Job, read_trace
 
 if TYPE_CHECKING:
     from calque.catalog.models import Card, InstanceType
 
-REQUIRED = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 ADMIN_PRINCIPAL = "simulator"
-
-
-# ---- the trace --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Job:
-    line: int
-    name: str
-    num_gpu: int
-    gpu_milli: int
-    arrival: int
-    duration: int
-
-    @property
-    def fraction(self) -> Fraction:
-        return Fraction(self.gpu_milli, 1000) if self.num_gpu == 1 else Fraction(1)
-
-
-def _trace_error(path: str, line: int, message: str) -> Exception:
-    from calque.errors import InvalidInput
-
-    return InvalidInput(f"{path}, line {line}: {message}", code="invalid_trace", details={"line": line})
-
-
-def read_trace(path: str | Path) -> tuple[list[Job], int]:
-    """The GPU jobs of a pod-list trace, and how many CPU-only pods were skipped.
-
-    Refuses (InvalidInput naming the line) missing columns, non-numeric values,
-    negative times, a deletion before its creation, and gpu_milli outside 0..1000."""
-    from calque.errors import InvalidInput
-
-    p = str(path)
-    try:
-        fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise InvalidInput(f"cannot read trace {p!r}: {exc.strerror}", details={"field": "trace"}) from None
-    jobs: list[Job] = []
-    skipped = 0
-    with fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise _trace_error(p, 1, "the file is empty (expected a header line)")
-        header = [h.strip() for h in header]
-        missing = [c for c in REQUIRED if c not in header]
-        if missing:
-            raise _trace_error(p, 1, f"missing column(s) {', '.join(missing)} in the header")
-        at = {c: header.index(c) for c in REQUIRED}
-        for n, row in enumerate(reader, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < len(header):
-                raise _trace_error(p, n, f"{len(row)} field(s), the header has {len(header)}")
-            vals: dict[str, int] = {}
-            for c in REQUIRED[1:]:
-                raw = row[at[c]].strip()
-                try:
-                    vals[c] = int(raw) if raw.lstrip("-").isdigit() else int(float(raw))
-                except ValueError:
-                    raise _trace_error(p, n, f"{c} {raw!r} is not a number") from None
-                if vals[c] < 0:
-                    raise _trace_error(p, n, f"{c} {raw} is negative")
-            if vals["deletion_time"] < vals["creation_time"]:
-                raise _trace_error(
-                    p,
-                    n,
-                    f"deletion_time {vals['deletion_time']} is before creation_time {vals['creation_time']}",
-                )
-            if vals["gpu_milli"] > 1000:
-                raise _trace_error(p, n, f"gpu_milli {vals['gpu_milli']} is more than one GPU (1000)")
-            if vals["num_gpu"] == 0:
-                skipped += 1
-                continue
-            jobs.append(
-                Job(
-                    line=n,
-                    name=row[at["name"]].strip() or f"line-{n}",
-                    num_gpu=vals["num_gpu"],
-                    gpu_milli=vals["gpu_milli"] or 1000,
-                    arrival=vals["creation_time"],
-                    duration=max(1, vals["deletion_time"] - vals["creation_time"]),
-                )
-            )
-    return jobs, skipped
-
-
-# ---- hosts and layouts ------------------------------------------------------------------------
-
-
-def parse_hosts(text: str) -> list[tuple[str, int]]:
-    from calque import catalog
-    from calque.errors import InvalidInput
-
-    out = []
-    for part in [x.strip() for x in text.split(",") if x.strip()]:
-        name, sep, count = part.partition("=")
-        if not sep or not count.isdigit() or int(count) < 1:
-            raise InvalidInput(f"--hosts: {part!r} is not TYPE=N (N >= 1)", details={"field": "hosts"})
-        catalog.instance_type(name)
-        out.append((name, int(count)))
-    if not out:
-        raise InvalidInput("--hosts names no instance type", details={"field": "hosts"})
-    return out
-
-
-@dataclass(frozen=True)
-class Layout:
-    kind: str  # dedicated | mig | mps | adaptive
-    mig: tuple[tuple[str, int], ...] = ()
-    mps_clients: int = 0
-
-    @property
-    def label(self) -> str:
-        if self.kind == "mig":
-            return "mig:" + ",".join(f"{p}={n}" for p, n in self.mig)
-        if self.kind == "mps":
-            return f"mps:{self.mps_clients}"
-        return self.kind
-
-
-def parse_layout(text: str) -> Layout:
-    from calque.errors import InvalidInput
-
-    t = text.strip()
-    if t in ("dedicated", "adaptive"):
-        return Layout(t)
-    kind, _, rest = t.partition(":")
-    if kind == "mps" and rest.isdigit() and 1 <= int(rest) <= 100:
-        return Layout("mps", mps_clients=int(rest))
-    if kind == "mig" and rest:
-        mix = []
-        for part in rest.split(","):
-            name, sep, count = part.strip().partition("=")
-            if not sep or not count.isdigit() or int(count) < 1:
-                break
-            mix.append((name, int(count)))
-        else:
-            return Layout("mig", mig=tuple(mix))
-    raise InvalidInput(f"--layout {text!r}: expected {LAYOUT_FORMS}", details={"field": "layout"})
-
-
-LAYOUT_FORMS = "dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N or adaptive"
-
-
-def _layout_arg(text: str) -> str:
-    """argparse ``type=``: a --layout that is none of its forms is a usage error (exit 2)."""
-    from calque.errors import InvalidInput
-
-    try:
-        parse_layout(text)
-    except InvalidInput:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {LAYOUT_FORMS}") from None
-    return text
-
-
-def _hosts_arg(text: str) -> str:
-    """argparse ``type=``: --hosts not written TYPE=N[,...] is a usage error (exit 2); a type
-    the catalog does not know is refused when the run starts (exit 1, with the closest)."""
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("names no instance type: expected TYPE=N[,TYPE=N...]")
-    for part in parts:
-        _name, sep, count = part.partition("=")
-        if not sep or not count.isdigit() or int(count) < 1:
-            raise argparse.ArgumentTypeError(f"{part!r} is not TYPE=N (N >= 1)")
-    return text
-
-
-def _gpu_entry(card: Card, layout: Layout, gpu: int) -> Any:
-    from calque.contracts.layout import GpuEntry, MpsSpec
-
-    if layout.kind == "mig":
-        return GpuEntry(devices=[gpu], mig=dict(layout.mig))
-    if layout.kind == "mps":
-        return GpuEntry(
-            devices=[gpu],
-            mps=MpsSpec(
-                clients=layout.mps_clients, active_thread_percentage=max(1, 100 // layout.mps_clients)
-            ),
-        )
-    return GpuEntry(devices=[gpu], exclusive=True)
-
-
-def _share(card: Card, backend: str, profile: str, pct: int | None) -> Fraction:
-    if backend == "mig":
-        return Fraction(card.profile(profile).compute_slices, card.compute_slices)
-    if backend == "mps":
-        return Fraction(pct or 100, 100)
-    return Fraction(1)
-
-
-def _compute_profile(p: Any) -> bool:
-    """A plain compute profile (``2g.48gb``): no media engines, graphics or -me variants,
-    which offer the same compute and memory as their plain twin and only add choices."""
-    return not p.media_extensions and "+" not in p.name and "-" not in p.name
-
-
-def static_mig_layouts(card: Card) -> list[Layout]:
-    """Every maximal mix of MIG profiles one GPU of this card can hold (no media extensions)."""
-    from calque.catalog import planner
-    from calque.errors import InvalidInput
-
-    profiles = [p for p in card.mig_profiles if _compute_profile(p)]
-    found: list[dict[str, int]] = []
-
-    def fits(mix: dict[str, int]) -> bool:
-        try:
-            planner.place_mig(card, {k: v for k, v in mix.items() if v})
-            return True
-        except InvalidInput:
-            return False
-
-    def walk(i: int, mix: dict[str, int]) -> None:
-        if i == len(profiles):
-            if any(mix.values()) and not any(fits({**mix, p.name: mix.get(p.name, 0) + 1}) for p in profiles):
-                found.append({k: v for k, v in mix.items() if v})
-            return
-        p = profiles[i]
-        for n in range(p.max_count + 1):
-            m = {**mix, p.name: n}
-            if n and not fits({k: v for k, v in m.items() if v}):
-                break
-            walk(i + 1, m)
-
-    walk(0, {})
-    return [Layout("mig", mig=tuple(sorted(m.items()))) for m in found]
-
-
-# ---- the simulation ---------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    trace: str
-    hosts: str
-    layout: str
-    seed: int
-    gpus: int
-    jobs: int = 0
-    cpu_only_skipped: int = 0
-    placed: int = 0
-    refused: int = 0
-    waiting: int = 0
-    wait_p50_s: float = 0.0
-    wait_p95_s: float = 0.0
-    members_per_gpu_hour: float = 0.0
-    paid_gpu_hours: float = 0.0
-    busy_gpu_hours: float = 0.0
-    busy_slice_hours: float = 0.0
-    idle_share: float = 0.0
-    fragmented_gpu_hours: float = 0.0
-    fragmentation_share: float = 0.0
-    relayouts: int = 0
-    events: int = 0
-    refused_by_reason: dict[str, int] = field(default_factory=dict)
-    # adaptive only: the best static MIG layout on the same hosts, and whether adaptive beats it
-    best_static: dict[str, Any] | None = None
-    beats_best_static: bool | None = None
-    timeline: list[tuple[float, float, int]] = field(default_factory=list, repr=False)
-
-    def document(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
-        return out
-
-
-def percentile(values: list[int], q: float) -> float:
-    """Nearest-rank percentile (0 for no values)."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return float(s[max(0, math.ceil(q / 100 * len(s)) - 1)])
 
 
 def _whole_card_request(ttl: int, instance_id: str | None) -> Any:
@@ -410,7 +145,7 @@ class Simulator:
         self.types[instance_id] = itype
         adaptive = self.layout.kind == "adaptive"
         entries = [
-            _gpu_entry(itype.card, Layout("dedicated") if adaptive else self.layout, g)
+            gpu_entry(itype.card, Layout("dedicated") if adaptive else self.layout, g)
             for g in range(itype.gpu_count)
         ]
         admin = Caller(
@@ -434,7 +169,7 @@ class Simulator:
         pct = None
         if sl.backend == "mps":
             pct = max(1, 100 // self.layout.mps_clients) if self.layout.mps_clients else 100
-        share = _share(card, sl.backend, sl.profile, pct)
+        share = slice_share(card, sl.backend, sl.profile, pct)
         self.shares[(sl.instance_id, sl.slice_id)] = share
         self._count(sl.backend, sl.profile, +1, share)
 
@@ -476,7 +211,7 @@ class Simulator:
                 )
                 reg.slice_map[(gpu.instance_id, p.slice_id)] = sl
                 reg.profiles.setdefault((p.backend, p.profile), set()).add(p.memory_gib)
-                share = _share(gpu.card, p.backend, p.profile, None)
+                share = slice_share(gpu.card, p.backend, p.profile, None)
                 self.shares[(gpu.instance_id, p.slice_id)] = share
                 self._count(p.backend, p.profile, +1, share)
         gpu.mix = dict(mix) if mix else None
@@ -507,11 +242,11 @@ class Simulator:
         elif kind == "adaptive":
             yield ("exclusive", "whole", Fraction(1))
             for p in card.mig_profiles:
-                if _compute_profile(p):
-                    yield ("mig", p.name, _share(card, "mig", p.name, None))
+                if compute_profile(p):
+                    yield ("mig", p.name, slice_share(card, "mig", p.name, None))
         elif kind == "mig":
             for name, _n in self.layout.mig:
-                yield ("mig", name, _share(card, "mig", name, None))
+                yield ("mig", name, slice_share(card, "mig", name, None))
         else:
             yield ("mps", "mps", Fraction(max(1, 100 // self.layout.mps_clients), 100))
 
@@ -720,7 +455,7 @@ class Simulator:
                 return True
             mix: dict[str, int] = {}
             profiles = sorted(
-                (p for p in gpu.card.mig_profiles if _compute_profile(p)),
+                (p for p in gpu.card.mig_profiles if compute_profile(p)),
                 key=lambda p: (p.compute_slices, p.memory_slices),
             )
             for job in in_arrival_order():
@@ -815,146 +550,3 @@ def best_static(jobs: list[Job], hosts: list[tuple[str, int]], *, seed: int = 0)
         return None
     runs = [Simulator(jobs, hosts, layout, seed=seed).run(seed=seed) for layout in static_mig_layouts(card)]
     return max(runs, key=lambda r: (r.members_per_gpu_hour, -r.wait_p95_s, r.layout))
-
-
-# ---- the command ------------------------------------------------------------------------------
-
-RESULT_FIELDS = [
-    ("layout", "layout"),
-    ("hosts", "hosts"),
-    ("gpus", "gpus"),
-    ("jobs", "jobs"),
-    ("cpu-only skipped", "cpu_only_skipped"),
-    ("placed", "placed"),
-    ("refused", "refused"),
-    ("still waiting", "waiting"),
-    ("wait p50 (s)", "wait_p50_s"),
-    ("wait p95 (s)", "wait_p95_s"),
-    ("members / GPU-hour", "members_per_gpu_hour"),
-    ("paid GPU-hours", "paid_gpu_hours"),
-    ("busy GPU-hours", "busy_gpu_hours"),
-    ("busy slice-hours", "busy_slice_hours"),
-    ("idle share", "idle_share"),
-    ("fragmented GPU-hours", "fragmented_gpu_hours"),
-    ("fragmentation share", "fragmentation_share"),
-    ("re-layouts", "relayouts"),
-    ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
-    ("beats best static", "beats_best_static"),
-    ("trace events", "events"),
-]
-
-
-def _best_static_cell(best: dict[str, Any] | None) -> str | None:
-    if best is None:
-        return None
-    return (
-        f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
-        f"p95 wait {best['wait_p95_s']:.0f} s"
-    )
-
-
-def add_placement_parser(group: Any) -> None:
-    """``calque simulate placement`` under the ``simulate`` group's sub-parsers."""
-    p = group.add_parser(
-        "placement",
-        help="replay a GPU cluster trace through the real placement code (virtual clock)",
-    )
-    p.add_argument(
-        "--trace", required=True, metavar="FILE.csv", help="a pod-list trace (Alibaba GPU trace v2023)"
-    )
-    p.add_argument(
-        "--hosts",
-        required=True,
-        type=_hosts_arg,
-        metavar="TYPE=N[,...]",
-        help="e.g. g7e.2xlarge=4,p5e.48xlarge=1",
-    )
-    p.add_argument(
-        "--layout",
-        required=True,
-        type=_layout_arg,
-        metavar="LAYOUT",
-        help="dedicated | mig:PROFILE=N[,...] | mps:N | adaptive",
-    )
-    p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
-    p.add_argument(
-        "--plot", metavar="FILE.png", help="plot busy share and waiting jobs over time (needs calque[plot])"
-    )
-    p.set_defaults(func=_placement)
-
-
-def _placement(ctx: Any, args: argparse.Namespace) -> None:
-    do_placement(ctx, trace=args.trace, hosts=args.hosts, layout=args.layout, seed=args.seed, plot=args.plot)
-
-
-def do_placement(
-    ctx: Any, *, trace: str, hosts: str, layout: str, seed: int = 0, plot: str | None = None
-) -> None:
-    import sys
-
-    from calque.simulate import check_plot_path, write_plot
-
-    if plot is not None:
-        _require_matplotlib()
-        check_plot_path(plot)
-    res = simulate(
-        trace,
-        hosts,
-        layout,
-        seed=seed,
-        timeline=plot is not None,
-        progress=lambda m: sys.stderr.write(m + "\n"),
-    )
-    if plot is not None:
-        write_plot(plot_timeline, res, plot)
-        sys.stderr.write(f"plot written to {plot}\n")
-    ctx.emit(res.document(), columns=RESULT_FIELDS)
-
-
-def _require_matplotlib() -> None:
-    from calque.cli.errors import CliError
-
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise CliError(
-            "--plot needs matplotlib: pip install 'calque[plot]'", code="plot_unavailable"
-        ) from None
-
-
-def plot_timeline(res: Result, path: str) -> None:
-    import matplotlib.pyplot as plt
-
-    fig = timeline_figure(res)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def timeline_figure(res: Result) -> Any:
-    """The busy share and the jobs waiting over the trace's days (a matplotlib Figure)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4))
-    days = [t / 86400 for t, _b, _q in res.timeline]
-    # each sample is the state after that instant's events, held until the next: steps, not slopes
-    ax.step(
-        days, [b for _t, b, _q in res.timeline], where="post", label="busy share of the GPUs", linewidth=0.8
-    )
-    ax.set_xlabel("trace day")
-    ax.set_ylabel("busy share")
-    ax2 = ax.twinx()
-    ax2.step(
-        days,
-        [q for _t, _b, q in res.timeline],
-        where="post",
-        color="tab:red",
-        label="jobs waiting",
-        linewidth=0.8,
-    )
-    ax2.set_ylabel("jobs waiting")
-    ax.set_title(f"{res.layout} on {res.hosts}: {res.members_per_gpu_hour} members per GPU-hour")
-    fig.tight_layout()
-    return fig

@@ -11,13 +11,12 @@ out again. Every wait is bounded; a timeout says what did not happen.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 from calque.cli.durations import duration_arg
 from calque.cli.errors import CliError
+from calque.cli.tour import Tour
 
 INSTANCE_TYPE = "g7e.2xlarge"
 PROFILE = "1g.24gb"
@@ -71,85 +70,12 @@ def _demo(ctx: Any, args: argparse.Namespace) -> None:
     do_demo(ctx, short_ttl_s=args.short_ttl, timeout_s=args.timeout)
 
 
-class _Tour:
-    """Per-profile clients, step headers, and bounded waits with progress."""
-
-    def __init__(self, ctx: Any, timeout_s: float):
-        self.ctx = ctx
-        self.timeout_s = timeout_s
-        self.step_no = 0
-        self.clients: dict[str, Any] = {}
-        # With --output json, stdout carries one document: the tour talks on stderr.
-        self.out = sys.stderr if ctx.json else sys.stdout
-        self.record: list[dict[str, Any]] = []
-
-    def say(self, text: str = "") -> None:
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def step(self, title: str, command: str | None = None) -> None:
-        self.step_no += 1
-        self.say()
-        self.say(f"[{self.step_no}/{STEPS}] {title}")
-        if command:
-            self.say(f"      $ {command}")
-        self.record.append({"step": self.step_no, "title": title, "command": command})
-
-    def note(self, text: str) -> None:
-        for line in text.splitlines():
-            self.say("      " + line if line else "")
-
-    def as_(self, profile: str) -> Any:
-        if profile not in self.clients:
-            from calque.cli.context import Context
-
-            c = Context(
-                output="json",
-                endpoint_arg=self.ctx.endpoint,
-                profile_arg=profile,
-                state_dir_arg=self.ctx.state_dir_arg,
-            )
-            self.clients[profile] = c.client()
-        return self.clients[profile]
-
-    def wait(
-        self,
-        what: str,
-        check: Callable[[], tuple[bool, str]],
-        *,
-        timeout_s: float | None = None,
-        interval_s: float = 0.5,
-        quiet_s: float = 0.0,
-    ) -> str:
-        """Poll ``check`` (-> done, status) until done; print the status when it changes
-        (at most every ``quiet_s`` seconds, and always the final one)."""
-        limit = self.timeout_s if timeout_s is None else timeout_s
-        start = time.monotonic()
-        last, printed_at = None, -quiet_s
-        while True:
-            done, status = check()
-            elapsed = time.monotonic() - start
-            if status != last and (done or elapsed - printed_at >= quiet_s):
-                self.note(f"... {status} ({elapsed:.1f}s)")
-                last, printed_at = status, elapsed
-            if done:
-                return status
-            if elapsed > limit:
-                raise CliError(
-                    f"timed out after {limit:g}s waiting for {what} (last seen: {status}); "
-                    "the local plane's log may say why",
-                    code="demo_timeout",
-                    details={"waiting_for": what, "last_status": status, "timeout_s": limit},
-                )
-            time.sleep(interval_s)
-
-
-def _slice_state(tour: _Tour, instance_id: str) -> dict[str, str]:
+def _slice_state(tour: Tour, instance_id: str) -> dict[str, str]:
     host = tour.as_("admin").request("GET", f"/v1/hosts/{instance_id}")
     return {s["slice_id"]: s["state"] for s in host.get("slices") or []}
 
 
-def _until_slice_free(tour: _Tour, instance_id: str, slice_id: str) -> Callable[[], tuple[bool, str]]:
+def _until_slice_free(tour: Tour, instance_id: str, slice_id: str) -> Callable[[], tuple[bool, str]]:
     def check() -> tuple[bool, str]:
         state = _slice_state(tour, instance_id).get(slice_id, "missing")
         return state == "free", f"{slice_id} is {state}"
@@ -159,15 +85,15 @@ def _until_slice_free(tour: _Tour, instance_id: str, slice_id: str) -> Callable[
 
 def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
     from calque import catalog
-    from calque.cli.commands.host import render_host, slice_summary
     from calque.cli.commands.session import checkout_body
     from calque.cli.errors import ApiError
+    from calque.cli.hosts import render_host, slice_summary
     from calque.errors import Conflict
     from calque.local.hosts import launch
     from calque.local.moto_server import MotoClients
 
     plane = ctx.running_plane()
-    tour = _Tour(ctx, timeout_s)
+    tour = Tour(ctx, timeout_s, steps=STEPS)
     state = ctx.local_state()
     _refuse_if_a_member_is_at_their_limit(tour, state)
     tour.say(f"calque local demo: tenancy on the local plane at {plane['endpoint']}")
@@ -367,7 +293,7 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
         ctx.emit({"instance_id": iid, "steps": tour.record, "host": final})
 
 
-def _refuse_if_a_member_is_at_their_limit(tour: _Tour, state: Any) -> None:
+def _refuse_if_a_member_is_at_their_limit(tour: Tour, state: Any) -> None:
     """Before anything is launched: each member the tour checks out for needs one session
     more than they hold (a plane already used by hand may have them at their limit), else
     the tour would stop half-way with a host registered and sessions held."""
@@ -398,7 +324,7 @@ def _seconds_left(expires_at: str) -> float:
     return (t - datetime.now(UTC)).total_seconds()
 
 
-def _fire_reaper(tour: _Tour) -> Any:
+def _fire_reaper(tour: Tour) -> Any:
     res = tour.as_("admin").request("POST", "/local/schedules/reaper/fire")
     result = (res or {}).get("result")
     return result if result is not None else res

@@ -39,20 +39,11 @@ def _examples() -> Path:
 
 
 def do_demo_pools(ctx: Any, *, timeout_s: float = 90) -> None:
-    from calque.cli.commands.demo import _Tour
+    from calque.cli.tour import Tour
     from calque.local.pool_hosts import running_workers
 
-    class _PoolTour(_Tour):
-        def step(self, title: str, command: str | None = None) -> None:
-            self.step_no += 1
-            self.say()
-            self.say(f"[{self.step_no}/{STEPS}] {title}")
-            if command:
-                self.say(f"      $ {command}")
-            self.record.append({"step": self.step_no, "title": title, "command": command})
-
     ctx.running_plane()
-    tour = _PoolTour(ctx, timeout_s)
+    tour = Tour(ctx, timeout_s, steps=STEPS)
     admin, alice = tour.as_("admin"), tour.as_("alice")
     state = ctx.local_state()
     summary: dict[str, Any] = {"pool": POOL, "claims": []}

@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli import argtypes
-from calque.cli.durations import add_wait_timeout, wait_timeout
 from calque.cli.errors import CliError, UsageError
+from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 ACQ_COLUMNS: list[Any] = [
     ("request_id", "request_id"),
@@ -61,8 +61,8 @@ def _price(text: str) -> float:
 
 def register(subparsers: Any) -> None:
     from calque.cli.argtypes import positive_int
-    from calque.cli.commands.host import mig_arg
     from calque.cli.durations import duration_arg
+    from calque.cli.layout_flags import mig_arg
     from calque.cli.main import command_group
 
     group = command_group(subparsers, "host")
@@ -196,7 +196,7 @@ def do_acquire(
     consent: bool = False,
     wait_s: float | None = None,
 ) -> None:
-    from calque.cli.commands.host import layout_from_flags
+    from calque.cli.layout_flags import layout_from_flags
 
     if not consent:
         raise CliError(
@@ -264,7 +264,7 @@ def wait_until_ready(
     ``timeout_s`` counts from ``since`` (a time.monotonic(); default: now)."""
     import time
 
-    from calque.cli.commands.host import wait_until_applied
+    from calque.cli.hosts import wait_until_applied
 
     start = time.monotonic() if since is None else since
     seen_attempts = 0

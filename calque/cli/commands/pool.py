@@ -9,9 +9,10 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
-from calque.cli.durations import add_wait_timeout, duration_arg, format_duration, wait_timeout
+from calque.cli.durations import duration_arg, format_duration
 from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
+from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 POOL_COLUMNS: list[Column] = [
     ("name", "name"),
@@ -64,8 +65,7 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.commands.host import mig_arg
-    from calque.cli.commands.host import positive_int as _pos
+    from calque.cli.layout_flags import mig_arg
     from calque.cli.main import command_group
 
     group = command_group(
@@ -85,7 +85,7 @@ def register(subparsers: Any) -> None:
     _sizing(p, defaults=True)
     layout = p.add_argument_group("layout (one of; none: one worker per GPU)")
     layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=_pos, metavar="N")
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
     layout.add_argument("--spec", metavar="FILE")
     p.add_argument("--spot", action="store_true", help="ask the fleet for spot capacity")
     p.add_argument("--i-understand-this-spends-money", action="store_true", dest="accept_spend")
@@ -174,7 +174,7 @@ def do_create(
     spot: bool = False,
     accept_spend: bool = False,
 ) -> None:
-    from calque.cli.commands.host import layout_from_flags
+    from calque.cli.layout_flags import layout_from_flags
 
     if not accept_spend:
         raise CliError(

@@ -6,10 +6,13 @@ Runs entirely on this machine; no endpoint or credentials needed.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.durations import duration_arg
+from calque.cli.errors import CliError, UsageError
 
 
 def register(subparsers: Any) -> None:
@@ -18,8 +21,6 @@ def register(subparsers: Any) -> None:
     group = command_group(
         subparsers, "simulate", help="replay a trace through the real scaling/placement code"
     )
-
-    from calque.simulate.placement import add_placement_parser
 
     add_placement_parser(group)
 
@@ -46,7 +47,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--plot", metavar="FILE.png", default=None, help="draw backlog and workers (needs matplotlib)"
     )
-    from calque.cli.commands.host import mig_arg
+    from calque.cli.layout_flags import mig_arg
 
     layout = p.add_argument_group("the pool's layout (one of; none: one worker per GPU), as for pool create")
     layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
@@ -97,10 +98,8 @@ def do_pool(
 ) -> None:
     from calque import catalog
     from calque.accounting.claims import slots_of
-    from calque.cli.commands.host import layout_from_flags
-    from calque.cli.errors import CliError, UsageError
+    from calque.cli.layout_flags import layout_from_flags
     from calque.pools.scaler import ScalerConfig
-    from calque.simulate import check_plot_path, write_plot
     from calque.simulate.pool import SimConfig, load_trace, plot, simulate
 
     itype = catalog.instance_type(instance_type)
@@ -170,3 +169,167 @@ def do_pool(
     if "paid_usd" in summary:
         summary["paid_usd"] = f"${summary['paid_usd']:.2f}"
     ctx.emit(summary)
+
+
+# ---- calque simulate placement ----------------------------------------------------------------
+
+
+def _layout_arg(text: str) -> str:
+    """argparse ``type=``: a --layout that is none of its forms is a usage error (exit 2)."""
+    from calque.errors import InvalidInput
+    from calque.simulate.placement_layouts import LAYOUT_FORMS, parse_layout
+
+    try:
+        parse_layout(text)
+    except InvalidInput:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {LAYOUT_FORMS}") from None
+    return text
+
+
+def _hosts_arg(text: str) -> str:
+    """argparse ``type=``: --hosts not written TYPE=N[,...] is a usage error (exit 2); a type
+    the catalog does not know is refused when the run starts (exit 1, with the closest)."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("names no instance type: expected TYPE=N[,TYPE=N...]")
+    for part in parts:
+        _name, sep, count = part.partition("=")
+        if not sep or not count.isdigit() or int(count) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r} is not TYPE=N (N >= 1)")
+    return text
+
+
+RESULT_FIELDS = [
+    ("layout", "layout"),
+    ("hosts", "hosts"),
+    ("gpus", "gpus"),
+    ("jobs", "jobs"),
+    ("cpu-only skipped", "cpu_only_skipped"),
+    ("placed", "placed"),
+    ("refused", "refused"),
+    ("still waiting", "waiting"),
+    ("wait p50 (s)", "wait_p50_s"),
+    ("wait p95 (s)", "wait_p95_s"),
+    ("members / GPU-hour", "members_per_gpu_hour"),
+    ("paid GPU-hours", "paid_gpu_hours"),
+    ("busy GPU-hours", "busy_gpu_hours"),
+    ("busy slice-hours", "busy_slice_hours"),
+    ("idle share", "idle_share"),
+    ("fragmented GPU-hours", "fragmented_gpu_hours"),
+    ("fragmentation share", "fragmentation_share"),
+    ("re-layouts", "relayouts"),
+    ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
+    ("beats best static", "beats_best_static"),
+    ("trace events", "events"),
+]
+
+
+def _best_static_cell(best: dict[str, Any] | None) -> str | None:
+    if best is None:
+        return None
+    return (
+        f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
+        f"p95 wait {best['wait_p95_s']:.0f} s"
+    )
+
+
+def add_placement_parser(group: Any) -> None:
+    """``calque simulate placement`` under the ``simulate`` group's sub-parsers."""
+    p = group.add_parser(
+        "placement",
+        help="replay a GPU cluster trace through the real placement code (virtual clock)",
+    )
+    p.add_argument(
+        "--trace", required=True, metavar="FILE.csv", help="a pod-list trace (Alibaba GPU trace v2023)"
+    )
+    p.add_argument(
+        "--hosts",
+        required=True,
+        type=_hosts_arg,
+        metavar="TYPE=N[,...]",
+        help="e.g. g7e.2xlarge=4,p5e.48xlarge=1",
+    )
+    p.add_argument(
+        "--layout",
+        required=True,
+        type=_layout_arg,
+        metavar="LAYOUT",
+        help="dedicated | mig:PROFILE=N[,...] | mps:N | adaptive",
+    )
+    p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="plot busy share and waiting jobs over time (needs calque[plot])"
+    )
+    p.set_defaults(func=_placement)
+
+
+def _placement(ctx: Any, args: argparse.Namespace) -> None:
+    do_placement(ctx, trace=args.trace, hosts=args.hosts, layout=args.layout, seed=args.seed, plot=args.plot)
+
+
+def do_placement(
+    ctx: Any, *, trace: str, hosts: str, layout: str, seed: int = 0, plot: str | None = None
+) -> None:
+    import sys
+
+    from calque.simulate.placement import simulate
+    from calque.simulate.placement_report import plot_timeline
+
+    if plot is not None:
+        _require_matplotlib()
+        check_plot_path(plot)
+    res = simulate(
+        trace,
+        hosts,
+        layout,
+        seed=seed,
+        timeline=plot is not None,
+        progress=lambda m: sys.stderr.write(m + "\n"),
+    )
+    if plot is not None:
+        write_plot(plot_timeline, res, plot)
+        sys.stderr.write(f"plot written to {plot}\n")
+    ctx.emit(res.document(), columns=RESULT_FIELDS)
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliError(
+            "--plot needs matplotlib: pip install 'calque[plot]'", code="plot_unavailable"
+        ) from None
+
+
+# ---- --plot ------------------------------------------------------------------------------------
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` file that cannot be written before the replay runs (a replay may
+    take minutes): its directory must exist and the path must not be a directory."""
+    target = Path(path).expanduser()
+    parent = target.parent
+    if target.is_dir():
+        raise CliError(
+            f"--plot {path}: is a directory; name a file, e.g. {target / 'plot.png'}",
+            code="invalid_input",
+            details={"field": "plot"},
+        )
+    if not parent.is_dir():
+        raise CliError(
+            f"--plot {path}: no directory {parent}; create it first or name a file in an existing one",
+            code="invalid_input",
+            details={"field": "plot"},
+        )
+
+
+def write_plot(draw: Callable[..., None], result: Any, path: str) -> None:
+    """Draw ``result`` to ``path``; a file that cannot be written is a user error, not a crash."""
+    try:
+        draw(result, path)
+    except OSError as exc:
+        raise CliError(
+            f"cannot write the plot {path}: {exc.strerror or exc}",
+            code="invalid_input",
+            details={"field": "plot"},
+        ) from None

@@ -276,8 +276,8 @@ def test_a_plot_file_that_cannot_be_written_is_refused_before_the_replay(tmp_pat
 
 
 def test_a_plot_that_fails_to_write_is_a_user_error():
+    from calque.cli.commands.simulate import write_plot
     from calque.cli.errors import CliError
-    from calque.simulate import write_plot
 
     def draw(result: object, path: str) -> None:
         raise PermissionError(13, "Permission denied")

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from calque.errors import InvalidInput
-from calque.simulate.placement import parse_layout, read_trace, simulate, static_mig_layouts
+from calque.simulate.placement import simulate
+from calque.simulate.placement_layouts import parse_layout, static_mig_layouts
+from calque.simulate.placement_trace import read_trace
 
 pytestmark = pytest.mark.unit
 
@@ -209,7 +211,7 @@ def test_the_plot_draws_each_sample_as_held_until_the_next_not_as_a_slope():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from calque.simulate.placement import timeline_figure
+    from calque.simulate.placement_report import timeline_figure
 
     res = simulate(str(SLICE), "g7e.2xlarge=2", "mps:2", timeline=True, compare=False)
     fig = timeline_figure(res)

@@ -1,0 +1,127 @@
+"""The hosts and layouts a placement replay runs on: ``--hosts TYPE=N,...``, the layout forms
+(``dedicated``, ``mig:PROFILE=N,...``, ``mps:N``, ``adaptive``), each GPU's layout entry and each
+slice's share of its GPU, and every maximal static MIG mix of a card."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from calque.catalog.models import Card
+
+
+def parse_hosts(text: str) -> list[tuple[str, int]]:
+    from calque import catalog
+    from calque.errors import InvalidInput
+
+    out = []
+    for part in [x.strip() for x in text.split(",") if x.strip()]:
+        name, sep, count = part.partition("=")
+        if not sep or not count.isdigit() or int(count) < 1:
+            raise InvalidInput(f"--hosts: {part!r} is not TYPE=N (N >= 1)", details={"field": "hosts"})
+        catalog.instance_type(name)
+        out.append((name, int(count)))
+    if not out:
+        raise InvalidInput("--hosts names no instance type", details={"field": "hosts"})
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # dedicated | mig | mps | adaptive
+    mig: tuple[tuple[str, int], ...] = ()
+    mps_clients: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "mig":
+            return "mig:" + ",".join(f"{p}={n}" for p, n in self.mig)
+        if self.kind == "mps":
+            return f"mps:{self.mps_clients}"
+        return self.kind
+
+
+def parse_layout(text: str) -> Layout:
+    from calque.errors import InvalidInput
+
+    t = text.strip()
+    if t in ("dedicated", "adaptive"):
+        return Layout(t)
+    kind, _, rest = t.partition(":")
+    if kind == "mps" and rest.isdigit() and 1 <= int(rest) <= 100:
+        return Layout("mps", mps_clients=int(rest))
+    if kind == "mig" and rest:
+        mix = []
+        for part in rest.split(","):
+            name, sep, count = part.strip().partition("=")
+            if not sep or not count.isdigit() or int(count) < 1:
+                break
+            mix.append((name, int(count)))
+        else:
+            return Layout("mig", mig=tuple(mix))
+    raise InvalidInput(f"--layout {text!r}: expected {LAYOUT_FORMS}", details={"field": "layout"})
+
+
+LAYOUT_FORMS = "dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N or adaptive"
+
+
+def gpu_entry(card: Card, layout: Layout, gpu: int) -> Any:
+    from calque.contracts.layout import GpuEntry, MpsSpec
+
+    if layout.kind == "mig":
+        return GpuEntry(devices=[gpu], mig=dict(layout.mig))
+    if layout.kind == "mps":
+        return GpuEntry(
+            devices=[gpu],
+            mps=MpsSpec(
+                clients=layout.mps_clients, active_thread_percentage=max(1, 100 // layout.mps_clients)
+            ),
+        )
+    return GpuEntry(devices=[gpu], exclusive=True)
+
+
+def slice_share(card: Card, backend: str, profile: str, pct: int | None) -> Fraction:
+    if backend == "mig":
+        return Fraction(card.profile(profile).compute_slices, card.compute_slices)
+    if backend == "mps":
+        return Fraction(pct or 100, 100)
+    return Fraction(1)
+
+
+def compute_profile(p: Any) -> bool:
+    """A plain compute profile (``2g.48gb``): no media engines, graphics or -me variants,
+    which offer the same compute and memory as their plain twin and only add choices."""
+    return not p.media_extensions and "+" not in p.name and "-" not in p.name
+
+
+def static_mig_layouts(card: Card) -> list[Layout]:
+    """Every maximal mix of MIG profiles one GPU of this card can hold (no media extensions)."""
+    from calque.catalog import planner
+    from calque.errors import InvalidInput
+
+    profiles = [p for p in card.mig_profiles if compute_profile(p)]
+    found: list[dict[str, int]] = []
+
+    def fits(mix: dict[str, int]) -> bool:
+        try:
+            planner.place_mig(card, {k: v for k, v in mix.items() if v})
+            return True
+        except InvalidInput:
+            return False
+
+    def walk(i: int, mix: dict[str, int]) -> None:
+        if i == len(profiles):
+            if any(mix.values()) and not any(fits({**mix, p.name: mix.get(p.name, 0) + 1}) for p in profiles):
+                found.append({k: v for k, v in mix.items() if v})
+            return
+        p = profiles[i]
+        for n in range(p.max_count + 1):
+            m = {**mix, p.name: n}
+            if n and not fits({k: v for k, v in m.items() if v}):
+                break
+            walk(i + 1, m)
+
+    walk(0, {})
+    return [Layout("mig", mig=tuple(sorted(m.items()))) for m in found]
