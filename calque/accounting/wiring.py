@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def api_usage() -> Usage:
     from calque.accounting.service import Usage
     from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.fleet import DynamoFleetStore
+    from calque.fleet.store import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
     from calque.tenancy.service import utcnow
 

@@ -7,6 +7,6 @@ Pools (layer 1) and admins go through ``calque.fleet.service.Fleet``:
     fleet.release(instance_id, reason) -> Acquisition
 
 The domain lives in calque.fleet.service (acquire, launch, events, release, reconcile);
-ports in calque.fleet.ports; boto3 adapters in calque.fleet.aws and calque.registry.fleet.
+ports in calque.fleet.ports; boto3 adapters in calque.fleet.aws and calque.fleet.store.
 Nothing is imported here, so entry points stay cheap to import.
 """

@@ -1,5 +1,5 @@
 """What the fleet domain may ask of EC2, of its store, of the tenancy registry, of its
-queue and of the event bus. Adapters: calque.fleet.aws (boto3), calque.registry.fleet
+queue and of the event bus. Adapters: calque.fleet.aws (boto3), calque.fleet.store
 (DynamoDB), calque.fleet.fakes (in memory, for unit tests and benchmarks)."""
 
 from __future__ import annotations

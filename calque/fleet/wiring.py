@@ -21,9 +21,9 @@ def fleet() -> Fleet:
     from calque.fleet.aws import Ec2Fleet, SqsAcquireQueue
     from calque.fleet.ports import Subnet
     from calque.fleet.service import Fleet, FleetConfig
+    from calque.fleet.store import DynamoFleetStore
     from calque.fleet.tenancy_hosts import TenancyHosts
     from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
-    from calque.registry.fleet import DynamoFleetStore
     from calque.tenancy.service import Tenancy
 
     s = fleet_settings()

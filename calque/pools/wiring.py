@@ -74,7 +74,7 @@ def pools() -> Pools:
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
     from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.fleet import DynamoFleetStore
+    from calque.fleet.store import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
 
     s = pool_settings()

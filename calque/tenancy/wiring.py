@@ -28,7 +28,7 @@ class FleetRates:
         self._client, self._table = client, table
 
     def _store(self) -> Any:
-        from calque.registry.fleet import DynamoFleetStore
+        from calque.fleet.store import DynamoFleetStore
 
         return DynamoFleetStore(self._client, self._table)
 
