@@ -45,10 +45,10 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
 
     from calque.contracts.hosts import HostRegistration
     from calque.dynamo import ser
+    from calque.fleet.ports import FLEET_CALLER
     from calque.fleet.records import AcquisitionRecord, musd
     from calque.fleet.service import managed_tags
     from calque.fleet.store import _acq_key, _budget_key, _instance_key
-    from calque.fleet.tenancy_hosts import FLEET_CALLER
 
     now = datetime.now(UTC).replace(microsecond=0)
     hourly = musd(0.8048)
@@ -140,11 +140,11 @@ def run(size: int) -> dict[str, Any]:
     from calque.fleet.ports import Subnet
     from calque.fleet.service import Fleet, FleetConfig
     from calque.fleet.store import DynamoFleetStore
-    from calque.fleet.tenancy_hosts import TenancyHosts
     from calque.identity import Caller
     from calque.local.bootstrap import create_registry_table
     from calque.local.fleet import default_subnets
     from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
+    from calque.tenancy.fleet_hosts import TenancyHosts
     from calque.tenancy.service import Tenancy
 
     admin = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)

@@ -15,7 +15,7 @@ from calque.errors import Conflict, Forbidden
 from calque.events import RecordingPublisher
 from calque.fleet.fakes import FakeEc2, MemoryFleetStore, MemoryQueue
 from calque.fleet.service import Fleet, FleetConfig
-from calque.fleet.tenancy_hosts import TenancyHosts
+from calque.tenancy.fleet_hosts import TenancyHosts
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit
