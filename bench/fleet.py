@@ -45,9 +45,9 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
 
     from calque.contracts.hosts import HostRegistration
     from calque.dynamo import ser
+    from calque.fleet.core import managed_tags
     from calque.fleet.ports import FLEET_CALLER
     from calque.fleet.records import AcquisitionRecord, musd
-    from calque.fleet.service import managed_tags
     from calque.fleet.store import _acq_key, _budget_key, _instance_key
 
     now = datetime.now(UTC).replace(microsecond=0)
@@ -137,8 +137,9 @@ def run(size: int) -> dict[str, Any]:
 
     from calque.contracts.fleet import AcquireRequest, BudgetUpdate
     from calque.fleet.aws import Ec2Fleet, EventBridgePublisher, SqsAcquireQueue
+    from calque.fleet.core import FleetConfig
     from calque.fleet.ports import Subnet
-    from calque.fleet.service import Fleet, FleetConfig
+    from calque.fleet.service import Fleet
     from calque.fleet.store import DynamoFleetStore
     from calque.identity import Caller
     from calque.local.bootstrap import create_registry_table

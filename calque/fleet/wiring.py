@@ -38,8 +38,9 @@ def publisher() -> EventBridgePublisher:
 
 def fleet(hosts: Hosts, *, store: DynamoFleetStore, publisher: EventBridgePublisher) -> Fleet:
     from calque.fleet.aws import Ec2Fleet, SqsAcquireQueue
+    from calque.fleet.core import FleetConfig
     from calque.fleet.ports import Subnet
-    from calque.fleet.service import Fleet, FleetConfig
+    from calque.fleet.service import Fleet
 
     s = fleet_settings()
     subnets = tuple(
