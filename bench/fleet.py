@@ -45,10 +45,10 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
 
     from calque.contracts.hosts import HostRegistration
     from calque.dynamo import ser
+    from calque.fleet.core import managed_tags
+    from calque.fleet.ports import FLEET_CALLER
     from calque.fleet.records import AcquisitionRecord, musd
-    from calque.fleet.service import managed_tags
-    from calque.fleet.tenancy_hosts import FLEET_CALLER
-    from calque.registry.fleet import _acq_key, _budget_key, _instance_key
+    from calque.fleet.store import _acq_key, _budget_key, _instance_key
 
     now = datetime.now(UTC).replace(microsecond=0)
     hourly = musd(0.8048)
@@ -137,14 +137,15 @@ def run(size: int) -> dict[str, Any]:
 
     from calque.contracts.fleet import AcquireRequest, BudgetUpdate
     from calque.fleet.aws import Ec2Fleet, EventBridgePublisher, SqsAcquireQueue
+    from calque.fleet.core import FleetConfig
     from calque.fleet.ports import Subnet
-    from calque.fleet.service import Fleet, FleetConfig
-    from calque.fleet.tenancy_hosts import TenancyHosts
+    from calque.fleet.service import Fleet
+    from calque.fleet.store import DynamoFleetStore
     from calque.identity import Caller
     from calque.local.bootstrap import create_registry_table
     from calque.local.fleet import default_subnets
     from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
-    from calque.registry.fleet import DynamoFleetStore
+    from calque.tenancy.fleet_hosts import TenancyHosts
     from calque.tenancy.service import Tenancy
 
     admin = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 def api_usage() -> Usage:
     from calque.accounting.service import Usage
+    from calque.fleet.store import DynamoFleetStore
     from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.fleet import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
     from calque.tenancy.service import utcnow
 

@@ -6,7 +6,11 @@ Pools (layer 1) and admins go through ``calque.fleet.service.Fleet``:
                                  accept_spend=True), caller) -> AcquireAccepted
     fleet.release(instance_id, reason) -> Acquisition
 
-The domain lives in calque.fleet.service (acquire, launch, events, release, reconcile);
-ports in calque.fleet.ports; boto3 adapters in calque.fleet.aws and calque.registry.fleet.
+The domain is calque.fleet.service.Fleet, composed of calque.fleet.acquisition (the spend
+gate, the launch), calque.fleet.release and calque.fleet.reconcile (EC2's events, the
+reconciler) over calque.fleet.core; ports in calque.fleet.ports; boto3 adapters in
+calque.fleet.aws and calque.fleet.store (DynamoDB), in-memory ones in calque.fleet.fakes.
+The Hosts port is implemented above, by tenancy (calque.tenancy.fleet_hosts), which also
+composes the deployed fleet (calque.tenancy.wiring.fleet).
 Nothing is imported here, so entry points stay cheap to import.
 """

@@ -30,15 +30,15 @@ from calque.fleet.ports import (
     SpotPrice,
 )
 from calque.fleet.records import (
+    CLOSED_STATES,
     AcquisitionRecord,
     BudgetRecord,
     InstanceRate,
-    effective_musd,
+    budget_with_limits,
+    closed,
     instance_rate,
     musd,
 )
-
-CLOSED = ("terminated", "failed")
 
 
 class MemoryFleetStore:
@@ -86,20 +86,13 @@ class MemoryFleetStore:
     ) -> BudgetRecord:
         with self._lock:
             self.calls["update"] += 1
-            old = self._budget
-            used_i = old.in_use_instances if old else 0
-            used_m = old.in_use_musd if old else 0
-            eff = effective_musd(musd(max_hourly_usd), max_monthly_usd)
-            self._budget = BudgetRecord(
+            self._budget = budget_with_limits(
+                self._budget,
                 max_instances=max_instances,
-                max_hourly_musd=musd(max_hourly_usd),
+                max_hourly_usd=max_hourly_usd,
                 max_monthly_usd=max_monthly_usd,
-                free_instances=max_instances - used_i,
-                free_musd=eff - used_m,
-                in_use_instances=used_i,
-                in_use_musd=used_m,
-                updated_at=at,
-                updated_by=by,
+                by=by,
+                at=at,
             )
             return self._budget
 
@@ -155,7 +148,7 @@ class MemoryFleetStore:
         with self._lock:
             self.calls["transact_write"] += 1
             cur = self._acq.get(record.request_id)
-            if cur is None or cur.state in CLOSED:
+            if cur is None or cur.state in CLOSED_STATES:
                 raise Gone(record.request_id)
             if cur.budget_held and self._budget is not None:
                 b = self._budget
@@ -167,9 +160,7 @@ class MemoryFleetStore:
                         "in_use_musd": b.in_use_musd - cur.hourly_musd,
                     }
                 )
-            new = cur.model_copy(
-                update={"state": state, "state_reason": reason, "state_since": at, "budget_held": False}
-            )
+            new = closed(cur, state=state, reason=reason, at=at)
             self._acq[record.request_id] = new
             return new
 

@@ -1,5 +1,5 @@
 """What the fleet domain may ask of EC2, of its store, of the tenancy registry, of its
-queue and of the event bus. Adapters: calque.fleet.aws (boto3), calque.registry.fleet
+queue and of the event bus. Adapters: calque.fleet.aws (boto3), calque.fleet.store
 (DynamoDB), calque.fleet.fakes (in memory, for unit tests and benchmarks)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Protocol
 # The event bus: one port for every layer (calque.events).
 from calque.events import Publisher as Publisher
 from calque.fleet.records import AcquisitionRecord, BudgetRecord, InstanceRate
+from calque.identity import Caller
 
 
 class CapacityError(Exception):
@@ -168,6 +169,11 @@ class FleetStore(Protocol):
     ) -> AcquisitionRecord:
         """One transaction: the acquisition -> terminated/failed and, if it still held budget,
         the budget's headroom back up by exactly what it held. Gone if already closed."""
+
+
+# The principal the fleet acts as through the Hosts port: the hosts it registers carry it, so
+# tenancy can tell a host the fleet launched (and must release) from one an admin brought.
+FLEET_CALLER = Caller(principal="calque-fleet", arn="arn:aws:iam::000000000000:role/calque-fleet", admin=True)
 
 
 class Hosts(Protocol):

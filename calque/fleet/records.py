@@ -202,3 +202,41 @@ def effective_musd(max_hourly_musd: int, max_monthly_usd: float | None) -> int:
     if max_monthly_usd is None:
         return max_hourly_musd
     return min(max_hourly_musd, musd(max_monthly_usd / HOURS_PER_MONTH))
+
+
+# What both stores (memory and DynamoDB) enforce, written once.
+
+CLOSED_STATES = ("terminated", "failed")
+
+
+def budget_with_limits(
+    old: BudgetRecord | None,
+    *,
+    max_instances: int,
+    max_hourly_usd: float,
+    max_monthly_usd: float | None,
+    by: str,
+    at: datetime,
+) -> BudgetRecord:
+    """New limits over what is in use: the headroom is what the limits leave beside it
+    (below zero when lowered under what is in use, so nothing more is reserved)."""
+    used_i = old.in_use_instances if old else 0
+    used_m = old.in_use_musd if old else 0
+    return BudgetRecord(
+        max_instances=max_instances,
+        max_hourly_musd=musd(max_hourly_usd),
+        max_monthly_usd=max_monthly_usd,
+        free_instances=max_instances - used_i,
+        free_musd=effective_musd(musd(max_hourly_usd), max_monthly_usd) - used_m,
+        in_use_instances=used_i,
+        in_use_musd=used_m,
+        updated_at=at,
+        updated_by=by,
+    )
+
+
+def closed(record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime) -> AcquisitionRecord:
+    """The acquisition once closed: it holds no budget any more."""
+    return record.model_copy(
+        update={"state": state, "state_reason": reason, "state_since": at, "budget_held": False}
+    )

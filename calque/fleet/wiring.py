@@ -3,6 +3,9 @@
 Built per call (cheap: clients and settings underneath are cached), so tests and the
 local plane can repoint the environment between invocations. Heavy modules are
 imported on first use, not when an entry point is imported.
+
+The fleet's hosts (the Hosts port) are a higher layer's: whoever composes the fleet
+with them passes them in (calque.tenancy.wiring.fleet() does, with tenancy's).
 """
 
 from __future__ import annotations
@@ -13,31 +16,33 @@ from calque import aws
 from calque.settings import fleet_settings
 
 if TYPE_CHECKING:
+    from calque.events import EventBridgePublisher
+    from calque.fleet.ports import Hosts
+    from calque.fleet.service import Fleet
+    from calque.fleet.store import DynamoFleetStore
+
+
+def store() -> DynamoFleetStore:
+    """The budget and the acquisitions, on the deployment's table."""
+    from calque.fleet.store import DynamoFleetStore
+
+    return DynamoFleetStore(aws.client("dynamodb"), fleet_settings().table_name)
+
+
+def publisher() -> EventBridgePublisher:
+    """calque.fleet.* on the deployment's bus."""
+    from calque.events import EventBridgePublisher
+
+    return EventBridgePublisher(aws.client("events"), fleet_settings().event_bus)
+
+
+def fleet(hosts: Hosts, *, store: DynamoFleetStore, publisher: EventBridgePublisher) -> Fleet:
+    from calque.fleet.aws import Ec2Fleet, SqsAcquireQueue
+    from calque.fleet.core import FleetConfig
+    from calque.fleet.ports import Subnet
     from calque.fleet.service import Fleet
 
-
-def fleet() -> Fleet:
-    from calque.events import EventBridgePublisher
-    from calque.fleet.aws import Ec2Fleet, SqsAcquireQueue
-    from calque.fleet.ports import Subnet
-    from calque.fleet.service import Fleet, FleetConfig
-    from calque.fleet.tenancy_hosts import TenancyHosts
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
-    from calque.registry.fleet import DynamoFleetStore
-    from calque.tenancy.service import Tenancy
-
     s = fleet_settings()
-    ddb = aws.client("dynamodb")
-    publisher = EventBridgePublisher(aws.client("events"), s.event_bus)
-    # The sessions the fleet ends are ended, and published, by tenancy (once each).
-    store = DynamoFleetStore(ddb, s.table_name)
-    tenancy = Tenancy(
-        DynamoRegistry(ddb, s.table_name),
-        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
-        publisher=publisher,
-        # A spot session the fleet ends settles the recorded rates over its time.
-        rates=store,
-    )
     subnets = tuple(
         Subnet(subnet_id=item.partition("@")[0], availability_zone=item.partition("@")[2] or None)
         for item in s.subnets
@@ -51,7 +56,7 @@ def fleet() -> Fleet:
             ami_id=s.ami_id,
             launch_client=aws.single_try_client("ec2"),
         ),
-        TenancyHosts(tenancy),
+        hosts,
         SqsAcquireQueue(aws.client("sqs"), s.acquire_queue_url),
         publisher,
         config=FleetConfig(

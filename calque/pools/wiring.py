@@ -16,9 +16,9 @@ def _capacity(s: Any) -> Any:
         from calque.local.pool_hosts import LocalCapacity  # the local plane's simulated hosts
 
         return LocalCapacity.from_env()
-    # Layer 0 (calque.fleet, merged from the fleet's branch): calque.fleet.wiring.fleet() -> Fleet.
-    from calque.fleet.wiring import fleet  # type: ignore[import-not-found, unused-ignore]
+    # The fleet with tenancy as its hosts (what it launches is registered as hosts).
     from calque.pools.capacity import FleetCapacity
+    from calque.tenancy.wiring import fleet
 
     return FleetCapacity(fleet())
 
@@ -71,10 +71,10 @@ class _LazySigV4S3:
 
 
 def pools() -> Pools:
+    from calque.fleet.store import DynamoFleetStore
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
     from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.fleet import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
 
     s = pool_settings()

@@ -110,7 +110,7 @@ class HostLifecycle:
         self.registry = tenancy.registry
         self.apply_timeout_s = apply_timeout_s
         # EC2, which an admin's registration is checked against (the API wires it); None: not
-        # checked (the fleet registers what it launched itself, through calque.fleet.tenancy_hosts).
+        # checked (the fleet registers what it launched itself, through calque.tenancy.fleet_hosts).
         self.instances = instances
 
     # ---- register (again) -------------------------------------------------------------------
@@ -179,7 +179,7 @@ class HostLifecycle:
     ) -> HostDeregistered:
         """Forget a host. Refused while sessions live there unless forced; forced, each is
         ended (reason ``deregistered``, recorded) and its slice reclaimed on the host."""
-        from calque.fleet.tenancy_hosts import FLEET_CALLER
+        from calque.fleet.ports import FLEET_CALLER
 
         host = self._host(instance_id)
         if host.registered_by == FLEET_CALLER.principal and who.principal != FLEET_CALLER.principal:

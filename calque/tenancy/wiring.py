@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from calque import aws
-from calque.settings import api_settings, reaper_settings
+from calque.settings import api_settings, fleet_settings, reaper_settings
 
 if TYPE_CHECKING:
     from calque.events import EventBridgePublisher
     from calque.fleet.aws import Ec2Instances
     from calque.fleet.records import InstanceRate
+    from calque.fleet.service import Fleet
     from calque.tenancy.service import Tenancy
 
 
@@ -28,7 +29,7 @@ class FleetRates:
         self._client, self._table = client, table
 
     def _store(self) -> Any:
-        from calque.registry.fleet import DynamoFleetStore
+        from calque.fleet.store import DynamoFleetStore
 
         return DynamoFleetStore(self._client, self._table)
 
@@ -89,3 +90,24 @@ def reaper_tenancy() -> Tenancy:
         # An expired spot session settles the recorded rates over its time, as a check-in does.
         rates=FleetRates(ddb, s.table_name),
     )
+
+
+def fleet() -> Fleet:
+    """The fleet with tenancy as its hosts: what it launches is registered, drained and
+    retired through tenancy, as the fleet's own principal."""
+    from calque.fleet import wiring
+    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
+    from calque.tenancy.fleet_hosts import TenancyHosts
+    from calque.tenancy.service import Tenancy
+
+    s = fleet_settings()
+    store, publisher = wiring.store(), wiring.publisher()
+    # The sessions the fleet ends are ended, and published, by tenancy (once each).
+    tenancy = Tenancy(
+        DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        SqsHostTaskQueue(aws.client("sqs"), s.host_tasks_queue_url),
+        publisher=publisher,
+        # A spot session the fleet ends settles the recorded rates over its time.
+        rates=store,
+    )
+    return wiring.fleet(TenancyHosts(tenancy), store=store, publisher=publisher)

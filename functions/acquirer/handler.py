@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from calque.fleet.wiring import fleet
+from calque.tenancy.wiring import fleet
 from functions import observability
 
 if TYPE_CHECKING:

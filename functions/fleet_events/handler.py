@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from calque import resources
-from calque.fleet.wiring import fleet
+from calque.tenancy.wiring import fleet
 from functions import observability
 
 logger = observability.logger("fleet_events")

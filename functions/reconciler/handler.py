@@ -6,7 +6,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from calque.fleet.wiring import fleet
+from calque.tenancy.wiring import fleet
 from functions import observability
 
 logger = observability.logger("reconciler")

@@ -17,7 +17,7 @@ from calque.contracts.fleet import (
     ReleaseRequest,
 )
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
-from calque.fleet.wiring import fleet
+from calque.tenancy.wiring import fleet
 from functions import observability
 from functions.api.context import admin, admin_only, caller, idempotency_key
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from calque.fleet.service import managed_tags
+from calque.fleet.core import managed_tags
 from tests.integration.conftest import LocalPlaneHandle, start_local_plane, stop_local_plane
 from tests.integration.fleet.conftest import Fleet, acquire_with_cli, wait_for
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from calque.contracts.fleet import AcquireRequest, BudgetUpdate
+from calque.fleet.core import FleetConfig
 from calque.fleet.fakes import FakeEc2, FakeHosts, MemoryFleetStore, MemoryQueue, RecordingPublisher
 from calque.fleet.ports import Subnet
-from calque.fleet.service import Fleet, FleetConfig
+from calque.fleet.service import Fleet
 from calque.identity import Caller
 
 ADMIN = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)

@@ -87,7 +87,7 @@ def test_the_dynamo_store_refuses_ids_it_holds(monkeypatch: pytest.MonkeyPatch):
     import boto3
     from moto import mock_aws
 
-    from calque.registry.fleet import DynamoFleetStore
+    from calque.fleet.store import DynamoFleetStore
     from tests.unit.fleet.test_dynamo_store_and_hosts import _rec
     from tests.unit.registry.moto_table import create_registry_table
 

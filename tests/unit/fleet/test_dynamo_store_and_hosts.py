@@ -11,8 +11,8 @@ from moto import mock_aws
 from calque.contracts.tenancy import CheckoutRequest
 from calque.fleet.ports import BudgetRefused, Gone
 from calque.fleet.records import AcquisitionRecord
-from calque.fleet.tenancy_hosts import TenancyHosts
-from calque.registry.fleet import DynamoFleetStore
+from calque.fleet.store import DynamoFleetStore
+from calque.tenancy.fleet_hosts import TenancyHosts
 from tests.unit.registry.moto_table import create_registry_table
 from tests.unit.tenancy.conftest import World, member
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calque.fleet.service import FleetConfig
+from calque.fleet.core import FleetConfig
 from tests.unit.fleet.conftest import ADMIN, World
 
 pytestmark = pytest.mark.unit

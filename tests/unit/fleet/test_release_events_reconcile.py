@@ -8,8 +8,8 @@ import pytest
 
 from calque.contracts.fleet import ReleaseRequest
 from calque.errors import Conflict, ConsentRequired, Forbidden, InvalidInput, NotFound
+from calque.fleet.core import FleetConfig
 from calque.fleet.ports import LaunchSpec
-from calque.fleet.service import FleetConfig
 from tests.unit.fleet.conftest import ADMIN, ALICE, SUBNETS, World
 
 pytestmark = pytest.mark.unit

@@ -11,9 +11,9 @@ from moto import mock_aws
 
 from calque.contracts.fleet import ReleaseRequest
 from calque.fleet.aws import Ec2Fleet
+from calque.fleet.core import FleetConfig
 from calque.fleet.records import AcquisitionRecord, RateSegment, add_changes, musd
-from calque.fleet.service import FleetConfig
-from calque.registry.fleet import DynamoFleetStore
+from calque.fleet.store import DynamoFleetStore
 from tests.unit.fleet.conftest import ADMIN, SUBNETS, World
 from tests.unit.registry.moto_table import create_registry_table
 

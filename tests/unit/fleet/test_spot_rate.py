@@ -11,7 +11,7 @@ from moto import mock_aws
 
 from calque.fleet.aws import Ec2Fleet
 from calque.fleet.records import AcquisitionRecord
-from calque.registry.fleet import DynamoFleetStore
+from calque.fleet.store import DynamoFleetStore
 from tests.unit.fleet.conftest import World
 from tests.unit.registry.moto_table import create_registry_table
 

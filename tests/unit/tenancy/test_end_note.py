@@ -8,7 +8,7 @@ import pytest
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest, Session
 from calque.errors import Conflict, NotFound
-from calque.fleet.tenancy_hosts import TenancyHosts
+from calque.tenancy.fleet_hosts import TenancyHosts
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

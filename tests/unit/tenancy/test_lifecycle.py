@@ -107,7 +107,8 @@ def test_deregistered_host_can_be_registered_again(world):
 
 def test_an_instance_the_fleet_launched_is_released_not_deregistered(world):
     # Given a host the fleet registered for an instance it launched (host acquire)
-    from calque.fleet.tenancy_hosts import FLEET_CALLER, TenancyHosts
+    from calque.fleet.ports import FLEET_CALLER
+    from calque.tenancy.fleet_hosts import TenancyHosts
 
     TenancyHosts(world.tenancy).register(HOST, "g7e.2xlarge", None, False)
     before = dict(world.registry.hosts)

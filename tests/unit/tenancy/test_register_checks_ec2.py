@@ -18,8 +18,8 @@ from calque.contracts.agent import AgentError, AgentReport, HostInventory, Inven
 from calque.contracts.hosts import HostRegistration
 from calque.errors import Conflict, InvalidInput, NotFound
 from calque.fleet.aws import Ec2Instances
-from calque.fleet.tenancy_hosts import TenancyHosts
 from calque.local.hosts import _image_id
+from calque.tenancy.fleet_hosts import TenancyHosts
 from tests.unit.tenancy.conftest import ADMIN, World
 from tests.unit.tenancy.test_lifecycle import gpus_of
 

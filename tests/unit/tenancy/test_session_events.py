@@ -13,9 +13,10 @@ from calque.contracts.fleet import AcquireRequest, BudgetUpdate
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.errors import Conflict, Forbidden
 from calque.events import RecordingPublisher
+from calque.fleet.core import FleetConfig
 from calque.fleet.fakes import FakeEc2, MemoryFleetStore, MemoryQueue
-from calque.fleet.service import Fleet, FleetConfig
-from calque.fleet.tenancy_hosts import TenancyHosts
+from calque.fleet.service import Fleet
+from calque.tenancy.fleet_hosts import TenancyHosts
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The fleet's store on the registry table: the budget and the acquisitions.
+"""The fleet's store on the deployment's single table: the budget and the acquisitions.
 
     item                 pk      sk
     budget               FLEET   BUDGET
@@ -29,10 +29,12 @@ from calque.dynamo import Table, cancellation_reasons, des, error_code, expr_val
 from calque.errors import DependencyUnavailable
 from calque.fleet.ports import BudgetRefused, Gone, RequestExists
 from calque.fleet.records import (
+    CLOSED_STATES,
     AcquisitionRecord,
     BudgetRecord,
     InstanceRate,
-    effective_musd,
+    budget_with_limits,
+    closed,
     instance_rate,
     musd,
 )
@@ -113,28 +115,22 @@ class DynamoFleetStore(Table):
         by: str,
         at: datetime,
     ) -> BudgetRecord:
-        eff = effective_musd(musd(max_hourly_usd), max_monthly_usd)
         for _ in range(_TRIES):
             old = self.budget()
-            used_i = old.in_use_instances if old else 0
-            used_m = old.in_use_musd if old else 0
-            record = BudgetRecord(
+            record = budget_with_limits(
+                old,
                 max_instances=max_instances,
-                max_hourly_musd=musd(max_hourly_usd),
+                max_hourly_usd=max_hourly_usd,
                 max_monthly_usd=max_monthly_usd,
-                free_instances=max_instances - used_i,
-                free_musd=eff - used_m,
-                in_use_instances=used_i,
-                in_use_musd=used_m,
-                updated_at=at,
-                updated_by=by,
+                by=by,
+                at=at,
             )
             # Only if nothing reserved or released since the read: the headroom stays exact.
             if old is None:
                 cond, values = "attribute_not_exists(pk)", None
             else:
                 cond = "in_use_instances = :i AND in_use_musd = :m"
-                values = expr_values(i=used_i, m=used_m)
+                values = expr_values(i=old.in_use_instances, m=old.in_use_musd)
             kwargs: dict[str, Any] = {
                 "TableName": self.table,
                 "Item": ser({**_budget_key(), "type": "budget", **record.model_dump()}),
@@ -250,8 +246,8 @@ class DynamoFleetStore(Table):
             state=state,
             at=at,
             no=False,
-            t="terminated",
-            f="failed",
+            t=CLOSED_STATES[0],
+            f=CLOSED_STATES[1],
             gc=int(at.timestamp()) + CLOSED_RETENTION_S,
         )
         update = "SET #state = :state, state_since = :at, budget_held = :no, gc_at = :gc"
@@ -298,6 +294,4 @@ class DynamoFleetStore(Table):
                 time.sleep(0.02 * (attempt + 1))
         else:
             raise DependencyUnavailable("the budget is busy; try again", retry_after=1)
-        return record.model_copy(
-            update={"state": state, "state_reason": reason, "state_since": at, "budget_held": False}
-        )
+        return closed(record, state=state, reason=reason, at=at)

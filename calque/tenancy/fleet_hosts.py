@@ -1,17 +1,16 @@
-"""The fleet's Hosts port over the tenancy domain: registration and draining go through
-calque.tenancy exactly as an admin's would, as the fleet's own principal."""
+"""The fleet's Hosts port (calque.fleet.ports.Hosts) over the tenancy domain: registration
+and draining go through calque.tenancy exactly as an admin's would, as the fleet's own
+principal."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from calque.errors import Conflict, NotFound
-from calque.identity import Caller
+from calque.fleet.ports import FLEET_CALLER
 
 if TYPE_CHECKING:
     from calque.tenancy.service import Tenancy
-
-FLEET_CALLER = Caller(principal="calque-fleet", arn="arn:aws:iam::000000000000:role/calque-fleet", admin=True)
 
 
 class TenancyHosts:
@@ -51,10 +50,8 @@ class TenancyHosts:
         return sorted((sid, user) for sid, user in held.items() if sid not in still)
 
     def retire(self, instance_id: str, note: str) -> bool:
-        from calque.tenancy.lifecycle import HostLifecycle
-
         try:
-            HostLifecycle(self.tenancy).deregister(FLEET_CALLER, instance_id, force=True, reason=note)
+            self.tenancy.lifecycle().deregister(FLEET_CALLER, instance_id, force=True, reason=note)
         except NotFound:
             return False
         return True
