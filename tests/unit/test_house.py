@@ -185,7 +185,7 @@ def test_no_module_imports_a_higher_layer() -> None:
         mine = layer_of(module)
         for dep in sorted(deps):
             if dep.startswith("host_agent"):
-                continue  # the agent's code is shipped, read and tested from above; it depends on nothing here
+                continue  # the agent is shipped, read and tested from above; it depends on nothing here
             theirs = layer_of(dep)
             if theirs > mine:
                 upward.append(f"{module} ({LAYERS[mine][0]}) -> {dep} ({LAYERS[theirs][0]})")
