@@ -9,7 +9,14 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export POWERTOOLS_TRACE_DISABLED ?= 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install run test test-unit test-integration test-infra test-gpu lint format synth bench clean
+# The suite runs in parallel (pytest-xdist): each worker is its own process with its own
+# local plane; files are dealt to workers whole, so a module's fixtures start once.
+# Most of an integration test's time is spent waiting on a plane, so more workers than
+# cores pays: TEST_WORKERS=auto is one per core.
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
+.PHONY: install run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,17 +29,21 @@ install: $(STAMP)
 run: install
 	$(VENV)/bin/calque local up $(ARGS)
 
+# The whole suite, as CI runs it; --durations lists the slowest tests after the summary.
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
-test-unit: install
-	$(PY) -m pytest -m unit
+# The unit tests alone, for the edit-test loop (no network, no plane, no synth).
+test-fast: install
+	$(PY) -m pytest -m unit $(XDIST) -q $(PYTEST_ARGS)
+
+test-unit: test-fast
 
 test-integration: install
-	$(PY) -m pytest -m integration
+	$(PY) -m pytest -m integration $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-infra: install
-	$(PY) -m pytest -m infra
+	$(PY) -m pytest -m infra $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # Read-only checks against a real GPU through NVML (needs a driver).
 test-gpu: install
@@ -63,6 +74,10 @@ bench: install
 	$(PY) bench/fleet.py
 	$(PY) bench/pool_sim.py
 	$(PY) bench/simulate.py
+
+# The wall time of each tier and the 20 slowest tests (bench/suite_time.py).
+bench-suite: install
+	$(PY) bench/suite_time.py -- $(XDIST)
 
 clean:
 	rm -rf $(VENV) cdk.out .bundle-cache .pytest_cache .mypy_cache .ruff_cache

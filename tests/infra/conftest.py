@@ -7,8 +7,10 @@ so a fixture that synthesizes at all has passed it: an unacknowledged finding fa
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -36,11 +38,42 @@ class Synthesized:
 
 
 @pytest.fixture(scope="session")
-def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+def synthesized(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Synthesized:
+    """One synthesis for the whole run: under pytest-xdist the first worker to ask runs it
+    while the others wait on its lock, then all read the same cloud assembly."""
+    from infra import constants
+
+    # the run's own temporary root, which every worker of this run shares
+    shared = (
+        tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    )
+    outdir = shared / "cdk.out-shared"
+    with open(shared / "cdk.out-shared.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (outdir / "done").exists():
+                _synthesize(outdir)
+                (outdir / "done").write_text("")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def template(stack: str) -> dict[str, Any]:
+        return json.loads((outdir / f"{stack}.template.json").read_text())
+
+    return Synthesized(
+        outdir=outdir,
+        stateful_json=template(constants.STATEFUL_STACK_NAME),
+        service_json=template(constants.SERVICE_STACK_NAME),
+    )
+
+
+def _synthesize(outdir: Path) -> None:
     from infra import constants
     from infra.deployment import PROJECT_ROOT
 
-    outdir = tmp_path_factory.mktemp("cdk.out")
+    if outdir.exists():  # a synthesis that failed half-way: start again
+        shutil.rmtree(outdir)
+    outdir.mkdir()
     env = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(outdir)),
@@ -62,15 +95,6 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
         [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=280
     )
     assert result.returncode == 0, f"app.py failed to synthesize:\n{result.stderr[-5000:]}"
-
-    def template(stack: str) -> dict[str, Any]:
-        return json.loads((outdir / f"{stack}.template.json").read_text())
-
-    return Synthesized(
-        outdir=outdir,
-        stateful_json=template(constants.STATEFUL_STACK_NAME),
-        service_json=template(constants.SERVICE_STACK_NAME),
-    )
 
 
 def resources_of(template: dict[str, Any], resource_type: str) -> list[dict[str, Any]]:
