@@ -73,9 +73,9 @@ class _LazySigV4S3:
 def pools() -> Pools:
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
+    from calque.pools.store.dynamo import DynamoPoolStore
     from calque.registry.dynamo import DynamoRegistry
     from calque.registry.fleet import DynamoFleetStore
-    from calque.registry.pools import DynamoPoolStore
 
     s = pool_settings()
     sqs = aws.client("sqs")
