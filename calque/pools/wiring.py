@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from calque import aws
 from calque.settings import pool_settings
 
 if TYPE_CHECKING:
+    from calque.pools.ports import Capacity
     from calque.pools.service import Pools
 
 
-def _capacity(s: Any) -> Any:
-    if s.pool_capacity == "local":
-        from calque.local.pool_hosts import LocalCapacity  # the local plane's simulated hosts
+# Capacities besides the fleet, by the name CALQUE_POOL_CAPACITY gives them: what an entry
+# point above the pools provides in its own process (the local plane provides "local", its
+# simulated hosts, in each execution environment before a handler loads).
+_provided: dict[str, Callable[[], Capacity]] = {}
 
-        return LocalCapacity.from_env()
+
+def provide_capacity(kind: str, build: Callable[[], Capacity]) -> None:
+    """Where the workers of a plane whose CALQUE_POOL_CAPACITY is ``kind`` run: ``build`` makes
+    that capacity adapter when a pool first needs one."""
+    _provided[kind] = build
+
+
+def _capacity(s: Any) -> Any:
+    if s.pool_capacity != "fleet":
+        build = _provided.get(s.pool_capacity)
+        if build is None:
+            raise RuntimeError(
+                f"CALQUE_POOL_CAPACITY={s.pool_capacity}, but nothing in this process provided that "
+                "capacity (calque.pools.wiring.provide_capacity)"
+            )
+        return build()
     # Layer 0 (calque.fleet, merged from the fleet's branch): calque.fleet.wiring.fleet() -> Fleet.
     from calque.fleet.wiring import fleet  # type: ignore[import-not-found, unused-ignore]
     from calque.pools.capacity import FleetCapacity
@@ -27,15 +45,9 @@ def _starter(s: Any) -> Any:
     """The host agent's worker verb through SSM, where the scaler runs (it has the document)."""
     if not (s.ssm_document_name and s.api_endpoint):
         return None
-    import os
-
     from calque.pools.aws import SsmWorkerStarter
 
-    poll = 20
-    if s.pool_capacity == "local":
-        from calque.local.pool_hosts import ENV_WORKER_POLL_S
-
-        poll = int(os.environ.get(ENV_WORKER_POLL_S, "2"))
+    poll = s.local_worker_poll_s if s.pool_capacity == "local" else 20
     return SsmWorkerStarter(
         aws.client("ssm"),
         document_name=s.ssm_document_name,
