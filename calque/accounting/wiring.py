@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 def api_usage() -> Usage:
     from calque.accounting.service import Usage
     from calque.fleet.store import DynamoFleetStore
+    from calque.pools.store.dynamo import DynamoPoolStore
     from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.pools import DynamoPoolStore
     from calque.tenancy.service import utcnow
 
     s = api_settings()

@@ -5,7 +5,8 @@ capability names its own key shapes beside its own store (tenancy: calque.regist
 pools: calque.pools.store, the fleet: calque.fleet.store). What they share is here: Python
 values to and from attribute values (``ser``/``des``, ``expr_values`` for an expression's
 placeholders), what a refused write says (``error_code``, ``cancellation_reasons``), and
-``Table``: a strongly consistent get, paged queries and a transaction on the one table.
+``Table``: a strongly consistent get, paged queries, a conditional update and a transaction on
+the one table.
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ def expr_values(**named: Any) -> dict[str, Any]:
     return {f":{k}": serialize_value(v) for k, v in named.items()}
 
 
+def update_expression(
+    changes: dict[str, Any], values: dict[str, Any] | None = None
+) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """An UpdateExpression setting ``changes`` (a None value removes its attribute): the
+    expression, its attribute names (``#a<n>``), and its values (``:v<n>``) beside ``values``."""
+    sets = {k: v for k, v in changes.items() if v is not None}
+    removes = [k for k, v in changes.items() if v is None]
+    names = {f"#a{i}": k for i, k in enumerate(changes)}
+    back = {k: n for n, k in names.items()}
+    expr = []
+    vals = dict(values or {})
+    if sets:
+        expr.append("SET " + ", ".join(f"{back[k]} = :v{i}" for i, k in enumerate(sets)))
+        vals.update({f":v{i}": v for i, v in enumerate(sets.values())})
+    if removes:
+        expr.append("REMOVE " + ", ".join(back[k] for k in removes))
+    return " ".join(expr), names, vals
+
+
 def error_code(exc: Any) -> str:
     """The error code of a botocore ClientError."""
     return str(exc.response.get("Error", {}).get("Code", ""))
@@ -125,6 +145,37 @@ class Table:
                 ScanIndexForward=forward,
             )
         )
+
+    def _update(
+        self,
+        key: dict[str, str],
+        changes: dict[str, Any],
+        condition: str,
+        *,
+        values: dict[str, Any] | None = None,
+        names: dict[str, str] | None = None,
+    ) -> dict[str, Any] | None:
+        """Apply ``changes`` (``update_expression``) on ``condition`` (its own placeholders in
+        ``values`` and ``names``): the item as it is now, or None when the condition failed."""
+        expr, attr_names, vals = update_expression(changes, values)
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": ser(key),
+            "UpdateExpression": expr,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": {**attr_names, **(names or {})},
+            "ReturnValues": "ALL_NEW",
+        }
+        if vals:
+            kwargs["ExpressionAttributeValues"] = ser(vals)
+        from botocore.exceptions import ClientError
+
+        try:
+            return des(self.client.update_item(**kwargs)["Attributes"])
+        except ClientError as exc:
+            if error_code(exc) == CONDITION_FAILED:
+                return None
+            raise
 
     def _transact(self, items: list[dict[str, Any]]) -> None:
         for it in items:

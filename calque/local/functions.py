@@ -31,9 +31,19 @@ def quiet_empty_metrics() -> None:
     warnings.filterwarnings("ignore", message="No application metrics to publish")
 
 
+def provide_local_adapters() -> None:
+    """What the domains' wiring takes from this plane rather than from AWS: warm pools'
+    capacity (its simulated hosts, calque.local.pool_hosts)."""
+    from calque.local.pool_hosts import provide
+
+    provide()
+
+
 def load_handler(function_id: str) -> Handler:
-    """The handler the runtime would load: the dotted path in calque.resources.FUNCTIONS."""
+    """The handler the runtime would load: the dotted path in calque.resources.FUNCTIONS,
+    after what the local plane gives the domains' wiring in every execution environment."""
     quiet_empty_metrics()
+    provide_local_adapters()
     dotted = resources.function(function_id).handler
     module_name, _, attr = dotted.rpartition(".")
     try:

@@ -31,7 +31,13 @@ from calque.local.state import StateDir, state_dir_from
 from calque.pools.domain import PoolRecord
 from calque.pools.ports import Grant
 
-ENV_WORKER_POLL_S = "CALQUE_LOCAL_WORKER_POLL_S"
+
+def provide() -> None:
+    """Warm pools' workers on this plane run on its simulated hosts: the pools' wiring builds
+    this capacity where CALQUE_POOL_CAPACITY is "local" (as the plane sets it)."""
+    from calque.pools.wiring import provide_capacity
+
+    provide_capacity("local", LocalCapacity.from_env)
 
 
 def pools_dir(state: StateDir) -> Path:

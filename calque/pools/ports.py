@@ -1,5 +1,5 @@
-"""What the pools domain needs from the outside, as small protocols. Adapters: DynamoDB
-(calque/registry/pools.py), SQS/S3 (calque/pools/aws.py), the fleet (calque/pools/capacity.py),
+"""What the pools domain needs from the outside, as small protocols. Adapters: DynamoDB and
+memory (calque/pools/store/), SQS/S3 (calque/pools/aws.py), the fleet (calque/pools/capacity.py),
 and in-memory fakes for the unit tests."""
 
 from __future__ import annotations

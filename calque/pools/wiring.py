@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from calque import aws
 from calque.settings import pool_settings
 
 if TYPE_CHECKING:
+    from calque.pools.ports import Capacity
     from calque.pools.service import Pools
 
 
-def _capacity(s: Any) -> Any:
-    if s.pool_capacity == "local":
-        from calque.local.pool_hosts import LocalCapacity  # the local plane's simulated hosts
+# Capacities besides the fleet, by the name CALQUE_POOL_CAPACITY gives them: what an entry
+# point above the pools provides in its own process (the local plane provides "local", its
+# simulated hosts, in each execution environment before a handler loads).
+_provided: dict[str, Callable[[], Capacity]] = {}
 
-        return LocalCapacity.from_env()
-    # The fleet with tenancy as its hosts (what it launches is registered as hosts).
+
+def provide_capacity(kind: str, build: Callable[[], Capacity]) -> None:
+    """Where the workers of a plane whose CALQUE_POOL_CAPACITY is ``kind`` run: ``build`` makes
+    that capacity adapter when a pool first needs one."""
+    _provided[kind] = build
+
+
+def _capacity(s: Any) -> Any:
+    if s.pool_capacity != "fleet":
+        build = _provided.get(s.pool_capacity)
+        if build is None:
+            raise RuntimeError(
+                f"CALQUE_POOL_CAPACITY={s.pool_capacity}, but nothing in this process provided that "
+                "capacity (calque.pools.wiring.provide_capacity)"
+            )
+        return build()
+    # The fleet with tenancy as its hosts (what it launches is registered as hosts): this
+    # composition root, like every wiring module, sits above all the rooms it plugs together.
     from calque.pools.capacity import FleetCapacity
     from calque.tenancy.wiring import fleet
 
@@ -27,15 +46,9 @@ def _starter(s: Any) -> Any:
     """The host agent's worker verb through SSM, where the scaler runs (it has the document)."""
     if not (s.ssm_document_name and s.api_endpoint):
         return None
-    import os
-
     from calque.pools.aws import SsmWorkerStarter
 
-    poll = 20
-    if s.pool_capacity == "local":
-        from calque.local.pool_hosts import ENV_WORKER_POLL_S
-
-        poll = int(os.environ.get(ENV_WORKER_POLL_S, "2"))
+    poll = s.local_worker_poll_s if s.pool_capacity == "local" else 20
     return SsmWorkerStarter(
         aws.client("ssm"),
         document_name=s.ssm_document_name,
@@ -74,8 +87,8 @@ def pools() -> Pools:
     from calque.fleet.store import DynamoFleetStore
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
+    from calque.pools.store.dynamo import DynamoPoolStore
     from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.pools import DynamoPoolStore
 
     s = pool_settings()
     sqs = aws.client("sqs")

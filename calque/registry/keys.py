@@ -29,7 +29,7 @@ Sparse indexes (an item is in an index only while it carries that index's keys):
     by_expiry    expiry_pk = LIVE           expiry_sk = <expiry epoch s, 12 digits>#<session_id>  (live)
                  expiry_pk = RECLAIMING     expiry_sk = <since epoch s, 12 digits>#<instance>#<slice>
                  expiry_pk = POOLCLAIMS#<pool>  expiry_sk = L#<submitted>#<claim> | E#<finished>#<claim>
-                 (overloaded: a pool's live claims and its ended ones; calque.registry.pools)
+                 (overloaded: a pool's live claims and its ended ones; calque.pools.store)
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ class PoolSettings(CommonSettings):
     # Where workers' instances come from: "fleet" (layer 0), or "local" (the local plane's
     # simulated hosts, workers as processes on the plane's machine).
     pool_capacity: str = Field(alias="CALQUE_POOL_CAPACITY", default="fleet", pattern="^(fleet|local)$")
+    # How long the local plane's workers long-poll their queue (a deployed worker: 20 s, SQS's
+    # most): short, so that they take a claim, and stop, within seconds.
+    local_worker_poll_s: int = Field(alias="CALQUE_LOCAL_WORKER_POLL_S", default=2)
     # The scaler starts workers through the host-agent document's worker verb; where they report.
     ssm_document_name: str | None = Field(alias="CALQUE_SSM_DOCUMENT_NAME", default=None, min_length=1)
     api_endpoint: str | None = Field(alias="CALQUE_API_ENDPOINT", default=None, min_length=1)

@@ -3,7 +3,7 @@ the API, signed (SigV4) with the instance's own role, like the host agent's repo
 
 The worker never writes the registry table itself: the host role has no DynamoDB access
 (the table also holds sessions and token hashes), and the claim's state machine, with
-its conditional writes, stays in one place, the control plane (calque/pools/service.py).
+its conditional writes, stays in one place, the control plane (calque/pools/workers.py).
 
     POST /v1/pools/{pool}/claims/{claim_id}/report   started | attempt_failed | succeeded
     POST /v1/pools/{pool}/workers/{worker_id}/report idle | busy | exited

@@ -237,7 +237,7 @@ def check_before_upload(body: dict[str, Any]) -> None:
 
     from calque.contracts.common import fields_said, problem_of
     from calque.contracts.pools import PoolCreate
-    from calque.pools.service import check_pool_request
+    from calque.pools.lifecycle import check_pool_request
 
     try:
         req = PoolCreate.model_validate(body)

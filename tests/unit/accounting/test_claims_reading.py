@@ -9,7 +9,7 @@ import pytest
 
 from calque.accounting import claims
 from calque.pools import domain as d
-from calque.registry.pools import MemoryPoolStore
+from calque.pools.store.memory import MemoryPoolStore
 from tests.unit.pools.test_pool_store_contract import claim, pool
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,7 @@ from calque.identity import Caller
 from calque.pools.domain import PoolRecord
 from calque.pools.ports import DeadLetter, Grant, QueueMissing, QueueRefs
 from calque.pools.service import Pools, PoolsConfig
-from calque.registry.pools import MemoryPoolStore
+from calque.pools.store.memory import MemoryPoolStore
 
 HOST_ROLE = "calque-host"
 ADMIN = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)

@@ -22,10 +22,10 @@ from calque.contracts.pools import ClaimSubmit, PoolDelete
 from calque.contracts.quotas import QuotaUpdate
 from calque.errors import Conflict, QuotaExceeded
 from calque.pools.domain import PoolInstanceRecord
+from calque.pools.store.dynamo import DynamoPoolStore
 from calque.registry.dynamo import DynamoRegistry
 from calque.registry.memory import MemoryQueue, MemoryRegistry
 from calque.registry.models import month_use
-from calque.registry.pools import DynamoPoolStore
 from calque.tenancy.groups import Groups
 from calque.tenancy.service import Tenancy
 from tests.unit.pools.fakes import ADMIN, World, member

@@ -268,7 +268,7 @@ def test_a_discard_entry_on_dynamodb_is_collected_by_ttl_once_the_retention_is_p
     import boto3
     from moto import mock_aws
 
-    from calque.registry.pools import DynamoPoolStore
+    from calque.pools.store.dynamo import DynamoPoolStore
     from tests.unit.registry.moto_table import create_registry_table
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

@@ -10,7 +10,7 @@ import pytest
 
 from calque.contracts.pools import ClaimSubmit, PoolCreate, PoolDelete
 from calque.errors import Conflict, InvalidInput
-from calque.registry.pools import MemoryPoolStore
+from calque.pools.store.memory import MemoryPoolStore
 from tests.unit.pools.fakes import ADMIN, FakeQueues, World, member
 from tests.unit.pools.test_pools_service import create
 

@@ -11,7 +11,7 @@ import pytest
 from calque.contracts.pools import ClaimSubmit, PoolCreate, PoolDelete
 from calque.errors import Conflict, NotFound
 from calque.pools.ports import QueueRefs
-from calque.registry.pools import MemoryPoolStore
+from calque.pools.store.memory import MemoryPoolStore
 from tests.unit.pools.fakes import ADMIN, FakeQueues, MemoryObjects, World, member
 
 pytestmark = pytest.mark.unit

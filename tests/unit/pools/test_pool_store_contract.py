@@ -9,7 +9,8 @@ from moto import mock_aws
 
 from calque.errors import Conflict
 from calque.pools import domain as d
-from calque.registry.pools import DynamoPoolStore, MemoryPoolStore
+from calque.pools.store.dynamo import DynamoPoolStore
+from calque.pools.store.memory import MemoryPoolStore
 from tests.unit.registry.moto_table import create_registry_table
 
 pytestmark = pytest.mark.unit

@@ -21,7 +21,8 @@ T = 1_800_000_000.0
 
 @pytest.fixture(params=["memory", "dynamodb"])
 def store(request, monkeypatch):
-    from calque.registry.pools import DynamoPoolStore, MemoryPoolStore
+    from calque.pools.store.dynamo import DynamoPoolStore
+    from calque.pools.store.memory import MemoryPoolStore
     from tests.unit.registry.moto_table import create_registry_table
 
     if request.param == "memory":

@@ -1,0 +1,252 @@
+"""A pool's claims: submitted (recorded, manifest staged, pointer queued; idempotent with a
+key), charged to a group, read, answered with their results, and cancelled. Every member
+sees only their own claims (another's is "not found", never revealed)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from calque.contracts.pools import ClaimSubmit
+from calque.errors import (
+    CalqueError,
+    Conflict,
+    DependencyUnavailable,
+    InvalidInput,
+    NotFound,
+    idempotency_key_reused,
+)
+from calque.identity import Caller
+from calque.pools import domain as d
+from calque.pools.core import PoolsCore, _epoch, _iso
+from calque.pools.ports import PoolClosed, QueueMissing, RequestRecorded
+from calque.tenancy import requests
+
+
+class ClaimsMixin(PoolsCore):
+    def _not_taking(self, name: str) -> CalqueError:
+        """Why pool ``name`` takes no claim now: it is gone (404) or being deleted (409)."""
+        if self.store.get_pool(name) is None:
+            return NotFound(f"no pool {name!r}", details={"pool": name})
+        return Conflict(
+            f"pool {name!r} is being deleted and takes no claims",
+            code="pool_deleting",
+            details={"pool": name},
+        )
+
+    def _submitted(self, who: Caller, rid: str | None, fingerprint: str) -> d.ClaimRecord | None:
+        """The claim this submit (its request id) made already: a replay's answer. The same
+        key with another body (items, group or pool) is ``idempotency_key_reused``."""
+        found = self.store.claim_request(rid, now=self.clock.now()) if rid else None
+        if found is None:
+            return None
+        if found.fingerprint != fingerprint:
+            raise idempotency_key_reused("claim submit")
+        claim = self.store.get_claim(found.claim_id)
+        return claim if claim is not None and claim.user == who.principal else None
+
+    def submit(
+        self, who: Caller, name: str, req: ClaimSubmit, *, idempotency_key: str | None = None
+    ) -> d.ClaimRecord:
+        """Record a claim, stage its manifest and queue its pointer. With an Idempotency-Key a
+        replay (a retry after a lost answer or a 503) is answered with the first attempt's
+        claim, as it is now, and makes no second claim; an attempt that failed to queue its
+        claim leaves the key free, so its retry submits anew."""
+        key = requests.check_key(idempotency_key)
+        rid = requests.request_id(who.principal, key) if key else None
+        fingerprint = requests.fingerprint(f"{name}\0{req.model_dump_json()}") if rid else ""
+        replayed = self._submitted(who, rid, fingerprint)
+        if replayed is not None:
+            return replayed
+        pool = self._pool(name)
+        if pool.state != d.POOL_ACTIVE:
+            raise self._not_taking(name)
+        if pool.start_failures >= self.config.start_failure_limit:
+            raise Conflict(
+                f"pool {name!r} takes no claims now: {pool.start_failures} of its worker starts in a row "
+                f"failed before serving (the last: {pool.start_failure or 'no reason given'}); an "
+                f"admin fixes its runner and runs `calque pool update {name} ...` to start it again",
+                code="pool_failing",
+                details={"pool": name, "start_failures": pool.start_failures, "reason": pool.start_failure},
+            )
+        group = self._claim_group(who, req.group)
+        claim_id = f"c-{secrets.token_hex(8)}"
+        now = self.clock.now()
+        manifest_key = f"pools/{name}/claims/{claim_id}/manifest.json"
+        claim = d.ClaimRecord(
+            claim_id=claim_id,
+            pool=name,
+            user=who.principal,
+            items=len(req.items),
+            manifest_key=manifest_key,
+            submitted_at=_iso(now),
+            group=group,
+        )
+        request = (
+            d.ClaimRequestRecord(
+                request_id=rid,
+                claim_id=claim_id,
+                fingerprint=fingerprint,
+                at=now,
+                expires_at=now + requests.REPLAY_WINDOW_S,
+            )
+            if rid
+            else None
+        )
+        # Recorded first, on condition the pool is still active (a delete writes its state
+        # before it cancels the pool's claims and deletes its queue) and, with a key, that no
+        # attempt of this request recorded one: a refusal here has written nothing.
+        for _ in range(3):
+            try:
+                self.store.create_claim(claim, pool_active=True, request=request)
+                break
+            except PoolClosed:
+                raise self._not_taking(name) from None
+            except RequestRecorded:
+                # a racing attempt of this request recorded its claim first: answer that one
+                # (unless it failed to queue it and freed the key meanwhile: then try again)
+                replayed = self._submitted(who, rid, fingerprint)
+                if replayed is not None:
+                    return replayed
+        else:
+            raise DependencyUnavailable(
+                "attempts of this request with the same Idempotency-Key kept racing; ask again",
+                details={"field": "Idempotency-Key"},
+            )
+        pointer = {
+            "v": 1,
+            "claim_id": claim_id,
+            "pool": name,
+            "manifest": {"bucket": self.objects.bucket, "key": manifest_key},
+            "results": {"bucket": self.objects.bucket, "prefix": f"pools/{name}/claims/{claim_id}"},
+        }
+        try:
+            self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
+            self.queues.send(pool.queue_url, json.dumps(pointer))
+        except QueueMissing as exc:
+            after = self.store.get_pool(name)
+            if after is None or after.state != d.POOL_ACTIVE:
+                # The pool's delete got past this claim's write: its queue is gone, nothing
+                # was sent. The claim never was: no record (a --now delete may have cancelled
+                # it meanwhile), no charge, the key free; the member is told why.
+                self.store.discard_claim(claim)
+                if rid:
+                    self.store.release_request(rid, claim_id)
+                raise self._not_taking(name) from None
+            self._unqueued(pool, claim_id, rid, f"could not be queued: {exc.message}")
+            raise Conflict(
+                f"pool {name!r} cannot take claims: its queue {pool.queue_url} does not exist (deleted "
+                f"outside calque?); an admin deletes the pool (`calque pool delete {name} --now "
+                "--i-understand-this-terminates-instances`) and creates it again",
+                code="pool_queue_missing",
+                details={"pool": name, "queue_url": pool.queue_url},
+            ) from None
+        except Exception as exc:
+            self._unqueued(pool, claim_id, rid, f"could not be queued: {type(exc).__name__}")
+            raise
+        self.nudger.nudge(name)
+        return claim
+
+    def _unqueued(self, pool: d.PoolRecord, claim_id: str, rid: str | None, reason: str) -> None:
+        """A claim whose pointer could not be sent: no worker will ever take it, so it ends
+        now rather than stay queued forever (nothing ran: nothing is charged), saying why;
+        its key is freed so that the member's retry submits anew."""
+        self._end(
+            pool, claim_id, {"state": d.FAILED, "finished_at": _iso(self.clock.now()), "reason": reason}
+        )
+        if rid:
+            self.store.release_request(rid, claim_id)
+
+    def _claim_group(self, who: Caller, requested: str | None) -> str | None:
+        """The group a claim is charged to, resolved as a check-out's is. A claim's run time
+        is unknown when it is submitted, so it reserves nothing; it is refused (QuotaExceeded,
+        naming the limit) when the member's or that group's month has already reached a
+        monthly limit: what was used plus what live sessions reserve."""
+        if self.groups is None:
+            if requested is not None:
+                raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
+            return None
+        from calque.tenancy import limits
+        from calque.tenancy.groups import member_group
+
+        quota, mine = self.groups.quota_and_groups(who.principal)
+        g = member_group(self.groups, who.principal, requested, mine)
+        month = _iso(self.clock.now())[:7]
+        refused = limits.claim_user_refusal(who.principal, quota, month) or limits.claim_group_refusal(
+            g, month
+        )
+        if refused is not None:
+            raise refused
+        return g.name if g is not None else None
+
+    def _claim_for(self, who: Caller, claim_id: str) -> d.ClaimRecord:
+        claim = self.store.get_claim(claim_id)
+        if claim is None or (claim.user != who.principal and not who.admin):
+            raise NotFound(f"no claim {claim_id!r}", details={"claim_id": claim_id})
+        return claim
+
+    def get_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
+        return self._claim_for(who, claim_id)
+
+    def list_claims(self, who: Caller, pool: str | None = None, limit: int = 200) -> list[d.ClaimRecord]:
+        if pool is not None and who.admin:
+            # its live claims and its latest ended ones, the latest submitted first
+            both = self.store.live_claims(pool, limit) + self.store.ended_claims(pool, limit)
+            return sorted(both, key=lambda c: (c.submitted_at, c.claim_id), reverse=True)[:limit]
+        mine = self.store.claims_of_user(who.principal, limit)
+        return [c for c in mine if pool is None or c.pool == pool]
+
+    def claim_result(self, who: Caller, claim_id: str) -> dict[str, Any]:
+        claim = self._claim_for(who, claim_id)
+        if claim.state != d.SUCCEEDED or not claim.result_key:
+            raise Conflict(
+                f"claim {claim_id} has no result: it is {claim.state}"
+                + (f" ({claim.reason})" if claim.reason else ""),
+                code="no_result",
+                details={"claim_id": claim_id, "state": claim.state},
+            )
+        result = self.objects.get_json(claim.result_key)
+        return {"claim_id": claim_id, "summary": claim.summary, "results": result.get("results", [])}
+
+    def cancel_claim(
+        self, who: Caller, claim_id: str, *, idempotency_key: str | None = None
+    ) -> d.ClaimRecord:
+        """End a live claim ``cancelled``. With an Idempotency-Key, a replay of the cancel that
+        ended it (its stamp is kept on the claim, written with the end) is answered with the
+        claim, as the first attempt was; another cancel of an ended claim is 409."""
+        key = requests.check_key(idempotency_key)
+        stamp = requests.stamp(
+            requests.request_id(who.principal, key) if key else None, f"cancel\0{claim_id}"
+        )
+        claim = self._claim_for(who, claim_id)
+        if requests.is_replay(claim.cancel_request, stamp, "claim cancel"):
+            return claim
+        now = self.clock.now()
+        # cancelled while queued: its message stays on the queue until a worker receives and
+        # deletes it unrun; meanwhile the scaler does not count it (pending_discards). The
+        # entry is dated when the message was sent (the claim's submission): SQS's retention
+        # counts from then, not from the cancel, and an entry outliving its message would
+        # hold a real claim back.
+        sent = _epoch(claim.submitted_at)
+        changed = self._end(
+            claim.pool,
+            claim_id,
+            {
+                "state": d.CANCELLED,
+                "finished_at": _iso(now),
+                "reason": f"cancelled by {who.principal}",
+                "cancel_request": stamp,
+            },
+            discard_at=sent,
+        )
+        if changed is None:
+            again = self.store.get_claim(claim_id)
+            if again is not None and requests.is_replay(again.cancel_request, stamp, "claim cancel"):
+                return again  # a racing attempt of this cancel ended it
+            raise Conflict(
+                f"claim {claim_id} is already {self.store.get_claim(claim_id).state if claim else 'gone'}",  # type: ignore[union-attr]
+                code="claim_finished",
+                details={"claim_id": claim_id},
+            )
+        return changed
