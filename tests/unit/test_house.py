@@ -41,6 +41,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tenancy", ("calque.tenancy",)),
     ("accounting", ("calque.accounting",)),
     ("simulate", ("calque.simulate",)),
+    # Each room's wiring.py is its composition root: it plugs the room's domain into its
+    # adapters and into the rooms it needs (the pools into the fleet, the fleet into tenancy's
+    # hosts), so it sits above every room, below what calls it.
+    ("wiring", ()),
     ("local plane", ("calque.local",)),
     ("sdk and cli", ("calque.cli", "calque.sdk", "calque.__main__", "calque")),
     ("entry points", ("functions", "infra")),
@@ -71,6 +75,8 @@ def _owner(name: str, candidates: tuple[str, ...]) -> str | None:
 
 
 def layer_of(module: str) -> int:
+    if module.startswith("calque.") and module.rsplit(".", 1)[-1] == "wiring":
+        return next(i for i, (name, _) in enumerate(LAYERS) if name == "wiring")
     prefixes = tuple(p for _, ps in LAYERS for p in ps)
     owner = _owner(module, prefixes)
     assert owner is not None, f"{module} belongs to no layer of tests/unit/test_house.py: add it"
