@@ -95,9 +95,9 @@ class Backend:
 
 def seed_hosts(backend: Backend, count: int, start: int) -> None:
     """``count`` ready hosts with 4 free 1g.24gb slices each, through the registry adapter."""
-    from calque.accounting.shares import slice_shares
     from calque.catalog import planner
     from calque.contracts.layout import parse_layout
+    from calque.members.shares import slice_shares
     from calque.registry.dynamo import DynamoRegistry
     from calque.registry.models import HostRecord, SliceRecord
 

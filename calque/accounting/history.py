@@ -27,10 +27,10 @@ from typing import Any
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
-from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
 from calque.fleet.rates import schedule_of
 from calque.fleet.records import InstanceRate
+from calque.members.shares import slice_shares
 from calque.registry.models import SessionRecord
 from calque.registry.ports import Registry
 

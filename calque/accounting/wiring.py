@@ -31,8 +31,8 @@ def api_usage() -> Usage:
 
 
 def api_groups() -> Any:
+    from calque.members.groups import Groups
     from calque.registry.dynamo import DynamoRegistry
-    from calque.tenancy.groups import Groups
     from calque.tenancy.service import utcnow
 
     s = api_settings()

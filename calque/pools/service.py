@@ -42,6 +42,7 @@ from calque.errors import (
     idempotency_key_reused,
 )
 from calque.identity import Caller
+from calque.members import requests
 from calque.pools import domain as d
 from calque.pools.ports import (
     Capacity,
@@ -72,7 +73,6 @@ from calque.pools.scaler import (
     waiting_cancelled,
     whole_instances,
 )
-from calque.tenancy import requests
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates
@@ -192,7 +192,7 @@ class Pools:
         self.config = config or PoolsConfig()
         # None: workers are started some other way (the unit tests' simulated workers).
         self.starter = starter
-        # The registry's groups (calque.tenancy.groups): a claim is charged to one. None: no groups.
+        # The registry's groups (calque.members.groups): a claim is charged to one. None: no groups.
         self.groups = groups
         # The rates the fleet recorded for a spot instance (launch, changes): what a claim is charged
         # at. None: catalog rates only.
@@ -632,8 +632,8 @@ class Pools:
             if requested is not None:
                 raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
             return None
-        from calque.tenancy import limits
-        from calque.tenancy.groups import member_group
+        from calque.members import limits
+        from calque.members.groups import member_group
 
         quota, mine = self.groups.quota_and_groups(who.principal)
         g = member_group(self.groups, who.principal, requested, mine)

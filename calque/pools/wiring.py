@@ -71,9 +71,9 @@ class _LazySigV4S3:
 
 
 def pools() -> Pools:
+    from calque.members.store import DynamoMembers
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
-    from calque.registry.dynamo import DynamoRegistry
     from calque.registry.fleet import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
 
@@ -92,7 +92,7 @@ def pools() -> Pools:
             default_max_sessions=s.default_max_sessions,
         ),
         starter=_starter(s),
-        groups=DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        groups=DynamoMembers(aws.client("dynamodb"), s.table_name),
         rates=DynamoFleetStore(aws.client("dynamodb"), s.table_name),
     )
 

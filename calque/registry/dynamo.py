@@ -10,37 +10,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from calque.dynamo import cancellation_reasons, des, error_code, expr_values, ser, serialize_value
+from calque.dynamo import cancellation_reasons, des, error_code, expr_values, ser
+from calque.members.counters import settlement
+from calque.members.ports import AlreadyExists, GroupFull, QuotaFull, Reservation, StaleWrite
+from calque.members.records import QuotaRecord
+from calque.members.store import DynamoMembers
 from calque.registry import keys, spread
-from calque.registry.groups import DynamoGroups, GroupFull
 from calque.registry.models import (
     HostRecord,
     HostState,
     LeaseEvent,
-    QuotaRecord,
     RequestRecord,
     SessionRecord,
     SliceRecord,
-    use_of,
 )
-from calque.registry.ports import (
-    AlreadyExists,
-    HostNotReady,
-    Limits,
-    LimitsChanged,
-    QuotaFull,
-    Replayed,
-    Reservation,
-    SessionEnd,
-    SliceTaken,
-    StaleWrite,
-    micro,
-)
+from calque.registry.ports import HostNotReady, Replayed, SessionEnd, SliceTaken
 
 if TYPE_CHECKING:  # a deregistration's record: calque.registry.retired
     from calque.registry.retired import RetiredHost
@@ -60,112 +49,7 @@ _log = logging.getLogger(__name__)
 ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
 
 
-LIMIT_ATTRS = (("ugh", "max_gpu_hours_per_month"), ("musd", "max_usd_per_month"))
-
-
-def reserve_terms(res: Reservation, limits: Limits) -> tuple[list[str], str, dict[str, str], dict[str, Any]]:
-    """SET clauses adding a reservation to a counter item's month, and the condition that it
-    fits each limit: the limit still as read (none: still none) and ``committed <= limit - ask``,
-    which is ``committed + ask <= limit`` (conditions cannot add). Plain values, ':'-named."""
-    sets: list[str] = []
-    conds: list[str] = []
-    names: dict[str, str] = {}
-    values: dict[str, Any] = {":zero": 0}
-    for (unit, attr), read, ask in zip(
-        LIMIT_ATTRS, (limits.gpu_hours, limits.usd), (res.ugh, res.musd), strict=True
-    ):
-        c = f"#c_{unit}"
-        names[c] = keys.use_attr("committed", unit, res.month)
-        values[f":a_{unit}"] = ask
-        sets.append(f"{c} = if_not_exists({c}, :zero) + :a_{unit}")
-        if read is None:
-            conds.append(f"attribute_not_exists({attr})")
-            continue
-        values[f":l_{unit}"] = read
-        cap = micro(read) - ask
-        if cap < 0:  # the ask alone is over the limit: a condition that cannot hold
-            conds.append(f"{attr} = :l_{unit} AND attribute_not_exists({attr})")
-            continue
-        values[f":cap_{unit}"] = cap
-        conds.append(f"{attr} = :l_{unit} AND (attribute_not_exists({c}) OR {c} <= :cap_{unit})")
-    return sets, " AND ".join(f"({c})" for c in conds), names, values
-
-
-def settle_terms(month: str, settle: dict[str, int]) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """ADD clauses of a settlement (committed_ugh=-40, settled_ugh=60, ...) to ``month``."""
-    adds: list[str] = []
-    names: dict[str, str] = {}
-    values: dict[str, Any] = {}
-    for n, (name, delta) in enumerate(settle.items()):
-        state, unit = name.split("_")
-        names[f"#s{n}"] = keys.use_attr(state, unit, month)
-        values[f":s{n}"] = delta
-        adds.append(f"#s{n} :s{n}")
-    return ", ".join(adds), names, values
-
-
-def settlement(session: SessionRecord, used_ugh: int, used_musd: int) -> dict[str, int]:
-    """What an end adds to its month: the reservation replaced by what was used."""
-    return {
-        "committed_ugh": used_ugh - session.reserved_ugh,
-        "committed_musd": used_musd - session.reserved_musd,
-        "settled_ugh": used_ugh,
-        "settled_musd": used_musd,
-    }
-
-
-def write_limits(
-    client: Any,
-    table: str,
-    key: dict[str, str],
-    limits: dict[str, Any],
-    *,
-    also: dict[str, Any],
-    if_version: int | None,
-    request: str | None,
-    condition: str | None = None,
-) -> dict[str, Any]:
-    """One update of a member's quota or a group's limits (``limits``: None removes one; ``also``:
-    more attributes set), bumping their version and keeping ``request`` as the last write's;
-    with ``if_version``, only while the stored version is that one (an absent item or
-    attribute is 0), else LimitsChanged. The item as written."""
-    sets, removes, names, values = [], [], {"#ver": "version"}, {":zero": 0, ":one": 1}
-    for n, (attr, value) in enumerate({**limits, "limits_request": request, **also}.items()):
-        names[f"#l{n}"] = attr
-        if value is None:
-            removes.append(f"#l{n}")
-        else:
-            sets.append(f"#l{n} = :l{n}")
-            values[f":l{n}"] = value
-    # the live-session counter is kept (a first check-out may have made the item), 0 if new
-    sets += ["#ver = if_not_exists(#ver, :zero) + :one", "live = if_not_exists(live, :zero)"]
-    conditions = [condition] if condition else []
-    if if_version is not None:
-        conditions.append("#ver = :v" if if_version else "(attribute_not_exists(#ver) OR #ver = :v)")
-        values[":v"] = if_version
-    kw = {"ConditionExpression": " AND ".join(conditions)} if conditions else {}
-    try:
-        out = client.update_item(
-            TableName=table,
-            Key=ser(key),
-            UpdateExpression="SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else ""),
-            ExpressionAttributeNames=names,
-            ExpressionAttributeValues={k: serialize_value(v) for k, v in values.items()},
-            ReturnValues="ALL_NEW",
-            **kw,
-        )
-    except ClientError as exc:
-        if error_code(exc) == "ConditionalCheckFailedException":
-            raise LimitsChanged(key["pk"]) from None
-        raise
-    return des(out["Attributes"])
-
-
-def _quota(item: dict[str, Any]) -> QuotaRecord:
-    return QuotaRecord.model_validate({**item, "use": use_of(item)})
-
-
-class DynamoRegistry(DynamoGroups):
+class DynamoRegistry(DynamoMembers):
     @staticmethod
     def _put_event(event: LeaseEvent) -> dict[str, Any]:
         item = {
@@ -577,7 +461,6 @@ class DynamoRegistry(DynamoGroups):
         event: LeaseEvent,
         request: RequestRecord | None = None,
     ) -> None:
-        sets, limits, names, values = reserve_terms(reservation, reservation.user)
         # The client request goes first: its reason is then always the first one read.
         first: list[dict[str, Any]] = []
         if request is not None:
@@ -626,31 +509,7 @@ class DynamoRegistry(DynamoGroups):
                     "ConditionExpression": "attribute_not_exists(pk)",
                 }
             },
-            {
-                "Update": {
-                    "Key": ser(keys.quota(session.user)),
-                    "UpdateExpression": (
-                        "SET live = if_not_exists(live, :zero) + :one, "
-                        "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t, "
-                        + ", ".join(sets)
-                    ),
-                    # The quota is the transaction's own condition: live sessions below the
-                    # maximum, and the reservation within each monthly limit as read.
-                    "ConditionExpression": (
-                        f"(attribute_not_exists(live) OR live < max_sessions) AND {limits}"
-                    ),
-                    "ExpressionAttributeNames": {"#user": "user", "#type": "type", **names},
-                    "ExpressionAttributeValues": ser(
-                        {
-                            **values,
-                            ":one": 1,
-                            ":dflt": default_max_sessions,
-                            ":user": session.user,
-                            ":t": "quota",
-                        }
-                    ),
-                }
-            },
+            self._quota_take_item(session.user, reservation, default_max_sessions=default_max_sessions),
             self._put_event(event),
         ]
         if session.group is not None:
@@ -744,8 +603,9 @@ class DynamoRegistry(DynamoGroups):
             reserved_ugh=session.reserved_ugh,
             reserved_musd=session.reserved_musd,
         )
-        settle = settlement(session, used_ugh, used_musd)
-        adds, settle_names, settle_values = settle_terms(month, settle)
+        settle = settlement(
+            used_ugh, used_musd, reserved_ugh=session.reserved_ugh, reserved_musd=session.reserved_musd
+        )
         update = (
             "SET #state = :ended, ended_at = :at, end_reason = :reason, ended_by = :by, gc_at = :gc, "
             "user_sk = :usk"
@@ -793,15 +653,7 @@ class DynamoRegistry(DynamoGroups):
                     ),
                 }
             },
-            {
-                "Update": {
-                    "Key": ser(keys.quota(session.user)),
-                    "UpdateExpression": f"SET live = live - :one ADD {adds}",
-                    "ConditionExpression": "live > :zero",
-                    "ExpressionAttributeNames": settle_names,
-                    "ExpressionAttributeValues": ser({":one": 1, ":zero": 0, **settle_values}),
-                }
-            },
+            self._quota_release_item(session.user, month, settle),
             self._put_event(event),
         ]
         if session.group is not None:
@@ -960,18 +812,7 @@ class DynamoRegistry(DynamoGroups):
             self._put_event(event),
         ]
         if reservation is not None:
-            sets, limits, names, plain = reserve_terms(reservation, reservation.user)
-            items.append(
-                {
-                    "Update": {
-                        "Key": ser(keys.quota(session.user)),
-                        "UpdateExpression": "SET " + ", ".join(sets),
-                        "ConditionExpression": limits,
-                        "ExpressionAttributeNames": names,
-                        "ExpressionAttributeValues": ser(plain),
-                    }
-                }
-            )
+            items.append(self._quota_take_item(session.user, reservation, default_max_sessions=None))
             if session.group is not None:
                 items.append(self._group_take_item(session.group, reservation, count=False))
         try:
@@ -1018,76 +859,18 @@ class DynamoRegistry(DynamoGroups):
             raise
         return True
 
-    # -- quotas ---------------------------------------------------------------------------
-    def _items(self, *wanted_keys: dict[str, str]) -> dict[tuple[str, str], dict[str, Any]]:
-        """Items by their key (pk, sk), in one consistent batch read."""
-        wanted = [ser(k) for k in wanted_keys]
-        found: dict[tuple[str, str], dict[str, Any]] = {}
-        while wanted:
-            out = self.client.batch_get_item(
-                RequestItems={self.table: {"Keys": wanted, "ConsistentRead": True}}
-            )
-            for raw in out.get("Responses", {}).get(self.table, []):
-                item = des(raw)
-                found[(item["pk"], item["sk"])] = item
-            wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
-        return found
-
-    def get_quota(self, user: str) -> QuotaRecord | None:
-        q = self._get(keys.quota(user))
-        return _quota(q) if q else None
-
+    # -- quotas (the rest: calque.members.store.DynamoMembers) -----------------------------
     def quota_and_groups(
         self, user: str, *, profile: tuple[str, str] | None = None
     ) -> tuple[QuotaRecord | None, dict[str, datetime]]:
-        from calque.registry.groups import membership_key
-
-        quota_key, groups_key = keys.quota(user), membership_key(user)
         # the profile's sizes too while this container knows none: one round trip fewer
         profile_key = (
             keys.profile(*profile) if profile is not None and self._known_profile(*profile) is None else None
         )
-        found = self._items(quota_key, groups_key, *([profile_key] if profile_key else []))
-
-        def item(key: dict[str, str]) -> dict[str, Any] | None:
-            return found.get((key["pk"], key["sk"]))
-
+        quota, groups, found = self._quota_groups_and(user, *([profile_key] if profile_key else []))
         if profile is not None and profile_key is not None:
-            self._remember_profile(*profile, item(profile_key))
-        q = item(quota_key)
-        groups = {
-            k[2:]: datetime.strptime(v, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            for k, v in (item(groups_key) or {}).items()
-            if k.startswith("g_")
-        }
-        return (_quota(q) if q else None), groups
-
-    def put_quota(
-        self,
-        user: str,
-        *,
-        max_sessions: int,
-        max_gpu_hours_per_month: float | None,
-        by: str,
-        at: datetime,
-        max_usd_per_month: float | None = None,
-        if_version: int | None = None,
-        request: str | None = None,
-    ) -> QuotaRecord:
-        item = write_limits(
-            self.client,
-            self.table,
-            keys.quota(user),
-            {
-                "max_sessions": max_sessions,
-                "max_gpu_hours_per_month": max_gpu_hours_per_month,
-                "max_usd_per_month": max_usd_per_month,
-            },
-            also={"user": user, "updated_by": by, "updated_at": at, "explicit": True, "type": "quota"},
-            if_version=if_version,
-            request=request,
-        )
-        return _quota(item)
+            self._remember_profile(*profile, found.get((profile_key["pk"], profile_key["sk"])))
+        return quota, groups
 
     # -- the record -----------------------------------------------------------------------
     def events_on(self, day: str) -> list[LeaseEvent]:
@@ -1095,57 +878,6 @@ class DynamoRegistry(DynamoGroups):
             KeyConditionExpression="pk = :pk", ExpressionAttributeValues=expr_values(pk=f"EVENTS#{day}")
         )
         return [LeaseEvent.model_validate(i) for i in items]
-
-    # -- pool claims ----------------------------------------------------------------------
-    def claim_use_items(self, use: Any, *, default_max_sessions: int) -> list[dict[str, Any]]:
-        """Transaction items (without TableName) adding what an ended claim used
-        (calque.pools.domain.ClaimUse) to its member's month (the quota item's settled
-        counters) and, when it has one, its group's: the pool store puts them in the transaction that
-        records the claim's end, so an end written twice never counts twice. A member with no
-        quota item gets the counter item a first check-out would create."""
-        from calque.registry.groups import group_key
-
-        settle = {
-            "committed_ugh": use.ugh,
-            "committed_musd": use.musd,
-            "settled_ugh": use.ugh,
-            "settled_musd": use.musd,
-        }
-        adds, names, values = settle_terms(use.month, settle)
-        items: list[dict[str, Any]] = [
-            {
-                "Update": {
-                    "Key": ser(keys.quota(use.user)),
-                    "UpdateExpression": (
-                        "SET live = if_not_exists(live, :zero), "
-                        "max_sessions = if_not_exists(max_sessions, :dflt), #user = :user, #type = :t "
-                        f"ADD {adds}"
-                    ),
-                    "ExpressionAttributeNames": {"#user": "user", "#type": "type", **names},
-                    "ExpressionAttributeValues": ser(
-                        {
-                            ":zero": 0,
-                            ":dflt": default_max_sessions,
-                            ":user": use.user,
-                            ":t": "quota",
-                            **values,
-                        }
-                    ),
-                }
-            },
-        ]
-        if use.group is not None:
-            items.append(
-                {
-                    "Update": {
-                        "Key": ser(group_key(use.group)),
-                        "UpdateExpression": f"ADD {adds}",
-                        "ExpressionAttributeNames": names,
-                        "ExpressionAttributeValues": ser(values),
-                    }
-                }
-            )
-        return items
 
 
 class SqsHostTaskQueue:

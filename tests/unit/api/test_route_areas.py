@@ -136,7 +136,7 @@ def test_what_a_check_out_runs_declares_none_of_the_models_only_other_requests_b
         "priced = str(rates.rate_of('g7e.2xlarge', None)[0])\n"
         "wanted = ['calque.contracts.hosts', 'calque.contracts.quotas', 'calque.contracts.layout',\n"
         "          'calque.registry.retired', 'calque.settings.functions', 'calque.catalog.planner',\n"
-        "          'calque.accounting.shares', 'calque.catalog.models']\n"
+        "          'calque.members.shares', 'calque.catalog.models']\n"
         "print(json.dumps({'loaded': [m for m in wanted if m in sys.modules], 'priced': priced}))\n"
     )
     # Then it was priced, and the hosts', quotas' and layouts' contracts, a deregistered host's

@@ -6,9 +6,10 @@ import pytest
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import Conflict, Forbidden, QuotaExceeded
+from calque.members.ports import Limits, QuotaFull, Reservation, StaleWrite
 from calque.registry import dynamo
 from calque.registry.models import LeaseEvent
-from calque.registry.ports import Limits, QuotaFull, Reservation, SliceTaken, StaleWrite
+from calque.registry.ports import SliceTaken
 from calque.tenancy.service import hash_token
 from tests.unit.tenancy.conftest import ADMIN, World, member
 

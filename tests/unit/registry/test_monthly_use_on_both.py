@@ -10,10 +10,10 @@ import pytest
 from calque.contracts.economics import GroupCreate
 from calque.contracts.quotas import QuotaUpdate
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
-from calque.errors import QuotaExceeded
-from calque.registry import keys
 from calque.dynamo import ser
-from calque.tenancy.groups import Groups
+from calque.errors import QuotaExceeded
+from calque.members.groups import Groups
+from calque.registry import keys
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit
