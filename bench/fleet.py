@@ -44,10 +44,10 @@ def seed(count: int, *, ddb: Any, ec2: Any, table: str, tenancy: Any, subnets: A
     from datetime import UTC, datetime
 
     from calque.contracts.hosts import HostRegistration
+    from calque.dynamo import ser
     from calque.fleet.records import AcquisitionRecord, musd
     from calque.fleet.service import managed_tags
     from calque.fleet.tenancy_hosts import FLEET_CALLER
-    from calque.dynamo import ser
     from calque.registry.fleet import _acq_key, _budget_key, _instance_key
 
     now = datetime.now(UTC).replace(microsecond=0)
@@ -143,9 +143,9 @@ def run(size: int) -> dict[str, Any]:
     from calque.identity import Caller
     from calque.local.bootstrap import create_registry_table
     from calque.local.fleet import default_subnets
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.registry.fleet import DynamoFleetStore
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     admin = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)
     with mock_aws():

@@ -31,8 +31,8 @@ from calque.errors import InvalidInput
 from calque.fleet.rates import schedule_of
 from calque.fleet.records import InstanceRate
 from calque.members.shares import slice_shares
-from calque.registry.models import SessionRecord
-from calque.registry.ports import Registry
+from calque.tenancy.store.models import SessionRecord
+from calque.tenancy.store.ports import Registry
 
 _GPU = re.compile(r"^g(\d+)-")
 

@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 
 def api_usage() -> Usage:
     from calque.accounting.service import Usage
-    from calque.registry.dynamo import DynamoRegistry
     from calque.registry.fleet import DynamoFleetStore
     from calque.registry.pools import DynamoPoolStore
     from calque.tenancy.service import utcnow
+    from calque.tenancy.store.dynamo import DynamoRegistry
 
     s = api_settings()
     return Usage(
@@ -32,8 +32,8 @@ def api_usage() -> Usage:
 
 def api_groups() -> Any:
     from calque.members.groups import Groups
-    from calque.registry.dynamo import DynamoRegistry
     from calque.tenancy.service import utcnow
+    from calque.tenancy.store.dynamo import DynamoRegistry
 
     s = api_settings()
     return Groups(DynamoRegistry(aws.client("dynamodb"), s.table_name), clock=utcnow)

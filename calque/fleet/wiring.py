@@ -22,9 +22,9 @@ def fleet() -> Fleet:
     from calque.fleet.ports import Subnet
     from calque.fleet.service import Fleet, FleetConfig
     from calque.fleet.tenancy_hosts import TenancyHosts
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.registry.fleet import DynamoFleetStore
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     s = fleet_settings()
     ddb = aws.client("dynamodb")

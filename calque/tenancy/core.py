@@ -32,8 +32,8 @@ from calque.identity import Caller
 from calque.members import limits
 from calque.members.ports import StaleWrite
 from calque.members.records import QuotaRecord
-from calque.registry.models import HostRecord, LeaseEvent, SessionRecord
-from calque.registry.ports import HostTaskQueue, Registry, SessionEnd
+from calque.tenancy.store.models import HostRecord, LeaseEvent, SessionRecord
+from calque.tenancy.store.ports import HostTaskQueue, Registry, SessionEnd
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates

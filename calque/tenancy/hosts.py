@@ -12,8 +12,8 @@ from calque.errors import Conflict, InvalidInput
 from calque.identity import Caller
 from calque.members import requests
 from calque.members.ports import AlreadyExists, StaleWrite
-from calque.registry.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
 from calque.tenancy.core import TenancyCore, _grant
+from calque.tenancy.store.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
 
 # The host contracts (calque.contracts.hosts) are imported where they are built: the Tenancy
 # service mixes this class in, and every request's cold start would otherwise declare them.

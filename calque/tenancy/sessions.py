@@ -28,9 +28,9 @@ from calque.identity import Caller
 from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, QuotaFull, StaleWrite
 from calque.members.records import GroupRecord, QuotaRecord
-from calque.registry.models import RequestRecord, SessionRecord, SliceRecord
-from calque.registry.ports import Replayed, SliceTaken
 from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token, session_started
+from calque.tenancy.store.models import RequestRecord, SessionRecord, SliceRecord
+from calque.tenancy.store.ports import Replayed, SliceTaken
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates

@@ -47,8 +47,8 @@ def events_publisher(bus: str) -> EventBridgePublisher:
 
 
 def api_tenancy() -> Tenancy:
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy, TenancyConfig
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     s = api_settings()
     ddb = aws.client("dynamodb")
@@ -76,8 +76,8 @@ def api_instances() -> Ec2Instances:
 
 
 def reaper_tenancy() -> Tenancy:
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy, TenancyConfig
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     s = reaper_settings()
     ddb = aws.client("dynamodb")

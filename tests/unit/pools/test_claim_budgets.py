@@ -24,10 +24,10 @@ from calque.errors import Conflict, QuotaExceeded
 from calque.members.groups import Groups
 from calque.members.records import month_use
 from calque.pools.domain import PoolInstanceRecord
-from calque.registry.dynamo import DynamoRegistry
-from calque.registry.memory import MemoryQueue, MemoryRegistry
 from calque.registry.pools import DynamoPoolStore
 from calque.tenancy.service import Tenancy
+from calque.tenancy.store.dynamo import DynamoRegistry
+from calque.tenancy.store.memory import MemoryQueue, MemoryRegistry
 from tests.unit.pools.fakes import ADMIN, World, member
 from tests.unit.pools.test_pools_service import create, report, start_worker
 from tests.unit.registry.moto_table import create_registry_table

@@ -13,7 +13,7 @@ from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.dynamo import ser
 from calque.errors import QuotaExceeded
 from calque.members.groups import Groups
-from calque.registry import keys
+from calque.tenancy.store import keys
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

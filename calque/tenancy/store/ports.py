@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from calque.members.ports import MemberStore, Reservation, StaleWrite
 from calque.members.records import QuotaRecord
-from calque.registry.models import (
+from calque.tenancy.store.models import (
     HostRecord,
     HostState,
     LeaseEvent,
@@ -22,8 +22,8 @@ from calque.registry.models import (
     SliceRecord,
 )
 
-if TYPE_CHECKING:  # a deregistration's record: calque.registry.retired
-    from calque.registry.retired import RetiredHost
+if TYPE_CHECKING:  # a deregistration's record: calque.tenancy.store.retired
+    from calque.tenancy.store.retired import RetiredHost
 
 
 class SliceTaken(StaleWrite):

@@ -21,7 +21,7 @@ Sparse indexes (an item is in an index only while it carries that index's keys):
                  only free slices of hosts that accept sessions: the first hit >= a floor is the best fit.
                  <spread> (4 hex digits, a hash of instance and slice) scatters one size's slices
                  over the key space, so racing check-outs that start reading at different
-                 random spreads read different slices (calque.registry.spread).
+                 random spreads read different slices (calque.tenancy.store.spread).
     by_user      user_pk = USER#<user>      user_sk = L|E#<created iso>#<session_id>   every session:
                  L while live, E once ended, so a user's live (or ended) sessions are one prefix
                  user_pk = FLEET            user_sk = HOST#<instance> (host), HOST#<instance>#SLICE#<slice>

@@ -9,8 +9,8 @@ from datetime import datetime
 from calque.members.counters import settlement
 from calque.members.memory import MemoryMembers
 from calque.members.ports import AlreadyExists, Reservation, StaleWrite
-from calque.registry import keys, spread
-from calque.registry.models import (
+from calque.tenancy.store import keys, spread
+from calque.tenancy.store.models import (
     HostRecord,
     HostState,
     LeaseEvent,
@@ -18,8 +18,8 @@ from calque.registry.models import (
     SessionRecord,
     SliceRecord,
 )
-from calque.registry.ports import Replayed, SessionEnd, SliceTaken
-from calque.registry.retired import RetiredHost
+from calque.tenancy.store.ports import Replayed, SessionEnd, SliceTaken
+from calque.tenancy.store.retired import RetiredHost
 
 
 class MemoryRegistry(MemoryMembers):
