@@ -12,9 +12,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from calque.dynamo import error_code, expr_values, ser
-from calque.members.counters import settlement
 from calque.members.ports import StaleWrite
-from calque.tenancy.store import keys
+from calque.tenancy.store import keys, rules
 from calque.tenancy.store.dynamo_base import DynamoBase
 from calque.tenancy.store.models import LeaseEvent, SessionRecord
 from calque.tenancy.store.ports import SessionEnd
@@ -26,68 +25,40 @@ ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
 
 
 class DynamoEnding(DynamoBase):
-    def _end_items(
-        self,
-        session: SessionRecord,
-        *,
-        at: datetime,
-        reason: str,
-        by: str,
-        note: str | None,
-        token_hash: str | None,
-        expired_by: datetime | None,
-        month: str,
-        event: LeaseEvent,
-        request_id: str | None = None,
-        used_ugh: int = 0,
-        used_musd: int = 0,
-    ) -> list[dict[str, Any]]:
-        # The reservation it settles must still be the one read (an extend adds to it).
-        cond = "#state = :live AND fence = :fence"
-        for attr in ("reserved_ugh", "reserved_musd"):
-            if getattr(session, attr):
-                cond += f" AND {attr} = :{attr}"
-            else:
-                cond += f" AND (attribute_not_exists({attr}) OR {attr} = :{attr})"
-        values = expr_values(
-            live="live",
-            fence=session.fence,
-            ended="ended",
-            at=at,
-            reason=reason,
-            by=by,
-            gc=int(at.timestamp()) + ENDED_SESSION_RETENTION_S,
-            usk=keys.user_sk(session.created_at, session.session_id, live=False),
-            reserved_ugh=session.reserved_ugh,
-            reserved_musd=session.reserved_musd,
-        )
-        settle = settlement(
-            used_ugh, used_musd, reserved_ugh=session.reserved_ugh, reserved_musd=session.reserved_musd
-        )
+    def _end_items(self, end: SessionEnd) -> list[dict[str, Any]]:
+        session, at = end.session, end.at
+        cond, names, cond_values = rules.expression(rules.end_conditions(end))
+        values = {
+            **expr_values(
+                ended="ended",
+                at=at,
+                reason=end.reason,
+                by=end.by,
+                gc=int(at.timestamp()) + ENDED_SESSION_RETENTION_S,
+                usk=keys.user_sk(session.created_at, session.session_id, live=False),
+            ),
+            **ser(cond_values),
+        }
+        settle = end.settle()
         update = (
             "SET #state = :ended, ended_at = :at, end_reason = :reason, ended_by = :by, gc_at = :gc, "
             "user_sk = :usk"
         )
-        if note is not None:
+        if end.note is not None:
             update += ", end_note = :note"
-            values.update(expr_values(note=note))
-        if request_id is not None:
+            values.update(expr_values(note=end.note))
+        if end.request_id is not None:
             update += ", end_request = :rq"
-            values.update(expr_values(rq=request_id))
-        if token_hash is not None:
-            cond += " AND token_hash = :th"
-            values.update(expr_values(th=token_hash))
-        if expired_by is not None:
-            cond += " AND expires_epoch <= :cutoff"
-            values.update(expr_values(cutoff=int(expired_by.timestamp())))
+            values.update(expr_values(rq=end.request_id))
         update += " REMOVE expiry_pk, expiry_sk"
+        held, held_names, held_values = rules.expression(rules.slice_held_conditions(session))
         items = [
             {
                 "Update": {
                     "Key": ser(keys.session(session.session_id)),
                     "UpdateExpression": update,
                     "ConditionExpression": cond,
-                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ExpressionAttributeNames": {"#state": "state", **names},
                     "ExpressionAttributeValues": values,
                 }
             },
@@ -98,24 +69,24 @@ class DynamoEnding(DynamoBase):
                         "SET #state = :reclaiming, state_since = :at, expiry_pk = :epk, expiry_sk = :esk "
                         "REMOVE holder, session_id"
                     ),
-                    "ConditionExpression": "#state = :held AND session_id = :sid AND fence = :fence",
-                    "ExpressionAttributeNames": {"#state": "state"},
-                    "ExpressionAttributeValues": expr_values(
-                        reclaiming="reclaiming",
-                        held="held",
-                        sid=session.session_id,
-                        fence=session.fence,
-                        at=at,
-                        epk=keys.RECLAIMING,
-                        esk=keys.reclaiming_sk(at, session.instance_id, session.slice_id),
-                    ),
+                    "ConditionExpression": held,
+                    "ExpressionAttributeNames": {"#state": "state", **held_names},
+                    "ExpressionAttributeValues": {
+                        **expr_values(
+                            reclaiming="reclaiming",
+                            at=at,
+                            epk=keys.RECLAIMING,
+                            esk=keys.reclaiming_sk(at, session.instance_id, session.slice_id),
+                        ),
+                        **ser(held_values),
+                    },
                 }
             },
-            self._quota_release_item(session.user, month, settle),
-            self._put_event(event),
+            self._quota_release_item(session.user, end.month, settle),
+            self._put_event(end.event),
         ]
         if session.group is not None:
-            items.append(self._group_release_item(session.group, month, settle))
+            items.append(self._group_release_item(session.group, end.month, settle))
         return items
 
     def end_session(
@@ -134,7 +105,7 @@ class DynamoEnding(DynamoBase):
         used_ugh: int = 0,
         used_musd: int = 0,
     ) -> SessionRecord:
-        items = self._end_items(
+        end = SessionEnd(
             session,
             at=at,
             reason=reason,
@@ -149,21 +120,12 @@ class DynamoEnding(DynamoBase):
             used_musd=used_musd,
         )
         try:
-            self._transact(items)
+            self._transact(self._end_items(end))
         except ClientError as exc:
             if error_code(exc) == "TransactionCanceledException":
                 raise StaleWrite(session.session_id) from None
             raise
-        return session.model_copy(
-            update={
-                "state": "ended",
-                "ended_at": at,
-                "end_reason": reason,
-                "ended_by": by,
-                "end_note": note,
-                "end_request": request_id,
-            }
-        )
+        return end.ended()
 
     def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
         # Up to 100 items (DynamoDB's limit: 4 or 5 a session) per transaction, no user or
@@ -179,7 +141,7 @@ class DynamoEnding(DynamoBase):
             groups: set[str] = set()
             for end in pending:
                 group = end.session.group
-                mine = self._end_items(**end.arguments())
+                mine = self._end_items(end)
                 if (
                     len(items) + len(mine) <= 100
                     and end.session.user not in users

@@ -10,7 +10,7 @@ from botocore.exceptions import ClientError
 
 from calque.dynamo import cancellation_reasons, error_code, expr_values, ser
 from calque.members.ports import GroupFull, QuotaFull, Reservation, StaleWrite
-from calque.tenancy.store import keys
+from calque.tenancy.store import keys, rules
 from calque.tenancy.store.dynamo_base import DynamoBase
 from calque.tenancy.store.models import LeaseEvent, RequestRecord, SessionRecord
 
@@ -63,16 +63,17 @@ class DynamoSessions(DynamoBase):
         request_id: str | None = None,
         reservation: Reservation | None = None,
     ) -> SessionRecord:
-        old = int(session.expires_at.timestamp())
-        values = expr_values(
-            exp=expires_at,
-            epoch=int(expires_at.timestamp()),
-            esk=keys.expiry_sk(expires_at, session.session_id),
-            live="live",
-            th=token_hash,
-            old=old,
-            now=int(now.timestamp()),
+        cond, names, cond_values = rules.expression(
+            rules.extend_conditions(session, token_hash=token_hash, now=now)
         )
+        values = {
+            **expr_values(
+                exp=expires_at,
+                epoch=int(expires_at.timestamp()),
+                esk=keys.expiry_sk(expires_at, session.session_id),
+            ),
+            **ser(cond_values),
+        }
         update = "SET expires_at = :exp, expires_epoch = :epoch, expiry_sk = :esk"
         if request_id is not None:
             update += ", extend_request = :rq"
@@ -93,11 +94,8 @@ class DynamoSessions(DynamoBase):
                 "Update": {
                     "Key": ser(keys.session(session.session_id)),
                     "UpdateExpression": update,
-                    "ConditionExpression": (
-                        "#state = :live AND token_hash = :th AND expires_epoch = :old "
-                        "AND expires_epoch > :now"
-                    ),
-                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ConditionExpression": cond,
+                    "ExpressionAttributeNames": names,
                     "ExpressionAttributeValues": values,
                 }
             },
@@ -123,7 +121,8 @@ class DynamoSessions(DynamoBase):
     def set_host_access(
         self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None
     ) -> bool:
-        values = expr_values(live="live", fence=session.fence, ha=state)
+        cond, names, cond_values = rules.expression(rules.live_at_fence(session))
+        values = {**expr_values(ha=state), **ser(cond_values)}
         update = "SET host_access = :ha"
         if reason is not None:
             update += ", host_access_reason = :why"
@@ -135,8 +134,8 @@ class DynamoSessions(DynamoBase):
                 "Update": {
                     "Key": ser(keys.session(session.session_id)),
                     "UpdateExpression": update,
-                    "ConditionExpression": "#state = :live AND fence = :fence",
-                    "ExpressionAttributeNames": {"#state": "state"},
+                    "ConditionExpression": cond,
+                    "ExpressionAttributeNames": names,
                     "ExpressionAttributeValues": values,
                 }
             }

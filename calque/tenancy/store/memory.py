@@ -1,15 +1,15 @@
-"""An in-process registry for unit tests: the same conditions as the DynamoDB adapter,
-each multi-record change applied all or nothing under one lock."""
+"""An in-process registry for unit tests and the simulators: the same conditions as the
+DynamoDB adapter (those on a session, written once: calque.tenancy.store.rules), each
+multi-record change applied all or nothing under one lock."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
 
-from calque.members.counters import settlement
 from calque.members.memory import MemoryMembers
 from calque.members.ports import AlreadyExists, Reservation, StaleWrite
-from calque.tenancy.store import keys, spread
+from calque.tenancy.store import keys, rules, spread
 from calque.tenancy.store.models import (
     HostRecord,
     HostState,
@@ -302,41 +302,33 @@ class MemoryRegistry(MemoryMembers):
         used_ugh: int = 0,
         used_musd: int = 0,
     ) -> SessionRecord:
+        end = SessionEnd(
+            session,
+            at=at,
+            reason=reason,
+            by=by,
+            note=note,
+            token_hash=token_hash,
+            expired_by=expired_by,
+            month=month,
+            event=event,
+            request_id=request_id,
+            used_ugh=used_ugh,
+            used_musd=used_musd,
+        )
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
-            if cur is None or cur.state != "live" or cur.fence != session.fence:
-                raise StaleWrite(session.session_id)
-            # Settlement replaces the reservation read: one an extend changed meanwhile is stale.
-            if (cur.reserved_ugh, cur.reserved_musd) != (session.reserved_ugh, session.reserved_musd):
-                raise StaleWrite(session.session_id)
-            if token_hash is not None and cur.token_hash != token_hash:
-                raise StaleWrite(session.session_id)
-            if expired_by is not None and int(cur.expires_at.timestamp()) > int(expired_by.timestamp()):
+            if cur is None or not rules.holds(cur, rules.end_conditions(end)):
                 raise StaleWrite(session.session_id)
             key = (session.instance_id, session.slice_id)
             sl = self.slice_map.get(key)
-            if (
-                sl is None
-                or sl.state != "held"
-                or sl.session_id != session.session_id
-                or sl.fence != session.fence
-            ):
+            if sl is None or not rules.holds(sl, rules.slice_held_conditions(session)):
                 raise StaleWrite(session.slice_id)
-            settle = settlement(
-                used_ugh, used_musd, reserved_ugh=session.reserved_ugh, reserved_musd=session.reserved_musd
-            )
+            settle = end.settle()
             self._quota_release(session.user, month, settle)  # the last check: it writes too
-            ended = cur.model_copy(
-                update={
-                    "state": "ended",
-                    "ended_at": at,
-                    "end_reason": reason,
-                    "ended_by": by,
-                    "end_note": note,
-                    "end_request": request_id,
-                }
-            )
+            # the session as stored (a host's report may have changed it since it was read)
+            ended = end._replace(session=cur).ended()
             self.sessions[session.session_id] = ended
             self.slice_map[key] = sl.model_copy(
                 update={
@@ -373,12 +365,8 @@ class MemoryRegistry(MemoryMembers):
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
-            if (
-                cur is None
-                or cur.state != "live"
-                or cur.token_hash != token_hash
-                or cur.expires_at != session.expires_at
-                or int(cur.expires_at.timestamp()) <= int(now.timestamp())
+            if cur is None or not rules.holds(
+                cur, rules.extend_conditions(session, token_hash=token_hash, now=now)
             ):
                 raise StaleWrite(session.session_id)
             update: dict[str, object] = {"expires_at": expires_at, "extend_request": request_id}
@@ -402,7 +390,7 @@ class MemoryRegistry(MemoryMembers):
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
-            if cur is None or cur.state != "live" or cur.fence != session.fence:
+            if cur is None or not rules.holds(cur, rules.live_at_fence(session)):
                 return False
             self.sessions[session.session_id] = cur.model_copy(
                 update={"host_access": state, "host_access_reason": reason}

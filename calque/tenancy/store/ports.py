@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from calque.members.counters import settlement
 from calque.members.ports import MemberStore, Reservation, StaleWrite
 from calque.members.records import QuotaRecord
 from calque.tenancy.store.models import (
@@ -57,6 +58,13 @@ class SessionEnd(NamedTuple):
 
     def arguments(self) -> dict[str, Any]:
         return self._asdict()
+
+    def settle(self) -> dict[str, int]:
+        """What the end adds to its month's counters (the member's and the group's)."""
+        s = self.session
+        return settlement(
+            self.used_ugh, self.used_musd, reserved_ugh=s.reserved_ugh, reserved_musd=s.reserved_musd
+        )
 
     def ended(self) -> SessionRecord:
         """The session as ending it leaves it."""
