@@ -95,11 +95,11 @@ class Backend:
 
 def seed_hosts(backend: Backend, count: int, start: int) -> None:
     """``count`` ready hosts with 4 free 1g.24gb slices each, through the registry adapter."""
-    from calque.accounting.shares import slice_shares
     from calque.catalog import planner
     from calque.contracts.layout import parse_layout
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.models import HostRecord, SliceRecord
+    from calque.members.shares import slice_shares
+    from calque.tenancy.store.dynamo import DynamoRegistry
+    from calque.tenancy.store.models import HostRecord, SliceRecord
 
     registry = DynamoRegistry(backend.clients.client("dynamodb"), backend.table)
     planned = planner.expand_slices(INSTANCE_TYPE, parse_layout(LAYOUT))
@@ -418,8 +418,8 @@ def reclaim_all(grants: list[dict[str, Any]]) -> None:
 
 def measure_reaper(backend: Backend, api: Api, meter: Meter, expired: int) -> Row:
     from calque import aws
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy, TenancyConfig
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.wiring import events_publisher
 
     for k in range(expired):

@@ -123,7 +123,7 @@ OURS_STEPS = [
         "handler.include_routes(routes.modules_for('/v1/sessions'))",
     ),
     ("botocore import (our clients are botocore's)", "import botocore.session"),
-    ("our domain and registry modules", "import calque.registry.dynamo, calque.tenancy.service"),
+    ("our domain and registry modules", "import calque.tenancy.store.dynamo, calque.tenancy.service"),
     ("DynamoDB client", "from calque import aws\naws.client('dynamodb')"),
     ("SQS client (the grant task)", "aws.client('sqs')"),
     ("the check-out (its calls, validation, domain)", "out = lambda_handler(event, Context())"),
@@ -312,8 +312,8 @@ class Backend:
     def _seed(self, count: int) -> None:
         from calque.catalog import planner
         from calque.contracts.layout import parse_layout
-        from calque.registry.dynamo import DynamoRegistry
-        from calque.registry.models import HostRecord, SliceRecord
+        from calque.tenancy.store.dynamo import DynamoRegistry
+        from calque.tenancy.store.models import HostRecord, SliceRecord
 
         registry = DynamoRegistry(self.clients.client("dynamodb"), self.resources.table_name)
         planned = planner.expand_slices(INSTANCE_TYPE, parse_layout(LAYOUT))

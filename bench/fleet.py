@@ -144,9 +144,9 @@ def run(size: int) -> dict[str, Any]:
     from calque.identity import Caller
     from calque.local.bootstrap import create_registry_table
     from calque.local.fleet import default_subnets
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.fleet_hosts import TenancyHosts
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     admin = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)
     with mock_aws():

@@ -78,8 +78,8 @@ def seed(plane: Plane, hosts: int) -> None:
     """``hosts`` ready hosts with 4 free 1g.24gb slices each, through the registry adapter."""
     from calque.catalog import planner
     from calque.contracts.layout import parse_layout
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.models import HostRecord, SliceRecord
+    from calque.tenancy.store.dynamo import DynamoRegistry
+    from calque.tenancy.store.models import HostRecord, SliceRecord
 
     registry = DynamoRegistry(plane.ddb, TABLE)
     planned = planner.expand_slices(INSTANCE_TYPE, parse_layout(LAYOUT))
@@ -126,9 +126,9 @@ def race(
     from calque.contracts.tenancy import CheckoutRequest
     from calque.errors import CalqueError
     from calque.identity import Caller
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.memory import MemoryQueue
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry
+    from calque.tenancy.store.memory import MemoryQueue
 
     if profile is not None:
         req = CheckoutRequest(backend="mig", profile=profile, ttl_seconds=600)

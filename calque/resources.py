@@ -31,7 +31,7 @@ class TableDef(NamedTuple):
 
 
 # One single table: hosts, slices, sessions, quotas, usage records.
-# Key shapes are documented in calque/registry/keys.py.
+# Key shapes are documented in calque/tenancy/store/keys.py (members' items: calque/members/keys.py).
 REGISTRY_TABLE = TableDef(
     partition_key="pk",
     sort_key="sk",

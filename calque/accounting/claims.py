@@ -9,7 +9,7 @@ start until its end (or now, while it runs), charged to the claim's user and gro
 (the hourly rate: the ones the fleet recorded for a spot instance, each change from its timestamp,
 summed over its segments; else the catalog's).
 
-A worker's share is its slice's (calque/accounting/shares.py) when the pool has a layout
+A worker's share is its slice's (calque/members/shares.py) when the pool has a layout
 (one worker per slice, slot k bound to the k-th slice the layout plans), else one GPU's.
 
 Which claims ran in a period: a claim is indexed under every UTC day it ran (its start day
@@ -33,10 +33,10 @@ from fractions import Fraction
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
 from calque.accounting.history import ended_before, priced, utc_days
-from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
 from calque.fleet.rates import schedule_of
 from calque.fleet.records import InstanceRate
+from calque.members.shares import slice_shares
 from calque.pools import domain as d
 from calque.pools.domain import ClaimRecord, PoolInstanceRecord
 from calque.pools.ports import PoolStore
@@ -204,7 +204,7 @@ def claim_use(
     instance's rate segments) and counted in
     GPU-hours as a session on that slice would be. Counted whole in the month it started, as
     a session is in the month of its check-out. None: it never ran, or has nothing to charge."""
-    from calque.tenancy.limits import claim_used
+    from calque.members.limits import claim_used
 
     if claim.started_at is None or claim.finished_at is None or claim.worker is None:
         return None

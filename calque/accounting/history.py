@@ -27,12 +27,12 @@ from typing import Any
 
 from calque import catalog
 from calque.accounting.chargeback import Instance, Lease
-from calque.accounting.shares import slice_shares
 from calque.errors import InvalidInput
 from calque.fleet.rates import schedule_of
 from calque.fleet.records import InstanceRate
-from calque.registry.models import SessionRecord
-from calque.registry.ports import Registry
+from calque.members.shares import slice_shares
+from calque.tenancy.store.models import SessionRecord
+from calque.tenancy.store.ports import Registry
 
 _GPU = re.compile(r"^g(\d+)-")
 

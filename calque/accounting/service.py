@@ -25,7 +25,7 @@ from calque.errors import InvalidInput
 from calque.fleet.ports import InstanceRates
 from calque.identity import Caller
 from calque.pools.ports import PoolStore
-from calque.registry.ports import Registry
+from calque.tenancy.store.ports import Registry
 
 MAX_PERIOD = timedelta(days=366)
 NO_GROUP = "(no group)"

@@ -16,8 +16,8 @@ def api_usage() -> Usage:
     from calque.accounting.service import Usage
     from calque.fleet.store import DynamoFleetStore
     from calque.pools.store.dynamo import DynamoPoolStore
-    from calque.registry.dynamo import DynamoRegistry
     from calque.tenancy.service import utcnow
+    from calque.tenancy.store.dynamo import DynamoRegistry
 
     s = api_settings()
     return Usage(
@@ -31,9 +31,9 @@ def api_usage() -> Usage:
 
 
 def api_groups() -> Any:
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.tenancy.groups import Groups
+    from calque.members.groups import Groups
     from calque.tenancy.service import utcnow
+    from calque.tenancy.store.dynamo import DynamoRegistry
 
     s = api_settings()
     return Groups(DynamoRegistry(aws.client("dynamodb"), s.table_name), clock=utcnow)

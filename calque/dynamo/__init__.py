@@ -1,7 +1,7 @@
 """The DynamoDB mechanics every capability's store shares, and nothing of any capability.
 
 All records live in one table (calque.resources.REGISTRY_TABLE) under ``pk``/``sk``; each
-capability names its own key shapes beside its own store (tenancy: calque.registry.keys,
+capability names its own key shapes beside its own store (tenancy: calque.tenancy.store.keys,
 pools: calque.pools.store, the fleet: calque.fleet.store). What they share is here: Python
 values to and from attribute values (``ser``/``des``, ``expr_values`` for an expression's
 placeholders), what a refused write says (``error_code``, ``cancellation_reasons``), and

@@ -61,7 +61,7 @@ OTHER_ITEMS = "other"  # registry items with no `type` attribute (pools, claims,
 InternalCall = Callable[..., tuple[int, bytes]]
 
 
-# Item types of the registry (calque.registry.keys), as a person reads them: a `profile`
+# Item types of the registry (calque.tenancy.store.keys), as a person reads them: a `profile`
 # item is a slice profile's registered sizes, not a person's profile, and a `quota` item
 # is a member's limits and counters, made at their first check-out.
 _NOUNS = {

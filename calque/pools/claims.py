@@ -18,10 +18,10 @@ from calque.errors import (
     idempotency_key_reused,
 )
 from calque.identity import Caller
+from calque.members import requests
 from calque.pools import domain as d
 from calque.pools.core import PoolsCore, _epoch, _iso
 from calque.pools.ports import PoolClosed, QueueMissing, RequestRecorded
-from calque.tenancy import requests
 
 
 class ClaimsMixin(PoolsCore):
@@ -167,8 +167,8 @@ class ClaimsMixin(PoolsCore):
             if requested is not None:
                 raise InvalidInput(f"no group {requested}", code="unknown_group", details={"field": "group"})
             return None
-        from calque.tenancy import limits
-        from calque.tenancy.groups import member_group
+        from calque.members import limits
+        from calque.members.groups import member_group
 
         quota, mine = self.groups.quota_and_groups(who.principal)
         g = member_group(self.groups, who.principal, requested, mine)

@@ -120,7 +120,7 @@ class PoolsCore:
         self.config = config or PoolsConfig()
         # None: workers are started some other way (the unit tests' simulated workers).
         self.starter = starter
-        # The registry's groups (calque.tenancy.groups): a claim is charged to one. None: no groups.
+        # The registry's groups (calque.members.groups): a claim is charged to one. None: no groups.
         self.groups = groups
         # The rates the fleet recorded for a spot instance (launch, changes): what a claim is charged
         # at. None: catalog rates only.

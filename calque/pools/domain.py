@@ -68,7 +68,7 @@ class PoolRecord(_Record):
     start_failures: int = 0
     start_failed_at: float | None = None  # the latest failed worker's launch
     start_failure: str | None = None  # why it exited
-    # The create request's stamp (calque.tenancy.requests.stamp: its Idempotency-Key's request
+    # The create request's stamp (calque.members.requests.stamp: its Idempotency-Key's request
     # id and body): a replay of that request is answered with this pool, not 409 pool_exists.
     create_request: str | None = None
 
@@ -95,7 +95,7 @@ class ClaimRecord(_Record):
 
 
 class ClaimRequestRecord(_Record):
-    """A claim submitted with an Idempotency-Key: ``request_id`` (calque.tenancy.requests,
+    """A claim submitted with an Idempotency-Key: ``request_id`` (calque.members.requests,
     a hash of the caller and the key) names the claim it made, and ``fingerprint`` what it
     asked, until ``expires_at`` (epoch seconds)."""
 

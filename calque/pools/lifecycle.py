@@ -22,9 +22,9 @@ from calque.contracts.pools import (
 )
 from calque.errors import Conflict, ConsentRequired, InvalidInput, NotFound
 from calque.identity import Caller
+from calque.members import requests
 from calque.pools import domain as d
 from calque.pools.core import PoolsCore, _epoch, _iso, _require_admin
-from calque.tenancy import requests
 
 PACKAGE_CONTENT_TYPE = "application/zip"
 # pool status counts every live claim and the latest this many that ended

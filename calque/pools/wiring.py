@@ -85,10 +85,10 @@ class _LazySigV4S3:
 
 def pools() -> Pools:
     from calque.fleet.store import DynamoFleetStore
+    from calque.members.store import DynamoMembers
     from calque.pools.aws import S3Objects, SqsNudge, SqsPoolQueues, SystemClock
     from calque.pools.service import Pools, PoolsConfig
     from calque.pools.store.dynamo import DynamoPoolStore
-    from calque.registry.dynamo import DynamoRegistry
 
     s = pool_settings()
     sqs = aws.client("sqs")
@@ -105,7 +105,7 @@ def pools() -> Pools:
             default_max_sessions=s.default_max_sessions,
         ),
         starter=_starter(s),
-        groups=DynamoRegistry(aws.client("dynamodb"), s.table_name),
+        groups=DynamoMembers(aws.client("dynamodb"), s.table_name),
         rates=DynamoFleetStore(aws.client("dynamodb"), s.table_name),
     )
 

@@ -97,8 +97,8 @@ class Simulator:
         self, jobs: list[Job], hosts: list[tuple[str, int]], layout: Layout, *, seed: int = 0
     ) -> None:
         from calque import catalog
-        from calque.registry.memory import MemoryQueue, MemoryRegistry
         from calque.tenancy.service import Tenancy, TenancyConfig
+        from calque.tenancy.store.memory import MemoryQueue, MemoryRegistry
 
         self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.line))
         self.layout = layout
@@ -182,7 +182,7 @@ class Simulator:
         """The host agent re-lays out an idle card: its free slices replaced by the new layout's."""
         from calque.catalog import planner
         from calque.contracts.layout import GpuEntry
-        from calque.registry.models import SliceRecord
+        from calque.tenancy.store.models import SliceRecord
 
         reg = self.registry
         with reg._lock:
@@ -309,7 +309,7 @@ class Simulator:
     def _release(self, instance_id: str, session_id: str, token: str, slice_id: str) -> None:
         from calque.contracts.tenancy import CheckinRequest
         from calque.identity import Caller
-        from calque.registry.models import LeaseEvent
+        from calque.tenancy.store.models import LeaseEvent
 
         session = self.registry.sessions[session_id]
         who = Caller(principal=session.user, arn=f"arn:aws:iam::000000000000:user/{session.user}")

@@ -29,9 +29,11 @@ from calque.contracts.tenancy import (
 from calque.errors import Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.events import Event, NoPublisher, Publisher, publish_safely
 from calque.identity import Caller
-from calque.registry.models import HostRecord, LeaseEvent, QuotaRecord, SessionRecord
-from calque.registry.ports import HostTaskQueue, Registry, SessionEnd, StaleWrite
-from calque.tenancy import limits
+from calque.members import limits
+from calque.members.ports import StaleWrite
+from calque.members.records import QuotaRecord
+from calque.tenancy.store.models import HostRecord, LeaseEvent, SessionRecord
+from calque.tenancy.store.ports import HostTaskQueue, Registry, SessionEnd
 
 if TYPE_CHECKING:
     from calque.fleet.ports import InstanceRates

@@ -10,10 +10,10 @@ from calque.contracts.accounts import session_account
 from calque.contracts.tenancy import ReclaimTask
 from calque.errors import Conflict, InvalidInput
 from calque.identity import Caller
-from calque.registry.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
-from calque.registry.ports import AlreadyExists, StaleWrite
-from calque.tenancy import requests
+from calque.members import requests
+from calque.members.ports import AlreadyExists, StaleWrite
 from calque.tenancy.core import TenancyCore, _grant
+from calque.tenancy.store.models import HostRecord, LeaseEvent, SessionRecord, SliceRecord
 
 # The host contracts (calque.contracts.hosts) are imported where they are built: the Tenancy
 # service mixes this class in, and every request's cold start would otherwise declare them.
@@ -39,9 +39,9 @@ class HostsMixin(TenancyCore):
         # The catalog, the planner and the shares are registration's alone: imported here,
         # they stay out of every other request's cold start (bench/cold_import.py).
         from calque import catalog
-        from calque.accounting.shares import slice_shares
         from calque.catalog import planner
         from calque.contracts.hosts import ApplyTask
+        from calque.members.shares import slice_shares
 
         key = requests.check_key(idempotency_key)
         rid = requests.request_id(who.principal, key) if key else None
@@ -77,7 +77,7 @@ class HostsMixin(TenancyCore):
         )
         card_gib = itype.card.memory_gib
         # Each slice's share of the instance as the usage report charges it: what a check-out
-        # reserves against dollar budgets (calque.tenancy.limits).
+        # reserves against dollar budgets (calque.members.limits).
         shares = slice_shares(
             itype.name, layout_doc, [(p.slice_id, p.gpu_index, p.backend, p.profile) for p in planned]
         )

@@ -22,9 +22,9 @@ from calque.contracts.hosts import Host, HostDeregistered, HostRegistration, Rep
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.errors import Conflict, InvalidInput, NotFound
 from calque.identity import Caller
-from calque.registry.models import HostRecord, SliceRecord
-from calque.registry.ports import StaleWrite
-from calque.registry.retired import RetiredHost, RetiredSlice
+from calque.members.ports import StaleWrite
+from calque.tenancy.store.models import HostRecord, SliceRecord
+from calque.tenancy.store.retired import RetiredHost, RetiredSlice
 
 if TYPE_CHECKING:
     from calque.fleet.ports import Instance

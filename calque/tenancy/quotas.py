@@ -1,7 +1,7 @@
 """Quotas: what an admin sets, what a user has used and holds, and the refusal that says so.
 
 How monthly limits are held (a reservation at check-out, settled at the end) is in
-calque.tenancy.limits."""
+calque.members.limits."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 
 from calque.errors import Forbidden
 from calque.identity import Caller
-from calque.registry.groups import LIMITS
-from calque.registry.models import QuotaRecord, month_use
-from calque.tenancy import limits
+from calque.members import limits
+from calque.members.records import LIMITS, QuotaRecord, month_use
 from calque.tenancy.core import TenancyCore
 
 if TYPE_CHECKING:  # built by get_quota only: the Tenancy service mixes this class into every request
@@ -23,7 +22,7 @@ class QuotasMixin(TenancyCore):
         self, who: Caller, user: str, req: QuotaUpdate, *, idempotency_key: str | None = None
     ) -> Quota:
         """Replace the user's three limits; with ``if_version``, only while their version is
-        that one (limits_changed otherwise: calque.tenancy.limits.write_versioned)."""
+        that one (limits_changed otherwise: calque.members.limits.write_versioned)."""
         self._check_user(user)
 
         def put(stamp: str | None) -> QuotaRecord:
@@ -53,7 +52,7 @@ class QuotasMixin(TenancyCore):
         quota = self.registry.get_quota(user)
         # "Used" is what ended sessions (and ended pool claims) settled; "reserved" is what
         # live sessions hold for their whole TTL. Their sum is exactly what the monthly limit
-        # checks (calque.tenancy.limits): a live session's elapsed time is in its reservation
+        # checks (calque.members.limits): a live session's elapsed time is in its reservation
         # only, never counted twice. What ended sessions used is the month's settled amount on
         # the quota item: the figure the refusal quotes as used, kept by the transaction that
         # ends each session. A table kept from a version before the counters existed

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from calque.registry.models import LeaseEvent
 from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaim, session_ended
+from calque.tenancy.store.models import LeaseEvent
 
 
 class ReaperMixin(TenancyCore):

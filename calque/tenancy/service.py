@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from calque.registry.models import SessionRecord
 from calque.tenancy.core import (
     REAPER,
     TOKEN_PREFIX,
@@ -27,6 +26,7 @@ from calque.tenancy.hosts import HostsMixin
 from calque.tenancy.quotas import QuotasMixin
 from calque.tenancy.reaper import ReaperMixin
 from calque.tenancy.sessions import SessionsMixin
+from calque.tenancy.store.models import SessionRecord
 
 if TYPE_CHECKING:
     from calque.tenancy.lifecycle import HostLifecycle, Instances

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from calque.contracts.accounts import connect_account, session_connect_command
 from calque.contracts.tenancy import (
@@ -24,12 +25,52 @@ from calque.errors import (
     one_line,
 )
 from calque.identity import Caller
-from calque.registry.groups import GroupRecord
-from calque.registry.models import QuotaRecord, RequestRecord, SessionRecord, SliceRecord
-from calque.registry.ports import QuotaFull, Replayed, SliceTaken, StaleWrite
-from calque.tenancy import groups, limits, requests
+from calque.members import groups, limits, requests
+from calque.members.ports import GroupFull, QuotaFull, StaleWrite
+from calque.members.records import GroupRecord, QuotaRecord
 from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token, session_started
-from calque.tenancy.groups import GroupFull
+from calque.tenancy.store.models import RequestRecord, SessionRecord, SliceRecord
+from calque.tenancy.store.ports import Replayed, SliceTaken
+
+if TYPE_CHECKING:
+    from calque.fleet.ports import InstanceRates
+
+
+def price(
+    registry: Any, sl: SliceRecord, rates: InstanceRates | None = None
+) -> tuple[str | None, str | None]:
+    """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
+    usage report charges them. Slices record their share at registration; one registered
+    before that is priced from its host (two reads). A spot slice's rate is the one the fleet
+    recorded when it launched the instance (one read of ``rates``), else the catalog's
+    on-demand rate. (None, None): no rate is known."""
+    share, itype_name = sl.share, sl.instance_type
+    if share is None or itype_name is None:
+        from calque.members.shares import slice_shares
+
+        host = registry.get_host(sl.instance_id)
+        if host is None:
+            return None, None
+        itype_name = host.instance_type
+        try:
+            shares = slice_shares(
+                host.instance_type,
+                host.layout,
+                [(s.slice_id, s.gpu_index, s.backend, s.profile) for s in registry.slices(sl.instance_id)],
+            )
+        except InvalidInput:
+            return None, None
+        if sl.slice_id not in shares:
+            return None, None
+        share = str(shares[sl.slice_id])
+    from calque.fleet.rates import rate_of
+
+    # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
+    recorded = rates.instance_rate(sl.instance_id) if sl.spot and rates is not None else None
+    charged = rate_of(itype_name, recorded)
+    if charged is None:
+        return share, None
+    return share, str(charged[0])
 
 
 class ReplayAnswer(Exception):
@@ -96,7 +137,7 @@ class SessionsMixin(TenancyCore):
                 break
             sl = candidates[0]
             tries += 1
-            share, rate = limits.price(self.registry, sl, self.rates)
+            share, rate = price(self.registry, sl, self.rates)
             session = SessionRecord(
                 session_id=f"s-{secrets.token_hex(8)}",
                 user=user,
@@ -328,7 +369,7 @@ class SessionsMixin(TenancyCore):
 
     def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:
         quota, _mine = self.registry.quota_and_groups(session.user)
-        group = self.registry.get_group(session.group) if session.group else None  # type: ignore[attr-defined]
+        group = self.registry.get_group(session.group) if session.group else None
         return quota, group
 
     def get_session(self, who: Caller, session_id: str) -> Session:

@@ -48,8 +48,8 @@ def events_publisher(bus: str) -> EventBridgePublisher:
 
 
 def api_tenancy() -> Tenancy:
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy, TenancyConfig
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     s = api_settings()
     ddb = aws.client("dynamodb")
@@ -77,8 +77,8 @@ def api_instances() -> Ec2Instances:
 
 
 def reaper_tenancy() -> Tenancy:
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy, TenancyConfig
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     s = reaper_settings()
     ddb = aws.client("dynamodb")
@@ -96,9 +96,9 @@ def fleet() -> Fleet:
     """The fleet with tenancy as its hosts: what it launches is registered, drained and
     retired through tenancy, as the fleet's own principal."""
     from calque.fleet import wiring
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.fleet_hosts import TenancyHosts
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     s = fleet_settings()
     store, publisher = wiring.store(), wiring.publisher()

@@ -24,8 +24,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 import calque
 from calque.errors import CalqueError
+from calque.members import requests as client_requests
 from calque.settings import api_settings
-from calque.tenancy import requests as client_requests
 from functions import observability
 from functions.api import body as request_body
 from functions.api import errors, routes

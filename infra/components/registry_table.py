@@ -9,8 +9,8 @@ from constructs import Construct
 
 from calque.resources import TableDef
 
-# What the control plane does with its registry (calque/registry/dynamo.py): items, queries,
-# transactions (which DynamoDB authorizes per item as Put/Update/Delete/ConditionCheck).
+# What the control plane does with its registry (calque/tenancy/store/, calque/members/store.py):
+# items, queries, transactions (which DynamoDB authorizes per item as Put/Update/Delete/ConditionCheck).
 # No scans, no table descriptions, no streams: a call that needs more adds it here.
 _DATA_ACTIONS = (
     "dynamodb:BatchGetItem",

@@ -159,8 +159,8 @@ def _environment(plane):
     """What one deployed API function instance holds: the domain over its own clients."""
     import boto3
 
-    from calque.registry.dynamo import DynamoRegistry, SqsHostTaskQueue
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
 
     key, secret = plane.moto_credentials()  # the plane's moto lets only its own key pair in
     session = boto3.session.Session(

@@ -46,8 +46,8 @@ def ddb():
 def _seed(ddb: Any, first: int, hosts: int, layout: dict = LAYOUT) -> None:
     from calque.catalog import planner
     from calque.contracts.layout import parse_layout
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.models import HostRecord, SliceRecord
+    from calque.tenancy.store.dynamo import DynamoRegistry
+    from calque.tenancy.store.models import HostRecord, SliceRecord
 
     registry = DynamoRegistry(ddb, TABLE)
     planned = planner.expand_slices("g7e.2xlarge", parse_layout(layout))
@@ -88,9 +88,9 @@ def _race(ddb: Any, racers: int, tag: str, **request: Any) -> tuple[list[Any], l
     """``racers`` members, each in their own API environment, check out at once."""
     from calque.contracts.tenancy import CheckoutRequest
     from calque.identity import Caller
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.memory import MemoryQueue
     from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.dynamo import DynamoRegistry
+    from calque.tenancy.store.memory import MemoryQueue
 
     calls: list[str] = []
     hook = lambda model, **_: calls.append(model.name)  # noqa: E731

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 from calque.accounting.chargeback import Instance, Lease, compute, largest_remainder
-from calque.accounting.shares import slice_shares
+from calque.members.shares import slice_shares
 
 pytestmark = pytest.mark.unit
 

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from calque import catalog
 from calque.accounting import claims as pool_claims
 from calque.accounting.chargeback import Instance, Lease, compute
-from calque.accounting.shares import slice_shares
 from calque.catalog import planner
 from calque.contracts.layout import LayoutSpec
+from calque.members.shares import slice_shares
 from calque.pools.domain import ClaimRecord, PoolInstanceRecord
 
 pytestmark = pytest.mark.unit

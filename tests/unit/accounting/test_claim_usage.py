@@ -12,9 +12,9 @@ import pytest
 from calque.accounting.service import Usage
 from calque.contracts.economics import GroupCreate, UsageQuery
 from calque.contracts.pools import ClaimReport, ClaimSubmit, WorkerReport
+from calque.members.groups import Groups
 from calque.pools.service import Pools, PoolsConfig
-from calque.registry.memory import MemoryRegistry
-from calque.tenancy.groups import Groups
+from calque.tenancy.store.memory import MemoryRegistry
 from tests.unit.pools.fakes import ADMIN, HOST_ROLE, instance, member
 from tests.unit.pools.test_worker_start import StartWorld, drain, make
 

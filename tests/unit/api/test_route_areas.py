@@ -131,12 +131,12 @@ def test_what_a_check_out_runs_declares_none_of_the_models_only_other_requests_b
     # check-out does (the catalog's on-demand rate)
     out = _fresh(
         "call('PATCH', '/v1/sessions')\n"
-        "import calque.tenancy.service, calque.tenancy.wiring, calque.registry.dynamo\n"
+        "import calque.tenancy.service, calque.tenancy.wiring, calque.tenancy.store.dynamo\n"
         "from calque.fleet import rates\n"
         "priced = str(rates.rate_of('g7e.2xlarge', None)[0])\n"
         "wanted = ['calque.contracts.hosts', 'calque.contracts.quotas', 'calque.contracts.layout',\n"
-        "          'calque.registry.retired', 'calque.settings.functions', 'calque.catalog.planner',\n"
-        "          'calque.accounting.shares', 'calque.catalog.models']\n"
+        "          'calque.tenancy.store.retired', 'calque.settings.functions', 'calque.catalog.planner',\n"
+        "          'calque.members.shares', 'calque.catalog.models']\n"
         "print(json.dumps({'loaded': [m for m in wanted if m in sys.modules], 'priced': priced}))\n"
     )
     # Then it was priced, and the hosts', quotas' and layouts' contracts, a deregistered host's

@@ -135,7 +135,7 @@ def test_the_functions_path_imports_no_boto3() -> None:
 
     code = (
         "import sys\n"
-        "import calque.aws, calque.registry.dynamo, calque.tenancy.wiring, calque.pools.wiring\n"
+        "import calque.aws, calque.tenancy.store.dynamo, calque.tenancy.wiring, calque.pools.wiring\n"
         "import functions.api.handler\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 's3transfer'))\n"
         "print(bad)\n"

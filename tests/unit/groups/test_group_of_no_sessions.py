@@ -7,7 +7,7 @@ import pytest
 from calque.contracts.economics import GroupCreate
 from calque.contracts.tenancy import CheckoutRequest
 from calque.errors import QuotaExceeded
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

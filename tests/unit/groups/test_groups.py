@@ -9,7 +9,7 @@ from calque.accounting.service import Usage
 from calque.contracts.economics import GroupCreate, GroupLimits, UsageQuery
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from calque.contracts.economics import GroupCreate, GroupLimits
 from calque.contracts.quotas import QuotaUpdate
 from calque.contracts.tenancy import CheckoutRequest
 from calque.errors import Conflict, InvalidInput
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

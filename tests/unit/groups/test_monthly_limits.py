@@ -16,9 +16,9 @@ from calque.contracts.economics import GroupCreate, GroupLimits, UsageQuery
 from calque.contracts.quotas import QuotaUpdate
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import QuotaExceeded
-from calque.registry.models import month_use
-from calque.registry.ports import Limits, QuotaFull, Reservation
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
+from calque.members.ports import Limits, QuotaFull, Reservation
+from calque.members.records import month_use
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

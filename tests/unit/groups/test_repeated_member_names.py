@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calque.contracts.economics import GroupCreate
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
 from tests.unit.tenancy.conftest import ADMIN, World
 
 pytestmark = pytest.mark.unit

@@ -146,7 +146,7 @@ class World:
     capacity: FakeCapacity = field(default_factory=FakeCapacity)
     nudges: FakeNudge = field(default_factory=FakeNudge)
     clock: FakeClock = field(default_factory=FakeClock)
-    groups: Any = None  # a registry with groups (calque.registry.memory.MemoryRegistry), or none
+    groups: Any = None  # a registry with groups (calque.tenancy.store.memory.MemoryRegistry), or none
 
     @property
     def pools(self) -> Pools:

@@ -21,13 +21,13 @@ from calque.contracts.economics import GroupCreate, GroupLimits
 from calque.contracts.pools import ClaimSubmit, PoolDelete
 from calque.contracts.quotas import QuotaUpdate
 from calque.errors import Conflict, QuotaExceeded
+from calque.members.groups import Groups
+from calque.members.records import month_use
 from calque.pools.domain import PoolInstanceRecord
 from calque.pools.store.dynamo import DynamoPoolStore
-from calque.registry.dynamo import DynamoRegistry
-from calque.registry.memory import MemoryQueue, MemoryRegistry
-from calque.registry.models import month_use
-from calque.tenancy.groups import Groups
 from calque.tenancy.service import Tenancy
+from calque.tenancy.store.dynamo import DynamoRegistry
+from calque.tenancy.store.memory import MemoryQueue, MemoryRegistry
 from tests.unit.pools.fakes import ADMIN, World, member
 from tests.unit.pools.test_pools_service import create, report, start_worker
 from tests.unit.registry.moto_table import create_registry_table
@@ -298,9 +298,9 @@ def test_a_claim_on_a_mig_slice_counts_its_slice_as_a_session_there_would():
 def test_a_submit_refusal_suggests_checking_a_session_in_only_when_sessions_reserve_something(
     reserved_musd, suggests_check_in
 ):
-    from calque.registry.models import MonthUse
-    from calque.registry.ports import Limits
-    from calque.tenancy.limits import claim_refusal
+    from calque.members.limits import claim_refusal
+    from calque.members.ports import Limits
+    from calque.members.records import MonthUse
 
     # Given a member whose month has reached 1 USD: all of it used, or half of it held by live sessions
     use = MonthUse(committed_musd=1_000_000, settled_musd=1_000_000 - reserved_musd)

@@ -9,8 +9,8 @@ import pytest
 from calque.contracts.economics import GroupCreate
 from calque.contracts.pools import ClaimSubmit
 from calque.errors import Forbidden, InvalidInput
-from calque.registry.memory import MemoryRegistry
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
+from calque.tenancy.store.memory import MemoryRegistry
 from tests.unit.pools.fakes import ADMIN, World, member
 from tests.unit.pools.test_pools_service import create
 

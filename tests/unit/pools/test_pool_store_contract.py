@@ -181,8 +181,8 @@ def test_pool_instances_are_recorded_once_and_ended_once(store):
 
 def test_a_claim_restarted_while_its_end_is_priced_is_settled_from_the_attempt_that_ended(monkeypatch):
     # Given a running claim on DynamoDB and its member's counters there
-    from calque.registry.dynamo import DynamoRegistry
-    from calque.registry.models import month_use
+    from calque.members.records import month_use
+    from calque.tenancy.store.dynamo import DynamoRegistry
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -8,10 +8,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from calque.registry import dynamo
-from calque.registry.dynamo import DynamoRegistry
-from calque.registry.memory import MemoryQueue
 from calque.tenancy.service import Tenancy, TenancyConfig
+from calque.tenancy.store import dynamo_placement
+from calque.tenancy.store.dynamo import DynamoRegistry
+from calque.tenancy.store.memory import MemoryQueue
 from tests.unit.registry.moto_table import create_registry_table
 from tests.unit.tenancy.conftest import World
 
@@ -29,8 +29,8 @@ class CallCounter:
 def dynamo_world(monkeypatch: pytest.MonkeyPatch):
     """The same World as the domain's unit tests, on the DynamoDB adapter."""
     # Per-process placement caches must not carry one test's fleet into the next.
-    dynamo._TIER_HINTS.clear()
-    dynamo._PROFILE_CACHE.clear()
+    dynamo_placement._TIER_HINTS.clear()
+    dynamo_placement._PROFILE_CACHE.clear()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():

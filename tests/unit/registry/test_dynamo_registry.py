@@ -6,10 +6,11 @@ import pytest
 
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import Conflict, Forbidden, QuotaExceeded
-from calque.registry import dynamo
-from calque.registry.models import LeaseEvent
-from calque.registry.ports import Limits, QuotaFull, Reservation, SliceTaken, StaleWrite
+from calque.members.ports import Limits, QuotaFull, Reservation, StaleWrite
 from calque.tenancy.service import hash_token
+from calque.tenancy.store import dynamo_placement
+from calque.tenancy.store.models import LeaseEvent
+from calque.tenancy.store.ports import SliceTaken
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 NOTHING = Reservation(month="2026-12", ugh=0, musd=0, user=Limits())
@@ -28,7 +29,7 @@ def _everything(world: World) -> list[dict]:
 def _session_for(world: World, sl, user="alice", fence=None):
     from datetime import timedelta
 
-    from calque.registry.models import SessionRecord
+    from calque.tenancy.store.models import SessionRecord
 
     now = world.clock()
     return SessionRecord(
@@ -288,7 +289,7 @@ def test_reclaim_tasks_are_sent_in_batches_of_ten(monkeypatch):
     from moto import mock_aws
 
     from calque.contracts.tenancy import ReclaimTask
-    from calque.registry.dynamo import SqsHostTaskQueue
+    from calque.tenancy.store.dynamo import SqsHostTaskQueue
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -338,7 +339,7 @@ def test_a_profile_check_out_on_a_cold_container_reads_the_profiles_sizes_with_t
     # Given a container that has not read the 1g.24gb profile's sizes yet
     world = dynamo_world
     world.ready_host()
-    dynamo._PROFILE_CACHE.clear()
+    dynamo_placement._PROFILE_CACHE.clear()
     world.counter.calls.clear()
     # When a member checks out by profile
     grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", profile="1g.24gb"))
@@ -351,7 +352,7 @@ def test_a_profile_check_out_on_a_cold_container_reads_the_profiles_sizes_with_t
     assert "GetItem" not in reads
     assert set(reads[1:]) == {"Query"}
     # And a profile no host offers is still told apart from a busy one
-    dynamo._PROFILE_CACHE.clear()
+    dynamo_placement._PROFILE_CACHE.clear()
     with pytest.raises(Conflict) as nothing:
         world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", profile="7g.96gb"))
     assert nothing.value.code == "nothing_fits"

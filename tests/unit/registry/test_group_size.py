@@ -11,10 +11,11 @@ import pytest
 from calque.contracts.economics import GroupCreate
 from calque.contracts.tenancy import CheckoutRequest
 from calque.errors import Conflict
-from calque.registry import groups as registry_groups
-from calque.registry.groups import TooManyMembers
-from calque.tenancy import groups as tenancy_groups
-from calque.tenancy.groups import Groups
+from calque.members import groups as tenancy_groups
+from calque.members import memory as members_memory
+from calque.members import store as members_store
+from calque.members.groups import Groups
+from calque.members.ports import TooManyMembers
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def three_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry_groups, "MAX_GROUP_MEMBERS", 3)
+    monkeypatch.setattr(members_memory, "MAX_GROUP_MEMBERS", 3)
+    monkeypatch.setattr(members_store, "MAX_GROUP_MEMBERS", 3)
     monkeypatch.setattr(tenancy_groups, "MAX_GROUP_MEMBERS", 3)
 
 
@@ -72,7 +74,7 @@ def test_a_session_whose_end_the_store_refuses_does_not_stop_the_reaper(dynamo_w
     # The group's item filled to DynamoDB's limit behind the API's back (as one written before
     # the limit existed): any write that grows it, as ending carol's session does, is refused.
     from calque.dynamo import ser
-    from calque.registry.groups import group_key
+    from calque.members.keys import group_key
 
     table, ddb = world.registry.table, world.ddb  # type: ignore[attr-defined]
     item = ddb.get_item(TableName=table, Key=ser(group_key("big")))["Item"]

@@ -46,7 +46,7 @@ def test_a_replay_after_the_fleet_filled_up_still_gets_its_grant(any_world: Worl
 
 def test_a_replay_still_gets_its_grant_when_its_own_session_filled_the_group(any_world: World):
     from calque.contracts.economics import GroupCreate, GroupLimits
-    from calque.tenancy.groups import Groups
+    from calque.members.groups import Groups
     from tests.unit.tenancy.conftest import ADMIN
 
     world = any_world

@@ -6,7 +6,7 @@ import pytest
 
 from calque.contracts.hosts import HostRegistration
 from calque.contracts.tenancy import CheckoutRequest
-from calque.registry.ports import StaleWrite
+from calque.members.ports import StaleWrite
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,8 @@ from calque.contracts.quotas import QuotaUpdate
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.dynamo import ser
 from calque.errors import QuotaExceeded
-from calque.registry import keys
-from calque.tenancy.groups import Groups
+from calque.members.groups import Groups
+from calque.tenancy.store import keys
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,8 @@ from calque.contracts.agent import AgentReport, SliceReport
 from calque.contracts.hosts import HostRegistration
 from calque.contracts.quotas import QuotaUpdate
 from calque.identity import Caller
-from calque.registry.memory import MemoryQueue, MemoryRegistry
 from calque.tenancy.service import Tenancy, TenancyConfig
+from calque.tenancy.store.memory import MemoryQueue, MemoryRegistry
 
 ADMIN = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)
 

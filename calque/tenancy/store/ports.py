@@ -9,34 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from calque.registry.models import (
+from calque.members.counters import settlement
+from calque.members.ports import MemberStore, Reservation, StaleWrite
+from calque.members.records import QuotaRecord
+from calque.tenancy.store.models import (
     HostRecord,
     HostState,
     LeaseEvent,
-    QuotaRecord,
     RequestRecord,
     SessionRecord,
     SliceRecord,
 )
 
-if TYPE_CHECKING:  # a deregistration's record: calque.registry.retired
-    from calque.registry.retired import RetiredHost
-
-
-class StaleWrite(Exception):
-    """A condition failed: the record changed since it was read. Nothing was written."""
+if TYPE_CHECKING:  # a deregistration's record: calque.tenancy.store.retired
+    from calque.tenancy.store.retired import RetiredHost
 
 
 class SliceTaken(StaleWrite):
     """The slice is no longer free at the fence read: someone else got it first."""
-
-
-class QuotaFull(StaleWrite):
-    """The user's counter item refused: live sessions at their maximum, a monthly limit
-    that the reservation does not fit, or a limit that changed since it was read."""
 
 
 class Replayed(StaleWrite):
@@ -45,78 +37,6 @@ class Replayed(StaleWrite):
 
 class HostNotReady(StaleWrite):
     """The slice's host no longer accepts sessions: nothing on it may become placeable."""
-
-
-class AlreadyExists(StaleWrite):
-    """The record to create is already there."""
-
-
-class LimitsChanged(StaleWrite):
-    """A conditional write of limits found another version than the one it was based on."""
-
-
-MICRO = 1_000_000
-
-
-def micro(amount: float) -> int:
-    """A limit (GPU-hours kept to a thousandth, dollars to a cent) in whole micro-units."""
-    return int((Decimal(repr(amount)) * MICRO).to_integral_value(ROUND_HALF_UP))
-
-
-def add_use(use: dict[str, int], month: str, **deltas: int) -> dict[str, int]:
-    """``use`` with ``deltas`` (e.g. committed_ugh=5) added to ``month``'s counters."""
-    from calque.registry.keys import use_attr
-
-    out = dict(use)
-    for name, delta in deltas.items():
-        state, unit = name.split("_")
-        attr = use_attr(state, unit, month)
-        out[attr] = out.get(attr, 0) + delta
-    return out
-
-
-def fits(
-    use: dict[str, int],
-    stored: Limits,
-    read: Limits,
-    month: str,
-    ugh: int,
-    musd: int,
-) -> bool:
-    """The in-memory form of the transaction's condition: each limit still as read, and the
-    month's committed amount plus the ask within each one set."""
-    from calque.registry.keys import use_attr
-
-    for was, now, unit, ask in (
-        (read.gpu_hours, stored.gpu_hours, "ugh", ugh),
-        (read.usd, stored.usd, "musd", musd),
-    ):
-        if was != now:
-            return False
-        if was is not None and use.get(use_attr("committed", unit, month), 0) + ask > micro(was):
-            return False
-    return True
-
-
-class Limits(NamedTuple):
-    """Monthly limits of a member or a group as read before the write (None: none set).
-    The write pins them (the stored limit must still be this value) and checks the month's
-    committed amount against them, so a limit changed meanwhile refuses instead of passing."""
-
-    gpu_hours: float | None = None
-    usd: float | None = None
-
-
-class Reservation(NamedTuple):
-    """What a check-out or an extend holds against ``month``'s limits: micro-GPU-hours and
-    micro-dollars, checked as ``committed + ask <= limit`` for each limit set, in the same
-    transaction that grants or extends."""
-
-    month: str
-    ugh: int
-    musd: int
-    user: Limits
-    group: Limits | None = None
 
 
 class SessionEnd(NamedTuple):
@@ -139,6 +59,13 @@ class SessionEnd(NamedTuple):
     def arguments(self) -> dict[str, Any]:
         return self._asdict()
 
+    def settle(self) -> dict[str, int]:
+        """What the end adds to its month's counters (the member's and the group's)."""
+        s = self.session
+        return settlement(
+            self.used_ugh, self.used_musd, reserved_ugh=s.reserved_ugh, reserved_musd=s.reserved_musd
+        )
+
     def ended(self) -> SessionRecord:
         """The session as ending it leaves it."""
         return self.session.model_copy(
@@ -153,7 +80,7 @@ class SessionEnd(NamedTuple):
         )
 
 
-class Registry(Protocol):
+class Registry(MemberStore, Protocol):
     # -- hosts ----------------------------------------------------------------------------
     def create_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
         """The host (AlreadyExists if registered) and its slices, all pending."""
@@ -321,34 +248,13 @@ class Registry(Protocol):
         only while the session is live at ``session.fence`` (a late report for an ended lease
         changes nothing); the event, when given, in the same write. False otherwise."""
 
-    # -- quotas ---------------------------------------------------------------------------
-    def get_quota(self, user: str) -> QuotaRecord | None:
-        """The user's quota record (None if never counted or set), read consistently, with its
-        monthly counters: what the month's ended sessions used is its settled amounts."""
-
+    # -- quotas (the rest: calque.members.ports.MemberStore) --------------------------------
     def quota_and_groups(
         self, user: str, *, profile: tuple[str, str] | None = None
     ) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         """The user's quota record and group memberships (group -> when added), in one read;
         with ``profile`` (backend, name), that read may also fetch the profile's sizes for
         ``profile_memories`` to answer without one of its own."""
-
-    def put_quota(
-        self,
-        user: str,
-        *,
-        max_sessions: int,
-        max_gpu_hours_per_month: float | None,
-        by: str,
-        at: datetime,
-        max_usd_per_month: float | None = None,
-        if_version: int | None = None,
-        request: str | None = None,
-    ) -> QuotaRecord:
-        """Replace the user's three limits and bump their version, keeping the counters;
-        with ``if_version``, only while the stored version is that one (an absent item or
-        version is 0): LimitsChanged otherwise, and nothing is written. ``request`` (the
-        client request's stamp, or None) is kept as the last write's."""
 
     # -- the record -----------------------------------------------------------------------
     def events_on(self, day: str) -> list[LeaseEvent]:

@@ -4,13 +4,13 @@
     host            HOSTS                     HOST#<instance_id>
     slice           HOST#<instance_id>        SLICE#<slice_id>
     session         SESSION#<session_id>      SESSION
-    quota / counter USER#<user>               QUOTA   (limits, live count, monthly counters: use_attr)
+    quota / counter USER#<user>               QUOTA   (a member's: calque.members.keys)
     profile sizes   PROFILE#<backend>#<name>  PROFILE          (memories registered for a profile)
     client request  REQUEST#<hash>            REQUEST          (a check-out's replay record; gc_at ends it)
     lease event     EVENTS#<YYYY-MM-DD>       <iso time>#<session_id>#<fence>#<kind>
     retired host    RETIRED_HOSTS             HOST#<instance_id>#<registered iso>  (a deregistered host)
 
-What a month's ended sessions used is its settled counters (use_attr). USER#<user> /
+What a month's ended sessions used is its settled counters (calque.members.keys.use_attr). USER#<user> /
 USAGE#<YYYY-MM> items, kept by tables from before the counters, are neither written nor
 read (why: calque.tenancy.quotas.QuotasMixin.get_quota).
 
@@ -21,7 +21,7 @@ Sparse indexes (an item is in an index only while it carries that index's keys):
                  only free slices of hosts that accept sessions: the first hit >= a floor is the best fit.
                  <spread> (4 hex digits, a hash of instance and slice) scatters one size's slices
                  over the key space, so racing check-outs that start reading at different
-                 random spreads read different slices (calque.registry.spread).
+                 random spreads read different slices (calque.tenancy.store.spread).
     by_user      user_pk = USER#<user>      user_sk = L|E#<created iso>#<session_id>   every session:
                  L while live, E once ended, so a user's live (or ended) sessions are one prefix
                  user_pk = FLEET            user_sk = HOST#<instance> (host), HOST#<instance>#SLICE#<slice>
@@ -71,10 +71,6 @@ def request(request_id: str) -> dict[str, str]:
     return {"pk": f"REQUEST#{request_id}", "sk": "REQUEST"}
 
 
-def quota(user: str) -> dict[str, str]:
-    return {"pk": f"USER#{user}", "sk": "QUOTA"}
-
-
 def profile(backend: str, name: str) -> dict[str, str]:
     return {"pk": f"PROFILE#{backend}#{name}", "sk": "PROFILE"}
 
@@ -114,13 +110,6 @@ def free_sk(memory_gib: float, profile_name: str, instance_id: str, slice_id: st
 def fleet_keys(instance_id: str, slice_id: str | None = None) -> dict[str, str]:
     sk = f"HOST#{instance_id}" + (f"#SLICE#{slice_id}" if slice_id is not None else "")
     return {"user_pk": FLEET, "user_sk": sk}
-
-
-def use_attr(state: str, unit: str, month: str) -> str:
-    """A monthly counter on a member's quota item or a group's item: ``committed`` (reserved by
-    live sessions plus settled by ended ones) or ``settled``, in ``ugh`` (micro-GPU-hours)
-    or ``musd`` (micro-dollars), of one month (YYYY-MM), e.g. committed_musd_2026-12."""
-    return f"{state}_{unit}_{month}"
 
 
 def user_pk(user: str) -> str:

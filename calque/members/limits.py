@@ -25,58 +25,39 @@ import math
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from calque.errors import Conflict, InvalidInput, QuotaExceeded
-from calque.registry.models import MonthUse, QuotaRecord, SessionRecord, SliceRecord, month_use
-from calque.registry.ports import MICRO, Limits, Reservation, StaleWrite, micro
-from calque.tenancy import requests
+from calque.errors import Conflict, QuotaExceeded
+from calque.members import requests
+from calque.members.ports import MICRO, Limits, Reservation, StaleWrite, micro
+from calque.members.records import MonthUse, QuotaRecord, month_use
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from calque.fleet.ports import InstanceRates
     from calque.fleet.rates import Schedule
 
 GPU = "max_gpu_hours_per_month"
 USD = "max_usd_per_month"
 
 
-def price(
-    registry: Any, sl: SliceRecord, rates: InstanceRates | None = None
-) -> tuple[str | None, str | None]:
-    """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
-    usage report charges them. Slices record their share at registration; one registered
-    before that is priced from its host (two reads). A spot slice's rate is the one the fleet
-    recorded when it launched the instance (one read of ``rates``), else the catalog's
-    on-demand rate. (None, None): no rate is known."""
-    share, itype_name = sl.share, sl.instance_type
-    if share is None or itype_name is None:
-        from calque.accounting.shares import slice_shares
+class Metered(Protocol):
+    """What a session (or a claim's slot) is metered by: its slice's fraction of a card, its
+    share of the instance ("n/d") and the instance's hourly rate (USD) at check-out."""
 
-        host = registry.get_host(sl.instance_id)
-        if host is None:
-            return None, None
-        itype_name = host.instance_type
-        try:
-            shares = slice_shares(
-                host.instance_type,
-                host.layout,
-                [(s.slice_id, s.gpu_index, s.backend, s.profile) for s in registry.slices(sl.instance_id)],
-            )
-        except InvalidInput:
-            return None, None
-        if sl.slice_id not in shares:
-            return None, None
-        share = str(shares[sl.slice_id])
-    from calque.fleet.rates import rate_of
+    @property
+    def gpu_fraction(self) -> float: ...
 
-    # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
-    recorded = rates.instance_rate(sl.instance_id) if sl.spot and rates is not None else None
-    charged = rate_of(itype_name, recorded)
-    if charged is None:
-        return share, None
-    return share, str(charged[0])
+    @property
+    def share(self) -> str | None: ...
+
+    @property
+    def hourly_usd(self) -> str | None: ...
+
+
+class Started(Metered, Protocol):
+    @property
+    def created_at(self) -> datetime: ...
 
 
 def _amounts(
@@ -108,12 +89,12 @@ def _half_up(x: Fraction) -> int:
     return int((Decimal(x.numerator) / Decimal(x.denominator)).quantize(Decimal(1), ROUND_HALF_UP))
 
 
-def reserve(seconds: int, session: SessionRecord) -> tuple[int, int]:
+def reserve(seconds: int, session: Metered) -> tuple[int, int]:
     """What ``seconds`` more of the session may use: (micro-GPU-hours, micro-dollars), rounded up."""
     return _amounts(seconds, session, up=True)
 
 
-def used(seconds: int, session: SessionRecord, schedule: Schedule | None = None) -> tuple[int, int]:
+def used(seconds: int, session: Started, schedule: Schedule | None = None) -> tuple[int, int]:
     """What ``seconds`` of the session used: (micro-GPU-hours, micro-dollars), rounded half-up.
     With its instance's rate ``schedule`` (spot) the dollars follow the rates over the time
     it ran; else they are at the rate recorded on the session at check-out."""
@@ -339,7 +320,7 @@ def write_versioned(
     write: Callable[[str | None], Any],
 ) -> Any:
     """``write`` the limits of ``name`` (``scope`` "user" or "group") that ``req`` asks, given
-    the stamp of the request (calque.tenancy.requests.stamp) to keep, unless this request
+    the stamp of the request (calque.members.requests.stamp) to keep, unless this request
     wrote them last (a replay: nothing is written), or, with ``req.if_version``, their
     version (``read(name)``: the record or None) is another (Conflict ``limits_changed``,
     nothing written). ``write`` is conditional on ``if_version`` too (StaleWrite when it

@@ -1,56 +1,37 @@
-"""An in-process registry for unit tests: the same conditions as the DynamoDB adapter,
-each multi-record change applied all or nothing under one lock."""
+"""An in-process registry for unit tests and the simulators: the same conditions as the
+DynamoDB adapter (those on a session, written once: calque.tenancy.store.rules), each
+multi-record change applied all or nothing under one lock."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
-from calque.registry import keys, spread
-from calque.registry.groups import MemoryGroups
-from calque.registry.models import (
+from calque.members.memory import MemoryMembers
+from calque.members.ports import AlreadyExists, Reservation, StaleWrite
+from calque.tenancy.store import keys, rules, spread
+from calque.tenancy.store.models import (
     HostRecord,
     HostState,
     LeaseEvent,
-    QuotaRecord,
     RequestRecord,
     SessionRecord,
     SliceRecord,
 )
-from calque.registry.ports import (
-    AlreadyExists,
-    Limits,
-    LimitsChanged,
-    QuotaFull,
-    Replayed,
-    Reservation,
-    SessionEnd,
-    SliceTaken,
-    StaleWrite,
-    add_use,
-    fits,
-)
-from calque.registry.retired import RetiredHost
+from calque.tenancy.store.ports import Replayed, SessionEnd, SliceTaken
+from calque.tenancy.store.retired import RetiredHost
 
 
-class MemoryRegistry(MemoryGroups):
+class MemoryRegistry(MemoryMembers):
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._groups_init()
+        super().__init__()
         self.hosts: dict[str, HostRecord] = {}
         self.slice_map: dict[tuple[str, str], SliceRecord] = {}
         self.sessions: dict[str, SessionRecord] = {}
-        self.quotas: dict[str, QuotaRecord] = {}
         self.profiles: dict[tuple[str, str], set[float]] = {}
         self.events: list[LeaseEvent] = []
         self.requests_made: dict[str, RequestRecord] = {}
         self.retired: dict[tuple[str, datetime], RetiredHost] = {}
-        self.requests = 0  # calls made, for the "does not grow with the fleet" property
-
-    def _count(self) -> None:
-        self.requests += 1
 
     def _accepting(self, instance_id: str) -> bool:
         host = self.hosts.get(instance_id)
@@ -262,10 +243,7 @@ class MemoryRegistry(MemoryGroups):
                 raise SliceTaken(sl.slice_id)
             if session.session_id in self.sessions:
                 raise StaleWrite(session.session_id)
-            q = self.quotas.get(session.user)
-            if q is not None and q.live >= q.max_sessions:
-                raise QuotaFull(session.user)
-            self._check_user_fits(session.user, res)
+            self._quota_take(session.user, res, count=True)
             self._group_take(session.group, res)
             self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
                 update={
@@ -278,14 +256,7 @@ class MemoryRegistry(MemoryGroups):
                 }
             )
             self.sessions[session.session_id] = session
-            if q is None:
-                q = QuotaRecord(user=session.user, max_sessions=default_max_sessions, live=0)
-            self.quotas[session.user] = q.model_copy(
-                update={
-                    "live": q.live + 1,
-                    "use": add_use(q.use, res.month, committed_ugh=res.ugh, committed_musd=res.musd),
-                }
-            )
+            self._quota_took(session.user, res, count=True, default_max_sessions=default_max_sessions)
             self._group_took(session.group, res)
             self.events.append(event)
             if request is not None:
@@ -331,40 +302,33 @@ class MemoryRegistry(MemoryGroups):
         used_ugh: int = 0,
         used_musd: int = 0,
     ) -> SessionRecord:
+        end = SessionEnd(
+            session,
+            at=at,
+            reason=reason,
+            by=by,
+            note=note,
+            token_hash=token_hash,
+            expired_by=expired_by,
+            month=month,
+            event=event,
+            request_id=request_id,
+            used_ugh=used_ugh,
+            used_musd=used_musd,
+        )
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
-            if cur is None or cur.state != "live" or cur.fence != session.fence:
-                raise StaleWrite(session.session_id)
-            # Settlement replaces the reservation read: one an extend changed meanwhile is stale.
-            if (cur.reserved_ugh, cur.reserved_musd) != (session.reserved_ugh, session.reserved_musd):
-                raise StaleWrite(session.session_id)
-            if token_hash is not None and cur.token_hash != token_hash:
-                raise StaleWrite(session.session_id)
-            if expired_by is not None and int(cur.expires_at.timestamp()) > int(expired_by.timestamp()):
+            if cur is None or not rules.holds(cur, rules.end_conditions(end)):
                 raise StaleWrite(session.session_id)
             key = (session.instance_id, session.slice_id)
             sl = self.slice_map.get(key)
-            if (
-                sl is None
-                or sl.state != "held"
-                or sl.session_id != session.session_id
-                or sl.fence != session.fence
-            ):
+            if sl is None or not rules.holds(sl, rules.slice_held_conditions(session)):
                 raise StaleWrite(session.slice_id)
-            q = self.quotas.get(session.user)
-            if q is None or q.live <= 0:
-                raise StaleWrite(session.user)
-            ended = cur.model_copy(
-                update={
-                    "state": "ended",
-                    "ended_at": at,
-                    "end_reason": reason,
-                    "ended_by": by,
-                    "end_note": note,
-                    "end_request": request_id,
-                }
-            )
+            settle = end.settle()
+            self._quota_release(session.user, month, settle)  # the last check: it writes too
+            # the session as stored (a host's report may have changed it since it was read)
+            ended = end._replace(session=cur).ended()
             self.sessions[session.session_id] = ended
             self.slice_map[key] = sl.model_copy(
                 update={
@@ -373,15 +337,6 @@ class MemoryRegistry(MemoryGroups):
                     "session_id": None,
                     "state_since": at,
                 }
-            )
-            settle = {
-                "committed_ugh": used_ugh - session.reserved_ugh,
-                "committed_musd": used_musd - session.reserved_musd,
-                "settled_ugh": used_ugh,
-                "settled_musd": used_musd,
-            }
-            self.quotas[session.user] = q.model_copy(
-                update={"live": q.live - 1, "use": add_use(q.use, month, **settle)}
             )
             self._group_release(session.group, month, settle)
             self.events.append(event)
@@ -410,23 +365,16 @@ class MemoryRegistry(MemoryGroups):
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
-            if (
-                cur is None
-                or cur.state != "live"
-                or cur.token_hash != token_hash
-                or cur.expires_at != session.expires_at
-                or int(cur.expires_at.timestamp()) <= int(now.timestamp())
+            if cur is None or not rules.holds(
+                cur, rules.extend_conditions(session, token_hash=token_hash, now=now)
             ):
                 raise StaleWrite(session.session_id)
             update: dict[str, object] = {"expires_at": expires_at, "extend_request": request_id}
             res = reservation
             if res is not None:
-                self._check_user_fits(session.user, res)
+                self._quota_take(session.user, res, count=False)
                 self._group_take(session.group, res, count=False)
-                q = self.quotas.get(session.user) or QuotaRecord(user=session.user, max_sessions=0)
-                self.quotas[session.user] = q.model_copy(
-                    update={"use": add_use(q.use, res.month, committed_ugh=res.ugh, committed_musd=res.musd)}
-                )
+                self._quota_took(session.user, res, count=False, default_max_sessions=0)
                 self._group_took(session.group, res, count=False)
                 update.update(
                     reserved_ugh=cur.reserved_ugh + res.ugh, reserved_musd=cur.reserved_musd + res.musd
@@ -442,7 +390,7 @@ class MemoryRegistry(MemoryGroups):
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
-            if cur is None or cur.state != "live" or cur.fence != session.fence:
+            if cur is None or not rules.holds(cur, rules.live_at_fence(session)):
                 return False
             self.sessions[session.session_id] = cur.model_copy(
                 update={"host_access": state, "host_access_reason": reason}
@@ -451,87 +399,9 @@ class MemoryRegistry(MemoryGroups):
                 self.events.append(event)
             return True
 
-    # -- quotas ---------------------------------------------------------------------------
-    def get_quota(self, user: str) -> QuotaRecord | None:
-        self._count()
-        return self.quotas.get(user)
-
-    def quota_and_groups(
-        self, user: str, *, profile: tuple[str, str] | None = None
-    ) -> tuple[QuotaRecord | None, dict[str, datetime]]:
-        self._count()
-        with self._lock:
-            return self.quotas.get(user), self.groups_of(user)
-
-    def _check_user_fits(self, user: str, res: Reservation) -> None:
-        q = self.quotas.get(user)
-        stored = Limits(q.max_gpu_hours_per_month, q.max_usd_per_month) if q else Limits()
-        if not fits(q.use if q else {}, stored, res.user, res.month, res.ugh, res.musd):
-            raise QuotaFull(user)
-
-    def put_quota(
-        self,
-        user: str,
-        *,
-        max_sessions: int,
-        max_gpu_hours_per_month: float | None,
-        by: str,
-        at: datetime,
-        max_usd_per_month: float | None = None,
-        if_version: int | None = None,
-        request: str | None = None,
-    ) -> QuotaRecord:
-        with self._lock:
-            self._count()
-            old = self.quotas.get(user)
-            version = old.version if old else 0
-            if if_version is not None and version != if_version:
-                raise LimitsChanged(user)
-            live = old.live if old else 0
-            q = QuotaRecord(
-                user=user,
-                max_sessions=max_sessions,
-                max_gpu_hours_per_month=max_gpu_hours_per_month,
-                max_usd_per_month=max_usd_per_month,
-                use=old.use if old else {},
-                live=live,
-                updated_at=at,
-                updated_by=by,
-                explicit=True,
-                version=version + 1,
-                limits_request=request,
-            )
-            self.quotas[user] = q
-            return q
-
     def events_on(self, day: str) -> list[LeaseEvent]:
         self._count()
         return sorted((e for e in self.events if f"{e.at:%Y-%m-%d}" == day), key=lambda e: e.at)
-
-    # -- pool claims ----------------------------------------------------------------------
-    def settle_claim(self, write: Any, *, default_max_sessions: int) -> None:
-        """Run a claim's conditional end (``write``) and add what it used to its member's and
-        group's month, all under the registry's lock: the in-memory form of the one
-        transaction. ``write`` returns the use to settle (calque.pools.domain.ClaimUse), or
-        None when it wrote nothing (the claim had ended already) or there is nothing to settle."""
-        with self._lock:
-            self._count()
-            use = write()
-            if use is None:
-                return
-            settle = {
-                "committed_ugh": use.ugh,
-                "committed_musd": use.musd,
-                "settled_ugh": use.ugh,
-                "settled_musd": use.musd,
-            }
-            q = self.quotas.get(use.user) or QuotaRecord(
-                user=use.user, max_sessions=default_max_sessions, live=0
-            )
-            self.quotas[use.user] = q.model_copy(update={"use": add_use(q.use, use.month, **settle)})
-            g = self.group_map.get(use.group) if use.group is not None else None
-            if g is not None:
-                self.group_map[g.name] = g.model_copy(update={"use": add_use(g.use, use.month, **settle)})
 
 
 class MemoryQueue:

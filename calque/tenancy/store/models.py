@@ -51,7 +51,7 @@ class SliceRecord(_Record):
     env: dict[str, str] = Field(default={})
     spot: bool = False
     state_since: datetime
-    # The slice's share of its instance (calque.accounting.shares, "n/d") and the instance's
+    # The slice's share of its instance (calque.members.shares, "n/d") and the instance's
     # type, fixed at registration: what a check-out reserves against dollar budgets.
     share: str | None = None
     instance_type: str | None = None
@@ -110,62 +110,6 @@ class RequestRecord(_Record):
     fingerprint: str
     sealed_token: str
     expires_at: datetime
-
-
-class QuotaRecord(_Record):
-    user: str
-    max_sessions: int
-    max_gpu_hours_per_month: float | None = None
-    max_usd_per_month: float | None = None
-    live: int = 0
-    # Monthly counters (calque.registry.keys.use_attr): committed and settled amounts.
-    use: dict[str, int] = Field(default={})
-    updated_at: datetime | None = None
-    updated_by: str | None = None
-    # False: no admin set it; the counter item exists only to count live sessions.
-    explicit: bool = False
-    # Bumped by every write of the limits (absent: 0), so a write may be conditional on the
-    # limits it was based on; ``limits_request`` stamps the client request of the last one
-    # (calque.tenancy.requests.stamp), so its replay is answered instead of refused.
-    version: int = 0
-    limits_request: str | None = None
-
-
-class MonthUse(_Record):
-    """One month's counters of a member or a group, in micro-GPU-hours and micro-dollars.
-
-    ``committed`` is what the month's check-outs reserved plus what ended sessions settled
-    (each end replaces its reservation by what it used); ``settled`` is only the latter."""
-
-    committed_ugh: int = 0
-    committed_musd: int = 0
-    settled_ugh: int = 0
-    settled_musd: int = 0
-
-    @property
-    def reserved_ugh(self) -> int:
-        return self.committed_ugh - self.settled_ugh
-
-    @property
-    def reserved_musd(self) -> int:
-        return self.committed_musd - self.settled_musd
-
-
-def month_use(use: dict[str, int], month: str) -> MonthUse:
-    from calque.registry.keys import use_attr
-
-    return MonthUse(
-        **{
-            f"{state}_{unit}": int(use.get(use_attr(state, unit, month), 0))
-            for state in ("committed", "settled")
-            for unit in ("ugh", "musd")
-        }
-    )
-
-
-def use_of(item: dict[str, Any]) -> dict[str, int]:
-    """The monthly counters among a stored item's attributes."""
-    return {k: int(v) for k, v in item.items() if k.startswith(("committed_", "settled_"))}
 
 
 class LeaseEvent(_Record):

@@ -5,7 +5,7 @@ A member's default group is the one they were added to first; ``group`` at check
 picks another of theirs. Every limit of the group is enforced inside the granting
 transaction, like the member's own: ``max_sessions`` by the group's live counter, its
 monthly GPU-hours and dollar budget by the reservation the check-out adds to the group's
-month (calque.tenancy.limits), each on condition it fits.
+month (calque.members.limits), each on condition it fits.
 """
 
 from __future__ import annotations
@@ -13,16 +13,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from calque.contracts.common import GROUP_PATTERN
 from calque.contracts.tenancy import USER_PATTERN
 from calque.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from calque.identity import Caller
-from calque.registry.groups import LIMITS, MAX_GROUP_MEMBERS, GroupFull, GroupRecord, TooManyMembers
-from calque.registry.models import month_use
-from calque.registry.ports import AlreadyExists, StaleWrite
-from calque.tenancy import limits, requests
+from calque.members import limits, requests
+from calque.members.ports import (
+    MAX_GROUP_MEMBERS,
+    AlreadyExists,
+    GroupFull,
+    GroupStore,
+    StaleWrite,
+    TooManyMembers,
+)
+from calque.members.records import LIMITS, GroupRecord, month_use
 
 if TYPE_CHECKING:  # the groups API's contracts: a check-out resolving its group needs none
     from calque.contracts.economics import Group, GroupCreate, GroupLimits
@@ -30,26 +36,7 @@ if TYPE_CHECKING:  # the groups API's contracts: a check-out resolving its group
 __all__ = ["GroupFull", "Groups", "charge_group", "group_full"]
 
 
-class GroupRegistry(Protocol):
-    def create_group(self, group: GroupRecord) -> None: ...
-    def get_group(self, name: str) -> GroupRecord | None: ...
-    def list_groups(self) -> list[GroupRecord]: ...
-    def update_group(
-        self,
-        name: str,
-        *,
-        add: dict[str, datetime],
-        remove: list[str],
-        limits: dict[str, Any],
-        request: str | None = None,
-    ) -> GroupRecord: ...
-    def set_group_limits(
-        self, name: str, limits: dict[str, Any], *, if_version: int | None, request: str | None
-    ) -> GroupRecord: ...
-    def groups_of(self, user: str) -> dict[str, datetime]: ...
-
-
-def _known(registry: GroupRegistry, name: str) -> GroupRecord:
+def _known(registry: GroupStore, name: str) -> GroupRecord:
     g = registry.get_group(name) if re.fullmatch(GROUP_PATTERN, name) else None
     if g is None:
         raise NotFound(f"no group {name}", details={"group": name})
@@ -57,7 +44,7 @@ def _known(registry: GroupRegistry, name: str) -> GroupRecord:
 
 
 def _stamp(who: Caller, key: str | None, *what: str) -> str | None:
-    """This request's stamp (calque.tenancy.requests.stamp) over what it asks, or None without a key."""
+    """This request's stamp (calque.members.requests.stamp) over what it asks, or None without a key."""
     key = requests.check_key(key)
     return requests.stamp(requests.request_id(who.principal, key) if key else None, "\n".join(what))
 
@@ -72,7 +59,7 @@ def _too_many(name: str, members: int, adding: int) -> Conflict:
 
 
 def default_group(
-    registry: GroupRegistry, user: str, mine: dict[str, datetime] | None = None
+    registry: GroupStore, user: str, mine: dict[str, datetime] | None = None
 ) -> GroupRecord | None:
     """The group the member was added to first (``mine``: their memberships, when read already)."""
     mine = registry.groups_of(user) if mine is None else mine
@@ -139,7 +126,7 @@ class Groups:
     """Admins create groups and change their members and limits; everyone may read them."""
 
     def __init__(self, registry: Any, *, clock: Callable[[], datetime]) -> None:
-        self.registry: GroupRegistry = registry
+        self.registry: GroupStore = registry
         self.clock = clock
 
     def create(self, who: Caller, req: GroupCreate, *, idempotency_key: str | None = None) -> Group:
@@ -201,7 +188,7 @@ class Groups:
         self, who: Caller, name: str, req: GroupLimits, *, idempotency_key: str | None = None
     ) -> Group:
         """Replace the group's three limits; with ``if_version``, only while their version is
-        that one (limits_changed otherwise: calque.tenancy.limits.write_versioned)."""
+        that one (limits_changed otherwise: calque.members.limits.write_versioned)."""
         self._admin(who)
         _known(self.registry, name)
 

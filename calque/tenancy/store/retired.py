@@ -1,6 +1,6 @@
 """What the registry keeps of a deregistered host (calque.tenancy.lifecycle writes it, the usage
 report reads it). Apart from the other records: only a deregistration and the usage report
-build these, and every request's cold start imports calque.registry.models."""
+build these, and every request's cold start imports calque.tenancy.store.models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
-from calque.registry.models import SliceBackend, _Record
+from calque.tenancy.store.models import SliceBackend, _Record
 
 
 class RetiredSlice(_Record):

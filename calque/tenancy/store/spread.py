@@ -3,7 +3,7 @@
 Every racing check-out used to read the same first page of the smallest fitting size,
 so all of them fought over the same few slices while hundreds stayed free. Each
 reader now starts at its own random point inside that size's key range (keys carry
-a spread, calque.registry.keys.spread) and wraps around: racers read different
+a spread, calque.tenancy.store.keys.spread) and wraps around: racers read different
 slices, and the smallest fitting size is still the one read. At most three queries,
 whatever the fleet's size; usually one, when the caller remembers which size was
 big enough last time (a hint that only saves the first page, never widens the fit).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from calque.registry import keys
+from calque.tenancy.store import keys
 
 T = TypeVar("T")
 
