@@ -31,9 +31,9 @@ from calque.simulate.pool import SimConfig, load_trace, simulate  # noqa: E402
 def layouts(trace: list, args: argparse.Namespace, common: dict) -> list[tuple[str, dict]]:
     """The scaler on whole cards and on the --mig layout of --instance-type, priced."""
     from calque import catalog
-    from calque.accounting.claims import slots_of
     from calque.cli.layout_flags import parse_mig
     from calque.contracts.layout import parse_layout
+    from calque.pools.pricing import slots_of
 
     itype = catalog.instance_type(args.instance_type)
     mig = parse_layout({"version": "v1", "gpus": [{"devices": "all", "mig": parse_mig(args.mig)}]})

@@ -162,7 +162,7 @@ class PoolsCore:
         discard_at: float | None = None,
     ) -> d.ClaimRecord | None:
         """Record a claim's end (from queued or running) and, in the same write, settle what it
-        ran into its member's and group's month (calque.accounting.claims.claim_use); an end
+        ran into its member's and group's month (calque.pools.pricing.claim_use); an end
         already recorded changes and counts nothing. None when the claim had ended already.
         ``discard_at``: a claim ended while queued is listed as one whose message waits on the
         queue to be discarded (not counted in the backlog the scaler sizes the pool by)."""
@@ -173,7 +173,7 @@ class PoolsCore:
         def price(ended: d.ClaimRecord) -> d.ClaimUse | None:
             from dataclasses import replace
 
-            from calque.accounting.claims import claim_use
+            from calque.pools.pricing import claim_use
 
             if record is None:
                 return None

@@ -142,7 +142,7 @@ class SimConfig:
     tick_s: float = 60.0
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     # An instance of the pool: its GPUs (what it is paid for), and its worker slots' shares
-    # of their card, in slot order (calque.accounting.claims.slots_of); () is one whole GPU.
+    # of their card, in slot order (calque.pools.pricing.slots_of); () is one whole GPU.
     gpus_per_instance: int = 1
     slot_card_fractions: tuple[float, ...] = ()
 

@@ -27,8 +27,12 @@ from calque.tenancy.store.models import HostRecord, SliceRecord
 from calque.tenancy.store.retired import RetiredHost, RetiredSlice
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import datetime
+    from typing import Any
+
     from calque.fleet.ports import Instance
-    from calque.tenancy.service import Tenancy
+    from calque.tenancy.store.ports import Registry
 
 # Hosts in these states may be registered again: the failed one with a corrected layout.
 REREGISTERABLE = frozenset({"failed"})
@@ -102,9 +106,24 @@ def inventory_mismatch(
     return None
 
 
+class LifecycleTenancy(Protocol):
+    """What the lifecycle asks of the tenancy service (calque.tenancy.service.Tenancy): its
+    registry and clock, and its one way each of registering a host, taking a host's report
+    and ending a session, so what happens here is recorded exactly as anywhere else."""
+
+    registry: Registry
+    clock: Callable[[], datetime]
+
+    def register_host(self, *args: Any, **kwargs: Any) -> Host: ...
+
+    def report(self, *args: Any, **kwargs: Any) -> ReportAccepted: ...
+
+    def end_session(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 class HostLifecycle:
     def __init__(
-        self, tenancy: Tenancy, *, apply_timeout_s: int = 900, instances: Instances | None = None
+        self, tenancy: LifecycleTenancy, *, apply_timeout_s: int = 900, instances: Instances | None = None
     ) -> None:
         self.tenancy = tenancy
         self.registry = tenancy.registry

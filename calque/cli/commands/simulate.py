@@ -97,8 +97,8 @@ def do_pool(
     spec: str | None = None,
 ) -> None:
     from calque import catalog
-    from calque.accounting.claims import slots_of
     from calque.cli.layout_flags import layout_from_flags
+    from calque.pools.pricing import slots_of
     from calque.pools.scaler import ScalerConfig
     from calque.simulate.pool import SimConfig, load_trace, plot, simulate
 

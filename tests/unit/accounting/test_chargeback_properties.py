@@ -22,6 +22,7 @@ from calque.accounting.chargeback import Instance, Lease, compute
 from calque.catalog import planner
 from calque.contracts.layout import LayoutSpec
 from calque.members.shares import slice_shares
+from calque.pools import pricing
 from calque.pools.domain import ClaimRecord, PoolInstanceRecord
 
 pytestmark = pytest.mark.unit
@@ -143,7 +144,7 @@ def _pool_claims(draw, now: datetime, users: list[str], first: int):
             started_at=start.timestamp(),
             ended_at=None if end is None else end.timestamp(),
         )
-        slots = pool_claims.slot_slices(itype, layout)
+        slots = pricing.slot_slices(itype, layout)
         stop = min(end or now, now)
         mine = []
         seg = int((stop - start).total_seconds())

@@ -15,6 +15,7 @@ from calque.contracts.economics import UsageQuery
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.fleet.rates import Rate
 from calque.fleet.records import InstanceRate, RateSegment, musd
+from calque.pools import pricing
 from tests.unit.accounting.test_spot_rates import Rates
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
@@ -183,7 +184,7 @@ def test_a_pool_instance_and_a_claim_over_a_change_follow_the_rates():
         until=datetime(2027, 1, 1, tzinfo=UTC),
         now=datetime(2026, 12, 3, tzinfo=UTC),
     )
-    use = claims.claim_use(claim, "g7e.2xlarge", None, rates["i-0pool0002"])
+    use = pricing.claim_use(claim, "g7e.2xlarge", None, rates["i-0pool0002"])
     # Then the claim costs 0.5 h x 0.60 + 0.5 h x 0.90 = 0.75 $, in its line and in its month
     (line,) = [x for x in bill.lines if x.kind == "claim"]
     assert (line.amount_usd, line.hourly_usd) == (Decimal("0.75"), Decimal("0.75"))

@@ -105,6 +105,7 @@ def test_a_rate_recorded_for_another_type_is_not_applied(world):
 
 def test_a_pool_instance_and_its_claims_are_charged_at_the_recorded_rate():
     from calque.accounting import claims
+    from calque.pools import pricing
     from calque.pools.domain import ClaimRecord, PoolInstanceRecord
 
     # Given a pool's spot instance, recorded at 0.84 $/h, held 10:00 to 12:00
@@ -131,12 +132,12 @@ def test_a_pool_instance_and_its_claims_are_charged_at_the_recorded_rate():
         worker="w-ab",
         instance_id="i-0pool0001",
     )
-    use = claims.claim_use(claim, "g7e.2xlarge", None, rates["i-0pool0001"])
+    use = pricing.claim_use(claim, "g7e.2xlarge", None, rates["i-0pool0001"])
     # Then the instance is charged 0.84 $/h, and the claim's month 1 h x 0.84 (not 3.36)
     assert str(inst.hourly_usd) == "0.84"
     assert use is not None
     assert use.musd == 840_000
-    assert claims.claim_use(claim, "g7e.2xlarge", None).musd == 3_360_000  # type: ignore[union-attr]
+    assert pricing.claim_use(claim, "g7e.2xlarge", None).musd == 3_360_000  # type: ignore[union-attr]
 
 
 def test_usage_counts_gpu_hours_in_cards_on_an_instance_of_eight_and_agrees_with_the_quota():

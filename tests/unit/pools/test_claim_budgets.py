@@ -274,8 +274,8 @@ def test_a_claim_that_runs_into_the_next_month_counts_in_the_month_it_started(pl
 def test_a_claim_on_a_mig_slice_counts_its_slice_as_a_session_there_would():
     # Given a claim that ran an hour on the third 1g.24gb slice of a g7e.2xlarge (a quarter of
     # its one card, 3.36 USD an hour; the card's memory is 96 GiB)
-    from calque.accounting.claims import claim_use
     from calque.pools.domain import ClaimRecord
+    from calque.pools.pricing import claim_use
 
     layout = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
     ran_an_hour = ClaimRecord(
