@@ -37,7 +37,7 @@ def untrack() -> None:
     if "original" in _STATE:
         return
     _STATE["original"] = BaseModel.__dict__["__new__"]
-    BaseModel.__new__ = staticmethod(_new)  # type: ignore[method-assign, assignment]
+    BaseModel.__new__ = staticmethod(_new)  # type: ignore[method-assign]
     # what was tracked before now goes with its last other reference
     from moto.core.model_instances import model_data
 

@@ -88,7 +88,8 @@ def _state() -> list[Any]:
                 for h, bucket in table.items.items()
             ]
         else:
-            rows = [(str(h), item.to_json()) for h, item in table.items.items()]
+            flat: dict[Any, Any] = table.items
+            rows = [(str(h), item.to_json()) for h, item in flat.items()]
         out.append((name, rows))
     return out
 
@@ -131,7 +132,7 @@ def _tx(*items: dict[str, Any]) -> Callable[[Any], None]:
 
 PUT_NEW = {"Put": {"TableName": "reg", "Item": {**_slice(9, 0), "state": _s("new")}}}
 PUT_OVER = {"Put": {"TableName": "reg", "Item": {**_slice(0, 0), "state": _s("replaced")}}}
-UPDATE = {
+UPDATE: dict[str, Any] = {
     "Update": {
         "TableName": "reg",
         "Key": _slice(0, 1),
@@ -176,18 +177,7 @@ SCENARIOS: dict[str, Callable[[Any], None]] = {
     "a new hash key's bucket is gone again": _tx(PUT_NEW, UPDATE_CREATES, FAILING),
     "a deleted item comes back in its place": _tx(DELETE_FIRST_FLAT, UPDATE_FLAT, PUT_FLAT_NEW, FAILING),
     "a whole bucket deleted comes back": _tx(*DELETE_WHOLE_BUCKET, FAILING),
-    "a condition on the update itself fails": _tx(
-        PUT_NEW,
-        {
-            "Update": {
-                **UPDATE["Update"],
-                "ExpressionAttributeValues": {
-                    **UPDATE["Update"]["ExpressionAttributeValues"],
-                    ":free": _s("held"),
-                },
-            }
-        },  # type: ignore[dict-item]
-    ),
+    "a condition on the update itself fails": _tx(PUT_NEW, UPDATE_ON_HELD),
     "ALL_OLD on a failed condition": _tx(
         PUT_NEW,
         _cond(
