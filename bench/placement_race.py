@@ -275,6 +275,7 @@ def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: in
     marks: dict[str, float] = {"before": plane.rss_mib()}
     failures: Counter[str] = Counter()
     lock = threading.Lock()
+    t0 = time.monotonic()
 
     def work(w: int) -> None:
         tenancy = Tenancy(DynamoRegistry(plane.ddb, TABLE), MemoryQueue(), rng=random.Random(w))
@@ -290,6 +291,12 @@ def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: in
                 done[0] += 1
                 if done[0] == warmup:
                     marks["warm"] = plane.rss_mib()
+                if done[0] % warmup == 0:
+                    print(
+                        f"  churn: {done[0]} cycles begun in {time.monotonic() - t0:.0f} s, "
+                        f"plane resident {plane.rss_mib():.0f} MiB",
+                        flush=True,
+                    )
             caller = members[n % members_per_worker]
             n += 1
             try:
