@@ -41,7 +41,7 @@ def handler_environment() -> dict[str, str]:
 def _serve(conn: Connection, function_id: str, account: str, region: str) -> None:
     """A worker's whole life: import the handler once, then one event at a time."""
     from calque import aws, settings
-    from calque.local.functions import lambda_context, load_handler
+    from calque.local.handlers import lambda_context, load_handler
 
     current: dict[str, str] = {}
     handler = None

@@ -5,8 +5,11 @@ moto applies a conditional write as read-check-write without a lock, so two
 concurrent conditional puts can both win; a transaction can interleave with
 another write. Every DynamoDB operation therefore runs one at a time here, which
 makes conditions and transactions atomic (and reads never see half a
-transaction). The same layer observes SSM SendCommand (moto records it and runs
-nothing) and hands each accepted command to the plane's SSM executor.
+transaction), and lets a transaction undo only the items it touched
+(calque/local/moto_dynamodb.py) where moto would copy whole tables; moto keeps
+no model it made once nothing uses it (calque/local/moto_models.py). The same
+layer observes SSM SendCommand (moto records it and runs nothing) and hands each
+accepted command to the plane's SSM executor.
 
 moto accepts any keys. The plane's server binds to the loopback interface and,
 given the plane's key pair, verifies every request's SigV4 signature against it
@@ -336,6 +339,11 @@ class MotoServer:
             create_backend_app,
         )
         from werkzeug.serving import make_server
+
+        from calque.local import moto_dynamodb, moto_models
+
+        moto_dynamodb.install()  # transactions that copy what they touch, not whole tables
+        moto_models.untrack()  # moto keeps no copy of an item once nothing uses it
 
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc, valid-type, unused-ignore]
             def log_request(self, *args: Any, **kwargs: Any) -> None:

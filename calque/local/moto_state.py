@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 if TYPE_CHECKING:
-    from calque.local.persistence import Restored
+    from calque.local.restored import Restored
 
 log = logging.getLogger("calque.local")
 

@@ -284,7 +284,7 @@ class LocalPlane:
         return lambda event: self.functions.invoke(function_id, event)
 
     def _start_pollers(self, clients: Any) -> None:
-        from calque.local.functions import FunctionNotAvailable
+        from calque.local.handlers import FunctionNotAvailable
         from calque.local.pollers import QueuePoller
 
         for q in resources.QUEUES:
@@ -306,7 +306,7 @@ class LocalPlane:
             self.pollers.append(poller)
 
     def _start_timers(self) -> None:
-        from calque.local.functions import FunctionNotAvailable
+        from calque.local.handlers import FunctionNotAvailable
         from calque.local.timers import ScheduleTimer
 
         for s in resources.SCHEDULES:

@@ -8,7 +8,9 @@ from collections import Counter
 
 import pytest
 
-from calque.local.persistence import DynamoJournal, Persistence, Restored, write_durably
+from calque.local.moto_state import write_durably
+from calque.local.persistence import DynamoJournal, Persistence
+from calque.local.restored import Restored
 
 pytestmark = pytest.mark.unit
 
