@@ -26,3 +26,33 @@ def _reset_caches():
     yield
     settings.clear_caches()
     aws.clear_caches()
+
+
+# Tiers in the order their files are dealt to the parallel workers: the integration files
+# (each minutes of waiting on a local plane) first, the unit files (seconds each) last, to
+# fill the gaps; within a tier, the order pytest collects.
+_TIER_ORDER = ("tests/integration/", "tests/infra/", "tests/gpu/", "tests/unit/")
+
+
+def _tier(nodeid: str) -> int:
+    return next((n for n, prefix in enumerate(_TIER_ORDER) if nodeid.startswith(prefix)), len(_TIER_ORDER))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _tier(item.nodeid))  # stable: a file's tests stay in order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``--dist loadfile``, whole files go to one worker, and the infra tests all to
+    the same one: each worker that touches the CDK starts its own jsii runtime (a Node.js
+    process holding aws-cdk-lib, seconds of CPU), and they share one synthesis anyway."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndInfra(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/infra/" if path.startswith("tests/infra/") else path
+
+    return FilesAndInfra(config, log)

@@ -232,6 +232,13 @@ def install() -> None:
         DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
 
 
+def moto_own() -> Any:
+    """moto's own ``transact_write_items``, installed or not (tests compare the two)."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    return _INSTALLED.get("original", DynamoDBBackend.transact_write_items)
+
+
 def last_undo() -> Undo | None:
     """The Undo of the latest transaction this process ran (tests count its copies)."""
     return _INSTALLED.get("last")

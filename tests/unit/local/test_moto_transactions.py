@@ -25,7 +25,7 @@ pytestmark = pytest.mark.unit
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
-MOTO_OWN = DynamoDBBackend.transact_write_items
+MOTO_OWN = moto_dynamodb.moto_own()
 
 
 def _s(v: str) -> dict[str, str]:
