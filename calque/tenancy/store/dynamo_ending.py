@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -15,8 +14,8 @@ from calque.dynamo import error_code, expr_values, ser
 from calque.members.ports import StaleWrite
 from calque.tenancy.store import keys, rules
 from calque.tenancy.store.dynamo_base import DynamoBase
-from calque.tenancy.store.models import LeaseEvent, SessionRecord
-from calque.tenancy.store.ports import SessionEnd
+from calque.tenancy.store.models import SessionRecord
+from calque.tenancy.store.ports import EndsSessions, SessionEnd
 
 _log = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ _log = logging.getLogger(__name__)
 ENDED_SESSION_RETENTION_S = 400 * 24 * 3600
 
 
-class DynamoEnding(DynamoBase):
+class DynamoEnding(EndsSessions, DynamoBase):
     def _end_items(self, end: SessionEnd) -> list[dict[str, Any]]:
         session, at = end.session, end.at
         cond, names, cond_values = rules.expression(rules.end_conditions(end))
@@ -89,41 +88,12 @@ class DynamoEnding(DynamoBase):
             items.append(self._group_release_item(session.group, end.month, settle))
         return items
 
-    def end_session(
-        self,
-        session: SessionRecord,
-        *,
-        at: datetime,
-        reason: str,
-        by: str,
-        note: str | None,
-        token_hash: str | None,
-        expired_by: datetime | None,
-        month: str,
-        event: LeaseEvent,
-        request_id: str | None = None,
-        used_ugh: int = 0,
-        used_musd: int = 0,
-    ) -> SessionRecord:
-        end = SessionEnd(
-            session,
-            at=at,
-            reason=reason,
-            by=by,
-            note=note,
-            token_hash=token_hash,
-            expired_by=expired_by,
-            month=month,
-            event=event,
-            request_id=request_id,
-            used_ugh=used_ugh,
-            used_musd=used_musd,
-        )
+    def _end_one(self, end: SessionEnd) -> SessionRecord:
         try:
             self._transact(self._end_items(end))
         except ClientError as exc:
             if error_code(exc) == "TransactionCanceledException":
-                raise StaleWrite(session.session_id) from None
+                raise StaleWrite(end.session.session_id) from None
             raise
         return end.ended()
 
@@ -162,7 +132,7 @@ class DynamoEnding(DynamoBase):
                     raise
                 for end in batch:
                     try:
-                        done.append(self.end_session(**end.arguments()))
+                        done.append(self._end_one(end))
                     except StaleWrite:
                         continue
                     except ClientError as one:

@@ -18,11 +18,11 @@ from calque.tenancy.store.models import (
     SessionRecord,
     SliceRecord,
 )
-from calque.tenancy.store.ports import Replayed, SessionEnd, SliceTaken
+from calque.tenancy.store.ports import EndsSessions, Replayed, SessionEnd, SliceTaken
 from calque.tenancy.store.retired import RetiredHost
 
 
-class MemoryRegistry(MemoryMembers):
+class MemoryRegistry(EndsSessions, MemoryMembers):
     def __init__(self) -> None:
         super().__init__()
         self.hosts: dict[str, HostRecord] = {}
@@ -286,36 +286,8 @@ class MemoryRegistry(MemoryMembers):
             live = [s for s in live if int(s.expires_at.timestamp()) <= cutoff]
         return sorted(live, key=lambda s: (s.expires_at, s.session_id))[:limit]
 
-    def end_session(
-        self,
-        session: SessionRecord,
-        *,
-        at: datetime,
-        reason: str,
-        by: str,
-        note: str | None,
-        token_hash: str | None,
-        expired_by: datetime | None,
-        month: str,
-        event: LeaseEvent,
-        request_id: str | None = None,
-        used_ugh: int = 0,
-        used_musd: int = 0,
-    ) -> SessionRecord:
-        end = SessionEnd(
-            session,
-            at=at,
-            reason=reason,
-            by=by,
-            note=note,
-            token_hash=token_hash,
-            expired_by=expired_by,
-            month=month,
-            event=event,
-            request_id=request_id,
-            used_ugh=used_ugh,
-            used_musd=used_musd,
-        )
+    def _end_one(self, end: SessionEnd) -> SessionRecord:
+        session = end.session
         with self._lock:
             self._count()
             cur = self.sessions.get(session.session_id)
@@ -326,7 +298,7 @@ class MemoryRegistry(MemoryMembers):
             if sl is None or not rules.holds(sl, rules.slice_held_conditions(session)):
                 raise StaleWrite(session.slice_id)
             settle = end.settle()
-            self._quota_release(session.user, month, settle)  # the last check: it writes too
+            self._quota_release(session.user, end.month, settle)  # the last check: it writes too
             # the session as stored (a host's report may have changed it since it was read)
             ended = end._replace(session=cur).ended()
             self.sessions[session.session_id] = ended
@@ -335,18 +307,18 @@ class MemoryRegistry(MemoryMembers):
                     "state": "reclaiming",
                     "holder": None,
                     "session_id": None,
-                    "state_since": at,
+                    "state_since": end.at,
                 }
             )
-            self._group_release(session.group, month, settle)
-            self.events.append(event)
+            self._group_release(session.group, end.month, settle)
+            self.events.append(end.event)
             return ended
 
     def end_sessions(self, ends: Sequence[SessionEnd]) -> list[SessionRecord]:
         done: list[SessionRecord] = []
         for end in ends:
             try:
-                done.append(self.end_session(**end.arguments()))
+                done.append(self._end_one(end))
             except StaleWrite:
                 continue
         return done

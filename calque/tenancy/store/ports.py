@@ -80,6 +80,47 @@ class SessionEnd(NamedTuple):
         )
 
 
+class EndsSessions:
+    """``Registry.end_session`` for both registries: its arguments as one ``SessionEnd``,
+    which each registry ends in ``_end_one`` (and ``end_sessions`` in batches)."""
+
+    def end_session(
+        self,
+        session: SessionRecord,
+        *,
+        at: datetime,
+        reason: str,
+        by: str,
+        note: str | None,
+        token_hash: str | None,
+        expired_by: datetime | None,
+        month: str,
+        event: LeaseEvent,
+        request_id: str | None = None,
+        used_ugh: int = 0,
+        used_musd: int = 0,
+    ) -> SessionRecord:
+        return self._end_one(
+            SessionEnd(
+                session,
+                at=at,
+                reason=reason,
+                by=by,
+                note=note,
+                token_hash=token_hash,
+                expired_by=expired_by,
+                month=month,
+                event=event,
+                request_id=request_id,
+                used_ugh=used_ugh,
+                used_musd=used_musd,
+            )
+        )
+
+    def _end_one(self, end: SessionEnd) -> SessionRecord:
+        raise NotImplementedError
+
+
 class Registry(MemberStore, Protocol):
     # -- hosts ----------------------------------------------------------------------------
     def create_host(self, host: HostRecord, slices: Sequence[SliceRecord]) -> None:
