@@ -60,6 +60,7 @@ class ProcessInfo:
     slice_tag: str | None = None  # CALQUE_SLICE_ID from the process's environment, when readable
     mps_client: bool = False  # listed by nvmlDeviceGetMPSComputeRunningProcesses: a client of the MPS server
     user: str | None = None  # the account it runs as, when readable
+    session: str | None = None  # the session cgroup it runs in: the kernel's word, not the tenant's
 
 
 @dataclass(frozen=True)

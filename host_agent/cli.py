@@ -16,10 +16,11 @@ from pathlib import Path
 
 from calque.contracts.agent import AgentReport
 from calque.errors import CalqueError, InvalidInput
+from host_agent.tenants import GrantStore
 
 VERBS = (
     "inventory", "apply", "assert", "export", "reclaim", "report",
-    "simulate-process", "grant", "login", "worker",
+    "simulate-process", "grant", "login", "guard", "worker",
 )  # fmt: skip
 
 
@@ -65,6 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long a changing verb waits for another run to finish (default 600)",
     )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        help="the agent's own state: grants, fences, UIDs handed out (default /var/lib/calque)",
+    )
+    p.add_argument(
+        "--host-access",
+        choices=("linux", "simulated"),
+        default=None,
+        help="who enforces tenancy: linux (accounts, cgroups, iptables, as root: the default on "
+        "hardware) or simulated (recorded in --state: the default with --simulate/--state)",
+    )
+    p.add_argument(
+        "--driver-root",
+        default="/",
+        metavar="DIR",
+        help="where the driver's proc/ and dev/ files are (default /; a test host's stand-in tree)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks of unexpected errors")
     subparsers = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     sub = _Verbs(subparsers)
@@ -108,6 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
         "login", help="(Session Manager) ask for the session's token, then run a shell as its account"
     )
     sp.add_argument("--user", required=True, metavar="ACCOUNT", help="the session's account: calque-<12 hex>")
+    sp.add_argument(
+        "--command",
+        default=None,
+        metavar="CMD",
+        help="run CMD in the session's shell instead of an interactive one",
+    )
+    sp = sub.add_parser(
+        "guard",
+        help="(at boot, before SSM Agent) refuse IMDS to all but root, hide other users' processes, "
+        "keep device files as set",
+    )
+    sp.add_argument(
+        "--install", action="store_true", help="also install and enable the systemd unit that runs it at boot"
+    )
     sp = sub.add_parser("simulate-process", help="simulated hosts only: start a pretend process on a slice")
     sp.add_argument("--slice", required=True, metavar="ID", help="the slice, e.g. g0-1g.24gb-1")
     sp.add_argument("--name", default="python", help="the process's name (default python)")
@@ -206,10 +239,39 @@ def _backend(args: argparse.Namespace):
         else:
             raise InvalidInput(f"--state {state} does not exist; give --simulate INSTANCE_TYPE to create it")
         save = (lambda: backend.save(state)) if state is not None else (lambda: None)
+        if args.host_access == "linux":  # simulated GPUs, this kernel's accounts and cgroups
+            backend.host = _linux_host(args)
+            backend.grants = GrantStore(f"{_state_dir(args)}/grants.json")
         return backend, backend.instance_type, save
     from host_agent.nvml import NvmlBackend
 
-    return NvmlBackend(mps_root=mps_root, allow_changes=not args.read_only), None, (lambda: None)
+    backend = NvmlBackend(mps_root=mps_root, allow_changes=not args.read_only, state_dir=_state_dir(args))
+    backend.host = _linux_host(args)
+    return backend, None, (lambda: None)
+
+
+def _state_dir(args: argparse.Namespace) -> str:
+    from host_agent.tenants import DEFAULT_STATE_DIR
+
+    return args.state_dir or os.environ.get("CALQUE_STATE_DIR") or DEFAULT_STATE_DIR
+
+
+def _linux_host(args: argparse.Namespace):
+    """The real host: its driver files under --driver-root; CALQUE_CGROUP_PARENT names the
+    sessions' cgroup parent and CALQUE_FILE_ROOTS (colon-separated) where a removed
+    account's files are looked for (default: every writable local filesystem)."""
+    from host_agent.confine import DEFAULT_PARENT, detect
+    from host_agent.linux_host import LinuxHost
+
+    root = Path(args.driver_root or "/")
+    roots = os.environ.get("CALQUE_FILE_ROOTS")
+    return LinuxHost(
+        proc=str(root / "proc"),
+        dev=str(root / "dev"),
+        state_dir=_state_dir(args),
+        confiner=detect(parent=os.environ.get("CALQUE_CGROUP_PARENT") or DEFAULT_PARENT),
+        file_roots=[r for r in roots.split(":") if r] if roots else None,
+    )
 
 
 def _read_spec(path: str):
@@ -366,7 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "login":
         from host_agent.login import login
 
-        return login(args.user)
+        return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=args.command)
+    if args.verb == "guard":
+        from host_agent.guard import guard
+
+        return guard(_linux_host(args), install=args.install, output=args.output)
     try:
         if args.verb == "worker":
             return _worker(args)

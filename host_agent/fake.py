@@ -21,6 +21,7 @@ from typing import Any
 from calque import catalog
 from calque.catalog.models import Card
 from host_agent import errors as e
+from host_agent.simulated_host import SimulatedGrants, SimulatedHost
 from host_agent.backend import (
     ComputeInstanceInfo,
     GpuInfo,
@@ -126,6 +127,7 @@ class FakeGpuBackend:
         mib: int = 1024,
         mps_client: bool = False,
         user: str | None = None,
+        cgroup: str | None = None,
     ) -> int:
         """A pretend compute process on a GPU or MIG device, as a tenant's job would be."""
         g = self._g(index)
@@ -143,6 +145,7 @@ class FakeGpuBackend:
                 "slice_tag": slice_tag,
                 "mps_client": mps_client,
                 "user": user,
+                "cgroup": cgroup,
             }
         )
         return pid
@@ -246,6 +249,7 @@ class FakeGpuBackend:
                 slice_tag=p.get("slice_tag"),
                 mps_client=p.get("mps_client", False),
                 user=p.get("user"),
+                session=p.get("cgroup"),
             )
             for p in self._g(index)["processes"]
         ]
@@ -487,80 +491,3 @@ class FakeMps:
     def stop(self, gpu: GpuInfo) -> None:
         self.backend._mutating("mps_stop", gpu.index)
         self.backend._g(gpu.index)["mps"] = {"running": False}
-
-
-class SimulatedHost:
-    """HostAccess on a simulated host: accounts, MIG capability files and the firewall rule
-    live in the fake's state, with the driver's defaults (capability files anyone may open)
-    until the agent changes them."""
-
-    def __init__(self, backend: FakeGpuBackend):
-        self.backend = backend
-
-    @property
-    def _h(self) -> dict[str, Any]:
-        return self.backend.state.setdefault(
-            "host", {"accounts": [], "caps": {}, "imds_rule": False, "grants": {}}
-        )
-
-    def ensure_account(self, name: str) -> bool:
-        if name in self._h["accounts"]:
-            return False
-        self._h["accounts"].append(name)
-        return True
-
-    def remove_account(self, name: str) -> bool:
-        if name not in self._h["accounts"]:
-            return False
-        self._h["accounts"].remove(name)
-        return True
-
-    def account_pids(self, name: str) -> list[int]:
-        return [p["pid"] for g in self.backend.state["gpus"] for p in g["processes"] if p.get("user") == name]
-
-    def mig_cap_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
-        # /proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>/access and .../ci<C>/access
-        base = 100 + gpu_minor * 200 + gi * 9
-        return base, base + 1 + ci
-
-    def set_cap_owner(self, minor: int, account: str | None) -> None:
-        self._h["caps"][str(minor)] = account or "root"
-
-    def cap_owner(self, minor: int) -> str:
-        return self._h["caps"].get(str(minor), "anyone")  # the driver's default mode, 0444
-
-    def may_open(self, account: str, minor: int) -> bool:
-        return self.cap_owner(minor) in (account, "anyone")
-
-    def gpu_node_owner(self, minor: int) -> str:
-        return self._h.setdefault("gpu_nodes", {}).get(str(minor), "anyone")  # the driver's 0666
-
-    def set_gpu_node_owner(self, minor: int, owner: str) -> None:
-        self._h.setdefault("gpu_nodes", {})[str(minor)] = owner
-
-    def may_open_gpu(self, account: str, minor: int) -> bool:
-        return self.gpu_node_owner(minor) in (account, "anyone")
-
-    def imds_rule_present(self) -> bool:
-        return bool(self._h["imds_rule"])
-
-    def ensure_imds_rule(self) -> bool:
-        if self._h["imds_rule"]:
-            return False
-        self._h["imds_rule"] = True
-        return True
-
-
-class SimulatedGrants:
-    def __init__(self, backend: FakeGpuBackend):
-        self.backend = backend
-
-    def load(self) -> dict[str, Any]:
-        from host_agent.tenants import grant_from_json
-
-        return {k: grant_from_json(v) for k, v in SimulatedHost(self.backend)._h["grants"].items()}
-
-    def save(self, grants: dict[str, Any]) -> None:
-        from host_agent.tenants import grant_to_json
-
-        SimulatedHost(self.backend)._h["grants"] = {k: grant_to_json(g) for k, g in grants.items()}

@@ -2,28 +2,95 @@
 runs (as root, through sudo) when a member connects. It lands the member in the
 session's account only after they give that session's token, so knowing another
 session's account name (every account is listed in /etc/passwd) is not enough.
+
+Before the shell starts, still as root, the login:
+- refuses while the host's guard is not in place (the IMDS rule is gone after a reboot
+  until the boot unit has run): a shell then could take the host role's credentials;
+- joins the session's cgroup, so everything the member runs is bounded and killed with
+  the session, and can open only the session's devices;
+- gives the shell a mount namespace of its own with the account's private /tmp,
+  /var/tmp and /dev/shm over the shared ones, umask 077, and the slice's
+  CUDA_VISIBLE_DEVICES in its environment.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import getpass
 import hashlib
 import hmac
 import os
 import sys
 
-from host_agent.tenants import DEFAULT_STATE_DIR, GrantStore
+from host_agent import accounts
+from host_agent.tenants import DEFAULT_STATE_DIR, Grant, GrantStore
+
+CLONE_NEWNS = 0x00020000
+MS_BIND = 4096
+MS_REC = 16384
+MS_SLAVE = 1 << 19
 
 
 def check_token(account: str, token: str, grants: dict) -> bool:
+    return _granted(account, token, grants) is not None
+
+
+def _granted(account: str, token: str, grants: dict) -> Grant | None:
+    """The grant this token opens for this account (an MPS account holds several)."""
     digest = hashlib.sha256(token.strip().encode()).hexdigest()
-    return any(
-        g.account == account and g.token_sha256 and hmac.compare_digest(digest, g.token_sha256)
-        for g in grants.values()
+    return next(
+        (
+            g
+            for g in grants.values()
+            if g.account == account and g.token_sha256 and hmac.compare_digest(digest, g.token_sha256)
+        ),
+        None,
     )
 
 
-def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR) -> int:
+def _read_token() -> str:
+    if sys.stdin.isatty():
+        return getpass.getpass("calque session token: ")
+    # Not a terminal (a script, `--command`): one line, read unbuffered so nothing after it
+    # is taken from the shell that follows.
+    out = bytearray()
+    while True:
+        ch = os.read(0, 1)
+        if not ch or ch == b"\n":
+            return out.decode(errors="replace")
+        out += ch
+
+
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _private_mounts(state_dir: str, account: str, shm: str = "/dev/shm") -> None:
+    """This process (and the shell it becomes) in a mount namespace of its own, where the
+    account's private directories are mounted over /tmp, /var/tmp and /dev/shm."""
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    # Mounts made here stay here; the host's later mounts still reach us.
+    if libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rslave /")
+    for target, source in accounts.private_dirs(state_dir, account, shm=shm).items():
+        if not source.is_dir() or not os.path.isdir(target):
+            continue
+        if libc.mount(str(source).encode(), target.encode(), None, MS_BIND, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount --bind {source} {target}")
+
+
+def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, command: str | None = None) -> int:
+    if host is not None and not host.imds_rule_present():
+        print(
+            "error: this host's guard is not in place (the rule that keeps the instance metadata "
+            "service to root is missing, as after a reboot before the guard has run); logins are "
+            "refused until it is: retry in a minute, or ask an admin to run `host-agent guard`",
+            file=sys.stderr,
+        )
+        return 1
     grants = GrantStore(f"{state_dir}/grants.json").load()
     if not any(g.account == account for g in grants.values()):
         # Check-out answers before the host agent has run its grant (a queued command, a
@@ -35,9 +102,27 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR) -> int:
             file=sys.stderr,
         )
         return 1
-    token = getpass.getpass("calque session token: ")
-    if not check_token(account, token, grants):
+    grant = _granted(account, _read_token(), grants)
+    if grant is None:
         print("error: that is not this session's token", file=sys.stderr)
         return 1
-    os.execvp("runuser", ["runuser", "--login", account])  # noqa: S606
+    if host is not None:
+        if grant.cgroup:
+            try:
+                host.confiner.join(grant.cgroup, os.getpid())
+            except Exception as exc:  # noqa: BLE001 - any failure to confine refuses the login
+                print(f"error: cannot enter the session's cgroup: {exc}", file=sys.stderr)
+                return 1
+        try:
+            _private_mounts(state_dir, grant.account, shm=getattr(host, "shm", "/dev/shm"))
+        except OSError as exc:
+            print(f"error: cannot give the session its private /tmp: {exc}", file=sys.stderr)
+            return 1
+    os.umask(0o077)
+    keep = sorted(grant.env)
+    os.environ.update(grant.env)
+    argv = ["runuser", "--login"] + (["--whitelist-environment", ",".join(keep)] if keep else []) + [account]
+    if command is not None:
+        argv += ["--command", f"umask 077; {command}"]
+    os.execvp("runuser", argv)  # noqa: S606
     return 0  # not reached

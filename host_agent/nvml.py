@@ -30,7 +30,8 @@ from host_agent.backend import (
 )
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
 from host_agent.services import SystemdServices
-from host_agent.tenants import GrantStore, LinuxHost
+from host_agent.linux_host import LinuxHost
+from host_agent.tenants import GrantStore
 
 KILL_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 10.0  # after SIGKILL: the kernel tears the process (and its GPU context) down
@@ -59,7 +60,7 @@ class NvmlBackend:
         self.allow_changes = allow_changes
         self.mps = SubprocessMps(mps_root, on_change=self._count)
         self.services = SystemdServices(on_change=self._count)
-        self.host = LinuxHost()
+        self.host = LinuxHost(state_dir=state_dir)
         self.grants = GrantStore(f"{state_dir}/grants.json")
         self._nv: Any = None
 
@@ -346,6 +347,7 @@ class NvmlBackend:
                         slice_tag=_proc_slice_tag(p.pid),
                         mps_client=is_client,
                         user=proc_user(p.pid),
+                        session=self.host.confined_key_of(p.pid),
                     )
                 )
         return out

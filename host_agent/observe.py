@@ -299,6 +299,11 @@ def _slice_of(v: GpuView, p: ProcessInfo, by_device: dict[str | None, str]) -> s
         if is_mps_server(p):
             return None
         valid = {mps_slice_id(v.index, k) for k in range(v.mps.clients or 0)}
+        if p.session is not None:
+            # The session cgroup the process runs in is the kernel's word; CALQUE_SLICE_ID is
+            # the tenant's, so it counts only for a process no session cgroup holds.
+            by_key = {sid.replace("-", "_"): sid for sid in valid}
+            return by_key.get(p.session)
         return p.slice_tag if p.slice_tag in valid else None
     return whole_slice_id(v.index)
 

@@ -14,6 +14,12 @@ from calque.resources import SSM_DOCUMENT_PARAMETERS
 
 Task = ApplyTask | ReclaimTask | GrantTask
 
+# How long SSM may try to deliver a command (SendCommand's TimeoutSeconds; 30 is its
+# least). Without it a command waits up to an hour for an instance that is not answering
+# and runs whenever it comes back. The agent refuses a grant or reclaim whose fence is
+# older than the slice's anyway; this keeps a late apply from undoing a newer layout.
+DELIVERY_TIMEOUT_S = 120
+
 
 def command_parameters(task: Task, report_to: str) -> dict[str, list[str]]:
     p = SSM_DOCUMENT_PARAMETERS
@@ -40,5 +46,6 @@ def send_host_command(ssm: Any, task: Task, *, document_name: str, report_to: st
         DocumentName=document_name,
         Parameters=command_parameters(task, report_to),
         Comment=comment[:100],
+        TimeoutSeconds=DELIVERY_TIMEOUT_S,
     )
     return str(out["Command"]["CommandId"])

@@ -78,8 +78,11 @@ install_agent() {
   } > "$root/host-agent.$$"
   chmod 0755 "$root/host-agent.$$"
   mv -f "$root/host-agent.$$" "$root/host-agent"
-  # Older agent versions are of no further use.
-  find "$root" -mindepth 1 -maxdepth 1 -type d ! -name "$(basename "$home")" -exec rm -rf {} +
+  # Older agent versions go once no process runs from them (pool workers started by one
+  # still import from its directory).
+  PYTHONPATH="$home/src:$home/site" python3 -m host_agent.versions "$root" "$home" || true
+  # What must hold before anyone logs in, now and at every boot before SSM Agent starts.
+  "$root/host-agent" guard --install >/dev/null || fail "the host guard could not be installed"
 }
 
 installed() { [ -d "$home/src" ] && [ -f "$home/tag" ] && [ "$(cat "$home/tag")" = "$tag" ]; }

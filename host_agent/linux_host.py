@@ -1,0 +1,338 @@
+"""HostAccess on a real Linux host (root): accounts with UIDs never reused, each session's
+cgroup, the driver's capability files, the firewall rule that keeps IMDS to root, and
+/proc mounted so tenants see only their own processes.
+
+``proc`` and ``dev`` are where the driver's files are (/proc/driver/nvidia, /proc/devices,
+/dev/nvidia*): parameters so a test host can point them at stand-in trees; processes are
+always read from the real /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from host_agent import accounts
+from host_agent.confine import Confiner, Confinement, detect
+from host_agent.errors import GpuError
+from host_agent.tenants import DEFAULT_STATE_DIR, IMDS_RULE
+
+NVIDIA_MAJOR = 195  # the driver's fixed major: /dev/nvidia<N> is 195:N, /dev/nvidiactl 195:255
+NVIDIACTL_MINOR = 255
+PROFILE_SCRIPT = "/etc/profile.d/calque-session.sh"
+
+
+class LinuxHost:
+    """HostAccess on a real Linux host (root)."""
+
+    def __init__(
+        self,
+        *,
+        proc: str = "/proc",
+        dev: str = "/dev",
+        run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+        state_dir: str = DEFAULT_STATE_DIR,
+        confiner: Confiner | None = None,
+        file_roots: list[str] | None = None,
+        shm: str = "/dev/shm",
+    ):
+        self.proc = Path(proc)
+        self.dev = Path(dev)
+        self._run = run
+        self.state_dir = Path(state_dir)
+        self._confiner = confiner
+        self.file_roots = file_roots  # None: every writable local filesystem
+        self.shm = shm
+
+    @property
+    def confiner(self) -> Confiner:
+        if self._confiner is None:
+            self._confiner = detect()
+        return self._confiner
+
+    def _cmd(self, *argv: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+        try:
+            res = self._run(list(argv), capture_output=True, text=True, timeout=60, check=False)
+        except FileNotFoundError:
+            raise GpuError(f"{argv[0]} is not installed on this host", code="host_tool_missing") from None
+        if res.returncode not in ok:
+            raise GpuError(
+                f"{' '.join(argv[:2])} failed: {(res.stderr or res.stdout).strip()[:200]}",
+                code="host_command_failed",
+                details={"argv": list(argv), "returncode": res.returncode},
+            )
+        return res
+
+    # accounts
+    def _exists(self, name: str) -> bool:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            return False
+        return True
+
+    def ensure_account(self, name: str) -> bool:
+        if self._exists(name):
+            self._private_dirs(name)
+            return False
+        # A UID never handed out before, a home of its own (0700), a login shell, no
+        # password: reached only through the agent's login. Its own group, same number.
+        uid = accounts.UidCounter(self.state_dir / "uids.json").take(
+            [p.pw_uid for p in pwd.getpwall()] + [g.gr_gid for g in _groups()]
+        )
+        self._cmd("groupadd", "--gid", str(uid), name)
+        self._cmd(
+            "useradd", "--uid", str(uid), "--gid", str(uid), "--create-home", "--shell", "/bin/bash",
+            "--comment", "calque session", name,
+        )  # fmt: skip
+        home = pwd.getpwnam(name).pw_dir
+        os.chmod(home, 0o700)
+        self._private_dirs(name)
+        return True
+
+    def _private_dirs(self, name: str) -> None:
+        p = pwd.getpwnam(name)
+        for d in accounts.private_dirs(self.state_dir, name, shm=self.shm).values():
+            d.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chown(d, p.pw_uid, p.pw_gid)
+            os.chmod(d, 0o700)
+
+    def remove_account(self, name: str) -> bool:
+        if not self._exists(name):
+            return False
+        uid = pwd.getpwnam(name).pw_uid
+        self._cmd("userdel", "--remove", name, ok=(0, 12))  # 12: home already gone
+        # userdel takes the home and mail spool; the rest of what the UID owns goes too.
+        for d in accounts.private_dirs(self.state_dir, name, shm=self.shm).values():
+            _rmtree(d)
+        roots = self.file_roots if self.file_roots is not None else accounts.writable_mounts()
+        left = accounts.remove_owned(uid, roots)
+        if left:
+            raise GpuError(
+                f"{len(left)} file(s) of {name} (uid {uid}) could not be removed: {left[:3]}",
+                code="host_access_failed",
+                details={"files": left[:20], "uid": uid},
+            )
+        return True
+
+    def account_pids(self, name: str) -> list[int]:
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            return []
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        out.append(int(entry.name))
+                except OSError:
+                    continue
+        return out
+
+    # MIG capability files
+    def _minor(self, access: Path) -> int:
+        try:
+            text = access.read_text()
+        except OSError:
+            raise GpuError(
+                f"{access} is missing: the driver does not expose this MIG device's capability",
+                code="mig_capability_missing",
+            ) from None
+        m = re.search(r"DeviceFileMinor:\s*(\d+)", text)
+        if not m:
+            raise GpuError(f"{access} has no DeviceFileMinor", code="mig_capability_missing")
+        return int(m.group(1))
+
+    def mig_cap_minors(self, gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
+        base = self.proc / "driver" / "nvidia" / "capabilities" / f"gpu{gpu_minor}" / "mig" / f"gi{gi}"
+        return self._minor(base / "access"), self._minor(base / f"ci{ci}" / "access")
+
+    def _cap_path(self, minor: int) -> Path:
+        return self.dev / "nvidia-caps" / f"nvidia-cap{minor}"
+
+    def _major(self, name: str) -> int | None:
+        try:
+            lines = (self.proc / "devices").read_text().splitlines()
+        except OSError:
+            return None
+        block = False
+        for line in lines:
+            if line.startswith("Block devices"):
+                block = True
+            parts = line.split()
+            if not block and len(parts) == 2 and parts[1] == name:
+                return int(parts[0])
+        return None
+
+    def _caps_major(self) -> int:
+        major = self._major("nvidia-caps")
+        if major is None:
+            raise GpuError(
+                "the nvidia-caps device is not registered (/proc/devices)", code="mig_capability_missing"
+            )
+        return major
+
+    def set_cap_owner(self, minor: int, account: str | None) -> None:
+        path = self._cap_path(minor)
+        try:
+            if not path.exists():
+                path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                os.mknod(path, stat.S_IFCHR | 0o400, os.makedev(self._caps_major(), minor))
+            uid = pwd.getpwnam(account).pw_uid if account else 0
+            os.chown(path, uid, 0)
+            os.chmod(path, 0o400)
+        except (OSError, KeyError) as exc:
+            raise GpuError(
+                f"cannot give {path} to {account or 'root'}: {exc}",
+                code="host_access_failed",
+                details={"path": str(path)},
+            ) from None
+
+    def cap_owner(self, minor: int) -> str:
+        try:
+            st = os.stat(self._cap_path(minor))
+        except FileNotFoundError:
+            return "anyone"  # nvidia-modprobe would create it with the driver's default mode
+        if st.st_mode & stat.S_IROTH:
+            return "anyone"
+        if st.st_uid == 0:
+            return "root"
+        try:
+            return pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            return str(st.st_uid)
+
+    def may_open(self, account: str, minor: int) -> bool:
+        st = os.stat(self._cap_path(minor))
+        uid = pwd.getpwnam(account).pw_uid
+        if st.st_uid == uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        return bool(st.st_mode & stat.S_IROTH)
+
+    # whole-GPU device nodes
+    def _gpu_node(self, minor: int) -> Path:
+        return self.dev / f"nvidia{minor}"
+
+    def gpu_node_owner(self, minor: int) -> str:
+        try:
+            st = os.stat(self._gpu_node(minor))
+        except FileNotFoundError:
+            return "anyone"  # nvidia-modprobe creates it with the driver's 0666
+        if st.st_mode & stat.S_IROTH:
+            return "anyone"
+        if st.st_uid == 0:
+            return "root"
+        try:
+            return pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            return str(st.st_uid)
+
+    def set_gpu_node_owner(self, minor: int, owner: str) -> None:
+        path = self._gpu_node(minor)
+        try:
+            uid = 0 if owner in ("anyone", "root") else pwd.getpwnam(owner).pw_uid
+            os.chown(path, uid, 0)
+            os.chmod(path, 0o666 if owner == "anyone" else 0o600)
+        except (OSError, KeyError) as exc:
+            raise GpuError(
+                f"cannot give {path} to {owner}: {exc}",
+                code="host_access_failed",
+                details={"path": str(path)},
+            ) from None
+
+    # instance metadata
+    def imds_rule_present(self) -> bool:
+        return self._cmd("iptables", "-C", *IMDS_RULE, ok=(0, 1)).returncode == 0
+
+    def ensure_imds_rule(self) -> bool:
+        if self.imds_rule_present():
+            return False
+        self._cmd("iptables", "-I", *IMDS_RULE)
+        return True
+
+    def ensure_hidepid(self) -> bool:
+        """/proc with hidepid=2: a tenant sees only its own processes (root sees all)."""
+        if _hidepid(Path("/proc/self/mounts")):
+            return False
+        self._cmd("mount", "-o", "remount,hidepid=2", "/proc")
+        return True
+
+    # the session's cgroup
+    def confine(self, c: Confinement) -> None:
+        self.confiner.create(c)
+
+    def kill_confined(self, key: str) -> list[int]:
+        return self.confiner.kill(key)
+
+    def release_confined(self, key: str) -> None:
+        self.confiner.remove(key)
+
+    def confined_key_of(self, pid: int) -> str | None:
+        return self.confiner.key_of(pid)
+
+    def device_rules(self, gpu_minor: int | None, caps: tuple[int, ...]) -> tuple[str, ...]:
+        """What a session's devices cgroup allows beyond a shell's needs: the control node,
+        unified memory, its own GPU node, its own MIG capability files (read: that is how
+        the driver checks them), and never the MIG config and monitor capabilities."""
+        rules = [f"c {NVIDIA_MAJOR}:{NVIDIACTL_MINOR} rw"]
+        uvm = self._major("nvidia-uvm")
+        if uvm is not None:
+            rules += [f"c {uvm}:0 rw", f"c {uvm}:1 rw"]
+        if gpu_minor is not None:
+            rules.append(f"c {NVIDIA_MAJOR}:{gpu_minor} rw")
+        if caps:
+            major = self._caps_major()
+            rules += [f"c {major}:{m} r" for m in caps]
+        return tuple(rules)
+
+    def resources(self) -> tuple[int, int]:
+        mem = 0
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    mem = int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return mem, os.cpu_count() or 1
+
+    def device_files_modifiable(self) -> bool | None:
+        """The driver's ModifyDeviceFiles (/proc/driver/nvidia/params): 1 lets the setuid
+        nvidia-modprobe reset any device file's mode and owner. None: no driver loaded."""
+        try:
+            text = (self.proc / "driver" / "nvidia" / "params").read_text()
+        except OSError:
+            return None
+        m = re.search(r"^ModifyDeviceFiles:\s*(\d+)", text, re.MULTILINE)
+        return None if m is None else m.group(1) != "0"
+
+
+def _hidepid(mounts: Path) -> bool:
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == "/proc" and parts[2] == "proc":
+            opts = parts[3].split(",")
+            return "hidepid=2" in opts or "hidepid=invisible" in opts
+    return False
+
+
+def _groups():
+    import grp
+
+    return grp.getgrall()
+
+
+def _rmtree(p: Path) -> None:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)

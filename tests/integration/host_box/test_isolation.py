@@ -1,0 +1,165 @@
+"""Two sessions on one host, on this kernel, as root: what one tenant can and cannot do to
+the other, to the host's role, and to whoever comes after. See box.py for the box."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.integration.host_box.box import IMDS_ANSWER, Box
+
+pytestmark = pytest.mark.integration
+
+A, B, C = "calque-aaaaaaaaaaaa", "calque-bbbbbbbbbbbb", "calque-cccccccccccc"
+DENIED = "Operation not permitted"  # the devices cgroup
+ALLOWED = "No such device or address"  # past the cgroup: the stand-in node has no driver
+
+
+def _report(run) -> dict:
+    assert run.stdout.strip().startswith("{"), run.stderr
+    return json.loads(run.stdout)
+
+
+def _grant(box: Box, slice_id: str, account: str, token: str, fence: int) -> dict:
+    out = _report(
+        box.agent(
+            "grant",
+            "--slice",
+            slice_id,
+            "--user",
+            account,
+            "--token-sha256",
+            box.token_sha256(token),
+            "--fence",
+            str(fence),
+        )  # fmt: skip
+    )
+    assert out["ok"], out.get("error")
+    return out
+
+
+def _uid(box: Box, account: str) -> int:
+    return int(box.root_sh(f"id -u {account}").stdout)
+
+
+def test_a_tenant_cannot_open_another_slices_device_even_after_resetting_its_mode(box):
+    a = _grant(box, "g0-1g.24gb-0", A, "token-a", 1)
+    b = _grant(box, "g0-1g.24gb-1", B, "token-b", 1)
+    a_cap, b_cap = a["grant"]["device_files"][0], b["grant"]["device_files"][0]
+    caps_dir = box.driver / "dev" / "nvidia-caps"
+    a_path, b_path = caps_dir / a_cap.rsplit("/", 1)[1], caps_dir / b_cap.rsplit("/", 1)[1]
+    helper = box.base / "bin" / "reset-device-mode"
+    # A opens her own capability file (the stand-in has no driver behind it: ENXIO)
+    own = box.login(A, "token-a", f"cat {a_path}")
+    assert ALLOWED in own.stderr, own.stderr
+    # B's is closed by its mode (root-only 0400 but for B); once a setuid helper reset the mode
+    # (as nvidia-modprobe does with ModifyDeviceFiles=1), the kernel's devices cgroup still refuses
+    theirs = box.login(
+        A, "token-a", f"cat {b_path}; {helper} 0666 {b_path} && stat -c %a {b_path}; cat {b_path}"
+    )
+    first, second = theirs.stderr.strip().splitlines()
+    assert "Permission denied" in first and DENIED in second, theirs.stderr
+    assert "666" in theirs.stdout  # the mode did change: the cgroup, not the mode, refused her
+    # and so is the MIG config capability, and a node she would make herself
+    config = box.login(
+        A, "token-a", f"cat {box.driver}/dev/nvidia0 2>&1; mknod /dev/shm/x c 236 1 2>&1; echo done"
+    )
+    assert ALLOWED in config.stdout and "done" in config.stdout
+    assert "Operation not permitted" in config.stdout  # mknod: no CAP_MKNOD, no 'm' in the cgroup
+    # she cannot leave her cgroup either
+    leave = box.login(A, "token-a", "echo $$ > /sys/fs/cgroup/devices/cgroup.procs")
+    assert leave.returncode != 0 and "Permission denied" in leave.stderr
+
+
+def test_a_tenant_cannot_see_or_read_another_tenants_processes_or_files(box):
+    box.login(B, "token-b", "echo secret > ~/secret; nohup sleep 300 >/dev/null 2>&1 &")
+    b_pids = box.cgroup_pids("g0_1g.24gb_1")
+    assert b_pids, "B's background process runs in B's cgroup"
+    look = box.login(
+        A,
+        "token-a",
+        f"ls -d /proc/{b_pids[0]} 2>&1; cat /home/{B}/secret 2>&1; ls /proc | grep -c '^[0-9]'",
+    )
+    assert "No such file or directory" in look.stdout  # hidepid=2: B's process is not there for A
+    assert "Permission denied" in look.stdout  # B's home is B's alone
+    assert "secret" not in look.stdout.replace(f"/home/{B}/secret", "")
+    # A's own /tmp is private: B cannot see a file A leaves there
+    box.login(A, "token-a", "echo mine > /tmp/a-file; stat -c %a /tmp/a-file")
+    assert box.login(B, "token-b", "ls /tmp").stdout.strip() == ""
+
+
+def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(box):
+    assert box.root_sh("curl -s -m 2 http://169.254.169.254/").stdout == IMDS_ANSWER
+    refused = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/latest/meta-data/; echo rc=$?")
+    assert IMDS_ANSWER not in refused.stdout and "rc=0" not in refused.stdout
+    # A reboot empties the firewall; accounts and grants survive on disk
+    assert box.root_sh("iptables -F OUTPUT").returncode == 0
+    barred = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/")
+    assert barred.returncode == 1 and "guard is not in place" in barred.stderr
+    assert IMDS_ANSWER not in barred.stdout
+    # the boot unit's command puts the guard back, and only then may she log in, still barred
+    guard = box.agent("guard")
+    assert guard.returncode == 0 and json.loads(guard.stdout)["imds_blocked"], guard.stderr
+    again = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/; echo rc=$?")
+    assert again.returncode == 0 and IMDS_ANSWER not in again.stdout and "rc=0" not in again.stdout
+
+
+def test_a_memory_hog_is_stopped_by_its_own_limit_not_the_hosts(box):
+    hog = box.login(A, "token-a", "tail /dev/zero; echo exit=$?", timeout=60)
+    assert "exit=137" in hog.stdout, (hog.stdout, hog.stderr)  # SIGKILL from its cgroup's OOM
+    oom = box.root_sh(f"cat /sys/fs/cgroup/memory/{box.parent}/g0_1g.24gb_0/memory.oom_control")
+    assert "oom_kill 1" in oom.stdout or "oom_kill 2" in oom.stdout, oom.stdout
+    assert box.agent("report").returncode == 0  # the agent and the box live on
+
+
+def test_reclaim_kills_a_forking_tree_removes_every_file_and_never_reuses_the_uid(box):
+    uid_a = _uid(box, A)
+    fork = "while :; do sleep 30 & sleep 0.05; done"
+    box.login(
+        A,
+        "token-a",
+        f"nohup sh -c '{fork}' >/dev/null 2>&1 & echo x > {box.scratch}/left-by-a; echo y > /dev/shm/a-shm",
+    )
+    time.sleep(0.5)
+    assert len(box.cgroup_pids("g0_1g.24gb_0")) > 3
+    out = _report(box.agent("reclaim", "--slice", "g0-1g.24gb-0", "--fence", "1"))
+    assert out["ok"], out.get("error")
+    assert box.cgroup_pids("g0_1g.24gb_0") == []
+    assert box.root_sh(f"id {A}").returncode != 0
+    left = box.root_sh(f"find {box.scratch} /home /dev/shm {box.state_dir}/private -uid {uid_a} 2>/dev/null")
+    assert left.stdout.strip() == "", left.stdout
+    # the next session on that slice gets a UID never used before
+    _grant(box, "g0-1g.24gb-0", C, "token-c", 2)
+    assert _uid(box, C) > uid_a
+    assert box.login(C, "token-c", f"ls {box.scratch}").stdout.strip() == ""
+
+
+def test_a_late_reclaim_for_an_ended_lease_leaves_the_next_tenant_alone(box):
+    # C holds g0-1g.24gb-0 under fence 2 and runs something
+    box.login(C, "token-c", "nohup sleep 300 >/dev/null 2>&1 &")
+    before = box.cgroup_pids("g0_1g.24gb_0")
+    assert before
+    # the reclaim of lease 1, delivered again late, is refused and changes nothing
+    late = box.agent("reclaim", "--slice", "g0-1g.24gb-0", "--fence", "1")
+    out = _report(late)
+    assert late.returncode == 1 and not out["ok"] and out["error"]["code"] == "stale_fence"
+    assert box.cgroup_pids("g0_1g.24gb_0") == before
+    assert box.root_sh(f"id {C}").returncode == 0
+    # and so is a grant for lease 1 arriving after it ended
+    stale = _report(
+        box.agent(
+            "grant",
+            "--slice",
+            "g0-1g.24gb-0",
+            "--user",
+            A,
+            "--token-sha256",
+            box.token_sha256("x"),
+            "--fence",
+            "1",
+        )
+    )
+    assert stale["error"]["code"] == "stale_fence"
+    assert box.login(C, "token-c", "id -un").stdout.strip() == C
