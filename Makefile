@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
+.PHONY: install host-tools run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,23 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# What the host-in-a-box tests (tests/integration/host_box) need on this machine: as root,
+# the tools that make accounts, namespaces and firewall rules. Without root they skip.
+HOST_TOOLS := iptables nsenter unshare ip useradd runuser curl
+host-tools:
+	@missing=""; for t in $(HOST_TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing the host box's tools:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q iptables iproute2 util-linux passwd curl >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q iptables iproute2 util-linux passwd curl >/dev/null; }; \
+	fi
+
 run: install
 	$(VENV)/bin/calque local up $(ARGS)
 
 # The whole suite, as CI runs it; --durations lists the slowest tests after the summary.
-test: install
+test: install host-tools
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The unit tests alone, for the edit-test loop (no network, no plane, no synth).
@@ -39,7 +51,7 @@ test-fast: install
 
 test-unit: test-fast
 
-test-integration: install
+test-integration: install host-tools
 	$(PY) -m pytest -m integration $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-infra: install

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="how long a changing verb waits for another run to finish (default 600)",
+        help="how long a verb waits for another run to finish (default 1680: just under the SSM "
+        "step's 1800)",
     )
     p.add_argument(
         "--state-dir",
@@ -294,11 +295,12 @@ def run(args: argparse.Namespace) -> AgentReport:
         lock_path = str(Path(args.state).with_name(Path(args.state).name + ".lock"))
     if lock_path is None and not args.simulate:
         lock_path = DEFAULT_LOCK_FILE
-    # A simulated host's state file is read and written whole: every verb holds its lock there.
-    locked = args.verb in MUTATING_VERBS or bool(args.state)
-    if lock_path is not None and locked:
+    # A simulated host's state file is read and written whole: every verb holds its lock
+    # there exclusively. On hardware a read shares it, so it never sees a change half done.
+    if lock_path is not None:
         timeout = DEFAULT_LOCK_TIMEOUT_S if args.lock_timeout is None else args.lock_timeout
-        with host_lock(lock_path, timeout_s=timeout):
+        shared = args.verb not in MUTATING_VERBS and not args.state
+        with host_lock(lock_path, timeout_s=timeout, shared=shared):
             return _run(args, spec)
     return _run(args, spec)
 

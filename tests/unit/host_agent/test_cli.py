@@ -144,8 +144,7 @@ def test_read_only_refuses_changes_on_a_simulated_host_too(capsys, tmp_path):
     assert main(["--state", state, "assert", "--spec", spec]) == 1
 
 
-def test_a_changing_verb_waits_for_the_host_lock_and_a_read_does_not(tmp_path, capsys):
-    # Given another agent run holds this host's lock
+def test_a_change_waits_for_any_run_and_a_read_waits_only_for_a_change(tmp_path, capsys):
     import fcntl
 
     from host_agent.cli import main
@@ -153,16 +152,22 @@ def test_a_changing_verb_waits_for_the_host_lock_and_a_read_does_not(tmp_path, c
     lock_file = tmp_path / "host-agent.lock"
     spec = json.dumps({"version": "v1", "gpus": [{"devices": "all", "mps": {"clients": 2}}]})
     base = ["--simulate", "g6.xlarge", "--lock-file", str(lock_file), "--lock-timeout", "0"]
+    # Given another run is changing this host (the lock held exclusively)
     with open(lock_file, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        # When an apply and an inventory run
         applied = main([*base, "apply", "--spec", spec])
         applied_out = json.loads(capsys.readouterr().out)
         read = main([*base, "inventory"])
+        read_out = json.loads(capsys.readouterr().out)
+    # Then neither an apply nor a read runs: a read would see the layout half applied
+    assert (applied, read) == (1, 1)
+    assert applied_out["error"]["code"] == read_out["error"]["code"] == "host_busy"
+    # Given another run only reads (the lock held shared)
+    with open(lock_file, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        assert main([*base, "inventory"]) == 0  # reads go together
         capsys.readouterr()
-    # Then the apply is refused as the host being busy, and the read runs
-    assert applied == 1
-    assert applied_out["error"]["code"] == "host_busy"
-    assert read == 0
+        assert main([*base, "apply", "--spec", spec]) == 1  # a change waits for the reader
+        capsys.readouterr()
     # And once the lock is free the apply runs
     assert main([*base, "apply", "--spec", spec]) == 0
