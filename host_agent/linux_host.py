@@ -264,6 +264,18 @@ class LinuxHost:
         self._cmd("mount", "-o", "remount,hidepid=2", "/proc")
         return True
 
+    def own_directory(self, path: str, account: str) -> bool:
+        p = pwd.getpwnam(account)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if st.st_uid == p.pw_uid and stat.S_IMODE(st.st_mode) == 0o700:
+            return False
+        os.chown(path, p.pw_uid, p.pw_gid)
+        os.chmod(path, 0o700)
+        return True
+
     # the session's cgroup
     def confine(self, c: Confinement) -> None:
         self.confiner.create(c)

@@ -193,6 +193,11 @@ def do_grant(
         acct = mps_account(v.index) if s.backend == "mps" else account
         if b.host.ensure_account(acct):
             actions.append(f"created account {acct}")
+        if s.backend == "mps":
+            # The GPU's MPS pipe and log directories: its account's alone (NVIDIA's MPS docs).
+            for d in (v.mps.pipe_directory, v.mps.log_directory):
+                if d and b.host.own_directory(d, acct):
+                    actions.append(f"made {d} {acct}'s alone (0700)")
         caps = _caps_of(b, v, s) if s.backend == "mig" else ()
         for minor in caps:
             b.host.set_cap_owner(minor, acct)

@@ -70,6 +70,13 @@ class SimulatedHost:
         self._h["hidepid"] = True
         return True
 
+    def own_directory(self, path: str, account: str) -> bool:
+        owned = self._h.setdefault("owned_dirs", {})
+        if owned.get(path) == account:
+            return False
+        owned[path] = account
+        return True
+
     # the session's cgroup: its limits and allowed devices recorded; its members are the
     # simulated processes started under it
     def _cgroups(self) -> dict[str, Any]:

@@ -79,7 +79,8 @@ class HostAccess(Protocol):
     def set_gpu_node_owner(self, minor: int, owner: str) -> None: ...
     def ensure_imds_rule(self) -> bool: ...  # True: added now
     def imds_rule_present(self) -> bool: ...
-    def ensure_hidepid(self) -> bool: ...  # /proc mounted hidepid=2; True: remounted now
+    def ensure_hidepid(self) -> bool: ...
+    def own_directory(self, path: str, account: str) -> bool: ...  # account's alone, 0700; True: changed  # /proc mounted hidepid=2; True: remounted now
 
 
 @dataclass

@@ -107,6 +107,10 @@ def test_an_mps_slot_is_told_by_its_cgroup_not_by_the_tag_its_tenant_sets():
     with backend.session():
         assert backend.processes(0) == []
     assert "calque-mps-g0" in backend.host._h["accounts"]
+    # the GPU's MPS pipe and log directories are the shared account's alone
+    owned = backend.host._h["owned_dirs"]
+    assert set(owned.values()) == {"calque-mps-g0"}
+    assert len(owned) == 2
 
 
 def test_when_a_gpus_last_mps_slot_is_freed_its_account_goes_with_everything_it_ran():
