@@ -306,7 +306,7 @@ def _zombie():
     import subprocess
     import time
 
-    from host_agent.nvml import proc_state
+    from host_agent.procs import proc_state
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     while proc_state(child.pid) != "Z":
@@ -319,7 +319,7 @@ def test_a_process_that_ignores_sigterm_is_killed_and_waited_for(monkeypatch):
     import subprocess
 
     from host_agent import nvml
-    from host_agent.nvml import is_live, proc_state
+    from host_agent.procs import is_live, proc_state
 
     # Given a tenant process that ignores SIGTERM
     monkeypatch.setattr(nvml, "KILL_GRACE_SECONDS", 0.3)
