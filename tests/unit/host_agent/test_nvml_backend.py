@@ -221,6 +221,9 @@ def _spans(fake: FakeGpuBackend, gpu: int) -> list[tuple[str, int, int]]:
         ("g7e.2xlarge", "1g.24gb-me", 4),
         ("g7e.2xlarge", "2g.48gb+gfx", 2),
         ("g7e.2xlarge", "4g.96gb", 1),
+        ("g7.2xlarge", "1g.16gb-me", 2),
+        ("g7.2xlarge", "1g.16gb+me.all", 1),
+        ("g7.2xlarge", "2g.32gb+gfx", 1),
     ],
 )
 def test_every_profile_converges_through_nvml_with_compute_instances_spanning_their_gpu_instance(
