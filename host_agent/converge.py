@@ -5,8 +5,9 @@
 2. Decide the steps each GPU needs (MPS off/on, MIG mode, reset, GPU and compute
    instances). A step that would disturb running processes refuses the whole apply,
    listing them, before anything changes.
-3. Run the steps in phases across GPUs: MPS stops, MIG mode (and reset when the card
-   needs one), instances destroyed then created, MPS starts.
+3. Run the steps in phases across GPUs: MPS stops, instances destroyed, MIG mode on
+   every GPU that needs it as one sequence (host_agent.mig_mode: holders stopped, NVML
+   shut down, every pending GPU reset in one call), instances created, MPS starts.
 4. Read back and verify against the spec.
 
 A failure part-way stops the run and reports what was done and what remains; a
@@ -22,12 +23,12 @@ from dataclasses import dataclass, field
 from calque.catalog.planner import place_mig, plan_gpu
 from calque.contracts.layout import GpuEntry, LayoutSpec
 from calque.errors import CalqueError, InvalidInput
-from host_agent import errors as e
 from host_agent.backend import GpuBackend, GpuInstanceInfo
 from host_agent.errors import GpuBusy, GpuError
+from host_agent.mig_mode import change_mig_modes, describe
 from host_agent.observe import GpuView, read_all, spans_whole, spec_differences
 
-PHASES = ("mps-stop", "destroy", "mig-mode", "reset", "create", "mps-start")
+PHASES = ("mps-stop", "destroy", "mig-mode", "create", "mps-start")
 
 
 @dataclass
@@ -35,9 +36,11 @@ class Step:
     phase: str
     gpu: int
     what: str
-    run: Callable[[], object]  # may return a str: what it actually did
+    run: Callable[[], object]  # may return what it actually did: a str, or a list of them
     needs_idle_gpu: bool = False
     needs_idle_devices: tuple[str, ...] = ()
+    # The MIG mode this GPU must end in: every GPU's change runs as one step (one reset for all).
+    mig_mode: bool | None = None
 
 
 @dataclass
@@ -95,23 +98,14 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
         if not mig_wanted and v.instances:
             steps.extend(_destroy(backend, i, v.instances))
         if not mode_ok:
-            if info.mig_pending != mig_wanted:
-                steps.append(
-                    Step(
-                        "mig-mode",
-                        i,
-                        f"turn {'on' if mig_wanted else 'off'} MIG mode on GPU {i}",
-                        lambda: _set_mig_mode(backend, i, mig_wanted),
-                        needs_idle_gpu=True,
-                    )
-                )
             steps.append(
                 Step(
-                    "reset",
+                    "mig-mode",
                     i,
-                    f"reset GPU {i} to apply its pending MIG mode",
-                    lambda: _reset_if_pending(backend, i),
+                    f"turn {'on' if mig_wanted else 'off'} MIG mode on GPU {i}",
+                    lambda: None,
                     needs_idle_gpu=True,
+                    mig_mode=mig_wanted,
                 )
             )
 
@@ -152,54 +146,6 @@ def _gpu_steps(backend: GpuBackend, v: GpuView, want: GpuEntry) -> list[Step]:
             )
         )
     return steps
-
-
-def _set_mig_mode(backend: GpuBackend, index: int, enabled: bool) -> str:
-    """Set MIG mode with the GPU's holders stopped, and act on NVML's activation status."""
-    stopped = backend.services.stop_holders()
-    try:
-        status = backend.set_mig_mode(index, enabled)
-        # RESET_REQUIRED: the reset step that follows applies it (or says to reboot).
-        if status == e.NVML_ERROR_IN_USE:
-            procs = [f"pid {p.pid} ({p.name or '?'})" for p in backend.processes(index)]
-            raise GpuBusy(
-                f"GPU {index}: MIG mode {'on' if enabled else 'off'} is pending because another client "
-                f"holds the GPU ({', '.join(procs) or 'a service or a process outside NVML'})",
-                details={
-                    "nvml_activation": "NVML_ERROR_IN_USE",
-                    "processes": procs,
-                    "stopped_services": stopped,
-                },
-            )
-        elif status not in (0, None, e.NVML_ERROR_RESET_REQUIRED):
-            raise e.from_nvml(status, f"MIG mode change on GPU {index} did not take effect")
-    finally:
-        backend.services.start(stopped)
-    around = f" (stopped and restarted {', '.join(stopped)})" if stopped else ""
-    return f"turn {'on' if enabled else 'off'} MIG mode on GPU {index}{around}"
-
-
-def _reset_or_reboot(backend: GpuBackend, index: int) -> None:
-    stopped = backend.services.stop_holders()
-    try:
-        backend.reset_gpu(index)
-    except GpuError as exc:
-        raise GpuError(
-            f"GPU {index}: the MIG mode change needs a GPU reset, which failed ({exc.message}); "
-            "on a pass-through VM such as an EC2 instance, reboot the instance and apply again",
-            code="reboot_required",
-            details={"nvml_activation": "NVML_ERROR_RESET_REQUIRED", **exc.details},
-        ) from None
-    finally:
-        backend.services.start(stopped)
-
-
-def _reset_if_pending(backend: GpuBackend, index: int) -> str:
-    g = backend.gpu(index)
-    if g.mig_current != g.mig_pending:
-        _reset_or_reboot(backend, index)
-        return f"reset GPU {index} to apply its pending MIG mode"
-    return f"MIG mode change on GPU {index} took effect without a reset"
 
 
 def _destroy(backend: GpuBackend, i: int, instances: list[GpuInstanceInfo]) -> list[Step]:
@@ -245,7 +191,6 @@ def _instance_steps(backend: GpuBackend, v: GpuView, wanted: dict[str, int], *, 
         drop, keep = current, []
         placed = place_mig(card, wanted)
     steps = _destroy(backend, i, drop)
-    profiles = {p.name: p for p in card.mig_profiles}
     for gi in keep:
         if gi.compute_instances and not spans_whole(gi):
             # A compute instance smaller than its GPU instance: replace it with one spanning it.
@@ -277,19 +222,45 @@ def _instance_steps(backend: GpuBackend, v: GpuView, wanted: dict[str, int], *, 
                 )
             )
     kept = {(gi.profile, gi.start) for gi in keep}
+    ids: dict[str, int] = {}
     for name, start in placed:
         if (name, start) in kept:
             continue
-        pid = profiles[name].nvml_profile_id
 
-        def run(pid: int = pid, start: int = start) -> None:
-            gi_id = backend.create_gpu_instance(i, pid, start)
+        def run(name: str = name, start: int = start) -> None:
+            gi_id = backend.create_gpu_instance(i, _profile_id(backend, i, name, ids), start)
             backend.create_compute_instance(i, gi_id)
 
         steps.append(
             Step("create", i, f"create a {name} GPU and compute instance at {start} on GPU {i}", run)
         )
     return steps
+
+
+def _profile_id(backend: GpuBackend, i: int, name: str, ids: dict[str, int]) -> int:
+    """The ID this GPU's NVML gives the profile of that name (as mig-parted resolves a profile:
+    by name, among those the GPU lists), read once per GPU and apply. A driver may number
+    profiles differently from the catalog; the catalog's ID is never sent to NVML."""
+    if not ids:
+        ids.update({n: p.profile_id for n, p in backend.profiles(i).items()})
+    if name not in ids:
+        raise GpuError(
+            f"GPU {i}: NVML lists no GPU instance profile {name} (it offers {', '.join(sorted(ids))})",
+            code="unknown_profile",
+            details={"gpu": i, "profile": name, "offered": sorted(ids)},
+        )
+    return ids[name]
+
+
+def _one_mode_change(backend: GpuBackend, steps: list[Step]) -> list[Step]:
+    """Every GPU's MIG mode change as one step: the holders are stopped once, and the GPUs
+    that need a reset are reset together, with NVML shut down."""
+    wanted = {s.gpu: s.mig_mode for s in steps if s.mig_mode is not None}
+    if not wanted:
+        return steps
+    rest = [s for s in steps if s.mig_mode is None]
+    modes = {g: bool(m) for g, m in wanted.items()}
+    return [*rest, Step("mig-mode", min(modes), describe(modes), lambda: change_mig_modes(backend, modes))]
 
 
 def _refuse_if_busy(views: list[GpuView], steps: list[Step]) -> None:
@@ -321,6 +292,7 @@ def apply(backend: GpuBackend, spec: LayoutSpec) -> ApplyResult:
     views = read_all(backend)
     steps = plan_steps(backend, views, spec)
     _refuse_if_busy(views, steps)
+    steps = _one_mode_change(backend, steps)
     result = ApplyResult(ok=True)
     order = {p: n for n, p in enumerate(PHASES)}
     steps.sort(key=lambda s: (order[s.phase], s.gpu))
@@ -333,7 +305,10 @@ def apply(backend: GpuBackend, spec: LayoutSpec) -> ApplyResult:
             result.remaining.append(f"failed: {step.what}: {exc.message}")
             result.remaining.extend(f"not done: {s.what}" for s in steps[n + 1 :])
             break
-        result.actions.append(done if isinstance(done, str) else step.what)
+        if isinstance(done, list):
+            result.actions.extend(done)
+        else:
+            result.actions.append(done if isinstance(done, str) else step.what)
     result.views = read_all(backend)
     diff = spec_differences(result.views, spec)
     if diff:

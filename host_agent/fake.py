@@ -7,6 +7,12 @@ use finite compute slices, failing with NVML_ERROR_INSUFFICIENT_RESOURCES when t
 do not fit; changing anything a process still uses fails with NVML_ERROR_IN_USE; MIG
 on a card without it fails with NVML_ERROR_NOT_SUPPORTED. Its whole state is a JSON
 document, so `--state FILE` can carry a simulated host from one agent run to the next.
+
+Strict (``state["strict"]``), it is as strict as the driver about a GPU reset: the reset
+is refused with NVML_ERROR_IN_USE while anything holds the GPU, the agent's own open NVML
+session and the host's services (nvidia-persistenced, nvidia-fabricmanager, DCGM, ...)
+and kernel modules (nvidia_drm) included. ``state["profile_ids"]`` gives profiles the IDs
+a particular driver reports for them, where those differ from the catalog's.
 """
 
 from __future__ import annotations
@@ -21,18 +27,17 @@ from typing import Any
 from calque import catalog
 from calque.catalog.models import Card
 from host_agent import errors as e
-from host_agent.simulated_host import SimulatedGrants, SimulatedHost
 from host_agent.backend import (
     ComputeInstanceInfo,
     GpuInfo,
     GpuInstanceInfo,
-    MpsState,
     ProcessInfo,
     ProfileInfo,
 )
+from host_agent.fake_host import DEFAULT_MPS_ROOT, FakeMps, FakeServices
+from host_agent.simulated_host import SimulatedGrants, SimulatedHost
 
 _NS = uuid.UUID("6f1c3a52-4b8e-4d8e-9a55-6b1f0c2d7e31")
-DEFAULT_MPS_ROOT = "/var/run/calque/mps"
 
 # nvml.h: NVML_GPU_INSTANCE_PROFILE_COUNT and NVML_COMPUTE_INSTANCE_PROFILE_COUNT; an index at
 # or past these is NVML_ERROR_INVALID_ARGUMENT, a known index a card lacks NVML_ERROR_NOT_SUPPORTED.
@@ -58,13 +63,18 @@ class FakeGpuBackend:
         self.host = SimulatedHost(self)
         self.grants = SimulatedGrants(self)
         self.read_only = False
-        self._open = False
+        self._open = False  # NVML initialised: inside session(), outside nvml_closed()
 
     # ---- construction and persistence -------------------------------------------------
 
     @classmethod
     def for_instance_type(
-        cls, instance_type: str, *, seed: str | None = None, mps_root: str = DEFAULT_MPS_ROOT
+        cls,
+        instance_type: str,
+        *,
+        seed: str | None = None,
+        mps_root: str = DEFAULT_MPS_ROOT,
+        strict: bool = False,
     ) -> FakeGpuBackend:
         itype = catalog.instance_type(instance_type)
         seed = seed or instance_type
@@ -94,6 +104,7 @@ class FakeGpuBackend:
                 "next_pid": 4242,
                 "serial": 0,
                 "faults": [],
+                "strict": strict,
             }
         )
 
@@ -160,6 +171,15 @@ class FakeGpuBackend:
         finally:
             self._open = False
 
+    @contextmanager
+    def nvml_closed(self) -> Iterator[None]:
+        """NVML shut down for a while (a GPU reset needs every handle closed), then again."""
+        was, self._open = self._open, False
+        try:
+            yield
+        finally:
+            self._open = was
+
     def gpu_count(self) -> int:
         return len(self.state["gpus"])
 
@@ -181,10 +201,11 @@ class FakeGpuBackend:
 
     def profiles(self, index: int) -> dict[str, ProfileInfo]:
         card = self._card(index)
+        ids = self.state.get("profile_ids") or {}
         return {
             p.name: ProfileInfo(
                 name=p.name,
-                profile_id=p.nvml_profile_id,
+                profile_id=ids.get(p.name, p.nvml_profile_id),
                 compute_slices=p.compute_slices,
                 memory_slices=p.memory_slices,
                 memory_mib=int(p.memory_gib * 1024),
@@ -282,16 +303,29 @@ class FakeGpuBackend:
             raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, f"compute mode {mode!r} on GPU {index}")
         self._g(index)["compute_mode"] = mode
 
-    def reset_gpu(self, index: int) -> None:
-        self._mutating("reset_gpu", index)
-        g = self._g(index)
-        if g["processes"] or g["mps"]["running"]:
-            raise e.from_nvml(
-                e.NVML_ERROR_IN_USE, f"reset GPU {index}", pids=[p["pid"] for p in g["processes"]]
-            )
-        if g["mig_current"] is not None:
-            g["mig_current"] = g["mig_pending"]
-        g["gpu_instances"] = []
+    def reset_gpus(self, indices: list[int]) -> None:
+        """One reset of these GPUs together (`nvidia-smi -r -i 0,1,...`): refused with
+        NVML_ERROR_IN_USE while anything holds one of them. Strict, the driver's holders count
+        too: an open NVML session, a running holder service, a loaded nvidia_drm."""
+        self._mutating("reset_gpus", indices[0] if indices else 0, needs_nvml=False)
+        what = f"reset GPU(s) {', '.join(map(str, indices))}"
+        held: list[str] = []
+        for i in indices:
+            g = self._g(i)
+            held += [f"pid {p['pid']} on GPU {i}" for p in g["processes"]]
+            held += [f"the MPS daemon of GPU {i}"] if g["mps"]["running"] else []
+            held += [f"{g['held_by']} on GPU {i}"] if g.get("held_by") else []
+        if self.state.get("strict"):
+            held += ["this process's open NVML session"] if self._open else []
+            held += [f"service {n}" for n in self.services.holding()]
+            held += [f"kernel module {m}" for m in self.services.holding_modules()]
+        if held:
+            raise e.from_nvml(e.NVML_ERROR_IN_USE, f"{what} (held by {', '.join(held)})", held_by=held)
+        for i in indices:
+            g = self._g(i)
+            if g["mig_current"] is not None:
+                g["mig_current"] = g["mig_pending"]
+            g["gpu_instances"] = []
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int) -> int:
         self._mutating("create_gpu_instance", index)
@@ -301,12 +335,12 @@ class FakeGpuBackend:
             raise e.from_nvml(e.NVML_ERROR_NOT_SUPPORTED, what.replace("create", "create MIG"))
         if not g["mig_current"]:
             raise e.from_nvml(e.NVML_ERROR_INVALID_STATE, what + " (MIG mode is off)")
-        prof = next((p for p in card.mig_profiles if p.nvml_profile_id == profile_id), None)
+        profiles = {p.profile_id: p for p in self.profiles(index).values()}
+        prof = profiles.get(profile_id)
         if prof is None:
             raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what + " (no such profile id on this card)")
         if start not in prof.placements:
             raise e.from_nvml(e.NVML_ERROR_INVALID_ARGUMENT, what)
-        profiles = {p.nvml_profile_id: p for p in card.mig_profiles}
         used = 0
         compute = 0
         same = 0
@@ -331,10 +365,10 @@ class FakeGpuBackend:
         """A compute instance of the given NVML_COMPUTE_INSTANCE_PROFILE_* (default: the one
         spanning the whole GPU instance), held to the profiles the GPU instance offers."""
         self._mutating("create_compute_instance", index)
-        g, card = self._g(index), self._card(index)
+        g = self._g(index)
         gi = self._gi(index, gpu_instance_id)
         what = f"create compute instance in GPU instance {gpu_instance_id} on GPU {index}"
-        prof = next(p for p in card.mig_profiles if p.nvml_profile_id == gi["profile_id"])
+        prof = next(p for p in self.profiles(index).values() if p.profile_id == gi["profile_id"])
         offered = compute_instance_profiles(prof.compute_slices)
         if ci_profile_index is None:
             ci_profile_index = next(k for k, (n, _) in offered.items() if n == prof.compute_slices)
@@ -399,8 +433,8 @@ class FakeGpuBackend:
     def _card(self, index: int) -> Card:
         return catalog.card(self._g(index)["card"])
 
-    def _mutating(self, op: str, index: int) -> None:
-        if not self._open:
+    def _mutating(self, op: str, index: int, *, needs_nvml: bool = True) -> None:
+        if needs_nvml and not self._open:
             raise RuntimeError("GPU backend used outside its session")
         if self.read_only:
             raise e.GpuError(
@@ -417,77 +451,3 @@ class FakeGpuBackend:
                 raise e.from_nvml(
                     fault["code"], f"{op.replace('_', ' ')} on GPU {index}".replace("mig", "MIG")
                 )
-
-
-class FakeServices:
-    """Host services that hold the GPU (DCGM, NVSM), simulated: state["services"] maps a
-    name to running or not; a running one leaves a MIG mode change pending (IN_USE)."""
-
-    def __init__(self, backend: FakeGpuBackend):
-        self.backend = backend
-
-    def _all(self) -> dict[str, bool]:
-        return self.backend.state.setdefault("services", {})
-
-    def holding(self) -> list[str]:
-        return sorted(n for n, running in self._all().items() if running)
-
-    def stop_holders(self) -> list[str]:
-        stopped = self.holding()
-        for name in stopped:
-            self._all()[name] = False
-            self.backend.calls.append(f"stop service {name}")
-        return stopped
-
-    def start(self, names: list[str]) -> None:
-        for name in names:
-            self._all()[name] = True
-            self.backend.calls.append(f"start service {name}")
-
-
-class FakeMps:
-    """The MPS control daemon per GPU, simulated inside the fake's state."""
-
-    def __init__(self, backend: FakeGpuBackend):
-        self.backend = backend
-
-    def _dirs(self, gpu: GpuInfo) -> tuple[str, str]:
-        root = self.backend.state.get("mps_root", DEFAULT_MPS_ROOT)
-        return f"{root}/gpu{gpu.index}/pipe", f"{root}/gpu{gpu.index}/log"
-
-    def status(self, gpu: GpuInfo) -> MpsState:
-        m = self.backend._g(gpu.index)["mps"]
-        pipe, log = self._dirs(gpu)
-        return MpsState(
-            running=m["running"],
-            healthy=m["running"],
-            pipe_directory=pipe,
-            log_directory=log,
-            clients=m.get("clients"),
-            active_thread_percentage=m.get("active_thread_percentage"),
-            pinned_memory_limit_mib=m.get("pinned_memory_limit_mib"),
-        )
-
-    def start(
-        self,
-        gpu: GpuInfo,
-        *,
-        clients: int,
-        active_thread_percentage: int | None,
-        pinned_memory_limit_mib: int | None,
-    ) -> MpsState:
-        self.backend._mutating("mps_start", gpu.index)
-        g = self.backend._g(gpu.index)
-        if g["mig_current"]:
-            raise e.GpuError(f"cannot start MPS on GPU {gpu.index}: MIG mode is on", code="invalid_state")
-        g["mps"] = {
-            "running": True,
-            "clients": clients,
-            "active_thread_percentage": active_thread_percentage,
-            "pinned_memory_limit_mib": pinned_memory_limit_mib,
-        }
-        return self.status(gpu)
-
-    def stop(self, gpu: GpuInfo) -> None:
-        self.backend._mutating("mps_stop", gpu.index)
-        self.backend._g(gpu.index)["mps"] = {"running": False}

@@ -2,7 +2,8 @@
 
 Every use is inside `with backend.session():`, which pairs nvmlInit with
 nvmlShutdown. NVML errors become our own (host_agent.errors.from_nvml). A GPU reset
-has no NVML call; it goes through `nvidia-smi --gpu-reset`, as NVIDIA documents.
+has no NVML call; it goes through `nvidia-smi -r -i <ids>`, every pending GPU in one
+call with the agent's own NVML session shut down (`nvml_closed`), as mig-parted does.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from host_agent import errors as e
@@ -29,6 +28,7 @@ from host_agent.backend import (
     ProfileInfo,
 )
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
+from host_agent.procs import _proc_slice_tag, _wait_gone, proc_name, proc_state, proc_user
 from host_agent.services import SystemdServices
 from host_agent.linux_host import LinuxHost
 from host_agent.tenants import GrantStore
@@ -63,6 +63,7 @@ class NvmlBackend:
         self.host = LinuxHost(state_dir=state_dir)
         self.grants = GrantStore(f"{state_dir}/grants.json")
         self._nv: Any = None
+        self._run = subprocess.run  # how nvidia-smi is run (a test gives a stand-in)
 
     @contextmanager
     def session(self) -> Iterator[NvmlBackend]:
@@ -89,6 +90,25 @@ class NvmlBackend:
             self._nv = None
             with contextlib.suppress(nv.NVMLError):
                 nv.nvmlShutdown()
+
+    @contextmanager
+    def nvml_closed(self) -> Iterator[None]:
+        """NVML shut down for the block (this process's handle holds the GPUs: the driver
+        refuses a reset while it is open), initialised again after it."""
+        nv = self._nv
+        if nv is None:
+            raise RuntimeError("GPU backend used outside its session")
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlShutdown()
+        self._nv = None
+        try:
+            yield
+        finally:
+            try:
+                nv.nvmlInit()
+            except nv.NVMLError as exc:
+                raise e.from_nvml(exc.value, "initialise NVML again after the GPU reset") from None
+            self._nv = nv
 
     # ---- helpers -----------------------------------------------------------------------
 
@@ -370,20 +390,23 @@ class NvmlBackend:
             COMPUTE_MODES[mode],
         )
 
-    def reset_gpu(self, index: int) -> None:
-        self._count(f"reset GPU {index}")
-        res = subprocess.run(
-            ["nvidia-smi", "--gpu-reset", "-i", str(index)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+    def reset_gpus(self, indices: list[int]) -> None:
+        """One `nvidia-smi -r` for every GPU given (NVML offers no reset): an action whose
+        exit status is all that is read; its last line of output is relayed in the error."""
+        ids = ",".join(str(i) for i in indices)
+        self._count(f"reset GPU(s) {ids}")
+        try:
+            res = self._run(
+                ["nvidia-smi", "-r", "-i", ids], capture_output=True, text=True, timeout=300, check=False
+            )
+        except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+            raise e.GpuError(f"reset GPU(s) {ids}: {exc}", code="reset_failed") from None
         if res.returncode != 0:
-            msg = (res.stderr or res.stdout).strip().splitlines()
+            msg = (res.stderr or res.stdout or "").strip().splitlines()
             raise e.GpuError(
-                f"reset GPU {index}: nvidia-smi says {msg[-1] if msg else res.returncode}",
+                f"reset GPU(s) {ids}: nvidia-smi says {msg[-1] if msg else res.returncode}",
                 code="reset_failed",
+                details={"exit_status": res.returncode},
             )
 
     def _gi_handle(self, index: int, gpu_instance_id: int) -> Any:
@@ -500,77 +523,3 @@ def _profile_name(nvml_name: str, slices: int, memory_mb: int) -> str:
     if m:
         return m.group(1)
     return f"{slices}g.{round(memory_mb / 1024)}gb"
-
-
-def proc_state(pid: int, proc: str = "/proc") -> str | None:
-    """The process's state letter from /proc/<pid>/stat (R, S, D, Z, ...), None when it is gone."""
-    try:
-        raw = Path(f"{proc}/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name is in parentheses and may itself contain ") ": the state follows the last one.
-    rest = raw.rsplit(")", 1)[-1].split()
-    return rest[0] if rest else None
-
-
-def is_live(pid: int, proc: str = "/proc") -> bool:
-    """A process that still runs: present, and neither a zombie (Z) nor dead (X)."""
-    return proc_state(pid, proc) not in (None, "Z", "X")
-
-
-def _wait_gone(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while is_live(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-PROC = "/proc"
-
-
-def proc_name(pid: int, proc: str | None = None) -> str | None:
-    """The program's name: from the command line or executable, since /proc/<pid>/comm is cut
-    to 15 characters ("nvidia-cuda-mps-server" reads "nvidia-cuda-mps" there)."""
-    root = proc or PROC
-    try:
-        argv0 = Path(f"{root}/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-        if argv0:
-            return os.path.basename(argv0)
-    except OSError:
-        pass
-    try:
-        return os.path.basename(os.readlink(f"{root}/{pid}/exe")).removesuffix(" (deleted)")
-    except OSError:
-        pass
-    try:
-        return Path(f"{root}/{pid}/comm").read_text().strip()
-    except OSError:
-        return None
-
-
-def proc_user(pid: int, proc: str | None = None) -> str | None:
-    """The account a process runs as (its real uid), by name when the host knows it."""
-    import pwd
-
-    try:
-        uid = os.stat(f"{proc or PROC}/{pid}").st_uid
-    except OSError:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _proc_slice_tag(pid: int) -> str | None:
-    """CALQUE_SLICE_ID from the process's environment: how an MPS client is tied to its slot."""
-    try:
-        raw = Path(f"{PROC}/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for item in raw.split(b"\0"):
-        if item.startswith(b"CALQUE_SLICE_ID="):
-            return item.split(b"=", 1)[1].decode(errors="replace")
-    return None

@@ -325,7 +325,8 @@ class Ec2Fleet:
 
 class Ec2Instances:
     """EC2's view of one instance, by id: what an admin's registration is checked against
-    (calque.tenancy.lifecycle.Instances). The API function's only EC2 call."""
+    (calque.tenancy.lifecycle.Instances), and its reboot when the host agent says only a
+    reboot lets a GPU's MIG mode change apply. The API function's only EC2 calls."""
 
     def __init__(self, ec2: Any) -> None:
         self.ec2 = ec2
@@ -345,6 +346,11 @@ class Ec2Instances:
             raise
         found = (_instance(raw) for r in page.get("Reservations", []) for raw in r.get("Instances", []))
         return next((i for i in found if i.instance_id == instance_id), None)
+
+    def reboot(self, instance_id: str) -> None:
+        """RebootInstances: EC2 shuts the instance down cleanly (a hard reboot after a few
+        minutes if it does not) and starts it again; its id, volumes and addresses stay."""
+        self.ec2.reboot_instances(InstanceIds=[instance_id])
 
 
 class SqsAcquireQueue:

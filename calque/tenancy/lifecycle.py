@@ -1,7 +1,8 @@
 """Layer 2, the host lifecycle an operator needs: register a host once EC2 confirms the
 instance runs and is of the declared type, deregister a host, register a failed one again
-with a corrected layout, fail an apply that never reports, and fail a host whose GPUs are
-not what its declared instance type carries.
+with a corrected layout, fail an apply that never reports, fail a host whose GPUs are
+not what its declared instance type carries, and reboot a host whose GPUs can take their
+MIG mode only at boot (then apply its layout again).
 
 Works through the tenancy service's registry and its one way of ending a session, so
 a session ended here is recorded, counted and reclaimed exactly as any other.
@@ -32,8 +33,17 @@ if TYPE_CHECKING:
     from typing import Any
 
     from calque.fleet.ports import Instance
-    from calque.tenancy.store.ports import Registry
+    from calque.tenancy.store.ports import HostTaskQueue, Registry
 
+# The host agent's error when a MIG mode change is pending and no GPU reset can apply it:
+# the driver applies it when it loads, so the instance is rebooted and the layout applied again.
+REBOOT_REQUIRED = "reboot_required"
+# How a host being rebooted for its layout reads (its state_reason): at most one reboot per apply.
+REBOOTING = "rebooting to apply its MIG mode: "
+# The layout's apply is sent again this long after the reboot, so SSM delivers it to the
+# agent once the instance is back (EC2 hard-reboots an instance that has not gone down
+# cleanly within a few minutes), never to the agent that is about to stop.
+REAPPLY_DELAY_S = 300
 # Hosts in these states may be registered again: the failed one with a corrected layout.
 REREGISTERABLE = frozenset({"failed"})
 # NVML reports a little less total memory than a card's nominal size (ECC, reserved
@@ -62,6 +72,9 @@ class Instances(Protocol):
     def describe(self, instance_id: str) -> Instance | None:
         """The instance EC2 knows by this id; None when it knows none. Raises when EC2's
         answer could not be had (throttled, unavailable)."""
+
+    def reboot(self, instance_id: str) -> None:
+        """Ask EC2 to reboot the instance (RebootInstances)."""
 
 
 @dataclass
@@ -113,6 +126,7 @@ class LifecycleTenancy(Protocol):
 
     registry: Registry
     clock: Callable[[], datetime]
+    tasks: HostTaskQueue
 
     def register_host(self, *args: Any, **kwargs: Any) -> Host: ...
 
@@ -282,7 +296,51 @@ class HostLifecycle:
                     host_state=host.state,
                     ignored=[s.slice_id for s in report.slices],
                 )
+        if (
+            host is not None
+            and host.state == "pending"
+            and report.verb == "apply"
+            and report.error is not None
+            and report.error.code == REBOOT_REQUIRED
+            and report.instance_id == instance_id
+        ):
+            host = self._reboot_to_apply(host, report.error.message, report.started_at)
+            return ReportAccepted(
+                instance_id=instance_id, host_state=host.state, ignored=[s.slice_id for s in report.slices]
+            )
         return self.tenancy.report(instance_id, report)
+
+    def _reboot_to_apply(self, host: HostRecord, why: str, apply_started: datetime) -> HostRecord:
+        """The agent could not apply a MIG mode change without a reboot: drain the host (out of
+        placement; a host with a live session is not rebooted under it), reboot it through EC2
+        and send its layout's apply again, delayed past the reboot. Once per apply: a host that
+        still needs a reboot after one is failed with the reason."""
+        iid = host.instance_id
+        if host.state_reason and host.state_reason.startswith(REBOOTING):
+            if apply_started <= host.state_since:
+                return host  # the report that asked for this reboot, delivered again
+            again = f"the host agent still could not apply the layout after a reboot: {why}"
+            return self._move(host, "failed", again)
+        if self.instances is None:
+            manual = f"{why} (no EC2 access here to reboot it: reboot it and register it again)"
+            return self._move(host, "failed", manual)
+        slices = self.registry.slices(iid)
+        for sl in slices:
+            if sl.state == "free" and sl.placeable:
+                self.registry.set_placeable(sl, False)
+        live = [s.session_id for s in slices if s.state == "held"]
+        if live:
+            return self._move(
+                host, "failed", f"{why} (not rebooted: {len(live)} session(s) live on it; drain it first)"
+            )
+        from calque.contracts.hosts import ApplyTask
+
+        host = self._move(host, "pending", f"{REBOOTING}{why}")
+        if not (host.state_reason or "").startswith(REBOOTING):
+            return host  # another report moved it meanwhile
+        self.instances.reboot(iid)
+        self.tenancy.tasks.send(ApplyTask(instance_id=iid, spec=host.layout), delay_s=REAPPLY_DELAY_S)
+        return host
 
     # ---- the reaper -------------------------------------------------------------------------
 

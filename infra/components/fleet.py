@@ -200,6 +200,25 @@ class FleetLaunch(Construct):
             "change nothing.",
         )
 
+    def grant_reboot(self, grantee: iam.IGrantable) -> None:
+        """RebootInstances on the account's instances: a host whose GPUs can take their MIG mode
+        only at boot is rebooted when its own agent reports so (the report route checks that
+        the caller is that instance's role). Hosts an admin registered carry no fleet tag, so
+        no tag condition can narrow it; a reboot ends nothing and keeps the instance."""
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="RebootHostsForMigMode",
+                actions=["ec2:RebootInstances"],
+                resources=[self._arn("instance")],
+            )
+        )
+        acknowledge(
+            grantee.grant_principal,  # type: ignore[arg-type]
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
+            "Hosts are any running instance an admin registers, their ids unknown at deploy time; "
+            "only RebootInstances is allowed on them, when a host's own agent reports it needs one.",
+        )
+
     def grant_launch(self, grantee: iam.IGrantable) -> None:
         """RunInstances / TerminateInstances, conditioned on the fleet's tag; PassRole for the host role."""
         self.grant_describe(grantee)

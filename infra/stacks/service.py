@@ -323,14 +323,17 @@ class ServiceStack(Stack):
         return {
             "fleet_launch": _Binding(environment=launch_env, grant=self.fleet.grant_launch),
             "fleet_describe": _Binding(environment=launch_env, grant=self.fleet.grant_describe),
-            # An admin's host registration asks EC2 about the instance (calque.tenancy.lifecycle).
-            "instance_describe": _Binding(
-                environment={}, grant=lambda grantee: self.fleet.grant_describe(grantee, instances_only=True)
-            ),
+            # An admin's host registration asks EC2 about the instance, and a host whose MIG mode
+            # applies only at boot is rebooted (calque.tenancy.lifecycle).
+            "instance_describe": _Binding(environment={}, grant=self._grant_instance_checks),
             "events": _Binding(
                 environment={resources.ENV_EVENT_BUS: "default"}, grant=self.fleet.grant_publish
             ),
         }
+
+    def _grant_instance_checks(self, grantee: iam.IGrantable) -> None:
+        self.fleet.grant_describe(grantee, instances_only=True)
+        self.fleet.grant_reboot(grantee)
 
     def _fleet_outputs(self) -> None:
         CfnOutput(

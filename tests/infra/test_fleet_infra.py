@@ -91,13 +91,14 @@ def test_only_the_acquirer_and_reconciler_may_launch_or_terminate_and_only_tagge
     assert others == []
 
 
-def test_the_api_may_describe_instances_and_change_none(synthesized: Synthesized):
-    # Given the API function's role (an admin's host registration asks EC2 about the instance)
+def test_the_api_may_describe_and_reboot_instances_and_nothing_else(synthesized: Synthesized):
+    # Given the API function's role (an admin's host registration asks EC2 about the instance;
+    # a host whose MIG mode applies only at boot is rebooted on its own agent's report)
     template = synthesized.service_json
     stmts = _role_statements(template)[_function_role(template, "api")]
     ec2 = {a for s in stmts for a in _actions(s) if a.startswith("ec2:")}
-    # Then it may read instances, and nothing else of EC2
-    assert ec2 == {"ec2:DescribeInstances"}
+    # Then it may read instances and reboot them, and nothing else of EC2: never launch or end one
+    assert ec2 == {"ec2:DescribeInstances", "ec2:RebootInstances"}
 
 
 def test_ec2_events_reach_the_fleet_events_function(synthesized: Synthesized):

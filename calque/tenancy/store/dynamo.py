@@ -32,9 +32,10 @@ class SqsHostTaskQueue:
         self.client = client
         self.queue_url = queue_url
 
-    def send(self, task: object) -> None:
+    def send(self, task: object, *, delay_s: int = 0) -> None:
         body = task.model_dump_json()  # type: ignore[attr-defined]
-        self.client.send_message(QueueUrl=self.queue_url, MessageBody=body)
+        delay = {"DelaySeconds": min(max(delay_s, 0), 900)} if delay_s else {}
+        self.client.send_message(QueueUrl=self.queue_url, MessageBody=body, **delay)
 
     def send_many(self, tasks: Sequence[object]) -> None:
         pending = [

@@ -381,8 +381,11 @@ class MemoryQueue:
 
     def __init__(self) -> None:
         self.sent: list[object] = []
+        self.delays: dict[int, int] = {}  # position in ``sent`` -> its delay, where it has one
 
-    def send(self, task: object) -> None:
+    def send(self, task: object, *, delay_s: int = 0) -> None:
+        if delay_s:
+            self.delays[len(self.sent)] = delay_s
         self.sent.append(task)
 
     def send_many(self, tasks: Sequence[object]) -> None:

@@ -303,8 +303,9 @@ class Registry(MemberStore, Protocol):
 
 
 class HostTaskQueue(Protocol):
-    def send(self, task: object) -> None:
-        """Enqueue a host task (a calque.contracts.tenancy HostTask model)."""
+    def send(self, task: object, *, delay_s: int = 0) -> None:
+        """Enqueue a host task (a calque.contracts.tenancy HostTask model), delivered no sooner
+        than ``delay_s`` seconds from now (at most 900)."""
 
     def send_many(self, tasks: Sequence[object]) -> None:
         """Enqueue several host tasks, batched."""

@@ -87,7 +87,8 @@ def deregister_host(
 @guarded(require_instance_role)
 def host_report(instance_id: str, body: AgentReport) -> ReportAccepted:
     host_caller(router, instance_id)
-    out = api_tenancy().lifecycle().report(instance_id, body)
+    # EC2 too: an apply that needs a reboot to take its MIG mode gets one (drained, rebooted, applied again).
+    out = api_tenancy().lifecycle(instances=api_instances()).report(instance_id, body)
     logger.info(
         "host report",
         extra={"instance_id": instance_id, "verb": body.verb, "freed": out.freed, "state": out.host_state},

@@ -137,7 +137,7 @@ def test_ampere_needs_a_reset_and_the_agent_does_it_when_the_gpu_is_idle(agent):
     host = agent("p4d.24xlarge")
     rc, report = host.apply({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.20gb": 2}}]})
     assert rc == 0
-    assert "reset GPU 0 to apply its pending MIG mode" in report["actions"]
+    assert "reset GPU 0 in one call, with NVML shut down, to apply the pending MIG mode" in report["actions"]
     # GPUs the spec does not name are left as they are
     assert report["gpus"][1]["mig_mode_current"] is False
 
@@ -339,6 +339,6 @@ def test_turning_mig_off_again_destroys_idle_instances_first(agent):
     assert rc == 0, report["remaining"]
     assert gpu_actions(report)[-2:] == [
         "turn off MIG mode on GPU 0",
-        "reset GPU 0 to apply its pending MIG mode",
+        "reset GPU 0 in one call, with NVML shut down, to apply the pending MIG mode",
     ]
     assert [s["slice_id"] for s in report["slices"] if s["gpu_index"] == 0] == ["g0-whole"]

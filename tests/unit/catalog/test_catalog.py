@@ -89,6 +89,35 @@ def test_h200_profile_table_matches_the_mig_user_guide():
     assert h200.profile("1g.18gb+me").max_count == 1
 
 
+def test_rtx_pro_4500_profile_table_matches_the_mig_user_guide():
+    card = catalog.card("RTX PRO 4500 Blackwell Server Edition")
+    table = {p.name: (p.compute_slices, p.memory_gib, p.max_count) for p in card.mig_profiles}
+    assert table == {
+        "1g.16gb": (1, 16, 2),
+        "1g.16gb+gfx": (1, 16, 2),
+        "1g.16gb-me": (1, 16, 2),
+        "1g.16gb+me.all": (1, 16, 1),
+        "2g.32gb": (2, 32, 1),
+        "2g.32gb+gfx": (2, 32, 1),
+    }
+    assert [p.name for p in card.mig_profiles if p.media_extensions] == ["1g.16gb+me.all"]
+    # nvml.h's indices: 1_SLICE, *_GFX, *_NO_ME, *_ALL_ME, 2_SLICE, 2_SLICE_GFX
+    assert [p.nvml_profile_index for p in card.mig_profiles] == [0, 10, 13, 15, 1, 11]
+
+
+def test_g7_gpu_counts_are_what_ec2_reports_for_each_size():
+    counts = {t.name: t.gpu_count for t in catalog.instance_types() if t.name.startswith("g7.")}
+    assert counts == {
+        "g7.2xlarge": 1,
+        "g7.4xlarge": 1,
+        "g7.8xlarge": 1,
+        "g7.12xlarge": 2,
+        "g7.24xlarge": 4,
+        "g7.48xlarge": 8,
+    }
+    assert all("DescribeInstanceTypes" in catalog.instance_type(n).source for n in counts)
+
+
 @pytest.mark.parametrize(
     ("itype", "card", "gpus"),
     [

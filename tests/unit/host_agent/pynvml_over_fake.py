@@ -8,11 +8,17 @@ whose answer carries the card's own profile ID (19 for an H100's 1g.10gb), and t
 is what placements, creation and listing take. A wrong number fails as it would on a
 real GPU (INVALID_ARGUMENT / NOT_SUPPORTED), or, where the driver would accept it,
 gets the profile it names: a compute instance asked with the wrong profile is as small
-as that profile."""
+as that profile.
+
+`nvidia_smi` stands in for the one nvidia-smi action the agent takes, a GPU reset
+(`nvidia-smi -r -i 0,1`): it answers from the same fake, so a strict fake refuses it
+while this process's NVML session is open (between nvmlInit and nvmlShutdown) or a
+holder service runs, as the driver does."""
 
 from __future__ import annotations
 
 import ctypes
+import subprocess
 import types
 from types import SimpleNamespace
 
@@ -39,6 +45,23 @@ def build(fake: FakeGpuBackend) -> types.ModuleType:
     m.calls = []
     m.inits = 0
     m.shutdowns = 0
+    m.smi_calls = []
+
+    def nvidia_smi(argv, **_kw):
+        """subprocess.run's stand-in for `nvidia-smi -r|--gpu-reset -i IDS`: exit 0, or the
+        driver's refusal on stderr with a non-zero exit status."""
+        m.smi_calls.append((list(argv), fake._open))
+        if len(argv) != 4 or argv[1] not in ("-r", "--gpu-reset") or argv[2] != "-i":
+            return subprocess.CompletedProcess(argv, 2, "", "unsupported in this stand-in")
+        try:
+            fake.reset_gpus([int(x) for x in argv[3].split(",")])
+        except CalqueError as exc:
+            return subprocess.CompletedProcess(
+                argv, 255, "", f"The following GPUs could not be reset: {exc.message}\n"
+            )
+        return subprocess.CompletedProcess(argv, 0, "GPU reset successful.\n", "")
+
+    m.nvidia_smi = nvidia_smi
 
     def nv(fn):
         def wrapper(*args):

@@ -27,7 +27,8 @@ def h200():
 def _mig_on(b, i=0):
     b.set_mig_mode(i, True)
     if b.gpu(i).mig_current is not True:
-        b.reset_gpu(i)
+        with b.nvml_closed():
+            b.reset_gpus([i])
 
 
 def test_a_host_has_the_instance_types_gpus():
@@ -52,14 +53,15 @@ def test_ampere_mig_mode_stays_pending_until_a_reset():
     with b.session():
         b.set_mig_mode(0, True)
         assert (b.gpu(0).mig_current, b.gpu(0).mig_pending) == (False, True)
-        b.reset_gpu(0)
+        with b.nvml_closed():
+            b.reset_gpus([0])
         assert b.gpu(0).mig_current is True
 
 
 def test_a_reset_is_refused_while_a_process_runs(h200):
     h200.start_process(0, h200.gpu(0).uuid)
     with pytest.raises(e.GpuBusy) as exc:
-        h200.reset_gpu(0)
+        h200.reset_gpus([0])
     assert exc.value.details["nvml_error"] == "NVML_ERROR_IN_USE"
 
 

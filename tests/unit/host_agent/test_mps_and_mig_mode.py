@@ -8,7 +8,7 @@ import pytest
 
 from calque.contracts.layout import parse_layout
 from host_agent import errors as e
-from host_agent import nvml, verbs
+from host_agent import nvml, procs, verbs
 from host_agent.converge import apply
 from host_agent.fake import FakeGpuBackend
 from host_agent.nvml import NvmlBackend
@@ -37,7 +37,7 @@ def test_the_mps_server_is_recognised_although_the_kernel_cuts_its_name(monkeypa
     (proc / "comm").write_text("nvidia-cuda-mps\n")
     (proc / "cmdline").write_bytes(b"/usr/bin/nvidia-cuda-mps-server\0")
     (proc / "stat").write_text(f"{pid} (nvidia-cuda-mps) S 1 1 1")
-    monkeypatch.setattr(nvml, "PROC", str(tmp_path / "proc"))
+    monkeypatch.setattr(procs, "PROC", str(tmp_path / "proc"))
     monkeypatch.setattr(nvml, "proc_state", lambda p, proc=None: "S")
     backend = NvmlBackend()
     backend.mps = fake.mps
@@ -95,33 +95,39 @@ def test_a_mig_mode_change_held_up_by_dcgm_stops_it_and_starts_it_again():
     # Then DCGM was stopped around the change and runs again, and the mode took effect
     assert report.ok, report.remaining
     assert backend.state["services"] == {"nvidia-dcgm": True}
-    assert "turn on MIG mode on GPU 0 (stopped and restarted nvidia-dcgm)" in report.actions
+    assert report.actions[:3] == [
+        "stop nvidia-dcgm (they hold the GPUs) for the MIG mode change",
+        "turn on MIG mode on GPU 0",
+        "start nvidia-dcgm again",
+    ]
     calls = backend.calls
     assert calls.index("stop service nvidia-dcgm") < calls.index("set_mig_mode(gpu 0)")
     assert calls.index("set_mig_mode(gpu 0)") < calls.index("start service nvidia-dcgm")
 
 
-def test_a_mig_mode_change_still_in_use_names_the_cause():
+def test_a_mig_mode_change_still_in_use_names_the_cause_and_asks_for_a_reboot():
     # Given a client NVML does not list (another PID namespace) keeps the GPU open
     backend = FakeGpuBackend.for_instance_type("p5e.48xlarge")
     backend.state["gpus"][0]["held_by"] = "a monitoring container"
     # When MIG is applied through NVML
     with backend.session():
         result = apply(backend, MIG)
-    # Then apply fails with NVML's activation status and the holder named, not a silent pending mode
+    # Then the mode stays pending, the reset that would apply it is refused, and the apply
+    # fails naming the holder and NVML's activation status: only a reboot lets go of it
     assert not result.ok
-    assert result.error.code == "gpu_busy"
-    assert "pending" in result.error.message
+    assert result.error.code == "reboot_required"
     assert "a service or a process outside NVML" in result.error.message
-    assert result.error.details["nvml_activation"] == "NVML_ERROR_IN_USE"
+    assert "a monitoring container" in result.error.message
+    assert result.error.details["nvml_activation"] == {"0": "NVML_ERROR_IN_USE"}
+    assert result.error.details["gpus"] == [0]
 
 
 def test_a_reset_that_cannot_happen_on_a_pass_through_vm_says_to_reboot():
     # Given an A100 host (a MIG mode change needs a GPU reset) where the reset fails, as on EC2
     backend = FakeGpuBackend.for_instance_type("p4d.24xlarge")
-    backend.inject_fault("reset_gpu", e.NVML_ERROR_NOT_SUPPORTED)
+    backend.inject_fault("reset_gpus", e.NVML_ERROR_NOT_SUPPORTED)
     spec = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.20gb": 2}}]})
     report = verbs.do_apply(_ctx(backend), spec)
     assert not report.ok
     assert report.error.code == "reboot_required"
-    assert "reboot the instance" in report.error.message
+    assert "the instance must be rebooted" in report.error.message

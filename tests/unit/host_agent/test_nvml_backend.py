@@ -221,6 +221,9 @@ def _spans(fake: FakeGpuBackend, gpu: int) -> list[tuple[str, int, int]]:
         ("g7e.2xlarge", "1g.24gb-me", 4),
         ("g7e.2xlarge", "2g.48gb+gfx", 2),
         ("g7e.2xlarge", "4g.96gb", 1),
+        ("g7.2xlarge", "1g.16gb-me", 2),
+        ("g7.2xlarge", "1g.16gb+me.all", 1),
+        ("g7.2xlarge", "2g.32gb+gfx", 1),
     ],
 )
 def test_every_profile_converges_through_nvml_with_compute_instances_spanning_their_gpu_instance(
@@ -306,7 +309,7 @@ def _zombie():
     import subprocess
     import time
 
-    from host_agent.nvml import proc_state
+    from host_agent.procs import proc_state
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     while proc_state(child.pid) != "Z":
@@ -319,7 +322,7 @@ def test_a_process_that_ignores_sigterm_is_killed_and_waited_for(monkeypatch):
     import subprocess
 
     from host_agent import nvml
-    from host_agent.nvml import is_live, proc_state
+    from host_agent.procs import is_live, proc_state
 
     # Given a tenant process that ignores SIGTERM
     monkeypatch.setattr(nvml, "KILL_GRACE_SECONDS", 0.3)
