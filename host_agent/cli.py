@@ -427,15 +427,15 @@ def _print(report: AgentReport, output: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.verb == "login":
-        from host_agent.login import login
-
-        return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=args.command)
-    if args.verb == "guard":
-        from host_agent.guard import guard
-
-        return guard(_linux_host(args), install=args.install, output=args.output)
     try:
+        if args.verb == "login":
+            from host_agent.login import login
+
+            return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=args.command)
+        if args.verb == "guard":
+            from host_agent.guard import guard
+
+            return guard(_linux_host(args), install=args.install, output=args.output)
         if args.verb == "worker":
             return _worker(args)
         report = run(args)

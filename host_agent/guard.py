@@ -8,8 +8,9 @@ at every boot before SSM Agent starts (a rule added at run time is gone after a 
   the driver next loads, and until then the agent refuses to grant.
 - Session accounts get umask 077 in every login shell (/etc/profile.d).
 
-`--install` also writes and enables the systemd unit that runs it at boot, ordered before
-SSM Agent (as a snap on Ubuntu, a package on Amazon Linux) and before the network.
+`apply` and `grant` write and enable the systemd unit that runs it at boot (and
+`guard --install` does), ordered before SSM Agent (a snap on Ubuntu, a package on Amazon
+Linux) and before the network.
 """
 
 from __future__ import annotations
@@ -66,28 +67,31 @@ def _write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
     return True
 
 
-def guard(host, *, install: bool = False, output: str = "json", exec_start: str | None = None) -> int:
+def boot_files(*, exec_start: str = AGENT_LAUNCHER) -> list[str]:
+    """Write what the guard needs at every boot: its systemd unit (enabled), the driver's
+    option and the session accounts' umask. Returns what changed."""
+    actions: list[str] = []
+    if _write_if_changed(MODPROBE_CONF, MODPROBE_LINE):
+        actions.append(f"wrote {MODPROBE_CONF} (device files kept as set, from the driver's next load)")
+    if _write_if_changed(PROFILE_SCRIPT, PROFILE_TEXT):
+        actions.append(f"wrote {PROFILE_SCRIPT} (umask 077 for session accounts)")
+    if _write_if_changed(UNIT_PATH, unit_text(exec_start)):
+        actions.append(f"installed {UNIT_PATH}, run at every boot before SSM Agent")
+        if shutil.which("systemctl"):
+            subprocess.run(["systemctl", "daemon-reload"], check=False, capture_output=True)
+            subprocess.run(["systemctl", "enable", "calque-host-guard.service"], check=False, capture_output=True)
+    return actions
+
+
+def guard(host, *, install: bool = False, output: str = "json") -> int:
+    """The boot unit's command: the rule and the mount, now; with --install, the files too."""
     actions: list[str] = []
     if host.ensure_imds_rule():
         actions.append("refused the instance metadata service to every account but root")
     if host.ensure_hidepid():
         actions.append("mounted /proc with hidepid=2")
-    if _write_if_changed(MODPROBE_CONF, MODPROBE_LINE):
-        actions.append(f"wrote {MODPROBE_CONF} (device files kept as set, from the driver's next load)")
-    if _write_if_changed(PROFILE_SCRIPT, PROFILE_TEXT):
-        actions.append(f"wrote {PROFILE_SCRIPT} (umask 077 for session accounts)")
     if install:
-        start = exec_start or AGENT_LAUNCHER
-        if _write_if_changed(UNIT_PATH, unit_text(start)):
-            actions.append(f"installed {UNIT_PATH}")
-        if shutil.which("systemctl"):
-            subprocess.run(["systemctl", "daemon-reload"], check=False, capture_output=True)  # noqa: S603,S607
-            subprocess.run(  # noqa: S603
-                ["systemctl", "enable", "calque-host-guard.service"],  # noqa: S607
-                check=False,
-                capture_output=True,
-            )
-            actions.append("enabled calque-host-guard.service at boot")
+        actions.extend(boot_files())
     modifiable = host.device_files_modifiable()
     out = {
         "verb": "guard",

@@ -257,6 +257,12 @@ class LinuxHost:
         self._cmd("iptables", "-I", *IMDS_RULE)
         return True
 
+    def ensure_boot_guard(self) -> list[str]:
+        """The guard's unit and files, so the rule and the mount come back at every boot."""
+        from host_agent.guard import boot_files
+
+        return boot_files()
+
     def ensure_hidepid(self) -> bool:
         """/proc with hidepid=2: a tenant sees only its own processes (root sees all)."""
         if _hidepid(Path("/proc/self/mounts")):

@@ -125,6 +125,7 @@ def secure_host(b: GpuBackend, views: list[GpuView]) -> list[str]:
         actions.append("refused the instance metadata service to every account but root")
     if b.host.ensure_hidepid():
         actions.append("mounted /proc with hidepid=2: an account sees only its own processes")
+    actions.extend(b.host.ensure_boot_guard())
     grants = b.grants.load()
     held = {m: g.account for g in grants.values() for m in g.caps}
     closed = 0

@@ -64,6 +64,12 @@ class SimulatedHost:
     def imds_rule_present(self) -> bool:
         return bool(self._h["imds_rule"])
 
+    def ensure_boot_guard(self) -> list[str]:
+        if self._h.get("boot_guard"):
+            return []
+        self._h["boot_guard"] = True
+        return ["installed the boot guard"]
+
     def ensure_hidepid(self) -> bool:
         if self._h.get("hidepid"):
             return False

@@ -81,8 +81,6 @@ install_agent() {
   # Older agent versions go once no process runs from them (pool workers started by one
   # still import from its directory).
   PYTHONPATH="$home/src:$home/site" python3 -m host_agent.versions "$root" "$home" || true
-  # What must hold before anyone logs in, now and at every boot before SSM Agent starts.
-  "$root/host-agent" guard --install >/dev/null || fail "the host guard could not be installed"
 }
 
 installed() { [ -d "$home/src" ] && [ -f "$home/tag" ] && [ "$(cat "$home/tag")" = "$tag" ]; }

@@ -94,6 +94,12 @@ def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(bo
     assert box.root_sh("curl -s -m 2 http://169.254.169.254/").stdout == IMDS_ANSWER
     refused = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/latest/meta-data/; echo rc=$?")
     assert IMDS_ANSWER not in refused.stdout and "rc=0" not in refused.stdout
+    # apply installed what brings the guard back at boot, before SSM Agent starts
+    unit = (box.base / "etc" / "systemd" / "system" / "calque-host-guard.service").read_text()
+    assert "Before=network-pre.target amazon-ssm-agent.service" in unit
+    assert "ExecStart=/opt/calque/agent/host-agent guard" in unit
+    modprobe = (box.base / "etc" / "modprobe.d" / "calque-nvidia.conf").read_text()
+    assert modprobe == "options nvidia NVreg_ModifyDeviceFiles=0\n"
     # A reboot empties the firewall; accounts and grants survive on disk
     assert box.root_sh("iptables -F OUTPUT").returncode == 0
     barred = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/")
