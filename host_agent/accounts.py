@@ -123,12 +123,12 @@ def remove_owned(uid: int, roots: Iterable[str]) -> list[str]:
     return left
 
 
-def private_dirs(state_dir: str | Path, account: str, *, shm: str = "/dev/shm") -> dict[str, Path]:
+def private_dirs(state_dir: str | Path, account: str, *, shm: str = "/dev/shm") -> dict[str, Path]:  # noqa: S108 - the shared tmpfs, not a temporary file
     """Where the account's own /tmp, /var/tmp and /dev/shm live (bind-mounted over the
     shared ones at login); its /dev/shm stays on the tmpfs, as CUDA IPC and NCCL expect."""
     base = Path(state_dir) / "private" / account
     return {
         "/tmp": base / "tmp",  # noqa: S108
         "/var/tmp": base / "var-tmp",  # noqa: S108
-        "/dev/shm": Path(shm) / ".calque-private" / account,
+        "/dev/shm": Path(shm) / ".calque-private" / account,  # noqa: S108 - the shared tmpfs, not a temporary file
     }

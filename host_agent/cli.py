@@ -64,8 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="how long a verb waits for another run to finish (default 1680: just under the SSM "
-        "step's 1800)",
+        help="how long a verb waits for another run to finish (default 1680: just under the SSM step's 1800)",
     )
     p.add_argument(
         "--state-dir",

@@ -18,6 +18,7 @@ Two drivers, chosen by what the host mounts:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -153,10 +154,8 @@ class CgroupV1:
         self._freeze(key, "FROZEN")
         try:
             for pid in self.pids(key):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         finally:
             self._freeze(key, "THAWED")
         deadline = time.monotonic() + KILL_WAIT_S
@@ -297,10 +296,8 @@ class SystemdSlices:
 
     def remove(self, key: str) -> None:
         self._cmd("systemctl", "stop", self.unit(key), ok=(0, 5))
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (self.unit_dir / self.unit(key)).unlink()
-        except FileNotFoundError:
-            pass
         self._cmd("systemctl", "daemon-reload")
 
     def key_of(self, pid: int) -> str | None:

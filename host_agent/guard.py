@@ -79,7 +79,9 @@ def boot_files(*, exec_start: str = AGENT_LAUNCHER) -> list[str]:
         actions.append(f"installed {UNIT_PATH}, run at every boot before SSM Agent")
         if shutil.which("systemctl"):
             subprocess.run(["systemctl", "daemon-reload"], check=False, capture_output=True)
-            subprocess.run(["systemctl", "enable", "calque-host-guard.service"], check=False, capture_output=True)
+            subprocess.run(
+                ["systemctl", "enable", "calque-host-guard.service"], check=False, capture_output=True
+            )
     return actions
 
 

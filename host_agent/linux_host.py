@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from host_agent import accounts
-from host_agent.confine import Confiner, Confinement, detect
+from host_agent.confine import Confinement, Confiner, detect
 from host_agent.errors import GpuError
 from host_agent.tenants import DEFAULT_STATE_DIR, IMDS_RULE
 
@@ -39,7 +39,7 @@ class LinuxHost:
         state_dir: str = DEFAULT_STATE_DIR,
         confiner: Confiner | None = None,
         file_roots: list[str] | None = None,
-        shm: str = "/dev/shm",
+        shm: str = "/dev/shm",  # noqa: S108 - the shared tmpfs, not a temporary file
     ):
         self.proc = Path(proc)
         self.dev = Path(dev)

@@ -66,7 +66,7 @@ def _libc():
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def _private_mounts(state_dir: str, account: str, shm: str = "/dev/shm") -> None:
+def _private_mounts(state_dir: str, account: str, shm: str = "/dev/shm") -> None:  # noqa: S108 - the shared tmpfs, not a temporary file
     """This process (and the shell it becomes) in a mount namespace of its own, where the
     account's private directories are mounted over /tmp, /var/tmp and /dev/shm."""
     libc = _libc()
@@ -110,11 +110,11 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, comman
         if grant.cgroup:
             try:
                 host.confiner.join(grant.cgroup, os.getpid())
-            except Exception as exc:  # noqa: BLE001 - any failure to confine refuses the login
+            except Exception as exc:
                 print(f"error: cannot enter the session's cgroup: {exc}", file=sys.stderr)
                 return 1
         try:
-            _private_mounts(state_dir, grant.account, shm=getattr(host, "shm", "/dev/shm"))
+            _private_mounts(state_dir, grant.account, shm=getattr(host, "shm", "/dev/shm"))  # noqa: S108 - the shared tmpfs, not a temporary file
         except OSError as exc:
             print(f"error: cannot give the session its private /tmp: {exc}", file=sys.stderr)
             return 1

@@ -27,10 +27,10 @@ from host_agent.backend import (
     ProcessInfo,
     ProfileInfo,
 )
+from host_agent.linux_host import LinuxHost
 from host_agent.mps import DEFAULT_MPS_ROOT, SubprocessMps
 from host_agent.procs import _proc_slice_tag, _wait_gone, proc_name, proc_state, proc_user
 from host_agent.services import SystemdServices
-from host_agent.linux_host import LinuxHost
 from host_agent.tenants import GrantStore
 
 KILL_GRACE_SECONDS = 10.0

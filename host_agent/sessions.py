@@ -186,11 +186,11 @@ def do_grant(
         actions = secure_host(b, read_all(b))
         grants = b.grants.load()
         old = grants.get(slice_id)
-        if old is not None and (old.account != account or (fence is not None and old.fence != fence)):
-            if not (old.account.startswith("calque-mps-") and s.backend == "mps" and old.fence == fence):
-                actions.extend(
-                    _revoke(b, v, old, grants_after={k: g for k, g in grants.items() if k != slice_id})
-                )
+        replayed = old is not None and old.fence == fence and old.account in (account, mps_account(v.index))
+        if old is not None and not replayed:
+            # Another lease's grant still here (its reclaim lost): take it back first.
+            others = {k: g for k, g in grants.items() if k != slice_id}
+            actions.extend(_revoke(b, v, old, grants_after=others))
         acct = mps_account(v.index) if s.backend == "mps" else account
         if b.host.ensure_account(acct):
             actions.append(f"created account {acct}")
@@ -215,7 +215,8 @@ def do_grant(
         b.host.confine(Confinement(key, limits, devices))
         actions.append(
             f"confined {slice_id}'s session to cgroup {key}: its own GPU device(s) only, "
-            f"{limits.memory_bytes // 1024**2} MiB, {limits.pids} processes, {limits.cpu_millis / 1000:g} CPUs"
+            f"{limits.memory_bytes // 1024**2} MiB, {limits.pids} processes, "
+            f"{limits.cpu_millis / 1000:g} CPUs"
         )
         env = session_env(v, s, v.mps.pipe_directory if v.mps.running else None)
         grants[slice_id] = Grant(slice_id, acct, s.backend, caps, token_sha256, nodes, fence, key, env)

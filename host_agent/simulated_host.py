@@ -8,6 +8,10 @@ from typing import Any
 
 from host_agent.confine import Confinement
 
+# The host_agent.fake.FakeGpuBackend each part belongs to (typed Any: the fake imports
+# this module, never the reverse).
+FakeGpuBackend = Any
+
 
 class SimulatedHost:
     """HostAccess on a simulated host: accounts, MIG capability files and the firewall rule

@@ -81,7 +81,9 @@ class HostAccess(Protocol):
     def imds_rule_present(self) -> bool: ...
     def ensure_hidepid(self) -> bool: ...
     def ensure_boot_guard(self) -> list[str]: ...  # the guard's boot unit and files; what changed
-    def own_directory(self, path: str, account: str) -> bool: ...  # account's alone, 0700; True: changed  # /proc mounted hidepid=2; True: remounted now
+    def own_directory(
+        self, path: str, account: str
+    ) -> bool: ...  # account's alone, 0700; True: changed  # /proc mounted hidepid=2; True: remounted now
 
 
 @dataclass

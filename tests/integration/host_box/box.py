@@ -14,6 +14,7 @@ The GPUs are the fake's (g7e.2xlarge: one card, MIG), kept in the box's state fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -35,11 +36,12 @@ _IMDS = (
     "import http.server\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
     "    def do_GET(self):\n"
-    "        self.send_response(200); self.end_headers(); self.wfile.write(b'%s')\n"
+    "        self.send_response(200); self.end_headers()\n"
+    f"        self.wfile.write(b'{IMDS_ANSWER}')\n"
     "    do_PUT = do_GET\n"
     "    def log_message(self, *a): pass\n"
     "http.server.HTTPServer(('169.254.169.254', 80), H).serve_forever()\n"
-) % IMDS_ANSWER.encode().decode()
+)
 
 
 def missing_tools() -> list[str]:
@@ -136,7 +138,8 @@ class Box:
         (proc / "driver" / "nvidia").mkdir(parents=True)
         (proc / "devices").write_text(
             "Character devices:\n  1 mem\n  5 /dev/tty\n136 pts\n"
-            f"195 nvidia-frontend\n{UVM_MAJOR} nvidia-uvm\n{CAPS_MAJOR} nvidia-caps\n\nBlock devices:\n  8 sd\n"
+            f"195 nvidia-frontend\n{UVM_MAJOR} nvidia-uvm\n{CAPS_MAJOR} nvidia-caps\n"
+            "\nBlock devices:\n  8 sd\n"
         )
         (proc / "driver" / "nvidia" / "params").write_text(
             "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 0\n"
@@ -242,10 +245,8 @@ class Box:
             for d in sorted(parent.iterdir(), reverse=True):
                 if d.is_dir():
                     for pid in (d / "cgroup.procs").read_text().split():
-                        try:
+                        with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
             if c == "freezer":
                 for d in parent.iterdir():
                     if d.is_dir():

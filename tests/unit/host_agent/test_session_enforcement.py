@@ -96,7 +96,12 @@ def test_an_mps_slot_is_told_by_its_cgroup_not_by_the_tag_its_tenant_sets():
         uuid = backend.gpu(0).uuid
         # alice's job claims to be bob's slot
         backend.start_process(
-            0, uuid, slice_tag="g0-mps-1", cgroup=session_key("g0-mps-0"), mps_client=True, user="calque-mps-g0"
+            0,
+            uuid,
+            slice_tag="g0-mps-1",
+            cgroup=session_key("g0-mps-0"),
+            mps_client=True,
+            user="calque-mps-g0",
         )
     report = verbs.do_report(ctx)
     slots = {s.slice_id: s for s in report.slices}
@@ -170,14 +175,18 @@ def test_cgroup_v2_hosts_get_a_systemd_slice_that_closes_every_other_device(tmp_
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     slices = SystemdSlices(unit_dir=str(tmp_path), root=str(tmp_path / "cg"), run=run)
-    c = Confinement("g0_1g.24gb_0", Limits(4 * 1024**3, 4096, 1500), (*BASE_DEVICES, "c 195:0 rw", "c 236:19 r"))
+    c = Confinement(
+        "g0_1g.24gb_0", Limits(4 * 1024**3, 4096, 1500), (*BASE_DEVICES, "c 195:0 rw", "c 236:19 r")
+    )
     slices.create(c)
     text = (tmp_path / "calque-g0_1g.24gb_0.slice").read_text()
     assert "DevicePolicy=closed" in text
     assert "DeviceAllow=/dev/char/195:0 rw" in text
     assert "DeviceAllow=/dev/char/236:19 r" in text
     assert "DeviceAllow=char-pts rw" in text
-    assert f"MemoryMax={4 * 1024**3}" in text and "TasksMax=4096" in text and "CPUQuota=150%" in text
+    assert f"MemoryMax={4 * 1024**3}" in text
+    assert "TasksMax=4096" in text
+    assert "CPUQuota=150%" in text
     assert ["systemctl", "start", "calque-g0_1g.24gb_0.slice"] in calls
     slices.kill("g0_1g.24gb_0")
     assert ["systemctl", "kill", "--signal=SIGKILL", "calque-g0_1g.24gb_0.slice"] in calls
@@ -201,5 +210,8 @@ def test_the_boot_unit_runs_before_ssm_agent():
     from host_agent.guard import unit_text
 
     text = unit_text("/opt/calque/agent/host-agent")
-    assert "Before=network-pre.target amazon-ssm-agent.service snap.amazon-ssm-agent.amazon-ssm-agent.service" in text
+    assert (
+        "Before=network-pre.target amazon-ssm-agent.service snap.amazon-ssm-agent.amazon-ssm-agent.service"
+        in text
+    )
     assert "ExecStart=/opt/calque/agent/host-agent guard" in text

@@ -12,8 +12,8 @@ from calque.contracts.agent import session_account, session_connect_command
 from calque.contracts.layout import parse_layout
 from host_agent import verbs
 from host_agent.fake import FakeGpuBackend
-from host_agent.login import check_token
 from host_agent.linux_host import LinuxHost
+from host_agent.login import check_token
 from host_agent.tenants import IMDS_RULE
 
 pytestmark = pytest.mark.unit
