@@ -381,6 +381,7 @@ def _worker(args: argparse.Namespace) -> int:
             report_to=args.report_to,
             workers_dir=workers_dir,
             launcher=launcher,
+            jails=_worker_jails(args, doc.pool),
         )
     else:
         if not args.pool and args.worker:  # the pool named by the worker document (as SSM sends it)
@@ -394,6 +395,7 @@ def _worker(args: argparse.Namespace) -> int:
         out["pool"] = args.pool
         if args.action == "stop":
             out["workers"] = pw.stop(workers_dir, args.pool, launcher)
+            _release_worker_jails(args, workers_dir, out["workers"])
         else:
             out["workers"] = pw.records(workers_dir, args.pool, launcher)
     if args.output == "json":
@@ -403,6 +405,34 @@ def _worker(args: argparse.Namespace) -> int:
             slice_id, device = w.get("slice_id", ""), w.get("device_uuid", "")
             print(f"{w['worker_id']:<24} {slice_id:<18} pid {w.get('pid')} {device}")
     return 0
+
+
+def _real_host(args: argparse.Namespace) -> bool:
+    """Tenancy enforced by this kernel: hardware, or --host-access linux."""
+    return args.host_access == "linux" or (args.host_access is None and not (args.simulate or args.state))
+
+
+def _worker_jails(args: argparse.Namespace, pool: str) -> dict | None:
+    """On a real host, each worker runs as the pool's account in its slice's confinement."""
+    if not _real_host(args):
+        return None
+    from host_agent.worker_jail import jails
+
+    backend, _, save = _backend(args)
+    try:
+        return jails(backend, pool)
+    finally:
+        save()
+
+
+def _release_worker_jails(args: argparse.Namespace, workers_dir: Path, stopped: list) -> None:
+    if not _real_host(args) or not stopped:
+        return
+    from host_agent.worker_jail import release
+
+    pool = stopped[0]["pool"]
+    left = list((workers_dir / pool).glob("*.json"))
+    release(_linux_host(args), pool, [w["slice_id"] for w in stopped], last=not left)
 
 
 def _print(report: AgentReport, output: str) -> None:

@@ -251,6 +251,26 @@ class LinuxHost:
     def imds_rule_present(self) -> bool:
         return self._cmd("iptables", "-C", *IMDS_RULE, ok=(0, 1)).returncode == 0
 
+    def _imds_allow_rule(self, account: str) -> tuple[str, ...]:
+        uid = str(pwd.getpwnam(account).pw_uid)
+        return ("OUTPUT", "-d", IMDS_RULE[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT")
+
+    def allow_imds(self, account: str) -> bool:
+        """Let one account (a pool's workers) reach IMDS, ahead of the rule refusing the rest."""
+        rule = self._imds_allow_rule(account)
+        if self._cmd("iptables", "-C", *rule, ok=(0, 1)).returncode == 0:
+            return False
+        self._cmd("iptables", "-I", *rule)
+        return True
+
+    def deny_imds(self, account: str) -> None:
+        try:
+            rule = self._imds_allow_rule(account)
+        except KeyError:
+            return
+        while self._cmd("iptables", "-C", *rule, ok=(0, 1)).returncode == 0:
+            self._cmd("iptables", "-D", *rule)
+
     def ensure_imds_rule(self) -> bool:
         if self.imds_rule_present():
             return False

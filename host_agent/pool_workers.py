@@ -237,7 +237,11 @@ class Launcher:
             use_systemd = which("systemd-run") is not None and hasattr(os, "geteuid") and os.geteuid() == 0
         self.use_systemd = use_systemd
 
-    def start(self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> dict[str, Any]:
+    def start(
+        self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path, jail: Any = None
+    ) -> dict[str, Any]:
+        """``jail`` (host_agent.worker_jail.WorkerJail, on a real host): the pool's account and
+        the slice's confinement the worker runs under."""
         if self.use_systemd:
             # a unit of this name that ended in failure and is still loaded would refuse the
             # name (the slot's earlier worker); forgetting it is harmless when there is none
@@ -245,6 +249,7 @@ class Launcher:
             cmd = ["systemd-run", "--unit", unit, "--collect", "--property=Restart=on-failure",
                    "--property=RestartSec=5", f"--property=StandardOutput=append:{log}",
                    f"--property=StandardError=append:{log}", f"--working-directory={cwd}"]  # fmt: skip
+            cmd += jail.systemd_properties() if jail is not None else []
             cmd += [f"--setenv={k}={v}" for k, v in sorted(env.items())]
             subprocess.run([*cmd, *argv], check=True, capture_output=True, text=True)
             out = subprocess.run(
@@ -258,6 +263,7 @@ class Launcher:
             proc = subprocess.Popen(
                 argv, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=str(cwd), start_new_session=True, close_fds=True,
+                preexec_fn=jail.preexec if jail is not None else None,  # noqa: PLW1509
             )  # fmt: skip
         return {"pid": proc.pid}
 
@@ -369,9 +375,11 @@ def start(
     launcher: Launcher,
     s3: Any | None = None,
     python: str = sys.executable,
+    jails: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Start one worker per id, each on the slice its slot names (``slices``: the agent's
-    SliceReports); the slices no id names are left as they are."""
+    SliceReports); the slices no id names are left as they are. ``jails`` (a real host's,
+    by slice id): the account and confinement each worker runs under."""
     pairs = bind_slots(doc, slices)
     pool_dir = workers_dir / doc.pool
     pool_dir.mkdir(parents=True, exist_ok=True)
@@ -393,7 +401,8 @@ def start(
         ]  # fmt: skip
         env = worker_env(dict(sl.env), sl.slice_id)
         unit = f"calque-worker-{doc.pool}-{worker_id}"
-        how = launcher.start(unit, argv, env, pool_dir / f"{worker_id}.log", pool_dir)
+        jail = (jails or {}).get(sl.slice_id)
+        how = launcher.start(unit, argv, env, pool_dir / f"{worker_id}.log", pool_dir, jail=jail)
         info = {
             **how,
             "pool": doc.pool,
@@ -402,6 +411,7 @@ def start(
             "slice_id": sl.slice_id,
             "device_uuid": sl.device_uuid,
             "binding": {k: v for k, v in sl.env.items() if k.startswith("CUDA_")},
+            "account": jail.account if jail is not None else None,
             "started_at": time.time(),
         }
         tmp = record_path.with_suffix(".tmp")

@@ -68,6 +68,18 @@ class SimulatedHost:
     def imds_rule_present(self) -> bool:
         return bool(self._h["imds_rule"])
 
+    def allow_imds(self, account: str) -> bool:
+        allowed = self._h.setdefault("imds_allowed", [])
+        if account in allowed:
+            return False
+        allowed.append(account)
+        return True
+
+    def deny_imds(self, account: str) -> None:
+        allowed = self._h.setdefault("imds_allowed", [])
+        if account in allowed:
+            allowed.remove(account)
+
     def ensure_boot_guard(self) -> list[str]:
         if self._h.get("boot_guard"):
             return []

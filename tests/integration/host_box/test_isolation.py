@@ -4,6 +4,7 @@ the other, to the host's role, and to whoever comes after. See box.py for the bo
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -179,3 +180,59 @@ def test_a_late_reclaim_for_an_ended_lease_leaves_the_next_tenant_alone(box):
     )
     assert stale["error"]["code"] == "stale_fence"
     assert box.login(C, "token-c", "id -un").stdout.strip() == C
+
+
+WORKER = """
+import json, sys, time
+from pathlib import Path
+from host_agent.cli import build_parser, _worker_jails, _release_worker_jails
+from host_agent.pool_workers import Launcher
+
+args = build_parser().parse_args(sys.argv[1:] + ["worker", "status"])
+jails = _worker_jails(args, "embed")
+jail = jails["g0-1g.24gb-3"]
+out = Path(sys.argv[sys.argv.index("--state-dir") + 1]) / "worker.log"
+probe = (
+    "id -un; cat /proc/self/cgroup | grep devices; "
+    "cat {other} 2>&1; curl -s -m 2 http://169.254.169.254/; echo"
+)
+info = Launcher(use_systemd=False).start(
+    "w", ["sh", "-c", probe.format(other=sys.argv[sys.argv.index("--driver-root") + 1]
+    + "/dev/nvidia-caps/nvidia-cap19")], {"PATH": "/usr/bin:/bin"}, out, Path("/"), jail=jail
+)
+for _ in range(100):
+    if "CREDENTIALS" in out.read_text() or out.read_text().count("\\n") >= 4:
+        break
+    time.sleep(0.1)
+print(json.dumps({"account": jail.account, "log": out.read_text()}))
+"""
+
+
+def test_a_pool_worker_runs_as_the_pools_account_confined_to_its_slice(box):
+    # another slice's capability file, its mode reset to the driver's open default
+    other = box.driver / "dev" / "nvidia-caps" / "nvidia-cap19"
+    other.chmod(0o666)
+    argv = box.agent_argv()  # nsenter ... python -m host_agent GLOBAL-OPTIONS
+    python = argv.index("--") + 1
+    run = subprocess.run(
+        [*argv[: python + 1], "-c", WORKER, *argv[python + 3 :]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=box.env(),
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    lines = out["log"].splitlines()
+    # not root: the pool's own account, in the slice's cgroup
+    assert lines[0] == out["account"]
+    assert lines[0].startswith("calque-w-")
+    assert lines[1].endswith("/w_g0_1g.24gb_3")
+    # another slice's device is refused by the kernel; the metadata service answers it alone
+    assert DENIED in lines[2]
+    assert IMDS_ANSWER in out["log"]
+    # and a tenant still does not reach it
+    tenant = box.login(C, "token-c", "curl -s -m 2 http://169.254.169.254/; echo rc=$?")
+    assert IMDS_ANSWER not in tenant.stdout
+    other.chmod(0o400)

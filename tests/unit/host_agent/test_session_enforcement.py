@@ -215,3 +215,25 @@ def test_the_boot_unit_runs_before_ssm_agent():
         in text
     )
     assert "ExecStart=/opt/calque/agent/host-agent guard" in text
+
+
+def test_a_pool_worker_gets_its_own_account_and_the_slices_confinement_and_loses_both_at_the_end():
+    from host_agent.worker_jail import jails, pool_account, release
+
+    backend, _ = _host()
+    by_slice = jails(backend, "embed")
+    account = pool_account("embed")
+    assert set(by_slice) == {f"g0-1g.24gb-{k}" for k in range(4)}
+    assert account in backend.host._h["accounts"]
+    assert backend.host._h["imds_allowed"] == [account]
+    jail = by_slice["g0-1g.24gb-1"]
+    props = jail.systemd_properties()
+    assert props[:3] == [f"--uid={account}", f"--gid={account}", "--property=DevicePolicy=closed"]
+    assert any(p.startswith("--property=MemoryMax=") for p in props)
+    assert "w_g0_1g.24gb_1" in backend.host._h["cgroups"]
+    release(backend.host, "embed", ["g0-1g.24gb-1"], last=False)
+    assert "w_g0_1g.24gb_1" not in backend.host._h["cgroups"]
+    assert account in backend.host._h["accounts"]
+    release(backend.host, "embed", ["g0-1g.24gb-0"], last=True)
+    assert account not in backend.host._h["accounts"]
+    assert backend.host._h["imds_allowed"] == []

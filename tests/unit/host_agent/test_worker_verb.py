@@ -29,7 +29,9 @@ class RecordingLauncher(pw.Launcher):
         self.started: list[dict[str, Any]] = []
         self.stopped: list[dict[str, Any]] = []
 
-    def start(self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> dict[str, Any]:
+    def start(
+        self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path, jail: Any = None
+    ) -> dict[str, Any]:
         self.started.append({"unit": unit, "argv": argv, "env": env})
         return {"pid": os.getpid()}  # "alive"
 
