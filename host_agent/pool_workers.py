@@ -263,7 +263,7 @@ class Launcher:
             proc = subprocess.Popen(
                 argv, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=str(cwd), start_new_session=True, close_fds=True,
-                preexec_fn=jail.preexec if jail is not None else None,  # noqa: PLW1509
+                preexec_fn=jail.preexec if jail is not None else None,
             )  # fmt: skip
         return {"pid": proc.pid}
 
