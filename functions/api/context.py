@@ -35,6 +35,7 @@ def _caller_of(event: Mapping[str, Any]) -> Caller:
         session_named_roles=s.session_named_roles,
         trusted_roles=(s.host_role_name,),
         home_account=s.account_id,
+        other_accounts=s.other_accounts,
     )
 
 

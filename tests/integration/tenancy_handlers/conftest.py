@@ -35,10 +35,10 @@ class LambdaContext:
         return 29_000
 
 
-def arn_of(who: str) -> str:
+def arn_of(who: str, account: str = ACCOUNT) -> str:
     if who.startswith("host:"):
-        return f"arn:aws:sts::{ACCOUNT}:assumed-role/{HOST_ROLE}/{who.removeprefix('host:')}"
-    return f"arn:aws:iam::{ACCOUNT}:user/{who}"
+        return f"arn:aws:sts::{account}:assumed-role/{HOST_ROLE}/{who.removeprefix('host:')}"
+    return f"arn:aws:iam::{account}:user/{who}"
 
 
 @dataclass
@@ -106,6 +106,7 @@ class Api:
         body: Any = None,
         *,
         who: str = "alice",
+        account: str = ACCOUNT,
         query: dict[str, str] | None = None,
         raw_body: str | None = None,
         headers: dict[str, str] | None = None,
@@ -125,7 +126,9 @@ class Api:
             "pathParameters": None,
             "stageVariables": None,
             "requestContext": {
-                "identity": {"userArn": arn_of(who), "accountId": ACCOUNT},
+                # API Gateway names the API's own account beside the caller's
+                "accountId": ACCOUNT,
+                "identity": {"userArn": arn_of(who, account), "accountId": account},
                 "requestId": str(uuid.uuid4()),
                 "stage": "v1",
                 "httpMethod": method,
