@@ -268,8 +268,6 @@ def caller_from_event(
         raise Unauthenticated("request carries no IAM identity")
     name = normalize_arn(arn)
     account = identity.get("accountId") or arn_account(arn) or None
-    if arn_account(arn) and account != arn_account(arn):
-        raise Unauthenticated(f"principal {arn!r} is not of account {account}")
     home = home_account or context.get("accountId")
     entries = [a if isinstance(a, AdminEntry) else parse_admin(a) for a in admins]
     who = Caller(

@@ -223,8 +223,3 @@ def test_other_accounts_may_be_refused_by_setting():
     assert refused.value.code == "other_account_refused"
     assert caller_from_event(user("alice"), [], other_accounts="refuse").principal == "alice"
 
-
-def test_an_account_that_is_not_the_arns_is_refused():
-    evt = event(f"arn:aws:iam::{OTHER}:user/alice", account=ACCT)
-    with pytest.raises(Unauthenticated):
-        caller_from_event(evt, [])
