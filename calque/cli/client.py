@@ -21,7 +21,8 @@ class ApiClient:
     """``request(method, path, body=None, query=None)`` -> parsed JSON, or ApiError.
 
     A 503 is retried up to ``retries`` times, waiting what its Retry-After asks
-    (capped at ``max_wait_s``); so is a request whose answer was lost on the way (a read
+    (capped at ``max_wait_s``), and so is a 409 ``request_in_progress`` (the same request,
+    under its key, still runs); so is a request whose answer was lost on the way (a read
     timeout, a connection closed before the answer). Every write (POST, PUT, PATCH,
     DELETE) carries an ``Idempotency-Key`` made once per call and resent unchanged on
     each retry, so the API applies it once and answers a retry as it answered the
@@ -118,7 +119,9 @@ class ApiClient:
             if 200 <= status < 300:
                 return doc
             retry_after = _retry_after(resp.headers.get("Retry-After"))
-            if status == 503 and attempt < self.retries:
+            # 503: a dependency down; 409 request_in_progress: this very request (its key) still runs
+            busy = status == 409 and isinstance(doc, dict) and _code(doc) == "request_in_progress"
+            if (status == 503 or busy) and attempt < self.retries:
                 attempt += 1
                 time.sleep(min(retry_after if retry_after is not None else 1.0, self.max_wait_s))
                 continue
@@ -163,6 +166,11 @@ def _refuse_non_finite(body: Any) -> None:
             code="invalid_input",
             details={"field": ".".join(path)},
         )
+
+
+def _code(doc: dict[str, Any]) -> str | None:
+    error = doc.get("error")
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -39,6 +39,11 @@ def _caller_of(event: Mapping[str, Any]) -> Caller:
     )
 
 
+def caller_identity(event: Mapping[str, Any]) -> Caller:
+    """Who signed ``event``, before any route decides what they may do."""
+    return _caller_of(event)
+
+
 def _is_host_role(who: Caller) -> bool:
     return who.role is not None and who.role == api_settings().host_role_name
 
