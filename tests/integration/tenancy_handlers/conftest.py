@@ -7,7 +7,7 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
@@ -45,6 +45,7 @@ def arn_of(who: str, account: str = ACCOUNT) -> str:
 class Reply:
     status: int
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def code(self) -> str | None:
@@ -139,7 +140,9 @@ class Api:
             "isBase64Encoded": False,
         }
         out = lambda_handler(event, LambdaContext())
-        return Reply(out["statusCode"], json.loads(out["body"]) if out.get("body") else None)
+        headers = {k: v[-1] for k, v in (out.get("multiValueHeaders") or {}).items() if v}
+        headers.update(out.get("headers") or {})
+        return Reply(out["statusCode"], json.loads(out["body"]) if out.get("body") else None, headers)
 
     def items(self) -> list[dict[str, Any]]:
         """Every record in the registry, to prove a refusal changed nothing."""
