@@ -88,12 +88,23 @@ def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
             if method in MUTATING:
                 statuses |= _MUTATING
                 _add_idempotency_key(op)
+            if any(p.get("in") == "query" and p.get("name") == "next" for p in op.get("parameters", [])):
+                ok = op["responses"].get("200")
+                if isinstance(ok, dict):
+                    ok["headers"] = {"Link": _NEXT_LINK}
             for status, why in statuses.items():
                 response: dict[str, Any] = {"description": why, "content": error_content}
                 if status in ("503", "409"):
                     response["headers"] = error_headers
                 op["responses"][status] = response
     return doc
+
+
+_NEXT_LINK = {
+    "description": 'where the next page is, when there is one: <PATH?QUERY&next=TOKEN>; rel="next" '
+    "(no Link header: this was the last page)",
+    "schema": {"type": "string"},
+}
 
 
 def _add_idempotency_key(op: dict[str, Any]) -> None:
