@@ -91,7 +91,9 @@ class ApiClient:
     ) -> Any:
         return self.exchange(method, path, body, query, idempotency_key=idempotency_key)[0]
 
-    def pages(self, path: str, query: dict[str, Any] | None = None, *, max_items: int | None = None) -> list[Any]:
+    def pages(
+        self, path: str, query: dict[str, Any] | None = None, *, max_items: int | None = None
+    ) -> list[Any]:
         """Every item of a list (GET), page after page, following each page's Link to the next
         (rel="next"); at most ``max_items`` of them when given, as the AWS CLI's --max-items."""
         items: list[Any] = []

@@ -32,7 +32,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from calque.contracts.common import Out, Request, Strict
 
@@ -78,6 +78,9 @@ TTL_SECONDS_LIMIT = 10 * 365 * 24 * 3600
 
 class CheckoutRequest(Request):
     """POST /v1/sessions: take one slice for a bounded time."""
+
+    # The document says what the validators below hold: a profile or a memory floor, not both
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["profile", "min_memory_gib"]}})
 
     instance_id: str | None = Field(
         default=None, pattern=INSTANCE_ID_PATTERN, description="only this host; omitted: any host with a fit"

@@ -111,7 +111,9 @@ def answered_once(
         if found.fingerprint != fingerprint:
             raise idempotency_key_reused("request")
         if found.state == "done" and found.status is not None and found.sealed_body is not None:
-            return Answer(found.status, requests.unseal(found.sealed_body, principal, key), dict(found.headers))
+            return Answer(
+                found.status, requests.unseal(found.sealed_body, principal, key), dict(found.headers)
+            )
         raise RequestInProgress()
     try:
         answer = run()
@@ -122,7 +124,12 @@ def answered_once(
     if 200 <= answer.status < 300 and len(sealed) <= MAX_KEPT_ANSWER:
         store.keep_answer(
             mine.model_copy(
-                update={"state": "done", "status": answer.status, "sealed_body": sealed, "headers": answer.headers}
+                update={
+                    "state": "done",
+                    "status": answer.status,
+                    "sealed_body": sealed,
+                    "headers": answer.headers,
+                }
             )
         )
     else:

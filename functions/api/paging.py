@@ -24,4 +24,6 @@ def next_link(router: BaseRouter, token: str) -> str:
 
 def paged(router: BaseRouter, items: Sequence[Any], token: str | None) -> Response[Any]:
     headers = {"Link": next_link(router, token)} if token else {}
-    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=list(items), headers=headers)
+    return Response(
+        status_code=200, content_type=content_types.APPLICATION_JSON, body=list(items), headers=headers
+    )

@@ -222,4 +222,3 @@ def test_other_accounts_may_be_refused_by_setting():
         caller_from_event(user("alice", account=OTHER), [], other_accounts="refuse")
     assert refused.value.code == "other_account_refused"
     assert caller_from_event(user("alice"), [], other_accounts="refuse").principal == "alice"
-

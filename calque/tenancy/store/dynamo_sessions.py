@@ -184,4 +184,3 @@ class DynamoSessions(DynamoBase):
             KeyConditionExpression="pk = :pk", ExpressionAttributeValues=expr_values(pk=f"EVENTS#{day}")
         )
         return [LeaseEvent.model_validate(i) for i in items]
-

@@ -197,7 +197,9 @@ def test_a_session_list_pages_with_a_link_to_the_next_page(api):
 
     api.ready_host()
     assert api("PUT", "/v1/quotas/alice", {"max_sessions": 4}, who="admin").status == 200
-    ids = [api("POST", "/v1/sessions", {"backend": "mig", "ttl_seconds": 600}).body["session_id"] for _ in "abc"]
+    ids = [
+        api("POST", "/v1/sessions", {"backend": "mig", "ttl_seconds": 600}).body["session_id"] for _ in "abc"
+    ]
     # When she lists them two at a time
     first = api("GET", "/v1/sessions", query={"limit": "2"})
     # Then the page says where the next one is, and the next page holds the rest

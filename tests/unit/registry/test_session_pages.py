@@ -70,7 +70,7 @@ def test_pages_hold_what_is_asked_and_go_on_past_sessions_that_ended(any_world: 
     rest = any_world.tenancy.session_page(ALICE, state="live", limit=3, next_token=None)
     assert len(rest.items) == 3
     after = any_world.tenancy.session_page(ALICE, state="any", limit=10, next_token=page.next)
-    assert [s.session_id for s in after.items] == ids[::-1][3:] + [ended]
+    assert [s.session_id for s in after.items] == [*ids[::-1][3:], ended]
 
 
 def test_a_token_this_list_never_gave_is_refused(any_world: World):
