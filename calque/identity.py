@@ -17,6 +17,13 @@ pinned to its unique id; never one session of a role, which a member could pose 
 picking that session name. And a role's sessions are told apart as different members
 only when its session names are pinned (``session_named_roles``): otherwise one member
 could pose as another by choosing their session name, and the call is refused.
+
+A member is an account plus a name. A principal of the API's own account is its bare name
+(``alice``, ``Role/session``); one of any other account (a deployment that admits its
+organization's accounts) is ``ACCOUNT:name`` (``999999999999:alice``), a different member
+from the home account's ``alice``. IAM names, role session names and federated user names
+never hold a ``:``, so no principal of the home account can be written like one of another.
+A deployment may refuse other accounts' principals instead (``other_accounts="refuse"``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel
 
 from calque.errors import Forbidden, Unauthenticated
+
+OtherAccounts = Literal["distinct", "refuse"]
 
 # Identity Center permission-set roles: the session name is the person's Identity Center
 # user name, set by IAM Identity Center, never by the caller.
@@ -46,6 +55,7 @@ _STS_ARN = re.compile(
 
 
 class Caller(BaseModel):
+    # The member: the bare name in the API's own account, ACCOUNT:name in any other
     principal: str
     arn: str
     account: str | None = None
@@ -54,16 +64,21 @@ class Caller(BaseModel):
     admin: bool = False
 
     @property
+    def name(self) -> str:
+        """The principal's name within its own account (``alice``, ``Role/session``)."""
+        return normalize_arn(self.arn)
+
+    @property
     def role(self) -> str | None:
         """The role name when the caller is an assumed role, else None."""
         if ":assumed-role/" in self.arn:
-            return self.principal.split("/", 1)[0]
+            return self.name.split("/", 1)[0]
         return None
 
     @property
     def role_session(self) -> str | None:
         if ":assumed-role/" in self.arn:
-            return self.principal.split("/", 1)[1]
+            return self.name.split("/", 1)[1]
         return None
 
     @property
@@ -72,8 +87,24 @@ class Caller(BaseModel):
         return self.unique_id.split(":", 1)[0] if self.unique_id else None
 
 
+def arn_account(arn: str) -> str:
+    """The account an IAM or STS principal ARN belongs to ('' for none)."""
+    parts = arn.split(":", 5)
+    return parts[4] if len(parts) == 6 else ""
+
+
+def member_of(name: str, account: str | None, home_account: str | None) -> str:
+    """The member a principal is: its bare name in the home account, ACCOUNT:name elsewhere."""
+    if home_account is None or account is None or account == home_account:
+        return name
+    return f"{account}:{name}"
+
+
 def normalize_arn(arn: str) -> str:
-    """arn:aws:iam::1:user/path/alice -> alice; arn:aws:sts::1:assumed-role/R/s -> R/s."""
+    """arn:aws:iam::1:user/path/alice -> alice; arn:aws:sts::1:assumed-role/R/s -> R/s.
+
+    The name within the principal's own account: which member it is also depends on the
+    account (``member_of``)."""
     parts = arn.split(":", 5)
     if len(parts) != 6 or parts[0] != "arn" or parts[2] not in ("iam", "sts"):
         raise Unauthenticated(f"unrecognized principal ARN {arn!r}")
@@ -116,7 +147,7 @@ class AdminEntry(NamedTuple):
         if account is not None and caller.account != account:
             return False
         if self.kind == "user":
-            matched = caller.role is None and ":user/" in caller.arn and caller.principal == self.name
+            matched = caller.role is None and ":user/" in caller.arn and caller.name == self.name
         else:
             matched = caller.role == self.name
         if matched and self.pinned_id is not None:
@@ -218,6 +249,7 @@ def caller_from_event(
     session_named_roles: Iterable[str] | None = None,
     trusted_roles: Iterable[str] = (),
     home_account: str | None = None,
+    other_accounts: OtherAccounts = "distinct",
 ) -> Caller:
     """Read the caller from an API Gateway REST proxy event authorized with AWS_IAM.
 
@@ -225,22 +257,32 @@ def caller_from_event(
     session names are not pinned (those roles, and ``trusted_roles`` such as the host role,
     whose sessions EC2 names) is refused unless the role is an admin role: its session
     name cannot tell one member from another. Without them, nothing is refused here.
+
+    A principal of another account than the API's is the member ``ACCOUNT:name``, or, with
+    ``other_accounts="refuse"``, refused (403 ``other_account_refused``).
     """
     context = event.get("requestContext") or {}
     identity = context.get("identity") or {}
     arn = identity.get("userArn")
     if not arn:
         raise Unauthenticated("request carries no IAM identity")
-    principal = normalize_arn(arn)
+    name = normalize_arn(arn)
+    account = identity.get("accountId") or arn_account(arn) or None
+    home = home_account or context.get("accountId")
     entries = [a if isinstance(a, AdminEntry) else parse_admin(a) for a in admins]
     who = Caller(
-        principal=principal,
+        principal=member_of(name, account, home),
         arn=arn,
-        account=identity.get("accountId"),
+        account=account,
         unique_id=identity.get("user") or identity.get("caller"),
     )
-    home = home_account or context.get("accountId")
     admin = is_admin(who, entries, home)
+    if other_accounts == "refuse" and who.principal != name and not admin:
+        raise Forbidden(
+            f"this deployment serves only its own account's principals, not account {account}'s",
+            code="other_account_refused",
+            details={"account": account, "principal": name},
+        )
     who = who.model_copy(update={"admin": admin})
     role = who.role
     if (
@@ -255,6 +297,6 @@ def caller_from_event(
             "members apart; an admin must pin its session names (see docs/deploy.md) and list it "
             "in session_named_roles",
             code="role_session_not_pinned",
-            details={"principal": principal, "role": role},
+            details={"principal": who.principal, "role": role},
         )
     return who

@@ -35,7 +35,19 @@ def finite_float(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a finite number: give an amount such as 250 or 0.5"
         )
+    if value == 0.0 and _nonzero(text):
+        # 1e-400 is not 0, but a float reads it as 0: never send a 0 nobody asked for
+        raise argparse.ArgumentTypeError(f"{text!r} is too small to be an amount: give 0, or 0.01 or more")
     return value
+
+
+def _nonzero(text: str) -> bool:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        return Decimal(text.strip()) != 0
+    except InvalidOperation:
+        return False
 
 
 def non_negative_float(text: str) -> float:

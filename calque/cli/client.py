@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from calque.cli.errors import ApiError, EndpointUnreachable, UsageError
 
@@ -21,7 +23,8 @@ class ApiClient:
     """``request(method, path, body=None, query=None)`` -> parsed JSON, or ApiError.
 
     A 503 is retried up to ``retries`` times, waiting what its Retry-After asks
-    (capped at ``max_wait_s``); so is a request whose answer was lost on the way (a read
+    (capped at ``max_wait_s``), and so is a 409 ``request_in_progress`` (the same request,
+    under its key, still runs); so is a request whose answer was lost on the way (a read
     timeout, a connection closed before the answer). Every write (POST, PUT, PATCH,
     DELETE) carries an ``Idempotency-Key`` made once per call and resent unchanged on
     each retry, so the API applies it once and answers a retry as it answered the
@@ -86,6 +89,33 @@ class ApiClient:
         *,
         idempotency_key: str | None = None,
     ) -> Any:
+        return self.exchange(method, path, body, query, idempotency_key=idempotency_key)[0]
+
+    def pages(
+        self, path: str, query: dict[str, Any] | None = None, *, max_items: int | None = None
+    ) -> list[Any]:
+        """Every item of a list (GET), page after page, following each page's Link to the next
+        (rel="next"); at most ``max_items`` of them when given, as the AWS CLI's --max-items."""
+        items: list[Any] = []
+        asked = dict(query or {})
+        while True:
+            page, headers = self.exchange("GET", path, None, asked)
+            items.extend(page if isinstance(page, list) else [page])
+            token = next_token(headers.get("Link"))
+            if token is None or (max_items is not None and len(items) >= max_items):
+                return items if max_items is None else items[:max_items]
+            asked["next"] = token
+
+    def exchange(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> tuple[Any, Mapping[str, str]]:
+        """The parsed answer and its headers (``request``: the answer alone)."""
         _refuse_empty_segment(method, path)
         url = self.endpoint + (path if path.startswith("/") else "/" + path)
         if query:
@@ -116,9 +146,11 @@ class ApiClient:
             except ValueError:
                 doc = {"body": text}
             if 200 <= status < 300:
-                return doc
+                return doc, resp.headers
             retry_after = _retry_after(resp.headers.get("Retry-After"))
-            if status == 503 and attempt < self.retries:
+            # 503: a dependency down; 409 request_in_progress: this very request (its key) still runs
+            busy = status == 409 and isinstance(doc, dict) and _code(doc) == "request_in_progress"
+            if (status == 503 or busy) and attempt < self.retries:
                 attempt += 1
                 time.sleep(min(retry_after if retry_after is not None else 1.0, self.max_wait_s))
                 continue
@@ -163,6 +195,21 @@ def _refuse_non_finite(body: Any) -> None:
             code="invalid_input",
             details={"field": ".".join(path)},
         )
+
+
+def next_token(link: str | None) -> str | None:
+    """The ``next`` token of a Link header's rel="next" target, or None (the last page)."""
+    for part in (link or "").split(","):
+        target, _, params = part.partition(";")
+        if re.search(r'rel="?next"?', params):
+            values = parse_qs(urlsplit(target.strip().strip("<>")).query).get("next")
+            return values[0] if values else None
+    return None
+
+
+def _code(doc: dict[str, Any]) -> str | None:
+    error = doc.get("error")
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -57,6 +57,12 @@ def in_words(value: object, pattern: str, rule: str, *, keep: int = 64) -> objec
     return value
 
 
+def in_places(places: int) -> dict[str, Any]:
+    """What the API document says of an amount ``to_places`` keeps: a multiple of its unit
+    (documented only: a float's own noise, 0.07 % 0.01, is not the caller's)."""
+    return {"multipleOf": 10**-places}
+
+
 def to_places(value: float | None, places: int, unit: str) -> float | None:
     """An amount kept to what can be stored and billed: one that rounds to nothing but is not
     0 is refused (a number like 5e-324 is below what DynamoDB can hold), and so is one given

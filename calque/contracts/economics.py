@@ -12,14 +12,29 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from calque.contracts.common import GROUP_PATTERN as GROUP_PATTERN  # its home; re-exported
-from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, Strict, in_words, to_places
+from calque.contracts.common import (
+    IfVersion,
+    LimitsVersion,
+    Out,
+    Request,
+    Strict,
+    in_places,
+    in_words,
+    to_places,
+)
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 
 
-MONTH_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
-# A date, or a date and time with an optional offset: what the query's datetimes parse.
-WHEN_PATTERN = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?$"
+# A month of the calendar usage reports cover (calque.accounting.service: 2000 to 2999)
+MONTH_PATTERN = r"^2[0-9]{3}-(0[1-9]|1[0-2])$"
+# A date, or a date and time with an optional offset: what the query's datetimes parse, in
+# that calendar (a day past its month's end, 2026-02-30, is still refused by the parse).
+WHEN_PATTERN = (
+    r"^2[0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):?[0-5][0-9])?)?$"
+)
 
 
 class UsageQuery(Strict):
@@ -137,8 +152,12 @@ class GroupCreate(_GroupLimitRules):
         )
 
     max_sessions: int | None = Field(default=None, ge=0, le=10_000, description="live sessions of the group")
-    max_gpu_hours_per_month: float | None = Field(default=None, ge=0, le=1_000_000)
-    max_usd_per_month: float | None = Field(default=None, ge=0, le=100_000_000, description="monthly budget")
+    max_gpu_hours_per_month: float | None = Field(
+        default=None, ge=0, le=1_000_000, json_schema_extra=in_places(3)
+    )
+    max_usd_per_month: float | None = Field(
+        default=None, ge=0, le=100_000_000, json_schema_extra=in_places(2), description="monthly budget"
+    )
 
 
 class GroupMembers(Request):
@@ -151,8 +170,12 @@ class GroupLimits(_GroupLimitRules):
     """PUT /v1/groups/{name}/limits (admin)."""
 
     max_sessions: int | None = Field(default=None, ge=0, le=10_000)
-    max_gpu_hours_per_month: float | None = Field(default=None, ge=0, le=1_000_000)
-    max_usd_per_month: float | None = Field(default=None, ge=0, le=100_000_000)
+    max_gpu_hours_per_month: float | None = Field(
+        default=None, ge=0, le=1_000_000, json_schema_extra=in_places(3)
+    )
+    max_usd_per_month: float | None = Field(
+        default=None, ge=0, le=100_000_000, json_schema_extra=in_places(2)
+    )
     if_version: IfVersion = None
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, field_validator
 
-from calque.contracts.common import Out, Request, Strict, to_places
+from calque.contracts.common import Out, Request, Strict, in_places, to_places
 from calque.contracts.layout import LayoutSpec
 
 # queued: budget reserved, waiting for the acquirer; launching: RunInstances in progress;
@@ -53,7 +53,11 @@ class AcquireRequest(Request):
     layout: LayoutSpec | None = Field(default=None, description="applied once registered; none: the default")
     spot: bool = False
     spot_max_price: float | None = Field(
-        default=None, gt=0, le=1000, description="USD/hour; omitted: up to the on-demand rate"
+        default=None,
+        gt=0,
+        le=1000,
+        json_schema_extra=in_places(5),
+        description="USD/hour; omitted: up to the on-demand rate",
     )
     fallback_on_demand: bool = Field(default=False, description="spot capacity failed: try on-demand")
     fallback_types: list[str] = Field(default=[], max_length=5)
@@ -153,8 +157,8 @@ class BudgetUpdate(Request):
     """PUT /v1/budget (admin)."""
 
     max_instances: int = Field(ge=0, le=10_000)
-    max_hourly_usd: float = Field(ge=0, le=1_000_000)
-    max_monthly_usd: float | None = Field(default=None, ge=0, le=100_000_000)
+    max_hourly_usd: float = Field(ge=0, le=1_000_000, json_schema_extra=in_places(2))
+    max_monthly_usd: float | None = Field(default=None, ge=0, le=100_000_000, json_schema_extra=in_places(2))
 
     @field_validator("max_hourly_usd", "max_monthly_usd")
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, to_places
+from calque.contracts.common import IfVersion, LimitsVersion, Out, Request, in_places, to_places
 
 
 class QuotaUpdate(Request):
@@ -17,12 +17,14 @@ class QuotaUpdate(Request):
         default=None,
         ge=0,
         le=1_000_000,
+        json_schema_extra=in_places(3),
         description="GPU-hours per calendar month (UTC), to a thousandth; null: unlimited",
     )
     max_usd_per_month: float | None = Field(
         default=None,
         ge=0,
         le=100_000_000,
+        json_schema_extra=in_places(2),
         description="dollars per calendar month (UTC), to a cent; null: unlimited",
     )
     if_version: IfVersion = None

@@ -32,7 +32,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from calque.contracts.common import Out, Request, Strict
 
@@ -67,7 +67,8 @@ HostAccessState = Literal["pending", "granted", "failed", "revoked"]
 
 INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
 SESSION_ID_PATTERN = r"^s-[0-9a-f]{8,32}$"
-USER_PATTERN = r"^[A-Za-z0-9+=,.@_\-/]{1,128}$"
+# A member: a principal of the API's own account by name, one of another account as ACCOUNT:name
+USER_PATTERN = r"^(?:[0-9]{12}:)?[A-Za-z0-9+=,.@_\-/]{1,128}$"
 # A bound no deployment's TTL reaches (ten years): the deployment's own floor and
 # maximum are checked by the domain, this one keeps its date arithmetic finite.
 TTL_SECONDS_LIMIT = 10 * 365 * 24 * 3600
@@ -77,6 +78,9 @@ TTL_SECONDS_LIMIT = 10 * 365 * 24 * 3600
 
 class CheckoutRequest(Request):
     """POST /v1/sessions: take one slice for a bounded time."""
+
+    # The document says what the validators below hold: a profile or a memory floor, not both
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["profile", "min_memory_gib"]}})
 
     instance_id: str | None = Field(
         default=None, pattern=INSTANCE_ID_PATTERN, description="only this host; omitted: any host with a fit"

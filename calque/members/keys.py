@@ -6,6 +6,8 @@ quota / counter   USER#<user>        QUOTA      a member's limits, live-session 
 group             GROUPS             GROUP#<name>   members {user: added iso}, limits, live,
                                                 monthly counters (use_attr)
 membership        USER#<user>        GROUPS     g_<name> = when added (one attribute per group)
+kept answer       ANSWER#<hash>      ANSWER     an Idempotency-Key's request: its fingerprint and
+                                                sealed answer (calque.members.answers)
 """
 
 from __future__ import annotations
@@ -30,3 +32,7 @@ def use_attr(state: str, unit: str, month: str) -> str:
     live sessions plus settled by ended ones) or ``settled``, in ``ugh`` (micro-GPU-hours)
     or ``musd`` (micro-dollars), of one month (YYYY-MM), e.g. committed_musd_2026-12."""
     return f"{state}_{unit}_{month}"
+
+
+def answer_key(request_id: str) -> dict[str, str]:
+    return {"pk": f"ANSWER#{request_id}", "sk": "ANSWER"}

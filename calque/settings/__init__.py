@@ -10,7 +10,7 @@ variable's name. Nothing is read at import time; call the cached factories.
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
@@ -35,6 +35,9 @@ class ApiSettings(CommonSettings):
         alias="CALQUE_SESSION_NAMED_ROLES", default_factory=lambda: ["AWSReservedSSO_*"]
     )
     account_id: str | None = Field(alias="CALQUE_ACCOUNT_ID", default=None)
+    # Principals of other accounts (a deployment open to its organization): each is its own
+    # member, ACCOUNT:name ("distinct"), or refused with 403 ("refuse").
+    other_accounts: Literal["distinct", "refuse"] = Field(alias="CALQUE_OTHER_ACCOUNTS", default="distinct")
     # The Session Manager document a check-out's connect command names (the stack's
     # HostAgent.session_document_name; the local plane's own name there).
     session_document_name: str = Field(alias="CALQUE_SESSION_DOCUMENT_NAME", min_length=1)

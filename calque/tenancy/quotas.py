@@ -63,15 +63,16 @@ class QuotasMixin(TenancyCore):
         # counter keeps this figure and the refusal's in agreement. The usage report (calque
         # usage) reads the lease history and still charges every one of them.
         use = month_use(quota.use if quota else {}, month)
-        # Only the live sessions: their count is bounded by the quota, ended ones are summed.
-        live = self.registry.sessions_of(user, self.config.list_limit, state="live")
+        # The member's live-session counter: the one every grant and end moves in its own
+        # transaction, and the one max_sessions is held by (exact, however many there are).
+        live = quota.live if quota else 0
         explicit = quota is not None and quota.explicit
         return Quota(
             user=user,
             max_sessions=quota.max_sessions if explicit and quota else self.config.default_max_sessions,
             max_gpu_hours_per_month=quota.max_gpu_hours_per_month if quota else None,
             max_usd_per_month=quota.max_usd_per_month if quota else None,
-            live_sessions=len(live),
+            live_sessions=live,
             gpu_hours_used_this_month=limits.gpu_hours(use.settled_ugh),
             gpu_hours_reserved_this_month=limits.gpu_hours(use.reserved_ugh),
             usd_used_this_month=limits.usd(use.settled_musd),

@@ -375,39 +375,6 @@ class SessionsMixin(TenancyCore):
     def get_session(self, who: Caller, session_id: str) -> Session:
         return self._session_view(self._visible_session(who, session_id))
 
-    def list_sessions(
-        self, who: Caller, *, everyone: bool = False, state: str = "live", user: str | None = None
-    ) -> list[Session]:
-        """Sessions in ``state`` (live, ended, or any: live first, newest first).
-
-        Default: the caller's own. ``user``: that user's (admins, or the caller's own name).
-        ``everyone``: every user's live sessions (admins; ended ones are per user, and in
-        the usage report)."""
-        if state not in ("live", "ended", "any"):
-            raise InvalidInput(
-                f"state must be live, ended or any (got {state[:32]!r})", details={"field": "state"}
-            )
-        limit = self.config.list_limit
-        if everyone:
-            if not who.admin:
-                raise Forbidden("listing every user's sessions is for admins only", details={"field": "all"})
-            if user is not None:
-                raise InvalidInput("give either all or user, not both", details={"field": "user"})
-            if state != "live":
-                raise InvalidInput(
-                    "every user's sessions can be listed live only; list one user's ended sessions "
-                    "by naming the user (the user query parameter), or see the usage report",
-                    details={"field": "state"},
-                )
-            found = self.registry.live_sessions(expiring_at_or_before=None, limit=limit)
-        else:
-            whose = who.principal if user in (None, "me") else str(user)
-            self._check_user(whose)
-            if whose != who.principal and not who.admin:
-                raise Forbidden("members may list only their own sessions", details={"field": "user"})
-            found = self.registry.sessions_of(whose, limit, state=None if state == "any" else state)
-        return [self._session_view(s) for s in found]
-
     def _ttl(self, seconds: int) -> int:
         lo, hi = self.config.ttl_floor_s, self.config.ttl_max_s
         if not lo <= seconds <= hi:

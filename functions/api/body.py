@@ -12,7 +12,9 @@ convert and no ``NaN``/``Infinity`` (which JSON does not have).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 JSON = "application/json"
@@ -86,10 +88,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+# The smallest float that is not 0: what a number too small for a float stands for.
+_TINIEST = math.ulp(0.0)
+
+
+def _float(literal: str) -> float:
+    """A JSON number with a fraction or exponent. One too small for a float (``1e-400``) is
+    not 0, and is not read as 0: it becomes the smallest float of its sign, which every
+    bound and every amount's places refuse naming the field (a float parsed as 0 would
+    store a $0.00 limit that nobody asked for)."""
+    value = float(literal)
+    if value == 0.0 and Decimal(literal) != 0:
+        return _TINIEST if Decimal(literal) > 0 else -_TINIEST
+    return value
+
+
 def json_object(text: str) -> Any:
     """Parse a request body: a JSON object (or null), bounded in depth and number length."""
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text, parse_constant=_reject_constant, parse_float=_float)
     except json.JSONDecodeError:
         raise
     except RecursionError:

@@ -35,7 +35,13 @@ def _caller_of(event: Mapping[str, Any]) -> Caller:
         session_named_roles=s.session_named_roles,
         trusted_roles=(s.host_role_name,),
         home_account=s.account_id,
+        other_accounts=s.other_accounts,
     )
+
+
+def caller_identity(event: Mapping[str, Any]) -> Caller:
+    """Who signed ``event``, before any route decides what they may do."""
+    return _caller_of(event)
 
 
 def _is_host_role(who: Caller) -> bool:

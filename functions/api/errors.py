@@ -62,8 +62,9 @@ def error_response(
 
 def from_domain(exc: CalqueError) -> Response:
     headers = {}
-    if isinstance(exc, DependencyUnavailable):
-        headers["Retry-After"] = str(exc.retry_after)
+    retry_after = getattr(exc, "retry_after", None)  # a dependency down, a request still running
+    if isinstance(exc, DependencyUnavailable) or retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return error_response(status_for(exc), exc.code, exc.message, exc.details, headers)
 
 

@@ -28,7 +28,7 @@ from calque.members import requests as client_requests
 from calque.settings import api_settings
 from functions import observability
 from functions.api import body as request_body
-from functions.api import errors, routes
+from functions.api import errors, replay, routes
 from functions.api.context import refusal_before_route
 from functions.api.routes import meta
 
@@ -66,7 +66,8 @@ def _idempotency_key_checked(app: APIGatewayRestResolver, next_middleware: Any) 
     return next_middleware(app)
 
 
-app.use(middlewares=[_idempotency_key_checked])
+# A well-formed key then binds the write to it (functions/api/replay.py)
+app.use(middlewares=[_idempotency_key_checked, replay.answered_once_middleware])
 
 
 @app.get("/v1/openapi.json")

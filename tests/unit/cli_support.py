@@ -34,6 +34,11 @@ class FakeApi:
             raise answer
         return answer(body) if isinstance(answer, Callable) else answer
 
+    def pages(self, path: str, query: dict[str, Any] | None = None, *, max_items: int | None = None) -> Any:
+        """A list in one page (paging itself: tests/unit/cli/test_client.py)."""
+        items = self.request("GET", path, None, query)
+        return items if max_items is None or not isinstance(items, list) else items[:max_items]
+
 
 class VersionedLimits:
     """A member's quota or a group's limits as the API keeps them: GET answers them with their

@@ -199,3 +199,26 @@ def test_settings_refuse_an_admin_entry_that_can_never_match_at_cold_start():
 
     with pytest.raises(ValidationError, match="session name is chosen"):
         CommonSettings.from_env({"CALQUE_TABLE_NAME": "t", "CALQUE_ADMINS": "admin,Researchers/carol"})
+
+
+def test_a_principal_of_another_account_is_its_own_member():
+    # Given alice of the home account and alice of another account of the organization
+    home = caller_from_event(user("alice"), [])
+    other = caller_from_event(user("alice", account=OTHER), [])
+    # Then they are two members, the other one named with its account
+    assert home.principal == "alice"
+    assert other.principal == f"{OTHER}:alice"
+    assert other.name == "alice"
+
+
+def test_a_pinned_role_session_of_another_account_keeps_its_role():
+    who = api_caller(session("AWSReservedSSO_Lab_0123", "bob", account=OTHER), [])
+    assert who.principal == f"{OTHER}:AWSReservedSSO_Lab_0123/bob"
+    assert (who.role, who.role_session) == ("AWSReservedSSO_Lab_0123", "bob")
+
+
+def test_other_accounts_may_be_refused_by_setting():
+    with pytest.raises(Forbidden) as refused:
+        caller_from_event(user("alice", account=OTHER), [], other_accounts="refuse")
+    assert refused.value.code == "other_account_refused"
+    assert caller_from_event(user("alice"), [], other_accounts="refuse").principal == "alice"

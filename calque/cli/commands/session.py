@@ -283,6 +283,13 @@ def register(subparsers: Any) -> None:
         "--state", choices=("live", "ended", "any"), default=None, help="which sessions (default: live)"
     )
     states.add_argument("--ended", action="store_true", help="ended sessions (same as --state ended)")
+    p.add_argument(
+        "--max-items",
+        type=argtypes.positive_int,
+        metavar="N",
+        default=None,
+        help="at most N sessions (default: all of them, page after page)",
+    )
     p.set_defaults(func=_list)
 
     p = group.add_parser("show", help="one session")
@@ -389,10 +396,17 @@ def do_extend(ctx: Any, *, session_id: str, token: str, ttl_seconds: int) -> Non
 
 def _list(ctx: Any, args: argparse.Namespace) -> None:
     state = "ended" if args.ended else args.state
-    do_list(ctx, all_users=args.all, state=state, user=args.user)
+    do_list(ctx, all_users=args.all, state=state, user=args.user, max_items=args.max_items)
 
 
-def do_list(ctx: Any, *, all_users: bool = False, state: str | None = None, user: str | None = None) -> None:
+def do_list(
+    ctx: Any,
+    *,
+    all_users: bool = False,
+    state: str | None = None,
+    user: str | None = None,
+    max_items: int | None = None,
+) -> None:
     if all_users and state not in (None, "live"):
         raise UsageError(
             "every user's sessions can be listed live only: list one user's ended sessions with "
@@ -401,7 +415,7 @@ def do_list(ctx: Any, *, all_users: bool = False, state: str | None = None, user
         )
     asked = {"all": "true" if all_users else None, "state": state, "user": user}
     query = {k: v for k, v in asked.items() if v is not None}
-    sessions = ctx.client().request("GET", "/v1/sessions", query=query or None)
+    sessions = ctx.client().pages("/v1/sessions", query or None, max_items=max_items)
     ctx.emit(sessions, columns=session_columns(sessions))
 
 

@@ -26,31 +26,60 @@ class DynamoSessions(DynamoBase):
             return None
         return RequestRecord.model_validate(item)
 
-    def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
-        if state is None:
-            cond, values = "user_pk = :pk", expr_values(pk=keys.user_pk(user))
-        else:
+    def sessions_of(
+        self, user: str, limit: int, *, state: str | None = None, after: str | None = None
+    ) -> list[SessionRecord]:
+        values = expr_values(pk=keys.user_pk(user))
+        if state is None and after is None:
+            cond = "user_pk = :pk"
+        elif state is None:
+            cond = "user_pk = :pk AND user_sk < :after"
+            values.update(expr_values(after=after))
+        elif after is None:
             cond = "user_pk = :pk AND begins_with(user_sk, :st)"
-            values = expr_values(pk=keys.user_pk(user), st=keys.user_state(state == "live"))
+            values.update(expr_values(st=keys.user_state(state == "live")))
+        else:
+            # inclusive both ends: the session at ``after`` itself is dropped below
+            cond = "user_pk = :pk AND user_sk BETWEEN :st AND :after"
+            values.update(expr_values(st=keys.user_state(state == "live"), after=after))
         items = self._query(
-            limit=limit,
+            limit=limit if after is None or state is None else limit + 1,
             IndexName="by_user",
             KeyConditionExpression=cond,
             ExpressionAttributeValues=values,
             ScanIndexForward=False,
         )
-        return [SessionRecord.model_validate(i) for i in items]
+        found = [SessionRecord.model_validate(i) for i in items if i.get("user_sk") != after]
+        return found[:limit]
 
-    def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
-        if expiring_at_or_before is None:
-            cond, values = "expiry_pk = :pk", expr_values(pk=keys.LIVE)
-        else:
+    def live_sessions(
+        self, *, expiring_at_or_before: datetime | None, limit: int, after: str | None = None
+    ) -> list[SessionRecord]:
+        values = expr_values(pk=keys.LIVE)
+        hi = None if expiring_at_or_before is None else f"{int(expiring_at_or_before.timestamp()) + 1:012d}"
+        if hi is None and after is None:
+            cond = "expiry_pk = :pk"
+        elif hi is None:
+            cond = "expiry_pk = :pk AND expiry_sk > :after"
+            values.update(expr_values(after=after))
+        elif after is None:
             cond = "expiry_pk = :pk AND expiry_sk < :hi"
-            values = expr_values(pk=keys.LIVE, hi=f"{int(expiring_at_or_before.timestamp()) + 1:012d}")
+            values.update(expr_values(hi=hi))
+        else:
+            cond = "expiry_pk = :pk AND expiry_sk BETWEEN :after AND :hi"
+            values.update(expr_values(after=after, hi=hi))
         items = self._query(
-            limit=limit, IndexName="by_expiry", KeyConditionExpression=cond, ExpressionAttributeValues=values
+            limit=limit + 1 if after is not None else limit,
+            IndexName="by_expiry",
+            KeyConditionExpression=cond,
+            ExpressionAttributeValues=values,
         )
-        return [SessionRecord.model_validate(i) for i in items]
+        found = [
+            SessionRecord.model_validate(i)
+            for i in items
+            if i.get("expiry_sk") != after and (hi is None or str(i.get("expiry_sk")) < hi)
+        ]
+        return found[:limit]
 
     def extend_session(
         self,

@@ -272,19 +272,24 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
         found = self.requests_made.get(request_id)
         return found if found is not None and found.expires_at >= now else None
 
-    def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
+    def sessions_of(
+        self, user: str, limit: int, *, state: str | None = None, after: str | None = None
+    ) -> list[SessionRecord]:
         self._count()
         mine = [s for s in self.sessions.values() if s.user == user and state in (None, s.state)]
-        order = sorted(mine, key=lambda s: (s.state == "live", s.created_at, s.session_id), reverse=True)
-        return order[:limit]
+        order = sorted(mine, key=_user_sk, reverse=True)
+        return [s for s in order if after is None or _user_sk(s) < after][:limit]
 
-    def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
+    def live_sessions(
+        self, *, expiring_at_or_before: datetime | None, limit: int, after: str | None = None
+    ) -> list[SessionRecord]:
         self._count()
         live = [s for s in self.sessions.values() if s.state == "live"]
         if expiring_at_or_before is not None:
             cutoff = int(expiring_at_or_before.timestamp())
             live = [s for s in live if int(s.expires_at.timestamp()) <= cutoff]
-        return sorted(live, key=lambda s: (s.expires_at, s.session_id))[:limit]
+        order = sorted(live, key=_expiry_sk)
+        return [s for s in order if after is None or _expiry_sk(s) > after][:limit]
 
     def _end_one(self, end: SessionEnd) -> SessionRecord:
         session = end.session
@@ -390,3 +395,12 @@ class MemoryQueue:
 
     def send_many(self, tasks: Sequence[object]) -> None:
         self.sent.extend(tasks)
+
+
+def _user_sk(s: SessionRecord) -> str:
+    """Where the session sorts in the by_user index (as the DynamoDB store's)."""
+    return keys.user_sk(s.created_at, s.session_id, live=s.state == "live")
+
+
+def _expiry_sk(s: SessionRecord) -> str:
+    return keys.expiry_sk(s.expires_at, s.session_id)

@@ -228,12 +228,18 @@ class Registry(MemberStore, Protocol):
     def get_request(self, request_id: str, *, now: datetime) -> RequestRecord | None:
         """A check-out's replay record, if it is still within its window at ``now``."""
 
-    def sessions_of(self, user: str, limit: int, *, state: str | None = None) -> list[SessionRecord]:
+    def sessions_of(
+        self, user: str, limit: int, *, state: str | None = None, after: str | None = None
+    ) -> list[SessionRecord]:
         """A user's sessions in ``state`` ("live" or "ended"; None: both, live ones first),
-        newest first. Reads only sessions in that state."""
+        newest first (their by_user sort key, keys.user_sk, descending), from the one after
+        ``after`` (such a sort key). Reads only sessions in that state."""
 
-    def live_sessions(self, *, expiring_at_or_before: datetime | None, limit: int) -> list[SessionRecord]:
-        """Live sessions, soonest expiry first; only those already expired with a cutoff."""
+    def live_sessions(
+        self, *, expiring_at_or_before: datetime | None, limit: int, after: str | None = None
+    ) -> list[SessionRecord]:
+        """Live sessions, soonest expiry first (keys.expiry_sk), from the one after ``after``;
+        only those already expired with a cutoff."""
 
     def end_session(
         self,

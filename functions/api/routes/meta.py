@@ -43,7 +43,9 @@ _ALWAYS = {
 }
 _WITH_BODY = {"415": "the body is not JSON (Content-Type: application/json or application/*+json)"}
 _MUTATING = {
-    "409": "the state does not allow this now (no_free_slice, slice_state_changed, ...)",
+    "409": "the state does not allow this now (no_free_slice, slice_state_changed, ...), or the "
+    "same request under its Idempotency-Key still runs (request_in_progress: retry after the "
+    "Retry-After header's seconds)",
     "429": "a quota or budget refuses this",
 }
 
@@ -86,12 +88,23 @@ def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
             if method in MUTATING:
                 statuses |= _MUTATING
                 _add_idempotency_key(op)
+            if any(p.get("in") == "query" and p.get("name") == "next" for p in op.get("parameters", [])):
+                ok = op["responses"].get("200")
+                if isinstance(ok, dict):
+                    ok["headers"] = {"Link": _NEXT_LINK}
             for status, why in statuses.items():
                 response: dict[str, Any] = {"description": why, "content": error_content}
-                if status == "503":
+                if status in ("503", "409"):
                     response["headers"] = error_headers
                 op["responses"][status] = response
     return doc
+
+
+_NEXT_LINK = {
+    "description": 'where the next page is, when there is one: <PATH?QUERY&next=TOKEN>; rel="next" '
+    "(no Link header: this was the last page)",
+    "schema": {"type": "string"},
+}
 
 
 def _add_idempotency_key(op: dict[str, Any]) -> None:
@@ -103,8 +116,11 @@ def _add_idempotency_key(op: dict[str, Any]) -> None:
             "name": IDEMPOTENCY_KEY,
             "in": "header",
             "required": False,
-            "description": "a client-chosen id for this request: a retry with the same key is answered "
-            "as the first attempt was, and changes nothing again",
+            "description": "a client-chosen id for this one request of this caller, for 24 hours: the "
+            "same request sent again with it is answered as the first one that succeeded was, whatever "
+            "came in between, and changes nothing again; the key sent with any other request (another "
+            "route, object or body) is refused (400 idempotency_key_reused); a refused request leaves "
+            "its key free",
             "schema": {"type": "string", "minLength": 8, "maxLength": 128, "pattern": "^[!-~]+$"},
         }
     )

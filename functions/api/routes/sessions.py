@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
@@ -19,6 +20,7 @@ from calque.contracts.tenancy import (
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import caller, idempotency_key
+from functions.api.paging import NEXT_PATTERN, paged
 
 router = Router()
 logger = observability.logger("api")
@@ -45,8 +47,24 @@ def list_sessions(
     user: Annotated[
         str | None, Query(pattern=USER_PATTERN, description="admins: this user's sessions")
     ] = None,
-) -> list[Session]:
-    return api_tenancy().list_sessions(caller(router), everyone=everyone, state=state, user=user)
+    limit: Annotated[
+        int | None, Query(ge=1, le=100, description="at most this many sessions on the page (default 100)")
+    ] = None,
+    next_token: Annotated[
+        str | None,
+        Query(
+            alias="next",
+            min_length=1,
+            max_length=200,
+            pattern=NEXT_PATTERN,
+            description="the page after the one whose Link header (rel=next) gave this token",
+        ),
+    ] = None,
+) -> Response[list[Session]]:
+    page = api_tenancy().session_page(
+        caller(router), everyone=everyone, state=state, user=user, limit=limit, next_token=next_token
+    )
+    return paged(router, page.items, page.next)
 
 
 @router.get("/sessions/<session_id>")

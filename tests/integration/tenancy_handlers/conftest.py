@@ -7,7 +7,7 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
@@ -35,16 +35,17 @@ class LambdaContext:
         return 29_000
 
 
-def arn_of(who: str) -> str:
+def arn_of(who: str, account: str = ACCOUNT) -> str:
     if who.startswith("host:"):
-        return f"arn:aws:sts::{ACCOUNT}:assumed-role/{HOST_ROLE}/{who.removeprefix('host:')}"
-    return f"arn:aws:iam::{ACCOUNT}:user/{who}"
+        return f"arn:aws:sts::{account}:assumed-role/{HOST_ROLE}/{who.removeprefix('host:')}"
+    return f"arn:aws:iam::{account}:user/{who}"
 
 
 @dataclass
 class Reply:
     status: int
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def code(self) -> str | None:
@@ -106,6 +107,7 @@ class Api:
         body: Any = None,
         *,
         who: str = "alice",
+        account: str = ACCOUNT,
         query: dict[str, str] | None = None,
         raw_body: str | None = None,
         headers: dict[str, str] | None = None,
@@ -125,7 +127,9 @@ class Api:
             "pathParameters": None,
             "stageVariables": None,
             "requestContext": {
-                "identity": {"userArn": arn_of(who), "accountId": ACCOUNT},
+                # API Gateway names the API's own account beside the caller's
+                "accountId": ACCOUNT,
+                "identity": {"userArn": arn_of(who, account), "accountId": account},
                 "requestId": str(uuid.uuid4()),
                 "stage": "v1",
                 "httpMethod": method,
@@ -136,7 +140,9 @@ class Api:
             "isBase64Encoded": False,
         }
         out = lambda_handler(event, LambdaContext())
-        return Reply(out["statusCode"], json.loads(out["body"]) if out.get("body") else None)
+        headers = {k: v[-1] for k, v in (out.get("multiValueHeaders") or {}).items() if v}
+        headers.update(out.get("headers") or {})
+        return Reply(out["statusCode"], json.loads(out["body"]) if out.get("body") else None, headers)
 
     def items(self) -> list[dict[str, Any]]:
         """Every record in the registry, to prove a refusal changed nothing."""

@@ -189,3 +189,29 @@ def test_admins_force_a_checkin_without_the_token(api):
     # And the member whose session it was reads the admin's reason
     mine = api("GET", f"/v1/sessions/{grant['session_id']}")
     assert (mine.body["end_reason"], mine.body["end_note"]) == ("forced", "stuck")
+
+
+def test_a_session_list_pages_with_a_link_to_the_next_page(api):
+    # Given alice holds three live sessions
+    import re
+
+    api.ready_host()
+    assert api("PUT", "/v1/quotas/alice", {"max_sessions": 4}, who="admin").status == 200
+    ids = [
+        api("POST", "/v1/sessions", {"backend": "mig", "ttl_seconds": 600}).body["session_id"] for _ in "abc"
+    ]
+    # When she lists them two at a time
+    first = api("GET", "/v1/sessions", query={"limit": "2"})
+    # Then the page says where the next one is, and the next page holds the rest
+    assert first.status == 200
+    assert len(first.body) == 2
+    link = re.fullmatch(r'<(/v1/sessions\?limit=2&next=([A-Za-z0-9_-]+))>; rel="next"', first.headers["Link"])
+    assert link is not None, first.headers
+    second = api("GET", "/v1/sessions", query={"limit": "2", "next": link[2]})
+    assert second.status == 200
+    assert "Link" not in second.headers
+    assert sorted(s["session_id"] for s in first.body + second.body) == sorted(ids)
+    assert api("GET", "/v1/quotas/me").body["live_sessions"] == 3
+    # And a token it never gave is refused, naming the parameter
+    bad = api("GET", "/v1/sessions", query={"next": "bm90LWEtdG9rZW4"})
+    assert (bad.status, bad.code) == (400, "invalid_next_token")

@@ -176,6 +176,21 @@ STRICT = [
         "max_gpu_hours_per_month",
         id="gpu-hours-subnormal",
     ),
+    # JSON numbers too small for a float are not 0: never stored as a $0.00 limit
+    pytest.param(
+        "PUT",
+        "/v1/quotas/bob",
+        '{"max_sessions": 1, "max_usd_per_month": 1e-400}',
+        "max_usd_per_month",
+        id="usd-below-a-float",
+    ),
+    pytest.param(
+        "PUT",
+        "/v1/quotas/bob",
+        '{"max_sessions": 1, "max_gpu_hours_per_month": 0.' + "0" * 400 + "1}",
+        "max_gpu_hours_per_month",
+        id="gpu-hours-below-a-float",
+    ),
     pytest.param("POST", f"/v1/hosts/{IID}/drain", {"force": "yes"}, "force", id="force-yes"),
     pytest.param("POST", f"/v1/hosts/{IID}/drain", {"force": 1}, "force", id="force-one"),
     pytest.param(

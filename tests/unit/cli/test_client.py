@@ -154,3 +154,19 @@ def test_a_path_with_every_segment_is_sent():
     client, transport = _client(_Resp(200, {"ok": True}))
     assert client.request("GET", "/v1/hosts/i-0abc") == {"ok": True}
     assert len(transport.sent) == 1
+
+
+def test_a_list_is_followed_page_after_page_and_max_items_stops_it():
+    # Given an API that gives a list in three pages, each naming the next in its Link header
+    def link(token: str) -> dict:
+        return {"Link": f'</v1/sessions?all=true&next={token}>; rel="next"'}
+
+    pages = [_Resp(200, [1, 2], link("p2")), _Resp(200, [3, 4], link("p3")), _Resp(200, [5])]
+    client, transport = _client(*pages)
+    # When the CLI reads it, then reads it again with --max-items 3
+    assert client.pages("/v1/sessions", {"all": "true"}) == [1, 2, 3, 4, 5]
+    asked = [urlsplit(sent.url).query for sent in transport.sent]
+    assert asked == ["all=true", "all=true&next=p2", "all=true&next=p3"]
+    client, transport = _client(*pages)
+    assert client.pages("/v1/sessions", {"all": "true"}, max_items=3) == [1, 2, 3]
+    assert len(transport.sent) == 2

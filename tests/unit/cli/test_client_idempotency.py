@@ -23,6 +23,14 @@ def test_a_write_carries_an_idempotency_key_and_a_503_retry_resends_the_same_one
     assert keys[0] == keys[1]
 
 
+def test_a_request_still_running_is_asked_again_with_the_same_key_for_its_answer():
+    running = {"error": {"code": "request_in_progress", "message": "still running", "details": {}}}
+    client, transport = _client(_Resp(409, running, {"Retry-After": "0"}), _Resp(201, {"ok": 3}))
+    assert client.request("POST", "/v1/groups", {"name": "lab"}) == {"ok": 3}
+    first, second = (sent.headers.get("Idempotency-Key") for sent in transport.sent)
+    assert first == second
+
+
 def test_an_answer_lost_to_a_read_timeout_is_retried_with_the_same_key():
     client, transport = _client(ReadTimeoutError(endpoint_url="http://127.0.0.1:8787"), _Resp(200, {"ok": 2}))
     assert client.request("DELETE", "/v1/sessions/s-1", {"token": "t"}) == {"ok": 2}

@@ -176,6 +176,13 @@ def test_numbers_that_json_cannot_carry_are_refused_naming_the_flag(api, cli, ar
     assert code == 2
     assert f"argument {flag}:" in err
     assert "is not a finite number" in err
+
+
+def test_an_amount_too_small_for_a_float_is_refused_not_sent_as_zero(api, cli):
+    code, _, err = cli("quota", "set", "eve", "--max-sessions", "2", "--max-usd-per-month", "1e-400")
+    assert code == 2
+    assert "argument --max-usd-per-month: '1e-400' is too small to be an amount" in err
+    assert api.requests == []
     assert api.requests == []
 
 

@@ -205,6 +205,14 @@ def test_list_json_is_an_array(api, cli):
     assert api.requests[0][3] is None
 
 
+def test_list_max_items_prints_at_most_that_many(api, cli):
+    api.responses[("GET", "/v1/sessions")] = [{"session_id": f"s-{n:016x}"} for n in range(5)]
+    code, out, _ = cli("session", "list", "--max-items", "2", "--output", "json")
+    assert code == 0
+    assert [s["session_id"] for s in json.loads(out)] == ["s-0000000000000000", "s-0000000000000001"]
+    assert cli("session", "list", "--max-items", "0")[0] == 2
+
+
 def test_checkout_profile_is_the_slice_profile_and_the_aws_profile_goes_first(api, cli):
     # Given the contract's two meanings of --profile (AWS profile globally, slice profile on checkout)
     api.responses[("POST", "/v1/sessions")] = GRANT
