@@ -40,9 +40,7 @@ KNOWN_CODINGS = frozenset({"chunked", "compress", "deflate", "gzip", "x-compress
 _DIGITS = re.compile(r"[0-9]+")
 
 
-def framing_refusal(
-    lengths: list[str] | None, encodings: list[str] | None
-) -> tuple[int, str, str] | None:
+def framing_refusal(lengths: list[str] | None, encodings: list[str] | None) -> tuple[int, str, str] | None:
     """(status, code, message) when a request's body framing is not one reading only (RFC 9112
     §6.1, §6.3), else None. A proxy in front and this front must agree on where a body ends,
     or one request can carry another past the proxy: Transfer-Encoding and Content-Length
@@ -195,7 +193,9 @@ class Front:
         who = "-"
         status = 500
         try:
-            refused = framing_refusal(h.headers.get_all("Content-Length"), h.headers.get_all("Transfer-Encoding"))
+            refused = framing_refusal(
+                h.headers.get_all("Content-Length"), h.headers.get_all("Transfer-Encoding")
+            )
             if refused is not None:
                 status, code, message = refused
                 self._send(h, status, error_body(code, message))

@@ -116,6 +116,7 @@ class LocalPlane:
 
         self._lock_handle = self.state.acquire_plane_lock()
         try:
+            self.state.remove_stale_temps()
             self.state.initialize_people(self.account)
             # moto on the loopback interface only, for the plane's own key pair only
             moto_credentials = self.state.plane_credentials()

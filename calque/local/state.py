@@ -198,6 +198,22 @@ class StateDir:
             fh.write(text)
         os.replace(tmp, path)
 
+    # the temporary files each writer here names (state.py, the SSM executor, the host agent's fake
+    # GPUs); aws/ has its own (calque/local/moto_state.py)
+    TEMP_GLOBS = (".*.tmp", "ssm/*/*.tmp", "hosts/*.json.tmp")
+
+    def remove_stale_temps(self) -> int:
+        """At the plane's start (its lock held, under the writers' lock): remove the temporary
+        files a kill left in the middle of a write; their renames never happened."""
+        removed = 0
+        with self._write_lock():
+            for pattern in self.TEMP_GLOBS:
+                for tmp in self.path.glob(pattern):
+                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                        tmp.unlink()
+                        removed += 1
+        return removed
+
     def _read_json(self, path: Path) -> Any:
         """Parsed content, re-read only when the file changed."""
         try:

@@ -1,6 +1,6 @@
-"""The local front (its own, on a free port of 127.0.0.1) reads a request's body the one way a proxy in front of it would
-(RFC 9112 §6.1, §6.3): framing two readers could disagree on is refused before any
-handler runs."""
+"""The local front (its own, on a free port of 127.0.0.1) reads a request's body the one
+way a proxy in front of it would (RFC 9112 §6.1, §6.3): framing two readers could
+disagree on is refused before any handler runs."""
 
 from __future__ import annotations
 
