@@ -34,7 +34,6 @@ SendCommandListener = Callable[[dict[str, Any], dict[str, Any]], None]
 log = logging.getLogger("calque.local")
 
 PLANE_PROFILE = "calque-local-plane"
-HOST_SERVICES = ("sqs", "s3")  # what a host's instance role may call (pool workers)
 # the AWS services the plane's moto stands in for (the signing names of their scopes)
 SERVICES = ("dynamodb", "sqs", "s3", "ec2", "ssm", "sts", "events")
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
@@ -92,8 +91,10 @@ class LocalAwsApp:
         self.dynamodb_lock = threading.Lock()
         self.credentials = credentials
         # The simulated hosts' instance-role keys (access key -> Principal): let in for what the
-        # host role may use in a deployment (a pool worker's queue and objects), nothing else.
+        # host role may use in a deployment (its pool's queue and objects), nothing else; what
+        # that is, the plane says once its resources exist (calque/local/host_scope.py).
         self.hosts = hosts
+        self.host_scope: Any = None
         self.region = region
         self.persistence = persistence
         self.refused = 0
@@ -213,9 +214,17 @@ class LocalAwsApp:
                 self.region,
                 services=SERVICES,
             )
-            scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
-            if who is not plane and (scope.group(2) if scope else "") not in HOST_SERVICES:
-                return "AccessDenied", "the plane's moto endpoint lets a host's role reach only SQS and S3"
+            if who is not plane:
+                scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+                service = scope.group(2) if scope else ""
+                action = self._action(environ, environ.get("HTTP_X_AMZ_TARGET", ""), body)
+                why = (
+                    self.host_scope.refusal(who.pool, environ, service, action, body)
+                    if self.host_scope is not None
+                    else "the plane's moto endpoint lets no host in before its resources exist"
+                )
+                if why is not None:
+                    return "AccessDenied", why
         except SignatureRejected as exc:
             code = {
                 "unrecognized_access_key": "UnrecognizedClientException",

@@ -110,6 +110,7 @@ class LocalPlane:
         from calque.local.bootstrap import create_all
         from calque.local.front import Front
         from calque.local.functions import Functions
+        from calque.local.host_scope import HostScope
         from calque.local.moto_server import CommandRecords, MotoClients, MotoServer
         from calque.local.persistence import Persistence
         from calque.local.ssm_executor import DEFAULT_AGENT, SsmExecutor
@@ -134,6 +135,10 @@ class LocalPlane:
             clients = MotoClients(moto_endpoint, self.region, moto_credentials)
             self.resources = create_all(
                 clients, account=self.account, region=self.region, visibility_scale=self.queue_scale
+            )
+            # a simulated host's role reaches its own pool's queue and objects only
+            self.moto.app.host_scope = HostScope(
+                bucket=self.resources.bucket_name, queue_prefix=resources.POOL_QUEUE_PREFIX_LOCAL
             )
             # what the previous run held comes back before anything is served
             self.restored, instance_ids = self.persistence.restore(clients)

@@ -90,6 +90,7 @@ class Principal:
     unique_id: str
     admin: bool = False
     instance_type: str | None = None
+    pool: str | None = None  # the warm pool a simulated host was launched for (its role's reach)
 
     @property
     def caller(self) -> str:
@@ -332,7 +333,9 @@ class StateDir:
             self._save_users(users)
         return removed
 
-    def add_instance(self, instance_id: str, instance_type: str, host_role: str) -> Principal:
+    def add_instance(
+        self, instance_id: str, instance_type: str, host_role: str, *, pool: str | None = None
+    ) -> Principal:
         with self._write_lock():
             users = self._users()
             key, secret = _new_key_pair()
@@ -341,6 +344,7 @@ class StateDir:
                 "host_role": host_role,
                 "access_key": key,
                 "secret_key": secret,
+                **({"pool": pool} if pool else {}),
             }
             self._save_users(users)
         return self.principal(instance_id)  # type: ignore[return-value]
@@ -368,6 +372,7 @@ class StateDir:
                 secret_key=e["secret_key"],
                 unique_id=_unique_id("AROA", e["host_role"]),
                 instance_type=e.get("instance_type"),
+                pool=e.get("pool"),
             )
         return None
 
