@@ -190,6 +190,7 @@ class Front:
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         started = time.monotonic()
+        received_at = time.time()  # the request's deadline counts from here, as API Gateway's does
         who = "-"
         status = 500
         try:
@@ -251,6 +252,7 @@ class Front:
                 principal=principal,
                 source_ip=h.client_address[0],
                 account=self.account,
+                received_at=received_at,
             )
             try:
                 result = self.api(event)

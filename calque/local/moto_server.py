@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -71,6 +72,19 @@ def _refusal(
         "<RequestId>calque-local</RequestId></ErrorResponse>"
     )
     return status, [("Content-Type", "text/xml")], xml.encode()
+
+
+def _late(environ: dict[str, Any], operation: str) -> bool:
+    """A DynamoDB write sent with a deadline (calque.aws.DEADLINE_HEADER) that has passed."""
+    from calque.local.persistence import DYNAMODB_WRITES
+
+    raw = environ.get("HTTP_X_CALQUE_DEADLINE")
+    if not raw or operation not in DYNAMODB_WRITES:
+        return False
+    try:
+        return time.time() >= float(raw)
+    except ValueError:
+        return False
 
 
 class LocalAwsApp:
@@ -263,6 +277,17 @@ class LocalAwsApp:
         if target.startswith("DynamoDB_"):
             operation = target.rpartition(".")[2]
             with self.dynamodb_lock:
+                if _late(environ, operation):
+                    # a request's first write that waited its turn past the request's deadline:
+                    # its caller has gone, so it is not applied (calque.aws.request_deadline)
+                    status, headers, late = _refusal(
+                        environ,
+                        "503 Service Unavailable",
+                        "ServiceUnavailable",
+                        "the request's deadline passed",
+                    )
+                    start_response(status, [*headers, ("Content-Length", str(len(late)))])
+                    return [late]
                 out, (status, headers, exc_info) = self._buffered(environ, start_response)
                 if self.persistence is not None and status.startswith("200"):
                     from calque.local.persistence import DYNAMODB_WRITES
