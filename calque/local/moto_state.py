@@ -71,6 +71,8 @@ def read_json(path: Path) -> Any:
         return None
 
 
+KEEP_TERMINATED = 200
+
 # queue attributes a CreateQueue may set (the rest moto computes)
 _QUEUE_SETTABLE = frozenset(
     {
@@ -170,7 +172,14 @@ class ServiceSnapshots:
 
     def save_ec2(self) -> None:
         instances = []
-        for i in list(self._ec2_backend().all_instances()):
+        everyone = list(self._ec2_backend().all_instances())
+        # terminated instances, as EC2 forgets them after a while: the latest few are kept
+        # (a reconciler may still ask about one), not every instance the plane ever launched
+        terminated = [i for i in everyone if i._state.name == "terminated"]
+        forgotten = {id(i) for i in terminated[: max(0, len(terminated) - KEEP_TERMINATED)]}
+        for i in everyone:
+            if id(i) in forgotten:
+                continue
             instances.append(
                 {
                     "id": i.id,

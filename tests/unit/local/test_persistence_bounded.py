@@ -159,3 +159,28 @@ def test_the_journal_is_read_a_record_at_a_time(tmp_path):
     assert json.loads(next(it)["body"]) == {"n": 0}  # a generator: nothing more is read yet
     assert [json.loads(r["body"])["n"] for r in it] == [1, 2]
     assert dropped == []
+
+
+def test_only_the_latest_terminated_instances_are_kept(tmp_path, monkeypatch):
+    import boto3
+    from moto import mock_aws
+
+    from calque.local import moto_state
+    from calque.local.moto_state import ServiceSnapshots
+
+    monkeypatch.setattr(moto_state, "KEEP_TERMINATED", 3)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ids = [
+            ec2.run_instances(ImageId=image, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1)["Instances"][
+                0
+            ]["InstanceId"]
+            for _ in range(8)
+        ]
+        ec2.terminate_instances(InstanceIds=ids[:6])  # six gone, two running
+        ServiceSnapshots(tmp_path, account="123456789012", region=REGION).save_ec2()
+    saved = [i["id"] for i in json.loads((tmp_path / "ec2.json").read_text())["instances"]]
+    assert saved == ids[3:]  # the latest three terminated and both running
