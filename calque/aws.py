@@ -10,10 +10,17 @@ multiprocessing) that no function uses, on every cold start.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final
+
+from calque.errors import DeadlinePassed
 
 # Every AWS service the functions call, and the only ones whose models the Lambda layer's
 # botocore carries (infra.bundling.prune_botocore): botocore lists every service directory
@@ -40,7 +47,74 @@ def _session() -> Any:
     import botocore.session  # heavy: imported on first use, not at cold start of every handler
 
     # One session per process: it caches the service models it loads (~0.2 s each time).
-    return botocore.session.get_session()
+    session = botocore.session.get_session()
+    # every client made from it keeps a request's deadline (see request_deadline)
+    events = session.get_component("event_emitter")
+    events.register_first("before-send.dynamodb", _before_write)  # before any stub answers it
+    events.register("after-call.dynamodb", _after_write)
+    return session
+
+
+# --- a request's deadline -------------------------------------------------------------------
+# A request's changes commit at its first DynamoDB write that succeeds (a check-out's
+# transaction, a check-in's end): until then, a write begun after the request's deadline is
+# refused (DeadlinePassed, 503) and nothing has changed; from then on nothing is refused, so
+# what follows a commit (a reclaim to queue, a counter to settle) always finishes.
+DYNAMODB_WRITES: Final = frozenset(
+    {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+)
+# Sent with a request's first write to the local plane's moto, which refuses it if it waited
+# past the deadline for its turn (calque/local/moto_server.py); never to AWS.
+DEADLINE_HEADER: Final = "X-Calque-Deadline"
+
+
+@dataclass
+class _Deadline:
+    at: float  # epoch seconds: the last moment a first write may begin
+    committed: bool = False
+
+
+_deadline: contextvars.ContextVar[_Deadline | None] = contextvars.ContextVar("calque_deadline", default=None)
+
+
+@contextlib.contextmanager
+def request_deadline(at: float | None) -> Iterator[None]:
+    """Within: no first write begins after ``at`` (epoch seconds); None: no deadline."""
+    token = _deadline.set(None if at is None else _Deadline(at))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def past_deadline() -> bool:
+    d = _deadline.get()
+    return d is not None and time.time() >= d.at
+
+
+def _before_write(request: Any, event_name: str = "", **_: Any) -> None:
+    d = _deadline.get()
+    if d is None or d.committed or event_name.rpartition(".")[2] not in DYNAMODB_WRITES:
+        return
+    if time.time() >= d.at:
+        raise DeadlinePassed(
+            "the request ran past its deadline, when its answer could no longer reach the caller, "
+            "and was not applied; retry it (with the same Idempotency-Key)",
+            retry_after=1,
+        )
+    if os.environ.get("CALQUE_AWS_ENDPOINT_URL"):
+        request.headers[DEADLINE_HEADER] = f"{d.at:.3f}"
+
+
+def _after_write(http_response: Any = None, event_name: str = "", **_: Any) -> None:
+    d = _deadline.get()
+    if (
+        d is not None
+        and not d.committed
+        and event_name.rpartition(".")[2] in DYNAMODB_WRITES
+        and getattr(http_response, "status_code", 0) == 200
+    ):
+        d.committed = True
 
 
 def client(service: str, region: str | None = None) -> Any:

@@ -82,6 +82,13 @@ class DependencyUnavailable(CalqueError):
         self.retry_after = retry_after
 
 
+class DeadlinePassed(DependencyUnavailable):
+    """The request's answer could no longer reach its caller in time, so it was refused before
+    it changed anything (503); a retry with the same Idempotency-Key is safe."""
+
+    code = "deadline_passed"
+
+
 class ConsentRequired(InvalidInput):
     """A billable, destructive or isolation-weakening action was asked without its consent flag."""
 

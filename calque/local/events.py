@@ -70,8 +70,11 @@ def api_gateway_event(
     source_ip: str,
     account: str,
     api_id: str = "calquelocal",
+    received_at: float | None = None,
 ) -> dict[str, Any]:
-    """An API Gateway REST proxy event (resource ``/{proxy+}``) as IAM authorization fills it."""
+    """An API Gateway REST proxy event (resource ``/{proxy+}``) as IAM authorization fills it;
+    ``received_at`` (epoch seconds, default now): when the request arrived, from which its
+    deadline counts (``requestTimeEpoch``)."""
     parts = urlsplit(raw_path)
     path = unquote(parts.path) or "/"
     query_single, query_multi = _multi(parse_qsl(parts.query, keep_blank_values=True))
@@ -84,7 +87,7 @@ def api_gateway_event(
             body_text, is_b64 = base64.b64encode(body).decode(), True
     else:
         body_text, is_b64 = None, False
-    now = time.time()
+    now = time.time() if received_at is None else received_at
     user_agent = (header_single or {}).get("User-Agent") or (header_single or {}).get("user-agent")
     identity: dict[str, Any] = {
         "cognitoIdentityPoolId": None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,38 @@ HEALTH_PATH = "/v1/health"
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> bytes:
     return json.dumps({"error": {"code": code, "message": message, "details": details or {}}}).encode()
+
+
+# The transfer codings HTTP/1.1 registers (RFC 9112 §7); any other is not understood (501).
+KNOWN_CODINGS = frozenset({"chunked", "compress", "deflate", "gzip", "x-compress", "x-gzip"})
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def framing_refusal(lengths: list[str] | None, encodings: list[str] | None) -> tuple[int, str, str] | None:
+    """(status, code, message) when a request's body framing is not one reading only (RFC 9112
+    §6.1, §6.3), else None. A proxy in front and this front must agree on where a body ends,
+    or one request can carry another past the proxy: Transfer-Encoding and Content-Length
+    together, a last coding other than chunked, a Content-Length that is not digits only
+    (``+62``, ``6 2``, ``62, 62``) or two different ones are all refused. The front reads no
+    transfer-coded body (a request with a known coding ending in chunked gets 411)."""
+    if encodings:
+        codings = [c.strip().lower() for value in encodings for c in value.split(",")]
+        if lengths:
+            return 400, "bad_request", "the request has both Transfer-Encoding and Content-Length"
+        if not codings or codings[-1] != "chunked" or "" in codings:
+            return 400, "bad_request", "the request's last transfer coding is not chunked"
+        unknown = sorted({c for c in codings if c not in KNOWN_CODINGS})
+        if unknown:
+            return 501, "not_implemented", f"unknown transfer coding {unknown[0]!r}"
+        return 411, "length_required", "send the body with a Content-Length"
+    if not lengths:
+        return None
+    if any(not _DIGITS.fullmatch(v.strip(" \t")) for v in lengths):
+        return 400, "bad_request", "Content-Length is not a number of bytes (digits only)"
+    if len({int(v) for v in lengths}) > 1:
+        # two lengths: which body is meant is ambiguous (request smuggling's opening)
+        return 400, "bad_request", "the request has more than one Content-Length"
+    return None
 
 
 # How many connections may wait to be accepted (the kernel caps it at net.core.somaxconn):
@@ -157,32 +190,20 @@ class Front:
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:
         started = time.monotonic()
+        received_at = time.time()  # the request's deadline counts from here, as API Gateway's does
         who = "-"
         status = 500
         try:
+            refused = framing_refusal(
+                h.headers.get_all("Content-Length"), h.headers.get_all("Transfer-Encoding")
+            )
+            if refused is not None:
+                status, code, message = refused
+                self._send(h, status, error_body(code, message))
+                h.close_connection = True
+                return
             length_text = h.headers.get("Content-Length")
-            if len(set(h.headers.get_all("Content-Length") or [])) > 1:
-                # two lengths: which body is meant is ambiguous (request smuggling's opening)
-                status = 400
-                self._send(
-                    h, status, error_body("bad_request", "the request has more than one Content-Length")
-                )
-                h.close_connection = True
-                return
-            if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                status = 411
-                self._send(h, status, error_body("length_required", "send the body with a Content-Length"))
-                h.close_connection = True
-                return
-            try:
-                length = int(length_text or 0)
-                if length < 0:
-                    raise ValueError(length_text)
-            except ValueError:
-                status = 400
-                self._send(h, status, error_body("bad_request", "Content-Length is not a number of bytes"))
-                h.close_connection = True
-                return
+            length = int(length_text or 0)
             if length > MAX_BODY_BYTES:
                 status = 413
                 self._send(
@@ -231,6 +252,7 @@ class Front:
                 principal=principal,
                 source_ip=h.client_address[0],
                 account=self.account,
+                received_at=received_at,
             )
             try:
                 result = self.api(event)

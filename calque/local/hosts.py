@@ -54,8 +54,12 @@ def _image_id(ec2: Any) -> str:
     return _IMAGES[endpoint]
 
 
-def launch(state: StateDir, ec2: Any, *, instance_type: str, host_role: str) -> LaunchedHost:
-    """Start a running moto instance of ``instance_type`` and register its simulated host.
+def launch(
+    state: StateDir, ec2: Any, *, instance_type: str, host_role: str, pool: str | None = None
+) -> LaunchedHost:
+    """Start a running moto instance of ``instance_type`` and register its simulated host;
+    ``pool``: the warm pool it is launched for, whose queue and objects alone its role reaches
+    (calque/local/host_scope.py).
 
     The instance type must be in the GPU catalog (InvalidInput/NotFound otherwise)."""
     from calque import catalog
@@ -73,12 +77,13 @@ def launch(state: StateDir, ec2: Any, *, instance_type: str, host_role: str) -> 
                     {"Key": resources.HOST_TAG_KEY, "Value": resources.HOST_TAG_VALUE},
                     {"Key": "calque:simulated", "Value": "true"},
                     {"Key": "Name", "Value": f"calque-local-{instance_type}"},
+                    *([{"Key": resources.FLEET_TAG_POOL, "Value": pool}] if pool else []),
                 ],
             }
         ],
     )
     instance_id = resp["Instances"][0]["InstanceId"]
-    principal = state.add_instance(instance_id, instance_type, host_role)
+    principal = state.add_instance(instance_id, instance_type, host_role, pool=pool)
     return LaunchedHost(
         instance_id=instance_id,
         instance_type=instance_type,

@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, quote
@@ -34,7 +35,6 @@ SendCommandListener = Callable[[dict[str, Any], dict[str, Any]], None]
 log = logging.getLogger("calque.local")
 
 PLANE_PROFILE = "calque-local-plane"
-HOST_SERVICES = ("sqs", "s3")  # what a host's instance role may call (pool workers)
 # the AWS services the plane's moto stands in for (the signing names of their scopes)
 SERVICES = ("dynamodb", "sqs", "s3", "ec2", "ssm", "sts", "events")
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/([^/]+)/aws4_request")
@@ -74,6 +74,19 @@ def _refusal(
     return status, [("Content-Type", "text/xml")], xml.encode()
 
 
+def _late(environ: dict[str, Any], operation: str) -> bool:
+    """A DynamoDB write sent with a deadline (calque.aws.DEADLINE_HEADER) that has passed."""
+    from calque.local.persistence import DYNAMODB_WRITES
+
+    raw = environ.get("HTTP_X_CALQUE_DEADLINE")
+    if not raw or operation not in DYNAMODB_WRITES:
+        return False
+    try:
+        return time.time() >= float(raw)
+    except ValueError:
+        return False
+
+
 class LocalAwsApp:
     """WSGI middleware over moto's dispatcher."""
 
@@ -92,8 +105,10 @@ class LocalAwsApp:
         self.dynamodb_lock = threading.Lock()
         self.credentials = credentials
         # The simulated hosts' instance-role keys (access key -> Principal): let in for what the
-        # host role may use in a deployment (a pool worker's queue and objects), nothing else.
+        # host role may use in a deployment (its pool's queue and objects), nothing else; what
+        # that is, the plane says once its resources exist (calque/local/host_scope.py).
         self.hosts = hosts
+        self.host_scope: Any = None
         self.region = region
         self.persistence = persistence
         self.refused = 0
@@ -213,9 +228,17 @@ class LocalAwsApp:
                 self.region,
                 services=SERVICES,
             )
-            scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
-            if who is not plane and (scope.group(2) if scope else "") not in HOST_SERVICES:
-                return "AccessDenied", "the plane's moto endpoint lets a host's role reach only SQS and S3"
+            if who is not plane:
+                scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+                service = scope.group(2) if scope else ""
+                action = self._action(environ, environ.get("HTTP_X_AMZ_TARGET", ""), body)
+                why = (
+                    self.host_scope.refusal(who.pool, environ, service, action, body)
+                    if self.host_scope is not None
+                    else "the plane's moto endpoint lets no host in before its resources exist"
+                )
+                if why is not None:
+                    return "AccessDenied", why
         except SignatureRejected as exc:
             code = {
                 "unrecognized_access_key": "UnrecognizedClientException",
@@ -254,6 +277,17 @@ class LocalAwsApp:
         if target.startswith("DynamoDB_"):
             operation = target.rpartition(".")[2]
             with self.dynamodb_lock:
+                if _late(environ, operation):
+                    # a request's first write that waited its turn past the request's deadline:
+                    # its caller has gone, so it is not applied (calque.aws.request_deadline)
+                    status, headers, late = _refusal(
+                        environ,
+                        "503 Service Unavailable",
+                        "ServiceUnavailable",
+                        "the request's deadline passed",
+                    )
+                    start_response(status, [*headers, ("Content-Length", str(len(late)))])
+                    return [late]
                 out, (status, headers, exc_info) = self._buffered(environ, start_response)
                 if self.persistence is not None and status.startswith("200"):
                     from calque.local.persistence import DYNAMODB_WRITES

@@ -1,5 +1,6 @@
-"""The small moto services' contents on disk: SQS, EC2, SSM and S3 (the plane's
-persistence, calque/local/persistence.py, decides when; this module knows what).
+"""The small moto services' contents on disk: SQS, EC2 and S3 (SSM's commands:
+calque/local/moto_ssm.py). The plane's persistence (calque/local/persistence.py) decides
+when; this module knows what.
 
 Each ``save_<service>`` reads that service's whole state from moto's backend and
 replaces its file durably; each ``restore_<service>`` puts a saved state back into a
@@ -48,12 +49,29 @@ def write_durably(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+TEMP_GLOB = ".*.tmp"  # what write_durably names its temporary files
+
+
+def remove_stale_temps(root: Path) -> int:
+    """Remove the temporary files a kill left behind mid-save under ``root`` (only at start,
+    while nothing writes): each is a half-written copy whose rename never happened."""
+    removed = 0
+    if root.is_dir():
+        for tmp in root.rglob(TEMP_GLOB):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                tmp.unlink()
+                removed += 1
+    return removed
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
 
+
+KEEP_TERMINATED = 200
 
 # queue attributes a CreateQueue may set (the rest moto computes)
 _QUEUE_SETTABLE = frozenset(
@@ -74,7 +92,7 @@ _QUEUE_SETTABLE = frozenset(
 
 
 class ServiceSnapshots:
-    """Save and restore SQS, EC2, SSM and S3 for one account and region of moto."""
+    """Save and restore SQS, EC2 and S3 for one account and region of moto."""
 
     def __init__(self, directory: Path, *, account: str, region: str):
         self.dir = directory
@@ -154,7 +172,14 @@ class ServiceSnapshots:
 
     def save_ec2(self) -> None:
         instances = []
-        for i in list(self._ec2_backend().all_instances()):
+        everyone = list(self._ec2_backend().all_instances())
+        # terminated instances, as EC2 forgets them after a while: the latest few are kept
+        # (a reconciler may still ask about one), not every instance the plane ever launched
+        terminated = [i for i in everyone if i._state.name == "terminated"]
+        forgotten = {id(i) for i in terminated[: max(0, len(terminated) - KEEP_TERMINATED)]}
+        for i in everyone:
+            if id(i) in forgotten:
+                continue
             instances.append(
                 {
                     "id": i.id,
@@ -213,46 +238,6 @@ class ServiceSnapshots:
             back.add(saved["id"])
             out.instances += 1
         return back
-
-    # --- SSM --------------------------------------------------------------------------
-    def _ssm_backend(self) -> Any:
-        from moto.ssm.models import ssm_backends
-
-        return ssm_backends[self.account][self.region]
-
-    def save_ssm(self) -> None:
-        commands = []
-        for c in list(self._ssm_backend()._commands):
-            fields = {}
-            for k, v in vars(c).items():
-                try:
-                    json.dumps(v)
-                except TypeError:
-                    continue
-                fields[k] = v
-            commands.append(fields)
-        write_durably(self.dir / "ssm.json", json.dumps({"format": 1, "commands": commands}).encode())
-
-    def restore_ssm(self, out: Restored) -> None:
-        from moto.ssm.models import Command
-
-        doc = read_json(self.dir / "ssm.json") or {"commands": []}
-        backend = self._ssm_backend()
-        for saved in doc["commands"]:
-            command = Command(self.account, backend_region=self.region)
-            try:
-                vars(command).update(saved)
-                command.command_id = str(saved["command_id"])
-            except (KeyError, TypeError) as exc:
-                out.problems.append(f"an SSM command record could not be restored: {exc}")
-                continue
-            backend._commands.append(command)
-            out.commands += 1
-            for inv in saved.get("invocations") or []:
-                if inv.get("Status") in ("Pending", "InProgress"):
-                    out.resumed_commands.append(
-                        (saved["command_id"], inv["InstanceId"], dict(saved.get("parameters") or {}))
-                    )
 
     # --- S3 ---------------------------------------------------------------------------
     def _s3_backend(self) -> Any:

@@ -15,7 +15,8 @@ flight when the plane died may be lost, as if it never arrived.
     aws/sqs.json                 every queue's messages (body, attributes, group and
                                  deduplication ids, receive count)
     aws/ec2.json                 every instance (id, type, image, zone, state, tags)
-    aws/ssm.json                 every Run Command command and its invocations
+    aws/ssm/<command-id>.json    each live or recent Run Command command and its
+                                 invocations (calque/local/moto_ssm.py)
     aws/s3/<bucket>/             every object (content, content type, user metadata)
 
 DynamoDB: writes run one at a time (the moto layer's lock), so the journal's order is
@@ -26,10 +27,16 @@ then both are compacted into a new snapshot; a running plane compacts every
 ``COMPACT_EVERY`` writes and at a clean stop. A snapshot records the last sequence number
 it includes, so a crash between writing it and emptying the journal replays nothing twice.
 
-SQS, EC2, SSM and S3 are small (calque/local/moto_state.py): after each call that
-changed one, its whole state is read and written (to a temporary file, fsync'd,
-renamed) under that service's lock, so the file on disk is never older than an
-answer already given. Messages come back visible (a receipt handle given out before
+SQS, EC2, SSM and S3 are small (calque/local/moto_state.py, moto_ssm.py): after each
+call that changed one, what changed is written (to a temporary file, fsync'd, renamed)
+under that service's lock, so the file on disk is never older than an answer already
+given: SQS's and EC2's whole state, each changed object of S3, each changed SSM command
+(finished ones past the latest few hundred are forgotten). A kill in the middle of a save
+leaves a temporary file, removed at the next start.
+
+Restart time and memory follow what the services hold now, not their history: the
+journal is compacted every ``COMPACT_EVERY`` writes or ``COMPACT_BYTES`` bytes, whichever
+comes first, and is read one record at a time. Messages come back visible (a receipt handle given out before
 the stop is no longer valid, as after a visibility timeout), with their receive counts.
 """
 
@@ -45,13 +52,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from calque.local.moto_state import ServiceSnapshots, read_json, write_durably
+from calque.local.moto_ssm import SsmCommands
+from calque.local.moto_state import ServiceSnapshots, read_json, remove_stale_temps, write_durably
 from calque.local.restored import OTHER_ITEMS, Restored
 
 log = logging.getLogger("calque.local")
 
 DYNAMODB_WRITES = frozenset({"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"})
 COMPACT_EVERY = 2000
+COMPACT_BYTES = 16 * 1024 * 1024  # a few large transactions compact as soon as many small writes
 _DDB_TARGET = "DynamoDB_20120810."
 
 # (status, body) of one call made straight to moto's own WSGI app, past the plane's checks
@@ -67,6 +76,7 @@ class DynamoJournal:
         self._fd: int | None = None
         self.seq = 0
         self.since_compaction = 0
+        self.bytes_since_compaction = 0
 
     # records
     @staticmethod
@@ -76,26 +86,31 @@ class DynamoJournal:
 
     def records(self) -> tuple[list[dict[str, Any]], int]:
         """The journal's whole records in order, and how many torn or corrupt ones were dropped."""
+        dropped: list[int] = []
+        return list(self.iter_records(dropped)), sum(dropped)
+
+    def iter_records(self, dropped: list[int]) -> Iterator[dict[str, Any]]:
+        """The journal's whole records in order, read one line at a time (a restart holds one
+        record, not the journal); appends to ``dropped`` how many torn or corrupt ones end it."""
         try:
-            raw = self.journal_file.read_bytes()
+            fh = open(self.journal_file, "rb")  # noqa: SIM115 (closed below, also when abandoned)
         except FileNotFoundError:
-            return [], 0
-        out: list[dict[str, Any]] = []
-        lines = raw.split(b"\n")
-        for i, line in enumerate(lines):
-            if not line:
-                continue
-            crc, _, doc = line.partition(b" ")
-            try:
-                ok = line.endswith(b"}") and int(crc, 16) == zlib.crc32(doc) and (i < len(lines) - 1)
-                record = json.loads(doc) if ok else None
-            except ValueError:
-                record = None
-            if record is None:
-                # a write cut short by the crash: it and anything after it never took effect
-                return out, sum(1 for rest in lines[i:] if rest)
-            out.append(record)
-        return out, 0
+            return
+        with fh:
+            for line in fh:
+                if line == b"\n":
+                    continue
+                crc, _, doc = line.rstrip(b"\n").partition(b" ")
+                try:
+                    ok = line.endswith(b"}\n") and int(crc, 16) == zlib.crc32(doc)
+                    record = json.loads(doc) if ok else None
+                except ValueError:
+                    record = None
+                if record is None:
+                    # a write cut short by the crash: it and anything after it never took effect
+                    dropped.append(1 + sum(1 for rest in fh if rest.strip(b"\n")))
+                    return
+                yield record
 
     def open(self) -> None:
         self._fd = os.open(self.journal_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -103,9 +118,15 @@ class DynamoJournal:
     def append(self, operation: str, body: bytes) -> None:
         assert self._fd is not None, "the journal is not open"
         self.seq += 1
-        os.write(self._fd, self.encode(self.seq, operation, body))
+        line = self.encode(self.seq, operation, body)
+        os.write(self._fd, line)
         os.fdatasync(self._fd)
         self.since_compaction += 1
+        self.bytes_since_compaction += len(line)
+
+    def due(self) -> bool:
+        """Whether the journal has grown enough to fold into the snapshot."""
+        return self.since_compaction >= COMPACT_EVERY or self.bytes_since_compaction >= COMPACT_BYTES
 
     def write_snapshot(self, tables: dict[str, list[dict[str, Any]]]) -> None:
         """The tables as they are now, then an empty journal (records up to ``seq`` are in it)."""
@@ -117,6 +138,7 @@ class DynamoJournal:
         write_durably(self.journal_file, b"")
         self.open()
         self.since_compaction = 0
+        self.bytes_since_compaction = 0
 
     def close(self) -> None:
         if self._fd is not None:
@@ -135,6 +157,8 @@ class Persistence:
         self._call: InternalCall | None = None
         self._locks = {name: threading.Lock() for name in ("sqs", "ec2", "ssm", "s3")}
         self.services = ServiceSnapshots(directory, account=account, region=region)
+        self.ssm = SsmCommands(directory, account=account, region=region)
+        self.stale_temps = 0
         self.restoring = False
         self.active = False
 
@@ -143,6 +167,10 @@ class Persistence:
         """How to reach moto's own app (for snapshots and restores), past the plane's checks."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._call = call
+        # the plane holds its lock and nothing writes yet: a temporary file is a save a kill cut
+        self.stale_temps = remove_stale_temps(self.dir)
+        if self.stale_temps:
+            log.info("removed %d temporary file(s) of saves cut short by the last stop", self.stale_temps)
 
     def _ddb(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
         assert self._call is not None
@@ -158,7 +186,7 @@ class Persistence:
         if not self.active or self.restoring:
             return
         self.dynamo.append(operation, body)
-        if self.dynamo.since_compaction >= COMPACT_EVERY:
+        if self.dynamo.due():
             self.compact_dynamodb()
 
     def _scan_all(self) -> dict[str, list[dict[str, Any]]]:
@@ -195,9 +223,8 @@ class Persistence:
                 batch = [{"PutRequest": {"Item": it}} for it in items[i : i + 25]]
                 self._ddb("BatchWriteItem", {"RequestItems": {name: batch}})
         seq = int(snapshot.get("seq", 0))
-        records, dropped = self.dynamo.records()
-        out.dropped_records = dropped
-        for record in records:
+        dropped: list[int] = []
+        for record in self.dynamo.iter_records(dropped):
             if record["seq"] <= seq:
                 continue  # already in the snapshot (a crash between snapshot and journal reset)
             assert self._call is not None
@@ -210,6 +237,7 @@ class Persistence:
                 )
             seq = record["seq"]
             out.journal_records += 1
+        out.dropped_records = sum(dropped)
         self.dynamo.seq = seq
         tables = self.compact_dynamodb()
         for items in tables.values():
@@ -222,7 +250,10 @@ class Persistence:
         if not self.active or self.restoring:
             return
         with self._locks[service]:
-            getattr(self.services, f"save_{service}")()
+            if service == "ssm":
+                self.ssm.save()
+            else:
+                getattr(self.services, f"save_{service}")()
 
     def sqs_changed(self) -> None:
         self._save("sqs")
@@ -254,7 +285,7 @@ class Persistence:
             self._restore_dynamodb(out)
             self.services.restore_sqs(clients.client("sqs"), out)
             instances = self.services.restore_ec2(clients.client("ec2"), out)
-            self.services.restore_ssm(out)
+            self.ssm.restore(out)
             self.services.restore_s3(clients.client("s3"), out)
         self.active = True
         # what is on disk from here on is what the services hold now

@@ -110,12 +110,14 @@ class LocalPlane:
         from calque.local.bootstrap import create_all
         from calque.local.front import Front
         from calque.local.functions import Functions
+        from calque.local.host_scope import HostScope
         from calque.local.moto_server import CommandRecords, MotoClients, MotoServer
         from calque.local.persistence import Persistence
         from calque.local.ssm_executor import DEFAULT_AGENT, SsmExecutor
 
         self._lock_handle = self.state.acquire_plane_lock()
         try:
+            self.state.remove_stale_temps()
             self.state.initialize_people(self.account)
             # moto on the loopback interface only, for the plane's own key pair only
             moto_credentials = self.state.plane_credentials()
@@ -133,6 +135,10 @@ class LocalPlane:
             clients = MotoClients(moto_endpoint, self.region, moto_credentials)
             self.resources = create_all(
                 clients, account=self.account, region=self.region, visibility_scale=self.queue_scale
+            )
+            # a simulated host's role reaches its own pool's queue and objects only
+            self.moto.app.host_scope = HostScope(
+                bucket=self.resources.bucket_name, queue_prefix=resources.POOL_QUEUE_PREFIX_LOCAL
             )
             # what the previous run held comes back before anything is served
             self.restored, instance_ids = self.persistence.restore(clients)

@@ -84,7 +84,11 @@ class LocalCapacity:
         granted: dict[str, Grant] = {}
         for wid in worker_ids:
             host = launch(
-                self.state, aws.client("ec2"), instance_type=pool.instance_type, host_role=self.host_role
+                self.state,
+                aws.client("ec2"),
+                instance_type=pool.instance_type,
+                host_role=self.host_role,
+                pool=pool.name,
             )
             granted[wid] = Grant(ref=host.instance_id, instance_id=host.instance_id)
         return granted

@@ -90,6 +90,7 @@ class Principal:
     unique_id: str
     admin: bool = False
     instance_type: str | None = None
+    pool: str | None = None  # the warm pool a simulated host was launched for (its role's reach)
 
     @property
     def caller(self) -> str:
@@ -197,6 +198,22 @@ class StateDir:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
+
+    # the temporary files each writer here names (state.py, the SSM executor, the host agent's fake
+    # GPUs); aws/ has its own (calque/local/moto_state.py)
+    TEMP_GLOBS = (".*.tmp", "ssm/*/*.tmp", "hosts/*.json.tmp")
+
+    def remove_stale_temps(self) -> int:
+        """At the plane's start (its lock held, under the writers' lock): remove the temporary
+        files a kill left in the middle of a write; their renames never happened."""
+        removed = 0
+        with self._write_lock():
+            for pattern in self.TEMP_GLOBS:
+                for tmp in self.path.glob(pattern):
+                    with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                        tmp.unlink()
+                        removed += 1
+        return removed
 
     def _read_json(self, path: Path) -> Any:
         """Parsed content, re-read only when the file changed."""
@@ -316,7 +333,9 @@ class StateDir:
             self._save_users(users)
         return removed
 
-    def add_instance(self, instance_id: str, instance_type: str, host_role: str) -> Principal:
+    def add_instance(
+        self, instance_id: str, instance_type: str, host_role: str, *, pool: str | None = None
+    ) -> Principal:
         with self._write_lock():
             users = self._users()
             key, secret = _new_key_pair()
@@ -325,6 +344,7 @@ class StateDir:
                 "host_role": host_role,
                 "access_key": key,
                 "secret_key": secret,
+                **({"pool": pool} if pool else {}),
             }
             self._save_users(users)
         return self.principal(instance_id)  # type: ignore[return-value]
@@ -352,6 +372,7 @@ class StateDir:
                 secret_key=e["secret_key"],
                 unique_id=_unique_id("AROA", e["host_role"]),
                 instance_type=e.get("instance_type"),
+                pool=e.get("pool"),
             )
         return None
 

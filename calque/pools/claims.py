@@ -73,7 +73,7 @@ class ClaimsMixin(PoolsCore):
         group = self._claim_group(who, req.group)
         claim_id = f"c-{secrets.token_hex(8)}"
         now = self.clock.now()
-        manifest_key = f"pools/{name}/claims/{claim_id}/manifest.json"
+        manifest_key = f"{d.claim_prefix(name, claim_id)}manifest.json"
         claim = d.ClaimRecord(
             claim_id=claim_id,
             pool=name,
@@ -119,7 +119,7 @@ class ClaimsMixin(PoolsCore):
             "claim_id": claim_id,
             "pool": name,
             "manifest": {"bucket": self.objects.bucket, "key": manifest_key},
-            "results": {"bucket": self.objects.bucket, "prefix": f"pools/{name}/claims/{claim_id}"},
+            "results": {"bucket": self.objects.bucket, "prefix": d.claim_prefix(name, claim_id).rstrip("/")},
         }
         try:
             self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
@@ -203,6 +203,13 @@ class ClaimsMixin(PoolsCore):
             raise Conflict(
                 f"claim {claim_id} has no result: it is {claim.state}"
                 + (f" ({claim.reason})" if claim.reason else ""),
+                code="no_result",
+                details={"claim_id": claim_id, "state": claim.state},
+            )
+        if not d.in_claim_prefix(claim.result_key, claim.pool, claim_id):
+            # a worker named another object as the result: never read it for the caller
+            raise Conflict(
+                f"claim {claim_id}'s result is not among its own objects",
                 code="no_result",
                 details={"claim_id": claim_id, "state": claim.state},
             )

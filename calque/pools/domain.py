@@ -32,6 +32,19 @@ MESSAGE_RETENTION_S = 4 * 24 * 3600
 W_STARTING, W_IDLE, W_BUSY, W_EXITED = "starting", "idle", "busy", "exited"
 
 
+def claim_prefix(pool: str, claim_id: str) -> str:
+    """Where a claim's objects live in the artifact bucket: its manifest, and each attempt's
+    results and logs, which workers write under it."""
+    return f"pools/{pool}/claims/{claim_id}/"
+
+
+def in_claim_prefix(key: str, pool: str, claim_id: str) -> bool:
+    """Whether ``key`` names an object of the claim's own (no other claim's, no other pool's)."""
+    prefix = claim_prefix(pool, claim_id)
+    rest = key[len(prefix) :].split("/")
+    return key.startswith(prefix) and all(part not in ("", ".", "..") for part in rest)
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

@@ -11,6 +11,7 @@ import base64
 import importlib
 import json
 import threading
+import time
 from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
@@ -23,6 +24,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
 
 import calque
+from calque import aws
 from calque.errors import CalqueError
 from calque.members import requests as client_requests
 from calque.settings import api_settings
@@ -39,6 +41,27 @@ INTERNAL_ERRORS = "ApiInternalErrors"
 
 app = APIGatewayRestResolver(enable_validation=True, json_body_deserializer=request_body.json_object)
 app.include_router(meta.router, prefix="/v1")
+
+# API Gateway answers the caller 504 after this long, whatever the function does later
+API_GATEWAY_TIMEOUT_S = 29.0
+# A request's first write must begin this long before its deadline, for its answer to get back
+ANSWER_MARGIN_S = 1.0
+
+
+def request_deadline(event: dict[str, Any], context: Any) -> float | None:
+    """When (epoch seconds) this request's first write may begin at the latest: API Gateway's
+    timeout counted from when it received the request, or the function's own remaining time,
+    whichever ends first, less the time an answer needs; None when neither is known."""
+    ends = []
+    received = (event.get("requestContext") or {}).get("requestTimeEpoch")
+    if isinstance(received, int | float) and not isinstance(received, bool) and received > 0:
+        ends.append(received / 1000 + API_GATEWAY_TIMEOUT_S)
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    left = remaining() if callable(remaining) else None
+    if isinstance(left, int | float) and not isinstance(left, bool):
+        ends.append(time.time() + left / 1000)
+    return min(ends) - ANSWER_MARGIN_S if ends else None
+
 
 # The capabilities' routers included so far (functions/api/routes/__init__.py).
 _included: set[str] = set()
@@ -174,7 +197,20 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             return errors.raw_error(
                 400, "invalid_body", "request body must be UTF-8 encoded JSON", {"field": "body"}
             )
+    deadline = request_deadline(event, context)
+    if deadline is not None and time.time() >= deadline:
+        # it waited (for an execution environment, in a queue) until no answer can reach the caller
+        logger.warning("refused past its deadline", extra={"late_s": round(time.time() - deadline, 3)})
+        refused = errors.raw_error(
+            503,
+            "deadline_passed",
+            "the request waited past its deadline, when its answer could no longer reach the caller, "
+            "and was not applied; retry it (with the same Idempotency-Key)",
+        )
+        refused["headers"]["Retry-After"] = "1"
+        return refused
     include_routes(routes.modules_for(path))
     event, media_type = request_body.with_json_content_type(event)
     app.append_context(**{request_body.MEDIA_TYPE_KEY: media_type})
-    return app.resolve(event, context)
+    with aws.request_deadline(deadline):
+        return app.resolve(event, context)

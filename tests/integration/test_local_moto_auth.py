@@ -103,3 +103,51 @@ def test_moto_listens_on_the_loopback_interface_only(local_plane):
     # the same port on this machine's other address has nothing listening
     with pytest.raises(ConnectionRefusedError), socket.create_connection((outside, parts.port), timeout=3):
         pass
+
+
+def _pool_host(plane, pool: str | None) -> tuple[str, str]:
+    """A simulated host's instance-role keys, launched for ``pool`` (None: for no pool)."""
+    from calque.local.state import StateDir
+
+    instance_id = f"i-scope{pool or 'none'}{abs(hash(pool)) % 10_000:04d}"
+    p = StateDir(plane.state_dir).add_instance(instance_id, "g6e.xlarge", plane.info["host_role"], pool=pool)
+    return p.access_key, p.secret_key
+
+
+def test_a_pool_hosts_role_reaches_only_its_pools_queue_and_objects(local_plane):
+    # Given a host launched for pool p1, the plane's bucket and queues, and another member's manifest
+    plane = local_plane
+    bucket = plane.info["bucket"]
+    plane.client("s3").put_object(Bucket=bucket, Key="pools/p2/claims/c-9/manifest.json", Body=b"{}")
+    plane.client("sqs").create_queue(QueueName="calque-local-pool-p1")
+    own_queue = plane.client("sqs").get_queue_url(QueueName="calque-local-pool-p1")["QueueUrl"]
+    host_tasks = next(url for url in plane.info["queues"].values() if "host-tasks" in url)
+    key, secret = _pool_host(plane, "p1")
+    s3, sqs = _client(plane, "s3", key, secret), _client(plane, "sqs", key, secret)
+    # Then its own queue and objects are its to work
+    sqs.receive_message(QueueUrl=own_queue, WaitTimeSeconds=0)
+    s3.put_object(Bucket=bucket, Key="pools/p1/claims/c-1/attempt-1-w/result.json", Body=b"{}")
+    assert (
+        s3.get_object(Bucket=bucket, Key="pools/p1/claims/c-1/attempt-1-w/result.json")["Body"].read()
+        == b"{}"
+    )
+    s3.delete_object(Bucket=bucket, Key="pools/p1/claims/c-1/attempt-1-w/result.json")
+    # And nothing else: no listing, no other member's manifest, nothing outside pools/p1/, no other queue
+    refused = [
+        _refused(lambda: s3.list_objects_v2(Bucket=bucket)),
+        _refused(lambda: s3.get_object(Bucket=bucket, Key="pools/p2/claims/c-9/manifest.json")),
+        _refused(lambda: s3.put_object(Bucket=bucket, Key="elsewhere.json", Body=b"x")),
+        _refused(lambda: s3.delete_object(Bucket=bucket, Key="pools/p2/claims/c-9/manifest.json")),
+        _refused(lambda: sqs.list_queues()),
+        _refused(lambda: sqs.receive_message(QueueUrl=host_tasks, WaitTimeSeconds=0)),
+    ]
+    assert [r["ResponseMetadata"]["HTTPStatusCode"] for r in refused] == [403] * len(refused)
+    assert plane.client("s3").get_object(Bucket=bucket, Key="pools/p2/claims/c-9/manifest.json")
+
+
+def test_a_host_of_no_pool_reaches_neither_queues_nor_objects(local_plane):
+    key, secret = _pool_host(local_plane, None)
+    bucket = local_plane.info["bucket"]
+    s3, sqs = _client(local_plane, "s3", key, secret), _client(local_plane, "sqs", key, secret)
+    assert _refused(lambda: s3.get_object(Bucket=bucket, Key="pools/p1/x"))["Error"]["Code"] == "AccessDenied"
+    assert _refused(lambda: sqs.list_queues())["ResponseMetadata"]["HTTPStatusCode"] == 403
