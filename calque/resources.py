@@ -240,7 +240,13 @@ FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool
 # worker verb) and reads how each start ended.
 FUNCTION_WIRING["pool_scaler"] += ("ssm_document", "ssm_invocations", "api_endpoint")
 # The DLQ sweep only reads the pools' dead-letter queues (it never creates or deletes a queue).
-FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_dead_letters", "pool_nudges_queue")
+FUNCTION_WIRING["pool_dlq"] = (
+    "table",
+    "host_role",
+    "artifact_bucket",
+    "pool_dead_letters",
+    "pool_nudges_queue",
+)
 
 # ---- the fleet (layer 0) -------------------------------------------------------------------------
 

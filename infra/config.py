@@ -130,7 +130,10 @@ class DeploymentConfig:
             or "1",
             apigateway_cloudwatch_role=_cloudwatch_role(node),
             fleet_ebs_kms_key_arn=_optional(
-                node, constants.CONTEXT_FLEET_EBS_KMS_KEY, _KMS_KEY_ARN, "a KMS key ARN, arn:aws:kms:...:key/..."
+                node,
+                constants.CONTEXT_FLEET_EBS_KMS_KEY,
+                _KMS_KEY_ARN,
+                "a KMS key ARN, arn:aws:kms:...:key/...",
             ),
         )
 

@@ -22,7 +22,7 @@ from infra.nag import acknowledge
 PUSH_TO_CLOUDWATCH = "service-role/AmazonAPIGatewayPushToCloudWatchLogs"
 
 # Inline, so deploy needs no asset; cfnresponse is what Lambda provides to inline Python code.
-_HANDLER = '''
+_HANDLER = """
 import time
 import boto3
 import cfnresponse
@@ -53,7 +53,7 @@ def handler(event, context):
     except Exception as exc:
         status, reason = cfnresponse.FAILED, str(exc)[:900]
     cfnresponse.send(event, context, status, data, "apigateway-account-cloudwatch-role", reason=reason)
-'''
+"""
 
 
 class ApiGatewayAccountRole(Construct):
@@ -64,7 +64,7 @@ class ApiGatewayAccountRole(Construct):
             self,
             "CloudWatchRole",
             assumed_by=iam.ServicePrincipal("apigateway.amazonaws.com"),
-            description="API Gateway's account-wide role for stage logs (set only where the account had none)",
+            description="API Gateway's account-wide role for stage logs (set where the account had none)",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(PUSH_TO_CLOUDWATCH)],
         )
         self.role.apply_removal_policy(RemovalPolicy.RETAIN)

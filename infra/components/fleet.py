@@ -36,6 +36,7 @@ SPOT_ROLE_PATH = "aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot"
 # Whose AMIs a host may start from: AWS's public Deep Learning AMIs, or the account's own.
 AMI_OWNERS = ("amazon",)
 
+
 class FleetLaunch(Construct):
     """The launch template, the EC2 event rules, and the grants of the fleet's functions."""
 
@@ -168,7 +169,9 @@ class FleetLaunch(Construct):
             iam.PolicyStatement(
                 sid="SpotServiceLinkedRoleOnFirstSpotLaunch",
                 actions=["iam:CreateServiceLinkedRole"],
-                resources=[stack.format_arn(service="iam", region="", resource="role", resource_name=SPOT_ROLE_PATH)],
+                resources=[
+                    stack.format_arn(service="iam", region="", resource="role", resource_name=SPOT_ROLE_PATH)
+                ],
                 conditions={"StringEquals": {"iam:AWSServiceName": SPOT_SERVICE}},
             )
         )

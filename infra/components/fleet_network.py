@@ -44,6 +44,7 @@ HOST_INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "Sqs": ec2.InterfaceVpcEndpointAwsService.SQS,
     "Api": ec2.InterfaceVpcEndpointAwsService.APIGATEWAY,
 }
+EXECUTE_API_ENDPOINT = "Api"
 
 
 def _list(value: object) -> tuple[str, ...]:
@@ -80,7 +81,7 @@ def choose_azs(offerings: dict[str, tuple[str, ...]], *, limit: int = MAX_AZS) -
     azs = sorted({az for found in offerings.values() for az in found})
     ranked = sorted(azs, key=lambda az: (-sum(az in found for found in offerings.values()), az))
     chosen = list(ranked[:limit])
-    for itype, found in sorted(offerings.items()):  # a type only the lower-ranked AZs offer
+    for found in offerings.values():  # a type only the lower-ranked AZs offer
         if found and not set(found) & set(chosen):
             chosen[-1] = found[0]
     return tuple(sorted(chosen))
@@ -127,7 +128,9 @@ class FleetNetworkConfig:
         azs = _list(node.try_get_context(constants.CONTEXT_FLEET_AZS))
         for az in azs:
             if not _AZ.match(az):
-                raise ConfigError(f"context {constants.CONTEXT_FLEET_AZS}: {az!r} is not an Availability Zone")
+                raise ConfigError(
+                    f"context {constants.CONTEXT_FLEET_AZS}: {az!r} is not an Availability Zone"
+                )
         if vpc and azs:
             raise ConfigError(
                 f"context {constants.CONTEXT_FLEET_AZS} chooses the created VPC's AZs; with "
@@ -140,7 +143,9 @@ class FleetNetworkConfig:
                 "the created VPC has its own"
             )
         if endpoint and not _VPCE.match(str(endpoint)):
-            raise ConfigError(f"context {constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT}={endpoint!r}: expected vpce-...")
+            raise ConfigError(
+                f"context {constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT}={endpoint!r}: expected vpce-..."
+            )
         offerings = _offerings(node.try_get_context(constants.CONTEXT_FLEET_AZ_OFFERINGS))
         if vpc:
             check_offered(
@@ -183,8 +188,9 @@ class FleetNetwork(Construct):
             Annotations.of(self).add_warning_v2(
                 "calque:fleet-azs-unchecked",
                 "The fleet's AZs were not checked against EC2's instance type offerings: run "
-                f"`python -m infra.offerings --region REGION TYPE...` and pass its {constants.CONTEXT_FLEET_AZ_OFFERINGS} "
-                "(docs/deploy.md), or a host type missing from these AZs fails every launch there.",
+                "`python -m infra.offerings --region REGION TYPE...` and pass its "
+                f"{constants.CONTEXT_FLEET_AZ_OFFERINGS} (docs/deploy.md), or a host type missing from "
+                "these AZs fails every launch there.",
             )
         self.security_group = ec2.SecurityGroup(
             self,
@@ -206,7 +212,9 @@ class FleetNetwork(Construct):
             # no custom-resource Lambda to strip the default group: nothing here uses it
             restrict_default_security_group=False,
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="hosts", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24)
+                ec2.SubnetConfiguration(
+                    name="hosts", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24
+                )
             ],
             gateway_endpoints={
                 "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
@@ -217,7 +225,7 @@ class FleetNetwork(Construct):
         vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
         for name, service in HOST_INTERFACE_ENDPOINTS.items():
             endpoint = vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True)
-            if service is ec2.InterfaceVpcEndpointAwsService.APIGATEWAY:
+            if name == EXECUTE_API_ENDPOINT:
                 # With private DNS on, every execute-api call from the VPC goes through this
                 # endpoint, which reaches private APIs only: the hosts report to one.
                 self.execute_api_endpoint = endpoint

@@ -314,7 +314,9 @@ class HostAgent(Construct):
         return [
             iam.PolicyStatement(actions=["ssm:StartSession"], resources=[session_doc]),
             # Session Manager names a session after its starter's user id: end or resume one's own.
-            iam.PolicyStatement(actions=["ssm:TerminateSession", "ssm:ResumeSession"], resources=[own_sessions]),
+            iam.PolicyStatement(
+                actions=["ssm:TerminateSession", "ssm:ResumeSession"], resources=[own_sessions]
+            ),
             iam.PolicyStatement(
                 actions=["ssm:StartSession"],
                 resources=[instances],

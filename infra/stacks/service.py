@@ -92,7 +92,9 @@ class ServiceStack(Stack):
             organization_id=config.organization_id,
             create_cloudwatch_role=config.apigateway_cloudwatch_role == "create",
         )
-        self.fleet_network = FleetNetwork(self, "FleetNetwork", config=FleetNetworkConfig.from_context(self.node))
+        self.fleet_network = FleetNetwork(
+            self, "FleetNetwork", config=FleetNetworkConfig.from_context(self.node)
+        )
         self.host_api = self._host_report_api(config)
         # Where hosts (the agent, pool workers) report: the private API their network reaches.
         self.host_endpoint = self.host_api.url if self.host_api is not None else self.api.url
@@ -334,7 +336,9 @@ class ServiceStack(Stack):
         """The host role may call ``POST path`` on the API hosts report to."""
         role = self.host_agent.role
         if self.host_api is None:
-            self.api.grant_invoke(role, method=constants.HOST_REPORT_METHOD, path=path, wildcard_reason=reason)
+            self.api.grant_invoke(
+                role, method=constants.HOST_REPORT_METHOD, path=path, wildcard_reason=reason
+            )
             return
         self.host_api.grant_report(role, path)
         acknowledge(role, iam5_finding(self.host_api.api, constants.HOST_REPORT_METHOD, path), reason)
@@ -358,13 +362,13 @@ class ServiceStack(Stack):
             self,
             constants.OUTPUT_APIGATEWAY_CLOUDWATCH_ROLE,
             value=outcome,
-            description="API Gateway's account-wide CloudWatch role, which stage logging needs: what this deploy did",
+            description="What this deploy did with API Gateway's account-wide CloudWatch role",
         )
         CfnOutput(
             self,
             constants.OUTPUT_HOST_REPORT_ENDPOINT,
             value=self.host_endpoint,
-            description="Where hosts report (a private API through the fleet network's endpoint, or the public one)",
+            description="Where hosts report: the private API their network reaches, or the public one",
         )
 
     # ---- the fleet (layer 0) ---------------------------------------------------------------------
