@@ -57,6 +57,12 @@ test-integration: install host-tools
 test-infra: install
 	$(PY) -m pytest -m infra $(XDIST) --durations=25 $(PYTEST_ARGS)
 
+# checkov in its own environment: it pins boto3/botocore older than the project's. The infra
+# tests find it at .tools-venv/bin/checkov (or $CHECKOV) and run it over the templates.
+.PHONY: scan-tools
+scan-tools:
+	$(PYTHON) -m venv .tools-venv && .tools-venv/bin/pip install --quiet checkov
+
 # Read-only checks against a real GPU through NVML (needs a driver).
 test-gpu: install
 	$(PY) -m pytest -m gpu -o addopts="--strict-markers -ra"

@@ -236,9 +236,17 @@ POOL_QUEUE_PREFIX_LOCAL = "calque-local-pool"
 POOL_QUEUE_PREFIX_DEPLOYED = "calque-pool"
 FUNCTION_WIRING["api"] = (*FUNCTION_WIRING["api"], "artifact_bucket", "pool_queues", "pool_nudges_queue")
 FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
-# The scaler starts workers on the instances the fleet hands over: the host-agent document's worker verb.
-FUNCTION_WIRING["pool_scaler"] += ("ssm_document", "api_endpoint")
-FUNCTION_WIRING["pool_dlq"] = ("table", "host_role", "artifact_bucket", "pool_queues", "pool_nudges_queue")
+# The scaler starts workers on the instances the fleet hands over (the host-agent document's
+# worker verb) and reads how each start ended.
+FUNCTION_WIRING["pool_scaler"] += ("ssm_document", "ssm_invocations", "api_endpoint")
+# The DLQ sweep only reads the pools' dead-letter queues (it never creates or deletes a queue).
+FUNCTION_WIRING["pool_dlq"] = (
+    "table",
+    "host_role",
+    "artifact_bucket",
+    "pool_dead_letters",
+    "pool_nudges_queue",
+)
 
 # ---- the fleet (layer 0) -------------------------------------------------------------------------
 

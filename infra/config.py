@@ -50,6 +50,7 @@ def _split_admins(value: object) -> tuple[str, ...]:
 _ORG_ID = re.compile(r"^o-[a-z0-9]{10,32}$")
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w-]{1,256}$")
 _EPOCH = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
+_KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[A-Za-z0-9-]{1,128}$")
 _ROLE_PATTERN = re.compile(r"^[\w+=,.@*-]{1,128}$")
 
 
@@ -94,8 +95,12 @@ class DeploymentConfig:
     # Pin user and role admin entries of the deploying account to their unique ids at deploy.
     pin_admins: bool = True
     admin_pin_epoch: str = "1"
-    # Create API Gateway's account-wide CloudWatch role (only for an account that has none).
-    create_apigateway_cloudwatch_role: bool = False
+    # API Gateway's account-wide CloudWatch role, which stage logging needs: "auto" sets the
+    # stack's own only where the account has none; "create" sets it whatever the account had;
+    # "leave" never touches it (the account must have one, or the stage fails to deploy).
+    apigateway_cloudwatch_role: str = "auto"
+    # A customer-managed KMS key that encrypts the fleet's EBS volumes (the account's default).
+    fleet_ebs_kms_key_arn: str | None = None
 
     @classmethod
     def from_context(cls, node: Node, *, project_root: Path) -> DeploymentConfig:
@@ -123,10 +128,26 @@ class DeploymentConfig:
                 node, constants.CONTEXT_ADMIN_PIN_EPOCH, _EPOCH, "a short word or number"
             )
             or "1",
-            create_apigateway_cloudwatch_role=_flag(
-                node, constants.CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE, default=False
+            apigateway_cloudwatch_role=_cloudwatch_role(node),
+            fleet_ebs_kms_key_arn=_optional(
+                node,
+                constants.CONTEXT_FLEET_EBS_KMS_KEY,
+                _KMS_KEY_ARN,
+                "a KMS key ARN, arn:aws:kms:...:key/...",
             ),
         )
+
+
+def _cloudwatch_role(node: Node) -> str:
+    """auto (default), or true/false as before: true creates it, false leaves the account's."""
+    key = constants.CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE
+    value = node.try_get_context(key)
+    if value in (None, "") or str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        return "create" if _flag(node, key, default=False) else "leave"
+    except ConfigError:
+        raise ConfigError(f"context {key}={value!r}: expected auto, true or false") from None
 
 
 def _flag(node: Node, key: str, *, default: bool) -> bool:

@@ -48,7 +48,10 @@ CONTEXT_SESSION_NAMED_ROLES: Final = "calque:session-named-roles"  # roles whose
 CONTEXT_ALARM_TOPIC_ARN: Final = "calque:alarm-topic-arn"  # SNS topic the alarms notify
 CONTEXT_PIN_ADMINS: Final = "calque:pin-admins"  # true (default): pin admin entries to unique ids
 CONTEXT_ADMIN_PIN_EPOCH: Final = "calque:admin-pin-epoch"  # a new value looks the unique ids up again
-CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE: Final = "calque:create-apigateway-cloudwatch-role"  # default false
+# API Gateway's account-wide CloudWatch role: auto (default: set this stack's role only where the
+# account has none, and say which in the output), true (always set this stack's), false (leave it).
+CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE: Final = "calque:create-apigateway-cloudwatch-role"
+OUTPUT_APIGATEWAY_CLOUDWATCH_ROLE: Final = "ApiGatewayCloudWatchRole"
 
 # Lambda: one architecture and one Python for the functions and the wheels in their layer.
 LAMBDA_ARCHITECTURE: Final = "arm64"
@@ -98,5 +101,15 @@ POOL_WORKER_REPORT_PATH: Final = "/v1/pools/*/workers/*/report"
 # with no internet access, reaching AWS through VPC endpoints (docs/fleet.md: what each costs).
 CONTEXT_FLEET_VPC_ID: Final = "calque:fleet-vpc-id"
 CONTEXT_FLEET_SUBNETS: Final = "calque:fleet-subnets"
+# The created VPC's AZs (comma list), and EC2's offerings per instance type that synth checks
+# them against (JSON, as `python -m infra.offerings` prints it).
+CONTEXT_FLEET_AZS: Final = "calque:fleet-azs"
+CONTEXT_FLEET_AZ_OFFERINGS: Final = "calque:fleet-az-offerings"
+# Own VPC: its execute-api interface endpoint (vpce-...), through which hosts reach the private
+# report API; unset, hosts report to the public API (through NAT, private DNS off for execute-api).
+CONTEXT_FLEET_EXECUTE_API_ENDPOINT: Final = "calque:fleet-execute-api-endpoint"
+# A customer-managed KMS key that encrypts the hosts' EBS volumes (the account's EBS default key).
+CONTEXT_FLEET_EBS_KMS_KEY: Final = "calque:fleet-ebs-kms-key-arn"
+OUTPUT_HOST_REPORT_ENDPOINT: Final = "HostReportEndpoint"
 OUTPUT_FLEET_LAUNCH_TEMPLATE: Final = "FleetLaunchTemplateName"
 OUTPUT_FLEET_VPC_ID: Final = "FleetVpcId"

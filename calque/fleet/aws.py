@@ -4,6 +4,7 @@ that knows botocore's error shapes."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -55,6 +56,21 @@ DEFAULT_AMI_PARAMETERS: dict[str, str] = {
     "hopper": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
     "blackwell": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id",
 }
+
+
+# Every instance's root volume: encrypted gp3 of this size, on the device its AMI names.
+ROOT_VOLUME_GIB = 200
+
+
+def launch_token(spec: LaunchSpec) -> str:
+    """EC2's ClientToken for one attempt of a request: the request id and a digest of what
+    this attempt asks for (type, market, subnet, max price). A retry of the same attempt
+    sends the same token, so EC2 answers with the instance it already started; another
+    attempt of the request (another type, subnet or market) sends its own, where one token
+    for all would be refused with IdempotentParameterMismatch. At most 64 ASCII characters."""
+    price = "" if spec.spot_max_price is None else f"{spec.spot_max_price:.4f}"
+    what = "|".join((spec.instance_type, spec.market, spec.subnet_id or "", price))
+    return f"{spec.request_id[:40]}-{hashlib.sha256(what.encode()).hexdigest()[:16]}"
 
 
 def _code(exc: ClientError) -> str:
@@ -117,6 +133,7 @@ class Ec2Fleet:
         self.ami_parameters = {**DEFAULT_AMI_PARAMETERS, **(ami_parameters or {})}
         self.page_size = page_size
         self._amis: dict[str, str] = {}
+        self._root_devices: dict[str, str] = {}
 
     def _image(self, instance_type: str) -> str:
         if self.ami_id:
@@ -129,14 +146,45 @@ class Ec2Fleet:
             self._amis[name] = self.ssm.get_parameter(Name=name)["Parameter"]["Value"]
         return self._amis[name]
 
+    def _root_device(self, image_id: str) -> str:
+        """The AMI's own root device (``/dev/sda1`` on Ubuntu, ``/dev/xvda`` on Amazon Linux
+        2023): a mapping under any other name would add a second volume and leave the root
+        one as the AMI has it, unencrypted."""
+        if image_id not in self._root_devices:
+            try:
+                images = self.ec2.describe_images(ImageIds=[image_id]).get("Images") or []
+            except ClientError as exc:
+                if _code(exc).startswith("InvalidAMIID"):
+                    raise LaunchRefused(_code(exc), _message(exc)) from None
+                raise
+            root = next((i.get("RootDeviceName") for i in images if i.get("ImageId") == image_id), None)
+            if not root:
+                raise LaunchRefused(
+                    "InvalidAMIID.NotFound", f"image {image_id} is not visible to this account"
+                )
+            self._root_devices[image_id] = str(root)
+        return self._root_devices[image_id]
+
     def run_instance(self, spec: LaunchSpec) -> Instance:
         tags = [{"Key": k, "Value": v} for k, v in sorted(spec.tags.items())]
+        image = self._image(spec.instance_type)
         kwargs: dict[str, Any] = {
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": spec.request_id,
+            "ClientToken": launch_token(spec),
             "InstanceType": spec.instance_type,
-            "ImageId": self._image(spec.instance_type),
+            "ImageId": image,
+            "BlockDeviceMappings": [
+                {
+                    "DeviceName": self._root_device(image),
+                    "Ebs": {
+                        "VolumeSize": ROOT_VOLUME_GIB,
+                        "VolumeType": "gp3",
+                        "Encrypted": True,
+                        "DeleteOnTermination": True,
+                    },
+                }
+            ],
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "volume", "Tags": tags},
@@ -161,7 +209,8 @@ class Ec2Fleet:
             if code in CAPACITY_CODES:
                 raise CapacityError(code, _message(exc)) from None
             if code == "IdempotentParameterMismatch":
-                # An earlier call with this token launched: that instance is the answer.
+                # This attempt's token came before with other arguments (the AMI the public
+                # parameter names changed between retries): if it launched, that is the answer.
                 found = self.find_by_request(spec.request_id)
                 if found is not None:
                     return found

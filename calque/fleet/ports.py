@@ -49,7 +49,7 @@ class Gone(Exception):
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    request_id: str  # also the EC2 ClientToken: a retried launch never starts a second instance
+    request_id: str  # with the attempt's own parameters, EC2's ClientToken (fleet.aws.launch_token)
     instance_type: str
     market: str  # "spot" | "on-demand"
     subnet_id: str | None

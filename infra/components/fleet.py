@@ -1,22 +1,20 @@
-"""The fleet (layer 0): where its instances run, what they launch with, who may launch them.
+"""The fleet (layer 0): what its instances launch with, and who may launch them.
 
-- Network: the deployment's own subnets (context ``calque:fleet-vpc-id`` and
-  ``calque:fleet-subnets``), or a small VPC the stack creates: isolated subnets in up to
-  three AZs, no NAT and no internet gateway, gateway endpoints for S3 and DynamoDB and
-  interface endpoints for SSM (ssm, ssmmessages, ec2messages) and the API (execute-api).
-- A launch template the stack owns: IMDSv2 required, the host instance profile, an
-  encrypted gp3 root volume, the hosts' security group. The AMI is chosen per launch from
-  AWS's public Deep Learning AMI parameters (calque/fleet/aws.py), so the template has none.
-- IAM: ``grant_launch`` (the acquirer and the reconciler only) may RunInstances only with
-  the tag calque:host=managed on the instance and its volumes, TerminateInstances only on
-  instances carrying it, and iam:PassRole only for the host role, only to EC2.
+- Network: infra/components/fleet_network.py.
+- A launch template the stack owns: IMDSv2 required, the host instance profile, the hosts'
+  security group. The AMI is chosen per launch from AWS's public Deep Learning AMI
+  parameters, and the encrypted gp3 root volume is mapped at launch on the device that AMI
+  names (calque/fleet/aws.py), so the template has neither.
+- IAM: ``grant_launch`` (the acquirer and the reconciler only) may RunInstances only from
+  this launch template, into the fleet's subnets and security group, from an AMI of Amazon
+  or this account, with IMDSv2 required, encrypted volumes and the tag calque:host=managed
+  on the instance and its volumes; TerminateInstances only on instances carrying the tag;
+  iam:PassRole only for the host role, only to EC2; and the Spot service-linked role created
+  on the first spot launch of an account that has none.
 - EventBridge rules (calque.resources.EVENT_RULES) send EC2's events to their function.
 """
 
 from __future__ import annotations
-
-import re
-from dataclasses import dataclass
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -24,101 +22,19 @@ from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
-from constructs import Construct, Node
+from constructs import Construct
 
 from calque import resources
 from calque.resources import EventRuleDef
 from infra import constants
-from infra.config import ConfigError
+from infra.components.fleet_network import FleetNetwork
 from infra.nag import acknowledge
 
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{1,32}@[a-z0-9-]{1,32}$")
-_VPC = re.compile(r"^vpc-[0-9a-f]{1,32}$")
-ROOT_VOLUME_GIB = 200
-
-
-@dataclass(frozen=True)
-class FleetNetworkConfig:
-    vpc_id: str | None
-    subnets: tuple[str, ...]  # subnet-ID@AZ
-
-    @classmethod
-    def from_context(cls, node: Node) -> FleetNetworkConfig:
-        vpc = node.try_get_context(constants.CONTEXT_FLEET_VPC_ID) or None
-        raw = node.try_get_context(constants.CONTEXT_FLEET_SUBNETS) or ""
-        items = raw if isinstance(raw, list) else str(raw).split(",")
-        subnets = tuple(s.strip() for s in items if str(s).strip())
-        if bool(vpc) != bool(subnets):
-            raise ConfigError(
-                f"context {constants.CONTEXT_FLEET_VPC_ID} and {constants.CONTEXT_FLEET_SUBNETS} go "
-                "together: name both, or neither (the stack then creates an isolated VPC)"
-            )
-        if vpc and not _VPC.match(str(vpc)):
-            raise ConfigError(f"context {constants.CONTEXT_FLEET_VPC_ID}={vpc!r}: expected vpc-...")
-        for s in subnets:
-            if not _SUBNET.match(s):
-                raise ConfigError(f"context {constants.CONTEXT_FLEET_SUBNETS}: {s!r} is not subnet-ID@AZ")
-        return cls(vpc_id=str(vpc) if vpc else None, subnets=subnets)
-
-
-class FleetNetwork(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, config: FleetNetworkConfig) -> None:
-        super().__init__(scope, construct_id)
-        if config.vpc_id:
-            azs = [s.partition("@")[2] for s in config.subnets]
-            self.vpc: ec2.IVpc = ec2.Vpc.from_vpc_attributes(
-                self, "Vpc", vpc_id=config.vpc_id, availability_zones=list(dict.fromkeys(azs))
-            )
-            self.subnets = list(config.subnets)
-            self.created = False
-        else:
-            vpc = ec2.Vpc(
-                self,
-                "Vpc",
-                ip_addresses=ec2.IpAddresses.cidr("10.64.0.0/20"),
-                max_azs=3,
-                nat_gateways=0,
-                # no custom-resource Lambda to strip the default group: nothing here uses it
-                restrict_default_security_group=False,
-                subnet_configuration=[
-                    ec2.SubnetConfiguration(
-                        name="hosts", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24
-                    )
-                ],
-                gateway_endpoints={
-                    "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
-                    "DynamoDB": ec2.GatewayVpcEndpointOptions(
-                        service=ec2.GatewayVpcEndpointAwsService.DYNAMODB
-                    ),
-                },
-            )
-            flow_logs = logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.THREE_MONTHS)
-            vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs))
-            for name, service in (
-                ("Ssm", ec2.InterfaceVpcEndpointAwsService.SSM),
-                ("SsmMessages", ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES),
-                ("Ec2Messages", ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES),
-                ("Api", ec2.InterfaceVpcEndpointAwsService.APIGATEWAY),
-            ):
-                vpc.add_interface_endpoint(name, service=service, private_dns_enabled=True)
-            acknowledge(
-                vpc,
-                "AwsSolutions-EC23",
-                "The interface endpoints' security groups accept HTTPS only from inside this VPC's own "
-                "CIDR (CDK's default for endpoints); cdk-nag cannot resolve the CIDR token at synth time.",
-            )
-            self.vpc = vpc
-            self.subnets = [f"{s.subnet_id}@{s.availability_zone}" for s in vpc.isolated_subnets]
-            self.created = True
-        self.security_group = ec2.SecurityGroup(
-            self,
-            "HostSecurityGroup",
-            vpc=self.vpc,
-            description="calque GPU hosts: no inbound; outbound HTTPS to AWS endpoints",
-            allow_all_outbound=False,
-        )
-        self.security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs")
+# The Spot service-linked role: EC2 creates it on an account's first spot request, as the caller.
+SPOT_SERVICE = "spot.amazonaws.com"
+SPOT_ROLE_PATH = "aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot"
+# Whose AMIs a host may start from: AWS's public Deep Learning AMIs, or the account's own.
+AMI_OWNERS = ("amazon",)
 
 
 class FleetLaunch(Construct):
@@ -132,10 +48,13 @@ class FleetLaunch(Construct):
         network: FleetNetwork,
         host_role: iam.IRole,
         instance_profile: iam.IInstanceProfile,
+        ebs_kms_key_arn: str | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self.network = network
         self.host_role = host_role
+        self.ebs_kms_key_arn = ebs_kms_key_arn
+        # No block devices: the root volume's device name is the AMI's, known only at launch.
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -143,14 +62,6 @@ class FleetLaunch(Construct):
             http_put_response_hop_limit=1,
             instance_profile=instance_profile,
             security_group=network.security_group,
-            block_devices=[
-                ec2.BlockDevice(
-                    device_name="/dev/sda1",
-                    volume=ec2.BlockDeviceVolume.ebs(
-                        ROOT_VOLUME_GIB, encrypted=True, volume_type=ec2.EbsDeviceVolumeType.GP3
-                    ),
-                )
-            ],
         )
 
     @property
@@ -187,6 +98,7 @@ class FleetLaunch(Construct):
             if instances_only
             else [
                 "ec2:DescribeInstances",
+                "ec2:DescribeImages",  # the AMI's root device, which the root volume is mapped on
                 "ec2:DescribeSubnets",
                 "ec2:DescribeSpotPriceHistory",  # the spot price a launch is charged at
                 "ssm:DescribeInstanceInformation",
@@ -224,28 +136,80 @@ class FleetLaunch(Construct):
         self.grant_describe(grantee)
         principal = grantee.grant_principal
         tag = f"aws:RequestTag/{resources.HOST_TAG_KEY}"
+        stack = Stack.of(self)
+        template_arn = self._arn("launch-template", self.launch_template.launch_template_id or "*")
+        from_template = {"ArnEquals": {"ec2:LaunchTemplate": template_arn}}
         principal.add_to_principal_policy(
             iam.PolicyStatement(
-                sid="RunTaggedInstances",
+                sid="RunTaggedInstancesFromTheTemplateWithImdsv2",
                 actions=["ec2:RunInstances"],
-                resources=[self._arn("instance"), self._arn("volume")],
-                conditions={"StringEquals": {tag: resources.HOST_TAG_VALUE}},
+                resources=[self._arn("instance")],
+                conditions={
+                    **from_template,
+                    "StringEquals": {tag: resources.HOST_TAG_VALUE, "ec2:MetadataHttpTokens": "required"},
+                },
             )
         )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
-                sid="RunWithTheseParts",
+                sid="RunWithTaggedEncryptedVolumes",
+                actions=["ec2:RunInstances"],
+                resources=[self._arn("volume")],
+                conditions={
+                    **from_template,
+                    "StringEquals": {tag: resources.HOST_TAG_VALUE},
+                    "Bool": {"ec2:Encrypted": "true"},
+                },
+            )
+        )
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="RunFromTheFleetsTemplateSubnetsAndGroup",
                 actions=["ec2:RunInstances"],
                 resources=[
-                    self._arn("launch-template", self.launch_template.launch_template_id or "*"),
-                    self._arn("image", account=False),
-                    self._arn("subnet"),
+                    template_arn,
+                    *[self._arn("subnet", s.partition("@")[0]) for s in self.network.subnets],
                     self._arn("security-group", network_sg_id(self.network)),
                     self._arn("network-interface"),
                     self._arn("spot-instances-request"),
                 ],
+                conditions=from_template,
             )
         )
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="RunFromAmazonOrOwnImages",
+                actions=["ec2:RunInstances"],
+                resources=[self._arn("image", account=False)],
+                conditions={**from_template, "StringEquals": {"ec2:Owner": [*AMI_OWNERS, stack.account]}},
+            )
+        )
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="SpotServiceLinkedRoleOnFirstSpotLaunch",
+                actions=["iam:CreateServiceLinkedRole"],
+                resources=[
+                    stack.format_arn(service="iam", region="", resource="role", resource_name=SPOT_ROLE_PATH)
+                ],
+                conditions={"StringEquals": {"iam:AWSServiceName": SPOT_SERVICE}},
+            )
+        )
+        if self.ebs_kms_key_arn:
+            principal.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid="EncryptRootVolumesWithTheFleetsKey",
+                    actions=[
+                        "kms:CreateGrant",
+                        "kms:Decrypt",
+                        "kms:DescribeKey",
+                        "kms:GenerateDataKeyWithoutPlaintext",
+                        "kms:ReEncryptFrom",
+                        "kms:ReEncryptTo",
+                    ],
+                    resources=[self.ebs_kms_key_arn],
+                    conditions={"StringEquals": {"kms:ViaService": f"ec2.{stack.region}.amazonaws.com"}},
+                )
+            )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 sid="TagAtLaunchOnly",
@@ -298,14 +262,14 @@ class FleetLaunch(Construct):
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:volume/*]",
             "Root volumes are created by RunInstances with the instance; the same tag is required on them.",
         )
-        for resource in ("image", "subnet", "network-interface", "spot-instances-request"):
+        for resource in ("image", "network-interface", "spot-instances-request"):
             owner = "" if resource == "image" else "<AWS::AccountId>"
             acknowledge(
                 principal,  # type: ignore[arg-type]
                 f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:{owner}:{resource}/*]",
-                "RunInstances names these parts of a launch; which AMI and subnet is decided per launch "
-                "(AWS's public Deep Learning AMIs, the fleet's subnets), and the instance itself must "
-                "carry the fleet's tag.",
+                "RunInstances names these parts of a launch, created with it (interface, spot request) "
+                "or chosen per launch (the AMI: Amazon's or this account's, by ec2:Owner); every "
+                "statement requires this stack's launch template, and the instance the fleet's tag.",
             )
         acknowledge(
             principal,  # type: ignore[arg-type]

@@ -308,8 +308,15 @@ class HostAgent(Construct):
             service="ssm", resource="document", resource_name=self.session_document.ref
         )
         instances = Stack.of(self).format_arn(service="ec2", resource="instance", resource_name="*")
+        own_sessions = Stack.of(self).format_arn(
+            service="ssm", resource="session", resource_name="${aws:userid}-*"
+        )
         return [
             iam.PolicyStatement(actions=["ssm:StartSession"], resources=[session_doc]),
+            # Session Manager names a session after its starter's user id: end or resume one's own.
+            iam.PolicyStatement(
+                actions=["ssm:TerminateSession", "ssm:ResumeSession"], resources=[own_sessions]
+            ),
             iam.PolicyStatement(
                 actions=["ssm:StartSession"],
                 resources=[instances],
@@ -323,6 +330,13 @@ class HostAgent(Construct):
     def allow_start_session(self, policy: iam.ManagedPolicy) -> None:
         """Add ``start_session_statements`` to a managed policy (the members' one)."""
         policy.add_statements(*self.start_session_statements())
+        acknowledge(
+            policy,
+            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ssm:<AWS::Region>:<AWS::AccountId>:"
+            "session/<aws:userid>-*]",
+            "Session Manager names each session after the user id of who started it: a member may end "
+            "or resume their own sessions and no one else's (AWS's end-user policy for Session Manager).",
+        )
         acknowledge(
             policy,
             "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:ec2:<AWS::Region>:<AWS::AccountId>:instance/*]",
@@ -452,9 +466,7 @@ class HostAgent(Construct):
         )
 
     def grant_send_command(self, grantee: iam.IGrantable) -> None:
-        """Run this document, and only on instances tagged as calque hosts; and read how a
-        command ended (the pool scaler's worker start: a start that failed gives its instance
-        back at once)."""
+        """Run this document, and only on instances tagged as calque hosts."""
         grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(actions=["ssm:SendCommand"], resources=[self.document_arn])
         )
@@ -473,6 +485,10 @@ class HostAgent(Construct):
             f"SendCommand is allowed only on instances tagged {HOST_TAG_KEY}={HOST_TAG_VALUE} and "
             "only with this stack's host-agent document.",
         )
+
+    def grant_read_invocations(self, grantee: iam.IGrantable) -> None:
+        """How a command ended (the pool scaler's worker start: a start that failed gives its
+        instance back at once)."""
         grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(actions=["ssm:GetCommandInvocation"], resources=["*"])
         )

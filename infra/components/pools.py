@@ -36,6 +36,8 @@ WORKER_QUEUE_ACTIONS = [
     "sqs:DeleteMessage",
     "sqs:GetQueueAttributes",
 ]
+# What the DLQ sweep does: read (never delete) a pool's dead letters.
+DEAD_LETTER_ACTIONS = ["sqs:ReceiveMessage", "sqs:GetQueueAttributes"]
 POOL_OBJECTS = "pools/*"
 
 
@@ -46,6 +48,7 @@ class PoolsAccess(Construct):
         self.queue_prefix = queue_prefix
         stack = Stack.of(self)
         self.queues_arn = f"arn:{stack.partition}:sqs:{stack.region}:{stack.account}:{queue_prefix}-*"
+        self.dead_letter_queues_arn = f"{self.queues_arn}-dlq"
 
     def _acknowledge(self, grantee: iam.IGrantable, *, host: bool) -> None:
         who = "GPU hosts consume" if host else "the control plane manages"
@@ -99,6 +102,18 @@ class PoolsAccess(Construct):
             )
         )
         self._acknowledge(grantee, host=False)
+
+    def grant_dead_letters(self, grantee: iam.IGrantable) -> None:
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=DEAD_LETTER_ACTIONS, resources=[self.dead_letter_queues_arn])
+        )
+        acknowledge(
+            grantee.grant_principal,  # type: ignore[arg-type]
+            f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:"
+            f"{self.queue_prefix}-*-dlq]",
+            "Pools are created at run time, each with its own dead-letter queue; the sweep reads exactly "
+            "the dead-letter queues named with the pools' prefix.",
+        )
 
     def grant_worker(self, grantee: iam.IGrantable) -> None:
         grantee.grant_principal.add_to_principal_policy(

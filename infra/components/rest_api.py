@@ -20,6 +20,32 @@ from infra import constants
 from infra.nag import acknowledge
 
 
+def access_log_format() -> apigw.AccessLogFormat:
+    """The access log line of every stage: JSON, the caller and what they asked for."""
+    return apigw.AccessLogFormat.json_with_standard_fields(
+        caller=True,
+        http_method=True,
+        ip=True,
+        protocol=True,
+        request_time=True,
+        resource_path=True,
+        response_length=True,
+        status=True,
+        user=True,
+    )
+
+
+def iam5_finding(api: apigw.RestApi, method: str, path: str) -> str:
+    """How cdk-nag names a wildcard route of ``api``'s deployed stage in an identity policy."""
+    stack = Stack.of(api)
+    api_id = stack.get_logical_id(api.node.default_child)  # type: ignore[arg-type]
+    stage = stack.get_logical_id(api.deployment_stage.node.default_child)  # type: ignore[arg-type]
+    return (
+        "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
+        f"<{api_id}>/<{stage}>/{method}{path}]"
+    )
+
+
 class ControlPlaneApi(Construct):
     """API Gateway REST API -> the API function (proxy), with access logs and throttling.
 
@@ -39,6 +65,9 @@ class ControlPlaneApi(Construct):
         organization_id: str | None = None,
         create_cloudwatch_role: bool = False,
     ) -> None:
+        """``create_cloudwatch_role``: CDK's own account-wide role, set whatever the account
+        had; otherwise the stack's ApiGatewayAccountRole (infra/components/apigateway_account.py)
+        sees to it, or the admin does."""
         super().__init__(scope, construct_id)
         self.access_logs = logs.LogGroup(
             self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
@@ -61,17 +90,7 @@ class ControlPlaneApi(Construct):
             deploy_options=apigw.StageOptions(
                 stage_name=constants.API_STAGE_NAME,
                 access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
-                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
-                    caller=True,
-                    http_method=True,
-                    ip=True,
-                    protocol=True,
-                    request_time=True,
-                    resource_path=True,
-                    response_length=True,
-                    status=True,
-                    user=True,
-                ),
+                access_log_format=access_log_format(),
                 logging_level=apigw.MethodLoggingLevel.ERROR,
                 data_trace_enabled=False,
                 tracing_enabled=True,
@@ -166,13 +185,7 @@ class ControlPlaneApi(Construct):
         return policy
 
     def _iam5_finding(self, method: str, path: str) -> str:
-        stack = Stack.of(self)
-        api_id = stack.get_logical_id(self.api.node.default_child)  # type: ignore[arg-type]
-        stage = stack.get_logical_id(self.api.deployment_stage.node.default_child)  # type: ignore[arg-type]
-        return (
-            "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:execute-api:<AWS::Region>:<AWS::AccountId>:"
-            f"<{api_id}>/<{stage}>/{method}{path}]"
-        )
+        return iam5_finding(self.api, method, path)
 
     def grant_invoke(
         self, grantee: iam.IGrantable, *, method: str, path: str, wildcard_reason: str | None = None

@@ -22,15 +22,19 @@ from calque.settings import ApiSettings
 from infra import constants
 from infra.components.admin_pins import AdminPins
 from infra.components.alarms import OperationsAlarms
+from infra.components.apigateway_account import ApiGatewayAccountRole
+from infra.components.fleet_network import FleetNetwork, FleetNetworkConfig
 from infra.components.host_agent import HostAgent
+from infra.components.host_report_api import HostReportApi
 from infra.components.pools import PoolsAccess
 from infra.components.python_packaging import PythonPackaging
 from infra.components.registry_table import RegistryTable
-from infra.components.rest_api import ControlPlaneApi
+from infra.components.rest_api import ControlPlaneApi, iam5_finding
 from infra.components.schedule import Schedule
 from infra.components.service_function import ServiceFunction
 from infra.components.work_queue import WorkQueue
 from infra.config import DeploymentConfig
+from infra.nag import acknowledge
 
 # Our own code shipped to every function (its dependencies travel in a layer).
 _LAMBDA_PACKAGES = ("calque", "functions")
@@ -86,8 +90,15 @@ class ServiceStack(Stack):
             handler=self.functions["api"].function,
             log_retention=_LOG_RETENTION,
             organization_id=config.organization_id,
-            create_cloudwatch_role=config.create_apigateway_cloudwatch_role,
+            create_cloudwatch_role=config.apigateway_cloudwatch_role == "create",
         )
+        self.fleet_network = FleetNetwork(
+            self, "FleetNetwork", config=FleetNetworkConfig.from_context(self.node)
+        )
+        self.host_api = self._host_report_api(config)
+        # Where hosts (the agent, pool workers) report: the private API their network reaches.
+        self.host_endpoint = self.host_api.url if self.host_api is not None else self.api.url
+        self._apigateway_account(config)
         self.queues = {
             queue.id: WorkQueue(
                 self,
@@ -111,13 +122,11 @@ class ServiceStack(Stack):
             "HostAgent",
             project_root=project_root,
             cache_dir=config.bundle_cache_dir,
-            report_endpoint=self.api.url,
+            report_endpoint=self.host_endpoint,
         )
-        self.api.grant_invoke(
-            self.host_agent.role,
-            method=constants.HOST_REPORT_METHOD,
-            path=constants.HOST_REPORT_PATH,
-            wildcard_reason="The wildcard is the {instance_id} segment of the report route, which exists "
+        self._grant_report(
+            constants.HOST_REPORT_PATH,
+            "The wildcard is the {instance_id} segment of the report route, which exists "
             "for every host; the API accepts a report only from the instance the path names.",
         )
         # The host role's sessions may call the report routes (the agent's, and the pool
@@ -132,7 +141,7 @@ class ServiceStack(Stack):
             ),
         )
         self._add_pools()
-        self._add_fleet()
+        self._add_fleet(config)
         self._wire_functions()
         self._outputs()
         self._fleet_outputs()
@@ -176,7 +185,9 @@ class ServiceStack(Stack):
                 environment={resources.ENV_SSM_DOCUMENT_NAME: self.host_agent.document_name},
                 grant=self.host_agent.grant_send_command,
             ),
-            "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.api.url}),
+            "ssm_invocations": _Binding(environment={}, grant=self.host_agent.grant_read_invocations),
+            # Where the host agent and pool workers report (host_tasks and the scaler send it).
+            "api_endpoint": _Binding(environment={resources.ENV_API_ENDPOINT: self.host_endpoint}),
         }
         # Tenants isolated on the host: check-out's connect command names the session document.
         bindings["session_document"] = _Binding(
@@ -195,6 +206,10 @@ class ServiceStack(Stack):
                 environment={resources.ENV_POOL_QUEUE_PREFIX: self.pools.queue_prefix},
                 grant=self.pools.grant_control,
             )
+            bindings["pool_dead_letters"] = _Binding(
+                environment={resources.ENV_POOL_QUEUE_PREFIX: self.pools.queue_prefix},
+                grant=self.pools.grant_dead_letters,
+            )
         bindings.update(self._fleet_bindings())
         return bindings
 
@@ -208,11 +223,9 @@ class ServiceStack(Stack):
         )
         self.pools.grant_worker(self.host_agent.role)
         for path in (constants.POOL_CLAIM_REPORT_PATH, constants.POOL_WORKER_REPORT_PATH):
-            self.api.grant_invoke(
-                self.host_agent.role,
-                method=constants.HOST_REPORT_METHOD,
-                path=path,
-                wildcard_reason="The wildcards are the {name}, {claim_id} and {worker_id} segments of the "
+            self._grant_report(
+                path,
+                "The wildcards are the {name}, {claim_id} and {worker_id} segments of the "
                 "pool report routes; the API accepts a report only from a worker of that pool, on the "
                 "instance the report names.",
             )
@@ -297,20 +310,79 @@ class ServiceStack(Stack):
             topic_arn=config.alarm_topic_arn,
         )
 
+    # ---- how hosts reach the API, and the account's API Gateway logging role --------------------
+
+    def _host_report_api(self, config: DeploymentConfig) -> HostReportApi | None:
+        """A private API for the reports where the fleet network has an execute-api endpoint
+        (which reaches private APIs only); else hosts report to the public API."""
+        network = self.fleet_network
+        if network.execute_api_endpoint_id is None:
+            return None
+        paths = [constants.HOST_REPORT_PATH]
+        if self.artifacts is not None:
+            paths += [constants.POOL_CLAIM_REPORT_PATH, constants.POOL_WORKER_REPORT_PATH]
+        return HostReportApi(
+            self,
+            "HostReportApi",
+            handler=self.functions["api"].function,
+            endpoint_id=network.execute_api_endpoint_id,
+            endpoint=network.execute_api_endpoint,
+            report_paths=paths,
+            log_retention=_LOG_RETENTION,
+            organization_id=config.organization_id,
+        )
+
+    def _grant_report(self, path: str, reason: str) -> None:
+        """The host role may call ``POST path`` on the API hosts report to."""
+        role = self.host_agent.role
+        if self.host_api is None:
+            self.api.grant_invoke(
+                role, method=constants.HOST_REPORT_METHOD, path=path, wildcard_reason=reason
+            )
+            return
+        self.host_api.grant_report(role, path)
+        acknowledge(role, iam5_finding(self.host_api.api, constants.HOST_REPORT_METHOD, path), reason)
+
+    def _apigateway_account(self, config: DeploymentConfig) -> None:
+        stages = [self.api.api.deployment_stage]
+        if self.host_api is not None:
+            stages.append(self.host_api.api.deployment_stage)
+        if config.apigateway_cloudwatch_role == "auto":
+            account = ApiGatewayAccountRole(self, "ApiGatewayAccountRole", log_retention=_LOG_RETENTION)
+            for stage in stages:
+                account.before(stage)
+            outcome = account.outcome
+        elif config.apigateway_cloudwatch_role == "create":
+            for stage in stages[1:]:  # CDK's own account setting comes before the public stage
+                stage.node.add_dependency(stages[0])
+            outcome = f"set this stack's role ({constants.CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE}=true)"
+        else:
+            outcome = f"left as the account has it ({constants.CONTEXT_APIGATEWAY_CLOUDWATCH_ROLE}=false)"
+        CfnOutput(
+            self,
+            constants.OUTPUT_APIGATEWAY_CLOUDWATCH_ROLE,
+            value=outcome,
+            description="What this deploy did with API Gateway's account-wide CloudWatch role",
+        )
+        CfnOutput(
+            self,
+            constants.OUTPUT_HOST_REPORT_ENDPOINT,
+            value=self.host_endpoint,
+            description="Where hosts report: the private API their network reaches, or the public one",
+        )
+
     # ---- the fleet (layer 0) ---------------------------------------------------------------------
 
-    def _add_fleet(self) -> None:
-        from infra.components.fleet import FleetLaunch, FleetNetwork, FleetNetworkConfig
+    def _add_fleet(self, config: DeploymentConfig) -> None:
+        from infra.components.fleet import FleetLaunch
 
-        self.fleet_network = FleetNetwork(
-            self, "FleetNetwork", config=FleetNetworkConfig.from_context(self.node)
-        )
         self.fleet = FleetLaunch(
             self,
             "Fleet",
             network=self.fleet_network,
             host_role=self.host_agent.role,
             instance_profile=self.host_agent.instance_profile,
+            ebs_kms_key_arn=config.fleet_ebs_kms_key_arn,
         )
         for rule in resources.EVENT_RULES:
             self.fleet.add_event_rule(rule, self.functions[rule.target].function)

@@ -64,31 +64,35 @@ def test_every_api_method_requires_iam_authorization(synthesized: Synthesized) -
     # Then each one demands a SigV4-signed caller
     assert {m["Properties"]["AuthorizationType"] for m in methods} == {"AWS_IAM"}
     template = synthesized.service_json
-    (proxy,) = [
+    # (the public API and the hosts' private report API alike)
+    proxies = [
         r
         for r in resources_of(template, "AWS::ApiGateway::Resource")
         if r["Properties"]["PathPart"] == "{proxy+}"
     ]
+    assert len(proxies) == len(resources_of(template, "AWS::ApiGateway::RestApi")) == 2
     resource_ids = [
         json.dumps(m["Properties"]["ResourceId"]) for m in methods if m["Properties"]["HttpMethod"] == "ANY"
     ]
-    assert json.dumps({"Ref": _logical_id_of(template, proxy)}) in resource_ids
-    assert any("RootResourceId" in r for r in resource_ids)
+    for proxy in proxies:
+        assert json.dumps({"Ref": _logical_id_of(template, proxy)}) in resource_ids
+    assert sum("RootResourceId" in r for r in resource_ids) == 2
 
 
 def test_api_stage_logs_access_and_is_throttled(synthesized: Synthesized) -> None:
-    # Given the deployed stage
+    # Given the deployed stages (the public API's and the hosts' private report API's)
     stages = resources_of(synthesized.service_json, "AWS::ApiGateway::Stage")
-    assert len(stages) == 1
-    props = stages[0]["Properties"]
-    assert props["StageName"] == constants.API_STAGE_NAME
-    # Then access logs go to a log group of this stack, and every method is throttled
-    template = synthesized.service_json
-    named = _refs(props["AccessLogSetting"]["DestinationArn"]) & set(template["Resources"])
-    assert [template["Resources"][r]["Type"] for r in named] == ["AWS::Logs::LogGroup"]
-    assert "$context.identity.caller" in props["AccessLogSetting"]["Format"]
-    settings = props["MethodSettings"]
-    assert all(s["ThrottlingRateLimit"] > 0 and s["ThrottlingBurstLimit"] > 0 for s in settings)
+    assert len(stages) == 2
+    for stage in stages:
+        props = stage["Properties"]
+        assert props["StageName"] == constants.API_STAGE_NAME
+        # Then access logs go to a log group of this stack, and every method is throttled
+        template = synthesized.service_json
+        named = _refs(props["AccessLogSetting"]["DestinationArn"]) & set(template["Resources"])
+        assert [template["Resources"][r]["Type"] for r in named] == ["AWS::Logs::LogGroup"]
+        assert "$context.identity.caller" in props["AccessLogSetting"]["Format"]
+        settings = props["MethodSettings"]
+        assert all(s["ThrottlingRateLimit"] > 0 and s["ThrottlingBurstLimit"] > 0 for s in settings)
 
 
 # --- functions -------------------------------------------------------------------------------------
@@ -240,6 +244,7 @@ def test_only_xray_statements_use_a_wildcard_resource(synthesized: Synthesized) 
         assert set(_as_list(statement["Action"])) <= {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} | {
             # the fleet's reads of EC2 and SSM state, which have no resource-level permissions either
             "ec2:DescribeInstances",
+            "ec2:DescribeImages",
             "ec2:DescribeSubnets",
             "ec2:DescribeSpotPriceHistory",
             "ssm:DescribeInstanceInformation",
