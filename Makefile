@@ -42,7 +42,7 @@ run: install
 	$(VENV)/bin/calque local up $(ARGS)
 
 # The whole suite, as CI runs it; --durations lists the slowest tests after the summary.
-test: install host-tools
+test: install host-tools scan-tools
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The unit tests alone, for the edit-test loop (no network, no plane, no synth).
@@ -54,14 +54,21 @@ test-unit: test-fast
 test-integration: install host-tools
 	$(PY) -m pytest -m integration $(XDIST) --durations=25 $(PYTEST_ARGS)
 
-test-infra: install
+test-infra: install scan-tools
 	$(PY) -m pytest -m infra $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # checkov in its own environment: it pins boto3/botocore older than the project's. The infra
 # tests find it at .tools-venv/bin/checkov (or $CHECKOV) and run it over the templates.
+# checkov lives in a venv of its own: it pins boto3/botocore below what the product needs.
+SCAN_STAMP := .tools-venv/.installed-stamp
+$(SCAN_STAMP):
+	$(PYTHON) -m venv .tools-venv
+	.tools-venv/bin/pip install --quiet checkov 2>&1 | grep -v "^WARNING: Location" || true
+	.tools-venv/bin/checkov --version >/dev/null
+	touch $(SCAN_STAMP)
+
 .PHONY: scan-tools
-scan-tools:
-	$(PYTHON) -m venv .tools-venv && .tools-venv/bin/pip install --quiet checkov
+scan-tools: $(SCAN_STAMP)
 
 # Read-only checks against a real GPU through NVML (needs a driver).
 test-gpu: install
