@@ -77,6 +77,34 @@ def check_key(key: str) -> str:
     return key
 
 
+def run_checked(
+    run: Callable[..., subprocess.CompletedProcess],
+    argv: tuple[str, ...],
+    *,
+    ok: tuple[int, ...] = (0,),
+    code: str = "host_command_failed",
+) -> subprocess.CompletedProcess:
+    """A host command, its failure a GpuError naming the command and what it said."""
+    try:
+        res = run(list(argv), capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise GpuError(f"{argv[0]} is not installed on this host", code="host_tool_missing") from None
+    if res.returncode not in ok:
+        raise GpuError(
+            f"{' '.join(argv[:3])} failed: {(res.stderr or res.stdout).strip()[:200]}",
+            code=code,
+            details={"argv": list(argv), "returncode": res.returncode},
+        )
+    return res
+
+
+def _procs(path: Path) -> list[int]:
+    try:
+        return [int(x) for x in path.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
 class Confiner(Protocol):
     def create(self, c: Confinement) -> None: ...
     def join(self, key: str, pid: int) -> None: ...
@@ -133,11 +161,7 @@ class CgroupV1:
             self._write(self._dir(controller, key) / "cgroup.procs", str(pid))
 
     def pids(self, key: str) -> list[int]:
-        try:
-            text = (self._dir("freezer", key) / "cgroup.procs").read_text()
-        except FileNotFoundError:
-            return []
-        return [int(x) for x in text.split()]
+        return _procs(self._dir("freezer", key) / "cgroup.procs")
 
     def _freeze(self, key: str, state: str) -> None:
         path = self._dir("freezer", key) / "freezer.state"
@@ -236,14 +260,7 @@ class SystemdSlices:
         return f"calque-{check_key(key)}.slice"
 
     def _cmd(self, *argv: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
-        res = self._run(list(argv), capture_output=True, text=True, timeout=60, check=False)
-        if res.returncode not in ok:
-            raise GpuError(
-                f"{' '.join(argv[:3])} failed: {(res.stderr or res.stdout).strip()[:200]}",
-                code="cgroup_failed",
-                details={"argv": list(argv), "returncode": res.returncode},
-            )
-        return res
+        return run_checked(self._run, argv, ok=ok, code="cgroup_failed")
 
     def unit_text(self, c: Confinement) -> str:
         quota = max(1, c.limits.cpu_millis // 10)
@@ -276,11 +293,7 @@ class SystemdSlices:
         (self._cgroup(key) / "cgroup.procs").write_text(str(pid))
 
     def pids(self, key: str) -> list[int]:
-        try:
-            text = (self._cgroup(key) / "cgroup.procs").read_text()
-        except FileNotFoundError:
-            return []
-        return [int(x) for x in text.split()]
+        return _procs(self._cgroup(key) / "cgroup.procs")
 
     def kill(self, key: str) -> list[int]:
         if not self.exists(key):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from host_agent import accounts
-from host_agent.confine import Confinement, Confiner, detect
+from host_agent.confine import Confinement, Confiner, detect, run_checked
 from host_agent.errors import GpuError
 from host_agent.tenants import DEFAULT_STATE_DIR, IMDS_RULE
 
@@ -56,17 +56,7 @@ class LinuxHost:
         return self._confiner
 
     def _cmd(self, *argv: str, ok: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
-        try:
-            res = self._run(list(argv), capture_output=True, text=True, timeout=60, check=False)
-        except FileNotFoundError:
-            raise GpuError(f"{argv[0]} is not installed on this host", code="host_tool_missing") from None
-        if res.returncode not in ok:
-            raise GpuError(
-                f"{' '.join(argv[:2])} failed: {(res.stderr or res.stdout).strip()[:200]}",
-                code="host_command_failed",
-                details={"argv": list(argv), "returncode": res.returncode},
-            )
-        return res
+        return run_checked(self._run, argv, ok=ok)
 
     # accounts
     def _exists(self, name: str) -> bool:
@@ -196,18 +186,7 @@ class LinuxHost:
             ) from None
 
     def cap_owner(self, minor: int) -> str:
-        try:
-            st = os.stat(self._cap_path(minor))
-        except FileNotFoundError:
-            return "anyone"  # nvidia-modprobe would create it with the driver's default mode
-        if st.st_mode & stat.S_IROTH:
-            return "anyone"
-        if st.st_uid == 0:
-            return "root"
-        try:
-            return pwd.getpwuid(st.st_uid).pw_name
-        except KeyError:
-            return str(st.st_uid)
+        return _node_owner(self._cap_path(minor))  # missing: nvidia-modprobe makes it open to all
 
     def may_open(self, account: str, minor: int) -> bool:
         st = os.stat(self._cap_path(minor))
@@ -221,18 +200,7 @@ class LinuxHost:
         return self.dev / f"nvidia{minor}"
 
     def gpu_node_owner(self, minor: int) -> str:
-        try:
-            st = os.stat(self._gpu_node(minor))
-        except FileNotFoundError:
-            return "anyone"  # nvidia-modprobe creates it with the driver's 0666
-        if st.st_mode & stat.S_IROTH:
-            return "anyone"
-        if st.st_uid == 0:
-            return "root"
-        try:
-            return pwd.getpwuid(st.st_uid).pw_name
-        except KeyError:
-            return str(st.st_uid)
+        return _node_owner(self._gpu_node(minor))  # missing: nvidia-modprobe makes it 0666
 
     def set_gpu_node_owner(self, minor: int, owner: str) -> None:
         path = self._gpu_node(minor)
@@ -349,6 +317,23 @@ class LinuxHost:
             return None
         m = re.search(r"^ModifyDeviceFiles:\s*(\d+)", text, re.MULTILINE)
         return None if m is None else m.group(1) != "0"
+
+
+def _node_owner(path: Path) -> str:
+    """Who may open a device file: "anyone" (the driver's default, also when it is not made
+    yet), "root", or the one account that owns it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "anyone"
+    if st.st_mode & stat.S_IROTH:
+        return "anyone"
+    if st.st_uid == 0:
+        return "root"
+    try:
+        return pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        return str(st.st_uid)
 
 
 def _hidepid(mounts: Path) -> bool:
