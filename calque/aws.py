@@ -172,3 +172,25 @@ def _single_try_client(service: str, region: str, endpoint: str | None) -> Any:
         kwargs["endpoint_url"] = endpoint
     with _LOCK:
         return _session().create_client(service, **kwargs)
+
+
+# How long a presigned URL of the host agent's bundle stays good: longer than SSM may take
+# to deliver a command (TimeoutSeconds) plus the step's own run before it downloads.
+AGENT_BUNDLE_URL_EXPIRES_S = 3 * 3600
+
+
+def agent_bundle_url() -> str | None:
+    """A presigned GET of the host agent's bundle (``CALQUE_AGENT_BUNDLE``, s3://bucket/key),
+    sent with every host-agent command so the step can install a version it lacks; None
+    where no bundle is configured (the local plane's hosts run the agent in place)."""
+    from calque.resources import ENV_AGENT_BUNDLE
+
+    where = os.environ.get(ENV_AGENT_BUNDLE, "")
+    if not where.startswith("s3://") or "/" not in where[5:]:
+        return None
+    bucket, key = where[5:].split("/", 1)
+    return str(
+        client("s3").generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=AGENT_BUNDLE_URL_EXPIRES_S
+        )
+    )

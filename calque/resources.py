@@ -101,6 +101,8 @@ ENV_TABLE_NAME = "CALQUE_TABLE_NAME"
 ENV_ADMINS = "CALQUE_ADMINS"
 ENV_HOST_TASKS_QUEUE_URL = "CALQUE_HOST_TASKS_QUEUE_URL"
 ENV_SSM_DOCUMENT_NAME = "CALQUE_SSM_DOCUMENT_NAME"
+# Where the host agent's bundle is (s3://bucket/key): whoever sends the document presigns it.
+ENV_AGENT_BUNDLE = "CALQUE_AGENT_BUNDLE"
 ENV_HOST_ROLE_NAME = "CALQUE_HOST_ROLE_NAME"
 ENV_API_ENDPOINT = "CALQUE_API_ENDPOINT"
 ENV_LOCAL_MODE = "CALQUE_LOCAL_MODE"
@@ -156,12 +158,15 @@ class SsmDocumentParameters(NamedTuple):
     token_sha256: str = "tokenSha256"  # grant: the session token's hash, which login checks  # noqa: S105 (a parameter name)
     worker_action: str = "workerAction"  # worker: start | stop | status (a warm pool's workers)
     worker: str = "worker"  # worker start: the pool's worker document, JSON (host_agent/pool_workers.py)
+    # A presigned GET of the agent's bundle: the step downloads it only when that version is
+    # not installed yet; empty where the bundle is already on the machine (the local plane).
+    bundle_url: str = "bundleUrl"
 
 
 SSM_DOCUMENT_PARAMETERS = SsmDocumentParameters()
-# The document's step that runs the host agent (after the step that downloads it): how a
-# command ended on an instance is read for this step (GetCommandInvocation's PluginName,
-# required for a document of more than one step).
+# The document's step that runs the host agent (it downloads the bundle first when that
+# version is not installed): how a command ended on an instance is read for this step
+# (GetCommandInvocation's PluginName).
 HOST_AGENT_STEP = "runAgent"
 HOST_AGENT_VERBS: tuple[str, ...] = ("apply", "assert", "export", "inventory", "reclaim", "report", "grant")
 HOST_AGENT_VERBS += ("worker",)  # warm pools: start, stop, list a pool's workers on the host

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -219,8 +220,10 @@ class SsmWorkerStarter:
         bucket: str,
         poll_wait_s: int = 20,
         delivery_timeout_s: int = START_DELIVERY_TIMEOUT_S,
+        bundle_url: Callable[[], str | None] | None = None,
     ) -> None:
         self.client = client
+        self.bundle_url = bundle_url  # a presigned GET of the agent's bundle, made per command
         self.document_name = document_name
         self.report_to = report_to
         self.bucket = bucket
@@ -239,6 +242,9 @@ class SsmWorkerStarter:
         }
         if pool.layout:
             params[p.spec] = [json.dumps(pool.layout, separators=(",", ":"))]
+        url = self.bundle_url() if self.bundle_url is not None else None
+        if url:
+            params[p.bundle_url] = [url]
         return params
 
     def start(self, pool: Any, instance_id: str, worker_ids: list[str]) -> str:

@@ -55,6 +55,7 @@ def _starter(s: Any) -> Any:
         report_to=s.api_endpoint,
         bucket=s.artifact_bucket,
         poll_wait_s=poll,
+        bundle_url=aws.agent_bundle_url,
     )
 
 

@@ -21,9 +21,11 @@ Task = ApplyTask | ReclaimTask | GrantTask
 DELIVERY_TIMEOUT_S = 120
 
 
-def command_parameters(task: Task, report_to: str) -> dict[str, list[str]]:
+def command_parameters(task: Task, report_to: str, bundle_url: str | None = None) -> dict[str, list[str]]:
     p = SSM_DOCUMENT_PARAMETERS
     params: dict[str, list[str]] = {p.verb: [str(task.kind)], p.report_to: [report_to]}
+    if bundle_url:
+        params[p.bundle_url] = [bundle_url]
     if isinstance(task, ApplyTask):
         params[p.spec] = [json.dumps(task.spec, separators=(",", ":"))]
     else:
@@ -35,7 +37,9 @@ def command_parameters(task: Task, report_to: str) -> dict[str, list[str]]:
     return params
 
 
-def send_host_command(ssm: Any, task: Task, *, document_name: str, report_to: str) -> str:
+def send_host_command(
+    ssm: Any, task: Task, *, document_name: str, report_to: str, bundle_url: str | None = None
+) -> str:
     """Send the task to its instance; returns the SSM command id. A failure raises, so the
     message is retried and, after its retries, lands in the queue's DLQ."""
     comment = f"calque {task.kind}" + (
@@ -44,7 +48,7 @@ def send_host_command(ssm: Any, task: Task, *, document_name: str, report_to: st
     out = ssm.send_command(
         InstanceIds=[task.instance_id],
         DocumentName=document_name,
-        Parameters=command_parameters(task, report_to),
+        Parameters=command_parameters(task, report_to, bundle_url),
         Comment=comment[:100],
         TimeoutSeconds=DELIVERY_TIMEOUT_S,
     )

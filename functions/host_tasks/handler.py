@@ -43,7 +43,11 @@ def record_handler(record: Any) -> str:
     task = record.body
     s = host_tasks_settings()
     command_id = send_host_command(
-        aws.client("ssm"), task, document_name=s.ssm_document_name, report_to=s.api_endpoint
+        aws.client("ssm"),
+        task,
+        document_name=s.ssm_document_name,
+        report_to=s.api_endpoint,
+        bundle_url=aws.agent_bundle_url(),
     )
     logger.info(
         "host command sent",

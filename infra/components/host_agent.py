@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aws_cdk import Aws, Fn, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_ssm as ssm
@@ -169,6 +169,7 @@ _USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.S
 _SESSION_USER = r"^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
 _SHA256 = r"^([0-9a-f]{64})?$"
 _WORKER_ACTION = r"^(start|stop|status)?$"
+_BUNDLE_URL = r"^(https://[^']*)?$"  # an S3 presigned URL (never pasted into the script)
 
 
 def run_agent_script(*, version: str, download_dir: str, root: str = constants.HOST_AGENT_ROOT) -> list[str]:
@@ -185,6 +186,7 @@ def run_agent_script(*, version: str, download_dir: str, root: str = constants.H
         "__P_TOKEN__": p.token_sha256,
         "__P_WACTION__": p.worker_action,
         "__P_WORKER__": p.worker,
+        "__P_BUNDLE__": p.bundle_url,
         "__ROOT__": root,
         "__VERSION__": version,
         "__DOWNLOAD__": download_dir,
@@ -349,19 +351,6 @@ class HostAgent(Construct):
         p = SSM_DOCUMENT_PARAMETERS
         download_dir = f"{constants.HOST_AGENT_ROOT}/downloads/{self.bundle.asset_hash}"
         linux = {"StringEquals": ["platformType", "Linux"]}
-        bundle_url = Fn.join(
-            "",
-            [
-                "https://",
-                self.bundle.s3_bucket_name,
-                ".s3.",
-                Aws.REGION,
-                ".",
-                Aws.URL_SUFFIX,
-                "/",
-                self.bundle.s3_object_key,
-            ],
-        )
         return ssm.CfnDocument(
             self,
             "Document",
@@ -438,18 +427,16 @@ class HostAgent(Construct):
                         "allowedPattern": _ENDPOINT,
                         "interpolationType": "ENV_VAR",
                     },
+                    p.bundle_url: {
+                        "type": "String",
+                        "description": "A presigned GET of the agent's bundle, downloaded only when "
+                        "this version is not installed on the instance.",
+                        "default": "",
+                        "allowedPattern": _BUNDLE_URL,
+                        "interpolationType": "ENV_VAR",
+                    },
                 },
                 "mainSteps": [
-                    {
-                        "action": "aws:downloadContent",
-                        "name": "downloadAgent",
-                        "precondition": linux,
-                        "inputs": {
-                            "sourceType": "S3",
-                            "sourceInfo": Fn.join("", ['{"path":"', bundle_url, '"}']),
-                            "destinationPath": download_dir,
-                        },
-                    },
                     {
                         "action": "aws:runShellScript",
                         "name": HOST_AGENT_STEP,
@@ -465,8 +452,20 @@ class HostAgent(Construct):
             },
         )
 
+    @property
+    def bundle_location(self) -> str:
+        """s3://bucket/key of the agent's bundle, which a sender presigns for the step."""
+        return f"s3://{self.bundle.s3_bucket_name}/{self.bundle.s3_object_key}"
+
     def grant_send_command(self, grantee: iam.IGrantable) -> None:
-        """Run this document, and only on instances tagged as calque hosts."""
+        """Run this document, only on instances tagged as calque hosts, and presign its bundle
+        (a presigned URL carries the signer's own right to read that one object)."""
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject"],
+                resources=[self.bundle.bucket.arn_for_objects(self.bundle.s3_object_key)],
+            )
+        )
         grantee.grant_principal.add_to_principal_policy(
             iam.PolicyStatement(actions=["ssm:SendCommand"], resources=[self.document_arn])
         )

@@ -1,5 +1,6 @@
 # Runs the calque host agent on this instance (an aws:runShellScript step of the
-# calque SSM Command document). The agent bundle was downloaded by the step before.
+# calque SSM Command document). It installs the agent bundle first when this version is not
+# installed yet, from the presigned URL the control plane sends.
 # Placeholders __LIKE_THIS__ are filled at synth from infra/constants.py and
 # calque.resources.SSM_DOCUMENT_PARAMETERS.
 #
@@ -22,6 +23,7 @@ if [ -n "${SSM___P_USER__+x}" ]; then session_user="$SSM___P_USER__"; else sessi
 if [ -n "${SSM___P_TOKEN__+x}" ]; then token_sha256="$SSM___P_TOKEN__"; else token_sha256='{{ __P_TOKEN__ }}'; fi
 if [ -n "${SSM___P_WACTION__+x}" ]; then worker_action="$SSM___P_WACTION__"; else worker_action='{{ __P_WACTION__ }}'; fi
 if [ -n "${SSM___P_WORKER__+x}" ]; then worker_doc="$SSM___P_WORKER__"; else worker_doc='{{ __P_WORKER__ }}'; fi
+if [ -n "${SSM___P_BUNDLE__+x}" ]; then bundle_url="$SSM___P_BUNDLE__"; else bundle_url='{{ __P_BUNDLE__ }}'; fi
 
 root='__ROOT__'
 home="$root/__VERSION__"
@@ -38,11 +40,32 @@ case "$tag" in
     fail "python3 is too old ($tag); the agent needs Python 3.9 or later" ;;
 esac
 
+# The bundle is downloaded only when this version is not installed: from the presigned URL
+# the control plane sends with every command, into the version's own download directory.
+fetch_bundle() {
+  [ -n "$bundle_url" ] || return 0
+  mkdir -p "$download"
+  if [ -n "$(find "$download" -maxdepth 1 -type f -name '*.zip' 2>/dev/null | head -n 1)" ]; then return 0; fi
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS --retry 3 --max-time 600 -o "$download/bundle.zip.part" "$bundle_url" \
+      || fail "could not download the agent bundle (curl: $?)"
+  else
+    python3 -c 'import shutil, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=600) as r, open(sys.argv[2], "wb") as out:
+    shutil.copyfileobj(r, out)' "$bundle_url" "$download/bundle.zip.part" \
+      || fail "could not download the agent bundle"
+  fi
+  mv "$download/bundle.zip.part" "$download/bundle.zip"
+}
+
 install_agent() {
   staging="$home.partial"
+  fetch_bundle
   bundle="$download"
   if [ -d "$bundle" ]; then bundle="$(find "$bundle" -maxdepth 1 -type f -name '*.zip' | head -n 1)"; fi
-  if [ -z "$bundle" ] || [ ! -f "$bundle" ]; then fail "agent bundle not found under $download"; fi
+  if [ -z "$bundle" ] || [ ! -f "$bundle" ]; then
+    fail "agent bundle not found under $download, and no bundle URL was sent to download it"
+  fi
   rm -rf "$staging"
   mkdir -p "$staging"
   python3 -m zipfile -e "$bundle" "$staging/src"

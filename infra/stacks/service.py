@@ -182,7 +182,10 @@ class ServiceStack(Stack):
                 }
             ),
             "ssm_document": _Binding(
-                environment={resources.ENV_SSM_DOCUMENT_NAME: self.host_agent.document_name},
+                environment={
+                    resources.ENV_SSM_DOCUMENT_NAME: self.host_agent.document_name,
+                    resources.ENV_AGENT_BUNDLE: self.host_agent.bundle_location,
+                },
                 grant=self.host_agent.grant_send_command,
             ),
             "ssm_invocations": _Binding(environment={}, grant=self.host_agent.grant_read_invocations),

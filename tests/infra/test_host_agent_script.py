@@ -97,7 +97,10 @@ def _run(
         else:
             script = script.replace("{{ " + name + " }}", value)
     # What SSM Agent pastes for a parameter it did not receive: its default.
-    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256, P.worker_action, P.worker):
+    for name in (
+        P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256, P.worker_action, P.worker,
+        P.bundle_url,
+    ):  # fmt: skip
         script = script.replace("{{ " + name + " }}", "")
     # As SSM Agent does: the lines go to a file, which the shell runs.
     path = tmp_path / "_script.sh"
@@ -187,7 +190,7 @@ def test_runs_started_together_install_the_agent_once(tmp_path_factory, tmp_path
         archive.writestr(f"wheelhouse/{_tag()}.txt", "calque_probe-1.0-py3-none-any.whl\n")
     lines = run_agent_script(version="v1", download_dir=str(root / "downloads"), root=str(root / "agent"))
     script = "\n".join(lines).replace("{{ " + P.verb + " }}", "report")
-    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256, P.bundle_url):
         script = script.replace("{{ " + name + " }}", "")
     procs = []
     for k in range(4):
@@ -362,3 +365,51 @@ def test_worker_without_an_action_or_a_document_is_refused_before_the_agent_runs
     assert no_doc.returncode != 0
     assert "worker document" in no_doc.stderr
     assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_fresh_host_downloads_the_bundle_from_the_url_sent_and_an_installed_one_does_not(
+    tmp_path_factory, tmp_path, shell
+) -> None:
+    # Given a fresh host with nothing downloaded, and the bundle behind a URL
+    served = tmp_path_factory.mktemp("bucket") / "bundle.zip"
+    with zipfile.ZipFile(served, "w") as archive:
+        archive.writestr("host_agent/__init__.py", "")
+        archive.writestr("host_agent/__main__.py", _FAKE_MAIN)
+        archive.writestr("wheelhouse/files/calque_probe-1.0-py3-none-any.whl", _probe_wheel())
+        archive.writestr(f"wheelhouse/{_tag()}.txt", "calque_probe-1.0-py3-none-any.whl\n")
+    root = tmp_path_factory.mktemp("fresh-host")
+
+    def step(url: str) -> subprocess.CompletedProcess:
+        lines = run_agent_script(version="v1", download_dir=str(root / "downloads"), root=str(root / "agent"))
+        script = "\n".join(lines).replace("{{ " + P.verb + " }}", "report")
+        for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
+            script = script.replace("{{ " + name + " }}", "")
+        (tmp_path / "s.sh").write_text(script + "\n")
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "AWS_SSM_INSTANCE_ID": "i-0abc",
+            "CALQUE_TEST_RECORD": str(tmp_path / "record.json"),
+            f"SSM_{P.bundle_url}": url,
+        }
+        return subprocess.run(
+            [shell, str(tmp_path / "s.sh")], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+
+    # When the first command comes with the URL (curl reads file:// as it reads https://)
+    first = step(served.as_uri())
+    # Then the agent is downloaded, installed and run
+    assert first.returncode == 0, first.stderr
+    assert (root / "downloads" / "bundle.zip").read_bytes() == served.read_bytes()
+    assert json.loads((tmp_path / "record.json").read_text())["probe"]
+    # And a later command, with a URL that no longer answers, runs the installed agent at once
+    served.unlink()
+    again = step(served.as_uri())
+    assert again.returncode == 0, again.stderr
+    # And a fresh host sent no URL says what is missing
+    (root / "downloads" / "bundle.zip").unlink()
+    shutil.rmtree(root / "agent")
+    missing = step("")
+    assert missing.returncode == 2
+    assert "no bundle URL was sent" in missing.stderr

@@ -428,20 +428,32 @@ def test_the_pool_scaler_may_start_workers_with_the_document_and_knows_where_the
     assert "ssm_document" in resources.FUNCTION_WIRING["pool_scaler"]
 
 
-def test_ssm_document_downloads_the_bundle_then_runs_the_agent(synthesized: Synthesized) -> None:
-    # Given the document's steps
-    steps = _document(synthesized.service_json)["Content"]["mainSteps"]
-    # Then it first downloads the agent bundle from S3, then runs `python -m host_agent`
-    assert [s["action"] for s in steps] == ["aws:downloadContent", "aws:runShellScript"]
-    assert steps[0]["inputs"]["sourceType"] == "S3"
-    assert ".zip" in json.dumps(steps[0]["inputs"]["sourceInfo"])
-    script = "\n".join(steps[1]["inputs"]["runCommand"])
+def test_ssm_document_downloads_the_bundle_only_when_its_version_is_missing(synthesized: Synthesized) -> None:
+    # Given the document
+    content = _document(synthesized.service_json)["Content"]
+    steps = content["mainSteps"]
+    # Then it is one step, which runs `python -m host_agent`: no download on every command
+    assert [s["action"] for s in steps] == ["aws:runShellScript"]
+    script = "\n".join(steps[0]["inputs"]["runCommand"])
     assert "-m host_agent" in script
     assert "--report-to" in script
     assert "--instance-id" in script
-    # And the step that runs it has the name the pool scaler reads a command's outcome by
-    # (GetCommandInvocation's PluginName, required for a document of several steps)
-    assert steps[1]["name"] == resources.HOST_AGENT_STEP
+    # And the bundle comes from a presigned URL the sender passes, fetched only by the install
+    bundle = content["parameters"][resources.SSM_DOCUMENT_PARAMETERS.bundle_url]
+    assert bundle["default"] == ""
+    assert bundle["interpolationType"] == "ENV_VAR"
+    assert "installed() ||" in script or "if ! installed" in script
+    assert script.index("fetch_bundle()") < script.index("install_agent()")
+    # And the step has the name the pool scaler reads a command's outcome by (PluginName)
+    assert steps[0]["name"] == resources.HOST_AGENT_STEP
+    # And whoever sends the document knows where the bundle is and may presign it
+    for handler in ("host_tasks", "pool_scaler"):
+        (function,) = [
+            f
+            for f in resources_of(synthesized.service_json, "AWS::Lambda::Function")
+            if handler in json.dumps(f["Properties"].get("Handler", ""))
+        ]
+        assert resources.ENV_AGENT_BUNDLE in function["Properties"]["Environment"]["Variables"], handler
 
 
 def test_outputs_have_stable_names(synthesized: Synthesized) -> None:

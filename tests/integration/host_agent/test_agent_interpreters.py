@@ -95,7 +95,7 @@ def _ssm_run(
         link.symlink_to(python)
     script = "\n".join(run_agent_script(version="v1", download_dir=str(downloads), root=str(root / "agent")))
     script = script.replace("{{ " + P.verb + " }}", verb)
-    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256):
+    for name in (P.spec, P.slice_id, P.report_to, P.fence, P.user, P.token_sha256, P.bundle_url):
         script = script.replace("{{ " + name + " }}", "")
     (root / "step.sh").write_text(script + "\n")
     if env is None:

@@ -541,6 +541,21 @@ def test_the_worker_document_is_what_the_host_agent_accepts():
     doc = WorkerDoc.parse(params[P.worker][0])
     assert doc.pool == "small"
     assert doc.package == {"bucket": "art", "key": "pools/small/package/ab.zip"}
+    assert P.bundle_url not in params  # no bundle to name: nothing sent
+
+
+def test_a_worker_start_carries_a_fresh_url_of_the_agents_bundle():
+    urls = iter(["https://b.s3.amazonaws.com/x.zip?sig=1", "https://b.s3.amazonaws.com/x.zip?sig=2"])
+    starter = SsmWorkerStarter(
+        FakeSsm(), document_name="d", report_to="u", bucket="art", bundle_url=lambda: next(urls)
+    )
+    pool = make().store.get_pool("small")
+    first = starter.parameters(pool, ["w-1-0"])[P.bundle_url]
+    second = starter.parameters(pool, ["w-1-0"])[P.bundle_url]
+    assert (first, second) == (
+        ["https://b.s3.amazonaws.com/x.zip?sig=1"],
+        ["https://b.s3.amazonaws.com/x.zip?sig=2"],
+    )
 
 
 @dataclass

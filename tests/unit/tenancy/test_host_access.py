@@ -217,6 +217,36 @@ def test_a_grant_task_becomes_the_documents_grant_parameters():
     assert send_host_command(ssm, task, document_name="doc", report_to="https://api.example/prod/") == "c-1"
     assert ssm.calls[0]["InstanceIds"] == [HOST]
     assert ssm.calls[0]["Comment"] == "calque grant g0-1g.24gb-0 (fence 3)"
+    # SSM gives up delivering it after a while instead of running it up to an hour late
+    assert ssm.calls[0]["TimeoutSeconds"] == 120
+    # and without a bundle to name (the local plane) no URL is sent
+    assert "bundleUrl" not in ssm.calls[0]["Parameters"]
+
+
+def test_a_command_carries_a_presigned_url_of_the_agents_bundle(monkeypatch):
+    import boto3
+    from moto import mock_aws
+
+    from calque import aws
+    from calque.resources import ENV_AGENT_BUNDLE
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv(ENV_AGENT_BUNDLE, "s3://assets-bucket/abc123.zip")
+    with mock_aws():
+        aws.clear_caches()
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="assets-bucket")
+        url = aws.agent_bundle_url()
+    aws.clear_caches()
+    assert url is not None
+    assert url.startswith("https://assets-bucket.s3.amazonaws.com/abc123.zip?")
+    assert "X-Amz-Expires=10800" in url or "Expires=" in url
+    task = GrantTask(
+        instance_id=HOST, slice_id="g0-1g.24gb-0", fence=3, user="calque-0123456789ab", token_sha256="a" * 64
+    )
+    params = command_parameters(task, "https://api.example/prod/", url)
+    assert params["bundleUrl"] == [url]
+    monkeypatch.delenv(ENV_AGENT_BUNDLE)
+    assert aws.agent_bundle_url() is None
 
 
 def test_a_grant_task_refuses_an_account_or_hash_the_host_would_not_take():
