@@ -245,9 +245,9 @@ def _backend(args: argparse.Namespace):
         return backend, backend.instance_type, save
     from host_agent.nvml import NvmlBackend
 
-    backend = NvmlBackend(mps_root=mps_root, allow_changes=not args.read_only, state_dir=_state_dir(args))
-    backend.host = _linux_host(args)
-    return backend, None, (lambda: None)
+    nvml = NvmlBackend(mps_root=mps_root, allow_changes=not args.read_only, state_dir=_state_dir(args))
+    nvml.host = _linux_host(args)
+    return nvml, None, (lambda: None)
 
 
 def _state_dir(args: argparse.Namespace) -> str:

@@ -60,8 +60,9 @@ class FakeGpuBackend:
         self.calls: list[str] = []  # mutating calls in order, for tests and reports
         self.mps = FakeMps(self)
         self.services = FakeServices(self)
-        self.host = SimulatedHost(self)
-        self.grants = SimulatedGrants(self)
+        # HostAccess and the grants: the simulated host's, or (--host-access linux) this kernel's
+        self.host: Any = SimulatedHost(self)
+        self.grants: Any = SimulatedGrants(self)
         self.read_only = False
         self._open = False  # NVML initialised: inside session(), outside nvml_closed()
 
