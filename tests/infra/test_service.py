@@ -400,6 +400,7 @@ def test_ssm_document_takes_the_shared_parameter_names(synthesized: Synthesized)
         p.token_sha256,
         p.worker_action,
         p.worker,
+        p.bundle_url,
     }
     assert set(parameters) == every
     assert parameters[p.verb]["allowedValues"] == list(resources.HOST_AGENT_VERBS)
