@@ -464,7 +464,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "guard":
             from host_agent.guard import guard
 
-            return guard(_linux_host(args), install=args.install, output=args.output)
+            return guard(
+                _linux_host(args),
+                grants=GrantStore(f"{_state_dir(args)}/grants.json"),
+                install=args.install,
+                output=args.output,
+            )
         if args.verb == "worker":
             return _worker(args)
         report = run(args)

@@ -85,13 +85,29 @@ def boot_files(*, exec_start: str = AGENT_LAUNCHER) -> list[str]:
     return actions
 
 
-def guard(host, *, install: bool = False, output: str = "json") -> int:
-    """The boot unit's command: the rule and the mount, now; with --install, the files too."""
+def restore_confinements(host, grants) -> list[str]:
+    """Cgroups live in memory: after a reboot each granted session's is made again, as the
+    grant recorded it, before anyone can log in to it."""
+    from host_agent.tenants import confinement_of
+
+    out = []
+    for g in grants.load().values() if grants is not None else []:
+        c = confinement_of(g)
+        if c is not None and not host.confiner.exists(c.key):
+            host.confine(c)
+            out.append(f"made {g.slice_id}'s session cgroup {c.key} again")
+    return out
+
+
+def guard(host, *, grants=None, install: bool = False, output: str = "json") -> int:
+    """The boot unit's command: the rule and the mount, each session's cgroup, now; with
+    --install, the boot files too."""
     actions: list[str] = []
     if host.ensure_imds_rule():
         actions.append("refused the instance metadata service to every account but root")
     if host.ensure_hidepid():
         actions.append("mounted /proc with hidepid=2")
+    actions.extend(restore_confinements(host, grants))
     if install:
         actions.extend(boot_files())
     modifiable = host.device_files_modifiable()

@@ -23,7 +23,7 @@ from host_agent.backend import GpuBackend
 from host_agent.confine import BASE_DEVICES, Confinement, Limits, session_key
 from host_agent.errors import GpuError
 from host_agent.observe import GpuView, read_all, slice_reports, unattributed_clients
-from host_agent.tenants import Grant, check_session_account, mps_account
+from host_agent.tenants import Grant, check_session_account, confinement_record, mps_account
 from host_agent.verb_support import Context, _guard, _report, find_slice
 
 GIB = 1024**3
@@ -212,14 +212,18 @@ def do_grant(
         key = session_key(slice_id)
         limits = session_limits(b, v, s)
         devices = BASE_DEVICES + b.host.device_rules(_gpu_minor(v), caps)
-        b.host.confine(Confinement(key, limits, devices))
+        confinement = Confinement(key, limits, devices)
+        b.host.confine(confinement)
         actions.append(
             f"confined {slice_id}'s session to cgroup {key}: its own GPU device(s) only, "
             f"{limits.memory_bytes // 1024**2} MiB, {limits.pids} processes, "
             f"{limits.cpu_millis / 1000:g} CPUs"
         )
         env = session_env(v, s, v.mps.pipe_directory if v.mps.running else None)
-        grants[slice_id] = Grant(slice_id, acct, s.backend, caps, token_sha256, nodes, fence, key, env)
+        grants[slice_id] = Grant(
+            slice_id, acct, s.backend, caps, token_sha256, nodes, fence, key, env,
+            confinement_record(confinement),
+        )  # fmt: skip
         b.grants.save(grants)
         _record_fence(b, slice_id, fence, ended=False)
         grant = GrantReport(

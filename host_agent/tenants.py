@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from calque.errors import InvalidInput
-from host_agent.confine import Confinement
+from host_agent.confine import Confinement, Limits
 
 SESSION_ACCOUNT = re.compile(r"^calque-[0-9a-f]{12}$")
 IMDS_ADDRESS = "169.254.169.254"
@@ -99,6 +99,8 @@ class Grant:
     fence: int | None = None  # the lease this grant is for
     cgroup: str | None = None  # the session's cgroup key
     env: dict[str, str] = field(default_factory=dict)  # what its login environment gets
+    # the cgroup's limits and devices, so the guard can make it again after a reboot
+    confinement: dict = field(default_factory=dict)
 
 
 def _read_json(path: Path) -> dict:
@@ -149,3 +151,24 @@ def grant_from_json(v: dict) -> Grant:
 
 def grant_to_json(g: Grant) -> dict:
     return {**vars(g), "caps": list(g.caps), "gpu_nodes": list(g.gpu_nodes), "env": dict(g.env)}
+
+
+def confinement_of(g: Grant) -> Confinement | None:
+    """The session cgroup a grant recorded, as it was created."""
+    c = g.confinement
+    if not g.cgroup or not c:
+        return None
+    return Confinement(
+        g.cgroup,
+        Limits(int(c["memory_bytes"]), int(c["pids"]), int(c["cpu_millis"])),
+        tuple(c["devices"]),
+    )
+
+
+def confinement_record(c: Confinement) -> dict:
+    return {
+        "memory_bytes": c.limits.memory_bytes,
+        "pids": c.limits.pids,
+        "cpu_millis": c.limits.cpu_millis,
+        "devices": list(c.devices),
+    }

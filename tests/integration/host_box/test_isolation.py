@@ -105,8 +105,10 @@ def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(bo
     assert "ExecStart=/opt/calque/agent/host-agent guard" in unit
     modprobe = (box.base / "etc" / "modprobe.d" / "calque-nvidia.conf").read_text()
     assert modprobe == "options nvidia NVreg_ModifyDeviceFiles=0\n"
-    # A reboot empties the firewall; accounts and grants survive on disk
+    # A reboot empties the firewall and the cgroups; accounts and grants survive on disk
     assert box.root_sh("iptables -F OUTPUT").returncode == 0
+    for controller in ("devices", "memory", "pids", "cpu", "freezer"):
+        assert box.root_sh(f"rmdir /sys/fs/cgroup/{controller}/{box.parent}/g0_1g.24gb_0").returncode == 0
     barred = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/")
     assert barred.returncode == 1
     assert "guard is not in place" in barred.stderr
@@ -114,7 +116,12 @@ def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(bo
     # the boot unit's command puts the guard back, and only then may she log in, still barred
     guard = box.agent("guard")
     assert guard.returncode == 0, guard.stderr
-    assert json.loads(guard.stdout)["imds_blocked"]
+    guarded = json.loads(guard.stdout)
+    assert guarded["imds_blocked"]
+    assert "made g0-1g.24gb-0's session cgroup g0_1g.24gb_0 again" in guarded["actions"]
+    devices = box.root_sh(f"cat /sys/fs/cgroup/devices/{box.parent}/g0_1g.24gb_0/devices.list").stdout
+    assert "c 195:255 rw" in devices
+    assert "a *:* rwm" not in devices
     again = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/; echo rc=$?")
     assert again.returncode == 0
     assert IMDS_ANSWER not in again.stdout
