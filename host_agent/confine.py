@@ -113,6 +113,7 @@ class Confiner(Protocol):
     def remove(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...
     def key_of(self, pid: int) -> str | None: ...  # the session cgroup a process runs in
+    def enter(self, key: str, pid: int) -> list[str]: ...  # put pid in; the argv prefix that does it
 
 
 class CgroupV1:
@@ -159,6 +160,11 @@ class CgroupV1:
             raise GpuError(f"no session cgroup {key}", code="cgroup_missing", details={"key": key})
         for controller in V1_CONTROLLERS:
             self._write(self._dir(controller, key) / "cgroup.procs", str(pid))
+
+    def enter(self, key: str, pid: int) -> list[str]:
+        """A login joins its session's cgroup itself, before it becomes the member's shell."""
+        self.join(key, pid)
+        return []
 
     def pids(self, key: str) -> list[int]:
         return _procs(self._dir("freezer", key) / "cgroup.procs")
@@ -289,8 +295,19 @@ class SystemdSlices:
         return (self.unit_dir / self.unit(key)).exists()
 
     def join(self, key: str, pid: int) -> None:
-        # A process joins a slice through a scope; systemd-run --scope does it for the login.
-        (self._cgroup(key) / "cgroup.procs").write_text(str(pid))
+        # A process joins a slice through a scope of its own: writing a pid into a slice that
+        # systemd manages is not how v2 takes it (no processes beside child cgroups).
+        raise GpuError(
+            "on a systemd host a process enters a session's slice through systemd-run --scope",
+            code="cgroup_failed",
+        )
+
+    def enter(self, key: str, pid: int) -> list[str]:
+        """The login runs the member's shell in a scope of the session's slice (systemd-run
+        --scope runs it in the caller's own context: its mount namespace, its environment)."""
+        if not self.exists(key):
+            raise GpuError(f"no session slice {self.unit(key)}", code="cgroup_missing", details={"key": key})
+        return ["systemd-run", "--scope", "--quiet", "--collect", f"--slice={self.unit(key)}", "--"]
 
     def pids(self, key: str) -> list[int]:
         return _procs(self._cgroup(key) / "cgroup.procs")

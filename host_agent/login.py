@@ -106,11 +106,12 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, comman
     if grant is None:
         print("error: that is not this session's token", file=sys.stderr)
         return 1
+    prefix: list[str] = []
     if host is not None:
         if grant.cgroup:
             try:
-                host.confiner.join(grant.cgroup, os.getpid())
-            except Exception as exc:
+                prefix = host.confiner.enter(grant.cgroup, os.getpid())
+            except Exception as exc:  # any failure to confine refuses the login
                 print(f"error: cannot enter the session's cgroup: {exc}", file=sys.stderr)
                 return 1
         try:
@@ -124,5 +125,6 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, comman
     argv = ["runuser", "--login"] + (["--whitelist-environment", ",".join(keep)] if keep else []) + [account]
     if command is not None:
         argv += ["--command", f"umask 077; {command}"]
-    os.execvp("runuser", argv)  # noqa: S606
+    argv = prefix + argv  # systemd hosts: the shell in a scope of the session's slice
+    os.execvp(argv[0], argv)  # noqa: S606
     return 0  # not reached

@@ -51,7 +51,7 @@ class WorkerJail:
     def preexec(self) -> None:
         """In the child, before exec: into the slice's cgroup, then the account's identity."""
         p = pwd.getpwnam(self.account)
-        self.host.confiner.join(self.confinement.key, os.getpid())
+        self.host.confiner.join(self.confinement.key, os.getpid())  # v1; systemd hosts use the unit
         os.setgroups([])
         os.setgid(p.pw_gid)
         os.setuid(p.pw_uid)

@@ -190,6 +190,10 @@ def test_cgroup_v2_hosts_get_a_systemd_slice_that_closes_every_other_device(tmp_
     assert ["systemctl", "start", "calque-g0_1g.24gb_0.slice"] in calls
     slices.kill("g0_1g.24gb_0")
     assert ["systemctl", "kill", "--signal=SIGKILL", "calque-g0_1g.24gb_0.slice"] in calls
+    # a login's shell runs in a scope of the slice, in the login's own context
+    assert slices.enter("g0_1g.24gb_0", 1234) == [
+        "systemd-run", "--scope", "--quiet", "--collect", "--slice=calque-g0_1g.24gb_0.slice", "--",
+    ]  # fmt: skip
 
 
 def test_an_old_agent_version_stays_while_a_process_runs_from_it(tmp_path):
