@@ -12,8 +12,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from calque.pools.domain import MESSAGE_RETENTION_S
-from calque.resources import FLEET_TAG_POOL
 from calque.pools.ports import DeadLetter, QueueMissing, QueueRefs, StartOutcome, WorkerSecrets
+from calque.resources import FLEET_TAG_POOL
 
 
 def _queue_missing(exc: ClientError) -> bool:

@@ -134,7 +134,7 @@ class PoolsAccess(Construct):
             "PoolWorkerRole",
             assumed_by=trust.with_conditions({"Null": {f"aws:RequestTag/{POOL_TAG}": "false"}}),
             max_session_duration=Duration.hours(1),
-            description="calque pool workers: their own pool's queue and objects (the session's calque:pool tag)",
+            description="calque pool workers: their own pool's queue and objects (session tag calque:pool)",
         )
         role.add_to_policy(
             iam.PolicyStatement(

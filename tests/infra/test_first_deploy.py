@@ -98,8 +98,7 @@ def test_hosts_report_to_a_private_api_that_admits_only_their_networks_endpoint(
         "StringNotEquals": {"aws:SourceVpce": {"Ref": endpoint_id}}
     }
     assert statements["OnlyTheReportRoutes"]["NotResource"] == [
-        f"execute-api:/*/POST{p}"
-        for p in (constants.HOST_REPORT_PATH, *constants.POOL_HOST_PATHS)
+        f"execute-api:/*/POST{p}" for p in (constants.HOST_REPORT_PATH, *constants.POOL_HOST_PATHS)
     ]
     # and every method of it still requires SigV4
     methods = [

@@ -26,7 +26,8 @@ def _worker_role(template: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     (found,) = [
         (lid, r)
         for lid, r in template["Resources"].items()
-        if r["Type"] == "AWS::IAM::Role" and "sts:TagSession" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
+        if r["Type"] == "AWS::IAM::Role"
+        and "sts:TagSession" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])
     ]
     return found
 
@@ -122,5 +123,9 @@ def test_no_other_role_may_assume_it(synthesized: Synthesized):
         if policy["Type"] != "AWS::IAM::Policy" or {"Ref": api_role} in policy["Properties"]["Roles"]:
             continue
         assert role_id not in json.dumps(
-            [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "sts:" in json.dumps(s["Action"])]
+            [
+                s
+                for s in policy["Properties"]["PolicyDocument"]["Statement"]
+                if "sts:" in json.dumps(s["Action"])
+            ]
         ), lid

@@ -4,6 +4,7 @@ on that instance, as the pool worker role assumed with the session tag calque:po
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +21,12 @@ from tests.unit.pools.test_pools_service import create, start_worker
 
 pytestmark = pytest.mark.unit
 
-TRUST = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":"*"},"Action":"sts:AssumeRole"}]}'
+TRUST = json.dumps(
+    {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"}, "Action": "sts:AssumeRole"}],
+    }
+)
 
 
 class Sts:
@@ -40,8 +46,8 @@ def aws(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with mock_aws():
         iam = boto3.client("iam", region_name="us-east-1")
-        role_arn = iam.create_role(RoleName="calque-pool-worker", AssumeRolePolicyDocument=TRUST)["Role"]["Arn"]
-        yield Sts(), role_arn
+        role = iam.create_role(RoleName="calque-pool-worker", AssumeRolePolicyDocument=TRUST)["Role"]
+        yield Sts(), role["Arn"]
 
 
 @pytest.fixture
