@@ -237,6 +237,10 @@ ENV_ARTIFACT_BUCKET = "CALQUE_ARTIFACT_BUCKET"
 ENV_POOL_QUEUE_PREFIX = "CALQUE_POOL_QUEUE_PREFIX"
 ENV_POOL_NUDGES_QUEUE_URL = "CALQUE_POOL_NUDGES_QUEUE_URL"
 ENV_POOL_CAPACITY = "CALQUE_POOL_CAPACITY"
+# The role pool workers' credentials are vended from (the API assumes it with the session tag
+# calque:pool, so a worker reaches only its own pool's queue and objects); the scaler tells
+# workers to fetch them. Unset (the local plane): workers use the host's own credentials.
+ENV_POOL_WORKER_ROLE_ARN = "CALQUE_POOL_WORKER_ROLE_ARN"
 POOL_QUEUE_PREFIX_LOCAL = "calque-local-pool"
 POOL_QUEUE_PREFIX_DEPLOYED = "calque-pool"
 FUNCTION_WIRING["api"] = (*FUNCTION_WIRING["api"], "artifact_bucket", "pool_queues", "pool_nudges_queue")
@@ -244,6 +248,10 @@ FUNCTION_WIRING["pool_scaler"] = ("table", "host_role", "artifact_bucket", "pool
 # The scaler starts workers on the instances the fleet hands over (the host-agent document's
 # worker verb) and reads how each start ended.
 FUNCTION_WIRING["pool_scaler"] += ("ssm_document", "ssm_invocations", "api_endpoint")
+# The API vends pool workers' credentials (assumes the pool worker role); the scaler only learns
+# that workers must fetch them.
+FUNCTION_WIRING["api"] += ("pool_worker_credentials",)
+FUNCTION_WIRING["pool_scaler"] += ("pool_worker_role",)
 # The DLQ sweep only reads the pools' dead-letter queues (it never creates or deletes a queue).
 FUNCTION_WIRING["pool_dlq"] = (
     "table",

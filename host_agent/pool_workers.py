@@ -11,7 +11,12 @@ handed the pool a running instance. ``--worker`` is the pool's worker document (
     {"pool": "p1", "queue_url": "...", "runner": "module:Class",
      "package": {"bucket": "...", "key": "pools/p1/package/<sha256>.zip"},
      "worker_ids": ["w-1a2b3c4d-0", ...], "visibility_s": 60, "idle_timeout_s": 1800,
-     "poll_wait_s": 20}
+     "poll_wait_s": 20, "credentials": "control_plane"}
+
+``credentials`` (optional): ``control_plane`` where the deployment vends pool workers their own
+credentials (the instance role reaches no pool's queue or objects): each worker, and the
+package download, then asks the API for credentials of its pool alone, signed with the
+instance role as reports are (host_agent/worker/credentials.py). Absent: the host's own.
 
 ``start`` applies the pool's layout first when one is given (the same converge as
 ``apply``), reads this host's slices as the agent sees them (one per GPU without a layout;
@@ -53,6 +58,7 @@ from typing import Any, Callable
 from calque.errors import InvalidInput
 
 DEFAULT_WORKERS_DIR = "/var/lib/calque/pools"
+CONTROL_PLANE = "control_plane"  # WorkerDoc.credentials: the control plane vends them
 ACTIONS = ("start", "stop", "status")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -76,6 +82,7 @@ class WorkerDoc:
     visibility_s: int = 60
     idle_timeout_s: int = 1800
     poll_wait_s: int = 20
+    credentials: str | None = None  # "control_plane": workers fetch their pool's own credentials
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -87,7 +94,7 @@ class WorkerDoc:
         if not isinstance(raw, dict):
             raise InvalidInput("worker: must be a JSON object", details={"field": "worker"})
         known = {"pool", "queue_url", "runner", "worker_ids", "package", "package_path"}
-        known |= {"visibility_s", "idle_timeout_s", "poll_wait_s"}
+        known |= {"visibility_s", "idle_timeout_s", "poll_wait_s", "credentials"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise InvalidInput(f"worker: unknown field {unknown[0]!r}", details={"field": unknown[0]})
@@ -125,6 +132,10 @@ class WorkerDoc:
                 not isinstance(raw[name], int) or isinstance(raw[name], bool) or raw[name] < 1
             ):
                 raise InvalidInput(f"worker: {name} must be a positive integer", details={"field": name})
+        if raw.get("credentials") not in (None, CONTROL_PLANE):
+            raise InvalidInput(
+                f"worker: credentials must be {CONTROL_PLANE!r} when given", details={"field": "credentials"}
+            )
         return cls(
             pool=raw["pool"],
             queue_url=str(raw["queue_url"]),
@@ -135,6 +146,7 @@ class WorkerDoc:
             visibility_s=int(raw.get("visibility_s", 60)),
             idle_timeout_s=int(raw.get("idle_timeout_s", 1800)),
             poll_wait_s=int(raw.get("poll_wait_s", 20)),
+            credentials=raw.get("credentials"),
         )
 
 
@@ -159,9 +171,12 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
+def stage_package(
+    doc: WorkerDoc, pool_dir: Path, s3: Any | None = None, credentials: Callable[[], Any] | None = None
+) -> str:
     """The runner package as a directory on this host: downloaded from the artifact bucket
-    with the instance role and unpacked once per key (the key names its content's hash)."""
+    with the instance role (or, ``credentials`` given, with what it makes: the pool's own
+    credentials) and unpacked once per key (the key names its content's hash)."""
     if doc.package is None:
         assert doc.package_path is not None
         if not Path(doc.package_path).is_dir():
@@ -179,7 +194,12 @@ def stage_package(doc: WorkerDoc, pool_dir: Path, s3: Any | None = None) -> str:
         import botocore.session
 
         region = os.environ.get("AWS_SSM_REGION_NAME") or os.environ.get("AWS_REGION") or None
-        client = botocore.session.get_session().create_client(
+        session = botocore.session.get_session()
+        if credentials is not None:
+            from host_agent.worker.credentials import use_credentials
+
+            session = use_credentials(session, credentials())
+        client = session.create_client(
             "s3", region_name=region, endpoint_url=os.environ.get("CALQUE_AWS_ENDPOINT_URL") or None
         )
     # Each staging works in a directory of its own, renamed into place when complete: two
@@ -383,7 +403,24 @@ def start(
     pairs = bind_slots(doc, slices)
     pool_dir = workers_dir / doc.pool
     pool_dir.mkdir(parents=True, exist_ok=True)
-    package = _src(stage_package(doc, pool_dir, s3))
+    vended = None
+    if doc.credentials == CONTROL_PLANE:
+        # the instance role reaches no pool's objects: the package comes with the pool's own
+        # credentials, asked for in the name of the first worker this start is for
+        def vended() -> Any:
+            from host_agent.worker.control import ControlPlaneError, HttpControlPlane
+            from host_agent.worker.credentials import pool_credentials
+
+            try:
+                return pool_credentials(HttpControlPlane(report_to), doc.pool, pairs[0][0], instance_id)
+            except ControlPlaneError as exc:
+                raise InvalidInput(
+                    f"worker: no credentials for pool {doc.pool} to download its runner package: {exc}",
+                    code="package_unavailable",
+                    details={"pool": doc.pool},
+                ) from None
+
+    package = _src(stage_package(doc, pool_dir, s3, credentials=vended))
     started: list[dict[str, Any]] = []
     for worker_id, sl in pairs:
         record_path = pool_dir / f"{worker_id}.json"
@@ -399,6 +436,8 @@ def start(
             "--report-to", report_to, "--visibility", str(doc.visibility_s),
             "--idle-timeout", str(doc.idle_timeout_s), "--poll-wait", str(doc.poll_wait_s),
         ]  # fmt: skip
+        if doc.credentials == CONTROL_PLANE:
+            argv += ["--credentials", "control-plane"]
         env = worker_env(dict(sl.env), sl.slice_id)
         unit = f"calque-worker-{doc.pool}-{worker_id}"
         jail = (jails or {}).get(sl.slice_id)

@@ -95,6 +95,10 @@ HOST_AGENT_ROOT: Final = "/opt/calque/agent"
 # Warm pools: the routes pool workers report to, with their instance's role.
 POOL_CLAIM_REPORT_PATH: Final = "/v1/pools/*/claims/*/report"
 POOL_WORKER_REPORT_PATH: Final = "/v1/pools/*/workers/*/report"
+# Where a pool worker fetches its own credentials (the pool worker role, scoped to its pool).
+POOL_WORKER_CREDENTIALS_PATH: Final = "/v1/pools/*/workers/*/credentials"
+# Every route a host role's session may call (on the API hosts report to).
+POOL_HOST_PATHS: Final = (POOL_CLAIM_REPORT_PATH, POOL_WORKER_REPORT_PATH, POOL_WORKER_CREDENTIALS_PATH)
 
 # The fleet (layer 0): where its instances run. Both given: the deployment's own subnets
 # (subnet-ID@AZ, comma separated, tried in order); neither: the stack creates a small VPC

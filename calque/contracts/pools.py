@@ -127,6 +127,21 @@ class WorkerReport(Strict):
     reason: str | None = Field(default=None, max_length=4000)
 
 
+class WorkerCredentialsRequest(Strict):
+    """A pool worker asks for its own credentials, signed by its instance's role."""
+
+    instance_id: str = Field(min_length=1, max_length=40)
+
+
+class WorkerCredentials(Out):
+    """Temporary credentials that reach only the worker's own pool's queue and objects."""
+
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
+    expiration: str = Field(description="when they expire (ISO 8601, UTC); ask again before")
+
+
 class ClaimReportAnswer(Out):
     proceed: bool = False
     completed: bool = False

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from calque.pools.domain import MESSAGE_RETENTION_S
-from calque.pools.ports import DeadLetter, QueueMissing, QueueRefs, StartOutcome
+from calque.pools.ports import DeadLetter, QueueMissing, QueueRefs, StartOutcome, WorkerSecrets
+from calque.resources import FLEET_TAG_POOL
 
 
 def _queue_missing(exc: ClientError) -> bool:
@@ -178,10 +181,58 @@ class SystemClock:
         return time.time()
 
 
+# The session tag the pool worker role's policy scopes every resource by: the key that names
+# a pool's instances and queues too.
+POOL_TAG = FLEET_TAG_POOL
+WORKER_CREDENTIALS_S = 3600  # role chaining (the API's own role assumes it) allows an hour at most
+
+
+class StsWorkerCredentials:
+    """The pool worker role assumed with the session tag ``calque:pool``: the role's policy
+    allows only ``<prefix>-<pool>`` and ``pools/<pool>/*``, read from that tag."""
+
+    def __init__(self, client: Any, role_arn: str, *, duration_s: int = WORKER_CREDENTIALS_S) -> None:
+        self.client = client
+        self.role_arn = role_arn
+        self.duration_s = duration_s
+
+    def issue(self, pool: str, session_name: str) -> WorkerSecrets:
+        from calque.errors import DependencyUnavailable
+
+        name = re.sub(r"[^\w+=,.@-]", "-", session_name)[:64]  # STS's RoleSessionName alphabet
+        try:
+            out = self.client.assume_role(
+                RoleArn=self.role_arn,
+                RoleSessionName=name,
+                DurationSeconds=self.duration_s,
+                Tags=[{"Key": POOL_TAG, "Value": pool}],
+            )["Credentials"]
+        except (BotoCoreError, ClientError) as exc:
+            raise DependencyUnavailable(
+                f"cannot vend pool {pool!r}'s worker credentials: {exc}", details={"pool": pool}
+            ) from None
+        expiration = out["Expiration"]
+        return WorkerSecrets(
+            access_key_id=out["AccessKeyId"],
+            secret_access_key=out["SecretAccessKey"],
+            session_token=out["SessionToken"],
+            expiration=expiration.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if isinstance(expiration, datetime)
+            else str(expiration),
+        )
+
+
 def worker_document(
-    pool: Any, worker_ids: list[str], *, bucket: str, poll_wait_s: int = 20
+    pool: Any,
+    worker_ids: list[str],
+    *,
+    bucket: str,
+    poll_wait_s: int = 20,
+    vended_credentials: bool = False,
 ) -> dict[str, Any]:
-    """What the host agent's ``worker start`` is told (host_agent/pool_workers.py WorkerDoc)."""
+    """What the host agent's ``worker start`` is told (host_agent/pool_workers.py WorkerDoc).
+    ``vended_credentials``: the workers reach their queue and objects with credentials the
+    control plane vends for their pool, not with the host's role."""
     doc: dict[str, Any] = {
         "pool": pool.name,
         "queue_url": pool.queue_url,
@@ -191,6 +242,8 @@ def worker_document(
         "idle_timeout_s": pool.idle_timeout_s,
         "poll_wait_s": poll_wait_s,
     }
+    if vended_credentials:
+        doc["credentials"] = "control_plane"
     if pool.package_key:
         doc["package"] = {"bucket": bucket, "key": pool.package_key}
     else:
@@ -221,8 +274,10 @@ class SsmWorkerStarter:
         poll_wait_s: int = 20,
         delivery_timeout_s: int = START_DELIVERY_TIMEOUT_S,
         bundle_url: Callable[[], str | None] | None = None,
+        vended_credentials: bool = False,
     ) -> None:
         self.client = client
+        self.vended_credentials = vended_credentials
         self.bundle_url = bundle_url  # a presigned GET of the agent's bundle, made per command
         self.document_name = document_name
         self.report_to = report_to
@@ -233,7 +288,13 @@ class SsmWorkerStarter:
     def parameters(self, pool: Any, worker_ids: list[str]) -> dict[str, list[str]]:
         from calque.resources import SSM_DOCUMENT_PARAMETERS as p
 
-        doc = worker_document(pool, worker_ids, bucket=self.bucket, poll_wait_s=self.poll_wait_s)
+        doc = worker_document(
+            pool,
+            worker_ids,
+            bucket=self.bucket,
+            poll_wait_s=self.poll_wait_s,
+            vended_credentials=self.vended_credentials,
+        )
         params = {
             p.verb: ["worker"],
             p.worker_action: ["start"],

@@ -27,6 +27,7 @@ from calque.pools.ports import (
     PoolStore,
     QueueMissing,
     QueueRefs,
+    WorkerCredentials,
     WorkerStarter,
 )
 from calque.pools.scaler import Backlog, waiting_cancelled
@@ -110,6 +111,7 @@ class PoolsCore:
         starter: WorkerStarter | None = None,
         groups: Any = None,
         rates: InstanceRates | None = None,
+        credentials: WorkerCredentials | None = None,
     ):
         self.store = store
         self.queues = queues
@@ -125,6 +127,9 @@ class PoolsCore:
         # The rates the fleet recorded for a spot instance (launch, changes): what a claim is charged
         # at. None: catalog rates only.
         self.rates = rates
+        # Where pool workers' own credentials come from. None: the deployment vends none (the
+        # local plane scopes its simulated hosts itself), and workers use their host's.
+        self.credentials = credentials
 
     def _pool(self, name: str) -> d.PoolRecord:
         pool = self.store.get_pool(name)

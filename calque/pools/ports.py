@@ -240,6 +240,24 @@ class WorkerStarter(Protocol):
         (or the command's record cannot be read now: asked again next tick)."""
 
 
+@dataclass(frozen=True)
+class WorkerSecrets:
+    """Temporary credentials for one pool worker: they reach that pool's queue and objects only.
+    ``expiration``: ISO 8601, UTC."""
+
+    access_key_id: str
+    secret_access_key: str
+    session_token: str
+    expiration: str
+
+
+class WorkerCredentials(Protocol):
+    """Vends a pool worker's credentials: the pool worker role assumed with the session tag
+    ``calque:pool`` = ``pool`` (its policy names that tag in every resource it allows)."""
+
+    def issue(self, pool: str, session_name: str) -> WorkerSecrets: ...
+
+
 class Nudge(Protocol):
     """Wake the scaler for one pool now (a submit to an empty pool should not wait a tick)."""
 

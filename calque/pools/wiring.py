@@ -56,7 +56,17 @@ def _starter(s: Any) -> Any:
         bucket=s.artifact_bucket,
         poll_wait_s=poll,
         bundle_url=aws.agent_bundle_url,
+        vended_credentials=s.pool_worker_role_arn is not None,
     )
+
+
+def _credentials(s: Any) -> Any:
+    """Pool workers' credentials: the pool worker role through STS, where the deployment has one."""
+    if s.pool_worker_role_arn is None:
+        return None
+    from calque.pools.aws import StsWorkerCredentials
+
+    return StsWorkerCredentials(aws.client("sts"), s.pool_worker_role_arn)
 
 
 def _presigner() -> Any:
@@ -108,6 +118,7 @@ def pools() -> Pools:
         starter=_starter(s),
         groups=DynamoMembers(aws.client("dynamodb"), s.table_name),
         rates=DynamoFleetStore(aws.client("dynamodb"), s.table_name),
+        credentials=_credentials(s),
     )
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from calque.contracts.pools import ClaimReport, WorkerReport
-from calque.errors import Forbidden, InvalidInput, NotFound
+from calque.contracts.pools import ClaimReport, WorkerCredentialsRequest, WorkerReport
+from calque.errors import Conflict, Forbidden, InvalidInput, NotFound
 from calque.identity import Caller
 from calque.pools import domain as d
 from calque.pools.core import PoolsCore, _iso
@@ -96,6 +96,27 @@ class WorkersMixin(PoolsCore):
             "proceed": False,
             "completed": changed is not None,
             "state": changed.state if changed else self._state(claim_id),
+        }
+
+    def worker_credentials(
+        self, who: Caller, host_role: str, pool: str, worker_id: str, req: WorkerCredentialsRequest
+    ) -> dict[str, Any]:
+        """Temporary credentials for one worker that reach only its own pool's queue and objects,
+        asked for by its own instance's role (as its reports are), for a worker of that pool on
+        that instance."""
+        self._check_worker(who, host_role, pool, worker_id, req.instance_id)
+        if self.credentials is None:
+            raise Conflict(
+                "this deployment vends no pool worker credentials: workers use their host's own",
+                code="worker_credentials_not_configured",
+                details={"pool": pool},
+            )
+        secrets = self.credentials.issue(pool, f"{pool}.{worker_id}")
+        return {
+            "access_key_id": secrets.access_key_id,
+            "secret_access_key": secrets.secret_access_key,
+            "session_token": secrets.session_token,
+            "expiration": secrets.expiration,
         }
 
     def _state(self, claim_id: str) -> str:

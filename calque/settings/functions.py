@@ -46,6 +46,10 @@ class PoolSettings(CommonSettings):
     # The API's default session limit (ApiSettings): a claim's end that creates a member's
     # counter item writes it as a first check-out would.
     default_max_sessions: int = Field(alias="CALQUE_DEFAULT_MAX_SESSIONS", default=2, ge=0)
+    # The role pool workers' credentials come from (assumed with the session tag calque:pool):
+    # set, the API vends them and the scaler tells workers to fetch them; None (the local plane,
+    # which scopes its simulated hosts itself): workers use their host's credentials.
+    pool_worker_role_arn: str | None = Field(alias="CALQUE_POOL_WORKER_ROLE_ARN", default=None, min_length=1)
 
 
 class FleetSettings(CommonSettings):

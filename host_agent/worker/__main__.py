@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+CREDENTIALS = ("instance", "control-plane")
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m host_agent.worker", description="run one warm-pool worker")
@@ -23,6 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--idle-timeout", type=float, default=600.0)
     p.add_argument("--poll-wait", type=int, default=20)
+    p.add_argument(
+        "--credentials",
+        choices=CREDENTIALS,
+        default="instance",
+        help="what SQS and S3 calls sign with: the instance role, or the pool's own credentials "
+        "the control plane vends (reports always sign with the instance role)",
+    )
     return p
 
 
@@ -59,11 +68,23 @@ def main(argv: list | None = None) -> int:
     except ValueError as exc:
         sys.stderr.write(f"worker: error: {exc}\n")
         return 2
+    control = HttpControlPlane(args.report_to)
+    if args.credentials == "control-plane":
+        from host_agent.worker.control import ControlPlaneError
+        from host_agent.worker.credentials import pool_credentials, use_credentials
+
+        try:
+            creds = pool_credentials(control, args.pool, args.worker_id, args.instance_id)
+        except ControlPlaneError as exc:
+            sys.stderr.write(f"worker: error: no credentials for pool {args.pool}: {exc}\n")
+            return 3
+        # a session of its own: the reports' (control) resolve the instance role apart
+        session = use_credentials(botocore.session.get_session(), creds)
     worker = Worker(
         config,
         sqs=session.create_client("sqs", region_name=region, endpoint_url=endpoint),
         s3=session.create_client("s3", region_name=region, endpoint_url=endpoint),
-        control=HttpControlPlane(args.report_to),
+        control=control,
     )
     install_signal_handlers(worker)
     return worker.run_forever()

@@ -7,6 +7,7 @@ its conditional writes, stays in one place, the control plane (calque/pools/work
 
     POST /v1/pools/{pool}/claims/{claim_id}/report   started | attempt_failed | succeeded
     POST /v1/pools/{pool}/workers/{worker_id}/report idle | busy | exited
+    POST /v1/pools/{pool}/workers/{worker_id}/credentials  the worker's own pool credentials
 """
 
 from __future__ import annotations
@@ -104,4 +105,10 @@ class HttpControlPlane:
     def worker(self, pool: str, worker_id: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._post(
             f"/v1/pools/{quote(pool, safe='')}/workers/{quote(worker_id, safe='')}/report", body
+        )
+
+    def credentials(self, pool: str, worker_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The worker's own credentials, for its pool alone (host_agent/worker/credentials.py)."""
+        return self._post(
+            f"/v1/pools/{quote(pool, safe='')}/workers/{quote(worker_id, safe='')}/credentials", body
         )

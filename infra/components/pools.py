@@ -1,7 +1,12 @@
 """Warm pools' access: per-pool queues are created at run time (``pool create``), so the
-control plane's functions may manage exactly the queues named with the pools' prefix, and
-GPU hosts (pool workers) may consume them, read manifests and write results under
-``pools/`` of the artifact bucket, and call the pool report routes."""
+control plane's functions may manage exactly the queues named with the pools' prefix.
+
+Pool workers reach their pool's queue and objects with credentials the API vends them
+(``POST /v1/pools/{name}/workers/{worker_id}/credentials``): the pool worker role, which only
+the API function's role may assume, and only with the session tag ``calque:pool``; its policy
+names that tag in every resource, so a session reaches ``<prefix>-<pool>`` and
+``pools/<pool>/*`` alone. IAM cannot tie an instance role's session to its instance's tags,
+so the host role itself reaches no pool's queue or objects: it only calls the report routes."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import hashlib
 import json
 import re
 
-from aws_cdk import Stack
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
@@ -39,6 +44,9 @@ WORKER_QUEUE_ACTIONS = [
 # What the DLQ sweep does: read (never delete) a pool's dead letters.
 DEAD_LETTER_ACTIONS = ["sqs:ReceiveMessage", "sqs:GetQueueAttributes"]
 POOL_OBJECTS = "pools/*"
+# The session tag the API sets when it assumes the worker role (calque.pools.aws.POOL_TAG).
+POOL_TAG = "calque:pool"
+_OWN_POOL = "${aws:PrincipalTag/" + POOL_TAG + "}"
 
 
 class PoolsAccess(Construct):
@@ -49,15 +57,15 @@ class PoolsAccess(Construct):
         stack = Stack.of(self)
         self.queues_arn = f"arn:{stack.partition}:sqs:{stack.region}:{stack.account}:{queue_prefix}-*"
         self.dead_letter_queues_arn = f"{self.queues_arn}-dlq"
+        self.worker_role: iam.Role | None = None  # add_worker_role
 
-    def _acknowledge(self, grantee: iam.IGrantable, *, host: bool) -> None:
-        who = "GPU hosts consume" if host else "the control plane manages"
+    def _acknowledge(self, grantee: iam.IGrantable) -> None:
         acknowledge(
             grantee.grant_principal,  # type: ignore[arg-type]
             f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:<AWS::Region>:<AWS::AccountId>:"
             f"{self.queue_prefix}-*]",
-            f"Pools are created at run time, each with its own queue and DLQ; {who} exactly the "
-            f"queues named with the pools' prefix {self.queue_prefix!r}, nothing else.",
+            "Pools are created at run time, each with its own queue and DLQ; the control plane "
+            f"manages exactly the queues named with the pools' prefix {self.queue_prefix!r}, nothing else.",
         )
         acknowledge(
             grantee.grant_principal,  # type: ignore[arg-type]
@@ -101,7 +109,7 @@ class PoolsAccess(Construct):
                 resources=[self.bucket.arn_for_objects(POOL_OBJECTS)],
             )
         )
-        self._acknowledge(grantee, host=False)
+        self._acknowledge(grantee)
 
     def grant_dead_letters(self, grantee: iam.IGrantable) -> None:
         grantee.grant_principal.add_to_principal_policy(
@@ -115,15 +123,50 @@ class PoolsAccess(Construct):
             "the dead-letter queues named with the pools' prefix.",
         )
 
-    def grant_worker(self, grantee: iam.IGrantable) -> None:
-        grantee.grant_principal.add_to_principal_policy(
-            iam.PolicyStatement(actions=WORKER_QUEUE_ACTIONS, resources=[self.queues_arn])
+    def add_worker_role(self, vendor: iam.IRole) -> iam.Role:
+        """The pool worker role: ``vendor`` (the API function's role) alone may assume it, and
+        only tagging the session with its pool; a session reaches that pool's queue and
+        objects and nothing else."""
+        stack = Stack.of(self)
+        trust = iam.SessionTagsPrincipal(iam.ArnPrincipal(vendor.role_arn))
+        role = iam.Role(
+            self,
+            "PoolWorkerRole",
+            assumed_by=trust.with_conditions({"Null": {f"aws:RequestTag/{POOL_TAG}": "false"}}),
+            max_session_duration=Duration.hours(1),
+            description="calque pool workers: their own pool's queue and objects (session tag calque:pool)",
         )
-        grantee.grant_principal.add_to_principal_policy(
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=WORKER_QUEUE_ACTIONS,
+                resources=[
+                    f"arn:{stack.partition}:sqs:{stack.region}:{stack.account}:{self.queue_prefix}-{_OWN_POOL}"
+                ],
+            )
+        )
+        role.add_to_policy(
             iam.PolicyStatement(
                 # Delete: a duplicate delivery's result, once another delivery completed the claim.
                 actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                resources=[self.bucket.arn_for_objects(POOL_OBJECTS)],
+                resources=[self.bucket.arn_for_objects(f"pools/{_OWN_POOL}/*")],
             )
         )
-        self._acknowledge(grantee, host=True)
+        acknowledge(
+            role,
+            # cdk-nag writes a policy variable ${x} as <x>
+            f"AwsSolutions-IAM5[Resource::{self._bucket_finding_name()}/pools/<aws:PrincipalTag/{POOL_TAG}>/*]",
+            "Claim manifests and results live under pools/<pool>/claims/<claim_id>/ of the artifact "
+            "bucket, created at run time; the prefix is the session's own pool (its calque:pool tag).",
+        )
+        self.worker_role = role
+        return role
+
+    def grant_vend(self, grantee: iam.IGrantable) -> None:
+        """Assume the pool worker role with a session tag (the API vends workers' credentials)."""
+        if self.worker_role is None:
+            raise RuntimeError("PoolsAccess.add_worker_role first: there is no pool worker role to vend")
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["sts:AssumeRole", "sts:TagSession"], resources=[self.worker_role.role_arn]
+            )
+        )

@@ -130,15 +130,11 @@ class ServiceStack(Stack):
             "for every host; the API accepts a report only from the instance the path names.",
         )
         # The host role's sessions may call the report routes (the agent's, and the pool
-        # workers' on its instance) and nothing else.
+        # workers' on its instance, with their credentials route) and nothing else.
         self.api.restrict_to_routes(
             self.host_agent.role,
             method=constants.HOST_REPORT_METHOD,
-            paths=(
-                constants.HOST_REPORT_PATH,
-                constants.POOL_CLAIM_REPORT_PATH,
-                constants.POOL_WORKER_REPORT_PATH,
-            ),
+            paths=(constants.HOST_REPORT_PATH, *constants.POOL_HOST_PATHS),
         )
         self._add_pools()
         self._add_fleet(config)
@@ -209,6 +205,13 @@ class ServiceStack(Stack):
                 environment={resources.ENV_POOL_QUEUE_PREFIX: self.pools.queue_prefix},
                 grant=self.pools.grant_control,
             )
+            assert self.pools.worker_role is not None
+            worker_role = {resources.ENV_POOL_WORKER_ROLE_ARN: self.pools.worker_role.role_arn}
+            # The API vends workers' credentials; the scaler tells workers to fetch them.
+            bindings["pool_worker_credentials"] = _Binding(
+                environment=worker_role, grant=self.pools.grant_vend
+            )
+            bindings["pool_worker_role"] = _Binding(environment=worker_role)
             bindings["pool_dead_letters"] = _Binding(
                 environment={resources.ENV_POOL_QUEUE_PREFIX: self.pools.queue_prefix},
                 grant=self.pools.grant_dead_letters,
@@ -217,20 +220,25 @@ class ServiceStack(Stack):
         return bindings
 
     def _add_pools(self) -> None:
-        """Warm pools: functions manage per-pool queues; GPU hosts run the pool workers."""
+        """Warm pools: functions manage per-pool queues; GPU hosts run the pool workers, which
+        reach their own pool's queue and objects only, with credentials the API vends."""
         self.pools: PoolsAccess | None = None
         if self.artifacts is None:
             return
         self.pools = PoolsAccess(
             self, "Pools", bucket=self.artifacts, queue_prefix=resources.POOL_QUEUE_PREFIX_DEPLOYED
         )
-        self.pools.grant_worker(self.host_agent.role)
-        for path in (constants.POOL_CLAIM_REPORT_PATH, constants.POOL_WORKER_REPORT_PATH):
+        # The host role reaches no pool's queue or objects: its workers fetch credentials scoped
+        # to their own pool from the API, which alone may assume the pool worker role.
+        api_role = self.functions["api"].function.role
+        assert api_role is not None
+        self.pools.add_worker_role(api_role)
+        for path in constants.POOL_HOST_PATHS:
             self._grant_report(
                 path,
                 "The wildcards are the {name}, {claim_id} and {worker_id} segments of the "
-                "pool report routes; the API accepts a report only from a worker of that pool, on the "
-                "instance the report names.",
+                "pool report and credentials routes; the API answers only a worker of that pool, on "
+                "the instance the request names, signed by that instance's role.",
             )
 
     def _wire_functions(self) -> None:
@@ -323,7 +331,7 @@ class ServiceStack(Stack):
             return None
         paths = [constants.HOST_REPORT_PATH]
         if self.artifacts is not None:
-            paths += [constants.POOL_CLAIM_REPORT_PATH, constants.POOL_WORKER_REPORT_PATH]
+            paths += list(constants.POOL_HOST_PATHS)
         return HostReportApi(
             self,
             "HostReportApi",

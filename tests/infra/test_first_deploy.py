@@ -98,12 +98,7 @@ def test_hosts_report_to_a_private_api_that_admits_only_their_networks_endpoint(
         "StringNotEquals": {"aws:SourceVpce": {"Ref": endpoint_id}}
     }
     assert statements["OnlyTheReportRoutes"]["NotResource"] == [
-        f"execute-api:/*/POST{p}"
-        for p in (
-            constants.HOST_REPORT_PATH,
-            constants.POOL_CLAIM_REPORT_PATH,
-            constants.POOL_WORKER_REPORT_PATH,
-        )
+        f"execute-api:/*/POST{p}" for p in (constants.HOST_REPORT_PATH, *constants.POOL_HOST_PATHS)
     ]
     # and every method of it still requires SigV4
     methods = [
@@ -147,9 +142,8 @@ def test_the_host_role_may_invoke_only_the_report_routes_of_the_private_api(synt
     # not the public API, which the hosts' network cannot reach
     assert _api_of(template, constants.OUTPUT_API_ENDPOINT) not in resources_named
     paths = re.findall(r"/POST(/v1/[^\"]+)", resources_named)
-    assert sorted(paths) == sorted(
-        [constants.HOST_REPORT_PATH, constants.POOL_CLAIM_REPORT_PATH, constants.POOL_WORKER_REPORT_PATH]
-    )
+    assert sorted(paths) == sorted([constants.HOST_REPORT_PATH, *constants.POOL_HOST_PATHS])
+    assert constants.POOL_WORKER_CREDENTIALS_PATH in paths  # a worker fetches its own credentials there
 
 
 # ---- 2. every service on-host code calls has an endpoint ----------------------------------------

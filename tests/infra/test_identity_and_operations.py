@@ -67,11 +67,7 @@ def test_the_host_role_may_call_only_its_report_route(synthesized: Synthesized) 
     assert deny["Effect"] == "Deny"
     assert deny["NotResource"] == [
         f"execute-api:/*/{constants.HOST_REPORT_METHOD}{path}"
-        for path in (
-            constants.HOST_REPORT_PATH,
-            constants.POOL_CLAIM_REPORT_PATH,
-            constants.POOL_WORKER_REPORT_PATH,
-        )
+        for path in (constants.HOST_REPORT_PATH, *constants.POOL_HOST_PATHS)
     ]
     (role_arn,) = deny["Condition"]["ArnEquals"]["aws:PrincipalArn"].values()
     role = template["Resources"][role_arn[0]]

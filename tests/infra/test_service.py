@@ -301,8 +301,8 @@ def test_host_role_has_only_what_the_agent_needs(synthesized: Synthesized) -> No
         p for p in resources_of(template, "AWS::IAM::Policy") if {"Ref": role_id} in p["Properties"]["Roles"]
     ]
     statements = [s for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"]]
-    # (warm pools: a host runs pool workers, which consume the pools' queues, read manifests and
-    # write results under pools/, and report on the pool report routes; checked on their own)
+    # (warm pools: a host runs pool workers, which call the pool report and credentials routes;
+    # checked on their own)
     pool_statements = [s for s in statements if _is_pool_worker_statement(s)]
     assert pool_statements
     statements = [rest for s in statements if (rest := _without_pool_resources(s)) is not None]
@@ -341,37 +341,25 @@ def _without_pool_resources(statement: dict[str, Any]) -> dict[str, Any] | None:
     return {**statement, "Resource": rest[0] if len(rest) == 1 else rest}
 
 
-def test_pool_workers_on_hosts_get_only_their_queues_objects_and_report_routes(
+def test_the_host_role_reaches_no_pools_queue_or_objects_only_the_pool_routes(
     synthesized: Synthesized,
 ) -> None:
-    # Given the host role's statements for pool workers
+    # Given the host role's statements that name anything of the pools
     template = synthesized.service_json
     role_id, _ = _host_role(template)
     policies = [
         p for p in resources_of(template, "AWS::IAM::Policy") if {"Ref": role_id} in p["Properties"]["Roles"]
     ]
-    statements = [
-        s
-        for p in policies
-        for s in p["Properties"]["PolicyDocument"]["Statement"]
-        if _is_pool_worker_statement(s)
-    ]
-    actions = {a for s in statements for a in _as_list(s["Action"])}
-    # Then a worker may consume pool queues (never create or delete them), move pools/ objects,
-    # and call the two pool report routes
-    assert actions == {
-        "sqs:ReceiveMessage",
-        "sqs:ChangeMessageVisibility",
-        "sqs:DeleteMessage",
-        "sqs:GetQueueAttributes",
-        "s3:GetObject",
-        "s3:PutObject",
-        "s3:DeleteObject",
-        "execute-api:Invoke",
-    }
+    statements = [s for p in policies for s in p["Properties"]["PolicyDocument"]["Statement"]]
+    pool_statements = [s for s in statements if _is_pool_worker_statement(s)]
+    # Then they only invoke the pool routes (reports and a worker's credentials): no pool queue,
+    # no pools/ object (its workers' own credentials reach their pool's, and no other's)
+    assert {a for s in pool_statements for a in _as_list(s["Action"])} == {"execute-api:Invoke"}
     rendered = json.dumps(statements)
-    assert "/v1/pools/*/claims/*/report" in rendered
-    assert "/v1/pools/*/workers/*/report" in rendered
+    assert "sqs:" not in rendered
+    assert "/pools/" not in rendered.replace("/v1/pools/", "")
+    for path in constants.POOL_HOST_PATHS:
+        assert path in json.dumps(pool_statements)
 
 
 def _document(template: dict[str, Any]) -> dict[str, Any]:

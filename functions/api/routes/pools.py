@@ -20,6 +20,8 @@ from calque.contracts.pools import (
     PoolCreate,
     PoolDelete,
     PoolUpdate,
+    WorkerCredentials,
+    WorkerCredentialsRequest,
     WorkerReport,
 )
 from calque.pools.wiring import pools
@@ -135,3 +137,13 @@ def claim_report(name: str, claim_id: str, body: ClaimReport) -> ClaimReportAnsw
 def worker_report(name: str, worker_id: str, body: WorkerReport) -> dict[str, Any]:
     who = host_role_caller(router)
     return pools().worker_report(who, pool_settings().host_role_name, name, worker_id, body)
+
+
+@router.post("/pools/<name>/workers/<worker_id>/credentials")
+@guarded(require_host_role)
+def worker_credentials(name: str, worker_id: str, body: WorkerCredentialsRequest) -> WorkerCredentials:
+    """The worker's own credentials: they reach only its pool's queue and objects."""
+    who = host_role_caller(router)
+    out = pools().worker_credentials(who, pool_settings().host_role_name, name, worker_id, body)
+    logger.info("worker credentials", extra={"pool": name, "worker_id": worker_id})
+    return WorkerCredentials.model_validate(out)

@@ -87,7 +87,7 @@ def s3(monkeypatch) -> FakeS3:
         {("art", "pools/small-models/package/abc.zip"): _zip({"my_runner.py": "class Runner: pass\n"})}
     )
     real = pw.stage_package
-    monkeypatch.setattr(pw, "stage_package", lambda doc, d, s3=None: real(doc, d, fake))
+    monkeypatch.setattr(pw, "stage_package", lambda doc, d, s3=None, **kw: real(doc, d, fake))
     return fake
 
 

@@ -147,6 +147,7 @@ class World:
     nudges: FakeNudge = field(default_factory=FakeNudge)
     clock: FakeClock = field(default_factory=FakeClock)
     groups: Any = None  # a registry with groups (calque.tenancy.store.memory.MemoryRegistry), or none
+    credentials: Any = None  # pool workers' credentials (calque.pools.ports.WorkerCredentials), or none
 
     @property
     def pools(self) -> Pools:
@@ -159,4 +160,5 @@ class World:
             self.clock,
             PoolsConfig(max_receives=3),
             groups=self.groups,
+            credentials=self.credentials,
         )
