@@ -6,9 +6,10 @@ before, made at the pool's first start on the host and removed with everything i
 when its last worker stops), confined as a session on that slice would be: only the
 slice's devices, its share of the host's memory, processes and CPUs.
 
-Unlike a member's session, a worker needs the host role's credentials (it long-polls the
-pool's queue and reads the pool's objects), so its account alone is let through to the
-instance metadata service, ahead of the rule that refuses every other account.
+Unlike a member's session, a worker needs the host role's credentials: it signs its reports
+with them and asks the control plane for its own pool's credentials (the host role itself
+reaches no pool's queue or objects). So its account alone is let through to the instance
+metadata service, ahead of the rule that refuses every other account.
 
 Started through systemd (`systemd-run`, the supervised path on hardware), the limits are
 the unit's own properties (`User=`, `DevicePolicy=closed`, `DeviceAllow=`, `MemoryMax=`,
