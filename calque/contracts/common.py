@@ -118,3 +118,26 @@ class WhoAmI(Out):
 class Health(Out):
     status: str = "ok"
     version: str
+
+
+def catalog_instance_types(schema: dict[str, Any]) -> None:
+    """json_schema_extra of an instance_type field: the document lists the catalog's types,
+    the only ones the API takes (read when the document is made, not when a model is)."""
+    from calque import catalog
+
+    schema["enum"] = sorted(t.name for t in catalog.instance_types())
+
+
+def consent_required(flag: str) -> Any:
+    """json_schema_extra of a request whose consent flag must be true (the API answers 400
+    consent_required otherwise): the document says so, the flag required and `true`."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        prop = schema.setdefault("properties", {}).setdefault(flag, {})
+        prop["const"] = True
+        prop.pop("default", None)  # omitted is refused: no default to speak of
+        required = schema.setdefault("required", [])
+        if flag not in required:
+            required.append(flag)
+
+    return extra

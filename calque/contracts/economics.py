@@ -22,6 +22,7 @@ from calque.contracts.common import (
     in_words,
     to_places,
 )
+from calque.contracts.tenancy import USER_PATTERN
 
 UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 
@@ -163,7 +164,11 @@ class GroupCreate(_GroupLimitRules):
 class GroupMembers(Request):
     """POST /v1/groups/{name}/members, POST /v1/groups/{name}/members/remove (admin)."""
 
-    users: list[str] = Field(min_length=1, max_length=50)
+    # Each a user name as the API takes it (calque.contracts.tenancy.USER_PATTERN; checked by the
+    # groups' own rule, which names the field when it refuses one)
+    users: list[str] = Field(
+        min_length=1, max_length=50, json_schema_extra={"items": {"type": "string", "pattern": USER_PATTERN}}
+    )
 
 
 class GroupLimits(_GroupLimitRules):

@@ -19,9 +19,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, field_validator
+from pydantic import ConfigDict, Field, StrictBool, field_validator
 
-from calque.contracts.common import Out, Request, Strict, in_places, to_places
+from calque.contracts.common import (
+    Out,
+    Request,
+    Strict,
+    catalog_instance_types,
+    consent_required,
+    in_places,
+    to_places,
+)
 from calque.contracts.layout import LayoutSpec
 
 # queued: budget reserved, waiting for the acquirer; launching: RunInstances in progress;
@@ -48,7 +56,14 @@ class AcquireRequest(Request):
     reservation); all of them are reserved in one transaction, or none.
     """
 
-    instance_type: str = Field(min_length=1, max_length=64, description="must be in the catalog")
+    model_config = ConfigDict(json_schema_extra=consent_required("accept_spend"))
+
+    instance_type: str = Field(
+        min_length=1,
+        max_length=64,
+        description="must be in the catalog",
+        json_schema_extra=catalog_instance_types,
+    )
     count: int = Field(default=1, ge=1, le=MAX_COUNT)
     layout: LayoutSpec | None = Field(default=None, description="applied once registered; none: the default")
     spot: bool = False
@@ -146,6 +161,8 @@ class AcquireAccepted(Out):
 
 class ReleaseRequest(Request):
     """POST /v1/hosts/{instance_id}/release (admin): drain, end sessions, terminate."""
+
+    model_config = ConfigDict(json_schema_extra=consent_required("accept_terminate"))
 
     accept_terminate: StrictBool = Field(
         default=False, description="--i-understand-this-terminates-instances"

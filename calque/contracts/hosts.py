@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from calque.contracts.common import Out, Request, Strict
+from calque.contracts.common import Out, Request, Strict, catalog_instance_types
 from calque.contracts.layout import LayoutSpec
 from calque.contracts.tenancy import (
     INSTANCE_ID_PATTERN,
@@ -36,7 +36,10 @@ class HostRegistration(Request):
 
     instance_id: str = Field(pattern=INSTANCE_ID_PATTERN, description="the EC2 instance id, i-...")
     instance_type: str = Field(
-        min_length=1, max_length=64, description="e.g. g7e.2xlarge; must be in the catalog"
+        min_length=1,
+        max_length=64,
+        description="e.g. g7e.2xlarge; must be in the catalog",
+        json_schema_extra=catalog_instance_types,
     )
     layout: LayoutSpec | None = Field(
         default=None, description="the host agent's layout spec; omitted: the card's default"

@@ -41,7 +41,9 @@ class MpsSpec(Strict):
 
 
 class GpuEntry(Strict):
-    devices: list[int] | Literal["all"] = Field(description='GPU indices, or "all"')
+    devices: list[int] | Literal["all"] = Field(
+        description='GPU indices, or "all"', json_schema_extra=lambda schema: _index_list(schema)
+    )
     mig: dict[str, int] | None = Field(
         default=None, description="MIG on, with these instances: profile -> count"
     )
@@ -196,3 +198,11 @@ def load_layout(path: str | Path) -> LayoutSpec:
             f"cannot read layout spec {str(p)!r}: {exc.strerror}", details={"field": "spec"}
         ) from None
     return parse_layout(text)
+
+
+def _index_list(schema: dict) -> None:
+    """The document says what _devices holds: at least one index, each 0 or more, none twice."""
+    for branch in schema.get("anyOf", []):
+        if branch.get("type") == "array":
+            branch.update(minItems=1, uniqueItems=True)
+            branch.setdefault("items", {})["minimum"] = 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from calque.contracts.common import Out, Request, Strict, in_words
+from calque.contracts.common import Out, Request, Strict, catalog_instance_types, consent_required, in_words
 from calque.contracts.economics import GROUP_PATTERN
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
@@ -29,9 +29,11 @@ class PoolSettings(Request):
 
 
 class PoolCreate(PoolSettings):
+    model_config = ConfigDict(json_schema_extra=consent_required("i_understand_this_spends_money"))
+
     name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits and dashes; 3 to 40")
     model: str = Field(min_length=1, max_length=200)
-    instance_type: str = Field(min_length=1, max_length=40)
+    instance_type: str = Field(min_length=1, max_length=40, json_schema_extra=catalog_instance_types)
     runner: str = Field(pattern=RUNNER_PATTERN, description="MODULE:CLASS")
     package_key: str | None = Field(
         default=None, max_length=500, description="the runner package, staged in the artifact bucket"
@@ -76,6 +78,8 @@ class PoolUpdate(Request):
 
 
 class PoolDelete(Request):
+    model_config = ConfigDict(json_schema_extra=consent_required("i_understand_this_terminates_instances"))
+
     i_understand_this_terminates_instances: bool = False
     now: bool = False
 

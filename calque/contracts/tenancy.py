@@ -80,7 +80,17 @@ class CheckoutRequest(Request):
     """POST /v1/sessions: take one slice for a bounded time."""
 
     # The document says what the validators below hold: a profile or a memory floor, not both
-    model_config = ConfigDict(json_schema_extra={"not": {"required": ["profile", "min_memory_gib"]}})
+    # and an MPS slot only with the consent flag set (consent_required otherwise)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {"required": ["profile", "min_memory_gib"]},
+            "if": {"properties": {"backend": {"const": "mps"}}, "required": ["backend"]},
+            "then": {
+                "properties": {"accept_shared_gpu_no_isolation": {"const": True}},
+                "required": ["accept_shared_gpu_no_isolation"],
+            },
+        }
+    )
 
     instance_id: str | None = Field(
         default=None, pattern=INSTANCE_ID_PATTERN, description="only this host; omitted: any host with a fit"

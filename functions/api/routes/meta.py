@@ -50,6 +50,54 @@ _MUTATING = {
 }
 
 
+_SHARED_ROLE_PART = r"^[A-Za-z0-9+=,.@_-]{1,64}$"  # IAM's role and session name characters
+
+
+def _path_pattern_table() -> dict[tuple[str, str], str]:
+    """What the code accepts in each path parameter (it refuses anything else before any
+    lookup), by parameter name, and for `name` by the collection it names. Read when the
+    document is made: the fleet's and pools' contracts stay out of every other request."""
+    from calque.contracts.common import GROUP_PATTERN
+    from calque.contracts.fleet import REQUEST_ID_PATTERN
+    from calque.contracts.pools import NAME_PATTERN as POOL_NAME_PATTERN
+    from calque.contracts.tenancy import INSTANCE_ID_PATTERN, SESSION_ID_PATTERN, USER_PATTERN
+
+    return {
+        ("user", ""): USER_PATTERN,
+        ("instance_id", ""): INSTANCE_ID_PATTERN,
+        ("session_id", ""): SESSION_ID_PATTERN,
+        ("request_id", ""): REQUEST_ID_PATTERN,
+        ("name", "/v1/groups/"): GROUP_PATTERN,
+        ("name", "/v1/pools/"): POOL_NAME_PATTERN,
+        # a member on a shared role, named ROLE/SESSION
+        ("role", "/v1/quotas/"): _SHARED_ROLE_PART,
+        ("session", "/v1/quotas/"): _SHARED_ROLE_PART,
+    }
+
+
+def _path_patterns(path: str, op: dict[str, Any], table: dict[tuple[str, str], str]) -> None:
+    for param in op.get("parameters", []):
+        if param.get("in") != "path":
+            continue
+        for (name, prefix), pattern in table.items():
+            if param.get("name") == name and path.startswith(prefix):
+                param.setdefault("schema", {"type": "string"})["pattern"] = pattern
+
+
+def _body_required_when_it_has_required_fields(op: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """A body that may be omitted in code (the model's defaults then) but whose schema has a
+    required field (a consent flag) is required: omitted, the API refuses the request."""
+    body = op.get("requestBody")
+    if not isinstance(body, dict) or body.get("required"):
+        return
+    schema = body.get("content", {}).get("application/json", {}).get("schema", {})
+    refs = [schema.get("$ref")] + [s.get("$ref") for s in schema.get("anyOf", []) if isinstance(s, dict)]
+    for ref in filter(None, refs):
+        if schemas.get(ref.rsplit("/", 1)[-1], {}).get("required"):
+            body["required"] = True
+            body["content"]["application/json"]["schema"] = {"$ref": ref}  # not null either
+
+
 def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
     """Complete the generated document with what the API really does at its edges.
 
@@ -78,10 +126,13 @@ def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
     doc["security"] = [{SIGV4: []}]
     error_content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorDocument"}}}
     error_headers = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}
-    for operations in doc.get("paths", {}).values():
+    patterns = _path_pattern_table()
+    for path, operations in doc.get("paths", {}).items():
         for method, op in operations.items():
             if not isinstance(op, dict) or "responses" not in op:
                 continue
+            _path_patterns(path, op, patterns)
+            _body_required_when_it_has_required_fields(op, schemas)
             statuses = dict(_ALWAYS)
             if "requestBody" in op:
                 statuses |= _WITH_BODY
