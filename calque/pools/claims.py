@@ -4,6 +4,8 @@ sees only their own claims (another's is "not found", never revealed)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import secrets
 from typing import Any
@@ -22,6 +24,9 @@ from calque.members import requests
 from calque.pools import domain as d
 from calque.pools.core import PoolsCore, _epoch, _iso
 from calque.pools.ports import PoolClosed, QueueMissing, RequestRecorded
+from calque.pools.store.items import pool_index
+
+CLAIM_PAGE = 100  # claims per page at most
 
 
 class ClaimsMixin(PoolsCore):
@@ -189,13 +194,38 @@ class ClaimsMixin(PoolsCore):
     def get_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
         return self._claim_for(who, claim_id)
 
-    def list_claims(self, who: Caller, pool: str | None = None, limit: int = 200) -> list[d.ClaimRecord]:
+    def list_claims(
+        self, who: Caller, pool: str | None = None, limit: int = CLAIM_PAGE
+    ) -> list[d.ClaimRecord]:
+        """The first page of ``claim_page``."""
+        return self.claim_page(who, pool, limit=limit)[0]
+
+    def claim_page(
+        self, who: Caller, pool: str | None = None, *, limit: int = CLAIM_PAGE, token: str | None = None
+    ) -> tuple[list[d.ClaimRecord], str | None]:
+        """A page of claims and the token of the next one (None: the last page). An admin
+        naming a pool: its live claims, oldest submitted first, then its ended ones, the
+        latest to end first. Anyone else: their own claims, the latest submitted first (only
+        that pool's, when one is named)."""
         if pool is not None and who.admin:
-            # its live claims and its latest ended ones, the latest submitted first
-            both = self.store.live_claims(pool, limit) + self.store.ended_claims(pool, limit)
-            return sorted(both, key=lambda c: (c.submitted_at, c.claim_id), reverse=True)[:limit]
-        mine = self.store.claims_of_user(who.principal, limit)
-        return [c for c in mine if pool is None or c.pool == pool]
+            kind, after = claim_token(token, ("live", "ended"))
+            out: list[d.ClaimRecord] = []
+            if kind == "live":
+                out = self.store.live_claims(pool, limit + 1, after=after)
+                if len(out) > limit:
+                    return out[:limit], encode_claim_token("live", pool_index(out[limit - 1])["expiry_sk"])
+                after, limit = None, limit - len(out)
+            if limit > 0:
+                ended = self.store.ended_claims(pool, limit + 1, before=after if kind == "ended" else None)
+                out += ended[:limit]
+                if len(ended) > limit:
+                    return out, encode_claim_token("ended", pool_index(ended[limit - 1])["expiry_sk"])
+            return out, None
+        _, before = claim_token(token, ("mine",))
+        mine = self.store.claims_of_user(who.principal, limit + 1, before=before)
+        page, more = mine[:limit], len(mine) > limit
+        nxt = encode_claim_token("mine", f"{page[-1].submitted_at}#{page[-1].claim_id}") if more else None
+        return [c for c in page if pool is None or c.pool == pool], nxt
 
     def claim_result(self, who: Caller, claim_id: str) -> dict[str, Any]:
         claim = self._claim_for(who, claim_id)
@@ -257,3 +287,27 @@ class ClaimsMixin(PoolsCore):
                 details={"claim_id": claim_id},
             )
         return changed
+
+
+def encode_claim_token(kind: str, after: str) -> str:
+    return base64.urlsafe_b64encode(f"claims:{kind}:{after}".encode()).decode().rstrip("=")
+
+
+def claim_token(token: str | None, kinds: tuple[str, ...]) -> tuple[str, str | None]:
+    """(kind, resume point) of a claims list's next token; the first kind and None for the
+    first page; 400 invalid_next_token for a token this list never gave."""
+    if token is None:
+        return kinds[0], None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raw = ""
+    tag, _, rest = raw.partition(":")
+    kind, _, after = rest.partition(":")
+    if tag != "claims" or kind not in kinds or not after:
+        raise InvalidInput(
+            "next is not a token this list gave: pass the next token of the page before, unchanged",
+            code="invalid_next_token",
+            details={"field": "next"},
+        )
+    return kind, after

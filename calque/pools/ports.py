@@ -79,12 +79,17 @@ class PoolStore(Protocol):
         charged."""
 
     def get_claim(self, claim_id: str) -> ClaimRecord | None: ...
-    def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]: ...
-    def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
-        """The pool's queued and running claims, oldest submitted first (every one: limit None)."""
+    def claims_of_user(self, user: str, limit: int, before: str | None = None) -> list[ClaimRecord]:
+        """The user's claims, the latest submitted first; ``before``: only those whose by_user
+        sort key (``<submitted>#<claim_id>``) sorts before it (a page's resume point)."""
 
-    def ended_claims(self, pool: str, limit: int) -> list[ClaimRecord]:
-        """The pool's latest ended claims, the latest to end first."""
+    def live_claims(self, pool: str, limit: int | None = None, after: str | None = None) -> list[ClaimRecord]:
+        """The pool's queued and running claims, oldest submitted first (every one: limit None);
+        ``after``: only those whose by_expiry sort key (``L#...``) sorts after it."""
+
+    def ended_claims(self, pool: str, limit: int, before: str | None = None) -> list[ClaimRecord]:
+        """The pool's latest ended claims, the latest to end first; ``before``: only those whose
+        by_expiry sort key (``E#...``) sorts before it."""
 
     def transition_claim(
         self,

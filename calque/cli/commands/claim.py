@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli import argtypes
 from calque.cli.errors import CliError
 from calque.cli.output import Column
 
@@ -56,7 +57,14 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=lambda ctx, args: do_show(ctx, claim_id=args.claim_id))
     p = group.add_parser("list", help="your claims (admins with --pool: everyone's on that pool)")
     p.add_argument("--pool", metavar="NAME")
-    p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool))
+    p.add_argument(
+        "--max-items",
+        type=argtypes.positive_int,
+        metavar="N",
+        default=None,
+        help="at most N claims (default: all of them, page after page)",
+    )
+    p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool, max_items=args.max_items))
     p = group.add_parser("result", help="a succeeded claim's per-item outputs and errors")
     p.add_argument("claim_id", metavar="ID")
     p.add_argument("-o", "--out", metavar="FILE", help="write the result document there instead of stdout")
@@ -74,9 +82,10 @@ def do_show(ctx: Any, *, claim_id: str) -> None:
     ctx.emit(ctx.client().request("GET", _path(claim_id)), columns=CLAIM_FIELDS)
 
 
-def do_list(ctx: Any, *, pool: str | None = None) -> None:
+def do_list(ctx: Any, *, pool: str | None = None, max_items: int | None = None) -> None:
     # an empty --pool is sent as given (the API refuses it), not dropped into "every claim"
-    claims = ctx.client().request("GET", "/v1/claims", None, {"pool": pool} if pool is not None else None)
+    query = {"pool": pool} if pool is not None else None
+    claims = ctx.client().pages("/v1/claims", query, max_items=max_items)
     ctx.emit(claims, columns=CLAIM_COLUMNS)
 
 

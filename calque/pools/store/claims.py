@@ -16,7 +16,6 @@ from calque.dynamo import (
     TRANSACTION_CANCELLED,
     Table,
     cancellation_reasons,
-    des,
     error_code,
     ser,
     update_expression,
@@ -151,32 +150,52 @@ class DynamoClaims(Table):
         item = self._get(claim_key(pool, claim_id)) if pool else None
         return ClaimRecord.model_validate(strip(item)) if item else None
 
-    def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]:
-        page = self.client.query(
-            TableName=self.table,
-            IndexName="by_user",
-            KeyConditionExpression="user_pk = :u",
-            ExpressionAttributeValues=ser({":u": f"CLAIMS#{user}"}),
-            ScanIndexForward=False,
-            Limit=limit,
-        )
-        return [ClaimRecord.model_validate(strip(des(i))) for i in page.get("Items", [])]
-
-    def _pool_claims(self, pool: str, prefix: str, *, limit: int | None, forward: bool) -> list[ClaimRecord]:
+    def claims_of_user(self, user: str, limit: int, before: str | None = None) -> list[ClaimRecord]:
+        values = {":u": f"CLAIMS#{user}"}
+        condition = "user_pk = :u"
+        if before is not None:
+            condition += " AND user_sk < :b"
+            values[":b"] = before
         items = self._query(
             limit,
-            IndexName="by_expiry",
-            KeyConditionExpression="expiry_pk = :pk AND begins_with(expiry_sk, :p)",
-            ExpressionAttributeValues=ser({":pk": f"POOLCLAIMS#{pool}", ":p": prefix}),
-            ScanIndexForward=forward,
+            IndexName="by_user",
+            KeyConditionExpression=condition,
+            ExpressionAttributeValues=ser(values),
+            ScanIndexForward=False,
         )
         return [ClaimRecord.model_validate(strip(i)) for i in items]
 
-    def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
-        return self._pool_claims(pool, "L#", limit=limit, forward=True)
+    def _pool_claims(
+        self, pool: str, prefix: str, *, limit: int | None, forward: bool, resume: str | None
+    ) -> list[ClaimRecord]:
+        values = {":pk": f"POOLCLAIMS#{pool}", ":p": prefix}
+        if resume is None:
+            condition = "expiry_pk = :pk AND begins_with(expiry_sk, :p)"
+        else:
+            # within the prefix, past the resume point: (resume, prefix~] forward, [prefix, resume) back
+            condition = "expiry_pk = :pk AND expiry_sk BETWEEN :lo AND :hi"
+            lo, hi = (resume + "\x00", prefix + "\uffff") if forward else (prefix, resume)
+            values.update({":lo": lo, ":hi": hi})
+            del values[":p"]
+        # backward, BETWEEN includes the resume point itself: one more, dropped below
+        extra = 1 if resume is not None and not forward and limit is not None else 0
+        items = self._query(
+            None if limit is None else limit + extra,
+            IndexName="by_expiry",
+            KeyConditionExpression=condition,
+            ExpressionAttributeValues=ser(values),
+            ScanIndexForward=forward,
+        )
+        out = [ClaimRecord.model_validate(strip(i)) for i in items]
+        if resume is not None and not forward:
+            out = [c for c in out if pool_index(c)["expiry_sk"] < resume]
+        return out[:limit] if limit is not None else out
 
-    def ended_claims(self, pool: str, limit: int) -> list[ClaimRecord]:
-        return self._pool_claims(pool, "E#", limit=limit, forward=False)
+    def live_claims(self, pool: str, limit: int | None = None, after: str | None = None) -> list[ClaimRecord]:
+        return self._pool_claims(pool, "L#", limit=limit, forward=True, resume=after)
+
+    def ended_claims(self, pool: str, limit: int, before: str | None = None) -> list[ClaimRecord]:
+        return self._pool_claims(pool, "E#", limit=limit, forward=False, resume=before)
 
     def transition_claim(
         self,

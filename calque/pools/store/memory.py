@@ -22,7 +22,7 @@ from calque.pools.domain import (
     WorkerRecord,
 )
 from calque.pools.ports import PoolClosed, RequestRecorded
-from calque.pools.store.items import name_taken, run_days, served_by
+from calque.pools.store.items import name_taken, pool_index, run_days, served_by
 
 
 class MemoryPoolStore:
@@ -117,28 +117,29 @@ class MemoryPoolStore:
             c = self.claims.get(claim_id)
             return c.model_copy(deep=True) if c else None
 
-    def claims_of_user(self, user: str, limit: int) -> list[ClaimRecord]:
+    def claims_of_user(self, user: str, limit: int, before: str | None = None) -> list[ClaimRecord]:
         with self._lock:
             mine = [c for c in self.claims.values() if c.user == user]
+        mine = [c for c in mine if before is None or f"{c.submitted_at}#{c.claim_id}" < before]
         return sorted(mine, key=lambda c: (c.submitted_at, c.claim_id), reverse=True)[:limit]
 
-    def live_claims(self, pool: str, limit: int | None = None) -> list[ClaimRecord]:
+    def live_claims(self, pool: str, limit: int | None = None, after: str | None = None) -> list[ClaimRecord]:
         with self._lock:
             live = [
                 c.model_copy(deep=True) for c in self.claims.values() if c.pool == pool and c.state in LIVE
             ]
-        return sorted(live, key=lambda c: (c.submitted_at, c.claim_id))[:limit]
+        live = [c for c in live if after is None or pool_index(c)["expiry_sk"] > after]
+        return sorted(live, key=lambda c: pool_index(c)["expiry_sk"])[:limit]
 
-    def ended_claims(self, pool: str, limit: int) -> list[ClaimRecord]:
+    def ended_claims(self, pool: str, limit: int, before: str | None = None) -> list[ClaimRecord]:
         with self._lock:
             ended = [
                 c.model_copy(deep=True)
                 for c in self.claims.values()
                 if c.pool == pool and c.state not in LIVE
             ]
-        return sorted(ended, key=lambda c: (c.finished_at or c.submitted_at, c.claim_id), reverse=True)[
-            :limit
-        ]
+        ended = [c for c in ended if before is None or pool_index(c)["expiry_sk"] < before]
+        return sorted(ended, key=lambda c: pool_index(c)["expiry_sk"], reverse=True)[:limit]
 
     def transition_claim(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
@@ -24,6 +25,7 @@ from calque.contracts.pools import (
     WorkerCredentialsRequest,
     WorkerReport,
 )
+from calque.pools.claims import CLAIM_PAGE
 from calque.pools.wiring import pools
 from calque.settings import pool_settings
 from functions import observability
@@ -35,6 +37,7 @@ from functions.api.context import (
     idempotency_key,
     require_host_role,
 )
+from functions.api.paging import NEXT_PATTERN, paged
 
 router = Router()
 logger = observability.logger("api")
@@ -101,8 +104,22 @@ def submit(name: str, body: ClaimSubmit) -> Claim:
 @router.get("/claims")
 def list_claims(
     pool: Annotated[str | None, Query(pattern=NAME_PATTERN, description="only this pool's claims")] = None,
-) -> list[Claim]:
-    return [_claim(c) for c in pools().list_claims(caller(router), pool)]
+    limit: Annotated[
+        int | None, Query(ge=1, le=100, description="at most this many claims on the page (default 100)")
+    ] = None,
+    next_token: Annotated[
+        str | None,
+        Query(
+            alias="next",
+            min_length=1,
+            max_length=400,
+            pattern=NEXT_PATTERN,
+            description="the page after the one whose Link header (rel=next) gave this token",
+        ),
+    ] = None,
+) -> Response[list[Claim]]:
+    items, token = pools().claim_page(caller(router), pool, limit=limit or CLAIM_PAGE, token=next_token)
+    return paged(router, [_claim(c) for c in items], token)
 
 
 @router.get("/claims/<claim_id>")
