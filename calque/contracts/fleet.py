@@ -75,7 +75,11 @@ class AcquireRequest(Request):
         description="USD/hour; omitted: up to the on-demand rate",
     )
     fallback_on_demand: bool = Field(default=False, description="spot capacity failed: try on-demand")
-    fallback_types: list[str] = Field(default=[], max_length=5)
+    fallback_types: list[str] = Field(
+        default=[],
+        max_length=5,
+        json_schema_extra=lambda schema: catalog_instance_types(schema.setdefault("items", {})),
+    )
     ttl_seconds: int | None = Field(
         default=None, description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)"
     )

@@ -29,7 +29,7 @@ class PoolSettings(Request):
 
 
 class PoolCreate(PoolSettings):
-    model_config = ConfigDict(json_schema_extra=consent_required("i_understand_this_spends_money"))
+    model_config = ConfigDict(json_schema_extra=lambda schema: _pool_create_schema(schema))
 
     name: str = Field(pattern=NAME_PATTERN, description="lowercase letters, digits and dashes; 3 to 40")
     model: str = Field(min_length=1, max_length=200)
@@ -271,3 +271,13 @@ class PoolStatus(Out):
         description="failed worker starts in a row after which the scaler starts no more and "
         "submits are refused, until an admin updates the pool",
     )
+
+
+def _pool_create_schema(schema: dict[str, Any]) -> None:
+    """A pool is created only with the consent flag and with its runner package (staged in the
+    artifact bucket, or on the local plane a directory): the document says both."""
+    consent_required("i_understand_this_spends_money")(schema)
+    schema["anyOf"] = [
+        {"required": [key], "properties": {key: {"type": "string", "minLength": 1}}}
+        for key in ("package_key", "package_path")
+    ]
