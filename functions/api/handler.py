@@ -96,8 +96,12 @@ app.use(middlewares=[_idempotency_key_checked, replay.answered_once_middleware])
 @app.get("/v1/openapi.json")
 def openapi() -> dict[str, Any]:
     include_routes(routes.MODULES)
+    from calque.settings import api_settings
+
+    s = api_settings()
     return meta.openapi_document(
-        json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__))
+        json.loads(app.get_openapi_json_schema(title="calque control plane", version=calque.__version__)),
+        ttl_bounds=(s.session_ttl_floor_s, s.session_ttl_max_s),
     )
 
 

@@ -98,7 +98,7 @@ def _body_required_when_it_has_required_fields(op: dict[str, Any], schemas: dict
             body["content"]["application/json"]["schema"] = {"$ref": ref}  # not null either
 
 
-def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
+def openapi_document(doc: dict[str, Any], *, ttl_bounds: tuple[int, int] | None = None) -> dict[str, Any]:
     """Complete the generated document with what the API really does at its edges.
 
     SigV4 on every operation (API Gateway's AWS_IAM authorization, in its
@@ -114,6 +114,13 @@ def openapi_document(doc: dict[str, Any]) -> dict[str, Any]:
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorDocument"] = error_schema
     components["schemas"] = schemas = dict(sorted(schemas.items()))
+    ttl = schemas.get("CheckoutRequest", {}).get("properties", {}).get("ttl_seconds")
+    if ttl_bounds is not None and isinstance(ttl, dict):
+        # this deployment's own bounds on a session's lifetime (CALQUE_SESSION_TTL_MIN_S/_MAX_S)
+        for branch in ttl.get("anyOf", [ttl]):
+            if branch.get("type") == "integer":
+                branch.pop("exclusiveMinimum", None)
+                branch.update(minimum=ttl_bounds[0], maximum=ttl_bounds[1])
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     components.setdefault("securitySchemes", {})[SIGV4] = {

@@ -224,3 +224,16 @@ def test_openapi_document_describes_the_sessions_end_note_for_its_member(handler
     assert {"type": "null"} in note["anyOf"]
     assert "admin's reason" in note["description"]
     assert "end_note" not in doc["components"]["schemas"]["Session"].get("required", [])
+
+
+def test_openapi_document_gives_a_check_outs_ttl_this_deployments_bounds(handler, monkeypatch):
+    from calque import settings
+
+    monkeypatch.setenv("CALQUE_SESSION_TTL_MIN_S", "60")
+    monkeypatch.setenv("CALQUE_SESSION_TTL_MAX_S", "3600")
+    settings.clear_caches()
+    _, doc = handler(rest_event("GET", "/v1/openapi.json"))
+    ttl = doc["components"]["schemas"]["CheckoutRequest"]["properties"]["ttl_seconds"]
+    (integer,) = [b for b in ttl.get("anyOf", [ttl]) if b.get("type") == "integer"]
+    assert (integer["minimum"], integer["maximum"]) == (60, 3600)
+    settings.clear_caches()
