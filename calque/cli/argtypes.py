@@ -91,3 +91,14 @@ def instance_id(text: str) -> str:
         "i- and up to 32 lowercase letters or digits",
         "calque host list",
     )
+
+
+def add_max_items(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--max-items N``, as the AWS CLI has it: at most N of a paged list's items."""
+    parser.add_argument(
+        "--max-items",
+        type=positive_int,
+        metavar="N",
+        default=None,
+        help=f"at most N {what} (default: all of them, page after page)",
+    )

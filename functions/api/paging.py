@@ -5,14 +5,30 @@ same request with ``next=TOKEN``. No Link header: this was the last page."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from aws_lambda_powertools.event_handler import Response, content_types
 from aws_lambda_powertools.event_handler.api_gateway import BaseRouter
+from aws_lambda_powertools.event_handler.openapi.params import Query
 
 NEXT_PATTERN = r"^[A-Za-z0-9_-]+$"
 NEXT_PARAM = "next"
+
+# A paged list's two query parameters, the same on every list
+PageLimit = Annotated[
+    int | None, Query(ge=1, le=100, description="at most this many items on the page (default 100)")
+]
+NextToken = Annotated[
+    str | None,
+    Query(
+        alias=NEXT_PARAM,
+        min_length=1,
+        max_length=400,
+        pattern=NEXT_PATTERN,
+        description="the page after the one whose Link header (rel=next) gave this token",
+    ),
+]
 
 
 def next_link(router: BaseRouter, token: str) -> str:

@@ -19,7 +19,10 @@ def test_the_demo_tells_the_whole_story_and_ends_clean(local_plane):
         assert f"[{n}/11]" in out
     assert "host ready, slices 4: 4 free" in out
     assert "refused: HTTP 409 no_free_slice" in out
-    assert "the reaper ended: s-" in out
+    # the demo fires the reaper; under load the plane's own schedule may have fired it first,
+    # and then the demo's run finds nothing left to end: either way the session ended expired
+    assert "the reaper ended: s-" in out or "the reaper ended: nothing (already ended)" in out
+    assert "ended (expired)" in out
     assert "erin asks again and gets g0-1g.24gb-" in out
     assert "slices 4: 4 free" in out.split("[11/11]")[1]
 

@@ -57,13 +57,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=lambda ctx, args: do_show(ctx, claim_id=args.claim_id))
     p = group.add_parser("list", help="your claims (admins with --pool: everyone's on that pool)")
     p.add_argument("--pool", metavar="NAME")
-    p.add_argument(
-        "--max-items",
-        type=argtypes.positive_int,
-        metavar="N",
-        default=None,
-        help="at most N claims (default: all of them, page after page)",
-    )
+    argtypes.add_max_items(p, "claims")
     p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool, max_items=args.max_items))
     p = group.add_parser("result", help="a succeeded claim's per-item outputs and errors")
     p.add_argument("claim_id", metavar="ID")

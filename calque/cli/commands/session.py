@@ -283,13 +283,7 @@ def register(subparsers: Any) -> None:
         "--state", choices=("live", "ended", "any"), default=None, help="which sessions (default: live)"
     )
     states.add_argument("--ended", action="store_true", help="ended sessions (same as --state ended)")
-    p.add_argument(
-        "--max-items",
-        type=argtypes.positive_int,
-        metavar="N",
-        default=None,
-        help="at most N sessions (default: all of them, page after page)",
-    )
+    argtypes.add_max_items(p, "sessions")
     p.set_defaults(func=_list)
 
     p = group.add_parser("show", help="one session")

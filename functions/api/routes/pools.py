@@ -37,7 +37,7 @@ from functions.api.context import (
     idempotency_key,
     require_host_role,
 )
-from functions.api.paging import NEXT_PATTERN, paged
+from functions.api.paging import NextToken, PageLimit, paged
 
 router = Router()
 logger = observability.logger("api")
@@ -104,19 +104,8 @@ def submit(name: str, body: ClaimSubmit) -> Claim:
 @router.get("/claims")
 def list_claims(
     pool: Annotated[str | None, Query(pattern=NAME_PATTERN, description="only this pool's claims")] = None,
-    limit: Annotated[
-        int | None, Query(ge=1, le=100, description="at most this many claims on the page (default 100)")
-    ] = None,
-    next_token: Annotated[
-        str | None,
-        Query(
-            alias="next",
-            min_length=1,
-            max_length=400,
-            pattern=NEXT_PATTERN,
-            description="the page after the one whose Link header (rel=next) gave this token",
-        ),
-    ] = None,
+    limit: PageLimit = None,
+    next_token: NextToken = None,
 ) -> Response[list[Claim]]:
     items, token = pools().claim_page(caller(router), pool, limit=limit or CLAIM_PAGE, token=next_token)
     return paged(router, [_claim(c) for c in items], token)

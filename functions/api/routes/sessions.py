@@ -20,7 +20,7 @@ from calque.contracts.tenancy import (
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
 from functions.api.context import caller, idempotency_key
-from functions.api.paging import NEXT_PATTERN, paged
+from functions.api.paging import NextToken, PageLimit, paged
 
 router = Router()
 logger = observability.logger("api")
@@ -47,19 +47,8 @@ def list_sessions(
     user: Annotated[
         str | None, Query(pattern=USER_PATTERN, description="admins: this user's sessions")
     ] = None,
-    limit: Annotated[
-        int | None, Query(ge=1, le=100, description="at most this many sessions on the page (default 100)")
-    ] = None,
-    next_token: Annotated[
-        str | None,
-        Query(
-            alias="next",
-            min_length=1,
-            max_length=200,
-            pattern=NEXT_PATTERN,
-            description="the page after the one whose Link header (rel=next) gave this token",
-        ),
-    ] = None,
+    limit: PageLimit = None,
+    next_token: NextToken = None,
 ) -> Response[list[Session]]:
     page = api_tenancy().session_page(
         caller(router), everyone=everyone, state=state, user=user, limit=limit, next_token=next_token
