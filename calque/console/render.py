@@ -11,7 +11,15 @@ from string import Template
 from typing import Any
 
 from calque.console import plots
-from calque.console.snapshot import Board, HostView, PoolView, SliceView, queue_columns, slice_look
+from calque.console.snapshot import (
+    Board,
+    HostView,
+    PoolView,
+    SessionView,
+    SliceView,
+    queue_columns,
+    slice_look,
+)
 
 LOOKS = ("free", "held", "draining", "reclaiming", "failed", "pending")
 
@@ -54,12 +62,15 @@ def _problem(board: Board, section: str) -> str:
 
 def _slice(board: Board, host: HostView, piece: SliceView) -> str:
     look = slice_look(host, piece)
-    session = board.sessions.get(piece.session_id or "")
-    session = session or board.own_session(host.instance_id, piece.slice_id)
-    holder = piece.holder or (session.user if session else None)
+    session: SessionView | None = None
+    holder: str | None = None
+    if piece.state == "held":  # hosts and sessions are read one after the other: the slice decides
+        session = board.sessions.get(piece.session_id or "")
+        session = session or board.own_session(host.instance_id, piece.slice_id)
+        holder = piece.holder or (session.user if session else None)
     mine = board.caller is not None and holder == board.caller.principal
     lines = [f'<span class="sid">{_e(piece.slice_id)}</span>', f'<span class="look">{_e(look)}</span>']
-    if look == "held" or holder:
+    if piece.state == "held":
         who = _e(holder) if holder else "someone else"
         lines.append(f'<span class="holder">{who}{" (you)" if mine else ""}</span>')
         if session is not None:

@@ -93,12 +93,14 @@ class FakeApi:
         self.queue = queue
         self.refuse = refuse or {}
         self.calls: list[tuple[str, str, Any]] = []
+        self.sessions_extra: list[dict[str, Any]] = []
 
     def _sessions(self) -> list[dict[str, Any]]:
         every = [
             _session("s-bob", "bob", 1, timedelta(hours=2, minutes=5)),
             _session("s-alice", "alice", 2, timedelta(minutes=4, seconds=10)),
         ]
+        every += self.sessions_extra
         return every if self.admin else [s for s in every if s["user"] == self.principal]
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
@@ -211,6 +213,18 @@ def test_a_member_sees_only_their_own_holding():
     assert 'data-holder=""' in other
     assert "bob" not in html
     assert "your own" in html
+
+
+def test_a_session_read_after_its_slice_was_read_free_does_not_mark_the_slice():
+    # Given the hosts were read just before alice's check-out and the sessions just after
+    api = FakeApi("alice", admin=False)
+    api.sessions_extra = [_session("s-new", "alice", 0, timedelta(hours=1))]
+    html = _board(api)
+    # Then slice 0 is drawn as the hosts said (free), with nobody on it: the next refresh will tell
+    free = _slice_div(html, 0)
+    assert 'data-look="free"' in free
+    assert 'data-holder=""' in free
+    assert "(you)" not in free
 
 
 def test_what_the_api_says_is_escaped_never_run():
