@@ -10,6 +10,7 @@ from typing import Any
 from calque.cli.argtypes import non_negative_int, positive_float
 
 DEFAULT_REFRESH_S = 5.0
+MIN_REFRESH_S = 1.0  # each refresh costs the API a handful of reads
 
 
 def _port(text: str) -> int:
@@ -19,11 +20,20 @@ def _port(text: str) -> int:
     return value
 
 
+def _refresh(text: str) -> float:
+    value = positive_float(text)
+    if value < MIN_REFRESH_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is too often: at least {MIN_REFRESH_S:g} second")
+    return value
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "console",
         help="serve a live page of the fleet on 127.0.0.1 and open it in the browser",
-        epilog="example:\n  calque console --profile admin\n  calque console --port 8001 --no-browser",
+        epilog="examples:\n"
+        "  calque console --profile admin\n"
+        "  calque console --port 8001 --no-browser --refresh 10\n",
     )
     p.add_argument(
         "--port",
@@ -35,10 +45,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-browser", action="store_true", help="print the address only; do not open a browser")
     p.add_argument(
         "--refresh",
-        type=positive_float,
+        type=_refresh,
         default=DEFAULT_REFRESH_S,
         metavar="SECONDS",
-        help=f"how often the page refreshes itself, in seconds (default {DEFAULT_REFRESH_S:g})",
+        help=f"how often the page refreshes itself, in seconds (default {DEFAULT_REFRESH_S:g}; "
+        f"at least {MIN_REFRESH_S:g})",
     )
     p.set_defaults(func=_console)
 
