@@ -44,10 +44,11 @@ def check_out(local_plane, demo_host) -> Iterator[Any]:
         return grant
 
     yield take
-    for user, grant in taken:
-        local_plane.request(
+    for user, grant in taken:  # nothing left held for the tests that follow on this plane
+        ended = local_plane.request(
             "DELETE", f"/v1/sessions/{grant['session_id']}", profile=user, body={"token": grant["token"]}
         )
+        assert ended.status == 200, ended.json()
 
 
 def _slices(driver: Any, host: str) -> dict[str, dict[str, str]]:
