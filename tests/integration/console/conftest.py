@@ -26,7 +26,8 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 URL = re.compile(r"http://127\.0\.0\.1:\d+/\?token=\S+")
 
 
-def _missing() -> str | None:
+def browser_missing() -> str | None:
+    """What is missing to drive a headless browser, or None."""
     try:
         import selenium  # noqa: F401
     except ImportError:
@@ -40,7 +41,7 @@ def _missing() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    missing = _missing()
+    missing = browser_missing()
     if missing:
         pytest.skip(f"no headless browser: {missing}")
     from selenium import webdriver

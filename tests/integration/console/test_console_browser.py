@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from tests.integration.console.conftest import browser_missing
+
+_MISSING = browser_missing()
+pytestmark = [
+    pytest.mark.integration,
+    # decided before any plane starts: without a browser there is nothing to start it for
+    pytest.mark.skipif(_MISSING is not None, reason=f"no headless browser: {_MISSING}"),
+]
 
 PROFILE = "1g.24gb"
 WAIT_S = 60  # the longest any one wait on the page lasts (a bound, not a speed target)
