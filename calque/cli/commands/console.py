@@ -89,7 +89,8 @@ def do_console(ctx: Any, *, port: int, open_browser: bool, refresh_s: float) -> 
     if open_browser:
         import webbrowser
 
-        webbrowser.open(server.url)
+        if not webbrowser.open(server.url) and not ctx.json:
+            sys.stderr.write("no browser could be opened here: open the address above yourself\n")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
