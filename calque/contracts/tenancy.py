@@ -21,8 +21,10 @@ Error codes scripts may branch on (the contract's error document):
       group.max_usd_per_month; monthly ones with used / reserved / asked and the limit)
   403 forbidden (admins only / not this host's role / the host role off its report route),
       invalid_token (nothing released), role_session_not_pinned (a shared role's session)
+      (a session's own member checks it in or extends it by identity alone, without the token)
   400 consent_required (mps without accept_shared_gpu_no_isolation), invalid_layout,
-      invalid_input (unknown instance type), invalid_ttl, token_required
+      invalid_input (unknown instance type), invalid_ttl,
+      token_required (someone not the session's member, without its token)
   422 validation_failed (details.fields names each field)
   404 not_found (also another member's session: ids never leak)
 """
@@ -166,6 +168,11 @@ class Session(Out):
     host_access: HostAccess | None = Field(
         default=None, description="the session's own account on the host; null for sessions from before it"
     )
+    seconds_left: int | None = Field(
+        default=None,
+        ge=0,
+        description="live, as shown or extended: seconds until expires_at when it was read; null otherwise",
+    )
 
 
 class SessionGrant(Session):
@@ -177,9 +184,15 @@ class SessionGrant(Session):
 
 
 class CheckinRequest(Request):
-    """DELETE /v1/sessions/{id}: end a session. The token, or force (admins)."""
+    """DELETE /v1/sessions/{id}: end a session. Its member by their identity alone, the
+    token's holder, or an admin with force."""
 
-    token: str | None = Field(default=None, min_length=1, max_length=256)
+    token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the session's token; omitted: the session's own member ends it by their identity",
+    )
     force: bool = Field(default=False, description="admins: end it without the token")
     reason: str | None = Field(
         default=None,
@@ -191,7 +204,12 @@ class CheckinRequest(Request):
 class ExtendRequest(Request):
     """POST /v1/sessions/{id}/extend: push the expiry later, within the deployment's max TTL."""
 
-    token: str = Field(min_length=1, max_length=256)
+    token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the session's token; omitted: the session's own member extends it by their identity",
+    )
     ttl_seconds: int = Field(gt=0, le=TTL_SECONDS_LIMIT, description="seconds added to the current expiry")
     expected_expires_at: datetime | None = Field(
         default=None,

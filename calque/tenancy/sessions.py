@@ -248,7 +248,7 @@ class SessionsMixin(TenancyCore):
         token_hash: str | None = None
         if not req.force:
             # first, replay or not: a wrong token is refused, never answered with the session
-            token_hash = self._check_token(session, req.token, "nothing was released")
+            token_hash = self._owner_or_token(who, session, req.token, "nothing was released")
         if session.state == "ended" and requests.is_replay(session.end_request, rid, "check-in"):
             return self._session_view(session)  # a replay of the check-in that ended it
         if session.state == "ended":
@@ -295,7 +295,7 @@ class SessionsMixin(TenancyCore):
         rid = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
         session = self._visible_session(who, session_id)
         now = self.clock()
-        token_hash = self._check_token(session, req.token, "the expiry is unchanged")
+        token_hash = self._owner_or_token(who, session, req.token, "the expiry is unchanged")
         if requests.is_replay(session.extend_request, rid, "extend"):
             return self._session_view(session)  # a replay of the extend that set this expiry
         self._check_extendable(session, now)
@@ -365,7 +365,7 @@ class SessionsMixin(TenancyCore):
                 code="session_changed",
                 details={"session_id": session_id},
             ) from None
-        return self._session_view(new)
+        return self._timed_view(new)
 
     def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:
         quota, _mine = self.registry.quota_and_groups(session.user)
@@ -373,7 +373,28 @@ class SessionsMixin(TenancyCore):
         return quota, group
 
     def get_session(self, who: Caller, session_id: str) -> Session:
-        return self._session_view(self._visible_session(who, session_id))
+        return self._timed_view(self._visible_session(who, session_id))
+
+    def _timed_view(self, s: SessionRecord) -> Session:
+        """The session as read now: a live one says how many seconds it has left."""
+        view = self._session_view(s)
+        if s.state != "live":
+            return view
+        left = max(0, int((s.expires_at - self.clock()).total_seconds()))
+        return view.model_copy(update={"seconds_left": left})
+
+    def _owner_or_token(
+        self, who: Caller, session: SessionRecord, token: str | None, consequence: str
+    ) -> str | None:
+        """Who may end or extend a session: its token's holder (the token's hash, which the
+        write then checks again), or its member by their own identity alone (None). A token
+        given is always checked, whoever gives it; an admin who is not the member and has no
+        token ends it with force."""
+        if token or session.user != who.principal:
+            if not token and who.admin:
+                consequence += " (admins: force the check-in)"
+            return self._check_token(session, token, consequence)
+        return None
 
     def _ttl(self, seconds: int) -> int:
         lo, hi = self.config.ttl_floor_s, self.config.ttl_max_s

@@ -333,7 +333,7 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
         session: SessionRecord,
         *,
         expires_at: datetime,
-        token_hash: str,
+        token_hash: str | None,
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,

@@ -277,13 +277,13 @@ class Registry(MemberStore, Protocol):
         session: SessionRecord,
         *,
         expires_at: datetime,
-        token_hash: str,
+        token_hash: str | None,
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,
         reservation: Reservation | None = None,
     ) -> SessionRecord:
-        """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry (and
+        """Live, unexpired at ``now``, token (when given) and expiry unchanged -> the new expiry (and
         ``request_id`` kept as the last extend's), and with ``reservation`` the extra time
         reserved as a grant does (on the session, the user's and the group's month).
         StaleWrite, or QuotaFull / GroupFull when a monthly limit refuses."""
