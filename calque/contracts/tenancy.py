@@ -38,8 +38,12 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from calque.contracts.common import Out, Request, Strict
 
-# What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
-SessionBackend = Literal["mig", "mps"]
+# What a member may ask for: a MIG slice, an MPS slot, or whole cards ("gpu": slices laid out
+# "exclusive"), or "any": the tightest fit among MIG slices and whole cards (and MPS slots,
+# with the consent flag).
+SessionBackend = Literal["mig", "mps", "gpu", "any"]
+# The most whole cards one check-out takes (the largest instances have 8).
+MAX_GPUS = 8
 SliceBackend = Literal["mig", "mps", "exclusive"]
 Sharing = Literal["mig", "mps", "exclusive", "mixed"]
 HostState = Literal["pending", "ready", "draining", "drained", "failed"]
@@ -86,11 +90,19 @@ class CheckoutRequest(Request):
     model_config = ConfigDict(
         json_schema_extra={
             "not": {"required": ["profile", "min_memory_gib"]},
-            "if": {"properties": {"backend": {"const": "mps"}}, "required": ["backend"]},
-            "then": {
-                "properties": {"accept_shared_gpu_no_isolation": {"const": True}},
-                "required": ["accept_shared_gpu_no_isolation"],
-            },
+            "allOf": [
+                {
+                    "if": {"properties": {"backend": {"const": "mps"}}, "required": ["backend"]},
+                    "then": {
+                        "properties": {"accept_shared_gpu_no_isolation": {"const": True}},
+                        "required": ["accept_shared_gpu_no_isolation"],
+                    },
+                },
+                {
+                    "if": {"properties": {"gpus": {"minimum": 2}}, "required": ["gpus"]},
+                    "then": {"properties": {"backend": {"const": "gpu"}}},
+                },
+            ],
         }
     )
 
@@ -119,11 +131,25 @@ class CheckoutRequest(Request):
         description="the group to charge (one of the member's); omitted: their default group",
     )
 
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GPUS,
+        description="whole cards on one host, all or none (backend gpu only for more than 1)",
+    )
+
     @field_validator("min_memory_gib")
     @classmethod
     def _one_of_profile_or_memory(cls, value: float | None, info: ValidationInfo) -> float | None:
         if value is not None and info.data.get("profile") is not None:
             raise ValueError("give either profile or min_memory_gib, not both")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _several_only_whole(cls, value: int, info: ValidationInfo) -> int:
+        if value > 1 and info.data.get("backend") != "gpu":
+            raise ValueError("more than one GPU is whole cards only: ask with backend gpu")
         return value
 
 
@@ -167,6 +193,9 @@ class Session(Out):
     env: dict[str, str] = Field(default={}, description="the exact environment to bind a process")
     host_access: HostAccess | None = Field(
         default=None, description="the session's own account on the host; null for sessions from before it"
+    )
+    slice_ids: list[str] = Field(
+        default=[], description="every slice the session holds, slice_id first (several: whole cards)"
     )
     seconds_left: int | None = Field(
         default=None,

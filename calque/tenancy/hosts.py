@@ -320,7 +320,7 @@ class HostsMixin(TenancyCore):
             return
         if holder is not None and holder.state == "live" and report.fence < holder.fence:
             if session_account(holder.session_id) != g.account:
-                self.tasks.send(_grant(holder))
+                self.tasks.send(_grant(holder, sl.slice_id))
         elif (
             sl.state == "free"
             and report.fence <= sl.fence

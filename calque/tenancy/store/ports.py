@@ -213,8 +213,11 @@ class Registry(MemberStore, Protocol):
         reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
+        extra: Sequence[SliceRecord] = (),
     ) -> None:
-        """One transaction: slice free at sl.fence -> held at session.fence, the session created
+        """One transaction: slice free at sl.fence -> held at session.fence (and each of
+        ``extra``, the session's further whole cards, free at its own fence read -> held at
+        session.fence: all or none), the session created
         (carrying its reservation), the user's live counter incremented below its maximum and
         the reservation added to the month's committed amounts of the user and of the
         session's group, each on condition it fits every monthly limit set (limits pinned as
