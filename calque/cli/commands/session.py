@@ -36,6 +36,7 @@ def checkout_body(
     ttl_seconds: int | None = None,
     accept_shared_gpu_no_isolation: bool = False,
     group: str | None = None,
+    gpus: int | None = None,
 ) -> dict[str, Any]:
     """The POST /v1/sessions body; CliError (exit 1) for an MPS check-out without consent."""
     if backend == "mps" and not accept_shared_gpu_no_isolation:
@@ -56,6 +57,12 @@ def checkout_body(
     }
     if group is not None:  # the group charged (calque group ...); omitted: the member's default
         body["group"] = group
+    if gpus is not None and gpus != 1:  # whole cards of one host (backend gpu)
+        if backend != "gpu":
+            raise UsageError(
+                f"--gpus {gpus} takes whole cards: give --backend gpu", details={"field": "gpus"}
+            )
+        body["gpus"] = gpus
     return body
 
 
@@ -162,8 +169,10 @@ def render_grant(grant: Mapping[str, Any]) -> str:
     """A check-out for people: what was granted, the token once, the env, how to connect, warnings."""
     from calque.cli.output import slice_summary
 
+    several = grant.get("slice_ids") or []
+    what = f"slices {', '.join(several)}" if len(several) > 1 else f"slice {grant.get('slice_id')}"
     lines = [
-        f"Checked out {grant.get('session_id')}: slice {grant.get('slice_id')} "
+        f"Checked out {grant.get('session_id')}: {what} "
         f"({slice_summary(grant.get('profile'), grant.get('memory_gib'), grant.get('backend'))}) "
         f"on {grant.get('instance_id')}.",
         f"Expires at {grant.get('expires_at')} (in {remaining(grant.get('expires_at'))}); "
@@ -239,7 +248,18 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--instance-id", metavar="I", help="only this host (default: any host with a fitting slice)"
     )
-    p.add_argument("--backend", required=True, choices=("mig", "mps"), help="MIG slice or MPS client slot")
+    p.add_argument(
+        "--backend",
+        required=True,
+        choices=("mig", "mps", "gpu", "any"),
+        help="MIG slice, MPS client slot, whole GPU(s), or any: the tightest fit (slices before whole GPUs)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=argtypes.positive_int,
+        metavar="N",
+        help="N whole GPUs of one host, all or none (--backend gpu)",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--profile",
@@ -331,7 +351,7 @@ def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> 
     return parser
 
 
-_SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$", re.IGNORECASE)
+_SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$|^whole$", re.IGNORECASE)
 
 
 def _checkout(ctx: Any, args: argparse.Namespace) -> None:
@@ -351,6 +371,7 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
         ttl_seconds=args.ttl,
         accept_shared_gpu_no_isolation=args.accept_no_isolation,
         group=args.group,
+        gpus=args.gpus,
     )
 
 

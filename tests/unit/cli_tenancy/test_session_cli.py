@@ -358,3 +358,23 @@ def test_a_note_with_terminal_control_characters_reaches_the_members_terminal_as
     # And the JSON document keeps the note as recorded (escaped by JSON itself)
     _, out, _ = cli("--output", "json", "session", "show", ended["session_id"])
     assert json.loads(out)["end_note"] == "runaway\x1b[2J\x1b]0;pwned\x07 job\u202e42"
+
+
+def test_gpus_n_asks_for_whole_cards_and_the_grant_names_every_card(api, cli):
+    cards = ["g0-whole", "g1-whole"]
+    api.responses[("POST", "/v1/sessions")] = {**GRANT, "backend": "exclusive", "slice_ids": cards}
+    code, out, _ = cli("session", "checkout", "--backend", "gpu", "--gpus", "2", "--ttl", "1h")
+    assert code == 0
+    assert api.requests[0][2]["backend"] == "gpu"
+    assert api.requests[0][2]["gpus"] == 2
+    assert "slices g0-whole, g1-whole" in out
+
+
+def test_one_card_sends_no_gpus_and_several_need_backend_gpu(api, cli):
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    assert cli("session", "checkout", "--backend", "gpu")[0] == 0
+    assert "gpus" not in api.requests[0][2]
+    code, _, err = cli("session", "checkout", "--backend", "mig", "--gpus", "2")
+    assert code == 2
+    assert "--backend gpu" in err
+    assert len(api.requests) == 1

@@ -1,0 +1,107 @@
+"""Whole cards end to end on the local plane: a slice-sized request takes a slice before any
+whole card; `--gpus 3` takes three cards of one host in one grant, the host agent gives every
+card's device node to the session's one account; the member checks it in with no token and
+every card is reclaimed, the account gone with the last."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from calque.contracts.agent import session_account
+from tests.integration.conftest import LocalPlaneHandle
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 60
+LAYOUT = {
+    "version": "v1",
+    "gpus": [{"devices": [0, 1, 2], "exclusive": True}, {"devices": [3], "mig": {"2g.48gb": 2}}],
+}
+
+
+def _host_state(plane: LocalPlaneHandle, instance_id: str) -> dict[str, Any]:
+    doc = json.loads((plane.state_dir / "hosts" / f"{instance_id}.json").read_text())
+    return dict(doc.get("host") or {})
+
+
+def _wait_for(what: str, check, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def test_whole_cards_on_the_local_plane(local_plane, tmp_path):
+    plane = local_plane
+    instance = plane.launch("g7e.24xlarge")
+    spec = tmp_path / "layout.json"
+    spec.write_text(json.dumps(LAYOUT))
+    code, host = plane.cli_json(
+        "host",
+        "register",
+        "--instance-id",
+        instance,
+        "--instance-type",
+        "g7e.24xlarge",
+        "--spec",
+        str(spec),
+        "--wait",
+        "--timeout",
+        "90s",
+        profile="admin",
+    )
+    assert code == 0, host
+    # A request a 48 GiB slice serves takes a slice, not a whole card
+    code, small = plane.cli_json(
+        "session", "checkout", "--instance-id", instance, "--backend", "any", "--min-memory-gib", "40",
+        profile="bob",
+    )  # fmt: skip
+    assert code == 0, small
+    assert small["backend"] == "mig"
+    # Three whole cards in one check-out
+    code, grant = plane.cli_json(
+        "session", "checkout", "--instance-id", instance, "--backend", "gpu", "--gpus", "3", "--ttl", "30m"
+    )
+    assert code == 0, grant
+    cards = sorted(grant["slice_ids"])
+    assert cards == ["g0-whole", "g1-whole", "g2-whole"]
+    account = session_account(grant["session_id"])
+    # The host agent grants every card to the session's one account
+    h = _wait_for(
+        "every card's grant",
+        lambda: (lambda hs: hs if all(c in hs.get("grants", {}) for c in cards) else None)(
+            _host_state(plane, instance)
+        ),
+    )
+    assert {h["grants"][c]["account"] for c in cards} == {account}
+    code, shown = plane.cli_json("session", "show", grant["session_id"])
+    assert code == 0, shown
+    assert 0 < shown["seconds_left"] <= 1800
+    # The member checks it in with no token: every card reclaimed, the account gone
+    code, done = plane.cli_json("session", "checkin", grant["session_id"])
+    assert code == 0, done
+    gone = _wait_for(
+        "the session's account to be removed",
+        lambda: (lambda hs: hs if account not in hs["accounts"] else None)(_host_state(plane, instance)),
+    )
+    assert not any(c in gone["grants"] for c in cards)
+    code, hostview = plane.cli_json("host", "show", instance, profile="admin")
+    assert code == 0, hostview
+    freed = _wait_for(
+        "the cards to be free again",
+        lambda: all(
+            s["state"] == "free"
+            for s in plane.cli_json("host", "show", instance, profile="admin")[1]["slices"]
+            if s["slice_id"] in cards
+        ),
+    )
+    assert freed
+    code, _ = plane.cli_json("session", "checkin", small["session_id"], profile="bob")
+    assert code == 0
