@@ -155,6 +155,10 @@ class CheckoutRequest(Request):
 
 class Connect(Out):
     ssm_command: str = Field(description="how to open a shell on the host")
+    document_name: str | None = Field(
+        default=None, description="the stack's Session Manager document the connect command names"
+    )
+    account: str | None = Field(default=None, description="the account on the host it lands in")
 
 
 class HostAccess(Out):
@@ -196,6 +200,9 @@ class Session(Out):
     )
     slice_ids: list[str] = Field(
         default=[], description="every slice the session holds, slice_id first (several: whole cards)"
+    )
+    connect: Connect | None = Field(
+        default=None, description="live, as shown: how to open a shell on its host (calque session connect)"
     )
     seconds_left: int | None = Field(
         default=None,

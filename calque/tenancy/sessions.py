@@ -352,7 +352,16 @@ class SessionsMixin(PlacementMixin):
         if s.state != "live":
             return view
         left = max(0, int((s.expires_at - self.clock()).total_seconds()))
-        return view.model_copy(update={"seconds_left": left})
+        return view.model_copy(update={"seconds_left": left, "connect": self._connect(s)})
+
+    def _connect(self, s: SessionRecord) -> Connect:
+        account = connect_account(s.session_id, s.backend, s.slice_id)
+        document = self.config.session_document_name
+        return Connect(
+            ssm_command=session_connect_command(s.instance_id, document, account),
+            document_name=document,
+            account=account,
+        )
 
     def _owner_or_token(
         self, who: Caller, session: SessionRecord, token: str | None, consequence: str
@@ -401,15 +410,9 @@ class SessionsMixin(PlacementMixin):
                     "a spot reclaim would end every session on it"
                 )
         return SessionGrant(
-            **self._session_view(s).model_dump(),
+            **self._session_view(s).model_dump(exclude={"connect"}),
             token=token,
-            connect=Connect(
-                ssm_command=session_connect_command(
-                    s.instance_id,
-                    self.config.session_document_name,
-                    connect_account(s.session_id, s.backend, s.slice_id),
-                )
-            ),
+            connect=self._connect(s),
             warnings=warnings,
         )
 

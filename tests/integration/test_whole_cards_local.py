@@ -105,3 +105,56 @@ def test_whole_cards_on_the_local_plane(local_plane, tmp_path):
     assert freed
     code, _ = plane.cli_json("session", "checkin", small["session_id"], profile="bob")
     assert code == 0
+
+
+def _calque(plane: LocalPlaneHandle, *args: str, token: str | None = None, stdin: str | None = None):
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import REPO
+
+    env = {**plane.env(), "SHELL": "/bin/sh"}
+    if token is not None:
+        env["CALQUE_SESSION_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "calque.cli.main", "--profile", "alice", *args],
+        env=env, capture_output=True, text=True, input=stdin, timeout=120, check=False, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_connect_and_exec_on_the_local_plane_run_with_the_sessions_environment_after_its_token(local_plane):
+    plane = local_plane
+    instance = plane.launch("g7e.2xlarge")
+    code, host = plane.cli_json(
+        "host", "register", "--instance-id", instance, "--instance-type", "g7e.2xlarge", "--mig", "1g.24gb=4",
+        "--wait", "--timeout", "90s", profile="admin",
+    )  # fmt: skip
+    assert code == 0, host
+    code, grant = plane.cli_json("session", "checkout", "--instance-id", instance, "--backend", "mig")
+    assert code == 0, grant
+    sid, token = grant["session_id"], grant["token"]
+    _wait_for(
+        "the grant",
+        lambda: plane.cli_json("session", "show", sid)[1]["host_access"]["state"] == "granted",
+    )
+    # exec: one command, its exit status, with the session's environment, in its account's directory
+    script = 'echo "$CUDA_VISIBLE_DEVICES"; pwd; exit 3'
+    done = _calque(plane, "session", "exec", sid, "--", "sh", "-c", script, token=token)
+    assert done.returncode == 3, done.stderr
+    devices, cwd = done.stdout.split()
+    assert devices == grant["env"]["CUDA_VISIBLE_DEVICES"]
+    assert cwd.endswith(f"{instance}-homes/{session_account(sid)}")
+    assert "simulated" in done.stderr
+    # a wrong token runs nothing
+    wrong = _calque(plane, "session", "exec", sid, "--", "sh", "-c", "echo ran", token="cqt_not-it")
+    assert wrong.returncode == 1
+    assert "ran" not in wrong.stdout
+    assert "not this session's token" in wrong.stderr
+    # connect: the token as the first line of stdin, then the shell reads the rest
+    shell = _calque(
+        plane, "session", "connect", sid, stdin=f"{token}\necho CONNECTED:$CALQUE_SESSION_ID\nexit 0\n"
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert f"CONNECTED:{sid}" in shell.stdout
+    code, _ = plane.cli_json("session", "checkin", sid)
+    assert code == 0

@@ -1,4 +1,5 @@
-"""``calque session checkout | checkin | extend | list | show``: one user, one slice, a bounded time.
+"""``calque session checkout | checkin | extend | list | show`` (and ``connect | exec``:
+calque.cli.commands.session_connect): one user, one slice, a bounded time.
 
 MPS slots share a card with no isolation between tenants, so an MPS check-out
 without ``--i-understand-shared-gpu-has-no-isolation`` is refused here, before any
@@ -325,6 +326,10 @@ def register(subparsers: Any) -> None:
     p = group.add_parser("show", help="one session")
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
     p.set_defaults(func=_show)
+
+    from calque.cli.commands import session_connect
+
+    session_connect.register(group)  # connect, exec
 
 
 def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
