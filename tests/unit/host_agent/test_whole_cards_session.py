@@ -66,3 +66,20 @@ def test_the_account_outlives_the_first_cards_reclaim_and_goes_with_the_last():
     assert verbs.do_reclaim(ctx, "g1-whole", fence=1).ok
     assert ALICE not in backend.host._h["accounts"]
     assert not backend.host.may_open_gpu(ALICE, 1)
+
+
+def test_the_login_runs_the_session_documents_base64_command_and_refuses_what_is_not_base64(
+    monkeypatch, capsys
+):
+    from calque.contracts.accounts import command_b64
+    from host_agent import cli, login
+
+    seen = []
+    monkeypatch.setattr(login, "login", lambda user, **kw: seen.append((user, kw["command"])) or 0)
+    monkeypatch.setattr(cli, "_linux_host", lambda args: None)
+    sent = command_b64(["sh", "-c", "nvidia-smi; echo 'a b'"])
+    assert cli.main(["login", "--user", ALICE, "--command-b64", sent]) == 0
+    assert cli.main(["login", "--user", ALICE, "--command-b64", ""]) == 0
+    assert seen == [(ALICE, "sh -c 'nvidia-smi; echo '\"'\"'a b'\"'\"''"), (ALICE, None)]
+    assert cli.main(["login", "--user", ALICE, "--command-b64", "not base64!"]) == 2
+    assert len(seen) == 2
