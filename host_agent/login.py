@@ -23,6 +23,7 @@ import hmac
 import os
 import sys
 
+from calque.contracts.accounts import read_token_line
 from host_agent import accounts
 from host_agent.tenants import DEFAULT_STATE_DIR, Grant, GrantStore
 
@@ -71,12 +72,7 @@ def _read_token() -> str:
         return getpass.getpass("calque session token: ")
     # Not a terminal (a script, `--command`): one line, read unbuffered so nothing after it
     # is taken from the shell that follows.
-    out = bytearray()
-    while True:
-        ch = os.read(0, 1)
-        if not ch or ch == b"\n":
-            return out.decode(errors="replace")
-        out += ch
+    return read_token_line(0)
 
 
 def _libc():

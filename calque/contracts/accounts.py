@@ -70,3 +70,16 @@ def session_connect_argv(
     if profile:
         argv += ["--profile", profile]
     return [*argv, "--target", instance_id, "--document-name", document_name, "--parameters", params]
+
+
+def read_token_line(fd: int = 0) -> str:
+    """One line of ``fd`` (a session's token, where no terminal asks for it), read a byte at
+    a time so that nothing after it is taken from the shell or command that reads on."""
+    import os
+
+    out = bytearray()
+    while True:
+        ch = os.read(fd, 1)
+        if not ch or ch == b"\n":
+            return out.decode(errors="replace")
+        out += ch

@@ -29,6 +29,8 @@ _KINDS: dict[str, tuple[str, ...]] = {
     "mps": ("mps",),
     "gpu": ("exclusive",),
     "any": ("mig", "exclusive"),
+    # the slice backend named itself: what the placement simulator constructs (calque.simulate)
+    "exclusive": ("exclusive",),
 }
 WHOLE = "exclusive"
 

@@ -6,36 +6,19 @@ every card is reclaimed, the account gone with the last."""
 from __future__ import annotations
 
 import json
-import time
-from typing import Any
 
 import pytest
 
 from calque.contracts.agent import session_account
 from tests.integration.conftest import LocalPlaneHandle
+from tests.integration.test_tenant_isolation_local import _host_state, _wait_for
 
 pytestmark = pytest.mark.integration
 
-WAIT_S = 60
 LAYOUT = {
     "version": "v1",
     "gpus": [{"devices": [0, 1, 2], "exclusive": True}, {"devices": [3], "mig": {"2g.48gb": 2}}],
 }
-
-
-def _host_state(plane: LocalPlaneHandle, instance_id: str) -> dict[str, Any]:
-    doc = json.loads((plane.state_dir / "hosts" / f"{instance_id}.json").read_text())
-    return dict(doc.get("host") or {})
-
-
-def _wait_for(what: str, check, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def test_whole_cards_on_the_local_plane(local_plane, tmp_path):

@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 from calque.cli import argtypes
 from calque.cli.errors import CliError, UsageError
-from calque.contracts.accounts import session_connect_argv
+from calque.contracts.accounts import read_token_line, session_connect_argv
 
 PLUGIN = "session-manager-plugin"
 PLUGIN_DOCS = "https://docs.aws.amazon.com/systems-manager/latest/userguide/session-manager-working-with-install-plugin.html"
@@ -230,10 +230,4 @@ def _token(for_exec: bool) -> str:
             code="token_required",
             details={"field": TOKEN_ENV},
         )
-    # one line, read unbuffered: what follows is the shell's
-    out = bytearray()
-    while True:
-        ch = os.read(0, 1)
-        if not ch or ch == b"\n":
-            return out.decode(errors="replace")
-        out += ch
+    return read_token_line()  # what follows is the shell's
