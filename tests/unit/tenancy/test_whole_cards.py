@@ -180,3 +180,27 @@ def test_usage_charges_n_cards_at_their_share_of_the_instance(world: World):
         world.registry, since=now - timedelta(days=1), until=now, now=now, lookback=timedelta(days=1)
     )
     assert [(x.session_id, x.share) for x in found] == [(grant.session_id, Fraction(3, 4))]
+
+
+def test_one_cards_failed_grant_is_not_undone_by_another_cards_success(world: World):
+    from calque.contracts.agent import AgentError, GrantReport
+
+    world.ready_host(instance_type="g7e.24xlarge", layout=FOUR_WHOLE)
+    grant = world.tenancy.checkout(ALICE, gpus(2))
+    first, second = grant.slice_ids
+    account = session_account(grant.session_id)
+    world.report(
+        HOST, "grant", ok=False, fence=1,
+        error=AgentError(code="host_busy", message="busy", details={"slice_id": first, "account": account}),
+    )  # fmt: skip
+    card = GrantReport(
+        slice_id=second,
+        account=account,
+        backend="exclusive",
+        device_files=["/dev/nvidia1"],
+        imds_blocked=True,
+    )
+    world.report(HOST, "grant", fence=1, grant=card)
+    shown = world.tenancy.get_session(ALICE, grant.session_id).host_access
+    assert shown is not None
+    assert (shown.state, shown.reason) == ("failed", "host_busy: busy")
