@@ -60,9 +60,16 @@ def _price(text: str) -> float:
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.argtypes import positive_int
+    from calque.cli.argtypes import finite_float, positive_int
     from calque.cli.durations import duration_arg
-    from calque.cli.layout_flags import mig_arg
+    from calque.cli.layout_flags import (
+        MIG_HELP,
+        MPS_MEMORY_HELP,
+        MPS_SLOTS_HELP,
+        MPS_THREAD_HELP,
+        SPEC_HELP,
+        mig_arg,
+    )
     from calque.cli.main import command_group
 
     group = command_group(subparsers, "host")
@@ -79,11 +86,11 @@ def register(subparsers: Any) -> None:
         "--count", type=positive_int, default=1, metavar="N", help="instances (default 1, at most 20)"
     )
     layout = p.add_argument_group("layout (one of; none: the card's default)")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--mps-thread-percentage", type=positive_int, metavar="P")
-    layout.add_argument("--mps-memory-limit-mib", type=positive_int, metavar="M")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--mps-thread-percentage", type=positive_int, metavar="P", help=MPS_THREAD_HELP)
+    layout.add_argument("--mps-memory-limit-mib", type=positive_int, metavar="M", help=MPS_MEMORY_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.add_argument(
         "--spot", action="store_true", help="spot capacity (may be reclaimed with two minutes' warning)"
     )
@@ -95,7 +102,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--fallback-types", type=_types, default=[], metavar="T2,T3", help="types to try next")
     p.add_argument(
-        "--ttl", type=duration_arg, metavar="DURATION", help="hard cap: terminated then (e.g. 12h)"
+        "--ttl",
+        type=duration_arg,
+        metavar="DURATION",
+        help="hard cap: terminated then, e.g. 12h (default: none, until released)",
     )
     p.add_argument("--pool", metavar="NAME", help=argparse.SUPPRESS)
     p.add_argument(
@@ -118,7 +128,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="required: the instance and every session on it end",
     )
-    p.add_argument("--reason", metavar="TEXT", help="recorded on each session it ends")
+    p.add_argument("--reason", metavar="TEXT", help="recorded on each session it ends (default: none)")
     p.set_defaults(func=_release)
 
     local = command_group(subparsers, "local")
@@ -128,14 +138,14 @@ def register(subparsers: Any) -> None:
     p = kinds.add_parser(
         "capacity", help="RunInstances of a type (in an AZ) fails: InsufficientInstanceCapacity"
     )
-    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--instance-type", required=True, metavar="T", help="the instance type that has none")
     p.add_argument("--az", metavar="Z", help="only in this AZ (default: every AZ)")
     p.add_argument("--times", type=positive_int, metavar="N", help="this many calls (default: until cleared)")
     p.set_defaults(func=_inject, kind="capacity")
     p = kinds.add_parser(
         "crash-after-launch", help="the acquirer dies after RunInstances, before recording it"
     )
-    p.add_argument("--times", type=positive_int, default=1, metavar="N")
+    p.add_argument("--times", type=positive_int, default=1, metavar="N", help="this many launches crash")
     p.set_defaults(func=_inject, kind="crash-after-launch")
     p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
     p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
@@ -143,16 +153,26 @@ def register(subparsers: Any) -> None:
     p = kinds.add_parser(
         "spot-price", help="the spot price of a type in an AZ changes now (DescribeSpotPriceHistory)"
     )
-    p.add_argument("--instance-type", required=True, metavar="T")
-    p.add_argument("--az", required=True, metavar="Z")
-    p.add_argument("--usd-per-hour", required=True, type=float, metavar="X")
+    p.add_argument("--instance-type", required=True, metavar="T", help="the instance type whose price moves")
+    p.add_argument("--az", required=True, metavar="Z", help="the availability zone, e.g. us-east-1a")
+    p.add_argument(
+        "--usd-per-hour",
+        required=True,
+        type=finite_float,
+        metavar="USD",
+        help="the new spot price, USD an hour",
+    )
     p.set_defaults(func=_inject, kind="spot-price")
     p = kinds.add_parser("clear", help="forget every injected fault (and spot price change)")
     p.set_defaults(func=_inject, kind="clear")
 
     p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
     p.add_argument("request_id", nargs="?", metavar="REQUEST_ID")
-    p.add_argument("--instance-id", metavar="I", help="the acquisition that launched this instance")
+    p.add_argument(
+        "--instance-id",
+        metavar="I",
+        help="the acquisition that launched this instance (default: every acquisition)",
+    )
     p.set_defaults(func=_acquisitions)
 
 

@@ -31,7 +31,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--instance-type", required=True, metavar="T", help="the pool's instance type (for cost)")
     p.add_argument("--policy", choices=("scaler", "static"), default="scaler", help="default: scaler")
     p.add_argument(
-        "--workers", type=positive_int, default=None, metavar="N", help="static pool size (--policy static)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="static pool size, in workers (--policy static; default: none)",
     )
     p.add_argument("--cold-start", type=duration_arg, default=180, metavar="DURATION", help="default 180s")
     p.add_argument(
@@ -45,14 +49,17 @@ def register(subparsers: Any) -> None:
         "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
     )
     p.add_argument(
-        "--plot", metavar="FILE.png", default=None, help="draw backlog and workers (needs matplotlib)"
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="draw backlog and workers to this PNG (needs matplotlib; default: no plot)",
     )
-    from calque.cli.layout_flags import mig_arg
+    from calque.cli.layout_flags import MIG_HELP, MPS_SLOTS_HELP, SPEC_HELP, mig_arg
 
     layout = p.add_argument_group("the pool's layout (one of; none: one worker per GPU), as for pool create")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.set_defaults(func=_pool)
 
 
@@ -258,7 +265,9 @@ def add_placement_parser(group: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
     p.add_argument(
-        "--plot", metavar="FILE.png", help="plot busy share and waiting jobs over time (needs calque[plot])"
+        "--plot",
+        metavar="FILE.png",
+        help="plot busy share and waiting jobs over time to this PNG (needs calque[plot]; default: no plot)",
     )
     p.set_defaults(func=_placement)
 
