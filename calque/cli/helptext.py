@@ -22,6 +22,9 @@ GLOBAL_NOTE = (
 
 # An example for each command whose module gives none: the command's path -> its example lines.
 EXAMPLES: dict[str, tuple[str, ...]] = {
+    "configure get": ("calque configure get endpoint", "calque --config-name prod configure get region"),
+    "configure set": ("calque configure set region eu-west-1", "calque configure set profile ''"),
+    "configure list": ("calque configure list",),
     "whoami": ("calque whoami", "calque whoami --output json --query endpoint_source"),
     "local up": ("calque local up", "calque local up --port 8123 --state-dir /tmp/calque-2"),
     "local down": ("calque local down",),

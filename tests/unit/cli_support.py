@@ -142,8 +142,11 @@ def context(**args: Any) -> Context:
 
 
 def forget_endpoint_and_aws_keys(monkeypatch) -> None:
-    for var in ("CALQUE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+    for var in ("CALQUE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "CALQUE_CONFIG"):
         monkeypatch.delenv(var, raising=False)
+    import os
+
+    monkeypatch.setenv("CALQUE_CONFIG_FILE", os.devnull)  # no saved configuration (calque configure)
 
 
 def no_aws_config_and_no_plane(tmp_path: Path, monkeypatch) -> Path:

@@ -27,6 +27,7 @@ To add a group, add its module name to COMMAND_MODULES; order is the order of
 from __future__ import annotations
 
 COMMAND_MODULES: list[str] = [
+    "configure",
     "whoami",
     "local",
     "host",
