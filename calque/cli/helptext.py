@@ -39,6 +39,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "local inject spot-price": (
         "calque local inject spot-price --instance-type g7e.2xlarge --az us-east-1a --usd-per-hour 0.9",
     ),
+    "local terminate": ("calque local terminate i-0abc --yes",),
+    "local reset": ("calque local reset", "calque local reset --yes --state-dir /tmp/calque-2"),
+    "catalog types": ("calque catalog types", "calque catalog types --card L40S --output json"),
+    "catalog cards": ("calque catalog cards",),
+    "catalog profiles": ("calque catalog profiles --instance-type g7e.2xlarge",),
+    "api spec": ("calque api spec > openapi.json", "calque api spec --query 'keys(paths)'"),
     "host register": (
         "calque host register --instance-id i-0abc --instance-type g7e.2xlarge --mig 1g.24gb=4 --wait",
     ),

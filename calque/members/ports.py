@@ -106,6 +106,10 @@ class GroupStore(Protocol):
     def groups_of(self, user: str) -> dict[str, datetime]:
         """The member's groups, each with when they were added."""
 
+    def delete_group(self, name: str) -> None:
+        """The group removed, on condition it has no member and no live session: StaleWrite
+        otherwise (or when it is gone already)."""
+
 
 class MemberStore(GroupStore, Protocol):
     def get_quota(self, user: str) -> QuotaRecord | None:

@@ -279,6 +279,20 @@ class DynamoMembers(Table):
         )
         return _group(item)
 
+    def delete_group(self, name: str) -> None:
+        try:
+            self.client.delete_item(
+                TableName=self.table,
+                Key=ser(group_key(name)),
+                ConditionExpression="attribute_exists(pk) AND (attribute_not_exists(members) OR size(members) = :zero)"
+                " AND (attribute_not_exists(live) OR live = :zero)",
+                ExpressionAttributeValues=ser({":zero": 0}),
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                raise StaleWrite(name) from None
+            raise
+
     def groups_of(self, user: str) -> dict[str, datetime]:
         return _memberships(self._get(membership_key(user)))
 

@@ -43,3 +43,6 @@ COMMAND_MODULES: list[str] = [
 
 # The fleet: `host acquire | release | acquisitions` (after "host") and `budget`.
 COMMAND_MODULES += ["fleet", "budget"]
+
+# The catalog, the API's own document, and the local plane's terminate and reset.
+COMMAND_MODULES += ["catalog", "api", "local_admin"]
