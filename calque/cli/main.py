@@ -117,7 +117,7 @@ class CalqueParser(argparse.ArgumentParser):
         if action.choices is not None and value not in action.choices:
             from calque.cli.helptext import did_you_mean
 
-            names = [str(c) for c in action.choices]
+            names = [str(c) for c in action.choices if not str(c).startswith("_")]
             raise argparse.ArgumentError(
                 action,
                 f"invalid choice: {value!r}{did_you_mean(str(value), names)} (choose from {', '.join(names)})",
@@ -190,6 +190,11 @@ def _print_error(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["__complete"]:  # the shell's completion asking (calque.cli.completion)
+        from calque.cli.completion import complete_main
+
+        return complete_main(words[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.func is None:

@@ -45,4 +45,4 @@ COMMAND_MODULES: list[str] = [
 COMMAND_MODULES += ["fleet", "budget"]
 
 # The catalog, the API's own document, and the local plane's terminate and reset.
-COMMAND_MODULES += ["catalog", "api", "local_admin"]
+COMMAND_MODULES += ["catalog", "api", "local_admin", "completion"]
