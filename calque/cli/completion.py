@@ -43,7 +43,7 @@ compdef _calque calque
 SCRIPTS = {"bash": BASH, "zsh": ZSH}
 
 
-def complete_main(argv: Sequence[str]) -> int:
+def complete_main(argv: Sequence[str], build_parser: Callable[[], argparse.ArgumentParser]) -> int:
     """``__complete --cword N -- calque WORD...``: candidates on stdout, exit 0 whatever happens."""
     import sys
 
@@ -51,21 +51,19 @@ def complete_main(argv: Sequence[str]) -> int:
         args = list(argv)
         cword = int(args[args.index("--cword") + 1])
         words = args[args.index("--") + 1 :]
-        for candidate in candidates(words, cword):
+        for candidate in candidates(words, cword, build_parser()):
             sys.stdout.write(candidate + "\n")
     except Exception:  # noqa: S110 - completion fails silently: the shell shows nothing
         pass
     return 0
 
 
-def candidates(words: Sequence[str], cword: int) -> list[str]:
-    """What may stand at ``words[cword]`` (``words[0]`` is the program), filtered by its prefix."""
-    from calque.cli.main import build_parser
-
+def candidates(words: Sequence[str], cword: int, parser: argparse.ArgumentParser) -> list[str]:
+    """What may stand at ``words[cword]`` (``words[0]`` is the program) among ``parser``'s
+    commands, filtered by its prefix."""
     words = list(words) + [""] * max(0, cword + 1 - len(words))
     current = words[cword]
     before = words[1:cword]
-    parser = build_parser()
     leaf, positionals_given, pending = _walk(parser, before)
     if pending is not None:  # the word is an option's value
         found = _values(pending, before)
@@ -76,14 +74,16 @@ def candidates(words: Sequence[str], cword: int) -> list[str]:
     return sorted({c for c in found if c.startswith(current)})
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:  # type: ignore[type-arg]
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:  # type: ignore[type-arg, unused-ignore]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return action
     return None
 
 
-def _option(parser: argparse.ArgumentParser, top: argparse.ArgumentParser, word: str) -> argparse.Action | None:
+def _option(
+    parser: argparse.ArgumentParser, top: argparse.ArgumentParser, word: str
+) -> argparse.Action | None:
     flag = word.split("=", 1)[0]
     for p in (parser, top):
         if flag in p._option_string_actions:
@@ -120,7 +120,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _flags(parser: argparse.ArgumentParser, top: argparse.ArgumentParser) -> list[str]:
-    out = []
+    out: list[str] = []
     for p in (parser, top):
         for action in p._actions:
             out.extend(s for s in action.option_strings if s.startswith("--"))
@@ -128,7 +128,9 @@ def _flags(parser: argparse.ArgumentParser, top: argparse.ArgumentParser) -> lis
 
 
 def _positional_values(parser: argparse.ArgumentParser, given: int, before: Sequence[str]) -> list[str]:
-    positionals = [a for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
+    positionals = [
+        a for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)
+    ]
     if not positionals:
         return []
     action = positionals[min(given, len(positionals) - 1)]
@@ -137,14 +139,20 @@ def _positional_values(parser: argparse.ArgumentParser, given: int, before: Sequ
     return _values(action, before, command=parser.prog.split()[1:])
 
 
-def _values(action: argparse.Action, before: Sequence[str], command: Sequence[str] | None = None) -> list[str]:
+def _values(
+    action: argparse.Action, before: Sequence[str], command: Sequence[str] | None = None
+) -> list[str]:
     if action.choices:
         return [str(c) for c in action.choices if not str(c).startswith("_")]
-    source = _source_for(action, list(command) if command is not None else [w for w in before if not w.startswith("-")])
+    source = _source_for(
+        action, list(command) if command is not None else [w for w in before if not w.startswith("-")]
+    )
     return list(source(before)) if source is not None else []
 
 
-def _source_for(action: argparse.Action, command: Sequence[str]) -> Callable[[Sequence[str]], Iterable[str]] | None:
+def _source_for(
+    action: argparse.Action, command: Sequence[str]
+) -> Callable[[Sequence[str]], Iterable[str]] | None:
     flag = action.option_strings[0] if action.option_strings else None
     dest = action.dest
     if dest in ("instance_type",) or flag == "--instance-type":

@@ -3,7 +3,8 @@
 Endpoint: ``--endpoint``, else ``CALQUE_ENDPOINT``, else the named configuration's
 (``calque configure``, calque.cli.config), else the running local plane's ``plane.json``;
 ``sources`` records which one was used (``calque whoami`` shows it). The profile and region
-follow the same order (flag, environment, configuration). Credentials: with the local plane's endpoint, its own profiles
+follow the same order (flag, environment, configuration).
+Credentials: with the local plane's endpoint, its own profiles
 (``credentials`` in its state directory, read by our botocore session only: the
 user's ~/.aws is neither read for them nor written); otherwise the standard AWS
 chain with ``--profile``. ``localhost`` and ``127.0.0.1`` name the same local plane

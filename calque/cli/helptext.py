@@ -69,7 +69,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "quota set": ("calque quota set alice --max-sessions 2 --max-gpu-hours-per-month 100",),
     "quota show": ("calque quota show", "calque quota show alice"),
     "simulate placement": (
-        "calque simulate placement --trace bench/traces/sample-pods.csv --hosts g7e.2xlarge=4 --layout mig:1g.24gb=4",
+        "calque simulate placement --trace bench/traces/sample-pods.csv --hosts g7e.2xlarge=4 "
+        "--layout mig:1g.24gb=4",
     ),
     "simulate pool": (
         "calque simulate pool --trace bench/traces/sample-claims.csv --instance-type g7e.2xlarge",

@@ -120,7 +120,8 @@ class CalqueParser(argparse.ArgumentParser):
             names = [str(c) for c in action.choices if not str(c).startswith("_")]
             raise argparse.ArgumentError(
                 action,
-                f"invalid choice: {value!r}{did_you_mean(str(value), names)} (choose from {', '.join(names)})",
+                f"invalid choice: {value!r}{did_you_mean(str(value), names)} "
+                f"(choose from {', '.join(names)})",
             )
 
 
@@ -194,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words[:1] == ["__complete"]:  # the shell's completion asking (calque.cli.completion)
         from calque.cli.completion import complete_main
 
-        return complete_main(words[1:])
+        return complete_main(words[1:], build_parser)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.func is None:

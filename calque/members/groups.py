@@ -62,8 +62,10 @@ def _not_empty(g: GroupRecord) -> Conflict:
     members = sorted(g.members)
     todo = []
     if members:
-        todo.append(f"remove its members first (calque group remove {g.name} {' '.join(members[:10])}"
-                    f"{' ...' if len(members) > 10 else ''})")
+        todo.append(
+            f"remove its members first (calque group remove {g.name} {' '.join(members[:10])}"
+            f"{' ...' if len(members) > 10 else ''})"
+        )
     if g.live:
         todo.append("let its live sessions end or check them in")
     return Conflict(

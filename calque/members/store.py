@@ -143,6 +143,13 @@ def _memberships(item: dict[str, Any] | None) -> dict[str, datetime]:
     }
 
 
+# A group may go only with no member and no live session.
+_EMPTY_GROUP = (
+    "attribute_exists(pk) AND (attribute_not_exists(members) OR size(members) = :zero) "
+    "AND (attribute_not_exists(live) OR live = :zero)"
+)
+
+
 class DynamoMembers(Table):
     """Members' quotas and groups on the table (tenancy's DynamoRegistry mixes this in)."""
 
@@ -284,8 +291,7 @@ class DynamoMembers(Table):
             self.client.delete_item(
                 TableName=self.table,
                 Key=ser(group_key(name)),
-                ConditionExpression="attribute_exists(pk) AND (attribute_not_exists(members) OR size(members) = :zero)"
-                " AND (attribute_not_exists(live) OR live = :zero)",
+                ConditionExpression=_EMPTY_GROUP,
                 ExpressionAttributeValues=ser({":zero": 0}),
             )
         except ClientError as exc:

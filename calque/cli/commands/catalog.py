@@ -15,13 +15,13 @@ def register(subparsers: Any) -> None:
         subparsers, "catalog", help="instance types, cards, MIG profiles, MPS limits and on-demand rates"
     )
     p = group.add_parser("types", help="GPU instance types: card, GPUs, memory and on-demand rate")
-    p.add_argument("--card", metavar="CARD", help="only types with this card, e.g. L40S (default: every type)")
+    p.add_argument(
+        "--card", metavar="CARD", help="only types with this card, e.g. L40S (default: every type)"
+    )
     p.set_defaults(func=lambda ctx, args: do_types(ctx, card=args.card))
     p = group.add_parser("cards", help="GPU cards: memory, MIG and MPS support and limits")
     p.set_defaults(func=lambda ctx, args: do_cards(ctx))
-    p = group.add_parser(
-        "profiles", help="MIG profiles: memory of one instance and how many fit on one GPU"
-    )
+    p = group.add_parser("profiles", help="MIG profiles: memory of one instance and how many fit on one GPU")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--card", metavar="CARD", help="only this card's profiles (default: every card's)")
     which.add_argument(

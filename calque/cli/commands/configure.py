@@ -83,11 +83,13 @@ def do_configure(
     if from_stack is not None:
         if endpoint is not None:
             raise UsageError(
-                "give --endpoint or --from-stack, not both", code="invalid_input", details={"field": "--from-stack"}
+                "give --endpoint or --from-stack, not both",
+                code="invalid_input",
+                details={"field": "--from-stack"},
             )
         endpoint = stack_endpoint(from_stack, profile=profile, region=region)
     values: dict[str, str | None] = {"endpoint": endpoint, "region": region, "profile": profile}
-    given = {k: v for k, v in values.items() if v is not None}
+    given: dict[str, str | None] = {k: v for k, v in values.items() if v is not None}
     if not given:
         if not sys.stdin.isatty():
             raise UsageError(
@@ -131,11 +133,14 @@ def stack_endpoint(stack: str, *, profile: str | None, region: str | None) -> st
             details={"stack": stack},
         ) from None
     except BotoCoreError as exc:
-        raise CliError(f"cannot read stack {stack!r}: {exc}", code="stack_not_found", details={"stack": stack}) from None
+        raise CliError(
+            f"cannot read stack {stack!r}: {exc}", code="stack_not_found", details={"stack": stack}
+        ) from None
     outputs = {o["OutputKey"]: o["OutputValue"] for s in stacks for o in s.get("Outputs", [])}
     if API_ENDPOINT_OUTPUT not in outputs:
         raise CliError(
-            f"stack {stack!r} has no {API_ENDPOINT_OUTPUT} output (outputs: {', '.join(sorted(outputs)) or 'none'}): "
+            f"stack {stack!r} has no {API_ENDPOINT_OUTPUT} output "
+            f"(outputs: {', '.join(sorted(outputs)) or 'none'}): "
             "is it calque's service stack, deployed completely?",
             code="stack_has_no_endpoint",
             details={"stack": stack, "outputs": sorted(outputs)},
@@ -186,5 +191,11 @@ def do_list(ctx: Any, *, name: str) -> None:
     rows = [{"name": n, **v, "in_use": n == name} for n, v in sorted(config.all_configs().items())]
     ctx.emit(
         rows,
-        columns=[("name", "name"), ("in_use", "in_use"), ("endpoint", "endpoint"), ("region", "region"), ("profile", "profile")],
+        columns=[
+            ("name", "name"),
+            ("in_use", "in_use"),
+            ("endpoint", "endpoint"),
+            ("region", "region"),
+            ("profile", "profile"),
+        ],
     )

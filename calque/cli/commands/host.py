@@ -82,7 +82,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--force", action="store_true", help="end the sessions still live there")
     p.add_argument(
         "--reason",
-        help="recorded on each session a forced drain ends; its member reads it (session show) (default: none)",
+        help="recorded on each session a forced drain ends; its member reads it (session show) "
+        "(default: none)",
     )
     p.set_defaults(func=_drain)
 

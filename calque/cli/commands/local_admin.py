@@ -50,7 +50,9 @@ def _confirm(question: str, *, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise UsageError(f"{question}: confirm with --yes (nothing was changed)", code="confirmation_required")
+        raise UsageError(
+            f"{question}: confirm with --yes (nothing was changed)", code="confirmation_required"
+        )
     answer = input(f"{question} [y/N] ").strip().lower()
     if answer not in ("y", "yes"):
         raise CliError("not confirmed: nothing was changed", code="not_confirmed")
@@ -96,7 +98,8 @@ def do_reset(ctx: Any, *, yes: bool) -> None:
     path = Path(state.path)
     if state.running_pid() is not None:
         raise CliError(
-            f"a local plane runs on {path} (pid {state.running_pid()}): stop it first with `calque local down`",
+            f"a local plane runs on {path} (pid {state.running_pid()}): "
+            "stop it first with `calque local down`",
             code="local_plane_running",
             details={"state_dir": str(path)},
         )
@@ -105,7 +108,8 @@ def do_reset(ctx: Any, *, yes: bool) -> None:
         return
     if not any((path / m).exists() for m in _STATE_MARKERS):
         raise CliError(
-            f"{path} does not look like a local plane's state directory (none of {', '.join(_STATE_MARKERS)}): "
+            f"{path} does not look like a local plane's state directory "
+            f"(none of {', '.join(_STATE_MARKERS)}): "
             "not removed",
             code="not_a_state_dir",
             details={"state_dir": str(path)},

@@ -24,7 +24,9 @@ def test_catalog_types_lists_every_type_with_its_rate(capsys):
 
 
 def test_catalog_profiles_of_an_instance_type_give_memory_and_counts(capsys):
-    code, out, _ = run_cli(capsys, "catalog", "profiles", "--instance-type", "g7e.2xlarge", "--output", "json")
+    code, out, _ = run_cli(
+        capsys, "catalog", "profiles", "--instance-type", "g7e.2xlarge", "--output", "json"
+    )
     assert code == 0
     profiles = {r["profile"]: r for r in json.loads(out)}
     assert profiles["1g.24gb"]["memory_gib"] == 24

@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from calque.cli.completion import API_TIMEOUT_S, candidates
+from calque.cli.completion import API_TIMEOUT_S
+from calque.cli.completion import candidates as _candidates
+from calque.cli.main import build_parser
 from calque.cli.errors import EndpointUnreachable
 from tests.unit.cli_support import forget_endpoint_and_aws_keys, run_cli, running_plane
 
 pytestmark = pytest.mark.unit
+
+PARSER = build_parser()
+
+
+def candidates(words: list[str], cword: int) -> list[str]:
+    return _candidates(words, cword, PARSER)
 
 
 def test_commands_verbs_and_flags():
@@ -30,7 +38,9 @@ def test_choices_and_catalog_values():
     assert candidates(["calque", "--output", ""], 2) == ["csv", "json", "table"]
     assert candidates(["calque", "session", "checkout", "--backend", "m"], 4) == ["mig", "mps"]
     assert "g7e.2xlarge" in candidates(["calque", "host", "acquire", "--instance-type", "g7e"], 4)
-    assert "1g.24gb" in candidates(["calque", "session", "checkout", "--backend", "mig", "--profile", "1g.2"], 6)
+    assert "1g.24gb" in candidates(
+        ["calque", "session", "checkout", "--backend", "mig", "--profile", "1g.2"], 6
+    )
     assert "1g.24gb" in candidates(["calque", "host", "register", "--mig", ""], 4)
     assert candidates(["calque", "completion", ""], 2) == ["bash", "zsh"]
 
@@ -62,7 +72,7 @@ def plane_api(tmp_path, monkeypatch):
 
 
 def test_live_values_come_from_the_api_with_a_short_timeout(plane_api):
-    answers, asked = plane_api
+    _answers, asked = plane_api
     assert candidates(["calque", "session", "show", "s-0"], 3) == ["s-0123456789abcdef"]
     assert candidates(["calque", "host", "drain", ""], 3) == ["i-0aaa0001"]
     assert candidates(["calque", "session", "checkout", "--instance-id", ""], 4) == ["i-0aaa0001"]
@@ -92,7 +102,7 @@ def test_bash_completes_through_the_script(tmp_path):
     """bash sources the script and asks it, as it does on <TAB>."""
     calque = tmp_path / "bin" / "calque"
     calque.parent.mkdir()
-    calque.write_text(f"#!/bin/sh\nexec {sys.executable} -m calque \"$@\"\n")
+    calque.write_text(f'#!/bin/sh\nexec {sys.executable} -m calque "$@"\n')
     calque.chmod(0o755)
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PATH": f"{calque.parent}:{os.environ['PATH']}", "PYTHONPATH": str(root)}

@@ -42,7 +42,16 @@ def aws_keys(tmp_path, monkeypatch):
 
 def test_configure_saves_a_named_configuration_only_its_owner_reads(config_file, capsys):
     code, out, _ = run_cli(
-        capsys, "configure", "--endpoint", API, "--profile", "research", "--region", "eu-west-1", "--output", "json"
+        capsys,
+        "configure",
+        "--endpoint",
+        API,
+        "--profile",
+        "research",
+        "--region",
+        "eu-west-1",
+        "--output",
+        "json",
     )
     assert code == 0
     assert json.loads(out) == {
@@ -55,7 +64,9 @@ def test_configure_saves_a_named_configuration_only_its_owner_reads(config_file,
     assert stat.S_IMODE(config_file.stat().st_mode) == 0o600
 
     # Given another name, When one value is set there, Then the default one is untouched
-    assert run_cli(capsys, "--config-name", "lab", "configure", "set", "endpoint", "https://lab.example")[0] == 0
+    assert (
+        run_cli(capsys, "--config-name", "lab", "configure", "set", "endpoint", "https://lab.example")[0] == 0
+    )
     code, out, _ = run_cli(capsys, "configure", "list", "--output", "json")
     rows = {r["name"]: r for r in json.loads(out)}
     assert rows["default"]["endpoint"] == API
@@ -111,18 +122,28 @@ def test_environment_beats_the_configuration_and_a_flag_beats_both(config_file, 
     monkeypatch.setenv("AWS_REGION", "ap-south-1")
     ctx = context()
     creds, region = ctx.credentials_and_region()
-    assert (ctx.endpoint, creds.access_key, region) == ("https://env.example", "AKIAOTHER00000000000", "ap-south-1")
+    assert (ctx.endpoint, creds.access_key, region) == (
+        "https://env.example",
+        "AKIAOTHER00000000000",
+        "ap-south-1",
+    )
     assert ctx.sources == {"endpoint": "CALQUE_ENDPOINT", "profile": "AWS_PROFILE", "region": "AWS_REGION"}
 
     ctx = context(endpoint="https://flag.example", profile="research", region="us-west-2")
     creds, region = ctx.credentials_and_region()
-    assert (ctx.endpoint, creds.access_key, region) == ("https://flag.example", "AKIARESEARCH00000000", "us-west-2")
+    assert (ctx.endpoint, creds.access_key, region) == (
+        "https://flag.example",
+        "AKIARESEARCH00000000",
+        "us-west-2",
+    )
     assert ctx.sources == {"endpoint": "--endpoint", "profile": "--profile", "region": "--region"}
 
 
 def test_the_configuration_beats_a_running_local_plane(config_file, aws_keys, tmp_path, monkeypatch):
     _configured(config_file, endpoint=API, profile="research")
-    with running_plane(tmp_path / "plane", monkeypatch, endpoint="http://127.0.0.1:9999", region="eu-north-1"):
+    with running_plane(
+        tmp_path / "plane", monkeypatch, endpoint="http://127.0.0.1:9999", region="eu-north-1"
+    ):
         assert context().endpoint == API
         # another configuration that names no endpoint falls through to the plane
         ctx = context(config_name="empty")
@@ -176,7 +197,7 @@ def test_from_stack_reads_the_endpoint_output(config_file, monkeypatch, capsys):
     with mock_aws():
         cfn = boto3.client("cloudformation", region_name="eu-west-1")
         cfn.create_stack(StackName="Calque", TemplateBody=json.dumps(template))
-        code, out, err = run_cli(capsys, "configure", "--from-stack", "Calque", "--region", "eu-west-1")
+        code, _, err = run_cli(capsys, "configure", "--from-stack", "Calque", "--region", "eu-west-1")
         assert code == 0, err
         code, _, err = run_cli(capsys, "configure", "--from-stack", "Nope", "--region", "eu-west-1")
         assert code == 1

@@ -38,9 +38,9 @@ COMMANDS = dict(_commands(PARSER))
 
 def _options(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
     for action in parser._actions:
-        if action.option_strings and action.help is not argparse.SUPPRESS:
-            if not isinstance(action, argparse._HelpAction | argparse._VersionAction):
-                yield action
+        shown = action.option_strings and action.help is not argparse.SUPPRESS
+        if shown and not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            yield action
 
 
 def _takes_a_fraction(action: argparse.Action) -> bool:
@@ -102,7 +102,8 @@ def test_global_options_are_listed_once_under_calque_help_not_under_each_command
 
 def test_a_global_option_still_works_after_the_command_that_does_not_list_it() -> None:
     args = PARSER.parse_args(["group", "list", "--endpoint", "http://x.example", "--query", "[0]"])
-    assert args.endpoint == "http://x.example" and args.query == "[0]"
+    assert args.endpoint == "http://x.example"
+    assert args.query == "[0]"
 
 
 def test_the_help_shows_a_switch_off_and_a_number_with_its_default() -> None:
@@ -128,4 +129,5 @@ def test_a_command_nothing_resembles_gets_no_guess(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         main(["zzzzqqq"])
     err = capsys.readouterr().err
-    assert "did you mean" not in err and "invalid choice: 'zzzzqqq'" in err
+    assert "did you mean" not in err
+    assert "invalid choice: 'zzzzqqq'" in err

@@ -25,7 +25,9 @@ def api(monkeypatch):
 
 
 def test_query_selects_from_the_json_document(api, capsys):
-    code, out, _ = run_cli(capsys, "group", "list", "--output", "json", "--query", "[?live_sessions > `0`].name")
+    code, out, _ = run_cli(
+        capsys, "group", "list", "--output", "json", "--query", "[?live_sessions > `0`].name"
+    )
     assert code == 0
     assert json.loads(out) == ["lab-a"]
 
@@ -45,7 +47,7 @@ def test_for_people_a_list_of_values_is_one_a_line_and_rows_a_table(api, capsys)
 
 
 def test_a_malformed_query_is_a_usage_error_before_any_request(api, capsys):
-    code, out, err = run_cli(capsys, "group", "list", "--query", "[?state==")
+    code, _, err = run_cli(capsys, "group", "list", "--query", "[?state==")
     assert code == 2
     assert "argument --query" in err
     assert api.requests == []
