@@ -13,8 +13,8 @@ import pytest
 
 from calque.cli.completion import API_TIMEOUT_S
 from calque.cli.completion import candidates as _candidates
-from calque.cli.main import build_parser
 from calque.cli.errors import EndpointUnreachable
+from calque.cli.main import build_parser
 from tests.unit.cli_support import forget_endpoint_and_aws_keys, run_cli, running_plane
 
 pytestmark = pytest.mark.unit
