@@ -67,6 +67,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "session list": ("calque session list", "calque session list --all --output json --query '[].user'"),
     "session show": ("calque session show s-0123456789abcdef",),
     "quota set": ("calque quota set alice --max-sessions 2 --max-gpu-hours-per-month 100",),
+    "quota list": (
+        "calque quota list",
+        "calque quota list --output json --query '[?live_sessions > `0`].user'",
+    ),
     "quota show": ("calque quota show", "calque quota show alice"),
     "simulate placement": (
         "calque simulate placement --trace bench/traces/sample-pods.csv --hosts g7e.2xlarge=4 "

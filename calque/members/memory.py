@@ -95,6 +95,9 @@ class MemoryMembers:
             del self.group_map[name]
 
     # -- quotas ---------------------------------------------------------------------------
+    def quota_users(self) -> list[str]:
+        return sorted(self.quotas)
+
     def get_quota(self, user: str) -> QuotaRecord | None:
         self._count()
         return self.quotas.get(user)

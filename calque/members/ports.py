@@ -119,6 +119,10 @@ class MemberStore(GroupStore, Protocol):
     def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         """The user's quota record and group memberships (group -> when added), in one read."""
 
+    def quota_users(self) -> list[str]:
+        """Every member with a quota item (limits set for them, or counters a session moved), sorted."""
+        ...
+
     def put_quota(
         self,
         user: str,

@@ -317,6 +317,22 @@ class DynamoMembers(Table):
             wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
         return found
 
+    def quota_users(self) -> list[str]:
+        """A scan for the quota items: an admin's listing, never on a request's hot path."""
+        found: list[str] = []
+        asked: dict[str, Any] = {
+            "TableName": self.table,
+            "FilterExpression": "sk = :q",
+            "ProjectionExpression": "pk",
+            "ExpressionAttributeValues": ser({":q": "QUOTA"}),
+        }
+        while True:
+            page = self.client.scan(**asked)
+            found += [str(des(i)["pk"]).removeprefix("USER#") for i in page.get("Items", [])]
+            if not page.get("LastEvaluatedKey"):
+                return sorted(found)
+            asked["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
     def get_quota(self, user: str) -> QuotaRecord | None:
         q = self._get(keys.quota(user))
         return _quota(q) if q else None

@@ -32,3 +32,19 @@ def test_a_group_with_members_is_refused_with_the_apis_words(api, cli):
     assert code == 1
     assert json.loads(out)["error"]["code"] == "group_not_empty"
     assert "remove its members first" in err
+
+
+def test_quota_list_prints_each_members_quota_and_default_group(monkeypatch, capsys):
+    from tests.unit.cli_support import FakeApi, install_fake_api, run_cli
+
+    fake = install_fake_api(monkeypatch, FakeApi(), ["quota"])
+    fake.responses[("GET", "/v1/quotas")] = [
+        {"user": "alice", "max_sessions": 2, "live_sessions": 1, "default_group": "lab", "default": False},
+        {"user": "bob", "max_sessions": 1, "live_sessions": 0, "default_group": None, "default": True},
+    ]
+    code, out, _ = run_cli(capsys, "quota", "list")
+    assert code == 0
+    header, alice, bob = out.splitlines()
+    assert "DEFAULT_GROUP" in header
+    assert "lab" in alice.split()
+    assert bob.split()[0] == "bob"
