@@ -73,12 +73,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "quota show": ("calque quota show", "calque quota show alice"),
     "simulate placement": (
-        "calque simulate placement --trace bench/traces/sample-pods.csv --hosts g7e.2xlarge=4 "
+        "calque simulate placement --trace examples/traces/alibaba-pods-head300.csv --hosts g7e.2xlarge=4 "
         "--layout mig:1g.24gb=4",
     ),
-    "simulate pool": (
-        "calque simulate pool --trace bench/traces/sample-claims.csv --instance-type g7e.2xlarge",
-    ),
+    "simulate pool": ("calque simulate pool --trace examples/traces/bursty.csv --instance-type g7e.2xlarge",),
     "pool create": (
         "calque pool create llm --model llama --instance-type g7e.2xlarge --runner runner:Runner "
         "--package examples/echo_runner --i-understand-this-spends-money",
