@@ -34,7 +34,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "local demo": ("calque local demo", "calque local demo pools"),
     "local inject spot-interruption": ("calque local inject spot-interruption i-0abc",),
     "local inject clear": ("calque local inject clear",),
-    "local inject capacity": ("calque local inject capacity --instance-type p5e.48xlarge --count 0",),
+    "local inject capacity": ("calque local inject capacity --instance-type p5e.48xlarge --times 3",),
     "local inject crash-after-launch": ("calque local inject crash-after-launch --times 2",),
     "local inject spot-price": (
         "calque local inject spot-price --instance-type g7e.2xlarge --az us-east-1a --usd-per-hour 0.9",
@@ -59,7 +59,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "host release": ("calque host release i-0abc --i-understand-this-terminates-instances",),
     "host acquisitions": ("calque host acquisitions", "calque host acquisitions --instance-id i-0abc"),
     "session checkout": (
-        "calque session checkout --min-memory-gib 20 --ttl 2h",
+        "calque session checkout --backend mig --min-memory-gib 20 --ttl 2h",
         "calque session checkout --backend mig --profile 1g.24gb --ttl 30m",
     ),
     "session checkin": ("calque session checkin s-0123456789abcdef --token TOKEN",),

@@ -131,3 +131,33 @@ def test_a_command_nothing_resembles_gets_no_guess(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "did you mean" not in err
     assert "invalid choice: 'zzzzqqq'" in err
+
+
+def test_every_example_parses_as_written():
+    import shlex
+
+    for path, parser in COMMANDS.items():
+        for line in (parser.epilog or "").splitlines():
+            line = line.strip()
+            if not line.startswith("calque ") or "..." in line:
+                continue
+            words = shlex.split(line, comments=True)
+            words = words[: words.index(">")] if ">" in words else words
+            try:
+                PARSER.parse_args(words[1:])
+            except SystemExit:
+                pytest.fail(f"calque {path}: its example does not parse: {line}")
+
+
+def test_a_second_plane_takes_a_free_port_when_the_default_one_is_taken():
+    import socket
+
+    from calque.cli.commands.local import DEFAULT_PORT, _default_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        try:
+            taken.bind(("127.0.0.1", DEFAULT_PORT))
+            taken.listen()
+        except OSError:
+            pass  # another plane on this machine has it already: taken all the same
+        assert _default_port("127.0.0.1") == 0
