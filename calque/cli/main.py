@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         description="calque: share an institution's AWS GPU instances among its people.",
         epilog="example:\n  calque local up\n  calque configure --endpoint URL --profile NAME\n"
-        "  calque session checkout --backend mig --min-memory-gib 20 --ttl 2h --output json --query session_id",
+        "  calque session checkout --backend mig --min-memory-gib 20 --ttl 2h \\\n"
+        "      --output json --query session_id",
     )
     import calque
 
