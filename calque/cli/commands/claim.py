@@ -139,6 +139,8 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
         status = f"{state}, attempt {claim.get('attempts') or 0}" + (
             f" on {claim['worker']}" if claim.get("worker") else ""
         )
+        if state == "queued":  # say what it waits for: a wait with no worker can be minutes
+            status += ": waiting for a free worker (the pool's scaler starts one on its next run)"
         bar = _bar(state)
         if tty:
             sys.stderr.write(f"\r{bar} {claim_id}: {status} ({elapsed:.0f}s)\033[K")

@@ -28,7 +28,8 @@ ACQ_COLUMNS: list[Any] = [
     ("instance_id", "instance_id"),
     ("market", "market"),
     ("az", "availability_zone"),
-    ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+    # what usage charges (spot: the price in effect), not the rate the budget reserved
+    ("charged_usd_per_hour", lambda a: _charged(a, with_source=False)),
     ("attempts", lambda a: len(a.get("attempts") or [])),
 ]
 ATTEMPT_COLUMNS: list[Any] = [
@@ -304,7 +305,12 @@ def wait_until_ready(
         seen_attempts = len(acq.get("attempts") or [])
         status = f"{acq.get('state')}" + (f" ({acq.get('instance_id')})" if acq.get("instance_id") else "")
         if status != last:
-            print(f"... {request_id}: {status} ({elapsed:.0f}s)", file=sys.stderr, flush=True)
+            waiting = WAITING_FOR.get(str(acq.get("state")))
+            print(
+                f"... {request_id}: {status}{': ' + waiting if waiting else ''} ({elapsed:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
             last = status
         state = acq.get("state")
         if state == "failed":
@@ -332,6 +338,14 @@ def wait_until_ready(
         time.sleep(interval_s)
 
 
+# What a wait on an acquisition in each state waits for, said on its progress line.
+WAITING_FOR = {
+    "queued": "waiting for the acquirer to take it from the fleet's queue",
+    "launching": "waiting for EC2 to launch an instance (AZs, types and markets in turn)",
+    "booting": "waiting for the instance to boot and register as a host",
+    "registered": "waiting for the host agent to apply the layout",
+}
+
 RATE_COLUMNS: list[Any] = [
     ("from", "start"),
     ("usd_per_hour", lambda r: f"{float(r.get('hourly_usd') or 0):g}"),
@@ -345,13 +359,14 @@ def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
     return render_table(acqs, ACQ_COLUMNS)
 
 
-def _charged(acq: Mapping[str, Any]) -> str:
-    """The rate usage charges the instance at, and where it came from (spot: recorded at launch)."""
+def _charged(acq: Mapping[str, Any], *, with_source: bool = True) -> str:
+    """The rate usage charges the instance at, and where it came from (spot: recorded at launch);
+    ``-`` until it runs (nothing is charged before)."""
     rate = acq.get("charged_hourly_usd")
     if rate is None:
         return "-"
     source = str(acq.get("charged_rate_source") or "").replace("_", " ")
-    return f"{float(rate):g} ({source})" if source else f"{float(rate):g}"
+    return f"{float(rate):g} ({source})" if source and with_source else f"{float(rate):g}"
 
 
 def render_acquisition(acq: Mapping[str, Any]) -> str:
@@ -370,7 +385,7 @@ def render_acquisition(acq: Mapping[str, Any]) -> str:
         ("launched_type", "launched_type"),
         ("market", "market"),
         ("availability_zone", "availability_zone"),
-        ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+        ("budget_usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
         ("charged_usd_per_hour", _charged),
         ("budget_held", "budget_held"),
         ("created_at", "created_at"),

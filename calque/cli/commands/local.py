@@ -282,7 +282,11 @@ def do_down(ctx: Any, *, timeout_s: int) -> None:
                 details={"state_dir": str(state.path), "pid": pid},
             )
         if time.monotonic() - said >= 2:
-            print(f"... waiting for the local plane (pid {pid}) to stop ({waited:.0f}s)", file=sys.stderr)
+            print(
+                f"... waiting for the local plane (pid {pid}) to stop: its workers finish the claims "
+                f"they hold, then it saves its state ({waited:.0f}s)",
+                file=sys.stderr,
+            )
             said = time.monotonic()
         time.sleep(0.1)
     ctx.emit(
