@@ -8,7 +8,7 @@ import json
 import pytest
 
 from calque import catalog
-from tests.unit.cli_support import run_cli
+from tests.unit.cli_support import run_cli, stopped_plane
 
 pytestmark = pytest.mark.unit
 
@@ -51,48 +51,42 @@ def test_an_unknown_card_is_refused_naming_the_valid_ones(capsys):
 
 
 @pytest.fixture
-def stopped_plane(tmp_path, monkeypatch):
-    from calque.local.state import StateDir
-
-    state = StateDir(tmp_path / "state")
-    state.ensure()
-    state.initialize_people()
-    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(state.path))
-    return state
+def stopped(tmp_path, monkeypatch):
+    return stopped_plane(tmp_path / "state", monkeypatch)
 
 
-def test_reset_without_confirmation_changes_nothing(stopped_plane, capsys, monkeypatch):
+def test_reset_without_confirmation_changes_nothing(stopped, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
     code, _, err = run_cli(capsys, "local", "reset")
     assert code == 2
     assert "--yes" in err
-    assert stopped_plane.users_file.exists()
+    assert stopped.users_file.exists()
 
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr("builtins.input", lambda _q: "n")
     code, _, err = run_cli(capsys, "local", "reset")
     assert code == 1
-    assert stopped_plane.users_file.exists()
+    assert stopped.users_file.exists()
 
 
-def test_reset_confirmed_removes_the_state_directory(stopped_plane, capsys, monkeypatch):
+def test_reset_confirmed_removes_the_state_directory(stopped, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin.isatty", lambda: True)
     monkeypatch.setattr("builtins.input", lambda _q: "y")
     code, out, _ = run_cli(capsys, "local", "reset")
     assert code == 0
-    assert not stopped_plane.path.exists()
+    assert not stopped.path.exists()
     assert "local up" in out
 
 
-def test_reset_refuses_while_the_plane_runs(stopped_plane, capsys):
-    held = stopped_plane.acquire_plane_lock()
+def test_reset_refuses_while_the_plane_runs(stopped, capsys):
+    held = stopped.acquire_plane_lock()
     try:
         code, _, err = run_cli(capsys, "local", "reset", "--yes")
     finally:
         held.close()
     assert code == 1
     assert "local down" in err
-    assert stopped_plane.users_file.exists()
+    assert stopped.users_file.exists()
 
 
 def test_reset_refuses_a_directory_that_is_not_a_state_directory(tmp_path, capsys):

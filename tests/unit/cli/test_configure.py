@@ -120,23 +120,20 @@ def test_environment_beats_the_configuration_and_a_flag_beats_both(config_file, 
     monkeypatch.setenv("CALQUE_ENDPOINT", "https://env.example")
     monkeypatch.setenv("AWS_PROFILE", "other")
     monkeypatch.setenv("AWS_REGION", "ap-south-1")
-    ctx = context()
-    creds, region = ctx.credentials_and_region()
-    assert (ctx.endpoint, creds.access_key, region) == (
-        "https://env.example",
-        "AKIAOTHER00000000000",
-        "ap-south-1",
+    assert _resolved(context()) == (
+        ("https://env.example", "AKIAOTHER00000000000", "ap-south-1"),
+        {"endpoint": "CALQUE_ENDPOINT", "profile": "AWS_PROFILE", "region": "AWS_REGION"},
     )
-    assert ctx.sources == {"endpoint": "CALQUE_ENDPOINT", "profile": "AWS_PROFILE", "region": "AWS_REGION"}
+    assert _resolved(context(endpoint="https://flag.example", profile="research", region="us-west-2")) == (
+        ("https://flag.example", "AKIARESEARCH00000000", "us-west-2"),
+        {"endpoint": "--endpoint", "profile": "--profile", "region": "--region"},
+    )
 
-    ctx = context(endpoint="https://flag.example", profile="research", region="us-west-2")
+
+def _resolved(ctx) -> tuple[tuple[str, str, str], dict[str, str]]:
+    """(endpoint, access key, region) the CLI would call with, and where each came from."""
     creds, region = ctx.credentials_and_region()
-    assert (ctx.endpoint, creds.access_key, region) == (
-        "https://flag.example",
-        "AKIARESEARCH00000000",
-        "us-west-2",
-    )
-    assert ctx.sources == {"endpoint": "--endpoint", "profile": "--profile", "region": "--region"}
+    return (ctx.endpoint, creds.access_key, region), ctx.sources
 
 
 def test_the_configuration_beats_a_running_local_plane(config_file, aws_keys, tmp_path, monkeypatch):
