@@ -416,8 +416,8 @@ def plot(result: SimResult, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.step(ts, [b for _, b, _ in result.timeline], where="post", label="backlog (visible + in flight)")
     ax.step(ts, [n for _, _, n in result.timeline], where="post", label="workers")
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("count")
+    ax.set_xlabel("time (minutes)")
+    ax.set_ylabel("claims or workers (count)")
     ax.set_title(
         f"{result.policy}: paid/busy {result.paid_per_busy:.2f}, p95 wait {result.wait_percentile(95):.0f}s"
     )
