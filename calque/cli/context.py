@@ -160,12 +160,13 @@ class Context:
 
         return f"configuration {self.config()[0]!r} ({config_file()})"
 
-    def _profile_choice(self) -> str | None:
-        """--profile, else (unless AWS_PROFILE names one) the configuration's profile."""
+    def _profile_choice(self, *, local: bool = False) -> str | None:
+        """--profile, else (unless AWS_PROFILE names one; the local plane's profiles are its
+        own, never AWS's) the configuration's profile."""
         if self.profile_arg:
             self.sources["profile"] = "--profile"
             return self.profile_arg
-        if os.environ.get("AWS_PROFILE"):
+        if os.environ.get("AWS_PROFILE") and not local:
             self.sources["profile"] = "AWS_PROFILE"
             return None  # botocore reads it
         configured = self.config()[1].get("profile")
@@ -235,7 +236,7 @@ class Context:
         if local_dir is not None and plane is not None:
             session.set_config_variable("credentials_file", str(local_dir / "credentials"))
             session.set_config_variable("config_file", os.devnull)
-            profile = self._profile_choice() or LOCAL_DEFAULT_PROFILE
+            profile = self._profile_choice(local=True) or LOCAL_DEFAULT_PROFILE
             self.sources.setdefault("profile", "the local plane's default")
             region = self.region_arg or plane.get("region") or "us-east-1"
             self.sources["region"] = "--region" if self.region_arg else "the local plane"

@@ -209,3 +209,14 @@ def test_the_output_name_is_the_stacks():
     from infra.constants import OUTPUT_API_ENDPOINT
 
     assert API_ENDPOINT_OUTPUT == OUTPUT_API_ENDPOINT
+
+
+def test_aws_profile_does_not_name_a_local_plane_profile(config_file, tmp_path, monkeypatch):
+    with running_plane(
+        tmp_path / "plane", monkeypatch, endpoint="http://127.0.0.1:9999", region="eu-north-1"
+    ) as p:
+        monkeypatch.setenv("AWS_PROFILE", "research")
+        ctx = context()
+        creds, _ = ctx.credentials_and_region()
+        assert creds.access_key == p.principal("admin").access_key
+        assert ctx.sources["profile"] == "the local plane's default"
