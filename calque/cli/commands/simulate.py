@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calque.cli.argtypes import non_negative_int, positive_int
-from calque.cli.durations import duration_arg
+from calque.cli.durations import duration_arg, human_duration
 from calque.cli.errors import CliError, UsageError
 
 
@@ -171,7 +171,7 @@ def do_pool(
     counts = summary["scale_decisions"]
     summary["scale_decisions"] = f"{counts['scale_out']} out, {counts['scale_in']} in"
     for key in ("wait_p50_s", "wait_p95_s", "wait_max_s"):
-        summary[key] = f"{summary[key]:g}s"
+        summary[key] = human_duration(summary[key])
     summary["warm_hit_rate"] = f"{summary['warm_hit_rate'] * 100:.1f}%"
     if "paid_usd" in summary:
         summary["paid_usd"] = f"${summary['paid_usd']:.2f}"
@@ -215,8 +215,8 @@ RESULT_FIELDS = [
     ("placed", "placed"),
     ("refused", "refused"),
     ("still waiting", "waiting"),
-    ("wait p50 (s)", "wait_p50_s"),
-    ("wait p95 (s)", "wait_p95_s"),
+    ("wait p50", lambda r: human_duration(r.get("wait_p50_s"))),
+    ("wait p95", lambda r: human_duration(r.get("wait_p95_s"))),
     ("members / GPU-hour", "members_per_gpu_hour"),
     ("paid GPU-hours", "paid_gpu_hours"),
     ("busy GPU-hours", "busy_gpu_hours"),
@@ -236,7 +236,7 @@ def _best_static_cell(best: dict[str, Any] | None) -> str | None:
         return None
     return (
         f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
-        f"p95 wait {best['wait_p95_s']:.0f} s"
+        f"p95 wait {human_duration(best['wait_p95_s'])}"
     )
 
 

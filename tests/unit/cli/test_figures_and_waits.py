@@ -4,6 +4,10 @@ lines name what they are waiting for."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from tests.unit.cli_support import FakeApi
@@ -72,3 +76,27 @@ def test_an_acquisition_says_what_each_state_waits_for(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "launching: waiting for EC2 to launch an instance" in err
     assert "booting (i-0abc): waiting for the instance to boot and register as a host" in err
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(None, "-"), (0, "0s"), (2.011, "2.01s"), (59.4, "59.4s"), (60, "1m"), (252, "4m12s"),
+     (12300, "3h25m"), (86400, "1d"), (3499200, "40d12h")],
+)  # fmt: skip
+def test_durations_read_in_human_units(seconds, said):
+    from calque.cli.durations import human_duration
+
+    assert human_duration(seconds) == said
+
+
+def test_a_placement_table_says_waits_in_human_units_and_json_keeps_seconds(capsys):
+    from tests.unit.cli_support import run_cli
+
+    trace = str(Path(__file__).resolve().parents[3] / "examples" / "traces" / "alibaba-pods-head300.csv")
+    argv = ["simulate", "placement", "--trace", trace, "--hosts", "g7e.2xlarge=1", "--layout", "dedicated"]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("wait p95"))
+    assert re.fullmatch(r"wait p95\s+(-|\d+(\.\d+)?s|\d+[dhm](\d+[hms])?)", line), line
+    code, out, _ = run_cli(capsys, *argv, "--output", "json")
+    assert isinstance(json.loads(out)["wait_p95_s"], int | float)
