@@ -214,6 +214,9 @@ class SimResult:
             "claims": self.claims,
             "paid_gpu_seconds": round(self.paid_gpu_seconds, 1),
             "busy_gpu_seconds": round(self.busy_gpu_seconds, 1),
+            # the placement simulator's names for the same figures (calque/simulate/placement.py)
+            "paid_gpu_hours": round(self.paid_gpu_seconds / 3600, 3),
+            "busy_gpu_hours": round(self.busy_gpu_seconds / 3600, 3),
             "paid_per_busy": round(self.paid_per_busy, 3),
             "warm_hit_rate": round(self.warm_hit_rate, 4),
             "wait_p50_s": round(self.wait_percentile(50), 1),

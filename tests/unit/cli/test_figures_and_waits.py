@@ -100,3 +100,22 @@ def test_a_placement_table_says_waits_in_human_units_and_json_keeps_seconds(caps
     assert re.fullmatch(r"wait p95\s+(-|\d+(\.\d+)?s|\d+[dhm](\d+[hms])?)", line), line
     code, out, _ = run_cli(capsys, *argv, "--output", "json")
     assert isinstance(json.loads(out)["wait_p95_s"], int | float)
+
+
+def test_both_simulators_name_the_figures_they_share_alike(capsys):
+    from tests.unit.cli_support import run_cli
+
+    examples = Path(__file__).resolve().parents[3] / "examples" / "traces"
+    _, placement, _ = run_cli(
+        capsys, "simulate", "placement", "--trace", str(examples / "alibaba-pods-head300.csv"),
+        "--hosts", "g7e.2xlarge=1", "--layout", "dedicated", "--output", "json",
+    )  # fmt: skip
+    _, pool, _ = run_cli(
+        capsys, "simulate", "pool", "--trace", str(examples / "bursty.csv"),
+        "--instance-type", "g7e.2xlarge", "--output", "json",
+    )  # fmt: skip
+    shared = {"trace", "wait_p50_s", "wait_p95_s", "paid_gpu_hours", "busy_gpu_hours"}
+    assert shared <= set(json.loads(placement))
+    pool_doc = json.loads(pool)
+    assert shared <= set(pool_doc)
+    assert abs(pool_doc["paid_gpu_hours"] - pool_doc["paid_gpu_seconds"] / 3600) < 0.001
