@@ -46,3 +46,6 @@ COMMAND_MODULES += ["fleet", "budget"]
 
 # The catalog, the API's own document, and the local plane's terminate and reset.
 COMMAND_MODULES += ["catalog", "api", "local_admin", "completion"]
+
+# A live page of the fleet (calque/console/).
+COMMAND_MODULES += ["console"]
