@@ -18,10 +18,18 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install host-tools browser-tools run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
 
+# Each checkout keeps its own local plane (state directory, and a free port when another
+# plane has 8787), so a second clone's `make run` runs beside the first; the venv's activate
+# script names that state directory to the CLI. `calque local reset` starts it afresh.
+LOCAL_STATE ?= $(CURDIR)/.calque/local
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	@echo "installing calque and its dependencies into $(VENV): the first time takes a minute or two"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
+	@grep -q CALQUE_LOCAL_STATE_DIR $(VENV)/bin/activate || \
+	  echo 'export CALQUE_LOCAL_STATE_DIR="$(LOCAL_STATE)"' >> $(VENV)/bin/activate
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -51,7 +59,7 @@ browser-tools:
 	fi
 
 run: install
-	$(VENV)/bin/calque local up $(ARGS)
+	CALQUE_LOCAL_STATE_DIR="$(LOCAL_STATE)" $(VENV)/bin/calque local up $(ARGS)
 
 # The whole suite, as CI runs it; --durations lists the slowest tests after the summary.
 test: install host-tools browser-tools scan-tools

@@ -70,8 +70,8 @@ def timeline_figure(res: Result) -> Any:
     ax.step(
         days, [b for _t, b, _q in res.timeline], where="post", label="busy share of the GPUs", linewidth=0.8
     )
-    ax.set_xlabel("trace day")
-    ax.set_ylabel("busy share")
+    ax.set_xlabel("time into the trace (days)")
+    ax.set_ylabel("busy share of the GPUs (0 to 1)")
     ax2 = ax.twinx()
     ax2.step(
         days,
@@ -81,7 +81,9 @@ def timeline_figure(res: Result) -> Any:
         label="jobs waiting",
         linewidth=0.8,
     )
-    ax2.set_ylabel("jobs waiting")
+    ax2.set_ylabel("jobs waiting (count)")
+    lines = ax.get_lines() + ax2.get_lines()  # one legend for both axes
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="upper left")
     ax.set_title(f"{res.layout} on {res.hosts}: {res.members_per_gpu_hour} members per GPU-hour")
     fig.tight_layout()
     return fig

@@ -214,6 +214,9 @@ class SimResult:
             "claims": self.claims,
             "paid_gpu_seconds": round(self.paid_gpu_seconds, 1),
             "busy_gpu_seconds": round(self.busy_gpu_seconds, 1),
+            # the placement simulator's names for the same figures (calque/simulate/placement.py)
+            "paid_gpu_hours": round(self.paid_gpu_seconds / 3600, 3),
+            "busy_gpu_hours": round(self.busy_gpu_seconds / 3600, 3),
             "paid_per_busy": round(self.paid_per_busy, 3),
             "warm_hit_rate": round(self.warm_hit_rate, 4),
             "wait_p50_s": round(self.wait_percentile(50), 1),
@@ -416,8 +419,8 @@ def plot(result: SimResult, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.step(ts, [b for _, b, _ in result.timeline], where="post", label="backlog (visible + in flight)")
     ax.step(ts, [n for _, _, n in result.timeline], where="post", label="workers")
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("count")
+    ax.set_xlabel("time (minutes)")
+    ax.set_ylabel("claims or workers (count)")
     ax.set_title(
         f"{result.policy}: paid/busy {result.paid_per_busy:.2f}, p95 wait {result.wait_percentile(95):.0f}s"
     )

@@ -56,12 +56,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("claim_id", metavar="ID")
     p.set_defaults(func=lambda ctx, args: do_show(ctx, claim_id=args.claim_id))
     p = group.add_parser("list", help="your claims (admins with --pool: everyone's on that pool)")
-    p.add_argument("--pool", metavar="NAME")
+    p.add_argument("--pool", metavar="NAME", help="only this pool's claims (default: every pool)")
     argtypes.add_max_items(p, "claims")
     p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool, max_items=args.max_items))
     p = group.add_parser("result", help="a succeeded claim's per-item outputs and errors")
     p.add_argument("claim_id", metavar="ID")
-    p.add_argument("-o", "--out", metavar="FILE", help="write the result document there instead of stdout")
+    p.add_argument("-o", "--out", metavar="FILE", help="write the result document there (default: stdout)")
     p.set_defaults(func=_result)
     p = group.add_parser("cancel", help="cancel a queued or running claim")
     p.add_argument("claim_id", metavar="ID")
@@ -139,6 +139,8 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
         status = f"{state}, attempt {claim.get('attempts') or 0}" + (
             f" on {claim['worker']}" if claim.get("worker") else ""
         )
+        if state == "queued":  # say what it waits for: a wait with no worker can be minutes
+            status += ": waiting for a free worker (the pool's scaler starts one on its next run)"
         bar = _bar(state)
         if tty:
             sys.stderr.write(f"\r{bar} {claim_id}: {status} ({elapsed:.0f}s)\033[K")

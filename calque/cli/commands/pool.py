@@ -53,19 +53,28 @@ def _clock(at: Any) -> str:
 
 
 def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
-    p.add_argument("--min-workers", type=non_negative_int, default=0 if defaults else None, metavar="N")
-    p.add_argument("--max-workers", type=positive_int, default=4 if defaults else None, metavar="N")
+    kept = None if defaults else "(default: kept)"
     p.add_argument(
-        "--target-backlog-per-worker", type=positive_int, default=1 if defaults else None, metavar="K"
-    )
+        "--min-workers", type=non_negative_int, default=0 if defaults else None, metavar="N",
+        help=" ".join(filter(None, ("workers kept even with no backlog", kept))),
+    )  # fmt: skip
+    p.add_argument(
+        "--max-workers", type=positive_int, default=4 if defaults else None, metavar="N",
+        help=" ".join(filter(None, ("the most workers the scaler starts", kept))),
+    )  # fmt: skip
+    p.add_argument(
+        "--target-backlog-per-worker", type=positive_int, default=1 if defaults else None, metavar="K",
+        help=" ".join(filter(None, ("queued claims each worker should have, at most", kept))),
+    )  # fmt: skip
     p.add_argument(
         "--idle-timeout", type=duration_arg, default=1800 if defaults else None, metavar="DURATION",
-        help="how long a worker may idle before it goes (default 30m)" if defaults else None,
+        help="how long a worker may idle before it goes, e.g. 30m "
+        + ("(default: 30m)" if defaults else "(default: kept)"),
     )  # fmt: skip
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.layout_flags import mig_arg
+    from calque.cli.layout_flags import MIG_HELP, MPS_SLOTS_HELP, SPEC_HELP, mig_arg
     from calque.cli.main import command_group
 
     group = command_group(
@@ -75,7 +84,7 @@ def register(subparsers: Any) -> None:
     p = group.add_parser("create", help="create a pool (admins)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--model", required=True, metavar="M", help="the model the pool keeps warm (a label)")
-    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--instance-type", required=True, metavar="T", help="the workers' instance type")
     p.add_argument(
         "--runner", required=True, metavar="MODULE:CLASS", help="the runner class (enter/run/exit)"
     )
@@ -84,11 +93,16 @@ def register(subparsers: Any) -> None:
     )
     _sizing(p, defaults=True)
     layout = p.add_argument_group("layout (one of; none: one worker per GPU)")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.add_argument("--spot", action="store_true", help="ask the fleet for spot capacity")
-    p.add_argument("--i-understand-this-spends-money", action="store_true", dest="accept_spend")
+    p.add_argument(
+        "--i-understand-this-spends-money",
+        action="store_true",
+        dest="accept_spend",
+        help="required: the pool's workers run on instances that cost money",
+    )
     p.set_defaults(func=_create)
 
     p = group.add_parser("list", help="every pool")
@@ -110,7 +124,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--now", action="store_true", help="do not wait for the backlog: cancel what is left")
-    p.add_argument("--i-understand-this-terminates-instances", action="store_true", dest="accept_terminate")
+    p.add_argument(
+        "--i-understand-this-terminates-instances",
+        action="store_true",
+        dest="accept_terminate",
+        help="required: the pool's instances are terminated",
+    )
     p.set_defaults(
         func=lambda ctx, args: do_delete(ctx, name=args.name, now=args.now, accept=args.accept_terminate)
     )

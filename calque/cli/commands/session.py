@@ -267,13 +267,13 @@ def register(subparsers: Any) -> None:
         "--slice-profile",
         dest="slice_profile",
         metavar="P",
-        help="exactly this slice profile, e.g. 1g.24gb",
+        help="exactly this slice profile, e.g. 1g.24gb (default: any that fits)",
     )
     which.add_argument(
         "--min-memory-gib",
         type=positive_float,
         metavar="G",
-        help="the smallest slice with at least G GiB (best fit)",
+        help="the smallest slice with at least G GiB, best fit (default: the smallest slice)",
     )
     p.add_argument(
         "--ttl",
@@ -292,16 +292,21 @@ def register(subparsers: Any) -> None:
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
-    p.add_argument("--token", help="the token the check-out printed (not needed for your own session)")
+    p.add_argument(
+        "--token", help="the token the check-out printed (default: none; not needed for your own session)"
+    )
     p.add_argument("--force", action="store_true", help="admins: end someone's session without its token")
     p.add_argument(
-        "--reason", help="recorded with the check-in; the session's member sees it (session show / list)"
+        "--reason",
+        help="recorded with the check-in; the session's member sees it (session show / list) (default: none)",
     )
     p.set_defaults(func=_checkin, _parser=p)
 
     p = group.add_parser("extend", help="push a session's expiry later (within the deployment's max)")
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
-    p.add_argument("--token", help="the token the check-out printed (not needed for your own session)")
+    p.add_argument(
+        "--token", help="the token the check-out printed (default: none; not needed for your own session)"
+    )
     p.add_argument("--ttl", required=True, type=duration_arg, metavar="DURATION", help="time added, e.g. 1h")
     p.set_defaults(func=_extend)
 
@@ -314,7 +319,7 @@ def register(subparsers: Any) -> None:
     )
     whose = p.add_mutually_exclusive_group()
     whose.add_argument("--all", action="store_true", help="admins: every user's live sessions")
-    whose.add_argument("--user", metavar="NAME", help="admins: this user's sessions")
+    whose.add_argument("--user", metavar="NAME", help="admins: this user's sessions (default: your own)")
     states = p.add_mutually_exclusive_group()
     states.add_argument(
         "--state", choices=("live", "ended", "any"), default=None, help="which sessions (default: live)"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calque.cli.argtypes import non_negative_int, positive_int
-from calque.cli.durations import duration_arg
+from calque.cli.durations import duration_arg, human_duration
 from calque.cli.errors import CliError, UsageError
 
 
@@ -31,7 +31,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--instance-type", required=True, metavar="T", help="the pool's instance type (for cost)")
     p.add_argument("--policy", choices=("scaler", "static"), default="scaler", help="default: scaler")
     p.add_argument(
-        "--workers", type=positive_int, default=None, metavar="N", help="static pool size (--policy static)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="static pool size, in workers (--policy static; default: none)",
     )
     p.add_argument("--cold-start", type=duration_arg, default=180, metavar="DURATION", help="default 180s")
     p.add_argument(
@@ -45,14 +49,17 @@ def register(subparsers: Any) -> None:
         "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
     )
     p.add_argument(
-        "--plot", metavar="FILE.png", default=None, help="draw backlog and workers (needs matplotlib)"
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="draw backlog and workers to this PNG (needs matplotlib; default: no plot)",
     )
-    from calque.cli.layout_flags import mig_arg
+    from calque.cli.layout_flags import MIG_HELP, MPS_SLOTS_HELP, SPEC_HELP, mig_arg
 
     layout = p.add_argument_group("the pool's layout (one of; none: one worker per GPU), as for pool create")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.set_defaults(func=_pool)
 
 
@@ -164,7 +171,7 @@ def do_pool(
     counts = summary["scale_decisions"]
     summary["scale_decisions"] = f"{counts['scale_out']} out, {counts['scale_in']} in"
     for key in ("wait_p50_s", "wait_p95_s", "wait_max_s"):
-        summary[key] = f"{summary[key]:g}s"
+        summary[key] = human_duration(summary[key])
     summary["warm_hit_rate"] = f"{summary['warm_hit_rate'] * 100:.1f}%"
     if "paid_usd" in summary:
         summary["paid_usd"] = f"${summary['paid_usd']:.2f}"
@@ -208,8 +215,8 @@ RESULT_FIELDS = [
     ("placed", "placed"),
     ("refused", "refused"),
     ("still waiting", "waiting"),
-    ("wait p50 (s)", "wait_p50_s"),
-    ("wait p95 (s)", "wait_p95_s"),
+    ("wait p50", lambda r: human_duration(r.get("wait_p50_s"))),
+    ("wait p95", lambda r: human_duration(r.get("wait_p95_s"))),
     ("members / GPU-hour", "members_per_gpu_hour"),
     ("paid GPU-hours", "paid_gpu_hours"),
     ("busy GPU-hours", "busy_gpu_hours"),
@@ -229,7 +236,7 @@ def _best_static_cell(best: dict[str, Any] | None) -> str | None:
         return None
     return (
         f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
-        f"p95 wait {best['wait_p95_s']:.0f} s"
+        f"p95 wait {human_duration(best['wait_p95_s'])}"
     )
 
 
@@ -258,7 +265,9 @@ def add_placement_parser(group: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
     p.add_argument(
-        "--plot", metavar="FILE.png", help="plot busy share and waiting jobs over time (needs calque[plot])"
+        "--plot",
+        metavar="FILE.png",
+        help="plot busy share and waiting jobs over time to this PNG (needs calque[plot]; default: no plot)",
     )
     p.set_defaults(func=_placement)
 
