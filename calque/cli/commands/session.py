@@ -259,7 +259,7 @@ def register(subparsers: Any) -> None:
         "--gpus",
         type=argtypes.positive_int,
         metavar="N",
-        help="N whole GPUs of one host, all or none (--backend gpu)",
+        help="N whole GPUs of one host, all or none (--backend gpu) (default: 1)",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
