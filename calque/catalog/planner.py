@@ -8,6 +8,8 @@ or refuses it with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from fractions import Fraction
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -254,6 +256,68 @@ def default_layout(instance_type: str | InstanceType) -> LayoutSpec:
             ),
         )
     return LayoutSpec(gpus=[entry])
+
+
+def plain_profile(p: MigProfile) -> bool:
+    """A plain compute profile (``2g.48gb``): no media engines, graphics or -me variants,
+    which offer the same compute and memory as their plain twin and only add choices."""
+    return not p.media_extensions and "+" not in p.name and "-" not in p.name
+
+
+def smallest_fitting_share(card: Card, fraction: Fraction) -> Fraction:
+    """The share of one GPU of this card that a request for ``fraction`` of it takes at
+    least: the compute share of its smallest plain MIG profile with that much compute (1:
+    a whole card, also for a card without MIG or a fraction only the whole card holds)."""
+    if fraction >= 1 or not card.mig_capable:
+        return Fraction(1)
+    shares = sorted(
+        Fraction(p.compute_slices, card.compute_slices) for p in card.mig_profiles if plain_profile(p)
+    )
+    return next((s for s in shares if s >= fraction), Fraction(1))
+
+
+def mix_for(card: Card, wanted: Iterable[Fraction], *, scan: int = 256) -> dict[str, int] | None:
+    """How to cut an idle GPU of this card for the requests that wait, first served first:
+    each a fraction of one GPU. None: whole (the first one needs the whole card, or nothing
+    waits that a slice smaller than the card serves). Else the MIG mix that holds the
+    waiting fractions in order, each in its smallest fitting plain profile, as many as fit
+    (looking at the first ``scan``), the space left filled with the largest profiles that
+    still fit: a larger slice serves any smaller request, the smallest only the smallest."""
+    if not card.mig_capable:
+        return None
+    profiles = sorted(
+        (p for p in card.mig_profiles if plain_profile(p) and p.compute_slices < card.compute_slices),
+        key=lambda p: (p.compute_slices, p.memory_slices),
+    )
+    mix: dict[str, int] = {}
+    used = 0
+
+    def add(p: MigProfile) -> bool:
+        nonlocal used
+        trial = {**mix, p.name: mix.get(p.name, 0) + 1}
+        try:
+            place_mig(card, trial)
+        except InvalidInput:
+            return False
+        mix[p.name] = trial[p.name]
+        used += p.compute_slices
+        return True
+
+    for n, fraction in enumerate(wanted):
+        if n >= scan or used >= card.compute_slices:
+            break
+        share = smallest_fitting_share(card, fraction)
+        if share >= 1:
+            if n == 0:
+                return None
+            continue
+        add(next(p for p in profiles if Fraction(p.compute_slices, card.compute_slices) == share))
+    if not mix:
+        return None
+    for p in reversed(profiles):
+        while add(p):
+            pass
+    return mix
 
 
 def smallest_profile(card: Card | str, min_memory_gib: float) -> MigProfile:

@@ -219,6 +219,8 @@ class Simulator:
     # -- what a job may take ----------------------------------------------------------------
     def kinds(self, job: Job) -> tuple[tuple[str, str, Fraction], ...]:
         """(backend, profile, share) a job may take, smallest share first; () if nothing ever fits."""
+        from calque.catalog import planner
+
         if job.num_gpu > 1:
             dedicates = self.layout.kind in ("dedicated", "adaptive")
             fits = dedicates and any(t.gpu_count >= job.num_gpu for t in self.types.values())
@@ -231,7 +233,9 @@ class Simulator:
                 whole_for_part = (
                     self.layout.kind == "adaptive" and card.mig_capable and backend == "exclusive"
                 )
-                if share >= job.fraction and not (whole_for_part and job.fraction < 1):
+                # (a fraction that only a whole card's profile holds may take the whole card)
+                part = job.fraction < 1 and planner.smallest_fitting_share(card, job.fraction) < 1
+                if share >= job.fraction and not (whole_for_part and part):
                     found.add((backend, profile, share))
         return tuple(sorted(found, key=lambda k: (k[2], k[0], k[1])))
 
@@ -435,61 +439,20 @@ class Simulator:
     def _adapt(self, waiting: dict[tuple, deque[Job]]) -> bool:
         """Re-lay out one empty MIG-capable GPU for what waits; True if one changed."""
         from calque.catalog import planner
-        from calque.errors import InvalidInput
 
         empty = [g for _k, g in sorted(self.gpus.items()) if g.held == 0 and g.card.mig_capable]
-        heads = [q[0] for q in waiting.values() if q]
-        if not empty or not heads:
+        if not empty or not any(waiting.values()):
             return False
-        head = min(heads, key=lambda j: (j.arrival, j.line))
 
         def in_arrival_order() -> Iterator[Job]:
             return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: (j.arrival, j.line))
 
+        card_mix: dict[str, dict[str, int] | None] = {}
         for gpu in empty:
-            if head.fraction >= 1:
-                if gpu.mix is None:
-                    continue
-                self._relayout(gpu, None)
-                self.relayouts += 1
-                return True
-            mix: dict[str, int] = {}
-            profiles = sorted(
-                (p for p in gpu.card.mig_profiles if compute_profile(p)),
-                key=lambda p: (p.compute_slices, p.memory_slices),
-            )
-            for job in in_arrival_order():
-                if (
-                    sum(gpu.card.profile(n).compute_slices * c for n, c in mix.items())
-                    >= gpu.card.compute_slices
-                ):
-                    break
-                if job.fraction >= 1:
-                    continue
-                want = next(
-                    (
-                        p
-                        for p in profiles
-                        if Fraction(p.compute_slices, gpu.card.compute_slices) >= job.fraction
-                    ),
-                    None,
-                )
-                if want is None:
-                    continue
-                trial = {**mix, want.name: mix.get(want.name, 0) + 1}
-                try:
-                    planner.place_mig(gpu.card, trial)
-                except InvalidInput:
-                    continue
-                mix = trial
-            while True:
-                trial = {**mix, profiles[0].name: mix.get(profiles[0].name, 0) + 1}
-                try:
-                    planner.place_mig(gpu.card, trial)
-                except InvalidInput:
-                    break
-                mix = trial
-            if mix and mix != gpu.mix:
+            if gpu.card.name not in card_mix:
+                card_mix[gpu.card.name] = planner.mix_for(gpu.card, (j.fraction for j in in_arrival_order()))
+            mix = card_mix[gpu.card.name]
+            if mix != gpu.mix:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
