@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -51,13 +51,11 @@ from calque.simulate.placement_layouts import (
     Layout,
     compute_profile,
     gpu_entry,
-    parse_hosts,
-    parse_layout,
     slice_share,
-    static_mig_layouts,
 )
+from calque.simulate.placement_queue import FairQueue
 from calque.simulate.placement_report import Result, percentile
-from calque.simulate.placement_trace import Job, read_trace
+from calque.simulate.placement_trace import Job
 
 if TYPE_CHECKING:
     from calque.catalog.models import Card, InstanceType
@@ -94,7 +92,13 @@ class Simulator:
     """One replay. Build it, then ``run()``; deterministic for a trace, hosts, layout and seed."""
 
     def __init__(
-        self, jobs: list[Job], hosts: list[tuple[str, int]], layout: Layout, *, seed: int = 0
+        self,
+        jobs: list[Job],
+        hosts: list[tuple[str, int]],
+        layout: Layout,
+        *,
+        seed: int = 0,
+        shares: dict[str, float] | None = None,
     ) -> None:
         from calque import catalog
         from calque.tenancy.service import Tenancy, TenancyConfig
@@ -117,6 +121,7 @@ class Simulator:
             clock=lambda: self.now,
             rng=random.Random(seed),  # noqa: S311 - tie-breaking, reproducible by design
         )
+        self.queue = FairQueue(shares or {})
         self.types: dict[str, InstanceType] = {}
         self.gpus: dict[tuple[str, int], _Gpu] = {}
         self.free: dict[tuple[str, str], int] = {}  # (backend, profile) -> free slices
@@ -342,6 +347,7 @@ class Simulator:
         busy_gpu = Fraction(0)
         busy_slices = 0
         frag = Fraction(0)
+        unsaturated = Fraction(0)
         start = self.jobs[0].arrival if self.jobs else 0
         last = start
         end = start
@@ -351,14 +357,18 @@ class Simulator:
 
         def place_all(t: int) -> None:
             nonlocal busy_gpu, busy_slices, seq, queued
+            now = float(t)
             while queued:
+                self.queue.refresh(now, {key[1] for key, q in waiting.items() if q})
                 heads = [
-                    (q[0].arrival, q[0].line, key) for key, q in waiting.items() if q and self._may_fit(key)
+                    (self.queue.key(q[0], now), key)
+                    for key, q in waiting.items()
+                    if q and self._may_fit(key[0])
                 ]
                 placed_one = False
-                for _a, _l, key in sorted(heads):
+                for _k, key in sorted(heads):
                     job = waiting[key][0]
-                    grants = self._try(job, key)
+                    grants = self._try(job, key[0])
                     if grants is None:
                         continue
                     waiting[key].popleft()
@@ -366,16 +376,19 @@ class Simulator:
                     self._started(job, t, grants, waits)
                     placed_one = True
                     break
-                if not placed_one and not (self.layout.kind == "adaptive" and self._adapt(waiting)):
+                if not placed_one and not (self.layout.kind == "adaptive" and self._adapt(waiting, now)):
                     return
 
         while i < len(self.jobs) or departures:
             t_next_arrival = self.jobs[i].arrival if i < len(self.jobs) else None
             t_next_dep = departures[0][0] if departures else None
             t = min(x for x in (t_next_arrival, t_next_dep) if x is not None)
-            # integrate fragmentation over [last, t): free capacity while jobs waited that none fit
+            # integrate fragmentation over [last, t): free capacity while jobs waited that none fit;
+            # and the capacity free while nothing waited (the hosts were not saturated)
             if queued:
                 frag += self.free_share * (t - last)
+            elif i:
+                unsaturated += self.free_share * (t - last)
             last = t
             self.now = EPOCH + timedelta(seconds=t)
             while departures and departures[0][0] == t:
@@ -399,7 +412,8 @@ class Simulator:
                     res.refused_by_reason[reason] = res.refused_by_reason.get(reason, 0) + 1
                     continue
                 kinds_of[job.line] = kinds
-                waiting.setdefault(kinds, deque()).append(job)
+                waiting.setdefault((kinds, job.group), deque()).append(job)
+                self.queue.arrived(job)
                 queued += 1
             place_all(t)
             if timeline:
@@ -420,7 +434,9 @@ class Simulator:
         res.idle_share = round(1 - float(busy_gpu / 3600 / paid), 4) if paid else 0.0
         res.fragmented_gpu_hours = round(float(frag / 3600), 3)
         res.fragmentation_share = round(float(frag / 3600 / paid), 4) if paid else 0.0
+        res.unsaturated_share = round(float(unsaturated / 3600 / paid), 4) if paid else 0.0
         res.relayouts = self.relayouts
+        res.groups = self.queue.report()
         return res
 
     def _may_fit(self, kinds: tuple) -> bool:
@@ -433,10 +449,11 @@ class Simulator:
         iid = self.registry.sessions[grants[0][0]].instance_id
         share = sum((self.shares[(iid, g[2])] for g in grants), Fraction(0))
         self._done.append((share * job.duration, len(grants) * job.duration, t + job.duration))
+        self.queue.granted(job, float(t), t - job.arrival, float(share * job.duration))
         self._seq += 1
         heapq.heappush(self._departures, (t + job.duration, self._seq, iid, grants))
 
-    def _adapt(self, waiting: dict[tuple, deque[Job]]) -> bool:
+    def _adapt(self, waiting: dict[tuple, deque[Job]], now: float) -> bool:
         """Re-lay out one empty MIG-capable GPU for what waits; True if one changed."""
         from calque.catalog import planner
 
@@ -444,72 +461,17 @@ class Simulator:
         if not empty or not any(waiting.values()):
             return False
 
-        def in_arrival_order() -> Iterator[Job]:
-            return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: (j.arrival, j.line))
+        def in_queue_order() -> Iterator[Job]:
+            # in the queue's order: each group's deque is first come first served
+            return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: self.queue.key(j, now))
 
         card_mix: dict[str, dict[str, int] | None] = {}
         for gpu in empty:
             if gpu.card.name not in card_mix:
-                card_mix[gpu.card.name] = planner.mix_for(gpu.card, (j.fraction for j in in_arrival_order()))
+                card_mix[gpu.card.name] = planner.mix_for(gpu.card, (j.fraction for j in in_queue_order()))
             mix = card_mix[gpu.card.name]
             if mix != gpu.mix:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
         return False
-
-
-def simulate(
-    trace: str,
-    hosts: str,
-    layout: str,
-    *,
-    seed: int = 0,
-    timeline: bool = False,
-    compare: bool = True,
-    progress: Callable[[str], object] | None = None,
-) -> Result:
-    """Read, validate and replay: the numbers ``calque simulate placement`` prints. For
-    ``adaptive`` (with ``compare``), also the best static MIG layout on the same hosts."""
-    import time
-
-    jobs, skipped = read_trace(trace)
-    parsed_hosts = parse_hosts(hosts)
-    sim = Simulator(jobs, parsed_hosts, parse_layout(layout), seed=seed)
-    if progress is not None:  # only once the trace, hosts and layout are good: a refusal is one line
-        progress(f"replaying {trace} on {hosts} as {layout} ...")
-    started = time.perf_counter()
-    res = sim.run(trace=str(trace), hosts=hosts, seed=seed, timeline=timeline)
-    wall = time.perf_counter() - started
-    if progress is not None:
-        progress(f"{res.events} trace events in {wall:.1f} s ({res.events / max(wall, 1e-9):,.0f} events/s)")
-    res.cpu_only_skipped = skipped
-    if sim.layout.kind == "adaptive" and compare:
-        if progress is not None:
-            progress("replaying every static MIG layout of the card on the same hosts, to compare ...")
-        best = best_static(jobs, parsed_hosts, seed=seed)
-        if best is not None:
-            res.best_static = {
-                "layout": best.layout,
-                "placed": best.placed,
-                "members_per_gpu_hour": best.members_per_gpu_hour,
-                "wait_p95_s": best.wait_p95_s,
-            }
-            res.beats_best_static = res.members_per_gpu_hour > best.members_per_gpu_hour
-    return res
-
-
-def best_static(jobs: list[Job], hosts: list[tuple[str, int]], *, seed: int = 0) -> Result | None:
-    """The static MIG layout (every maximal mix of the hosts' card) that serves the most members
-    per GPU-hour on these hosts (ties: the shorter p95 wait); None unless every host has the
-    same MIG-capable card."""
-    from calque import catalog
-
-    cards = {catalog.instance_type(t).card.name: catalog.instance_type(t).card for t, _n in hosts}
-    if len(cards) != 1:
-        return None
-    (card,) = cards.values()
-    if not card.mig_capable:
-        return None
-    runs = [Simulator(jobs, hosts, layout, seed=seed).run(seed=seed) for layout in static_mig_layouts(card)]
-    return max(runs, key=lambda r: (r.members_per_gpu_hour, -r.wait_p95_s, r.layout))
