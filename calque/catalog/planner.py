@@ -285,18 +285,67 @@ def mix_for(card: Card, wanted: Iterable[Fraction], *, scan: int = 256) -> dict[
     still fit: a larger slice serves any smaller request, the smallest only the smallest."""
     if not card.mig_capable:
         return None
+    cut = _cut(card, {}, [], wanted, scan=scan, whole_first=True)
+    return cut[0] if cut is not None and cut[0] else None
+
+
+def recut(
+    card: Card,
+    gpu_index: int,
+    mix: dict[str, int],
+    held: set[str],
+    wanted: Iterable[Fraction],
+    *,
+    scan: int = 256,
+) -> dict[str, int] | None:
+    """How to re-cut the free part of a GPU laid out as ``mix`` while the slices ``held`` stay
+    in use: the held ones keep their place and their ids (the host agent keeps instances in
+    use and creates the rest around them), the free space is cut for the waiting fractions as
+    ``mix_for`` does. None when no waiting request gains a slice, or when no such cut keeps
+    every held slice's id and place."""
+    if not card.mig_capable or not mix:
+        return None
+    now = plan_gpu(card, gpu_index, GpuEntry(devices=[gpu_index], mig=mix))
+    kept = [s for s in now if s.slice_id in held]
+    counts: dict[str, int] = {}
+    for s in kept:
+        counts[s.profile] = counts.get(s.profile, 0) + 1
+    fixed = [(s.profile, s.placement_start or 0) for s in kept]
+    cut = _cut(card, counts, fixed, wanted, scan=scan, whole_first=False)
+    if cut is None or cut[1] == 0 or cut[0] == mix:
+        return None
+    after = {
+        (s.slice_id, s.profile, s.placement_start)
+        for s in plan_gpu(card, gpu_index, GpuEntry(devices=[gpu_index], mig=cut[0]))
+    }
+    if any((s.slice_id, s.profile, s.placement_start) not in after for s in kept):
+        return None
+    return cut[0]
+
+
+def _cut(
+    card: Card,
+    start: dict[str, int],
+    fixed: list[tuple[str, int]],
+    wanted: Iterable[Fraction],
+    *,
+    scan: int,
+    whole_first: bool,
+) -> tuple[dict[str, int], int] | None:
+    """The mix (and how many waiting requests it serves) from ``start`` around ``fixed``."""
     profiles = sorted(
         (p for p in card.mig_profiles if plain_profile(p) and p.compute_slices < card.compute_slices),
         key=lambda p: (p.compute_slices, p.memory_slices),
     )
-    mix: dict[str, int] = {}
-    used = 0
+    mix = dict(start)
+    used = sum(card.profile(n).compute_slices * c for n, c in mix.items())
+    served = 0
 
     def add(p: MigProfile) -> bool:
         nonlocal used
         trial = {**mix, p.name: mix.get(p.name, 0) + 1}
         try:
-            place_mig(card, trial)
+            place_mig(card, trial, fixed=fixed)
         except InvalidInput:
             return False
         mix[p.name] = trial[p.name]
@@ -308,16 +357,16 @@ def mix_for(card: Card, wanted: Iterable[Fraction], *, scan: int = 256) -> dict[
             break
         share = smallest_fitting_share(card, fraction)
         if share >= 1:
-            if n == 0:
+            if n == 0 and whole_first:
                 return None
             continue
-        add(next(p for p in profiles if Fraction(p.compute_slices, card.compute_slices) == share))
-    if not mix:
-        return None
+        served += add(next(p for p in profiles if Fraction(p.compute_slices, card.compute_slices) == share))
+    if not served:
+        return mix, 0
     for p in reversed(profiles):
         while add(p):
             pass
-    return mix
+    return mix, served
 
 
 def smallest_profile(card: Card | str, min_memory_gib: float) -> MigProfile:

@@ -86,6 +86,8 @@ class _Gpu:
     card: Card
     mix: dict[str, int] | None  # None: exclusive (or MPS, fixed)
     held: int = 0
+    until: int = 0  # when the last job held on it ends (the sessions' expiry)
+    draining: bool = False  # no new job on it: it empties to be cut whole for the queue's head
 
 
 class Simulator:
@@ -183,8 +185,9 @@ class Simulator:
         self.free[key] = self.free.get(key, 0) + delta
         self.free_share += delta * share
 
-    def _relayout(self, gpu: _Gpu, mix: dict[str, int] | None) -> None:
-        """The host agent re-lays out an idle card: its free slices replaced by the new layout's."""
+    def _relayout(self, gpu: _Gpu, mix: dict[str, int] | None, held: frozenset[str] = frozenset()) -> None:
+        """The host agent re-lays out a card: its free slices replaced by the new layout's; the
+        ``held`` ones (in use) kept as they are."""
         from calque.catalog import planner
         from calque.contracts.layout import GpuEntry
         from calque.tenancy.store.models import SliceRecord
@@ -192,9 +195,11 @@ class Simulator:
         reg = self.registry
         with reg._lock:
             for key, sl in list(reg.slice_map.items()):
-                if key[0] == gpu.instance_id and sl.gpu_index == gpu.index:
+                if key[0] == gpu.instance_id and sl.gpu_index == gpu.index and key[1] not in held:
                     self.fences[key] = sl.fence
-                    self._count(sl.backend, sl.profile, -1, self.shares.pop(key))
+                    share = self.shares.pop(key)
+                    if sl.placeable:
+                        self._count(sl.backend, sl.profile, -1, share)
                     del reg.slice_map[key]
             entry = (
                 GpuEntry(devices=[gpu.index], mig=mix)
@@ -202,6 +207,8 @@ class Simulator:
                 else GpuEntry(devices=[gpu.index], exclusive=True)
             )
             for p in planner.plan_gpu(gpu.card, gpu.index, entry):
+                if p.slice_id in held:
+                    continue
                 sl = SliceRecord(
                     instance_id=gpu.instance_id,
                     slice_id=p.slice_id,
@@ -220,6 +227,7 @@ class Simulator:
                 self.shares[(gpu.instance_id, p.slice_id)] = share
                 self._count(p.backend, p.profile, +1, share)
         gpu.mix = dict(mix) if mix else None
+        gpu.draining = False
 
     # -- what a job may take ----------------------------------------------------------------
     def kinds(self, job: Job) -> tuple[tuple[str, str, Fraction], ...]:
@@ -234,13 +242,12 @@ class Simulator:
         cards = {t.card.name: t.card for t in self.types.values()}
         for card in cards.values():
             for backend, profile, share in self._offered(card):
-                # adaptive: fractions are served by re-laid-out MIG slices, not by whole cards
-                whole_for_part = (
-                    self.layout.kind == "adaptive" and card.mig_capable and backend == "exclusive"
-                )
-                # (a fraction that only a whole card's profile holds may take the whole card)
-                part = job.fraction < 1 and planner.smallest_fitting_share(card, job.fraction) < 1
-                if share >= job.fraction and not (whole_for_part and part):
+                if self.layout.kind == "adaptive" and card.mig_capable:
+                    # adaptive: each job asks for its smallest fitting slice, which the cards are
+                    # re-cut to offer (a fraction only the whole card holds: the whole card)
+                    if share == planner.smallest_fitting_share(card, job.fraction):
+                        found.add((backend, profile, share))
+                elif share >= job.fraction:
                     found.add((backend, profile, share))
         return tuple(sorted(found, key=lambda k: (k[2], k[0], k[1])))
 
@@ -332,9 +339,11 @@ class Simulator:
             slice_id=slice_id,
             fence=sl.fence,
         )
-        self.registry.slice_reclaimed(sl, placeable=True, not_before=self.now, event=event)
-        self._count(sl.backend, sl.profile, +1, self.shares[(instance_id, slice_id)])
-        self.gpus[(instance_id, sl.gpu_index)].held -= 1
+        gpu = self.gpus[(instance_id, sl.gpu_index)]
+        self.registry.slice_reclaimed(sl, placeable=not gpu.draining, not_before=self.now, event=event)
+        if not gpu.draining:
+            self._count(sl.backend, sl.profile, +1, self.shares[(instance_id, slice_id)])
+        gpu.held -= 1
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, *, trace: str = "", hosts: str = "", seed: int = 0, timeline: bool = False) -> Result:
@@ -447,6 +456,9 @@ class Simulator:
     def _started(self, job: Job, t: int, grants: list[tuple[str, str, str]], waits: list[int]) -> None:
         waits.append(t - job.arrival)
         iid = self.registry.sessions[grants[0][0]].instance_id
+        for g in grants:
+            gpu = self.gpus[(iid, self.registry.slice_map[(iid, g[2])].gpu_index)]
+            gpu.until = max(gpu.until, t + job.duration)
         share = sum((self.shares[(iid, g[2])] for g in grants), Fraction(0))
         self._done.append((share * job.duration, len(grants) * job.duration, t + job.duration))
         self.queue.granted(job, float(t), t - job.arrival, float(share * job.duration))
@@ -458,7 +470,7 @@ class Simulator:
         from calque.catalog import planner
 
         empty = [g for _k, g in sorted(self.gpus.items()) if g.held == 0 and g.card.mig_capable]
-        if not empty or not any(waiting.values()):
+        if not any(waiting.values()):
             return False
 
         def in_queue_order() -> Iterator[Job]:
@@ -470,8 +482,49 @@ class Simulator:
             if gpu.card.name not in card_mix:
                 card_mix[gpu.card.name] = planner.mix_for(gpu.card, (j.fraction for j in in_queue_order()))
             mix = card_mix[gpu.card.name]
-            if mix != gpu.mix:
+            if mix != gpu.mix or gpu.draining:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
+        # no idle card helps: re-cut the free part of a card in use, around what is held
+        for _k, gpu in sorted(self.gpus.items()):
+            if not gpu.held or gpu.mix is None:
+                continue
+            held = frozenset(
+                s.slice_id
+                for s in self.registry.slices(gpu.instance_id)
+                if s.gpu_index == gpu.index and s.state != "free"
+            )
+            if len(held) == sum(gpu.mix.values()):
+                continue
+            mix = planner.recut(
+                gpu.card, gpu.index, gpu.mix, set(held), (j.fraction for j in in_queue_order())
+            )
+            if mix is not None:
+                self._relayout(gpu, mix, held)
+                self.relayouts += 1
+                return True
+        return self._drain_for_head(next(in_queue_order()), now)
+
+    def _drain_for_head(self, head: Job, now: float) -> bool:
+        """The queue's reservation, for a card: when the first in line fits no free slice and
+        has waited ``reserve_after_s``, while capacity sits free that no waiting job fits and no
+        card can be re-cut, the cut card in use whose sessions end first takes no new job, so
+        that it empties and is cut for the queue."""
+        cut = [g for _k, g in sorted(self.gpus.items()) if g.mix is not None and g.held]
+        if (
+            head.num_gpu != 1
+            or now - head.arrival < self.queue.policy.reserve_after_s
+            or not cut
+            or not self.free_share
+            or any(g.draining for g in cut)
+        ):
+            return False
+        gpu = min(cut, key=lambda g: (g.until, g.instance_id, g.index))
+        gpu.draining = True
+        for sl in self.registry.slices(gpu.instance_id):
+            if sl.gpu_index == gpu.index and sl.state == "free" and sl.placeable:
+                self.registry.set_placeable(sl, False)
+                self._count(sl.backend, sl.profile, -1, self.shares[(sl.instance_id, sl.slice_id)])
+        return True
         return False
