@@ -45,7 +45,9 @@ RTX = catalog.instance_type("g7e.2xlarge").card  # 4 compute slices: 1g (1/4), 2
 A100 = catalog.instance_type("p4d.24xlarge").card  # 7 compute slices
 
 
-def write(tmp_path: Path, rows: list[tuple[str, int, int, float, float]], group: list[str] | None = None) -> str:
+def write(
+    tmp_path: Path, rows: list[tuple[str, int, int, float, float]], group: list[str] | None = None
+) -> str:
     """rows: (name, num_gpu, gpu_milli, creation hour, deletion hour)."""
     head = HEADER + (",group" if group else "")
     lines = [head]
@@ -142,7 +144,9 @@ def mixed_trace(tmp_path: Path, seed: int, n: int = 300) -> str:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_on_saturated_hosts_adaptive_reaches_095_of_the_bound_without_longer_waits(tmp_path, seed):
     r = simulate(mixed_trace(tmp_path, seed), "g7e.2xlarge=3", "adaptive")
-    assert r.dedicated is not None and r.bound is not None and r.share_of_bound is not None
+    assert r.dedicated is not None
+    assert r.bound is not None
+    assert r.share_of_bound is not None
     assert r.bound["bound"] > 1.2
     assert r.share_of_bound >= 0.95, r.document()
     assert r.wait_p95_s <= r.dedicated["wait_p95_s"]
@@ -156,7 +160,8 @@ def test_the_shipped_trace_reaches_095_of_the_bound_on_saturated_hosts():
 
     jobs, _ = read_trace(SHIPPED)
     compare_with_dedicated(r, jobs, [("g7e.2xlarge", 4)])
-    assert r.dedicated is not None and r.share_of_bound is not None
+    assert r.dedicated is not None
+    assert r.share_of_bound is not None
     assert r.share_of_bound >= 0.95, r.document()
     assert r.wait_p95_s <= r.dedicated["wait_p95_s"]
 
@@ -190,7 +195,8 @@ def test_a_group_submitting_a_tenth_as_much_is_not_stuck_behind_the_other(tmp_pa
     r = simulate(write(tmp_path, rows, groups), "g7e.2xlarge=1", "dedicated")
     a, b = r.groups["a"], r.groups["b"]
     # Then with equal shares they alternate while both wait: a's ten are done within 20 h
-    assert a["placed"] == 10 and a["wait_p95_s"] <= 20 * H
+    assert a["placed"] == 10
+    assert a["wait_p95_s"] <= 20 * H
     assert (b["placed"], b["jobs"]) == (100, 100)
     assert (a["shares_share"], b["shares_share"]) == (0.5, 0.5)
     assert (a["gpu_hours"], b["gpu_hours"]) == (10.0, 100.0)
