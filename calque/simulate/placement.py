@@ -448,6 +448,11 @@ class Simulator:
         res.groups = self.queue.report()
         return res
 
+    def _offers(self, kinds: tuple) -> bool:
+        """Whether any card is cut to offer one of these kinds of slice, free or held."""
+        wanted = {(b, p) for b, p, _s in kinds}
+        return any((sl.backend, sl.profile) in wanted for sl in self.registry.slice_map.values())
+
     def _may_fit(self, kinds: tuple) -> bool:
         if kinds[0][0] == "exclusive" and kinds[0][1].startswith("x"):
             return self.free.get(("exclusive", "whole"), 0) >= int(kinds[0][1][1:])
@@ -508,16 +513,17 @@ class Simulator:
 
     def _drain_for_head(self, head: Job, now: float) -> bool:
         """The queue's reservation, for a card: when the first in line fits no free slice and
-        has waited ``reserve_after_s``, while capacity sits free that no waiting job fits and no
-        card can be re-cut, the cut card in use whose sessions end first takes no new job, so
-        that it empties and is cut for the queue."""
+        has waited ``reserve_after_s``, while capacity sits free that no waiting job fits (or no
+        card is cut to offer its size at all, so that it is not starved while others keep the
+        cards cut their way) and no card can be re-cut, the cut card in use whose sessions end
+        first takes no new job, so that it empties and is cut for the queue."""
         cut = [g for _k, g in sorted(self.gpus.items()) if g.mix is not None and g.held]
         if (
             head.num_gpu != 1
             or now - head.arrival < self.queue.policy.reserve_after_s
             or not cut
-            or not self.free_share
             or any(g.draining for g in cut)
+            or not (self.free_share or not self._offers(self.kinds(head)))
         ):
             return False
         gpu = min(cut, key=lambda g: (g.until, g.instance_id, g.index))

@@ -12,6 +12,7 @@ import pytest
 
 from calque import catalog
 from calque.catalog import planner
+from calque.contracts.layout import GpuEntry
 from calque.errors import InvalidInput
 from calque.simulate.placement_bound import gpushare_variant, packing_bound, parse_variant
 from calque.simulate.placement_run import simulate
@@ -206,3 +207,34 @@ def test_a_group_submitting_a_tenth_as_much_is_not_stuck_behind_the_other(tmp_pa
     assert (r.groups["x"]["shares_share"], r.groups["y"]["shares_share"]) == (0.75, 0.25)
     with pytest.raises(InvalidInput, match="--shares"):
         simulate(write(tmp_path, rows), "g7e.2xlarge=1", "dedicated", shares="x=0")
+
+
+def test_the_free_part_of_a_card_in_use_is_re_cut_only_when_held_slices_keep_their_ids_and_places():
+    q = Fraction(1, 5)
+    # a half held at 0 (g0-2g.48gb-0), the other half free: cut into two quarters around it
+    assert planner.recut(RTX, 0, {"2g.48gb": 2}, {"g0-2g.48gb-0"}, [q, q]) == {"2g.48gb": 1, "1g.24gb": 2}
+    # the half at 2 held: the new layout would name the half at 0 g0-2g.48gb-0, so no re-cut
+    assert planner.recut(RTX, 0, {"2g.48gb": 2}, {"g0-2g.48gb-1"}, [q, q]) is None
+    # nothing waiting gains a slice (a whole card cannot be cut around a held slice): no re-cut
+    assert planner.recut(RTX, 0, {"2g.48gb": 2}, {"g0-2g.48gb-0"}, [Fraction(1)]) is None
+    # and every held slice keeps its id and placement in the new plan
+    new = planner.recut(RTX, 0, {"2g.48gb": 2}, {"g0-2g.48gb-0"}, [q])
+    assert new is not None
+    before = planner.plan_gpu(RTX, 0, GpuEntry(devices=[0], mig={"2g.48gb": 2}))
+    after = planner.plan_gpu(RTX, 0, GpuEntry(devices=[0], mig=new))
+    held = next(s for s in before if s.slice_id == "g0-2g.48gb-0")
+    assert held in after
+
+
+def test_a_card_is_drained_for_the_first_in_line_when_no_card_offers_its_size(tmp_path):
+    # Given one card, two 2 h half-card jobs, a quarter-card job, then eight more halves
+    rows = [("h1", 1, 450, 0, 2), ("h2", 1, 450, 0, 2), ("q", 1, 200, 0.1, 1.1)] + [
+        (f"h{n}", 1, 450, 0.2, 2.2) for n in range(3, 11)
+    ]
+    groups = ["big", "big", "small"] + ["big"] * 8
+    r = simulate(write(tmp_path, rows, groups), "g7e.2xlarge=1", "adaptive", compare=False)
+    # the halves keep the card cut in halves; the quarter, first in line after an hour, finds no
+    # quarter anywhere: at 2 h the card takes the next two halves and no more, empties at 4 h and
+    # is cut for the queue (the quarter first). Without it the quarter would wait for every half.
+    assert (r.placed, r.waiting) == (11, 0)
+    assert r.groups["small"]["wait_p95_s"] == round((4 - 0.1) * H)
