@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         r = Simulator(jobs, hosts, Layout("adaptive"), seed=args.seed).run(seed=args.seed)
         ded = compare_with_dedicated(r, jobs, hosts, seed=args.seed)
         wall = time.perf_counter() - started
-        assert ded is not None and r.bound is not None
+        assert ded is not None
+        assert r.bound is not None
         share = r.share_of_bound or 0.0
         worst = min(worst, share)
         waits = f"{ded.wait_p95_s / 3600:,.0f} / {r.wait_p95_s / 3600:,.0f}"
