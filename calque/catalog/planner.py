@@ -270,10 +270,18 @@ def smallest_fitting_share(card: Card, fraction: Fraction) -> Fraction:
     a whole card, also for a card without MIG or a fraction only the whole card holds)."""
     if fraction >= 1 or not card.mig_capable:
         return Fraction(1)
-    shares = sorted(
-        Fraction(p.compute_slices, card.compute_slices) for p in card.mig_profiles if plain_profile(p)
-    )
-    return next((s for s in shares if s >= fraction), Fraction(1))
+    key = (card.name, fraction)
+    found = _FITTING.get(key)
+    if found is None:
+        shares = sorted(
+            Fraction(p.compute_slices, card.compute_slices) for p in card.mig_profiles if plain_profile(p)
+        )
+        found = _FITTING[key] = next((s for s in shares if s >= fraction), Fraction(1))
+    return found
+
+
+# (card, fraction) -> its smallest fitting share: the catalog is data, fixed for the process
+_FITTING: dict[tuple[str, Fraction], Fraction] = {}
 
 
 def mix_for(card: Card, wanted: Iterable[Fraction], *, scan: int = 256) -> dict[str, int] | None:
@@ -337,30 +345,37 @@ def _cut(
         (p for p in card.mig_profiles if plain_profile(p) and p.compute_slices < card.compute_slices),
         key=lambda p: (p.compute_slices, p.memory_slices),
     )
+    by_share: dict[Fraction, MigProfile] = {}
+    for p in profiles:  # smallest memory first for each share
+        by_share.setdefault(Fraction(p.compute_slices, card.compute_slices), p)
     mix = dict(start)
     used = sum(card.profile(n).compute_slices * c for n, c in mix.items())
     served = 0
+    full: set[str] = set()  # profiles that no longer fit: the mix only grows, so they never will
 
     def add(p: MigProfile) -> bool:
         nonlocal used
+        if p.name in full:
+            return False
         trial = {**mix, p.name: mix.get(p.name, 0) + 1}
         try:
             place_mig(card, trial, fixed=fixed)
         except InvalidInput:
+            full.add(p.name)
             return False
         mix[p.name] = trial[p.name]
         used += p.compute_slices
         return True
 
     for n, fraction in enumerate(wanted):
-        if n >= scan or used >= card.compute_slices:
+        if n >= scan or used >= card.compute_slices or len(full) == len(profiles):
             break
         share = smallest_fitting_share(card, fraction)
         if share >= 1:
             if n == 0 and whole_first:
                 return None
             continue
-        served += add(next(p for p in profiles if Fraction(p.compute_slices, card.compute_slices) == share))
+        served += add(by_share[share])
     if not served:
         return mix, 0
     for p in reversed(profiles):

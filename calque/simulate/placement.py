@@ -491,9 +491,11 @@ class Simulator:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
-        # no idle card helps: re-cut the free part of a card in use, around what is held
+        # no idle card helps: re-cut the free part of a card in use, around what is held (for
+        # the fractions that wait: a whole card is never cut around a held slice)
+        parts = [q for key, q in waiting.items() if q and key[0][0][2] < 1]
         for _k, gpu in sorted(self.gpus.items()):
-            if not gpu.held or gpu.mix is None:
+            if not parts or not gpu.held or gpu.mix is None:
                 continue
             held = frozenset(
                 s.slice_id
@@ -502,9 +504,8 @@ class Simulator:
             )
             if len(held) == sum(gpu.mix.values()):
                 continue
-            mix = planner.recut(
-                gpu.card, gpu.index, gpu.mix, set(held), (j.fraction for j in in_queue_order())
-            )
+            in_order = heapq.merge(*parts, key=lambda j: self.queue.key(j, now))
+            mix = planner.recut(gpu.card, gpu.index, gpu.mix, set(held), (j.fraction for j in in_order))
             if mix is not None:
                 self._relayout(gpu, mix, held)
                 self.relayouts += 1
