@@ -58,6 +58,7 @@ class _GroupTally:
     jobs: int = 0
     waits: list[int] = field(default_factory=list)
     gpu_seconds: float = 0.0
+    contended_seconds: float = 0.0  # granted while every group had jobs waiting
 
 
 class FairQueue:
@@ -69,12 +70,14 @@ class FairQueue:
         self.usage: dict[str, fairshare.Usage] = {}
         self.tally: dict[str, _GroupTally] = {}
         self._factors: dict[str, float] = {}
+        self._waiting: set[str] = set()
 
     def arrived(self, job: Job) -> None:
         self.tally.setdefault(job.group, _GroupTally()).jobs += 1
 
     def refresh(self, now: float, waiting_groups: set[str]) -> None:
         """The groups' fair-share factors at ``now`` (before ordering the heads)."""
+        self._waiting = set(waiting_groups)
         used = {g: u.at(now, self.policy.half_life_s) for g, u in self.usage.items()}
         self._factors = fairshare.factors(waiting_groups, self.shares, used)
 
@@ -91,10 +94,14 @@ class FairQueue:
         t = self.tally.setdefault(job.group, _GroupTally())
         t.waits.append(wait)
         t.gpu_seconds += gpu_seconds
+        if len(self.tally) > 1 and self._waiting >= set(self.tally):
+            t.contended_seconds += gpu_seconds
 
     def report(self) -> dict[str, dict[str, Any]]:
-        """Per group: jobs, placed, waits, GPU-hours got, and its share of them against its shares."""
+        """Per group: jobs, placed, waits, GPU-hours got and its share of them (overall, and of
+        those granted while every group had jobs waiting) against its share of the shares."""
         total = sum(t.gpu_seconds for t in self.tally.values())
+        contended = sum(t.contended_seconds for t in self.tally.values())
         groups = sorted(self.tally)
         total_shares = sum(self.shares.get(g, fairshare.DEFAULT_SHARES) for g in groups)
         return {
@@ -105,6 +112,8 @@ class FairQueue:
                 "wait_p95_s": percentile(t.waits, 95),
                 "gpu_hours": round(t.gpu_seconds / 3600, 3),
                 "got_share": round(t.gpu_seconds / total, 4) if total else 0.0,
+                # of the GPU-hours granted while every group had jobs waiting
+                "got_share_contended": round(t.contended_seconds / contended, 4) if contended else None,
                 "shares_share": round(self.shares.get(g, fairshare.DEFAULT_SHARES) / total_shares, 4),
             }
             for g, t in ((g, self.tally[g]) for g in groups)

@@ -250,7 +250,13 @@ def _groups_cell(groups: dict[str, dict[str, Any]]) -> str | None:
         return None
     return "; ".join(
         f"{g}: {v['placed']}/{v['jobs']} placed, p95 wait {v['wait_p95_s']:.0f} s, "
-        f"{v['got_share']:.1%} of GPU-hours (shares {v['shares_share']:.1%})"
+        f"{v['got_share']:.1%} of GPU-hours"
+        + (
+            f", {v['got_share_contended']:.1%} while all waited"
+            if v.get("got_share_contended") is not None
+            else ""
+        )
+        + f" (shares {v['shares_share']:.1%})"
         for g, v in groups.items()
     )
 

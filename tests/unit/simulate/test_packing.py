@@ -201,6 +201,9 @@ def test_a_group_submitting_a_tenth_as_much_is_not_stuck_behind_the_other(tmp_pa
     assert (b["placed"], b["jobs"]) == (100, 100)
     assert (a["shares_share"], b["shares_share"]) == (0.5, 0.5)
     assert (a["gpu_hours"], b["gpu_hours"]) == (10.0, 100.0)
+    # while both waited, each got half of the GPU-hours granted (within 10 %)
+    assert a["got_share_contended"] == pytest.approx(0.5, rel=0.1)
+    assert b["got_share_contended"] == pytest.approx(0.5, rel=0.1)
     # and a synthetic assignment and shares are taken from the command's flags
     r = simulate(write(tmp_path, rows), "g7e.2xlarge=1", "dedicated", groups="x=1,y=1", shares="x=3")
     assert set(r.groups) == {"x", "y"}
