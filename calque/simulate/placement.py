@@ -17,17 +17,21 @@ The mapping from the trace (Alibaba GPU cluster trace v2023, pod list):
 - ``num_gpu > 1``: that many exclusive cards on one host, all at once.
 
 A job no slice of the layout can ever take is refused; one that fits but finds no
-free slice waits. Waiting jobs are placed first fit in arrival order (a later job
-that fits goes ahead of an earlier one that does not). Departures at a moment are
-processed before arrivals at that moment.
+free slice waits. Waiting jobs are placed in the queue's fair-share order
+(``placement_queue``; one group: arrival order), a later job that fits going ahead of
+an earlier one that does not. Departures at a moment are processed before arrivals.
 
 Layouts: ``dedicated`` (every GPU exclusive), ``mig:PROFILE=N,...`` (every GPU that
-mix), ``mps:N`` (N clients of 100/N % each), ``adaptive``: GPUs start dedicated, and
-when a GPU is empty while jobs wait, it is re-laid out for them (the host agent can
-re-layout an idle card): exclusive when the oldest waiting job needs a whole GPU,
-else the MIG mix that fits the waiting fractions in arrival order, the rest filled
-with the smallest profile. A re-layout takes no virtual time here. Cards without MIG
-stay dedicated under ``adaptive``.
+mix), ``mps:N`` (N clients of 100/N % each), ``adaptive``: GPUs start dedicated and
+each job asks for its smallest fitting slice (``planner.smallest_fitting_share``).
+When nothing waiting fits what is free: an empty card is cut for the queue
+(``planner.mix_for``); else the free part of a card in use is re-cut around its held
+slices when their ids and places stay (``planner.recut``; the host agent keeps MIG
+instances in use and creates the rest around them); else, when the first in line has
+waited ``reserve_after_s`` and capacity sits free that nothing waiting fits (or no card
+offers its size), the cut card whose sessions end first is drained (its slices not
+placeable) to be cut for the queue once empty. A re-layout takes no virtual time here.
+Cards without MIG stay dedicated under ``adaptive``.
 
 Numbers: paid GPU-hours are every GPU of every host from the first arrival to the
 last departure; members served per GPU-hour = jobs placed / paid GPU-hours; busy
