@@ -224,11 +224,48 @@ RESULT_FIELDS = [
     ("idle share", "idle_share"),
     ("fragmented GPU-hours", "fragmented_gpu_hours"),
     ("fragmentation share", "fragmentation_share"),
+    ("not saturated share", "unsaturated_share"),
     ("re-layouts", "relayouts"),
+    ("dedicated", lambda r: _dedicated_cell(r.get("dedicated"))),
+    ("vs dedicated", "vs_dedicated"),
+    ("packing bound", lambda r: _bound_cell(r.get("bound"))),
+    ("share of the bound", "share_of_bound"),
+    ("groups", lambda r: _groups_cell(r.get("groups") or {})),
     ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
     ("beats best static", "beats_best_static"),
     ("trace events", "events"),
 ]
+
+
+def _dedicated_cell(ded: dict[str, Any] | None) -> str | None:
+    if ded is None:
+        return None
+    return f"{ded['members_per_gpu_hour']} members / GPU-hour, p95 wait {ded['wait_p95_s']:.0f} s"
+
+
+def _bound_cell(bound: dict[str, Any] | None) -> str | None:
+    if bound is None:
+        return None
+    return (
+        f"{bound['bound']}x ({bound['dedicated_gpu_hours']:g} GPU-hours dedicated / "
+        f"{bound['rounded_gpu_hours']:g} rounded up to slices)"
+    )
+
+
+def _groups_cell(groups: dict[str, dict[str, Any]]) -> str | None:
+    if len(groups) < 2:
+        return None
+    return "; ".join(
+        f"{g}: {v['placed']}/{v['jobs']} placed, p95 wait {v['wait_p95_s']:.0f} s, "
+        f"{v['got_share']:.1%} of GPU-hours"
+        + (
+            f", {v['got_share_contended']:.1%} while all waited"
+            if v.get("got_share_contended") is not None
+            else ""
+        )
+        + f" (shares {v['shares_share']:.1%})"
+        for g, v in groups.items()
+    )
 
 
 def _best_static_cell(best: dict[str, Any] | None) -> str | None:
@@ -265,6 +302,19 @@ def add_placement_parser(group: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
     p.add_argument(
+        "--variant",
+        metavar="gpushare:P",
+        help="replay a variant of the trace: P %% of its GPU pods ask a fraction of one GPU "
+        "(seeded; default: the trace as it is)",
+    )
+    p.add_argument(
+        "--groups",
+        metavar="NAME=WEIGHT[,...]",
+        help="give the jobs to groups at random in these proportions (a trace 'group' column wins; "
+        "default: one group)",
+    )
+    p.add_argument("--shares", metavar="NAME=S[,...]", help="the groups' fair-share shares (default 1 each)")
+    p.add_argument(
         "--plot",
         metavar="FILE.png",
         help="plot busy share and waiting jobs over time to this PNG (needs calque[plot]; default: no plot)",
@@ -273,16 +323,35 @@ def add_placement_parser(group: Any) -> None:
 
 
 def _placement(ctx: Any, args: argparse.Namespace) -> None:
-    do_placement(ctx, trace=args.trace, hosts=args.hosts, layout=args.layout, seed=args.seed, plot=args.plot)
+    do_placement(
+        ctx,
+        trace=args.trace,
+        hosts=args.hosts,
+        layout=args.layout,
+        seed=args.seed,
+        plot=args.plot,
+        variant=args.variant,
+        groups=args.groups,
+        shares=args.shares,
+    )
 
 
 def do_placement(
-    ctx: Any, *, trace: str, hosts: str, layout: str, seed: int = 0, plot: str | None = None
+    ctx: Any,
+    *,
+    trace: str,
+    hosts: str,
+    layout: str,
+    seed: int = 0,
+    plot: str | None = None,
+    variant: str | None = None,
+    groups: str | None = None,
+    shares: str | None = None,
 ) -> None:
     import sys
 
-    from calque.simulate.placement import simulate
     from calque.simulate.placement_report import plot_timeline
+    from calque.simulate.placement_run import simulate
 
     if plot is not None:
         _require_matplotlib()
@@ -294,6 +363,9 @@ def do_placement(
         seed=seed,
         timeline=plot is not None,
         progress=lambda m: sys.stderr.write(m + "\n"),
+        variant=variant,
+        groups=groups,
+        shares=shares,
     )
     if plot is not None:
         write_plot(plot_timeline, res, plot)
