@@ -19,6 +19,7 @@ RUNNER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 MAX_ITEMS = 10_000
 PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
 PACKAGE_URL_EXPIRES_S = 900
+MAX_WAIT_CEILING_S = 24 * 3600
 
 
 class PoolSettings(Request):
@@ -26,6 +27,14 @@ class PoolSettings(Request):
     max_workers: int = Field(default=4, ge=1, le=256)
     target_backlog_per_worker: int = Field(default=1, ge=1, le=10_000)
     idle_timeout_s: int = Field(default=1800, ge=10, le=7 * 24 * 3600)
+    max_wait_s: int | None = Field(
+        default=None,
+        ge=10,
+        le=MAX_WAIT_CEILING_S,
+        description="a p95 wait target (seconds): the scaler chooses keep-warm, scale-out batch and "
+        "pre-warming from the pool's observed claims to meet it at the least cost, within min and "
+        "max workers (idle_timeout_s and target_backlog_per_worker then give way)",
+    )
 
 
 class PoolCreate(PoolSettings):
@@ -75,6 +84,20 @@ class PoolUpdate(Request):
     max_workers: int | None = Field(default=None, ge=1, le=256)
     target_backlog_per_worker: int | None = Field(default=None, ge=1, le=10_000)
     idle_timeout_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+    max_wait_s: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WAIT_CEILING_S,
+        description="a p95 wait target (seconds, 10 or more) the scaler meets at the least cost; "
+        "0 drops the target (the scaler follows idle_timeout_s and target_backlog_per_worker again)",
+    )
+
+    @field_validator("max_wait_s")
+    @classmethod
+    def _target_or_none(cls, value: int | None) -> int | None:
+        if value is not None and 0 < value < 10:
+            raise ValueError("max_wait_s is 10 seconds or more, or 0 to drop the wait target")
+        return value
 
 
 class PoolDelete(Request):
@@ -162,6 +185,7 @@ class Pool(Out):
     max_workers: int
     target_backlog_per_worker: int
     idle_timeout_s: int
+    max_wait_s: int | None = Field(default=None, description="the p95 wait target the scaler meets, if set")
     spot: bool = False
     layout: dict[str, Any] | None = None
     created_by: str
