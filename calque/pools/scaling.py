@@ -69,7 +69,8 @@ class ScalingMixin(PoolsCore):
         workers = [w for w in workers if w.worker_id not in gone]
         self._start_workers(pool, workers)
         backlog = self._backlog(pool, now, prune=True)
-        observed, busy_since = None, {}
+        observed: slo.Observations | None = None
+        busy_since: dict[str, float] = {}
         if pool.max_wait_s is not None:
             observed, backlog, busy_since = self._observe(pool, workers, backlog, now)
         views = [

@@ -48,7 +48,7 @@ COLD_SHARE = 0.02  # when a cold start misses the target: at most this share of 
 MISS_BUDGET = 0.05  # p95: the share of claims that may wait past the target
 # The quantile of service times a claim is taken to hold its worker for; a higher one once the
 # share of recent claims that waited past the target passes CAREFUL_ABOVE
-HOLD_QUANTILE, CAREFUL_QUANTILE, CAREFUL_ABOVE = 0.5, 0.9, 0.03
+HOLD_QUANTILE, CAREFUL_QUANTILE, CAREFUL_ABOVE = 0.75, 0.9, 0.04
 
 
 def bucket(x: float) -> int:
@@ -92,7 +92,9 @@ class Observations:
         """A worker launched ``latency_s`` before it could first serve."""
         latency_s = max(0.0, latency_s)
         weight = max(0.2, 1.0 / (self.starts + 1))  # the mean of the first few, then a moving average
-        self.start_s = latency_s if self.start_s is None else self.start_s + weight * (latency_s - self.start_s)
+        self.start_s = (
+            latency_s if self.start_s is None else self.start_s + weight * (latency_s - self.start_s)
+        )
         self.starts += 1
 
     def waited(self, seconds: float, target_s: float) -> None:
@@ -204,7 +206,9 @@ class Plan:
         return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def ski_rental(gaps: dict[int, float], start_s: float, service_s: float, *, cold_share: float | None) -> float:
+def ski_rental(
+    gaps: dict[int, float], start_s: float, service_s: float, *, cold_share: float | None
+) -> float:
     """The keep-warm (seconds idle) with the least expected cost over the observed gaps, each
     less a service time (the worker is busy for that part of it): ``E[min(g, k)] + P(g > k) *
     start_s``. ``cold_share``: also no shorter than the gap that that share of claims exceeds.
@@ -225,11 +229,11 @@ def ski_rental(gaps: dict[int, float], start_s: float, service_s: float, *, cold
             best, best_cost = g, cost
     if cold_share is not None:
         beyond = 1.0
-        for g, p in idle:  # the shortest k with P(g > k) <= cold_share
+        for b, w in sorted(gaps.items()):  # the shortest k with P(g > k) <= cold_share
             if beyond <= cold_share:
                 break
-            best = max(best, g)
-            beyond -= p
+            best = max(best, EDGES[b] * RATIO - service_s)  # the bucket's longest gap
+            beyond -= w / total
     return best
 
 

@@ -138,7 +138,9 @@ def plot_sweep(result: Sweep, path: str | Path) -> None:
         label="frontier (no point beats it on both)",
     )
     if result.max_wait_s is not None:
-        ax.axvline(result.max_wait_s, color="tab:red", linestyle="--", label=f"target p95 {result.max_wait_s:g} s")
+        ax.axvline(
+            result.max_wait_s, color="tab:red", linestyle="--", label=f"target p95 {result.max_wait_s:g} s"
+        )
     if result.target is not None:
         ax.scatter(
             [result.target.wait_p95_s],

@@ -9,6 +9,7 @@ runs. Every one has a mean concurrency well under one worker.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -32,22 +33,25 @@ class Shape:
 
 
 SHAPES: dict[str, Shape] = {
-    # interactive use by day: half an hour or so of claims about a minute apart, hours quiet
-    "sessions": Shape("sessions", 14, 4 * 3600, 0.8, 30, 60, 1.0, 75, 0.6),
+    # interactive use by day: most of an hour of claims about a minute apart, hours quiet
+    "sessions": Shape("sessions", 14, 4 * 3600, 0.8, 40, 60, 0.6, 50, 0.5),
     # rare runs of a few long claims (ten minutes), long quiet gaps
     "sparse": Shape("sparse", 28, 6 * 3600, 0.3, 3, 120, 1.0, 600, 0.5),
+    # short claims close together, sessions an hour or two apart
+    "trickle": Shape("trickle", 10, 90 * 60, 0.6, 80, 30, 0.5, 25, 0.4),
+    # heavy-tailed service: most claims a minute or two, some many minutes
+    "heavy": Shape("heavy", 21, 4 * 3600, 0.7, 30, 120, 0.8, 90, 1.0),
     # a third of the sessions a burst of 8 claims within half a minute
     "bursty": Shape("bursty", 14, 3 * 3600, 0.5, 25, 50, 1.2, 60, 0.8, burst_share=0.3, burst_size=8),
-    # short claims close together, sessions an hour or two apart
-    "trickle": Shape("trickle", 10, 90 * 60, 0.6, 60, 30, 0.9, 35, 0.5),
-    # heavy-tailed service: most claims a minute or two, some many minutes
-    "heavy": Shape("heavy", 21, 4 * 3600, 0.7, 15, 90, 1.0, 90, 1.2),
 }
 
 
-def generate(shape: Shape | str, seed: int = 0) -> list[TraceClaim]:
-    """The claims of ``shape`` (a Shape or the name of one in SHAPES) for ``seed``, in arrival order."""
+def generate(shape: Shape | str, seed: int = 0, *, days: float | None = None) -> list[TraceClaim]:
+    """The claims of ``shape`` (a Shape or the name of one in SHAPES) for ``seed``, in arrival
+    order; ``days``: how long it runs, if not the shape's own."""
     s = SHAPES[shape] if isinstance(shape, str) else shape
+    if days is not None:
+        s = dataclasses.replace(s, days=days)
     rng = random.Random(f"{s.name}:{seed}")  # noqa: S311 - reproducible synthetic traces
     end = s.days * 86400
     t = rng.expovariate(1 / s.session_gap_s)
@@ -58,7 +62,11 @@ def generate(shape: Shape | str, seed: int = 0) -> list[TraceClaim]:
         if rng.random() < s.burst_share:
             at = [t + rng.uniform(0, 30) for _ in range(s.burst_size)]
         else:
-            n = 1 + int(rng.expovariate(1 / max(1e-9, s.claims_per_session - 1))) if s.claims_per_session > 1 else 1
+            n = (
+                1 + int(rng.expovariate(1 / max(1e-9, s.claims_per_session - 1)))
+                if s.claims_per_session > 1
+                else 1
+            )
             at, u = [], t
             for _ in range(n):
                 at.append(u)

@@ -124,9 +124,13 @@ def do_pool(
     if policy == "static" and workers is None:
         raise UsageError("--policy static needs --workers N", details={"field": "workers"})
     if sweep and policy == "static":
-        raise UsageError("--sweep replays the scaler over its knobs; drop --policy static", details={"field": "sweep"})
+        raise UsageError(
+            "--sweep replays the scaler over its knobs; drop --policy static", details={"field": "sweep"}
+        )
     if max_wait_s is not None and policy == "static":
-        raise UsageError("--max-wait is the scaler's target; drop --policy static", details={"field": "max_wait"})
+        raise UsageError(
+            "--max-wait is the scaler's target; drop --policy static", details={"field": "max_wait"}
+        )
     if policy == "scaler" and workers is not None:
         raise UsageError(
             "--workers sizes a static pool; with --policy scaler use --min-workers/--max-workers",
@@ -216,7 +220,9 @@ def _sweep(ctx: Any, claims: list[Any], config: Any, max_wait_s: float | None, p
         ctx.emit(doc)
         return
     best = result.best_meeting
-    rows = [{**p.record(), "mark": "(meets the target, cheapest)" if p == best else ""} for p in result.frontier]
+    rows = [
+        {**p.record(), "mark": "(meets the target, cheapest)" if p == best else ""} for p in result.frontier
+    ]
     if result.target is not None:
         rows.append({**result.target.record(), "mark": "<- the scaler's own choice for the target"})
     ctx.emit(rows, columns=SWEEP_COLUMNS)
