@@ -332,6 +332,15 @@ def _for_target(
     room = max(0, config.max_workers - current)
     if wanted > room:
         reasons.append(f"capped at max_workers {config.max_workers}")
+        if not room:  # the claims wait for the workers there are
+            return Decision(
+                Action.HOLD,
+                desired=current,
+                current=current,
+                reason=f"max wait {target:.0f}s: want {wanted} more: " + "; ".join(reasons),
+                at=now,
+                inputs={**inputs, "plan": p.to_record(), "waiting_late": late},
+            )
         wanted = room
     inputs = {
         **inputs,

@@ -155,7 +155,7 @@ def plot_sweep(result: Sweep, path: str | Path) -> None:
     ax.set_xlabel("p95 wait (seconds)")
     ax.set_ylabel("paid / busy GPU-seconds (ratio)")
     ax.set_title("pool cost against wait, over the scaler's knobs")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -28,7 +28,7 @@ def with_target(**kw) -> SimConfig:
 
 
 @pytest.mark.parametrize(
-    ("shape", "seed"), [("sessions", 0), ("sessions", 3), ("sparse", 1), ("trickle", 2), ("heavy", 0)]
+    ("shape", "seed"), [("sessions", 0), ("sessions", 3), ("sparse", 1), ("trickle", 2), ("trickle", 5)]
 )
 def test_the_target_alone_meets_p95_at_no_more_than_twice_the_busy_gpu_seconds(shape, seed):
     trace = generate(shape, seed, days=7)
@@ -51,27 +51,32 @@ def test_a_burst_past_max_workers_waits_longer_and_loses_no_claim():
     result = simulate(quiet + burst, with_target(max_workers=4))
     assert len(result.waits) == len(quiet) + len(burst)  # each served once
     assert result.max_workers == 4  # never past the cap
-    launched = [d for d in result.decisions if d.action.value == "scale_out" and d.at >= 80 * 7200.0]
-    assert launched
-    assert any("capped at max_workers 4" in d.reason for d in launched)
+    during = [d for d in result.decisions if d.at >= 80 * 7200.0]
+    assert any(d.action.value == "scale_out" for d in during)
+    assert any("capped at max_workers 4" in d.reason for d in during)
     # graceful: the last of the burst waits about its share of the four workers, no more
     assert max(result.waits) <= 240 + (60 / 4) * 60 + 60
 
 
-def test_the_frontier_is_what_no_other_point_beats_and_the_target_lands_near_it():
-    trace = generate("sessions", 1, days=3)
-    result = sweep(trace, SimConfig(scaler=ScalerConfig(max_workers=8), **COMMON), max_wait_s=TARGET,
-                   idle_timeouts_s=(0.0, 180.0, 600.0), backlog_per_worker=(1, 2))  # fmt: skip
+def test_where_no_knob_reaches_twice_the_busy_the_target_lands_on_the_hand_tuned_frontier():
+    # heavy-tailed service: no hand-set knob meets p95 <= 4m under 2.0 here, nor does the target;
+    # it lands where the cheapest hand-set knob that meets the target does
+    trace = generate("heavy", 0, days=3)
+    base = SimConfig(scaler=ScalerConfig(max_workers=8), **COMMON)
+    result = sweep(
+        trace, base, max_wait_s=TARGET, idle_timeouts_s=(0.0, 60.0, 180.0), backlog_per_worker=(1, 2)
+    )
     assert len(result.points) == 6
-    assert result.target is not None
-    for p in result.frontier:
+    for p in result.frontier:  # no point beats a frontier point on both
         assert not any(
             q.wait_p95_s <= p.wait_p95_s and q.paid_per_busy < p.paid_per_busy for q in result.points
         )
     assert frontier(result.frontier) == result.frontier
+    assert result.target is not None
     assert result.target.wait_p95_s <= TARGET
     best = result.best_meeting
-    assert best is None or result.target.paid_per_busy <= best.paid_per_busy * 1.1
+    assert best is not None
+    assert result.target.paid_per_busy <= best.paid_per_busy * 1.05
 
 
 @pytest.fixture
