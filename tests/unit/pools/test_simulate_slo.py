@@ -104,3 +104,13 @@ def test_cli_sweep_prints_the_frontier_and_the_targets_choice(cli, tmp_path):
     code, out, err = cli(*sim, "--policy", "static", "--workers", "1", "--sweep")
     assert code == 2
     assert "--sweep" in err
+
+
+def test_a_claim_on_a_cold_pool_waits_exactly_the_start_and_that_meets_an_equal_target():
+    # arrivals hours apart whose sums with 180 and 60 round up in floating point
+    arrivals = (16323.925035323095, 65349.49444116389, 524147.11025838455)
+    assert all(((a + 180.0) + 60.0) - a > 240.0 for a in arrivals)
+    trace = [TraceClaim(2 + i, a, 30.0) for i, a in enumerate(arrivals)]
+    result = simulate(trace, with_target())
+    assert result.waits == [240.0] * 3
+    assert result.wait_percentile(95) <= TARGET
