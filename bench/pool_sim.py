@@ -15,7 +15,7 @@ of them that meets the target.
     python bench/pool_sim.py [--trace FILE.csv] [--max-workers 8] [--max-static 32]
                              [--cold-start 180] [--enter 60] [--idle-timeout 600]
                              [--instance-type g7e.2xlarge] [--mig 1g.24gb=4] [--max-wait 240]
-                             [--json]
+                             [--shape sessions[:SEED]] [--json]
 """
 
 from __future__ import annotations
@@ -73,10 +73,24 @@ def main() -> int:
     parser.add_argument("--instance-type", default="g7e.2xlarge")
     parser.add_argument("--mig", default="1g.24gb=4", metavar="PROFILE=COUNT")
     parser.add_argument("--max-wait", type=float, default=240.0, help="the p95 wait target, seconds")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        metavar="NAME[:SEED]",
+        help="a generated trace instead of --trace (calque.simulate.pool_traces: sessions, sparse, "
+        "trickle, heavy, bursty), a week of it",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = parser.parse_args()
 
-    trace = load_trace(args.trace)
+    if args.shape:
+        from calque.simulate.pool_traces import generate
+
+        name, _, seed = args.shape.partition(":")
+        trace = generate(name, int(seed or 0), days=7)
+        args.trace = f"generated {args.shape}"
+    else:
+        trace = load_trace(args.trace)
     common = {"cold_start_s": args.cold_start, "enter_s": args.enter}
     scaler = simulate(
         trace,
@@ -110,7 +124,7 @@ def main() -> int:
         doc["max_wait"] = swept.document()
         print(json.dumps(doc, indent=2))
         return 0
-    shown = os.path.relpath(args.trace, REPO)
+    shown = args.trace if args.shape else os.path.relpath(args.trace, REPO)
     print(f"trace {shown}: {len(trace)} claims, cold start {args.cold_start:g}s, enter {args.enter:g}s")
     print(
         f"{'policy':<10} {'paid GPU-s':>11} {'busy GPU-s':>11} {'paid/busy':>10} "
