@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -84,20 +84,11 @@ class PoolUpdate(Request):
     max_workers: int | None = Field(default=None, ge=1, le=256)
     target_backlog_per_worker: int | None = Field(default=None, ge=1, le=10_000)
     idle_timeout_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
-    max_wait_s: int | None = Field(
+    max_wait_s: Annotated[int, Field(ge=10, le=MAX_WAIT_CEILING_S)] | Literal[0] | None = Field(
         default=None,
-        ge=0,
-        le=MAX_WAIT_CEILING_S,
         description="a p95 wait target (seconds, 10 or more) the scaler meets at the least cost; "
         "0 drops the target (the scaler follows idle_timeout_s and target_backlog_per_worker again)",
     )
-
-    @field_validator("max_wait_s")
-    @classmethod
-    def _target_or_none(cls, value: int | None) -> int | None:
-        if value is not None and 0 < value < 10:
-            raise ValueError("max_wait_s is 10 seconds or more, or 0 to drop the wait target")
-        return value
 
 
 class PoolDelete(Request):

@@ -167,6 +167,6 @@ def test_the_target_is_set_and_dropped_by_update_and_a_bad_one_is_refused():
     assert world.store.get_pool("textstats").max_wait_s == 300
     world.pools.update_pool(ADMIN, "textstats", PoolUpdate(max_wait_s=0))
     assert world.store.get_pool("textstats").max_wait_s is None
-    with pytest.raises(ValidationError, match="10 seconds or more"):
+    with pytest.raises(ValidationError, match="max_wait_s"):
         PoolUpdate(max_wait_s=5)
     assert world.store.get_pool("textstats").max_wait_s is None
