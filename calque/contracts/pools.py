@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, field_validator
 
@@ -20,6 +20,7 @@ RUNNER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 MAX_ITEMS = 10_000
 PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
 PACKAGE_URL_EXPIRES_S = 900
+MAX_WAIT_CEILING_S = 24 * 3600
 
 
 class PoolSettings(Request):
@@ -27,6 +28,14 @@ class PoolSettings(Request):
     max_workers: int = Field(default=4, ge=1, le=256)
     target_backlog_per_worker: int = Field(default=1, ge=1, le=10_000)
     idle_timeout_s: int = Field(default=1800, ge=10, le=7 * 24 * 3600)
+    max_wait_s: int | None = Field(
+        default=None,
+        ge=10,
+        le=MAX_WAIT_CEILING_S,
+        description="a p95 wait target (seconds): the scaler chooses keep-warm, scale-out batch and "
+        "pre-warming from the pool's observed claims to meet it at the least cost, within min and "
+        "max workers (idle_timeout_s and target_backlog_per_worker then give way)",
+    )
 
 
 class PoolCreate(PoolSettings):
@@ -86,6 +95,11 @@ class PoolUpdate(Request):
     max_workers: int | None = Field(default=None, ge=1, le=256)
     target_backlog_per_worker: int | None = Field(default=None, ge=1, le=10_000)
     idle_timeout_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+    max_wait_s: Annotated[int, Field(ge=10, le=MAX_WAIT_CEILING_S)] | Literal[0] | None = Field(
+        default=None,
+        description="a p95 wait target (seconds, 10 or more) the scaler meets at the least cost; "
+        "0 drops the target (the scaler follows idle_timeout_s and target_backlog_per_worker again)",
+    )
 
 
 class PoolDelete(Request):
@@ -173,6 +187,7 @@ class Pool(Out):
     max_workers: int
     target_backlog_per_worker: int
     idle_timeout_s: int
+    max_wait_s: int | None = Field(default=None, description="the p95 wait target the scaler meets, if set")
     spot: bool = False
     layout: dict[str, Any] | None = None
     created_by: str

@@ -239,7 +239,8 @@ def worker_document(
         "runner": pool.runner,
         "worker_ids": list(worker_ids),
         "visibility_s": pool.visibility_s,
-        "idle_timeout_s": pool.idle_timeout_s,
+        # with a wait target the scaler lets idle workers go (its keep-warm), not the worker itself
+        "idle_timeout_s": pool.idle_timeout_s if pool.max_wait_s is None else 7 * 24 * 3600,
         "poll_wait_s": poll_wait_s,
     }
     if vended_credentials:

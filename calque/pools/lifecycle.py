@@ -194,6 +194,8 @@ class LifecycleMixin(PoolsCore):
                 details={"pool": name},
             )
         changes = req.model_dump(exclude_none=True)
+        if changes.get("max_wait_s") == 0:
+            changes["max_wait_s"] = None  # the target dropped: the explicit knobs again
         merged = pool.model_copy(update=changes)
         if merged.min_workers > merged.max_workers:
             raise InvalidInput(

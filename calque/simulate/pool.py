@@ -43,6 +43,7 @@ from calque.pools.scaler import (
     place_launch,
     whole_instances,
 )
+from calque.pools.slo import Observations
 
 REQUIRED_COLUMNS = ("arrival_s", "service_s")
 OPTIONAL_COLUMNS = ("items", "model")
@@ -171,6 +172,7 @@ class _Worker:
     claims_served: int = 0
     removed_at: float | None = None
     busy_s: float = 0.0
+    busy_since: float | None = None
 
 
 @dataclass
@@ -257,6 +259,9 @@ def simulate(
     warm_hits = 0
     decisions: list[Decision] = []
     history = ScalerHistory()
+    # what the scaler observes of the claims, as the scaler function reads it off their records
+    observed = Observations()
+    target = config.scaler.max_wait_s
     timeline: list[tuple[float, int, int]] = []
     max_workers = 0
     max_instances = 0
@@ -318,19 +323,30 @@ def simulate(
         while queue and idle:
             w = idle.pop()  # the most recently idle first: keeps the others aging toward scale-in
             claim = queue.pop(0)
-            waits.append(now - claim.arrival_s)
+            # to the microsecond: a claim that waited exactly a cold start waits that, not that
+            # and the float rounding of the virtual clock's sums
+            waited = round(now - claim.arrival_s, 6)
+            waits.append(waited)
+            if target is not None:
+                observed.waited(waited, target)
             if w.claims_served:
                 warm_hits += 1
             w.claims_served += 1
-            w.state, w.idle_since = WorkerState.BUSY, None
+            w.state, w.idle_since, w.busy_since = WorkerState.BUSY, None, now
             w.busy_s += claim.service_s * fractions[w.slot]
             push(now + claim.service_s, _DONE, w.worker_id)
 
     def scale(now: float) -> None:
         nonlocal history
-        views = [WorkerView(w.worker_id, w.state, w.idle_since) for w in live()]
+        views = [
+            WorkerView(w.worker_id, w.state, w.idle_since, launched_at=w.launched_at, busy_since=w.busy_since)
+            for w in live()
+        ]
         in_flight = sum(1 for w in live() if w.state is WorkerState.BUSY)
-        d = decide(config.scaler, Backlog(visible=len(queue), in_flight=in_flight), views, now, history)
+        backlog = Backlog(
+            visible=len(queue), in_flight=in_flight, waiting_since=tuple(c.arrival_s for c in queue)
+        )
+        d = decide(config.scaler, backlog, views, now, history, observed)
         decisions.append(d)
         history = d.history_after(history)
         if d.launch:
@@ -352,15 +368,18 @@ def simulate(
         now, kind, _, payload = heapq.heappop(events)
         if kind == _ARRIVAL:
             queue.append(payload)
+            observed.arrival(now)
             if config.policy == "scaler":
                 scale(now)  # the nudge a submit sends
         elif kind == _READY:
             w = workers[payload]
             if w.removed_at is None:
                 w.state, w.idle_since = WorkerState.IDLE, now
+                observed.started(now - w.launched_at)
         elif kind == _DONE:
             w = workers[payload]
-            w.state, w.idle_since = WorkerState.IDLE, now
+            observed.served(now - (w.busy_since or now))
+            w.state, w.idle_since, w.busy_since = WorkerState.IDLE, now, None
             done += 1
         elif kind == _TICK:
             # settled: every claim served and the pool as small as it gets: at its minimum,
@@ -374,7 +393,7 @@ def simulate(
                 and all(
                     w.state is WorkerState.IDLE
                     and w.idle_since is not None
-                    and now - w.idle_since >= config.scaler.idle_timeout_s
+                    and (target is not None or now - w.idle_since >= config.scaler.idle_timeout_s)
                     for w in live()
                 )
             )

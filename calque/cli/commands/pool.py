@@ -22,6 +22,7 @@ POOL_COLUMNS: list[Column] = [
     ("workers", lambda p: f"{p.get('min_workers')}..{p.get('max_workers')}"),
     ("target", "target_backlog_per_worker"),
     ("idle_timeout", lambda p: format_duration(p.get("idle_timeout_s") or 0)),
+    ("max_wait", lambda p: format_duration(p["max_wait_s"]) if p.get("max_wait_s") else "-"),
 ]
 
 WORKER_COLUMNS: list[Column] = [
@@ -71,6 +72,18 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         help="how long a worker may idle before it goes, e.g. 30m "
         + ("(default: 30m)" if defaults else "(default: kept)"),
     )  # fmt: skip
+    p.add_argument(
+        "--max-wait", type=_max_wait_arg, default=None, metavar="DURATION",
+        help="a p95 wait target (e.g. 4m): the scaler chooses keep-warm, scale-out and pre-warming "
+        "to meet it at the least cost" + ("" if defaults else "; 0 drops it"),
+    )  # fmt: skip
+
+
+def _max_wait_arg(text: str) -> int:
+    """``--max-wait``: a duration, or 0 (update: drop the target)."""
+    if text.strip() in ("0", "0s", "off", "none"):
+        return 0
+    return duration_arg(text)
 
 
 def register(subparsers: Any) -> None:
@@ -167,6 +180,7 @@ def _create(ctx: Any, args: argparse.Namespace) -> None:
         max_workers=args.max_workers,
         target_backlog_per_worker=args.target_backlog_per_worker,
         idle_timeout_s=args.idle_timeout,
+        max_wait_s=args.max_wait,
         mig=args.mig,
         mps_slots=args.mps_slots,
         spec=args.spec,
@@ -187,6 +201,7 @@ def do_create(
     max_workers: int = 4,
     target_backlog_per_worker: int = 1,
     idle_timeout_s: int = 1800,
+    max_wait_s: int | None = None,
     mig: dict[str, int] | None = None,
     mps_slots: int | None = None,
     spec: str | None = None,
@@ -217,6 +232,7 @@ def do_create(
         "max_workers": max_workers,
         "target_backlog_per_worker": target_backlog_per_worker,
         "idle_timeout_s": idle_timeout_s,
+        **({"max_wait_s": max_wait_s} if max_wait_s else {}),
         "layout": layout,
         "spot": spot,
         "i_understand_this_spends_money": True,
@@ -442,14 +458,15 @@ def _update(ctx: Any, args: argparse.Namespace) -> None:
         max_workers=args.max_workers,
         target_backlog_per_worker=args.target_backlog_per_worker,
         idle_timeout_s=args.idle_timeout,
+        max_wait_s=args.max_wait,
     )
 
 
 def do_update(ctx: Any, *, name: str, **changes: Any) -> None:
     body = {k: v for k, v in changes.items() if v is not None}
     if not body:
-        raise UsageError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker "
-                         "or --idle-timeout", code="invalid_input")  # fmt: skip
+        raise UsageError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker, "
+                         "--idle-timeout or --max-wait", code="invalid_input")  # fmt: skip
     pool = ctx.client().request("PATCH", f"/v1/pools/{quote(name, safe='')}", body)
     ctx.emit(pool, columns=POOL_COLUMNS)
     if "max_workers" in body:

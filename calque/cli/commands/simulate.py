@@ -49,11 +49,19 @@ def register(subparsers: Any) -> None:
         "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
     )
     p.add_argument(
-        "--plot",
-        metavar="FILE.png",
-        default=None,
-        help="draw backlog and workers to this PNG (needs matplotlib; default: no plot)",
-    )
+        "--max-wait", type=duration_arg, default=None, metavar="DURATION",
+        help="a p95 wait target: the scaler chooses its own knobs to meet it at the least cost "
+        "(default: none, the knobs as given)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sweep", action="store_true",
+        help="replay over the knobs (idle timeout, backlog per worker): the frontier of paid/busy "
+        "against p95 wait, and where --max-wait lands on it (default: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plot", metavar="FILE.png", default=None,
+        help="draw backlog and workers; with --sweep, the frontier (needs matplotlib; default: no plot)",
+    )  # fmt: skip
     from calque.cli.layout_flags import MIG_HELP, MPS_SLOTS_HELP, SPEC_HELP, mig_arg
 
     layout = p.add_argument_group("the pool's layout (one of; none: one worker per GPU), as for pool create")
@@ -77,6 +85,8 @@ def _pool(ctx: Any, args: argparse.Namespace) -> None:
         target_backlog_per_worker=args.target_backlog_per_worker,
         idle_timeout_s=args.idle_timeout,
         tick_s=args.tick,
+        max_wait_s=args.max_wait,
+        sweep=args.sweep,
         plot_path=args.plot,
         mig=args.mig,
         mps_slots=args.mps_slots,
@@ -98,6 +108,8 @@ def do_pool(
     target_backlog_per_worker: int = 1,
     idle_timeout_s: float = 600,
     tick_s: float = 60,
+    max_wait_s: float | None = None,
+    sweep: bool = False,
     plot_path: str | None = None,
     mig: dict[str, int] | None = None,
     mps_slots: int | None = None,
@@ -116,6 +128,14 @@ def do_pool(
     slots = slots_of(instance_type, layout)
     if policy == "static" and workers is None:
         raise UsageError("--policy static needs --workers N", details={"field": "workers"})
+    if sweep and policy == "static":
+        raise UsageError(
+            "--sweep replays the scaler over its knobs; drop --policy static", details={"field": "sweep"}
+        )
+    if max_wait_s is not None and policy == "static":
+        raise UsageError(
+            "--max-wait is the scaler's target; drop --policy static", details={"field": "max_wait"}
+        )
     if policy == "scaler" and workers is not None:
         raise UsageError(
             "--workers sizes a static pool; with --policy scaler use --min-workers/--max-workers",
@@ -127,6 +147,7 @@ def do_pool(
             max_workers=max_workers,
             target_backlog_per_worker=target_backlog_per_worker,
             idle_timeout_s=idle_timeout_s,
+            max_wait_s=max_wait_s,
         )
     except ValueError as exc:
         raise CliError(str(exc), code="invalid_input") from None
@@ -149,6 +170,9 @@ def do_pool(
         gpus_per_instance=itype.gpu_count,
         slot_card_fractions=tuple(slot.card_fraction for slot in slots),
     )
+    if sweep:
+        _sweep(ctx, claims, config, max_wait_s, plot_path)
+        return
     result = simulate(claims, config, hourly_usd_per_gpu=itype.hourly_usd / itype.gpu_count)
     summary = {
         "trace": trace,
@@ -176,6 +200,37 @@ def do_pool(
     if "paid_usd" in summary:
         summary["paid_usd"] = f"${summary['paid_usd']:.2f}"
     ctx.emit(summary)
+
+
+SWEEP_COLUMNS = [
+    ("knobs", "label"),
+    ("p95 wait (s)", "wait_p95_s"),
+    ("paid/busy", "paid_per_busy"),
+    ("paid GPU-s", "paid_gpu_seconds"),
+    ("busy GPU-s", "busy_gpu_seconds"),
+    ("", "mark"),
+]
+
+
+def _sweep(ctx: Any, claims: list[Any], config: Any, max_wait_s: float | None, plot_path: str | None) -> None:
+    """``--sweep``: the frontier of paid/busy against p95 wait, and the target's own choice."""
+    from calque.simulate.pool_sweep import plot_sweep, sweep
+
+    result = sweep(claims, config, max_wait_s=max_wait_s)
+    doc = result.document()
+    if plot_path is not None:
+        write_plot(plot_sweep, result, plot_path)
+        doc["plot"] = plot_path
+    if ctx.json:
+        ctx.emit(doc)
+        return
+    best = result.best_meeting
+    rows = [
+        {**p.record(), "mark": "(meets the target, cheapest)" if p == best else ""} for p in result.frontier
+    ]
+    if result.target is not None:
+        rows.append({**result.target.record(), "mark": "<- the scaler's own choice for the target"})
+    ctx.emit(rows, columns=SWEEP_COLUMNS)
 
 
 # ---- calque simulate placement ----------------------------------------------------------------
