@@ -75,7 +75,8 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     p.add_argument(
         "--max-wait", type=_max_wait_arg, default=None, metavar="DURATION",
         help="a p95 wait target (e.g. 4m): the scaler chooses keep-warm, scale-out and pre-warming "
-        "to meet it at the least cost" + ("" if defaults else "; 0 drops it"),
+        "to meet it at the least cost"
+        + (" (default: none, the knobs as set)" if defaults else "; 0 drops it (default: kept)"),
     )  # fmt: skip
 
 
