@@ -13,8 +13,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from calque.contracts.pools import (
     NAME_PATTERN,
     Claim,
-    ClaimReport,
     ClaimInputUpload,
+    ClaimReport,
     ClaimReportAnswer,
     ClaimSubmit,
     PackageUpload,
