@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import threading
-from typing import Any, Optional
+from typing import Any
 
 log = logging.getLogger("calque.worker")
 
@@ -34,7 +34,7 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def fetch(s3: Any, bucket: str, key: str, path: str, sha256: Optional[str] = None) -> int:
+def fetch(s3: Any, bucket: str, key: str, path: str, sha256: str | None = None) -> int:
     """Stream the object to ``path``; its size. With ``sha256``, InputChecksumMismatch when
     the bytes read are not those (the file is left for the caller's temporary directory)."""
     body = s3.get_object(Bucket=bucket, Key=key)["Body"]
