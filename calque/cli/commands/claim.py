@@ -106,7 +106,11 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
     if out:
         try:
             with open(out, "wb") as f:
-                written = transfer.stream_to(result["download"], f)
+                if result.get("results") is not None:  # the API's answer itself, as stdout shows it
+                    f.write((json.dumps(result, indent=2) + "\n").encode())
+                    written = f.tell()
+                else:  # too large to answer inline: the result document, streamed
+                    written = transfer.stream_to(result["download"], f)
         except OSError as exc:
             raise CliError(f"cannot write {out}: {exc.strerror or exc}", code="invalid_input") from None
         ctx.emit(
@@ -114,7 +118,7 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
                 "claim_id": claim_id,
                 "written_to": out,
                 "bytes": written,
-                "sha256": result["download"].get("sha256"),
+                "sha256": (result.get("download") or {}).get("sha256"),
                 "items_ok": s.get("items_ok"),
                 "items_failed": s.get("items_failed"),
             }
