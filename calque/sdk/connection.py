@@ -4,12 +4,14 @@ caller's AWS identity, with one addition a long-running program needs: a request
 the plane unreachable (restarted, or briefly down) is asked again, under the same
 Idempotency-Key, until ``reconnect_s`` has passed, the endpoint found anew each time (a
 restarted local plane listens on another port). A write is applied once however often it
-is asked: the API answers a retry as it answered the first."""
+is asked: the API answers a retry as it answered the first. A plane never reached is
+refused at once (no endpoint, nothing listening): that is a mistake, not an outage."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from calque.cli.client import WRITES, ApiClient
@@ -29,20 +31,22 @@ class Connection:
         region: str | None = None,
         state_dir: str | None = None,
         reconnect_s: float = 120.0,
-        client: ApiClient | None = None,
+        make_client: Callable[[], ApiClient] | None = None,
     ) -> None:
-        self._args = {
+        context = {
             "endpoint_arg": endpoint,
             "profile_arg": profile,
             "region_arg": region,
             "state_dir_arg": state_dir,
         }
+        self._make = make_client or (lambda: Context(**context).client())  # type: ignore[arg-type]
         self.reconnect_s = reconnect_s
-        self._client = client
+        self._client: ApiClient | None = None
+        self._reached = False  # whether the API ever answered: only then is it waited for
 
     def client(self) -> ApiClient:
         if self._client is None:
-            self._client = Context(**self._args).client()  # type: ignore[arg-type]
+            self._client = self._make()
         return self._client
 
     def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None) -> Any:
@@ -51,12 +55,15 @@ class Connection:
         deadline = time.monotonic() + self.reconnect_s
         while True:
             try:
-                return self.client().request(method, path, body, query, idempotency_key=key)
+                answer = self.client().request(method, path, body, query, idempotency_key=key)
+                self._reached = True
+                return answer
             except ApiError as exc:
                 if exc.status != 503 or time.monotonic() >= deadline:
                     raise
             except CliError as exc:
-                if exc.code not in UNREACHABLE or time.monotonic() >= deadline:
+                # a plane never reached is a mistake to say at once, not an outage to wait out
+                if exc.code not in UNREACHABLE or not self._reached or time.monotonic() >= deadline:
                     raise
                 self._client = None  # found anew: a restarted local plane has another port
             time.sleep(1.0)

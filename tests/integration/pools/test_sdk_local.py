@@ -86,7 +86,7 @@ def test_a_map_of_500_items_yields_every_output_in_order(plane, sentiment):
 
 
 def test_the_example_client_maps_300_reviews_and_counts_warm_hits(plane, sentiment):
-    env = {**os.environ, "CALQUE_STATE_DIR": str(plane.state_dir), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "CALQUE_LOCAL_STATE_DIR": str(plane.state_dir), "PYTHONPATH": str(REPO)}
     env.pop("CALQUE_ENDPOINT", None)
     done = subprocess.run(
         [sys.executable, "examples/sdk/map_reviews.py", "--pool", sentiment, "--profile", "alice"],

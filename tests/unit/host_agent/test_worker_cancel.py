@@ -340,16 +340,6 @@ class ColdRunner(SlowRunner):
             raise RuntimeError("the runner's enter() failed: the runner process was killed by SIGKILL")
         return Outcome(ok=False, stopped=True, reason="stopped by the worker")
 
-    def run_files(self, items_path: str, results_path: str, stdout_path: str, stderr_path: str) -> Outcome:
-        with open(items_path, "rb") as f:
-            items = json.load(f)["items"]
-        outcome = self.run(items, stdout_path, stderr_path)
-        if outcome.ok:
-            with open(results_path, "w") as f:
-                json.dump({"results": outcome.results}, f)
-            outcome.items_ok, outcome.results_path = len(outcome.results), results_path
-        return outcome
-
     def interrupt(self) -> bool:
         self.interrupts += 1  # heard only once enter() is over
         return True
