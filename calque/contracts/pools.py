@@ -106,6 +106,8 @@ class ClaimInput(Request):
 
 
 class ClaimSubmit(Request):
+    model_config = ConfigDict(json_schema_extra=lambda schema: _claim_submit_schema(schema))
+
     items: list[Any] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
     input: ClaimInput | None = Field(
         default=None, description="an input uploaded through POST /v1/pools/{name}/claims/input"
@@ -301,6 +303,23 @@ class PoolStatus(Out):
         description="failed worker starts in a row after which the scaler starts no more and "
         "submits are refused, until an admin updates the pool",
     )
+
+
+def _claim_submit_schema(schema: dict[str, Any]) -> None:
+    """A claim has its items or an uploaded input, exactly one, neither null: the document says so."""
+    props = schema.setdefault("properties", {})
+    for key in ("items", "input"):
+        prop = props.get(key, {})
+        given = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]
+        if given:
+            props[key] = {
+                **given[0],
+                **({"description": prop["description"]} if "description" in prop else {}),
+            }
+    schema["oneOf"] = [
+        {"required": ["items"], "not": {"required": ["input"]}},
+        {"required": ["input"], "not": {"required": ["items"]}},
+    ]
 
 
 def _pool_create_schema(schema: dict[str, Any]) -> None:

@@ -70,14 +70,14 @@ def uploaded_input(objects: ObjectStore, store: PoolStore, who: Caller, name: st
     info = objects.head(key)
     field = {"field": "input.claim_id", "claim_id": given.claim_id}
     if info is None or info.metadata.get("owner") != owner_tag(who.principal):
-        raise InvalidInput(
+        raise Conflict(
             f"no input was uploaded for claim {given.claim_id} of pool {name!r}: ask for its URL "
             f"(POST /v1/pools/{name}/claims/input) and PUT the document there first",
             code="input_not_uploaded",
             details=field,
         )
     if info.size != given.bytes or info.metadata.get("sha256") != given.sha256:
-        raise InvalidInput(
+        raise Conflict(
             f"the input uploaded for claim {given.claim_id} is {info.size} bytes with SHA-256 "
             f"{info.metadata.get('sha256')}, not the {given.bytes} bytes and {given.sha256} stated",
             code="input_checksum_mismatch",

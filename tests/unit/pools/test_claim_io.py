@@ -58,11 +58,11 @@ def test_an_uploaded_input_becomes_the_claims_manifest(world):
 
 
 def test_an_input_not_uploaded_or_uploaded_by_another_is_refused(world):
-    with pytest.raises(InvalidInput) as missing:
+    with pytest.raises(Conflict) as missing:
         world.pools.submit(ALICE, "textstats", _input("c-0123456789abcdef"))
     assert missing.value.code == "input_not_uploaded"
     cid = _upload(world, who=BOB)
-    with pytest.raises(InvalidInput) as foreign:
+    with pytest.raises(Conflict) as foreign:
         world.pools.submit(ALICE, "textstats", _input(cid))
     assert foreign.value.code == "input_not_uploaded"
     assert world.store.get_claim(cid) is None
@@ -70,10 +70,10 @@ def test_an_input_not_uploaded_or_uploaded_by_another_is_refused(world):
 
 def test_an_input_of_another_size_or_checksum_is_refused(world):
     cid = _upload(world)
-    with pytest.raises(InvalidInput) as wrong:
+    with pytest.raises(Conflict) as wrong:
         world.pools.submit(ALICE, "textstats", _input(cid, sha="0" * 64))
     assert wrong.value.code == "input_checksum_mismatch"
-    with pytest.raises(InvalidInput):
+    with pytest.raises(Conflict):
         world.pools.submit(ALICE, "textstats", _input(cid, data=DOC + b" "))
     assert world.store.get_claim(cid) is None
 
