@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from calque.contracts.common import Out, Request, Strict, catalog_instance_types, consent_required, in_words
 from calque.contracts.economics import GROUP_PATTERN
+from calque.contracts.layout import LayoutSpec
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
 NAME_RULE = (
@@ -40,14 +41,24 @@ class PoolCreate(PoolSettings):
     instance_type: str = Field(min_length=1, max_length=40, json_schema_extra=catalog_instance_types)
     runner: str = Field(pattern=RUNNER_PATTERN, description="MODULE:CLASS")
     package_key: str | None = Field(
-        default=None, max_length=500, description="the runner package, staged in the artifact bucket"
+        default=None,
+        max_length=500,
+        pattern=r"^pools/[^/]+/package/",
+        description="the runner package, staged in the artifact bucket: the key that "
+        "POST /v1/pools/{name}/package gave for this pool's name (under pools/{name}/package/), "
+        "uploaded there",
     )
     package_path: str | None = Field(
         default=None, max_length=500, description="local plane only: a directory on this machine"
     )
-    layout: dict[str, Any] | None = None
+    layout: LayoutSpec | None = Field(default=None, description="one worker per slice; omitted: per GPU")
     spot: bool = False
     i_understand_this_spends_money: bool = False
+
+    @field_serializer("layout")
+    def _layout_as_given(self, layout: LayoutSpec | None) -> dict[str, Any] | None:
+        """The spec as the caller wrote it (what the pool keeps and the host agent is sent)."""
+        return None if layout is None else layout.model_dump(mode="json", exclude_unset=True)
 
     @field_validator("name", mode="before")
     @classmethod

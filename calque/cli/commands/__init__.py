@@ -42,3 +42,6 @@ COMMAND_MODULES: list[str] = [
 
 # The fleet: `host acquire | release | acquisitions` (after "host") and `budget`.
 COMMAND_MODULES += ["fleet", "budget"]
+
+# A live page of the fleet (calque/console/).
+COMMAND_MODULES += ["console"]
