@@ -1,21 +1,18 @@
 """The Python SDK against the local plane: submit and result, a map of 500 items in order, the
-example client, a claim's logs read while it runs, a cancel, and a 200 MiB input and output
-through presigned URLs with memory that stays flat."""
+example client, a claim's logs read while it runs, a cancel, and the CLI uploading an items
+file too large for a request (a 200 MiB claim: test_sdk_large_local.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from calque import Claim, ClaimError, Pool, RemoteError
-from calque.sdk import transfer
 from calque.sdk.pools import INLINE_BYTES
 from tests.integration.conftest import REPO
 from tests.integration.pools.conftest import RUNNERS, create_pool, pool_story
@@ -23,7 +20,6 @@ from tests.integration.pools.conftest import RUNNERS, create_pool, pool_story
 pytestmark = pytest.mark.integration
 
 SENTIMENT = REPO / "examples" / "sdk" / "sentiment"
-MIB = 1024 * 1024
 
 
 def sdk_pool(plane, name: str, profile: str = "alice") -> Pool:
@@ -124,39 +120,6 @@ def test_logs_are_read_while_the_claim_runs_and_a_cancel_stops_it(plane, bulky):
     code, doc = plane.cli_json("claim", "logs", claim.claim_id)
     assert code == 0, doc
     assert any("line 1" in c["text"] for c in doc["chunks"])
-
-
-def test_a_200_mib_input_and_output_travel_by_url_with_flat_memory(plane, bulky, tmp_path):
-    items = [f"{i:08d}" + "x" * (MIB - 8) for i in range(200)]  # 200 MiB of input
-    pool = sdk_pool(plane, bulky)
-    tracemalloc.start()
-    try:
-        claim = pool.submit(items)
-        upload_peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.reset_peak()
-        claim.wait(timeout=600)
-        assert claim.state == "succeeded", f"{claim.doc}\n{pool_story(plane, bulky)}"
-        out = tmp_path / "result.json"
-        written = claim.download(out)
-        download_peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    # the input went by its URL, never as one body; neither direction held the document
-    assert upload_peak < 32 * MIB, upload_peak
-    assert download_peak < 16 * MIB, download_peak
-    assert written > 200 * MIB
-    assert transfer.file_sha256(str(out)) == claim.summary["result_sha256"]
-    with out.open("rb") as f:
-        results = json.load(f)["results"]
-    assert len(results) == 200
-    for i in (0, 117, 199):
-        assert results[i]["output"]["echo"] == items[i]
-        assert results[i]["output"]["sha256"] == hashlib.sha256(items[i].encode()).hexdigest()
-    # the CLI streams the same document to a file, checked against the same SHA-256
-    cli_out = tmp_path / "cli-result.json"
-    code, doc = plane.cli_json("claim", "result", claim.claim_id, "-o", str(cli_out))
-    assert code == 0, doc
-    assert doc["sha256"] == claim.summary["result_sha256"] == transfer.file_sha256(str(cli_out))
 
 
 def test_the_cli_uploads_a_large_items_file_instead_of_refusing_it(plane, bulky, tmp_path):
