@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_serializer, field_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from calque.contracts.common import Out, Request, Strict, catalog_instance_types, consent_required, in_words
 from calque.contracts.economics import GROUP_PATTERN
@@ -21,6 +21,10 @@ MAX_ITEMS = 10_000
 PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
 PACKAGE_URL_EXPIRES_S = 900
 MAX_WAIT_CEILING_S = 24 * 3600
+CLAIM_ID_PATTERN = r"^c-[0-9a-f]{16}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# A claim's input staged in S3 (one PUT: S3's own limit for a single object upload)
+INPUT_MAX_BYTES = 5 * 1024**3
 
 
 class PoolSettings(Request):
@@ -109,8 +113,30 @@ class PoolDelete(Request):
     now: bool = False
 
 
+class ClaimInputUpload(Request):
+    """POST /v1/pools/{name}/claims/input: where to PUT a claim's input too large for a request
+    body (``{"items": [...]}`` as JSON); the answer names the claim id it will have."""
+
+    sha256: str = Field(pattern=SHA256_PATTERN, description="the input document's SHA-256, hex")
+    bytes: int = Field(ge=1, le=INPUT_MAX_BYTES, description="the input document's size in bytes")
+
+
+class ClaimInput(Request):
+    """A claim's input uploaded beforehand (``ClaimInputUpload``), instead of ``items``."""
+
+    claim_id: str = Field(pattern=CLAIM_ID_PATTERN, description="the claim id the upload answered")
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    bytes: int = Field(ge=1, le=INPUT_MAX_BYTES)
+    items: int = Field(ge=1, description="how many items the document holds")
+
+
 class ClaimSubmit(Request):
-    items: list[Any] = Field(min_length=1, max_length=MAX_ITEMS)
+    model_config = ConfigDict(json_schema_extra=lambda schema: _claim_submit_schema(schema))
+
+    items: list[Any] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
+    input: ClaimInput | None = Field(
+        default=None, description="an input uploaded through POST /v1/pools/{name}/claims/input"
+    )
     group: str | None = Field(
         default=None,
         pattern=GROUP_PATTERN,
@@ -127,6 +153,12 @@ class ClaimSubmit(Request):
             "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
             "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
         )
+
+    @model_validator(mode="after")
+    def _items_or_input(self) -> ClaimSubmit:
+        if (self.items is None) == (self.input is None):
+            raise ValueError("give either items (a list) or input (an uploaded input), not both nor neither")
+        return self
 
 
 class ClaimReport(Strict):
@@ -297,6 +329,23 @@ class PoolStatus(Out):
         description="failed worker starts in a row after which the scaler starts no more and "
         "submits are refused, until an admin updates the pool",
     )
+
+
+def _claim_submit_schema(schema: dict[str, Any]) -> None:
+    """A claim has its items or an uploaded input, exactly one, neither null: the document says so."""
+    props = schema.setdefault("properties", {})
+    for key in ("items", "input"):
+        prop = props.get(key, {})
+        given = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]
+        if given:
+            props[key] = {
+                **given[0],
+                **({"description": prop["description"]} if "description" in prop else {}),
+            }
+    schema["oneOf"] = [
+        {"required": ["items"], "not": {"required": ["input"]}},
+        {"required": ["input"], "not": {"required": ["items"]}},
+    ]
 
 
 def _pool_create_schema(schema: dict[str, Any]) -> None:

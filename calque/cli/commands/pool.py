@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -520,63 +521,71 @@ def do_delete(ctx: Any, *, name: str, now: bool = False, accept: bool = False) -
 
 def read_items(path: str) -> list[Any]:
     """The items of a JSON Lines file; a bad line is refused by its number, nothing is sent."""
-    import json
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}", code="invalid_input") from None
-    items = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            items.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise CliError(
-                f"{path} line {number}: not JSON ({exc.msg})",
-                code="invalid_input",
-                details={"line": number},
-            ) from None
+    items = list(iter_items(path))
     if not items:
         raise CliError(f"{path} holds no items (one JSON value per line)", code="invalid_input")
     return items
 
 
-def _too_large(path: str, values: list[Any], body: dict[str, Any], exc: ApiError) -> CliError:
-    """The API's size refusal said as what to do: how many lines a claim of this file may hold."""
+def iter_items(path: str) -> Iterator[Any]:
+    """The items of a JSON Lines file one by one, read a line at a time (a file of any size)."""
     import json
 
-    size = len(json.dumps(body).encode())
-    limit = exc.details.get("limit_bytes")
-    if isinstance(limit, int):
-        per_claim = max(1, len(values) * limit // size * 9 // 10)  # a tenth to spare
-        how = f" ({limit} bytes): split it into several claims, e.g. `split -l {per_claim} {path}`"
-    else:
-        how = ": split it into several claims"
-    return CliError(
-        f"{path}: {len(values)} items make a {size}-byte request, more than the API takes{how}, "
-        "then submit each part",
-        code="body_too_large",
-        details={**exc.details, "items": len(values), "request_bytes": size},
-    )
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed below, after the last line
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", code="invalid_input") from None
+    with f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CliError(
+                    f"{path} line {number}: not JSON ({exc.msg})",
+                    code="invalid_input",
+                    details={"line": number},
+                ) from None
+
+
+def _submit_uploaded(ctx: Any, name: str, values: Iterable[Any], group: str | None) -> dict[str, Any]:
+    """Items too large for a request: uploaded first by the presigned URL the API hands out
+    (streamed from a temporary file, with its SHA-256), then submitted by that upload."""
+    from calque.sdk import transfer
+
+    path = f"/v1/pools/{quote(name, safe='')}/claims"
+    body: dict[str, Any] = {"input": transfer.upload_input(ctx.client().request, path, values)}
+    if group is not None:
+        body["group"] = group
+    return dict(ctx.client().request("POST", path, body))
 
 
 def do_submit(
     ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600, group: str | None = None
 ) -> None:
-    from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
+    import os
 
-    values = read_items(items)
-    body: dict[str, Any] = {"items": values}
-    if group is not None:
-        body["group"] = group
+    from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
+    from calque.sdk.pools import INLINE_BYTES
+
     try:
-        claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
-    except ApiError as exc:
-        if exc.code != "body_too_large":
-            raise
-        raise _too_large(items, values, body, exc) from None
+        large = os.path.getsize(items) > INLINE_BYTES
+    except OSError as exc:
+        raise CliError(f"cannot read {items}: {exc.strerror or exc}", code="invalid_input") from None
+    if large:  # never read whole: streamed into the input document, uploaded by its URL
+        claim = _submit_uploaded(ctx, name, iter_items(items), group)
+    else:
+        values = read_items(items)
+        body: dict[str, Any] = {"items": values}
+        if group is not None:
+            body["group"] = group
+        try:
+            claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
+        except ApiError as exc:
+            if exc.code != "body_too_large":
+                raise
+            claim = _submit_uploaded(ctx, name, values, group)
     if wait:
         claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
     if wait and claim.get("state") != "succeeded":  # one document either way: the error carries the claim
