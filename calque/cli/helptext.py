@@ -91,6 +91,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "claim list": ("calque claim list --pool llm",),
     "claim show": ("calque claim show c-0123456789abcdef",),
     "claim result": ("calque claim result c-0123456789abcdef -o result.json",),
+    "claim logs": ("calque claim logs c-0123456789abcdef --follow",),
     "claim cancel": ("calque claim cancel c-0123456789abcdef",),
     "usage": ("calque usage --since 2026-12-01 --by group", "calque usage --output csv > december.csv"),
     "group create": ("calque group create lab-a --max-sessions 4 --max-usd-per-month 500",),
