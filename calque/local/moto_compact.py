@@ -196,7 +196,7 @@ class CompactItem(Item):
     _keys: tuple[Any, ...]
     _schema: _Schema
 
-    @property  # type: ignore[override]
+    @property
     def attrs(self) -> Any:
         full = self.__dict__.get("_full")
         return _Attrs(self) if full is None else full
@@ -213,7 +213,7 @@ class CompactItem(Item):
         if full is None:
             full = LimitedSizeDict.__new__(LimitedSizeDict)
             dict.__init__(full)
-            for name, tree in marshal.loads(self._blob):
+            for name, tree in marshal.loads(self._blob):  # noqa: S302 (the plane's own blob, never read from outside)
                 dict.__setitem__(full, name, _dynamo(tree))
             self.__dict__["_full"] = full
             _DECODED.append(self)
@@ -221,7 +221,7 @@ class CompactItem(Item):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Item:
         """A plain Item, as moto's own copy of an Item is."""
-        result = Item.__new__(Item)
+        result: Any = Item.__new__(Item)
         memo[id(self)] = result
         result.hash_key = copy.deepcopy(self.hash_key, memo)
         result.range_key = copy.deepcopy(self.range_key, memo)
@@ -229,7 +229,7 @@ class CompactItem(Item):
         attrs = LimitedSizeDict.__new__(LimitedSizeDict)
         dict.__init__(attrs)
         if full is None:
-            for name, tree in marshal.loads(self._blob):
+            for name, tree in marshal.loads(self._blob):  # noqa: S302 (the plane's own blob, never read from outside)
                 dict.__setitem__(attrs, name, _dynamo(tree))
         else:
             for name, value in full.items():
@@ -273,7 +273,9 @@ def _compact(table: Any, item: Any) -> None:
 
 def put_back(table: Any, item: Any) -> None:
     """An item a cancelled transaction put back in ``table`` (compacted at the request's end)."""
-    if "original" in _STATE:
+    from moto.dynamodb.models.table import Table
+
+    if Table.put_item is _put_item:  # only where the plane holds items compactly
         _PUT.append((table, item))
 
 
@@ -316,5 +318,9 @@ def install() -> None:
     DynamoHandler.call_action = _call_action  # type: ignore[method-assign]
 
 
-def installed() -> bool:
-    return "original" in _STATE
+def moto_own() -> tuple[Any, Any]:
+    """moto's own ``Table.put_item`` and ``DynamoHandler.call_action`` (tests compare)."""
+    from moto.dynamodb.models.table import Table
+    from moto.dynamodb.responses import DynamoHandler
+
+    return _STATE.get("original", Table.put_item), _STATE.get("call_action", DynamoHandler.call_action)
