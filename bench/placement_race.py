@@ -258,12 +258,32 @@ def end_all(round_: dict[str, Any]) -> None:
         )
 
 
+def cycle(tenancy: Any, caller: Any, req: Any) -> None:
+    """One check-out, its check-in and its slice's reclaim (what each churn cycle keeps)."""
+    from calque.contracts.agent import AgentReport
+    from calque.contracts.tenancy import CheckinRequest
+
+    g = tenancy.checkout(caller, req)
+    tenancy.checkin(caller, g.session_id, CheckinRequest(token=g.token))
+    now = datetime.now(UTC)
+    tenancy.report(
+        g.instance_id,
+        AgentReport(
+            instance_id=g.instance_id,
+            verb="reclaim",
+            ok=True,
+            started_at=now,
+            finished_at=now,
+            reclaimed_slice_id=g.slice_id,
+        ),
+    )
+
+
 def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: int = 8) -> dict[str, Any]:
     """``cycles`` check-out/check-in cycles (each with its slice's reclaim), ``workers`` at a
     time, each worker cycling through its own members. Returns the plane's resident memory
     before, after a warm-up of a tenth of the cycles, and at the end, and the refusals."""
-    from calque.contracts.agent import AgentReport
-    from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+    from calque.contracts.tenancy import CheckoutRequest
     from calque.identity import Caller
     from calque.tenancy.service import Tenancy
     from calque.tenancy.store.dynamo import DynamoRegistry
@@ -300,20 +320,7 @@ def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: in
             caller = members[n % members_per_worker]
             n += 1
             try:
-                g = tenancy.checkout(caller, req)
-                tenancy.checkin(caller, g.session_id, CheckinRequest(token=g.token))
-                now = datetime.now(UTC)
-                tenancy.report(
-                    g.instance_id,
-                    AgentReport(
-                        instance_id=g.instance_id,
-                        verb="reclaim",
-                        ok=True,
-                        started_at=now,
-                        finished_at=now,
-                        reclaimed_slice_id=g.slice_id,
-                    ),
-                )
+                cycle(tenancy, caller, req)
             except Exception as exc:
                 with lock:
                     failures[getattr(exc, "code", type(exc).__name__)] += 1
