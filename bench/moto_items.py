@@ -120,13 +120,15 @@ def main() -> None:
     plain = measure(False, args.hosts, args.cycles)
     compact = measure(True, args.hosts, args.cycles)
     print(f"{args.hosts} hosts x 4 slices, {args.cycles} check-out/check-in cycles")
-    print(f"{'item type':<16}{'items':>7}{'JSON B/item':>13}{'moto B/item':>13}{'compact B/item':>16}{'ratio':>8}")
+    head = ("item type", "items", "JSON B/item", "moto B/item", "compact B/item", "ratio")
+    print(f"{head[0]:<16}{head[1]:>7}{head[2]:>13}{head[3]:>13}{head[4]:>16}{head[5]:>8}")
     total = [0, 0, 0]
     for kind in sorted(plain):
         n, js, moto = plain[kind]
         _n, _js, small = compact.get(kind, (n, js, 0))
         total = [total[0] + n, total[1] + moto, total[2] + small]
-        print(f"{kind:<16}{n:>7}{js / n:>13.0f}{moto / n:>13.0f}{small / n:>16.0f}{moto / max(small, 1):>8.1f}x")
+        ratio = moto / max(small, 1)
+        print(f"{kind:<16}{n:>7}{js / n:>13.0f}{moto / n:>13.0f}{small / n:>16.0f}{ratio:>8.1f}x")
     per_cycle_plain = sum(v[2] for k, v in plain.items()) / max(args.cycles, 1)
     per_cycle_compact = sum(v[2] for k, v in compact.items()) / max(args.cycles, 1)
     print(
