@@ -22,6 +22,7 @@ from moto.dynamodb.models.table import Table
 from moto.dynamodb.responses import DynamoHandler
 
 from calque.local import moto_compact, moto_dynamodb
+from tests.unit.local.test_moto_transactions import _aws_env  # noqa: F401 (the same AWS environment)
 
 pytestmark = pytest.mark.unit
 
@@ -53,16 +54,6 @@ EVERY_TYPE: dict[str, Any] = {
 
 def _s(v: str) -> dict[str, str]:
     return {"S": v}
-
-
-@pytest.fixture(autouse=True)
-def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k, v in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(k, v)
 
 
 @pytest.fixture
@@ -127,6 +118,29 @@ def _call(ddb: Any, op: str, **kwargs: Any) -> Any:
         return {"error": e.response["Error"], "reasons": e.response.get("CancellationReasons")}
 
 
+def _by_state(ddb: Any, state: str) -> Any:
+    return _call(
+        ddb,
+        "query",
+        TableName="reg",
+        IndexName="by-state",
+        KeyConditionExpression="#s = :s",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues={":s": _s(state)},
+    )
+
+
+def _sparse(ddb: Any, value: str) -> Any:
+    return _call(
+        ddb,
+        "query",
+        TableName="reg",
+        IndexName="sparse",
+        KeyConditionExpression="gsi2pk = :g",
+        ExpressionAttributeValues={":g": _s(value)},
+    )
+
+
 def _scenario(ddb: Any) -> list[Any]:
     key = {"pk": EVERY_TYPE["pk"], "sk": EVERY_TYPE["sk"]}
     out = [
@@ -139,15 +153,7 @@ def _scenario(ddb: Any) -> list[Any]:
             ProjectionExpression="l[3].k, m.#i, b, ns",
             ExpressionAttributeNames={"#i": "inner"},
         ),
-        _call(
-            ddb,
-            "query",
-            TableName="reg",
-            IndexName="by-state",
-            KeyConditionExpression="#s = :s",
-            ExpressionAttributeNames={"#s": "state"},
-            ExpressionAttributeValues={":s": _s("free")},
-        ),
+        _by_state(ddb, "free"),
         _call(
             ddb,
             "query",
@@ -159,14 +165,7 @@ def _scenario(ddb: Any) -> list[Any]:
             ScanIndexForward=False,
             Limit=2,
         ),
-        _call(
-            ddb,
-            "query",
-            TableName="reg",
-            IndexName="sparse",
-            KeyConditionExpression="gsi2pk = :g",
-            ExpressionAttributeValues={":g": _s("odd#1")},
-        ),
+        _sparse(ddb, "odd#1"),
         _call(
             ddb,
             "query",
@@ -230,23 +229,8 @@ def _scenario(ddb: Any) -> list[Any]:
             ExpressionAttributeValues={":n": {"N": "0"}, ":free": _s("free")},
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
         ),
-        _call(
-            ddb,
-            "query",
-            TableName="reg",
-            IndexName="by-state",
-            KeyConditionExpression="#s = :s",
-            ExpressionAttributeNames={"#s": "state"},
-            ExpressionAttributeValues={":s": _s("used")},
-        ),
-        _call(
-            ddb,
-            "query",
-            TableName="reg",
-            IndexName="sparse",
-            KeyConditionExpression="gsi2pk = :g",
-            ExpressionAttributeValues={":g": _s("odd#1")},
-        ),
+        _by_state(ddb, "used"),
+        _sparse(ddb, "odd#1"),
         # a transaction that changes, replaces and deletes items, then is cancelled
         _call(
             ddb,
