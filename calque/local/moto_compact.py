@@ -30,14 +30,25 @@ from __future__ import annotations
 
 import copy
 import marshal
+import threading
 from typing import Any
 
 from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict
 
 _READS = frozenset({"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"})
 _STATE: dict[str, Any] = {}
-_DECODED: list[CompactItem] = []  # items whose attributes a request decoded
-_PUT: list[tuple[Any, Item]] = []  # (table, item) moto put in a table during a request
+
+
+class _Pending(threading.local):
+    """What the request running in this thread decoded or put (each request runs in one
+    thread; two servers in one process share moto's backends but not a lock)."""
+
+    def __init__(self) -> None:
+        self.decoded: list[CompactItem] = []  # items whose attributes it decoded
+        self.put: list[tuple[Any, Item]] = []  # (table, item) moto put in a table
+
+
+_PENDING = _Pending()
 _SCHEMAS: dict[tuple[str, ...], _Schema] = {}
 
 
@@ -204,7 +215,7 @@ class CompactItem(Item):
     @attrs.setter
     def attrs(self, value: Any) -> None:
         if "_full" not in self.__dict__:
-            _DECODED.append(self)
+            _PENDING.decoded.append(self)
         self.__dict__["_full"] = value
 
     def decoded(self) -> Any:
@@ -216,7 +227,7 @@ class CompactItem(Item):
             for name, tree in marshal.loads(self._blob):  # noqa: S302 (the plane's own blob, never read from outside)
                 dict.__setitem__(full, name, _dynamo(tree))
             self.__dict__["_full"] = full
-            _DECODED.append(self)
+            _PENDING.decoded.append(self)
         return full
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Item:
@@ -276,21 +287,22 @@ def put_back(table: Any, item: Any) -> None:
     from moto.dynamodb.models.table import Table
 
     if Table.put_item is _put_item:  # only where the plane holds items compactly
-        _PUT.append((table, item))
+        _PENDING.put.append((table, item))
 
 
 def settle(operation: str) -> None:
     """After each DynamoDB request: hold what it decoded or put compactly again."""
     changed = operation not in _READS
-    while _DECODED:
-        _DECODED.pop().settle(changed)
-    while _PUT:
-        _compact(*_PUT.pop())
+    decoded, put = _PENDING.decoded, _PENDING.put
+    while decoded:
+        decoded.pop().settle(changed)
+    while put:
+        _compact(*put.pop())
 
 
 def _put_item(self: Any, *args: Any, **kwargs: Any) -> Any:
     item = _STATE["original"](self, *args, **kwargs)
-    _PUT.append((self, item))
+    _PENDING.put.append((self, item))
     return item
 
 
