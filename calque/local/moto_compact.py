@@ -28,14 +28,16 @@ that DynamoDB JSON makes) is left as moto made it.
 
 from __future__ import annotations
 
-import copy
 import marshal
 import threading
 from typing import Any
 
 from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict
+from moto.dynamodb.models.table import Table
+from moto.dynamodb.responses import DynamoHandler
 
 _READS = frozenset({"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"})
+_OWN = (Table.put_item, DynamoHandler.call_action)  # moto's own, installed or not
 _STATE: dict[str, Any] = {}
 
 
@@ -218,34 +220,36 @@ class CompactItem(Item):
             _PENDING.decoded.append(self)
         self.__dict__["_full"] = value
 
+    def _fresh(self) -> Any:
+        """A new LimitedSizeDict of this item's attributes, from its blob."""
+        full = LimitedSizeDict.__new__(LimitedSizeDict)
+        dict.__init__(full)
+        for name, tree in marshal.loads(self._blob):  # noqa: S302 (the plane's own blob, never read from outside)
+            dict.__setitem__(full, name, _dynamo(tree))
+        return full
+
     def decoded(self) -> Any:
         """moto's LimitedSizeDict of this item's attributes (decoded once per request)."""
         full = self.__dict__.get("_full")
         if full is None:
-            full = LimitedSizeDict.__new__(LimitedSizeDict)
-            dict.__init__(full)
-            for name, tree in marshal.loads(self._blob):  # noqa: S302 (the plane's own blob, never read from outside)
-                dict.__setitem__(full, name, _dynamo(tree))
-            self.__dict__["_full"] = full
+            full = self.__dict__["_full"] = self._fresh()
             _PENDING.decoded.append(self)
         return full
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Item:
-        """A plain Item, as moto's own copy of an Item is."""
-        result: Any = Item.__new__(Item)
-        memo[id(self)] = result
-        result.hash_key = copy.deepcopy(self.hash_key, memo)
-        result.range_key = copy.deepcopy(self.range_key, memo)
+        """A plain Item, made by moto's own copy of an Item: of the decoded attributes, or
+        of attributes decoded afresh for it (new objects already, so not copied again)."""
+        plain: Any = object.__new__(Item)
+        plain.hash_key, plain.range_key = self.hash_key, self.range_key
         full = self.__dict__.get("_full")
-        attrs = LimitedSizeDict.__new__(LimitedSizeDict)
-        dict.__init__(attrs)
         if full is None:
-            for name, tree in marshal.loads(self._blob):  # noqa: S302 (the plane's own blob, never read from outside)
-                dict.__setitem__(attrs, name, _dynamo(tree))
-        else:
-            for name, value in full.items():
-                dict.__setitem__(attrs, name, copy.deepcopy(value, memo))
-        result.attrs = attrs
+            full = self._fresh()
+            for value in full.values():
+                memo[id(value)] = value
+        plain.attrs = full
+        result = Item.__deepcopy__(plain, memo)
+        memo[id(self)] = result
+        memo.setdefault(id(memo), []).append(plain)  # its id stays its own
         return result
 
     def describe_attrs(self, attributes: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -284,8 +288,6 @@ def _compact(table: Any, item: Any) -> None:
 
 def put_back(table: Any, item: Any) -> None:
     """An item a cancelled transaction put back in ``table`` (compacted at the request's end)."""
-    from moto.dynamodb.models.table import Table
-
     if Table.put_item is _put_item:  # only where the plane holds items compactly
         _PENDING.put.append((table, item))
 
@@ -301,14 +303,14 @@ def settle(operation: str) -> None:
 
 
 def _put_item(self: Any, *args: Any, **kwargs: Any) -> Any:
-    item = _STATE["original"](self, *args, **kwargs)
+    item = _OWN[0](self, *args, **kwargs)
     _PENDING.put.append((self, item))
     return item
 
 
 def _call_action(self: Any) -> Any:
     try:
-        return _STATE["call_action"](self)
+        return _OWN[1](self)
     finally:
         try:
             operation = self._get_action()
@@ -319,20 +321,12 @@ def _call_action(self: Any) -> Any:
 
 def install() -> None:
     """Hold moto's DynamoDB items compactly between requests (once per process)."""
-    from moto.dynamodb.models.table import Table
-    from moto.dynamodb.responses import DynamoHandler
-
-    if "original" in _STATE:
-        return
-    _STATE["original"] = Table.put_item
-    _STATE["call_action"] = DynamoHandler.call_action
-    Table.put_item = _put_item  # type: ignore[method-assign]
-    DynamoHandler.call_action = _call_action  # type: ignore[method-assign]
+    if "installed" not in _STATE:
+        _STATE["installed"] = True
+        Table.put_item = _put_item  # type: ignore[method-assign]
+        DynamoHandler.call_action = _call_action  # type: ignore[method-assign]
 
 
 def moto_own() -> tuple[Any, Any]:
     """moto's own ``Table.put_item`` and ``DynamoHandler.call_action`` (tests compare)."""
-    from moto.dynamodb.models.table import Table
-    from moto.dynamodb.responses import DynamoHandler
-
-    return _STATE.get("original", Table.put_item), _STATE.get("call_action", DynamoHandler.call_action)
+    return _OWN

@@ -29,8 +29,6 @@ pytestmark = pytest.mark.unit
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 
-moto_compact.install()
-moto_dynamodb.install()
 OWN_PUT, OWN_CALL = moto_compact.moto_own()
 
 # one item of every attribute type, nested lists and maps included
