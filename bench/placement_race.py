@@ -236,34 +236,48 @@ def race(
 
 def end_all(round_: dict[str, Any]) -> None:
     """Check every grant in and free its slice again, as a host agent's reclaim would."""
-    from calque.contracts.agent import AgentReport
     from calque.contracts.tenancy import CheckinRequest
 
     by_user = {c.principal: c for c in round_["callers"]}
     tenancy = round_["envs"][0]
     for g in round_["grants"]:
         tenancy.checkin(by_user[g.user], g.session_id, CheckinRequest(token=g.token))
-    now = datetime.now(UTC)
     for g in round_["grants"]:
-        tenancy.report(
-            g.instance_id,
-            AgentReport(
-                instance_id=g.instance_id,
-                verb="reclaim",
-                ok=True,
-                started_at=now,
-                finished_at=now,
-                reclaimed_slice_id=g.slice_id,
-            ),
-        )
+        reclaimed(tenancy, g)
+
+
+def cycle(tenancy: Any, caller: Any, req: Any) -> None:
+    """One check-out, its check-in and its slice's reclaim (what each churn cycle keeps)."""
+    from calque.contracts.tenancy import CheckinRequest
+
+    g = tenancy.checkout(caller, req)
+    tenancy.checkin(caller, g.session_id, CheckinRequest(token=g.token))
+    reclaimed(tenancy, g)
+
+
+def reclaimed(tenancy: Any, g: Any) -> None:
+    """The host agent's report that it reclaimed grant ``g``'s slice."""
+    from calque.contracts.agent import AgentReport
+
+    now = datetime.now(UTC)
+    tenancy.report(
+        g.instance_id,
+        AgentReport(
+            instance_id=g.instance_id,
+            verb="reclaim",
+            ok=True,
+            started_at=now,
+            finished_at=now,
+            reclaimed_slice_id=g.slice_id,
+        ),
+    )
 
 
 def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: int = 8) -> dict[str, Any]:
     """``cycles`` check-out/check-in cycles (each with its slice's reclaim), ``workers`` at a
     time, each worker cycling through its own members. Returns the plane's resident memory
     before, after a warm-up of a tenth of the cycles, and at the end, and the refusals."""
-    from calque.contracts.agent import AgentReport
-    from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+    from calque.contracts.tenancy import CheckoutRequest
     from calque.identity import Caller
     from calque.tenancy.service import Tenancy
     from calque.tenancy.store.dynamo import DynamoRegistry
@@ -300,20 +314,7 @@ def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: in
             caller = members[n % members_per_worker]
             n += 1
             try:
-                g = tenancy.checkout(caller, req)
-                tenancy.checkin(caller, g.session_id, CheckinRequest(token=g.token))
-                now = datetime.now(UTC)
-                tenancy.report(
-                    g.instance_id,
-                    AgentReport(
-                        instance_id=g.instance_id,
-                        verb="reclaim",
-                        ok=True,
-                        started_at=now,
-                        finished_at=now,
-                        reclaimed_slice_id=g.slice_id,
-                    ),
-                )
+                cycle(tenancy, caller, req)
             except Exception as exc:
                 with lock:
                     failures[getattr(exc, "code", type(exc).__name__)] += 1

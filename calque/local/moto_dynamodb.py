@@ -84,7 +84,11 @@ class Undo:
 
     def restore(self) -> None:
         """Put every touched item back as it was, last touched first."""
+        from calque.local.moto_compact import put_back
+
         for s in reversed(self.saved):
+            if s.item is not None:
+                put_back(s.table, s.item)  # a saved copy is a plain Item
             if s.table.range_key_attr is not None:
                 bucket = s.table.items.get(s.hash_key)
                 if s.item is None:
