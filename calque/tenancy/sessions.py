@@ -93,13 +93,7 @@ class SessionsMixin(TenancyCore):
             return replay.grant
 
     def _checkout(self, who: Caller, req: CheckoutRequest, idempotency_key: str | None) -> SessionGrant:
-        if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
-            raise ConsentRequired(
-                "MPS clients share a GPU and one account on the host with no isolation between "
-                "tenants; ask again with "
-                "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
-                details={"field": "accept_shared_gpu_no_isolation"},
-            )
+        check_consent(req)
         ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
         now = self.clock()
         user = who.principal
@@ -137,30 +131,8 @@ class SessionsMixin(TenancyCore):
                 break
             sl = candidates[0]
             tries += 1
-            share, rate = price(self.registry, sl, self.rates)
-            session = SessionRecord(
-                session_id=f"s-{secrets.token_hex(8)}",
-                user=user,
-                instance_id=sl.instance_id,
-                slice_id=sl.slice_id,
-                backend=sl.backend,
-                profile=sl.profile,
-                memory_gib=sl.memory_gib,
-                gpu_fraction=sl.gpu_fraction,
-                state="live",
-                fence=sl.fence + 1,
-                token_hash=hash_token(token),
-                created_at=now,
-                expires_at=now + timedelta(seconds=ttl),
-                env=sl.env,
-                spot=sl.spot,
-                group=group.name if group else None,
-                host_access="pending",
-                share=share,
-                hourly_usd=rate,
-            )
-            ugh, musd = limits.reserve(ttl, session)
-            session = session.model_copy(update={"reserved_ugh": ugh, "reserved_musd": musd})
+            session = self._new_session(user, sl, token, ttl, now, group.name if group else None)
+            ugh, musd = session.reserved_ugh, session.reserved_musd
             res = limits.reservation(month, ugh, musd, quota, group)
             refused = limits.user_refusal(user, quota, res, "check-out") or limits.group_refusal(
                 group, res, "check-out"
@@ -218,6 +190,35 @@ class SessionsMixin(TenancyCore):
         if refused is not None:
             raise refused
         raise self._refusal(req, lost=lost, tries=tries)
+
+    def _new_session(
+        self, user: str, sl: SliceRecord, token: str, ttl: int, now: datetime, group: str | None
+    ) -> SessionRecord:
+        """The session a grant of ``sl`` creates, priced and carrying its TTL's reservation."""
+        share, rate = price(self.registry, sl, self.rates)
+        session = SessionRecord(
+            session_id=f"s-{secrets.token_hex(8)}",
+            user=user,
+            instance_id=sl.instance_id,
+            slice_id=sl.slice_id,
+            backend=sl.backend,
+            profile=sl.profile,
+            memory_gib=sl.memory_gib,
+            gpu_fraction=sl.gpu_fraction,
+            state="live",
+            fence=sl.fence + 1,
+            token_hash=hash_token(token),
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl),
+            env=sl.env,
+            spot=sl.spot,
+            group=group,
+            host_access="pending",
+            share=share,
+            hourly_usd=rate,
+        )
+        ugh, musd = limits.reserve(ttl, session)
+        return session.model_copy(update={"reserved_ugh": ugh, "reserved_musd": musd})
 
     def _replay(self, who: Caller, key: str | None, fingerprint: str, now: datetime) -> None:
         """Raise the first grant's answer again if this check-out is a replay."""
@@ -507,6 +508,16 @@ class SessionsMixin(TenancyCore):
                 )
             ),
             warnings=warnings,
+        )
+
+
+def check_consent(req: CheckoutRequest) -> None:
+    if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
+        raise ConsentRequired(
+            "MPS clients share a GPU and one account on the host with no isolation between "
+            "tenants; ask again with "
+            "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
+            details={"field": "accept_shared_gpu_no_isolation"},
         )
 
 

@@ -140,8 +140,28 @@ class DynamoPlacement(DynamoBase):
                     }
                 }
             )
+        items = [*first, *self._grant_items(sl, session, default_max_sessions, reservation, event)]
+        try:
+            self._transact(items)
+        except ClientError as exc:
+            if error_code(exc) != "TransactionCanceledException":
+                raise
+            reasons = cancellation_reasons(exc)
+            if first and reasons and reasons[0] == "ConditionalCheckFailed":
+                raise Replayed(session.user) from None
+            raise self._grant_refusal(reasons[len(first) :], sl, session) from None
+
+    def _grant_items(
+        self,
+        sl: SliceRecord,
+        session: SessionRecord,
+        default_max_sessions: int,
+        reservation: Reservation,
+        event: LeaseEvent,
+    ) -> list[dict[str, Any]]:
+        """A grant's writes (slice, session, member's item, event, group's item), in the order
+        ``_grant_refusal`` reads their cancellation reasons."""
         items = [
-            *first,
             {
                 "Update": {
                     "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
@@ -174,19 +194,15 @@ class DynamoPlacement(DynamoBase):
         ]
         if session.group is not None:
             items.append(self._group_take_item(session.group, reservation))
-        try:
-            self._transact(items)
-        except ClientError as exc:
-            if error_code(exc) != "TransactionCanceledException":
-                raise
-            reasons = cancellation_reasons(exc)
-            if first and reasons and reasons[0] == "ConditionalCheckFailed":
-                raise Replayed(session.user) from None
-            reasons = reasons[len(first) :]
-            if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
-                raise QuotaFull(session.user) from None
-            if len(reasons) > 4 and reasons[4] == "ConditionalCheckFailed" and reasons[0] == "None":
-                raise GroupFull(session.group or "") from None
-            # The slice's condition failed, or another transaction held one of the items:
-            # either way this candidate is lost; the caller moves on.
-            raise SliceTaken(sl.slice_id) from None
+        return items
+
+    @staticmethod
+    def _grant_refusal(reasons: list[str], sl: SliceRecord, session: SessionRecord) -> Exception:
+        """What a cancelled grant's reasons (from its slice's on) say refused it."""
+        if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
+            return QuotaFull(session.user)
+        if len(reasons) > 4 and reasons[4] == "ConditionalCheckFailed" and reasons[0] == "None":
+            return GroupFull(session.group or "")
+        # The slice's condition failed, or another transaction held one of the items:
+        # either way this candidate is lost; the caller moves on.
+        return SliceTaken(sl.slice_id)

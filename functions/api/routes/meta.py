@@ -60,6 +60,8 @@ def _path_pattern_table() -> dict[tuple[str, str], str]:
     from calque.contracts.common import GROUP_PATTERN
     from calque.contracts.fleet import REQUEST_ID_PATTERN
     from calque.contracts.pools import NAME_PATTERN as POOL_NAME_PATTERN
+    from calque.contracts.queue import ACCOUNT_PATTERN
+    from calque.contracts.queue import REQUEST_ID_PATTERN as QUEUED_ID_PATTERN
     from calque.contracts.tenancy import INSTANCE_ID_PATTERN, SESSION_ID_PATTERN, USER_PATTERN
 
     return {
@@ -69,6 +71,8 @@ def _path_pattern_table() -> dict[tuple[str, str], str]:
         ("request_id", ""): REQUEST_ID_PATTERN,
         ("name", "/v1/groups/"): GROUP_PATTERN,
         ("name", "/v1/pools/"): POOL_NAME_PATTERN,
+        ("request_id", "/v1/session-requests/"): QUEUED_ID_PATTERN,  # after the fleet's: it wins here
+        ("account", "/v1/fairshare/"): ACCOUNT_PATTERN,
         # a member on a shared role, named ROLE/SESSION
         ("role", "/v1/quotas/"): _SHARED_ROLE_PART,
         ("session", "/v1/quotas/"): _SHARED_ROLE_PART,
