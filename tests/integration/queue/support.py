@@ -73,7 +73,7 @@ def env(ddb: Any, n: int = 0, *, ahead_s: int = 0, publisher: Any = None, **conf
     return Tenancy(
         DynamoRegistry(ddb, TABLE),
         MemoryQueue(),
-        config=TenancyConfig(**{"queue_half_life_s": NO_DECAY_S, **config}),
+        config=TenancyConfig(**{"queue_half_life_s": NO_DECAY_S, "ttl_floor_s": 1, **config}),
         clock=clock,
         rng=random.Random(n),
         publisher=publisher,

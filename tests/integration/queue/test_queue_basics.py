@@ -28,13 +28,14 @@ def test_a_waiting_checkout_is_granted_when_a_slice_frees(ddb):
     iid = seed_host(ddb, 1)
     held = [t.checkout(member(f"h{n}"), CheckoutRequest(backend="mig", ttl_seconds=600)) for n in range(4)]
     # nothing free: a waiting check-out is queued, told its place
-    first = t.enqueue(member("alice"), QueueRequest(backend="mig", ttl_seconds=600), idempotency_key="key-one-1")
+    ask = QueueRequest(backend="mig", ttl_seconds=600)
+    first = t.enqueue(member("alice"), ask, idempotency_key="key-one-1")
     second = t.enqueue(member("bob"), QueueRequest(backend="mig", ttl_seconds=600))
     assert (first.state, first.position) == ("waiting", 1)
     assert (second.state, second.position) == ("waiting", 2)
     assert first.estimated_start == min(h.expires_at for h in held)
     # a replay answers the same request; bob sees only his own in the queue, the admin both
-    again = t.enqueue(member("alice"), QueueRequest(backend="mig", ttl_seconds=600), idempotency_key="key-one-1")
+    again = t.enqueue(member("alice"), ask, idempotency_key="key-one-1")
     assert again.request_id == first.request_id
     assert [r.request_id for r in t.list_requests(member("bob"))] == [second.request_id]
     assert [r.position for r in t.list_requests(ADMIN, everyone=True)] == [1, 2]
@@ -42,7 +43,8 @@ def test_a_waiting_checkout_is_granted_when_a_slice_frees(ddb):
     t.checkin(member("h0"), held[0].session_id, CheckinRequest(token=held[0].token))
     assert reclaim_all(t, iid) == 1
     got = t.get_request(member("alice"), first.request_id)
-    assert got.state == "granted" and got.grant is not None
+    assert got.state == "granted"
+    assert got.grant is not None
     assert (got.grant.instance_id, got.grant.slice_id) == (held[0].instance_id, held[0].slice_id)
     assert got.grant.token.startswith("cqt_")
     # the token works: alice checks in with it
