@@ -236,6 +236,8 @@ class QueueMixin(SessionsMixin):
         free: list[SliceRecord] = []
         for backend in sorted({a.backend for a in asks.values()}):
             free += store.free_slices(backend, self.config.queue_free_read)
+        if not free:
+            return None
         free.sort(key=lambda s: s.memory_gib)  # best fit first
         accounts, seq = store.fair_state()
         t = _epoch(now)
