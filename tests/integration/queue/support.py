@@ -129,7 +129,8 @@ def make_group(ddb: Any, name: str, users: list[str]) -> None:
 
     groups = Groups(DynamoRegistry(ddb, TABLE), clock=lambda: datetime.now(UTC).replace(microsecond=0))
     groups.create(ADMIN, GroupCreate(name=name))
-    groups.add(ADMIN, name, users)
+    for start in range(0, len(users), 40):  # one transaction adds at most a few dozen
+        groups.add(ADMIN, name, users[start : start + 40])
 
 
 def reclaim_all(tenancy: Any, instance_id: str) -> int:
