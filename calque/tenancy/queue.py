@@ -203,11 +203,10 @@ class QueueMixin(SessionsMixin):
                 outcome = self._grant_one(store, rec, pick.slot, state)
                 if outcome == "granted":
                     granted.append(rec.request_id)
+                    charged = state.cost(pick.request, pick.slot)
+                    state.usage[rec.account] = state.usage.get(rec.account, 0.0) + charged
                     del state.waiting[rec.request_id]
                     state.free.remove(pick.slot)
-                    state.usage[rec.account] = state.usage.get(rec.account, 0.0) + state.cost(
-                        pick.request, pick.slot
-                    )
                     state.seq += 1
                     continue
                 if outcome == "refused":
