@@ -9,9 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from calque.identity import Caller
+from tests.integration.test_tenancy_placement_race import TABLE
 
-TABLE = "calque-queue"
-LAYOUT = {"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}
 ADMIN = Caller(principal="admin", arn="arn:aws:iam::123456789012:user/admin", admin=True)
 # Usage that does not decay over a test, so the expected order depends on counts alone.
 NO_DECAY_S = 10**15
@@ -80,46 +79,12 @@ def env(ddb: Any, n: int = 0, *, ahead_s: int = 0, publisher: Any = None, **conf
     )
 
 
-def seed_host(ddb: Any, n: int, layout: dict = LAYOUT) -> str:
-    from calque.catalog import planner
-    from calque.contracts.layout import parse_layout
-    from calque.tenancy.store.dynamo import DynamoRegistry
-    from calque.tenancy.store.models import HostRecord, SliceRecord
+def seed_host(ddb: Any, n: int) -> str:
+    """A ready host of 4 free 1g.24gb slices, registered as the placement race seeds them."""
+    from tests.integration.test_tenancy_placement_race import _seed
 
-    registry = DynamoRegistry(ddb, TABLE)
-    planned = planner.expand_slices("g7e.2xlarge", parse_layout(layout))
-    now = datetime.now(UTC).replace(microsecond=0)
-    iid = f"i-{n:017x}"
-    registry.create_host(
-        HostRecord(
-            instance_id=iid,
-            instance_type="g7e.2xlarge",
-            sharing="mig",
-            state="ready",
-            layout=layout,
-            registered_at=now,
-            registered_by="test",
-            state_since=now,
-        ),
-        [
-            SliceRecord(
-                instance_id=iid,
-                slice_id=p.slice_id,
-                gpu_index=p.gpu_index,
-                backend=p.backend,
-                profile=p.profile,
-                memory_gib=p.memory_gib,
-                gpu_fraction=p.gpu_fraction if hasattr(p, "gpu_fraction") else 1.0,
-                state="free",
-                placeable=True,
-                device_uuid=f"MIG-{n}-{k}",
-                env={"CUDA_VISIBLE_DEVICES": f"MIG-{n}-{k}"},
-                state_since=now,
-            )
-            for k, p in enumerate(planned)
-        ],
-    )
-    return iid
+    _seed(ddb, n, 1)
+    return f"i-{n:017x}"
 
 
 def make_group(ddb: Any, name: str, users: list[str]) -> None:

@@ -8,19 +8,9 @@ import pytest
 from calque.contracts.queue import QueueRequest
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 
-from .support import ADMIN, env, member, moto_dynamodb, reclaim_all, seed_host
+from .support import ADMIN, env, member, reclaim_all, seed_host
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def ddb():
-    server, client = moto_dynamodb()
-    try:
-        yield client
-    finally:
-        server.reset()
-        server.stop()
 
 
 def test_a_waiting_checkout_is_granted_when_a_slice_frees(ddb):

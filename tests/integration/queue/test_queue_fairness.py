@@ -10,19 +10,9 @@ import pytest
 from calque.contracts.queue import QueueRequest
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 
-from .support import ADMIN, env, make_group, member, moto_dynamodb, reclaim_all, seed_host
+from .support import ADMIN, env, make_group, member, reclaim_all, seed_host
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def ddb():
-    server, client = moto_dynamodb()
-    try:
-        yield client
-    finally:
-        server.reset()
-        server.stop()
 
 
 def test_equal_shares_get_equal_gpu_hours_whoever_asks_more(ddb):

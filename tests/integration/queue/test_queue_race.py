@@ -18,21 +18,11 @@ from calque.contracts.queue import QueueRequest
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 from calque.errors import CalqueError
 
-from .support import ADMIN, Recorder, env, make_group, member, moto_dynamodb, reclaim_all, seed_host
+from .support import ADMIN, Recorder, env, make_group, member, reclaim_all, seed_host
 
 pytestmark = pytest.mark.integration
 
 GROUPS = [f"qg{g}" for g in range(5)]
-
-
-@pytest.fixture(scope="module")
-def ddb():
-    server, client = moto_dynamodb()
-    try:
-        yield client
-    finally:
-        server.reset()
-        server.stop()
 
 
 def expected_order(submitted: list[tuple[str, str]]) -> list[str]:
