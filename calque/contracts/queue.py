@@ -31,7 +31,8 @@ class QueueRequest(CheckoutRequest):
         default=None,
         gt=0,
         le=30 * 24 * 3600,
-        description="give up (state expired) after this long; omitted: the deployment's maximum wait",
+        description="give up (state expired) after this long; omitted or longer: the deployment's "
+        "maximum wait (CALQUE_QUEUE_MAX_WAIT_S, default 7 days)",
     )
 
 
@@ -62,7 +63,7 @@ class SessionRequest(Out):
 class SharesRequest(Strict):
     """PUT /v1/fairshare/{account}: an account's (a group's) shares."""
 
-    shares: float = Field(gt=0, le=1_000_000)
+    shares: float = Field(ge=0.001, le=1_000_000)
 
 
 class FairShareAccount(Out):

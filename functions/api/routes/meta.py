@@ -118,13 +118,14 @@ def openapi_document(doc: dict[str, Any], *, ttl_bounds: tuple[int, int] | None 
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorDocument"] = error_schema
     components["schemas"] = schemas = dict(sorted(schemas.items()))
-    ttl = schemas.get("CheckoutRequest", {}).get("properties", {}).get("ttl_seconds")
-    if ttl_bounds is not None and isinstance(ttl, dict):
-        # this deployment's own bounds on a session's lifetime (CALQUE_SESSION_TTL_MIN_S/_MAX_S)
-        for branch in ttl.get("anyOf", [ttl]):
-            if branch.get("type") == "integer":
-                branch.pop("exclusiveMinimum", None)
-                branch.update(minimum=ttl_bounds[0], maximum=ttl_bounds[1])
+    for asks_ttl in ("CheckoutRequest", "QueueRequest"):  # a check-out, waiting or not
+        ttl = schemas.get(asks_ttl, {}).get("properties", {}).get("ttl_seconds")
+        if ttl_bounds is not None and isinstance(ttl, dict):
+            # this deployment's own bounds on a session's lifetime (CALQUE_SESSION_TTL_MIN_S/_MAX_S)
+            for branch in ttl.get("anyOf", [ttl]):
+                if branch.get("type") == "integer":
+                    branch.pop("exclusiveMinimum", None)
+                    branch.update(minimum=ttl_bounds[0], maximum=ttl_bounds[1])
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     components.setdefault("securitySchemes", {})[SIGV4] = {
