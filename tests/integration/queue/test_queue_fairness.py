@@ -15,6 +15,7 @@ from .support import ADMIN, env, make_group, member, reclaim_all, seed_host
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.timeout(600)  # 110 requests queued and 20 grants on a serialized moto: minutes
 def test_equal_shares_get_equal_gpu_hours_whoever_asks_more(ddb):
     t = env(ddb)
     iid = seed_host(ddb, 9)
