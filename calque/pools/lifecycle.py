@@ -44,10 +44,9 @@ def check_pool_request(req: PoolCreate) -> None:
     catalog.instance_type(req.instance_type)
     if req.layout is not None:
         from calque.catalog.planner import validate_layout
-        from calque.contracts.layout import parse_layout
 
-        # InvalidInput naming the problem: a bad spec, or one the instance type's card cannot take
-        validate_layout(req.instance_type, parse_layout(req.layout))
+        # InvalidInput naming the problem: a spec the instance type's card cannot take
+        validate_layout(req.instance_type, req.layout)
     if req.min_workers > req.max_workers:
         raise InvalidInput(
             f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
@@ -195,6 +194,8 @@ class LifecycleMixin(PoolsCore):
                 details={"pool": name},
             )
         changes = req.model_dump(exclude_none=True)
+        if changes.get("max_wait_s") == 0:
+            changes["max_wait_s"] = None  # the target dropped: the explicit knobs again
         merged = pool.model_copy(update=changes)
         if merged.min_workers > merged.max_workers:
             raise InvalidInput(

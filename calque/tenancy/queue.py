@@ -24,7 +24,8 @@ from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, QuotaFull, StaleWrite
 from calque.tenancy import fairshare
 from calque.tenancy.core import _grant, _iso, new_token, session_started
-from calque.tenancy.sessions import SessionsMixin, _fits, check_consent
+from calque.tenancy.placement import _fits
+from calque.tenancy.sessions import SessionsMixin, check_consent
 from calque.tenancy.store.ports import SliceTaken
 from calque.tenancy.store.queue_records import AccountRecord, QueuedRecord, account_of
 
@@ -260,7 +261,7 @@ class QueueMixin(SessionsMixin):
         except CalqueError:
             return "refused"
         token = new_token()
-        session = self._new_session(user, sl, token, rec.ttl_seconds, now, group.name if group else None)
+        session = self._new_session(user, [sl], token, rec.ttl_seconds, now, group.name if group else None)
         res = limits.reservation(
             session.charge_month, session.reserved_ugh, session.reserved_musd, quota, group
         )

@@ -15,10 +15,11 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from calque.dynamo import cancellation_reasons, error_code, expr_values, ser
-from calque.members.ports import Reservation, StaleWrite
+from calque.members.ports import GroupFull, QuotaFull, Reservation, StaleWrite
 from calque.tenancy.store import keys
-from calque.tenancy.store.dynamo_placement import DynamoPlacement
+from calque.tenancy.store.dynamo_placement import DynamoPlacement, _take
 from calque.tenancy.store.models import LeaseEvent, SessionRecord, SliceRecord
+from calque.tenancy.store.ports import SliceTaken
 from calque.tenancy.store.queue_records import (
     FAIRSHARE,
     QUEUE,
@@ -168,7 +169,20 @@ class DynamoQueue(DynamoPlacement):
                 ),
             }
         }
-        middle = self._grant_items(sl, session, default_max_sessions, reservation, event)
+        # As a check-out's grant writes them, in the order its reasons are read below.
+        middle = [
+            _take(sl, session),
+            {
+                "Put": {
+                    "Item": ser(self._session_item(session)),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            },
+            self._quota_take_item(session.user, reservation, default_max_sessions=default_max_sessions),
+            self._put_event(event),
+        ]
+        if session.group is not None:
+            middle.append(self._group_take_item(session.group, reservation))
         last = {
             "Update": {
                 "Key": ser(account(rec.account)),
@@ -197,7 +211,7 @@ class DynamoQueue(DynamoPlacement):
                 raise RequestGone(rec.request_id) from None
             if CONDITION_FAILED in reasons[-2:] and all(r == "None" for r in reasons[:-2]):
                 raise StaleWrite(rec.account) from None
-            raise self._grant_refusal(reasons[1:], sl, session) from None
+            raise _refusal(reasons[1:], sl, session) from None
 
     def mark_expiring(self, session_id: str, expires_at: datetime) -> bool:
         """Note once per expiry (an extend makes a new one) that a live session's expiring
@@ -221,6 +235,20 @@ class DynamoQueue(DynamoPlacement):
             ExpressionAttributeValues=expr_values(pk=keys.free_pk(backend)),
         )
         return [self._slice(i) for i in items]
+
+
+def _refusal(reasons: list[str], sl: SliceRecord, session: SessionRecord) -> Exception:
+    """What a cancelled grant's reasons (from its slice's on) say refused it."""
+    if len(reasons) > 2 and reasons[2] == CONDITION_FAILED and reasons[0] == "None":
+        return QuotaFull(session.user)
+    if (
+        session.group is not None
+        and len(reasons) > 4
+        and reasons[4] == CONDITION_FAILED
+        and reasons[0] == "None"
+    ):
+        return GroupFull(session.group)
+    return SliceTaken(sl.slice_id)  # the slice's condition failed, or another transaction held an item
 
 
 def _account_fields(item: dict[str, Any]) -> dict[str, Any]:
