@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 from calque.dynamo import cancellation_reasons, error_code, expr_values, ser
 from calque.members.ports import GroupFull, QuotaFull, Reservation, StaleWrite
 from calque.tenancy.store import keys
-from calque.tenancy.store.dynamo_placement import DynamoPlacement, _take
+from calque.tenancy.store.dynamo_placement import DynamoPlacement
 from calque.tenancy.store.models import LeaseEvent, SessionRecord, SliceRecord
 from calque.tenancy.store.ports import SliceTaken
 from calque.tenancy.store.queue_records import (
@@ -169,20 +169,7 @@ class DynamoQueue(DynamoPlacement):
                 ),
             }
         }
-        # As a check-out's grant writes them, in the order its reasons are read below.
-        middle = [
-            _take(sl, session),
-            {
-                "Put": {
-                    "Item": ser(self._session_item(session)),
-                    "ConditionExpression": "attribute_not_exists(pk)",
-                }
-            },
-            self._quota_take_item(session.user, reservation, default_max_sessions=default_max_sessions),
-            self._put_event(event),
-        ]
-        if session.group is not None:
-            middle.append(self._group_take_item(session.group, reservation))
+        middle = self._grant_writes(sl, session, default_max_sessions, reservation, event)
         last = {
             "Update": {
                 "Key": ser(account(rec.account)),
