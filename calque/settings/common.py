@@ -36,6 +36,12 @@ class CommonSettings(_EnvSettings):
     table_name: str = Field(alias="CALQUE_TABLE_NAME", min_length=1)
     admins: list[str] = Field(alias="CALQUE_ADMINS", default=[])
     local_mode: bool = Field(alias="CALQUE_LOCAL_MODE", default=False)
+    # The wait queue's fair share (calque.tenancy.fairshare): every function that grants
+    # from the queue must decay usage alike, so these are common.
+    queue_half_life_s: int = Field(alias="CALQUE_QUEUE_HALF_LIFE_S", default=7 * 24 * 3600, ge=60)
+    queue_reserve_after_s: int = Field(alias="CALQUE_QUEUE_RESERVE_AFTER_S", default=3600, ge=0)
+    queue_max_wait_s: int = Field(alias="CALQUE_QUEUE_MAX_WAIT_S", default=7 * 24 * 3600, ge=60)
+    expiring_notice_s: int = Field(alias="CALQUE_SESSION_EXPIRING_NOTICE_S", default=600, ge=0)
 
     _split_admins = field_validator("admins", mode="before")(split_csv)
 

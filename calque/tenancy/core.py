@@ -63,6 +63,17 @@ class TenancyConfig(NamedTuple):
     # The stack's Session Manager document a check-out's connect command names (it asks for
     # the session's token on the host, then opens a shell as the session's own account).
     session_document_name: str = "calque-session"
+    # The wait queue (calque.tenancy.queue, calque.tenancy.fairshare): usage's half-life, how
+    # long a request that fits nothing waits before it holds back what would fit it, the
+    # longest wait, how many free slices one pass reads per backend, and how long before its
+    # end a session's calque.session.expiring event is published.
+    queue_half_life_s: int = 7 * 24 * 3600
+    queue_reserve_after_s: int = 3600
+    queue_max_wait_s: int = 7 * 24 * 3600
+    queue_free_read: int = 200
+    # Plans per scheduling pass (each grants, refuses one request, or reads again).
+    queue_rounds: int = 64
+    expiring_notice_s: int = 600
 
 
 @dataclass
@@ -116,6 +127,9 @@ class TenancyCore:
         self.config = config or TenancyConfig()
         self.clock = clock
         self.rng = rng or random.Random()  # noqa: S311 - spreads contention, not a secret
+
+    def _capacity_freed(self) -> None:
+        """Something may have freed a slice: the queue (calque.tenancy.queue) grants what fits."""
 
     def _host(self, instance_id: str) -> HostRecord:
         # An id that cannot exist is unknown, without asking the registry (keys have size limits).
@@ -378,6 +392,21 @@ def session_ended(s: SessionRecord) -> Event:
             "slice_id": s.slice_id,
             "reason": s.end_reason,
             "ended_at": _iso(s.ended_at),
+        },
+    )
+
+
+def session_expiring(s: SessionRecord) -> Event:
+    """``calque.session.expiring``: a live session ends within the configured notice."""
+    return (
+        "calque.session.expiring",
+        {
+            "session_id": s.session_id,
+            "user": s.user,
+            "group": s.group,
+            "instance_id": s.instance_id,
+            "slice_id": s.slice_id,
+            "expires_at": _iso(s.expires_at),
         },
     )
 

@@ -259,6 +259,8 @@ class HostsMixin(TenancyCore):
         # Re-read when something was freed: a drain may have started since the read above,
         # and this report may hold the last busy slice it waits for.
         host = self._settle_drain(instance_id) if host.state == "draining" or freed else host
+        if freed and host.state == "ready":
+            self._capacity_freed()
         return ReportAccepted(instance_id=instance_id, host_state=host.state, freed=freed, ignored=ignored)
 
     def _grant_report(self, host: HostRecord, report: AgentReport) -> ReportAccepted:

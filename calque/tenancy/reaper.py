@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaims, session_ended
+from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaims, session_ended, session_expiring
 from calque.tenancy.store.models import LeaseEvent
 
 
@@ -52,4 +52,17 @@ class ReaperMixin(TenancyCore):
             )
             if self.registry.quarantine(sl, at=now, event=event):
                 out.quarantined.append(f"{sl.instance_id}/{sl.slice_id}")
+        self._announce_expiring(now)
+        # The queue's backstop: whatever freed without its own trigger is granted here.
+        self._capacity_freed()
         return out
+
+    def _announce_expiring(self, now: datetime) -> None:
+        """``calque.session.expiring``, once per session, ``expiring_notice_s`` before its end."""
+        mark = getattr(self.registry, "mark_expiring", None)
+        if mark is None or self.config.expiring_notice_s <= 0:
+            return
+        soon = now + timedelta(seconds=self.config.expiring_notice_s)
+        for s in self.registry.live_sessions(expiring_at_or_before=soon, limit=self.config.list_limit):
+            if s.expires_at > now and mark(s.session_id, s.expires_at):
+                self._publish([session_expiring(s)])

@@ -24,6 +24,7 @@ from calque.tenancy.core import (
 )
 from calque.tenancy.hosts import HostsMixin
 from calque.tenancy.listing import ListingMixin
+from calque.tenancy.queue import QueueMixin
 from calque.tenancy.quotas import QuotasMixin
 from calque.tenancy.reaper import ReaperMixin
 from calque.tenancy.sessions import SessionsMixin
@@ -45,7 +46,7 @@ __all__ = [
 ]
 
 
-class Tenancy(HostsMixin, SessionsMixin, ListingMixin, QuotasMixin, ReaperMixin):
+class Tenancy(HostsMixin, QueueMixin, SessionsMixin, ListingMixin, QuotasMixin, ReaperMixin):
     """Hosts, sessions, quotas and the reaper over one registry and one host-task queue."""
 
     # ---- host lifecycle: deregister, register again, stalled applies (calque.tenancy.lifecycle) ----

@@ -30,7 +30,7 @@ from calque.members.ports import GroupFull, QuotaFull, StaleWrite
 from calque.members.records import GroupRecord, QuotaRecord
 from calque.tenancy.core import _grants, _iso, hash_token, new_token, session_started
 from calque.tenancy.placement import PlacementMixin, merged_env, price_all, slice_backends
-from calque.tenancy.store.models import RequestRecord, SessionRecord
+from calque.tenancy.store.models import RequestRecord, SessionRecord, SliceRecord
 from calque.tenancy.store.ports import Replayed, SliceTaken
 
 if TYPE_CHECKING:
@@ -57,13 +57,7 @@ class SessionsMixin(PlacementMixin):
             return replay.grant
 
     def _checkout(self, who: Caller, req: CheckoutRequest, idempotency_key: str | None) -> SessionGrant:
-        if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
-            raise ConsentRequired(
-                "MPS clients share a GPU and one account on the host with no isolation between "
-                "tenants; ask again with "
-                "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
-                details={"field": "accept_shared_gpu_no_isolation"},
-            )
+        check_consent(req)
         ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
         now = self.clock()
         user = who.principal
@@ -103,32 +97,8 @@ class SessionsMixin(PlacementMixin):
                 break
             sl = taken[0]
             tries += 1
-            share, rate = price_all(self.registry, taken, self.rates)
-            session = SessionRecord(
-                session_id=f"s-{secrets.token_hex(8)}",
-                user=user,
-                instance_id=sl.instance_id,
-                slice_id=sl.slice_id,
-                extra_slices=[x.slice_id for x in taken[1:]],
-                backend=sl.backend,
-                profile=sl.profile,
-                memory_gib=sum(x.memory_gib for x in taken),
-                gpu_fraction=sum(x.gpu_fraction for x in taken),
-                state="live",
-                # one fence for every card taken: above each one's own
-                fence=max(x.fence for x in taken) + 1,
-                token_hash=hash_token(token),
-                created_at=now,
-                expires_at=now + timedelta(seconds=ttl),
-                env=merged_env(taken),
-                spot=sl.spot,
-                group=group.name if group else None,
-                host_access="pending",
-                share=share,
-                hourly_usd=rate,
-            )
-            ugh, musd = limits.reserve(ttl, session)
-            session = session.model_copy(update={"reserved_ugh": ugh, "reserved_musd": musd})
+            session = self._new_session(user, taken, token, ttl, now, group.name if group else None)
+            ugh, musd = session.reserved_ugh, session.reserved_musd
             res = limits.reservation(month, ugh, musd, quota, group)
             refused = limits.user_refusal(user, quota, res, "check-out") or limits.group_refusal(
                 group, res, "check-out"
@@ -188,6 +158,39 @@ class SessionsMixin(PlacementMixin):
         if refused is not None:
             raise refused
         raise self._refusal(req, lost=lost, tries=tries)
+
+    def _new_session(
+        self, user: str, taken: list[SliceRecord], token: str, ttl: int, now: datetime, group: str | None
+    ) -> SessionRecord:
+        """The session a grant of ``taken`` (its slices, the first its own) creates, priced and
+        carrying its TTL's reservation."""
+        sl = taken[0]
+        share, rate = price_all(self.registry, taken, self.rates)
+        session = SessionRecord(
+            session_id=f"s-{secrets.token_hex(8)}",
+            user=user,
+            instance_id=sl.instance_id,
+            slice_id=sl.slice_id,
+            extra_slices=[x.slice_id for x in taken[1:]],
+            backend=sl.backend,
+            profile=sl.profile,
+            memory_gib=sum(x.memory_gib for x in taken),
+            gpu_fraction=sum(x.gpu_fraction for x in taken),
+            state="live",
+            # one fence for every card taken: above each one's own
+            fence=max(x.fence for x in taken) + 1,
+            token_hash=hash_token(token),
+            created_at=now,
+            expires_at=now + timedelta(seconds=ttl),
+            env=merged_env(taken),
+            spot=sl.spot,
+            group=group,
+            host_access="pending",
+            share=share,
+            hourly_usd=rate,
+        )
+        ugh, musd = limits.reserve(ttl, session)
+        return session.model_copy(update={"reserved_ugh": ugh, "reserved_musd": musd})
 
     def _replay(self, who: Caller, key: str | None, fingerprint: str, now: datetime) -> None:
         """Raise the first grant's answer again if this check-out is a replay."""
@@ -414,6 +417,16 @@ class SessionsMixin(PlacementMixin):
             token=token,
             connect=self._connect(s),
             warnings=warnings,
+        )
+
+
+def check_consent(req: CheckoutRequest) -> None:
+    if req.backend == "mps" and not req.accept_shared_gpu_no_isolation:
+        raise ConsentRequired(
+            "MPS clients share a GPU and one account on the host with no isolation between "
+            "tenants; ask again with "
+            "accept_shared_gpu_no_isolation (--i-understand-shared-gpu-has-no-isolation)",
+            details={"field": "accept_shared_gpu_no_isolation"},
         )
 
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from calque.fleet.aws import Ec2Instances
     from calque.fleet.records import InstanceRate
     from calque.fleet.service import Fleet
+    from calque.tenancy.core import TenancyConfig
     from calque.tenancy.service import Tenancy
 
 
@@ -47,6 +48,16 @@ def events_publisher(bus: str) -> EventBridgePublisher:
     return EventBridgePublisher(aws.lazy_client("events"), bus)
 
 
+def with_queue(config: TenancyConfig, s: Any) -> TenancyConfig:
+    """``config`` with the wait queue's settings (calque.settings.common)."""
+    return config._replace(
+        queue_half_life_s=s.queue_half_life_s,
+        queue_reserve_after_s=s.queue_reserve_after_s,
+        queue_max_wait_s=s.queue_max_wait_s,
+        expiring_notice_s=s.expiring_notice_s,
+    )
+
+
 def api_tenancy() -> Tenancy:
     from calque.tenancy.service import Tenancy, TenancyConfig
     from calque.tenancy.store.dynamo import DynamoRegistry, SqsHostTaskQueue
@@ -56,12 +67,15 @@ def api_tenancy() -> Tenancy:
     return Tenancy(
         DynamoRegistry(ddb, s.table_name),
         SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
-        config=TenancyConfig(
-            ttl_floor_s=s.session_ttl_floor_s,
-            ttl_max_s=s.session_ttl_max_s,
-            default_ttl_s=min(max(2 * 3600, s.session_ttl_floor_s), s.session_ttl_max_s),
-            default_max_sessions=s.default_max_sessions,
-            session_document_name=s.session_document_name,
+        config=with_queue(
+            TenancyConfig(
+                ttl_floor_s=s.session_ttl_floor_s,
+                ttl_max_s=s.session_ttl_max_s,
+                default_ttl_s=min(max(2 * 3600, s.session_ttl_floor_s), s.session_ttl_max_s),
+                default_max_sessions=s.default_max_sessions,
+                session_document_name=s.session_document_name,
+            ),
+            s,
         ),
         publisher=events_publisher(s.event_bus),
         rates=FleetRates(ddb, s.table_name),
@@ -85,7 +99,7 @@ def reaper_tenancy() -> Tenancy:
     return Tenancy(
         DynamoRegistry(ddb, s.table_name),
         SqsHostTaskQueue(aws.lazy_client("sqs"), s.host_tasks_queue_url),
-        config=TenancyConfig(reclaim_timeout_s=s.reclaim_timeout_s),
+        config=with_queue(TenancyConfig(reclaim_timeout_s=s.reclaim_timeout_s), s),
         publisher=events_publisher(s.event_bus),
         # An expired spot session settles the recorded rates over its time, as a check-in does.
         rates=FleetRates(ddb, s.table_name),

@@ -1,6 +1,7 @@
 """EventBridge schedule -> end sessions past their expiry, quarantine slices whose host
-never reported their reclaim, fail hosts whose layout apply never reported. DynamoDB TTL
-is garbage collection only."""
+never reported their reclaim, fail hosts whose layout apply never reported, announce
+sessions about to expire, and grant from the wait queue what fits (the backstop of the
+passes that freed slices run themselves). DynamoDB TTL is garbage collection only."""
 
 from __future__ import annotations
 

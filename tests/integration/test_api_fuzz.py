@@ -164,7 +164,24 @@ def _call(case: Any, plane: Any, registry: Registry, profile: str) -> None:
     response = case.call(auth=SigV4(key, secret, plane.region), timeout=60)
     case.validate_response(response, checks=CHECKS)
     _valid_data_is_not_refused_as_malformed(response, case)
-    if response.status_code < 400 and case.method.upper() == "POST" and case.formatted_path == "/v1/sessions":
+    if (
+        response.status_code < 400
+        and case.method.upper() == "POST"
+        and case.formatted_path == "/v1/session-requests"
+    ):
+        # A waiting check-out is granted whenever a slice frees, in the background: leave none
+        # waiting, so no later refusal's snapshots race its grant.
+        rid = response.json()["request_id"]
+        plane.request("DELETE", f"/v1/session-requests/{rid}", profile=profile)
+    if (
+        response.status_code < 400
+        and case.method.upper() == "POST"
+        and case.formatted_path
+        in (
+            "/v1/sessions",
+            "/v1/session-requests",
+        )
+    ):
         # A check-out queues its host grant, whose report updates the session a moment later:
         # let it land, so the next refusal's snapshots do not race it.
         wait_grants_landed(plane)

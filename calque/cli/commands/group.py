@@ -112,6 +112,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("name", metavar="NAME")
     p.set_defaults(func=_delete)
 
+    from calque.cli.commands import session_queue
+
+    session_queue.register_group(group)  # group update --shares | fairshare
+
 
 def _limit_body(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in LIMITS}

@@ -288,6 +288,9 @@ def register(subparsers: Any) -> None:
         help="required for mps: tenants of one card are not isolated from each other",
     )
     p.add_argument("--group", metavar="G", help="charge this group of yours (default: your default group)")
+    from calque.cli.commands import session_queue
+
+    session_queue.add_wait_options(p)
     p.set_defaults(func=_checkout, _parser=p)
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
@@ -335,6 +338,7 @@ def register(subparsers: Any) -> None:
     from calque.cli.commands import session_connect
 
     session_connect.register(group)  # connect, exec
+    session_queue.register(group)  # session queue | cancel
 
 
 def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -372,6 +376,24 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
             "--profile names the slice's profile: give the AWS profile before the command, "
             "calque --profile NAME session checkout ..."
         )
+    if args.max_wait is not None and not args.wait:
+        args._parser.error("--max-wait goes with --wait")
+    if args.wait:
+        from calque.cli.commands.session_queue import do_wait_checkout
+
+        body = checkout_body(
+            backend=args.backend,
+            instance_id=args.instance_id,
+            profile=args.slice_profile,
+            min_memory_gib=args.min_memory_gib,
+            ttl_seconds=args.ttl,
+            accept_shared_gpu_no_isolation=args.accept_no_isolation,
+            group=args.group,
+        )
+        do_wait_checkout(
+            ctx, body, max_wait_s=args.max_wait, on_interrupt=args.on_interrupt, render=render_grant
+        )
+        return
     do_checkout(
         ctx,
         backend=args.backend,

@@ -18,10 +18,11 @@ from typing import Any
 from calque.tenancy.store.dynamo_ending import DynamoEnding
 from calque.tenancy.store.dynamo_hosts import DynamoHosts
 from calque.tenancy.store.dynamo_placement import DynamoPlacement
+from calque.tenancy.store.dynamo_queue import DynamoQueue
 from calque.tenancy.store.dynamo_sessions import DynamoSessions
 
 
-class DynamoRegistry(DynamoHosts, DynamoPlacement, DynamoSessions, DynamoEnding):
+class DynamoRegistry(DynamoHosts, DynamoQueue, DynamoPlacement, DynamoSessions, DynamoEnding):
     """The tenancy registry (calque.tenancy.store.ports.Registry) on the single table."""
 
 

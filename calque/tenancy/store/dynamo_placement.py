@@ -142,20 +142,7 @@ class DynamoPlacement(DynamoBase):
                     }
                 }
             )
-        items = [
-            *first,
-            _take(sl, session),
-            {
-                "Put": {
-                    "Item": ser(self._session_item(session)),
-                    "ConditionExpression": "attribute_not_exists(pk)",
-                }
-            },
-            self._quota_take_item(session.user, reservation, default_max_sessions=default_max_sessions),
-            self._put_event(event),
-        ]
-        if session.group is not None:
-            items.append(self._group_take_item(session.group, reservation))
+        items = [*first, *self._grant_writes(sl, session, default_max_sessions, reservation, event)]
         # A session's further whole cards last: the reasons read by position above stay put.
         items += [_take(one, session) for one in extra]
         try:
@@ -179,6 +166,31 @@ class DynamoPlacement(DynamoBase):
             # The slice's condition failed, or another transaction held one of the items:
             # either way this candidate is lost; the caller moves on.
             raise SliceTaken(sl.slice_id) from None
+
+    def _grant_writes(
+        self,
+        sl: SliceRecord,
+        session: SessionRecord,
+        default_max_sessions: int,
+        reservation: Reservation,
+        event: LeaseEvent,
+    ) -> list[dict[str, Any]]:
+        """A grant's writes, in the order its cancellation reasons are read: the slice, the
+        session, the member's item, the event, and the group's item (with a group)."""
+        items = [
+            _take(sl, session),
+            {
+                "Put": {
+                    "Item": ser(self._session_item(session)),
+                    "ConditionExpression": "attribute_not_exists(pk)",
+                }
+            },
+            self._quota_take_item(session.user, reservation, default_max_sessions=default_max_sessions),
+            self._put_event(event),
+        ]
+        if session.group is not None:
+            items.append(self._group_take_item(session.group, reservation))
+        return items
 
 
 def _take(sl: SliceRecord, session: SessionRecord) -> dict[str, Any]:

@@ -12,12 +12,14 @@ meta (health, whoami) is included by the handler itself.
 from __future__ import annotations
 
 # Every capability's routes module, in the order the OpenAPI document lists them.
-MODULES = ("hosts", "sessions", "quotas", "pools", "usage", "groups", "fleet")
+MODULES = ("hosts", "sessions", "session_requests", "quotas", "pools", "usage", "groups", "fleet")
 
 # The first path segment under /v1 -> the modules with routes beginning with it.
 AREAS: dict[str, tuple[str, ...]] = {
     "hosts": ("hosts", "fleet"),  # tenancy's hosts; the fleet's acquire and release
     "sessions": ("sessions",),
+    "session-requests": ("session_requests",),  # the wait queue
+    "fairshare": ("session_requests",),
     "quotas": ("quotas",),
     "pools": ("pools",),  # warm pools and their claims
     "claims": ("pools",),

@@ -60,6 +60,8 @@ def _path_pattern_table() -> dict[tuple[str, str], str]:
     from calque.contracts.common import GROUP_PATTERN
     from calque.contracts.fleet import REQUEST_ID_PATTERN
     from calque.contracts.pools import NAME_PATTERN as POOL_NAME_PATTERN
+    from calque.contracts.queue import ACCOUNT_PATTERN
+    from calque.contracts.queue import REQUEST_ID_PATTERN as QUEUED_ID_PATTERN
     from calque.contracts.tenancy import INSTANCE_ID_PATTERN, SESSION_ID_PATTERN, USER_PATTERN
 
     return {
@@ -69,6 +71,8 @@ def _path_pattern_table() -> dict[tuple[str, str], str]:
         ("request_id", ""): REQUEST_ID_PATTERN,
         ("name", "/v1/groups/"): GROUP_PATTERN,
         ("name", "/v1/pools/"): POOL_NAME_PATTERN,
+        ("request_id", "/v1/session-requests/"): QUEUED_ID_PATTERN,  # after the fleet's: it wins here
+        ("account", "/v1/fairshare/"): ACCOUNT_PATTERN,
         # a member on a shared role, named ROLE/SESSION
         ("role", "/v1/quotas/"): _SHARED_ROLE_PART,
         ("session", "/v1/quotas/"): _SHARED_ROLE_PART,
@@ -114,13 +118,14 @@ def openapi_document(doc: dict[str, Any], *, ttl_bounds: tuple[int, int] | None 
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorDocument"] = error_schema
     components["schemas"] = schemas = dict(sorted(schemas.items()))
-    ttl = schemas.get("CheckoutRequest", {}).get("properties", {}).get("ttl_seconds")
-    if ttl_bounds is not None and isinstance(ttl, dict):
-        # this deployment's own bounds on a session's lifetime (CALQUE_SESSION_TTL_MIN_S/_MAX_S)
-        for branch in ttl.get("anyOf", [ttl]):
-            if branch.get("type") == "integer":
-                branch.pop("exclusiveMinimum", None)
-                branch.update(minimum=ttl_bounds[0], maximum=ttl_bounds[1])
+    for asks_ttl in ("CheckoutRequest", "QueueRequest"):  # a check-out, waiting or not
+        ttl = schemas.get(asks_ttl, {}).get("properties", {}).get("ttl_seconds")
+        if ttl_bounds is not None and isinstance(ttl, dict):
+            # this deployment's own bounds on a session's lifetime (CALQUE_SESSION_TTL_MIN_S/_MAX_S)
+            for branch in ttl.get("anyOf", [ttl]):
+                if branch.get("type") == "integer":
+                    branch.pop("exclusiveMinimum", None)
+                    branch.update(minimum=ttl_bounds[0], maximum=ttl_bounds[1])
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     components.setdefault("securitySchemes", {})[SIGV4] = {

@@ -1,0 +1,182 @@
+"""The wait queue from the command line: ``session checkout --wait``, ``session queue``,
+``session cancel``, and a group's fair-share ``--shares`` (``group update``, ``group fairshare``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from calque.cli.errors import CliError
+
+POLL_S = 2.0
+
+REQUEST_COLUMNS = [
+    ("request_id", "request_id"),
+    ("user", "user"),
+    ("group", lambda r: r.get("group") or "-"),
+    ("position", lambda r: r.get("position") or "-"),
+    ("backend", "backend"),
+    (
+        "asks",
+        lambda r: (
+            r.get("profile") or (f">={r['min_memory_gib']:g} GiB" if r.get("min_memory_gib") else "any")
+        ),
+    ),
+    ("ttl_s", "ttl_seconds"),
+    ("submitted_at", "submitted_at"),
+    ("estimated_start", lambda r: r.get("estimated_start") or "-"),
+]
+
+FAIRSHARE_COLUMNS = [
+    ("account", "account"),
+    ("shares", "shares"),
+    ("usage_gpu_hours", "usage_gpu_hours"),
+    ("fairshare", "fairshare"),
+]
+
+
+def _asks(r: dict[str, Any]) -> str:
+    if r.get("profile"):
+        return str(r["profile"])
+    return f">={float(r['min_memory_gib']):g} GiB" if r.get("min_memory_gib") else "any"
+
+
+def _path(request_id: str) -> str:
+    return f"/v1/session-requests/{quote(request_id, safe='')}"
+
+
+def place_line(req: dict[str, Any]) -> str:
+    """``waiting: place 3 in the queue, estimated start ...`` (said on stderr while waiting)."""
+    est = req.get("estimated_start")
+    when = f"estimated start {est}" if est else "no estimate yet (no fitting session ends soon)"
+    return f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
+
+
+def register(group: Any) -> None:
+    p = group.add_parser("queue", help="waiting check-outs in grant order (yours; admins: --all)")
+    p.add_argument("--all", action="store_true", help="admins: every member's waiting requests")
+    p.set_defaults(func=lambda ctx, args: do_queue(ctx, all_users=args.all))
+
+    p = group.add_parser("cancel", help="leave the queue: cancel a waiting check-out")
+    p.add_argument("request_id", metavar="REQUEST_ID")
+    p.set_defaults(func=lambda ctx, args: do_cancel(ctx, request_id=args.request_id))
+
+
+def add_wait_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="when nothing fits, wait in the fair-share queue until granted (see `session queue`)",
+    )
+    from calque.cli.durations import duration_arg
+
+    p.add_argument(
+        "--max-wait",
+        type=duration_arg,
+        metavar="DURATION",
+        help="with --wait: give up after this long (e.g. 2h)",
+    )
+    p.add_argument(
+        "--on-interrupt",
+        choices=("cancel", "leave"),
+        default="cancel",
+        help="with --wait, on Ctrl-C: cancel the request (default) or leave it queued",
+    )
+
+
+def do_queue(ctx: Any, *, all_users: bool = False) -> None:
+    reqs = ctx.client().request(
+        "GET", "/v1/session-requests", None, query={"all": "true"} if all_users else None
+    )
+    ctx.emit(reqs, columns=REQUEST_COLUMNS)
+
+
+def do_cancel(ctx: Any, *, request_id: str) -> None:
+    req = ctx.client().request("DELETE", _path(request_id))
+    ctx.emit(req, text=f"{request_id} {req.get('state')}; it will not be granted.")
+
+
+def do_wait_checkout(
+    ctx: Any, body: dict[str, Any], *, max_wait_s: int | None, on_interrupt: str, render: Any
+) -> None:
+    """Queue the check-out, then wait until it is granted (print it as a check-out), its wait
+    ends (exit 1), or Ctrl-C (cancel or leave it, as asked)."""
+    client = ctx.client()
+    sent = {**body, **({"max_wait_seconds": max_wait_s} if max_wait_s else {})}
+    req = client.request("POST", "/v1/session-requests", sent)
+    rid = str(req.get("request_id"))
+    said = ""
+    try:
+        while True:
+            if req.get("state") == "granted" and req.get("grant"):
+                grant = req["grant"]
+                ctx.emit(grant, text=render(grant))
+                return
+            if req.get("state") in ("cancelled", "expired"):
+                raise CliError(
+                    f"{rid} was {req.get('state')} before a slice freed; nothing was granted",
+                    code=f"request_{req.get('state')}",
+                    details={"request_id": rid},
+                )
+            line = place_line(req)
+            if line != said:
+                print(line, file=sys.stderr, flush=True)
+                said = line
+            until = _time(req.get("wait_until"))
+            if until is not None and datetime.now(UTC) > until:
+                client.request("DELETE", _path(rid))
+                req = client.request("GET", _path(rid))
+                continue
+            time.sleep(POLL_S)
+            req = client.request("GET", _path(rid))
+    except KeyboardInterrupt:
+        if on_interrupt == "leave":
+            print(
+                f"{rid} stays in the queue: `calque session queue` shows it, "
+                f"`calque session cancel {rid}` leaves it",
+                file=sys.stderr,
+            )
+            raise SystemExit(130) from None
+        try:
+            client.request("DELETE", _path(rid))
+        except CliError as exc:
+            if getattr(exc, "code", "") != "already_granted":
+                raise
+            grant = client.request("GET", _path(rid)).get("grant")  # granted meanwhile: keep it
+            ctx.emit(grant, text=render(grant))
+            return
+        print(f"{rid} cancelled", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+# ---- a group's shares ---------------------------------------------------------------------------
+
+
+def register_group(group: Any) -> None:
+    p = group.add_parser("update", help="change a group's fair-share shares (admins)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--shares", type=float, required=True, metavar="N", help="its shares (default 1 each)")
+    p.set_defaults(func=lambda ctx, args: do_shares(ctx, name=args.name, shares=args.shares))
+
+    p = group.add_parser("fairshare", help="each group's shares, decayed usage and fair-share factor")
+    p.set_defaults(
+        func=lambda ctx, args: ctx.emit(
+            ctx.client().request("GET", "/v1/fairshare"), columns=FAIRSHARE_COLUMNS
+        )
+    )
+
+
+def do_shares(ctx: Any, *, name: str, shares: float) -> None:
+    account = ctx.client().request("PUT", f"/v1/fairshare/{quote(name, safe='')}", {"shares": shares})
+    ctx.emit(account, columns=FAIRSHARE_COLUMNS)

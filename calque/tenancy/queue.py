@@ -1,0 +1,467 @@
+"""The session queue: a check-out that waits, granted in fair-share order when capacity frees.
+
+A waiting request is a registry record (calque.tenancy.store.queue_records). ``grant_waiting``
+is the one scheduling pass: it reads the queue, the accounts' usage and the free slices
+(one query each, whatever the queue's length), asks ``calque.tenancy.fairshare.plan`` what to
+grant, and grants each pick in one transaction with its slice. Every path that frees
+capacity runs a pass (a host's reclaim and apply reports, check-in, the reaper's schedule),
+and any number of passes may race: a request's grant is conditional on it still waiting.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from calque.contracts.queue import QueueRequest, SessionRequest
+from calque.contracts.tenancy import CheckoutRequest
+from calque.errors import CalqueError, Conflict, Forbidden, InvalidInput, NotFound, idempotency_key_reused
+from calque.events import Event
+from calque.identity import Caller
+from calque.members import groups, limits, requests
+from calque.members.ports import GroupFull, QuotaFull, StaleWrite
+from calque.tenancy import fairshare
+from calque.tenancy.core import _grant, _iso, new_token, session_started
+from calque.tenancy.placement import _fits
+from calque.tenancy.sessions import SessionsMixin, check_consent
+from calque.tenancy.store.ports import SliceTaken
+from calque.tenancy.store.queue_records import AccountRecord, QueuedRecord, account_of
+
+if TYPE_CHECKING:
+    from calque.tenancy.store.dynamo_queue import DynamoQueue
+    from calque.tenancy.store.models import SliceRecord
+
+
+def _epoch(at: datetime) -> float:
+    return at.timestamp()
+
+
+class QueueMixin(SessionsMixin):
+    def _queue(self) -> DynamoQueue:
+        store = self.registry
+        if not hasattr(store, "grant_queued"):
+            raise InvalidInput("this registry keeps no queue", code="queue_unavailable")
+        return store  # type: ignore[return-value]
+
+    def _policy(self) -> fairshare.Policy:
+        c = self.config
+        return fairshare.Policy(
+            half_life_s=float(c.queue_half_life_s), reserve_after_s=float(c.queue_reserve_after_s)
+        )
+
+    # ---- a member's requests -------------------------------------------------------------------
+
+    def enqueue(
+        self, who: Caller, req: QueueRequest, *, idempotency_key: str | None = None
+    ) -> SessionRequest:
+        """Queue a check-out, then run a pass (it is granted at once if it comes first and fits).
+        Refused before anything is recorded: no consent for MPS, a TTL out of bounds, a group
+        not the member's, or a request no slice in the fleet could ever serve."""
+        check_consent(req)
+        ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
+        # A longer wait than the deployment allows is cut to it (the answer's wait_until says so).
+        wait = min(req.max_wait_seconds or self.config.queue_max_wait_s, self.config.queue_max_wait_s)
+        store = self._queue()
+        user = who.principal
+        key = requests.check_key(idempotency_key)
+        ask = CheckoutRequest.model_validate(req.model_dump(exclude={"max_wait_seconds"}))
+        body = req.model_dump_json()
+        if key:
+            rid = "q-" + requests.request_id(user, key)[:24]
+            found = store.get_queued(rid)
+            if found is not None:
+                if found.fingerprint != requests.fingerprint(body):
+                    raise idempotency_key_reused("queued check-out")
+                return self._request_view(who, found)
+        else:
+            rid = f"q-{secrets.token_hex(12)}"
+        _quota, mine = self.registry.quota_and_groups(user)
+        group = groups.member_group(self.registry, user, req.group, mine)
+        refusal = self._refusal(ask, lost=0, tries=0)
+        if refusal.code == "nothing_fits":
+            raise refusal
+        now = self.clock()
+        precise = datetime.now(now.tzinfo) if now.tzinfo else now
+        submitted_us = max(int(_epoch(now) * 1_000_000), int(_epoch(precise) * 1_000_000))
+        rec = QueuedRecord(
+            request_id=rid,
+            user=user,
+            group=group.name if group else None,
+            ask=ask.model_dump_json(),
+            fingerprint=requests.fingerprint(body),
+            ttl_seconds=ttl,
+            state="waiting",
+            submitted_at=now,
+            submitted_us=submitted_us,
+            wait_until=now + timedelta(seconds=wait),
+        )
+        if store.put_queued(rec) is None:  # a replay that raced the first
+            again = store.get_queued(rid)
+            if again is not None:
+                return self._request_view(who, again)
+        self._publish([request_event("calque.session.queued", rec)])
+        self.grant_waiting()
+        return self.get_request(who, rid)
+
+    def get_request(self, who: Caller, request_id: str) -> SessionRequest:
+        return self._request_view(who, self._visible_request(who, request_id))
+
+    def list_requests(self, who: Caller, *, everyone: bool = False) -> list[SessionRequest]:
+        """Waiting requests in grant order, each with its place: the caller's own (admins with
+        ``everyone``: all)."""
+        if everyone and not who.admin:
+            raise Forbidden("only admins may list every member's requests", details={"field": "all"})
+        store = self._queue()
+        now = self.clock()
+        waiting = store.waiting()
+        ranked = self._ranked(store, waiting, now)
+        places = {w.request_id: n for n, (_p, w) in enumerate(ranked, 1)}
+        by_id = {r.request_id: r for r in waiting}
+        shown = [
+            by_id[w.request_id] for _p, w in ranked if everyone or by_id[w.request_id].user == who.principal
+        ]
+        ends = self._expiries() if shown else []
+        return [self._view(r, places.get(r.request_id), ranked, by_id, ends, grant=None) for r in shown]
+
+    def cancel_request(self, who: Caller, request_id: str) -> SessionRequest:
+        """Leave the queue. A cancelled (or expired) request answers as it is; a granted one
+        is refused (its session is the member's: check it in)."""
+        rec = self._visible_request(who, request_id)
+        if rec.state == "waiting":
+            done = self._queue().finish_queued(rec, "cancelled", at=self.clock(), by=who.principal)
+            rec = done or self._visible_request(who, request_id)
+        if rec.state == "granted":
+            raise Conflict(
+                f"request {request_id} was already granted as session {rec.session_id}: check that in",
+                code="already_granted",
+                details={"request_id": request_id, "session_id": rec.session_id},
+            )
+        return self._request_view(who, rec)
+
+    def _visible_request(self, who: Caller, request_id: str) -> QueuedRecord:
+        import re
+
+        from calque.contracts.queue import REQUEST_ID_PATTERN
+
+        rec = self._queue().get_queued(request_id) if re.fullmatch(REQUEST_ID_PATTERN, request_id) else None
+        if rec is None or (rec.user != who.principal and not who.admin):
+            raise NotFound(f"no session request {request_id}", details={"request_id": request_id})
+        return rec
+
+    # ---- the scheduling pass -----------------------------------------------------------------
+
+    def _capacity_freed(self) -> None:
+        # Best effort: the caller's own change is done; the reaper's schedule runs the pass
+        # again if this one fails.
+        if not hasattr(self.registry, "grant_queued"):
+            return
+        try:
+            self.grant_waiting()
+        except Exception:
+            import logging
+
+            logging.getLogger(__name__).warning("queue pass failed", exc_info=True)
+
+    def grant_waiting(self) -> list[str]:
+        """Grant what fits, in fair-share order; expire requests past their wait. Returns the
+        ids granted. Safe to run anywhere, any number at once: grants are serial (the grant
+        sequence), and a pass that finds another came first reads again."""
+        store = self._queue()
+        policy = self._policy()
+        granted: list[str] = []
+        excluded: set[str] = set()  # refused this pass (a limit holds): they keep waiting
+        state: _PassState | None = None
+        rounds = 0
+        while rounds < self.config.queue_rounds:
+            rounds += 1
+            if state is None:
+                state = self._read_pass(store, policy)
+                if state is None:
+                    break
+            left = [r for r in state.waiting.values() if r.request_id not in excluded]
+            if not left or not state.free:
+                break
+            picks = fairshare.plan(
+                [_waiting(r) for r in left],
+                state.free,
+                fits=state.fits,
+                cost=state.cost,
+                shares=state.shares,
+                usage=state.usage,
+                now=state.t,
+                policy=policy,
+            )
+            if not picks:
+                break
+            for pick in picks:
+                rec = state.waiting[pick.request.request_id]
+                outcome = self._grant_one(store, rec, pick.slot, state)
+                if outcome == "granted":
+                    granted.append(rec.request_id)
+                    charged = state.cost(pick.request, pick.slot)
+                    state.usage[rec.account] = state.usage.get(rec.account, 0.0) + charged
+                    del state.waiting[rec.request_id]
+                    state.free.remove(pick.slot)
+                    state.seq += 1
+                    continue
+                if outcome == "refused":
+                    excluded.add(rec.request_id)  # its slot stays free for the next plan
+                    break
+                state = None  # another pass came first, or the usage was rebased: read again
+                break
+        return granted
+
+    def _read_pass(self, store: DynamoQueue, policy: fairshare.Policy) -> _PassState | None:
+        """What one plan needs: the waiting requests (those past their wait expire here), the
+        accounts and grant sequence, and the free slices of the backends asked for."""
+        waiting = store.waiting()
+        if not waiting:
+            return None
+        now = self.clock()
+        left: dict[str, QueuedRecord] = {}
+        for r in waiting:
+            if r.wait_until > now:
+                left[r.request_id] = r
+            elif store.finish_queued(r, "expired", at=now, by="calque-queue") is not None:
+                self._publish([request_event("calque.session.expired_in_queue", r)])
+        if not left:
+            return None
+        asks = {rid: CheckoutRequest.model_validate_json(r.ask) for rid, r in left.items()}
+        free: list[SliceRecord] = []
+        for backend in sorted({a.backend for a in asks.values()}):
+            free += store.free_slices(backend, self.config.queue_free_read)
+        if not free:
+            return None
+        free.sort(key=lambda s: s.memory_gib)  # best fit first
+        accounts, seq = store.fair_state()
+        t = _epoch(now)
+        return _PassState(
+            now=now,
+            t=t,
+            waiting=left,
+            asks=asks,
+            free=free,
+            accounts=accounts,
+            seq=seq,
+            usage=_decayed(accounts, t, policy),
+            shares={a: r.shares for a, r in accounts.items() if r.shares is not None},
+        )
+
+    def _grant_one(self, store: DynamoQueue, rec: QueuedRecord, sl: SliceRecord, state: _PassState) -> str:
+        """One grant: 'granted', 'refused' (a quota or limit holds now), or 'stale' (the
+        request, the slice, the usage or the grant sequence changed since the read)."""
+        user, now = rec.user, state.now
+        quota, mine = self.registry.quota_and_groups(user)
+        if self._sessions_refusal(user, quota) is not None:
+            return "refused"
+        try:
+            group = groups.charge_group(self.registry, user, rec.group, mine)
+        except CalqueError:
+            return "refused"
+        token = new_token()
+        session = self._new_session(user, [sl], token, rec.ttl_seconds, now, group.name if group else None)
+        res = limits.reservation(
+            session.charge_month, session.reserved_ugh, session.reserved_musd, quota, group
+        )
+        if limits.user_refusal(user, quota, res, "check-out") or limits.group_refusal(
+            group, res, "check-out"
+        ):
+            return "refused"
+        half_life = self._policy().half_life_s
+        acct = state.accounts.get(rec.account)
+        ref = acct.usage_ref if acct is not None and acct.usage_ref is not None else float(int(state.t))
+        if fairshare.needs_rebase(ref, state.t, half_life):
+            value = fairshare.Usage(acct.usage_v if acct else 0.0, ref).at(state.t, half_life)
+            store.rebase_usage(
+                rec.account, old_ref=acct.usage_ref if acct else None, value=value, ref=float(int(state.t))
+            )
+            return "stale"
+        from calque.tenancy.store.dynamo_queue import RequestGone
+
+        try:
+            store.grant_queued(
+                rec,
+                sl,
+                session,
+                default_max_sessions=self.config.default_max_sessions,
+                reservation=res,
+                event=self._event("granted", session, at=now, who=user, why=f"queued {rec.request_id}"),
+                sealed_token=requests.seal(token, user, rec.request_id),
+                charge=(
+                    state.cost(_waiting(rec), sl) * fairshare.weight(state.t, ref, half_life),
+                    ref,
+                ),
+                seq=state.seq,
+            )
+        except (QuotaFull, GroupFull):
+            return "refused"
+        except (RequestGone, SliceTaken, StaleWrite):
+            return "stale"
+        granted = rec.model_copy(
+            update={"state": "granted", "session_id": session.session_id, "granted_at": now}
+        )
+        self._publish([session_started(session), request_event("calque.session.granted", granted)])
+        self.tasks.send(_grant(session))
+        return "granted"
+
+    # ---- views -------------------------------------------------------------------------------
+
+    def _ranked(
+        self, store: DynamoQueue, waiting: list[QueuedRecord], now: datetime
+    ) -> list[tuple[float, fairshare.Waiting]]:
+        policy = self._policy()
+        t = _epoch(now)
+        accounts = store.fair_state()[0] if waiting else {}
+        usage = _decayed(accounts, t, policy)
+        shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
+        return fairshare.rank([_waiting(r) for r in waiting], shares, usage, t, policy)
+
+    def _expiries(self) -> list[tuple[datetime, str, str, float]]:
+        live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
+        return [(s.expires_at, s.backend, s.profile, s.memory_gib) for s in live]
+
+    def _request_view(self, who: Caller, rec: QueuedRecord) -> SessionRequest:
+        grant = None
+        if rec.state == "granted" and rec.session_id and rec.sealed_token and rec.user == who.principal:
+            session = self.registry.get_session(rec.session_id)
+            if session is not None:
+                grant = self._grant_view(session, requests.unseal(rec.sealed_token, rec.user, rec.request_id))
+        if rec.state != "waiting":
+            return self._view(rec, None, [], {}, [], grant=grant)
+        store = self._queue()
+        waiting = store.waiting()
+        if all(r.request_id != rec.request_id for r in waiting):
+            waiting.append(rec)  # the index lags a write by a moment
+        ranked = self._ranked(store, waiting, self.clock())
+        place = fairshare.position(rec.request_id, ranked)
+        return self._view(
+            rec, place, ranked, {r.request_id: r for r in waiting}, self._expiries(), grant=None
+        )
+
+    def _view(
+        self,
+        rec: QueuedRecord,
+        place: int | None,
+        ranked: list[tuple[float, fairshare.Waiting]],
+        by_id: dict[str, QueuedRecord],
+        ends: list[tuple[datetime, str, str, float]],
+        *,
+        grant: Any,
+    ) -> SessionRequest:
+        ask = CheckoutRequest.model_validate_json(rec.ask)
+        estimate = None
+        if place is not None:
+            # Those ahead that ask for the same backend take the fitting slices that free first.
+            ahead = sum(
+                1
+                for _p, w in ranked[: place - 1]
+                if w.request_id in by_id
+                and CheckoutRequest.model_validate_json(by_id[w.request_id].ask).backend == ask.backend
+            )
+            fitting = sorted(
+                at
+                for at, backend, profile, mem in ends
+                if backend == ask.backend
+                and (ask.profile is None or profile == ask.profile)
+                and (ask.min_memory_gib is None or mem >= ask.min_memory_gib)
+            )
+            estimate = fitting[ahead] if ahead < len(fitting) else None
+        return SessionRequest(
+            request_id=rec.request_id,
+            user=rec.user,
+            group=rec.group,
+            state=rec.state,
+            backend=ask.backend,
+            profile=ask.profile,
+            min_memory_gib=ask.min_memory_gib,
+            instance_id=ask.instance_id,
+            ttl_seconds=rec.ttl_seconds,
+            submitted_at=rec.submitted_at,
+            wait_until=rec.wait_until,
+            position=place,
+            estimated_start=estimate,
+            session_id=rec.session_id,
+            granted_at=rec.granted_at,
+            ended_at=rec.ended_at,
+            grant=grant,
+        )
+
+    # ---- fair-share accounts (admins) ---------------------------------------------------------
+
+    def set_shares(self, who: Caller, account: str, shares: float) -> dict[str, Any]:
+        if not who.admin:
+            raise Forbidden("only admins may set shares", details={"field": "shares"})
+        if not account.startswith("user:") and self.registry.get_group(account) is None:
+            raise NotFound(f"no group {account}", details={"group": account})
+        self._queue().set_shares(account, shares)
+        return next(a for a in self.fair_share(who) if a["account"] == account)
+
+    def fair_share(self, who: Caller) -> list[dict[str, Any]]:
+        """Each account's shares, decayed usage and factor now."""
+        policy = self._policy()
+        t = _epoch(self.clock())
+        accounts = self._queue().fair_state()[0]
+        usage = _decayed(accounts, t, policy)
+        shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
+        factors = fairshare.factors(accounts, shares, usage)
+        return [
+            {
+                "account": a,
+                "shares": shares.get(a, fairshare.DEFAULT_SHARES),
+                "usage_gpu_hours": round(usage.get(a, 0.0), 6),
+                "fairshare": round(factors[a], 6),
+            }
+            for a in sorted(accounts)
+        ]
+
+
+@dataclass
+class _PassState:
+    """What a scheduling pass read, and what its own grants changed since."""
+
+    now: datetime
+    t: float
+    waiting: dict[str, QueuedRecord]
+    asks: dict[str, CheckoutRequest]
+    free: list[SliceRecord]
+    accounts: dict[str, AccountRecord]
+    seq: int
+    usage: dict[str, float]
+    shares: dict[str, float]
+
+    def fits(self, w: fairshare.Waiting, s: SliceRecord) -> bool:
+        ask = self.asks[w.request_id]
+        return _fits(s, ask) and (ask.instance_id is None or ask.instance_id == s.instance_id)
+
+    def cost(self, w: fairshare.Waiting, s: SliceRecord) -> float:
+        """GPU-hours a grant charges its account: the slice's share of a card for the TTL."""
+        return s.gpu_fraction * self.waiting[w.request_id].ttl_seconds / 3600
+
+
+def _decayed(accounts: dict[str, AccountRecord], t: float, policy: fairshare.Policy) -> dict[str, float]:
+    return {
+        a: fairshare.Usage(r.usage_v, r.usage_ref if r.usage_ref is not None else t).at(t, policy.half_life_s)
+        for a, r in accounts.items()
+    }
+
+
+def _waiting(r: QueuedRecord) -> fairshare.Waiting:
+    return fairshare.Waiting(r.request_id, account_of(r.group, r.user), r.submitted_us / 1_000_000)
+
+
+def request_event(kind: str, r: QueuedRecord) -> Event:
+    """``calque.session.queued`` / ``.granted`` / ``.expired_in_queue`` (docs/sessions.md)."""
+    return (
+        kind,
+        {
+            "request_id": r.request_id,
+            "user": r.user,
+            "group": r.group,
+            "state": r.state,
+            "session_id": r.session_id,
+            "submitted_at": _iso(r.submitted_at),
+            "wait_until": _iso(r.wait_until),
+        },
+    )

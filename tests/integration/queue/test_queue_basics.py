@@ -1,0 +1,57 @@
+"""The wait queue on the local plane's DynamoDB: queued when nothing fits, granted when a
+slice frees, cancelled, replayed, and refused when nothing could ever fit."""
+
+from __future__ import annotations
+
+import pytest
+
+from calque.contracts.queue import QueueRequest
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+
+from .support import ADMIN, env, member, reclaim_all, seed_host
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_waiting_checkout_is_granted_when_a_slice_frees(ddb):
+    t = env(ddb)
+    iid = seed_host(ddb, 1)
+    held = [t.checkout(member(f"h{n}"), CheckoutRequest(backend="mig", ttl_seconds=600)) for n in range(4)]
+    # nothing free: a waiting check-out is queued, told its place
+    ask = QueueRequest(backend="mig", ttl_seconds=600)
+    first = t.enqueue(member("alice"), ask, idempotency_key="key-one-1")
+    second = t.enqueue(member("bob"), QueueRequest(backend="mig", ttl_seconds=600))
+    assert (first.state, first.position) == ("waiting", 1)
+    assert (second.state, second.position) == ("waiting", 2)
+    assert first.estimated_start == min(h.expires_at for h in held)
+    # a replay answers the same request; bob sees only his own in the queue, the admin both
+    again = t.enqueue(member("alice"), ask, idempotency_key="key-one-1")
+    assert again.request_id == first.request_id
+    assert [r.request_id for r in t.list_requests(member("bob"))] == [second.request_id]
+    assert [r.position for r in t.list_requests(ADMIN, everyone=True)] == [1, 2]
+    # when a session is checked in and its slice reclaimed, the first in line gets it
+    t.checkin(member("h0"), held[0].session_id, CheckinRequest(token=held[0].token))
+    assert reclaim_all(t, iid) == 1
+    got = t.get_request(member("alice"), first.request_id)
+    assert got.state == "granted"
+    assert got.grant is not None
+    assert (got.grant.instance_id, got.grant.slice_id) == (held[0].instance_id, held[0].slice_id)
+    assert got.grant.token.startswith("cqt_")
+    # the token works: alice checks in with it
+    t.checkin(member("alice"), got.session_id, CheckinRequest(token=got.grant.token))
+    assert t.get_request(member("bob"), second.request_id).position == 1
+    # bob leaves the queue; a cancel again answers the same
+    assert t.cancel_request(member("bob"), second.request_id).state == "cancelled"
+    assert t.cancel_request(member("bob"), second.request_id).state == "cancelled"
+    assert reclaim_all(t, iid) == 1
+    assert t.get_request(member("bob"), second.request_id).session_id is None
+
+
+def test_nothing_that_could_ever_fit_is_refused_not_queued(ddb):
+    t = env(ddb)
+    from calque.errors import CalqueError
+
+    with pytest.raises(CalqueError) as refused:
+        t.enqueue(member("carol"), QueueRequest(backend="mig", min_memory_gib=500, ttl_seconds=600))
+    assert refused.value.code == "nothing_fits"
+    assert t.list_requests(member("carol")) == []

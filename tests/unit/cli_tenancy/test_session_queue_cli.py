@@ -1,0 +1,107 @@
+"""`calque session checkout --wait`, `session queue`, `session cancel`: queued, told its place,
+returns with the grant; at its wait's end or on Ctrl-C, cancels (or leaves) the request."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from calque.cli.commands import session_queue
+from calque.cli.errors import ApiError
+
+from .test_session_cli import GRANT
+
+pytestmark = pytest.mark.unit
+
+RID = "q-0123456789abcdef01234567"
+WAITING = {
+    "request_id": RID,
+    "user": "alice",
+    "state": "waiting",
+    "backend": "mig",
+    "ttl_seconds": 600,
+    "submitted_at": "2026-12-05T10:00:00Z",
+    "wait_until": "2099-01-01T00:00:00Z",
+    "position": 2,
+    "estimated_start": "2026-12-05T10:30:00Z",
+}
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch):
+    monkeypatch.setattr(session_queue.time, "sleep", lambda _s: None)
+
+
+def test_wait_prints_the_place_then_the_grant(api, cli):
+    answers = iter([{**WAITING, "position": 1}, {**WAITING, "state": "granted", "grant": GRANT}])
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = lambda _b: next(answers)
+    code, out, err = cli(
+        "--output", "json", "session", "checkout", "--backend", "mig", "--wait", "--max-wait", "2h"
+    )
+    assert code == 0, err
+    assert json.loads(out)["token"] == GRANT["token"]
+    sent = api.requests[0]
+    assert sent[:2] == ("POST", "/v1/session-requests")
+    assert sent[2]["max_wait_seconds"] == 7200
+    assert "place 2 in the queue, estimated start 2026-12-05T10:30:00Z" in err
+    assert "place 1 in the queue" in err
+
+
+def test_a_request_whose_wait_ran_out_exits_1_and_grants_nothing(api, cli):
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "expired"}
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1
+    assert "expired" in err
+
+
+def test_ctrl_c_cancels_unless_asked_to_leave_it(api, cli, monkeypatch):
+    def interrupted(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_queue.time, "sleep", interrupted)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "cancelled"}
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 130
+    assert ("DELETE", f"/v1/session-requests/{RID}") in [r[:2] for r in api.requests]
+    api.requests.clear()
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--on-interrupt", "leave")
+    assert code == 130
+    assert "stays in the queue" in err
+    assert all(r[0] != "DELETE" for r in api.requests)
+
+
+def test_ctrl_c_after_the_grant_keeps_the_grant(api, cli, monkeypatch):
+    def interrupted(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_queue.time, "sleep", interrupted)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = ApiError(
+        409, {"error": {"code": "already_granted", "message": "granted", "details": {}}}
+    )
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "granted", "grant": GRANT}
+    code, out, _err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
+    assert code == 0
+    assert json.loads(out)["session_id"] == GRANT["session_id"]
+
+
+def test_max_wait_without_wait_is_a_usage_error(api, cli):
+    code, _out, _err = cli("session", "checkout", "--backend", "mig", "--max-wait", "1h")
+    assert code == 2
+    assert api.requests == []
+
+
+def test_queue_and_cancel(api, cli):
+    api.responses[("GET", "/v1/session-requests")] = [WAITING]
+    code, out, _err = cli("--output", "json", "session", "queue", "--all")
+    assert code == 0
+    assert json.loads(out)[0]["position"] == 2
+    assert api.requests[-1][3] == {"all": "true"}
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "cancelled"}
+    code, out, _err = cli("session", "cancel", RID)
+    assert code == 0
+    assert "cancelled" in out
