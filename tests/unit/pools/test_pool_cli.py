@@ -183,7 +183,7 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     import urllib.request
     import zipfile
 
-    from calque.cli.commands.pool import zip_package
+    from calque.cli.commands.pool_runner import zip_package
 
     got: list[urllib.request.Request] = []
 
