@@ -148,7 +148,8 @@ def test_a_new_runner_that_cannot_start_stops_the_roll_out_and_the_old_workers_s
     assert doc["start_failures"] == 0
     assert [w["worker_id"] for w in live(doc)] == [old]
     text = plane.cli("pool", "status", "guarded-roll", profile="admin").stdout
-    assert "rollout: version 2" in text and "stopped" in text, text
+    assert "rollout: version 2" in text, text
+    assert "stopped" in text, text
     # the old worker serves on: a claim runs on version 1
     cid = submit(plane, "guarded-roll", [{"n": 7}], tmp_path)
     (done,) = wait_claims(plane, [cid])
