@@ -72,12 +72,15 @@ class Stream:
     def _run(self) -> None:
         n = 0
         while not self._stop.is_set():
-            try:
-                self.ids.append(submit(self.plane, self.pool, [{"n": n, "sleep": 0.3}], self.tmp_path))
-            except AssertionError as exc:  # pragma: no cover - reported by the test
-                self.errors.append(str(exc))
+            r = self.plane.request(
+                "POST", f"/v1/pools/{self.pool}/claims", "alice", {"items": [{"n": n, "sleep": 0.3}]}
+            )
+            if r.status == 201:
+                self.ids.append(str(r.json()["claim_id"]))
+            else:  # reported by the test
+                self.errors.append(f"{r.status} {r.body!r}")
             n += 1
-            self._stop.wait(0.4)
+            self._stop.wait(0.2)
 
     def __enter__(self) -> Stream:
         self._thread.start()
@@ -117,7 +120,7 @@ def test_a_runner_update_during_a_stream_of_claims_loses_none_and_completes_each
     assert {w["version"] for w in live(status(plane, "rolling"))} == {2}
     # And no claim was lost: every one succeeded, each with one result object (completed once)
     claims = wait_claims(plane, stream.ids, timeout_s=180)
-    assert len(claims) >= 10
+    assert len(claims) >= 5, claims
     assert [c["claim_id"] for c in claims if c["state"] != "succeeded"] == [], claims
     s3, bucket = plane.client("s3"), plane.info["bucket"]
     ran: dict[str, int] = {}
