@@ -39,6 +39,7 @@ CLAIM_FIELDS: list[Column] = [
 
 CLAIM_COLUMNS: list[Column] = [
     ("claim_id", "claim_id"),
+    ("user", "user"),  # an admin's list holds everyone's claims on a pool
     ("pool", "pool"),
     ("state", "state"),
     ("items", "items"),
@@ -61,7 +62,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool, max_items=args.max_items))
     p = group.add_parser("result", help="a succeeded claim's per-item outputs and errors")
     p.add_argument("claim_id", metavar="ID")
-    p.add_argument("-o", "--out", metavar="FILE", help="write the result document there instead of stdout")
+    p.add_argument("-o", "--out", metavar="FILE", help="write the result document there too (as on stdout)")
     p.set_defaults(func=_result)
     p = group.add_parser("cancel", help="cancel a queued or running claim")
     p.add_argument("claim_id", metavar="ID")
@@ -88,36 +89,20 @@ def _result(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
-    import json
+    """The claim's result document (its summary and each item's output or error), as JSON on
+    stdout and, with ``out``, the same bytes in that file."""
     from pathlib import Path
 
+    from calque.cli.output import to_json
+
     result = ctx.client().request("GET", _path(claim_id) + "/result")
+    text = to_json(result)  # what --output json prints too
     if out:
         try:
-            Path(out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+            Path(out).write_text(text + "\n", encoding="utf-8")
         except OSError as exc:
             raise CliError(f"cannot write {out}: {exc.strerror or exc}", code="invalid_input") from None
-        s = result.get("summary") or {}
-        ctx.emit(
-            {
-                "claim_id": claim_id,
-                "written_to": out,
-                "items_ok": s.get("items_ok"),
-                "items_failed": s.get("items_failed"),
-            }
-        )
-        return
-    if ctx.json:
-        ctx.emit(result)
-        return
-    lines = []
-    for i, r in enumerate(result.get("results") or []):
-        if r.get("ok"):
-            lines.append(f"{i}\tok\t{json.dumps(r.get('output'))}")
-        else:
-            err = r.get("error") or {}
-            lines.append(f"{i}\terror\t{err.get('type')}: {err.get('message')}")
-    ctx.emit(result, text="\n".join(lines) or "(no items)")
+    ctx.emit(result, text=text)
 
 
 def do_cancel(ctx: Any, *, claim_id: str) -> None:
