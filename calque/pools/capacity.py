@@ -23,9 +23,16 @@ POOL_PRINCIPAL = "calque-pools"
 READY_STATE = "registered"
 
 
+def refusal(capacity: Any) -> str:
+    """Why the capacity provider's last acquire granted fewer instances than asked (the fleet's
+    refusal: the budget, the fleet's capacity), as a pool's status says it."""
+    return getattr(capacity, "last_refusal", None) or "the capacity provider granted no instance"
+
+
 class FleetCapacity:
     def __init__(self, fleet: Any) -> None:
         self.fleet = fleet
+        self.last_refusal: str | None = None  # why the last acquire got nothing (the budget, ...)
         self.caller = Caller(
             principal=POOL_PRINCIPAL, arn=f"arn:aws:iam::000000000000:user/{POOL_PRINCIPAL}", admin=True
         )
@@ -48,8 +55,11 @@ class FleetCapacity:
                 ),
                 self.caller,
             )
-        except CalqueError:
-            return {}  # the budget or the fleet refused: the decision records granted 0
+        except CalqueError as exc:
+            # the budget or the fleet refused: the decision records granted 0, and why
+            self.last_refusal = f"the fleet refused: {exc.message}"
+            return {}
+        self.last_refusal = None
         return {
             wid: Grant(ref=a.request_id, instance_id=a.instance_id)
             for wid, a in zip(worker_ids, accepted.acquisitions, strict=False)

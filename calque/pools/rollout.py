@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from calque.pools import domain as d
+from calque.pools.capacity import refusal
 from calque.pools.core import PoolsCore, _iso, slots_per_instance
 
 ROLLING, DONE, STOPPED = "rolling", "done", "stopped"
@@ -167,7 +168,7 @@ class RolloutMixin(PoolsCore):
             for w in launched:
                 out[w.worker_id] = w
             if not launched:
-                r.reason += "; waiting: the capacity provider granted no instance for the next worker"
+                r.reason += f"; waiting for the next worker's instance: {refusal(self.capacity)}"
         pool = self.store.update_pool(pool.name, {"rollout": r.model_dump()}) or pool
         return pool, list(out.values()), set()
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from calque.errors import CalqueError
 from calque.pools import domain as d
+from calque.pools.capacity import refusal
 from calque.pools.core import _grant, _group, _iso, slots_per_instance
 from calque.pools.ports import QueueMissing, StartOutcome
 from calque.pools.rollout import RolloutMixin, as_run_by, launch_version
@@ -132,6 +133,8 @@ class ScalingMixin(RolloutMixin):
                         )
                     )
             granted = self.capacity.acquire(pool, list(groups))
+            if len(granted) < len(groups):  # the pool waits, and its status says why
+                record["reason"] = f"{record['reason']}; waiting: {refusal(self.capacity)}"
             for group, wids in groups.items():
                 for wid in wids:
                     if group in granted:

@@ -259,7 +259,7 @@ def test_capacity_refusing_the_surge_waits_and_says_so(world):
     world.tick()
     pool = world.store.get_pool(POOL)
     assert pool.rollout["state"] == "rolling"
-    assert "granted no instance" in pool.rollout["reason"]
+    assert "waiting for the next worker's instance" in pool.rollout["reason"]
     assert not any(w.version == 2 for w in world.workers().values())
 
 
