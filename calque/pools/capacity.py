@@ -38,11 +38,26 @@ class FleetCapacity:
         )
 
     def acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
+        """One acquisition per worker id, asked of the fleet at once (its budget reserves all or
+        nothing); refused, they are asked one by one, so that the budget's room is used and the
+        pool waits only for the rest (``last_refusal`` says why)."""
+        if not worker_ids:
+            return {}
+        self.last_refusal = None
+        granted = self._acquire(pool, worker_ids)
+        if granted or len(worker_ids) == 1:
+            return granted
+        for wid in worker_ids:
+            one = self._acquire(pool, [wid])
+            if not one:
+                break
+            granted.update(one)
+        return granted
+
+    def _acquire(self, pool: PoolRecord, worker_ids: list[str]) -> dict[str, Grant]:
         from calque.contracts.fleet import AcquireRequest
         from calque.contracts.layout import LayoutSpec
 
-        if not worker_ids:
-            return {}
         try:
             accepted = self.fleet.acquire(
                 AcquireRequest(
@@ -56,10 +71,9 @@ class FleetCapacity:
                 self.caller,
             )
         except CalqueError as exc:
-            # the budget or the fleet refused: the decision records granted 0, and why
+            # the budget or the fleet refused: the decision records what it got, and why it waits
             self.last_refusal = f"the fleet refused: {exc.message}"
             return {}
-        self.last_refusal = None
         return {
             wid: Grant(ref=a.request_id, instance_id=a.instance_id)
             for wid, a in zip(worker_ids, accepted.acquisitions, strict=False)
