@@ -13,7 +13,6 @@ import pytest
 from calque.contracts.pools import PoolCreate, PoolUpdate, WorkerReport
 from calque.errors import Conflict, InvalidInput
 from calque.pools.ports import StartOutcome
-from calque.pools.service import Pools, PoolsConfig
 from tests.unit.pools.fakes import ADMIN, HOST_ROLE, World, instance, member
 
 pytestmark = pytest.mark.unit
@@ -41,19 +40,6 @@ class VersionStarter:
 @dataclass
 class RollWorld(World):
     starter: VersionStarter = field(default_factory=VersionStarter)
-
-    @property
-    def pools(self) -> Pools:
-        return Pools(
-            self.store,
-            self.queues,
-            self.objects,
-            self.capacity,
-            self.nudges,
-            self.clock,
-            PoolsConfig(max_receives=3),
-            starter=self.starter,
-        )
 
     def workers(self) -> dict[str, Any]:
         return {w.worker_id: w for w in self.store.workers(POOL)}
