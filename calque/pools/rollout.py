@@ -133,6 +133,14 @@ class RolloutMixin(PoolsCore):
         ]
         if failed:
             return self._stop_rollout(pool, r, workers, gone, failed, now)
+        if self.starter is not None:
+            # an older version's worker not yet started (its instance still booting) goes: it
+            # would start only to drain (and one of a superseded roll-out, on no package of its own)
+            gone.update(
+                w.worker_id
+                for w in workers
+                if w.version != r.version and w.state == d.W_STARTING and not w.started
+            )
         old = [w for w in workers if w.version != r.version and w.worker_id not in gone and _live(w)]
         if not old:
             pool = self._finish_rollout(pool, r, workers, now)

@@ -269,3 +269,22 @@ def test_a_runner_update_of_a_pool_being_deleted_is_refused(world):
     world.store.update_pool(POOL, {"state": "deleting"})
     with pytest.raises(Conflict):
         update(world, package_key=NEW_KEY)
+
+
+def test_a_newer_update_supersedes_a_roll_out_under_way_and_its_unstarted_workers_go(world):
+    update(world, package_key=NEW_KEY)
+    world.capacity.booting.add(f"r-{world.capacity.counter + 1:08d}")  # the surge's instance boots
+    world.tick()
+    (surge,) = [w for w in world.workers().values() if w.surge]
+    assert not surge.started
+    newest = f"pools/{POOL}/package/{'3' * 64}.zip"
+    world.objects.objects[newest] = "version 3's zip"
+    pool = update(world, package_key=newest)
+    assert pool.rollout["version"] == 3
+    world.tick()
+    workers = world.workers()
+    assert surge.worker_id not in workers  # version 2's unstarted worker went, its instance with it
+    assert surge.instance_id in world.capacity.released
+    (started,) = [w for w in workers.values() if w.surge]
+    assert started.version == 3
+    assert world.starter.started[started.worker_id] == ("textstats:TextStats", newest)
