@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from calque.errors import CalqueError
+from calque.errors import CalqueError, NotFound
 from calque.identity import Caller
 from calque.pools.domain import PoolRecord
 from calque.pools.ports import Grant
@@ -92,7 +92,12 @@ class FleetCapacity:
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
         instance_id = grant.instance_id
         if instance_id is None:
-            acquisition = self.fleet.get(self.caller, grant.ref)
+            if not grant.ref:
+                return  # a worker recorded before its grant (a scale-out under way): nothing acquired
+            try:
+                acquisition = self.fleet.get(self.caller, grant.ref)
+            except NotFound:
+                return  # the fleet has no such acquisition: nothing to give back
             instance_id = acquisition.instance_id
         if instance_id is None:
             return  # not launched yet; the fleet's reconciler and TTL bound what is left

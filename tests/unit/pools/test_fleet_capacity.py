@@ -88,3 +88,9 @@ def test_release_finds_the_instance_of_a_grant_and_releases_it_through_the_fleet
     fleet = FakeFleet()
     FleetCapacity(fleet).release(pool(), "w-1", Grant(ref="r-00000001"))
     assert fleet.released == [("i-0123456789abcdef0", "pool p1: worker w-1 scaled in")]
+
+
+def test_releasing_a_worker_recorded_before_its_grant_asks_the_fleet_nothing():
+    fleet = FakeFleet()
+    FleetCapacity(fleet).release(pool(), "w-1", Grant(ref=""))
+    assert fleet.released == []
