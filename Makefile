@@ -16,12 +16,20 @@ export PYTHONDONTWRITEBYTECODE := 1
 TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install host-tools run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
+.PHONY: install host-tools browser-tools run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
+
+# Each checkout keeps its own local plane (state directory, and a free port when another
+# plane has 8787), so a second clone's `make run` runs beside the first; the venv's activate
+# script names that state directory to the CLI. `calque local reset` starts it afresh.
+LOCAL_STATE ?= $(CURDIR)/.calque/local
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	@echo "installing calque and its dependencies into $(VENV): the first time takes a minute or two"
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
+	@grep -q CALQUE_LOCAL_STATE_DIR $(VENV)/bin/activate || \
+	  echo 'export CALQUE_LOCAL_STATE_DIR="$(LOCAL_STATE)"' >> $(VENV)/bin/activate
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -38,11 +46,23 @@ host-tools:
 	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q iptables iproute2 util-linux passwd curl >/dev/null; }; \
 	fi
 
+# What the console's browser tests (tests/integration/console) need: Debian's Chromium and its
+# driver, installed as root when missing (Selenium is told where they are and downloads nothing).
+# Without them those tests skip, saying why.
+browser-tools:
+	@if { ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; } && \
+	  [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing a headless browser for the console's tests: chromium chromium-driver"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
+	fi
+
 run: install
-	$(VENV)/bin/calque local up $(ARGS)
+	CALQUE_LOCAL_STATE_DIR="$(LOCAL_STATE)" $(VENV)/bin/calque local up $(ARGS)
 
 # The whole suite, as CI runs it; --durations lists the slowest tests after the summary.
-test: install host-tools scan-tools
+test: install host-tools browser-tools scan-tools
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The unit tests alone, for the edit-test loop (no network, no plane, no synth).
@@ -51,7 +71,7 @@ test-fast: install
 
 test-unit: test-fast
 
-test-integration: install host-tools
+test-integration: install host-tools browser-tools
 	$(PY) -m pytest -m integration $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-infra: install scan-tools

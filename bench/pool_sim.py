@@ -7,10 +7,15 @@ Prints paid and busy GPU-seconds, paid/busy, and p95 wait side by side, with the
 scaler's paid GPU-seconds as a ratio of that static pool's. Then the same scaler on
 --instance-type with whole cards and with --mig (four 1g.24gb slices of each card by
 default): instances paid for, dollars at the catalog's rate, p95 wait, side by side.
+Last, the scaler given only a p95 wait target (--max-wait, 4 minutes by default) beside
+the hand-tuned frontier: every setting of idle timeout and backlog per worker replayed,
+the settings no other beats on both paid/busy GPU-seconds and p95 wait, and the cheapest
+of them that meets the target.
 
     python bench/pool_sim.py [--trace FILE.csv] [--max-workers 8] [--max-static 32]
                              [--cold-start 180] [--enter 60] [--idle-timeout 600]
-                             [--instance-type g7e.2xlarge] [--mig 1g.24gb=4] [--json]
+                             [--instance-type g7e.2xlarge] [--mig 1g.24gb=4] [--max-wait 240]
+                             [--shape sessions[:SEED]] [--json]
 """
 
 from __future__ import annotations
@@ -67,10 +72,25 @@ def main() -> int:
     parser.add_argument("--idle-timeout", type=float, default=600.0)
     parser.add_argument("--instance-type", default="g7e.2xlarge")
     parser.add_argument("--mig", default="1g.24gb=4", metavar="PROFILE=COUNT")
+    parser.add_argument("--max-wait", type=float, default=240.0, help="the p95 wait target, seconds")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        metavar="NAME[:SEED]",
+        help="a generated trace instead of --trace (calque.simulate.pool_traces: sessions, sparse, "
+        "trickle, heavy, bursty), a week of it",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = parser.parse_args()
 
-    trace = load_trace(args.trace)
+    if args.shape:
+        from calque.simulate.pool_traces import generate
+
+        name, _, seed = args.shape.partition(":")
+        trace = generate(name, int(seed or 0), days=7)
+        args.trace = f"generated {args.shape}"
+    else:
+        trace = load_trace(args.trace)
     common = {"cold_start_s": args.cold_start, "enter_s": args.enter}
     scaler = simulate(
         trace,
@@ -89,14 +109,22 @@ def main() -> int:
     if best is not None:
         rows.append((best.policy, best.summary()))
     sliced = layouts(trace, args, common)
+    from calque.simulate.pool_sweep import sweep
+
+    swept = sweep(
+        trace,
+        SimConfig(scaler=ScalerConfig(max_workers=args.max_workers), **common),
+        max_wait_s=args.max_wait,
+    )
     if args.json:
         doc = {name: s for name, s in rows}
         if best is not None:
             doc["paid_ratio_scaler_over_static"] = round(scaler.paid_gpu_seconds / best.paid_gpu_seconds, 3)
         doc["layouts"] = {name: s for name, s in sliced}
+        doc["max_wait"] = swept.document()
         print(json.dumps(doc, indent=2))
         return 0
-    shown = os.path.relpath(args.trace, REPO)
+    shown = args.trace if args.shape else os.path.relpath(args.trace, REPO)
     print(f"trace {shown}: {len(trace)} claims, cold start {args.cold_start:g}s, enter {args.enter:g}s")
     print(
         f"{'policy':<10} {'paid GPU-s':>11} {'busy GPU-s':>11} {'paid/busy':>10} "
@@ -124,7 +152,32 @@ def main() -> int:
         )
     whole, cut = sliced[0][1], sliced[1][1]
     print(f"slices pay {cut['paid_usd'] / whole['paid_usd']:.2f}x what whole cards pay for the same trace")
+    print_target(swept, args.max_workers)
     return 0
+
+
+def print_target(swept, max_workers: int) -> None:
+    """The wait-target scaler beside the hand-tuned frontier."""
+    target = swept.target
+    print(
+        f"\n--max-wait {swept.max_wait_s:g}s alone vs the hand-tuned frontier "
+        f"(idle timeout x backlog per worker, up to {max_workers} workers)"
+    )
+    print(f"{'knobs':<26} {'p95 wait':>9} {'paid/busy':>10}")
+    best = swept.best_meeting
+    for p in swept.frontier:
+        mark = "  <- cheapest hand-tuned meeting the target" if p == best else ""
+        print(f"{p.label:<26} {p.wait_p95_s:>8.0f}s {p.paid_per_busy:>10.2f}{mark}")
+    mark = "  <- the target's own choice"
+    print(f"{target.label:<26} {target.wait_p95_s:>8.0f}s {target.paid_per_busy:>10.2f}{mark}")
+    meets = target.wait_p95_s <= swept.max_wait_s
+    if best is None:
+        print(f"no hand-tuned setting meets p95 <= {swept.max_wait_s:g}s; the target's choice: p95 "
+              f"{target.wait_p95_s:.0f}s ({'meets' if meets else 'misses'} it)")  # fmt: skip
+    else:
+        print(f"the target's choice pays {target.paid_per_busy / best.paid_per_busy:.2f}x the cheapest "
+              f"hand-tuned setting that meets p95 <= {swept.max_wait_s:g}s ({best.label}); "
+              f"p95 {target.wait_p95_s:.0f}s ({'meets' if meets else 'misses'} the target)")  # fmt: skip
 
 
 if __name__ == "__main__":

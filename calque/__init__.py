@@ -1,3 +1,20 @@
-"""calque control plane: share AWS GPU instances among an institution's people."""
+"""calque control plane: share AWS GPU instances among an institution's people.
+
+``from calque import Pool`` is the Python SDK (calque.sdk), imported on first use: importing
+``calque`` itself stays light for everything below it."""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_SDK = frozenset({"Pool", "Claim", "ClaimError", "RemoteError", "ApiError"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SDK:
+        import calque.sdk
+
+        return getattr(calque.sdk, name)
+    raise AttributeError(f"module 'calque' has no attribute {name!r}")

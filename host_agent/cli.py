@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CMD",
         help="run CMD in the session's shell instead of an interactive one",
     )
+    sp.add_argument(
+        "--command-b64",
+        default="",
+        metavar="B64",
+        help="(the session document) CMD as base64; empty: an interactive shell",
+    )
     sp = sub.add_parser(
         "guard",
         help="(at boot, before SSM Agent) refuse IMDS to all but root, hide other users' processes, "
@@ -460,7 +466,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "login":
             from host_agent.login import login
 
-            return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=args.command)
+            command = args.command
+            if args.command_b64:
+                import base64
+                import binascii
+
+                try:
+                    command = base64.b64decode(args.command_b64, validate=True).decode()
+                except (binascii.Error, UnicodeDecodeError):
+                    print("error: --command-b64 is not base64 of a UTF-8 command", file=sys.stderr)
+                    return 2
+            return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=command)
         if args.verb == "guard":
             from host_agent.guard import guard
 

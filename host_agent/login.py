@@ -23,6 +23,7 @@ import hmac
 import os
 import sys
 
+from calque.contracts.accounts import read_token_line
 from host_agent import accounts
 from host_agent.tenants import DEFAULT_STATE_DIR, Grant, GrantStore
 
@@ -49,17 +50,29 @@ def _granted(account: str, token: str, grants: dict) -> Grant | None:
     )
 
 
+def session_env_of(grant: Grant, grants: dict) -> dict:
+    """The login environment: the grant's, or for a session of several whole cards (each a
+    grant to its account with its token) each variable's values of every card, joined with
+    commas in card order (CUDA_VISIBLE_DEVICES then lists them all)."""
+    mine = sorted(
+        (g for g in grants.values() if g.account == grant.account and g.token_sha256 == grant.token_sha256),
+        key=lambda g: g.slice_id,
+    )
+    if grant.backend != "exclusive" or len(mine) < 2:
+        return dict(grant.env)
+    out: dict = {}
+    for g in mine:
+        for k, v in g.env.items():
+            out.setdefault(k, []).append(v)
+    return {k: ",".join(v) for k, v in out.items()}
+
+
 def _read_token() -> str:
     if sys.stdin.isatty():
         return getpass.getpass("calque session token: ")
     # Not a terminal (a script, `--command`): one line, read unbuffered so nothing after it
     # is taken from the shell that follows.
-    out = bytearray()
-    while True:
-        ch = os.read(0, 1)
-        if not ch or ch == b"\n":
-            return out.decode(errors="replace")
-        out += ch
+    return read_token_line(0)
 
 
 def _libc():
@@ -120,8 +133,9 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, comman
             print(f"error: cannot give the session its private /tmp: {exc}", file=sys.stderr)
             return 1
     os.umask(0o077)
-    keep = sorted(grant.env)
-    os.environ.update(grant.env)
+    env = session_env_of(grant, grants)
+    keep = sorted(env)
+    os.environ.update(env)
     argv = ["runuser", "--login"] + (["--whitelist-environment", ",".join(keep)] if keep else []) + [account]
     if command is not None:
         argv += ["--command", f"umask 077; {command}"]

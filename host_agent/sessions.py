@@ -212,6 +212,17 @@ def do_grant(
         key = session_key(slice_id)
         limits = session_limits(b, v, s)
         devices = BASE_DEVICES + b.host.device_rules(_gpu_minor(v), caps)
+        siblings = _sibling_cards(grants, slice_id, acct, token_sha256) if s.backend == "exclusive" else {}
+        if siblings:
+            # One session, several whole cards: whichever card's cgroup its login enters
+            # opens every card of the session (and nothing of any other), with their
+            # limits together.
+            limits, devices = _widened(b, limits, devices, siblings.values())
+            for sib in siblings.values():
+                widened = Confinement(str(sib.cgroup), limits, devices)
+                b.host.confine(widened)
+                grants[sib.slice_id] = _replace_confinement(sib, confinement_record(widened))
+            actions.append(f"widened {sorted(siblings)}'s cgroups to every card of the session")
         confinement = Confinement(key, limits, devices)
         b.host.confine(confinement)
         actions.append(
@@ -244,6 +255,39 @@ def do_grant(
     return report.model_copy(update={"fence": fence})
 
 
+def _sibling_cards(grants: dict, slice_id: str, account: str, token_sha256: str | None) -> dict:
+    """The other whole cards one session holds: granted to its account, with its token."""
+    return {
+        k: g
+        for k, g in grants.items()
+        if k != slice_id
+        and g.backend == "exclusive"
+        and g.account == account
+        and g.token_sha256 == token_sha256
+        and g.cgroup
+    }
+
+
+def _widened(b: GpuBackend, limits: Limits, devices: tuple, siblings) -> tuple:
+    """The limits of every card of a session added up, and the devices of all of them."""
+    memory, cpu = limits.memory_bytes, limits.cpu_millis
+    out = list(devices)
+    for g in siblings:
+        memory += int(g.confinement.get("memory_bytes", 0))
+        cpu += int(g.confinement.get("cpu_millis", 0))
+        for rule in b.host.device_rules(g.gpu_nodes[0] if g.gpu_nodes else None, ()):
+            if rule not in out:
+                out.append(rule)
+    _mem, cpus = b.host.resources()  # each card's share of memory already sums within the host's
+    return Limits(memory_bytes=memory, pids=limits.pids, cpu_millis=min(cpu, cpus * 1000)), tuple(out)
+
+
+def _replace_confinement(g: Grant, record: dict) -> Grant:
+    from dataclasses import replace
+
+    return replace(g, confinement=record)
+
+
 def _revoke(b: GpuBackend, v: GpuView, g: Grant, *, grants_after: dict[str, Grant]) -> list[str]:
     """Take a slice back: every process of its session killed by cgroup, its capability
     files root-only, and a session account removed with every file it owns. An MPS
@@ -266,7 +310,9 @@ def _revoke(b: GpuBackend, v: GpuView, g: Grant, *, grants_after: dict[str, Gran
     for minor in g.gpu_nodes:
         b.host.set_gpu_node_owner(minor, "root")
         out.append(f"made /dev/nvidia{minor} root-only again")
-    shared_still_used = g.backend == "mps" and any(x.account == g.account for x in grants_after.values())
+    # An MPS account is the GPU's slots'; a session of several whole cards holds each in its
+    # one account: the account goes with the last of them.
+    shared_still_used = any(x.account == g.account for x in grants_after.values())
     if not shared_still_used:
         for pid in b.host.account_pids(g.account):
             b.kill_process(v.index, pid)

@@ -15,6 +15,9 @@ for _var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_S
     os.environ.pop(_var, None)
 os.environ["AWS_CONFIG_FILE"] = os.devnull
 os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+# ... nor the user's saved calque configurations (calque configure), which would beat the local plane.
+os.environ.pop("CALQUE_CONFIG", None)
+os.environ["CALQUE_CONFIG_FILE"] = os.devnull
 
 
 @pytest.fixture(autouse=True)

@@ -198,7 +198,8 @@ def leases(
                 group=getattr(s, "group", None),
                 instance_id=s.instance_id,
                 slice_id=s.slice_id,
-                share=shares[key][s.slice_id],
+                # a session of several whole cards: their shares together
+                share=sum((shares[key][x] for x in s.slice_ids), Fraction(0)),
                 start=s.created_at,
                 end=s.ended_at,
                 end_reason=s.end_reason,
@@ -217,9 +218,10 @@ def _shares(
     ids = {k[0] for k in known}
     extra: list[tuple[str, int, str, str]] = []
     for s in sessions:
-        if s.slice_id in ids:
-            continue
-        m = _GPU.match(s.slice_id)
-        extra.append((s.slice_id, int(m.group(1)) if m else 0, s.backend, s.profile))
-        ids.add(s.slice_id)
+        for slice_id in s.slice_ids:
+            if slice_id in ids:
+                continue
+            m = _GPU.match(slice_id)
+            extra.append((slice_id, int(m.group(1)) if m else 0, s.backend, s.profile))
+            ids.add(slice_id)
     return slice_shares(instance_type, layout, known + extra)

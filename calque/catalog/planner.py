@@ -8,6 +8,8 @@ or refuses it with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from fractions import Fraction
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -254,6 +256,132 @@ def default_layout(instance_type: str | InstanceType) -> LayoutSpec:
             ),
         )
     return LayoutSpec(gpus=[entry])
+
+
+def plain_profile(p: MigProfile) -> bool:
+    """A plain compute profile (``2g.48gb``): no media engines, graphics or -me variants,
+    which offer the same compute and memory as their plain twin and only add choices."""
+    return not p.media_extensions and "+" not in p.name and "-" not in p.name
+
+
+def smallest_fitting_share(card: Card, fraction: Fraction) -> Fraction:
+    """The share of one GPU of this card that a request for ``fraction`` of it takes at
+    least: the compute share of its smallest plain MIG profile with that much compute (1:
+    a whole card, also for a card without MIG or a fraction only the whole card holds)."""
+    if fraction >= 1 or not card.mig_capable:
+        return Fraction(1)
+    key = (card.name, fraction)
+    found = _FITTING.get(key)
+    if found is None:
+        shares = sorted(
+            Fraction(p.compute_slices, card.compute_slices) for p in card.mig_profiles if plain_profile(p)
+        )
+        found = _FITTING[key] = next((s for s in shares if s >= fraction), Fraction(1))
+    return found
+
+
+# (card, fraction) -> its smallest fitting share: the catalog is data, fixed for the process
+_FITTING: dict[tuple[str, Fraction], Fraction] = {}
+
+
+def mix_for(card: Card, wanted: Iterable[Fraction], *, scan: int = 256) -> dict[str, int] | None:
+    """How to cut an idle GPU of this card for the requests that wait, first served first:
+    each a fraction of one GPU. None: whole (the first one needs the whole card, or nothing
+    waits that a slice smaller than the card serves). Else the MIG mix that holds the
+    waiting fractions in order, each in its smallest fitting plain profile, as many as fit
+    (looking at the first ``scan``), the space left filled with the largest profiles that
+    still fit: a larger slice serves any smaller request, the smallest only the smallest."""
+    if not card.mig_capable:
+        return None
+    cut = _cut(card, {}, [], wanted, scan=scan, whole_first=True)
+    return cut[0] if cut is not None and cut[0] else None
+
+
+def recut(
+    card: Card,
+    gpu_index: int,
+    mix: dict[str, int],
+    held: set[str],
+    wanted: Iterable[Fraction],
+    *,
+    scan: int = 256,
+) -> dict[str, int] | None:
+    """How to re-cut the free part of a GPU laid out as ``mix`` while the slices ``held`` stay
+    in use: the held ones keep their place and their ids (the host agent keeps instances in
+    use and creates the rest around them), the free space is cut for the waiting fractions as
+    ``mix_for`` does. None when no waiting request gains a slice, or when no such cut keeps
+    every held slice's id and place."""
+    if not card.mig_capable or not mix:
+        return None
+    now = plan_gpu(card, gpu_index, GpuEntry(devices=[gpu_index], mig=mix))
+    kept = [s for s in now if s.slice_id in held]
+    counts: dict[str, int] = {}
+    for s in kept:
+        counts[s.profile] = counts.get(s.profile, 0) + 1
+    fixed = [(s.profile, s.placement_start or 0) for s in kept]
+    cut = _cut(card, counts, fixed, wanted, scan=scan, whole_first=False)
+    if cut is None or cut[1] == 0 or cut[0] == mix:
+        return None
+    after = {
+        (s.slice_id, s.profile, s.placement_start)
+        for s in plan_gpu(card, gpu_index, GpuEntry(devices=[gpu_index], mig=cut[0]))
+    }
+    if any((s.slice_id, s.profile, s.placement_start) not in after for s in kept):
+        return None
+    return cut[0]
+
+
+def _cut(
+    card: Card,
+    start: dict[str, int],
+    fixed: list[tuple[str, int]],
+    wanted: Iterable[Fraction],
+    *,
+    scan: int,
+    whole_first: bool,
+) -> tuple[dict[str, int], int] | None:
+    """The mix (and how many waiting requests it serves) from ``start`` around ``fixed``."""
+    profiles = sorted(
+        (p for p in card.mig_profiles if plain_profile(p) and p.compute_slices < card.compute_slices),
+        key=lambda p: (p.compute_slices, p.memory_slices),
+    )
+    by_share: dict[Fraction, MigProfile] = {}
+    for p in profiles:  # smallest memory first for each share
+        by_share.setdefault(Fraction(p.compute_slices, card.compute_slices), p)
+    mix = dict(start)
+    used = sum(card.profile(n).compute_slices * c for n, c in mix.items())
+    served = 0
+    full: set[str] = set()  # profiles that no longer fit: the mix only grows, so they never will
+
+    def add(p: MigProfile) -> bool:
+        nonlocal used
+        if p.name in full:
+            return False
+        trial = {**mix, p.name: mix.get(p.name, 0) + 1}
+        try:
+            place_mig(card, trial, fixed=fixed)
+        except InvalidInput:
+            full.add(p.name)
+            return False
+        mix[p.name] = trial[p.name]
+        used += p.compute_slices
+        return True
+
+    for n, fraction in enumerate(wanted):
+        if n >= scan or used >= card.compute_slices or len(full) == len(profiles):
+            break
+        share = smallest_fitting_share(card, fraction)
+        if share >= 1:
+            if n == 0 and whole_first:
+                return None
+            continue
+        served += add(by_share[share])
+    if not served:
+        return mix, 0
+    for p in reversed(profiles):
+        while add(p):
+            pass
+    return mix, served
 
 
 def smallest_profile(card: Card | str, min_memory_gib: float) -> MigProfile:

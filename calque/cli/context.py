@@ -1,7 +1,10 @@
 """What every command needs, resolved once from the global options.
 
-Endpoint: ``--endpoint``, else ``CALQUE_ENDPOINT``, else the running local plane's
-``plane.json``. Credentials: with the local plane's endpoint, its own profiles
+Endpoint: ``--endpoint``, else ``CALQUE_ENDPOINT``, else the named configuration's
+(``calque configure``, calque.cli.config), else the running local plane's ``plane.json``;
+``sources`` records which one was used (``calque whoami`` shows it). The profile and region
+follow the same order (flag, environment, configuration).
+Credentials: with the local plane's endpoint, its own profiles
 (``credentials`` in its state directory, read by our botocore session only: the
 user's ~/.aws is neither read for them nor written); otherwise the standard AWS
 chain with ``--profile``. ``localhost`` and ``127.0.0.1`` name the same local plane
@@ -101,6 +104,10 @@ class Context:
     profile_arg: str | None = None
     region_arg: str | None = None
     state_dir_arg: str | None = None
+    config_name_arg: str | None = None
+    query: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    _config: tuple[str, dict[str, str]] | None = field(default=None, repr=False)
     _client: Any = field(default=None, repr=False)
     _resolved: tuple[str, Path | None, dict[str, Any] | None] | None = field(default=None, repr=False)
 
@@ -113,6 +120,8 @@ class Context:
             profile_arg=getattr(args, "profile", None),
             region_arg=getattr(args, "region", None),
             state_dir_arg=getattr(args, "state_dir", None),
+            config_name_arg=getattr(args, "config_name", None),
+            query=getattr(args, "query", None),
         )
 
     @property
@@ -122,7 +131,48 @@ class Context:
     def emit(self, data: Any, **kwargs: Any) -> None:
         from calque.cli.output import emit
 
-        emit(self.output, data, **kwargs)
+        emit(self.output, data, query=self.query, **kwargs)
+
+    def emit_error(self, document: Any) -> None:
+        """An error document as it is: --query shapes what a command answers, not its refusals."""
+        from calque.cli.output import emit
+
+        emit(self.output, document)
+
+    def check_query(self) -> None:
+        if self.query is not None:
+            from calque.cli.output import compile_query
+
+            compile_query(self.query)
+
+    # the named configuration (calque configure)
+    def config(self) -> tuple[str, dict[str, str]]:
+        """(the configuration's name, the values it sets), read once."""
+        if self._config is None:
+            from calque.cli import config
+
+            name, _ = config.config_name(self.config_name_arg)
+            self._config = (name, config.load(name))
+        return self._config
+
+    def _config_source(self) -> str:
+        from calque.cli.config import config_file
+
+        return f"configuration {self.config()[0]!r} ({config_file()})"
+
+    def _profile_choice(self, *, local: bool = False) -> str | None:
+        """--profile, else (unless AWS_PROFILE names one; the local plane's profiles are its
+        own, never AWS's) the configuration's profile."""
+        if self.profile_arg:
+            self.sources["profile"] = "--profile"
+            return self.profile_arg
+        if os.environ.get("AWS_PROFILE") and not local:
+            self.sources["profile"] = "AWS_PROFILE"
+            return None  # botocore reads it
+        configured = self.config()[1].get("profile")
+        if configured:
+            self.sources["profile"] = self._config_source()
+        return configured
 
     # the local plane
     def local_state(self) -> Any:
@@ -147,7 +197,13 @@ class Context:
         if self._resolved is None:
             endpoint = self.endpoint_arg or os.environ.get(ENDPOINT_ENV)
             if endpoint is not None:
-                check_endpoint(endpoint, "--endpoint" if self.endpoint_arg else ENDPOINT_ENV)
+                source = "--endpoint" if self.endpoint_arg else ENDPOINT_ENV
+            else:
+                endpoint = self.config()[1].get("endpoint")
+                source = self._config_source()
+            if endpoint is not None:
+                check_endpoint(endpoint, source)
+                self.sources["endpoint"] = source
             state = self.local_state()
             plane = state.read_plane() if state.plane_file.exists() else None
             if endpoint is None:
@@ -155,13 +211,15 @@ class Context:
                     from calque.local.state import STATE_DIR_ENV
 
                     raise CliError(
-                        "no endpoint: pass --endpoint URL (or set CALQUE_ENDPOINT), or start the "
+                        "no endpoint: pass --endpoint URL (or set CALQUE_ENDPOINT, or save one with "
+                        "`calque configure --endpoint URL`), or start the "
                         f"local plane with `calque local up` (no local plane runs on {state.path}; "
                         f"for one started with --state-dir DIR, set {STATE_DIR_ENV}=DIR)",
                         code="no_endpoint",
                         details={"state_dir": str(state.path)},
                     )
                 endpoint = str(plane["endpoint"])
+                self.sources["endpoint"] = f"the running local plane ({state.path})"
             is_local = plane is not None and same_endpoint(endpoint, str(plane["endpoint"]))
             self._resolved = (endpoint, state.path if is_local else None, plane if is_local else None)
         return self._resolved
@@ -178,8 +236,10 @@ class Context:
         if local_dir is not None and plane is not None:
             session.set_config_variable("credentials_file", str(local_dir / "credentials"))
             session.set_config_variable("config_file", os.devnull)
-            profile = self.profile_arg or LOCAL_DEFAULT_PROFILE
+            profile = self._profile_choice(local=True) or LOCAL_DEFAULT_PROFILE
+            self.sources.setdefault("profile", "the local plane's default")
             region = self.region_arg or plane.get("region") or "us-east-1"
+            self.sources["region"] = "--region" if self.region_arg else "the local plane"
             available = session.available_profiles
             if profile not in available:
                 raise CliError(
@@ -203,18 +263,21 @@ class Context:
         """The standard AWS chain, with --profile; a missing profile or broken config is a refusal."""
         from botocore.exceptions import BotoCoreError, ProfileNotFound
 
+        profile = self._profile_choice()
         try:
-            if self.profile_arg:
-                session.set_config_variable("profile", self.profile_arg)
+            if profile:
+                session.set_config_variable("profile", profile)
             creds = session.get_credentials()
-            region = self.region_arg or session.get_config_variable("region") or "us-east-1"
+            region = self._region(session)
         except ProfileNotFound:
             self._refuse_if_no_local_plane()
+            named = profile or os.environ.get("AWS_PROFILE")
             raise CliError(
-                f"no AWS profile named {self.profile_arg!r} in your AWS config; pass another "
-                f"--profile, or add it with `aws configure --profile {self.profile_arg}`",
+                f"no AWS profile named {named!r} in your AWS config (from "
+                f"{self.sources.get('profile', '--profile')}); pass another "
+                f"--profile, or add it with `aws configure --profile {named}`",
                 code="unknown_profile",
-                details={"profile": self.profile_arg, "endpoint": self.endpoint},
+                details={"profile": named, "endpoint": self.endpoint},
             ) from None
         except BotoCoreError as exc:
             raise CliError(
@@ -223,6 +286,22 @@ class Context:
                 details={"endpoint": self.endpoint},
             ) from None
         return creds, region
+
+    def _region(self, session: Any) -> str:
+        """--region, else AWS_REGION / AWS_DEFAULT_REGION, else the configuration's, else the
+        AWS profile's, else us-east-1."""
+        for value, source in (
+            (self.region_arg, "--region"),
+            (os.environ.get("AWS_REGION"), "AWS_REGION"),
+            (os.environ.get("AWS_DEFAULT_REGION"), "AWS_DEFAULT_REGION"),
+            (self.config()[1].get("region"), self._config_source()),
+            (session.get_config_variable("region"), "the AWS profile"),
+        ):
+            if value:
+                self.sources["region"] = source
+                return value
+        self.sources["region"] = "built in"
+        return "us-east-1"
 
     def _refuse_if_no_local_plane(self) -> None:
         """A loopback endpoint that no running local plane serves: that is the likelier mistake."""

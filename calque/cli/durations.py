@@ -55,6 +55,22 @@ def format_duration(seconds: float) -> str:
     return "".join(out)
 
 
+def human_duration(seconds: float | None) -> str:
+    """Seconds as people read them in a table, to two units at most: 2.011 -> '2.01s',
+    252 -> '4m12s', 12300 -> '3h25m', 3499200 -> '40d12h' (JSON keeps the seconds)."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    left = round(seconds)
+    for big, small in (("d", "h"), ("h", "m"), ("m", "s")):
+        n, rest = divmod(left, _UNITS[big])
+        if n:
+            m = rest // _UNITS[small]
+            return f"{n}{big}{m}{small}" if m else f"{n}{big}"
+    return f"{left}s"
+
+
 def ttl_refusal_in_units(code: str, details: Mapping[str, Any], option: str = "--ttl") -> str | None:
     """The API's refusal of ``ttl_seconds`` as the user wrote it (``--ttl``), or None if it is not one."""
     if code == "invalid_ttl" and details.get("field") == "ttl_seconds":

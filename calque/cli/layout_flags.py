@@ -15,6 +15,13 @@ from typing import Any
 
 from calque.cli.errors import CliError, UsageError
 
+# What each layout flag means, said once for every command that takes a layout.
+MIG_HELP = "MIG instances on every GPU, e.g. 1g.24gb=4 (default: none)"
+MPS_SLOTS_HELP = "MPS client slots on every GPU, a count (default: none)"
+MPS_THREAD_HELP = "each MPS client's share of the SMs, in percent, 1-100 (default: the card's, all)"
+MPS_MEMORY_HELP = "each MPS client's device memory cap, in MiB (default: no cap)"
+SPEC_HELP = "the host agent's layout spec, a JSON or YAML file (default: none)"
+
 _MIG_ITEM = re.compile(r"^\s*([0-9]+g\.[0-9]+gb(?:\+[a-z0-9]+)?)\s*=\s*([0-9]+)\s*$", re.IGNORECASE)
 
 

@@ -18,38 +18,78 @@ OUTPUTS = ("table", "json", "csv")
 CSV_OUTPUT = "_writes_csv"
 
 
-def _global_options() -> argparse.ArgumentParser:
+def _global_options(shown: bool) -> argparse.ArgumentParser:
     """Options every command accepts, before or after it. SUPPRESS keeps a later parser
-    level from overwriting a value given at an earlier one."""
+    level from overwriting a value given at an earlier one. ``shown``: listed in the help
+    (``calque --help`` only; each command's help points there instead of repeating them)."""
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("global options")
+
+    def said(text: str) -> str:
+        return text if shown else argparse.SUPPRESS
+
     g.add_argument(
         "--endpoint",
         default=argparse.SUPPRESS,
         metavar="URL",
-        help="the control plane's API (default: CALQUE_ENDPOINT, else the running local plane)",
+        help=said(
+            "the control plane's API (default: CALQUE_ENDPOINT, else the configuration's endpoint "
+            "(calque configure), else the running local plane)"
+        ),
     )
     g.add_argument(
         "--profile",
         default=argparse.SUPPRESS,
         metavar="NAME",
-        help="AWS profile to sign with (with the local plane: admin, alice, bob, carol, ...)",
+        help=said(
+            "AWS profile to sign with (default: the configuration's, else the AWS default; with the "
+            "local plane: admin, alice, bob, carol, ...)"
+        ),
     )
-    g.add_argument("--region", default=argparse.SUPPRESS, metavar="REGION", help="AWS region to sign for")
+    g.add_argument(
+        "--region",
+        default=argparse.SUPPRESS,
+        metavar="REGION",
+        help=said("AWS region to sign for (default: the configuration's, else AWS's, else us-east-1)"),
+    )
+    g.add_argument(
+        "--config-name",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help=said(
+            "the named configuration of ~/.calque/config to use (default: CALQUE_CONFIG, else `default`)"
+        ),
+    )
     g.add_argument(
         "--output",
         choices=OUTPUTS,
         default=argparse.SUPPRESS,
-        help="table for people (default), json for scripts: one document on stdout; "
-        "csv for finance (calque usage)",
+        help=said(
+            "table for people (default: table), json for scripts: one document on stdout; "
+            "csv for finance (calque usage)"
+        ),
     )
     g.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of unexpected errors"
+        "--query",
+        default=argparse.SUPPRESS,
+        metavar="JMESPATH",
+        help=said(
+            "a JMESPath expression applied to the command's JSON document before it is printed, "
+            "e.g. '[].instance_id' (default: the whole document)"
+        ),
+    )
+    g.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help=said("show tracebacks of unexpected errors (default: off)"),
     )
     return common
 
 
-_COMMON = _global_options()
+# Each command's parser gets them unlisted; `calque --help` lists them.
+_COMMON = _global_options(shown=False)
+_COMMON_SHOWN = _global_options(shown=True)
 
 
 class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg, unused-ignore]
@@ -58,7 +98,6 @@ class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg, unused-
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         kwargs.setdefault("parents", [])
         kwargs["parents"] = [*kwargs["parents"], _COMMON]
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         if "help" in kwargs and "description" not in kwargs:
             kwargs["description"] = kwargs["help"]
         return super().add_parser(name, **kwargs)
@@ -72,6 +111,18 @@ class CalqueParser(argparse.ArgumentParser):
         from calque.cli.durations import NEGATIVE_NUMBER_OR_DURATION
 
         self._negative_number_matcher = NEGATIVE_NUMBER_OR_DURATION
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's own check, with a "did you mean" for a near miss (``calque sesion``)."""
+        if action.choices is not None and value not in action.choices:
+            from calque.cli.helptext import did_you_mean
+
+            names = [str(c) for c in action.choices if not str(c).startswith("_")]
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r}{did_you_mean(str(value), names)} "
+                f"(choose from {', '.join(names)})",
+            )
 
 
 def command_group(subparsers: Any, name: str, help: str | None = None) -> Any:
@@ -87,11 +138,16 @@ def command_group(subparsers: Any, name: str, help: str | None = None) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     from calque.cli.commands import COMMAND_MODULES
+    from calque.cli.helptext import HelpFormatter
 
     parser = CalqueParser(
         prog=PROG,
-        parents=[_COMMON],
+        parents=[_COMMON_SHOWN],
+        formatter_class=HelpFormatter,
         description="calque: share an institution's AWS GPU instances among its people.",
+        epilog="example:\n  calque local up\n  calque configure --endpoint URL --profile NAME\n"
+        "  calque session checkout --backend mig --min-memory-gib 20 --ttl 2h \\\n"
+        "      --output json --query session_id",
     )
     import calque
 
@@ -107,7 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # listed before its file landed: the other commands still work
         module.register(subparsers)
     parser.set_defaults(func=None, _group_parser=parser)
+    _finish_help(parser, "")
     return parser
+
+
+def _finish_help(parser: argparse.ArgumentParser, path: str) -> None:
+    """Every command's help, however its module made its parser: options with their defaults
+    (calque.cli.helptext.HelpFormatter), its example, and a pointer to the global options."""
+    from calque.cli.helptext import HelpFormatter, epilog_for
+
+    if path:
+        parser.formatter_class = HelpFormatter
+        parser.epilog = epilog_for(path, parser.epilog)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for name, sub in action.choices.items():
+                if id(sub) not in seen:  # an alias is the same parser
+                    seen.add(id(sub))
+                    _finish_help(sub, f"{path} {name}".strip())
 
 
 def _print_error(message: str) -> None:
@@ -118,6 +192,11 @@ def _print_error(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["__complete"]:  # the shell's completion asking (calque.cli.completion)
+        from calque.cli.completion import complete_main
+
+        return complete_main(words[1:], build_parser)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.func is None:
@@ -131,11 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ctx = Context.from_args(args)
     try:
+        ctx.check_query()  # a malformed --query is refused before the command changes anything
         args.func(ctx, args)
         return EXIT_OK
     except CliError as exc:
         if ctx.json:
-            ctx.emit(exc.document)
+            ctx.emit_error(exc.document)
         _print_error(exc.message)
         return exc.exit_code  # 1, or 2 for a UsageError
     except KeyboardInterrupt:
@@ -146,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(exc, CalqueError):  # a domain refusal raised on this side (e.g. the catalog)
             if ctx.json:
-                ctx.emit({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
+                ctx.emit_error({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
             _print_error(exc.message)
             return EXIT_REFUSED
         if ctx.debug:

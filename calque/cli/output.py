@@ -69,6 +69,54 @@ def render_fields(data: Mapping[str, Any], fields: Sequence[Column] | None = Non
     return "\n".join(f"{str(k).ljust(width)}  {_cell(v)}" for k, v in pairs)
 
 
+def compile_query(query: str) -> Any:
+    """The compiled JMESPath expression; a usage error (exit 2) naming --query otherwise."""
+    import jmespath
+    from jmespath.exceptions import JMESPathError
+
+    from calque.cli.errors import UsageError
+
+    try:
+        return jmespath.compile(query)
+    except JMESPathError as exc:
+        problem = one_line(str(exc).strip().splitlines()[0]) if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"argument --query: {query!r} is not a JMESPath expression ({problem}); "
+            "e.g. '[].instance_id' or 'length(@)'",
+            code="invalid_query",
+            details={"field": "--query", "query": query},
+        ) from None
+
+
+def apply_query(query: str, data: Any) -> Any:
+    """``data`` as JSON sees it (dates as text), searched with ``query``."""
+    from jmespath.exceptions import JMESPathError
+
+    from calque.cli.errors import UsageError
+
+    try:
+        return compile_query(query).search(json.loads(to_json(data)))
+    except JMESPathError as exc:  # a function given the wrong type: the document decides
+        raise UsageError(
+            f"argument --query: {query!r} does not apply to this document: {one_line(str(exc))}",
+            code="invalid_query",
+            details={"field": "--query", "query": query},
+        ) from None
+
+
+def _queried_text(data: Any) -> str:
+    """What a query selected, for people: a scalar as itself, a list of scalars one a line
+    (as the AWS CLI's text output), rows as a table, a record as fields."""
+    if isinstance(data, list) and all(isinstance(v, Mapping) for v in data) and data:
+        keys = list(dict.fromkeys(k for row in data for k in row))
+        return render_table(data, [(k, k) for k in keys])
+    if isinstance(data, list):
+        return "\n".join(_cell(v) for v in data)
+    if isinstance(data, Mapping):
+        return render_fields(data)
+    return _cell(data)
+
+
 def emit(
     output: str,
     data: Any,
@@ -76,14 +124,21 @@ def emit(
     columns: Sequence[Column] | None = None,
     text: str | None = None,
     stream: TextIO | None = None,
+    query: str | None = None,
 ) -> None:
     """Print ``data`` as ``output`` asks.
 
     json: the document itself. table: ``text`` when given, else a list of rows as a
     table over ``columns`` (all keys of the first row when None), else a record as
-    aligned fields (``columns`` choosing and naming them).
+    aligned fields (``columns`` choosing and naming them). ``query`` (--query): a JMESPath
+    expression over the JSON document; what it selects is printed instead (as JSON, or
+    for people as a table, fields, or one value a line).
     """
     out = stream or sys.stdout
+    if query is not None:
+        selected = apply_query(query, data)
+        out.write((to_json(selected) if output == "json" else _queried_text(selected)) + "\n")
+        return
     if output == "json":
         out.write(to_json(data) + "\n")
         return

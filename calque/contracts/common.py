@@ -35,6 +35,19 @@ class Strict(BaseModel):
         extra="forbid", str_strip_whitespace=True, allow_inf_nan=False, defer_build=True
     )
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
+        """The document says what stripping does: text that must not be empty must hold more
+        than whitespace (``"\\S"``), since surrounding whitespace is dropped before the
+        length is checked."""
+        schema = handler(core_schema)
+        for prop in handler.resolve_ref_schema(schema).get("properties", {}).values():
+            for alt in [prop, *prop.get("anyOf", [])]:
+                free_text = not ({"pattern", "enum", "const", "format"} & set(alt))
+                if alt.get("type") == "string" and alt.get("minLength", 0) >= 1 and free_text:
+                    alt["pattern"] = r"\S"
+        return schema
+
 
 class Request(Strict):
     """Base for an API request body: also no coercion between JSON types.

@@ -63,7 +63,7 @@ class AcquireRequest(Request):
     reservation); all of them are reserved in one transaction, or none.
     """
 
-    model_config = ConfigDict(json_schema_extra=consent_required("accept_spend"))
+    model_config = ConfigDict(json_schema_extra=lambda schema: _acquire_schema(schema))
 
     instance_type: str = Field(
         min_length=1,
@@ -84,7 +84,10 @@ class AcquireRequest(Request):
     fallback_on_demand: bool = Field(default=False, description="spot capacity failed: try on-demand")
     fallback_types: list[str] = Field(default=[], max_length=5, json_schema_extra=_catalog_items)
     ttl_seconds: int | None = Field(
-        default=None, description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)"
+        default=None,
+        description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)",
+        # documented only: the fleet refuses it with its own code (invalid_ttl) and the bounds
+        json_schema_extra={"minimum": MIN_TTL_S, "maximum": MAX_TTL_S},
     )
     pool: str | None = Field(default=None, pattern=POOL_PATTERN, description="the warm pool asking")
     accept_spend: StrictBool = Field(default=False, description="--i-understand-this-spends-money")
@@ -100,6 +103,23 @@ class AcquireRequest(Request):
         if value not in (None, False) and not info.data.get("spot"):
             raise ValueError(f"{info.field_name} needs spot")
         return value
+
+
+def _acquire_schema(schema: dict[str, Any]) -> None:
+    """The consent flag required and true; a spot max price or an on-demand fallback only
+    with `spot: true` (the API refuses either on an on-demand acquisition)."""
+    consent_required("accept_spend")(schema)
+    spot_only = [("spot_max_price", {"type": "null"}), ("fallback_on_demand", {"const": False})]
+    schema["allOf"] = [
+        {
+            "anyOf": [
+                {"not": {"required": [name]}},
+                {"properties": {name: unset}},
+                {"required": ["spot"], "properties": {"spot": {"const": True}}},
+            ]
+        }
+        for name, unset in spot_only
+    ]
 
 
 class Attempt(Out):

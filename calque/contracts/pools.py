@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from calque.contracts.common import Out, Request, Strict, catalog_instance_types, consent_required, in_words
 from calque.contracts.economics import GROUP_PATTERN
+from calque.contracts.layout import LayoutSpec
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
 NAME_RULE = (
@@ -19,6 +20,11 @@ RUNNER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 MAX_ITEMS = 10_000
 PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
 PACKAGE_URL_EXPIRES_S = 900
+MAX_WAIT_CEILING_S = 24 * 3600
+CLAIM_ID_PATTERN = r"^c-[0-9a-f]{16}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# A claim's input staged in S3 (one PUT: S3's own limit for a single object upload)
+INPUT_MAX_BYTES = 5 * 1024**3
 
 
 class PoolSettings(Request):
@@ -26,6 +32,14 @@ class PoolSettings(Request):
     max_workers: int = Field(default=4, ge=1, le=256)
     target_backlog_per_worker: int = Field(default=1, ge=1, le=10_000)
     idle_timeout_s: int = Field(default=1800, ge=10, le=7 * 24 * 3600)
+    max_wait_s: int | None = Field(
+        default=None,
+        ge=10,
+        le=MAX_WAIT_CEILING_S,
+        description="a p95 wait target (seconds): the scaler chooses keep-warm, scale-out batch and "
+        "pre-warming from the pool's observed claims to meet it at the least cost, within min and "
+        "max workers (idle_timeout_s and target_backlog_per_worker then give way)",
+    )
 
 
 class PoolCreate(PoolSettings):
@@ -36,14 +50,24 @@ class PoolCreate(PoolSettings):
     instance_type: str = Field(min_length=1, max_length=40, json_schema_extra=catalog_instance_types)
     runner: str = Field(pattern=RUNNER_PATTERN, description="MODULE:CLASS")
     package_key: str | None = Field(
-        default=None, max_length=500, description="the runner package, staged in the artifact bucket"
+        default=None,
+        max_length=500,
+        pattern=r"^pools/[^/]+/package/",
+        description="the runner package, staged in the artifact bucket: the key that "
+        "POST /v1/pools/{name}/package gave for this pool's name (under pools/{name}/package/), "
+        "uploaded there",
     )
     package_path: str | None = Field(
         default=None, max_length=500, description="local plane only: a directory on this machine"
     )
-    layout: dict[str, Any] | None = None
+    layout: LayoutSpec | None = Field(default=None, description="one worker per slice; omitted: per GPU")
     spot: bool = False
     i_understand_this_spends_money: bool = False
+
+    @field_serializer("layout")
+    def _layout_as_given(self, layout: LayoutSpec | None) -> dict[str, Any] | None:
+        """The spec as the caller wrote it (what the pool keeps and the host agent is sent)."""
+        return None if layout is None else layout.model_dump(mode="json", exclude_unset=True)
 
     @field_validator("name", mode="before")
     @classmethod
@@ -75,6 +99,11 @@ class PoolUpdate(Request):
     max_workers: int | None = Field(default=None, ge=1, le=256)
     target_backlog_per_worker: int | None = Field(default=None, ge=1, le=10_000)
     idle_timeout_s: int | None = Field(default=None, ge=10, le=7 * 24 * 3600)
+    max_wait_s: Annotated[int, Field(ge=10, le=MAX_WAIT_CEILING_S)] | Literal[0] | None = Field(
+        default=None,
+        description="a p95 wait target (seconds, 10 or more) the scaler meets at the least cost; "
+        "0 drops the target (the scaler follows idle_timeout_s and target_backlog_per_worker again)",
+    )
     # A runner update, rolled out worker by worker: a new runner class, a new package, or both
     # (what is not given stays the pool's).
     runner: str | None = Field(default=None, pattern=RUNNER_PATTERN, description="MODULE:CLASS")
@@ -93,8 +122,30 @@ class PoolDelete(Request):
     now: bool = False
 
 
+class ClaimInputUpload(Request):
+    """POST /v1/pools/{name}/claims/input: where to PUT a claim's input too large for a request
+    body (``{"items": [...]}`` as JSON); the answer names the claim id it will have."""
+
+    sha256: str = Field(pattern=SHA256_PATTERN, description="the input document's SHA-256, hex")
+    bytes: int = Field(ge=1, le=INPUT_MAX_BYTES, description="the input document's size in bytes")
+
+
+class ClaimInput(Request):
+    """A claim's input uploaded beforehand (``ClaimInputUpload``), instead of ``items``."""
+
+    claim_id: str = Field(pattern=CLAIM_ID_PATTERN, description="the claim id the upload answered")
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    bytes: int = Field(ge=1, le=INPUT_MAX_BYTES)
+    items: int = Field(ge=1, description="how many items the document holds")
+
+
 class ClaimSubmit(Request):
-    items: list[Any] = Field(min_length=1, max_length=MAX_ITEMS)
+    model_config = ConfigDict(json_schema_extra=lambda schema: _claim_submit_schema(schema))
+
+    items: list[Any] | None = Field(default=None, min_length=1, max_length=MAX_ITEMS)
+    input: ClaimInput | None = Field(
+        default=None, description="an input uploaded through POST /v1/pools/{name}/claims/input"
+    )
     group: str | None = Field(
         default=None,
         pattern=GROUP_PATTERN,
@@ -111,6 +162,12 @@ class ClaimSubmit(Request):
             "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
             "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
         )
+
+    @model_validator(mode="after")
+    def _items_or_input(self) -> ClaimSubmit:
+        if (self.items is None) == (self.input is None):
+            raise ValueError("give either items (a list) or input (an uploaded input), not both nor neither")
+        return self
 
 
 class ClaimReport(Strict):
@@ -171,6 +228,7 @@ class Pool(Out):
     max_workers: int
     target_backlog_per_worker: int
     idle_timeout_s: int
+    max_wait_s: int | None = Field(default=None, description="the p95 wait target the scaler meets, if set")
     spot: bool = False
     layout: dict[str, Any] | None = None
     created_by: str
@@ -292,6 +350,23 @@ class PoolStatus(Out):
         description="failed worker starts in a row after which the scaler starts no more and "
         "submits are refused, until an admin updates the pool",
     )
+
+
+def _claim_submit_schema(schema: dict[str, Any]) -> None:
+    """A claim has its items or an uploaded input, exactly one, neither null: the document says so."""
+    props = schema.setdefault("properties", {})
+    for key in ("items", "input"):
+        prop = props.get(key, {})
+        given = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]
+        if given:
+            props[key] = {
+                **given[0],
+                **({"description": prop["description"]} if "description" in prop else {}),
+            }
+    schema["oneOf"] = [
+        {"required": ["items"], "not": {"required": ["input"]}},
+        {"required": ["input"], "not": {"required": ["items"]}},
+    ]
 
 
 def _pool_create_schema(schema: dict[str, Any]) -> None:

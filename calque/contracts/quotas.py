@@ -56,4 +56,9 @@ class Quota(Out):
     usd_reserved_this_month: str = Field(default="0.00", description="what live sessions hold")
     month: str = Field(description="the calendar month counted, YYYY-MM (UTC)")
     default: bool = Field(default=False, description="no quota was set: the deployment's default applies")
+    default_group: str | None = Field(
+        default=None,
+        description="the group a check-out or claim naming none is charged to: the one the member "
+        "joined first (none: a member of no group)",
+    )
     version: LimitsVersion = 0

@@ -21,8 +21,10 @@ Error codes scripts may branch on (the contract's error document):
       group.max_usd_per_month; monthly ones with used / reserved / asked and the limit)
   403 forbidden (admins only / not this host's role / the host role off its report route),
       invalid_token (nothing released), role_session_not_pinned (a shared role's session)
+      (a session's own member checks it in or extends it by identity alone, without the token)
   400 consent_required (mps without accept_shared_gpu_no_isolation), invalid_layout,
-      invalid_input (unknown instance type), invalid_ttl, token_required
+      invalid_input (unknown instance type), invalid_ttl,
+      token_required (someone not the session's member, without its token)
   422 validation_failed (details.fields names each field)
   404 not_found (also another member's session: ids never leak)
 """
@@ -36,8 +38,12 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from calque.contracts.common import Out, Request, Strict
 
-# What a member may ask for; "exclusive" slices (a whole card) are never placed by check-out.
-SessionBackend = Literal["mig", "mps"]
+# What a member may ask for: a MIG slice, an MPS slot, or whole cards ("gpu": slices laid out
+# "exclusive"), or "any": the tightest fit among MIG slices and whole cards (and MPS slots,
+# with the consent flag).
+SessionBackend = Literal["mig", "mps", "gpu", "any"]
+# The most whole cards one check-out takes (the largest instances have 8).
+MAX_GPUS = 8
 SliceBackend = Literal["mig", "mps", "exclusive"]
 Sharing = Literal["mig", "mps", "exclusive", "mixed"]
 HostState = Literal["pending", "ready", "draining", "drained", "failed"]
@@ -84,11 +90,19 @@ class CheckoutRequest(Request):
     model_config = ConfigDict(
         json_schema_extra={
             "not": {"required": ["profile", "min_memory_gib"]},
-            "if": {"properties": {"backend": {"const": "mps"}}, "required": ["backend"]},
-            "then": {
-                "properties": {"accept_shared_gpu_no_isolation": {"const": True}},
-                "required": ["accept_shared_gpu_no_isolation"],
-            },
+            "allOf": [
+                {
+                    "if": {"properties": {"backend": {"const": "mps"}}, "required": ["backend"]},
+                    "then": {
+                        "properties": {"accept_shared_gpu_no_isolation": {"const": True}},
+                        "required": ["accept_shared_gpu_no_isolation"],
+                    },
+                },
+                {
+                    "if": {"properties": {"gpus": {"minimum": 2}}, "required": ["gpus"]},
+                    "then": {"properties": {"backend": {"const": "gpu"}}},
+                },
+            ],
         }
     )
 
@@ -117,6 +131,13 @@ class CheckoutRequest(Request):
         description="the group to charge (one of the member's); omitted: their default group",
     )
 
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_GPUS,
+        description="whole cards on one host, all or none (backend gpu only for more than 1)",
+    )
+
     @field_validator("min_memory_gib")
     @classmethod
     def _one_of_profile_or_memory(cls, value: float | None, info: ValidationInfo) -> float | None:
@@ -124,9 +145,20 @@ class CheckoutRequest(Request):
             raise ValueError("give either profile or min_memory_gib, not both")
         return value
 
+    @field_validator("gpus")
+    @classmethod
+    def _several_only_whole(cls, value: int, info: ValidationInfo) -> int:
+        if value > 1 and info.data.get("backend") != "gpu":
+            raise ValueError("more than one GPU is whole cards only: ask with backend gpu")
+        return value
+
 
 class Connect(Out):
     ssm_command: str = Field(description="how to open a shell on the host")
+    document_name: str | None = Field(
+        default=None, description="the stack's Session Manager document the connect command names"
+    )
+    account: str | None = Field(default=None, description="the account on the host it lands in")
 
 
 class HostAccess(Out):
@@ -166,6 +198,17 @@ class Session(Out):
     host_access: HostAccess | None = Field(
         default=None, description="the session's own account on the host; null for sessions from before it"
     )
+    slice_ids: list[str] = Field(
+        default=[], description="every slice the session holds, slice_id first (several: whole cards)"
+    )
+    connect: Connect | None = Field(
+        default=None, description="live, as shown: how to open a shell on its host (calque session connect)"
+    )
+    seconds_left: int | None = Field(
+        default=None,
+        ge=0,
+        description="live, as shown or extended: seconds until expires_at when it was read; null otherwise",
+    )
 
 
 class SessionGrant(Session):
@@ -177,9 +220,15 @@ class SessionGrant(Session):
 
 
 class CheckinRequest(Request):
-    """DELETE /v1/sessions/{id}: end a session. The token, or force (admins)."""
+    """DELETE /v1/sessions/{id}: end a session. Its member by their identity alone, the
+    token's holder, or an admin with force."""
 
-    token: str | None = Field(default=None, min_length=1, max_length=256)
+    token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the session's token; omitted: the session's own member ends it by their identity",
+    )
     force: bool = Field(default=False, description="admins: end it without the token")
     reason: str | None = Field(
         default=None,
@@ -191,7 +240,12 @@ class CheckinRequest(Request):
 class ExtendRequest(Request):
     """POST /v1/sessions/{id}/extend: push the expiry later, within the deployment's max TTL."""
 
-    token: str = Field(min_length=1, max_length=256)
+    token: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="the session's token; omitted: the session's own member extends it by their identity",
+    )
     ttl_seconds: int = Field(gt=0, le=TTL_SECONDS_LIMIT, description="seconds added to the current expiry")
     expected_expires_at: datetime | None = Field(
         default=None,

@@ -58,6 +58,24 @@ def _too_many(name: str, members: int, adding: int) -> Conflict:
     )
 
 
+def _not_empty(g: GroupRecord) -> Conflict:
+    members = sorted(g.members)
+    todo = []
+    if members:
+        todo.append(
+            f"remove its members first (calque group remove {g.name} {' '.join(members[:10])}"
+            f"{' ...' if len(members) > 10 else ''})"
+        )
+    if g.live:
+        todo.append("let its live sessions end or check them in")
+    return Conflict(
+        f"group {g.name} has {len(members)} member(s) and {g.live} live session(s): "
+        f"{' and '.join(todo)}; nothing was changed",
+        code="group_not_empty",
+        details={"group": g.name, "members": len(members), "live_sessions": g.live},
+    )
+
+
 def default_group(
     registry: GroupStore, user: str, mine: dict[str, datetime] | None = None
 ) -> GroupRecord | None:
@@ -203,6 +221,20 @@ class Groups:
         except StaleWrite:
             raise NotFound(f"no group {name}", details={"group": name}) from None
         return self.view(group)
+
+    def delete(self, who: Caller, name: str) -> Group:
+        """The group removed, answered as it was; refused (409 group_not_empty) while it has
+        members or live sessions, saying what to do first."""
+        self._admin(who)
+        g = _known(self.registry, name)
+        while True:
+            if g.members or g.live:
+                raise _not_empty(g)
+            try:
+                self.registry.delete_group(name)
+                return self.view(g)
+            except StaleWrite:
+                g = _known(self.registry, name)  # a member or session came meanwhile, or it went
 
     def list(self, who: Caller) -> list[Group]:
         return [self.view(g) for g in self.registry.list_groups() if who.admin or who.principal in g.members]

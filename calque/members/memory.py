@@ -87,7 +87,17 @@ class MemoryMembers:
     def groups_of(self, user: str) -> dict[str, datetime]:
         return {g.name: g.members[user] for g in self.group_map.values() if user in g.members}
 
+    def delete_group(self, name: str) -> None:
+        with self._lock:
+            cur = self.group_map.get(name)
+            if cur is None or cur.members or cur.live:
+                raise StaleWrite(name)
+            del self.group_map[name]
+
     # -- quotas ---------------------------------------------------------------------------
+    def quota_users(self) -> list[str]:
+        return sorted(self.quotas)
+
     def get_quota(self, user: str) -> QuotaRecord | None:
         self._count()
         return self.quotas.get(user)

@@ -106,6 +106,10 @@ class GroupStore(Protocol):
     def groups_of(self, user: str) -> dict[str, datetime]:
         """The member's groups, each with when they were added."""
 
+    def delete_group(self, name: str) -> None:
+        """The group removed, on condition it has no member and no live session: StaleWrite
+        otherwise (or when it is gone already)."""
+
 
 class MemberStore(GroupStore, Protocol):
     def get_quota(self, user: str) -> QuotaRecord | None:
@@ -114,6 +118,10 @@ class MemberStore(GroupStore, Protocol):
 
     def quota_and_groups(self, user: str) -> tuple[QuotaRecord | None, dict[str, datetime]]:
         """The user's quota record and group memberships (group -> when added), in one read."""
+
+    def quota_users(self) -> list[str]:
+        """Every member with a quota item (limits set for them, or counters a session moved), sorted."""
+        ...
 
     def put_quota(
         self,

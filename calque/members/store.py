@@ -143,6 +143,13 @@ def _memberships(item: dict[str, Any] | None) -> dict[str, datetime]:
     }
 
 
+# A group may go only with no member and no live session.
+_EMPTY_GROUP = (
+    "attribute_exists(pk) AND (attribute_not_exists(members) OR size(members) = :zero) "
+    "AND (attribute_not_exists(live) OR live = :zero)"
+)
+
+
 class DynamoMembers(Table):
     """Members' quotas and groups on the table (tenancy's DynamoRegistry mixes this in)."""
 
@@ -279,6 +286,19 @@ class DynamoMembers(Table):
         )
         return _group(item)
 
+    def delete_group(self, name: str) -> None:
+        try:
+            self.client.delete_item(
+                TableName=self.table,
+                Key=ser(group_key(name)),
+                ConditionExpression=_EMPTY_GROUP,
+                ExpressionAttributeValues=ser({":zero": 0}),
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                raise StaleWrite(name) from None
+            raise
+
     def groups_of(self, user: str) -> dict[str, datetime]:
         return _memberships(self._get(membership_key(user)))
 
@@ -296,6 +316,22 @@ class DynamoMembers(Table):
                 found[(item["pk"], item["sk"])] = item
             wanted = out.get("UnprocessedKeys", {}).get(self.table, {}).get("Keys", [])
         return found
+
+    def quota_users(self) -> list[str]:
+        """A scan for the quota items: an admin's listing, never on a request's hot path."""
+        found: list[str] = []
+        asked: dict[str, Any] = {
+            "TableName": self.table,
+            "FilterExpression": "sk = :q",
+            "ProjectionExpression": "pk",
+            "ExpressionAttributeValues": ser({":q": "QUOTA"}),
+        }
+        while True:
+            page = self.client.scan(**asked)
+            found += [str(des(i)["pk"]).removeprefix("USER#") for i in page.get("Items", [])]
+            if not page.get("LastEvaluatedKey"):
+                return sorted(found)
+            asked["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def get_quota(self, user: str) -> QuotaRecord | None:
         q = self._get(keys.quota(user))

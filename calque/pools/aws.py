@@ -12,7 +12,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from calque.pools.domain import MESSAGE_RETENTION_S
-from calque.pools.ports import DeadLetter, QueueMissing, QueueRefs, StartOutcome, WorkerSecrets
+from calque.pools.ports import DeadLetter, ObjectInfo, QueueMissing, QueueRefs, StartOutcome, WorkerSecrets
 from calque.resources import FLEET_TAG_POOL
 
 
@@ -153,14 +153,39 @@ class S3Objects:
             raise
         return True
 
-    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+    def presign_put(
+        self, key: str, *, expires_s: int, content_type: str, metadata: dict[str, str] | None = None
+    ) -> str:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "ContentType": content_type}
+        if metadata:
+            params["Metadata"] = metadata
+        return str(self.presigner.generate_presigned_url("put_object", Params=params, ExpiresIn=expires_s))
+
+    def presign_get(self, key: str, *, expires_s: int) -> str:
         return str(
             self.presigner.generate_presigned_url(
-                "put_object",
-                Params={"Bucket": self.bucket, "Key": key, "ContentType": content_type},
-                ExpiresIn=expires_s,
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s
             )
         )
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            out = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return ObjectInfo(key, int(out.get("ContentLength") or 0), dict(out.get("Metadata") or {}))
+
+    def get_bytes(self, key: str) -> bytes:
+        return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+    def list_keys(self, prefix: str, *, start_after: str | None, limit: int) -> list[ObjectInfo]:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": limit}
+        if start_after:
+            params["StartAfter"] = start_after
+        out = self.client.list_objects_v2(**params)
+        return [ObjectInfo(o["Key"], int(o.get("Size") or 0)) for o in out.get("Contents", [])]
 
 
 class SqsNudge:
@@ -239,7 +264,8 @@ def worker_document(
         "runner": pool.runner,
         "worker_ids": list(worker_ids),
         "visibility_s": pool.visibility_s,
-        "idle_timeout_s": pool.idle_timeout_s,
+        # with a wait target the scaler lets idle workers go (its keep-warm), not the worker itself
+        "idle_timeout_s": pool.idle_timeout_s if pool.max_wait_s is None else 7 * 24 * 3600,
         "poll_wait_s": poll_wait_s,
     }
     if vended_credentials:

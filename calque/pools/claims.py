@@ -22,6 +22,7 @@ from calque.errors import (
 from calque.identity import Caller
 from calque.members import requests
 from calque.pools import domain as d
+from calque.pools.claim_io import claim_for, uploaded_input
 from calque.pools.core import PoolsCore, _epoch, _iso
 from calque.pools.ports import PoolClosed, QueueMissing, RequestRecorded
 from calque.pools.store.items import pool_index
@@ -76,14 +77,21 @@ class ClaimsMixin(PoolsCore):
                 details={"pool": name, "start_failures": pool.start_failures, "reason": pool.start_failure},
             )
         group = self._claim_group(who, req.group)
-        claim_id = f"c-{secrets.token_hex(8)}"
+        manifest: dict[str, Any] = {}
+        if req.input is not None:
+            # uploaded beforehand under the claim id its URL named (calque/pools/claim_io.py)
+            claim_id, count = req.input.claim_id, req.input.items
+            manifest_key = uploaded_input(self.objects, self.store, who, name, req.input)
+            manifest = {"sha256": req.input.sha256, "bytes": req.input.bytes}
+        else:
+            claim_id, count = f"c-{secrets.token_hex(8)}", len(req.items or [])
+            manifest_key = f"{d.claim_prefix(name, claim_id)}manifest.json"
         now = self.clock.now()
-        manifest_key = f"{d.claim_prefix(name, claim_id)}manifest.json"
         claim = d.ClaimRecord(
             claim_id=claim_id,
             pool=name,
             user=who.principal,
-            items=len(req.items),
+            items=count,
             manifest_key=manifest_key,
             submitted_at=_iso(now),
             group=group,
@@ -123,11 +131,12 @@ class ClaimsMixin(PoolsCore):
             "v": 1,
             "claim_id": claim_id,
             "pool": name,
-            "manifest": {"bucket": self.objects.bucket, "key": manifest_key},
+            "manifest": {"bucket": self.objects.bucket, "key": manifest_key, **manifest},
             "results": {"bucket": self.objects.bucket, "prefix": d.claim_prefix(name, claim_id).rstrip("/")},
         }
         try:
-            self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
+            if req.items is not None:
+                self.objects.put_json(manifest_key, {"claim_id": claim_id, "pool": name, "items": req.items})
             self.queues.send(pool.queue_url, json.dumps(pointer))
         except QueueMissing as exc:
             after = self.store.get_pool(name)
@@ -186,10 +195,7 @@ class ClaimsMixin(PoolsCore):
         return g.name if g is not None else None
 
     def _claim_for(self, who: Caller, claim_id: str) -> d.ClaimRecord:
-        claim = self.store.get_claim(claim_id)
-        if claim is None or (claim.user != who.principal and not who.admin):
-            raise NotFound(f"no claim {claim_id!r}", details={"claim_id": claim_id})
-        return claim
+        return claim_for(self.store, who, claim_id)
 
     def get_claim(self, who: Caller, claim_id: str) -> d.ClaimRecord:
         return self._claim_for(who, claim_id)
@@ -226,25 +232,6 @@ class ClaimsMixin(PoolsCore):
         page, more = mine[:limit], len(mine) > limit
         nxt = encode_claim_token("mine", f"{page[-1].submitted_at}#{page[-1].claim_id}") if more else None
         return [c for c in page if pool is None or c.pool == pool], nxt
-
-    def claim_result(self, who: Caller, claim_id: str) -> dict[str, Any]:
-        claim = self._claim_for(who, claim_id)
-        if claim.state != d.SUCCEEDED or not claim.result_key:
-            raise Conflict(
-                f"claim {claim_id} has no result: it is {claim.state}"
-                + (f" ({claim.reason})" if claim.reason else ""),
-                code="no_result",
-                details={"claim_id": claim_id, "state": claim.state},
-            )
-        if not d.in_claim_prefix(claim.result_key, claim.pool, claim_id):
-            # a worker named another object as the result: never read it for the caller
-            raise Conflict(
-                f"claim {claim_id}'s result is not among its own objects",
-                code="no_result",
-                details={"claim_id": claim_id, "state": claim.state},
-            )
-        result = self.objects.get_json(claim.result_key)
-        return {"claim_id": claim_id, "summary": claim.summary, "results": result.get("results", [])}
 
     def cancel_claim(
         self, who: Caller, claim_id: str, *, idempotency_key: str | None = None

@@ -62,6 +62,7 @@ class PoolRecord(_Record):
     max_workers: int = 4
     target_backlog_per_worker: int = 1
     idle_timeout_s: int = 1800
+    max_wait_s: int | None = None  # a p95 wait target: the scaler chooses its knobs (pools/slo.py)
     state: str = POOL_ACTIVE
     created_by: str
     created_at: str
@@ -74,6 +75,9 @@ class PoolRecord(_Record):
     last_scale_out_at: float | None = None
     last_scale_in_at: float | None = None
     last_decision: dict[str, Any] | None = None
+    # What the scaler observed of the pool's claims for its wait target (calque.pools.slo,
+    # bounded: fixed histograms, a few numbers)
+    scaler_observations: dict[str, Any] | None = None
     # Worker starts in a row that failed before serving (a runner that failed to load, a
     # package that does not import; a start command that started no worker counts once):
     # past PoolsConfig.start_failure_limit the scaler starts no more, and submits are

@@ -45,10 +45,9 @@ def check_pool_request(req: PoolCreate) -> None:
     catalog.instance_type(req.instance_type)
     if req.layout is not None:
         from calque.catalog.planner import validate_layout
-        from calque.contracts.layout import parse_layout
 
-        # InvalidInput naming the problem: a bad spec, or one the instance type's card cannot take
-        validate_layout(req.instance_type, parse_layout(req.layout))
+        # InvalidInput naming the problem: a spec the instance type's card cannot take
+        validate_layout(req.instance_type, req.layout)
     if req.min_workers > req.max_workers:
         raise InvalidInput(
             f"min_workers ({req.min_workers}) must not exceed max_workers ({req.max_workers})",
@@ -206,6 +205,8 @@ class LifecycleMixin(PoolsCore):
                 details={"pool": name},
             )
         changes = req.model_dump(exclude_none=True, exclude={"runner", "package_key", "package_path"})
+        if changes.get("max_wait_s") == 0:
+            changes["max_wait_s"] = None  # the target dropped: the explicit knobs again
         if req.runner is not None or req.package_key is not None or req.package_path is not None:
             changes["rollout"] = self._new_rollout(who, pool, req).model_dump()
         merged = pool.model_copy(update=changes)

@@ -5,7 +5,7 @@ and in-memory fakes for the unit tests."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from calque.errors import Conflict
@@ -195,8 +195,28 @@ class ObjectStore(Protocol):
     def put_json(self, key: str, data: Any) -> None: ...
     def get_json(self, key: str) -> Any: ...
     def exists(self, key: str) -> bool: ...
-    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
-        """A URL the caller PUTs the object to, without credentials of its own to the bucket."""
+    def presign_put(
+        self, key: str, *, expires_s: int, content_type: str, metadata: dict[str, str] | None = None
+    ) -> str:
+        """A URL the caller PUTs the object to, without credentials of its own to the bucket;
+        ``metadata`` (x-amz-meta-*) is signed into it: the PUT must carry exactly those."""
+
+    def presign_get(self, key: str, *, expires_s: int) -> str:
+        """A URL the caller GETs the object from (streamed), without credentials of its own."""
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """The object's size and metadata, or None when there is none."""
+
+    def get_bytes(self, key: str) -> bytes: ...
+    def list_keys(self, prefix: str, *, start_after: str | None, limit: int) -> list[ObjectInfo]:
+        """The objects under ``prefix`` after ``start_after``, in key order, at most ``limit``."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

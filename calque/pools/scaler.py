@@ -18,6 +18,10 @@ Rules, in the order they apply:
    longest idle first, at most current - desired of them; a busy or starting worker is
    never removed. It waits ``scale_in_cooldown_s`` after any scaling action.
 
+With a wait target (``max_wait_s``, from ``--max-wait``) the rules above give way to the
+target's: the keep-warm times, the scale-out batch and pre-warming are chosen from what
+was observed of the pool's claims (calque.pools.slo), within min and max workers.
+
 Every decision carries its inputs and a reason a person can read.
 """
 
@@ -28,6 +32,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from calque.pools import slo
 
 
 class WorkerState(StrEnum):
@@ -54,6 +60,10 @@ class ScalerConfig:
     idle_timeout_s: float = 600.0
     scale_out_cooldown_s: float = 60.0
     scale_in_cooldown_s: float = 120.0
+    # A p95 wait target (seconds): the scaler chooses its keep-warm, scale-out batch and
+    # pre-warming to meet it at the least cost (idle_timeout_s, target_backlog_per_worker and
+    # the cooldowns then give way). None: the rules above.
+    max_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_workers < 0:
@@ -71,6 +81,8 @@ class ScalerConfig:
         for name in ("idle_timeout_s", "scale_out_cooldown_s", "scale_in_cooldown_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)}")
+        if self.max_wait_s is not None and not self.max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be more than 0, not {self.max_wait_s}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,9 @@ class Backlog:
     visible: int
     in_flight: int
     cancelled: int = 0
+    # When the waiting claims arrived (clock seconds), as far as known: a wait target places
+    # them by their deadlines; those not listed count as arrived now.
+    waiting_since: tuple[float, ...] = ()
 
     @property
     def waiting(self) -> int:
@@ -106,6 +121,8 @@ class WorkerView:
     worker_id: str
     state: WorkerState
     idle_since: float | None = None  # clock seconds; set when state is IDLE
+    launched_at: float | None = None  # when its capacity was asked for (a wait target's estimate)
+    busy_since: float | None = None  # when its claim started, if known (BUSY)
 
 
 @dataclass(frozen=True)
@@ -168,8 +185,10 @@ def decide(
     workers: list[WorkerView] | tuple[WorkerView, ...],
     now: float,
     history: ScalerHistory | None = None,
+    observed: slo.Observations | None = None,
 ) -> Decision:
-    """What the pool should do now, and why. Pure: no clock, no I/O, no randomness."""
+    """What the pool should do now, and why. Pure: no clock, no I/O, no randomness.
+    ``observed``: what was seen of the pool's claims, for a wait target (none: the priors)."""
     history = history or ScalerHistory()
     counts = {s.value: sum(1 for w in workers if w.state is s) for s in WorkerState}
     current = len(workers)
@@ -183,6 +202,8 @@ def decide(
         "last_scale_out_at": history.last_scale_out_at,
         "last_scale_in_at": history.last_scale_in_at,
     }
+    if config.max_wait_s is not None:
+        return _for_target(config, backlog, workers, now, observed or slo.Observations(), inputs)
 
     def out(action: Action, reason: str, launch: int = 0, remove: tuple[str, ...] = ()) -> Decision:
         return Decision(
@@ -260,6 +281,123 @@ def decide(
         )
 
     return out(Action.HOLD, f"backlog {backlog.total} wants {desired} workers, have {current}")
+
+
+def _for_target(
+    config: ScalerConfig,
+    backlog: Backlog,
+    workers: list[WorkerView] | tuple[WorkerView, ...],
+    now: float,
+    observed: slo.Observations,
+    inputs: dict[str, Any],
+) -> Decision:
+    """A wait target's decision (calque.pools.slo): start the batch the waiting claims need by
+    their deadlines (and a pre-warmed spare when a cold start alone misses the target); let
+    go of idle workers past their keep-warm."""
+    target = float(config.max_wait_s or 0)
+    p = slo.plan(observed, target)
+    current = len(workers)
+    free_at = []
+    for w in workers:
+        if w.state is WorkerState.IDLE:
+            free_at.append(now)
+        elif w.state is WorkerState.BUSY:
+            ran = now - w.busy_since if w.busy_since is not None else p.service_s / 2
+            free_at.append(now + observed.residual_s(max(0.0, ran), p.hold_q))
+        else:
+            launched = w.launched_at if w.launched_at is not None else now
+            free_at.append(max(now, launched + p.start_s))
+    known = sorted(backlog.waiting_since)[: backlog.waiting]
+    waiting = known + [now] * (backlog.waiting - len(known))
+    launch, late = slo.scale_out_batch(waiting, free_at, now, p)
+    spare = sum(1 for w in workers if w.state is not WorkerState.BUSY) - len(waiting) + launch
+    recent = observed.last_arrival is not None and now - observed.last_arrival <= p.keep_warm_s
+    soon = slo.likely_before(observed, p.service_s)
+    prewarm = int(p.cold_misses and spare <= 0 and recent and soon >= 0.5)
+    reasons = []
+    if launch:
+        reasons.append(
+            f"{len(waiting)} waiting, {launch} would start later than {target:.0f}s after arriving "
+            f"on the {current} workers there are (service ~{p.service_s:.0f}s, start ~{p.start_s:.0f}s)"
+        )
+    if prewarm:
+        reasons.append(
+            f"every worker taken, a start (~{p.start_s:.0f}s) misses the target, and {soon:.0%} of "
+            f"claims come within {p.service_s:.0f}s of the last: pre-warm 1"
+        )
+    wanted = launch + prewarm
+    if current + wanted < config.min_workers:
+        reasons.append(f"restore the minimum {config.min_workers}")
+        wanted = config.min_workers - current
+    room = max(0, config.max_workers - current)
+    if wanted > room:
+        reasons.append(f"capped at max_workers {config.max_workers}")
+        if not room:  # the claims wait for the workers there are
+            return Decision(
+                Action.HOLD,
+                desired=current,
+                current=current,
+                reason=f"max wait {target:.0f}s: want {wanted} more: " + "; ".join(reasons),
+                at=now,
+                inputs={**inputs, "plan": p.to_record(), "waiting_late": late},
+            )
+        wanted = room
+    inputs = {
+        **inputs,
+        "plan": p.to_record(),
+        "waiting_late": late,
+        "late_share": round(observed.late_share, 4),
+        "arrivals_observed": observed.arrivals,
+    }
+    if wanted:
+        return Decision(
+            Action.SCALE_OUT,
+            desired=current + wanted,
+            current=current,
+            launch=wanted,
+            reason=f"max wait {target:.0f}s: start {wanted}: " + "; ".join(reasons),
+            at=now,
+            inputs=inputs,
+        )
+    idle = sorted(
+        (w for w in workers if w.state is WorkerState.IDLE and w.idle_since is not None),
+        key=lambda w: (-(w.idle_since or 0.0), w.worker_id),
+    )
+    # the most recently idle worker is the one a next claim finds first (the waiting ones take
+    # the first): it keeps the keep-warm when no other worker (busy, starting) will be free for
+    # that claim; every other idle worker keeps the extra one
+    alone = all(w.state is WorkerState.IDLE for w in workers)
+    remove = [
+        w
+        for i, w in enumerate(idle[len(waiting) :])
+        if now - (w.idle_since or now) >= (p.keep_warm_s if i == 0 and alone else p.extra_keep_warm_s)
+    ]
+    remove = remove[: max(0, current - config.min_workers)]
+    if remove:
+        return Decision(
+            Action.SCALE_IN,
+            desired=current - len(remove),
+            current=current,
+            remove=tuple(w.worker_id for w in remove),
+            reason=(
+                f"max wait {target:.0f}s: {len(remove)} idle past the keep-warm chosen from the "
+                f"observed gaps ({p.keep_warm_s:.0f}s for the last worker, {p.extra_keep_warm_s:.0f}s "
+                f"for the others; a start costs ~{p.start_s:.0f}s)"
+            ),
+            at=now,
+            inputs=inputs,
+        )
+    return Decision(
+        Action.HOLD,
+        desired=current,
+        current=current,
+        reason=f"max wait {target:.0f}s: {len(waiting)} waiting, all start in time on the {current} workers"
+        if waiting
+        else f"max wait {target:.0f}s: nothing waiting; keep-warm {p.keep_warm_s:.0f}s "
+        f"(others {p.extra_keep_warm_s:.0f}s)",
+        at=now,
+        inputs=inputs,
+    )
 
 
 @dataclass(frozen=True)

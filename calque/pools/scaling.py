@@ -15,12 +15,14 @@ from typing import Any
 
 from calque.errors import CalqueError
 from calque.pools import domain as d
+from calque.pools import slo
 from calque.pools.capacity import refusal
-from calque.pools.core import _grant, _group, _iso, slots_per_instance
+from calque.pools.core import _epoch, _grant, _group, _iso, slots_per_instance
 from calque.pools.ports import QueueMissing, StartOutcome
 from calque.pools.rollout import RolloutMixin, as_run_by, launch_version
 from calque.pools.scaler import (
     Action,
+    Backlog,
     Decision,
     Placement,
     ScalerConfig,
@@ -33,6 +35,9 @@ from calque.pools.scaler import (
 )
 
 log = logging.getLogger("calque.pools")
+
+# A wait target's scaler reads at most this many live and this many ended claims a tick
+OBSERVE_LIMIT = 200
 
 
 class ScalingMixin(RolloutMixin):
@@ -68,8 +73,18 @@ class ScalingMixin(RolloutMixin):
         workers = [w for w in workers if w.worker_id not in gone]
         self._start_workers(pool, workers)
         backlog = self._backlog(pool, now, prune=True)
+        observed: slo.Observations | None = None
+        busy_since: dict[str, float] = {}
+        if pool.max_wait_s is not None:
+            observed, backlog, busy_since = self._observe(pool, workers, backlog, now)
         views = [
-            WorkerView(w.worker_id, WorkerState(w.state), w.idle_since)
+            WorkerView(
+                w.worker_id,
+                WorkerState(w.state),
+                w.idle_since,
+                launched_at=w.launched_at,
+                busy_since=busy_since.get(w.claim_id or ""),
+            )
             for w in workers
             if w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY) and not (w.draining or w.surge)
         ]
@@ -78,9 +93,10 @@ class ScalingMixin(RolloutMixin):
             max_workers=pool.max_workers,
             target_backlog_per_worker=pool.target_backlog_per_worker,
             idle_timeout_s=pool.idle_timeout_s,
+            max_wait_s=pool.max_wait_s,
         )
         history = ScalerHistory(pool.last_scale_out_at, pool.last_scale_in_at)
-        decision = decide(config, backlog, views, now, history)
+        decision = decide(config, backlog, views, now, history, observed)
         if decision.launch and failures["start_failures"] >= self.config.start_failure_limit:
             decision = dataclasses.replace(
                 decision,
@@ -156,12 +172,51 @@ class ScalingMixin(RolloutMixin):
                 "last_scale_out_at": after.last_scale_out_at,
                 "last_scale_in_at": after.last_scale_in_at,
                 "last_decision": record,
+                **({"scaler_observations": observed.to_record()} if observed is not None else {}),
                 **failures,
             },
         )
         if decision.launch or decision.remove:
             self.store.add_decision(d.DecisionRecord(pool=name, **record))
         return decision
+
+    def _observe(
+        self, pool: d.PoolRecord, workers: list[d.WorkerRecord], backlog: Backlog, now: float
+    ) -> tuple[slo.Observations, Backlog, dict[str, float]]:
+        """For a wait target: what the pool's claim and worker records add to what the scaler
+        observed (calque.pools.slo): each claim submitted since the last tick (an arrival),
+        each that ended since (its service time, and its wait), each worker that first served
+        (its start latency). Also when the waiting claims arrived, and when each running claim
+        started (by claim id). Reads at most OBSERVE_LIMIT claims of each kind a tick."""
+        observed = slo.Observations.from_record(pool.scaler_observations)
+        target = float(pool.max_wait_s or 0)
+        live = self.store.live_claims(pool.name, limit=OBSERVE_LIMIT)
+        ended = self.store.ended_claims(pool.name, OBSERVE_LIMIT)
+        arrived = sorted(
+            {f"{c.submitted_at}#{c.claim_id}": c for c in live + ended}.items(), key=lambda kv: kv[0]
+        )
+        for key, c in arrived:
+            if key > observed.seen:
+                observed.arrival(_epoch(c.submitted_at))
+                observed.seen = key
+        for c in reversed(ended):  # oldest first
+            key = f"{c.finished_at or c.submitted_at}#{c.claim_id}"
+            if key <= observed.ended_seen:
+                continue
+            observed.ended_seen = key
+            if c.started_at is not None:
+                observed.waited(_epoch(c.started_at) - _epoch(c.submitted_at), target)
+                if c.state == d.SUCCEEDED and c.finished_at is not None:
+                    observed.served(_epoch(c.finished_at) - _epoch(c.started_at))
+        for w in workers:
+            if w.state in (d.W_IDLE, d.W_BUSY) and w.worker_id not in observed.counted:
+                ready = min(t for t in (w.idle_since, w.seen_at, now) if t is not None)
+                observed.started(ready - w.launched_at)
+                observed.counted.append(w.worker_id)
+        observed.counted = [wid for wid in observed.counted if any(w.worker_id == wid for w in workers)]
+        waiting = tuple(_epoch(c.submitted_at) for c in live if c.state == d.QUEUED)
+        running = {c.claim_id: _epoch(c.started_at) for c in live if c.state == d.RUNNING and c.started_at}
+        return observed, dataclasses.replace(backlog, waiting_since=waiting), running
 
     def _check_starts(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> list[d.WorkerRecord]:
         """Read how each start command still awaited ended (once per instance's command). A

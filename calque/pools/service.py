@@ -9,6 +9,7 @@ core (calque.pools.core); ``Pools`` composes them.
 
 from __future__ import annotations
 
+from calque.pools.claim_io import ClaimIOMixin
 from calque.pools.claims import ClaimsMixin
 from calque.pools.core import PoolsConfig
 from calque.pools.lifecycle import LifecycleMixin
@@ -18,6 +19,7 @@ from calque.pools.workers import WorkersMixin
 __all__ = ["Pools", "PoolsConfig"]
 
 
-class Pools(LifecycleMixin, ClaimsMixin, WorkersMixin, ScalingMixin):
-    """A pool's lifecycle, its claims, its workers' reports and its scaling over one store,
-    its queues, the artifact bucket and the capacity its workers run on."""
+class Pools(LifecycleMixin, ClaimsMixin, ClaimIOMixin, WorkersMixin, ScalingMixin):
+    """A pool's lifecycle, its claims (their input, output and logs), its workers' reports and
+    its scaling over one store, its queues, the artifact bucket and the capacity its workers
+    run on."""

@@ -17,17 +17,21 @@ The mapping from the trace (Alibaba GPU cluster trace v2023, pod list):
 - ``num_gpu > 1``: that many exclusive cards on one host, all at once.
 
 A job no slice of the layout can ever take is refused; one that fits but finds no
-free slice waits. Waiting jobs are placed first fit in arrival order (a later job
-that fits goes ahead of an earlier one that does not). Departures at a moment are
-processed before arrivals at that moment.
+free slice waits. Waiting jobs are placed in the queue's fair-share order
+(``placement_queue``; one group: arrival order), a later job that fits going ahead of
+an earlier one that does not. Departures at a moment are processed before arrivals.
 
 Layouts: ``dedicated`` (every GPU exclusive), ``mig:PROFILE=N,...`` (every GPU that
-mix), ``mps:N`` (N clients of 100/N % each), ``adaptive``: GPUs start dedicated, and
-when a GPU is empty while jobs wait, it is re-laid out for them (the host agent can
-re-layout an idle card): exclusive when the oldest waiting job needs a whole GPU,
-else the MIG mix that fits the waiting fractions in arrival order, the rest filled
-with the smallest profile. A re-layout takes no virtual time here. Cards without MIG
-stay dedicated under ``adaptive``.
+mix), ``mps:N`` (N clients of 100/N % each), ``adaptive``: GPUs start dedicated and
+each job asks for its smallest fitting slice (``planner.smallest_fitting_share``).
+When nothing waiting fits what is free: an empty card is cut for the queue
+(``planner.mix_for``); else the free part of a card in use is re-cut around its held
+slices when their ids and places stay (``planner.recut``; the host agent keeps MIG
+instances in use and creates the rest around them); else, when the first in line has
+waited ``reserve_after_s`` and capacity sits free that nothing waiting fits (or no card
+offers its size), the cut card whose sessions end first is drained (its slices not
+placeable) to be cut for the queue once empty. A re-layout takes no virtual time here.
+Cards without MIG stay dedicated under ``adaptive``.
 
 Numbers: paid GPU-hours are every GPU of every host from the first arrival to the
 last departure; members served per GPU-hour = jobs placed / paid GPU-hours; busy
@@ -41,7 +45,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -51,13 +55,11 @@ from calque.simulate.placement_layouts import (
     Layout,
     compute_profile,
     gpu_entry,
-    parse_hosts,
-    parse_layout,
     slice_share,
-    static_mig_layouts,
 )
+from calque.simulate.placement_queue import FairQueue
 from calque.simulate.placement_report import Result, percentile
-from calque.simulate.placement_trace import Job, read_trace
+from calque.simulate.placement_trace import Job
 
 if TYPE_CHECKING:
     from calque.catalog.models import Card, InstanceType
@@ -88,13 +90,21 @@ class _Gpu:
     card: Card
     mix: dict[str, int] | None  # None: exclusive (or MPS, fixed)
     held: int = 0
+    until: int = 0  # when the last job held on it ends (the sessions' expiry)
+    draining: bool = False  # no new job on it: it empties to be cut whole for the queue's head
 
 
 class Simulator:
     """One replay. Build it, then ``run()``; deterministic for a trace, hosts, layout and seed."""
 
     def __init__(
-        self, jobs: list[Job], hosts: list[tuple[str, int]], layout: Layout, *, seed: int = 0
+        self,
+        jobs: list[Job],
+        hosts: list[tuple[str, int]],
+        layout: Layout,
+        *,
+        seed: int = 0,
+        shares: dict[str, float] | None = None,
     ) -> None:
         from calque import catalog
         from calque.tenancy.service import Tenancy, TenancyConfig
@@ -117,6 +127,7 @@ class Simulator:
             clock=lambda: self.now,
             rng=random.Random(seed),  # noqa: S311 - tie-breaking, reproducible by design
         )
+        self.queue = FairQueue(shares or {})
         self.types: dict[str, InstanceType] = {}
         self.gpus: dict[tuple[str, int], _Gpu] = {}
         self.free: dict[tuple[str, str], int] = {}  # (backend, profile) -> free slices
@@ -178,8 +189,9 @@ class Simulator:
         self.free[key] = self.free.get(key, 0) + delta
         self.free_share += delta * share
 
-    def _relayout(self, gpu: _Gpu, mix: dict[str, int] | None) -> None:
-        """The host agent re-lays out an idle card: its free slices replaced by the new layout's."""
+    def _relayout(self, gpu: _Gpu, mix: dict[str, int] | None, held: frozenset[str] = frozenset()) -> None:
+        """The host agent re-lays out a card: its free slices replaced by the new layout's; the
+        ``held`` ones (in use) kept as they are."""
         from calque.catalog import planner
         from calque.contracts.layout import GpuEntry
         from calque.tenancy.store.models import SliceRecord
@@ -187,9 +199,11 @@ class Simulator:
         reg = self.registry
         with reg._lock:
             for key, sl in list(reg.slice_map.items()):
-                if key[0] == gpu.instance_id and sl.gpu_index == gpu.index:
+                if key[0] == gpu.instance_id and sl.gpu_index == gpu.index and key[1] not in held:
                     self.fences[key] = sl.fence
-                    self._count(sl.backend, sl.profile, -1, self.shares.pop(key))
+                    share = self.shares.pop(key)
+                    if sl.placeable:
+                        self._count(sl.backend, sl.profile, -1, share)
                     del reg.slice_map[key]
             entry = (
                 GpuEntry(devices=[gpu.index], mig=mix)
@@ -197,6 +211,8 @@ class Simulator:
                 else GpuEntry(devices=[gpu.index], exclusive=True)
             )
             for p in planner.plan_gpu(gpu.card, gpu.index, entry):
+                if p.slice_id in held:
+                    continue
                 sl = SliceRecord(
                     instance_id=gpu.instance_id,
                     slice_id=p.slice_id,
@@ -215,10 +231,13 @@ class Simulator:
                 self.shares[(gpu.instance_id, p.slice_id)] = share
                 self._count(p.backend, p.profile, +1, share)
         gpu.mix = dict(mix) if mix else None
+        gpu.draining = False
 
     # -- what a job may take ----------------------------------------------------------------
     def kinds(self, job: Job) -> tuple[tuple[str, str, Fraction], ...]:
         """(backend, profile, share) a job may take, smallest share first; () if nothing ever fits."""
+        from calque.catalog import planner
+
         if job.num_gpu > 1:
             dedicates = self.layout.kind in ("dedicated", "adaptive")
             fits = dedicates and any(t.gpu_count >= job.num_gpu for t in self.types.values())
@@ -227,11 +246,12 @@ class Simulator:
         cards = {t.card.name: t.card for t in self.types.values()}
         for card in cards.values():
             for backend, profile, share in self._offered(card):
-                # adaptive: fractions are served by re-laid-out MIG slices, not by whole cards
-                whole_for_part = (
-                    self.layout.kind == "adaptive" and card.mig_capable and backend == "exclusive"
-                )
-                if share >= job.fraction and not (whole_for_part and job.fraction < 1):
+                if self.layout.kind == "adaptive" and card.mig_capable:
+                    # adaptive: each job asks for its smallest fitting slice, which the cards are
+                    # re-cut to offer (a fraction only the whole card holds: the whole card)
+                    if share == planner.smallest_fitting_share(card, job.fraction):
+                        found.add((backend, profile, share))
+                elif share >= job.fraction:
                     found.add((backend, profile, share))
         return tuple(sorted(found, key=lambda k: (k[2], k[0], k[1])))
 
@@ -323,9 +343,11 @@ class Simulator:
             slice_id=slice_id,
             fence=sl.fence,
         )
-        self.registry.slice_reclaimed(sl, placeable=True, not_before=self.now, event=event)
-        self._count(sl.backend, sl.profile, +1, self.shares[(instance_id, slice_id)])
-        self.gpus[(instance_id, sl.gpu_index)].held -= 1
+        gpu = self.gpus[(instance_id, sl.gpu_index)]
+        self.registry.slice_reclaimed(sl, placeable=not gpu.draining, not_before=self.now, event=event)
+        if not gpu.draining:
+            self._count(sl.backend, sl.profile, +1, self.shares[(instance_id, slice_id)])
+        gpu.held -= 1
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, *, trace: str = "", hosts: str = "", seed: int = 0, timeline: bool = False) -> Result:
@@ -338,6 +360,7 @@ class Simulator:
         busy_gpu = Fraction(0)
         busy_slices = 0
         frag = Fraction(0)
+        unsaturated = Fraction(0)
         start = self.jobs[0].arrival if self.jobs else 0
         last = start
         end = start
@@ -347,14 +370,18 @@ class Simulator:
 
         def place_all(t: int) -> None:
             nonlocal busy_gpu, busy_slices, seq, queued
+            now = float(t)
             while queued:
+                self.queue.refresh(now, {key[1] for key, q in waiting.items() if q})
                 heads = [
-                    (q[0].arrival, q[0].line, key) for key, q in waiting.items() if q and self._may_fit(key)
+                    (self.queue.key(q[0], now), key)
+                    for key, q in waiting.items()
+                    if q and self._may_fit(key[0])
                 ]
                 placed_one = False
-                for _a, _l, key in sorted(heads):
+                for _k, key in sorted(heads):
                     job = waiting[key][0]
-                    grants = self._try(job, key)
+                    grants = self._try(job, key[0])
                     if grants is None:
                         continue
                     waiting[key].popleft()
@@ -362,16 +389,19 @@ class Simulator:
                     self._started(job, t, grants, waits)
                     placed_one = True
                     break
-                if not placed_one and not (self.layout.kind == "adaptive" and self._adapt(waiting)):
+                if not placed_one and not (self.layout.kind == "adaptive" and self._adapt(waiting, now)):
                     return
 
         while i < len(self.jobs) or departures:
             t_next_arrival = self.jobs[i].arrival if i < len(self.jobs) else None
             t_next_dep = departures[0][0] if departures else None
             t = min(x for x in (t_next_arrival, t_next_dep) if x is not None)
-            # integrate fragmentation over [last, t): free capacity while jobs waited that none fit
+            # integrate fragmentation over [last, t): free capacity while jobs waited that none fit;
+            # and the capacity free while nothing waited (the hosts were not saturated)
             if queued:
                 frag += self.free_share * (t - last)
+            elif i:
+                unsaturated += self.free_share * (t - last)
             last = t
             self.now = EPOCH + timedelta(seconds=t)
             while departures and departures[0][0] == t:
@@ -395,7 +425,8 @@ class Simulator:
                     res.refused_by_reason[reason] = res.refused_by_reason.get(reason, 0) + 1
                     continue
                 kinds_of[job.line] = kinds
-                waiting.setdefault(kinds, deque()).append(job)
+                waiting.setdefault((kinds, job.group), deque()).append(job)
+                self.queue.arrived(job)
                 queued += 1
             place_all(t)
             if timeline:
@@ -416,8 +447,15 @@ class Simulator:
         res.idle_share = round(1 - float(busy_gpu / 3600 / paid), 4) if paid else 0.0
         res.fragmented_gpu_hours = round(float(frag / 3600), 3)
         res.fragmentation_share = round(float(frag / 3600 / paid), 4) if paid else 0.0
+        res.unsaturated_share = round(float(unsaturated / 3600 / paid), 4) if paid else 0.0
         res.relayouts = self.relayouts
+        res.groups = self.queue.report()
         return res
+
+    def _offers(self, kinds: tuple) -> bool:
+        """Whether any card is cut to offer one of these kinds of slice, free or held."""
+        wanted = {(b, p) for b, p, _s in kinds}
+        return any((sl.backend, sl.profile) in wanted for sl in self.registry.slice_map.values())
 
     def _may_fit(self, kinds: tuple) -> bool:
         if kinds[0][0] == "exclusive" and kinds[0][1].startswith("x"):
@@ -427,126 +465,77 @@ class Simulator:
     def _started(self, job: Job, t: int, grants: list[tuple[str, str, str]], waits: list[int]) -> None:
         waits.append(t - job.arrival)
         iid = self.registry.sessions[grants[0][0]].instance_id
+        for g in grants:
+            gpu = self.gpus[(iid, self.registry.slice_map[(iid, g[2])].gpu_index)]
+            gpu.until = max(gpu.until, t + job.duration)
         share = sum((self.shares[(iid, g[2])] for g in grants), Fraction(0))
         self._done.append((share * job.duration, len(grants) * job.duration, t + job.duration))
+        self.queue.granted(job, float(t), t - job.arrival, float(share * job.duration))
         self._seq += 1
         heapq.heappush(self._departures, (t + job.duration, self._seq, iid, grants))
 
-    def _adapt(self, waiting: dict[tuple, deque[Job]]) -> bool:
+    def _adapt(self, waiting: dict[tuple, deque[Job]], now: float) -> bool:
         """Re-lay out one empty MIG-capable GPU for what waits; True if one changed."""
         from calque.catalog import planner
-        from calque.errors import InvalidInput
 
         empty = [g for _k, g in sorted(self.gpus.items()) if g.held == 0 and g.card.mig_capable]
-        heads = [q[0] for q in waiting.values() if q]
-        if not empty or not heads:
+        if not any(waiting.values()):
             return False
-        head = min(heads, key=lambda j: (j.arrival, j.line))
 
-        def in_arrival_order() -> Iterator[Job]:
-            return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: (j.arrival, j.line))
+        def in_queue_order() -> Iterator[Job]:
+            # in the queue's order: each group's deque is first come first served
+            return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: self.queue.key(j, now))
 
+        card_mix: dict[str, dict[str, int] | None] = {}
         for gpu in empty:
-            if head.fraction >= 1:
-                if gpu.mix is None:
-                    continue
-                self._relayout(gpu, None)
-                self.relayouts += 1
-                return True
-            mix: dict[str, int] = {}
-            profiles = sorted(
-                (p for p in gpu.card.mig_profiles if compute_profile(p)),
-                key=lambda p: (p.compute_slices, p.memory_slices),
-            )
-            for job in in_arrival_order():
-                if (
-                    sum(gpu.card.profile(n).compute_slices * c for n, c in mix.items())
-                    >= gpu.card.compute_slices
-                ):
-                    break
-                if job.fraction >= 1:
-                    continue
-                want = next(
-                    (
-                        p
-                        for p in profiles
-                        if Fraction(p.compute_slices, gpu.card.compute_slices) >= job.fraction
-                    ),
-                    None,
-                )
-                if want is None:
-                    continue
-                trial = {**mix, want.name: mix.get(want.name, 0) + 1}
-                try:
-                    planner.place_mig(gpu.card, trial)
-                except InvalidInput:
-                    continue
-                mix = trial
-            while True:
-                trial = {**mix, profiles[0].name: mix.get(profiles[0].name, 0) + 1}
-                try:
-                    planner.place_mig(gpu.card, trial)
-                except InvalidInput:
-                    break
-                mix = trial
-            if mix and mix != gpu.mix:
+            if gpu.card.name not in card_mix:
+                card_mix[gpu.card.name] = planner.mix_for(gpu.card, (j.fraction for j in in_queue_order()))
+            mix = card_mix[gpu.card.name]
+            if mix != gpu.mix or gpu.draining:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
+        # no idle card helps: re-cut the free part of a card in use, around what is held (for
+        # the fractions that wait: a whole card is never cut around a held slice)
+        parts = [q for key, q in waiting.items() if q and key[0][0][2] < 1]
+        for _k, gpu in sorted(self.gpus.items()):
+            if not parts or not gpu.held or gpu.mix is None:
+                continue
+            held = frozenset(
+                s.slice_id
+                for s in self.registry.slices(gpu.instance_id)
+                if s.gpu_index == gpu.index and s.state != "free"
+            )
+            if len(held) == sum(gpu.mix.values()):
+                continue
+            in_order = heapq.merge(*parts, key=lambda j: self.queue.key(j, now))
+            mix = planner.recut(gpu.card, gpu.index, gpu.mix, set(held), (j.fraction for j in in_order))
+            if mix is not None:
+                self._relayout(gpu, mix, held)
+                self.relayouts += 1
+                return True
+        return self._drain_for_head(next(in_queue_order()), now)
+
+    def _drain_for_head(self, head: Job, now: float) -> bool:
+        """The queue's reservation, for a card: when the first in line fits no free slice and
+        has waited ``reserve_after_s``, while capacity sits free that no waiting job fits (or no
+        card is cut to offer its size at all, so that it is not starved while others keep the
+        cards cut their way) and no card can be re-cut, the cut card in use whose sessions end
+        first takes no new job, so that it empties and is cut for the queue."""
+        cut = [g for _k, g in sorted(self.gpus.items()) if g.mix is not None and g.held]
+        if (
+            head.num_gpu != 1
+            or now - head.arrival < self.queue.policy.reserve_after_s
+            or not cut
+            or any(g.draining for g in cut)
+            or not (self.free_share or not self._offers(self.kinds(head)))
+        ):
+            return False
+        gpu = min(cut, key=lambda g: (g.until, g.instance_id, g.index))
+        gpu.draining = True
+        for sl in self.registry.slices(gpu.instance_id):
+            if sl.gpu_index == gpu.index and sl.state == "free" and sl.placeable:
+                self.registry.set_placeable(sl, False)
+                self._count(sl.backend, sl.profile, -1, self.shares[(sl.instance_id, sl.slice_id)])
+        return True
         return False
-
-
-def simulate(
-    trace: str,
-    hosts: str,
-    layout: str,
-    *,
-    seed: int = 0,
-    timeline: bool = False,
-    compare: bool = True,
-    progress: Callable[[str], object] | None = None,
-) -> Result:
-    """Read, validate and replay: the numbers ``calque simulate placement`` prints. For
-    ``adaptive`` (with ``compare``), also the best static MIG layout on the same hosts."""
-    import time
-
-    jobs, skipped = read_trace(trace)
-    parsed_hosts = parse_hosts(hosts)
-    sim = Simulator(jobs, parsed_hosts, parse_layout(layout), seed=seed)
-    if progress is not None:  # only once the trace, hosts and layout are good: a refusal is one line
-        progress(f"replaying {trace} on {hosts} as {layout} ...")
-    started = time.perf_counter()
-    res = sim.run(trace=str(trace), hosts=hosts, seed=seed, timeline=timeline)
-    wall = time.perf_counter() - started
-    if progress is not None:
-        progress(f"{res.events} trace events in {wall:.1f} s ({res.events / max(wall, 1e-9):,.0f} events/s)")
-    res.cpu_only_skipped = skipped
-    if sim.layout.kind == "adaptive" and compare:
-        if progress is not None:
-            progress("replaying every static MIG layout of the card on the same hosts, to compare ...")
-        best = best_static(jobs, parsed_hosts, seed=seed)
-        if best is not None:
-            res.best_static = {
-                "layout": best.layout,
-                "placed": best.placed,
-                "members_per_gpu_hour": best.members_per_gpu_hour,
-                "wait_p95_s": best.wait_p95_s,
-            }
-            res.beats_best_static = res.members_per_gpu_hour > best.members_per_gpu_hour
-    return res
-
-
-def best_static(jobs: list[Job], hosts: list[tuple[str, int]], *, seed: int = 0) -> Result | None:
-    """The static MIG layout (every maximal mix of the hosts' card) that serves the most members
-    per GPU-hour on these hosts (ties: the shorter p95 wait); None unless every host has the
-    same MIG-capable card."""
-    from calque import catalog
-
-    cards = {catalog.instance_type(t).card.name: catalog.instance_type(t).card for t, _n in hosts}
-    if len(cards) != 1:
-        return None
-    (card,) = cards.values()
-    if not card.mig_capable:
-        return None
-    runs = [Simulator(jobs, hosts, layout, seed=seed).run(seed=seed) for layout in static_mig_layouts(card)]
-    return max(runs, key=lambda r: (r.members_per_gpu_hour, -r.wait_p95_s, r.layout))

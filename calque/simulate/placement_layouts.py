@@ -91,9 +91,10 @@ def slice_share(card: Card, backend: str, profile: str, pct: int | None) -> Frac
 
 
 def compute_profile(p: Any) -> bool:
-    """A plain compute profile (``2g.48gb``): no media engines, graphics or -me variants,
-    which offer the same compute and memory as their plain twin and only add choices."""
-    return not p.media_extensions and "+" not in p.name and "-" not in p.name
+    """A plain compute profile (``2g.48gb``): the planner's rule."""
+    from calque.catalog.planner import plain_profile
+
+    return plain_profile(p)
 
 
 def static_mig_layouts(card: Card) -> list[Layout]:

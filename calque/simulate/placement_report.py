@@ -28,12 +28,21 @@ class Result:
     idle_share: float = 0.0
     fragmented_gpu_hours: float = 0.0
     fragmentation_share: float = 0.0
+    # capacity free while nothing waited: the hosts were not saturated (share of paid)
+    unsaturated_share: float = 0.0
     relayouts: int = 0
     events: int = 0
     refused_by_reason: dict[str, int] = field(default_factory=dict)
     # adaptive only: the best static MIG layout on the same hosts, and whether adaptive beats it
     best_static: dict[str, Any] | None = None
     beats_best_static: bool | None = None
+    # adaptive only: dedicated cards on the same hosts, the ratio, and the trace's packing bound
+    dedicated: dict[str, Any] | None = None
+    vs_dedicated: float | None = None
+    bound: dict[str, Any] | None = None
+    share_of_bound: float | None = None
+    # the queue's fair-share outcome, by group
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     timeline: list[tuple[float, float, int]] = field(default_factory=list, repr=False)
 
     def document(self) -> dict[str, Any]:
@@ -70,8 +79,8 @@ def timeline_figure(res: Result) -> Any:
     ax.step(
         days, [b for _t, b, _q in res.timeline], where="post", label="busy share of the GPUs", linewidth=0.8
     )
-    ax.set_xlabel("trace day")
-    ax.set_ylabel("busy share")
+    ax.set_xlabel("time into the trace (days)")
+    ax.set_ylabel("busy share of the GPUs (0 to 1)")
     ax2 = ax.twinx()
     ax2.step(
         days,
@@ -81,7 +90,9 @@ def timeline_figure(res: Result) -> Any:
         label="jobs waiting",
         linewidth=0.8,
     )
-    ax2.set_ylabel("jobs waiting")
+    ax2.set_ylabel("jobs waiting (count)")
+    lines = ax.get_lines() + ax2.get_lines()  # one legend for both axes
+    ax.legend(lines, [str(line.get_label()) for line in lines], loc="upper left")
     ax.set_title(f"{res.layout} on {res.hosts}: {res.members_per_gpu_hour} members per GPU-hour")
     fig.tight_layout()
     return fig

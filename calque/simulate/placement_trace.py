@@ -19,6 +19,7 @@ class Job:
     gpu_milli: int
     arrival: int
     duration: int
+    group: str = "all"  # the trace's ``group`` column, when it has one
 
     @property
     def fraction(self) -> Fraction:
@@ -55,6 +56,7 @@ def read_trace(path: str | Path) -> tuple[list[Job], int]:
         if missing:
             raise _trace_error(p, 1, f"missing column(s) {', '.join(missing)} in the header")
         at = {c: header.index(c) for c in REQUIRED}
+        group_at = header.index("group") if "group" in header else None
         for n, row in enumerate(reader, start=2):
             if not row or all(not c.strip() for c in row):
                 continue
@@ -88,6 +90,7 @@ def read_trace(path: str | Path) -> tuple[list[Job], int]:
                     gpu_milli=vals["gpu_milli"] or 1000,
                     arrival=vals["creation_time"],
                     duration=max(1, vals["deletion_time"] - vals["creation_time"]),
+                    group=(row[group_at].strip() if group_at is not None else "") or "all",
                 )
             )
     return jobs, skipped

@@ -43,6 +43,7 @@ from calque.pools.scaler import (
     place_launch,
     whole_instances,
 )
+from calque.pools.slo import Observations
 
 REQUIRED_COLUMNS = ("arrival_s", "service_s")
 OPTIONAL_COLUMNS = ("items", "model")
@@ -171,6 +172,7 @@ class _Worker:
     claims_served: int = 0
     removed_at: float | None = None
     busy_s: float = 0.0
+    busy_since: float | None = None
 
 
 @dataclass
@@ -214,6 +216,9 @@ class SimResult:
             "claims": self.claims,
             "paid_gpu_seconds": round(self.paid_gpu_seconds, 1),
             "busy_gpu_seconds": round(self.busy_gpu_seconds, 1),
+            # the placement simulator's names for the same figures (calque/simulate/placement.py)
+            "paid_gpu_hours": round(self.paid_gpu_seconds / 3600, 3),
+            "busy_gpu_hours": round(self.busy_gpu_seconds / 3600, 3),
             "paid_per_busy": round(self.paid_per_busy, 3),
             "warm_hit_rate": round(self.warm_hit_rate, 4),
             "wait_p50_s": round(self.wait_percentile(50), 1),
@@ -254,6 +259,9 @@ def simulate(
     warm_hits = 0
     decisions: list[Decision] = []
     history = ScalerHistory()
+    # what the scaler observes of the claims, as the scaler function reads it off their records
+    observed = Observations()
+    target = config.scaler.max_wait_s
     timeline: list[tuple[float, int, int]] = []
     max_workers = 0
     max_instances = 0
@@ -315,19 +323,30 @@ def simulate(
         while queue and idle:
             w = idle.pop()  # the most recently idle first: keeps the others aging toward scale-in
             claim = queue.pop(0)
-            waits.append(now - claim.arrival_s)
+            # to the microsecond: a claim that waited exactly a cold start waits that, not that
+            # and the float rounding of the virtual clock's sums
+            waited = round(now - claim.arrival_s, 6)
+            waits.append(waited)
+            if target is not None:
+                observed.waited(waited, target)
             if w.claims_served:
                 warm_hits += 1
             w.claims_served += 1
-            w.state, w.idle_since = WorkerState.BUSY, None
+            w.state, w.idle_since, w.busy_since = WorkerState.BUSY, None, now
             w.busy_s += claim.service_s * fractions[w.slot]
             push(now + claim.service_s, _DONE, w.worker_id)
 
     def scale(now: float) -> None:
         nonlocal history
-        views = [WorkerView(w.worker_id, w.state, w.idle_since) for w in live()]
+        views = [
+            WorkerView(w.worker_id, w.state, w.idle_since, launched_at=w.launched_at, busy_since=w.busy_since)
+            for w in live()
+        ]
         in_flight = sum(1 for w in live() if w.state is WorkerState.BUSY)
-        d = decide(config.scaler, Backlog(visible=len(queue), in_flight=in_flight), views, now, history)
+        backlog = Backlog(
+            visible=len(queue), in_flight=in_flight, waiting_since=tuple(c.arrival_s for c in queue)
+        )
+        d = decide(config.scaler, backlog, views, now, history, observed)
         decisions.append(d)
         history = d.history_after(history)
         if d.launch:
@@ -349,15 +368,18 @@ def simulate(
         now, kind, _, payload = heapq.heappop(events)
         if kind == _ARRIVAL:
             queue.append(payload)
+            observed.arrival(now)
             if config.policy == "scaler":
                 scale(now)  # the nudge a submit sends
         elif kind == _READY:
             w = workers[payload]
             if w.removed_at is None:
                 w.state, w.idle_since = WorkerState.IDLE, now
+                observed.started(now - w.launched_at)
         elif kind == _DONE:
             w = workers[payload]
-            w.state, w.idle_since = WorkerState.IDLE, now
+            observed.served(now - (w.busy_since or now))
+            w.state, w.idle_since, w.busy_since = WorkerState.IDLE, now, None
             done += 1
         elif kind == _TICK:
             # settled: every claim served and the pool as small as it gets: at its minimum,
@@ -371,7 +393,7 @@ def simulate(
                 and all(
                     w.state is WorkerState.IDLE
                     and w.idle_since is not None
-                    and now - w.idle_since >= config.scaler.idle_timeout_s
+                    and (target is not None or now - w.idle_since >= config.scaler.idle_timeout_s)
                     for w in live()
                 )
             )
@@ -416,8 +438,8 @@ def plot(result: SimResult, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.step(ts, [b for _, b, _ in result.timeline], where="post", label="backlog (visible + in flight)")
     ax.step(ts, [n for _, _, n in result.timeline], where="post", label="workers")
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("count")
+    ax.set_xlabel("time (minutes)")
+    ax.set_ylabel("claims or workers (count)")
     ax.set_title(
         f"{result.policy}: paid/busy {result.paid_per_busy:.2f}, p95 wait {result.wait_percentile(95):.0f}s"
     )

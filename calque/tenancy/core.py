@@ -213,7 +213,8 @@ class TenancyCore:
                     raise
                 session = current
         self._publish([session_ended(ended)])
-        self.tasks.send(_reclaim(session))
+        for task in _reclaims(session):
+            self.tasks.send(task)
         return ended
 
     def _publish(self, events: list[Event]) -> None:
@@ -307,6 +308,7 @@ class TenancyCore:
             end_reason=s.end_reason,
             end_note=s.end_note or None,
             env=s.env,
+            slice_ids=s.slice_ids,
             host_access=(
                 HostAccess(
                     # an ended session's account is no longer one to connect to, whatever the
@@ -380,17 +382,26 @@ def session_ended(s: SessionRecord) -> Event:
     )
 
 
-def _reclaim(session: SessionRecord) -> ReclaimTask:
-    return ReclaimTask(instance_id=session.instance_id, slice_id=session.slice_id, fence=session.fence)
+def _reclaims(session: SessionRecord) -> list[ReclaimTask]:
+    """The host agent's ``reclaim`` of each slice the session held, at its fence."""
+    return [
+        ReclaimTask(instance_id=session.instance_id, slice_id=slice_id, fence=session.fence)
+        for slice_id in session.slice_ids
+    ]
 
 
-def _grant(session: SessionRecord) -> GrantTask:
-    """The host agent's ``grant`` of a checked-out slice to the session's own account, with
-    the token hash its login checks (never the token)."""
+def _grant(session: SessionRecord, slice_id: str | None = None) -> GrantTask:
+    """The host agent's ``grant`` of a checked-out slice (default: the session's first) to the
+    session's own account, with the token hash its login checks (never the token)."""
     return GrantTask(
         instance_id=session.instance_id,
-        slice_id=session.slice_id,
+        slice_id=slice_id or session.slice_id,
         fence=session.fence,
         user=session_account(session.session_id),
         token_sha256=session.token_hash,
     )
+
+
+def _grants(session: SessionRecord) -> list[GrantTask]:
+    """A ``grant`` of every slice the session holds (several: its whole cards)."""
+    return [_grant(session, slice_id) for slice_id in session.slice_ids]

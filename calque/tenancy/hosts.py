@@ -292,6 +292,9 @@ class HostsMixin(TenancyCore):
         event = None
         if report.ok and g is not None and (g.account == account or g.shared_account):
             state, why = "granted", None
+            if session.host_access == "failed" and session.extra_slices:
+                # another card of the session failed: one card's success does not undo that
+                return ReportAccepted(instance_id=host.instance_id, host_state=host.state)
         else:
             state = "failed"
             if report.error is not None:
@@ -320,7 +323,7 @@ class HostsMixin(TenancyCore):
             return
         if holder is not None and holder.state == "live" and report.fence < holder.fence:
             if session_account(holder.session_id) != g.account:
-                self.tasks.send(_grant(holder))
+                self.tasks.send(_grant(holder, sl.slice_id))
         elif (
             sl.state == "free"
             and report.fence <= sl.fence

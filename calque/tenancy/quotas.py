@@ -40,6 +40,11 @@ class QuotasMixin(TenancyCore):
         )
         return self.get_quota(who, user)
 
+    def list_quotas(self, who: Caller) -> list[Quota]:
+        """Admins: every member with a quota item (set, or moved by a session); members: their own."""
+        users = self.registry.quota_users() if who.admin else [who.principal]
+        return [self.get_quota(who, u) for u in users]
+
     def get_quota(self, who: Caller, user: str) -> Quota:
         from calque.contracts.quotas import Quota
 
@@ -67,6 +72,9 @@ class QuotasMixin(TenancyCore):
         # transaction, and the one max_sessions is held by (exact, however many there are).
         live = quota.live if quota else 0
         explicit = quota is not None and quota.explicit
+        from calque.members.groups import default_group
+
+        charged = default_group(self.registry, user)
         return Quota(
             user=user,
             max_sessions=quota.max_sessions if explicit and quota else self.config.default_max_sessions,
@@ -80,4 +88,5 @@ class QuotasMixin(TenancyCore):
             month=month,
             default=not explicit,
             version=quota.version if quota else 0,
+            default_group=charged.name if charged else None,
         )

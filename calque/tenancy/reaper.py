@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaim, session_ended
+from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaims, session_ended
 from calque.tenancy.store.models import LeaseEvent
 
 
@@ -33,7 +33,7 @@ class ReaperMixin(TenancyCore):
             )
             done = {s.session_id for s in ended}
             self._publish([session_ended(s) for s in ended])
-            self.tasks.send_many([_reclaim(s) for s in page if s.session_id in done])
+            self.tasks.send_many([t for s in page if s.session_id in done for t in _reclaims(s)])
             for session in page:
                 # Not ended: extended or checked in meanwhile; theirs wins.
                 (out.expired if session.session_id in done else out.raced).append(session.session_id)

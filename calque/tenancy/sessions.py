@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from calque.contracts.accounts import connect_account, session_connect_command
 from calque.contracts.tenancy import (
@@ -28,49 +28,13 @@ from calque.identity import Caller
 from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, QuotaFull, StaleWrite
 from calque.members.records import GroupRecord, QuotaRecord
-from calque.tenancy.core import TenancyCore, _grant, _iso, hash_token, new_token, session_started
-from calque.tenancy.store.models import RequestRecord, SessionRecord, SliceRecord
+from calque.tenancy.core import _grants, _iso, hash_token, new_token, session_started
+from calque.tenancy.placement import PlacementMixin, merged_env, price_all, slice_backends
+from calque.tenancy.store.models import RequestRecord, SessionRecord
 from calque.tenancy.store.ports import Replayed, SliceTaken
 
 if TYPE_CHECKING:
-    from calque.fleet.ports import InstanceRates
-
-
-def price(
-    registry: Any, sl: SliceRecord, rates: InstanceRates | None = None
-) -> tuple[str | None, str | None]:
-    """The slice's share of its instance ("n/d") and the instance's hourly rate (USD), as the
-    usage report charges them. Slices record their share at registration; one registered
-    before that is priced from its host (two reads). A spot slice's rate is the one the fleet
-    recorded when it launched the instance (one read of ``rates``), else the catalog's
-    on-demand rate. (None, None): no rate is known."""
-    share, itype_name = sl.share, sl.instance_type
-    if share is None or itype_name is None:
-        from calque.members.shares import slice_shares
-
-        host = registry.get_host(sl.instance_id)
-        if host is None:
-            return None, None
-        itype_name = host.instance_type
-        try:
-            shares = slice_shares(
-                host.instance_type,
-                host.layout,
-                [(s.slice_id, s.gpu_index, s.backend, s.profile) for s in registry.slices(sl.instance_id)],
-            )
-        except InvalidInput:
-            return None, None
-        if sl.slice_id not in shares:
-            return None, None
-        share = str(shares[sl.slice_id])
-    from calque.fleet.rates import rate_of
-
-    # Only a spot instance has a recorded rate: an on-demand check-out reads nothing more.
-    recorded = rates.instance_rate(sl.instance_id) if sl.spot and rates is not None else None
-    charged = rate_of(itype_name, recorded)
-    if charged is None:
-        return share, None
-    return share, str(charged[0])
+    pass
 
 
 class ReplayAnswer(Exception):
@@ -80,7 +44,7 @@ class ReplayAnswer(Exception):
         self.grant = grant
 
 
-class SessionsMixin(TenancyCore):
+class SessionsMixin(PlacementMixin):
     def checkout(
         self, who: Caller, req: CheckoutRequest, *, idempotency_key: str | None = None
     ) -> SessionGrant:
@@ -111,7 +75,9 @@ class SessionsMixin(TenancyCore):
         # One read of the member's quota and groups (the one a check-out always made for the
         # groups): it says what to reserve against; the grant's transaction checks again.
         # (With a profile, the same read may fetch its sizes, which placement reads next.)
-        profile = (req.backend, req.profile) if req.profile is not None and req.instance_id is None else None
+        profile = None
+        if req.profile is not None and req.instance_id is None:
+            profile = (slice_backends(req)[0], req.profile)
         quota, mine = self.registry.quota_and_groups(user, profile=profile)
         month = f"{now:%Y-%m}"
         refused = self._sessions_refusal(user, quota)
@@ -132,27 +98,29 @@ class SessionsMixin(TenancyCore):
         # instead of the stale rest of a page others raced for. Bounded: at most
         # max_tries reads (each at most 3 queries) and max_tries transactions.
         while tries < self.config.max_tries:
-            candidates = self._candidates(req, start=self.rng.random())
-            if not candidates:
+            taken = self._pick(req, start=self.rng.random())
+            if not taken:
                 break
-            sl = candidates[0]
+            sl = taken[0]
             tries += 1
-            share, rate = price(self.registry, sl, self.rates)
+            share, rate = price_all(self.registry, taken, self.rates)
             session = SessionRecord(
                 session_id=f"s-{secrets.token_hex(8)}",
                 user=user,
                 instance_id=sl.instance_id,
                 slice_id=sl.slice_id,
+                extra_slices=[x.slice_id for x in taken[1:]],
                 backend=sl.backend,
                 profile=sl.profile,
-                memory_gib=sl.memory_gib,
-                gpu_fraction=sl.gpu_fraction,
+                memory_gib=sum(x.memory_gib for x in taken),
+                gpu_fraction=sum(x.gpu_fraction for x in taken),
                 state="live",
-                fence=sl.fence + 1,
+                # one fence for every card taken: above each one's own
+                fence=max(x.fence for x in taken) + 1,
                 token_hash=hash_token(token),
                 created_at=now,
                 expires_at=now + timedelta(seconds=ttl),
-                env=sl.env,
+                env=merged_env(taken),
                 spot=sl.spot,
                 group=group.name if group else None,
                 host_access="pending",
@@ -186,6 +154,7 @@ class SessionsMixin(TenancyCore):
                     reservation=res,
                     event=event,
                     request=record,
+                    extra=taken[1:],
                 )
             except Replayed:
                 break
@@ -209,7 +178,8 @@ class SessionsMixin(TenancyCore):
             # The slice's account on the host: a queue message, like a reclaim. Until the
             # agent has done it, the host's login refuses ("not granted yet"); see host_access.
             self._publish([session_started(session)])
-            self.tasks.send(_grant(session))
+            for task in _grants(session):
+                self.tasks.send(task)
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)
         # A user at their quota is told that first: freeing a slice would not help them.
@@ -234,7 +204,8 @@ class SessionsMixin(TenancyCore):
         if session.state == "live" and session.host_access == "pending":
             # The first answer may have been lost with its grant message: send it again (the
             # agent's grant of the same slice to the same account changes nothing twice).
-            self.tasks.send(_grant(session))
+            for task in _grants(session):
+                self.tasks.send(task)
         raise ReplayAnswer(self._grant_view(session, requests.unseal(found.sealed_token, who.principal, key)))
 
     def checkin(
@@ -248,7 +219,7 @@ class SessionsMixin(TenancyCore):
         token_hash: str | None = None
         if not req.force:
             # first, replay or not: a wrong token is refused, never answered with the session
-            token_hash = self._check_token(session, req.token, "nothing was released")
+            token_hash = self._owner_or_token(who, session, req.token, "nothing was released")
         if session.state == "ended" and requests.is_replay(session.end_request, rid, "check-in"):
             return self._session_view(session)  # a replay of the check-in that ended it
         if session.state == "ended":
@@ -295,7 +266,7 @@ class SessionsMixin(TenancyCore):
         rid = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
         session = self._visible_session(who, session_id)
         now = self.clock()
-        token_hash = self._check_token(session, req.token, "the expiry is unchanged")
+        token_hash = self._owner_or_token(who, session, req.token, "the expiry is unchanged")
         if requests.is_replay(session.extend_request, rid, "extend"):
             return self._session_view(session)  # a replay of the extend that set this expiry
         self._check_extendable(session, now)
@@ -365,7 +336,7 @@ class SessionsMixin(TenancyCore):
                 code="session_changed",
                 details={"session_id": session_id},
             ) from None
-        return self._session_view(new)
+        return self._timed_view(new)
 
     def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:
         quota, _mine = self.registry.quota_and_groups(session.user)
@@ -373,7 +344,37 @@ class SessionsMixin(TenancyCore):
         return quota, group
 
     def get_session(self, who: Caller, session_id: str) -> Session:
-        return self._session_view(self._visible_session(who, session_id))
+        return self._timed_view(self._visible_session(who, session_id))
+
+    def _timed_view(self, s: SessionRecord) -> Session:
+        """The session as read now: a live one says how many seconds it has left."""
+        view = self._session_view(s)
+        if s.state != "live":
+            return view
+        left = max(0, int((s.expires_at - self.clock()).total_seconds()))
+        return view.model_copy(update={"seconds_left": left, "connect": self._connect(s)})
+
+    def _connect(self, s: SessionRecord) -> Connect:
+        account = connect_account(s.session_id, s.backend, s.slice_id)
+        document = self.config.session_document_name
+        return Connect(
+            ssm_command=session_connect_command(s.instance_id, document, account),
+            document_name=document,
+            account=account,
+        )
+
+    def _owner_or_token(
+        self, who: Caller, session: SessionRecord, token: str | None, consequence: str
+    ) -> str | None:
+        """Who may end or extend a session: its token's holder (the token's hash, which the
+        write then checks again), or its member by their own identity alone (None). A token
+        given is always checked, whoever gives it; an admin who is not the member and has no
+        token ends it with force."""
+        if token or session.user != who.principal:
+            if not token and who.admin:
+                consequence += " (admins: force the check-in)"
+            return self._check_token(session, token, consequence)
+        return None
 
     def _ttl(self, seconds: int) -> int:
         lo, hi = self.config.ttl_floor_s, self.config.ttl_max_s
@@ -384,94 +385,6 @@ class SessionsMixin(TenancyCore):
                 details={"field": "ttl_seconds", "min": lo, "max": hi, "value": seconds},
             )
         return seconds
-
-    def _candidates(self, req: CheckoutRequest, *, start: float) -> list[SliceRecord]:
-        """Free slices that fit, best fit first (smallest memory); within one size a random
-        order, read from ``start`` of the size's spread so racers read different slices."""
-        limit = self.config.candidate_limit
-        if req.instance_id is not None:
-            host = self._host(req.instance_id)
-            if host.state != "ready":
-                raise Conflict(
-                    f"host {req.instance_id} is {host.state}, not accepting sessions",
-                    code="host_not_ready",
-                    details={"instance_id": req.instance_id, "state": host.state},
-                )
-            found = [s for s in self.registry.slices(req.instance_id) if s.placeable and _fits(s, req)]
-        elif req.profile is not None:
-            found = []
-            for mem in self.registry.profile_memories(req.backend, req.profile)[:4]:
-                found = self.registry.free_candidates(
-                    req.backend,
-                    min_memory_gib=None,
-                    profile_memory=(req.profile, mem),
-                    limit=limit,
-                    start=start,
-                )
-                if found:
-                    break
-        else:
-            found = self.registry.free_candidates(
-                req.backend, min_memory_gib=req.min_memory_gib, profile_memory=None, limit=limit, start=start
-            )
-        return self._best_fit_first(found)
-
-    def _refusal(self, req: CheckoutRequest, *, lost: int, tries: int) -> Conflict:
-        """Nothing was granted: say whether a fitting slice exists at all (then it is
-        busy: try again later) or none ever could (then say what the fleet offers)."""
-        details: dict[str, object] = {
-            "backend": req.backend,
-            "profile": req.profile,
-            "min_memory_gib": req.min_memory_gib,
-            "instance_id": req.instance_id,
-            "tries": tries,
-        }
-        if lost:
-            return Conflict(
-                f"no free slice fits this request right now (lost {lost} race(s)); try again",
-                code="no_free_slice",
-                details=details,
-            )
-        offered: dict[tuple[str, str, float], int] = {}
-        fits = 0
-        for host, slices in self.registry.fleet():
-            if host.state not in ("pending", "ready") or req.instance_id not in (None, host.instance_id):
-                continue
-            for s in slices:
-                offered[(s.backend, s.profile, s.memory_gib)] = (
-                    offered.get((s.backend, s.profile, s.memory_gib), 0) + 1
-                )
-                fits += _fits(s, req, any_state=True)
-        if fits:
-            return Conflict(
-                f"no free slice fits this request right now: the {fits} that fit are in use "
-                "or being reclaimed; try again later",
-                code="no_free_slice",
-                details=details,
-            )
-        kinds = [f"{b} {p} ({m:g} GiB) x{n}" for (b, p, m), n in sorted(offered.items())]
-        if req.instance_id is None:
-            head = f"nothing can fit: no host offers a {_describe(req)}"
-            tail = (
-                f"slices that exist: {', '.join(kinds)}" if kinds else "no host accepting sessions has slices"
-            )
-        else:
-            head = f"nothing can fit: host {req.instance_id} has no {_describe(req)}"
-            tail = f"its slices: {', '.join(kinds)}" if kinds else "it has no slices"
-        return Conflict(f"{head}; {tail}", code="nothing_fits", details={**details, "offered": kinds})
-
-    def _best_fit_first(self, found: list[SliceRecord]) -> list[SliceRecord]:
-        """Smallest fitting memory first; within one size, a random order, so racing
-        check-outs spread over equal slices instead of all fighting for the first."""
-        tiers: dict[float, list[SliceRecord]] = {}
-        for s in found:
-            tiers.setdefault(s.memory_gib, []).append(s)
-        out: list[SliceRecord] = []
-        for mem in sorted(tiers):
-            tier = tiers[mem]
-            self.rng.shuffle(tier)
-            out += tier
-        return out
 
     def _check_extendable(self, session: SessionRecord, now: datetime) -> None:
         if session.state == "ended":
@@ -497,34 +410,11 @@ class SessionsMixin(TenancyCore):
                     "a spot reclaim would end every session on it"
                 )
         return SessionGrant(
-            **self._session_view(s).model_dump(),
+            **self._session_view(s).model_dump(exclude={"connect"}),
             token=token,
-            connect=Connect(
-                ssm_command=session_connect_command(
-                    s.instance_id,
-                    self.config.session_document_name,
-                    connect_account(s.session_id, s.backend, s.slice_id),
-                )
-            ),
+            connect=self._connect(s),
             warnings=warnings,
         )
-
-
-def _fits(s: SliceRecord, req: CheckoutRequest, *, any_state: bool = False) -> bool:
-    return (
-        (any_state or s.state == "free")
-        and s.backend == req.backend
-        and (req.profile is None or s.profile == req.profile)
-        and (req.min_memory_gib is None or s.memory_gib >= req.min_memory_gib)
-    )
-
-
-def _describe(req: CheckoutRequest) -> str:
-    if req.profile is not None:
-        return f"{req.backend} slice of profile {req.profile}"
-    if req.min_memory_gib is not None:
-        return f"{req.backend} slice with at least {req.min_memory_gib:g} GiB"
-    return f"{req.backend} slice"
 
 
 def already_ended(session: SessionRecord, code: str) -> Conflict:

@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--heartbeat", type=float, default=None, help="seconds between heartbeats (default: a third)"
     )
     p.add_argument("--idle-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--log-every", type=float, default=2.0, help="seconds between shipments of a running claim's logs"
+    )
     p.add_argument("--poll-wait", type=int, default=20)
     p.add_argument(
         "--credentials",
@@ -64,6 +67,7 @@ def main(argv: list | None = None) -> int:
             heartbeat_s=args.heartbeat if args.heartbeat is not None else args.visibility / 3,
             idle_timeout_s=args.idle_timeout,
             poll_wait_s=min(20, max(1, args.poll_wait)),
+            log_every_s=max(0.1, args.log_every),
         )
     except ValueError as exc:
         sys.stderr.write(f"worker: error: {exc}\n")

@@ -14,6 +14,7 @@ first), as Ctrl-C would. The runner stays loaded: the worker's next claim is war
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -82,6 +83,25 @@ class _Redirect:
             os.close(saved)
 
 
+def _read_items(path: str) -> list:
+    """A claim's items from its input document on disk (``{"items": [...]}``)."""
+    with open(path, "rb") as f:
+        return list(json.load(f)["items"])
+
+
+def _write_results(path: str, results: list) -> int:
+    """The result document (``{"results": [...]}``) written to disk as it is encoded, never
+    as one string; how many items succeeded."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"results": [')
+        for i, entry in enumerate(results):
+            if i:
+                f.write(", ")
+            json.dump(entry, f)
+        f.write("]}")
+    return sum(1 for r in results if r.get("ok"))
+
+
 def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int, stop: Any = None) -> None:
     running: dict = {"seq": 0}  # the number of the run in progress; 0 between runs
     _stop_on_signal(stop, running)  # first: a stop asked while the runner enters must not kill it
@@ -111,10 +131,18 @@ def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int,
                     running["seq"] = 0
                     raise ClaimStopped()
                 try:
-                    results = run_items(runner, request["items"])
+                    items = request["items"] if "items" in request else _read_items(request["items_path"])
+                    results = run_items(runner, items)
+                    del items
                 finally:
                     running["seq"] = 0
-            conn.send({"op": "done", "results": results, "run_seconds": round(time.monotonic() - began, 3)})
+            took = round(time.monotonic() - began, 3)
+            if request.get("results_path"):
+                ok = _write_results(request["results_path"], results)
+                done = {"op": "done", "items_ok": ok, "items_failed": len(results) - ok, "run_seconds": took}
+                conn.send(done)
+            else:
+                conn.send({"op": "done", "results": results, "run_seconds": took})
         except ClaimStopped:
             conn.send({"op": "stopped", "run_seconds": round(time.monotonic() - began, 3)})
         except RunnerError as exc:

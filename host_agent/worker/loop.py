@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from host_agent.worker import objects
 from host_agent.worker.control import NotAWorker
 from host_agent.worker.supervisor import Outcome, Supervisor
 
@@ -67,6 +69,7 @@ class WorkerConfig:
     idle_timeout_s: float = 600.0
     poll_wait_s: int = 20  # SQS long poll (at most 20)
     stop_grace_s: float = 60.0  # a run asked to stop (its claim ended) and still running is killed after this
+    log_every_s: float = 2.0  # the runner's stdout and stderr are shipped this often while a claim runs
 
     def __post_init__(self) -> None:
         if self.heartbeat_s * 2 >= self.visibility_s:
@@ -285,6 +288,7 @@ class Worker:
         with self._lock:
             self._current, self._ended, self._stop_asked_at, self._killed = claim_id, None, None, False
         self._report_self("busy", claim_id=claim_id)
+        tmp = tempfile.mkdtemp(prefix="calque-claim-")  # its input, result and logs on disk
         try:
             with _Heartbeat(
                 self.sqs,
@@ -295,7 +299,7 @@ class Worker:
                 on_beat=lambda: self._still_busy(claim_id),
                 on_error=self._dismissed_by,
             ):
-                outcome, logs = self._attempt(pointer, attempt)
+                outcome, where = self._attempt(pointer, attempt, tmp)
             if self._dismissed is not None:
                 # The pool no longer has this worker: nothing is recorded; the claim, if still
                 # live, goes to a worker of the pool
@@ -315,7 +319,7 @@ class Worker:
                     QueueUrl=self.config.queue_url, ReceiptHandle=receipt, VisibilityTimeout=0
                 )
                 return "attempt_failed"
-            summary, result_key = self._write_result(pointer, attempt, outcome, logs)
+            summary, result_key = self._write_result(pointer, attempt, outcome, where)
             try:
                 answer = self.control.claim(
                     pool,
@@ -332,6 +336,7 @@ class Worker:
             self.claims_run += 1
             return "succeeded" if answer.get("completed") else f"duplicate:{answer.get('state')}"
         finally:
+            shutil.rmtree(tmp, ignore_errors=True)
             with self._lock:
                 self._current = None
             self._report_self("idle")
@@ -363,24 +368,32 @@ class Worker:
                 self._killed = True
                 self.supervisor.kill_runner()
 
-    def _attempt(self, pointer: dict[str, Any], attempt: int) -> Any:
-        manifest = pointer["manifest"]
-        body = self.s3.get_object(Bucket=manifest["bucket"], Key=manifest["key"])["Body"].read()
-        items = json.loads(body)["items"]
-        results = pointer["results"]
+    def _attempt(self, pointer: dict[str, Any], attempt: int, tmp: str) -> Any:
+        """Run the claim's items on the runner, its input streamed to ``tmp`` (and checked
+        against the SHA-256 its member uploaded), its logs shipped while it runs; the
+        runner's process writes the result document to ``tmp`` too."""
+        manifest, results = pointer["manifest"], pointer["results"]
         # Per delivery AND worker: SQS may hand one message to two workers at once (at-least-once).
         prefix = f"{results['prefix'].rstrip('/')}/attempt-{attempt}-{self.config.worker_id}"
+        where = {"prefix": prefix, "results_path": os.path.join(tmp, "result.json")}
+        items_path = os.path.join(tmp, "input.json")
+        try:
+            objects.fetch(self.s3, manifest["bucket"], manifest["key"], items_path, manifest.get("sha256"))
+        except objects.InputChecksumMismatch as exc:
+            return Outcome(ok=False, reason=str(exc)), where
         with self._lock:
             ended = self._ended
         if ended is not None:
-            # ended while its manifest was read: a stop asked then named no run (the runner
+            # ended while its input was read: a stop asked then named no run (the runner
             # was between runs), so it is not begun at all
-            stopped = Outcome(ok=False, stopped=True, reason=f"{ended} before it ran")
-            return stopped, {"prefix": prefix, "items": len(items)}
-        with tempfile.TemporaryDirectory(prefix="calque-claim-") as tmp:
-            out_path, err_path = os.path.join(tmp, "stdout.txt"), os.path.join(tmp, "stderr.txt")
+            return Outcome(ok=False, stopped=True, reason=f"{ended} before it ran"), where
+        paths = {"stdout": os.path.join(tmp, "stdout.txt"), "stderr": os.path.join(tmp, "stderr.txt")}
+        chunks = objects.log_chunks_prefix(results["prefix"], attempt, self.config.worker_id)
+        with objects.LogShipper(self.s3, results["bucket"], chunks, paths, self.config.log_every_s):
             try:
-                outcome: Outcome = self.supervisor.run(items, out_path, err_path)
+                outcome: Outcome = self.supervisor.run_files(
+                    items_path, where["results_path"], paths["stdout"], paths["stderr"]
+                )
             except RuntimeError as exc:
                 # The runner failed to start again for this run: a failure of the worker,
                 # unless the claim ended meanwhile and the start was killed after the grace
@@ -390,42 +403,39 @@ class Worker:
                 if ended is None:
                     raise
                 outcome = Outcome(ok=False, stopped=True, reason=str(exc))
-            logs = {}
-            for name, path in (("stdout", out_path), ("stderr", err_path)):
-                logs[name] = open(path, "rb").read() if os.path.exists(path) else b""  # noqa: SIM115
         if self._ended is not None:
-            return outcome, {"prefix": prefix, "items": len(items)}  # stopped: nothing is kept
-        for name, data in logs.items():
-            self.s3.put_object(Bucket=results["bucket"], Key=f"{prefix}/{name}.txt", Body=data)
-        return outcome, {"prefix": prefix, "items": len(items)}
+            return outcome, where  # stopped: nothing is kept
+        for name, path in paths.items():
+            if not os.path.exists(path):
+                open(path, "wb").close()
+            objects.put_file(self.s3, results["bucket"], f"{prefix}/{name}.txt", path)
+        return outcome, where
 
     def _write_result(
-        self, pointer: dict[str, Any], attempt: int, outcome: Outcome, logs: dict[str, Any]
+        self, pointer: dict[str, Any], attempt: int, outcome: Outcome, where: dict[str, Any]
     ) -> Any:
         results = pointer["results"]
-        ok = sum(1 for r in outcome.results if r.get("ok"))
+        result_key = f"{where['prefix']}/result.json"
+        sha, size = objects.put_file(
+            self.s3, results["bucket"], result_key, where["results_path"], "application/json"
+        )
         summary = {
-            "items_ok": ok,
-            "items_failed": len(outcome.results) - ok,
+            "items_ok": outcome.items_ok,
+            "items_failed": outcome.items_failed,
             "warm_hit": outcome.warm_hit,
             "enter_seconds": outcome.enter_seconds,
             "run_seconds": outcome.run_seconds,
             "worker": self.config.worker_id,
             "instance": self.config.instance_id,
             "attempt": attempt,
-            "stdout_key": f"{logs['prefix']}/stdout.txt",
-            "stderr_key": f"{logs['prefix']}/stderr.txt",
+            "stdout_key": f"{where['prefix']}/stdout.txt",
+            "stderr_key": f"{where['prefix']}/stderr.txt",
+            "result_sha256": sha,
+            "result_bytes": size,
         }
-        result_key = f"{logs['prefix']}/result.json"
         self.s3.put_object(
             Bucket=results["bucket"],
-            Key=result_key,
-            Body=json.dumps({"claim_id": pointer["claim_id"], "results": outcome.results}).encode(),
-            ContentType="application/json",
-        )
-        self.s3.put_object(
-            Bucket=results["bucket"],
-            Key=f"{logs['prefix']}/summary.json",
+            Key=f"{where['prefix']}/summary.json",
             Body=json.dumps(summary).encode(),
             ContentType="application/json",
         )

@@ -22,6 +22,10 @@ class Outcome:
     warm_hit: bool = False
     enter_seconds: float = 0.0
     stopped: bool = False  # the worker stopped it (its claim was cancelled): not a failure
+    # run_files: the result document is on disk, and how many items succeeded or failed
+    results_path: str = ""
+    items_ok: int = 0
+    items_failed: int = 0
 
 
 def _exit_reason(code: int | None) -> str:
@@ -111,6 +115,15 @@ class Supervisor:
                 return None
 
     def run(self, items: list[Any], stdout_path: str, stderr_path: str) -> Outcome:
+        """Run the items (in memory); the Outcome carries each item's entry."""
+        return self._run({"items": items}, stdout_path, stderr_path)
+
+    def run_files(self, items_path: str, results_path: str, stdout_path: str, stderr_path: str) -> Outcome:
+        """Run the items of the input document at ``items_path``; the runner's process writes
+        the result document to ``results_path`` (neither passes through this process)."""
+        return self._run({"items_path": items_path, "results_path": results_path}, stdout_path, stderr_path)
+
+    def _run(self, what: dict[str, Any], stdout_path: str, stderr_path: str) -> Outcome:
         with self._stop_lock:
             self._seq += 1  # before a cold start: a stop asked while it enters names this run
         if not self.alive:
@@ -120,7 +133,7 @@ class Supervisor:
         self._served_since_enter += 1
         with contextlib.suppress(OSError, BrokenPipeError):
             self._conn.send(
-                {"op": "run", "seq": self._seq, "items": items, "stdout": stdout_path, "stderr": stderr_path}
+                {"op": "run", "seq": self._seq, **what, "stdout": stdout_path, "stderr": stderr_path}
             )
         message = self._receive()
         if message is None:
@@ -142,10 +155,13 @@ class Supervisor:
             return Outcome(ok=False, reason=str(message.get("reason")), warm_hit=warm, enter_seconds=enter_s)
         return Outcome(
             ok=True,
-            results=list(message["results"]),
+            results=list(message.get("results") or []),
             run_seconds=float(message["run_seconds"]),
             warm_hit=warm,
             enter_seconds=enter_s,
+            results_path=str(what.get("results_path") or ""),
+            items_ok=int(message.get("items_ok") or 0),
+            items_failed=int(message.get("items_failed") or 0),
         )
 
     def interrupt(self) -> bool:

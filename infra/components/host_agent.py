@@ -167,6 +167,8 @@ _FENCE = r"^[0-9]{0,18}$"
 _USER = r"^(calque-[0-9a-f]{12})?$"  # a session's account (host_agent.tenants.SESSION_ACCOUNT)
 # A session's own account, or a GPU's shared MPS account (MPS slots connect as that one).
 _SESSION_USER = r"^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
+# base64 only (no space, quote, $, ;, |, &, ...), bounded
+_SESSION_COMMAND = r"^[A-Za-z0-9+/]{0,8188}={0,2}$"
 _SHA256 = r"^([0-9a-f]{64})?$"
 _WORKER_ACTION = r"^(start|stop|status)?$"
 _BUNDLE_URL = r"^(https://[^']*)?$"  # an S3 presigned URL (never pasted into the script)
@@ -274,11 +276,18 @@ class HostAgent(Construct):
                         "description": "The session's account on the host (calque-<12 hex>), as "
                         "check-out's connect command names it.",
                         "allowedPattern": _SESSION_USER,
-                    }
+                    },
+                    "command": {
+                        "type": "String",
+                        "description": "Empty: a shell. Else one command to run instead (calque session "
+                        "exec), base64 of its shell words: no character of it can reach root's shell.",
+                        "default": "",
+                        "allowedPattern": _SESSION_COMMAND,
+                    },
                 },
                 "properties": {
                     "linux": {
-                        "commands": f"{constants.HOST_AGENT_ROOT}/login {{{{ user }}}}",
+                        "commands": f"{constants.HOST_AGENT_ROOT}/login {{{{ user }}}} {{{{ command }}}}",
                         "runAsElevated": True,
                     }
                 },

@@ -86,10 +86,11 @@ install_agent() {
   rm -rf "$home"
   mv "$staging" "$home"
   # What the Session Manager document runs (as root) when a member connects: asks for the
-  # session's token, then a login shell in the session's account.
+  # session's token, then a login shell in the session's account (or, given a second
+  # argument, the base64 command `calque session exec` sent, run there instead).
   {
     echo '#!/bin/sh'
-    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent login --user \"\$1\""
+    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent login --user \"\$1\" --command-b64 \"\${2:-}\""
   } > "$root/login.$$"
   chmod 0755 "$root/login.$$"
   mv -f "$root/login.$$" "$root/login"

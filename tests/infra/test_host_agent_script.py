@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -228,8 +229,17 @@ def test_the_session_document_lands_a_member_in_the_sessions_account_after_its_t
     assert content["sessionType"] == "InteractiveCommands"
     # a session's own account, or (MPS) the GPU's shared one: never any other account on the host
     assert content["parameters"]["user"]["allowedPattern"] == "^calque-([0-9a-f]{12}|mps-g[0-9]{1,3})$"
-    assert content["properties"]["linux"]["commands"] == "/opt/calque/agent/login {{ user }}"
+    assert content["properties"]["linux"]["commands"] == "/opt/calque/agent/login {{ user }} {{ command }}"
     assert content["properties"]["linux"]["runAsElevated"] is True
+    # and a command (calque session exec) only as base64, which no shell word can break out of
+    command = content["parameters"]["command"]
+    assert command["default"] == ""
+    from calque.contracts.accounts import command_b64
+
+    assert re.fullmatch(command["allowedPattern"], "")
+    assert re.fullmatch(command["allowedPattern"], command_b64(["sh", "-c", "echo $HOME; id | tee /tmp/x"]))
+    for bad in ("a b", "$(id)", "x;id", "`id`", "a'b", 'a"b', "a|b", "a&b", "a\nb", "==a"):
+        assert not re.fullmatch(command["allowedPattern"], bad), bad
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -240,6 +250,8 @@ def test_the_install_leaves_the_login_the_session_document_runs(host, tmp_path, 
     assert login.startswith("#!/bin/sh\n")
     assert "-m host_agent login --user" in login
     assert str(host / "agent" / "v1" / "src") in login
+    # the document's second word, a base64 command, reaches the login; none: an empty one
+    assert '--command-b64 "${2:-}"' in login
 
 
 @pytest.mark.parametrize("shell", SHELLS)

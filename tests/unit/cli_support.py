@@ -142,8 +142,17 @@ def context(**args: Any) -> Context:
 
 
 def forget_endpoint_and_aws_keys(monkeypatch) -> None:
-    for var in ("CALQUE_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+    for var in (
+        "CALQUE_ENDPOINT",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_PROFILE",
+        "CALQUE_CONFIG",
+    ):
         monkeypatch.delenv(var, raising=False)
+    import os
+
+    monkeypatch.setenv("CALQUE_CONFIG_FILE", os.devnull)  # no saved configuration (calque configure)
 
 
 def no_aws_config_and_no_plane(tmp_path: Path, monkeypatch) -> Path:
@@ -157,6 +166,18 @@ def no_aws_config_and_no_plane(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "no-plane-here"))
     return tmp_path
+
+
+def stopped_plane(path: Path, monkeypatch) -> StateDir:
+    """A local plane's state directory at ``path`` with its default people, no plane running,
+    named to the CLI by CALQUE_LOCAL_STATE_DIR."""
+    from calque.local.state import StateDir
+
+    state = StateDir(path)
+    state.ensure()
+    state.initialize_people()
+    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(state.path))
+    return state
 
 
 @contextmanager

@@ -46,7 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # hosts), so it sits above every room, below what calls it.
     ("wiring", ()),
     ("local plane", ("calque.local",)),
-    ("sdk and cli", ("calque.cli", "calque.sdk", "calque.__main__", "calque")),
+    ("sdk and cli", ("calque.cli", "calque.console", "calque.sdk", "calque.__main__", "calque")),
     ("entry points", ("functions", "infra")),
 )
 # The host agent runs on the instance with the foundation only.

@@ -27,6 +27,7 @@ To add a group, add its module name to COMMAND_MODULES; order is the order of
 from __future__ import annotations
 
 COMMAND_MODULES: list[str] = [
+    "configure",
     "whoami",
     "local",
     "host",
@@ -42,3 +43,9 @@ COMMAND_MODULES: list[str] = [
 
 # The fleet: `host acquire | release | acquisitions` (after "host") and `budget`.
 COMMAND_MODULES += ["fleet", "budget"]
+
+# The catalog, the API's own document, and the local plane's terminate and reset.
+COMMAND_MODULES += ["catalog", "api", "local_admin", "completion"]
+
+# A live page of the fleet (calque/console/).
+COMMAND_MODULES += ["console"]

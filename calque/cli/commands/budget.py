@@ -36,14 +36,26 @@ def register(subparsers: Any) -> None:
         description="Set the instances and hourly dollars the fleet may hold. A monthly cap "
         "set before is kept unless --max-monthly-usd is given (`none` removes it).",
     )
-    p.add_argument("--max-instances", required=True, type=non_negative_int, metavar="N")
-    p.add_argument("--max-hourly-usd", required=True, type=non_negative_float, metavar="X")
+    p.add_argument(
+        "--max-instances",
+        required=True,
+        type=non_negative_int,
+        metavar="N",
+        help="instances the fleet may hold",
+    )
+    p.add_argument(
+        "--max-hourly-usd",
+        required=True,
+        type=non_negative_float,
+        metavar="USD",
+        help="dollars an hour all instances may cost together, at their reserved rates",
+    )
     p.add_argument(
         "--max-monthly-usd",
         type=or_unlimited(non_negative_float),
         default=argparse.SUPPRESS,
         metavar="Y",
-        help="a 730-hour month at the reserved rate; kept when not given, `none` removes it",
+        help="dollars a 730-hour month at the reserved rate; `none` removes it (default: kept)",
     )
     p.set_defaults(func=_set)
     p = group.add_parser("show", help="the budget and what is in use")

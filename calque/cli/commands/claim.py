@@ -57,13 +57,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("claim_id", metavar="ID")
     p.set_defaults(func=lambda ctx, args: do_show(ctx, claim_id=args.claim_id))
     p = group.add_parser("list", help="your claims (admins with --pool: everyone's on that pool)")
-    p.add_argument("--pool", metavar="NAME")
+    p.add_argument("--pool", metavar="NAME", help="only this pool's claims (default: every pool)")
     argtypes.add_max_items(p, "claims")
     p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool, max_items=args.max_items))
     p = group.add_parser("result", help="a succeeded claim's per-item outputs and errors")
     p.add_argument("claim_id", metavar="ID")
-    p.add_argument("-o", "--out", metavar="FILE", help="write the result document there too (as on stdout)")
+    p.add_argument("-o", "--out", metavar="FILE", help="write the result document there (default: stdout)")
     p.set_defaults(func=_result)
+    p = group.add_parser("logs", help="the runner's stdout and stderr of a claim, while it runs and after")
+    p.add_argument("claim_id", metavar="ID")
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="go on printing as more is written, until it ends"
+    )
+    p.set_defaults(func=lambda ctx, args: do_logs(ctx, claim_id=args.claim_id, follow=args.follow))
     p = group.add_parser("cancel", help="cancel a queued or running claim")
     p.add_argument("claim_id", metavar="ID")
     p.set_defaults(func=lambda ctx, args: do_cancel(ctx, claim_id=args.claim_id))
@@ -89,20 +95,71 @@ def _result(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
-    """The claim's result document (its summary and each item's output or error), as JSON on
-    stdout and, with ``out``, the same bytes in that file."""
-    from pathlib import Path
+    """The result document; one too large for the API's answer is streamed from its own URL
+    (to FILE, or to stdout as it comes), its SHA-256 checked."""
+    import json
+    import sys
 
-    from calque.cli.output import to_json
+    from calque.sdk import transfer
 
     result = ctx.client().request("GET", _path(claim_id) + "/result")
-    text = to_json(result)  # what --output json prints too
+    s = result.get("summary") or {}
     if out:
         try:
-            Path(out).write_text(text + "\n", encoding="utf-8")
+            with open(out, "wb") as f:
+                if result.get("results") is not None:  # the API's answer itself, as stdout shows it
+                    f.write((json.dumps(result, indent=2) + "\n").encode())
+                    written = f.tell()
+                else:  # too large to answer inline: the result document, streamed
+                    written = transfer.stream_to(result["download"], f)
         except OSError as exc:
             raise CliError(f"cannot write {out}: {exc.strerror or exc}", code="invalid_input") from None
-    ctx.emit(result, text=text)
+        ctx.emit(
+            {
+                "claim_id": claim_id,
+                "written_to": out,
+                "bytes": written,
+                "sha256": (result.get("download") or {}).get("sha256"),
+                "items_ok": s.get("items_ok"),
+                "items_failed": s.get("items_failed"),
+            }
+        )
+        return
+    if result.get("results") is None:  # too large to answer inline: the document itself, streamed
+        sys.stdout.flush()
+        transfer.stream_to(result["download"], sys.stdout.buffer)
+        sys.stdout.buffer.write(b"\n")
+        sys.stdout.flush()
+        return
+    # the same document as -o FILE holds, byte for byte, whatever the output asked
+    ctx.emit(result, text=json.dumps(result, indent=2))
+
+
+def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.0) -> None:
+    """Each chunk as it comes (text: stdout's to stdout, stderr's to stderr; json: one
+    document of every chunk, at the end)."""
+    import sys
+    import time
+
+    after: str | None = None
+    chunks: list[dict[str, Any]] = []
+    while True:
+        page = ctx.client().request("GET", _path(claim_id) + "/logs", query={"after": after})
+        for c in page.get("chunks") or []:
+            if ctx.json:
+                chunks.append(c)
+            else:
+                stream = sys.stderr if c.get("stream") == "stderr" else sys.stdout
+                stream.write(str(c.get("text")))
+                stream.flush()
+        after = page.get("next") or after
+        if page.get("chunks") and not page.get("ended"):
+            continue
+        if not follow or page.get("ended"):
+            break
+        time.sleep(poll_s)
+    if ctx.json:
+        ctx.emit({"claim_id": claim_id, "state": page.get("state"), "chunks": chunks})
 
 
 def do_cancel(ctx: Any, *, claim_id: str) -> None:
@@ -124,6 +181,8 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
         status = f"{state}, attempt {claim.get('attempts') or 0}" + (
             f" on {claim['worker']}" if claim.get("worker") else ""
         )
+        if state == "queued":  # say what it waits for: a wait with no worker can be minutes
+            status += ": waiting for a free worker (the pool's scaler starts one on its next run)"
         bar = _bar(state)
         if tty:
             sys.stderr.write(f"\r{bar} {claim_id}: {status} ({elapsed:.0f}s)\033[K")

@@ -28,7 +28,8 @@ ACQ_COLUMNS: list[Any] = [
     ("instance_id", "instance_id"),
     ("market", "market"),
     ("az", "availability_zone"),
-    ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+    # what usage charges (spot: the price in effect), not the rate the budget reserved
+    ("charged_usd_per_hour", lambda a: _charged(a, with_source=False)),
     ("attempts", lambda a: len(a.get("attempts") or [])),
 ]
 ATTEMPT_COLUMNS: list[Any] = [
@@ -60,9 +61,16 @@ def _price(text: str) -> float:
 
 
 def register(subparsers: Any) -> None:
-    from calque.cli.argtypes import positive_int
+    from calque.cli.argtypes import finite_float, positive_int
     from calque.cli.durations import duration_arg
-    from calque.cli.layout_flags import mig_arg
+    from calque.cli.layout_flags import (
+        MIG_HELP,
+        MPS_MEMORY_HELP,
+        MPS_SLOTS_HELP,
+        MPS_THREAD_HELP,
+        SPEC_HELP,
+        mig_arg,
+    )
     from calque.cli.main import command_group
 
     group = command_group(subparsers, "host")
@@ -79,11 +87,11 @@ def register(subparsers: Any) -> None:
         "--count", type=positive_int, default=1, metavar="N", help="instances (default 1, at most 20)"
     )
     layout = p.add_argument_group("layout (one of; none: the card's default)")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--mps-thread-percentage", type=positive_int, metavar="P")
-    layout.add_argument("--mps-memory-limit-mib", type=positive_int, metavar="M")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--mps-thread-percentage", type=positive_int, metavar="P", help=MPS_THREAD_HELP)
+    layout.add_argument("--mps-memory-limit-mib", type=positive_int, metavar="M", help=MPS_MEMORY_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.add_argument(
         "--spot", action="store_true", help="spot capacity (may be reclaimed with two minutes' warning)"
     )
@@ -95,7 +103,10 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--fallback-types", type=_types, default=[], metavar="T2,T3", help="types to try next")
     p.add_argument(
-        "--ttl", type=duration_arg, metavar="DURATION", help="hard cap: terminated then (e.g. 12h)"
+        "--ttl",
+        type=duration_arg,
+        metavar="DURATION",
+        help="hard cap: terminated then, e.g. 12h (default: none, until released)",
     )
     p.add_argument("--pool", metavar="NAME", help=argparse.SUPPRESS)
     p.add_argument(
@@ -118,7 +129,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="required: the instance and every session on it end",
     )
-    p.add_argument("--reason", metavar="TEXT", help="recorded on each session it ends")
+    p.add_argument("--reason", metavar="TEXT", help="recorded on each session it ends (default: none)")
     p.set_defaults(func=_release)
 
     local = command_group(subparsers, "local")
@@ -128,14 +139,14 @@ def register(subparsers: Any) -> None:
     p = kinds.add_parser(
         "capacity", help="RunInstances of a type (in an AZ) fails: InsufficientInstanceCapacity"
     )
-    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--instance-type", required=True, metavar="T", help="the instance type that has none")
     p.add_argument("--az", metavar="Z", help="only in this AZ (default: every AZ)")
     p.add_argument("--times", type=positive_int, metavar="N", help="this many calls (default: until cleared)")
     p.set_defaults(func=_inject, kind="capacity")
     p = kinds.add_parser(
         "crash-after-launch", help="the acquirer dies after RunInstances, before recording it"
     )
-    p.add_argument("--times", type=positive_int, default=1, metavar="N")
+    p.add_argument("--times", type=positive_int, default=1, metavar="N", help="this many launches crash")
     p.set_defaults(func=_inject, kind="crash-after-launch")
     p = kinds.add_parser("spot-interruption", help="EC2's two-minute spot interruption warning for I")
     p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
@@ -143,16 +154,26 @@ def register(subparsers: Any) -> None:
     p = kinds.add_parser(
         "spot-price", help="the spot price of a type in an AZ changes now (DescribeSpotPriceHistory)"
     )
-    p.add_argument("--instance-type", required=True, metavar="T")
-    p.add_argument("--az", required=True, metavar="Z")
-    p.add_argument("--usd-per-hour", required=True, type=float, metavar="X")
+    p.add_argument("--instance-type", required=True, metavar="T", help="the instance type whose price moves")
+    p.add_argument("--az", required=True, metavar="Z", help="the availability zone, e.g. us-east-1a")
+    p.add_argument(
+        "--usd-per-hour",
+        required=True,
+        type=finite_float,
+        metavar="USD",
+        help="the new spot price, USD an hour",
+    )
     p.set_defaults(func=_inject, kind="spot-price")
     p = kinds.add_parser("clear", help="forget every injected fault (and spot price change)")
     p.set_defaults(func=_inject, kind="clear")
 
     p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
     p.add_argument("request_id", nargs="?", metavar="REQUEST_ID")
-    p.add_argument("--instance-id", metavar="I", help="the acquisition that launched this instance")
+    p.add_argument(
+        "--instance-id",
+        metavar="I",
+        help="the acquisition that launched this instance (default: every acquisition)",
+    )
     p.set_defaults(func=_acquisitions)
 
 
@@ -284,7 +305,12 @@ def wait_until_ready(
         seen_attempts = len(acq.get("attempts") or [])
         status = f"{acq.get('state')}" + (f" ({acq.get('instance_id')})" if acq.get("instance_id") else "")
         if status != last:
-            print(f"... {request_id}: {status} ({elapsed:.0f}s)", file=sys.stderr, flush=True)
+            waiting = WAITING_FOR.get(str(acq.get("state")))
+            print(
+                f"... {request_id}: {status}{': ' + waiting if waiting else ''} ({elapsed:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
             last = status
         state = acq.get("state")
         if state == "failed":
@@ -312,6 +338,14 @@ def wait_until_ready(
         time.sleep(interval_s)
 
 
+# What a wait on an acquisition in each state waits for, said on its progress line.
+WAITING_FOR = {
+    "queued": "waiting for the acquirer to take it from the fleet's queue",
+    "launching": "waiting for EC2 to launch an instance (AZs, types and markets in turn)",
+    "booting": "waiting for the instance to boot and register as a host",
+    "registered": "waiting for the host agent to apply the layout",
+}
+
 RATE_COLUMNS: list[Any] = [
     ("from", "start"),
     ("usd_per_hour", lambda r: f"{float(r.get('hourly_usd') or 0):g}"),
@@ -325,13 +359,14 @@ def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
     return render_table(acqs, ACQ_COLUMNS)
 
 
-def _charged(acq: Mapping[str, Any]) -> str:
-    """The rate usage charges the instance at, and where it came from (spot: recorded at launch)."""
+def _charged(acq: Mapping[str, Any], *, with_source: bool = True) -> str:
+    """The rate usage charges the instance at, and where it came from (spot: recorded at launch);
+    ``-`` until it runs (nothing is charged before)."""
     rate = acq.get("charged_hourly_usd")
     if rate is None:
         return "-"
     source = str(acq.get("charged_rate_source") or "").replace("_", " ")
-    return f"{float(rate):g} ({source})" if source else f"{float(rate):g}"
+    return f"{float(rate):g} ({source})" if source and with_source else f"{float(rate):g}"
 
 
 def render_acquisition(acq: Mapping[str, Any]) -> str:
@@ -350,7 +385,7 @@ def render_acquisition(acq: Mapping[str, Any]) -> str:
         ("launched_type", "launched_type"),
         ("market", "market"),
         ("availability_zone", "availability_zone"),
-        ("usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
+        ("budget_usd_per_hour", lambda a: f"{float(a.get('hourly_usd') or 0):g}"),
         ("charged_usd_per_hour", _charged),
         ("budget_held", "budget_held"),
         ("created_at", "created_at"),

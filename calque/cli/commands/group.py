@@ -106,6 +106,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("name", metavar="NAME")
     p.set_defaults(func=_show)
 
+    p = group.add_parser(
+        "delete", help="delete a group (admins); refused while it has members or live sessions"
+    )
+    p.add_argument("name", metavar="NAME")
+    p.set_defaults(func=_delete)
+
 
 def _limit_body(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in LIMITS}
@@ -150,6 +156,15 @@ def _list(ctx: Any, args: argparse.Namespace) -> None:
 
 def do_list(ctx: Any) -> None:
     ctx.emit(ctx.client().request("GET", "/v1/groups"), columns=LIST_COLUMNS)
+
+
+def _delete(ctx: Any, args: argparse.Namespace) -> None:
+    do_delete(ctx, name=args.name)
+
+
+def do_delete(ctx: Any, *, name: str) -> None:
+    group = ctx.client().request("DELETE", f"/v1/groups/{quote(name, safe='')}")
+    ctx.emit(group, text=f"Deleted group {name}.")
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:

@@ -38,27 +38,29 @@ def register(subparsers: Any) -> None:
         "--mig",
         type=mig_arg,
         metavar="PROFILE=COUNT[,...]",
-        help="MIG instances on every GPU, e.g. 1g.24gb=4",
+        help="MIG instances on every GPU, e.g. 1g.24gb=4 (default: none)",
     )
     layout.add_argument(
         "--mps-slots",
         type=positive_int,
         metavar="N",
-        help="MPS client slots on every GPU (members then need the no-isolation consent)",
+        help="MPS client slots on every GPU; members then need the no-isolation consent (default: none)",
     )
     layout.add_argument(
         "--mps-thread-percentage",
         type=positive_int,
         metavar="P",
-        help="each MPS client's share of the SMs, 1-100",
+        help="each MPS client's share of the SMs, in percent, 1-100 (default: all)",
     )
     layout.add_argument(
         "--mps-memory-limit-mib",
         type=positive_int,
         metavar="M",
-        help="each MPS client's device memory cap in MiB",
+        help="each MPS client's device memory cap, in MiB (default: no cap)",
     )
-    layout.add_argument("--spec", metavar="FILE", help="the host agent's layout spec, JSON or YAML")
+    layout.add_argument(
+        "--spec", metavar="FILE", help="the host agent's layout spec, JSON or YAML (default: none)"
+    )
     p.add_argument("--spot", action="store_true", help="the instance runs on spot capacity")
     p.add_argument(
         "--wait",
@@ -79,7 +81,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.add_argument("--force", action="store_true", help="end the sessions still live there")
     p.add_argument(
-        "--reason", help="recorded on each session a forced drain ends; its member reads it (session show)"
+        "--reason",
+        help="recorded on each session a forced drain ends; its member reads it (session show) "
+        "(default: none)",
     )
     p.set_defaults(func=_drain)
 
@@ -93,7 +97,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--reason",
-        help="recorded on each session a forced deregistration ends; its member reads it (session show)",
+        help="recorded on each session a forced deregistration ends; its member reads it (session show) "
+        "(default: none)",
     )
     p.set_defaults(func=_deregister)
 

@@ -48,8 +48,9 @@ def register(subparsers: Any) -> None:
     up.add_argument(
         "--port",
         type=_port,
-        default=DEFAULT_PORT,
-        help=f"port of the plane's API (default {DEFAULT_PORT}; 0 picks a free one)",
+        default=None,
+        help=f"port of the plane's API; 0 picks a free one (default: {DEFAULT_PORT}, or a free one "
+        f"when another plane, say a second clone's, has {DEFAULT_PORT})",
     )
     up.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     _state_dir_option(up)
@@ -127,7 +128,21 @@ def _up(ctx: Any, args: argparse.Namespace) -> None:
         rates["reconciler"] = args.reconcile_every
     if rates:
         os.environ["CALQUE_LOCAL_SCHEDULE_RATES"] = ",".join(f"{k}={v}" for k, v in sorted(rates.items()))
-    do_up(ctx, port=args.port, host=args.host)
+    do_up(ctx, port=args.port if args.port is not None else _default_port(args.host), host=args.host)
+
+
+def _default_port(host: str) -> int:
+    """DEFAULT_PORT when it is free on ``host``, else 0 (a free one: plane.json records it and
+    the CLI reads the endpoint from there), so a second checkout's plane runs beside the first."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the plane's server binds
+        try:
+            probe.bind((host, DEFAULT_PORT))
+        except OSError:
+            return 0
+    return DEFAULT_PORT
 
 
 def _down(ctx: Any, args: argparse.Namespace) -> None:
@@ -267,7 +282,11 @@ def do_down(ctx: Any, *, timeout_s: int) -> None:
                 details={"state_dir": str(state.path), "pid": pid},
             )
         if time.monotonic() - said >= 2:
-            print(f"... waiting for the local plane (pid {pid}) to stop ({waited:.0f}s)", file=sys.stderr)
+            print(
+                f"... waiting for the local plane (pid {pid}) to stop: its workers finish the claims "
+                f"they hold, then it saves its state ({waited:.0f}s)",
+                file=sys.stderr,
+            )
             said = time.monotonic()
         time.sleep(0.1)
     ctx.emit(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -28,6 +29,7 @@ POOL_COLUMNS: list[Column] = [
     ("version", lambda p: _version(p)),
     ("target", "target_backlog_per_worker"),
     ("idle_timeout", lambda p: format_duration(p.get("idle_timeout_s") or 0)),
+    ("max_wait", lambda p: format_duration(p["max_wait_s"]) if p.get("max_wait_s") else "-"),
 ]
 
 
@@ -68,19 +70,41 @@ def _clock(at: Any) -> str:
 
 
 def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
-    p.add_argument("--min-workers", type=non_negative_int, default=0 if defaults else None, metavar="N")
-    p.add_argument("--max-workers", type=positive_int, default=4 if defaults else None, metavar="N")
+    kept = None if defaults else "(default: kept)"
     p.add_argument(
-        "--target-backlog-per-worker", type=positive_int, default=1 if defaults else None, metavar="K"
-    )
+        "--min-workers", type=non_negative_int, default=0 if defaults else None, metavar="N",
+        help=" ".join(filter(None, ("workers kept even with no backlog", kept))),
+    )  # fmt: skip
+    p.add_argument(
+        "--max-workers", type=positive_int, default=4 if defaults else None, metavar="N",
+        help=" ".join(filter(None, ("the most workers the scaler starts", kept))),
+    )  # fmt: skip
+    p.add_argument(
+        "--target-backlog-per-worker", type=positive_int, default=1 if defaults else None, metavar="K",
+        help=" ".join(filter(None, ("queued claims each worker should have, at most", kept))),
+    )  # fmt: skip
     p.add_argument(
         "--idle-timeout", type=duration_arg, default=1800 if defaults else None, metavar="DURATION",
-        help="how long a worker may idle before it goes (default 30m)" if defaults else None,
+        help="how long a worker may idle before it goes, e.g. 30m "
+        + ("(default: 30m)" if defaults else "(default: kept)"),
+    )  # fmt: skip
+    p.add_argument(
+        "--max-wait", type=_max_wait_arg, default=None, metavar="DURATION",
+        help="a p95 wait target (e.g. 4m): the scaler chooses keep-warm, scale-out and pre-warming "
+        "to meet it at the least cost"
+        + (" (default: none, the knobs as set)" if defaults else "; 0 drops it (default: kept)"),
     )  # fmt: skip
 
 
+def _max_wait_arg(text: str) -> int:
+    """``--max-wait``: a duration, or 0 (update: drop the target)."""
+    if text.strip() in ("0", "0s", "off", "none"):
+        return 0
+    return duration_arg(text)
+
+
 def register(subparsers: Any) -> None:
-    from calque.cli.layout_flags import mig_arg
+    from calque.cli.layout_flags import MIG_HELP, MPS_SLOTS_HELP, SPEC_HELP, mig_arg
     from calque.cli.main import command_group
 
     group = command_group(
@@ -90,7 +114,7 @@ def register(subparsers: Any) -> None:
     p = group.add_parser("create", help="create a pool (admins)")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--model", required=True, metavar="M", help="the model the pool keeps warm (a label)")
-    p.add_argument("--instance-type", required=True, metavar="T")
+    p.add_argument("--instance-type", required=True, metavar="T", help="the workers' instance type")
     p.add_argument(
         "--runner", required=True, metavar="MODULE:CLASS", help="the runner class (enter/run/exit)"
     )
@@ -99,11 +123,16 @@ def register(subparsers: Any) -> None:
     )
     _sizing(p, defaults=True)
     layout = p.add_argument_group("layout (one of; none: one worker per GPU)")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.add_argument("--spot", action="store_true", help="ask the fleet for spot capacity")
-    p.add_argument("--i-understand-this-spends-money", action="store_true", dest="accept_spend")
+    p.add_argument(
+        "--i-understand-this-spends-money",
+        action="store_true",
+        dest="accept_spend",
+        help="required: the pool's workers run on instances that cost money",
+    )
     p.set_defaults(func=_create)
 
     p = group.add_parser("list", help="every pool")
@@ -134,7 +163,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--now", action="store_true", help="do not wait for the backlog: cancel what is left")
-    p.add_argument("--i-understand-this-terminates-instances", action="store_true", dest="accept_terminate")
+    p.add_argument(
+        "--i-understand-this-terminates-instances",
+        action="store_true",
+        dest="accept_terminate",
+        help="required: the pool's instances are terminated",
+    )
     p.set_defaults(
         func=lambda ctx, args: do_delete(ctx, name=args.name, now=args.now, accept=args.accept_terminate)
     )
@@ -172,6 +206,7 @@ def _create(ctx: Any, args: argparse.Namespace) -> None:
         max_workers=args.max_workers,
         target_backlog_per_worker=args.target_backlog_per_worker,
         idle_timeout_s=args.idle_timeout,
+        max_wait_s=args.max_wait,
         mig=args.mig,
         mps_slots=args.mps_slots,
         spec=args.spec,
@@ -192,6 +227,7 @@ def do_create(
     max_workers: int = 4,
     target_backlog_per_worker: int = 1,
     idle_timeout_s: int = 1800,
+    max_wait_s: int | None = None,
     mig: dict[str, int] | None = None,
     mps_slots: int | None = None,
     spec: str | None = None,
@@ -222,6 +258,7 @@ def do_create(
         "max_workers": max_workers,
         "target_backlog_per_worker": target_backlog_per_worker,
         "idle_timeout_s": idle_timeout_s,
+        **({"max_wait_s": max_wait_s} if max_wait_s else {}),
         "layout": layout,
         "spot": spot,
         "i_understand_this_spends_money": True,
@@ -377,6 +414,7 @@ def _update(ctx: Any, args: argparse.Namespace) -> None:
         idle_timeout_s=args.idle_timeout,
         package=args.package,
         runner=args.runner,
+        max_wait_s=args.max_wait,
     )
 
 
@@ -388,7 +426,8 @@ def do_update(
     body = {k: v for k, v in changes.items() if v is not None}
     if not body and package is None and runner is None:
         raise UsageError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker, "
-                         "--idle-timeout, --package or --runner", code="invalid_input")  # fmt: skip
+                         "--idle-timeout, --max-wait, --package or --runner",
+                         code="invalid_input")  # fmt: skip
     body.update(runner_update(ctx, name, package=package, runner=runner))
     pool = ctx.client().request("PATCH", f"/v1/pools/{quote(name, safe='')}", body)
     ctx.emit(pool, columns=POOL_COLUMNS)
@@ -442,63 +481,71 @@ def do_delete(ctx: Any, *, name: str, now: bool = False, accept: bool = False) -
 
 def read_items(path: str) -> list[Any]:
     """The items of a JSON Lines file; a bad line is refused by its number, nothing is sent."""
-    import json
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}", code="invalid_input") from None
-    items = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            items.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise CliError(
-                f"{path} line {number}: not JSON ({exc.msg})",
-                code="invalid_input",
-                details={"line": number},
-            ) from None
+    items = list(iter_items(path))
     if not items:
         raise CliError(f"{path} holds no items (one JSON value per line)", code="invalid_input")
     return items
 
 
-def _too_large(path: str, values: list[Any], body: dict[str, Any], exc: ApiError) -> CliError:
-    """The API's size refusal said as what to do: how many lines a claim of this file may hold."""
+def iter_items(path: str) -> Iterator[Any]:
+    """The items of a JSON Lines file one by one, read a line at a time (a file of any size)."""
     import json
 
-    size = len(json.dumps(body).encode())
-    limit = exc.details.get("limit_bytes")
-    if isinstance(limit, int):
-        per_claim = max(1, len(values) * limit // size * 9 // 10)  # a tenth to spare
-        how = f" ({limit} bytes): split it into several claims, e.g. `split -l {per_claim} {path}`"
-    else:
-        how = ": split it into several claims"
-    return CliError(
-        f"{path}: {len(values)} items make a {size}-byte request, more than the API takes{how}, "
-        "then submit each part",
-        code="body_too_large",
-        details={**exc.details, "items": len(values), "request_bytes": size},
-    )
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed below, after the last line
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", code="invalid_input") from None
+    with f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CliError(
+                    f"{path} line {number}: not JSON ({exc.msg})",
+                    code="invalid_input",
+                    details={"line": number},
+                ) from None
+
+
+def _submit_uploaded(ctx: Any, name: str, values: Iterable[Any], group: str | None) -> dict[str, Any]:
+    """Items too large for a request: uploaded first by the presigned URL the API hands out
+    (streamed from a temporary file, with its SHA-256), then submitted by that upload."""
+    from calque.sdk import transfer
+
+    path = f"/v1/pools/{quote(name, safe='')}/claims"
+    body: dict[str, Any] = {"input": transfer.upload_input(ctx.client().request, path, values)}
+    if group is not None:
+        body["group"] = group
+    return dict(ctx.client().request("POST", path, body))
 
 
 def do_submit(
     ctx: Any, *, name: str, items: str, wait: bool = False, timeout_s: float = 3600, group: str | None = None
 ) -> None:
-    from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
+    import os
 
-    values = read_items(items)
-    body: dict[str, Any] = {"items": values}
-    if group is not None:
-        body["group"] = group
+    from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
+    from calque.sdk.pools import INLINE_BYTES
+
     try:
-        claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
-    except ApiError as exc:
-        if exc.code != "body_too_large":
-            raise
-        raise _too_large(items, values, body, exc) from None
+        large = os.path.getsize(items) > INLINE_BYTES
+    except OSError as exc:
+        raise CliError(f"cannot read {items}: {exc.strerror or exc}", code="invalid_input") from None
+    if large:  # never read whole: streamed into the input document, uploaded by its URL
+        claim = _submit_uploaded(ctx, name, iter_items(items), group)
+    else:
+        values = read_items(items)
+        body: dict[str, Any] = {"items": values}
+        if group is not None:
+            body["group"] = group
+        try:
+            claim = ctx.client().request("POST", f"/v1/pools/{quote(name, safe='')}/claims", body)
+        except ApiError as exc:
+            if exc.code != "body_too_large":
+                raise
+            claim = _submit_uploaded(ctx, name, values, group)
     if wait:
         claim = wait_for_claim(ctx, claim["claim_id"], timeout_s=timeout_s)
     if wait and claim.get("state") != "succeeded":  # one document either way: the error carries the claim

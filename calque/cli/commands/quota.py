@@ -38,9 +38,12 @@ QUOTA_FIELDS = [
     ("usd_used", lambda q: q.get("usd_used_this_month") or "0.00"),
     ("usd_reserved", lambda q: q.get("usd_reserved_this_month") or "0.00"),
     ("month", "month"),
+    ("default_group", "default_group"),
     ("source", lambda q: "deployment default" if q.get("default") else "set for this user"),
 ]
 
+
+LIST_COLUMNS = [c for c in QUOTA_FIELDS if c[0] not in ("month",)]
 
 # The monthly limits a command line may clear: ``--max-usd-per-month none``.
 UNLIMITED_WORDS = ("none", "unlimited")
@@ -141,6 +144,9 @@ def register(subparsers: Any) -> None:
     )
     p.set_defaults(func=_set)
 
+    p = group.add_parser("list", help="every member's quota and use this month (admins; members: their own)")
+    p.set_defaults(func=lambda ctx, args: do_list(ctx))
+
     p = group.add_parser("show", help="a user's quota and use (default: your own)")
     p.add_argument("user", metavar="USER", nargs="?", help="whose (admins: anyone; default: you)")
     p.set_defaults(func=_show)
@@ -154,6 +160,10 @@ def do_set(ctx: Any, *, user: str, **changes: Any) -> None:
     """Change the given limits of ``user`` and keep the others (``put_changed_limits``)."""
     path = f"/v1/quotas/{quote(user, safe='')}"
     ctx.emit(put_changed_limits(ctx, read=path, write=path, changes=changes), columns=QUOTA_FIELDS)
+
+
+def do_list(ctx: Any) -> None:
+    ctx.emit(ctx.client().request("GET", "/v1/quotas"), columns=LIST_COLUMNS)
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:

@@ -1,4 +1,5 @@
-"""``calque session checkout | checkin | extend | list | show``: one user, one slice, a bounded time.
+"""``calque session checkout | checkin | extend | list | show`` (and ``connect | exec``:
+calque.cli.commands.session_connect): one user, one slice, a bounded time.
 
 MPS slots share a card with no isolation between tenants, so an MPS check-out
 without ``--i-understand-shared-gpu-has-no-isolation`` is refused here, before any
@@ -36,6 +37,7 @@ def checkout_body(
     ttl_seconds: int | None = None,
     accept_shared_gpu_no_isolation: bool = False,
     group: str | None = None,
+    gpus: int | None = None,
 ) -> dict[str, Any]:
     """The POST /v1/sessions body; CliError (exit 1) for an MPS check-out without consent."""
     if backend == "mps" and not accept_shared_gpu_no_isolation:
@@ -56,10 +58,17 @@ def checkout_body(
     }
     if group is not None:  # the group charged (calque group ...); omitted: the member's default
         body["group"] = group
+    if gpus is not None and gpus != 1:  # whole cards of one host (backend gpu)
+        if backend != "gpu":
+            raise UsageError(
+                f"--gpus {gpus} takes whole cards: give --backend gpu", details={"field": "gpus"}
+            )
+        body["gpus"] = gpus
     return body
 
 
 def checkin_body(*, token: str | None, force: bool, reason: str | None = None) -> dict[str, Any]:
+    """Without a token, the API ends the caller's own session by their identity."""
     body: dict[str, Any] = {"token": token, "force": force}
     if reason:
         body["reason"] = reason
@@ -88,6 +97,17 @@ def remaining(expires_at: Any, now: datetime | None = None) -> str:
         return "-"
     left = (t - (now or datetime.now(UTC))).total_seconds()
     return format_duration(left) if left >= 1 else "expired"
+
+
+def time_left(session: Mapping[str, Any]) -> str:
+    """How long a live session has left: as the API counted it when read (seconds_left),
+    else from its expiry by this machine's clock."""
+    from calque.cli.durations import format_duration
+
+    left = session.get("seconds_left")
+    if isinstance(left, int) and not isinstance(left, bool):
+        return format_duration(left) if left >= 1 else "expired"
+    return remaining(session.get("expires_at"))
 
 
 def _gib(value: Any) -> str:
@@ -150,8 +170,10 @@ def render_grant(grant: Mapping[str, Any]) -> str:
     """A check-out for people: what was granted, the token once, the env, how to connect, warnings."""
     from calque.cli.output import slice_summary
 
+    several = grant.get("slice_ids") or []
+    what = f"slices {', '.join(several)}" if len(several) > 1 else f"slice {grant.get('slice_id')}"
     lines = [
-        f"Checked out {grant.get('session_id')}: slice {grant.get('slice_id')} "
+        f"Checked out {grant.get('session_id')}: {what} "
         f"({slice_summary(grant.get('profile'), grant.get('memory_gib'), grant.get('backend'))}) "
         f"on {grant.get('instance_id')}.",
         f"Expires at {grant.get('expires_at')} (in {remaining(grant.get('expires_at'))}); "
@@ -171,7 +193,11 @@ def render_grant(grant: Mapping[str, Any]) -> str:
             lines.append("  (the host asks for the token; until its account is ready it says to retry)")
     for w in grant.get("warnings") or []:
         lines.append(f"warning: {w}")
-    lines += ["", f"Check in when done: calque session checkin {grant.get('session_id')} --token TOKEN"]
+    lines += [
+        "",
+        f"Check in when done: calque session checkin {grant.get('session_id')} "
+        "(as yourself; anyone else with --token TOKEN)",
+    ]
     return "\n".join(lines)
 
 
@@ -191,7 +217,7 @@ def render_session(session: Mapping[str, Any]) -> str:
         ("expires_at", "expires_at"),
     ]
     if session.get("state") == "live":
-        fields.append(("time_left", lambda s: remaining(s.get("expires_at"))))
+        fields.append(("time_left", time_left))
     if session.get("host_access"):
         fields.append(("host_access", _host_access))
     if session.get("state") != "live" or session.get("ended_at") or session.get("end_reason"):
@@ -223,20 +249,31 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--instance-id", metavar="I", help="only this host (default: any host with a fitting slice)"
     )
-    p.add_argument("--backend", required=True, choices=("mig", "mps"), help="MIG slice or MPS client slot")
+    p.add_argument(
+        "--backend",
+        required=True,
+        choices=("mig", "mps", "gpu", "any"),
+        help="MIG slice, MPS client slot, whole GPU(s), or any: the tightest fit (slices before whole GPUs)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=argtypes.positive_int,
+        metavar="N",
+        help="N whole GPUs of one host, all or none (--backend gpu) (default: 1)",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--profile",
         "--slice-profile",
         dest="slice_profile",
         metavar="P",
-        help="exactly this slice profile, e.g. 1g.24gb",
+        help="exactly this slice profile, e.g. 1g.24gb (default: any that fits)",
     )
     which.add_argument(
         "--min-memory-gib",
         type=positive_float,
         metavar="G",
-        help="the smallest slice with at least G GiB (best fit)",
+        help="the smallest slice with at least G GiB, best fit (default: the smallest slice)",
     )
     p.add_argument(
         "--ttl",
@@ -255,16 +292,21 @@ def register(subparsers: Any) -> None:
 
     p = group.add_parser("checkin", help="end a session; its slice is reclaimed before anyone else gets it")
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
-    p.add_argument("--token", help="the token the check-out printed")
+    p.add_argument(
+        "--token", help="the token the check-out printed (default: none; not needed for your own session)"
+    )
     p.add_argument("--force", action="store_true", help="admins: end someone's session without its token")
     p.add_argument(
-        "--reason", help="recorded with the check-in; the session's member sees it (session show / list)"
+        "--reason",
+        help="recorded with the check-in; the session's member sees it (session show / list) (default: none)",
     )
     p.set_defaults(func=_checkin, _parser=p)
 
     p = group.add_parser("extend", help="push a session's expiry later (within the deployment's max)")
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
-    p.add_argument("--token", required=True)
+    p.add_argument(
+        "--token", help="the token the check-out printed (default: none; not needed for your own session)"
+    )
     p.add_argument("--ttl", required=True, type=duration_arg, metavar="DURATION", help="time added, e.g. 1h")
     p.set_defaults(func=_extend)
 
@@ -277,7 +319,7 @@ def register(subparsers: Any) -> None:
     )
     whose = p.add_mutually_exclusive_group()
     whose.add_argument("--all", action="store_true", help="admins: every user's live sessions")
-    whose.add_argument("--user", metavar="NAME", help="admins: this user's sessions")
+    whose.add_argument("--user", metavar="NAME", help="admins: this user's sessions (default: your own)")
     states = p.add_mutually_exclusive_group()
     states.add_argument(
         "--state", choices=("live", "ended", "any"), default=None, help="which sessions (default: live)"
@@ -289,6 +331,10 @@ def register(subparsers: Any) -> None:
     p = group.add_parser("show", help="one session")
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
     p.set_defaults(func=_show)
+
+    from calque.cli.commands import session_connect
+
+    session_connect.register(group)  # connect, exec
 
 
 def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
@@ -315,7 +361,7 @@ def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> 
     return parser
 
 
-_SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$", re.IGNORECASE)
+_SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$|^whole$", re.IGNORECASE)
 
 
 def _checkout(ctx: Any, args: argparse.Namespace) -> None:
@@ -335,6 +381,7 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
         ttl_seconds=args.ttl,
         accept_shared_gpu_no_isolation=args.accept_no_isolation,
         group=args.group,
+        gpus=args.gpus,
     )
 
 
@@ -345,8 +392,6 @@ def do_checkout(ctx: Any, **kwargs: Any) -> None:
 
 
 def _checkin(ctx: Any, args: argparse.Namespace) -> None:
-    if not args.token and not args.force:
-        args._parser.error("give --token TOKEN (admins: --force)")
     do_checkin(ctx, session_id=args.session_id, token=args.token, force=args.force, reason=args.reason)
 
 
@@ -372,19 +417,15 @@ def _extend(ctx: Any, args: argparse.Namespace) -> None:
     do_extend(ctx, session_id=args.session_id, token=args.token, ttl_seconds=args.ttl)
 
 
-def do_extend(ctx: Any, *, session_id: str, token: str, ttl_seconds: int) -> None:
+def do_extend(ctx: Any, *, session_id: str, token: str | None, ttl_seconds: int) -> None:
     path = f"/v1/sessions/{quote(session_id, safe='')}"
     # Name the expiry this extends from: a retried or replayed extend then adds its time once.
     current = ctx.client().request("GET", path)
-    session = ctx.client().request(
-        "POST",
-        f"{path}/extend",
-        {"token": token, "ttl_seconds": ttl_seconds, "expected_expires_at": current.get("expires_at")},
-    )
-    text = (
-        f"Extended {session_id}: now expires at {session.get('expires_at')} "
-        f"(in {remaining(session.get('expires_at'))})."
-    )
+    body: dict[str, Any] = {"ttl_seconds": ttl_seconds, "expected_expires_at": current.get("expires_at")}
+    if token:  # without it, the API extends the caller's own session by their identity
+        body["token"] = token
+    session = ctx.client().request("POST", f"{path}/extend", body)
+    text = f"Extended {session_id}: now expires at {session.get('expires_at')} (in {time_left(session)})."
     ctx.emit(session, text=text)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calque.cli.argtypes import non_negative_int, positive_int
-from calque.cli.durations import duration_arg
+from calque.cli.durations import duration_arg, human_duration
 from calque.cli.errors import CliError, UsageError
 
 
@@ -31,7 +31,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--instance-type", required=True, metavar="T", help="the pool's instance type (for cost)")
     p.add_argument("--policy", choices=("scaler", "static"), default="scaler", help="default: scaler")
     p.add_argument(
-        "--workers", type=positive_int, default=None, metavar="N", help="static pool size (--policy static)"
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="static pool size, in workers (--policy static; default: none)",
     )
     p.add_argument("--cold-start", type=duration_arg, default=180, metavar="DURATION", help="default 180s")
     p.add_argument(
@@ -45,14 +49,25 @@ def register(subparsers: Any) -> None:
         "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
     )
     p.add_argument(
-        "--plot", metavar="FILE.png", default=None, help="draw backlog and workers (needs matplotlib)"
-    )
-    from calque.cli.layout_flags import mig_arg
+        "--max-wait", type=duration_arg, default=None, metavar="DURATION",
+        help="a p95 wait target: the scaler chooses its own knobs to meet it at the least cost "
+        "(default: none, the knobs as given)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sweep", action="store_true",
+        help="replay over the knobs (idle timeout, backlog per worker): the frontier of paid/busy "
+        "against p95 wait, and where --max-wait lands on it (default: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plot", metavar="FILE.png", default=None,
+        help="draw backlog and workers; with --sweep, the frontier (needs matplotlib; default: no plot)",
+    )  # fmt: skip
+    from calque.cli.layout_flags import MIG_HELP, MPS_SLOTS_HELP, SPEC_HELP, mig_arg
 
     layout = p.add_argument_group("the pool's layout (one of; none: one worker per GPU), as for pool create")
-    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]")
-    layout.add_argument("--mps-slots", type=positive_int, metavar="N")
-    layout.add_argument("--spec", metavar="FILE")
+    layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
+    layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
+    layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.set_defaults(func=_pool)
 
 
@@ -70,6 +85,8 @@ def _pool(ctx: Any, args: argparse.Namespace) -> None:
         target_backlog_per_worker=args.target_backlog_per_worker,
         idle_timeout_s=args.idle_timeout,
         tick_s=args.tick,
+        max_wait_s=args.max_wait,
+        sweep=args.sweep,
         plot_path=args.plot,
         mig=args.mig,
         mps_slots=args.mps_slots,
@@ -91,6 +108,8 @@ def do_pool(
     target_backlog_per_worker: int = 1,
     idle_timeout_s: float = 600,
     tick_s: float = 60,
+    max_wait_s: float | None = None,
+    sweep: bool = False,
     plot_path: str | None = None,
     mig: dict[str, int] | None = None,
     mps_slots: int | None = None,
@@ -109,6 +128,14 @@ def do_pool(
     slots = slots_of(instance_type, layout)
     if policy == "static" and workers is None:
         raise UsageError("--policy static needs --workers N", details={"field": "workers"})
+    if sweep and policy == "static":
+        raise UsageError(
+            "--sweep replays the scaler over its knobs; drop --policy static", details={"field": "sweep"}
+        )
+    if max_wait_s is not None and policy == "static":
+        raise UsageError(
+            "--max-wait is the scaler's target; drop --policy static", details={"field": "max_wait"}
+        )
     if policy == "scaler" and workers is not None:
         raise UsageError(
             "--workers sizes a static pool; with --policy scaler use --min-workers/--max-workers",
@@ -120,6 +147,7 @@ def do_pool(
             max_workers=max_workers,
             target_backlog_per_worker=target_backlog_per_worker,
             idle_timeout_s=idle_timeout_s,
+            max_wait_s=max_wait_s,
         )
     except ValueError as exc:
         raise CliError(str(exc), code="invalid_input") from None
@@ -142,6 +170,9 @@ def do_pool(
         gpus_per_instance=itype.gpu_count,
         slot_card_fractions=tuple(slot.card_fraction for slot in slots),
     )
+    if sweep:
+        _sweep(ctx, claims, config, max_wait_s, plot_path)
+        return
     result = simulate(claims, config, hourly_usd_per_gpu=itype.hourly_usd / itype.gpu_count)
     summary = {
         "trace": trace,
@@ -164,11 +195,42 @@ def do_pool(
     counts = summary["scale_decisions"]
     summary["scale_decisions"] = f"{counts['scale_out']} out, {counts['scale_in']} in"
     for key in ("wait_p50_s", "wait_p95_s", "wait_max_s"):
-        summary[key] = f"{summary[key]:g}s"
+        summary[key] = human_duration(summary[key])
     summary["warm_hit_rate"] = f"{summary['warm_hit_rate'] * 100:.1f}%"
     if "paid_usd" in summary:
         summary["paid_usd"] = f"${summary['paid_usd']:.2f}"
     ctx.emit(summary)
+
+
+SWEEP_COLUMNS = [
+    ("knobs", "label"),
+    ("p95 wait (s)", "wait_p95_s"),
+    ("paid/busy", "paid_per_busy"),
+    ("paid GPU-s", "paid_gpu_seconds"),
+    ("busy GPU-s", "busy_gpu_seconds"),
+    ("", "mark"),
+]
+
+
+def _sweep(ctx: Any, claims: list[Any], config: Any, max_wait_s: float | None, plot_path: str | None) -> None:
+    """``--sweep``: the frontier of paid/busy against p95 wait, and the target's own choice."""
+    from calque.simulate.pool_sweep import plot_sweep, sweep
+
+    result = sweep(claims, config, max_wait_s=max_wait_s)
+    doc = result.document()
+    if plot_path is not None:
+        write_plot(plot_sweep, result, plot_path)
+        doc["plot"] = plot_path
+    if ctx.json:
+        ctx.emit(doc)
+        return
+    best = result.best_meeting
+    rows = [
+        {**p.record(), "mark": "(meets the target, cheapest)" if p == best else ""} for p in result.frontier
+    ]
+    if result.target is not None:
+        rows.append({**result.target.record(), "mark": "<- the scaler's own choice for the target"})
+    ctx.emit(rows, columns=SWEEP_COLUMNS)
 
 
 # ---- calque simulate placement ----------------------------------------------------------------
@@ -208,8 +270,8 @@ RESULT_FIELDS = [
     ("placed", "placed"),
     ("refused", "refused"),
     ("still waiting", "waiting"),
-    ("wait p50 (s)", "wait_p50_s"),
-    ("wait p95 (s)", "wait_p95_s"),
+    ("wait p50", lambda r: human_duration(r.get("wait_p50_s"))),
+    ("wait p95", lambda r: human_duration(r.get("wait_p95_s"))),
     ("members / GPU-hour", "members_per_gpu_hour"),
     ("paid GPU-hours", "paid_gpu_hours"),
     ("busy GPU-hours", "busy_gpu_hours"),
@@ -217,11 +279,48 @@ RESULT_FIELDS = [
     ("idle share", "idle_share"),
     ("fragmented GPU-hours", "fragmented_gpu_hours"),
     ("fragmentation share", "fragmentation_share"),
+    ("not saturated share", "unsaturated_share"),
     ("re-layouts", "relayouts"),
+    ("dedicated", lambda r: _dedicated_cell(r.get("dedicated"))),
+    ("vs dedicated", "vs_dedicated"),
+    ("packing bound", lambda r: _bound_cell(r.get("bound"))),
+    ("share of the bound", "share_of_bound"),
+    ("groups", lambda r: _groups_cell(r.get("groups") or {})),
     ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
     ("beats best static", "beats_best_static"),
     ("trace events", "events"),
 ]
+
+
+def _dedicated_cell(ded: dict[str, Any] | None) -> str | None:
+    if ded is None:
+        return None
+    return f"{ded['members_per_gpu_hour']} members / GPU-hour, p95 wait {ded['wait_p95_s']:.0f} s"
+
+
+def _bound_cell(bound: dict[str, Any] | None) -> str | None:
+    if bound is None:
+        return None
+    return (
+        f"{bound['bound']}x ({bound['dedicated_gpu_hours']:g} GPU-hours dedicated / "
+        f"{bound['rounded_gpu_hours']:g} rounded up to slices)"
+    )
+
+
+def _groups_cell(groups: dict[str, dict[str, Any]]) -> str | None:
+    if len(groups) < 2:
+        return None
+    return "; ".join(
+        f"{g}: {v['placed']}/{v['jobs']} placed, p95 wait {v['wait_p95_s']:.0f} s, "
+        f"{v['got_share']:.1%} of GPU-hours"
+        + (
+            f", {v['got_share_contended']:.1%} while all waited"
+            if v.get("got_share_contended") is not None
+            else ""
+        )
+        + f" (shares {v['shares_share']:.1%})"
+        for g, v in groups.items()
+    )
 
 
 def _best_static_cell(best: dict[str, Any] | None) -> str | None:
@@ -229,7 +328,7 @@ def _best_static_cell(best: dict[str, Any] | None) -> str | None:
         return None
     return (
         f"{best['layout']}: {best['members_per_gpu_hour']} members / GPU-hour, "
-        f"p95 wait {best['wait_p95_s']:.0f} s"
+        f"p95 wait {human_duration(best['wait_p95_s'])}"
     )
 
 
@@ -258,22 +357,56 @@ def add_placement_parser(group: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
     p.add_argument(
-        "--plot", metavar="FILE.png", help="plot busy share and waiting jobs over time (needs calque[plot])"
+        "--variant",
+        metavar="gpushare:P",
+        help="replay a variant of the trace: P %% of its GPU pods ask a fraction of one GPU "
+        "(seeded; default: the trace as it is)",
+    )
+    p.add_argument(
+        "--groups",
+        metavar="NAME=WEIGHT[,...]",
+        help="give the jobs to groups at random in these proportions (a trace 'group' column wins; "
+        "default: one group)",
+    )
+    p.add_argument("--shares", metavar="NAME=S[,...]", help="the groups' fair-share shares (default 1 each)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="plot busy share and waiting jobs over time to this PNG (needs calque[plot]; default: no plot)",
     )
     p.set_defaults(func=_placement)
 
 
 def _placement(ctx: Any, args: argparse.Namespace) -> None:
-    do_placement(ctx, trace=args.trace, hosts=args.hosts, layout=args.layout, seed=args.seed, plot=args.plot)
+    do_placement(
+        ctx,
+        trace=args.trace,
+        hosts=args.hosts,
+        layout=args.layout,
+        seed=args.seed,
+        plot=args.plot,
+        variant=args.variant,
+        groups=args.groups,
+        shares=args.shares,
+    )
 
 
 def do_placement(
-    ctx: Any, *, trace: str, hosts: str, layout: str, seed: int = 0, plot: str | None = None
+    ctx: Any,
+    *,
+    trace: str,
+    hosts: str,
+    layout: str,
+    seed: int = 0,
+    plot: str | None = None,
+    variant: str | None = None,
+    groups: str | None = None,
+    shares: str | None = None,
 ) -> None:
     import sys
 
-    from calque.simulate.placement import simulate
     from calque.simulate.placement_report import plot_timeline
+    from calque.simulate.placement_run import simulate
 
     if plot is not None:
         _require_matplotlib()
@@ -285,6 +418,9 @@ def do_placement(
         seed=seed,
         timeline=plot is not None,
         progress=lambda m: sys.stderr.write(m + "\n"),
+        variant=variant,
+        groups=groups,
+        shares=shares,
     )
     if plot is not None:
         write_plot(plot_timeline, res, plot)

@@ -97,7 +97,10 @@ def register(subparsers: Any) -> None:
         "--month", type=_month, metavar="YYYY-MM", help="a calendar month, UTC (default: this one)"
     )
     when.add_argument(
-        "--since", type=_when, metavar="D", help="start, inclusive: a date (2026-12-01) or ISO time, UTC"
+        "--since",
+        type=_when,
+        metavar="D",
+        help="start, inclusive: a date (2026-12-01) or ISO time, UTC (default: this month, or --month)",
     )
     p.add_argument(
         "--until", type=_when, metavar="D", help="end, exclusive (default: now); only with --since"

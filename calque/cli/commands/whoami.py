@@ -7,7 +7,9 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "whoami", help="show the principal the control plane sees, and whether it is an admin"
+        "whoami",
+        help="show the principal the control plane sees, whether it is an admin, and where the "
+        "endpoint, profile and region came from (flag, environment, configuration, local plane)",
     )
     p.set_defaults(func=_whoami)
 
@@ -19,7 +21,16 @@ def _whoami(ctx: Any, args: Any) -> None:
 def do_whoami(ctx: Any) -> None:
     me = ctx.client().request("GET", "/v1/whoami")
     if isinstance(me, dict):
-        me = {**me, "endpoint": ctx.endpoint}  # where it was asked: in the table and in JSON alike
+        # where it was asked and why there: in the table and in JSON alike
+        me = {
+            **me,
+            "endpoint": ctx.endpoint,
+            "endpoint_source": ctx.sources.get("endpoint"),
+            "profile_source": ctx.sources.get("profile"),
+            "region": getattr(ctx.client(), "region", None),
+            "region_source": ctx.sources.get("region"),
+            "config_name": ctx.config()[0],
+        }
     ctx.emit(
         me,
         columns=[
@@ -28,5 +39,10 @@ def do_whoami(ctx: Any) -> None:
             ("arn", "arn"),
             ("account", "account"),
             ("endpoint", "endpoint"),
+            ("endpoint from", "endpoint_source"),
+            ("profile from", "profile_source"),
+            ("region", "region"),
+            ("region from", "region_source"),
+            ("configuration", "config_name"),
         ],
     )

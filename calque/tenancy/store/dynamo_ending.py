@@ -61,26 +61,29 @@ class DynamoEnding(EndsSessions, DynamoBase):
                     "ExpressionAttributeValues": values,
                 }
             },
-            {
-                "Update": {
-                    "Key": ser(keys.slice_(session.instance_id, session.slice_id)),
-                    "UpdateExpression": (
-                        "SET #state = :reclaiming, state_since = :at, expiry_pk = :epk, expiry_sk = :esk "
-                        "REMOVE holder, session_id"
-                    ),
-                    "ConditionExpression": held,
-                    "ExpressionAttributeNames": {"#state": "state", **held_names},
-                    "ExpressionAttributeValues": {
-                        **expr_values(
-                            reclaiming="reclaiming",
-                            at=at,
-                            epk=keys.RECLAIMING,
-                            esk=keys.reclaiming_sk(at, session.instance_id, session.slice_id),
+            *(
+                {
+                    "Update": {
+                        "Key": ser(keys.slice_(session.instance_id, slice_id)),
+                        "UpdateExpression": (
+                            "SET #state = :reclaiming, state_since = :at, expiry_pk = :epk, expiry_sk = :esk "
+                            "REMOVE holder, session_id"
                         ),
-                        **ser(held_values),
-                    },
+                        "ConditionExpression": held,
+                        "ExpressionAttributeNames": {"#state": "state", **held_names},
+                        "ExpressionAttributeValues": {
+                            **expr_values(
+                                reclaiming="reclaiming",
+                                at=at,
+                                epk=keys.RECLAIMING,
+                                esk=keys.reclaiming_sk(at, session.instance_id, slice_id),
+                            ),
+                            **ser(held_values),
+                        },
+                    }
                 }
-            },
+                for slice_id in session.slice_ids
+            ),
             self._quota_release_item(session.user, end.month, settle),
             self._put_event(end.event),
         ]

@@ -5,6 +5,7 @@ that takes the slice, creates the session and counts it on the member's and grou
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -120,6 +121,7 @@ class DynamoPlacement(DynamoBase):
         reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
+        extra: Sequence[SliceRecord] = (),
     ) -> None:
         # The client request goes first: its reason is then always the first one read.
         first: list[dict[str, Any]] = []
@@ -142,27 +144,7 @@ class DynamoPlacement(DynamoBase):
             )
         items = [
             *first,
-            {
-                "Update": {
-                    "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
-                    "UpdateExpression": (
-                        "SET #state = :held, fence = :next, holder = :user, session_id = :sid, "
-                        "state_since = :at "
-                        "REMOVE free_pk, free_sk"
-                    ),
-                    "ConditionExpression": "#state = :free AND fence = :fence AND attribute_exists(free_pk)",
-                    "ExpressionAttributeNames": {"#state": "state"},
-                    "ExpressionAttributeValues": expr_values(
-                        held="held",
-                        free="free",
-                        next=session.fence,
-                        fence=sl.fence,
-                        user=session.user,
-                        sid=session.session_id,
-                        at=session.created_at,
-                    ),
-                }
-            },
+            _take(sl, session),
             {
                 "Put": {
                     "Item": ser(self._session_item(session)),
@@ -174,6 +156,8 @@ class DynamoPlacement(DynamoBase):
         ]
         if session.group is not None:
             items.append(self._group_take_item(session.group, reservation))
+        # A session's further whole cards last: the reasons read by position above stay put.
+        items += [_take(one, session) for one in extra]
         try:
             self._transact(items)
         except ClientError as exc:
@@ -185,8 +169,38 @@ class DynamoPlacement(DynamoBase):
             reasons = reasons[len(first) :]
             if len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed" and reasons[0] == "None":
                 raise QuotaFull(session.user) from None
-            if len(reasons) > 4 and reasons[4] == "ConditionalCheckFailed" and reasons[0] == "None":
+            if (
+                session.group is not None
+                and len(reasons) > 4
+                and reasons[4] == "ConditionalCheckFailed"
+                and reasons[0] == "None"
+            ):
                 raise GroupFull(session.group or "") from None
             # The slice's condition failed, or another transaction held one of the items:
             # either way this candidate is lost; the caller moves on.
             raise SliceTaken(sl.slice_id) from None
+
+
+def _take(sl: SliceRecord, session: SessionRecord) -> dict[str, Any]:
+    """The grant's write of one slice: free at the fence read, placeable -> held by the session."""
+    return {
+        "Update": {
+            "Key": ser(keys.slice_(sl.instance_id, sl.slice_id)),
+            "UpdateExpression": (
+                "SET #state = :held, fence = :next, holder = :user, session_id = :sid, "
+                "state_since = :at "
+                "REMOVE free_pk, free_sk"
+            ),
+            "ConditionExpression": "#state = :free AND fence = :fence AND attribute_exists(free_pk)",
+            "ExpressionAttributeNames": {"#state": "state"},
+            "ExpressionAttributeValues": expr_values(
+                held="held",
+                free="free",
+                next=session.fence,
+                fence=sl.fence,
+                user=session.user,
+                sid=session.session_id,
+                at=session.created_at,
+            ),
+        }
+    }

@@ -86,7 +86,7 @@ class DynamoSessions(DynamoBase):
         session: SessionRecord,
         *,
         expires_at: datetime,
-        token_hash: str,
+        token_hash: str | None,
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,

@@ -230,6 +230,7 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
         reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
+        extra: Sequence[SliceRecord] = (),
     ) -> None:
         res = reservation
         with self._lock:
@@ -238,23 +239,27 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
                 old = self.requests_made.get(request.request_id)
                 if old is not None and old.expires_at >= session.created_at:
                     raise Replayed(session.user)
-            cur = self.slice_map.get((sl.instance_id, sl.slice_id))
-            if cur is None or cur.state != "free" or cur.fence != sl.fence or not cur.placeable:
-                raise SliceTaken(sl.slice_id)
+            taken = []
+            for one in (sl, *extra):
+                cur = self.slice_map.get((one.instance_id, one.slice_id))
+                if cur is None or cur.state != "free" or cur.fence != one.fence or not cur.placeable:
+                    raise SliceTaken(one.slice_id)
+                taken.append(cur)
             if session.session_id in self.sessions:
                 raise StaleWrite(session.session_id)
             self._quota_take(session.user, res, count=True)
             self._group_take(session.group, res)
-            self.slice_map[(sl.instance_id, sl.slice_id)] = cur.model_copy(
-                update={
-                    "state": "held",
-                    "fence": session.fence,
-                    "holder": session.user,
-                    "session_id": session.session_id,
-                    "placeable": False,
-                    "state_since": session.created_at,
-                }
-            )
+            for cur in taken:
+                self.slice_map[(cur.instance_id, cur.slice_id)] = cur.model_copy(
+                    update={
+                        "state": "held",
+                        "fence": session.fence,
+                        "holder": session.user,
+                        "session_id": session.session_id,
+                        "placeable": False,
+                        "state_since": session.created_at,
+                    }
+                )
             self.sessions[session.session_id] = session
             self._quota_took(session.user, res, count=True, default_max_sessions=default_max_sessions)
             self._group_took(session.group, res)
@@ -298,23 +303,27 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
             cur = self.sessions.get(session.session_id)
             if cur is None or not rules.holds(cur, rules.end_conditions(end)):
                 raise StaleWrite(session.session_id)
-            key = (session.instance_id, session.slice_id)
-            sl = self.slice_map.get(key)
-            if sl is None or not rules.holds(sl, rules.slice_held_conditions(session)):
-                raise StaleWrite(session.slice_id)
+            held = {}
+            for slice_id in session.slice_ids:
+                key = (session.instance_id, slice_id)
+                sl = self.slice_map.get(key)
+                if sl is None or not rules.holds(sl, rules.slice_held_conditions(session)):
+                    raise StaleWrite(slice_id)
+                held[key] = sl
             settle = end.settle()
             self._quota_release(session.user, end.month, settle)  # the last check: it writes too
             # the session as stored (a host's report may have changed it since it was read)
             ended = end._replace(session=cur).ended()
             self.sessions[session.session_id] = ended
-            self.slice_map[key] = sl.model_copy(
-                update={
-                    "state": "reclaiming",
-                    "holder": None,
-                    "session_id": None,
-                    "state_since": end.at,
-                }
-            )
+            for key, sl in held.items():
+                self.slice_map[key] = sl.model_copy(
+                    update={
+                        "state": "reclaiming",
+                        "holder": None,
+                        "session_id": None,
+                        "state_since": end.at,
+                    }
+                )
             self._group_release(session.group, end.month, settle)
             self.events.append(end.event)
             return ended
@@ -333,7 +342,7 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
         session: SessionRecord,
         *,
         expires_at: datetime,
-        token_hash: str,
+        token_hash: str | None,
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,

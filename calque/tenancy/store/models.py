@@ -95,6 +95,14 @@ class SessionRecord(_Record):
     hourly_usd: str | None = None
     reserved_ugh: int = 0
     reserved_musd: int = 0
+    # A session of several whole cards (check-out with gpus N): the other cards it holds on
+    # the same host, each held at the session's fence as ``slice_id`` is, and released with it.
+    extra_slices: list[str] = Field(default=[])
+
+    @property
+    def slice_ids(self) -> list[str]:
+        """Every slice the session holds: ``slice_id`` first."""
+        return [self.slice_id, *self.extra_slices]
 
     @property
     def charge_month(self) -> str:

@@ -213,8 +213,11 @@ class Registry(MemberStore, Protocol):
         reservation: Reservation,
         event: LeaseEvent,
         request: RequestRecord | None = None,
+        extra: Sequence[SliceRecord] = (),
     ) -> None:
-        """One transaction: slice free at sl.fence -> held at session.fence, the session created
+        """One transaction: slice free at sl.fence -> held at session.fence (and each of
+        ``extra``, the session's further whole cards, free at its own fence read -> held at
+        session.fence: all or none), the session created
         (carrying its reservation), the user's live counter incremented below its maximum and
         the reservation added to the month's committed amounts of the user and of the
         session's group, each on condition it fits every monthly limit set (limits pinned as
@@ -277,13 +280,13 @@ class Registry(MemberStore, Protocol):
         session: SessionRecord,
         *,
         expires_at: datetime,
-        token_hash: str,
+        token_hash: str | None,
         now: datetime,
         event: LeaseEvent,
         request_id: str | None = None,
         reservation: Reservation | None = None,
     ) -> SessionRecord:
-        """Live, unexpired at ``now``, token and expiry unchanged -> the new expiry (and
+        """Live, unexpired at ``now``, token (when given) and expiry unchanged -> the new expiry (and
         ``request_id`` kept as the last extend's), and with ``reservation`` the extra time
         reserved as a grant does (on the session, the user's and the group's month).
         StaleWrite, or QuotaFull / GroupFull when a monthly limit refuses."""

@@ -50,12 +50,13 @@ def end_conditions(end: SessionEnd) -> list[Condition]:
     return out
 
 
-def extend_conditions(session: SessionRecord, *, token_hash: str, now: datetime) -> list[Condition]:
-    """An extend applies only to a live session with this token, whose expiry is still the
-    one read, and not yet passed at ``now``."""
+def extend_conditions(session: SessionRecord, *, token_hash: str | None, now: datetime) -> list[Condition]:
+    """An extend applies only to a live session (with this token, when one was given: its
+    member extends it by identity alone), whose expiry is still the one read, and not yet
+    passed at ``now``."""
     return [
         Condition("state", "=", "live"),
-        Condition("token_hash", "=", token_hash),
+        *([Condition("token_hash", "=", token_hash)] if token_hash is not None else []),
         Condition("expires_epoch", "=", epoch(session.expires_at)),
         Condition("expires_epoch", ">", epoch(now)),
     ]

@@ -47,6 +47,14 @@ def remove_members(name: str, body: GroupMembers) -> Group:
     return group
 
 
+@router.delete("/groups/<name>")
+@admin_only
+def delete_group(name: str) -> Group:
+    group = api_groups().delete(caller(router), name)
+    logger.info("group deleted", extra={"group": name})
+    return group
+
+
 @router.put("/groups/<name>/limits")
 @admin_only
 def set_limits(name: str, body: GroupLimits) -> Group:

@@ -13,6 +13,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from calque.contracts.pools import (
     NAME_PATTERN,
     Claim,
+    ClaimInputUpload,
     ClaimReport,
     ClaimReportAnswer,
     ClaimSubmit,
@@ -105,6 +106,13 @@ def submit(name: str, body: ClaimSubmit) -> Claim:
     return _claim(claim)
 
 
+@router.post("/pools/<name>/claims/input", status_code=201)
+def claim_input(name: str, body: ClaimInputUpload) -> dict[str, Any]:
+    """Where to PUT a claim's input too large for a request body (a presigned URL under the
+    claim's own prefix), and the claim id the submit naming it makes."""
+    return pools().input_upload(caller(router), name, body)
+
+
 @router.get("/claims")
 def list_claims(
     pool: Annotated[str | None, Query(pattern=NAME_PATTERN, description="only this pool's claims")] = None,
@@ -123,6 +131,18 @@ def show_claim(claim_id: str) -> Claim:
 @router.get("/claims/<claim_id>/result")
 def claim_result(claim_id: str) -> dict[str, Any]:
     return pools().claim_result(caller(router), claim_id)
+
+
+@router.get("/claims/<claim_id>/logs")
+def claim_logs(
+    claim_id: str,
+    after: Annotated[
+        str | None,
+        Query(max_length=300, description="the next of the page before: only chunks written after it"),
+    ] = None,
+) -> dict[str, Any]:
+    """The runner's stdout and stderr of a claim, as chunks written while it runs and after."""
+    return pools().claim_logs(caller(router), claim_id, after=after)
 
 
 @router.delete("/claims/<claim_id>")

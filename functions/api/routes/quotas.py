@@ -28,6 +28,12 @@ def _named(user: str, who: Caller) -> str:
     return who.principal if user == ME else user
 
 
+@router.get("/quotas")
+def list_quotas() -> list[Quota]:
+    """Admins: every member's quota that was set or used; members: their own."""
+    return api_tenancy().list_quotas(caller(router))
+
+
 @router.put("/quotas/<role>/<session>")
 @admin_only
 def set_role_session_quota(role: str, session: str, body: QuotaUpdate) -> Quota:

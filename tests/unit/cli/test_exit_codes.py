@@ -44,7 +44,8 @@ REFUSAL = {"error": {"code": "forbidden", "message": "this action is for admins 
 def test_success_exits_zero_with_one_json_document(run):
     code, out, err = run(ME, "whoami", "--output", "json")
     assert code == 0
-    assert json.loads(out) == {**ME, "endpoint": "http://api.invalid"}
+    doc = json.loads(out)
+    assert {**ME, "endpoint": "http://api.invalid"}.items() <= doc.items()  # and where each value came from
     assert err == ""
 
 

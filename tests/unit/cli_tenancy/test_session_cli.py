@@ -125,11 +125,36 @@ def test_no_free_slice_is_a_one_line_refusal(api, cli):
     assert err.strip() == "calque: error: no free mig slice fits"
 
 
-def test_checkin_needs_a_token_or_force(api, cli):
-    code, _, err = cli("session", "checkin", "s-0123456789abcdef")
-    assert code == 2
-    assert api.requests == []
-    assert "--token" in err
+def test_checkin_without_a_token_ends_the_members_own_session_by_their_identity(api, cli):
+    api.responses[("DELETE", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "state": "ended"}
+    code, out, _ = cli("session", "checkin", "s-0123456789abcdef")
+    assert code == 0
+    assert api.requests[0][:2] == ("DELETE", "/v1/sessions/s-0123456789abcdef")
+    assert api.requests[0][2] == {"token": None, "force": False}
+    assert "Checked in s-0123456789abcdef" in out
+
+
+def test_extend_without_a_token_sends_none_and_says_the_time_left_as_the_api_counted_it(api, cli):
+    api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = {
+        **GRANT,
+        "expires_at": "2098-01-01T00:00:00Z",
+    }
+    api.responses[("POST", "/v1/sessions/s-0123456789abcdef/extend")] = {**GRANT, "seconds_left": 5400}
+    code, out, _ = cli("session", "extend", "s-0123456789abcdef", "--ttl", "1h")
+    assert code == 0
+    assert api.requests[-1][2] == {"ttl_seconds": 3600, "expected_expires_at": "2098-01-01T00:00:00Z"}
+    assert "(in 1h30m)" in out
+
+
+def test_show_tells_a_live_sessions_time_left(api, cli):
+    api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = {
+        **GRANT,
+        "state": "live",
+        "seconds_left": 3725,
+    }
+    code, out, _ = cli("session", "show", "s-0123456789abcdef")
+    assert code == 0
+    assert [line for line in out.splitlines() if line.startswith("time_left")] == ["time_left    1h2m5s"]
 
 
 def test_checkin_sends_the_token(api, cli):
@@ -333,3 +358,23 @@ def test_a_note_with_terminal_control_characters_reaches_the_members_terminal_as
     # And the JSON document keeps the note as recorded (escaped by JSON itself)
     _, out, _ = cli("--output", "json", "session", "show", ended["session_id"])
     assert json.loads(out)["end_note"] == "runaway\x1b[2J\x1b]0;pwned\x07 job\u202e42"
+
+
+def test_gpus_n_asks_for_whole_cards_and_the_grant_names_every_card(api, cli):
+    cards = ["g0-whole", "g1-whole"]
+    api.responses[("POST", "/v1/sessions")] = {**GRANT, "backend": "exclusive", "slice_ids": cards}
+    code, out, _ = cli("session", "checkout", "--backend", "gpu", "--gpus", "2", "--ttl", "1h")
+    assert code == 0
+    assert api.requests[0][2]["backend"] == "gpu"
+    assert api.requests[0][2]["gpus"] == 2
+    assert "slices g0-whole, g1-whole" in out
+
+
+def test_one_card_sends_no_gpus_and_several_need_backend_gpu(api, cli):
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    assert cli("session", "checkout", "--backend", "gpu")[0] == 0
+    assert "gpus" not in api.requests[0][2]
+    code, _, err = cli("session", "checkout", "--backend", "mig", "--gpus", "2")
+    assert code == 2
+    assert "--backend gpu" in err
+    assert len(api.requests) == 1

@@ -59,8 +59,8 @@ class FakeS3:
     def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
         return {"Body": io.BytesIO(self.objects[Key])}
 
-    def put_object(self, Bucket: str, Key: str, Body: bytes, **_: Any) -> None:
-        self.objects[Key] = Body
+    def put_object(self, Bucket: str, Key: str, Body: Any, **_: Any) -> None:
+        self.objects[Key] = Body if isinstance(Body, bytes) else Body.read()
 
     def delete_object(self, Bucket: str, Key: str) -> None:
         self.objects.pop(Key, None)
@@ -125,6 +125,16 @@ class SlowRunner:
                 return Outcome(ok=False, reason="the runner process was killed by SIGKILL")
             return Outcome(ok=False, stopped=True, reason="stopped by the worker")
         return Outcome(ok=True, results=[{"ok": True, "output": i} for i in items], warm_hit=self.runs > 1)
+
+    def run_files(self, items_path: str, results_path: str, stdout_path: str, stderr_path: str) -> Outcome:
+        with open(items_path, "rb") as f:
+            items = json.load(f)["items"]
+        outcome = self.run(items, stdout_path, stderr_path)
+        if outcome.ok:
+            with open(results_path, "w") as f:
+                json.dump({"results": outcome.results}, f)
+            outcome.items_ok, outcome.results_path = len(outcome.results), results_path
+        return outcome
 
     def interrupt(self) -> bool:
         self.interrupts += 1

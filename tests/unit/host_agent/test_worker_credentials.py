@@ -191,6 +191,7 @@ def test_the_scalers_document_asks_for_vended_credentials_where_the_deployment_h
     class P:
         name, queue_url, runner, visibility_s, idle_timeout_s = "small-models", "q", "m:C", 60, 600
         package_key, package_path = "pools/small-models/package/a.zip", None
+        max_wait_s = None
 
     assert "credentials" not in worker_document(P(), ["w-1-0"], bucket="art")
     vended = worker_document(P(), ["w-1-0"], bucket="art", vended_credentials=True)

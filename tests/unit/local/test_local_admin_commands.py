@@ -8,18 +8,14 @@ import json
 import pytest
 
 from calque.local.state import StateDir
-from tests.unit.cli_support import run_cli
+from tests.unit.cli_support import run_cli, stopped_plane
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
-def state(tmp_path, monkeypatch):
-    s = StateDir(tmp_path / "plane")
-    s.ensure()
-    s.initialize_people()
-    monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(s.path))
-    return s
+def state(tmp_path, monkeypatch) -> StateDir:
+    return stopped_plane(tmp_path / "plane", monkeypatch)
 
 
 def test_a_member_cannot_add_an_admin(state, capsys):

@@ -8,7 +8,7 @@ from typing import Any
 
 from calque.identity import Caller
 from calque.pools.domain import PoolRecord
-from calque.pools.ports import DeadLetter, Grant, QueueMissing, QueueRefs
+from calque.pools.ports import DeadLetter, Grant, ObjectInfo, QueueMissing, QueueRefs
 from calque.pools.service import Pools, PoolsConfig
 from calque.pools.store.memory import MemoryPoolStore
 
@@ -80,18 +80,43 @@ class MemoryObjects:
 
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {}
+        self.metadata: dict[str, dict[str, str]] = {}
 
     def put_json(self, key: str, data: Any) -> None:
         self.objects[key] = json.loads(json.dumps(data))
 
     def get_json(self, key: str) -> Any:
-        return self.objects[key]
+        value = self.objects[key]
+        return json.loads(value) if isinstance(value, bytes) else value
 
     def exists(self, key: str) -> bool:
         return key in self.objects
 
-    def presign_put(self, key: str, *, expires_s: int, content_type: str) -> str:
+    def presign_put(
+        self, key: str, *, expires_s: int, content_type: str, metadata: dict[str, str] | None = None
+    ) -> str:
         return f"https://{self.bucket}.s3.example/{key}?X-Amz-Expires={expires_s}&X-Amz-Signature=fake"
+
+    def presign_get(self, key: str, *, expires_s: int) -> str:
+        return f"https://{self.bucket}.s3.example/{key}?X-Amz-Expires={expires_s}&X-Amz-Signature=get"
+
+    def _raw(self, key: str) -> bytes:
+        value = self.objects[key]
+        return value if isinstance(value, bytes) else json.dumps(value).encode()
+
+    def head(self, key: str) -> ObjectInfo | None:
+        if key not in self.objects:
+            return None
+        return ObjectInfo(key, len(self._raw(key)), dict(self.metadata.get(key, {})))
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._raw(key)
+
+    def list_keys(self, prefix: str, *, start_after: str | None, limit: int) -> list[ObjectInfo]:
+        keys = sorted(
+            k for k in self.objects if k.startswith(prefix) and (not start_after or k > start_after)
+        )
+        return [ObjectInfo(k, len(self._raw(k))) for k in keys[:limit]]
 
 
 @dataclass

@@ -4,6 +4,7 @@ what is refused before anything is sent, and what people and scripts see."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,13 +141,13 @@ def test_claim_result_prints_each_item_and_writes_the_document(api, cli, tmp_pat
     assert code == 0
     assert json.loads(out)["results"][1]["error"]["type"] == "ValueError"
     target = tmp_path / "r.json"
-    code, written, _ = cli("claim", "result", "c-1", "-o", str(target))
+    code, _, _ = cli("claim", "result", "c-1", "-o", str(target))
     assert code == 0
     # the same document on stdout and in the file, byte for byte, whatever the output asked
-    assert target.read_text() == written == out
+    assert target.read_text() == out
     assert json.loads(target.read_text())["summary"]["items_failed"] == 1
-    code, as_json, _ = cli("--output", "json", "claim", "result", "c-1", "-o", str(tmp_path / "j.json"))
-    assert as_json == out == (tmp_path / "j.json").read_text()
+    code, as_json, _ = cli("--output", "json", "claim", "result", "c-1")
+    assert as_json == out
 
 
 def test_claim_list_passes_the_pool_filter(api, cli):
@@ -383,27 +384,41 @@ def test_a_pool_the_api_would_refuse_is_refused_before_its_package_is_uploaded(
     assert api.requests == []
 
 
-def test_items_too_large_for_one_request_say_how_to_split_them(api, cli, tmp_path):
+def test_items_too_large_for_one_request_are_uploaded_and_submitted_by_their_upload(
+    api, cli, tmp_path, monkeypatch
+):
+    import hashlib
+
     from calque.cli.errors import ApiError
+    from calque.sdk import transfer
 
     # Given an items file whose request is over the API's body limit
     items = tmp_path / "items.jsonl"
     items.write_text('{"text": "hello world"}\n' * 100)
-    api.responses[("POST", "/v1/pools/textstats/claims")] = ApiError(
-        413, {"error": {"code": "body_too_large", "message": "request body exceeds 1024 bytes",
-                        "details": {"limit_bytes": 1024}}},
-    )  # fmt: skip
+
+    def claims(body):
+        if "items" in body:
+            raise ApiError(413, {"error": {"code": "body_too_large", "message": "over 1024 bytes"}})
+        return CLAIM
+
+    api.responses[("POST", "/v1/pools/textstats/claims")] = claims
+    api.responses[("POST", "/v1/pools/textstats/claims/input")] = {
+        "claim_id": "c-0123456789abcdef", "url": "https://bucket/k?sig", "headers": {},
+    }  # fmt: skip
+    put: list[bytes] = []
+    monkeypatch.setattr(transfer, "put_file", lambda target, path: put.append(Path(path).read_bytes()))
     # When a member submits it
     code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
-    # Then the refusal says it is the file's size and how to split it into claims that fit
-    assert code == 1
-    line = err.splitlines()[-1]
-    assert f"{items}: 100 items make a" in line
-    assert "(1024 bytes)" in line
-    assert f"split -l 36 {items}" in line  # 100 x 1024 / 2,500 bytes, with a tenth to spare
-    doc = json.loads(out)
-    assert doc["error"]["code"] == "body_too_large"
-    assert doc["error"]["details"]["items"] == 100
+    # Then the input document went to the URL the API gave, and the claim names that upload
+    assert code == 0, err
+    assert json.loads(put[0]) == {"items": [{"text": "hello world"}] * 100}
+    sha = hashlib.sha256(put[0]).hexdigest()
+    asked = api.requests[-2][2]
+    assert asked == {"sha256": sha, "bytes": len(put[0])}
+    assert api.requests[-1][2] == {
+        "input": {"claim_id": "c-0123456789abcdef", "sha256": sha, "bytes": len(put[0]), "items": 100}
+    }
+    assert json.loads(out)["claim_id"] == "c-1"
 
 
 def test_pool_status_says_why_a_worker_exited(api, cli):

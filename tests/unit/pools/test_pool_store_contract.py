@@ -250,3 +250,22 @@ def test_a_claim_ended_succeeded_counts_once_for_the_worker_that_ran_it(store):
     store.transition_claim("c-4", d.LIVE, {"state": d.RUNNING, "worker": "w1", "attempts": 1})
     assert store.end_claim("c-4", d.LIVE, ok, price=lambda c: None).state == d.SUCCEEDED
     assert store.workers("p1") == []
+
+
+def test_a_wait_target_and_what_the_scaler_observed_are_stored_with_the_pool(store):
+    from calque.pools import slo
+
+    store.create_pool(pool().model_copy(update={"max_wait_s": 240}))
+    obs = slo.Observations()
+    for t in (0.0, 61.5, 3600.25, 3700.0):
+        obs.arrival(t)
+        obs.served(42.7)
+    obs.started(233.3)
+    obs.counted.append("w-1")
+    store.update_pool("p1", {"scaler_observations": obs.to_record()})
+    got = store.get_pool("p1")
+    assert got.max_wait_s == 240
+    again = slo.Observations.from_record(got.scaler_observations)
+    assert again.to_record() == obs.to_record()
+    store.update_pool("p1", {"max_wait_s": None})
+    assert store.get_pool("p1").max_wait_s is None

@@ -604,7 +604,10 @@ def test_an_admin_gets_a_presigned_put_for_the_package_under_the_pools_prefix_an
 
 @pytest.mark.parametrize(
     ("key", "code"),
-    [("packages/other.zip", "invalid_input"), ("pools/small/package/never-uploaded.zip", "package_missing")],
+    [
+        ("pools/other/package/other.zip", "invalid_input"),  # another pool's prefix
+        ("pools/small/package/never-uploaded.zip", "package_missing"),
+    ],
 )
 def test_a_pool_is_created_only_with_its_package_uploaded_under_its_prefix(key, code):
     from calque.errors import InvalidInput

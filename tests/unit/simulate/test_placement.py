@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from calque.errors import InvalidInput
-from calque.simulate.placement import simulate
 from calque.simulate.placement_layouts import parse_layout, static_mig_layouts
+from calque.simulate.placement_run import simulate
 from calque.simulate.placement_trace import read_trace
 
 pytestmark = pytest.mark.unit

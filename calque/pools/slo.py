@@ -1,0 +1,289 @@
+"""What a pool's scaler has observed of its claims, and the knobs it chooses from that to meet
+a p95 wait target (``pool create/update --max-wait``) at the least cost.
+
+Pure: no clock, no I/O. The scaler function feeds it what the claim and worker records say
+(calque/pools/scaling.py); ``calque simulate pool`` feeds it the replayed trace's claims as
+they arrive, run and end; both hand the result to calque.pools.scaler.decide.
+
+What is kept is bounded whatever the pool's traffic (a few hundred numbers, stored with the
+pool): a histogram of the gaps between arrivals and one of service times, on fixed log-spaced
+buckets, each older observation's weight decaying by ``DECAY`` per new one (so about the
+last ``1 / (1 - DECAY)`` claims count); the start latency (launch to serving) as a moving
+average; the last arrival; and the share of recent claims that waited past the target.
+
+The knobs, each with the numbers behind it (calque.pools.scaler puts them in the decision):
+
+- **keep-warm** (the last idle worker): a ski-rental choice. Keeping a worker idle costs a
+  GPU-second per second; letting it go costs a fresh start (start latency, paid, before it
+  serves) when the next claim comes. Over the observed idle gaps ``g``, the keep-warm ``k``
+  minimises the expected cost ``E[min(g, k)] + P(g > k) * start``. When a cold start alone
+  would wait past the target, the keep-warm is also at least long enough that no more than
+  ``COLD_SHARE`` of claims find the pool cold.
+- **extra keep-warm** (every other idle worker, a burst's): the same choice over the gaps
+  within bursts only (those shorter than a start), since the next burst needs one worker
+  first and the scale-out below starts the rest.
+- **scale-out batch**: the waiting claims are placed, oldest first, on the workers as they
+  will be free (idle now, busy until about a service time after they began, starting until
+  about a start latency after launch); a claim that would start past its deadline there
+  gets a new worker when a new one would start it sooner. The batch is the new workers.
+- **pre-warm**: when a start alone misses the target, a spare worker is started as soon as
+  every worker is taken and a claim is likely (by the observed gaps) to come before one
+  frees, so the next claim finds a warm worker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DECAY = 0.995  # each new observation multiplies the weight of the older ones by this
+RATIO = 2**0.25  # bucket edges: 1 s, then each ~19% more, up to ~12 days
+EDGES: tuple[float, ...] = tuple(RATIO**i for i in range(81))
+PRIOR_START_S = 240.0  # launch to serving before any worker was seen start (3 min boot + 1 min load)
+PRIOR_SERVICE_S = 60.0
+COLD_SHARE = 0.02  # when a cold start misses the target: at most this share of claims find the pool cold
+MISS_BUDGET = 0.05  # p95: the share of claims that may wait past the target
+# The quantile of service times a claim is taken to hold its worker for; a higher one once the
+# share of recent claims that waited past the target passes CAREFUL_ABOVE
+HOLD_QUANTILE, CAREFUL_QUANTILE, CAREFUL_ABOVE = 0.75, 0.9, 0.04
+
+
+def bucket(x: float) -> int:
+    """The histogram bucket of ``x`` seconds: 0 below EDGES[1], the last for anything longer."""
+    if x < EDGES[1]:
+        return 0
+    return min(len(EDGES) - 1, int(math.log(x) / math.log(RATIO)))
+
+
+def middle(b: int) -> float:
+    """A bucket's representative value (geometric middle; 0.5 s for the first)."""
+    return 0.5 if b == 0 else EDGES[b] * RATIO**0.5
+
+
+@dataclass
+class Observations:
+    """A pool's observed arrivals, service times and starts (bounded; see the module's docstring)."""
+
+    gaps: dict[int, float] = field(default_factory=dict)  # bucket -> decayed weight
+    service: dict[int, float] = field(default_factory=dict)
+    start_s: float | None = None  # moving average of launch-to-serving
+    starts: int = 0
+    arrivals: int = 0
+    last_arrival: float | None = None
+    late_share: float = 0.0  # decayed share of started claims that waited past the target
+    seen: str = ""  # the scaler function's high-water mark of claims counted (see scaling.py)
+    ended_seen: str = ""
+    counted: list[str] = field(default_factory=list)  # live workers whose start was counted
+
+    # ---- recording ------------------------------------------------------------------------
+    def arrival(self, at: float) -> None:
+        if self.last_arrival is not None and at >= self.last_arrival:
+            _add(self.gaps, at - self.last_arrival)
+        self.last_arrival = at if self.last_arrival is None else max(self.last_arrival, at)
+        self.arrivals += 1
+
+    def served(self, seconds: float) -> None:
+        _add(self.service, max(0.0, seconds))
+
+    def started(self, latency_s: float) -> None:
+        """A worker launched ``latency_s`` before it could first serve."""
+        latency_s = max(0.0, latency_s)
+        weight = max(0.2, 1.0 / (self.starts + 1))  # the mean of the first few, then a moving average
+        self.start_s = (
+            latency_s if self.start_s is None else self.start_s + weight * (latency_s - self.start_s)
+        )
+        self.starts += 1
+
+    def waited(self, seconds: float, target_s: float) -> None:
+        self.late_share = DECAY * self.late_share + (1 - DECAY) * (1.0 if seconds > target_s else 0.0)
+
+    # ---- reading --------------------------------------------------------------------------
+    @property
+    def start_latency_s(self) -> float:
+        return self.start_s if self.start_s is not None else PRIOR_START_S
+
+    def residual_s(self, elapsed: float, q: float) -> float:
+        """The ``q`` quantile of the rest of a claim that has run ``elapsed`` seconds, by the
+        observed service times (a long-tailed claim that ran long is expected to run longer)."""
+        longer = sorted((middle(b), w) for b, w in self.service.items() if middle(b) > elapsed)
+        if not longer:
+            return max(0.0, PRIOR_SERVICE_S - elapsed) if not self.service else 0.25 * self.service_s
+        return _quantile(longer, q) - elapsed
+
+    def service_quantile_s(self, q: float) -> float:
+        if not self.service:
+            return PRIOR_SERVICE_S
+        return _quantile(sorted((middle(b), w) for b, w in self.service.items()), q)
+
+    @property
+    def service_s(self) -> float:
+        """The mean observed service time (a prior before any)."""
+        total = sum(self.service.values())
+        if total <= 0:
+            return PRIOR_SERVICE_S
+        return sum(middle(b) * w for b, w in self.service.items()) / total
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-ready (bucket keys as strings), as stored with the pool."""
+        return {
+            "gaps": {str(b): round(w, 4) for b, w in sorted(self.gaps.items()) if w >= 1e-4},
+            "service": {str(b): round(w, 4) for b, w in sorted(self.service.items()) if w >= 1e-4},
+            "start_s": None if self.start_s is None else round(self.start_s, 2),
+            "starts": self.starts,
+            "arrivals": self.arrivals,
+            "last_arrival": self.last_arrival,
+            "late_share": round(self.late_share, 5),
+            "seen": self.seen,
+            "ended_seen": self.ended_seen,
+            "counted": list(self.counted),
+        }
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any] | None) -> Observations:
+        """The observations a record holds; a missing or unreadable one starts afresh."""
+        if not data:
+            return cls()
+        try:
+            return cls(
+                gaps=_buckets(data.get("gaps")),
+                service=_buckets(data.get("service")),
+                start_s=None if data.get("start_s") is None else float(data["start_s"]),
+                starts=int(data.get("starts") or 0),
+                arrivals=int(data.get("arrivals") or 0),
+                last_arrival=None if data.get("last_arrival") is None else float(data["last_arrival"]),
+                late_share=float(data.get("late_share") or 0.0),
+                seen=str(data.get("seen") or ""),
+                ended_seen=str(data.get("ended_seen") or ""),
+                counted=[str(w) for w in data.get("counted") or []],
+            )
+        except (TypeError, ValueError, AttributeError):
+            return cls()
+
+
+def _quantile(ordered: list[tuple[float, float]], q: float) -> float:
+    total = sum(w for _, w in ordered)
+    run = 0.0
+    for value, w in ordered:
+        run += w
+        if run >= q * total:
+            return value
+    return ordered[-1][0]
+
+
+def _add(hist: dict[int, float], x: float) -> None:
+    for b in list(hist):
+        hist[b] *= DECAY
+        if hist[b] < 1e-4:
+            del hist[b]
+    b = bucket(x)
+    hist[b] = hist.get(b, 0.0) + 1.0
+
+
+def _buckets(data: Any) -> dict[int, float]:
+    if not isinstance(data, dict):
+        return {}
+    out = {int(b): float(w) for b, w in data.items()}
+    return {b: w for b, w in out.items() if 0 <= b < len(EDGES) and w > 0}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The knobs chosen for a target, and the numbers they were chosen from."""
+
+    max_wait_s: float
+    keep_warm_s: float
+    extra_keep_warm_s: float
+    start_s: float
+    service_s: float
+    cold_misses: bool  # a start alone waits past the target
+    hold_q: float = HOLD_QUANTILE  # the service quantile a claim is taken to hold its worker for
+    hold_s: float = 0.0
+
+    def to_record(self) -> dict[str, Any]:
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def ski_rental(
+    gaps: dict[int, float], start_s: float, service_s: float, *, cold_share: float | None
+) -> float:
+    """The keep-warm (seconds idle) with the least expected cost over the observed gaps, each
+    less a service time (the worker is busy for that part of it): ``E[min(g, k)] + P(g > k) *
+    start_s``. ``cold_share``: also no shorter than the gap that that share of claims exceeds.
+    0 with no gaps observed."""
+    total = sum(gaps.values())
+    if total <= 0:
+        return 0.0
+    idle = sorted((max(0.0, middle(b) - service_s), w / total) for b, w in gaps.items())
+    # k = 0 pays a start for every gap; k = the j-th gap pays the gaps up to it, and k plus a
+    # start for each longer one
+    best, best_cost = 0.0, start_s
+    below = mass = 0.0
+    for g, p in idle:
+        below += p * g
+        mass += p
+        cost = below + (1.0 - mass) * (g + start_s)
+        if cost < best_cost - 1e-9:
+            best, best_cost = g, cost
+    if cold_share is not None:
+        beyond = 1.0
+        for b, w in sorted(gaps.items()):  # the shortest k with P(g > k) <= cold_share
+            if beyond <= cold_share:
+                break
+            best = max(best, EDGES[b] * RATIO - service_s)  # the bucket's longest gap
+            beyond -= w / total
+    return best
+
+
+def plan(obs: Observations, max_wait_s: float) -> Plan:
+    start, service = obs.start_latency_s, obs.service_s
+    cold_misses = start > max_wait_s
+    keep = ski_rental(obs.gaps, start, service, cold_share=COLD_SHARE if cold_misses else None)
+    within = {b: w for b, w in obs.gaps.items() if middle(b) < start + service}
+    extra = min(keep, ski_rental(within, start, service, cold_share=None))
+    q = CAREFUL_QUANTILE if obs.late_share >= CAREFUL_ABOVE else HOLD_QUANTILE
+    return Plan(max_wait_s, keep, extra, start, service, cold_misses, q, obs.service_quantile_s(q))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A live worker as the batch estimate sees it: when it will be free to take a claim."""
+
+    free_at: float
+
+
+def scale_out_batch(
+    waiting_since: Sequence[float], free_at: Sequence[float], now: float, p: Plan
+) -> tuple[int, int]:
+    """How many new workers the waiting claims (their arrival times, any order) need to start
+    by their deadline, placed oldest first on the workers as they free up (``free_at``); and
+    how many of them would still start late. A claim late on the workers there are gets a new
+    one when a new one (free at ``now + start``) starts it sooner. Each claim is taken to hold
+    its worker for the plan's ``hold_s`` (a high quantile of the service times, so that an
+    estimate that is out errs towards a claim in time)."""
+    heap = [max(now, t) for t in free_at]
+    heapq.heapify(heap)
+    fresh = now + p.start_s
+    launch = late = 0
+    for arrived in sorted(waiting_since):
+        deadline = arrived + p.max_wait_s
+        at = heap[0] if heap else math.inf
+        if at > deadline + 1e-6 and fresh < at:
+            launch += 1
+            at = fresh
+        else:
+            heapq.heappop(heap)
+        if at > deadline + 1e-6:
+            late += 1
+        heapq.heappush(heap, at + p.hold_s)
+    return launch, late
+
+
+def likely_before(obs: Observations, seconds: float) -> float:
+    """The observed probability that the next claim comes within ``seconds`` of the last one."""
+    total = sum(obs.gaps.values())
+    if total <= 0:
+        return 0.0
+    return sum(w for b, w in obs.gaps.items() if middle(b) <= seconds) / total

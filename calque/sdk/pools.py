@@ -1,0 +1,283 @@
+"""Warm pools from Python: ``Pool("embed").submit(items) -> Claim``, ``Claim.result()``,
+``Pool("embed").map(iterable)``, ``Claim.cancel()``, ``Claim.logs()``.
+
+The same API and identity as the CLI (calque.sdk.connection). A claim's items that do not
+fit in a request body are uploaded first by the presigned URL the API hands out, and a result
+too large for the API's answer is streamed from its own; both are checked against their
+SHA-256 (calque.sdk.transfer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+from urllib.parse import quote
+
+from calque.cli.errors import ApiError, CliError
+from calque.sdk import transfer
+from calque.sdk.connection import Connection
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+# A body up to this size is sent as the request itself; a larger one is uploaded first (the
+# API takes 64 KiB by default: this leaves room for the rest of the request).
+INLINE_BYTES = 48 * 1024
+
+
+class ClaimError(CliError):
+    """The claim ended without a result (``claim_failed``, ``claim_cancelled``), or a wait for it
+    ran out (``wait_timeout``); ``claim`` is the claim as the API last answered it."""
+
+    def __init__(self, message: str, *, code: str, claim: dict[str, Any]):
+        super().__init__(
+            message, code=code, details={"claim_id": claim.get("claim_id"), "state": claim.get("state")}
+        )
+        self.claim = claim
+
+
+class RemoteError(Exception):
+    """One item's run raised in the runner: its exception's type and message."""
+
+    def __init__(self, index: int, error: dict[str, Any]):
+        self.index = index
+        self.type = str(error.get("type") or "Exception")
+        self.remote_message = str(error.get("message") or "")
+        super().__init__(f"item {index}: {self.type}: {self.remote_message}")
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    stream: str  # stdout | stderr
+    text: str
+    attempt: int
+    worker: str
+
+
+class Claim:
+    """One claim on a pool, as its member sees it."""
+
+    def __init__(self, connection: Connection, doc: dict[str, Any]):
+        self._conn = connection
+        self.doc = dict(doc)
+        self.claim_id = str(doc["claim_id"])
+
+    def __repr__(self) -> str:
+        return f"Claim({self.claim_id!r}, state={self.state!r})"
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/claims/{quote(self.claim_id, safe='')}"
+
+    @property
+    def state(self) -> str:
+        return str(self.doc.get("state"))
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return dict(self.doc.get("summary") or {})
+
+    def refresh(self) -> Claim:
+        self.doc = dict(self._conn.request("GET", self._path))
+        return self
+
+    def wait(self, timeout: float | None = None, *, poll_s: float = 0.25) -> Claim:
+        """Until the claim has ended (whatever the end); ClaimError ``wait_timeout`` after ``timeout``."""
+        start = time.monotonic()
+        interval = poll_s
+        while self.refresh().state not in TERMINAL:
+            if timeout is not None and time.monotonic() - start >= timeout:
+                raise ClaimError(
+                    f"claim {self.claim_id} is still {self.state} after {timeout:g}s",
+                    code="wait_timeout",
+                    claim=self.doc,
+                )
+            time.sleep(interval)
+            interval = min(2.0, interval * 1.5)
+        return self
+
+    def entries(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Each item's entry (``{"ok": true, "output": ...}`` or ``{"ok": false, "error": ...}``),
+        once the claim succeeded; ClaimError if it failed or was cancelled."""
+        self.wait(timeout)
+        if self.state != "succeeded":
+            raise ClaimError(
+                f"claim {self.claim_id} {self.state}: {self.doc.get('reason') or 'no reason recorded'}",
+                code=f"claim_{self.state}",
+                claim=self.doc,
+            )
+        answer = self._conn.request("GET", self._path + "/result")
+        if answer.get("results") is not None:
+            return list(answer["results"])
+        with tempfile.TemporaryFile() as f:  # too large for the API's answer: its own URL
+            transfer.stream_to(answer["download"], f)
+            f.seek(0)
+            return list(json.load(f)["results"])
+
+    def result(self, timeout: float | None = None, *, return_exceptions: bool = False) -> list[Any]:
+        """Each item's output, in order. An item whose run raised raises RemoteError (with
+        ``return_exceptions``: stands in the list as that exception)."""
+        return [_output(i, e, return_exceptions) for i, e in enumerate(self.entries(timeout))]
+
+    def download(self, path: str | os.PathLike[str], timeout: float | None = None) -> int:
+        """Stream the result document (``{"results": [...]}``) to ``path``; its size in bytes."""
+        self.wait(timeout)
+        answer = self._conn.request("GET", self._path + "/result")
+        with open(path, "wb") as f:
+            return transfer.stream_to(answer["download"], f)
+
+    def cancel(self) -> Claim:
+        """Cancel the claim (queued, or running: its run is stopped); ApiError
+        ``claim_finished`` when it had already ended."""
+        self.doc = dict(self._conn.request("DELETE", self._path))
+        return self
+
+    def logs(self, *, follow: bool = False, poll_s: float = 1.0) -> Iterator[LogChunk]:
+        """The runner's stdout and stderr, chunk by chunk as it wrote them, every attempt's in
+        turn. With ``follow``: goes on as more is written, until the claim has ended."""
+        after: str | None = None
+        while True:
+            page = self._conn.request("GET", self._path + "/logs", query={"after": after})
+            for c in page.get("chunks") or []:
+                yield LogChunk(str(c["stream"]), str(c["text"]), int(c["attempt"]), str(c["worker"]))
+            after = page.get("next") or after
+            if page.get("chunks") and not page.get("ended"):
+                continue  # more may be there already
+            if not follow or page.get("ended"):
+                return
+            time.sleep(poll_s)
+
+
+def _output(index: int, entry: dict[str, Any], return_exceptions: bool) -> Any:
+    if entry.get("ok"):
+        return entry.get("output")
+    error = RemoteError(index, entry.get("error") or {})
+    if return_exceptions:
+        return error
+    raise error
+
+
+def _fits(items: list[Any], limit: int) -> bool:
+    """Whether the items encode to at most ``limit`` bytes (stops counting once over)."""
+    size = 0
+    for part in json.JSONEncoder(allow_nan=False).iterencode(items):
+        size += len(part.encode())
+        if size > limit:
+            return False
+    return True
+
+
+class Pool:
+    """A warm pool, by name: ``Pool("embed")``. Where the API is and who signs are found as
+    the CLI finds them (``endpoint``/``profile``/``region``/``state_dir`` as its global
+    options); ``group``: the group its claims are charged to (default: the member's)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        endpoint: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
+        state_dir: str | None = None,
+        group: str | None = None,
+        reconnect_s: float = 120.0,
+    ):
+        self.name = name
+        self.group = group
+        self._conn = Connection(
+            endpoint=endpoint,
+            profile=profile or os.environ.get("CALQUE_PROFILE"),
+            region=region,
+            state_dir=state_dir,
+            reconnect_s=reconnect_s,
+        )
+
+    def __repr__(self) -> str:
+        return f"Pool({self.name!r})"
+
+    def claim(self, claim_id: str) -> Claim:
+        """A claim submitted before (by its id)."""
+        return Claim(self._conn, {"claim_id": claim_id}).refresh()
+
+    def submit(self, items: Iterable[Any]) -> Claim:
+        """Submit one claim of these items; any size (a large one is uploaded first)."""
+        path = f"/v1/pools/{quote(self.name, safe='')}/claims"
+        group = {"group": self.group} if self.group is not None else {}
+        values = list(items)
+        if not values:
+            raise CliError("a claim needs at least one item", code="invalid_input")
+        if _fits(values, INLINE_BYTES):
+            try:
+                return Claim(self._conn, self._conn.request("POST", path, {"items": values, **group}))
+            except ApiError as exc:
+                if exc.code != "body_too_large":
+                    raise
+        given = transfer.upload_input(self._conn.request, path, values)
+        return Claim(self._conn, self._conn.request("POST", path, {"input": given, **group}))
+
+    def map(
+        self,
+        items: Iterable[Any],
+        *,
+        batch_size: int = 100,
+        max_in_flight: int = 8,
+        timeout: float | None = None,
+        return_exceptions: bool = False,
+    ) -> MapRun:
+        """Each item's output, in the order of ``items``, as soon as it and those before it are
+        done: the items go in claims of ``batch_size``, at most ``max_in_flight`` of them
+        submitted and not yet read at a time."""
+        if batch_size < 1 or max_in_flight < 1:
+            raise CliError("batch_size and max_in_flight are at least 1", code="invalid_input")
+        return MapRun(self, items, batch_size, max_in_flight, timeout, return_exceptions)
+
+
+class MapRun:
+    """The outputs of ``Pool.map`` as an iterator; ``claims``: the claims it submitted."""
+
+    def __init__(
+        self, pool: Pool, items: Iterable[Any], batch_size: int, window: int, timeout: float | None, exc: bool
+    ):
+        self.claims: list[Claim] = []
+        self._gen = self._run(pool, iter(items), batch_size, window, timeout, exc)
+
+    def __iter__(self) -> MapRun:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._gen)
+
+    @property
+    def warm_hits(self) -> int:
+        """How many of its claims ran on a runner already loaded (no ``enter()`` paid)."""
+        return sum(1 for c in self.claims if c.summary.get("warm_hit"))
+
+    def _run(
+        self, pool: Pool, items: Iterator[Any], size: int, window: int, timeout: float | None, exc: bool
+    ) -> Iterator[Any]:
+        waiting: deque[Claim] = deque()
+
+        def fill() -> None:
+            while len(waiting) < window:
+                batch = list(islice(items, size))
+                if not batch:
+                    return
+                claim = pool.submit(batch)
+                self.claims.append(claim)
+                waiting.append(claim)
+
+        fill()
+        index = 0
+        while waiting:
+            entries = waiting[0].entries(timeout)
+            waiting.popleft()
+            fill()  # the next batch goes in before this one's outputs are handed out
+            for entry in entries:
+                yield _output(index, entry, exc)
+                index += 1

@@ -1,0 +1,107 @@
+"""Claim documents of any size to and from the bucket by the presigned URLs the API hands
+out, streamed (a block at a time, never the whole document in memory) with their SHA-256
+checked: the SDK and the CLI both move inputs and results this way."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+from calque.cli.errors import CliError
+
+BLOCK = 1024 * 1024
+TIMEOUT_S = 300
+
+
+def write_input(items: Iterable[Any], path: str) -> tuple[str, int, int]:
+    """The input document ``{"items": [...]}`` written to ``path`` as it is encoded;
+    (sha256, bytes, items)."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"items": [')
+        for item in items:
+            if count:
+                f.write(", ")
+            json.dump(item, f, allow_nan=False)
+            count += 1
+        f.write("]}")
+    return file_sha256(path), os.path.getsize(path), count
+
+
+def upload_input(request: Callable[..., Any], claims_path: str, items: Iterable[Any]) -> dict[str, Any]:
+    """Stage a claim's items in the bucket: the input document written to a temporary file as
+    it is encoded, the URL asked for (``POST {claims_path}/input``), the file PUT there; the
+    ``input`` a submit then names (``request(method, path, body)`` is the caller's API call)."""
+    with tempfile.TemporaryDirectory(prefix="calque-input-") as tmp:
+        doc = os.path.join(tmp, "input.json")
+        sha, size, count = write_input(items, doc)
+        if count == 0:
+            raise CliError("a claim needs at least one item", code="invalid_input")
+        target = request("POST", claims_path + "/input", {"sha256": sha, "bytes": size})
+        put_file(target, doc)
+    return {"claim_id": target["claim_id"], "sha256": sha, "bytes": size, "items": count}
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def put_file(target: dict[str, Any], path: str) -> None:
+    """PUT the file to the presigned URL ``target`` (``url``, ``headers``), streamed from disk."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as body:
+        req = urllib.request.Request(  # noqa: S310 - the URL the API answered
+            target["url"],
+            data=body,
+            method="PUT",
+            headers={**dict(target.get("headers") or {}), "Content-Length": str(size)},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            raise CliError(
+                f"uploading the claim's input was refused ({exc.code}): "
+                f"{exc.read().decode(errors='replace')[:200]}",
+                code="input_upload_failed",
+                details={"key": target.get("key")},
+            ) from None
+        except OSError as exc:
+            raise CliError(f"cannot upload the claim's input: {exc}", code="input_upload_failed") from None
+
+
+def stream_to(download: dict[str, Any], out: IO[bytes]) -> int:
+    """Stream the document at ``download["url"]`` into ``out``; its size. CliError
+    ``result_checksum_mismatch`` when its SHA-256 is not the one the worker recorded."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with urllib.request.urlopen(download["url"], timeout=TIMEOUT_S) as resp:  # noqa: S310
+            for block in iter(lambda: resp.read(BLOCK), b""):
+                digest.update(block)
+                out.write(block)
+                size += len(block)
+    except urllib.error.HTTPError as exc:
+        raise CliError(
+            f"downloading the claim's result was refused ({exc.code})", code="result_download_failed"
+        ) from None
+    except OSError as exc:
+        raise CliError(f"cannot download the claim's result: {exc}", code="result_download_failed") from None
+    want = download.get("sha256")
+    if want and digest.hexdigest() != want:
+        raise CliError(
+            f"the result downloaded has SHA-256 {digest.hexdigest()}, not the {want} its worker wrote",
+            code="result_checksum_mismatch",
+            details={"sha256": digest.hexdigest(), "expected": want},
+        )
+    return size

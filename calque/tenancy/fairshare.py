@@ -1,0 +1,197 @@
+"""Fair-share order of the session queue, as Slurm's multifactor priority computes it.
+
+Pure: no I/O, no clock, no registry. The queue (``calque.tenancy.queue``) and the placement
+simulator (``calque.simulate``) apply the same rules through this one small API:
+
+* **Usage** is a group's GPU-hours, decayed with a half-life: a charge of ``u`` made at
+  time ``t`` counts ``u * 2 ** (-(now - t) / half_life)`` at ``now``. A store keeps it as one
+  running sum ``value`` scaled to a reference time ``ref`` (``Usage``): a new charge only
+  *adds* ``u * weight(t, ref)``, so racing grants never have to read it first
+  (DynamoDB's ``ADD``). ``Usage.at(now)`` is the decayed figure.
+* **Shares**: each group's shares (an admin setting; a group without one has
+  ``DEFAULT_SHARES``). Among the groups considered (those waiting, and any with shares or
+  usage given), a group's normalised share ``S`` is its shares over their sum, and its
+  normalised usage ``U`` its decayed usage over theirs (0 when nobody used anything).
+* **Fair-share factor** ``F = 2 ** (-U / S)`` (Slurm's classic formula): 1 for a group that
+  used nothing, 0.5 for one that used exactly its share, towards 0 above it. A group under
+  its share therefore ranks above one over it.
+* **Age factor** ``A = min(waited / max_age_s, 1)``.
+* **Priority** ``P = fairshare_weight * F + age_weight * A``. Order: ``P`` highest first,
+  then earliest submitted, then request id. Within one group ``F`` is the same, so the
+  oldest request comes first (first come, first served).
+* **Backfill** (``plan``): walk the order; a request that fits a free slot takes the first
+  one that fits (the caller lists slots best fit first); one that fits none does not block
+  those behind it, unless it has waited ``reserve_after_s``: then it *reserves*, and no
+  request behind it may take a slot that would fit it. Aging moves it up until it is first.
+  Each grant charges its group ``cost(request, slot)`` GPU-hours before the next pick.
+
+Times are seconds (any epoch, the same for every argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+DEFAULT_SHARES = 1.0
+# A stored running sum is rebased when its weight would pass 2**REBASE_AFTER (the store
+# keeps numbers of 38 digits; a weight of 2**64 is far inside that).
+REBASE_AFTER = 64.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The knobs (``TenancyConfig`` carries the deployment's; defaults as Slurm's spirit)."""
+
+    half_life_s: float = 7 * 24 * 3600.0
+    fairshare_weight: float = 10_000.0
+    age_weight: float = 1_000.0
+    max_age_s: float = 7 * 24 * 3600.0
+    # A request that fits nothing and has waited this long holds back what would fit it.
+    reserve_after_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A waiting request as the order sees it: ``account`` is the group it charges (or any
+    key standing for a member without a group)."""
+
+    request_id: str
+    account: str
+    submitted: float
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A group's decayed usage, stored as a running sum scaled to ``ref``."""
+
+    value: float = 0.0
+    ref: float = 0.0
+
+    def at(self, now: float, half_life_s: float) -> float:
+        """The decayed GPU-hours at ``now``."""
+        return self.value * 2.0 ** (-(now - self.ref) / half_life_s) if self.value else 0.0
+
+    def charged(self, gpu_hours: float, at: float, half_life_s: float) -> Usage:
+        """This usage with ``gpu_hours`` charged at ``at`` (rebased first if due)."""
+        base = self.rebased(at, half_life_s) if needs_rebase(self.ref, at, half_life_s) else self
+        return Usage(base.value + gpu_hours * weight(at, base.ref, half_life_s), base.ref)
+
+    def rebased(self, now: float, half_life_s: float) -> Usage:
+        """The same usage scaled to ``now`` (its weight back to 1)."""
+        return Usage(self.at(now, half_life_s), now)
+
+
+def weight(at: float, ref: float, half_life_s: float) -> float:
+    """What one GPU-hour charged at ``at`` adds to a running sum scaled to ``ref``."""
+    return 2.0 ** ((at - ref) / half_life_s)
+
+
+def needs_rebase(ref: float, at: float, half_life_s: float) -> bool:
+    """True when a charge at ``at`` would carry too large a weight for a sum at ``ref``."""
+    return (at - ref) / half_life_s > REBASE_AFTER or at < ref
+
+
+def factor(usage_share: float, share: float) -> float:
+    """Slurm's fair-share factor ``2 ** (-U / S)``."""
+    if share <= 0:
+        return 0.0
+    return 2.0 ** (-usage_share / share)
+
+
+def factors(
+    accounts: Iterable[str], shares: Mapping[str, float], usage: Mapping[str, float]
+) -> dict[str, float]:
+    """Each account's fair-share factor among ``accounts`` (plus those in ``shares`` and
+    ``usage``); ``usage`` is decayed GPU-hours at the same instant."""
+    considered = set(accounts) | set(shares) | set(usage)
+    total_shares = sum(max(shares.get(a, DEFAULT_SHARES), 0.0) for a in considered)
+    total_usage = sum(max(usage.get(a, 0.0), 0.0) for a in considered)
+    out = {}
+    for a in considered:
+        s = max(shares.get(a, DEFAULT_SHARES), 0.0) / total_shares if total_shares else 0.0
+        u = max(usage.get(a, 0.0), 0.0) / total_usage if total_usage else 0.0
+        out[a] = factor(u, s)
+    return out
+
+
+def priority(fairshare: float, waited_s: float, policy: Policy) -> float:
+    age = min(max(waited_s, 0.0) / policy.max_age_s, 1.0) if policy.max_age_s > 0 else 1.0
+    return policy.fairshare_weight * fairshare + policy.age_weight * age
+
+
+W = TypeVar("W", bound=Waiting)
+S = TypeVar("S")
+
+
+def rank(
+    waiting: Iterable[W],
+    shares: Mapping[str, float],
+    usage: Mapping[str, float],
+    now: float,
+    policy: Policy,
+) -> list[tuple[float, W]]:
+    """The waiting requests in grant order, each with its priority."""
+    items = list(waiting)
+    fs = factors((w.account for w in items), shares, usage)
+    scored = [(priority(fs[w.account], now - w.submitted, policy), w) for w in items]
+    scored.sort(key=lambda pw: (-pw[0], pw[1].submitted, pw[1].request_id))
+    return scored
+
+
+@dataclass(frozen=True)
+class Pick(Generic[W, S]):
+    request: W
+    slot: S
+    priority: float
+
+
+def plan(
+    waiting: Iterable[W],
+    free: Sequence[S],
+    *,
+    fits: Callable[[W, S], bool],
+    cost: Callable[[W, S], float],
+    shares: Mapping[str, float],
+    usage: Mapping[str, float],
+    now: float,
+    policy: Policy,
+) -> list[Pick[W, S]]:
+    """The grants to make now, in order: each pick re-ranks with its group charged.
+
+    ``free`` lists the free slots best fit first; ``fits`` says whether a slot may serve a
+    request; ``cost`` is the GPU-hours a grant charges its group. Each slot is picked once."""
+    left = list(waiting)
+    slots = list(free)
+    used = dict(usage)
+    picks: list[Pick[W, S]] = []
+    while left and slots:
+        chosen: tuple[float, W, S] | None = None
+        reserved: list[W] = []
+        for p, w in rank(left, shares, used, now, policy):
+            slot = next(
+                (s for s in slots if fits(w, s) and not any(fits(r, s) for r in reserved)),
+                None,
+            )
+            if slot is not None:
+                chosen = (p, w, slot)
+                break
+            if now - w.submitted >= policy.reserve_after_s:
+                reserved.append(w)
+        if chosen is None:
+            break
+        p, w, slot = chosen
+        picks.append(Pick(w, slot, p))
+        left.remove(w)
+        slots.remove(slot)
+        used[w.account] = used.get(w.account, 0.0) + max(cost(w, slot), 0.0)
+    return picks
+
+
+def position(request_id: str, ranked: Sequence[tuple[float, Waiting]]) -> int | None:
+    """1-based place of a request in a ranked queue (None: not waiting)."""
+    for i, (_p, w) in enumerate(ranked, 1):
+        if w.request_id == request_id:
+            return i
+    return None

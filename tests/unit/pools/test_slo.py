@@ -1,0 +1,172 @@
+"""A wait target's scaler (calque.pools.slo, calque.pools.scaler): what it keeps of the claims
+it observed stays bounded, its keep-warm is the ski-rental break-even over the observed gaps,
+its scale-out batch places the waiting claims by their deadlines, and the scaler function
+reads its observations off the claim and worker records and stores them with the pool."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from calque.contracts.pools import ClaimSubmit, PoolUpdate, WorkerReport
+from calque.pools import slo
+from calque.pools.scaler import Backlog, ScalerConfig, WorkerState, WorkerView, decide
+from tests.unit.pools.fakes import ADMIN, HOST_ROLE, World, instance, member
+from tests.unit.pools.test_pools_service import create
+
+pytestmark = pytest.mark.unit
+
+TARGET = 240.0
+
+
+def observed(gaps: list[float], service: float = 30.0, start: float = 240.0) -> slo.Observations:
+    obs = slo.Observations()
+    t = 0.0
+    obs.arrival(t)
+    for g in gaps:
+        t += g
+        obs.arrival(t)
+        obs.served(service)
+    obs.started(start)
+    return obs
+
+
+def test_what_is_kept_stays_bounded_however_many_claims_arrive():
+    rng = random.Random(7)
+    obs = observed([rng.expovariate(1 / 600) for _ in range(20_000)])
+    for _ in range(20_000):
+        obs.served(rng.lognormvariate(3, 2))
+        obs.waited(rng.uniform(0, 500), TARGET)
+    record = obs.to_record()
+    assert len(record["gaps"]) <= len(slo.EDGES)
+    assert len(record["service"]) <= len(slo.EDGES)
+    assert len(json.dumps(record)) < 8_000
+    again = slo.Observations.from_record(json.loads(json.dumps(record)))
+    assert again.to_record() == record
+    assert obs.arrivals == 20_001
+
+
+def test_an_unreadable_record_starts_afresh():
+    assert slo.Observations.from_record({"gaps": "nonsense"}).arrivals == 0
+    assert slo.Observations.from_record(None).start_latency_s == slo.PRIOR_START_S
+
+
+def test_short_gaps_are_kept_warm_across_and_long_ones_are_not():
+    # gaps of about two minutes: cheaper to keep a worker idle than to start one (4 minutes)
+    short = slo.plan(observed([120.0] * 200), TARGET)
+    assert 60 <= short.keep_warm_s <= 240
+    # gaps of two hours: a worker kept idle costs far more than a start
+    long = slo.plan(observed([7200.0] * 200), TARGET)
+    assert long.keep_warm_s == 0
+    # a mix: the within-session gaps are kept warm across, the quiet hours are not
+    mixed = slo.plan(observed([90.0] * 150 + [4 * 3600.0] * 50), TARGET)
+    assert 30 <= mixed.keep_warm_s < 600
+
+
+def test_when_a_start_alone_misses_the_target_the_keep_warm_covers_nearly_every_gap():
+    gaps = [60.0 * k for k in range(1, 41)] * 5  # 1 to 40 minutes
+    p = slo.plan(observed(gaps, service=10.0), max_wait_s=60.0)
+    assert p.cold_misses
+    cold = sum(1 for g in gaps if g - 10.0 > p.keep_warm_s) / len(gaps)
+    assert cold <= slo.COLD_SHARE
+
+
+def test_the_scale_out_batch_is_what_the_waiting_claims_need_by_their_deadlines():
+    p = slo.Plan(600.0, 0.0, 0.0, start_s=240.0, service_s=60.0, cold_misses=False, hold_s=60.0)
+    # ten claims that arrived now: a new worker serves those starting at 240, 300, ... 600 s
+    assert slo.scale_out_batch([0.0] * 10, [], 0.0, p) == (2, 0)
+    # a worker already idle takes the first eleven at once and in turn (0, 60, ... 600 s)
+    assert slo.scale_out_batch([0.0] * 11, [0.0], 0.0, p)[0] == 0
+    assert slo.scale_out_batch([0.0] * 15, [0.0], 0.0, p)[0] == 1
+    # with a target equal to the start, every claim that cannot be served in time gets one
+    tight = slo.Plan(240.0, 0.0, 0.0, start_s=240.0, service_s=60.0, cold_misses=False, hold_s=60.0)
+    assert slo.scale_out_batch([0.0] * 5, [], 0.0, tight) == (5, 0)
+
+
+def config(**kw) -> ScalerConfig:
+    return ScalerConfig(max_workers=kw.pop("max_workers", 8), max_wait_s=TARGET, **kw)
+
+
+def test_the_decision_says_the_target_and_the_numbers_it_was_chosen_from():
+    obs = observed([100.0] * 50)
+    d = decide(config(), Backlog(3, 0, waiting_since=(0.0, 1.0, 2.0)), [], 2.0, None, obs)
+    assert d.action.value == "scale_out"
+    assert d.launch == 3
+    assert "max wait 240s" in d.reason
+    assert d.inputs["plan"]["keep_warm_s"] >= 0
+    assert d.inputs["plan"]["start_s"] == 240.0
+    # within max_workers
+    capped = decide(config(max_workers=2), Backlog(3, 0, waiting_since=(0.0, 1.0, 2.0)), [], 2.0, None, obs)
+    assert capped.launch == 2
+    assert "capped at max_workers 2" in capped.reason
+
+
+def test_an_idle_worker_goes_after_the_keep_warm_and_a_busy_one_never():
+    obs = observed([7200.0] * 50)  # long gaps: keep-warm 0
+    idle = WorkerView("w1", WorkerState.IDLE, idle_since=0.0, launched_at=-300.0)
+    busy = WorkerView("w2", WorkerState.BUSY, launched_at=-300.0, busy_since=-10.0)
+    d = decide(config(), Backlog(0, 1), [idle, busy], 60.0, None, obs)
+    assert d.action.value == "scale_in"
+    assert d.remove == ("w1",)
+    kept = decide(config(min_workers=1), Backlog(0, 0), [idle], 60.0, None, obs)
+    assert kept.action.value == "hold"
+
+
+def test_a_claim_that_can_ride_a_starting_worker_in_time_starts_no_other():
+    obs = observed([60.0] * 50, service=20.0)
+    starting = WorkerView("w1", WorkerState.STARTING, launched_at=0.0)
+    # a claim at 0 and one at 100: the worker is ready at 240, serves the first till ~260,
+    # and the second (deadline 340) then
+    d = decide(config(), Backlog(2, 0, waiting_since=(0.0, 100.0)), [starting], 100.0, None, obs)
+    assert d.launch == 0
+
+
+# ---- the scaler function, over the in-memory ports ---------------------------------------
+
+
+def test_the_scaler_function_observes_claims_and_stores_what_it_saw_with_the_pool():
+    world = World()
+    create(world, max_wait_s=240)
+    alice = member("alice")
+    for _ in range(3):
+        world.pools.submit(alice, "textstats", ClaimSubmit(items=[1]))
+        world.clock.t += 30
+    first = world.pools.scale("textstats")
+    assert first.action.value == "scale_out"
+    assert "max wait 240s" in first.reason
+    pool = world.store.get_pool("textstats")
+    assert pool.scaler_observations["arrivals"] == 3
+    # a tick with nothing new counts nothing twice
+    world.pools.scale("textstats")
+    assert world.store.get_pool("textstats").scaler_observations["arrivals"] == 3
+    # a worker that came up is counted once, with how long it took
+    world.clock.t += 200
+    w = world.store.workers("textstats")[0]
+    world.pools.worker_report(
+        instance(w.instance_id), HOST_ROLE, "textstats", w.worker_id,
+        WorkerReport(instance_id=w.instance_id, state="idle"),
+    )  # fmt: skip
+    world.pools.scale("textstats")
+    world.pools.scale("textstats")
+    obs = world.store.get_pool("textstats").scaler_observations
+    assert obs["starts"] == 1
+    assert obs["start_s"] == pytest.approx(world.clock.t - w.launched_at, abs=1)
+    decisions = world.store.decisions("textstats", 10)
+    assert decisions
+    assert all("plan" in x.inputs for x in decisions)
+
+
+def test_the_target_is_set_and_dropped_by_update_and_a_bad_one_is_refused():
+    world = World()
+    create(world)
+    assert world.store.get_pool("textstats").max_wait_s is None
+    world.pools.update_pool(ADMIN, "textstats", PoolUpdate(max_wait_s=300))
+    assert world.store.get_pool("textstats").max_wait_s == 300
+    world.pools.update_pool(ADMIN, "textstats", PoolUpdate(max_wait_s=0))
+    assert world.store.get_pool("textstats").max_wait_s is None
+    with pytest.raises(ValidationError, match="max_wait_s"):
+        PoolUpdate(max_wait_s=5)
+    assert world.store.get_pool("textstats").max_wait_s is None

@@ -1,0 +1,120 @@
+"""The SDK over a stand-in API: a write asked again (plane unreachable, 503) carries the same
+Idempotency-Key; a map yields outputs in order with a bounded window of claims; errors carry
+the API's code; ``import calque`` does not import the SDK."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from calque.cli.errors import ApiError, EndpointUnreachable
+from calque.sdk import ClaimError, Pool, RemoteError
+from calque.sdk.connection import Connection
+
+pytestmark = pytest.mark.unit
+
+
+class Client:
+    """The signed client's stand-in: claims run at once; ``down`` requests fail first."""
+
+    def __init__(self, down: list[Exception] | None = None) -> None:
+        self.down = list(down or [])
+        self.calls: list[tuple[str, str, Any, str | None]] = []
+        self.claims: dict[str, dict[str, Any]] = {}
+        self.live_max = 0
+
+    def request(self, method: str, path: str, body: Any = None, query: Any = None, *, idempotency_key=None):
+        self.calls.append((method, path, body, idempotency_key))
+        if self.down:
+            raise self.down.pop(0)
+        if method == "POST" and path.endswith("/claims"):
+            cid = f"c-{len(self.claims):016x}"
+            items = body["items"]
+            state = "failed" if items == ["doom"] else "queued"
+            self.claims[cid] = {"claim_id": cid, "state": state, "items": items, "reason": "it broke"}
+            self.live_max = max(self.live_max, sum(c["state"] == "queued" for c in self.claims.values()))
+            return dict(self.claims[cid])
+        cid = path.split("/")[3]
+        claim = self.claims[cid]
+        if path.endswith("/result"):
+            return {"results": [_entry(i) for i in claim["items"]], "download": {}}
+        if method == "DELETE":
+            claim["state"] = "cancelled"
+        elif claim["state"] == "queued":
+            claim["state"] = "succeeded"
+        return {k: v for k, v in claim.items() if k != "items"}
+
+
+def _entry(item: Any) -> dict[str, Any]:
+    if item == "bad":
+        return {"ok": False, "error": {"type": "ValueError", "message": "no"}}
+    return {"ok": True, "output": item * 2}
+
+
+def pool(client: Client) -> Pool:
+    p = Pool("embed", reconnect_s=30)
+    p._conn = Connection(make_client=lambda: client)  # type: ignore[arg-type,return-value]
+    return p
+
+
+def test_a_submit_asked_again_carries_the_same_idempotency_key(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    unreachable = EndpointUnreachable("http://127.0.0.1:1", "connection refused")
+    busy = ApiError(503, {"error": {"code": "dependency_unavailable", "message": "later"}})
+    client = Client(down=[])
+    p = pool(client)
+    p.submit([0])  # the plane answered once: from now on it is waited for
+    client.down = [unreachable, busy]
+    client.calls.clear()
+    claim = p.submit([1, 2])
+    keys = [key for method, _, _, key in client.calls if method == "POST"]
+    assert len(keys) == 3
+    assert len(set(keys)) == 1
+    assert keys[0]
+    assert claim.result() == [2, 4]
+
+
+def test_a_plane_never_reached_is_refused_at_once():
+    client = Client(down=[EndpointUnreachable("http://127.0.0.1:1", "connection refused")])
+    with pytest.raises(EndpointUnreachable):
+        pool(client).submit([1])
+    assert len(client.calls) == 1
+
+
+def test_a_refusal_is_not_asked_again_and_carries_the_apis_code():
+    refused = ApiError(404, {"error": {"code": "not_found", "message": "no pool 'embed'"}})
+    client = Client(down=[refused])
+    with pytest.raises(ApiError) as raised:
+        pool(client).submit([1])
+    assert (raised.value.code, raised.value.status) == ("not_found", 404)
+    assert len(client.calls) == 1
+
+
+def test_map_yields_outputs_in_order_from_a_bounded_window_of_claims():
+    client = Client()
+    run = pool(client).map(range(25), batch_size=4, max_in_flight=2)
+    assert list(run) == [i * 2 for i in range(25)]
+    assert len(run.claims) == 7
+    assert client.live_max <= 2
+
+
+def test_an_item_that_raised_and_a_claim_that_failed():
+    client = Client()
+    p = pool(client)
+    with pytest.raises(RemoteError) as item:
+        p.submit([1, "bad"]).result()
+    assert (item.value.index, item.value.type) == (1, "ValueError")
+    assert p.submit([1, "bad"]).result(return_exceptions=True)[0] == 2
+    with pytest.raises(ClaimError) as claim:
+        p.submit(["doom"]).result()
+    assert claim.value.code == "claim_failed"
+
+
+def test_importing_calque_does_not_import_the_sdk():
+    code = "import sys, calque; assert 'calque.sdk' not in sys.modules; from calque import Pool; print(Pool)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "calque.sdk.pools.Pool" in done.stdout
