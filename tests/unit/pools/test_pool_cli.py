@@ -184,24 +184,24 @@ def test_pool_list_shows_the_workers_now_beside_min_and_max(api, cli):
     assert "1 -> 2" in row  # a roll-out under way: from version 1 to 2
 
 
-def test_pool_update_with_a_package_uploads_it_and_sends_a_runner_update(api, cli, tmp_path, monkeypatch):
-    import calque.cli.commands.pool_runner as pool_runner
-
+def test_pool_update_with_a_package_uploads_it_and_sends_a_runner_update(api, cli, tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "textstats.py").write_text("class TextStats: ...\n")
     api.responses[("GET", "/v1/pools/textstats")] = {"name": "textstats", "runner": "textstats:TextStats"}
     key = f"pools/textstats/package/{'a' * 64}.zip"
-    monkeypatch.setattr(pool_runner, "upload_package", lambda ctx, name, path: key)
+    # staged already: the API answers the key, nothing is uploaded again
+    api.responses[("POST", "/v1/pools/textstats/package")] = {"key": key, "url": "https://x", "exists": True}
     api.responses[("PATCH", "/v1/pools/textstats")] = {"name": "textstats", "rollout": {"state": "rolling"}}
     code, _, err = cli("pool", "update", "textstats", "--package", str(pkg))
     assert code == 0, err
-    assert api.sent() == [("PATCH", "/v1/pools/textstats", {"package_key": key}, None)]
+    ((_, _, _, _), patch) = api.sent()
+    assert patch == ("PATCH", "/v1/pools/textstats", {"package_key": key}, None)
     # a runner the new package does not hold is refused before anything is uploaded or sent
     code, _, err = cli("pool", "update", "textstats", "--package", str(pkg), "--runner", "other:Runner")
     assert code == 1
     assert "has no module other" in err
-    assert len(api.sent()) == 1
+    assert len(api.sent()) == 2
 
 
 def test_pool_status_shows_each_workers_version_and_a_stopped_roll_out_with_why():
