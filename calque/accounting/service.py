@@ -108,8 +108,11 @@ def rows_by(lines: list[Line], by: str) -> list[UsageRow]:
     for line in lines:
         r = acc.setdefault(
             _key(line, by),
-            {"cents": Decimal(0), "gpu": Fraction(0), "held": Fraction(0), "ids": set(), "running": False},
-        )
+            {
+                "cents": Decimal(0), "gpu": Fraction(0), "held": Fraction(0), "ids": set(), "running": False,
+                "claims": set(), "session": Decimal(0), "claim": Decimal(0),
+            },
+        )  # fmt: skip
         r["cents"] += line.amount_usd
         # Still charged up to now: a live session or running claim, or (an idle line) an
         # instance still paid for, so a host, its type or its pool that runs with nobody on it
@@ -119,6 +122,9 @@ def rows_by(lines: list[Line], by: str) -> list[UsageRow]:
             r["gpu"] += line.gpu_hours
             r["held"] += line.seconds / 3600
             r["ids"].add(line.session_id or line.claim_id)
+            r[line.kind] += line.amount_usd
+            if line.kind == "claim":
+                r["claims"].add(line.claim_id)
     return [
         UsageRow(
             key=k,
@@ -127,6 +133,9 @@ def rows_by(lines: list[Line], by: str) -> list[UsageRow]:
             session_hours=round(float(v["held"]), 6),
             sessions=len(v["ids"]),
             running=v["running"],
+            claims=len(v["claims"]),
+            session_usd=f"{v['session']:.2f}",
+            claim_usd=f"{v['claim']:.2f}",
         )
         for k, v in sorted(acc.items(), key=lambda kv: (kv[0] == IDLE, kv[0]))
     ]

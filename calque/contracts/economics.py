@@ -96,6 +96,9 @@ class UsageRow(Out):
         "running, as is (idle) while any instance is; a member's rows count only their own sessions "
         "and claims"
     )
+    claims: int = Field(default=0, description="of sessions, how many are pool claims")
+    session_usd: str = Field(default="0.00", description="of amount_usd, what sessions held")
+    claim_usd: str = Field(default="0.00", description="of amount_usd, what pool claims ran")
 
 
 class InstanceCost(Out):

@@ -104,6 +104,15 @@ class PoolUpdate(Request):
         description="a p95 wait target (seconds, 10 or more) the scaler meets at the least cost; "
         "0 drops the target (the scaler follows idle_timeout_s and target_backlog_per_worker again)",
     )
+    # A runner update, rolled out worker by worker: a new runner class, a new package, or both
+    # (what is not given stays the pool's).
+    runner: str | None = Field(default=None, pattern=RUNNER_PATTERN, description="MODULE:CLASS")
+    package_key: str | None = Field(
+        default=None, max_length=500, description="a new runner package, staged in the artifact bucket"
+    )
+    package_path: str | None = Field(
+        default=None, max_length=500, description="local plane only: a directory on this machine"
+    )
 
 
 class PoolDelete(Request):
@@ -233,6 +242,15 @@ class Pool(Out):
         "before it served, or a start command that started none (counted once)",
     )
     start_failure: str | None = Field(default=None, description="why the latest of them failed")
+    version: int = Field(default=1, description="the runner version the pool starts workers on")
+    rollout: dict[str, Any] | None = Field(
+        default=None,
+        description="the latest runner update: its version, runner, package, state (rolling, done, "
+        "stopped) and why",
+    )
+    current_workers: dict[str, int] | None = Field(
+        default=None, description="its workers now, by state (starting, idle, busy)"
+    )
 
 
 class Claim(Out):
@@ -284,6 +302,9 @@ class WorkerStatus(Out):
     group: str = ""
     slot: int = 0
     started: bool = False
+    version: int = Field(default=1, description="the runner version it runs")
+    draining: bool = Field(default=False, description="a roll-out retires it: it stops after its claim")
+    surge: bool = Field(default=False, description="started by a roll-out beside the pool's workers")
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> WorkerStatus:

@@ -289,7 +289,10 @@ class FleetCore:
             online = self.ec2.agent_online([iid])
         if iid not in online:
             return rec
-        self.hosts.register(iid, rec.launched_type or rec.instance_type, rec.layout, rec.market == "spot")
+        if rec.pool is None:
+            # a pool's instance runs its pool's workers alone (their slices bound by the pool's
+            # layout): it is no host sessions are placed on, so it is not registered as one
+            self.hosts.register(iid, rec.launched_type or rec.instance_type, rec.layout, rec.market == "spot")
         try:
             rec = self.store.update(rec, expect=("booting",), state="registered", state_since=self.clock())
         except Gone:

@@ -156,6 +156,10 @@ class FleetSimulator:
             if status.startswith("200"):
                 for iid in _INSTANCE_ID.findall(body.decode("utf-8", "replace")):
                     if iid not in self._terminated:
+                        from calque.local.pool_hosts import stop_instance_workers
+
+                        # its pool workers stop with it (SIGTERM: each finishes a claim in hand)
+                        stop_instance_workers(self.state, iid)
                         self._terminated.add(iid)
                         self._state_change(iid, "shutting-down", 0.0)
                         self._state_change(iid, "terminated", self.event_delay_s)
@@ -212,8 +216,11 @@ class FleetSimulator:
         ids = _INSTANCE_ID.findall(body.decode("utf-8", "replace"))
         fleet_launch = any(v == resources.FLEET_TAG_REQUEST for k, v in params.items() if k.endswith(".Key"))
         if fleet_launch:
+            # a pool's instance (the fleet tags it with its pool): its role reaches that pool's
+            # queue and objects alone (calque/local/host_scope.py), as `calque local launch --pool`
+            pool = _tag(params, resources.FLEET_TAG_POOL)
             for iid in ids:
-                self.state.add_instance(iid, itype, self.host_role)
+                self.state.add_instance(iid, itype, self.host_role, pool=pool)
         for iid in ids:
             self._state_change(iid, "pending", 0.0)
             self._state_change(iid, "running", self.event_delay_s)
@@ -495,6 +502,14 @@ class FleetSimulator:
                     for at, p in changes
                 ],
             }
+
+
+def _tag(params: dict[str, str], key: str) -> str | None:
+    """The value of tag ``key`` in a RunInstances query's TagSpecification parameters."""
+    for name, value in params.items():
+        if name.endswith(".Key") and value == key:
+            return params.get(name[: -len(".Key")] + ".Value") or None
+    return None
 
 
 def _when(value: str | None) -> dt.datetime | None:

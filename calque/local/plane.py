@@ -260,7 +260,9 @@ class LocalPlane:
         return {
             resources.ENV_ARTIFACT_BUCKET: self.resources.bucket_name,
             resources.ENV_POOL_QUEUE_PREFIX: resources.POOL_QUEUE_PREFIX_LOCAL,
-            resources.ENV_POOL_CAPACITY: "local",
+            # a pool's instances come from the fleet, behind its budget, as every other instance
+            resources.ENV_POOL_CAPACITY: "fleet",
+            "CALQUE_POOL_WORKER_POLL_S": os.environ.get("CALQUE_LOCAL_WORKER_POLL_S") or "2",
             "CALQUE_POOL_VISIBILITY_S": visibility,
             "CALQUE_LOCAL_STATE_DIR": str(self.state.path),
         }

@@ -98,17 +98,23 @@ class LocalCapacity:
 
     def release(self, pool: PoolRecord, worker_id: str, grant: Grant) -> None:
         """Stop the instance's workers (SIGTERM: each finishes a claim in hand), then terminate it."""
-        for path in sorted((pools_dir(self.state) / pool.name).glob("*.json")):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                info = json.loads(path.read_text())
-                if info.get("instance_id") != grant.instance_id:
-                    continue
-                pid = int(info["pid"])
-                if _alive(pid):
-                    os.kill(pid, signal.SIGTERM)
         if grant.instance_id:
+            stop_instance_workers(self.state, grant.instance_id)
             with contextlib.suppress(Exception):
                 aws.client("ec2").terminate_instances(InstanceIds=[grant.instance_id])
+
+
+def stop_instance_workers(state: StateDir, instance_id: str) -> None:
+    """Stop the pool workers of one simulated host (SIGTERM: each finishes a claim in hand): its
+    instance is terminated (by a pool's release, or the fleet's)."""
+    for path in sorted(pools_dir(state).glob("*/*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            info = json.loads(path.read_text())
+            if info.get("instance_id") != instance_id:
+                continue
+            pid = int(info["pid"])
+            if _alive(pid):
+                os.kill(pid, signal.SIGTERM)
 
 
 def running_workers(state: StateDir) -> list[dict[str, Any]]:

@@ -88,6 +88,12 @@ class PoolRecord(_Record):
     # The create request's stamp (calque.members.requests.stamp: its Idempotency-Key's request
     # id and body): a replay of that request is answered with this pool, not 409 pool_exists.
     create_request: str | None = None
+    # The runner version new workers start on (runner, package_key, package_path above): 1 at
+    # create, and each roll-out that completes makes its own version the pool's.
+    version: int = 1
+    # The latest runner update (calque.pools.rollout.Rollout as a dict): its version, runner and
+    # package, and its state (rolling, done, stopped) and why; None: never updated.
+    rollout: dict[str, Any] | None = None
 
 
 class ClaimRecord(_Record):
@@ -143,6 +149,12 @@ class WorkerRecord(_Record):
     started: bool = False  # the host agent was told to start this instance's workers
     start_command: str | None = None  # the command that told it, until it is known to have run
     failed_start: bool = False  # it exited before it ever reported idle (it could not serve)
+    version: int = 1  # the pool's runner version it runs (PoolRecord.version, or a roll-out's)
+    # A roll-out retires it: it finishes the claim in hand, then stops (its report's answer says so).
+    draining: bool = False
+    # Launched by a roll-out beside the pool's workers (not counted by the scaler): once it
+    # serves, one worker of the older version drains and it counts as any other.
+    surge: bool = False
 
 
 class PoolInstanceRecord(_Record):

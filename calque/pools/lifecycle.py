@@ -25,6 +25,7 @@ from calque.identity import Caller
 from calque.members import requests
 from calque.pools import domain as d
 from calque.pools.core import PoolsCore, _epoch, _iso, _require_admin
+from calque.pools.rollout import Rollout, new_rollout
 
 PACKAGE_CONTENT_TYPE = "application/zip"
 # pool status counts every live claim and the latest this many that ended
@@ -89,19 +90,7 @@ class LifecycleMixin(PoolsCore):
                 "a pool needs its runner package (--package)", details={"field": "package_key"}
             )
         if req.package_key is not None:
-            # where the host role may read it, and uploaded already (pool package)
-            if not req.package_key.startswith(package_prefix(req.name)):
-                raise InvalidInput(
-                    f"package_key must be under {package_prefix(req.name)} "
-                    f"(from POST /v1/pools/{req.name}/package)",
-                    details={"field": "package_key"},
-                )
-            if not self.objects.exists(req.package_key):
-                raise InvalidInput(
-                    f"the runner package {req.package_key} is not in the artifact bucket: upload it first",
-                    code="package_missing",
-                    details={"field": "package_key"},
-                )
+            self._check_package(req.name, req.package_key)
         if self.store.get_pool(req.name) is not None:
             raise Conflict(
                 f"a pool named {req.name!r} exists", code="pool_exists", details={"pool": req.name}
@@ -157,6 +146,20 @@ class LifecycleMixin(PoolsCore):
             self.nudger.nudge(pool.name)
         return pool
 
+    def _check_package(self, name: str, package_key: str) -> None:
+        """A staged runner package: where the host role may read it, and uploaded already."""
+        if not package_key.startswith(package_prefix(name)):
+            raise InvalidInput(
+                f"package_key must be under {package_prefix(name)} (from POST /v1/pools/{name}/package)",
+                details={"field": "package_key"},
+            )
+        if not self.objects.exists(package_key):
+            raise InvalidInput(
+                f"the runner package {package_key} is not in the artifact bucket: upload it first",
+                code="package_missing",
+                details={"field": "package_key"},
+            )
+
     def package_upload(self, who: Caller, name: str, req: PackageUpload) -> dict[str, Any]:
         """Where an admin uploads a pool's runner package: a presigned PUT URL for a key named
         by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
@@ -180,6 +183,14 @@ class LifecycleMixin(PoolsCore):
     def list_pools(self, who: Caller) -> list[d.PoolRecord]:
         return self.store.list_pools()
 
+    def worker_counts(self, name: str) -> dict[str, int]:
+        """The pool's workers now, by state (an exited one's record waits for the next tick: not counted)."""
+        counts = {d.W_STARTING: 0, d.W_IDLE: 0, d.W_BUSY: 0}
+        for w in self.store.workers(name):
+            if w.state in counts:
+                counts[w.state] += 1
+        return counts
+
     def get_pool(self, who: Caller, name: str) -> d.PoolRecord:
         return self._pool(name)
 
@@ -193,9 +204,11 @@ class LifecycleMixin(PoolsCore):
                 code="pool_deleting",
                 details={"pool": name},
             )
-        changes = req.model_dump(exclude_none=True)
+        changes = req.model_dump(exclude_none=True, exclude={"runner", "package_key", "package_path"})
         if changes.get("max_wait_s") == 0:
             changes["max_wait_s"] = None  # the target dropped: the explicit knobs again
+        if req.runner is not None or req.package_key is not None or req.package_path is not None:
+            changes["rollout"] = self._new_rollout(who, pool, req).model_dump()
         merged = pool.model_copy(update=changes)
         if merged.min_workers > merged.max_workers:
             raise InvalidInput(
@@ -212,6 +225,29 @@ class LifecycleMixin(PoolsCore):
             raise NotFound(f"no pool {name!r}", details={"pool": name})
         self.nudger.nudge(name)
         return updated
+
+    def _new_rollout(self, who: Caller, pool: d.PoolRecord, req: PoolUpdate) -> Rollout:
+        """A runner update: the new runner and package (each the pool's own when not given),
+        rolled out worker by worker by the scaler (calque/pools/rollout.py)."""
+        if req.package_key is not None and req.package_path is not None:
+            raise InvalidInput(
+                "give package_key or package_path, not both", details={"field": "package_path"}
+            )
+        if req.package_key is not None:
+            self._check_package(pool.name, req.package_key)
+            key, path = req.package_key, None
+        elif req.package_path is not None:
+            key, path = None, req.package_path
+        else:
+            key, path = pool.package_key, pool.package_path
+        return new_rollout(
+            pool,
+            runner=req.runner or pool.runner,
+            package_key=key,
+            package_path=path,
+            by=who.principal,
+            now=self.clock.now(),
+        )
 
     def status(self, who: Caller, name: str) -> dict[str, Any]:
         pool = self._pool(name)

@@ -16,8 +16,10 @@ from typing import Any
 from calque.errors import CalqueError
 from calque.pools import domain as d
 from calque.pools import slo
-from calque.pools.core import PoolsCore, _epoch, _grant, _group, _iso, slots_per_instance
+from calque.pools.capacity import refusal
+from calque.pools.core import _epoch, _grant, _group, _iso, slots_per_instance
 from calque.pools.ports import QueueMissing, StartOutcome
+from calque.pools.rollout import RolloutMixin, as_run_by, launch_version
 from calque.pools.scaler import (
     Action,
     Backlog,
@@ -38,7 +40,7 @@ log = logging.getLogger("calque.pools")
 OBSERVE_LIMIT = 200
 
 
-class ScalingMixin(PoolsCore):
+class ScalingMixin(RolloutMixin):
     def scale(self, name: str) -> Decision | dict[str, Any] | None:
         pool = self.store.get_pool(name)
         if pool is None:
@@ -63,7 +65,9 @@ class ScalingMixin(PoolsCore):
             )
             if silent_for > limit:  # went silent (killed, crashed, instance lost)
                 gone.add(w.worker_id)
-        failures = self._start_failures(pool, workers, gone)
+        # a runner update's step (calque/pools/rollout.py); its own failures are not the pool's
+        pool, workers, rolled = self._roll_out(pool, workers, gone, now)
+        failures = self._start_failures(pool, workers, gone - rolled)
         # their records go; an instance goes back once none of its workers is left
         self._drop(pool, workers, gone)
         workers = [w for w in workers if w.worker_id not in gone]
@@ -82,7 +86,7 @@ class ScalingMixin(PoolsCore):
                 busy_since=busy_since.get(w.claim_id or ""),
             )
             for w in workers
-            if w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY)
+            if w.state in (d.W_STARTING, d.W_IDLE, d.W_BUSY) and not (w.draining or w.surge)
         ]
         config = ScalerConfig(
             min_workers=pool.min_workers if pool.state == d.POOL_ACTIVE else 0,
@@ -135,10 +139,18 @@ class ScalingMixin(PoolsCore):
                 for k, wid in enumerate(groups[group]):
                     self.store.put_worker(
                         d.WorkerRecord(
-                            pool=name, worker_id=wid, instance_id="-", launched_at=now, group=group, slot=k
+                            pool=name,
+                            worker_id=wid,
+                            instance_id="-",
+                            launched_at=now,
+                            group=group,
+                            slot=k,
+                            version=launch_version(pool),
                         )
                     )
             granted = self.capacity.acquire(pool, list(groups))
+            if len(granted) < len(groups):  # the pool waits, and its status says why
+                record["reason"] = f"{record['reason']}; waiting: {refusal(self.capacity)}"
             for group, wids in groups.items():
                 for wid in wids:
                     if group in granted:
@@ -257,6 +269,7 @@ class ScalingMixin(PoolsCore):
                     launched_at=now,
                     group=group,
                     slot=k,
+                    version=launch_version(pool),
                 )
             )
             added.append(f"{group}-{k}")
@@ -289,7 +302,10 @@ class ScalingMixin(PoolsCore):
                 )
             )
             try:
-                command = self.starter.start(pool, instance_id, [w.worker_id for w in members])
+                # the runner and package of the version its workers run (a roll-out's, or the pool's)
+                command = self.starter.start(
+                    as_run_by(pool, members[0].version), instance_id, [w.worker_id for w in members]
+                )
             except CalqueError as exc:
                 for w in members:
                     self.store.update_worker(

@@ -48,13 +48,12 @@ def _starter(s: Any) -> Any:
         return None
     from calque.pools.aws import SsmWorkerStarter
 
-    poll = s.local_worker_poll_s if s.pool_capacity == "local" else 20
     return SsmWorkerStarter(
         aws.client("ssm"),
         document_name=s.ssm_document_name,
         report_to=s.api_endpoint,
         bucket=s.artifact_bucket,
-        poll_wait_s=poll,
+        poll_wait_s=s.worker_poll_s,
         bundle_url=aws.agent_bundle_url,
         vended_credentials=s.pool_worker_role_arn is not None,
     )
@@ -136,6 +135,10 @@ class _LazyCapacity:
 
     def acquire(self, pool: Any, worker_ids: list[str]) -> Any:
         return self._get().acquire(pool, worker_ids)
+
+    @property
+    def last_refusal(self) -> str | None:
+        return getattr(self._inner, "last_refusal", None)
 
     def release(self, pool: Any, worker_id: str, grant: Any) -> None:
         self._get().release(pool, worker_id, grant)

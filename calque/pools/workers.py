@@ -141,6 +141,9 @@ class WorkersMixin(PoolsCore):
             changes["failed_start"] = True  # it never served: counted by the scaler
         self.store.update_worker(pool, worker_id, changes)
         answer: dict[str, Any] = {"worker_id": worker_id, "state": rep.state}
+        if current.draining:
+            # a roll-out retires it (calque/pools/rollout.py): it finishes the claim in hand, then stops
+            answer["drain"] = True
         if rep.state == d.W_BUSY and rep.claim_id:
             # the worker's heartbeat learns here that the claim it runs ended (cancelled): it
             # stops the run and records nothing (host_agent/worker/loop.py)

@@ -34,12 +34,12 @@ class PoolSettings(CommonSettings):
     # visibility timeout (workers extend it every third of it while they run a claim).
     pool_max_receives: int = Field(alias="CALQUE_POOL_MAX_RECEIVES", default=3, ge=1, le=1000)
     pool_visibility_s: int = Field(alias="CALQUE_POOL_VISIBILITY_S", default=60, ge=3, le=43200)
-    # Where workers' instances come from: "fleet" (layer 0), or "local" (the local plane's
-    # simulated hosts, workers as processes on the plane's machine).
+    # Where workers' instances come from: "fleet" (layer 0, behind its budget; the local plane's
+    # too), or "local" (simulated hosts launched past the fleet and its budget).
     pool_capacity: str = Field(alias="CALQUE_POOL_CAPACITY", default="fleet", pattern="^(fleet|local)$")
-    # How long the local plane's workers long-poll their queue (a deployed worker: 20 s, SQS's
-    # most): short, so that they take a claim, and stop, within seconds.
-    local_worker_poll_s: int = Field(alias="CALQUE_LOCAL_WORKER_POLL_S", default=2)
+    # How long workers long-poll their queue: 20 s (SQS's most) deployed; the local plane sets
+    # it short (CALQUE_LOCAL_WORKER_POLL_S, 2 s), so that they take a claim, and stop, within seconds.
+    worker_poll_s: int = Field(alias="CALQUE_POOL_WORKER_POLL_S", default=20, ge=1, le=20)
     # The scaler starts workers through the host-agent document's worker verb; where they report.
     ssm_document_name: str | None = Field(alias="CALQUE_SSM_DOCUMENT_NAME", default=None, min_length=1)
     api_endpoint: str | None = Field(alias="CALQUE_API_ENDPOINT", default=None, min_length=1)

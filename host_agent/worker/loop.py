@@ -154,6 +154,7 @@ class Worker:
         self._stop_asked_at: float | None = None
         self._killed = False
         self._dismissed: str | None = None  # why the pool no longer has this worker
+        self._stop_reason = "stopped"
 
     @property
     def report_every_s(self) -> float:
@@ -178,6 +179,10 @@ class Worker:
             if not self._dismissed_by(exc):
                 log.warning("worker state report failed: %s", exc)
             return {}
+        if isinstance(answer, dict) and answer.get("drain") and not self.stopping:
+            # a runner update retires this worker: the claim in hand (if any) finishes, then it exits
+            log.info("worker %s drains: a newer runner version replaces it", self.config.worker_id)
+            self.stopping, self._stop_reason = True, "drained: a newer runner version replaces it"
         return answer if isinstance(answer, dict) else {}
 
     def _dismissed_by(self, exc: BaseException) -> bool:
@@ -249,7 +254,7 @@ class Worker:
                 for message in resp.get("Messages", []):
                     self.handle(message)
                     idle_since = self.clock()
-            self._report_self("exited", reason="stopped")  # not sent once dismissed
+            self._report_self("exited", reason=self._stop_reason)  # not sent once dismissed
             return 0
         finally:
             self.supervisor.stop()

@@ -39,6 +39,7 @@ CLAIM_FIELDS: list[Column] = [
 
 CLAIM_COLUMNS: list[Column] = [
     ("claim_id", "claim_id"),
+    ("user", "user"),  # an admin's list holds everyone's claims on a pool
     ("pool", "pool"),
     ("state", "state"),
     ("items", "items"),
@@ -130,17 +131,8 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
         sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
         return
-    if ctx.json:
-        ctx.emit(result)
-        return
-    lines = []
-    for i, r in enumerate(result.get("results") or []):
-        if r.get("ok"):
-            lines.append(f"{i}\tok\t{json.dumps(r.get('output'))}")
-        else:
-            err = r.get("error") or {}
-            lines.append(f"{i}\terror\t{err.get('type')}: {err.get('message')}")
-    ctx.emit(result, text="\n".join(lines) or "(no items)")
+    # the same document as -o FILE holds, byte for byte, whatever the output asked
+    ctx.emit(result, text=json.dumps(result, indent=2))
 
 
 def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.0) -> None:

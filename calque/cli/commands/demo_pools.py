@@ -77,6 +77,10 @@ def do_demo_pools(ctx: Any, *, timeout_s: float = 90) -> None:
         "--runner textstats:TextStats --package examples/pools --max-workers 2 "
         f"--idle-timeout {IDLE_TIMEOUT_S}s --i-understand-this-spends-money",
     )
+    if not admin.request("GET", "/v1/budget").get("set", True):
+        # a pool's instances come from the fleet, behind its budget, as every other instance
+        admin.request("PUT", "/v1/budget", {"max_instances": 4, "max_hourly_usd": 20})
+        tour.note("no budget was set: the fleet acquires nothing without one; set to 4 instances, $20/h")
     existing = [p["name"] for p in admin.request("GET", "/v1/pools")]
     if POOL in existing:
         admin.request(

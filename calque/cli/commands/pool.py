@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
+from calque.cli.commands.pool_runner import check_runner_module, upload_package
 from calque.cli.durations import duration_arg, format_duration
 from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
@@ -21,15 +22,29 @@ POOL_COLUMNS: list[Column] = [
     ("instance_type", "instance_type"),
     ("state", "state"),
     ("workers", lambda p: f"{p.get('min_workers')}..{p.get('max_workers')}"),
+    # the workers now (an answer without them: an update's, or an older plane's): "-"
+    ("starting", lambda p: (p.get("current_workers") or {}).get("starting", "-")),
+    ("idle", lambda p: (p.get("current_workers") or {}).get("idle", "-")),
+    ("busy", lambda p: (p.get("current_workers") or {}).get("busy", "-")),
+    ("version", lambda p: _version(p)),
     ("target", "target_backlog_per_worker"),
     ("idle_timeout", lambda p: format_duration(p.get("idle_timeout_s") or 0)),
     ("max_wait", lambda p: format_duration(p["max_wait_s"]) if p.get("max_wait_s") else "-"),
 ]
 
+
+def _version(p: Any) -> str:
+    """The pool's runner version, and the one a roll-out under way brings ("1 -> 2")."""
+    r = p.get("rollout") or {}
+    now = str(p.get("version") or 1)
+    return f"{now} -> {r.get('version')}" if r.get("state") == "rolling" else now
+
+
 WORKER_COLUMNS: list[Column] = [
     ("worker_id", "worker_id"),
     ("instance_id", "instance_id"),
-    ("state", "state"),
+    ("version", lambda w: w.get("version") or 1),
+    ("state", lambda w: f"{w.get('state')} (draining)" if w.get("draining") else w.get("state")),
     ("claim", "claim_id"),
     ("enter_s", "enter_seconds"),
 ]
@@ -127,9 +142,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("name", metavar="NAME")
     p.set_defaults(func=lambda ctx, args: do_status(ctx, name=args.name))
 
-    p = group.add_parser("update", help="change a pool's sizing (admins)")
+    p = group.add_parser(
+        "update",
+        help="change a pool's sizing, or roll out a new runner worker by worker (admins)",
+        description="--package and --runner roll a new runner version out worker by worker: a "
+        "worker of the new version starts beside the pool's, then one old worker finishes its claim "
+        "and stops, until none is left; one of the new version that cannot start stops the roll-out "
+        "and the old workers serve on (`calque pool status` shows it).",
+    )
     p.add_argument("name", metavar="NAME")
     _sizing(p, defaults=False)
+    p.add_argument("--package", metavar="PATH", help="a new runner package (a directory), rolled out")
+    p.add_argument("--runner", metavar="MODULE:CLASS", help="a new runner class, rolled out")
     p.set_defaults(func=_update)
 
     p = group.add_parser(
@@ -240,7 +264,7 @@ def do_create(
         "i_understand_this_spends_money": True,
     }
     check_before_upload(body)
-    _check_runner_module(runner, path)
+    check_runner_module(runner, path)
     _check_name_free(ctx, name)
     body["package_key"] = upload_package(ctx, name, path)
     pool = ctx.client().request("POST", "/v1/pools", body)
@@ -285,90 +309,6 @@ def check_before_upload(body: dict[str, Any]) -> None:
         ]
         raise CliError(fields_said(fields), code="validation_failed", details={"fields": fields}) from None
     check_pool_request(req)  # a CalqueError: exit 1 naming the problem
-
-
-def _check_runner_module(runner: str, package: Path) -> None:
-    """The runner's module must be in the package (a worker imports it from there alone): a
-    pool whose workers cannot import it would only relaunch them while its claims wait."""
-    module = runner.split(":", 1)[0]
-    rel = Path(*module.split("."))
-    candidates = [package / rel.with_suffix(".py"), package / rel / "__init__.py"]
-    if not any(c.is_file() for c in candidates):
-        raise CliError(
-            f"--runner {runner}: --package {package} has no module {module} "
-            f"({rel.with_suffix('.py').as_posix()} or {(rel / '__init__.py').as_posix()}); "
-            "the package must hold the runner's module",
-            code="invalid_input",
-            details={"field": "runner"},
-        )
-
-
-def zip_package(path: Path) -> bytes:
-    """The directory as a zip, byte for byte the same for the same files (sorted, fixed
-    timestamps, no caches), so its SHA-256 names its content."""
-    import io
-    import zipfile
-
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            rel = f.relative_to(path)
-            if (
-                "__pycache__" in rel.parts
-                or rel.suffix == ".pyc"
-                or any(x.startswith(".") for x in rel.parts)
-            ):
-                continue
-            info = zipfile.ZipInfo(rel.as_posix(), date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, f.read_bytes())
-    return buf.getvalue()
-
-
-def upload_package(ctx: Any, name: str, path: Path) -> str:
-    """Stage the runner package in the artifact bucket: the API answers a presigned PUT URL
-    under the pool's prefix (named by the zip's SHA-256), this uploads the zip to it, and the
-    pool is created with that key. The caller needs no S3 permissions of its own."""
-    import hashlib
-    import urllib.error
-    import urllib.request
-
-    from calque.contracts.pools import PACKAGE_MAX_BYTES
-
-    data = zip_package(path)
-    if len(data) > PACKAGE_MAX_BYTES:
-        raise CliError(
-            f"--package {path}: {len(data)} bytes zipped, over the {PACKAGE_MAX_BYTES} bytes a runner "
-            "package may have (keep model weights in their own storage)",
-            code="invalid_input",
-            details={"field": "package"},
-        )
-    sha = hashlib.sha256(data).hexdigest()
-    target = ctx.client().request(
-        "POST", f"/v1/pools/{quote(name, safe='')}/package", {"sha256": sha, "size": len(data)}
-    )
-    if not target.get("exists"):
-        req = urllib.request.Request(  # noqa: S310 - the URL the API answered
-            target["url"], data=data, method="PUT", headers=dict(target.get("headers") or {})
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            raise CliError(
-                f"uploading the runner package was refused ({exc.code}): "
-                f"{exc.read().decode(errors='replace')[:200]}",
-                code="package_upload_failed",
-                details={"key": target["key"]},
-            ) from None
-        except OSError as exc:
-            raise CliError(
-                f"cannot upload the runner package: {exc}",
-                code="package_upload_failed",
-                details={"key": target["key"]},
-            ) from None
-    return str(target["key"])
 
 
 def do_list(ctx: Any) -> None:
@@ -437,6 +377,7 @@ def render_status(pool: dict[str, Any]) -> str:
                 f"then `calque pool update {pool.get('name')} ...` starts it again"
             )
         parts.append(line)
+    parts.extend(rollout_lines(pool))
     parts.append("\nWorkers:\n" + render_table(st.get("workers") or [], WORKER_COLUMNS))
     exited = [w for w in st.get("workers") or [] if w.get("state") == "exited" and w.get("reason")]
     parts.extend(f"{w.get('worker_id')} exited: {w['reason']}" for w in exited)
@@ -445,6 +386,17 @@ def render_status(pool: dict[str, Any]) -> str:
     if last:
         parts.append(f"\nLatest check: {last.get('action')}: {last.get('reason')}")
     return "\n".join(parts)
+
+
+def rollout_lines(pool: dict[str, Any]) -> list[str]:
+    """The runner version, and the latest roll-out: under way, done, or stopped and why."""
+    r = pool.get("rollout") or {}
+    lines = [f"version: {pool.get('version') or 1} ({pool.get('runner')})"]
+    if r:
+        lines.append(
+            f"rollout: version {r.get('version')} ({r.get('runner')}) {r.get('state')}: {r.get('reason')}"
+        )
+    return lines
 
 
 def do_status(ctx: Any, *, name: str) -> None:
@@ -460,15 +412,23 @@ def _update(ctx: Any, args: argparse.Namespace) -> None:
         max_workers=args.max_workers,
         target_backlog_per_worker=args.target_backlog_per_worker,
         idle_timeout_s=args.idle_timeout,
+        package=args.package,
+        runner=args.runner,
         max_wait_s=args.max_wait,
     )
 
 
-def do_update(ctx: Any, *, name: str, **changes: Any) -> None:
+def do_update(
+    ctx: Any, *, name: str, package: str | None = None, runner: str | None = None, **changes: Any
+) -> None:
+    from calque.cli.commands.pool_runner import runner_update
+
     body = {k: v for k, v in changes.items() if v is not None}
-    if not body:
+    if not body and package is None and runner is None:
         raise UsageError("nothing to change: give --min-workers, --max-workers, --target-backlog-per-worker, "
-                         "--idle-timeout or --max-wait", code="invalid_input")  # fmt: skip
+                         "--idle-timeout, --max-wait, --package or --runner",
+                         code="invalid_input")  # fmt: skip
+    body.update(runner_update(ctx, name, package=package, runner=runner))
     pool = ctx.client().request("PATCH", f"/v1/pools/{quote(name, safe='')}", body)
     ctx.emit(pool, columns=POOL_COLUMNS)
     if "max_workers" in body:

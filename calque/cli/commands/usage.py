@@ -13,9 +13,13 @@ BY = ("user", "group", "host", "pool", "instance-type")
 ROW_COLUMNS: list[Any] = [
     ("key", "key"),
     ("amount_usd", "amount_usd"),
+    # sessions and pool claims apart (the API's sessions counts both; claims, those of them)
+    ("sessions", lambda r: int(r["sessions"]) - int(r.get("claims") or 0)),
+    ("session_usd", lambda r: r.get("session_usd", "-")),
+    ("claims", lambda r: r.get("claims", "-")),
+    ("claim_usd", lambda r: r.get("claim_usd", "-")),
     ("gpu_hours", lambda r: f"{float(r['gpu_hours']):.3f}"),
-    ("session_hours", lambda r: f"{float(r['session_hours']):.3f}"),
-    ("sessions", "sessions"),
+    ("held_hours", lambda r: f"{float(r['session_hours']):.3f}"),
     ("running", "running"),
 ]
 # The CSV schemas: columns only ever get added at the end.
@@ -29,6 +33,9 @@ CSV_ROW_COLUMNS: list[Any] = [
     "session_hours",
     "sessions",
     "running",
+    "claims",  # added last: of sessions, the pool claims, and what each kind cost
+    "session_usd",
+    "claim_usd",
 ]
 CSV_LINE_COLUMNS = [
     "month",
@@ -159,7 +166,9 @@ def to_csv(report: dict[str, Any], *, grouped: bool) -> str:
         w.writerow(CSV_ROW_COLUMNS)
         p = report["period"]
         for r in report["rows"]:
-            w.writerow([p["since"], p["until"], report["by"], *(_cell(r[c]) for c in CSV_ROW_COLUMNS[3:])])
+            w.writerow(
+                [p["since"], p["until"], report["by"], *(_cell(r.get(c)) for c in CSV_ROW_COLUMNS[3:])]
+            )
     else:
         w.writerow(CSV_LINE_COLUMNS)
         for line in report["lines"]:

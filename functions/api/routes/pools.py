@@ -70,7 +70,11 @@ def package_upload(name: str, body: PackageUpload) -> dict[str, Any]:
 
 @router.get("/pools")
 def list_pools() -> list[Pool]:
-    return [_pool(p) for p in pools().list_pools(caller(router))]
+    service = pools()
+    return [
+        _pool(p).model_copy(update={"current_workers": service.worker_counts(p.name)})
+        for p in service.list_pools(caller(router))
+    ]
 
 
 @router.get("/pools/<name>")

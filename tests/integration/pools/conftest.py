@@ -33,10 +33,20 @@ def plane(tmp_path_factory: pytest.TempPathFactory):
         },
     )
     try:
+        # a pool's instances come from the fleet, behind its budget (none set: none acquired)
+        set_budget(handle, max_instances=40)
         yield handle
     finally:
         stop_local_plane(handle)
         _kill_leftover_workers(state_dir)
+
+
+def set_budget(plane: LocalPlaneHandle, *, max_instances: int, max_hourly_usd: float = 10_000) -> None:
+    code, doc = plane.cli_json(
+        "budget", "set", "--max-instances", str(max_instances), "--max-hourly-usd", f"{max_hourly_usd:g}",
+        profile="admin",
+    )  # fmt: skip
+    assert code == 0, doc
 
 
 def _kill_leftover_workers(state_dir: Path) -> None:

@@ -138,3 +138,45 @@ def test_csv_cells_are_plain_decimals_and_lowercase_booleans():
 
     (row,) = csv.DictReader(io.StringIO(to_csv(report, grouped=True)))
     assert (row["gpu_hours"], row["session_hours"], row["running"]) == ("0.000069", "0.0003", "false")
+
+
+def test_usage_separates_sessions_and_claims_with_what_each_cost(api, cli):
+    from decimal import Decimal
+    from fractions import Fraction
+
+    from calque.accounting.chargeback import Line
+    from calque.accounting.service import rows_by
+
+    def line(kind: str, ident: str, cents: str) -> Line:
+        at = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+        return Line(
+            month="2026-12", instance_id="i-1", instance_type="g6e.xlarge",
+            pool="embed" if kind == "claim" else None,
+            hourly_usd=Decimal("1.86"), rate_as_of=None, kind=kind, user="alice", group=None,
+            session_id=ident if kind == "session" else None, slice_id=None, start=at, end=at,
+            seconds=Fraction(60), share=Fraction(1), exact_usd=Fraction(cents), amount_usd=Decimal(cents),
+            claim_id=ident if kind == "claim" else None,
+        )  # fmt: skip
+
+    (row,) = rows_by(
+        [line("session", "s-1", "0.50"), line("claim", "c-1", "0.10"), line("claim", "c-2", "0.20")], "user"
+    )
+    assert (row.sessions, row.claims, row.session_usd, row.claim_usd) == (3, 2, "0.50", "0.30")
+    api.responses[("GET", "/v1/usage")] = {
+        "period": {"since": "2026-12-01", "until": "2026-12-02"}, "as_of": "2026-12-02T00:00:00Z",
+        "by": "user", "scope": "everyone", "total_usd": "0.80", "rows": [row.model_dump(mode="json")],
+        "lines": [],
+    }  # fmt: skip
+    code, out, _ = cli("usage", "--by", "user")
+    assert code == 0
+    header, values = out.splitlines()[1].split(), out.splitlines()[2].split()
+    cells = dict(zip(header, values, strict=True))
+    assert (cells["SESSIONS"], cells["SESSION_USD"], cells["CLAIMS"], cells["CLAIM_USD"]) == (
+        "1",
+        "0.50",
+        "2",
+        "0.30",
+    )
+    _, out_csv, _ = cli("usage", "--by", "user", "--output", "csv")
+    (csv_row,) = csv.DictReader(io.StringIO(out_csv))
+    assert (csv_row["claims"], csv_row["session_usd"], csv_row["claim_usd"]) == ("2", "0.50", "0.30")

@@ -136,3 +136,11 @@ def test_attempts_survive_a_reconciler_adopting_the_instance_while_run_instances
     assert world.ec2.launches == 1
     assert [a.outcome for a in acq.attempts] == ["launched"]
     assert acq.state == "registered"
+
+
+def test_a_pools_instance_is_handed_over_registered_but_is_no_host_for_sessions(world: World):
+    (rid,) = world.acquire(pool="llama-8b")
+    world.deliver()
+    acq = world.fleet.get(ADMIN, rid)
+    assert acq.state == "registered"  # the pool's scaler starts its workers on it now
+    assert acq.instance_id not in world.hosts.hosts

@@ -173,6 +173,7 @@ class World:
     clock: FakeClock = field(default_factory=FakeClock)
     groups: Any = None  # a registry with groups (calque.tenancy.store.memory.MemoryRegistry), or none
     credentials: Any = None  # pool workers' credentials (calque.pools.ports.WorkerCredentials), or none
+    starter: Any = None  # starts workers on instances (calque.pools.ports.WorkerStarter), or none
 
     @property
     def pools(self) -> Pools:
@@ -186,4 +187,5 @@ class World:
             PoolsConfig(max_receives=3),
             groups=self.groups,
             credentials=self.credentials,
+            starter=self.starter,
         )

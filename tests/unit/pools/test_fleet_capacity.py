@@ -59,11 +59,38 @@ def test_acquire_asks_the_fleet_for_one_instance_per_worker_with_the_pools_setti
     assert caller.admin is True
 
 
-def test_a_refusing_spend_gate_grants_nothing():
-    assert FleetCapacity(FakeFleet(budget=1)).acquire(pool(), ["w-1", "w-2"]) == {}
+def test_a_refusing_spend_gate_grants_nothing_and_says_why():
+    capacity = FleetCapacity(FakeFleet(budget=0))
+    assert capacity.acquire(pool(), ["w-1", "w-2"]) == {}
+    assert capacity.last_refusal == "the fleet refused: over budget"
+
+
+@dataclass
+class SpendingFleet(FakeFleet):
+    """Its budget's room shrinks with each acquisition it accepts, as the spend gate's does."""
+
+    def acquire(self, req: Any, caller: Any) -> Any:
+        accepted = super().acquire(req, caller)
+        self.budget -= req.count
+        return accepted
+
+
+def test_a_budget_with_room_for_some_grants_those_and_the_pool_waits_for_the_rest():
+    fleet = SpendingFleet(budget=1)
+    capacity = FleetCapacity(fleet)
+    grants = capacity.acquire(pool(), ["w-1", "w-2", "w-3"])
+    assert set(grants) == {"w-1"}
+    assert capacity.last_refusal == "the fleet refused: over budget"
+    assert [req.count for req, _ in fleet.asked] == [3, 1, 1]
 
 
 def test_release_finds_the_instance_of_a_grant_and_releases_it_through_the_fleet():
     fleet = FakeFleet()
     FleetCapacity(fleet).release(pool(), "w-1", Grant(ref="r-00000001"))
     assert fleet.released == [("i-0123456789abcdef0", "pool p1: worker w-1 scaled in")]
+
+
+def test_releasing_a_worker_recorded_before_its_grant_asks_the_fleet_nothing():
+    fleet = FakeFleet()
+    FleetCapacity(fleet).release(pool(), "w-1", Grant(ref=""))
+    assert fleet.released == []

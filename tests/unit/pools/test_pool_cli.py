@@ -139,11 +139,15 @@ def test_claim_result_prints_each_item_and_writes_the_document(api, cli, tmp_pat
     }
     code, out, _ = cli("claim", "result", "c-1")
     assert code == 0
-    assert out.splitlines() == ['0\tok\t{"n": 1}', "1\terror\tValueError: x"]
+    assert json.loads(out)["results"][1]["error"]["type"] == "ValueError"
     target = tmp_path / "r.json"
-    code, out, _ = cli("claim", "result", "c-1", "-o", str(target))
+    code, _, _ = cli("claim", "result", "c-1", "-o", str(target))
     assert code == 0
+    # the same document on stdout and in the file, byte for byte, whatever the output asked
+    assert target.read_text() == out
     assert json.loads(target.read_text())["summary"]["items_failed"] == 1
+    code, as_json, _ = cli("--output", "json", "claim", "result", "c-1")
+    assert as_json == out
 
 
 def test_claim_list_passes_the_pool_filter(api, cli):
@@ -152,6 +156,74 @@ def test_claim_list_passes_the_pool_filter(api, cli):
     assert code == 0
     assert api.requests == [("GET", "/v1/claims", None, {"pool": "textstats"})]
     assert "c-1" in out
+
+
+def test_an_admins_claim_list_says_whose_each_claim_is(api, cli):
+    api.responses[("GET", "/v1/claims")] = [CLAIM, {**CLAIM, "claim_id": "c-2", "user": "bob"}]
+    code, out, _ = cli("claim", "list", "--pool", "textstats")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["CLAIM_ID", "USER", "POOL"]
+    assert [r.split()[:2] for r in rows] == [["c-1", "alice"], ["c-2", "bob"]]
+
+
+def test_pool_list_shows_the_workers_now_beside_min_and_max(api, cli):
+    api.responses[("GET", "/v1/pools")] = [
+        {
+            "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+            "min_workers": 1, "max_workers": 4, "target_backlog_per_worker": 1, "idle_timeout_s": 60,
+            "current_workers": {"starting": 1, "idle": 2, "busy": 3}, "version": 1,
+            "rollout": {"version": 2, "state": "rolling"},
+        }
+    ]  # fmt: skip
+    code, out, _ = cli("pool", "list")
+    assert code == 0
+    header, row = out.splitlines()
+    cells = dict(zip(header.split(), row.split(), strict=False))  # up to VERSION ("1 -> 2")
+    assert (cells["WORKERS"], cells["STARTING"], cells["IDLE"], cells["BUSY"]) == ("1..4", "1", "2", "3")
+    assert "1 -> 2" in row  # a roll-out under way: from version 1 to 2
+
+
+def test_pool_update_with_a_package_uploads_it_and_sends_a_runner_update(api, cli, tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "textstats.py").write_text("class TextStats: ...\n")
+    api.responses[("GET", "/v1/pools/textstats")] = {"name": "textstats", "runner": "textstats:TextStats"}
+    key = f"pools/textstats/package/{'a' * 64}.zip"
+    # staged already: the API answers the key, nothing is uploaded again
+    api.responses[("POST", "/v1/pools/textstats/package")] = {"key": key, "url": "https://x", "exists": True}
+    api.responses[("PATCH", "/v1/pools/textstats")] = {"name": "textstats", "rollout": {"state": "rolling"}}
+    code, _, err = cli("pool", "update", "textstats", "--package", str(pkg))
+    assert code == 0, err
+    ((_, _, _, _), patch) = api.sent()
+    assert patch == ("PATCH", "/v1/pools/textstats", {"package_key": key}, None)
+    # a runner the new package does not hold is refused before anything is uploaded or sent
+    code, _, err = cli("pool", "update", "textstats", "--package", str(pkg), "--runner", "other:Runner")
+    assert code == 1
+    assert "has no module other" in err
+    assert len(api.sent()) == 2
+
+
+def test_pool_status_shows_each_workers_version_and_a_stopped_roll_out_with_why():
+    from calque.cli.commands.pool import render_status
+
+    text = render_status(
+        {
+            "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
+            "min_workers": 1, "max_workers": 2, "version": 1, "runner": "textstats:TextStats",
+            "rollout": {"version": 2, "runner": "broken:Runner", "state": "stopped",
+                        "reason": "stopped: worker w-2 of version 2 could not start (ImportError)"},
+            "status": {"workers": [
+                {"worker_id": "w-1", "instance_id": "i-1", "state": "idle", "version": 1},
+                {"worker_id": "w-3", "instance_id": "i-3", "state": "busy", "version": 2, "draining": True},
+            ]},
+        }
+    )  # fmt: skip
+    assert "version: 1 (textstats:TextStats)" in text
+    assert (
+        "rollout: version 2 (broken:Runner) stopped: stopped: worker w-2 of version 2 could not start" in text
+    )
+    assert "busy (draining)" in text
 
 
 def test_pool_status_shows_workers_backlog_warm_hits_and_the_reasons_of_decisions(api, cli):
@@ -184,7 +256,7 @@ def test_create_uploads_the_package_zip_to_the_url_the_api_answers(api, cli, tmp
     import urllib.request
     import zipfile
 
-    from calque.cli.commands.pool import zip_package
+    from calque.cli.commands.pool_runner import zip_package
 
     got: list[urllib.request.Request] = []
 
