@@ -14,7 +14,13 @@ import pytest
 from calque import Pool
 from calque.sdk import transfer
 from tests.integration.conftest import start_local_plane, stop_local_plane
-from tests.integration.pools.conftest import RUNNERS, _kill_leftover_workers, create_pool, pool_story
+from tests.integration.pools.conftest import (
+    RUNNERS,
+    _kill_leftover_workers,
+    create_pool,
+    pool_story,
+    set_budget,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +37,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory):
     }
     handle = start_local_plane(state_dir, extra_env=env)
     try:
+        set_budget(handle, max_instances=8)  # a pool's instances come from the fleet, behind its budget
         yield handle
     finally:
         stop_local_plane(handle)

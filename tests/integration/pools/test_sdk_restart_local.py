@@ -12,7 +12,7 @@ import pytest
 
 from calque import Pool
 from tests.integration.conftest import start_local_plane, stop_local_plane
-from tests.integration.pools.conftest import RUNNERS, _kill_leftover_workers, create_pool
+from tests.integration.pools.conftest import RUNNERS, _kill_leftover_workers, create_pool, set_budget
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,7 @@ def test_a_kill_9_of_the_plane_during_a_map_loses_and_repeats_no_item(tmp_path_f
     state_dir = tmp_path_factory.mktemp("calque-sdk-restart")
     plane = start_local_plane(state_dir, extra_env=ENV)
     try:
+        set_budget(plane, max_instances=8)  # a pool's instances come from the fleet, behind its budget
         create_pool(plane, "echo", runner="bulky:Bulky", package=RUNNERS, min_workers=1, max_workers=2)
         items = [f"item {i}" for i in range(200)]
         run = Pool("echo", state_dir=str(state_dir), profile="alice", reconnect_s=180).map(
