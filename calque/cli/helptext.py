@@ -68,6 +68,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "session exec": ("calque session exec s-0123456789abcdef -- nvidia-smi -L",),
     "session list": ("calque session list", "calque session list --all --output json --query '[].user'"),
     "session show": ("calque session show s-0123456789abcdef",),
+    "session queue": ("calque session queue", "calque session queue --all --output json"),
+    "session cancel": ("calque session cancel q-0123456789abcdef01234567",),
     "quota set": ("calque quota set alice --max-sessions 2 --max-gpu-hours-per-month 100",),
     "quota list": (
         "calque quota list",
@@ -100,6 +102,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "group limits": ("calque group limits lab-a --max-gpu-hours-per-month 200",),
     "group list": ("calque group list",),
     "group show": ("calque group show lab-a",),
+    "group update": ("calque group update lab-a --shares 2",),
+    "group fairshare": ("calque group fairshare",),
     "group delete": ("calque group delete lab-a",),
     "budget set": ("calque budget set --max-instances 4 --max-hourly-usd 40",),
     "budget show": ("calque budget show",),

@@ -17,6 +17,13 @@ def _summary(key: str) -> Any:
     return lambda c: (c.get("summary") or {}).get(key)
 
 
+def _summary_duration(key: str) -> Any:
+    """A duration of the claim's summary as people read it (JSON keeps the seconds)."""
+    from calque.cli.durations import human_duration
+
+    return lambda c: human_duration((c.get("summary") or {}).get(key))
+
+
 CLAIM_FIELDS: list[Column] = [
     ("claim_id", "claim_id"),
     ("pool", "pool"),
@@ -27,8 +34,8 @@ CLAIM_FIELDS: list[Column] = [
     ("items_ok", _summary("items_ok")),
     ("items_failed", _summary("items_failed")),
     ("warm_hit", _summary("warm_hit")),
-    ("enter_seconds", _summary("enter_seconds")),
-    ("run_seconds", _summary("run_seconds")),
+    ("enter", _summary_duration("enter_seconds")),
+    ("run", _summary_duration("run_seconds")),
     ("worker", "worker"),
     ("instance_id", "instance_id"),
     ("attempts", "attempts"),

@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.commands.pool_runner import check_runner_module, upload_package
-from calque.cli.durations import duration_arg, format_duration
+from calque.cli.durations import duration_arg, format_duration, human_duration
 from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
 from calque.cli.wait_options import add_wait_timeout, wait_timeout
@@ -46,7 +46,7 @@ WORKER_COLUMNS: list[Column] = [
     ("version", lambda w: w.get("version") or 1),
     ("state", lambda w: f"{w.get('state')} (draining)" if w.get("draining") else w.get("state")),
     ("claim", "claim_id"),
-    ("enter_s", "enter_seconds"),
+    ("enter", lambda w: human_duration(w.get("enter_seconds"))),
 ]
 
 DECISION_COLUMNS: list[Column] = [
@@ -152,8 +152,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("name", metavar="NAME")
     _sizing(p, defaults=False)
-    p.add_argument("--package", metavar="PATH", help="a new runner package (a directory), rolled out")
-    p.add_argument("--runner", metavar="MODULE:CLASS", help="a new runner class, rolled out")
+    p.add_argument(
+        "--package",
+        metavar="PATH",
+        help="a new runner package (a directory), rolled out worker by worker (default: kept)",
+    )
+    p.add_argument("--runner", metavar="MODULE:CLASS", help="a new runner class, rolled out (default: kept)")
     p.set_defaults(func=_update)
 
     p = group.add_parser(
@@ -348,7 +352,7 @@ def render_status(pool: dict[str, Any]) -> str:
         ),
         (
             "oldest_claim",
-            lambda p: "-" if st.get("oldest_claim_age_s") is None else f"{st['oldest_claim_age_s']}s",
+            lambda p: human_duration(st.get("oldest_claim_age_s")),
         ),
         ("claims", lambda p: ", ".join(f"{v} {k}" for k, v in claims.items() if v) or "none"),
         ("warm_hits", lambda p: f"{st.get('warm_hits', 0)} of {completed} completed"),

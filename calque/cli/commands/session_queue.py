@@ -78,7 +78,8 @@ def add_wait_options(p: argparse.ArgumentParser) -> None:
         "--max-wait",
         type=duration_arg,
         metavar="DURATION",
-        help="with --wait: give up after this long (e.g. 2h)",
+        help="with --wait: give up after this long, e.g. 2h (default: the deployment's longest, "
+        "7 days unless set)",
     )
     p.add_argument(
         "--on-interrupt",
