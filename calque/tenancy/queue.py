@@ -60,6 +60,15 @@ class QueueMixin(SessionsMixin):
         Refused before anything is recorded: no consent for MPS, a TTL out of bounds, a group
         not the member's, or a request no slice in the fleet could ever serve."""
         check_consent(req)
+        if (req.gpus or 1) > 1 or req.backend == "any":
+            # the queue grants one slice, or one whole GPU, per request
+            field = "gpus" if (req.gpus or 1) > 1 else "backend"
+            raise InvalidInput(
+                "a waiting check-out takes one slice or one whole GPU: --gpus N and --backend any "
+                "are checked out only at once (without --wait)",
+                code="not_queueable",
+                details={"field": field},
+            )
         ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
         # A longer wait than the deployment allows is cut to it (the answer's wait_until says so).
         wait = min(req.max_wait_seconds or self.config.queue_max_wait_s, self.config.queue_max_wait_s)

@@ -378,33 +378,28 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
         )
     if args.max_wait is not None and not args.wait:
         args._parser.error("--max-wait goes with --wait")
-    if args.wait:
+    asked: dict[str, Any] = {
+        "backend": args.backend,
+        "instance_id": args.instance_id,
+        "profile": args.slice_profile,
+        "min_memory_gib": args.min_memory_gib,
+        "ttl_seconds": args.ttl,
+        "accept_shared_gpu_no_isolation": args.accept_no_isolation,
+        "group": args.group,
+        "gpus": args.gpus,
+    }
+    if args.wait:  # the same request, queued when nothing fits now
         from calque.cli.commands.session_queue import do_wait_checkout
 
-        body = checkout_body(
-            backend=args.backend,
-            instance_id=args.instance_id,
-            profile=args.slice_profile,
-            min_memory_gib=args.min_memory_gib,
-            ttl_seconds=args.ttl,
-            accept_shared_gpu_no_isolation=args.accept_no_isolation,
-            group=args.group,
-        )
         do_wait_checkout(
-            ctx, body, max_wait_s=args.max_wait, on_interrupt=args.on_interrupt, render=render_grant
+            ctx,
+            checkout_body(**asked),
+            max_wait_s=args.max_wait,
+            on_interrupt=args.on_interrupt,
+            render=render_grant,
         )
         return
-    do_checkout(
-        ctx,
-        backend=args.backend,
-        instance_id=args.instance_id,
-        profile=args.slice_profile,
-        min_memory_gib=args.min_memory_gib,
-        ttl_seconds=args.ttl,
-        accept_shared_gpu_no_isolation=args.accept_no_isolation,
-        group=args.group,
-        gpus=args.gpus,
-    )
+    do_checkout(ctx, **asked)
 
 
 def do_checkout(ctx: Any, **kwargs: Any) -> None:
