@@ -248,7 +248,9 @@ class Reader:
 
     def _queue(self, board: Board) -> None:
         try:
-            items = self.client.request("GET", QUEUE_PATH)
+            # an admin sees everyone's waiting requests, a member their own (as the API scopes them)
+            query = {"all": "true"} if board.caller is not None and board.caller.admin else None
+            items = self.client.request("GET", QUEUE_PATH, query=query)
         except Exception as exc:
             if _status(exc) in (404, 405):
                 return  # no wait queue on this API (yet): the section stays out
@@ -309,11 +311,11 @@ QUEUE_COLUMNS = (
     "group",
     "backend",
     "profile",
-    "gpus",
+    "min_memory_gib",
     "state",
-    "created_at",
-    "waited_s",
-    "expires_at",
+    "submitted_at",
+    "estimated_start",
+    "wait_until",
 )
 
 

@@ -323,3 +323,31 @@ def test_the_page_carries_the_token_for_its_refreshes_and_loads_nothing_from_els
     sources = re.findall(r'(?:src|href)="([^"]+)"', page)
     assert sources
     assert all(s.startswith(("/static/", "data:")) for s in sources), sources
+
+
+def test_the_wait_queue_reads_the_apis_own_answer_and_an_admin_asks_for_everyones():
+    """The section reads what GET /v1/session-requests answers (the contract's own model)."""
+    from datetime import UTC, datetime
+
+    from calque.contracts.queue import SessionRequest
+
+    at = datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
+    queued = [
+        SessionRequest(
+            request_id="q-0123456789abcdef01234567", user="carol", group="lab-a", state="waiting",
+            backend="mig", profile="1g.24gb", ttl_seconds=3600, submitted_at=at,
+            wait_until=at + timedelta(hours=2), position=1, estimated_start=at + timedelta(minutes=20),
+        ).model_dump(mode="json")
+    ]  # fmt: skip
+    api = FakeApi("admin", admin=True, queue=queued)
+    html = _board(api)
+    section = html[html.index('id="queue"') :]
+    section = section[: section.index("</section>")]
+    for column in ("position", "request_id", "user", "group", "profile", "estimated_start"):
+        assert f"<th>{column}</th>" in section
+    assert "q-0123456789abcdef01234567" in section
+    assert "lab-a" in section
+    assert ("GET", QUEUE_PATH, {"all": "true"}) in api.calls
+    member = FakeApi("carol", admin=False, queue=queued)
+    _board(member)
+    assert ("GET", QUEUE_PATH, None) in member.calls
