@@ -66,13 +66,15 @@ def test_an_added_admin_is_an_admin_at_once(local_plane):
     # Then she is an admin on her very next call, without a restart
     code, me = local_plane.cli_json("whoami", profile="dana")
     assert code == 0
-    assert me == {
+    who = {k: me[k] for k in ("principal", "arn", "account", "admin", "endpoint")}
+    assert who == {
         "principal": "dana",
         "arn": f"arn:aws:iam::{local_plane.account}:user/dana",
         "account": local_plane.account,
         "admin": True,
         "endpoint": local_plane.endpoint,
     }
+    assert me["profile_source"] == "--profile"  # whoami also says where each setting came from
 
 
 def test_adding_a_profile_twice_is_refused(local_plane):
