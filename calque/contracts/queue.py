@@ -12,7 +12,7 @@ granted request), nothing_fits (no slice in the fleet could ever serve it: it is
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,17 @@ class QueueRequest(CheckoutRequest):
         description="give up (state expired) after this long; omitted or longer: the deployment's "
         "maximum wait (CALQUE_QUEUE_MAX_WAIT_S, default 7 days)",
     )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
+        """The document says what the queue grants: one slice or one whole GPU (the API refuses
+        `backend: any` and `gpus` over 1 here with not_queueable; a check-out takes them)."""
+        schema = super().__get_pydantic_json_schema__(core_schema, handler)
+        props = handler.resolve_ref_schema(schema)["properties"]
+        props["backend"]["enum"] = [b for b in props["backend"]["enum"] if b != "any"]
+        props["gpus"]["maximum"] = 1
+        props["gpus"]["description"] = "one: a waiting check-out takes one slice or one whole GPU"
+        return schema
 
 
 class SessionRequest(Out):
