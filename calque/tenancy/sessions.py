@@ -150,6 +150,7 @@ class SessionsMixin(PlacementMixin):
             self._publish([session_started(session)])
             for task in _grants(session):
                 self.tasks.send(task)
+            self._charge_fair_share(session, ttl, now)
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)
         # A user at their quota is told that first: freeing a slice would not help them.
@@ -339,7 +340,12 @@ class SessionsMixin(PlacementMixin):
                 code="session_changed",
                 details={"session_id": session_id},
             ) from None
+        self._charge_fair_share(session, req.ttl_seconds, now)
         return self._timed_view(new)
+
+    def _charge_fair_share(self, session: SessionRecord, seconds: int, at: datetime) -> None:
+        """Count a grant made outside the queue (a check-out at once, an extend) in its
+        account's fair-share usage: done by the queue (``QueueMixin``), where there is one."""
 
     def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:
         quota, _mine = self.registry.quota_and_groups(session.user)

@@ -111,6 +111,28 @@ class DynamoQueue(DynamoPlacement):
             ExpressionAttributeValues=expr_values(s=shares),
         )
 
+    def get_account(self, account_name: str) -> AccountRecord | None:
+        item = self._get(account(account_name))
+        return AccountRecord(account=account_name, **_account_fields(item)) if item else None
+
+    def add_usage(self, account_name: str, added: float, ref: float) -> bool:
+        """Charge an account outside a grant's transaction (a check-out made at once, an
+        extend): ``added`` is weighted for ``ref``; False when the account's usage is scaled
+        to another reference (it was rebased: read it and weigh again)."""
+        try:
+            self.client.update_item(
+                TableName=self.table,
+                Key=ser(account(account_name)),
+                UpdateExpression="ADD usage_v :add SET usage_ref = if_not_exists(usage_ref, :ref)",
+                ConditionExpression="attribute_not_exists(usage_ref) OR usage_ref = :ref",
+                ExpressionAttributeValues=expr_values(add=added, ref=ref),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def rebase_usage(self, account_name: str, *, old_ref: float | None, value: float, ref: float) -> bool:
         """Scale an account's usage to a new reference time (on condition nobody rebased it)."""
         cond = "attribute_not_exists(usage_ref)" if old_ref is None else "usage_ref = :old"

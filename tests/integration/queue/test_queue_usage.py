@@ -1,0 +1,61 @@
+"""Fair share counts every grant, not only the queue's: a check-out made at once and an
+extend charge their account as a grant from the queue does, so a group that took slices
+at once waits behind one that did not."""
+
+from __future__ import annotations
+
+import pytest
+
+from calque.contracts.queue import QueueRequest
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
+
+from .support import ADMIN, env, make_group, member, reclaim_all, seed_host
+
+pytestmark = pytest.mark.integration
+
+
+def usage_of(t, account: str) -> float:
+    return next((a["usage_gpu_hours"] for a in t.fair_share(ADMIN) if a["account"] == account), 0.0)
+
+
+def test_checkouts_at_once_and_extends_count_in_fair_share(ddb):
+    t = env(ddb)
+    iid = seed_host(ddb, 41)
+    make_group(ddb, "took", ["tina"])
+    make_group(ddb, "waited", ["wade"])
+    # Given a member of "took" checks a slice out at once for 10 minutes
+    taken = t.checkout(member("tina"), CheckoutRequest(backend="mig", ttl_seconds=600, group="took"))
+    share = t.registry.get_session(taken.session_id).gpu_fraction
+    assert share > 0
+    # Then the group's usage holds the slice's share of a card for the TTL
+    assert usage_of(t, "took") == pytest.approx(share * 600 / 3600, abs=2e-6)
+    # and an extend by 10 minutes adds as much again (a replay of it adds nothing)
+    t.extend(member("tina"), taken.session_id, ExtendRequest(ttl_seconds=600), idempotency_key="ext-key-01")
+    t.extend(member("tina"), taken.session_id, ExtendRequest(ttl_seconds=600), idempotency_key="ext-key-01")
+    assert usage_of(t, "took") == pytest.approx(share * 1200 / 3600, abs=2e-6)
+    # and a check-out replayed with its key is charged once
+    key = "checkout-key-01"
+    again = [
+        t.checkout(
+            member("tina"), CheckoutRequest(backend="mig", ttl_seconds=600, group="took"), idempotency_key=key
+        )
+        for _ in range(2)
+    ]
+    assert again[0].session_id == again[1].session_id
+    assert usage_of(t, "took") == pytest.approx(share * 1800 / 3600, abs=2e-6)
+
+    # When the rest of the host is held, and "took" queues before "waited" does
+    others = [
+        t.checkout(member(f"keep{n}"), CheckoutRequest(backend="mig", ttl_seconds=600)) for n in range(2)
+    ]
+    first = t.enqueue(member("tina"), QueueRequest(backend="mig", ttl_seconds=600, group="took"))
+    second = t.enqueue(member("wade"), QueueRequest(backend="mig", ttl_seconds=600, group="waited"))
+    assert (first.state, second.state) == ("waiting", "waiting")
+    # Then "waited", under its share, is first in line, and gets the next slice that frees
+    assert t.get_request(member("wade"), second.request_id).position == 1
+    t.checkin(member("keep0"), others[0].session_id, CheckinRequest(token=others[0].token))
+    assert reclaim_all(t, iid) == 1
+    assert t.get_request(member("wade"), second.request_id).state == "granted"
+    assert t.get_request(member("tina"), first.request_id).state == "waiting"
+    # and the grant from the queue is charged once too (in its own transaction)
+    assert usage_of(t, "waited") == pytest.approx(share * 600 / 3600, abs=2e-6)
