@@ -30,14 +30,16 @@ Times are seconds (any epoch, the same for every argument).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 DEFAULT_SHARES = 1.0
-# A stored running sum is rebased when its weight would pass 2**REBASE_AFTER (the store
-# keeps numbers of 38 digits; a weight of 2**64 is far inside that).
-REBASE_AFTER = 64.0
+# A running sum is scaled to the start of the span of REF_SPAN half-lives its charges fall
+# in (``ref_for``): every writer knows the reference without reading it, and a weight stays
+# under 2**REF_SPAN (the store keeps numbers of 38 digits, far more).
+REF_SPAN = 32.0
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,9 @@ class Usage:
         return Usage(base.value + gpu_hours * weight(at, base.ref, half_life_s), base.ref)
 
     def rebased(self, now: float, half_life_s: float) -> Usage:
-        """The same usage scaled to ``now`` (its weight back to 1)."""
-        return Usage(self.at(now, half_life_s), now)
+        """The same usage scaled to the reference of ``now`` (``ref_for``)."""
+        ref = ref_for(now, half_life_s)
+        return Usage(self.at(ref, half_life_s), ref)
 
 
 def weight(at: float, ref: float, half_life_s: float) -> float:
@@ -88,9 +91,16 @@ def weight(at: float, ref: float, half_life_s: float) -> float:
     return 2.0 ** ((at - ref) / half_life_s)
 
 
+def ref_for(at: float, half_life_s: float) -> float:
+    """The reference time a charge at ``at`` is weighed for: the start of the span of
+    ``REF_SPAN`` half-lives it falls in. The same for every writer, read or not."""
+    span = REF_SPAN * half_life_s
+    return float(math.floor(at / span) * span)
+
+
 def needs_rebase(ref: float, at: float, half_life_s: float) -> bool:
-    """True when a charge at ``at`` would carry too large a weight for a sum at ``ref``."""
-    return (at - ref) / half_life_s > REBASE_AFTER or at < ref
+    """True when a sum scaled to ``ref`` must be rescaled before a charge at ``at``."""
+    return ref != ref_for(at, half_life_s)
 
 
 def factor(usage_share: float, share: float) -> float:

@@ -31,7 +31,7 @@ from calque.tenancy.store.queue_records import AccountRecord, QueuedRecord, acco
 
 if TYPE_CHECKING:
     from calque.tenancy.store.dynamo_queue import DynamoQueue
-    from calque.tenancy.store.models import SessionRecord, SliceRecord
+    from calque.tenancy.store.models import SliceRecord
 
 
 def _epoch(at: datetime) -> float:
@@ -278,10 +278,10 @@ class QueueMixin(SessionsMixin):
             group, res, "check-out"
         ):
             return "refused"
-        half_life = self._policy().half_life_s
-        ref = _usage_ref(store, rec.account, state.accounts.get(rec.account), state.t, half_life)
-        if ref is None:
-            return "stale"
+        charge = self._fair_charge(session, rec.ttl_seconds, now)
+        assert charge is not None  # a registry with a queue keeps usage
+        if self._rescale_usage(charge, state.accounts.get(rec.account)):
+            return "stale"  # the pass reads again
         from calque.tenancy.store.dynamo_queue import RequestGone
 
         try:
@@ -293,10 +293,7 @@ class QueueMixin(SessionsMixin):
                 reservation=res,
                 event=self._event("granted", session, at=now, who=user, why=f"queued {rec.request_id}"),
                 sealed_token=requests.seal(token, user, rec.request_id),
-                charge=(
-                    state.cost(_waiting(rec), sl) * fairshare.weight(state.t, ref, half_life),
-                    ref,
-                ),
+                charge=charge,
                 seq=state.seq,
             )
         except (QuotaFull, GroupFull):
@@ -309,29 +306,6 @@ class QueueMixin(SessionsMixin):
         self._publish([session_started(session), request_event("calque.session.granted", granted)])
         self.tasks.send(_grant(session))
         return "granted"
-
-    def _charge_fair_share(self, session: SessionRecord, seconds: int, at: datetime) -> None:
-        """A check-out made at once, or an extend, charges its account as a grant from the
-        queue does (the slice's share of a card for the time granted), right after it
-        committed. Best effort: a failure here is logged and loses that charge, never the
-        session; a replayed check-out or extend answers before reaching this, so charges once."""
-        if not hasattr(self.registry, "add_usage") or seconds <= 0:
-            return
-        store = self._queue()
-        name = account_of(session.group, session.user)
-        gpu_hours = session.gpu_fraction * seconds / 3600
-        half_life = self._policy().half_life_s
-        t = _epoch(at)
-        try:
-            for _try in range(3):
-                ref = _usage_ref(store, name, store.get_account(name), t, half_life)
-                added = gpu_hours * fairshare.weight(t, ref, half_life) if ref is not None else 0.0
-                if ref is not None and store.add_usage(name, added, ref):
-                    return
-        except Exception:
-            import logging
-
-            logging.getLogger(__name__).warning("fair-share charge of %s failed", name, exc_info=True)
 
     # ---- views -------------------------------------------------------------------------------
 
@@ -465,20 +439,6 @@ class _PassState:
     def cost(self, w: fairshare.Waiting, s: SliceRecord) -> float:
         """GPU-hours a grant charges its account: the slice's share of a card for the TTL."""
         return s.gpu_fraction * self.waiting[w.request_id].ttl_seconds / 3600
-
-
-def _usage_ref(
-    store: DynamoQueue, name: str, acct: AccountRecord | None, t: float, half_life_s: float
-) -> float | None:
-    """The reference time a charge at ``t`` is weighed for: the account's own, or ``t`` for an
-    account with no usage yet. None when the usage had to be rebased first (done here: read
-    the account again)."""
-    ref = acct.usage_ref if acct is not None and acct.usage_ref is not None else float(int(t))
-    if not fairshare.needs_rebase(ref, t, half_life_s):
-        return ref
-    value = fairshare.Usage(acct.usage_v if acct else 0.0, ref).at(t, half_life_s)
-    store.rebase_usage(name, old_ref=acct.usage_ref if acct else None, value=value, ref=float(int(t)))
-    return None
 
 
 def _decayed(accounts: dict[str, AccountRecord], t: float, policy: fairshare.Policy) -> dict[str, float]:

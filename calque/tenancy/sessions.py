@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calque.contracts.accounts import connect_account, session_connect_command
 from calque.contracts.tenancy import (
@@ -28,10 +28,12 @@ from calque.identity import Caller
 from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, QuotaFull, StaleWrite
 from calque.members.records import GroupRecord, QuotaRecord
+from calque.tenancy import fairshare
 from calque.tenancy.core import _grants, _iso, hash_token, new_token, session_started
 from calque.tenancy.placement import PlacementMixin, merged_env, price_all, slice_backends
 from calque.tenancy.store.models import RequestRecord, SessionRecord, SliceRecord
-from calque.tenancy.store.ports import Replayed, SliceTaken
+from calque.tenancy.store.ports import Replayed, SliceTaken, UsageCharge, UsageStale
+from calque.tenancy.store.queue_records import AccountRecord, account_of
 
 if TYPE_CHECKING:
     pass
@@ -116,6 +118,7 @@ class SessionsMixin(PlacementMixin):
                     sealed_token=requests.seal(token, user, key),
                     expires_at=now + timedelta(seconds=requests.REPLAY_WINDOW_S),
                 )
+            charge = self._fair_charge(session, ttl, now)
             try:
                 self.registry.grant(
                     sl,
@@ -125,9 +128,14 @@ class SessionsMixin(PlacementMixin):
                     event=event,
                     request=record,
                     extra=taken[1:],
+                    charge=charge,
                 )
             except Replayed:
                 break
+            except UsageStale:
+                if charge is not None:
+                    self._rescale_usage(charge, self._account(charge))
+                continue
             except SliceTaken:
                 lost += 1
                 continue
@@ -150,7 +158,6 @@ class SessionsMixin(PlacementMixin):
             self._publish([session_started(session)])
             for task in _grants(session):
                 self.tasks.send(task)
-            self._charge_fair_share(session, ttl, now)
             return self._grant_view(session, token)
         self._replay(who, key, fingerprint, now)
         # A user at their quota is told that first: freeing a slice would not help them.
@@ -308,8 +315,10 @@ class SessionsMixin(PlacementMixin):
         )
         if refused is not None:
             raise refused
-        try:
-            new = self.registry.extend_session(
+        charge = self._fair_charge(session, req.ttl_seconds, now)
+
+        def write() -> SessionRecord:
+            return self.registry.extend_session(
                 session,
                 expires_at=expires_at,
                 token_hash=token_hash,
@@ -317,7 +326,17 @@ class SessionsMixin(PlacementMixin):
                 event=event,
                 request_id=rid,
                 reservation=res,
+                charge=charge,
             )
+
+        try:
+            try:
+                new = write()
+            except UsageStale:
+                if charge is None:
+                    raise
+                self._rescale_usage(charge, self._account(charge))  # then at the charge's reference
+                new = write()
         except (QuotaFull, GroupFull):
             quota, group = self._limits_of(session)
             refused = limits.user_refusal(session.user, quota, res, "extend") or limits.group_refusal(
@@ -340,12 +359,39 @@ class SessionsMixin(PlacementMixin):
                 code="session_changed",
                 details={"session_id": session_id},
             ) from None
-        self._charge_fair_share(session, req.ttl_seconds, now)
         return self._timed_view(new)
 
-    def _charge_fair_share(self, session: SessionRecord, seconds: int, at: datetime) -> None:
-        """Count a grant made outside the queue (a check-out at once, an extend) in its
-        account's fair-share usage: done by the queue (``QueueMixin``), where there is one."""
+    def _fair_charge(self, session: SessionRecord, seconds: int, at: datetime) -> UsageCharge | None:
+        """What a grant (at once or from the queue) or an extend adds to its account's
+        fair-share usage, in its own transaction: the slice's share of a card for the time
+        granted, weighed for the reference every writer uses (no read). None where the
+        registry keeps no queue."""
+        if not hasattr(self.registry, "rebase_usage") or seconds <= 0:
+            return None
+        half_life = float(self.config.queue_half_life_s)
+        t = at.timestamp()
+        ref = fairshare.ref_for(t, half_life)
+        gpu_hours = session.gpu_fraction * seconds / 3600
+        return UsageCharge(
+            account_of(session.group, session.user), gpu_hours * fairshare.weight(t, ref, half_life), ref
+        )
+
+    def _account(self, charge: UsageCharge) -> AccountRecord | None:
+        store: Any = self.registry
+        found: AccountRecord | None = store.get_account(charge.account)
+        return found
+
+    def _rescale_usage(self, charge: UsageCharge, acct: AccountRecord | None) -> bool:
+        """A charge found its account (``acct``, as read) scaled to another reference (a new
+        span began, or the usage predates spans): rescale it to the charge's, once for all.
+        False when there was nothing to rescale."""
+        if acct is None or acct.usage_ref is None or acct.usage_ref == charge.ref:
+            return False
+        half_life = float(self.config.queue_half_life_s)
+        value = fairshare.Usage(acct.usage_v, acct.usage_ref).at(charge.ref, half_life)
+        store: Any = self.registry
+        store.rebase_usage(charge.account, old_ref=acct.usage_ref, value=value, ref=charge.ref)
+        return True
 
     def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:
         quota, _mine = self.registry.quota_and_groups(session.user)

@@ -22,8 +22,21 @@ def test_a_far_later_charge_rebases_without_changing_the_figure() -> None:
     u = Usage(1.0, 0.0)
     later = 100 * 3600.0
     v = u.charged(2.0, at=later, half_life_s=3600.0)
-    assert v.ref == later
+    assert v.ref == fs.ref_for(later, 3600.0) == 3 * 32 * 3600.0
     assert v.at(later, 3600.0) == pytest.approx(2.0 + 2.0**-100)
+
+
+def test_every_writer_weighs_a_charge_for_the_same_reference_without_reading() -> None:
+    # The reference is the start of the span of 32 half-lives a charge falls in: the same for
+    # every charge inside the span, and a weight inside it stays under 2**32.
+    h = 3600.0
+    span = fs.REF_SPAN * h
+    assert fs.ref_for(0.0, h) == fs.ref_for(span - 1, h) == 0.0
+    assert fs.ref_for(span, h) == span
+    assert fs.weight(span - 1, fs.ref_for(span - 1, h), h) < 2.0**32
+    # a sum at an older span's reference must be rescaled before a charge in the next one
+    assert not fs.needs_rebase(0.0, span - 1, h)
+    assert fs.needs_rebase(0.0, span, h)
 
 
 def test_a_group_under_its_share_goes_first_within_a_group_first_come() -> None:

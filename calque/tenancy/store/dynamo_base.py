@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from calque.dynamo import ser
+from calque.dynamo import expr_values, ser
 from calque.members.store import DynamoMembers
 from calque.tenancy.store import keys
 from calque.tenancy.store.models import LeaseEvent, SessionRecord, SliceRecord
+from calque.tenancy.store.ports import UsageCharge
+from calque.tenancy.store.queue_records import account
 
 
 class DynamoBase(DynamoMembers):
@@ -52,3 +54,27 @@ class DynamoBase(DynamoMembers):
             item["expiry_pk"] = keys.LIVE
             item["expiry_sk"] = keys.expiry_sk(s.expires_at, s.session_id)
         return item
+
+
+def usage_charge_item(charge: UsageCharge) -> dict[str, Any]:
+    """An account's fair-share charge, a transaction's last write: an ``ADD`` (racing grants
+    of one account never refuse each other), on condition the usage is scaled to the
+    reference the charge was weighed for."""
+    return {
+        "Update": {
+            "Key": ser(account(charge.account)),
+            "UpdateExpression": "ADD usage_v :add SET usage_ref = if_not_exists(usage_ref, :ref)",
+            "ConditionExpression": "attribute_not_exists(usage_ref) OR usage_ref = :ref",
+            "ExpressionAttributeValues": expr_values(add=charge.added, ref=charge.ref),
+        }
+    }
+
+
+def usage_refused(charge: UsageCharge | None, reasons: list[str]) -> bool:
+    """True when only the charge's condition cancelled the transaction (it is the last write)."""
+    return (
+        charge is not None
+        and len(reasons) > 1
+        and reasons[-1] == "ConditionalCheckFailed"
+        and all(r == "None" for r in reasons[:-1])
+    )

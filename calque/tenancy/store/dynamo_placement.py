@@ -15,9 +15,9 @@ from calque.dynamo import cancellation_reasons, des, error_code, expr_values, se
 from calque.members.ports import GroupFull, QuotaFull, Reservation
 from calque.members.records import QuotaRecord
 from calque.tenancy.store import keys, spread
-from calque.tenancy.store.dynamo_base import DynamoBase
+from calque.tenancy.store.dynamo_base import DynamoBase, usage_charge_item, usage_refused
 from calque.tenancy.store.models import LeaseEvent, RequestRecord, SessionRecord, SliceRecord
-from calque.tenancy.store.ports import Replayed, SliceTaken
+from calque.tenancy.store.ports import Replayed, SliceTaken, UsageCharge, UsageStale
 
 # (table, backend, profile) -> (valid until, monotonic s; memory sizes)
 _PROFILE_CACHE: dict[tuple[str, str, str], tuple[float, list[float]]] = {}
@@ -122,6 +122,7 @@ class DynamoPlacement(DynamoBase):
         event: LeaseEvent,
         request: RequestRecord | None = None,
         extra: Sequence[SliceRecord] = (),
+        charge: UsageCharge | None = None,
     ) -> None:
         # The client request goes first: its reason is then always the first one read.
         first: list[dict[str, Any]] = []
@@ -145,12 +146,16 @@ class DynamoPlacement(DynamoBase):
         items = [*first, *self._grant_writes(sl, session, default_max_sessions, reservation, event)]
         # A session's further whole cards last: the reasons read by position above stay put.
         items += [_take(one, session) for one in extra]
+        if charge is not None:
+            items.append(usage_charge_item(charge))
         try:
             self._transact(items)
         except ClientError as exc:
             if error_code(exc) != "TransactionCanceledException":
                 raise
             reasons = cancellation_reasons(exc)
+            if usage_refused(charge, reasons):
+                raise UsageStale(charge.account if charge else "") from None
             if first and reasons and reasons[0] == "ConditionalCheckFailed":
                 raise Replayed(session.user) from None
             reasons = reasons[len(first) :]

@@ -17,9 +17,10 @@ from botocore.exceptions import ClientError
 from calque.dynamo import cancellation_reasons, error_code, expr_values, ser
 from calque.members.ports import GroupFull, QuotaFull, Reservation, StaleWrite
 from calque.tenancy.store import keys
+from calque.tenancy.store.dynamo_base import usage_charge_item
 from calque.tenancy.store.dynamo_placement import DynamoPlacement
 from calque.tenancy.store.models import LeaseEvent, SessionRecord, SliceRecord
-from calque.tenancy.store.ports import SliceTaken
+from calque.tenancy.store.ports import SliceTaken, UsageCharge
 from calque.tenancy.store.queue_records import (
     FAIRSHARE,
     QUEUE,
@@ -115,24 +116,6 @@ class DynamoQueue(DynamoPlacement):
         item = self._get(account(account_name))
         return AccountRecord(account=account_name, **_account_fields(item)) if item else None
 
-    def add_usage(self, account_name: str, added: float, ref: float) -> bool:
-        """Charge an account outside a grant's transaction (a check-out made at once, an
-        extend): ``added`` is weighted for ``ref``; False when the account's usage is scaled
-        to another reference (it was rebased: read it and weigh again)."""
-        try:
-            self.client.update_item(
-                TableName=self.table,
-                Key=ser(account(account_name)),
-                UpdateExpression="ADD usage_v :add SET usage_ref = if_not_exists(usage_ref, :ref)",
-                ConditionExpression="attribute_not_exists(usage_ref) OR usage_ref = :ref",
-                ExpressionAttributeValues=expr_values(add=added, ref=ref),
-            )
-        except ClientError as exc:
-            if error_code(exc) == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
-
     def rebase_usage(self, account_name: str, *, old_ref: float | None, value: float, ref: float) -> bool:
         """Scale an account's usage to a new reference time (on condition nobody rebased it)."""
         cond = "attribute_not_exists(usage_ref)" if old_ref is None else "usage_ref = :old"
@@ -162,15 +145,14 @@ class DynamoQueue(DynamoPlacement):
         reservation: Reservation,
         event: LeaseEvent,
         sealed_token: str,
-        charge: tuple[float, float],
+        charge: UsageCharge,
         seq: int,
     ) -> None:
-        """One transaction (see the module's doc). ``charge``: (weighted GPU-hours to ADD, the
-        usage reference time it was weighted for); ``seq``: the grant sequence read (this grant is
+        """One transaction (see the module's doc). ``charge``: the account's fair-share charge;
+        ``seq``: the grant sequence read (this grant is
         ``seq + 1``). RequestGone when the request no longer
         waits; SliceTaken / QuotaFull / GroupFull as a check-out's grant; StaleWrite when the
         account's usage was rebased or another grant came first (read again)."""
-        added, ref = charge
         first = {
             "Update": {
                 "Key": ser(queued(rec.request_id)),
@@ -192,14 +174,7 @@ class DynamoQueue(DynamoPlacement):
             }
         }
         middle = self._grant_writes(sl, session, default_max_sessions, reservation, event)
-        last = {
-            "Update": {
-                "Key": ser(account(rec.account)),
-                "UpdateExpression": "ADD usage_v :add SET usage_ref = if_not_exists(usage_ref, :ref)",
-                "ConditionExpression": "attribute_not_exists(usage_ref) OR usage_ref = :ref",
-                "ExpressionAttributeValues": expr_values(add=added, ref=ref),
-            }
-        }
+        last = usage_charge_item(charge)
         order = {
             "Update": {
                 "Key": ser({"pk": FAIRSHARE, "sk": SEQ_SK}),

@@ -11,8 +11,9 @@ from botocore.exceptions import ClientError
 from calque.dynamo import cancellation_reasons, error_code, expr_values, ser
 from calque.members.ports import GroupFull, QuotaFull, Reservation, StaleWrite
 from calque.tenancy.store import keys, rules
-from calque.tenancy.store.dynamo_base import DynamoBase
+from calque.tenancy.store.dynamo_base import DynamoBase, usage_charge_item, usage_refused
 from calque.tenancy.store.models import LeaseEvent, RequestRecord, SessionRecord
+from calque.tenancy.store.ports import UsageCharge, UsageStale
 
 
 class DynamoSessions(DynamoBase):
@@ -91,6 +92,7 @@ class DynamoSessions(DynamoBase):
         event: LeaseEvent,
         request_id: str | None = None,
         reservation: Reservation | None = None,
+        charge: UsageCharge | None = None,
     ) -> SessionRecord:
         cond, names, cond_values = rules.expression(
             rules.extend_conditions(session, token_hash=token_hash, now=now)
@@ -134,11 +136,15 @@ class DynamoSessions(DynamoBase):
             items.append(self._quota_take_item(session.user, reservation, default_max_sessions=None))
             if session.group is not None:
                 items.append(self._group_take_item(session.group, reservation, count=False))
+        if charge is not None:
+            items.append(usage_charge_item(charge))
         try:
             self._transact(items)
         except ClientError as exc:
             if error_code(exc) == "TransactionCanceledException":
                 reasons = cancellation_reasons(exc)
+                if usage_refused(charge, reasons):
+                    raise UsageStale(charge.account if charge else "") from None
                 if reasons[0] == "None" and len(reasons) > 2 and reasons[2] == "ConditionalCheckFailed":
                     raise QuotaFull(session.user) from None
                 if reasons[0] == "None" and len(reasons) > 3 and reasons[3] == "ConditionalCheckFailed":

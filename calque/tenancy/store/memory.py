@@ -18,7 +18,7 @@ from calque.tenancy.store.models import (
     SessionRecord,
     SliceRecord,
 )
-from calque.tenancy.store.ports import EndsSessions, Replayed, SessionEnd, SliceTaken
+from calque.tenancy.store.ports import EndsSessions, Replayed, SessionEnd, SliceTaken, UsageCharge
 from calque.tenancy.store.retired import RetiredHost
 
 
@@ -231,6 +231,7 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
         event: LeaseEvent,
         request: RequestRecord | None = None,
         extra: Sequence[SliceRecord] = (),
+        charge: UsageCharge | None = None,  # no queue here: nothing to charge
     ) -> None:
         res = reservation
         with self._lock:
@@ -347,6 +348,7 @@ class MemoryRegistry(EndsSessions, MemoryMembers):
         event: LeaseEvent,
         request_id: str | None = None,
         reservation: Reservation | None = None,
+        charge: UsageCharge | None = None,  # no queue here: nothing to charge
     ) -> SessionRecord:
         with self._lock:
             self._count()

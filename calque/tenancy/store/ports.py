@@ -31,6 +31,20 @@ class SliceTaken(StaleWrite):
     """The slice is no longer free at the fence read: someone else got it first."""
 
 
+class UsageStale(StaleWrite):
+    """The account's fair-share usage is scaled to another reference than the charge was
+    weighed for (a new span began): rescale it (``rebase_usage``) and weigh again."""
+
+
+class UsageCharge(NamedTuple):
+    """What a grant or an extend adds to its account's fair-share usage, in the same
+    transaction: GPU-hours weighed for ``ref`` (calque.tenancy.fairshare.ref_for)."""
+
+    account: str
+    added: float
+    ref: float
+
+
 class Replayed(StaleWrite):
     """A check-out with this client request id was already granted (within its window)."""
 
@@ -214,6 +228,7 @@ class Registry(MemberStore, Protocol):
         event: LeaseEvent,
         request: RequestRecord | None = None,
         extra: Sequence[SliceRecord] = (),
+        charge: UsageCharge | None = None,
     ) -> None:
         """One transaction: slice free at sl.fence -> held at session.fence (and each of
         ``extra``, the session's further whole cards, free at its own fence read -> held at
@@ -223,7 +238,9 @@ class Registry(MemberStore, Protocol):
         session's group, each on condition it fits every monthly limit set (limits pinned as
         read); the group's live counter below its maximum; the event recorded, and the client
         request recorded (Replayed if one with its id is still within its window).
-        SliceTaken, QuotaFull (the user's item) or GroupFull (the group's) when a condition fails."""
+        SliceTaken, QuotaFull (the user's item) or GroupFull (the group's) when a condition fails.
+        With ``charge``, its account's fair-share usage too (UsageStale: rescale it first); a
+        store that keeps no queue ignores it."""
 
     # -- sessions -------------------------------------------------------------------------
     def get_session(self, session_id: str) -> SessionRecord | None: ...
@@ -285,11 +302,13 @@ class Registry(MemberStore, Protocol):
         event: LeaseEvent,
         request_id: str | None = None,
         reservation: Reservation | None = None,
+        charge: UsageCharge | None = None,
     ) -> SessionRecord:
         """Live, unexpired at ``now``, token (when given) and expiry unchanged -> the new expiry (and
         ``request_id`` kept as the last extend's), and with ``reservation`` the extra time
         reserved as a grant does (on the session, the user's and the group's month).
-        StaleWrite, or QuotaFull / GroupFull when a monthly limit refuses."""
+        StaleWrite, or QuotaFull / GroupFull when a monthly limit refuses; ``charge`` as a
+        grant's."""
 
     def set_host_access(
         self, session: SessionRecord, *, state: str, reason: str | None, event: LeaseEvent | None = None

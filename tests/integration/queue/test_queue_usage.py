@@ -4,6 +4,8 @@ at once waits behind one that did not."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from calque.contracts.queue import QueueRequest
@@ -59,3 +61,28 @@ def test_checkouts_at_once_and_extends_count_in_fair_share(ddb):
     assert t.get_request(member("tina"), first.request_id).state == "waiting"
     # and the grant from the queue is charged once too (in its own transaction)
     assert usage_of(t, "waited") == pytest.approx(share * 600 / 3600, abs=2e-6)
+
+
+def test_a_charge_rescales_usage_kept_at_an_older_reference(ddb):
+    from calque.tenancy import fairshare
+
+    half_life = 3600.0
+    t = env(ddb, queue_half_life_s=int(half_life))
+    seed_host(ddb, 42)
+    make_group(ddb, "olden", ["otto"])
+    # Given the group's usage kept at the reference of a span long gone: 4 GPU-hours then
+    now = datetime.now(UTC).timestamp()
+    old_ref = fairshare.ref_for(now, half_life) - 2 * fairshare.REF_SPAN * half_life
+    assert t.registry.rebase_usage("olden", old_ref=None, value=4.0, ref=old_ref)
+    # When a member checks out at once (the charge is weighed for this span's reference)
+    taken = t.checkout(member("otto"), CheckoutRequest(backend="mig", ttl_seconds=3600, group="olden"))
+    share = t.registry.get_session(taken.session_id).gpu_fraction
+    # Then the check-out is granted, the account is rescaled to this span, and its usage is
+    # the old figure decayed to now plus the new charge
+    acct = t.registry.get_account("olden")
+    assert acct.usage_ref == fairshare.ref_for(now, half_life)
+    decayed = 4.0 * 2.0 ** (-(now - old_ref) / half_life)
+    assert usage_of(t, "olden") == pytest.approx(decayed + share, abs=1e-3)
+    # and an extend in the same span charges without rescaling again
+    t.extend(member("otto"), taken.session_id, ExtendRequest(ttl_seconds=3600))
+    assert usage_of(t, "olden") == pytest.approx(decayed + 2 * share, abs=1e-3)
