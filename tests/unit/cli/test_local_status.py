@@ -30,12 +30,12 @@ def test_status_of_a_running_plane_gives_its_endpoint_pid_and_profiles(tmp_path,
 def test_status_with_no_plane_running_is_a_refusal_saying_how_to_start_one(tmp_path, monkeypatch, capsys):
     forget_endpoint_and_aws_keys(monkeypatch)
     monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "none"))
-    code, out, err = run_cli(capsys, "local", "status")
+    code, _, err = run_cli(capsys, "local", "status")
     assert code == 1
     assert f"no local plane runs on {(tmp_path / 'none').resolve()}: start one with `calque local up`" in err
 
 
-def test_a_cli_looking_elsewhere_is_told_of_the_plane_of_the_checkout_it_runs_in(tmp_path, monkeypatch, capsys):
+def test_a_cli_looking_elsewhere_is_told_of_the_checkouts_plane(tmp_path, monkeypatch, capsys):
     # Given `make run` in a checkout: its plane on .calque/local, its venv's activate
     checkout = tmp_path / "clone"
     (checkout / ".venv" / "bin").mkdir(parents=True)
