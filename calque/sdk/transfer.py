@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from calque.cli.errors import CliError
+from calque.contracts.checksum import file_sha256
 
 BLOCK = 1024 * 1024
 TIMEOUT_S = 300
@@ -46,14 +47,6 @@ def upload_input(request: Callable[..., Any], claims_path: str, items: Iterable[
         target = request("POST", claims_path + "/input", {"sha256": sha, "bytes": size})
         put_file(target, doc)
     return {"claim_id": target["claim_id"], "sha256": sha, "bytes": size, "items": count}
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def put_file(target: dict[str, Any], path: str) -> None:
