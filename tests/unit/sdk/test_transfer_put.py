@@ -64,25 +64,22 @@ def test_a_claims_input_file_is_put_whole_with_the_urls_headers(bucket, tmp_path
     assert headers["x-amz-meta-sha256"] == "abc"
 
 
-def test_a_refused_input_upload_says_so_with_its_own_code(bucket, tmp_path):
-    bucket.status = 403
+def test_a_refused_or_unreachable_input_upload_says_so_with_its_own_code(bucket, tmp_path):
     doc = tmp_path / "input.json"
     doc.write_text('{"items": [1]}')
+    target = {"url": "https://bucket.example/in", "key": "claims/c-1/input.json"}
+    bucket.status = 403
     with pytest.raises(CliError) as refused:
-        transfer.put_file({"url": "https://bucket.example/in", "key": "claims/c-1/input.json"}, str(doc))
+        transfer.put_file(target, str(doc))
     assert refused.value.code == "input_upload_failed"
     assert str(refused.value).startswith("uploading the claim's input was refused (403): <Error>")
     assert refused.value.details == {"key": "claims/c-1/input.json"}
-
-
-def test_an_unreachable_bucket_fails_the_input_upload_in_one_line(bucket, tmp_path):
     bucket.reachable = False
-    doc = tmp_path / "input.json"
-    doc.write_text('{"items": [1]}')
     with pytest.raises(CliError) as failed:
-        transfer.put_file({"url": "https://bucket.example/in", "key": "k"}, str(doc))
+        transfer.put_file(target, str(doc))
     assert failed.value.code == "input_upload_failed"
     assert str(failed.value).startswith("cannot upload the claim's input: ")
+    assert failed.value.details == {"key": "claims/c-1/input.json"}
 
 
 class _Client:
