@@ -25,7 +25,7 @@ LOCAL_STATE ?= $(CURDIR)/.calque/local
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	@echo "installing calque and its dependencies into $(VENV): the first time takes a minute or two"
+	@echo "installing calque and its dependencies into $(VENV): the first time takes a few minutes"
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@grep -q CALQUE_LOCAL_STATE_DIR $(VENV)/bin/activate || \
