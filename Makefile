@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 TEST_WORKERS ?= 4
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install host-tools browser-tools run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
+.PHONY: install host-tools browser-tools shell-tools run test test-fast test-unit test-integration test-infra test-gpu lint format synth bench bench-suite clean
 
 # Each checkout keeps its own local plane (state directory, and a free port when another
 # plane has 8787), so a second clone's `make run` runs beside the first; the venv's activate
@@ -25,7 +25,7 @@ LOCAL_STATE ?= $(CURDIR)/.calque/local
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	@echo "installing calque and its dependencies into $(VENV): the first time takes a minute or two"
+	@echo "installing calque and its dependencies into $(VENV): the first time takes a few minutes"
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@grep -q CALQUE_LOCAL_STATE_DIR $(VENV)/bin/activate || \
@@ -58,20 +58,31 @@ browser-tools:
 	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
 	fi
 
+# The shells the completion tests (tests/unit/cli/test_completion.py and
+# tests/integration/test_completion_local.py) drive on a terminal: bash (make's own shell
+# here) and zsh, installed as root when missing. Without it, the zsh tests skip, saying why.
+shell-tools:
+	@if ! command -v zsh >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing zsh for the shell completion tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q zsh >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q zsh >/dev/null; }; \
+	fi
+
 run: install
 	CALQUE_LOCAL_STATE_DIR="$(LOCAL_STATE)" $(VENV)/bin/calque local up $(ARGS)
 
 # The whole suite, as CI runs it; --durations lists the slowest tests after the summary.
-test: install host-tools browser-tools scan-tools
+test: install host-tools browser-tools shell-tools scan-tools
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The unit tests alone, for the edit-test loop (no network, no plane, no synth).
-test-fast: install
+test-fast: install shell-tools
 	$(PY) -m pytest -m unit $(XDIST) -q $(PYTEST_ARGS)
 
 test-unit: test-fast
 
-test-integration: install host-tools browser-tools
+test-integration: install host-tools browser-tools shell-tools
 	$(PY) -m pytest -m integration $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-infra: install scan-tools

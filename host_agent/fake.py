@@ -34,7 +34,8 @@ from host_agent.backend import (
     ProcessInfo,
     ProfileInfo,
 )
-from host_agent.fake_host import DEFAULT_MPS_ROOT, FakeMps, FakeServices
+from host_agent.fake_host import FakeMps, FakeServices
+from host_agent.mps import DEFAULT_MPS_ROOT
 from host_agent.simulated_host import SimulatedGrants, SimulatedHost
 
 _NS = uuid.UUID("6f1c3a52-4b8e-4d8e-9a55-6b1f0c2d7e31")

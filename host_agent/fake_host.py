@@ -8,12 +8,12 @@ from typing import Any
 
 from host_agent import errors as e
 from host_agent.backend import GpuInfo, MpsState
+from host_agent.mps import DEFAULT_MPS_ROOT, mps_dirs
 from host_agent.services import GPU_HOLDING_MODULES
 
 # Each part is given the host_agent.fake.FakeGpuBackend it belongs to (typed Any here:
 # the fake imports these parts, never the reverse).
 FakeGpuBackend = Any
-DEFAULT_MPS_ROOT = "/var/run/calque/mps"
 
 
 class FakeServices:
@@ -54,8 +54,8 @@ class FakeMps:
         self.backend = backend
 
     def _dirs(self, gpu: GpuInfo) -> tuple[str, str]:
-        root = self.backend.state.get("mps_root", DEFAULT_MPS_ROOT)
-        return f"{root}/gpu{gpu.index}/pipe", f"{root}/gpu{gpu.index}/log"
+        pipe, log = mps_dirs(self.backend.state.get("mps_root", DEFAULT_MPS_ROOT), gpu.index)
+        return str(pipe), str(log)
 
     def status(self, gpu: GpuInfo) -> MpsState:
         m = self.backend._g(gpu.index)["mps"]

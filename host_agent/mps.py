@@ -27,14 +27,20 @@ CONTROL = "nvidia-cuda-mps-control"
 QUIT_WAIT_SECONDS = 30.0
 
 
+def mps_dirs(root: str | Path, gpu_index: int) -> tuple[Path, Path]:
+    """The pipe and log directories of GPU ``gpu_index``'s MPS control daemon under ``root``:
+    one daemon per GPU, each in a directory of its own (on a real host and on the fake)."""
+    base = Path(root) / f"gpu{gpu_index}"
+    return base / "pipe", base / "log"
+
+
 class SubprocessMps:
     def __init__(self, root: str = DEFAULT_MPS_ROOT, *, on_change: Callable[[str], None] | None = None):
         self.root = Path(root)
         self._on_change = on_change or (lambda what: None)
 
     def _dirs(self, gpu: GpuInfo) -> tuple[Path, Path]:
-        base = self.root / f"gpu{gpu.index}"
-        return base / "pipe", base / "log"
+        return mps_dirs(self.root, gpu.index)
 
     def _env(self, gpu: GpuInfo) -> dict[str, str]:
         pipe, log = self._dirs(gpu)

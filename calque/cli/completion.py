@@ -31,13 +31,18 @@ complete -o default -F _calque_complete calque
 """
 
 ZSH = """#compdef calque
-# calque completion for zsh: eval "$(calque completion zsh)" (e.g. in ~/.zshrc, after compinit)
+# calque completion for zsh: eval "$(calque completion zsh)" in ~/.zshrc, after compinit;
+# or save it as _calque in a directory of $fpath (before compinit runs)
 _calque() {
     local -a candidates
-    candidates=("${(@f)$(calque __complete --cword $((CURRENT - 1)) -- "${words[@]}" 2>/dev/null)}")
+    candidates=(${(f)"$(calque __complete --cword $((CURRENT - 1)) -- "${words[@]}" 2>/dev/null)"})
     compadd -a candidates
 }
-compdef _calque calque
+if [[ $funcstack[1] == _calque ]]; then
+    _calque "$@"
+else
+    compdef _calque calque
+fi
 """
 
 SCRIPTS = {"bash": BASH, "zsh": ZSH}
@@ -70,7 +75,9 @@ def candidates(words: Sequence[str], cword: int, parser: argparse.ArgumentParser
     elif current.startswith("-"):
         found = _flags(leaf, parser)
     else:
-        found = _subcommands(leaf) + _positional_values(leaf, positionals_given, before)
+        # a command's verbs stand only right after it: not after an unknown word, say
+        verbs = _subcommands(leaf) if positionals_given == 0 else []
+        found = verbs + _positional_values(leaf, positionals_given, before)
     return sorted({c for c in found if c.startswith(current)})
 
 

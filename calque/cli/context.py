@@ -96,6 +96,30 @@ def on_this_machine(url: str) -> bool:
         return False
 
 
+def checkout_plane_hint(state_dir: Path) -> str:
+    """When no plane runs on ``state_dir`` but one runs on the checkout the CLI is run in
+    (``make run``'s ``.calque/local`` in the working directory or a directory above it): a
+    sentence naming it and how to point the CLI there; else "". A hint only: the CLI never
+    picks a state directory by where it is run."""
+    import shlex
+
+    from calque.local.state import STATE_DIR_ENV, StateDir
+
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        candidate = folder / ".calque" / "local"
+        if candidate.resolve() == Path(state_dir).resolve() or not (candidate / "plane.json").is_file():
+            continue
+        if StateDir(candidate).running_pid() is not None:
+            venv = folder / ".venv" / "bin" / "activate"
+            how = f"`source {shlex.quote(str(venv))}` (make run's venv names it) or " * venv.is_file()
+            return (
+                f"; the local plane of this checkout runs on {candidate}: to use it, "
+                f"{how}export {STATE_DIR_ENV}={shlex.quote(str(candidate))}"
+            )
+    return ""
+
+
 @dataclass
 class Context:
     output: str = "table"
@@ -186,7 +210,8 @@ class Context:
         plane = state.read_plane()
         if not plane or state.running_pid() is None:
             raise CliError(
-                f"no local plane runs on {state.path}: start one with `calque local up`",
+                f"no local plane runs on {state.path}: start one with `calque local up`"
+                + checkout_plane_hint(state.path),
                 code="local_plane_not_running",
                 details={"state_dir": str(state.path)},
             )
@@ -214,7 +239,8 @@ class Context:
                         "no endpoint: pass --endpoint URL (or set CALQUE_ENDPOINT, or save one with "
                         "`calque configure --endpoint URL`), or start the "
                         f"local plane with `calque local up` (no local plane runs on {state.path}; "
-                        f"for one started with --state-dir DIR, set {STATE_DIR_ENV}=DIR)",
+                        f"for one started with --state-dir DIR, set {STATE_DIR_ENV}=DIR)"
+                        + checkout_plane_hint(state.path),
                         code="no_endpoint",
                         details={"state_dir": str(state.path)},
                     )
@@ -311,7 +337,8 @@ class Context:
             where = "" if is_loopback(endpoint) else " (a local plane listens on 127.0.0.1 only)"
             raise CliError(
                 f"no local plane of {path} runs at {endpoint}{where}: start one with `calque local up` "
-                "(or set CALQUE_LOCAL_STATE_DIR to the state directory of the one that runs there)",
+                "(or set CALQUE_LOCAL_STATE_DIR to the state directory of the one that runs there)"
+                + checkout_plane_hint(path),
                 code="local_plane_not_running",
                 details={"endpoint": endpoint, "state_dir": str(path)},
             )

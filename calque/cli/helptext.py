@@ -28,6 +28,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "whoami": ("calque whoami", "calque whoami --output json --query endpoint_source"),
     "local up": ("calque local up", "calque local up --port 8123 --state-dir /tmp/calque-2"),
     "local down": ("calque local down",),
+    "local status": ("calque local status", "calque local status --query endpoint"),
     "local launch": ("calque local launch --instance-type g7e.2xlarge",),
     "local user add": ("calque local user add dave", "calque local user add erin --admin"),
     "local user remove": ("calque local user remove dave",),

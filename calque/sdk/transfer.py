@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from calque.cli.errors import CliError
+from calque.contracts.checksum import file_sha256
 
 BLOCK = 1024 * 1024
 TIMEOUT_S = 300
@@ -48,36 +49,39 @@ def upload_input(request: Callable[..., Any], claims_path: str, items: Iterable[
     return {"claim_id": target["claim_id"], "sha256": sha, "bytes": size, "items": count}
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def put_file(target: dict[str, Any], path: str) -> None:
-    """PUT the file to the presigned URL ``target`` (``url``, ``headers``), streamed from disk."""
-    size = os.path.getsize(path)
+    """PUT the claim's input file to the presigned URL ``target``, streamed from disk."""
     with open(path, "rb") as body:
-        req = urllib.request.Request(  # noqa: S310 - the URL the API answered
-            target["url"],
-            data=body,
-            method="PUT",
-            headers={**dict(target.get("headers") or {}), "Content-Length": str(size)},
+        put_presigned(
+            target, body, os.path.getsize(path), what="the claim's input", code="input_upload_failed"
         )
-        try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            raise CliError(
-                f"uploading the claim's input was refused ({exc.code}): "
-                f"{exc.read().decode(errors='replace')[:200]}",
-                code="input_upload_failed",
-                details={"key": target.get("key")},
-            ) from None
-        except OSError as exc:
-            raise CliError(f"cannot upload the claim's input: {exc}", code="input_upload_failed") from None
+
+
+def put_presigned(
+    target: dict[str, Any], body: bytes | IO[bytes], size: int, *, what: str, code: str
+) -> None:
+    """PUT ``body`` (``size`` bytes; a file is streamed) to the presigned URL the API answered
+    in ``target`` (``url``, its ``headers``, the object's ``key``). CliError ``code``, naming
+    ``what`` was uploaded, when the bucket refuses it or cannot be reached."""
+    req = urllib.request.Request(  # noqa: S310 - the URL the API answered
+        target["url"],
+        data=body,
+        method="PUT",
+        headers={**dict(target.get("headers") or {}), "Content-Length": str(size)},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:  # noqa: S310
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        raise CliError(
+            f"uploading {what} was refused ({exc.code}): {exc.read().decode(errors='replace')[:200]}",
+            code=code,
+            details={"key": target.get("key")},
+        ) from None
+    except OSError as exc:
+        raise CliError(
+            f"cannot upload {what}: {exc}", code=code, details={"key": target.get("key")}
+        ) from None
 
 
 def stream_to(download: dict[str, Any], out: IO[bytes]) -> int:

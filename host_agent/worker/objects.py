@@ -4,7 +4,8 @@ runner's stdout and stderr shipped as numbered chunks while the claim runs (read
 ``calque claim logs``; calque/pools/claim_io.py names the chunk keys).
 
 Nothing here holds a whole object in memory: a claim's input or result may be a GiB.
-Python 3.9+, botocore only (the host agent's bundle carries no boto3).
+Python 3.9+, botocore only (the host agent's bundle carries no boto3); the checksum is
+calque.contracts.checksum's, the one the SDK computes over what it uploads.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import threading
 from typing import Any
 
+from calque.contracts.checksum import file_sha256
+
 log = logging.getLogger("calque.worker")
 
 CHUNK_BYTES = 1024 * 1024  # what is read or written at a time
@@ -24,14 +27,6 @@ STREAMS = ("stdout", "stderr")
 
 class InputChecksumMismatch(Exception):
     """The claim's input, as read back, is not the document its member uploaded."""
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(s3: Any, bucket: str, key: str, path: str, sha256: str | None = None) -> int:

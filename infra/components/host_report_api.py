@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -23,7 +22,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra import constants
-from infra.components.rest_api import access_log_format
+from infra.components.rest_api import outside_the_deployment, proxy_rest_api
 from infra.nag import acknowledge
 
 
@@ -43,31 +42,14 @@ class HostReportApi(Construct):
         super().__init__(scope, construct_id)
         self.endpoint_id = endpoint_id
         self.report_paths = tuple(report_paths)
-        self.access_logs = logs.LogGroup(
-            self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
-        )
-        self.api = apigw.LambdaRestApi(
+        self.api, self.access_logs = proxy_rest_api(
             self,
-            "Api",
             handler=handler,
-            proxy=True,
-            integration_options=apigw.LambdaIntegrationOptions(allow_test_invoke=False),
             description="calque host reports (private: reached only through the fleet network's endpoint)",
+            policy=self._resource_policy(organization_id),
+            log_retention=log_retention,
             endpoint_configuration=apigw.EndpointConfiguration(
                 types=[apigw.EndpointType.PRIVATE], vpc_endpoints=[endpoint] if endpoint is not None else None
-            ),
-            default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
-            policy=self._resource_policy(organization_id),
-            cloud_watch_role=False,
-            deploy_options=apigw.StageOptions(
-                stage_name=constants.API_STAGE_NAME,
-                access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
-                access_log_format=access_log_format(),
-                logging_level=apigw.MethodLoggingLevel.ERROR,
-                data_trace_enabled=False,
-                tracing_enabled=True,
-                throttling_rate_limit=50,
-                throttling_burst_limit=100,
             ),
         )
         for rule, reason in (
@@ -88,11 +70,6 @@ class HostReportApi(Construct):
     def _resource_policy(self, organization_id: str | None) -> iam.PolicyDocument:
         routes = [f"execute-api:/*/{constants.HOST_REPORT_METHOD}{path}" for path in self.report_paths]
         not_through_endpoint = {"StringNotEquals": {"aws:SourceVpce": self.endpoint_id}}
-        outsider = (
-            {"StringNotEquals": {"aws:PrincipalOrgID": organization_id}}
-            if organization_id
-            else {"StringNotEquals": {"aws:PrincipalAccount": Aws.ACCOUNT_ID}}
-        )
         anyone = [iam.AnyPrincipal()]
         invoke = ["execute-api:Invoke"]
         return iam.PolicyDocument(
@@ -125,7 +102,7 @@ class HostReportApi(Construct):
                     principals=anyone,
                     actions=invoke,
                     resources=["execute-api:/*"],
-                    conditions=outsider,
+                    conditions=outside_the_deployment(organization_id),
                 ),
             ]
         )

@@ -8,6 +8,7 @@ call what inside is granted by the managed policies the stack exports for member
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from aws_cdk import Aws, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
@@ -33,6 +34,63 @@ def access_log_format() -> apigw.AccessLogFormat:
         status=True,
         user=True,
     )
+
+
+def proxy_rest_api(
+    scope: Construct,
+    *,
+    handler: lambda_.IFunction,
+    description: str,
+    policy: iam.PolicyDocument,
+    log_retention: logs.RetentionDays,
+    endpoint_configuration: apigw.EndpointConfiguration,
+    throttling_rate_limit: float = 50,
+    throttling_burst_limit: int = 100,
+    cloud_watch_role: bool = False,
+) -> tuple[apigw.LambdaRestApi, logs.LogGroup]:
+    """A REST API proxied whole to ``handler`` (the members' API and the hosts' private one):
+    every method behind IAM (SigV4), ``policy`` as its resource policy, and one stage that
+    logs each request as JSON to its own log group (the pair returned), traces with X-Ray,
+    logs only errors, never bodies, and is throttled. ``cloud_watch_role``: CDK's own
+    account-wide role for API Gateway's logs, kept when the stack goes."""
+    access_logs = logs.LogGroup(
+        scope, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
+    )
+    api = apigw.LambdaRestApi(
+        scope,
+        "Api",
+        handler=handler,
+        proxy=True,
+        # Only the deployed stage invokes the function: no console test-invoke permission.
+        integration_options=apigw.LambdaIntegrationOptions(allow_test_invoke=False),
+        description=description,
+        default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
+        policy=policy,
+        endpoint_configuration=endpoint_configuration,
+        # API Gateway's CloudWatch role is one per account and region, shared by every API
+        # there: never overwritten by this stack unless the admin asks (an account without one).
+        cloud_watch_role=cloud_watch_role,
+        cloud_watch_role_removal_policy=RemovalPolicy.RETAIN if cloud_watch_role else None,
+        deploy_options=apigw.StageOptions(
+            stage_name=constants.API_STAGE_NAME,
+            access_log_destination=apigw.LogGroupLogDestination(access_logs),
+            access_log_format=access_log_format(),
+            logging_level=apigw.MethodLoggingLevel.ERROR,
+            data_trace_enabled=False,
+            tracing_enabled=True,
+            throttling_rate_limit=throttling_rate_limit,
+            throttling_burst_limit=throttling_burst_limit,
+        ),
+    )
+    return api, access_logs
+
+
+def outside_the_deployment(organization_id: str | None) -> dict[str, Any]:
+    """The condition of a caller from outside the configured organization, or, with none,
+    from outside the deploying account: what both APIs' resource policies refuse."""
+    if organization_id:
+        return {"StringNotEquals": {"aws:PrincipalOrgID": organization_id}}
+    return {"StringNotEquals": {"aws:PrincipalAccount": Aws.ACCOUNT_ID}}
 
 
 def iam5_finding(api: apigw.RestApi, method: str, path: str) -> str:
@@ -69,34 +127,16 @@ class ControlPlaneApi(Construct):
         had; otherwise the stack's ApiGatewayAccountRole (infra/components/apigateway_account.py)
         sees to it, or the admin does."""
         super().__init__(scope, construct_id)
-        self.access_logs = logs.LogGroup(
-            self, "AccessLogs", retention=log_retention, removal_policy=RemovalPolicy.DESTROY
-        )
-        self.api = apigw.LambdaRestApi(
+        self.api, self.access_logs = proxy_rest_api(
             self,
-            "Api",
             handler=handler,
-            proxy=True,
-            # Only the deployed stage invokes the function: no console test-invoke permission.
-            integration_options=apigw.LambdaIntegrationOptions(allow_test_invoke=False),
             description="calque control plane",
-            endpoint_types=[apigw.EndpointType.REGIONAL],
-            default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
             policy=self._resource_policy(organization_id),
-            # API Gateway's CloudWatch role is one per account and region, shared by every API
-            # there: never overwritten by this stack unless the admin asks (an account without one).
+            log_retention=log_retention,
+            throttling_rate_limit=throttling_rate_limit,
+            throttling_burst_limit=throttling_burst_limit,
+            endpoint_configuration=apigw.EndpointConfiguration(types=[apigw.EndpointType.REGIONAL]),
             cloud_watch_role=create_cloudwatch_role,
-            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN if create_cloudwatch_role else None,
-            deploy_options=apigw.StageOptions(
-                stage_name=constants.API_STAGE_NAME,
-                access_log_destination=apigw.LogGroupLogDestination(self.access_logs),
-                access_log_format=access_log_format(),
-                logging_level=apigw.MethodLoggingLevel.ERROR,
-                data_trace_enabled=False,
-                tracing_enabled=True,
-                throttling_rate_limit=throttling_rate_limit,
-                throttling_burst_limit=throttling_burst_limit,
-            ),
         )
         self._acknowledge_findings()
 
@@ -117,7 +157,7 @@ class ControlPlaneApi(Construct):
                         principals=[iam.AnyPrincipal()],
                         actions=["execute-api:Invoke"],
                         resources=[everything],
-                        conditions={"StringNotEquals": {"aws:PrincipalAccount": Aws.ACCOUNT_ID}},
+                        conditions=outside_the_deployment(None),
                     )
                 ]
             )
@@ -138,7 +178,7 @@ class ControlPlaneApi(Construct):
                     principals=[iam.AnyPrincipal()],
                     actions=["execute-api:Invoke"],
                     resources=[everything],
-                    conditions={"StringNotEquals": {"aws:PrincipalOrgID": organization_id}},
+                    conditions=outside_the_deployment(organization_id),
                 ),
             ]
         )

@@ -280,31 +280,29 @@ def local_plane(tmp_path_factory: pytest.TempPathFactory):
                 proc.wait(timeout=10)
 
 
-def start_local_plane(state_dir: Path, *, extra_env: dict[str, str] | None = None) -> LocalPlaneHandle:
+def start_local_plane(
+    state_dir: Path, *, extra_env: dict[str, str] | None = None, as_make_run_in: Path | None = None
+) -> LocalPlaneHandle:
     """Another local plane on ``state_dir`` (e.g. the same one again after a stop), started as
     the ``local_plane`` fixture starts its own, with a log of its own; stop it with
-    ``stop_local_plane``."""
+    ``stop_local_plane``. ``as_make_run_in``: started instead as ``make run`` starts it in that
+    checkout (run there, no --port: 8787, or a free port when another plane has it; the state
+    directory named by CALQUE_LOCAL_STATE_DIR)."""
     log_path = state_dir.parent / f"{state_dir.name}-plane-{time.monotonic_ns()}.log"
     env = {k: v for k, v in os.environ.items() if k not in ("CALQUE_ENDPOINT", "AWS_PROFILE")}
     env.update(CALQUE_LOCAL_QUEUE_SCALE="0.02", PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     env.update(extra_env or {})
+    where = ["--port", "0", "--state-dir", str(state_dir)]
+    if as_make_run_in is not None:
+        env["CALQUE_LOCAL_STATE_DIR"] = str(state_dir)
+        where = []
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "calque.cli.main",
-                "local",
-                "up",
-                "--port",
-                "0",
-                "--state-dir",
-                str(state_dir),
-            ],
+            [sys.executable, "-m", "calque.cli.main", "local", "up", *where],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=REPO,
+            cwd=as_make_run_in or REPO,
         )
     handle = LocalPlaneHandle(state_dir=state_dir, process=proc, log_path=log_path)
     deadline = time.monotonic() + START_TIMEOUT_S

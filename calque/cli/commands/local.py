@@ -2,6 +2,7 @@
 
 calque local up [--port N] [--state-dir DIR]   serve it in the foreground until Ctrl-C
 calque local down [--state-dir DIR]             stop the plane that runs there, as Ctrl-C does
+calque local status [--state-dir DIR]           whether one runs there: its endpoint, pid, profiles
 calque local launch --instance-type T           start a simulated running instance (admins)
 calque local user add NAME [--admin]            add a profile (admins)
 calque local user remove NAME                   remove a profile (admins)
@@ -82,6 +83,14 @@ def register(subparsers: Any) -> None:
         help="how long to wait for it to stop (default 60s)",
     )
     down.set_defaults(func=_down)
+
+    status = local.add_parser(
+        "status",
+        help="whether a local plane runs on the state directory: its endpoint, pid and profiles "
+        "(exit 1 when none runs)",
+    )
+    _state_dir_option(status)
+    status.set_defaults(func=lambda ctx, args: do_status(ctx))
 
     launch = local.add_parser("launch", help="(local plane only) start a simulated running GPU instance")
     launch.add_argument(
@@ -296,20 +305,65 @@ def do_down(ctx: Any, *, timeout_s: int) -> None:
     )
 
 
+def do_status(ctx: Any) -> None:
+    """The running plane of the state directory as plane.json records it; a refusal (exit 1,
+    ``local_plane_not_running``) saying how to start one when none runs there."""
+    plane = ctx.running_plane()
+    state = ctx.local_state()
+    ctx.emit(
+        {
+            "state_dir": str(state.path),
+            "endpoint": plane["endpoint"],
+            "moto_endpoint": plane.get("moto_endpoint"),
+            "pid": state.running_pid(),
+            "started_at": plane.get("started_at"),
+            "profiles": [p.profile for p in state.people()],
+        }
+    )
+
+
 def find_plane_lines(state_dir: Path) -> list[str]:
-    """The banner's try-line, after the line to export when the CLI would not look in
-    ``state_dir`` by itself (it looks in ~/.calque/local unless CALQUE_LOCAL_STATE_DIR says)."""
+    """The banner's try-line, after the line to run first when the CLI would not look in
+    ``state_dir`` by itself (it looks in ~/.calque/local unless CALQUE_LOCAL_STATE_DIR says):
+    sourcing this venv's ``activate`` when it names ``state_dir`` (as ``make run``'s does),
+    else exporting the variable."""
     import shlex
 
     from calque.local.state import DEFAULT_STATE_DIR, STATE_DIR_ENV
 
     lines = []
     if Path(state_dir).resolve() != DEFAULT_STATE_DIR.expanduser().resolve():
-        lines.append(
-            f"first: export {STATE_DIR_ENV}={shlex.quote(str(state_dir))}  "
-            "(in the shell you run calque from: the CLI looks in ~/.calque/local otherwise)"
-        )
+        activate = _activate_naming(Path(state_dir))
+        if activate is not None:
+            lines.append(
+                f"first: source {shlex.quote(str(activate))}  (in the shell you run calque from: it sets "
+                f"{STATE_DIR_ENV}; the CLI looks in ~/.calque/local otherwise)"
+            )
+        else:
+            lines.append(
+                f"first: export {STATE_DIR_ENV}={shlex.quote(str(state_dir))}  "
+                "(in the shell you run calque from: the CLI looks in ~/.calque/local otherwise)"
+            )
     return [*lines, "try:  calque whoami --profile alice"]
+
+
+def _activate_naming(state_dir: Path) -> Path | None:
+    """This venv's ``bin/activate`` when it exports CALQUE_LOCAL_STATE_DIR as ``state_dir``
+    (the Makefile's install writes that line), else None."""
+    import re
+    import sys
+
+    from calque.local.state import STATE_DIR_ENV
+
+    activate = Path(sys.prefix) / "bin" / "activate"
+    try:
+        text = activate.read_text()
+    except OSError:
+        return None
+    for named in re.findall(rf'^export {STATE_DIR_ENV}="(.*)"$', text, flags=re.MULTILINE):
+        if Path(named).resolve() == state_dir.resolve():
+            return activate
+    return None
 
 
 def do_launch(ctx: Any, *, instance_type: str) -> None:

@@ -55,10 +55,9 @@ def upload_package(ctx: Any, name: str, path: Path) -> str:
     under the pool's prefix (named by the zip's SHA-256), this uploads the zip to it, and the
     pool is created with that key. The caller needs no S3 permissions of its own."""
     import hashlib
-    import urllib.error
-    import urllib.request
 
     from calque.contracts.pools import PACKAGE_MAX_BYTES
+    from calque.sdk import transfer
 
     data = zip_package(path)
     if len(data) > PACKAGE_MAX_BYTES:
@@ -73,25 +72,9 @@ def upload_package(ctx: Any, name: str, path: Path) -> str:
         "POST", f"/v1/pools/{quote(name, safe='')}/package", {"sha256": sha, "size": len(data)}
     )
     if not target.get("exists"):
-        req = urllib.request.Request(  # noqa: S310 - the URL the API answered
-            target["url"], data=data, method="PUT", headers=dict(target.get("headers") or {})
+        transfer.put_presigned(
+            target, data, len(data), what="the runner package", code="package_upload_failed"
         )
-        try:
-            with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310
-                resp.read()
-        except urllib.error.HTTPError as exc:
-            raise CliError(
-                f"uploading the runner package was refused ({exc.code}): "
-                f"{exc.read().decode(errors='replace')[:200]}",
-                code="package_upload_failed",
-                details={"key": target["key"]},
-            ) from None
-        except OSError as exc:
-            raise CliError(
-                f"cannot upload the runner package: {exc}",
-                code="package_upload_failed",
-                details={"key": target["key"]},
-            ) from None
     return str(target["key"])
 
 

@@ -1,13 +1,11 @@
 """Shell completion: commands, flags, choices, catalog values, and live values from the API
-(asked with a short timeout, failing silently); the bash script itself, run by bash."""
+(asked with a short timeout, failing silently); the scripts themselves, loaded by a real bash
+and zsh and completing on TAB (live values from a running plane in real shells:
+tests/integration/test_completion_local.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +13,7 @@ from calque.cli.completion import API_TIMEOUT_S
 from calque.cli.completion import candidates as _candidates
 from calque.cli.errors import EndpointUnreachable
 from calque.cli.main import build_parser
+from tests.completion_shells import CompletingShell, calque_on_path, shell_missing
 from tests.unit.cli_support import forget_endpoint_and_aws_keys, run_cli, running_plane
 
 pytestmark = pytest.mark.unit
@@ -97,18 +96,39 @@ def test_the_completion_scripts_are_printed(capsys):
     assert out.startswith("#compdef calque")
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_bash_completes_through_the_script(tmp_path):
-    """bash sources the script and asks it, as it does on <TAB>."""
-    calque = tmp_path / "bin" / "calque"
-    calque.parent.mkdir()
-    calque.write_text(f'#!/bin/sh\nexec {sys.executable} -m calque "$@"\n')
-    calque.chmod(0o755)
-    root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PATH": f"{calque.parent}:{os.environ['PATH']}", "PYTHONPATH": str(root)}
-    script = (
-        'eval "$(calque completion bash)"; COMP_WORDS=(calque session ch); COMP_CWORD=2; '
-        '_calque_complete; printf "%s\\n" "${COMPREPLY[@]}"'
+def _shells(*names: str) -> list[object]:
+    return [
+        pytest.param(n, marks=pytest.mark.skipif(shell_missing(n) is not None, reason=str(shell_missing(n))))
+        for n in names
+    ]
+
+
+@pytest.mark.parametrize("shell", _shells("bash", "zsh"))
+def test_the_shell_completes_commands_flags_choices_and_catalog_values_on_tab(shell, tmp_path):
+    """The shell itself, on a terminal, loads the script as documented and completes on TAB."""
+    env = calque_on_path(tmp_path, dict(os.environ))
+    with CompletingShell(shell, env) as sh:
+        if shell == "zsh":
+            assert sh.registered == "ready _calque"  # compinit's table names the script's function
+        assert sh.complete("calque session ch").offered == ["checkin", "checkout"]
+        assert sh.complete("calque session checkout --b").offered == ["--backend"]
+        assert sh.complete("calque --output j").offered == ["json"]
+        types = sh.complete("calque host acquire --instance-type g7e.").offered
+        assert "g7e.2xlarge" in types
+        assert all(t.startswith("g7e.") for t in types)
+        assert sh.complete("calque nosuchcommand ").offered == []
+        if shell == "zsh":  # the one candidate is put on the line
+            assert sh.complete("calque session checkout --ba").line == "calque session checkout --backend "
+
+
+@pytest.mark.parametrize("shell", _shells("zsh"))
+def test_zsh_autoloads_the_script_saved_in_its_fpath(shell, tmp_path):
+    load = (
+        'mkdir -p "$HOME/functions" && calque completion zsh > "$HOME/functions/_calque" && '
+        'fpath=("$HOME/functions" $fpath) && unfunction _calque 2>/dev/null; compinit -u -D'
     )
-    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert done.stdout.split() == ["checkin", "checkout"], done.stderr
+    env = calque_on_path(tmp_path, dict(os.environ))
+    with CompletingShell(shell, env, load=load) as sh:
+        assert sh.registered == "ready _calque"
+        assert sh.complete("calque session ch").offered == ["checkin", "checkout"]
+        assert sh.complete("calque session ch").offered == ["checkin", "checkout"]  # loaded once, kept
