@@ -311,9 +311,13 @@ def _for_target(
     waiting = known + [now] * (backlog.waiting - len(known))
     launch, late = slo.scale_out_batch(waiting, free_at, now, p)
     spare = sum(1 for w in workers if w.state is not WorkerState.BUSY) - len(waiting) + launch
-    recent = observed.last_arrival is not None and now - observed.last_arrival <= p.keep_warm_s
+    # the pool is in a run of claims (the last came within a service time, as the gaps counted
+    # below did), not past its end; the keep-warm is no measure of that: it is 0 when claims
+    # come closer than a service time, which is when a spare is wanted
+    since = None if observed.last_arrival is None else now - observed.last_arrival
+    recent = since is not None and since <= max(p.keep_warm_s, p.service_s)
     soon = slo.likely_before(observed, p.service_s)
-    prewarm = int(p.cold_misses and spare <= 0 and recent and soon >= 0.5)
+    prewarm = int(p.cold_misses and spare <= 0 and recent and soon >= slo.PREWARM_LIKELY)
     reasons = []
     if launch:
         reasons.append(
@@ -322,8 +326,9 @@ def _for_target(
         )
     if prewarm:
         reasons.append(
-            f"every worker taken, a start (~{p.start_s:.0f}s) misses the target, and {soon:.0%} of "
-            f"claims come within {p.service_s:.0f}s of the last: pre-warm 1"
+            f"every worker taken, a start (~{p.start_s:.0f}s) misses the target, the last claim came "
+            f"{since or 0.0:.0f}s ago and {soon:.0%} of claims come within {p.service_s:.0f}s of the last: "
+            "pre-warm 1"
         )
     wanted = launch + prewarm
     if current + wanted < config.min_workers:
@@ -370,10 +375,11 @@ def _for_target(
     remove = [
         w
         for i, w in enumerate(idle[len(waiting) :])
-        if now - (w.idle_since or now) >= (p.keep_warm_s if i == 0 and alone else p.extra_keep_warm_s)
+        if now - (w.idle_since or now) >= p.keep_warm_for(i, alone=alone)
     ]
     remove = remove[: max(0, current - config.min_workers)]
     if remove:
+        behind = "/".join(f"{k:.0f}" for k in p.behind_keep_warm_s[:3]) or f"{p.extra_keep_warm_s:.0f}"
         return Decision(
             Action.SCALE_IN,
             desired=current - len(remove),
@@ -382,7 +388,8 @@ def _for_target(
             reason=(
                 f"max wait {target:.0f}s: {len(remove)} idle past the keep-warm chosen from the "
                 f"observed gaps ({p.keep_warm_s:.0f}s for the last worker, {p.extra_keep_warm_s:.0f}s "
-                f"for the others; a start costs ~{p.start_s:.0f}s)"
+                f"for the one a next claim finds, {behind}s for those behind it, each wanted only "
+                f"once that many more claims come close together; a start costs ~{p.start_s:.0f}s)"
             ),
             at=now,
             inputs=inputs,

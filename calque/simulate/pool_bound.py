@@ -130,8 +130,8 @@ def _options(
     found: list[tuple[float, int]] = []
     for n in range(1, cap + 1):
         if clairvoyant:  # each worker started ahead, or kept through the gap when that is less
-            charge = min(start_s, max(0.0, gap_s)) if gap_s is not None else start_s
-            found.append(place(claims, [-math.inf] * n, [charge] * n, start_s=start_s, max_wait_s=max_wait_s))
+            ahead = min(start_s, max(0.0, gap_s)) if gap_s is not None else start_s
+            found.append(place(claims, [-math.inf] * n, [ahead] * n, start_s=start_s, max_wait_s=max_wait_s))
         # (the clairvoyant may also run it as the burst-aware does: the placement is greedy)
         for k in range(0, n + 1 if gap_s is not None else 1):
             ready = [-math.inf] * k + [t0 + start_s] * (n - k)
@@ -176,11 +176,12 @@ def bound(
     eps = episodes(trace, start_s)
     budget = len(trace) - max(1, math.ceil(quantile * len(trace)))
     busy = sum(c.service_s for c in trace)
-    common = {"cap": max_workers, "start_s": start_s, "max_wait_s": max_wait_s}
-    seer, aware = [], []
-    end = None  # when the claims before the episode would end, run as they arrived
+    common: dict[str, Any] = {"cap": max_workers, "start_s": start_s, "max_wait_s": max_wait_s}
+    seer: list[list[tuple[float, int]]] = []
+    aware: list[list[tuple[float, int]]] = []
+    end: float | None = None  # when the claims before the episode would end, run as they arrived
     for e in eps:
-        gap = None if end is None else e[0].arrival_s - end
+        gap: float | None = None if end is None else e[0].arrival_s - end
         seer.append(_options(e, gap_s=gap, clairvoyant=True, **common))
         aware.append(_options(e, gap_s=gap, clairvoyant=False, **common))
         end = max([c.arrival_s + c.service_s for c in e] + ([end] if end is not None else []))
