@@ -80,7 +80,7 @@ def main() -> int:
         "--shape",
         default=None,
         metavar="NAME[:SEED]",
-        help="a generated trace instead of --trace (calque.simulate.pool_traces: sessions, sparse, "
+        help="a generated trace instead of --trace (calque.simulate.pool_traces: sessions, sparse, poisson, "
         "trickle, heavy, bursty), a week of it",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")

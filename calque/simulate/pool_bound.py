@@ -57,9 +57,14 @@ class Bound:
         return self.burst_aware_paid / self.busy_gpu_seconds if self.busy_gpu_seconds else math.inf
 
     def record(self) -> dict[str, Any]:
+        """JSON-ready: a paid/busy is null where no schedule of that kind meets the target."""
+
+        def ratio(x: float) -> float | None:
+            return None if math.isinf(x) else round(x, 3)
+
         return {
-            "clairvoyant_paid_per_busy": round(self.clairvoyant, 3),
-            "burst_aware_paid_per_busy": round(self.burst_aware, 3),
+            "clairvoyant_paid_per_busy": ratio(self.clairvoyant),
+            "burst_aware_paid_per_busy": ratio(self.burst_aware),
             "late_budget": self.late_budget,
             "episodes": self.episodes,
             "max_workers": self.max_workers,

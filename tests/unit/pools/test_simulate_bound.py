@@ -13,6 +13,7 @@ from calque.pools.domain import PoolRecord
 from calque.pools.scaler import ScalerConfig
 from calque.simulate.pool import SimConfig, TraceClaim, simulate
 from calque.simulate.pool_bound import bound, episodes
+from calque.simulate.pool_sweep import sweep
 from calque.simulate.pool_traces import generate
 
 pytestmark = pytest.mark.unit
@@ -94,3 +95,17 @@ def test_the_target_alone_is_held_to_what_knowing_each_burst_reaches(shape, seed
         assert r.paid_per_busy <= 2.0
     else:  # no online schedule reaches 2.0 here: the scaler is held within reach of the bound
         assert r.paid_per_busy <= b.burst_aware * 1.25, (r.paid_per_busy, b.record())
+
+
+def test_the_sweep_answers_what_knowing_the_arrivals_reaches_beside_the_targets_choice():
+    # the eight-at-once burst above, on a pool with nothing before it
+    burst = [TraceClaim(2 + i, 3600.0, 60.0) for i in range(8)]
+    base = SimConfig(scaler=ScalerConfig(max_workers=4), cold_start_s=180.0, enter_s=60.0)
+    result = sweep(burst, base, max_wait_s=TARGET, idle_timeouts_s=(0.0,), backlog_per_worker=(1,))
+    doc = result.document()
+    assert doc["bound"]["max_workers"] == 4
+    assert doc["bound"]["clairvoyant_paid_per_busy"] == 2.0
+    # no schedule started at the burst's first claim meets it: null, not a number
+    assert doc["bound"]["burst_aware_paid_per_busy"] is None
+    assert doc["bound"]["burst_aware_fewest_late"] == 4
+    assert doc["target"]["wait_p95_s"] > TARGET  # nor does the scaler
