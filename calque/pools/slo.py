@@ -33,6 +33,7 @@ The knobs, each with the numbers behind it (calque.pools.scaler puts them in the
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -285,14 +286,32 @@ def plan(obs: Observations, max_wait_s: float) -> Plan:
     extra = min(keep, ski_rental(within, start, service, cold_share=None))
     q = CAREFUL_QUANTILE if obs.late_share >= CAREFUL_ABOVE else HOLD_QUANTILE
     hold = obs.service_quantile_s(q)
-    # one worker serves about max_wait / hold claims within the target: the rank-th idle worker
-    # behind the first is wanted only once about rank times that many more came close together
-    per = max(1, math.floor(max_wait_s / max(hold, 1.0)))
-    behind = tuple(
-        min(extra, ski_rental(obs.gaps, start, service, cold_share=None, needed_after=1 + rank * per))
-        for rank in range(1, RANKS + 1)
-    )
+    behind = _behind(tuple(sorted(obs.gaps.items())), start, service, extra, max_wait_s, hold)
     return Plan(max_wait_s, keep, extra, start, service, cold_misses, q, hold, behind)
+
+
+@functools.lru_cache(maxsize=64)  # a tick between arrivals asks again with the same gaps
+def _behind(
+    gaps: tuple[tuple[int, float], ...],
+    start: float,
+    service: float,
+    extra: float,
+    max_wait_s: float,
+    hold: float,
+) -> tuple[float, ...]:
+    """The keep-warm of the idle workers behind the first (Plan.behind_keep_warm_s): one worker
+    serves about ``max_wait_s / hold`` claims within the target, so the ``rank``-th behind it is
+    wanted once about ``rank`` times that many more come close together. Each no longer than
+    the one before (a worker further behind is wanted less): from the first 0, all are 0."""
+    per = max(1, math.floor(max_wait_s / max(hold, 1.0)))
+    out: list[float] = []
+    for rank in range(1, RANKS + 1):
+        before = out[-1] if out else extra
+        k = 0.0 if before == 0 else ski_rental(
+            dict(gaps), start, service, cold_share=None, needed_after=1 + rank * per
+        )  # fmt: skip
+        out.append(min(before, k))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
