@@ -379,7 +379,18 @@ def _for_target(
     ]
     remove = remove[: max(0, current - config.min_workers)]
     if remove:
-        behind = "/".join(f"{k:.0f}" for k in p.behind_keep_warm_s[:3]) or f"{p.extra_keep_warm_s:.0f}"
+        if p.cold_misses:
+            behind = "/".join(f"{k:.0f}" for k in p.behind_keep_warm_s[:3]) or f"{p.extra_keep_warm_s:.0f}"
+            others = (
+                f"a start misses the target, so spares: {p.extra_keep_warm_s:.0f}s for the one a next "
+                f"claim finds, {behind}s for those behind it, each wanted only once that many more "
+                "claims come close together"
+            )
+        else:
+            others = (
+                "a start meets the target, so only the last worker is kept warm: a claim can wait "
+                "for a busy or starting one, or a fresh start"
+            )
         return Decision(
             Action.SCALE_IN,
             desired=current - len(remove),
@@ -387,9 +398,8 @@ def _for_target(
             remove=tuple(w.worker_id for w in remove),
             reason=(
                 f"max wait {target:.0f}s: {len(remove)} idle past the keep-warm chosen from the "
-                f"observed gaps ({p.keep_warm_s:.0f}s for the last worker, {p.extra_keep_warm_s:.0f}s "
-                f"for the one a next claim finds, {behind}s for those behind it, each wanted only "
-                f"once that many more claims come close together; a start costs ~{p.start_s:.0f}s)"
+                f"observed gaps ({p.keep_warm_s:.0f}s for the last worker; {others}; a start costs "
+                f"~{p.start_s:.0f}s)"
             ),
             at=now,
             inputs=inputs,
@@ -401,7 +411,7 @@ def _for_target(
         reason=f"max wait {target:.0f}s: {len(waiting)} waiting, all start in time on the {current} workers"
         if waiting
         else f"max wait {target:.0f}s: nothing waiting; keep-warm {p.keep_warm_s:.0f}s "
-        f"(others {p.extra_keep_warm_s:.0f}s)",
+        f"(others {p.keep_warm_for(0, alone=False):.0f}s)",
         at=now,
         inputs=inputs,
     )

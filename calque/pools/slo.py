@@ -19,9 +19,12 @@ The knobs, each with the numbers behind it (calque.pools.scaler puts them in the
   minimises the expected cost ``E[min(g, k)] + P(g > k) * start``. When a cold start alone
   would wait past the target, the keep-warm is also at least long enough that no more than
   ``COLD_SHARE`` of claims find the pool cold.
-- **extra keep-warm** (every other idle worker, a burst's): the same choice over the gaps
-  within bursts only (those shorter than a start), since the next burst needs one worker
-  first and the scale-out below starts the rest.
+- **the other idle workers** (a burst's): while a start meets the target, none is kept
+  warm (a claim can wait for a busy or starting worker, or a fresh start, within the
+  target; the scale-out starts one when it could not). When a start alone misses it,
+  spares are: the first for the same choice over the gaps within bursts only (those
+  shorter than a start), each behind it for less (it is wanted only once more claims come
+  close together: ``ski_rental``'s ``needed_after``).
 - **scale-out batch**: the waiting claims are placed, oldest first, on the workers as they
   will be free (idle now, busy until about a service time after they began, starting until
   about a start latency after launch); a claim that would start past its deadline there
@@ -211,9 +214,19 @@ class Plan:
 
     def keep_warm_for(self, rank: int, *, alone: bool) -> float:
         """The keep-warm of the ``rank``-th idle worker (0: the one a next claim finds first;
-        ``alone``: no busy or starting worker will free for that claim)."""
+        ``alone``: no busy or starting worker will free for that claim).
+
+        While a start meets the target, only the last worker is kept warm: a claim that comes
+        while another worker is busy or starting can wait for it, or for a fresh start, within
+        the target (the scale-out starts one when it could not), so an idle worker beside
+        others saves no start by staying and goes at once. Spares are kept only when a start
+        alone misses the target."""
+        if rank == 0 and alone:
+            return self.keep_warm_s
+        if not self.cold_misses:
+            return 0.0
         if rank == 0:
-            return self.keep_warm_s if alone else self.extra_keep_warm_s
+            return self.extra_keep_warm_s
         if not self.behind_keep_warm_s:
             return self.extra_keep_warm_s
         return self.behind_keep_warm_s[min(rank, len(self.behind_keep_warm_s)) - 1]

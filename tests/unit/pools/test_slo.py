@@ -224,23 +224,36 @@ def test_a_start_equal_to_the_target_meets_it_and_keeps_no_worker_warm_for_the_c
     assert p.keep_warm_s == 0
 
 
-def test_idle_workers_behind_the_first_go_sooner_than_it():
-    # sessions of eight claims 150 s apart that run 60 s, hours between them: a worker serves
-    # four claims within the target, so the third idle one is wanted only when about nine more
-    # come close together, rarely; the one a next claim finds first keeps its keep-warm
+def test_while_a_start_meets_the_target_only_the_last_worker_is_kept_warm():
+    # sessions of claims two and a half minutes apart that run a minute: the last worker is
+    # worth keeping across the gaps, but an idle one beside a busy one saves no start: a next
+    # claim waits for the busy one (or a fresh start) within the target
     gaps = ([150.0] * 7 + [4 * 3600.0]) * 25
     obs = observed(gaps, service=60.0)
     p = slo.plan(obs, TARGET)
+    assert not p.cold_misses
     assert p.keep_warm_s > 0
-    assert list(p.behind_keep_warm_s) == sorted(p.behind_keep_warm_s, reverse=True)
-    assert p.keep_warm_for(2, alone=False) < p.keep_warm_for(0, alone=False)
-    # Given three workers idle a while after a session, and one busy
-    now = p.keep_warm_for(2, alone=False) + 1
-    three = [WorkerView(f"w{i}", WorkerState.IDLE, idle_since=0.0, launched_at=-600.0) for i in range(3)]
-    busy = WorkerView("w9", WorkerState.BUSY, launched_at=-600.0, busy_since=now - 5)
-    # When the scaler decides
-    d = decide(config(), Backlog(0, 1), [*three, busy], now, None, obs)
-    # Then the third goes, the one a next claim finds and the next stay
+    busy = WorkerView("w9", WorkerState.BUSY, launched_at=-600.0, busy_since=55.0)
+    idle = WorkerView("w1", WorkerState.IDLE, idle_since=0.0, launched_at=-600.0)
+    # Given one idle worker beside a busy one, a tick later
+    d = decide(config(), Backlog(0, 1), [idle, busy], 60.0, None, obs)
+    # Then it goes, and the reason says what keeps a worker warm
     assert d.action.value == "scale_in"
-    assert len(d.remove) == 1
-    assert "for those behind it" in d.reason
+    assert d.remove == ("w1",)
+    assert "only the last worker is kept warm" in d.reason
+    # but the last worker, all alone, stays its keep-warm
+    alone = decide(config(), Backlog(0, 0), [idle], 60.0, None, obs)
+    assert alone.action.value == "hold"
+
+
+def test_when_a_start_misses_the_target_spares_behind_the_first_go_sooner_than_it():
+    # a target of a minute, a start of four: spares are worth keeping while claims come close
+    # together, the further behind the first the less (each wanted only once more claims come)
+    gaps = ([100.0] * 3 + [4 * 3600.0]) * 50  # runs of four claims, hours apart
+    obs = observed(gaps, service=40.0)
+    p = slo.plan(obs, 60.0)
+    assert p.cold_misses
+    ranks = [p.keep_warm_for(r, alone=False) for r in range(6)]
+    assert ranks == sorted(ranks, reverse=True)
+    assert ranks[0] > 0
+    assert ranks[-1] == 0  # a sixth spare is wanted only when a run of four is longer: rarely
