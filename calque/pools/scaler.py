@@ -369,13 +369,17 @@ def _for_target(
         key=lambda w: (-(w.idle_since or 0.0), w.worker_id),
     )
     # the most recently idle worker is the one a next claim finds first (the waiting ones take
-    # the first): it keeps the keep-warm when no other worker (busy, starting) will be free for
-    # that claim; every other idle worker keeps the extra one
+    # the first): it keeps the keep-warm when no other worker (busy, starting) will surely be
+    # free for that claim within the target (a busy one by the 90th percentile of the rest of
+    # its claim); the others keep theirs (Plan.keep_warm_for)
     alone = all(w.state is WorkerState.IDLE for w in workers)
+    covered = any(
+        w.state is not WorkerState.IDLE and _free_by(w, now, p, observed) <= now + target for w in workers
+    )
     remove = [
         w
         for i, w in enumerate(idle[len(waiting) :])
-        if now - (w.idle_since or now) >= p.keep_warm_for(i, alone=alone)
+        if now - (w.idle_since or now) >= p.keep_warm_for(i, alone=alone, covered=covered)
     ]
     remove = remove[: max(0, current - config.min_workers)]
     if remove:
@@ -388,8 +392,9 @@ def _for_target(
             )
         else:
             others = (
-                "a start meets the target, so only the last worker is kept warm: a claim can wait "
-                "for a busy or starting one, or a fresh start"
+                f"a start meets the target, so only the last worker is kept warm, and the first "
+                f"beside a busy or starting one {p.extra_keep_warm_s:.0f}s unless that one will be "
+                "free within the target: a claim can wait for it, or for a fresh start"
             )
         return Decision(
             Action.SCALE_IN,
@@ -415,6 +420,16 @@ def _for_target(
         at=now,
         inputs=inputs,
     )
+
+
+def _free_by(w: WorkerView, now: float, p: slo.Plan, observed: slo.Observations) -> float:
+    """When a busy or starting worker will be free, erring late: a busy one by the careful
+    quantile of the rest of its claim, a starting one a start after its launch."""
+    if w.state is WorkerState.BUSY:
+        ran = now - w.busy_since if w.busy_since is not None else p.service_s / 2
+        return now + observed.residual_s(max(0.0, ran), slo.CAREFUL_QUANTILE)
+    launched = w.launched_at if w.launched_at is not None else now
+    return max(now, launched + p.start_s)
 
 
 @dataclass(frozen=True)

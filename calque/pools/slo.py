@@ -212,17 +212,20 @@ class Plan:
     # wanted only once as many more claims came close together (ski_rental's needed_after)
     behind_keep_warm_s: tuple[float, ...] = ()
 
-    def keep_warm_for(self, rank: int, *, alone: bool) -> float:
+    def keep_warm_for(self, rank: int, *, alone: bool, covered: bool = False) -> float:
         """The keep-warm of the ``rank``-th idle worker (0: the one a next claim finds first;
-        ``alone``: no busy or starting worker will free for that claim).
+        ``alone``: no other worker is busy or starting; ``covered``: one of them will surely be
+        free for a next claim within the target).
 
-        While a start meets the target, only the last worker is kept warm: a claim that comes
-        while another worker is busy or starting can wait for it, or for a fresh start, within
-        the target (the scale-out starts one when it could not), so an idle worker beside
-        others saves no start by staying and goes at once. Spares are kept only when a start
-        alone misses the target."""
+        The first keeps the keep-warm when alone, the within-burst one when not covered. While
+        a start meets the target every other idle worker goes at once: a claim that comes can
+        wait for a busy or starting worker, or for a fresh start, within the target (the
+        scale-out starts one when it could not), so it saves no start by staying. Spares
+        behind the first are kept only when a start alone misses the target."""
         if rank == 0 and alone:
             return self.keep_warm_s
+        if rank == 0 and not covered:
+            return self.extra_keep_warm_s
         if not self.cold_misses:
             return 0.0
         if rank == 0:

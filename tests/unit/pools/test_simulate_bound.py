@@ -48,13 +48,14 @@ def test_episodes_are_cut_at_gaps_longer_than_a_start():
 # where an online schedule meets the target at <= 2.0 and the scaler does not yet: the gap, as
 # measured (strict: the case fails once the scaler closes it, to be moved up to the others)
 HEAVY = (
-    "heavy-tailed service: the scaler pays 2.1 to 2.2 where knowing each burst pays about 1.4, "
-    "and at 4 workers its p95 passes 240 s on some seeds (256 s on seed 1)"
+    "heavy-tailed service at 4 workers: p95 256 s on seed 1 (paid/busy 1.96), where knowing "
+    "each burst meets 240 s at 1.4: a claim that runs long holds one of the few workers past "
+    "what the 90th percentile of its rest said, and the claims behind it wait"
 )
 BURSTY = (
-    "bursts of eight claims at once at 4 workers: p95 about 270 s or paid/busy about 2.7, where "
-    "knowing each burst meets 240 s at about 1.9: the scaler starts workers claim by claim as "
-    "they arrive, and does not size a burst at its first claims"
+    "bursts of eight claims at once at 4 workers: p95 249 to 270 s at paid/busy 2.4, where "
+    "knowing each burst meets 240 s at 1.8 to 2.05: the scaler starts workers claim by claim "
+    "as they arrive, and does not size a burst at its first claims"
 )
 
 
@@ -69,7 +70,7 @@ CASES = [
     ("poisson", 0),
     ("poisson", 1),
     ("trickle", 2),
-    gap("heavy", 0, HEAVY),
+    ("heavy", 0),
     gap("heavy", 1, HEAVY),
     gap("bursty", 0, BURSTY),
     gap("bursty", 2, BURSTY),
