@@ -10,7 +10,10 @@ default): instances paid for, dollars at the catalog's rate, p95 wait, side by s
 Last, the scaler given only a p95 wait target (--max-wait, 4 minutes by default) beside
 the hand-tuned frontier: every setting of idle timeout and backlog per worker replayed,
 the settings no other beats on both paid/busy GPU-seconds and p95 wait, and the cheapest
-of them that meets the target.
+of them that meets the target; then what a schedule that knew the arrivals reaches under the
+same target, cap and start (calque.simulate.pool_bound: clairvoyant, and burst-aware, which
+learns each burst whole at its first claim), at --max-workers, at 4 (pool create's default)
+and at 40.
 
     python bench/pool_sim.py [--trace FILE.csv] [--max-workers 8] [--max-static 32]
                              [--cold-start 180] [--enter 60] [--idle-timeout 600]
@@ -77,7 +80,7 @@ def main() -> int:
         "--shape",
         default=None,
         metavar="NAME[:SEED]",
-        help="a generated trace instead of --trace (calque.simulate.pool_traces: sessions, sparse, "
+        help="a generated trace instead of --trace (calque.simulate.pool_traces: sessions, sparse, poisson, "
         "trickle, heavy, bursty), a week of it",
     )
     parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
@@ -153,7 +156,37 @@ def main() -> int:
     whole, cut = sliced[0][1], sliced[1][1]
     print(f"slices pay {cut['paid_usd'] / whole['paid_usd']:.2f}x what whole cards pay for the same trace")
     print_target(swept, args.max_workers)
+    print_bounds(trace, args, common)
     return 0
+
+
+def print_bounds(trace: list, args: argparse.Namespace, common: dict) -> None:
+    """What a schedule that knew the arrivals reaches, and the target's choice, per cap: at
+    --max-workers, at pool create's default (4) and at 40 (as many as the largest burst of
+    the shipped trace)."""
+    from calque.simulate.pool_bound import bound
+
+    start = args.cold_start + args.enter
+    print(
+        f"\nwhat knowing the arrivals reaches at p95 <= {args.max_wait:g}s (start {start:g}s), "
+        f"and --max-wait {args.max_wait:g}s alone"
+    )
+    head = ("max workers", "clairvoyant", "burst-aware", "late allowed", f"--max-wait {args.max_wait:g}s")
+    print(f"{head[0]:<12} {head[1]:<17} {head[2]:<17} {head[3]:<13} {head[4]}")
+    for cap in sorted({args.max_workers, 4, 40}, reverse=True):
+        b = bound(trace, start_s=start, max_wait_s=args.max_wait, max_workers=cap)
+        chosen = simulate(
+            trace, SimConfig(scaler=ScalerConfig(max_workers=cap, max_wait_s=args.max_wait), **common)
+        )
+
+        def shown(ratio: float, fewest: int) -> str:
+            return f"{ratio:.2f}" if ratio != float("inf") else f"misses ({fewest} late)"
+
+        print(
+            f"{cap:<12} {shown(b.clairvoyant, b.clairvoyant_fewest_late):<17} "
+            f"{shown(b.burst_aware, b.burst_aware_fewest_late):<17} {b.late_budget:<13} "
+            f"{chosen.paid_per_busy:.2f} at p95 {chosen.wait_percentile(95):.0f}s"
+        )
 
 
 def print_target(swept, max_workers: int) -> None:

@@ -311,9 +311,13 @@ def _for_target(
     waiting = known + [now] * (backlog.waiting - len(known))
     launch, late = slo.scale_out_batch(waiting, free_at, now, p)
     spare = sum(1 for w in workers if w.state is not WorkerState.BUSY) - len(waiting) + launch
-    recent = observed.last_arrival is not None and now - observed.last_arrival <= p.keep_warm_s
+    # the pool is in a run of claims (the last came within a service time, as the gaps counted
+    # below did), not past its end; the keep-warm is no measure of that: it is 0 when claims
+    # come closer than a service time, which is when a spare is wanted
+    since = None if observed.last_arrival is None else now - observed.last_arrival
+    recent = since is not None and since <= max(p.keep_warm_s, p.service_s)
     soon = slo.likely_before(observed, p.service_s)
-    prewarm = int(p.cold_misses and spare <= 0 and recent and soon >= 0.5)
+    prewarm = int(p.cold_misses and spare <= 0 and recent and soon >= slo.PREWARM_LIKELY)
     reasons = []
     if launch:
         reasons.append(
@@ -322,8 +326,9 @@ def _for_target(
         )
     if prewarm:
         reasons.append(
-            f"every worker taken, a start (~{p.start_s:.0f}s) misses the target, and {soon:.0%} of "
-            f"claims come within {p.service_s:.0f}s of the last: pre-warm 1"
+            f"every worker taken, a start (~{p.start_s:.0f}s) misses the target, the last claim came "
+            f"{since or 0.0:.0f}s ago and {soon:.0%} of claims come within {p.service_s:.0f}s of the last: "
+            "pre-warm 1"
         )
     wanted = launch + prewarm
     if current + wanted < config.min_workers:
@@ -364,16 +369,33 @@ def _for_target(
         key=lambda w: (-(w.idle_since or 0.0), w.worker_id),
     )
     # the most recently idle worker is the one a next claim finds first (the waiting ones take
-    # the first): it keeps the keep-warm when no other worker (busy, starting) will be free for
-    # that claim; every other idle worker keeps the extra one
+    # the first): it keeps the keep-warm when no other worker (busy, starting) will surely be
+    # free for that claim within the target (a busy one by the 90th percentile of the rest of
+    # its claim); the others keep theirs (Plan.keep_warm_for)
     alone = all(w.state is WorkerState.IDLE for w in workers)
+    covered = any(
+        w.state is not WorkerState.IDLE and _free_by(w, now, p, observed) <= now + target for w in workers
+    )
     remove = [
         w
         for i, w in enumerate(idle[len(waiting) :])
-        if now - (w.idle_since or now) >= (p.keep_warm_s if i == 0 and alone else p.extra_keep_warm_s)
+        if now - (w.idle_since or now) >= p.keep_warm_for(i, alone=alone, covered=covered)
     ]
     remove = remove[: max(0, current - config.min_workers)]
     if remove:
+        if p.cold_misses:
+            behind = "/".join(f"{k:.0f}" for k in p.behind_keep_warm_s[:3]) or f"{p.extra_keep_warm_s:.0f}"
+            others = (
+                f"a start misses the target, so spares: {p.extra_keep_warm_s:.0f}s for the one a next "
+                f"claim finds, {behind}s for those behind it, each wanted only once that many more "
+                "claims come close together"
+            )
+        else:
+            others = (
+                f"a start meets the target, so only the last worker is kept warm, and the first "
+                f"beside a busy or starting one {p.extra_keep_warm_s:.0f}s unless that one will be "
+                "free within the target: a claim can wait for it, or for a fresh start"
+            )
         return Decision(
             Action.SCALE_IN,
             desired=current - len(remove),
@@ -381,8 +403,8 @@ def _for_target(
             remove=tuple(w.worker_id for w in remove),
             reason=(
                 f"max wait {target:.0f}s: {len(remove)} idle past the keep-warm chosen from the "
-                f"observed gaps ({p.keep_warm_s:.0f}s for the last worker, {p.extra_keep_warm_s:.0f}s "
-                f"for the others; a start costs ~{p.start_s:.0f}s)"
+                f"observed gaps ({p.keep_warm_s:.0f}s for the last worker; {others}; a start costs "
+                f"~{p.start_s:.0f}s)"
             ),
             at=now,
             inputs=inputs,
@@ -394,10 +416,20 @@ def _for_target(
         reason=f"max wait {target:.0f}s: {len(waiting)} waiting, all start in time on the {current} workers"
         if waiting
         else f"max wait {target:.0f}s: nothing waiting; keep-warm {p.keep_warm_s:.0f}s "
-        f"(others {p.extra_keep_warm_s:.0f}s)",
+        f"(others {p.keep_warm_for(0, alone=False):.0f}s)",
         at=now,
         inputs=inputs,
     )
+
+
+def _free_by(w: WorkerView, now: float, p: slo.Plan, observed: slo.Observations) -> float:
+    """When a busy or starting worker will be free, erring late: a busy one by the careful
+    quantile of the rest of its claim, a starting one a start after its launch."""
+    if w.state is WorkerState.BUSY:
+        ran = now - w.busy_since if w.busy_since is not None else p.service_s / 2
+        return now + observed.residual_s(max(0.0, ran), slo.CAREFUL_QUANTILE)
+    launched = w.launched_at if w.launched_at is not None else now
+    return max(now, launched + p.start_s)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ The knobs, each with the numbers behind it (calque.pools.scaler puts them in the
   minimises the expected cost ``E[min(g, k)] + P(g > k) * start``. When a cold start alone
   would wait past the target, the keep-warm is also at least long enough that no more than
   ``COLD_SHARE`` of claims find the pool cold.
-- **extra keep-warm** (every other idle worker, a burst's): the same choice over the gaps
-  within bursts only (those shorter than a start), since the next burst needs one worker
-  first and the scale-out below starts the rest.
+- **the other idle workers** (a burst's): while a start meets the target, none is kept
+  warm (a claim can wait for a busy or starting worker, or a fresh start, within the
+  target; the scale-out starts one when it could not). When a start alone misses it,
+  spares are: the first for the same choice over the gaps within bursts only (those
+  shorter than a start), each behind it for less (it is wanted only once more claims come
+  close together: ``ski_rental``'s ``needed_after``).
 - **scale-out batch**: the waiting claims are placed, oldest first, on the workers as they
   will be free (idle now, busy until about a service time after they began, starting until
   about a start latency after launch); a claim that would start past its deadline there
@@ -33,6 +36,7 @@ The knobs, each with the numbers behind it (calque.pools.scaler puts them in the
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -44,11 +48,14 @@ RATIO = 2**0.25  # bucket edges: 1 s, then each ~19% more, up to ~12 days
 EDGES: tuple[float, ...] = tuple(RATIO**i for i in range(81))
 PRIOR_START_S = 240.0  # launch to serving before any worker was seen start (3 min boot + 1 min load)
 PRIOR_SERVICE_S = 60.0
+START_TOLERANCE_S = 1.0
+PREWARM_LIKELY = 0.5  # pre-warm when a claim is at least this likely to come before a worker frees
 COLD_SHARE = 0.02  # when a cold start misses the target: at most this share of claims find the pool cold
 MISS_BUDGET = 0.05  # p95: the share of claims that may wait past the target
 # The quantile of service times a claim is taken to hold its worker for; a higher one once the
 # share of recent claims that waited past the target passes CAREFUL_ABOVE
 HOLD_QUANTILE, CAREFUL_QUANTILE, CAREFUL_ABOVE = 0.75, 0.9, 0.04
+RANKS = 8  # idle workers behind the first given their own keep-warm; those further keep the last's
 
 
 def bucket(x: float) -> int:
@@ -201,30 +208,78 @@ class Plan:
     cold_misses: bool  # a start alone waits past the target
     hold_q: float = HOLD_QUANTILE  # the service quantile a claim is taken to hold its worker for
     hold_s: float = 0.0
+    # the keep-warm of the idle workers behind the first (the second, third, ...): each is
+    # wanted only once as many more claims came close together (ski_rental's needed_after)
+    behind_keep_warm_s: tuple[float, ...] = ()
+
+    def keep_warm_for(self, rank: int, *, alone: bool, covered: bool = False) -> float:
+        """The keep-warm of the ``rank``-th idle worker (0: the one a next claim finds first;
+        ``alone``: no other worker is busy or starting; ``covered``: one of them will surely be
+        free for a next claim within the target).
+
+        The first keeps the keep-warm when alone, the within-burst one when not covered. While
+        a start meets the target every other idle worker goes at once: a claim that comes can
+        wait for a busy or starting worker, or for a fresh start, within the target (the
+        scale-out starts one when it could not), so it saves no start by staying. Spares
+        behind the first are kept only when a start alone misses the target."""
+        if rank == 0 and alone:
+            return self.keep_warm_s
+        if rank == 0 and not covered:
+            return self.extra_keep_warm_s
+        if not self.cold_misses:
+            return 0.0
+        if rank == 0:
+            return self.extra_keep_warm_s
+        if not self.behind_keep_warm_s:
+            return self.extra_keep_warm_s
+        return self.behind_keep_warm_s[min(rank, len(self.behind_keep_warm_s)) - 1]
 
     def to_record(self) -> dict[str, Any]:
-        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        def rounded(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return [rounded(x) for x in v]
+            return round(v, 1) if isinstance(v, float) else v
+
+        return {k: rounded(v) for k, v in self.__dict__.items()}
 
 
 def ski_rental(
-    gaps: dict[int, float], start_s: float, service_s: float, *, cold_share: float | None
+    gaps: dict[int, float],
+    start_s: float,
+    service_s: float,
+    *,
+    cold_share: float | None,
+    needed_after: int = 1,
 ) -> float:
     """The keep-warm (seconds idle) with the least expected cost over the observed gaps, each
     less a service time (the worker is busy for that part of it): ``E[min(g, k)] + P(g > k) *
     start_s``. ``cold_share``: also no shorter than the gap that that share of claims exceeds.
+    ``needed_after``: the worker is wanted only once that many claims came, each within the
+    keep-warm of the last (an idle worker behind others: the next claims take those first), so
+    the chance it is wanted within ``k`` is at most ``P(g <= k) ** needed_after``.
     0 with no gaps observed."""
     total = sum(gaps.values())
     if total <= 0:
         return 0.0
     idle = sorted((max(0.0, middle(b) - service_s), w / total) for b, w in gaps.items())
+    if needed_after > 1:
+        below, cdf = 0.0, []
+        for g, p in idle:
+            below += p
+            cdf.append((g, min(1.0, below) ** needed_after))
+        idle = [(g, c - (cdf[i - 1][1] if i else 0.0)) for i, (g, c) in enumerate(cdf)]
+        idle.append((math.inf, 1.0 - (cdf[-1][1] if cdf else 0.0)))  # never wanted: no gap ends it
     # k = 0 pays a start for every gap; k = the j-th gap pays the gaps up to it, and k plus a
     # start for each longer one
-    best, best_cost = 0.0, start_s
+    never = sum(p for g, p in idle if math.isinf(g))  # wanted by no claim: letting go costs nothing
+    best, best_cost = 0.0, (1.0 - never) * start_s
     below = mass = 0.0
     for g, p in idle:
+        if math.isinf(g):
+            break
         below += p * g
         mass += p
-        cost = below + (1.0 - mass) * (g + start_s)
+        cost = below + (1.0 - mass) * g + (1.0 - mass - never) * start_s
         if cost < best_cost - 1e-9:
             best, best_cost = g, cost
     if cold_share is not None:
@@ -239,12 +294,40 @@ def ski_rental(
 
 def plan(obs: Observations, max_wait_s: float) -> Plan:
     start, service = obs.start_latency_s, obs.service_s
-    cold_misses = start > max_wait_s
+    # a start of the target itself meets it (a wait equal to the target is in time): only one
+    # longer than that by more than the clock's rounding misses
+    cold_misses = start > max_wait_s + START_TOLERANCE_S
     keep = ski_rental(obs.gaps, start, service, cold_share=COLD_SHARE if cold_misses else None)
     within = {b: w for b, w in obs.gaps.items() if middle(b) < start + service}
     extra = min(keep, ski_rental(within, start, service, cold_share=None))
     q = CAREFUL_QUANTILE if obs.late_share >= CAREFUL_ABOVE else HOLD_QUANTILE
-    return Plan(max_wait_s, keep, extra, start, service, cold_misses, q, obs.service_quantile_s(q))
+    hold = obs.service_quantile_s(q)
+    behind = _behind(tuple(sorted(obs.gaps.items())), start, service, extra, max_wait_s, hold)
+    return Plan(max_wait_s, keep, extra, start, service, cold_misses, q, hold, behind)
+
+
+@functools.lru_cache(maxsize=64)  # a tick between arrivals asks again with the same gaps
+def _behind(
+    gaps: tuple[tuple[int, float], ...],
+    start: float,
+    service: float,
+    extra: float,
+    max_wait_s: float,
+    hold: float,
+) -> tuple[float, ...]:
+    """The keep-warm of the idle workers behind the first (Plan.behind_keep_warm_s): one worker
+    serves about ``max_wait_s / hold`` claims within the target, so the ``rank``-th behind it is
+    wanted once about ``rank`` times that many more come close together. Each no longer than
+    the one before (a worker further behind is wanted less): from the first 0, all are 0."""
+    per = max(1, math.floor(max_wait_s / max(hold, 1.0)))
+    out: list[float] = []
+    for rank in range(1, RANKS + 1):
+        before = out[-1] if out else extra
+        k = 0.0 if before == 0 else ski_rental(
+            dict(gaps), start, service, cold_share=None, needed_after=1 + rank * per
+        )  # fmt: skip
+        out.append(min(before, k))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

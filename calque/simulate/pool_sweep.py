@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from calque.simulate.pool import SimConfig, SimResult, TraceClaim, simulate
+from calque.simulate.pool_bound import Bound, bound
 
 IDLE_TIMEOUTS_S = (0.0, 60.0, 180.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 BACKLOG_PER_WORKER = (1, 2, 4)
@@ -53,6 +54,9 @@ class Sweep:
     max_wait_s: float | None = None
     target: Point | None = None  # the wait-target scaler's own choice
     frontier: list[Point] = field(default_factory=list)
+    # what knowing the arrivals reaches under the target (calque.simulate.pool_bound); None
+    # without a target, or with workers on slices (the bound counts a worker a whole GPU)
+    bound: Bound | None = None
 
     def __post_init__(self) -> None:
         self.frontier = frontier(self.points)
@@ -73,6 +77,7 @@ class Sweep:
             "points": [p.record() for p in self.points],
             "target": self.target.record() if self.target else None,
             "best_hand_set_meeting_target": best.record() if best else None,
+            "bound": self.bound.record() if self.bound else None,
         }
 
 
@@ -111,7 +116,11 @@ def sweep(
         scaler = dataclasses.replace(base.scaler, max_wait_s=max_wait_s)
         result = simulate(trace, dataclasses.replace(base, policy="scaler", scaler=scaler))
         chosen = Point.of(f"--max-wait {max_wait_s:g}s", result, None, None)
-    return Sweep(points, max_wait_s, chosen)
+    reach = None
+    if max_wait_s is not None and base.slots == 1 and base.gpus_per_instance == 1:
+        start = base.cold_start_s + base.enter_s
+        reach = bound(trace, start_s=start, max_wait_s=max_wait_s, max_workers=base.scaler.max_workers)
+    return Sweep(points, max_wait_s, chosen, bound=reach)
 
 
 def plot_sweep(result: Sweep, path: str | Path) -> None:
@@ -151,6 +160,16 @@ def plot_sweep(result: Sweep, path: str | Path) -> None:
             zorder=3,
             label=f"--max-wait {result.max_wait_s:g}s: the scaler's own choice",
         )
+    if result.bound is not None and result.max_wait_s is not None:
+        for ratio, name, marker in (
+            (result.bound.clairvoyant, "knowing every arrival", "v"),
+            (result.bound.burst_aware, "knowing each burst at its first claim", "^"),
+        ):
+            if ratio != float("inf"):
+                ax.scatter(
+                    [result.max_wait_s], [ratio], color="tab:green", marker=marker, s=70, zorder=3,
+                    label=f"least paid/busy meeting the target, {name}",
+                )  # fmt: skip
     ax.axhline(2.0, color="0.3", linestyle=":", linewidth=1, label="paid/busy 2.0")
     ax.set_xlabel("p95 wait (seconds)")
     ax.set_ylabel("paid / busy GPU-seconds (ratio)")

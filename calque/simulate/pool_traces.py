@@ -43,6 +43,8 @@ SHAPES: dict[str, Shape] = {
     "heavy": Shape("heavy", 21, 4 * 3600, 0.7, 30, 120, 0.8, 90, 1.0),
     # a third of the sessions a burst of 8 claims within half a minute
     "bursty": Shape("bursty", 14, 3 * 3600, 0.5, 25, 50, 1.2, 60, 0.8, burst_share=0.3, burst_size=8),
+    # lone claims at a low Poisson rate (one every 20 minutes on average), no sessions
+    "poisson": Shape("poisson", 7, 20 * 60, 0.0, 1, 60, 0.5, 60, 0.5),
 }
 
 

@@ -170,3 +170,90 @@ def test_the_target_is_set_and_dropped_by_update_and_a_bad_one_is_refused():
     with pytest.raises(ValidationError, match="max_wait_s"):
         PoolUpdate(max_wait_s=5)
     assert world.store.get_pool("textstats").max_wait_s is None
+
+
+# ---- pre-warm: a start longer than the target ---------------------------------------------
+
+
+def test_a_spare_is_pre_warmed_when_a_start_misses_the_target_and_a_claim_is_likely_before_a_worker_frees():
+    # Given claims 20 s apart that run 60 s, a start of 240 s and a target of 60 s: the one
+    # worker is busy, nothing waits, and the last claim came 5 s ago (the submit's nudge)
+    obs = observed([20.0] * 100, service=60.0, start=240.0)
+    now = (obs.last_arrival or 0.0) + 5.0
+    busy = WorkerView("w1", WorkerState.BUSY, launched_at=now - 600, busy_since=now - 5)
+    cfg = ScalerConfig(max_workers=4, max_wait_s=60.0)
+    # When the scaler decides
+    d = decide(cfg, Backlog(0, 1), [busy], now, None, obs)
+    # Then it starts one spare, and says why, with the numbers it chose from
+    assert d.action.value == "scale_out"
+    assert d.launch == 1
+    assert "pre-warm 1" in d.reason
+    assert "every worker taken" in d.reason
+    assert "a start (~240s) misses the target" in d.reason
+    assert d.inputs["plan"]["cold_misses"] is True
+    # and a spare already starting is that spare: no second one
+    starting = WorkerView("w2", WorkerState.STARTING, launched_at=now - 1)
+    again = decide(cfg, Backlog(0, 1), [busy, starting], now + 1, None, obs)
+    assert again.launch == 0
+    assert "pre-warm" not in again.reason
+
+
+@pytest.mark.parametrize(
+    ("gaps", "start", "why"),
+    [
+        ([7200.0] * 100, 240.0, "claims come hours apart: none likely before the worker frees"),
+        ([20.0] * 100, 50.0, "a start (50 s) is within the target (60 s): a claim can wait for one"),
+    ],
+)
+def test_no_spare_is_pre_warmed_when_no_claim_is_likely_or_a_start_meets_the_target(gaps, start, why):
+    obs = observed(gaps, service=60.0, start=start)
+    now = (obs.last_arrival or 0.0) + 5.0
+    busy = WorkerView("w1", WorkerState.BUSY, launched_at=now - 600, busy_since=now - 5)
+    d = decide(ScalerConfig(max_workers=4, max_wait_s=60.0), Backlog(0, 1), [busy], now, None, obs)
+    assert d.launch == 0, why
+    assert "pre-warm" not in d.reason, why
+
+
+def test_a_start_equal_to_the_target_meets_it_and_keeps_no_worker_warm_for_the_cold_share():
+    # a start measured at the target plus the virtual clock's rounding: a claim on a cold pool
+    # waits the target, which meets it, so the keep-warm stays the ski-rental one (0 for gaps
+    # of hours), not one long enough that almost no claim finds the pool cold
+    obs = observed([7200.0] * 100, service=60.0, start=240.0 + 1e-9)
+    p = slo.plan(obs, TARGET)
+    assert not p.cold_misses
+    assert p.keep_warm_s == 0
+
+
+def test_while_a_start_meets_the_target_only_the_last_worker_is_kept_warm():
+    # sessions of claims two and a half minutes apart that run a minute: the last worker is
+    # worth keeping across the gaps, but an idle one beside a busy one saves no start: a next
+    # claim waits for the busy one (or a fresh start) within the target
+    gaps = ([150.0] * 7 + [4 * 3600.0]) * 25
+    obs = observed(gaps, service=60.0)
+    p = slo.plan(obs, TARGET)
+    assert not p.cold_misses
+    assert p.keep_warm_s > 0
+    busy = WorkerView("w9", WorkerState.BUSY, launched_at=-600.0, busy_since=55.0)
+    idle = WorkerView("w1", WorkerState.IDLE, idle_since=0.0, launched_at=-600.0)
+    # Given one idle worker beside a busy one, a tick later
+    d = decide(config(), Backlog(0, 1), [idle, busy], 60.0, None, obs)
+    # Then it goes, and the reason says what keeps a worker warm
+    assert d.action.value == "scale_in"
+    assert d.remove == ("w1",)
+    assert "only the last worker is kept warm" in d.reason
+    # but the last worker, all alone, stays its keep-warm
+    alone = decide(config(), Backlog(0, 0), [idle], 60.0, None, obs)
+    assert alone.action.value == "hold"
+
+
+def test_when_a_start_misses_the_target_spares_behind_the_first_go_sooner_than_it():
+    # a target of a minute, a start of four: spares are worth keeping while claims come close
+    # together, the further behind the first the less (each wanted only once more claims come)
+    gaps = ([100.0] * 3 + [4 * 3600.0]) * 50  # runs of four claims, hours apart
+    obs = observed(gaps, service=40.0)
+    p = slo.plan(obs, 60.0)
+    assert p.cold_misses
+    ranks = [p.keep_warm_for(r, alone=False) for r in range(6)]
+    assert ranks == sorted(ranks, reverse=True)
+    assert ranks[0] > 0
+    assert ranks[-1] == 0  # a sixth spare is wanted only when a run of four is longer: rarely
