@@ -135,11 +135,25 @@ def fuzz_member(local_plane):
 
 
 class Registry:
-    """Every item of the registry table, in key order (one client: building one costs more than a scan)."""
+    """Every item of the registry table, in key order (one client: building one costs more than a scan).
+
+    ``before()`` is the snapshot a request is compared against: the one a refusal just proved
+    unchanged (``after()``) when nothing was sent since, else a fresh scan. Only the plane
+    changes the registry between two requests, and its schedules are held back here, so a
+    refusal's "after" is the next request's "before": one scan per refusal, not two."""
 
     def __init__(self, plane: Any):
         self.ddb = plane.client("dynamodb")
         self.table = plane.info["table"]
+        self._last: list[dict[str, Any]] | None = None
+
+    def before(self) -> list[dict[str, Any]]:
+        last, self._last = self._last, None
+        return last if last is not None else self.snapshot()
+
+    def after(self) -> list[dict[str, Any]]:
+        self._last = self.snapshot()
+        return self._last
 
     def snapshot(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -160,7 +174,7 @@ def _call(case: Any, plane: Any, registry: Registry, profile: str) -> None:
         for name in list(case.headers):
             if name.lower() == "idempotency-key":
                 case.headers[name] = uuid.uuid4().hex
-    before = registry.snapshot()
+    before = registry.before()
     response = case.call(auth=SigV4(key, secret, plane.region), timeout=60)
     case.validate_response(response, checks=CHECKS)
     _valid_data_is_not_refused_as_malformed(response, case)
@@ -187,7 +201,7 @@ def _call(case: Any, plane: Any, registry: Registry, profile: str) -> None:
         wait_grants_landed(plane)
     if response.status_code >= 400:
         # A refusal changes nothing: the registry is as it was.
-        after = registry.snapshot()
+        after = registry.after()
         assert after == before, (
             f"{case.method} {case.formatted_path} -> {response.status_code} changed the registry"
         )
