@@ -16,6 +16,7 @@ import pytest
 from tests.integration.conftest import REPO, LocalPlaneHandle, start_local_plane, stop_local_plane
 
 RUNNERS = Path(__file__).resolve().parent / "runners"
+FINISHED = ("succeeded", "failed", "cancelled")  # a claim in one of these states stays in it
 EXAMPLES = REPO / "examples" / "pools"
 
 
@@ -92,11 +93,15 @@ def claim(plane: LocalPlaneHandle, claim_id: str, profile: str = "alice") -> dic
 def wait_claims(
     plane: LocalPlaneHandle, claim_ids: list[str], *, timeout_s: float = 90, profile: str = "alice"
 ) -> list[dict[str, Any]]:
+    """Until every claim has finished; their records as read once all had. A finished claim
+    stays finished, so each round reads only those still running, and the last reads all."""
     deadline = time.monotonic() + timeout_s
+    pending = list(claim_ids)
     while True:
-        claims = [claim(plane, c, profile) for c in claim_ids]
-        if all(c["state"] in ("succeeded", "failed", "cancelled") for c in claims):
-            return claims
+        claims = [claim(plane, c, profile) for c in pending]
+        pending = [cid for cid, c in zip(pending, claims, strict=True) if c["state"] not in FINISHED]
+        if not pending:
+            return [claim(plane, c, profile) for c in claim_ids]
         if time.monotonic() > deadline:
             raise AssertionError(f"claims not finished: {claims}\n{plane.log_tail(40)}")
         time.sleep(0.5)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,15 +43,41 @@ def moto_dynamodb() -> tuple[Any, Any]:
 
 
 class Recorder:
-    """Every event published, from every environment."""
+    """Every event published, from every environment; a test waits on them (``wait_for``)
+    instead of polling the registry on a clock."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
         with self._lock:
             self.events.append((detail_type, detail))
+            self._lock.notify_all()
+
+    def count(self, kind: str) -> int:
+        with self._lock:
+            return sum(1 for k, _d in self.events if k == kind)
+
+    def wait_until(
+        self, done: Callable[[Recorder], bool], *, timeout: float, stop: threading.Event | None = None
+    ) -> bool:
+        """Wait, woken by each event published, until ``done(self)`` holds (True), or ``stop``
+        is set or ``timeout`` seconds pass (False): no registry read, no polling interval."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if done(self):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or (stop is not None and stop.is_set()):
+                    return False
+                self._lock.wait(left)
+
+    def notify(self) -> None:
+        """Wake every ``wait_for`` (e.g. after setting its ``stop``)."""
+        with self._lock:
+            self._lock.notify_all()
 
     def publish_many(self, events: Any) -> None:
         for kind, detail in events:

@@ -10,14 +10,15 @@ import pytest
 from calque.contracts.queue import QueueRequest
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 
-from .support import ADMIN, env, make_group, member, reclaim_all, seed_host
+from .support import ADMIN, Recorder, env, make_group, member, reclaim_all, seed_host
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(600)  # 110 requests queued and 20 grants on a serialized moto: minutes
 def test_equal_shares_get_equal_gpu_hours_whoever_asks_more(ddb):
-    t = env(ddb)
+    events = Recorder()
+    t = env(ddb, publisher=events)
     iid = seed_host(ddb, 9)
     heavy = [f"heavy-u{n}" for n in range(100)]
     light = [f"light-u{n}" for n in range(10)]
@@ -33,15 +34,17 @@ def test_equal_shares_get_equal_gpu_hours_whoever_asks_more(ddb):
         t.enqueue(member(u), QueueRequest(backend="mig", ttl_seconds=600, group="light"))
     store = t.registry
     # When sessions end one by one, oldest first, and the host reclaims each slice
+    # (each grant is published once written: the loop follows the grants from those, in grant
+    # order, instead of reading the whole queue and the live sessions once more per grant)
     live = [h.session_id for h in held]
-    while any(r.group == "light" for r in store.waiting()):
+    grants = 0
+    while len([g for g in events.of("calque.session.granted") if g["group"] == "light"]) < len(light):
+        assert not events.of("calque.session.expired_in_queue")
         t.checkin(ADMIN, live.pop(0), CheckinRequest(force=True))
         reclaim_all(t, iid)
-        live += [
-            s.session_id
-            for s in store.live_sessions(expiring_at_or_before=None, limit=50)
-            if s.session_id not in live
-        ]
+        new = events.of("calque.session.granted")[grants:]
+        grants += len(new)
+        live += [g["session_id"] for g in new]
     # Then, over the grants made while both groups waited, each got half the GPU-hours
     granted = sorted(
         (r for r in (store.get_queued(q.request_id) for q in _all(store)) if r and r.state == "granted"),

@@ -92,10 +92,14 @@ def test_fifty_waiting_requests_are_each_granted_once_in_fair_share_order(ddb):
             time.sleep(0.2)
 
     def host() -> None:
+        # reclaims what ended, woken by each end (a session's end is published once it is
+        # written, its slice then reclaiming), as the host agent is by its reclaim task
         mine = env(ddb, 300, publisher=events)
         while not stop.is_set():
+            ended = events.count("calque.session.ended")
             reclaim_all(mine, iid)
-            time.sleep(0.1)
+            more = lambda ev, seen=ended: ev.count("calque.session.ended") > seen  # noqa: E731
+            events.wait_until(more, timeout=1, stop=stop)
 
     def guarded(fn: Any, *args: Any) -> None:
         try:
@@ -103,6 +107,7 @@ def test_fifty_waiting_requests_are_each_granted_once_in_fair_share_order(ddb):
         except BaseException as exc:
             failures.append(exc)
             stop.set()
+            events.notify()
 
     threads = [threading.Thread(target=guarded, args=(ender, n)) for n in range(2)]
     threads += [
@@ -111,13 +116,18 @@ def test_fifty_waiting_requests_are_each_granted_once_in_fair_share_order(ddb):
     ]
     for th in threads:
         th.start()
-    deadline = time.monotonic() + 420
-    store = t.registry
-    while time.monotonic() < deadline and not stop.is_set():
-        if not store.waiting():
-            break
-        time.sleep(0.2)
+    # (each grant is published once written: wait on those, not on reads of the queue)
+    events.wait_until(
+        lambda ev: (
+            ev.count("calque.session.granted") >= 50 or ev.count("calque.session.expired_in_queue") > 0
+        ),
+        timeout=420,
+        stop=stop,
+    )
     stop.set()
+    events.notify()
+    store = t.registry
+    assert store.waiting() == []
     for th in threads:
         th.join()
     assert failures == []
