@@ -34,15 +34,22 @@ class LaunchedHost:
 _IMAGES: dict[str, str] = {}  # EC2 endpoint -> an image it knows (moto's images never change)
 
 
+# An Amazon Linux 2 x86_64 image in moto's own list of Amazon's images.
+_KNOWN_IMAGE = "amzn2-ami-hvm-2.0.20180810-x86_64-gp2"
+
+
 def _image_id(ec2: Any) -> str:
     """An AMI moto knows (any: the simulated host never boots it). Asked once per endpoint,
-    for Amazon Linux 2 on x86_64 only: moto's whole list (some 1,300 images) takes seconds to
-    answer; the whole list only if moto knows none of those."""
+    by the exact name of an image moto ships (a hundredth of a second), then for Amazon Linux 2
+    on x86_64 (some 600 images: seconds), and the whole list (some 1,300) only if moto knows
+    none of those."""
     endpoint = str(ec2.meta.endpoint_url)
     if endpoint not in _IMAGES:
+        exact = [{"Name": "name", "Values": [_KNOWN_IMAGE]}]
         linux = [{"Name": "architecture", "Values": ["x86_64"]}, {"Name": "name", "Values": ["amzn2-ami-*"]}]
         images = (
-            ec2.describe_images(Owners=["amazon"], Filters=linux).get("Images")
+            ec2.describe_images(Owners=["amazon"], Filters=exact).get("Images")
+            or ec2.describe_images(Owners=["amazon"], Filters=linux).get("Images")
             or ec2.describe_images(Owners=["amazon"]).get("Images")
             or ec2.describe_images().get("Images")
             or []
