@@ -30,10 +30,10 @@ slices when their ids and places stay (``planner.recut``; the host agent keeps M
 instances in use and creates the rest around them); else, when the first in line has
 waited ``reserve_after_s`` and capacity sits free that nothing waiting fits (or no card
 offers its size), the cut card whose sessions end first is drained (its slices not
-placeable) to be cut for the queue once empty. A job of several cards, first in line for
-``reserve_after_s``, reserves the cards of the host that frees them first; until then they
-take only jobs that end in time (``placement_reserve``). A re-layout takes no virtual time
-here. Cards without MIG stay dedicated under ``adaptive``.
+placeable) to be cut for the queue once empty. A job of several cards first in line for
+``reserve_after_s`` reserves the cards of the host that frees them first, if that holds
+back no more than it uses; meanwhile they take jobs that end in time (``placement_reserve``).
+A re-layout takes no virtual time here. Cards without MIG stay dedicated under ``adaptive``.
 
 Numbers: paid GPU-hours are every GPU of every host from the first arrival to the
 last departure; members served per GPU-hour = jobs placed / paid GPU-hours; busy
@@ -525,8 +525,7 @@ class Simulator:
         if res is None:
             multi = [q[0] for k, q in waiting.items() if q and k[0][0][1].startswith("x")]
             first = min(multi, key=lambda j: self.queue.key(j, now)) if multi else None
-            # it reserves once it has waited and is first in line, or (behind others) when its
-            # cards come free together anyway (as right after a job of as many cards started)
+            # once it has waited: when first in line and worth it (``placement_reserve``)
             if (
                 first is not None
                 and now - first.arrival >= self.queue.policy.reserve_after_s
@@ -554,10 +553,12 @@ class Simulator:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
+        # the first in line of one card: one of several cards not reserving keeps no drain off
+        single = next((j for j in in_queue_order() if j.num_gpu == 1), head)
         # no idle card helps: re-cut the free part of a card in use, around what is held (for
         # the fractions that wait: a whole card is never cut around a held slice)
         if not any(q for key, q in waiting.items() if key[0][0][2] < 1):
-            return self._drain_for_head(head, now)
+            return self._drain_for_head(single, now)
         for _k, gpu in sorted(self.gpus.items()):
             if not gpu.held or gpu.mix is None:
                 continue
@@ -573,7 +574,7 @@ class Simulator:
                 self._relayout(gpu, mix, held)
                 self.relayouts += 1
                 return True
-        return self._drain_for_head(head, now)
+        return self._drain_for_head(single, now)
 
     def _drain_for_head(self, head: Job, now: float) -> bool:
         """The queue's reservation, for a card: when the first in line fits no free slice and

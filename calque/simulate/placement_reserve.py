@@ -4,10 +4,10 @@ reservations does it (the ``adaptive`` layout's queue, ``calque.simulate.placeme
 A job of N cards needs N whole cards of one host at once. While cards free one by one and
 jobs of one card or a fraction wait, the N never come free together; and a card held
 whole for it while the others still run serves nobody. So, once such a job has waited the
-queue's ``reserve_after_s`` and is first in line (or, further back, when its cards come
-free together anyway, as right after a job of as many cards started on them: then holding
-them costs nothing, and the jobs of several cards that wait follow one another instead of
-draining a host each):
+queue's ``reserve_after_s``, is first in line, and the reservation would hold back (before
+backfills) no more card-time than the job itself will use (a drain of weeks behind one
+long session, for a job of an hour, costs more than the job is worth: it waits on, and the
+cards are drained for the first in line of one card as before):
 
 - **Where**: of the hosts with N cards or more, the one whose N cards come free first (a
   card in use is free when its last session ends: the sessions' expiry, known from their
@@ -109,10 +109,9 @@ def idle_cost(sim: Any, job: Job) -> int:
 
 
 def worth_it(sim: Any, job: Job, head: Job) -> bool:
-    """Whether ``job`` reserves now: its cards come free together (nothing held back), or it
-    is first in line and the reservation holds back at most the card-time it will use."""
-    cost = idle_cost(sim, job)
-    return cost == 0 or (job is head and cost <= job.num_gpu * job.duration)
+    """Whether ``job`` reserves now: it is first in line, and the reservation would hold back
+    (before backfills) at most the card-time the job itself will use."""
+    return job is head and idle_cost(sim, job) <= job.num_gpu * job.duration
 
 
 def free_on(sim: Any, gpu: Any) -> list[Any]:
