@@ -30,8 +30,10 @@ slices when their ids and places stay (``planner.recut``; the host agent keeps M
 instances in use and creates the rest around them); else, when the first in line has
 waited ``reserve_after_s`` and capacity sits free that nothing waiting fits (or no card
 offers its size), the cut card whose sessions end first is drained (its slices not
-placeable) to be cut for the queue once empty. A re-layout takes no virtual time here.
-Cards without MIG stay dedicated under ``adaptive``.
+placeable) to be cut for the queue once empty. A job of several cards first in line for
+``reserve_after_s`` reserves the cards of the host that frees them first, if that holds
+back no more than it uses; meanwhile they take jobs that end in time (``placement_reserve``).
+A re-layout takes no virtual time here. Cards without MIG stay dedicated under ``adaptive``.
 
 Numbers: paid GPU-hours are every GPU of every host from the first arrival to the
 last departure; members served per GPU-hour = jobs placed / paid GPU-hours; busy
@@ -51,11 +53,13 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from calque.simulate import placement_reserve as reserve
 from calque.simulate.placement_layouts import (
     Layout,
     compute_profile,
     gpu_entry,
     slice_share,
+    whole_card_request,
 )
 from calque.simulate.placement_queue import FairQueue
 from calque.simulate.placement_report import Result, percentile
@@ -68,21 +72,6 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 ADMIN_PRINCIPAL = "simulator"
 
 
-def _whole_card_request(ttl: int, instance_id: str | None) -> Any:
-    """A check-out of a whole card. Members cannot ask for one through the API (an admin
-    dedicates a card); the simulator models that through the same check-out path."""
-    from calque.contracts.tenancy import CheckoutRequest
-
-    return CheckoutRequest.model_construct(
-        backend="exclusive",  # type: ignore[arg-type]
-        profile="whole",
-        ttl_seconds=ttl,
-        instance_id=instance_id,
-        min_memory_gib=None,
-        accept_shared_gpu_no_isolation=False,
-    )
-
-
 @dataclass
 class _Gpu:
     instance_id: str
@@ -92,6 +81,12 @@ class _Gpu:
     held: int = 0
     until: int = 0  # when the last job held on it ends (the sessions' expiry)
     draining: bool = False  # no new job on it: it empties to be cut whole for the queue's head
+    reserved: bool = False  # held for a job of several cards: only jobs ending in time may take it
+
+    @property
+    def held_back(self) -> bool:
+        """Its free slices are not placeable (draining, or reserved)."""
+        return self.draining or self.reserved
 
 
 class Simulator:
@@ -135,6 +130,9 @@ class Simulator:
         self.shares: dict[tuple[str, str], Fraction] = {}  # (instance, slice) -> share of its GPU
         self.fences: dict[tuple[str, str], int] = {}
         self.relayouts = 0
+        self.reservation: reserve.Reservation | None = None
+        self.t = 0  # the virtual clock, in seconds
+        self.started: dict[int, int] = {}  # a placed job's trace line -> when it started
         # per placed job: (share-weighted seconds, slice-seconds, departure time)
         self._done: list[tuple[Fraction, int, int]] = []
         self._departures: list[tuple[int, int, str, list[tuple[str, str, str]]]] = []
@@ -221,7 +219,7 @@ class Simulator:
                     profile=p.profile,
                     memory_gib=p.memory_gib,
                     state="free",
-                    placeable=True,
+                    placeable=not gpu.reserved,
                     fence=self.fences.get((gpu.instance_id, p.slice_id), 0),
                     state_since=self.now,
                 )
@@ -229,7 +227,8 @@ class Simulator:
                 reg.profiles.setdefault((p.backend, p.profile), set()).add(p.memory_gib)
                 share = slice_share(gpu.card, p.backend, p.profile, None)
                 self.shares[(gpu.instance_id, p.slice_id)] = share
-                self._count(p.backend, p.profile, +1, share)
+                if not gpu.reserved:
+                    self._count(p.backend, p.profile, +1, share)
         gpu.mix = dict(mix) if mix else None
         gpu.draining = False
 
@@ -272,21 +271,32 @@ class Simulator:
 
     # -- placing ------------------------------------------------------------------------------
     def _try(
-        self, job: Job, kinds: tuple[tuple[str, str, Fraction], ...]
+        self, job: Job, kinds: tuple[tuple[str, str, Fraction], ...], *, backfill: bool = False
     ) -> list[tuple[str, str, str]] | None:
-        """Check the job out through the tenancy service; the grants (session, token, slice) or None."""
-        from calque.contracts.tenancy import CheckoutRequest
-        from calque.errors import Conflict
+        """Check the job out through the tenancy service; the grants (session, token, slice) or
+        None. ``backfill``: the free slices of the reserved cards are open to it for this try."""
         from calque.identity import Caller
 
         who = Caller(principal=job.name, arn=f"arn:aws:iam::000000000000:user/{job.name}")
         if job.num_gpu > 1:
             return self._try_multi(job, who)
+        opened = reserve.open_reserved(self, {(b, p) for b, p, _s in kinds}) if backfill else []
+        try:
+            return self._try_one(job, kinds, who)
+        finally:
+            reserve.close_reserved(self, opened)
+
+    def _try_one(
+        self, job: Job, kinds: tuple[tuple[str, str, Fraction], ...], who: Any
+    ) -> list[tuple[str, str, str]] | None:
+        from calque.contracts.tenancy import CheckoutRequest
+        from calque.errors import Conflict
+
         for backend, profile, _ in kinds:
             if self.free.get((backend, profile), 0) <= 0:
                 continue
             if backend == "exclusive":
-                req = _whole_card_request(job.duration, None)
+                req = whole_card_request(job.duration, None)
             else:
                 req = CheckoutRequest.model_validate(
                     {
@@ -303,8 +313,8 @@ class Simulator:
             return [self._took(grant)]
         return None
 
-    def _try_multi(self, job: Job, who: Any) -> list[tuple[str, str, str]] | None:
-        for iid in sorted(self.types):
+    def _try_multi(self, job: Job, who: Any, prefer: str | None = None) -> list[tuple[str, str, str]] | None:
+        for iid in sorted(self.types, key=lambda i: (i != prefer, i)):
             free = [
                 s
                 for s in self.registry.slices(iid)
@@ -314,7 +324,7 @@ class Simulator:
                 continue
             taken = []
             for _ in range(job.num_gpu):
-                req = _whole_card_request(job.duration, iid)
+                req = whole_card_request(job.duration, iid)
                 taken.append(self._took(self.tenancy.checkout(who, req)))
             return taken
         return None
@@ -344,13 +354,15 @@ class Simulator:
             fence=sl.fence,
         )
         gpu = self.gpus[(instance_id, sl.gpu_index)]
-        self.registry.slice_reclaimed(sl, placeable=not gpu.draining, not_before=self.now, event=event)
-        if not gpu.draining:
+        self.registry.slice_reclaimed(sl, placeable=not gpu.held_back, not_before=self.now, event=event)
+        if not gpu.held_back:
             self._count(sl.backend, sl.profile, +1, self.shares[(instance_id, slice_id)])
         gpu.held -= 1
 
     # -- the run ------------------------------------------------------------------------------
     def run(self, *, trace: str = "", hosts: str = "", seed: int = 0, timeline: bool = False) -> Result:
+        from calque.identity import Caller
+
         res = Result(trace=trace, hosts=hosts, layout=self.layout.label, seed=seed, gpus=self.total_gpus)
         res.jobs = len(self.jobs)
         waiting: dict[tuple, deque[Job]] = {}
@@ -361,6 +373,7 @@ class Simulator:
         busy_slices = 0
         frag = Fraction(0)
         unsaturated = Fraction(0)
+        held_back = Fraction(0)  # free on cards that take no new job (draining, or reserved)
         start = self.jobs[0].arrival if self.jobs else 0
         last = start
         end = start
@@ -372,19 +385,35 @@ class Simulator:
             nonlocal busy_gpu, busy_slices, seq, queued
             now = float(t)
             while queued:
+                done = reserve.ready(self, waiting) if self.reservation is not None else None
+                if done is not None:  # its reserved cards are empty: its job takes them
+                    due = done.job
+                    who = Caller(principal=due.name, arn=f"arn:aws:iam::000000000000:user/{due.name}")
+                    grants = self._try_multi(due, who, prefer=done.instance_id)
+                    if grants is None:
+                        raise RuntimeError(f"the cards reserved for {due.name} did not take it")
+                    queued -= 1
+                    self._started(due, t, grants, waits)
+                    continue
                 self.queue.refresh(now, {key[1] for key, q in waiting.items() if q})
+                # (queue order, deque, index in it, 0: a backfill onto reserved cards, tried first)
                 heads = [
-                    (self.queue.key(q[0], now), key)
+                    (self.queue.key(q[0], now), key, 0, 1)
                     for key, q in waiting.items()
                     if q and self._may_fit(key[0])
                 ]
+                res = self.reservation
+                rfree = reserve.reserved_free(self) if res is not None else set()
+                if res is not None and rfree:
+                    picks = reserve.backfill_pick(waiting, res, rfree, t)
+                    heads += [(self.queue.key(j, now), key, idx, 0) for j, key, idx in picks]
                 placed_one = False
-                for _k, key in sorted(heads):
-                    job = waiting[key][0]
-                    grants = self._try(job, key[0])
+                for _k, key, idx, normal in sorted(heads):
+                    job = waiting[key][idx]
+                    grants = self._try(job, key[0], backfill=not normal)
                     if grants is None:
                         continue
-                    waiting[key].popleft()
+                    del waiting[key][idx]
                     queued -= 1
                     self._started(job, t, grants, waits)
                     placed_one = True
@@ -402,7 +431,9 @@ class Simulator:
                 frag += self.free_share * (t - last)
             elif i:
                 unsaturated += self.free_share * (t - last)
+            held_back += reserve.held_back_share(self) * (t - last)
             last = t
+            self.t = t
             self.now = EPOCH + timedelta(seconds=t)
             while departures and departures[0][0] == t:
                 _t, _s, iid, grants = heapq.heappop(departures)
@@ -448,6 +479,7 @@ class Simulator:
         res.fragmented_gpu_hours = round(float(frag / 3600), 3)
         res.fragmentation_share = round(float(frag / 3600 / paid), 4) if paid else 0.0
         res.unsaturated_share = round(float(unsaturated / 3600 / paid), 4) if paid else 0.0
+        res.held_back_share = round(float(held_back / 3600 / paid), 4) if paid else 0.0
         res.relayouts = self.relayouts
         res.groups = self.queue.report()
         return res
@@ -464,6 +496,7 @@ class Simulator:
 
     def _started(self, job: Job, t: int, grants: list[tuple[str, str, str]], waits: list[int]) -> None:
         waits.append(t - job.arrival)
+        self.started[job.line] = t
         iid = self.registry.sessions[grants[0][0]].instance_id
         for g in grants:
             gpu = self.gpus[(iid, self.registry.slice_map[(iid, g[2])].gpu_index)]
@@ -478,28 +511,56 @@ class Simulator:
         """Re-lay out one empty MIG-capable GPU for what waits; True if one changed."""
         from calque.catalog import planner
 
-        empty = [g for _k, g in sorted(self.gpus.items()) if g.held == 0 and g.card.mig_capable]
         if not any(waiting.values()):
             return False
 
-        def in_queue_order() -> Iterator[Job]:
-            # in the queue's order: each group's deque is first come first served
-            return heapq.merge(*(q for q in waiting.values() if q), key=lambda j: self.queue.key(j, now))
+        def in_queue_order(fractions: bool = False) -> Iterator[Job]:
+            # in the queue's order (each group's deque is first come first served): every job,
+            # or only those of one card (``fractions``: of a slice smaller than the card)
+            qs = [q for k, q in waiting.items() if q and (not fractions or k[0][0][2] < 1)]
+            return heapq.merge(*qs, key=lambda j: self.queue.key(j, now))
 
-        card_mix: dict[str, dict[str, int] | None] = {}
-        for gpu in empty:
-            if gpu.card.name not in card_mix:
-                card_mix[gpu.card.name] = planner.mix_for(gpu.card, (j.fraction for j in in_queue_order()))
-            mix = card_mix[gpu.card.name]
+        res = self.reservation
+        head = next(in_queue_order())
+        if res is None:
+            multi = [q[0] for k, q in waiting.items() if q and k[0][0][1].startswith("x")]
+            first = min(multi, key=lambda j: self.queue.key(j, now)) if multi else None
+            # once it has waited: when first in line and worth it (``placement_reserve``)
+            if (
+                first is not None
+                and now - first.arrival >= self.queue.policy.reserve_after_s
+                and reserve.worth_it(self, first, head)
+            ):
+                reserve.reserve(self, first)
+                return True
+
+        def wanted(gpu: _Gpu, fractions: bool = False) -> Iterator[Fraction]:
+            # what may take a slice of this card, in the queue's order: jobs of one card (those
+            # of several take cards only through a reservation); on a reserved card only those
+            # that end before it is needed
+            for j in in_queue_order(fractions):
+                if j.num_gpu == 1 and (not gpu.reserved or (res is not None and res.admits(j, self.t))):
+                    yield j.fraction
+
+        card_mix: dict[tuple[str, bool], dict[str, int] | None] = {}
+        for _k, gpu in sorted(self.gpus.items()):
+            if gpu.held or not gpu.card.mig_capable:
+                continue
+            if (gpu.card.name, gpu.reserved) not in card_mix:
+                card_mix[(gpu.card.name, gpu.reserved)] = planner.mix_for(gpu.card, wanted(gpu))
+            mix = card_mix[(gpu.card.name, gpu.reserved)]
             if mix != gpu.mix or gpu.draining:
                 self._relayout(gpu, mix)
                 self.relayouts += 1
                 return True
+        # the first in line of one card: one of several cards not reserving keeps no drain off
+        single = next((j for j in in_queue_order() if j.num_gpu == 1), head)
         # no idle card helps: re-cut the free part of a card in use, around what is held (for
         # the fractions that wait: a whole card is never cut around a held slice)
-        parts = [q for key, q in waiting.items() if q and key[0][0][2] < 1]
+        if not any(q for key, q in waiting.items() if key[0][0][2] < 1):
+            return self._drain_for_head(single, now)
         for _k, gpu in sorted(self.gpus.items()):
-            if not parts or not gpu.held or gpu.mix is None:
+            if not gpu.held or gpu.mix is None:
                 continue
             held = frozenset(
                 s.slice_id
@@ -508,13 +569,12 @@ class Simulator:
             )
             if len(held) == sum(gpu.mix.values()):
                 continue
-            in_order = heapq.merge(*parts, key=lambda j: self.queue.key(j, now))
-            mix = planner.recut(gpu.card, gpu.index, gpu.mix, set(held), (j.fraction for j in in_order))
+            mix = planner.recut(gpu.card, gpu.index, gpu.mix, set(held), wanted(gpu, fractions=True))
             if mix is not None:
                 self._relayout(gpu, mix, held)
                 self.relayouts += 1
                 return True
-        return self._drain_for_head(next(in_queue_order()), now)
+        return self._drain_for_head(single, now)
 
     def _drain_for_head(self, head: Job, now: float) -> bool:
         """The queue's reservation, for a card: when the first in line fits no free slice and
@@ -522,7 +582,7 @@ class Simulator:
         card is cut to offer its size at all, so that it is not starved while others keep the
         cards cut their way) and no card can be re-cut, the cut card in use whose sessions end
         first takes no new job, so that it empties and is cut for the queue."""
-        cut = [g for _k, g in sorted(self.gpus.items()) if g.mix is not None and g.held]
+        cut = [g for _k, g in sorted(self.gpus.items()) if g.mix is not None and g.held and not g.reserved]
         if (
             head.num_gpu != 1
             or now - head.arrival < self.queue.policy.reserve_after_s
@@ -538,4 +598,3 @@ class Simulator:
                 self.registry.set_placeable(sl, False)
                 self._count(sl.backend, sl.profile, -1, self.shares[(sl.instance_id, sl.slice_id)])
         return True
-        return False

@@ -126,3 +126,18 @@ def static_mig_layouts(card: Card) -> list[Layout]:
 
     walk(0, {})
     return [Layout("mig", mig=tuple(sorted(m.items()))) for m in found]
+
+
+def whole_card_request(ttl: int, instance_id: str | None) -> Any:
+    """A check-out of a whole card. Members cannot ask for one through the API (an admin
+    dedicates a card); the simulator models that through the same check-out path."""
+    from calque.contracts.tenancy import CheckoutRequest
+
+    return CheckoutRequest.model_construct(
+        backend="exclusive",  # type: ignore[arg-type]
+        profile="whole",
+        ttl_seconds=ttl,
+        instance_id=instance_id,
+        min_memory_gib=None,
+        accept_shared_gpu_no_isolation=False,
+    )

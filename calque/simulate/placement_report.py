@@ -30,6 +30,9 @@ class Result:
     fragmentation_share: float = 0.0
     # capacity free while nothing waited: the hosts were not saturated (share of paid)
     unsaturated_share: float = 0.0
+    # capacity free on cards that took no new job: draining for the first in line, or reserved
+    # for a job of several cards (share of paid)
+    held_back_share: float = 0.0
     relayouts: int = 0
     events: int = 0
     refused_by_reason: dict[str, int] = field(default_factory=dict)
