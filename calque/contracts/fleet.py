@@ -50,10 +50,11 @@ MAX_TTL_S = 90 * 24 * 3600
 
 
 def _catalog_items(schema: dict[str, Any]) -> None:
-    """A list of instance types, each the catalog's."""
+    """A list of distinct instance types, each the catalog's."""
     items: dict[str, Any] = {}
     catalog_instance_types(items)
     schema["items"] = {**schema.get("items", {}), **items}
+    schema["uniqueItems"] = True
 
 
 class AcquireRequest(Request):
@@ -82,7 +83,12 @@ class AcquireRequest(Request):
         description="USD/hour; omitted: up to the on-demand rate",
     )
     fallback_on_demand: bool = Field(default=False, description="spot capacity failed: try on-demand")
-    fallback_types: list[str] = Field(default=[], max_length=5, json_schema_extra=_catalog_items)
+    fallback_types: list[str] = Field(
+        default=[],
+        max_length=5,
+        description="tried in order when the type has no capacity: distinct, and not instance_type",
+        json_schema_extra=_catalog_items,
+    )
     ttl_seconds: int | None = Field(
         default=None,
         description=f"hard cap: drained and terminated then ({MIN_TTL_S}s..{MAX_TTL_S}s)",
