@@ -24,7 +24,8 @@ the order they took effect. One call is one line: a transaction comes back whole
 at all, never half (a torn last line fails its checksum and is dropped with everything
 after it). At start the snapshot is loaded and the journal replayed through moto itself,
 then both are compacted into a new snapshot; a running plane compacts every
-``COMPACT_EVERY`` writes and at a clean stop. A snapshot records the last sequence number
+``COMPACT_EVERY`` writes (or as many as the last snapshot held items, if more) and at a
+clean stop. A snapshot records the last sequence number
 it includes, so a crash between writing it and emptying the journal replays nothing twice.
 
 SQS, EC2, SSM and S3 are small (calque/local/moto_state.py, moto_ssm.py): after each
@@ -36,7 +37,9 @@ leaves a temporary file, removed at the next start.
 
 Restart time and memory follow what the services hold now, not their history: the
 journal is compacted every ``COMPACT_EVERY`` writes or ``COMPACT_BYTES`` bytes, whichever
-comes first, and is read one record at a time. Messages come back visible (a receipt handle given out before
+comes first (each raised to the last snapshot's items and bytes, so that reading every
+table costs the same per write however large they are), and is read one record at a
+time. Messages come back visible (a receipt handle given out before
 the stop is no longer valid, as after a visibility timeout), with their receive counts.
 """
 
@@ -77,6 +80,8 @@ class DynamoJournal:
         self.seq = 0
         self.since_compaction = 0
         self.bytes_since_compaction = 0
+        self.snapshot_items = 0  # items and bytes of the last snapshot written
+        self.snapshot_bytes = 0
 
     # records
     @staticmethod
@@ -125,13 +130,22 @@ class DynamoJournal:
         self.bytes_since_compaction += len(line)
 
     def due(self) -> bool:
-        """Whether the journal has grown enough to fold into the snapshot."""
-        return self.since_compaction >= COMPACT_EVERY or self.bytes_since_compaction >= COMPACT_BYTES
+        """Whether the journal has grown enough to fold into the snapshot: ``COMPACT_EVERY``
+        writes or ``COMPACT_BYTES`` bytes, or as many writes as the last snapshot held items
+        and as many bytes as it had, whichever is more (a compaction reads every table, so
+        its cost per write stays the same however much the tables hold, and a restart
+        replays no more records than the snapshot has items)."""
+        return self.since_compaction >= max(
+            COMPACT_EVERY, self.snapshot_items
+        ) or self.bytes_since_compaction >= max(COMPACT_BYTES, self.snapshot_bytes)
 
     def write_snapshot(self, tables: dict[str, list[dict[str, Any]]]) -> None:
         """The tables as they are now, then an empty journal (records up to ``seq`` are in it)."""
         doc = {"format": 1, "seq": self.seq, "tables": tables}
-        write_durably(self.snapshot_file, json.dumps(doc, separators=(",", ":")).encode())
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        write_durably(self.snapshot_file, data)
+        self.snapshot_items = sum(len(items) for items in tables.values())
+        self.snapshot_bytes = len(data)
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

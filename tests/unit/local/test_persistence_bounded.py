@@ -184,3 +184,24 @@ def test_only_the_latest_terminated_instances_are_kept(tmp_path, monkeypatch):
         ServiceSnapshots(tmp_path, account="123456789012", region=REGION).save_ec2()
     saved = [i["id"] for i in json.loads((tmp_path / "ec2.json").read_text())["instances"]]
     assert saved == ids[3:]  # the latest three terminated and both running
+
+
+def test_the_journal_waits_for_as_many_writes_as_the_snapshot_holds_items(tmp_path, monkeypatch):
+    """A compaction reads every table: with more items than COMPACT_EVERY it comes after as
+    many writes as the last snapshot held items (and as many bytes as it had), not sooner."""
+    monkeypatch.setattr(persistence, "COMPACT_EVERY", 3)
+    j = DynamoJournal(tmp_path)
+    j.open()
+    j.write_snapshot({"t": [{"pk": {"S": str(n)}} for n in range(5)]})
+    for _ in range(4):
+        j.append("PutItem", b"{}")
+    assert not j.due()
+    j.append("PutItem", b"{}")
+    assert j.due()
+    j.write_snapshot({"t": [{"pk": {"S": "1"}}]})  # back to COMPACT_EVERY once the tables shrank
+    for _ in range(2):
+        j.append("PutItem", b"{}")
+    assert not j.due()
+    j.append("PutItem", b"{}")
+    assert j.due()
+    j.close()
