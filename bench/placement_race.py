@@ -290,6 +290,7 @@ def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: in
     failures: Counter[str] = Counter()
     lock = threading.Lock()
     t0 = time.monotonic()
+    last = [t0]
 
     def work(w: int) -> None:
         tenancy = Tenancy(DynamoRegistry(plane.ddb, TABLE), MemoryQueue(), rng=random.Random(w))
@@ -306,11 +307,13 @@ def churn(plane: Plane, cycles: int, *, workers: int = 8, members_per_worker: in
                 if done[0] == warmup:
                     marks["warm"] = plane.rss_mib()
                 if done[0] % warmup == 0:
+                    now = time.monotonic()
                     print(
-                        f"  churn: {done[0]} cycles begun in {time.monotonic() - t0:.0f} s, "
-                        f"plane resident {plane.rss_mib():.0f} MiB",
+                        f"  churn: {done[0]} cycles begun in {now - t0:.0f} s (the last {warmup} in "
+                        f"{now - last[0]:.0f} s), plane resident {plane.rss_mib():.0f} MiB",
                         flush=True,
                     )
+                    last[0] = now
             caller = members[n % members_per_worker]
             n += 1
             try:

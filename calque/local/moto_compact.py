@@ -36,6 +36,8 @@ from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict
 from moto.dynamodb.models.table import Table
 from moto.dynamodb.responses import DynamoHandler
 
+from calque.local import moto_index
+
 _READS = frozenset({"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"})
 _OWN = (Table.put_item, DynamoHandler.call_action)  # moto's own, installed or not
 _STATE: dict[str, Any] = {}
@@ -296,14 +298,20 @@ def settle(operation: str) -> None:
     """After each DynamoDB request: hold what it decoded or put compactly again."""
     changed = operation not in _READS
     decoded, put = _PENDING.decoded, _PENDING.put
+    touched = (decoded[:], put[:]) if changed else None
     while decoded:
         decoded.pop().settle(changed)
     while put:
         _compact(*put.pop())
+    if touched is not None:
+        moto_index.changed(*touched)  # where each item it changed or put now is
 
 
 def _put_item(self: Any, *args: Any, **kwargs: Any) -> Any:
+    before = moto_index.replacing(self, args, kwargs)
     item = _OWN[0](self, *args, **kwargs)
+    if before is not None and before is not item:
+        moto_index.left(self, before)
     _PENDING.put.append((self, item))
     return item
 

@@ -24,7 +24,8 @@ the order they took effect. One call is one line: a transaction comes back whole
 at all, never half (a torn last line fails its checksum and is dropped with everything
 after it). At start the snapshot is loaded and the journal replayed through moto itself,
 then both are compacted into a new snapshot; a running plane compacts every
-``COMPACT_EVERY`` writes and at a clean stop. A snapshot records the last sequence number
+``COMPACT_EVERY`` writes (or as many as the last snapshot held items, if more) and at a
+clean stop. A snapshot records the last sequence number
 it includes, so a crash between writing it and emptying the journal replays nothing twice.
 
 SQS, EC2, SSM and S3 are small (calque/local/moto_state.py, moto_ssm.py): after each
@@ -36,7 +37,9 @@ leaves a temporary file, removed at the next start.
 
 Restart time and memory follow what the services hold now, not their history: the
 journal is compacted every ``COMPACT_EVERY`` writes or ``COMPACT_BYTES`` bytes, whichever
-comes first, and is read one record at a time. Messages come back visible (a receipt handle given out before
+comes first (each raised to the last snapshot's items and bytes, so that reading every
+table costs the same per write however large they are), and is read one record at a
+time. Messages come back visible (a receipt handle given out before
 the stop is no longer valid, as after a visibility timeout), with their receive counts.
 """
 
@@ -48,12 +51,19 @@ import logging
 import os
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from calque.local.moto_ssm import SsmCommands
-from calque.local.moto_state import ServiceSnapshots, read_json, remove_stale_temps, write_durably
+from calque.local.moto_state import (
+    ServiceSnapshots,
+    fsync_dir,
+    read_json,
+    remove_stale_temps,
+    write_durably,
+)
 from calque.local.restored import OTHER_ITEMS, Restored
 
 log = logging.getLogger("calque.local")
@@ -77,6 +87,8 @@ class DynamoJournal:
         self.seq = 0
         self.since_compaction = 0
         self.bytes_since_compaction = 0
+        self.snapshot_items = 0  # items and bytes of the last snapshot written
+        self.snapshot_bytes = 0
 
     # records
     @staticmethod
@@ -125,13 +137,46 @@ class DynamoJournal:
         self.bytes_since_compaction += len(line)
 
     def due(self) -> bool:
-        """Whether the journal has grown enough to fold into the snapshot."""
-        return self.since_compaction >= COMPACT_EVERY or self.bytes_since_compaction >= COMPACT_BYTES
+        """Whether the journal has grown enough to fold into the snapshot: ``COMPACT_EVERY``
+        writes or ``COMPACT_BYTES`` bytes, or as many writes as the last snapshot held items
+        and as many bytes as it had, whichever is more (a compaction reads every table, so
+        its cost per write stays the same however much the tables hold, and a restart
+        replays no more records than the snapshot has items)."""
+        return self.since_compaction >= max(
+            COMPACT_EVERY, self.snapshot_items
+        ) or self.bytes_since_compaction >= max(COMPACT_BYTES, self.snapshot_bytes)
 
-    def write_snapshot(self, tables: dict[str, list[dict[str, Any]]]) -> None:
-        """The tables as they are now, then an empty journal (records up to ``seq`` are in it)."""
-        doc = {"format": 1, "seq": self.seq, "tables": tables}
-        write_durably(self.snapshot_file, json.dumps(doc, separators=(",", ":")).encode())
+    def write_snapshot(self, tables: Mapping[str, Iterable[dict[str, Any]]]) -> None:
+        """The tables as they are now, then an empty journal (records up to ``seq`` are in it).
+        Each table's items are written as they come (an iterator reading a page at a time
+        keeps one page in memory, not every table), to a temporary file renamed over the
+        snapshot once whole: a crash leaves the old snapshot or the new one."""
+        tmp = self.snapshot_file.with_name(f".{self.snapshot_file.name}.{threading.get_ident()}.tmp")
+        items = size = 0
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(tmp.unlink, missing_ok=True)  # a snapshot cut short is not kept
+            fh = cleanup.enter_context(open(tmp, "wb"))  # closed by the stack
+
+            def put(data: bytes) -> None:
+                nonlocal size
+                fh.write(data)
+                size += len(data)
+
+            put(b'{"format":1,"seq":%d,"tables":{' % self.seq)
+            for t, (name, rows) in enumerate(tables.items()):
+                put(b"%s%s:[" % (b"," if t else b"", json.dumps(name).encode()))
+                for n, row in enumerate(rows):
+                    put(b"%s%s" % (b"," if n else b"", json.dumps(row, separators=(",", ":")).encode()))
+                    items += 1
+                put(b"]")
+            put(b"}}")
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+            os.replace(tmp, self.snapshot_file)
+        fsync_dir(self.snapshot_file.parent)
+        self.snapshot_items = items
+        self.snapshot_bytes = size
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -189,28 +234,29 @@ class Persistence:
         if self.dynamo.due():
             self.compact_dynamodb()
 
-    def _scan_all(self) -> dict[str, list[dict[str, Any]]]:
-        tables: dict[str, list[dict[str, Any]]] = {}
-        for name in self._ddb("ListTables", {}).get("TableNames", []):
-            items: list[dict[str, Any]] = []
-            start: dict[str, Any] | None = None
-            while True:
-                req: dict[str, Any] = {"TableName": name}
-                if start:
-                    req["ExclusiveStartKey"] = start
-                page = self._ddb("Scan", req)
-                items += page.get("Items", [])
-                start = page.get("LastEvaluatedKey")
-                if not start:
-                    break
-            tables[name] = items
-        return tables
+    def _scan(self, name: str, kinds: Counter[str]) -> Iterator[dict[str, Any]]:
+        """Every item of table ``name``, a page at a time, counted by type in ``kinds``."""
+        start: dict[str, Any] | None = None
+        while True:
+            req: dict[str, Any] = {"TableName": name}
+            if start:
+                req["ExclusiveStartKey"] = start
+            page = self._ddb("Scan", req)
+            for it in page.get("Items", []):
+                # pools' and claims' items carry no type
+                kinds[(it.get("type") or {}).get("S") or OTHER_ITEMS] += 1
+                yield it
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
 
-    def compact_dynamodb(self) -> dict[str, list[dict[str, Any]]]:
-        """Write every table to the snapshot and empty the journal (under the DynamoDB lock)."""
-        tables = self._scan_all()
-        self.dynamo.write_snapshot(tables)
-        return tables
+    def compact_dynamodb(self) -> Counter[str]:
+        """Write every table to the snapshot and empty the journal (under the DynamoDB lock),
+        a page at a time; returns how many items of each type it wrote."""
+        kinds: Counter[str] = Counter()
+        names = self._ddb("ListTables", {}).get("TableNames", [])
+        self.dynamo.write_snapshot({name: self._scan(name, kinds) for name in names})
+        return kinds
 
     def _restore_dynamodb(self, out: Restored) -> None:
         snapshot = read_json(self.dynamo.snapshot_file) or {"seq": 0, "tables": {}}
@@ -239,11 +285,8 @@ class Persistence:
             out.journal_records += 1
         out.dropped_records = sum(dropped)
         self.dynamo.seq = seq
-        tables = self.compact_dynamodb()
-        for items in tables.values():
-            for it in items:
-                # pools' and claims' items carry no type; they came back all the same
-                out.items[(it.get("type") or {}).get("S") or OTHER_ITEMS] += 1
+        for kind, n in self.compact_dynamodb().items():
+            out.items[kind] += n
 
     # --- SQS, EC2, SSM, S3: the whole service's state after each change -----------------
     def _save(self, service: str) -> None:

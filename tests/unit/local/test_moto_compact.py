@@ -21,7 +21,7 @@ from moto.dynamodb.models.dynamo_type import Item
 from moto.dynamodb.models.table import Table
 from moto.dynamodb.responses import DynamoHandler
 
-from calque.local import moto_compact, moto_dynamodb
+from calque.local import moto_compact, moto_dynamodb, moto_index
 from tests.unit.local.test_moto_transactions import _aws_env  # noqa: F401 (the same AWS environment)
 
 pytestmark = pytest.mark.unit
@@ -30,6 +30,7 @@ REGION = "us-east-1"
 ACCOUNT = "123456789012"
 
 OWN_PUT, OWN_CALL = moto_compact.moto_own()
+OWN_QUERY, OWN_ALL_ITEMS, OWN_DELETE = moto_index.moto_own()
 
 # one item of every attribute type, nested lists and maps included
 EVERY_TYPE: dict[str, Any] = {
@@ -60,6 +61,10 @@ def holding(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
         monkeypatch.setattr(Table, "put_item", moto_compact._put_item if compact else OWN_PUT)
         monkeypatch.setattr(DynamoHandler, "call_action", moto_compact._call_action if compact else OWN_CALL)
         monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_dynamodb.transact_write_items)
+        # the compact plane's queries read only their candidates (calque/local/moto_index.py)
+        monkeypatch.setattr(Table, "query", moto_index._query if compact else OWN_QUERY)
+        monkeypatch.setattr(Table, "all_items", moto_index._all_items if compact else OWN_ALL_ITEMS)
+        monkeypatch.setattr(Table, "delete_item", moto_index._delete_item if compact else OWN_DELETE)
 
     return hold
 
@@ -418,3 +423,278 @@ def test_a_cancelled_transaction_puts_back_compact_items(holding: Callable[[bool
         assert type(restored) is moto_compact.CompactItem  # the Undo's copy, compacted again
         assert "_full" not in restored.__dict__
         assert ddb.get_item(TableName="reg", Key=key)["Item"] == before
+
+
+def _pages(ddb: Any, **query: Any) -> list[Any]:
+    """Every page of ``query`` (Limit and ExclusiveStartKey as a client pages)."""
+    pages = []
+    while True:
+        page = _call(ddb, "query", **query)
+        pages.append(page)
+        if "LastEvaluatedKey" not in page or len(pages) > 50:
+            return pages
+        query = {**query, "ExclusiveStartKey": page["LastEvaluatedKey"]}
+
+
+def _index_reads(ddb: Any) -> list[Any]:
+    """What every index (and the table) answers now: each partition paged 2 at a time,
+    both ways, a range condition, a sparse index, an LSI, an empty partition, errors."""
+    out: list[Any] = []
+    for state in ("free", "used", "gone", "held", "none"):
+        for forward in (True, False):
+            out.append(
+                _pages(
+                    ddb,
+                    TableName="reg",
+                    IndexName="by-state",
+                    KeyConditionExpression="#s = :s",
+                    ExpressionAttributeNames={"#s": "state"},
+                    ExpressionAttributeValues={":s": _s(state)},
+                    ScanIndexForward=forward,
+                    Limit=2,
+                )
+            )
+    out.append(
+        _pages(
+            ddb,
+            TableName="reg",
+            IndexName="by-state",
+            KeyConditionExpression="#s = :s AND pk BETWEEN :a AND :b",
+            ExpressionAttributeNames={"#s": "state"},
+            ExpressionAttributeValues={":s": _s("free"), ":a": _s("host#1"), ":b": _s("host#3")},
+            Limit=3,
+        )
+    )
+    for value in ("odd#0", "odd#1", "odd#2", "even#9"):
+        out.append(
+            _pages(
+                ddb,
+                TableName="reg",
+                IndexName="sparse",
+                KeyConditionExpression="gsi2pk = :g",
+                ExpressionAttributeValues={":g": _s(value)},
+                Limit=1,
+            )
+        )
+    for host in ("host#1", "host#2", "host#5"):
+        out.append(
+            _pages(
+                ddb,
+                TableName="reg",
+                IndexName="by-n",
+                KeyConditionExpression="pk = :p AND n >= :z",
+                ExpressionAttributeValues={":p": _s(host), ":z": {"N": "1"}},
+                Limit=2,
+            )
+        )
+        out.append(
+            _pages(
+                ddb,
+                TableName="reg",
+                KeyConditionExpression="pk = :p",
+                ExpressionAttributeValues={":p": _s(host)},
+            )
+        )
+    out.append(
+        _call(
+            ddb,
+            "query",
+            TableName="reg",
+            IndexName="nope",
+            KeyConditionExpression="pk = :p",
+            ExpressionAttributeValues={":p": _s("host#1")},
+        )
+    )
+    out.append(
+        _call(
+            ddb,
+            "query",
+            TableName="reg",
+            IndexName="by-state",
+            KeyConditionExpression="pk = :p",
+            ExpressionAttributeValues={":p": _s("host#1")},
+        )
+    )
+    return out
+
+
+def _index_tables(ddb: Any) -> None:
+    ddb.create_table(
+        TableName="reg",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+            {"AttributeName": "state", "AttributeType": "S"},
+            {"AttributeName": "gsi2pk", "AttributeType": "S"},
+            {"AttributeName": "n", "AttributeType": "N"},
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "by-state",
+                "KeySchema": [
+                    {"AttributeName": "state", "KeyType": "HASH"},
+                    {"AttributeName": "pk", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": "sparse",
+                "KeySchema": [{"AttributeName": "gsi2pk", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+        ],
+        LocalSecondaryIndexes=[
+            {
+                "IndexName": "by-n",
+                "KeySchema": [
+                    {"AttributeName": "pk", "KeyType": "HASH"},
+                    {"AttributeName": "n", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    for n in range(6):
+        for k in range(5):
+            item = {"pk": _s(f"host#{n}"), "sk": _s(f"slice#{k}"), "state": _s("free" if k % 2 else "used")}
+            if k:
+                item["n"] = {"N": str(k % 3)}  # sparse in the LSI too: slice#0 has no n
+            if n % 2:
+                item["gsi2pk"] = _s(f"odd#{k % 3}")
+            ddb.put_item(TableName="reg", Item=item)
+
+
+def _key(host: int, k: int) -> dict[str, Any]:
+    return {"pk": _s(f"host#{host}"), "sk": _s(f"slice#{k}")}
+
+
+def _index_scenario(ddb: Any) -> list[Any]:
+    out = [_index_reads(ddb)]  # the first index query makes the map from the table
+    steps: list[tuple[str, dict[str, Any]]] = [
+        # an update moves an item between partitions of both GSIs and the LSI
+        (
+            "update_item",
+            {
+                "Key": _key(1, 1),
+                "UpdateExpression": "SET #s = :u, gsi2pk = :g, n = :n",
+                "ExpressionAttributeNames": {"#s": "state"},
+                "ExpressionAttributeValues": {":u": _s("used"), ":g": _s("odd#2"), ":n": {"N": "7"}},
+            },
+        ),
+        # an item leaves a sparse index, another joins it
+        ("update_item", {"Key": _key(3, 2), "UpdateExpression": "REMOVE gsi2pk, n"}),
+        (
+            "update_item",
+            {
+                "Key": _key(2, 3),
+                "UpdateExpression": "SET gsi2pk = :g",
+                "ExpressionAttributeValues": {":g": _s("odd#0")},
+            },
+        ),
+        # a new item by update, a replacing put, deletes
+        (
+            "update_item",
+            {
+                "Key": _key(5, 9),
+                "UpdateExpression": "SET #s = :h, n = :n",
+                "ExpressionAttributeNames": {"#s": "state"},
+                "ExpressionAttributeValues": {":h": _s("held"), ":n": {"N": "1"}},
+            },
+        ),
+        ("put_item", {"Item": {**_key(2, 1), "state": _s("held"), "gsi2pk": _s("odd#1")}}),
+        ("delete_item", {"Key": _key(4, 3)}),
+        ("delete_item", {"Key": _key(3, 1), "ReturnValues": "ALL_OLD"}),
+        (
+            "delete_item",
+            {
+                "Key": _key(3, 4),
+                "ConditionExpression": "#s = :x",
+                "ExpressionAttributeNames": {"#s": "state"},
+                "ExpressionAttributeValues": {":x": _s("no")},
+            },
+        ),
+    ]
+    for op, kwargs in steps:
+        out.append(_call(ddb, op, TableName="reg", **kwargs))
+        out.append(_index_reads(ddb))
+    cancelled = [
+        {
+            "Update": {
+                "TableName": "reg",
+                "Key": _key(0, 1),
+                "UpdateExpression": "SET #s = :g",
+                "ExpressionAttributeNames": {"#s": "state"},
+                "ExpressionAttributeValues": {":g": _s("gone")},
+            }
+        },
+        {"Put": {"TableName": "reg", "Item": {**_key(0, 3), "state": _s("gone"), "gsi2pk": _s("odd#9")}}},
+        {"Put": {"TableName": "reg", "Item": {**_key(8, 0), "state": _s("gone")}}},
+        {"Delete": {"TableName": "reg", "Key": _key(5, 1)}},
+        {
+            "ConditionCheck": {
+                "TableName": "reg",
+                "Key": _key(5, 2),
+                "ConditionExpression": "attribute_not_exists(pk)",
+            }
+        },
+        {"Delete": {"TableName": "reg", "Key": _key(5, 3)}},
+    ]
+    out.append(_call(ddb, "transact_write_items", TransactItems=cancelled))
+    out.append(_index_reads(ddb))
+    out.append(_call(ddb, "transact_write_items", TransactItems=[cancelled[0], cancelled[2], cancelled[3]]))
+    out.append(_index_reads(ddb))
+    out.append(
+        _call(
+            ddb,
+            "batch_write_item",
+            RequestItems={
+                "reg": [
+                    {"PutRequest": {"Item": {**_key(9, 0), "state": _s("free"), "gsi2pk": _s("odd#0")}}},
+                    {"DeleteRequest": {"Key": _key(1, 3)}},
+                ]
+            },
+        )
+    )
+    out.append(_index_reads(ddb))
+    return out
+
+
+def test_index_queries_after_every_kind_of_write_are_moto_own(
+    holding: Callable[[bool], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Index and table queries (paged, both ways, sparse indexes, an LSI, errors) answer as
+    moto's own after updates that move items between index partitions, a replacing put,
+    deletes, a transaction cancelled midway and one that succeeds, and a batch write; and
+    the plane's queries never read the whole table to do it."""
+    answers = []
+    for compact in (False, True):
+        holding(compact)
+        whole_table_reads = [0]
+
+        def counted(self: Any, reads: list[int] = whole_table_reads) -> Any:
+            reads[0] += 1
+            return OWN_ALL_ITEMS(self)
+
+        monkeypatch.setattr(moto_index, "_OWN", (OWN_QUERY, counted, OWN_DELETE))
+        with mock_aws():
+            ddb = boto3.client("dynamodb", region_name=REGION)
+            _index_tables(ddb)
+            answers.append((_index_scenario(ddb), _table_state()))
+        if compact:
+            assert whole_table_reads[0] == 0
+    (plain, plain_state), (compact_answers, compact_state) = answers
+    for n, (p, c) in enumerate(zip(plain, compact_answers, strict=True)):
+        assert c == p, f"answer {n}"
+    assert compact_state == plain_state
+    # the scenario reached what it means to: pages, moves, the cancelled transaction, errors
+    first = plain[0]
+    assert len(first[0]) >= 2  # free, paged 2 at a time
+    assert "LastEvaluatedKey" in first[0][0]
+    assert plain[-6]["error"]["Code"] == "TransactionCanceledException"
+    assert "error" not in plain[-4]  # the transaction without the failing check went through
+    assert first[-1]["error"]["Code"] == "ValidationException"
+    held = [i for page in plain[-1][6] for i in page["Items"]]  # state held, forward
+    assert {i["pk"]["S"] for i in held} == {"host#5", "host#2"}
+    assert plain[2] != plain[0]  # the first update moved the item between partitions

@@ -6,6 +6,7 @@ and the DynamoDB journal is folded into the snapshot by size as well as by count
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -184,3 +185,52 @@ def test_only_the_latest_terminated_instances_are_kept(tmp_path, monkeypatch):
         ServiceSnapshots(tmp_path, account="123456789012", region=REGION).save_ec2()
     saved = [i["id"] for i in json.loads((tmp_path / "ec2.json").read_text())["instances"]]
     assert saved == ids[3:]  # the latest three terminated and both running
+
+
+def test_the_journal_waits_for_as_many_writes_as_the_snapshot_holds_items(tmp_path, monkeypatch):
+    """A compaction reads every table: with more items than COMPACT_EVERY it comes after as
+    many writes as the last snapshot held items (and as many bytes as it had), not sooner."""
+    monkeypatch.setattr(persistence, "COMPACT_EVERY", 3)
+    j = DynamoJournal(tmp_path)
+    j.open()
+    j.write_snapshot({"t": [{"pk": {"S": str(n)}} for n in range(5)]})
+    for _ in range(4):
+        j.append("PutItem", b"{}")
+    assert not j.due()
+    j.append("PutItem", b"{}")
+    assert j.due()
+    j.write_snapshot({"t": [{"pk": {"S": "1"}}]})  # back to COMPACT_EVERY once the tables shrank
+    for _ in range(2):
+        j.append("PutItem", b"{}")
+    assert not j.due()
+    j.append("PutItem", b"{}")
+    assert j.due()
+    j.close()
+
+
+def test_a_snapshot_is_written_as_its_items_come_and_whole_or_not_at_all(tmp_path):
+    """The snapshot takes each table's items from an iterator (a compaction reads a page at
+    a time), reads back as the tables were, and one cut short leaves the last snapshot."""
+    j = DynamoJournal(tmp_path)
+    j.open()
+    tables = {
+        "a": [{"pk": {"S": "ü"}}, {"pk": {"S": "2"}, "n": {"N": "1"}}],
+        "b": [],
+        "c": [{"pk": {"S": "3"}}],
+    }
+    j.seq = 7
+    j.write_snapshot({name: iter(items) for name, items in tables.items()})
+    assert json.loads(j.snapshot_file.read_bytes()) == {"format": 1, "seq": 7, "tables": tables}
+    assert (j.snapshot_items, j.snapshot_bytes) == (3, j.snapshot_file.stat().st_size)
+
+    def broken() -> Any:
+        yield {"pk": {"S": "x"}}
+        raise RuntimeError("the scan failed")
+
+    j.append("PutItem", b"{}")
+    with pytest.raises(RuntimeError):
+        j.write_snapshot({"a": broken()})
+    assert json.loads(j.snapshot_file.read_bytes())["tables"] == tables
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dynamodb.journal", "dynamodb.snapshot.json"]
+    assert j.journal_file.read_bytes() != b""  # the journal still holds the write
+    j.close()
