@@ -69,7 +69,26 @@ def holding(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
     return hold
 
 
-def _tables(ddb: Any) -> None:
+def _create_reg(ddb: Any, *, local_index: bool = False) -> None:
+    """The registry-shaped table: two global indexes (one sparse), and with ``local_index`` a
+    numeric attribute and a local index on it."""
+    extra_attrs = [{"AttributeName": "n", "AttributeType": "N"}] if local_index else []
+    lsi = (
+        {
+            "LocalSecondaryIndexes": [
+                {
+                    "IndexName": "by-n",
+                    "KeySchema": [
+                        {"AttributeName": "pk", "KeyType": "HASH"},
+                        {"AttributeName": "n", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "ALL"},
+                }
+            ]
+        }
+        if local_index
+        else {}
+    )
     ddb.create_table(
         TableName="reg",
         KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
@@ -78,6 +97,7 @@ def _tables(ddb: Any) -> None:
             {"AttributeName": "sk", "AttributeType": "S"},
             {"AttributeName": "state", "AttributeType": "S"},
             {"AttributeName": "gsi2pk", "AttributeType": "S"},
+            *extra_attrs,
         ],
         GlobalSecondaryIndexes=[
             {
@@ -95,7 +115,12 @@ def _tables(ddb: Any) -> None:
             },
         ],
         BillingMode="PAY_PER_REQUEST",
+        **lsi,
     )
+
+
+def _tables(ddb: Any) -> None:
+    _create_reg(ddb)
     ddb.put_item(TableName="reg", Item=EVERY_TYPE)
     for n in range(4):
         for k in range(3):
@@ -519,43 +544,7 @@ def _index_reads(ddb: Any) -> list[Any]:
 
 
 def _index_tables(ddb: Any) -> None:
-    ddb.create_table(
-        TableName="reg",
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-        AttributeDefinitions=[
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-            {"AttributeName": "state", "AttributeType": "S"},
-            {"AttributeName": "gsi2pk", "AttributeType": "S"},
-            {"AttributeName": "n", "AttributeType": "N"},
-        ],
-        GlobalSecondaryIndexes=[
-            {
-                "IndexName": "by-state",
-                "KeySchema": [
-                    {"AttributeName": "state", "KeyType": "HASH"},
-                    {"AttributeName": "pk", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-            {
-                "IndexName": "sparse",
-                "KeySchema": [{"AttributeName": "gsi2pk", "KeyType": "HASH"}],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            },
-        ],
-        LocalSecondaryIndexes=[
-            {
-                "IndexName": "by-n",
-                "KeySchema": [
-                    {"AttributeName": "pk", "KeyType": "HASH"},
-                    {"AttributeName": "n", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            }
-        ],
-        BillingMode="PAY_PER_REQUEST",
-    )
+    _create_reg(ddb, local_index=True)
     for n in range(6):
         for k in range(5):
             item = {"pk": _s(f"host#{n}"), "sk": _s(f"slice#{k}"), "state": _s("free" if k % 2 else "used")}
