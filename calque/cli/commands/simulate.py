@@ -230,6 +230,21 @@ def _sweep(ctx: Any, claims: list[Any], config: Any, max_wait_s: float | None, p
     ]
     if result.target is not None:
         rows.append({**result.target.record(), "mark": "<- the scaler's own choice for the target"})
+    if result.bound is not None:
+        # what knowing the arrivals reaches under the target (calque.simulate.pool_bound)
+        reach = result.bound.record()
+        for label, key in (
+            ("reference: knowing every arrival", "clairvoyant_paid_per_busy"),
+            ("reference: knowing each burst at its first claim", "burst_aware_paid_per_busy"),
+        ):
+            met = reach[key] is not None
+            rows.append(
+                {
+                    "label": label,
+                    "paid_per_busy": reach[key],
+                    "mark": "(the least found within the target)" if met else "(no such schedule meets it)",
+                }
+            )
     ctx.emit(rows, columns=SWEEP_COLUMNS)
 
 
@@ -280,6 +295,7 @@ RESULT_FIELDS = [
     ("fragmented GPU-hours", "fragmented_gpu_hours"),
     ("fragmentation share", "fragmentation_share"),
     ("not saturated share", "unsaturated_share"),
+    ("held back share", "held_back_share"),
     ("re-layouts", "relayouts"),
     ("dedicated", lambda r: _dedicated_cell(r.get("dedicated"))),
     ("vs dedicated", "vs_dedicated"),

@@ -101,6 +101,10 @@ def test_cli_sweep_prints_the_frontier_and_the_targets_choice(cli, tmp_path):
     code, out, err = cli(*sim, "--sweep", "--max-wait", "4m")
     assert code == 0, err
     assert "the scaler's own choice for the target" in out
+    # and beneath it, what knowing the arrivals reaches within the target (the JSON's bound)
+    assert doc["bound"] is not None
+    assert "reference: knowing every arrival" in out
+    assert "reference: knowing each burst at its first claim" in out
     code, out, err = cli(*sim, "--policy", "static", "--workers", "1", "--sweep")
     assert code == 2
     assert "--sweep" in err
