@@ -28,12 +28,15 @@ that DynamoDB JSON makes) is left as moto made it.
 
 from __future__ import annotations
 
+import base64
+import json
 import marshal
 import threading
 from typing import Any
 
 from moto.dynamodb.models.dynamo_type import DynamoType, Item, LimitedSizeDict
 from moto.dynamodb.models.table import Table
+from moto.dynamodb.models.utilities import DynamoJsonEncoder
 from moto.dynamodb.responses import DynamoHandler
 
 from calque.local import moto_index
@@ -286,6 +289,47 @@ def _compact(table: Any, item: Any) -> None:
     del item.__dict__["attrs"]
     item.__dict__.update(_blob=blob, _keys=keys, _schema=schema)
     item.__class__ = CompactItem
+
+
+def _plain_json(value: Any) -> Any:
+    """What moto's JSON encoder makes of a value that is not a DynamoType."""
+    return json.loads(json.dumps(value, cls=DynamoJsonEncoder))
+
+
+def _tree_json(tree: Any) -> Any:
+    """A ``(type, value)`` tree as DynamoDB JSON, as moto's encoder writes the DynamoType
+    it stands for (binary as base64)."""
+    if type(tree) is not tuple:
+        return _plain_json(tree)
+    kind, v = tree
+    if kind == "L":
+        v = [_tree_json(x) for x in v]
+    elif kind == "M":
+        v = {k: _tree_json(x) for k, x in v.items()}
+    elif type(v) is bytes:
+        v = base64.b64encode(v).decode("ascii")
+    elif type(v) is list:
+        v = [base64.b64encode(x).decode("ascii") if type(x) is bytes else x for x in v]
+    return {kind: v}
+
+
+def item_json(item: Any) -> dict[str, Any]:
+    """An item's attributes as DynamoDB JSON, as moto's Scan answers them, made from what
+    the table holds: a compact item's blob is read straight into JSON (no copy of the item,
+    no DynamoType per attribute); one decoded by the request running now, or held as moto
+    made it, goes through moto's own encoder."""
+    if type(item) is CompactItem and "_full" not in item.__dict__:
+        return {name: _tree_json(tree) for name, tree in marshal.loads(item._blob)}  # noqa: S302
+    return dict(_plain_json(dict(item.attrs.items())))
+
+
+def table_items(table: Any) -> Any:
+    """Every item ``table`` holds (in no particular order), read in place."""
+    for held in list(table.items.values()):
+        if table.range_key_attr is None:
+            yield held
+        else:
+            yield from list(held.values())
 
 
 def put_back(table: Any, item: Any) -> None:

@@ -56,6 +56,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from moto.dynamodb.models import dynamodb_backends
+
+from calque.local import moto_compact
 from calque.local.moto_ssm import SsmCommands
 from calque.local.moto_state import (
     ServiceSnapshots,
@@ -75,6 +78,8 @@ _DDB_TARGET = "DynamoDB_20120810."
 
 # (status, body) of one call made straight to moto's own WSGI app, past the plane's checks
 InternalCall = Callable[..., tuple[int, bytes]]
+# every table's items (DynamoDB JSON), by table name
+TableReader = Callable[[], Mapping[str, Iterable[dict[str, Any]]]]
 
 
 class DynamoJournal:
@@ -200,6 +205,7 @@ class Persistence:
         self.region = region
         self.dynamo = DynamoJournal(directory)
         self._call: InternalCall | None = None
+        self._tables: TableReader | None = None
         self._locks = {name: threading.Lock() for name in ("sqs", "ec2", "ssm", "s3")}
         self.services = ServiceSnapshots(directory, account=account, region=region)
         self.ssm = SsmCommands(directory, account=account, region=region)
@@ -208,10 +214,12 @@ class Persistence:
         self.active = False
 
     # wiring
-    def attach(self, call: InternalCall) -> None:
-        """How to reach moto's own app (for snapshots and restores), past the plane's checks."""
+    def attach(self, call: InternalCall, *, tables: TableReader | None = None) -> None:
+        """How to reach moto's own app (for restores), past the plane's checks, and what the
+        snapshot reads the tables from (moto's own backend in this process unless ``tables``)."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._call = call
+        self._tables = tables
         # the plane holds its lock and nothing writes yet: a temporary file is a save a kill cut
         self.stale_temps = remove_stale_temps(self.dir)
         if self.stale_temps:
@@ -234,28 +242,30 @@ class Persistence:
         if self.dynamo.due():
             self.compact_dynamodb()
 
-    def _scan(self, name: str, kinds: Counter[str]) -> Iterator[dict[str, Any]]:
-        """Every item of table ``name``, a page at a time, counted by type in ``kinds``."""
-        start: dict[str, Any] | None = None
-        while True:
-            req: dict[str, Any] = {"TableName": name}
-            if start:
-                req["ExclusiveStartKey"] = start
-            page = self._ddb("Scan", req)
-            for it in page.get("Items", []):
-                # pools' and claims' items carry no type
-                kinds[(it.get("type") or {}).get("S") or OTHER_ITEMS] += 1
-                yield it
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
+    def _moto_tables(self) -> dict[str, Iterator[dict[str, Any]]]:
+        """Every table's items as DynamoDB JSON, read where moto holds them, one at a time
+        (a Scan would copy a page of items into moto's objects, then into its answer, and
+        leave the heap that much larger at every compaction)."""
+        tables = dynamodb_backends[self.account][self.region].tables
+        return {
+            name: (moto_compact.item_json(item) for item in moto_compact.table_items(table))
+            for name, table in tables.items()
+        }
+
+    @staticmethod
+    def _counted(rows: Iterable[dict[str, Any]], kinds: Counter[str]) -> Iterator[dict[str, Any]]:
+        for row in rows:
+            # pools' and claims' items carry no type
+            kinds[(row.get("type") or {}).get("S") or OTHER_ITEMS] += 1
+            yield row
 
     def compact_dynamodb(self) -> Counter[str]:
-        """Write every table to the snapshot and empty the journal (under the DynamoDB lock),
-        a page at a time; returns how many items of each type it wrote."""
+        """Write every table to the snapshot and empty the journal (under the DynamoDB lock:
+        nothing changes a table while it is read), an item at a time; returns how many items
+        of each type it wrote."""
         kinds: Counter[str] = Counter()
-        names = self._ddb("ListTables", {}).get("TableNames", [])
-        self.dynamo.write_snapshot({name: self._scan(name, kinds) for name in names})
+        tables = self._tables() if self._tables is not None else self._moto_tables()
+        self.dynamo.write_snapshot({name: self._counted(rows, kinds) for name, rows in tables.items()})
         return kinds
 
     def _restore_dynamodb(self, out: Restored) -> None:

@@ -68,9 +68,11 @@ class FakeMoto:
         self.calls.append((op, req))
         if op == "ListTables":
             return 200, json.dumps({"TableNames": ["registry"]}).encode()
-        if op == "Scan":
-            return 200, json.dumps({"Items": self.items}).encode()
         return 200, b"{}"
+
+    def tables(self) -> dict[str, list[dict]]:
+        """What the snapshot reads: the table's items."""
+        return {"registry": self.items}
 
 
 def test_records_already_in_the_snapshot_are_not_replayed(tmp_path):
@@ -85,7 +87,7 @@ def test_records_already_in_the_snapshot_are_not_replayed(tmp_path):
         items=[{"pk": {"S": "a"}, "type": {"S": "host"}}, {"pk": {"S": "b"}, "type": {"S": "slice"}}]
     )
     p = Persistence(tmp_path, account="123456789012", region="us-east-1")
-    p.attach(moto)
+    p.attach(moto, tables=moto.tables)
     out = Restored()
     # When the plane restores
     p._restore_dynamodb(out)
