@@ -1,5 +1,6 @@
 """What one registry query costs the local plane as its table's history grows: moto's own
-query beside the plane's (calque/local/moto_index.py), on the registry table.
+query beside the plane's (calque/local/moto_index.py, and the answer's items serialized
+directly: calque/local/moto_serialize.py), on the registry table.
 
 moto answers a Query by listing and sorting its whole table, then keeping the items whose
 key matches; the plane hands the same query only the items it can return. The registry
@@ -102,22 +103,30 @@ def measure(plane: bool, hosts: int, history: int, queries: int) -> dict[str, tu
     """Per query: (milliseconds per call, items returned)."""
     import boto3
     from moto import mock_aws
+    from moto.core.serialize import BaseJSONSerializer
     from moto.dynamodb.models import dynamodb_backends
     from moto.dynamodb.models.table import Table
     from moto.dynamodb.responses import DynamoHandler
 
-    from calque.local import moto_compact, moto_dynamodb, moto_index, moto_models
+    from calque.local import moto_compact, moto_dynamodb, moto_index, moto_models, moto_serialize
     from calque.local.bootstrap import create_registry_table
 
     moto_dynamodb.install()
     moto_models.untrack()
     own_put, own_call = moto_compact.moto_own()
     own_query, own_all_items, own_delete = moto_index.moto_own()
+    own_structure, own_map = moto_serialize.moto_own()
     Table.put_item = moto_compact._put_item if plane else own_put  # type: ignore[method-assign]
     DynamoHandler.call_action = moto_compact._call_action if plane else own_call  # type: ignore[method-assign]
     Table.query = moto_index._query if plane else own_query  # type: ignore[method-assign]
     Table.all_items = moto_index._all_items if plane else own_all_items  # type: ignore[method-assign]
     Table.delete_item = moto_index._delete_item if plane else own_delete  # type: ignore[method-assign]
+    BaseJSONSerializer._serialize_type_structure = (  # type: ignore[method-assign]
+        moto_serialize._serialize_type_structure if plane else own_structure
+    )
+    BaseJSONSerializer._serialize_type_map = (  # type: ignore[method-assign]
+        moto_serialize._serialize_type_map if plane else own_map
+    )
     out: dict[str, tuple[float, int]] = {}
     try:
         with mock_aws():
@@ -139,6 +148,8 @@ def measure(plane: bool, hosts: int, history: int, queries: int) -> dict[str, tu
         Table.query = own_query  # type: ignore[method-assign]
         Table.all_items = own_all_items  # type: ignore[method-assign]
         Table.delete_item = own_delete  # type: ignore[method-assign]
+        BaseJSONSerializer._serialize_type_structure = own_structure  # type: ignore[method-assign]
+        BaseJSONSerializer._serialize_type_map = own_map  # type: ignore[method-assign]
     return out
 
 

@@ -374,12 +374,13 @@ class MotoServer:
         )
         from werkzeug.serving import make_server
 
-        from calque.local import moto_compact, moto_dynamodb, moto_index, moto_models
+        from calque.local import moto_compact, moto_dynamodb, moto_index, moto_models, moto_serialize
 
         moto_dynamodb.install()  # transactions that copy what they touch, not whole tables
         moto_compact.install()  # items held as one blob each between requests
         moto_index.install()  # a query reads the items it can return, not the whole table
         moto_models.untrack()  # moto keeps no copy of an item once nothing uses it
+        moto_serialize.install()  # an answer's items written directly, not walked shape by shape
 
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc, valid-type, unused-ignore]
             def log_request(self, *args: Any, **kwargs: Any) -> None:

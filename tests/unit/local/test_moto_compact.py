@@ -16,12 +16,13 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
+from moto.core.serialize import BaseJSONSerializer
 from moto.dynamodb.models import DynamoDBBackend, dynamodb_backends
 from moto.dynamodb.models.dynamo_type import Item
 from moto.dynamodb.models.table import Table
 from moto.dynamodb.responses import DynamoHandler
 
-from calque.local import moto_compact, moto_dynamodb, moto_index
+from calque.local import moto_compact, moto_dynamodb, moto_index, moto_serialize
 from tests.unit.local.test_moto_transactions import _aws_env  # noqa: F401 (the same AWS environment)
 
 pytestmark = pytest.mark.unit
@@ -31,6 +32,7 @@ ACCOUNT = "123456789012"
 
 OWN_PUT, OWN_CALL = moto_compact.moto_own()
 OWN_QUERY, OWN_ALL_ITEMS, OWN_DELETE = moto_index.moto_own()
+OWN_STRUCTURE, OWN_MAP = moto_serialize.moto_own()
 
 # one item of every attribute type, nested lists and maps included
 EVERY_TYPE: dict[str, Any] = {
@@ -65,6 +67,14 @@ def holding(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
         monkeypatch.setattr(Table, "query", moto_index._query if compact else OWN_QUERY)
         monkeypatch.setattr(Table, "all_items", moto_index._all_items if compact else OWN_ALL_ITEMS)
         monkeypatch.setattr(Table, "delete_item", moto_index._delete_item if compact else OWN_DELETE)
+        # and its answers' items are written directly (calque/local/moto_serialize.py)
+        monkeypatch.setattr(
+            BaseJSONSerializer,
+            "_serialize_type_structure",
+            moto_serialize._serialize_type_structure if compact else OWN_STRUCTURE,
+        )
+        direct_map = moto_serialize._serialize_type_map
+        monkeypatch.setattr(BaseJSONSerializer, "_serialize_type_map", direct_map if compact else OWN_MAP)
 
     return hold
 
