@@ -8,6 +8,7 @@
     plane.info                         plane.json as a dict (table, queues, ssm_document, host_role, ...)
     plane.cli(*args, profile="alice", input=None, timeout=120) -> subprocess.CompletedProcess
         the real CLI, env pointing at this plane's state dir; profile=None passes no --profile
+        (each call its own process, forked from one that imported the CLI: tests/integration/cli_fork.py)
     plane.cli_json(*args, profile="alice") -> (returncode, parsed stdout)   adds --output json
     plane.request(method, path, profile="alice", body=None, raw_headers=None, *, query=None,
                   sign=True, send_body=None) -> Response(status, headers, body; .json())
@@ -95,19 +96,12 @@ class LocalPlaneHandle:
         input: str | None = None,
         timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "calque.cli.main"]
+        from tests.integration.cli_fork import run_cli
+
+        argv = ["calque.cli.main"]
         if profile is not None:
             argv += ["--profile", profile]
-        return subprocess.run(
-            [*argv, *args],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=timeout,
-            check=False,
-            cwd=REPO,
-        )
+        return run_cli([*argv, *args], env=self.env(), cwd=REPO, input=input, timeout=timeout)
 
     def cli_json(self, *args: str, profile: str | None = "alice") -> tuple[int, Any]:
         done = self.cli("--output", "json", *args, profile=profile)
