@@ -78,9 +78,10 @@ run: install
 test: install host-tools browser-tools shell-tools scan-tools
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
-# The unit tests alone, for the edit-test loop (no network, no plane, no synth).
+# The unit tests alone, for the edit-test loop (no network, no plane, no synth). They only
+# compute, so one worker per core, dealt test by test so that none is left with a long tail.
 test-fast: install shell-tools
-	$(PY) -m pytest -m unit $(XDIST) -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit -n auto --dist load -q $(PYTEST_ARGS)
 
 test-unit: test-fast
 

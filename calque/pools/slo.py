@@ -67,7 +67,11 @@ def bucket(x: float) -> int:
 
 def middle(b: int) -> float:
     """A bucket's representative value (geometric middle; 0.5 s for the first)."""
-    return 0.5 if b == 0 else EDGES[b] * RATIO**0.5
+    return _MIDDLES[b]
+
+
+# each bucket's middle, computed once (the scaler's plan asks for them millions of times in a replay)
+_MIDDLES: tuple[float, ...] = tuple(0.5 if b == 0 else EDGES[b] * RATIO**0.5 for b in range(len(EDGES)))
 
 
 @dataclass
