@@ -8,8 +8,10 @@ STAMP := $(VENV)/.installed-stamp
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export POWERTOOLS_TRACE_DISABLED ?= 1
 # Python keeps its bytecode caches (__pycache__, ignored by git, by the bundles and by pool
-# packages): the suite starts hundreds of processes (planes, Lambda environments, host
-# agents, workers), and without them each compiled every module it imported afresh.
+# packages), even where the environment says otherwise: the suite starts hundreds of
+# processes (planes, Lambda environments, host agents, workers), and without them each
+# compiled every module it imported afresh.
+unexport PYTHONDONTWRITEBYTECODE
 
 # The suite runs in parallel (pytest-xdist): each worker is its own process with its own
 # local plane; files are dealt to workers whole, so a module's fixtures start once.
