@@ -153,8 +153,8 @@ class DynamoJournal:
 
     def write_snapshot(self, tables: Mapping[str, Iterable[dict[str, Any]]]) -> None:
         """The tables as they are now, then an empty journal (records up to ``seq`` are in it).
-        Each table's items are written as they come (an iterator reading a page at a time
-        keeps one page in memory, not every table), to a temporary file renamed over the
+        Each table's items are written as they come (an iterator reading one item at a time
+        keeps that item in memory, not every table), to a temporary file renamed over the
         snapshot once whole: a crash leaves the old snapshot or the new one."""
         tmp = self.snapshot_file.with_name(f".{self.snapshot_file.name}.{threading.get_ident()}.tmp")
         items = size = 0
