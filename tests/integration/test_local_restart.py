@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.conftest import LocalPlaneHandle, start_local_plane, stop_local_plane
 from tests.integration.test_tenancy_support import (
+    LONG_TTL_S,
     checkout,
     new_members,
     ready_host,
@@ -82,7 +83,7 @@ def test_a_clean_stop_and_start_gives_back_hosts_sessions_and_tokens(tmp_path):
     try:
         # Given a ready host, one session of alice's, and a quota
         iid = ready_host(plane)
-        granted = checkout(plane, "alice", iid)
+        granted = checkout(plane, "alice", iid, ttl_seconds=LONG_TTL_S)
         assert granted.status in (200, 201), granted.body
         session = granted.json()
         quota = plane.request(

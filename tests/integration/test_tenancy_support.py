@@ -94,6 +94,11 @@ def ready_host(
     return instance_id
 
 
+# A session that outlives its module: its ``calque.session.expiring`` notice (10 minutes before its end)
+# cannot land between a test's two registry snapshots and look like a change the test made.
+LONG_TTL_S = 3 * 3600
+
+
 def checkout(plane: Any, who: str, instance_id: str, ttl_seconds: int = 600) -> Any:
     return plane.request(
         "POST",
