@@ -27,11 +27,18 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile
 # script names that state directory to the CLI. `calque local reset` starts it afresh.
 LOCAL_STATE ?= $(CURDIR)/.calque/local
 
+# Installs go through uv (from PyPI, into the venv) when it can be had: it resolves and unpacks
+# in parallel, about ten seconds here where pip took a minute and a half. Where uv cannot be
+# installed, pip does the same install.
+UV := $(VENV)/bin/uv
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	@echo "installing calque and its dependencies into $(VENV): the first time takes a few minutes"
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --progress-bar on -e '.[dev]'
+	@echo "installing calque and its dependencies into $(VENV)"
+	@$(PY) -m pip install --quiet uv 2>&1 | grep -v "^WARNING: Location" || true
+	@if [ -x $(UV) ] && $(UV) pip install --python $(PY) -e '.[dev]'; then :; else \
+	  echo "installing with pip instead of uv (the first time takes a few minutes)"; \
+	  $(PY) -m pip install --quiet --upgrade pip && $(PY) -m pip install --progress-bar on -e '.[dev]'; \
+	fi
 	@grep -q CALQUE_LOCAL_STATE_DIR $(VENV)/bin/activate || \
 	  echo 'export CALQUE_LOCAL_STATE_DIR="$(LOCAL_STATE)"' >> $(VENV)/bin/activate
 	touch $(STAMP)
@@ -95,11 +102,15 @@ test-infra: install scan-tools
 
 # checkov in its own environment: it pins boto3/botocore older than the project's. The infra
 # tests find it at .tools-venv/bin/checkov (or $CHECKOV) and run it over the templates.
-# checkov lives in a venv of its own: it pins boto3/botocore below what the product needs.
 SCAN_STAMP := .tools-venv/.installed-stamp
-$(SCAN_STAMP):
-	$(PYTHON) -m venv .tools-venv
-	.tools-venv/bin/pip install --quiet checkov 2>&1 | grep -v "^WARNING: Location" || true
+$(SCAN_STAMP): $(STAMP)
+	@if [ -x $(UV) ]; then \
+	  $(UV) venv --quiet --allow-existing --python $(PYTHON) .tools-venv && \
+	  $(UV) pip install --quiet --python .tools-venv/bin/python checkov; \
+	else \
+	  $(PYTHON) -m venv .tools-venv && \
+	  { .tools-venv/bin/pip install --quiet checkov 2>&1 | grep -v "^WARNING: Location" || true; }; \
+	fi
 	.tools-venv/bin/checkov --version >/dev/null
 	touch $(SCAN_STAMP)
 
