@@ -88,9 +88,10 @@ test: install host-tools browser-tools shell-tools scan-tools
 	$(PY) -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # The unit tests alone, for the edit-test loop (no network, no plane, no synth). They only
-# compute, so one worker per core, dealt test by test so that none is left with a long tail.
+# compute, so one worker per core, dealt test by test so that none is left with a long tail;
+# only tests/unit is collected (every test there is a unit test: tests/conftest.py marks it).
 test-fast: install shell-tools
-	$(PY) -m pytest -m unit -n auto --dist load -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -m unit -n auto --dist load -q $(PYTEST_ARGS)
 
 test-unit: test-fast
 

@@ -41,7 +41,11 @@ def _tier(nodeid: str) -> int:
     return next((n for n, prefix in enumerate(_TIER_ORDER) if nodeid.startswith(prefix)), len(_TIER_ORDER))
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects: a unit file is never left out of ``-m unit``
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith("tests/unit/") and item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.unit)
     items.sort(key=lambda item: _tier(item.nodeid))  # stable: a file's tests stay in order
 
 
