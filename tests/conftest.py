@@ -33,7 +33,7 @@ def _reset_caches():
 
 # Tiers in the order their files are dealt to the parallel workers: the integration files
 # (each minutes of waiting on a local plane) first, the unit files (seconds each) last, to
-# fill the gaps; within a tier, the order pytest collects.
+# fill the gaps; within a tier, the tests marked ``long`` first, then the order pytest collects.
 _TIER_ORDER = ("tests/integration/", "tests/infra/", "tests/gpu/", "tests/unit/")
 
 
@@ -46,7 +46,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith("tests/unit/") and item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: _tier(item.nodeid))  # stable: a file's tests stay in order
+    # stable: a file's tests stay in order; within a tier the ``long`` ones go first
+    items.sort(key=lambda item: (_tier(item.nodeid), item.get_closest_marker("long") is None))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -268,20 +268,24 @@ def smallest_fitting_share(card: Card, fraction: Fraction) -> Fraction:
     """The share of one GPU of this card that a request for ``fraction`` of it takes at
     least: the compute share of its smallest plain MIG profile with that much compute (1:
     a whole card, also for a card without MIG or a fraction only the whole card holds)."""
-    if fraction >= 1 or not card.mig_capable:
-        return Fraction(1)
-    key = (card.name, fraction)
+    # (a replay asks millions of times: plain integers compare and hash where a Fraction's
+    # comparison and hash cost microseconds each)
+    if fraction.numerator >= fraction.denominator or not card.mig_capable:
+        return _WHOLE
+    key = (card.name, fraction.numerator, fraction.denominator)
     found = _FITTING.get(key)
     if found is None:
         shares = sorted(
             Fraction(p.compute_slices, card.compute_slices) for p in card.mig_profiles if plain_profile(p)
         )
-        found = _FITTING[key] = next((s for s in shares if s >= fraction), Fraction(1))
+        found = _FITTING[key] = next((s for s in shares if s >= fraction), _WHOLE)
     return found
 
 
-# (card, fraction) -> its smallest fitting share: the catalog is data, fixed for the process
-_FITTING: dict[tuple[str, Fraction], Fraction] = {}
+_WHOLE = Fraction(1)
+# (card, fraction's numerator and denominator) -> its smallest fitting share: the catalog is
+# data, fixed for the process
+_FITTING: dict[tuple[str, int, int], Fraction] = {}
 
 
 def mix_for(card: Card, wanted: Iterable[Fraction], *, scan: int = 256) -> dict[str, int] | None:
@@ -345,9 +349,10 @@ def _cut(
         (p for p in card.mig_profiles if plain_profile(p) and p.compute_slices < card.compute_slices),
         key=lambda p: (p.compute_slices, p.memory_slices),
     )
-    by_share: dict[Fraction, MigProfile] = {}
+    by_share: dict[tuple[int, int], MigProfile] = {}  # a share's (numerator, denominator): hashed fast
     for p in profiles:  # smallest memory first for each share
-        by_share.setdefault(Fraction(p.compute_slices, card.compute_slices), p)
+        f = Fraction(p.compute_slices, card.compute_slices)
+        by_share.setdefault((f.numerator, f.denominator), p)
     mix = dict(start)
     used = sum(card.profile(n).compute_slices * c for n, c in mix.items())
     served = 0
@@ -371,11 +376,11 @@ def _cut(
         if n >= scan or used >= card.compute_slices or len(full) == len(profiles):
             break
         share = smallest_fitting_share(card, fraction)
-        if share >= 1:
+        if share.numerator >= share.denominator:
             if n == 0 and whole_first:
                 return None
             continue
-        served += add(by_share[share])
+        served += add(by_share[(share.numerator, share.denominator)])
     if not served:
         return mix, 0
     for p in reversed(profiles):

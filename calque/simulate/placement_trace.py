@@ -4,6 +4,7 @@ cluster trace v2023), each refused line named."""
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -21,7 +22,7 @@ class Job:
     duration: int
     group: str = "all"  # the trace's ``group`` column, when it has one
 
-    @property
+    @functools.cached_property  # a replay asks for it millions of times
     def fraction(self) -> Fraction:
         return Fraction(self.gpu_milli, 1000) if self.num_gpu == 1 else Fraction(1)
 

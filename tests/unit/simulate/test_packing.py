@@ -154,6 +154,7 @@ def test_on_saturated_hosts_adaptive_reaches_095_of_the_bound_without_longer_wai
     assert r.placed == r.dedicated["placed"] == r.jobs
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not SHIPPED.is_file(), reason="the shipped trace lives beside the repository")
 def test_the_shipped_trace_reaches_095_of_the_bound_on_saturated_hosts():
     r = simulate(str(SHIPPED), "g7e.2xlarge=4", "adaptive", compare=False)

@@ -136,6 +136,7 @@ def test_on_hosts_of_four_cards_adaptive_reaches_095_of_the_bound_without_longer
     assert r.wait_p95_s <= r.dedicated["wait_p95_s"]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not SHIPPED.is_file(), reason="the shipped trace lives beside the repository")
 def test_on_one_host_of_eight_cards_the_shipped_trace_is_served_near_dedicated_not_yet_at_the_bound():
     # (docs/economics.md, "Packing to the bound": without the reservation adaptive reached 0.665
