@@ -67,8 +67,6 @@ def measure(compact: bool, hosts: int, cycles: int) -> dict[str, tuple[int, int,
     import placement_race
     from moto import mock_aws
     from moto.dynamodb.models import dynamodb_backends
-    from moto.dynamodb.models.table import Table
-    from moto.dynamodb.responses import DynamoHandler
 
     from calque.contracts.tenancy import CheckoutRequest
     from calque.identity import Caller
@@ -81,9 +79,8 @@ def measure(compact: bool, hosts: int, cycles: int) -> dict[str, tuple[int, int,
     moto_dynamodb.install()
     moto_models.untrack()
     moto_compact.install()
-    own_put, own_call = moto_compact.moto_own()
-    Table.put_item = moto_compact._put_item if compact else own_put  # type: ignore[method-assign]
-    DynamoHandler.call_action = moto_compact._call_action if compact else own_call  # type: ignore[method-assign]
+    for owner, name, function in moto_compact.methods(compact):
+        setattr(owner, name, function)
     with mock_aws():
         ddb = boto3.client("dynamodb", region_name=REGION)
         create_registry_table(ddb, placement_race.TABLE)
@@ -105,8 +102,8 @@ def measure(compact: bool, hosts: int, cycles: int) -> dict[str, tuple[int, int,
             row[1] += len(json.dumps(item.to_json()["Attributes"], default=str))
             moto_compact.settle("Scan")
             row[2] += deep_size(item, seen)
-    Table.put_item = own_put  # type: ignore[method-assign]
-    DynamoHandler.call_action = own_call  # type: ignore[method-assign]
+    for owner, name, function in moto_compact.methods(False):
+        setattr(owner, name, function)
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 

@@ -103,30 +103,16 @@ def measure(plane: bool, hosts: int, history: int, queries: int) -> dict[str, tu
     """Per query: (milliseconds per call, items returned)."""
     import boto3
     from moto import mock_aws
-    from moto.core.serialize import BaseJSONSerializer
     from moto.dynamodb.models import dynamodb_backends
-    from moto.dynamodb.models.table import Table
-    from moto.dynamodb.responses import DynamoHandler
 
-    from calque.local import moto_compact, moto_dynamodb, moto_index, moto_models, moto_serialize
+    from calque.local import moto_compact, moto_dynamodb, moto_models
     from calque.local.bootstrap import create_registry_table
+    from calque.local.moto_server import plane_methods
 
     moto_dynamodb.install()
     moto_models.untrack()
-    own_put, own_call = moto_compact.moto_own()
-    own_query, own_all_items, own_delete = moto_index.moto_own()
-    own_structure, own_map = moto_serialize.moto_own()
-    Table.put_item = moto_compact._put_item if plane else own_put  # type: ignore[method-assign]
-    DynamoHandler.call_action = moto_compact._call_action if plane else own_call  # type: ignore[method-assign]
-    Table.query = moto_index._query if plane else own_query  # type: ignore[method-assign]
-    Table.all_items = moto_index._all_items if plane else own_all_items  # type: ignore[method-assign]
-    Table.delete_item = moto_index._delete_item if plane else own_delete  # type: ignore[method-assign]
-    BaseJSONSerializer._serialize_type_structure = (  # type: ignore[method-assign]
-        moto_serialize._serialize_type_structure if plane else own_structure
-    )
-    BaseJSONSerializer._serialize_type_map = (  # type: ignore[method-assign]
-        moto_serialize._serialize_type_map if plane else own_map
-    )
+    for owner, name, function in plane_methods(plane):
+        setattr(owner, name, function)
     out: dict[str, tuple[float, int]] = {}
     try:
         with mock_aws():
@@ -143,13 +129,8 @@ def measure(plane: bool, hosts: int, history: int, queries: int) -> dict[str, tu
                     got = ddb.query(TableName=TABLE, **query)
                 out[name] = ((time.perf_counter() - t0) * 1000 / queries, got["Count"])
     finally:
-        Table.put_item = own_put  # type: ignore[method-assign]
-        DynamoHandler.call_action = own_call  # type: ignore[method-assign]
-        Table.query = own_query  # type: ignore[method-assign]
-        Table.all_items = own_all_items  # type: ignore[method-assign]
-        Table.delete_item = own_delete  # type: ignore[method-assign]
-        BaseJSONSerializer._serialize_type_structure = own_structure  # type: ignore[method-assign]
-        BaseJSONSerializer._serialize_type_map = own_map  # type: ignore[method-assign]
+        for owner, name, function in plane_methods(False):
+            setattr(owner, name, function)
     return out
 
 

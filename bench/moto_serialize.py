@@ -41,17 +41,11 @@ def measure(direct: bool, items: int, calls: int) -> dict[str, float]:
     """CPU seconds of ``calls`` calls of each read."""
     import boto3
     from moto import mock_aws
-    from moto.core.serialize import BaseJSONSerializer
 
     from calque.local import moto_serialize
 
-    own_structure, own_map = moto_serialize.moto_own()
-    BaseJSONSerializer._serialize_type_structure = (  # type: ignore[method-assign]
-        moto_serialize._serialize_type_structure if direct else own_structure
-    )
-    BaseJSONSerializer._serialize_type_map = (  # type: ignore[method-assign]
-        moto_serialize._serialize_type_map if direct else own_map
-    )
+    for owner, name, function in moto_serialize.methods(direct):
+        setattr(owner, name, function)
     reads = {
         "Query (every item)": lambda ddb: ddb.query(
             TableName="t",
@@ -87,8 +81,8 @@ def measure(direct: bool, items: int, calls: int) -> dict[str, float]:
                     read(ddb)
                 out[name] = time.process_time() - t0
     finally:
-        BaseJSONSerializer._serialize_type_structure = own_structure  # type: ignore[method-assign]
-        BaseJSONSerializer._serialize_type_map = own_map  # type: ignore[method-assign]
+        for owner, name, function in moto_serialize.methods(False):
+            setattr(owner, name, function)
     return out
 
 

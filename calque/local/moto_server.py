@@ -340,6 +340,17 @@ class LocalAwsApp:
 _SERVED: dict[str, tuple[str, str]] = {}  # endpoint -> key pair, of the servers this process runs
 
 
+def plane_methods(plane: bool = True) -> tuple[tuple[type, str, Any], ...]:
+    """Where the local plane replaces moto's DynamoDB methods, as (class, attribute,
+    function): the plane's (items held compactly, queries that read their candidates,
+    answers written directly), or with ``plane`` false moto's own, for the tests and
+    benches that hold the two side by side. Transactions (moto_dynamodb) are not among
+    them: every caller runs the plane's."""
+    from calque.local import moto_compact, moto_index, moto_serialize
+
+    return (*moto_compact.methods(plane), *moto_index.methods(plane), *moto_serialize.methods(plane))
+
+
 class MotoServer:
     """moto's server app on a free port (or ``port``) of the loopback interface, in a daemon
     thread. Given ``credentials``, only requests signed with them get in."""

@@ -16,13 +16,11 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
-from moto.core.serialize import BaseJSONSerializer
 from moto.dynamodb.models import DynamoDBBackend, dynamodb_backends
 from moto.dynamodb.models.dynamo_type import Item
-from moto.dynamodb.models.table import Table
-from moto.dynamodb.responses import DynamoHandler
 
 from calque.local import moto_compact, moto_dynamodb, moto_index, moto_serialize
+from calque.local.moto_server import plane_methods
 from tests.unit.local.test_moto_transactions import _aws_env  # noqa: F401 (the same AWS environment)
 
 pytestmark = pytest.mark.unit
@@ -60,21 +58,11 @@ def _s(v: str) -> dict[str, str]:
 @pytest.fixture
 def holding(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
     def hold(compact: bool) -> None:
-        monkeypatch.setattr(Table, "put_item", moto_compact._put_item if compact else OWN_PUT)
-        monkeypatch.setattr(DynamoHandler, "call_action", moto_compact._call_action if compact else OWN_CALL)
         monkeypatch.setattr(DynamoDBBackend, "transact_write_items", moto_dynamodb.transact_write_items)
-        # the compact plane's queries read only their candidates (calque/local/moto_index.py)
-        monkeypatch.setattr(Table, "query", moto_index._query if compact else OWN_QUERY)
-        monkeypatch.setattr(Table, "all_items", moto_index._all_items if compact else OWN_ALL_ITEMS)
-        monkeypatch.setattr(Table, "delete_item", moto_index._delete_item if compact else OWN_DELETE)
-        # and its answers' items are written directly (calque/local/moto_serialize.py)
-        monkeypatch.setattr(
-            BaseJSONSerializer,
-            "_serialize_type_structure",
-            moto_serialize._serialize_type_structure if compact else OWN_STRUCTURE,
-        )
-        direct_map = moto_serialize._serialize_type_map
-        monkeypatch.setattr(BaseJSONSerializer, "_serialize_type_map", direct_map if compact else OWN_MAP)
+        # items held compactly; queries that read only their candidates (moto_index); answers'
+        # items written directly (moto_serialize): the plane's, or moto's own
+        for owner, name, function in plane_methods(compact):
+            monkeypatch.setattr(owner, name, function)
 
     return hold
 
