@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,26 @@ def local_plane(tmp_path_factory: pytest.TempPathFactory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+# The schedules a quiet plane holds back (an hour apart: none runs during a module)
+QUIET_SCHEDULES = "reaper=3600,reconciler=3600,pool_scaler=3600,pool_dlq=3600"
+
+
+@pytest.fixture(scope="module")
+def quiet_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlaneHandle]:
+    """A plane of the module's own, its schedules held back, for a module that reads "this
+    changed nothing" off two snapshots of the registry: on the worker's shared plane another
+    module's sessions reaching their expiring notice or their end (the reaper), or a
+    reconciler run, between the two would change it. A module takes it as its ``local_plane``."""
+    handle = start_local_plane(
+        tmp_path_factory.mktemp("calque-local-quiet"),
+        extra_env={"CALQUE_LOCAL_SCHEDULE_RATES": QUIET_SCHEDULES},
+    )
+    try:
+        yield handle
+    finally:
+        stop_local_plane(handle)
 
 
 def start_local_plane(

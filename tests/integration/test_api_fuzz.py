@@ -14,7 +14,6 @@ import hashlib
 import io
 import uuid
 import zipfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,8 +30,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.integration.conftest import LocalPlaneHandle, start_local_plane, stop_local_plane
-from tests.integration.test_tenancy_support import new_members, wait_grants_landed
+from tests.integration.test_tenancy_support import (
+    new_members,
+    quiet_local_plane,  # noqa: F401 (a plane of this module's own)
+    wait_grants_landed,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,23 +96,6 @@ class SigV4(requests.auth.AuthBase):
             if name in signed.headers:
                 r.headers[name] = signed.headers[name]
         return r
-
-
-@pytest.fixture(scope="module")
-def local_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlaneHandle]:
-    """A plane of this module's own, its schedules held back: "a refusal changes nothing" is
-    read off two snapshots of the registry, which another module's sessions expiring (or a
-    reconciler run) between them would change."""
-    handle = start_local_plane(
-        tmp_path_factory.mktemp("calque-local-fuzz"),
-        extra_env={
-            "CALQUE_LOCAL_SCHEDULE_RATES": "reaper=3600,reconciler=3600,pool_scaler=3600,pool_dlq=3600"
-        },
-    )
-    try:
-        yield handle
-    finally:
-        stop_local_plane(handle)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from tests.integration.test_tenancy_support import (
     error_code,
     host,
     new_members,
+    quiet_local_plane,  # noqa: F401 (a plane of this module's own)
     ready_host,
     registry_snapshot,
     wait_all_free,

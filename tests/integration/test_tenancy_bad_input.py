@@ -14,6 +14,7 @@ from tests.integration.test_tenancy_support import (
     checkout,
     host,
     new_members,
+    quiet_local_plane,  # noqa: F401 (a plane of this module's own)
     ready_host,
     registry_snapshot,
     wait_all_free,
@@ -22,6 +23,7 @@ from tests.integration.test_tenancy_support import (
 )
 
 pytestmark = pytest.mark.integration
+
 
 IID = "i-0123456789abcdef0"  # well formed, never registered
 REG = {"instance_id": IID, "instance_type": "g7e.2xlarge"}

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_tenancy_support import new_members, registry_snapshot, slice_states, wait_until
+from tests.integration.test_tenancy_support import (
+    new_members,
+    quiet_local_plane,  # noqa: F401 (a plane of this module's own)
+    registry_snapshot,
+    slice_states,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 

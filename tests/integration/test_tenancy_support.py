@@ -1,7 +1,9 @@
 """Helpers the tenancy proofs share (this module holds no tests of its own).
 
 Each proof works on its own simulated host and its own members, so the proofs do not
-disturb each other, nor any other suite sharing the session's local plane.
+disturb each other, nor any other suite sharing the session's local plane. A module that
+reads "nothing changed" off two registry snapshots takes a plane of its own instead
+(``quiet_local_plane``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 WAIT_S = 60
 INSTANCE_TYPE = "g7e.2xlarge"
@@ -92,6 +96,14 @@ def ready_host(
     assert resp.status in (200, 201), (resp.status, resp.body)
     wait_all_free(plane, instance_id)
     return instance_id
+
+
+@pytest.fixture(scope="module", name="local_plane")
+def quiet_local_plane(quiet_plane: Any) -> Any:
+    """For a module that reads "nothing changed" off two snapshots of the registry: a plane of
+    its own with its schedules held back (conftest's ``quiet_plane``) as its ``local_plane``.
+    A module takes it by importing ``quiet_local_plane``."""
+    return quiet_plane
 
 
 # A session that outlives its module: its ``calque.session.expiring`` notice (10 minutes before its end)
