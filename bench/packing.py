@@ -6,7 +6,9 @@ its GPU pods ask a fraction of one GPU, each pod keeping its arrival and hold) i
 dedicated cards and the adaptive layout on the same hosts through the real placement code
 and prints side by side: members served per paid GPU-hour (and their ratio), the packing
 bound (dedicated GPU-hours over GPU-hours rounded up to each request's smallest fitting
-slice), the share of the bound reached, p95 waits, and where the rest went (capacity free
+slice), the share of the bound reached, the geometric bound (the same with no card holding
+two slices larger than half of it, as on an A100 two 4g.20gb: what no placement beats) and
+the share of it reached, p95 waits, and where the rest went (capacity free
 while nothing waited, i.e. the hosts not saturated; fragmentation: free while jobs waited
 that none fit; held back: free on cards that took no new job, draining for the first in
 line or reserved for a job of several cards).
@@ -63,22 +65,25 @@ def main(argv: list[str] | None = None) -> int:
         for p in args.variants.split(",")
         if p.strip()
     ]
-    worst = 1.0
+    worst = worst_geometric = 1.0
     for spec in args.hosts or DEFAULT_HOSTS:
-        worst = min(worst, table(traces, spec, args.trace, args.seed))
+        of_bound, of_geometric = table(traces, spec, args.trace, args.seed)
+        worst, worst_geometric = min(worst, of_bound), min(worst_geometric, of_geometric)
     print(f"lowest share of the bound: {worst:.3f} (target 0.95)")
+    print(f"lowest share of the geometric bound: {worst_geometric:.3f}")
     return 0
 
 
-def table(traces: list[tuple[str, list]], spec: str, trace: str, seed: int) -> float:
-    """One host shape's table; the lowest share of the bound on it."""
+def table(traces: list[tuple[str, list]], spec: str, trace: str, seed: int) -> tuple[float, float]:
+    """One host shape's table; the lowest share of the bound on it, and of the geometric bound."""
     hosts = parse_hosts(spec)
     print(f"\ntrace {Path(trace).name} on {spec} (seed {seed})")
     print(
         f"{'trace':14} {'dedicated m/GPU-h':>17} {'adaptive m/GPU-h':>16} {'ratio':>6} {'bound':>6} "
-        f"{'of bound':>8} {'p95 wait h ded/adp':>19} {'not saturated':>13} {'frag':>6} {'held':>6} {'s':>5}"
+        f"{'of bound':>8} {'geometric':>9} {'of it':>6} {'p95 wait h ded/adp':>19} {'not saturated':>13} "
+        f"{'frag':>6} {'held':>6} {'s':>5}"
     )
-    worst = 1.0
+    worst = worst_geometric = 1.0
     for name, jobs in traces:
         started = time.perf_counter()
         r = Simulator(jobs, hosts, Layout("adaptive"), seed=seed).run(seed=seed)
@@ -88,15 +93,17 @@ def table(traces: list[tuple[str, list]], spec: str, trace: str, seed: int) -> f
         assert r.bound is not None
         share = r.share_of_bound or 0.0
         worst = min(worst, share)
+        worst_geometric = min(worst_geometric, r.share_of_geometric or 0.0)
         waits = f"{ded.wait_p95_s / 3600:,.0f} / {r.wait_p95_s / 3600:,.0f}"
         print(
             f"{name:14} {ded.members_per_gpu_hour:>17.4f} {r.members_per_gpu_hour:>16.4f} "
-            f"{r.vs_dedicated:>5.3f}x {r.bound['bound']:>5.3f}x {share:>8.3f} {waits:>19} "
+            f"{r.vs_dedicated:>5.3f}x {r.bound['bound']:>5.3f}x {share:>8.3f} {r.bound['geometric']:>8.3f}x "
+            f"{r.share_of_geometric or 0.0:>6.3f} {waits:>19} "
             f"{r.unsaturated_share:>13.3f} {r.fragmentation_share:>6.3f} {r.held_back_share:>6.3f} "
             f"{wall:>5.0f}",
             flush=True,
         )
-    return worst
+    return worst, worst_geometric
 
 
 if __name__ == "__main__":

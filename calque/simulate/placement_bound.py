@@ -7,6 +7,14 @@ plain MIG profile with at least that much compute; on a 4-slice card, a quarter 
 On saturated hosts, where a job always waits for every slice that frees, that is the
 ratio of the paid hours the two need. Jobs the hosts can never take are left out of both.
 
+The bound counts each slice as its fraction of the card, as if slices packed like sand.
+They do not where a slice is larger than half its card: no card holds two (an A100's
+4g.20gb, asked for by every request of half a card, leaves 3/7 of the card that only
+slices of 3/7 or less can use). ``geometric`` is the bound with that counted: each such
+slice holds a card of its own, the rest of that card takes smaller slices, and only the
+smaller slices that do not fit in those rests need cards of their own. No placement beats
+it; on cards whose slices are halves and quarters it is the bound itself.
+
 Variants (``gpushare:P``): the Alibaba v2023 release comes with pod lists that change the
 default's share of GPU-sharing pods (the ``openb_pod_list_gpushare*`` files). Built here
 from the trace itself: P % of its GPU pods ask for a fraction of one GPU; whole-card
@@ -32,6 +40,9 @@ class Bound:
     dedicated_gpu_hours: float
     rounded_gpu_hours: float
     bound: float  # dedicated / rounded (1.0 for no demand)
+    # the GPU-hours no placement goes under (see the module), and dedicated over them
+    geometric_gpu_hours: float = 0.0
+    geometric: float = 1.0
 
 
 def job_rounded_share(card: Card, job: Job) -> Fraction:
@@ -47,15 +58,29 @@ def packing_bound(jobs: list[Job], card: Card, *, max_gpus_per_host: int | None 
     """The bound for these jobs on this card (jobs asking more cards than a host has left out)."""
     ded = Fraction(0)
     rounded = Fraction(0)
+    alone = Fraction(0)  # card-seconds of whole cards and of slices larger than half a card
+    rests = Fraction(0)  # what those slices leave of their cards
+    small = Fraction(0)  # slices of half a card or less
+    half = Fraction(1, 2)
     for j in jobs:
         if max_gpus_per_host is not None and j.num_gpu > max_gpus_per_host:
             continue
+        share = job_rounded_share(card, j)
         ded += j.num_gpu * j.duration
-        rounded += job_rounded_share(card, j) * j.duration
+        rounded += share * j.duration
+        if share <= half:
+            small += share * j.duration
+        else:
+            cards = share if share > 1 else Fraction(1)  # whole cards, or one card alone
+            alone += cards * j.duration
+            rests += (cards - share) * j.duration
+    geometric = alone + max(Fraction(0), small - rests)
     return Bound(
         dedicated_gpu_hours=round(float(ded / 3600), 3),
         rounded_gpu_hours=round(float(rounded / 3600), 3),
         bound=round(float(ded / rounded), 4) if rounded else 1.0,
+        geometric_gpu_hours=round(float(geometric / 3600), 3),
+        geometric=round(float(ded / geometric), 4) if geometric else 1.0,
     )
 
 

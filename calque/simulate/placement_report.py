@@ -44,6 +44,7 @@ class Result:
     vs_dedicated: float | None = None
     bound: dict[str, Any] | None = None
     share_of_bound: float | None = None
+    share_of_geometric: float | None = None  # of the bound no placement beats (placement_bound)
     # the queue's fair-share outcome, by group
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
     timeline: list[tuple[float, float, int]] = field(default_factory=list, repr=False)

@@ -99,9 +99,12 @@ def compare_with_dedicated(
             "bound": b.bound,
             "dedicated_gpu_hours": b.dedicated_gpu_hours,
             "rounded_gpu_hours": b.rounded_gpu_hours,
+            "geometric": b.geometric,
+            "geometric_gpu_hours": b.geometric_gpu_hours,
         }
         if res.vs_dedicated is not None:
             res.share_of_bound = round(res.vs_dedicated / b.bound, 4)
+            res.share_of_geometric = round(res.vs_dedicated / b.geometric, 4)
     return ded
 
 

@@ -301,6 +301,8 @@ RESULT_FIELDS = [
     ("vs dedicated", "vs_dedicated"),
     ("packing bound", lambda r: _bound_cell(r.get("bound"))),
     ("share of the bound", "share_of_bound"),
+    ("geometric bound", lambda r: _geometric_cell(r.get("bound"))),
+    ("share of geometric", "share_of_geometric"),
     ("groups", lambda r: _groups_cell(r.get("groups") or {})),
     ("best static MIG", lambda r: _best_static_cell(r.get("best_static"))),
     ("beats best static", "beats_best_static"),
@@ -320,6 +322,15 @@ def _bound_cell(bound: dict[str, Any] | None) -> str | None:
     return (
         f"{bound['bound']}x ({bound['dedicated_gpu_hours']:g} GPU-hours dedicated / "
         f"{bound['rounded_gpu_hours']:g} rounded up to slices)"
+    )
+
+
+def _geometric_cell(bound: dict[str, Any] | None) -> str | None:
+    if bound is None or "geometric" not in bound:
+        return None
+    return (
+        f"{bound['geometric']}x ({bound['geometric_gpu_hours']:g} GPU-hours: no card holds two "
+        "slices larger than half of it)"
     )
 
 

@@ -126,8 +126,15 @@ def test_on_a_saturated_card_adaptive_reaches_the_bound_worked_out_by_hand(tmp_p
     # adaptive: the wholes for 40 h, then the card cut in four quarters: 4 rounds of 10 h
     assert (r.paid_gpu_hours, r.members_per_gpu_hour, r.relayouts) == (80.0, 0.25, 1)
     # the bound: 200 GPU-hours dedicated over 4 x 10 + 16 x 2.5 = 80 rounded up to quarters
-    assert r.bound == {"bound": 2.5, "dedicated_gpu_hours": 200.0, "rounded_gpu_hours": 80.0}
-    assert (r.vs_dedicated, r.share_of_bound) == (2.5, 1.0)
+    # (quarters: no slice is larger than half the card, so the geometric bound is the same)
+    assert r.bound == {
+        "bound": 2.5,
+        "dedicated_gpu_hours": 200.0,
+        "rounded_gpu_hours": 80.0,
+        "geometric": 2.5,
+        "geometric_gpu_hours": 80.0,
+    }
+    assert (r.vs_dedicated, r.share_of_bound, r.share_of_geometric) == (2.5, 1.0, 1.0)
     assert r.wait_p95_s <= r.dedicated["wait_p95_s"]
 
 

@@ -149,6 +149,37 @@ def test_on_one_host_of_eight_cards_the_shipped_trace_is_served_near_dedicated_n
     assert r.share_of_bound is not None
     assert r.vs_dedicated is not None
     assert r.share_of_bound >= 0.85, r.document()
+    # the quarter-slice bound is out of reach here for any placement: this trace's requests of
+    # half a card take an A100's 4g.20gb, and no card holds two (placement_bound's geometric)
+    assert r.bound is not None
+    assert r.bound["geometric"] < 0.95 * r.bound["bound"]
+    assert r.share_of_geometric is not None
+    assert r.share_of_geometric >= 0.93
     assert r.vs_dedicated >= 0.95
     assert r.fragmentation_share + r.held_back_share < 0.15
     assert r.wait_p95_s <= 1.06 * r.dedicated["wait_p95_s"]
+
+
+def test_the_geometric_bound_gives_a_slice_larger_than_half_a_card_a_card_of_its_own(tmp_path):
+    # an A100 (seven compute slices): two half-card requests round up to 4g.20gb (4/7) each,
+    # and no card holds two; a tenth of a card (1g, 1/7) fits in what one of them leaves
+    rows = [("h1", 1, 500, 0, 10), ("h2", 1, 500, 0, 10), ("t", 1, 100, 0, 10)]
+    jobs, _ = read_trace(write(tmp_path, rows))
+    b = packing_bound(jobs, catalog.card("A100 40GB"))
+    # dedicated: 3 cards x 10 h; rounded: (4/7 + 4/7 + 1/7) x 10 h; geometric: 2 cards x 10 h
+    assert b.dedicated_gpu_hours == 30.0
+    assert b.rounded_gpu_hours == round(90 / 7, 3)
+    assert b.geometric_gpu_hours == 20.0
+    assert b.geometric == 1.5
+    # on a card of quarters and halves (a half is not larger than half a card) it is the bound
+    four = packing_bound(jobs, catalog.instance_type(FOUR).card)
+    assert (four.geometric, four.geometric_gpu_hours) == (four.bound, four.rounded_gpu_hours)
+
+
+def test_smaller_slices_beyond_what_the_large_ones_leave_need_cards_of_their_own(tmp_path):
+    # one 4g.20gb (4/7) for 10 h leaves 3/7 x 10 h; five 2g.10gb (2/7) for 10 h need 10/7 x 10 h
+    rows = [("h", 1, 500, 0, 10)] + [(f"q{n}", 1, 250, 0, 10) for n in range(5)]
+    jobs, _ = read_trace(write(tmp_path, rows))
+    b = packing_bound(jobs, catalog.card("A100 40GB"))
+    assert b.geometric_gpu_hours == round(10 + (10 / 7 - 3 / 7) * 10, 3)  # 1 card + 1 card more
+    assert b.geometric_gpu_hours >= b.rounded_gpu_hours
