@@ -201,11 +201,18 @@ def compute(
         paid_from = max(since, inst.start)
         paid_to = min(stop, inst.end or stop)
         paid_stop = min(now, inst.end or now)  # where its paid time stops, whatever the period
-        if paid_from >= paid_to:
-            continue
+        months = _months(paid_from, paid_to)
+        if not months:
+            # no measurable paid time here (records keep seconds): an instance registered this
+            # very second, or started and ended in one, is still one $0.00 month, so that the
+            # sessions of that second are lines. In the one period that holds its instant: the
+            # one its paid time stops in, ending there if one does (as _holds_instant rules)
+            if not (paid_from == paid_to == paid_stop and since < paid_to <= until):
+                continue
+            months = [(f"{paid_from:%Y-%m}", paid_from, paid_to)]
         mine = sorted(by_instance.get(inst.instance_id, []), key=lambda x: (x.start, x.session_id))
         schedule = inst.schedule
-        for month, m_from, m_to in _months(paid_from, paid_to):
+        for month, m_from, m_to in months:
             cost = usd_between(schedule, m_from, m_to)
             pieces: list[tuple[Lease, datetime, datetime]] = []
             for lease in mine:

@@ -105,3 +105,27 @@ def test_a_session_of_no_time_at_a_month_edge_is_one_line_whether_months_are_bil
     # Then the session is one $0.00 line, in the same month both ways (the paid time stops at
     # the edge: the last month with paid time holds it), never lost and never counted twice
     assert together == apart == [("2026-11", "s-04", 0, Decimal("0.00"))]
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["registered at now", "ended the second it began"])
+def test_a_session_on_an_instance_of_no_paid_time_yet_is_one_line_in_exactly_one_period(ended):
+    # Given an instance registered this very second (records keep seconds), or one that began
+    # and ended in one, and a session checked out and in on it in that second
+    now = t(5, 12)
+    end = now if ended else None
+    inst = Instance("i-0aaa0005", "g7e.24xlarge", Decimal("13.44"), None, start=now, end=end)
+    lease = Lease("s-05", "dave", inst.instance_id, "g0-whole", Fraction(3, 4), now, now)
+
+    def billed(since, until):
+        bill = compute([inst], [lease], since=since, until=until, now=now)
+        lines = [(x.kind, x.session_id, x.seconds, x.amount_usd) for x in bill.lines]
+        return lines, [(m.instance_id, m.cost_usd) for m in bill.instances]
+
+    # When its month is billed: the session is a $0.00 line, the instance a $0.00 month
+    lines, months = billed(t(1), NEW_YEAR)
+    assert lines == [("session", "s-05", 0, Decimal("0.00")), ("idle", None, 0, Decimal("0.00"))]
+    assert months == [(inst.instance_id, Decimal("0.00"))]
+    # And billed as two periods meeting at that second, it is in the one that ends there only
+    before, after = billed(t(1), now), billed(now, NEW_YEAR)
+    assert before == (lines, months)
+    assert after == ([], [])
