@@ -31,9 +31,11 @@ def _reset_caches():
     aws.clear_caches()
 
 
-# Tiers in the order their files are dealt to the parallel workers: the integration files
-# (each minutes of waiting on a local plane) first, the unit files (seconds each) last, to
-# fill the gaps; within a tier, the tests marked ``long`` first, then the order pytest collects.
+# The order files are dealt to the parallel workers, longest first so that none is left to
+# run alone at the end: the tests marked ``long`` (the modules of a minute or more: a whole
+# trace replayed, a fuzz run, kill -9 rounds, the infra synth), then by tier: the integration
+# files (each minutes of waiting on a local plane), the unit files (seconds each) last, to fill
+# the gaps; within that, the order pytest collects.
 _TIER_ORDER = ("tests/integration/", "tests/infra/", "tests/gpu/", "tests/unit/")
 
 
@@ -46,8 +48,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith("tests/unit/") and item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.unit)
-    # stable: a file's tests stay in order; within a tier the ``long`` ones go first
-    items.sort(key=lambda item: (_tier(item.nodeid), item.get_closest_marker("long") is None))
+    # stable: a file's tests stay in order; the ``long`` ones first, whatever their tier
+    items.sort(key=lambda item: (item.get_closest_marker("long") is None, _tier(item.nodeid)))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

@@ -12,7 +12,7 @@ from infra.deployment import PROJECT_ROOT
 
 from .conftest import synth_context
 
-pytestmark = pytest.mark.infra
+pytestmark = [pytest.mark.infra, pytest.mark.long]
 
 
 def _synth_packaging(outdir: Path, cache_dir: Path) -> list[Path]:

@@ -36,7 +36,7 @@ from tests.integration.test_tenancy_support import (
     wait_grants_landed,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 # A handful of examples per operation keeps the whole suite to a minute or two; derandomize
 # makes every run send the same requests.

@@ -27,7 +27,7 @@ from tests.integration.test_tenancy_support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def _plain(item: dict[str, Any]) -> dict[str, Any]:

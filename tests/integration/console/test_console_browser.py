@@ -14,6 +14,7 @@ from tests.integration.console.conftest import browser_missing
 
 _MISSING = browser_missing()
 pytestmark = [
+    pytest.mark.long,
     pytest.mark.integration,
     # decided before any plane starts: without a browser there is nothing to start it for
     pytest.mark.skipif(_MISSING is not None, reason=f"no headless browser: {_MISSING}"),

@@ -23,7 +23,7 @@ from calque.resources import SSM_DOCUMENT_PARAMETERS as P
 from infra.bundling import BundlingError
 from infra.components.host_agent import AGENT_PYTHONS, AgentBundle, agent_requirements, run_agent_script
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[3]
 MIG = json.dumps({"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 2, "2g.48gb": 1}}]})

@@ -23,7 +23,7 @@ from tests.integration.pools.conftest import (
     workers,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.long]
 
 TEXTS = [{"text": f"Claim number {i}. The pool keeps the model warm."} for i in range(3)]
 
