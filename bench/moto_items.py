@@ -72,15 +72,14 @@ def measure(compact: bool, hosts: int, cycles: int) -> dict[str, tuple[int, int,
     from calque.identity import Caller
     from calque.local import moto_compact, moto_dynamodb, moto_models
     from calque.local.bootstrap import create_registry_table
+    from calque.local.moto_server import swap
     from calque.tenancy.service import Tenancy
     from calque.tenancy.store.dynamo import DynamoRegistry
     from calque.tenancy.store.memory import MemoryQueue
 
     moto_dynamodb.install()
     moto_models.untrack()
-    moto_compact.install()
-    for owner, name, function in moto_compact.methods(compact):
-        setattr(owner, name, function)
+    swap(moto_compact.methods(compact))
     with mock_aws():
         ddb = boto3.client("dynamodb", region_name=REGION)
         create_registry_table(ddb, placement_race.TABLE)
@@ -102,8 +101,7 @@ def measure(compact: bool, hosts: int, cycles: int) -> dict[str, tuple[int, int,
             row[1] += len(json.dumps(item.to_json()["Attributes"], default=str))
             moto_compact.settle("Scan")
             row[2] += deep_size(item, seen)
-    for owner, name, function in moto_compact.methods(False):
-        setattr(owner, name, function)
+    swap(moto_compact.methods(False))
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 

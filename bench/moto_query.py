@@ -107,12 +107,11 @@ def measure(plane: bool, hosts: int, history: int, queries: int) -> dict[str, tu
 
     from calque.local import moto_compact, moto_dynamodb, moto_models
     from calque.local.bootstrap import create_registry_table
-    from calque.local.moto_server import plane_methods
+    from calque.local.moto_server import plane_methods, swap
 
     moto_dynamodb.install()
     moto_models.untrack()
-    for owner, name, function in plane_methods(plane):
-        setattr(owner, name, function)
+    swap(plane_methods(plane))
     out: dict[str, tuple[float, int]] = {}
     try:
         with mock_aws():
@@ -129,8 +128,7 @@ def measure(plane: bool, hosts: int, history: int, queries: int) -> dict[str, tu
                     got = ddb.query(TableName=TABLE, **query)
                 out[name] = ((time.perf_counter() - t0) * 1000 / queries, got["Count"])
     finally:
-        for owner, name, function in plane_methods(False):
-            setattr(owner, name, function)
+        swap(plane_methods(False))
     return out
 
 

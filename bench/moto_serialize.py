@@ -43,9 +43,9 @@ def measure(direct: bool, items: int, calls: int) -> dict[str, float]:
     from moto import mock_aws
 
     from calque.local import moto_serialize
+    from calque.local.moto_server import swap
 
-    for owner, name, function in moto_serialize.methods(direct):
-        setattr(owner, name, function)
+    swap(moto_serialize.methods(direct))
     reads = {
         "Query (every item)": lambda ddb: ddb.query(
             TableName="t",
@@ -81,8 +81,7 @@ def measure(direct: bool, items: int, calls: int) -> dict[str, float]:
                     read(ddb)
                 out[name] = time.process_time() - t0
     finally:
-        for owner, name, function in moto_serialize.methods(False):
-            setattr(owner, name, function)
+        swap(moto_serialize.methods(False))
     return out
 
 

@@ -43,7 +43,6 @@ from calque.local import moto_index
 
 _READS = frozenset({"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"})
 _OWN = (Table.put_item, DynamoHandler.call_action)  # moto's own, installed or not
-_STATE: dict[str, Any] = {}
 
 
 class _Pending(threading.local):
@@ -379,14 +378,6 @@ def methods(compact: bool = True) -> tuple[tuple[type, str, Any], ...]:
         (Table, "put_item", _put_item if compact else own_put),
         (DynamoHandler, "call_action", _call_action if compact else own_call),
     )
-
-
-def install() -> None:
-    """Hold moto's DynamoDB items compactly between requests (once per process)."""
-    if "installed" not in _STATE:
-        _STATE["installed"] = True
-        for owner, name, function in methods():
-            setattr(owner, name, function)
 
 
 def moto_own() -> tuple[Any, Any]:

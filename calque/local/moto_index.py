@@ -40,7 +40,6 @@ from moto.dynamodb.models.table import Table
 
 _OWN = (Table.query, Table.all_items, Table.delete_item)  # moto's own, installed or not
 _QUERY_SIGNATURE = inspect.signature(Table.query)
-_STATE: dict[str, Any] = {}
 
 
 class _Narrow(threading.local):
@@ -272,14 +271,6 @@ def methods(compact: bool = True) -> tuple[tuple[type, str, Any], ...]:
         (Table, "all_items", _all_items if compact else own_all_items),
         (Table, "delete_item", _delete_item if compact else own_delete),
     )
-
-
-def install() -> None:
-    """Answer moto's queries from the items they can return (once per process)."""
-    if "installed" not in _STATE:
-        _STATE["installed"] = True
-        for owner, name, function in methods():
-            setattr(owner, name, function)
 
 
 def moto_own() -> tuple[Any, Any, Any]:

@@ -21,7 +21,6 @@ from moto.core.serialize import BaseJSONSerializer
 
 _ATTRIBUTE_VALUE = "AttributeValue"
 _OWN = (BaseJSONSerializer._serialize_type_structure, BaseJSONSerializer._serialize_type_map)
-_STATE: dict[str, Any] = {}
 
 
 class _Walk(Exception):
@@ -100,14 +99,6 @@ def methods(direct: bool = True) -> tuple[tuple[type, str, Any], ...]:
         (BaseJSONSerializer, "_serialize_type_structure", _serialize_type_structure if direct else _OWN[0]),
         (BaseJSONSerializer, "_serialize_type_map", _serialize_type_map if direct else _OWN[1]),
     )
-
-
-def install() -> None:
-    """Serialize moto's attribute values directly (once per process)."""
-    if "installed" not in _STATE:
-        _STATE["installed"] = True
-        for owner, name, function in methods():
-            setattr(owner, name, function)
 
 
 def moto_own() -> tuple[Any, Any]:

@@ -351,6 +351,13 @@ def plane_methods(plane: bool = True) -> tuple[tuple[type, str, Any], ...]:
     return (*moto_compact.methods(plane), *moto_index.methods(plane), *moto_serialize.methods(plane))
 
 
+def swap(methods: Iterable[tuple[type, str, Any]]) -> None:
+    """Put each (class, attribute, function) of ``methods`` in place (``plane_methods`` or one
+    module's ``methods``: the plane's, or moto's own again)."""
+    for owner, name, function in methods:
+        setattr(owner, name, function)
+
+
 class MotoServer:
     """moto's server app on a free port (or ``port``) of the loopback interface, in a daemon
     thread. Given ``credentials``, only requests signed with them get in."""
@@ -385,13 +392,14 @@ class MotoServer:
         )
         from werkzeug.serving import make_server
 
-        from calque.local import moto_compact, moto_dynamodb, moto_index, moto_models, moto_serialize
+        from calque.local import moto_dynamodb, moto_models
 
         moto_dynamodb.install()  # transactions that copy what they touch, not whole tables
-        moto_compact.install()  # items held as one blob each between requests
-        moto_index.install()  # a query reads the items it can return, not the whole table
         moto_models.untrack()  # moto keeps no copy of an item once nothing uses it
-        moto_serialize.install()  # an answer's items written directly, not walked shape by shape
+        # items held as one blob each between requests (moto_compact), queries that read the
+        # items they can return, not the whole table (moto_index), answers' items written
+        # directly, not walked shape by shape (moto_serialize)
+        swap(plane_methods())
 
         class _QuietHandler(MotoRequestHandler):  # type: ignore[misc, valid-type, unused-ignore]
             def log_request(self, *args: Any, **kwargs: Any) -> None:
