@@ -9,7 +9,6 @@ import json
 import pytest
 
 from tests.integration.test_tenancy_support import (
-    LONG_TTL_S,
     checkout,
     error_code,
     host,
@@ -29,7 +28,7 @@ def world(local_plane):
     """A ready host, two members, and the first member's live session."""
     iid = ready_host(local_plane)
     owner, other = new_members(local_plane, "authz", 2)
-    grant = checkout(local_plane, owner, iid, ttl_seconds=LONG_TTL_S).json()
+    grant = checkout(local_plane, owner, iid).json()
     yield {"iid": iid, "owner": owner, "other": other, "grant": grant}
     local_plane.request(
         "DELETE", f"/v1/sessions/{grant['session_id']}", profile="admin", body={"force": True}

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from tests.integration.test_tenancy_support import (
-    LONG_TTL_S,
     checkout,
     host,
     new_members,
@@ -132,7 +131,7 @@ def world(local_plane):
     """A ready host and a member's live session: the targets bad requests aim at."""
     iid = ready_host(local_plane)
     [member] = new_members(local_plane, "badin", 1)
-    grant = checkout(local_plane, member, iid, ttl_seconds=LONG_TTL_S).json()
+    grant = checkout(local_plane, member, iid).json()
     wait_grants_landed(local_plane, iid)  # the grant's report updates the session: let it land first
     yield {"iid": iid, "member": member, "grant": grant}
     local_plane.request(
