@@ -12,7 +12,7 @@ granted request), nothing_fits (no slice in the fleet could ever serve it: it is
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -35,17 +35,6 @@ class QueueRequest(CheckoutRequest):
         "maximum wait (CALQUE_QUEUE_MAX_WAIT_S, default 7 days)",
     )
 
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
-        """The document says what the queue grants: one slice or one whole GPU (the API refuses
-        `backend: any` and `gpus` over 1 here with not_queueable; a check-out takes them)."""
-        schema = super().__get_pydantic_json_schema__(core_schema, handler)
-        props = handler.resolve_ref_schema(schema)["properties"]
-        props["backend"]["enum"] = [b for b in props["backend"]["enum"] if b != "any"]
-        props["gpus"]["maximum"] = 1
-        props["gpus"]["description"] = "one: a waiting check-out takes one slice or one whole GPU"
-        return schema
-
 
 class SessionRequest(Out):
     request_id: str
@@ -56,12 +45,15 @@ class SessionRequest(Out):
     profile: str | None = None
     min_memory_gib: float | None = None
     instance_id: str | None = None
+    gpus: int = Field(default=1, description="whole cards of one host asked for (backend gpu)")
     ttl_seconds: int
     submitted_at: datetime
     wait_until: datetime
     position: int | None = Field(default=None, description="1-based place in the queue while waiting")
     estimated_start: datetime | None = Field(
-        default=None, description="when a fitting slice is expected to free (live sessions' expiries)"
+        default=None,
+        description="when a fitting slice (or, for several cards, enough cards of one host) "
+        "is expected to free, from the live sessions' expiries",
     )
     session_id: str | None = None
     granted_at: datetime | None = None

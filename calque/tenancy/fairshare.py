@@ -20,10 +20,14 @@ simulator (``calque.simulate``) apply the same rules through this one small API:
   then earliest submitted, then request id. Within one group ``F`` is the same, so the
   oldest request comes first (first come, first served).
 * **Backfill** (``plan``): walk the order; a request that fits a free slot takes the first
-  one that fits (the caller lists slots best fit first); one that fits none does not block
-  those behind it, unless it has waited ``reserve_after_s``: then it *reserves*, and no
-  request behind it may take a slot that would fit it. Aging moves it up until it is first.
-  Each grant charges its group ``cost(request, slot)`` GPU-hours before the next pick.
+  one that fits (the caller lists slots best fit first; a caller whose requests take several
+  slots at once says which with ``take``); one that fits none does not block those behind
+  it, unless it has waited ``reserve_after_s``: then it *reserves* (unless only a
+  reservation ahead keeps it from a free slot), and no request behind it may take a slot it
+  holds (by default every slot that would fit it; a caller may narrow
+  that with ``hold``, e.g. to one host's cards, and let through requests that end before it
+  can start). Aging moves it up until it is first. Each grant charges its group
+  ``cost(request, slot)`` GPU-hours for every slot taken before the next pick.
 
 Times are seconds (any epoch, the same for every argument).
 """
@@ -153,8 +157,19 @@ def rank(
 @dataclass(frozen=True)
 class Pick(Generic[W, S]):
     request: W
-    slot: S
+    slots: tuple[S, ...]
     priority: float
+
+    @property
+    def slot(self) -> S:
+        """The first slot taken (the only one, for a request of one slot)."""
+        return self.slots[0]
+
+
+# ``take(request, open_slots)``: the slots a request takes from those open to it, or None.
+Take = Callable[[W, Sequence[S]], Sequence[S] | None]
+# ``hold(reserving_request, free_slots)``: whether a request behind it may not take a slot.
+Hold = Callable[[W, Sequence[S]], Callable[[W, S], bool]]
 
 
 def plan(
@@ -167,35 +182,51 @@ def plan(
     usage: Mapping[str, float],
     now: float,
     policy: Policy,
+    take: Take[W, S] | None = None,
+    hold: Hold[W, S] | None = None,
 ) -> list[Pick[W, S]]:
     """The grants to make now, in order: each pick re-ranks with its group charged.
 
     ``free`` lists the free slots best fit first; ``fits`` says whether a slot may serve a
-    request; ``cost`` is the GPU-hours a grant charges its group. Each slot is picked once."""
+    request; ``cost`` is the GPU-hours a grant charges its group for one slot. ``take``
+    (default: the first slot that fits) chooses the slots a request takes from those open to
+    it; ``hold`` (default: every slot that fits the reserving request) says which slots a
+    reserving request keeps from the requests behind it. Each slot is picked once."""
+
+    def first_fit(w: W, open_: Sequence[S]) -> Sequence[S] | None:
+        found = next((s for s in open_ if fits(w, s)), None)
+        return None if found is None else (found,)
+
+    def holds_fitting(r: W, _free: Sequence[S]) -> Callable[[W, S], bool]:
+        return lambda _w, s: fits(r, s)
+
+    choose = take or first_fit
+    keeps = hold or holds_fitting
     left = list(waiting)
     slots = list(free)
     used = dict(usage)
     picks: list[Pick[W, S]] = []
     while left and slots:
-        chosen: tuple[float, W, S] | None = None
-        reserved: list[W] = []
+        chosen: tuple[float, W, Sequence[S]] | None = None
+        held: list[Callable[[W, S], bool]] = []
         for p, w in rank(left, shares, used, now, policy):
-            slot = next(
-                (s for s in slots if fits(w, s) and not any(fits(r, s) for r in reserved)),
-                None,
-            )
-            if slot is not None:
-                chosen = (p, w, slot)
+            open_ = [s for s in slots if not any(h(w, s) for h in held)] if held else slots
+            got = choose(w, open_)
+            if got:
+                chosen = (p, w, got)
                 break
-            if now - w.submitted >= policy.reserve_after_s:
-                reserved.append(w)
+            # One kept from free slots only by a reservation ahead waits behind it; one that
+            # fits nothing free reserves once it has waited long enough.
+            if now - w.submitted >= policy.reserve_after_s and not (held and choose(w, slots)):
+                held.append(keeps(w, slots))
         if chosen is None:
             break
-        p, w, slot = chosen
-        picks.append(Pick(w, slot, p))
+        p, w, got = chosen
+        picks.append(Pick(w, tuple(got), p))
         left.remove(w)
-        slots.remove(slot)
-        used[w.account] = used.get(w.account, 0.0) + max(cost(w, slot), 0.0)
+        for s in got:
+            slots.remove(s)
+            used[w.account] = used.get(w.account, 0.0) + max(cost(w, s), 0.0)
     return picks
 
 

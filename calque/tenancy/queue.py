@@ -11,7 +11,8 @@ and any number of passes may race: a request's grant is conditional on it still 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,16 +23,16 @@ from calque.events import Event
 from calque.identity import Caller
 from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, QuotaFull, StaleWrite
-from calque.tenancy import fairshare
-from calque.tenancy.core import _grant, _iso, new_token, session_started
-from calque.tenancy.placement import _fits
+from calque.tenancy import fairshare, queue_cards
+from calque.tenancy.core import _grants, _iso, new_token, session_started
+from calque.tenancy.placement import _fits, slice_backends
 from calque.tenancy.sessions import SessionsMixin, check_consent
 from calque.tenancy.store.ports import SliceTaken
 from calque.tenancy.store.queue_records import AccountRecord, QueuedRecord, account_of
 
 if TYPE_CHECKING:
     from calque.tenancy.store.dynamo_queue import DynamoQueue
-    from calque.tenancy.store.models import SliceRecord
+    from calque.tenancy.store.models import HostRecord, SessionRecord, SliceRecord
 
 
 def _epoch(at: datetime) -> float:
@@ -60,15 +61,6 @@ class QueueMixin(SessionsMixin):
         Refused before anything is recorded: no consent for MPS, a TTL out of bounds, a group
         not the member's, or a request no slice in the fleet could ever serve."""
         check_consent(req)
-        if (req.gpus or 1) > 1 or req.backend == "any":
-            # the queue grants one slice, or one whole GPU, per request
-            field = "gpus" if (req.gpus or 1) > 1 else "backend"
-            raise InvalidInput(
-                "a waiting check-out takes one slice or one whole GPU: --gpus N and --backend any "
-                "are checked out only at once (without --wait)",
-                code="not_queueable",
-                details={"field": field},
-            )
         ttl = self._ttl(req.ttl_seconds if req.ttl_seconds is not None else self.config.default_ttl_s)
         # A longer wait than the deployment allows is cut to it (the answer's wait_until says so).
         wait = min(req.max_wait_seconds or self.config.queue_max_wait_s, self.config.queue_max_wait_s)
@@ -131,7 +123,7 @@ class QueueMixin(SessionsMixin):
         shown = [
             by_id[w.request_id] for _p, w in ranked if everyone or by_id[w.request_id].user == who.principal
         ]
-        ends = self._expiries() if shown else []
+        ends = self._expiries() if shown else _Outlook([], self._cards_now)
         return [self._view(r, places.get(r.request_id), ranked, by_id, ends, grant=None) for r in shown]
 
     def cancel_request(self, who: Caller, request_id: str) -> SessionRequest:
@@ -201,18 +193,21 @@ class QueueMixin(SessionsMixin):
                 usage=state.usage,
                 now=state.t,
                 policy=policy,
+                take=state.take,
+                hold=state.hold,
             )
             if not picks:
                 break
             for pick in picks:
                 rec = state.waiting[pick.request.request_id]
-                outcome = self._grant_one(store, rec, pick.slot, state)
+                outcome = self._grant_one(store, rec, list(pick.slots), state)
                 if outcome == "granted":
                     granted.append(rec.request_id)
-                    charged = state.cost(pick.request, pick.slot)
+                    charged = sum(state.cost(pick.request, s) for s in pick.slots)
                     state.usage[rec.account] = state.usage.get(rec.account, 0.0) + charged
                     del state.waiting[rec.request_id]
-                    state.free.remove(pick.slot)
+                    for s in pick.slots:
+                        state.free.remove(s)
                     state.seq += 1
                     continue
                 if outcome == "refused":
@@ -239,11 +234,10 @@ class QueueMixin(SessionsMixin):
             return None
         asks = {rid: CheckoutRequest.model_validate_json(r.ask) for rid, r in left.items()}
         free: list[SliceRecord] = []
-        for backend in sorted({a.backend for a in asks.values()}):
+        for backend in sorted({b for a in asks.values() for b in slice_backends(a)}):
             free += store.free_slices(backend, self.config.queue_free_read)
         if not free:
             return None
-        free.sort(key=lambda s: s.memory_gib)  # best fit first
         accounts, seq = store.fair_state()
         t = _epoch(now)
         return _PassState(
@@ -251,16 +245,25 @@ class QueueMixin(SessionsMixin):
             t=t,
             waiting=left,
             asks=asks,
-            free=free,
+            free=queue_cards.offer_order(free),
             accounts=accounts,
             seq=seq,
             usage=_decayed(accounts, t, policy),
             shares={a: r.shares for a, r in accounts.items() if r.shares is not None},
+            cards=self._cards_now,
         )
 
-    def _grant_one(self, store: DynamoQueue, rec: QueuedRecord, sl: SliceRecord, state: _PassState) -> str:
-        """One grant: 'granted', 'refused' (a quota or limit holds now), or 'stale' (the
-        request, the slice, the usage or the grant sequence changed since the read)."""
+    def _cards_now(self) -> tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]:
+        """The fleet and its live sessions: what a reserving multi-card request is placed by."""
+        live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.queue_free_read)
+        return self.registry.fleet(), live
+
+    def _grant_one(
+        self, store: DynamoQueue, rec: QueuedRecord, taken: list[SliceRecord], state: _PassState
+    ) -> str:
+        """One grant of ``taken`` (a slice, or several whole cards of one host): 'granted',
+        'refused' (a quota or limit holds now), or 'stale' (the request, a slice, the usage or
+        the grant sequence changed since the read)."""
         user, now = rec.user, state.now
         quota, mine = self.registry.quota_and_groups(user)
         if self._sessions_refusal(user, quota) is not None:
@@ -270,7 +273,8 @@ class QueueMixin(SessionsMixin):
         except CalqueError:
             return "refused"
         token = new_token()
-        session = self._new_session(user, [sl], token, rec.ttl_seconds, now, group.name if group else None)
+        sl = taken[0]
+        session = self._new_session(user, taken, token, rec.ttl_seconds, now, group.name if group else None)
         res = limits.reservation(
             session.charge_month, session.reserved_ugh, session.reserved_musd, quota, group
         )
@@ -295,6 +299,7 @@ class QueueMixin(SessionsMixin):
                 sealed_token=requests.seal(token, user, rec.request_id),
                 charge=charge,
                 seq=state.seq,
+                extra=taken[1:],
             )
         except (QuotaFull, GroupFull):
             return "refused"
@@ -304,7 +309,8 @@ class QueueMixin(SessionsMixin):
             update={"state": "granted", "session_id": session.session_id, "granted_at": now}
         )
         self._publish([session_started(session), request_event("calque.session.granted", granted)])
-        self.tasks.send(_grant(session))
+        for task in _grants(session):
+            self.tasks.send(task)
         return "granted"
 
     # ---- views -------------------------------------------------------------------------------
@@ -319,9 +325,20 @@ class QueueMixin(SessionsMixin):
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         return fairshare.rank([_waiting(r) for r in waiting], shares, usage, t, policy)
 
-    def _expiries(self) -> list[tuple[datetime, str, str, float]]:
+    def _expiries(self) -> _Outlook:
         live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
-        return [(s.expires_at, s.backend, s.profile, s.memory_gib) for s in live]
+        ends = [
+            _Ending(
+                s.expires_at,
+                s.backend,
+                s.profile,
+                s.memory_gib / len(s.slice_ids),
+                s.instance_id,
+                len(s.slice_ids),
+            )
+            for s in live
+        ]
+        return _Outlook(ends, self._cards_now)
 
     def _request_view(self, who: Caller, rec: QueuedRecord) -> SessionRequest:
         grant = None
@@ -330,7 +347,7 @@ class QueueMixin(SessionsMixin):
             if session is not None:
                 grant = self._grant_view(session, requests.unseal(rec.sealed_token, rec.user, rec.request_id))
         if rec.state != "waiting":
-            return self._view(rec, None, [], {}, [], grant=grant)
+            return self._view(rec, None, [], {}, _Outlook([], self._cards_now), grant=grant)
         store = self._queue()
         waiting = store.waiting()
         if all(r.request_id != rec.request_id for r in waiting):
@@ -347,28 +364,15 @@ class QueueMixin(SessionsMixin):
         place: int | None,
         ranked: list[tuple[float, fairshare.Waiting]],
         by_id: dict[str, QueuedRecord],
-        ends: list[tuple[datetime, str, str, float]],
+        ends: _Outlook,
         *,
         grant: Any,
     ) -> SessionRequest:
         ask = CheckoutRequest.model_validate_json(rec.ask)
         estimate = None
         if place is not None:
-            # Those ahead that ask for the same backend take the fitting slices that free first.
-            ahead = sum(
-                1
-                for _p, w in ranked[: place - 1]
-                if w.request_id in by_id
-                and CheckoutRequest.model_validate_json(by_id[w.request_id].ask).backend == ask.backend
-            )
-            fitting = sorted(
-                at
-                for at, backend, profile, mem in ends
-                if backend == ask.backend
-                and (ask.profile is None or profile == ask.profile)
-                and (ask.min_memory_gib is None or mem >= ask.min_memory_gib)
-            )
-            estimate = fitting[ahead] if ahead < len(fitting) else None
+            ahead = [by_id[w.request_id] for _p, w in ranked[: place - 1] if w.request_id in by_id]
+            estimate = _estimate(ask, ahead, ends, self.clock())
         return SessionRequest(
             request_id=rec.request_id,
             user=rec.user,
@@ -378,6 +382,7 @@ class QueueMixin(SessionsMixin):
             profile=ask.profile,
             min_memory_gib=ask.min_memory_gib,
             instance_id=ask.instance_id,
+            gpus=ask.gpus,
             ttl_seconds=rec.ttl_seconds,
             submitted_at=rec.submitted_at,
             wait_until=rec.wait_until,
@@ -431,14 +436,109 @@ class _PassState:
     seq: int
     usage: dict[str, float]
     shares: dict[str, float]
+    # the fleet and its live sessions, read only when a multi-card request first reserves
+    cards: Callable[[], tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]]
+    _cards: tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]] | None = None
+    _held: dict[str, Callable[[fairshare.Waiting, SliceRecord], bool]] = field(default_factory=dict)
 
     def fits(self, w: fairshare.Waiting, s: SliceRecord) -> bool:
+        return self.fits_ask(self.asks[w.request_id], s)
+
+    @staticmethod
+    def fits_ask(ask: CheckoutRequest, s: SliceRecord, *, any_state: bool = False) -> bool:
+        return _fits(s, ask, any_state=any_state) and ask.instance_id in (None, s.instance_id)
+
+    def take(self, w: fairshare.Waiting, open_: Sequence[SliceRecord]) -> list[SliceRecord] | None:
+        """The slots a request takes: its best fit, or ``gpus`` whole cards of one host."""
         ask = self.asks[w.request_id]
-        return _fits(s, ask) and (ask.instance_id is None or ask.instance_id == s.instance_id)
+        fitting = [s for s in open_ if self.fits_ask(ask, s)]
+        if ask.gpus > 1:
+            return queue_cards.cards_of_one_host(ask.gpus, fitting)
+        return fitting[:1] or None
+
+    def hold(
+        self, r: fairshare.Waiting, _free: Sequence[SliceRecord]
+    ) -> Callable[[fairshare.Waiting, SliceRecord], bool]:
+        """What a reserving request keeps from those behind it: every slot that fits it, or,
+        for several cards, the cards of the host it reserves (queue_cards.reserve)."""
+        if r.request_id in self._held:
+            return self._held[r.request_id]
+        ask = self.asks[r.request_id]
+        kept: Callable[[fairshare.Waiting, SliceRecord], bool]
+        if ask.gpus <= 1:
+            kept = lambda _w, s: self.fits_ask(ask, s)  # noqa: E731
+        else:
+            if self._cards is None:
+                self._cards = self.cards()
+            fleet, live = self._cards
+            rule = queue_cards.holds(
+                queue_cards.reserve(
+                    ask.gpus, lambda s: self.fits_ask(ask, s, any_state=True), fleet, live, self.now
+                ),
+                lambda s: self.fits_ask(ask, s, any_state=True),
+                lambda rid: self.now + timedelta(seconds=self.waiting[rid].ttl_seconds),
+            )
+            kept = lambda w, s: rule(w.request_id, s)  # noqa: E731
+        self._held[r.request_id] = kept
+        return kept
 
     def cost(self, w: fairshare.Waiting, s: SliceRecord) -> float:
         """GPU-hours a grant charges its account: the slice's share of a card for the TTL."""
         return s.gpu_fraction * self.waiting[w.request_id].ttl_seconds / 3600
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """A live session as a waiting request's estimate reads it (``memory_gib``: per card)."""
+
+    at: datetime
+    backend: str
+    profile: str
+    memory_gib: float
+    instance_id: str
+    cards: int
+
+
+@dataclass
+class _Outlook:
+    """What estimates read: the live sessions' ends, and (for several cards, read once) the
+    fleet with its live sessions."""
+
+    ends: list[_Ending]
+    read_cards: Callable[[], tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]]
+    _cards: tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]] | None = None
+
+    def cards(self) -> tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]:
+        if self._cards is None:
+            self._cards = self.read_cards()
+        return self._cards
+
+
+def _estimate(
+    ask: CheckoutRequest, ahead: list[QueuedRecord], outlook: _Outlook, now: datetime
+) -> datetime | None:
+    """When a waiting request is expected to start, from the live sessions' expiries: one
+    slot: the fitting slot that frees after one for each request ahead of it that shares a
+    kind with it; several cards: when the host where they free soonest has them
+    (queue_cards.reserve: its free cards count now)."""
+    if ask.gpus > 1:
+        found = queue_cards.reserve(
+            ask.gpus, lambda s: _PassState.fits_ask(ask, s, any_state=True), *outlook.cards(), now
+        )
+        return found.start if found is not None else None
+    kinds = set(slice_backends(ask))
+    fitting = [
+        e
+        for e in outlook.ends
+        if e.backend in kinds
+        and (ask.profile is None or e.profile == ask.profile)
+        and (ask.min_memory_gib is None or e.memory_gib >= ask.min_memory_gib)
+        and ask.instance_id in (None, e.instance_id)
+    ]
+    # Those ahead that could take the same kind of slot take the ones that free first.
+    n = sum(1 for r in ahead if kinds & set(slice_backends(CheckoutRequest.model_validate_json(r.ask))))
+    times = sorted(t for e in fitting for t in [e.at] * e.cards)
+    return times[n] if n < len(times) else None
 
 
 def _decayed(accounts: dict[str, AccountRecord], t: float, policy: fairshare.Policy) -> dict[str, float]:

@@ -43,21 +43,21 @@ def ddb():
         server.stop()
 
 
-def _seed(ddb: Any, first: int, hosts: int, layout: dict = LAYOUT) -> None:
+def _seed(ddb: Any, first: int, hosts: int, layout: dict = LAYOUT, itype: str = "g7e.2xlarge") -> None:
     from calque.catalog import planner
     from calque.contracts.layout import parse_layout
     from calque.tenancy.store.dynamo import DynamoRegistry
     from calque.tenancy.store.models import HostRecord, SliceRecord
 
     registry = DynamoRegistry(ddb, TABLE)
-    planned = planner.expand_slices("g7e.2xlarge", parse_layout(layout))
+    planned = planner.expand_slices(itype, parse_layout(layout))
     now = datetime.now(UTC).replace(microsecond=0)
     for n in range(first, first + hosts):
         iid = f"i-{n:017x}"
         registry.create_host(
             HostRecord(
                 instance_id=iid,
-                instance_type="g7e.2xlarge",
+                instance_type=itype,
                 sharing="mig",
                 state="ready",
                 layout=layout,

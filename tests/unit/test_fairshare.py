@@ -107,3 +107,47 @@ def test_position_is_one_based() -> None:
     ranked = fs.rank([Waiting("x", "g", 0.0), Waiting("y", "g", 1.0)], {}, {}, 5.0, P)
     assert fs.position("y", ranked) == 2
     assert fs.position("z", ranked) is None
+
+
+def _two_of_a_kind(w: Waiting, open_: list[str]) -> list[str] | None:
+    """'pair-*' takes two slots of one letter; the rest take one."""
+    if not w.request_id.startswith("pair"):
+        return open_[:1] or None
+    for kind in sorted({s[0] for s in open_}):
+        same = [s for s in open_ if s[0] == kind]
+        if len(same) >= 2:
+            return same[:2]
+    return None
+
+
+def test_a_request_may_take_several_slots_in_one_pick_and_pays_for_each() -> None:
+    waiting = [Waiting("pair-1", "g", 0.0), Waiting("one-1", "h", 1.0)]
+    picks = fs.plan(
+        waiting,
+        ["a1", "b1", "b2"],
+        fits=lambda w, s: True,
+        cost=lambda w, s: 1.0,
+        shares={},
+        usage={},
+        now=10.0,
+        policy=P,
+        take=_two_of_a_kind,
+    )
+    assert [(p.request.request_id, p.slots) for p in picks] == [("pair-1", ("b1", "b2")), ("one-1", ("a1",))]
+    assert picks[0].slot == "b1"
+
+
+def test_a_narrowed_hold_lets_through_what_it_does_not_keep() -> None:
+    # pair-1 fits nothing (one slot of each letter) and has waited: it reserves the 'b' slots
+    # only, for requests other than 'short-*'
+    def hold(r: Waiting, _free: list[str]):
+        return lambda w, s: s.startswith("b") and not w.request_id.startswith("short")
+
+    waiting = [Waiting("pair-1", "g", 0.0), Waiting("long-1", "h", 700.0), Waiting("short-1", "k", 800.0)]
+    kw = dict(fits=lambda w, s: True, cost=lambda w, s: 1.0, shares={}, usage={}, now=1000.0, policy=P)
+    picks = fs.plan(waiting, ["b1"], take=_two_of_a_kind, hold=hold, **kw)  # type: ignore[arg-type]
+    # long-1 has waited too, but only the reservation keeps it from b1: it waits behind pair-1
+    # without reserving b1 itself, so short-1 passes both
+    assert [(p.request.request_id, p.slot) for p in picks] == [("short-1", "b1")]
+    picks = fs.plan(waiting, ["b1", "a1"], take=_two_of_a_kind, hold=hold, **kw)  # type: ignore[arg-type]
+    assert sorted((p.request.request_id, p.slot) for p in picks) == [("long-1", "a1"), ("short-1", "b1")]

@@ -14,18 +14,26 @@ from calque.cli.errors import CliError
 
 POLL_S = 2.0
 
+
+def _asks(r: dict[str, Any]) -> str:
+    if r.get("profile"):
+        return str(r["profile"])
+    return f">={float(r['min_memory_gib']):g} GiB" if r.get("min_memory_gib") else "any"
+
+
+def _kind(r: dict[str, Any]) -> str:
+    """The backend asked for, with the number of whole cards when several (``gpu x2``)."""
+    n = int(r.get("gpus") or 1)
+    return f"{r['backend']} x{n}" if n > 1 else str(r["backend"])
+
+
 REQUEST_COLUMNS = [
     ("request_id", "request_id"),
     ("user", "user"),
     ("group", lambda r: r.get("group") or "-"),
     ("position", lambda r: r.get("position") or "-"),
-    ("backend", "backend"),
-    (
-        "asks",
-        lambda r: (
-            r.get("profile") or (f">={r['min_memory_gib']:g} GiB" if r.get("min_memory_gib") else "any")
-        ),
-    ),
+    ("backend", _kind),
+    ("asks", _asks),
     ("ttl_s", "ttl_seconds"),
     ("submitted_at", "submitted_at"),
     ("estimated_start", lambda r: r.get("estimated_start") or "-"),
@@ -37,12 +45,6 @@ FAIRSHARE_COLUMNS = [
     ("usage_gpu_hours", "usage_gpu_hours"),
     ("fairshare", "fairshare"),
 ]
-
-
-def _asks(r: dict[str, Any]) -> str:
-    if r.get("profile"):
-        return str(r["profile"])
-    return f">={float(r['min_memory_gib']):g} GiB" if r.get("min_memory_gib") else "any"
 
 
 def _path(request_id: str) -> str:

@@ -9,6 +9,7 @@ of one group never refuse each other, unless the usage was rebased meanwhile).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from calque.dynamo import cancellation_reasons, error_code, expr_values, ser
 from calque.members.ports import GroupFull, QuotaFull, Reservation, StaleWrite
 from calque.tenancy.store import keys
 from calque.tenancy.store.dynamo_base import usage_charge_item
-from calque.tenancy.store.dynamo_placement import DynamoPlacement
+from calque.tenancy.store.dynamo_placement import DynamoPlacement, _take
 from calque.tenancy.store.models import LeaseEvent, SessionRecord, SliceRecord
 from calque.tenancy.store.ports import SliceTaken, UsageCharge
 from calque.tenancy.store.queue_records import (
@@ -147,12 +148,13 @@ class DynamoQueue(DynamoPlacement):
         sealed_token: str,
         charge: UsageCharge,
         seq: int,
+        extra: Sequence[SliceRecord] = (),
     ) -> None:
         """One transaction (see the module's doc). ``charge``: the account's fair-share charge;
-        ``seq``: the grant sequence read (this grant is
-        ``seq + 1``). RequestGone when the request no longer
-        waits; SliceTaken / QuotaFull / GroupFull as a check-out's grant; StaleWrite when the
-        account's usage was rebased or another grant came first (read again)."""
+        ``seq``: the grant sequence read (this grant is ``seq + 1``); ``extra``: a multi-card
+        session's further cards, taken in the same transaction. RequestGone when the request
+        no longer waits; SliceTaken / QuotaFull / GroupFull as a check-out's grant; StaleWrite
+        when the account's usage was rebased or another grant came first (read again)."""
         first = {
             "Update": {
                 "Key": ser(queued(rec.request_id)),
@@ -173,7 +175,9 @@ class DynamoQueue(DynamoPlacement):
                 ),
             }
         }
+        # the further cards after the grant's own writes: the reasons read by position stay put
         middle = self._grant_writes(sl, session, default_max_sessions, reservation, event)
+        middle += [_take(one, session) for one in extra]
         last = usage_charge_item(charge)
         order = {
             "Update": {

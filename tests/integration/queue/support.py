@@ -115,6 +115,17 @@ def seed_host(ddb: Any, n: int) -> str:
     return f"i-{n:017x}"
 
 
+CARDS = {"version": "v1", "gpus": [{"devices": "all", "exclusive": True}]}
+
+
+def seed_cards(ddb: Any, n: int) -> str:
+    """A ready host of 4 free whole cards (a g7e.24xlarge laid out exclusive)."""
+    from tests.integration.test_tenancy_placement_race import _seed
+
+    _seed(ddb, n, 1, CARDS, "g7e.24xlarge")
+    return f"i-{n:017x}"
+
+
 def make_group(ddb: Any, name: str, users: list[str]) -> None:
     from calque.contracts.economics import GroupCreate
     from calque.members.groups import Groups
@@ -126,15 +137,16 @@ def make_group(ddb: Any, name: str, users: list[str]) -> None:
         groups.add(ADMIN, name, users[start : start + 40])
 
 
-def reclaim_all(tenancy: Any, instance_id: str) -> int:
-    """The host agent's reclaim reports for every slice being reclaimed (each runs a pass)."""
+def reclaim_all(tenancy: Any, instance_id: str, *, own_clock: bool = False) -> int:
+    """The host agent's reclaim reports for every slice being reclaimed (each runs a pass);
+    ``own_clock``: stamped by the environment's clock (one that runs ahead)."""
     from calque.contracts.agent import AgentReport
 
     done = 0
     for sl in tenancy.registry.slices(instance_id):
         if sl.state != "reclaiming":
             continue
-        now = datetime.now(UTC)
+        now = tenancy.clock() if own_clock else datetime.now(UTC)
         tenancy.report(
             instance_id,
             AgentReport(

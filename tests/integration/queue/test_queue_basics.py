@@ -55,20 +55,3 @@ def test_nothing_that_could_ever_fit_is_refused_not_queued(ddb):
         t.enqueue(member("carol"), QueueRequest(backend="mig", min_memory_gib=500, ttl_seconds=600))
     assert refused.value.code == "nothing_fits"
     assert t.list_requests(member("carol")) == []
-
-
-@pytest.mark.parametrize(
-    ("ask", "field"),
-    [({"backend": "gpu", "gpus": 2}, "gpus"), ({"backend": "any"}, "backend")],
-)
-def test_what_the_queue_cannot_grant_whole_is_refused_not_queued(ddb, ask, field):
-    """The queue grants one slice or one card per request: several cards, or the tightest fit
-    across kinds, are refused at once instead of waiting to be served only in part."""
-    t = env(ddb)
-    from calque.errors import CalqueError
-
-    with pytest.raises(CalqueError) as refused:
-        t.enqueue(member("carol"), QueueRequest(ttl_seconds=600, **ask))
-    assert refused.value.code == "not_queueable"
-    assert refused.value.details == {"field": field}
-    assert t.list_requests(member("carol")) == []

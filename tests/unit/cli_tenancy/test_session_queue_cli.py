@@ -105,3 +105,18 @@ def test_queue_and_cancel(api, cli):
     code, out, _err = cli("session", "cancel", RID)
     assert code == 0
     assert "cancelled" in out
+
+
+def test_several_cards_wait_like_one_and_the_queue_shows_how_many(api, cli):
+    big = {**WAITING, "backend": "gpu", "gpus": 2}
+    api.responses[("POST", "/v1/session-requests")] = {**big, "state": "granted", "grant": GRANT}
+    code, _out, err = cli("session", "checkout", "--backend", "gpu", "--gpus", "2", "--wait")
+    assert code == 0, err
+    assert api.requests[0][2]["gpus"] == 2
+    api.responses[("GET", "/v1/session-requests")] = [big, WAITING]
+    code, out, _err = cli("session", "queue")
+    assert code == 0
+    head, first, second = out.splitlines()[:3]
+    at = head.index("BACKEND")
+    assert first[at:].startswith("gpu x2 ")
+    assert second[at:].startswith("mig ")
