@@ -1,7 +1,8 @@
 """Whole cards end to end on the local plane: a slice-sized request takes a slice before any
 whole card; `--gpus 3` takes three cards of one host in one grant, the host agent gives every
 card's device node to the session's one account; the member checks it in with no token and
-every card is reclaimed, the account gone with the last."""
+every card is reclaimed, the account gone with the last; a check-out of two cards that
+waited in line meanwhile is granted two of them."""
 
 from __future__ import annotations
 
@@ -67,12 +68,25 @@ def test_whole_cards_on_the_local_plane(local_plane, tmp_path):
     code, shown = plane.cli_json("session", "show", grant["session_id"])
     assert code == 0, shown
     assert 0 < shown["seconds_left"] <= 1800
+    # A check-out of two cards waits in line (the host's three whole cards are all held)
+    waiter = _waiting_checkout(plane, instance, "--backend", "gpu", "--gpus", "2", "--ttl", "30m")
+    _wait_for("the request to be queued", lambda: _queued(plane, instance))
     # The member checks it in with no token: every card reclaimed, the account gone
     code, done = plane.cli_json("session", "checkin", grant["session_id"])
     assert code == 0, done
+    # ... and the waiting check-out is granted two of them, in one session
+    out, err = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, err
+    assert "waiting: place 1 in the queue" in err
+    two = json.loads(out)
+    assert len(two["slice_ids"]) == 2
+    assert set(two["slice_ids"]) <= set(cards)
+    code, ended = plane.cli_json("session", "checkin", two["session_id"], profile="carol")
+    assert code == 0, ended
+    accounts = {account, session_account(two["session_id"])}
     gone = _wait_for(
-        "the session's account to be removed",
-        lambda: (lambda hs: hs if account not in hs["accounts"] else None)(_host_state(plane, instance)),
+        "both sessions' accounts to be removed",
+        lambda: (lambda hs: hs if not accounts & set(hs["accounts"]) else None)(_host_state(plane, instance)),
     )
     assert not any(c in gone["grants"] for c in cards)
     code, hostview = plane.cli_json("host", "show", instance, profile="admin")
@@ -88,6 +102,24 @@ def test_whole_cards_on_the_local_plane(local_plane, tmp_path):
     assert freed
     code, _ = plane.cli_json("session", "checkin", small["session_id"], profile="bob")
     assert code == 0
+
+
+def _waiting_checkout(plane: LocalPlaneHandle, instance: str, *ask: str):
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import REPO
+
+    args = ["--output", "json", "session", "checkout", "--instance-id", instance, *ask, "--wait"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "calque.cli.main", "--profile", "carol", *args, "--max-wait", "2m"],
+        env=plane.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+
+
+def _queued(plane: LocalPlaneHandle, instance: str) -> bool:
+    code, waiting = plane.cli_json("session", "queue", "--all", profile="admin")
+    return code == 0 and any(r["instance_id"] == instance and r.get("gpus") == 2 for r in waiting)
 
 
 def _calque(plane: LocalPlaneHandle, *args: str, token: str | None = None, stdin: str | None = None):
