@@ -1,7 +1,8 @@
 """Whole cards and the tightest fit across kinds wait in the queue like slices do: one card,
 N cards of one host granted together in one transaction, `any`; and a waiting multi-card
 request that has aged reserves the host where its cards free soonest, letting through only
-what ends before it can start (backfill), so single cards never starve it."""
+what ends before it can start (backfill), so single cards never starve it; passes racing for freed cards grant each request once and
+never put one card in two sessions."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _hold(t, iid, ttls, backend="gpu"):
 
 def _free(t, iid, grant):
     t.checkin(member(grant.user), grant.session_id, CheckinRequest(token=grant.token))
-    assert reclaim_all(t, iid, own_clock=True) == 1
+    assert reclaim_all(t, iid, own_clock=True) == len(grant.slice_ids)
 
 
 def _state(t, who, req):
@@ -135,3 +136,62 @@ def test_a_multi_card_request_no_host_could_hold_is_refused_not_queued(ddb):
         t.enqueue(member("dave"), QueueRequest(backend="gpu", gpus=5, instance_id=iid, ttl_seconds=600))
     assert refused.value.code == "nothing_fits"
     assert t.list_requests(member("dave")) == []
+
+
+def test_racing_passes_grant_each_multi_card_request_once_and_never_share_a_card(ddb):
+    import threading
+
+    envs = [env(ddb, n) for n in range(3)]
+    t = envs[0]
+    iid = seed_cards(ddb, 206)
+    held = _hold(t, iid, [600] * 4)
+    sizes = {"r0": 2, "r1": 1, "r2": 3, "r3": 2, "r4": 1, "r5": 4}
+    reqs = {
+        who: t.enqueue(member(who), QueueRequest(backend="gpu", gpus=n, instance_id=iid, ttl_seconds=600))
+        for who, n in sizes.items()
+    }
+    granted: dict[str, str] = {}
+    for _round in range(len(sizes)):
+        # everything held is checked in while three passes race for what frees
+        stop = threading.Event()
+
+        def race(e, stop=stop):
+            while not stop.is_set():
+                e.grant_waiting()
+
+        racers = [threading.Thread(target=race, args=(e,)) for e in envs]
+        for r in racers:
+            r.start()
+        try:
+            for g in held:
+                _free(t, iid, g)
+        finally:
+            stop.set()
+            for r in racers:
+                r.join()
+        envs[1].grant_waiting()
+        # no card is in two live sessions; each granted request has one session, of its size,
+        # whose cards are held by it
+        cards = {c.slice_id: c for c in t.registry.slices(iid)}
+        live = [
+            s for s in t.registry.live_sessions(expiring_at_or_before=None, limit=100) if s.instance_id == iid
+        ]
+        taken = [c for s in live for c in s.slice_ids]
+        assert len(taken) == len(set(taken)) <= 4
+        held = []
+        for who, req in reqs.items():
+            got = _state(t, who, req)
+            if got.state != "granted":
+                continue
+            assert granted.setdefault(who, got.session_id) == got.session_id
+            session = t.registry.get_session(got.session_id)
+            assert len(session.slice_ids) == sizes[who]
+            if session.state == "live":
+                assert {cards[c].session_id for c in session.slice_ids} == {session.session_id}
+                held.append(got.grant)
+        if len(granted) == len(sizes):
+            break
+        assert held, "a round freed every card and granted nothing"
+    assert set(granted) == set(sizes)
+    for g in held:
+        _free(t, iid, g)
