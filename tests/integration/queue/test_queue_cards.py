@@ -1,8 +1,8 @@
 """Whole cards and the tightest fit across kinds wait in the queue like slices do: one card,
-N cards of one host granted together in one transaction, `any`; and a waiting multi-card
+N cards of one host granted together in one transaction, `any`. A waiting multi-card
 request that has aged reserves the host where its cards free soonest, letting through only
-what ends before it can start (backfill), so single cards never starve it; passes racing for freed cards grant each request once and
-never put one card in two sessions."""
+what ends before it can start (backfill), so single cards never starve it. Passes racing
+for freed cards grant each request once and never put one card in two sessions."""
 
 from __future__ import annotations
 
