@@ -24,16 +24,18 @@ an earlier one that does not. Departures at a moment are processed before arriva
 Layouts: ``dedicated`` (every GPU exclusive), ``mig:PROFILE=N,...`` (every GPU that
 mix), ``mps:N`` (N clients of 100/N % each), ``adaptive``: GPUs start dedicated and
 each job asks for its smallest fitting slice (``planner.smallest_fitting_share``).
-When nothing waiting fits what is free: an empty card is cut for the queue
-(``planner.mix_for``); else the free part of a card in use is re-cut around its held
-slices when their ids and places stay (``planner.recut``; the host agent keeps MIG
-instances in use and creates the rest around them); else, when the first in line has
-waited ``reserve_after_s`` and capacity sits free that nothing waiting fits (or no card
-offers its size), the cut card whose sessions end first is drained (its slices not
+When the first in line asks for a slice no card offers free, or nothing waiting fits what
+is free: an empty card is cut for the queue (``planner.mix_for``; the first in line first,
+before a job behind it may take the empty card whole); else the free part of a card in use
+is re-cut around its held slices when their ids and places stay (``planner.recut``; the
+host agent keeps MIG instances in use and creates the rest around them); else, when the
+first in line has waited ``reserve_after_s`` and capacity sits free that nothing waiting
+fits (or no card offers its size), the cut card whose sessions end first is drained (its slices not
 placeable) to be cut for the queue once empty. A job of several cards first in line for
 ``reserve_after_s`` reserves the cards of the host that frees them first, if that holds
 back no more than it uses; meanwhile they take jobs that end in time (``placement_reserve``).
-A re-layout takes no virtual time here. Cards without MIG stay dedicated under ``adaptive``.
+These choices are ``placement_adapt``'s. A re-layout takes no virtual time here. Cards
+without MIG stay dedicated under ``adaptive``.
 
 Numbers: paid GPU-hours are every GPU of every host from the first arrival to the
 last departure; members served per GPU-hour = jobs placed / paid GPU-hours; busy
@@ -53,6 +55,7 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from calque.simulate import placement_adapt as adapting
 from calque.simulate import placement_reserve as reserve
 from calque.simulate.placement_layouts import (
     Layout,
@@ -396,6 +399,8 @@ class Simulator:
                     self._started(due, t, grants, waits)
                     continue
                 self.queue.refresh(now, {key[1] for key, q in waiting.items() if q})
+                if self.layout.kind == "adaptive" and adapting.cut_for_head(self, waiting, now):
+                    continue
                 # (queue order, deque, index in it, 0: a backfill onto reserved cards, tried first)
                 heads = [
                     (self.queue.key(q[0], now), key, 0, 1)
@@ -418,7 +423,9 @@ class Simulator:
                     self._started(job, t, grants, waits)
                     placed_one = True
                     break
-                if not placed_one and not (self.layout.kind == "adaptive" and self._adapt(waiting, now)):
+                if not placed_one and not (
+                    self.layout.kind == "adaptive" and adapting.adapt(self, waiting, now)
+                ):
                     return
 
         while i < len(self.jobs) or departures:
@@ -506,95 +513,3 @@ class Simulator:
         self.queue.granted(job, float(t), t - job.arrival, float(share * job.duration))
         self._seq += 1
         heapq.heappush(self._departures, (t + job.duration, self._seq, iid, grants))
-
-    def _adapt(self, waiting: dict[tuple, deque[Job]], now: float) -> bool:
-        """Re-lay out one empty MIG-capable GPU for what waits; True if one changed."""
-        from calque.catalog import planner
-
-        if not any(waiting.values()):
-            return False
-
-        def in_queue_order(fractions: bool = False) -> Iterator[Job]:
-            # in the queue's order (each group's deque is first come first served): every job,
-            # or only those of one card (``fractions``: of a slice smaller than the card)
-            qs = [q for k, q in waiting.items() if q and (not fractions or k[0][0][2] < 1)]
-            return heapq.merge(*qs, key=lambda j: self.queue.key(j, now))
-
-        res = self.reservation
-        head = next(in_queue_order())
-        if res is None:
-            multi = [q[0] for k, q in waiting.items() if q and k[0][0][1].startswith("x")]
-            first = min(multi, key=lambda j: self.queue.key(j, now)) if multi else None
-            # once it has waited: when first in line and worth it (``placement_reserve``)
-            if (
-                first is not None
-                and now - first.arrival >= self.queue.policy.reserve_after_s
-                and reserve.worth_it(self, first, head)
-            ):
-                reserve.reserve(self, first)
-                return True
-
-        def wanted(gpu: _Gpu, fractions: bool = False) -> Iterator[Fraction]:
-            # what may take a slice of this card, in the queue's order: jobs of one card (those
-            # of several take cards only through a reservation); on a reserved card only those
-            # that end before it is needed
-            for j in in_queue_order(fractions):
-                if j.num_gpu == 1 and (not gpu.reserved or (res is not None and res.admits(j, self.t))):
-                    yield j.fraction
-
-        card_mix: dict[tuple[str, bool], dict[str, int] | None] = {}
-        for _k, gpu in sorted(self.gpus.items()):
-            if gpu.held or not gpu.card.mig_capable:
-                continue
-            if (gpu.card.name, gpu.reserved) not in card_mix:
-                card_mix[(gpu.card.name, gpu.reserved)] = planner.mix_for(gpu.card, wanted(gpu))
-            mix = card_mix[(gpu.card.name, gpu.reserved)]
-            if mix != gpu.mix or gpu.draining:
-                self._relayout(gpu, mix)
-                self.relayouts += 1
-                return True
-        # the first in line of one card: one of several cards not reserving keeps no drain off
-        single = next((j for j in in_queue_order() if j.num_gpu == 1), head)
-        # no idle card helps: re-cut the free part of a card in use, around what is held (for
-        # the fractions that wait: a whole card is never cut around a held slice)
-        if not any(q for key, q in waiting.items() if key[0][0][2] < 1):
-            return self._drain_for_head(single, now)
-        for _k, gpu in sorted(self.gpus.items()):
-            if not gpu.held or gpu.mix is None:
-                continue
-            held = frozenset(
-                s.slice_id
-                for s in self.registry.slices(gpu.instance_id)
-                if s.gpu_index == gpu.index and s.state != "free"
-            )
-            if len(held) == sum(gpu.mix.values()):
-                continue
-            mix = planner.recut(gpu.card, gpu.index, gpu.mix, set(held), wanted(gpu, fractions=True))
-            if mix is not None:
-                self._relayout(gpu, mix, held)
-                self.relayouts += 1
-                return True
-        return self._drain_for_head(single, now)
-
-    def _drain_for_head(self, head: Job, now: float) -> bool:
-        """The queue's reservation, for a card: when the first in line fits no free slice and
-        has waited ``reserve_after_s``, while capacity sits free that no waiting job fits (or no
-        card is cut to offer its size at all, so that it is not starved while others keep the
-        cards cut their way) and no card can be re-cut, the cut card in use whose sessions end
-        first takes no new job, so that it empties and is cut for the queue."""
-        cut = [g for _k, g in sorted(self.gpus.items()) if g.mix is not None and g.held and not g.reserved]
-        if (
-            head.num_gpu != 1
-            or now - head.arrival < self.queue.policy.reserve_after_s
-            or not cut
-            or any(g.draining for g in cut)
-            or not (self.free_share or not self._offers(self.kinds(head)))
-        ):
-            return False
-        gpu = min(cut, key=lambda g: (g.until, g.instance_id, g.index))
-        gpu.draining = True
-        for sl in self.registry.slices(gpu.instance_id):
-            if sl.gpu_index == gpu.index and sl.state == "free" and sl.placeable:
-                self.registry.set_placeable(sl, False)
-                self._count(sl.backend, sl.profile, -1, self.shares[(sl.instance_id, sl.slice_id)])
-        return True

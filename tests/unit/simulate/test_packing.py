@@ -238,14 +238,17 @@ def test_the_free_part_of_a_card_in_use_is_re_cut_only_when_held_slices_keep_the
 
 
 def test_a_card_is_drained_for_the_first_in_line_when_no_card_offers_its_size(tmp_path):
-    # Given one card, two 2 h half-card jobs, a quarter-card job, then eight more halves
-    rows = [("h1", 1, 450, 0, 2), ("h2", 1, 450, 0, 2), ("q", 1, 200, 0.1, 1.1)] + [
+    # Given one card, half-card jobs of 3 h and 2 h, a quarter-card job, then eight more halves
+    rows = [("h1", 1, 450, 0, 3), ("h2", 1, 450, 0, 2), ("q", 1, 200, 0.1, 1.1)] + [
         (f"h{n}", 1, 450, 0.2, 2.2) for n in range(3, 11)
     ]
     groups = ["big", "big", "small"] + ["big"] * 8
     r = simulate(write(tmp_path, rows, groups), "g7e.2xlarge=1", "adaptive", compare=False)
-    # the halves keep the card cut in halves; the quarter, first in line after an hour, finds no
-    # quarter anywhere: at 2 h the card takes the next two halves and no more, empties at 4 h and
-    # is cut for the queue (the quarter first). Without it the quarter would wait for every half.
+    # the halves keep the card cut in halves and never let it idle (the card is never empty for
+    # the quarter to have it cut first); the quarter, first in line for over an hour, finds no
+    # quarter anywhere: at 2 h the card takes one more half (h3, until 4 h), is full, and
+    # drains: h1's half frees at 3 h and takes nobody, the card empties at 4 h and is cut for
+    # the queue (the quarter first). Without the drain the quarter would wait for every half.
     assert (r.placed, r.waiting) == (11, 0)
     assert r.groups["small"]["wait_p95_s"] == round((4 - 0.1) * H)
+    assert r.held_back_share > 0

@@ -140,7 +140,8 @@ def test_on_hosts_of_four_cards_adaptive_reaches_095_of_the_bound_without_longer
 @pytest.mark.skipif(not SHIPPED.is_file(), reason="the shipped trace lives beside the repository")
 def test_on_one_host_of_eight_cards_the_shipped_trace_is_served_near_dedicated_not_yet_at_the_bound():
     # (docs/economics.md, "Packing to the bound": without the reservation adaptive reached 0.665
-    # of the bound here, 0.745x dedicated, fragmentation 31 %, p95 wait 6,393 h against 3,617 h)
+    # of the bound here, 0.745x dedicated, fragmentation 31 %, p95 wait 6,393 h against 3,617 h;
+    # before an idle card was cut for the first in line, 0.858 and 0.962x)
     jobs, _ = read_trace(SHIPPED)
     hosts = [("p4d.24xlarge", 1)]
     r = Simulator(jobs, hosts, Layout("adaptive")).run()
@@ -148,15 +149,16 @@ def test_on_one_host_of_eight_cards_the_shipped_trace_is_served_near_dedicated_n
     assert r.dedicated is not None
     assert r.share_of_bound is not None
     assert r.vs_dedicated is not None
-    assert r.share_of_bound >= 0.85, r.document()
+    assert r.share_of_bound >= 0.89, r.document()
     # the quarter-slice bound is out of reach here for any placement: this trace's requests of
     # half a card take an A100's 4g.20gb, and no card holds two (placement_bound's geometric)
     assert r.bound is not None
     assert r.bound["geometric"] < 0.95 * r.bound["bound"]
     assert r.share_of_geometric is not None
-    assert r.share_of_geometric >= 0.93
-    assert r.vs_dedicated >= 0.95
-    assert r.fragmentation_share + r.held_back_share < 0.15
+    assert r.share_of_geometric >= 0.97
+    # adaptive serves at least as many members per paid GPU-hour as dedicated cards
+    assert r.vs_dedicated >= 1.0
+    assert r.fragmentation_share + r.held_back_share < 0.10
     assert r.wait_p95_s <= 1.06 * r.dedicated["wait_p95_s"]
 
 

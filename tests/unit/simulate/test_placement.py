@@ -253,3 +253,15 @@ def test_a_refused_replay_is_one_line_on_stderr(cli, hosts, layout):
     assert code == 1
     assert len(err.splitlines()) == 1, err
     assert err.startswith("calque: error:")
+
+
+def test_adaptive_cuts_an_idle_card_for_the_first_in_line_before_a_whole_card_job_behind_it(tmp_path):
+    # one card, held whole until 10 h; a half-card job arrives at 1 h, a whole-card job at 2 h
+    path = trace(tmp_path, [("w0", 1, 1000, 0, 10), ("f", 1, 500, 1, 6), ("w", 1, 1000, 2, 7)])
+    r = simulate(path, "g7e.2xlarge=1", "adaptive", compare=False)
+    # at 10 h the card is idle: it is cut for the half first in line (waited 9 h), and the
+    # whole-card job behind it waits for the card to empty again at 15 h (waited 13 h); it
+    # does not take the idle card whole and leave the half waiting until 20 h
+    assert (r.placed, r.waiting) == (3, 0)
+    assert r.groups["all"]["wait_p95_s"] == 13 * H
+    assert r.wait_p50_s == 9 * H
