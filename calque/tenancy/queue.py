@@ -123,7 +123,7 @@ class QueueMixin(SessionsMixin):
         shown = [
             by_id[w.request_id] for _p, w in ranked if everyone or by_id[w.request_id].user == who.principal
         ]
-        ends = self._expiries() if shown else _Outlook([], self._cards_now)
+        ends = self._expiries() if shown else _Outlook([], _FleetRead(self._cards_now))
         return [self._view(r, places.get(r.request_id), ranked, by_id, ends, grant=None) for r in shown]
 
     def cancel_request(self, who: Caller, request_id: str) -> SessionRequest:
@@ -250,10 +250,10 @@ class QueueMixin(SessionsMixin):
             seq=seq,
             usage=_decayed(accounts, t, policy),
             shares={a: r.shares for a, r in accounts.items() if r.shares is not None},
-            cards=self._cards_now,
+            cards=_FleetRead(self._cards_now),
         )
 
-    def _cards_now(self) -> tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]:
+    def _cards_now(self) -> _Fleet:
         """The fleet and its live sessions: what a reserving multi-card request is placed by."""
         live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.queue_free_read)
         return self.registry.fleet(), live
@@ -338,7 +338,7 @@ class QueueMixin(SessionsMixin):
             )
             for s in live
         ]
-        return _Outlook(ends, self._cards_now)
+        return _Outlook(ends, _FleetRead(self._cards_now))
 
     def _request_view(self, who: Caller, rec: QueuedRecord) -> SessionRequest:
         grant = None
@@ -347,7 +347,7 @@ class QueueMixin(SessionsMixin):
             if session is not None:
                 grant = self._grant_view(session, requests.unseal(rec.sealed_token, rec.user, rec.request_id))
         if rec.state != "waiting":
-            return self._view(rec, None, [], {}, _Outlook([], self._cards_now), grant=grant)
+            return self._view(rec, None, [], {}, _Outlook([], _FleetRead(self._cards_now)), grant=grant)
         store = self._queue()
         waiting = store.waiting()
         if all(r.request_id != rec.request_id for r in waiting):
@@ -437,8 +437,7 @@ class _PassState:
     usage: dict[str, float]
     shares: dict[str, float]
     # the fleet and its live sessions, read only when a multi-card request first reserves
-    cards: Callable[[], tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]]
-    _cards: tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]] | None = None
+    cards: _FleetRead
     _held: dict[str, Callable[[fairshare.Waiting, SliceRecord], bool]] = field(default_factory=dict)
 
     def fits(self, w: fairshare.Waiting, s: SliceRecord) -> bool:
@@ -468,9 +467,7 @@ class _PassState:
         if ask.gpus <= 1:
             kept = lambda _w, s: self.fits_ask(ask, s)  # noqa: E731
         else:
-            if self._cards is None:
-                self._cards = self.cards()
-            fleet, live = self._cards
+            fleet, live = self.cards()
             rule = queue_cards.holds(
                 queue_cards.reserve(
                     ask.gpus, lambda s: self.fits_ask(ask, s, any_state=True), fleet, live, self.now
@@ -499,19 +496,29 @@ class _Ending:
     cards: int
 
 
+_Fleet = tuple[list[tuple["HostRecord", list["SliceRecord"]]], list["SessionRecord"]]
+
+
+@dataclass
+class _FleetRead:
+    """The fleet with its live sessions, read at most once, and only when a request for
+    several cards needs it (to reserve, or for its estimate)."""
+
+    read: Callable[[], _Fleet]
+    _got: _Fleet | None = None
+
+    def __call__(self) -> _Fleet:
+        if self._got is None:
+            self._got = self.read()
+        return self._got
+
+
 @dataclass
 class _Outlook:
-    """What estimates read: the live sessions' ends, and (for several cards, read once) the
-    fleet with its live sessions."""
+    """What estimates read: the live sessions' ends, and the fleet (for several cards)."""
 
     ends: list[_Ending]
-    read_cards: Callable[[], tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]]
-    _cards: tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]] | None = None
-
-    def cards(self) -> tuple[list[tuple[HostRecord, list[SliceRecord]]], list[SessionRecord]]:
-        if self._cards is None:
-            self._cards = self.read_cards()
-        return self._cards
+    cards: _FleetRead
 
 
 def _estimate(
