@@ -14,7 +14,8 @@ The mapping from the trace (Alibaba GPU cluster trace v2023, pod list):
   a whole card: 1), through a check-out of that exact profile.
 - one GPU with ``gpu_milli == 1000``: a whole GPU: an exclusive card, or a MIG instance
   with all of the card's compute slices.
-- ``num_gpu > 1``: that many exclusive cards on one host, all at once.
+- ``num_gpu > 1``: that many exclusive cards on one host, all at once: one check-out of
+  ``gpus`` N, as a member's ``--backend gpu --gpus N``, one session holding every card.
 
 A job no slice of the layout can ever take is refused; one that fits but finds no
 free slice waits. Waiting jobs are placed in the queue's fair-share order
@@ -313,7 +314,7 @@ class Simulator:
                 grant = self.tenancy.checkout(who, req)
             except Conflict:
                 continue
-            return [self._took(grant)]
+            return self._took(grant)
         return None
 
     def _try_multi(self, job: Job, who: Any, prefer: str | None = None) -> list[tuple[str, str, str]] | None:
@@ -325,19 +326,20 @@ class Simulator:
             ]
             if len(free) < job.num_gpu:
                 continue
-            taken = []
-            for _ in range(job.num_gpu):
-                req = whole_card_request(job.duration, iid)
-                taken.append(self._took(self.tenancy.checkout(who, req)))
-            return taken
+            # one session of N cards, all or none, as a member's --gpus N check-out
+            return self._took(self.tenancy.checkout(who, whole_card_request(job.duration, iid, job.num_gpu)))
         return None
 
-    def _took(self, grant: Any) -> tuple[str, str, str]:
-        key = (grant.instance_id, grant.slice_id)
-        sl = self.registry.slice_map[key]
-        self._count(sl.backend, sl.profile, -1, self.shares[key])
-        self.gpus[(grant.instance_id, sl.gpu_index)].held += 1
-        return grant.session_id, grant.token, grant.slice_id
+    def _took(self, grant: Any) -> list[tuple[str, str, str]]:
+        """(session, token, slice) for each card or slice a grant took."""
+        out = []
+        for slice_id in grant.slice_ids:
+            key = (grant.instance_id, slice_id)
+            sl = self.registry.slice_map[key]
+            self._count(sl.backend, sl.profile, -1, self.shares[key])
+            self.gpus[(grant.instance_id, sl.gpu_index)].held += 1
+            out.append((grant.session_id, grant.token, slice_id))
+        return out
 
     def _release(self, instance_id: str, session_id: str, token: str, slice_id: str) -> None:
         from calque.contracts.tenancy import CheckinRequest
@@ -345,8 +347,9 @@ class Simulator:
         from calque.tenancy.store.models import LeaseEvent
 
         session = self.registry.sessions[session_id]
-        who = Caller(principal=session.user, arn=f"arn:aws:iam::000000000000:user/{session.user}")
-        self.tenancy.checkin(who, session_id, CheckinRequest(token=token))
+        if session.state == "live":  # a session of several cards is checked in once, with its first
+            who = Caller(principal=session.user, arn=f"arn:aws:iam::000000000000:user/{session.user}")
+            self.tenancy.checkin(who, session_id, CheckinRequest(token=token))
         sl = self.registry.slice_map[(instance_id, slice_id)]
         event = LeaseEvent(
             kind="reclaimed",

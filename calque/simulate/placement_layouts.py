@@ -128,11 +128,22 @@ def static_mig_layouts(card: Card) -> list[Layout]:
     return [Layout("mig", mig=tuple(sorted(m.items()))) for m in found]
 
 
-def whole_card_request(ttl: int, instance_id: str | None) -> Any:
-    """A check-out of a whole card. Members cannot ask for one through the API (an admin
-    dedicates a card); the simulator models that through the same check-out path."""
+def whole_card_request(ttl: int, instance_id: str | None, gpus: int = 1) -> Any:
+    """A check-out of a whole card, or of ``gpus`` whole cards of one host (``backend gpu``,
+    as a member asks for them). Built without validation: a trace's jobs run longer than a
+    deployment's TTL bounds (up to 145 days), which the replay's own tenancy config allows."""
     from calque.contracts.tenancy import CheckoutRequest
 
+    if gpus > 1:
+        return CheckoutRequest.model_construct(
+            backend="gpu",
+            gpus=gpus,
+            ttl_seconds=ttl,
+            instance_id=instance_id,
+            profile=None,
+            min_memory_gib=None,
+            accept_shared_gpu_no_isolation=False,
+        )
     return CheckoutRequest.model_construct(
         backend="exclusive",  # type: ignore[arg-type]
         profile="whole",
