@@ -134,19 +134,12 @@ def whole_card_request(ttl: int, instance_id: str | None, gpus: int = 1) -> Any:
     deployment's TTL bounds (up to 145 days), which the replay's own tenancy config allows."""
     from calque.contracts.tenancy import CheckoutRequest
 
-    if gpus > 1:
-        return CheckoutRequest.model_construct(
-            backend="gpu",
-            gpus=gpus,
-            ttl_seconds=ttl,
-            instance_id=instance_id,
-            profile=None,
-            min_memory_gib=None,
-            accept_shared_gpu_no_isolation=False,
-        )
+    several = gpus > 1
     return CheckoutRequest.model_construct(
-        backend="exclusive",  # type: ignore[arg-type]
-        profile="whole",
+        # one card: the slice backend named itself, the profile of a card laid out exclusive
+        backend="gpu" if several else "exclusive",  # type: ignore[arg-type]
+        gpus=gpus,
+        profile=None if several else "whole",
         ttl_seconds=ttl,
         instance_id=instance_id,
         min_memory_gib=None,
