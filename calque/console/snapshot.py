@@ -310,6 +310,7 @@ QUEUE_COLUMNS = (
     "user",
     "group",
     "backend",
+    "gpus",
     "profile",
     "min_memory_gib",
     "state",

@@ -238,12 +238,16 @@ def test_the_wait_queue_shows_only_where_the_api_has_one():
     queued = [
         {"request_id": "r-1", "user": "carol", "profile": "1g.24gb", "position": 1, "state": "waiting"},
         {"request_id": "r-2", "user": "dave", "profile": "2g.48gb", "position": 2, "state": "waiting"},
+        {"request_id": "r-3", "user": "erin", "backend": "gpu", "gpus": 4, "position": 3, "state": "waiting"},
     ]
     html = _board(FakeApi("admin", admin=True, queue=queued))
     section = html[html.index('id="queue"') :]
     section = section[: section.index("</section>")]
-    assert "Wait queue <small>2</small>" in section
+    assert "Wait queue <small>3</small>" in section
     assert section.index("<th>position</th>") < section.index("<th>request_id</th>")
+    # how many whole cards a request waits for, beside its backend
+    heads = [section.index(f"<th>{c}</th>") for c in ("backend", "gpus", "profile")]
+    assert heads == sorted(heads)
     assert "carol" in section
     assert "2g.48gb" in section
     # a page object is read too, and an empty queue says so
