@@ -378,8 +378,3 @@ def methods(compact: bool = True) -> tuple[tuple[type, str, Any], ...]:
         (Table, "put_item", _put_item if compact else own_put),
         (DynamoHandler, "call_action", _call_action if compact else own_call),
     )
-
-
-def moto_own() -> tuple[Any, Any]:
-    """moto's own ``Table.put_item`` and ``DynamoHandler.call_action`` (tests compare)."""
-    return _OWN

@@ -19,7 +19,7 @@ from moto import mock_aws
 from moto.dynamodb.models import DynamoDBBackend, dynamodb_backends
 from moto.dynamodb.models.dynamo_type import Item
 
-from calque.local import moto_compact, moto_dynamodb, moto_index, moto_serialize
+from calque.local import moto_compact, moto_dynamodb, moto_index
 from calque.local.moto_server import plane_methods
 from tests.unit.local.test_moto_transactions import _aws_env  # noqa: F401 (the same AWS environment)
 
@@ -28,9 +28,7 @@ pytestmark = pytest.mark.unit
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 
-OWN_PUT, OWN_CALL = moto_compact.moto_own()
 OWN_QUERY, OWN_ALL_ITEMS, OWN_DELETE = moto_index.moto_own()
-OWN_STRUCTURE, OWN_MAP = moto_serialize.moto_own()
 
 # one item of every attribute type, nested lists and maps included
 EVERY_TYPE: dict[str, Any] = {
