@@ -31,10 +31,11 @@ before a job behind it may take the empty card whole); else the free part of a c
 is re-cut around its held slices when their ids and places stay (``planner.recut``; the
 host agent keeps MIG instances in use and creates the rest around them); else, when the
 first in line has waited ``reserve_after_s`` and capacity sits free that nothing waiting
-fits (or no card offers its size), the cut card whose sessions end first is drained (its slices not
-placeable) to be cut for the queue once empty. A job of several cards first in line for
-``reserve_after_s`` reserves the cards of the host that frees them first, if that holds
-back no more than it uses; meanwhile they take jobs that end in time (``placement_reserve``).
+fits (or no card offers its size), the cut card whose sessions end first is drained (its
+slices not placeable) to be cut for the queue once empty. A job of several cards first in
+line for ``reserve_after_s`` reserves the cards of the host that frees them first, if that
+holds back no more than it uses; meanwhile they take jobs that end in time
+(``placement_reserve``).
 These choices are ``placement_adapt``'s. A re-layout takes no virtual time here. Cards
 without MIG stay dedicated under ``adaptive``.
 
