@@ -381,8 +381,20 @@ def _for_target(
         for i, w in enumerate(idle[len(waiting) :])
         if now - (w.idle_since or now) >= p.keep_warm_for(i, alone=alone, covered=covered)
     ]
-    remove = remove[: max(0, current - config.min_workers)]
+    # a start no claim waits for any more (the workers there are took the claims it was for)
+    # is given back before it is ready, as an idle one would be once ready: while a start meets
+    # the target, a next claim can wait for a fresh one. The latest launched go first.
+    unneeded = (
+        sorted(
+            (w for w in workers if w.state is WorkerState.STARTING),
+            key=lambda w: (-(w.launched_at or 0.0), w.worker_id),
+        )
+        if not waiting and not p.cold_misses and any(w.state is not WorkerState.STARTING for w in workers)
+        else []
+    )
+    remove = (remove + unneeded)[: max(0, current - config.min_workers)]
     if remove:
+        cancelled = sum(1 for w in remove if w.state is WorkerState.STARTING)
         if p.cold_misses:
             behind = "/".join(f"{k:.0f}" for k in p.behind_keep_warm_s[:3]) or f"{p.extra_keep_warm_s:.0f}"
             others = (
@@ -402,9 +414,10 @@ def _for_target(
             current=current,
             remove=tuple(w.worker_id for w in remove),
             reason=(
-                f"max wait {target:.0f}s: {len(remove)} idle past the keep-warm chosen from the "
-                f"observed gaps ({p.keep_warm_s:.0f}s for the last worker; {others}; a start costs "
+                f"max wait {target:.0f}s: {len(remove) - cancelled} idle past the keep-warm chosen from "
+                f"the observed gaps ({p.keep_warm_s:.0f}s for the last worker; {others}; a start costs "
                 f"~{p.start_s:.0f}s)"
+                + (f"; {cancelled} starting that no waiting claim needs any more" if cancelled else "")
             ),
             at=now,
             inputs=inputs,

@@ -85,6 +85,7 @@ class Observations:
     arrivals: int = 0
     last_arrival: float | None = None
     late_share: float = 0.0  # decayed share of started claims that waited past the target
+    waits: int = 0  # started claims counted in late_share
     seen: str = ""  # the scaler function's high-water mark of claims counted (see scaling.py)
     ended_seen: str = ""
     counted: list[str] = field(default_factory=list)  # live workers whose start was counted
@@ -110,8 +111,16 @@ class Observations:
 
     def waited(self, seconds: float, target_s: float) -> None:
         self.late_share = DECAY * self.late_share + (1 - DECAY) * (1.0 if seconds > target_s else 0.0)
+        self.waits += 1
 
     # ---- reading --------------------------------------------------------------------------
+    @property
+    def recent_late_share(self) -> float:
+        """The share of recent claims that waited past the target, corrected for the decayed
+        average's start at 0 (so the first late claims of a new pool count at their weight)."""
+        n = self.waits or 0
+        return self.late_share / (1.0 - DECAY**n) if n else 0.0
+
     @property
     def start_latency_s(self) -> float:
         return self.start_s if self.start_s is not None else PRIOR_START_S
@@ -121,7 +130,10 @@ class Observations:
         observed service times (a long-tailed claim that ran long is expected to run longer)."""
         longer = sorted((middle(b), w) for b, w in self.service.items() if middle(b) > elapsed)
         if not longer:
-            return max(0.0, PRIOR_SERVICE_S - elapsed) if not self.service else 0.25 * self.service_s
+            # it ran past every claim observed (or none was yet): taken to run as long again, as
+            # a heavy-tailed claim that ran long is likely to, and no less than the prior's rest
+            floor = PRIOR_SERVICE_S - elapsed if not self.service else 0.25 * self.service_s
+            return max(floor, elapsed)
         return _quantile(longer, q) - elapsed
 
     def service_quantile_s(self, q: float) -> float:
@@ -147,6 +159,7 @@ class Observations:
             "arrivals": self.arrivals,
             "last_arrival": self.last_arrival,
             "late_share": round(self.late_share, 5),
+            "waits": self.waits,
             "seen": self.seen,
             "ended_seen": self.ended_seen,
             "counted": list(self.counted),
@@ -166,6 +179,7 @@ class Observations:
                 arrivals=int(data.get("arrivals") or 0),
                 last_arrival=None if data.get("last_arrival") is None else float(data["last_arrival"]),
                 late_share=float(data.get("late_share") or 0.0),
+                waits=int(data.get("waits") or 0),
                 seen=str(data.get("seen") or ""),
                 ended_seen=str(data.get("ended_seen") or ""),
                 counted=[str(w) for w in data.get("counted") or []],
@@ -304,7 +318,7 @@ def plan(obs: Observations, max_wait_s: float) -> Plan:
     keep = ski_rental(obs.gaps, start, service, cold_share=COLD_SHARE if cold_misses else None)
     within = {b: w for b, w in obs.gaps.items() if middle(b) < start + service}
     extra = min(keep, ski_rental(within, start, service, cold_share=None))
-    q = CAREFUL_QUANTILE if obs.late_share >= CAREFUL_ABOVE else HOLD_QUANTILE
+    q = CAREFUL_QUANTILE if obs.recent_late_share >= CAREFUL_ABOVE else HOLD_QUANTILE
     hold = obs.service_quantile_s(q)
     behind = _behind(tuple(sorted(obs.gaps.items())), start, service, extra, max_wait_s, hold)
     return Plan(max_wait_s, keep, extra, start, service, cold_misses, q, hold, behind)

@@ -257,3 +257,49 @@ def test_when_a_start_misses_the_target_spares_behind_the_first_go_sooner_than_i
     assert ranks == sorted(ranks, reverse=True)
     assert ranks[0] > 0
     assert ranks[-1] == 0  # a sixth spare is wanted only when a run of four is longer: rarely
+
+
+def test_a_claim_that_ran_past_every_one_observed_is_taken_to_run_as_long_again():
+    # claims of a minute observed; one has run ten: heavy-tailed service, it likely runs on
+    obs = observed([60.0] * 50, service=60.0)
+    assert obs.residual_s(600.0, slo.HOLD_QUANTILE) >= 600.0
+    # Given that claim on the only worker, and one waiting behind it
+    busy = WorkerView("w1", WorkerState.BUSY, launched_at=-900.0, busy_since=-600.0)
+    d = decide(config(), Backlog(1, 1, waiting_since=(-10.0,)), [busy], 0.0, None, obs)
+    # Then a worker is started for the waiting one rather than taking the long claim to end now
+    assert d.launch == 1
+
+
+def test_the_first_late_claims_of_a_new_pool_count_at_their_weight():
+    # two of a new pool's first ten claims waited past the target: a fifth, not the 1% a
+    # decayed average that starts at 0 makes of them
+    obs = observed([60.0] * 10, service=60.0)
+    for waited in [10.0] * 8 + [300.0] * 2:
+        obs.waited(waited, TARGET)
+    assert obs.recent_late_share == pytest.approx(0.2, abs=0.01)
+    assert slo.plan(obs, TARGET).hold_q == slo.CAREFUL_QUANTILE  # the careful quantile
+    # and it survives the pool's record
+    again = slo.Observations.from_record(json.loads(json.dumps(obs.to_record())))
+    assert again.recent_late_share == pytest.approx(obs.recent_late_share, rel=1e-3)
+    assert slo.Observations().recent_late_share == 0.0
+
+
+def test_a_start_no_waiting_claim_needs_any_more_is_given_back_before_it_is_ready():
+    obs = observed([60.0] * 50, service=60.0)
+    busy = WorkerView("w1", WorkerState.BUSY, launched_at=-900.0, busy_since=-5.0)
+    starting = WorkerView("w2", WorkerState.STARTING, launched_at=-100.0)
+    # Given a worker started for a claim that the busy worker then took: nothing waits
+    d = decide(config(), Backlog(0, 1), [busy, starting], 0.0, None, obs)
+    # Then the start is given back, and the decision says why
+    assert d.action.value == "scale_in"
+    assert d.remove == ("w2",)
+    assert "1 starting that no waiting claim needs any more" in d.reason
+    # while a claim still waits for it, it stays
+    kept = decide(config(), Backlog(1, 1, waiting_since=(-50.0,)), [busy, starting], 0.0, None, obs)
+    assert "w2" not in kept.remove
+    # a pool's only worker, starting, stays whatever waits (it goes once idle, as any other)
+    alone = decide(config(), Backlog(0, 0), [starting], 0.0, None, obs)
+    assert alone.action.value == "hold"
+    # and so does one that keeps the pool at its minimum
+    floor = decide(config(min_workers=2), Backlog(0, 1), [busy, starting], 0.0, None, obs)
+    assert floor.action.value == "hold"
