@@ -11,9 +11,10 @@ Last, the scaler given only a p95 wait target (--max-wait, 4 minutes by default)
 the hand-tuned frontier: every setting of idle timeout and backlog per worker replayed,
 the settings no other beats on both paid/busy GPU-seconds and p95 wait, and the cheapest
 of them that meets the target; then what a schedule that knew the arrivals reaches under the
-same target, cap and start (calque.simulate.pool_bound: clairvoyant, and burst-aware, which
-learns each burst whole at its first claim), at --max-workers, at 4 (pool create's default)
-and at 40.
+same target, cap and start (calque.simulate.pool_bound: clairvoyant; burst-aware, which
+learns each burst whole at its first claim; and steady, which sizes bursts as that one does
+but keeps workers warm through the gaps by one rule for all), at --max-workers, at 4 (pool
+create's default) and at 40.
 
     python bench/pool_sim.py [--trace FILE.csv] [--max-workers 8] [--max-static 32]
                              [--cold-start 180] [--enter 60] [--idle-timeout 600]
@@ -171,8 +172,11 @@ def print_bounds(trace: list, args: argparse.Namespace, common: dict) -> None:
         f"\nwhat knowing the arrivals reaches at p95 <= {args.max_wait:g}s (start {start:g}s), "
         f"and --max-wait {args.max_wait:g}s alone"
     )
-    head = ("max workers", "clairvoyant", "burst-aware", "late allowed", f"--max-wait {args.max_wait:g}s")
-    print(f"{head[0]:<12} {head[1]:<17} {head[2]:<17} {head[3]:<13} {head[4]}")
+    head = (
+        "max workers", "clairvoyant", "burst-aware", "steady keep-warm", "late allowed",
+        f"--max-wait {args.max_wait:g}s",
+    )  # fmt: skip
+    print(f"{head[0]:<12} {head[1]:<17} {head[2]:<17} {head[3]:<17} {head[4]:<13} {head[5]}")
     for cap in sorted({args.max_workers, 4, 40}, reverse=True):
         b = bound(trace, start_s=start, max_wait_s=args.max_wait, max_workers=cap)
         chosen = simulate(
@@ -184,7 +188,8 @@ def print_bounds(trace: list, args: argparse.Namespace, common: dict) -> None:
 
         print(
             f"{cap:<12} {shown(b.clairvoyant, b.clairvoyant_fewest_late):<17} "
-            f"{shown(b.burst_aware, b.burst_aware_fewest_late):<17} {b.late_budget:<13} "
+            f"{shown(b.burst_aware, b.burst_aware_fewest_late):<17} "
+            f"{shown(b.steady, b.steady_fewest_late):<17} {b.late_budget:<13} "
             f"{chosen.paid_per_busy:.2f} at p95 {chosen.wait_percentile(95):.0f}s"
         )
 

@@ -13,6 +13,14 @@ Two references, both computed the same way and both optimistic for any online po
   perfectly from its first claim reaches; a policy that cannot see a burst coming does no
   better, so where this misses the target or pays more than 2.0, no online policy meets
   it at this cap (short of keeping workers warm through every gap).
+- **steady keep-warm**: sizes each episode as the burst-aware one does, but what it keeps
+  warm through the quiet gaps is one rule for the whole trace, not chosen per gap: ``k``
+  workers kept ``L`` seconds after each episode's claims end (each paying ``min(gap, L)``;
+  warm for the next episode only when it comes within ``L``). The least over ``k`` and
+  ``L`` (``STEADY_KEEP_S``). What keeps workers warm not knowing whether a burst follows
+  pays at least about this, so where it pays far more than the burst-aware one, what
+  that one reaches rests on knowing which gaps a burst ends. A reference, not a bound on
+  every such policy: a keep-warm that varies with the time of day could pay less.
 
 The cost model is the simulator's: a worker pays its start (launch to serving), the claims
 it runs, and every idle stretch between them, at most a start (past that it is cheaper to
@@ -34,6 +42,10 @@ from typing import Any
 
 from calque.simulate.pool import TraceClaim
 
+# the steady keep-warm reference's rules: up to this many workers, kept this long
+STEADY_WORKERS = 4
+STEADY_KEEP_S = (60.0, 120.0, 240.0, 480.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0)
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -47,6 +59,13 @@ class Bound:
     max_workers: int
     clairvoyant_fewest_late: int = 0  # the fewest claims any of its schedules makes wait past the target
     burst_aware_fewest_late: int = 0
+    steady_paid: float = math.inf
+    steady_fewest_late: int = 0
+    steady_rule: tuple[int, float] = (0, 0.0)  # (workers kept warm, seconds) of its least
+
+    @property
+    def steady(self) -> float:
+        return self.steady_paid / self.busy_gpu_seconds if self.busy_gpu_seconds else math.inf
 
     @property
     def clairvoyant(self) -> float:
@@ -70,6 +89,11 @@ class Bound:
             "max_workers": self.max_workers,
             "clairvoyant_fewest_late": self.clairvoyant_fewest_late,
             "burst_aware_fewest_late": self.burst_aware_fewest_late,
+            "steady_paid_per_busy": ratio(self.steady),
+            "steady_fewest_late": self.steady_fewest_late,
+            "steady_keep_warm": {"workers": self.steady_rule[0], "seconds": self.steady_rule[1]}
+            if not math.isinf(self.steady)
+            else None,
         }
 
 
@@ -142,12 +166,61 @@ def _options(
             ready = [-math.inf] * k + [t0 + start_s] * (n - k)
             charge = [max(0.0, gap_s or 0.0)] * k + [start_s] * (n - k)
             found.append(place(claims, ready, charge, start_s=start_s, max_wait_s=max_wait_s))
-    found.sort(key=lambda o: (o[1], o[0]))
+    return _dominant(found)
+
+
+def _dominant(found: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The options no other beats on both paid and late, fewest late first."""
+    found = sorted(found, key=lambda o: (o[1], o[0]))
     kept: list[tuple[float, int]] = []
     for paid, late in found:  # fewer late first: keep one only if it pays less than all before
         if not kept or paid < kept[-1][0] - 1e-9:
             kept.append((paid, late))
     return kept
+
+
+def _warm(
+    claims: Sequence[TraceClaim], k: int, *, cap: int, start_s: float, max_wait_s: float
+) -> list[tuple[float, int]]:
+    """(paid, late) for an episode run with ``k`` workers already warm (their keep paid
+    apart, used or not) and up to ``cap`` in all, the rest started at its first claim."""
+    t0 = claims[0].arrival_s
+    return _dominant(
+        [
+            place(
+                claims,
+                [-math.inf] * k + [t0 + start_s] * (n - k),
+                [0.0] * k + [start_s] * (n - k),
+                start_s=start_s,
+                max_wait_s=max_wait_s,
+            )
+            for n in range(max(1, k), cap + 1)
+        ]
+    )
+
+
+def _steady(
+    eps: list[list[TraceClaim]], gaps: list[float | None], budget: int, **common: Any
+) -> tuple[float, int, tuple[int, float]]:
+    """The steady keep-warm reference (see the module): the least paid over the rules, the
+    fewest late of any rule, and the rule of the least."""
+    cold = [_warm(e, 0, **common) for e in eps]
+    best: tuple[float, int, tuple[int, float]] = (*_least(cold, budget), (0, 0.0))
+    fewest = best[1]
+    for k in range(1, min(common["cap"], STEADY_WORKERS) + 1):
+        warm = [_warm(e, k, **common) for e in eps]
+        for keep in STEADY_KEEP_S:
+            options = []
+            for i, g in enumerate(gaps):
+                if g is not None and g <= keep:
+                    options.append([(paid + k * max(0.0, g), late) for paid, late in warm[i]])
+                else:  # let go before it came (or nothing ran before it): cold, the keep paid
+                    options.append([(paid + (k * keep if g is not None else 0.0), late) for paid, late in cold[i]])
+            paid, late = _least(options, budget)
+            fewest = min(fewest, late)
+            if paid < best[0]:
+                best = (paid, late, (k, keep))
+    return best[0], fewest, best[2]
 
 
 def _least(options: list[list[tuple[float, int]]], budget: int) -> tuple[float, int]:
@@ -184,11 +257,17 @@ def bound(
     common: dict[str, Any] = {"cap": max_workers, "start_s": start_s, "max_wait_s": max_wait_s}
     seer: list[list[tuple[float, int]]] = []
     aware: list[list[tuple[float, int]]] = []
+    gaps: list[float | None] = []
     end: float | None = None  # when the claims before the episode would end, run as they arrived
     for e in eps:
         gap: float | None = None if end is None else e[0].arrival_s - end
+        gaps.append(gap)
         seer.append(_options(e, gap_s=gap, clairvoyant=True, **common))
         aware.append(_options(e, gap_s=gap, clairvoyant=False, **common))
         end = max([c.arrival_s + c.service_s for c in e] + ([end] if end is not None else []))
     (seer_paid, seer_late), (aware_paid, aware_late) = _least(seer, budget), _least(aware, budget)
-    return Bound(busy, seer_paid, aware_paid, budget, len(eps), max_workers, seer_late, aware_late)
+    steady_paid, steady_late, rule = _steady(eps, gaps, budget, **common)
+    return Bound(
+        busy, seer_paid, aware_paid, budget, len(eps), max_workers, seer_late, aware_late,
+        steady_paid, steady_late, rule,
+    )  # fmt: skip

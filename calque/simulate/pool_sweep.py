@@ -164,6 +164,7 @@ def plot_sweep(result: Sweep, path: str | Path) -> None:
         for ratio, name, marker in (
             (result.bound.clairvoyant, "knowing every arrival", "v"),
             (result.bound.burst_aware, "knowing each burst at its first claim", "^"),
+            (result.bound.steady, "that, kept warm by one rule for every gap", "s"),
         ):
             if ratio != float("inf"):
                 ax.scatter(

@@ -236,6 +236,7 @@ def _sweep(ctx: Any, claims: list[Any], config: Any, max_wait_s: float | None, p
         for label, key in (
             ("reference: knowing every arrival", "clairvoyant_paid_per_busy"),
             ("reference: knowing each burst at its first claim", "burst_aware_paid_per_busy"),
+            ("reference: that, kept warm by one rule for every gap", "steady_paid_per_busy"),
         ):
             met = reach[key] is not None
             rows.append(

@@ -40,6 +40,28 @@ def test_a_burst_larger_than_the_cap_can_start_in_time_is_met_only_by_knowing_it
     assert b.clairvoyant_fewest_late == 0
 
 
+def test_a_steady_keep_warm_pays_for_the_gaps_no_burst_ends_too():
+    # twice, six hours apart: a lone claim, then nine minutes after it ends eight at once
+    # (60 s each), at most four workers, none may be late (18 claims)
+    trace: list[TraceClaim] = []
+    for base in (0.0, 6 * 3600.0):
+        trace.append(TraceClaim(len(trace) + 2, base, 60.0))
+        trace += [TraceClaim(len(trace) + 2, base + 600.0, 60.0) for _ in range(8)]
+    b = bound(trace, start_s=START, max_wait_s=TARGET, max_workers=4)
+    assert b.late_budget == 0
+    # knowing which gap a burst ends, two workers kept through each 540 s gap serve it all
+    # within 180 s: the lone claims' starts (240 + 60 each), 2 x 540 and 480 busy per burst
+    assert b.burst_aware_paid == 2 * 300.0 + 2 * (2 * 540.0 + 480.0)
+    # one rule for every gap: one worker kept 900 s (the shortest kept time that spans 540 s)
+    # serves four of a burst by 780 s, three started at its first claim serve three at 840 s,
+    # the first frees at 840 s for the eighth; the 900 s it was kept after the first burst
+    # are paid too, as the next claim came six hours later
+    assert b.steady_rule == (1, 900.0)
+    assert b.steady_paid == 2 * 300.0 + 2 * (540.0 + 3 * START + 480.0) + 900.0
+    assert b.clairvoyant <= b.burst_aware <= b.steady
+    assert b.record()["steady_keep_warm"] == {"workers": 1, "seconds": 900.0}
+
+
 def test_episodes_are_cut_at_gaps_longer_than_a_start():
     trace = [TraceClaim(2 + i, t, 10.0) for i, t in enumerate((0.0, 100.0, 300.0, 1000.0, 1100.0))]
     assert [len(e) for e in episodes(trace, START)] == [3, 2]
@@ -50,10 +72,11 @@ def test_episodes_are_cut_at_gaps_longer_than_a_start():
 BURSTY = (
     "bursts of eight claims at once at 4 workers: p95 270 s (seed 0) and 244 s (seed 2) at "
     "paid/busy 2.4, where knowing each burst meets 240 s at 2.05 and 1.8. Four fresh workers "
-    "start only four of a burst's claims within a start: on seed 0 more bursts come than the "
-    "p95 leaves room for, so that schedule meets it only by keeping workers warm through the "
-    "quiet gaps before the bursts it knows come; on seed 2 it meets it cold, sizing each burst "
-    "at its first claim, where the scaler starts workers claim by claim and is one claim over"
+    "start only four of a burst's claims within a start. On seed 0 more bursts come than the "
+    "p95 leaves room for: that schedule meets it by keeping workers warm through the quiet "
+    "gaps before the bursts it knows come, and one keep-warm rule for every gap pays 4.5 to "
+    "meet it. On seed 2 sizing each burst at its first claim meets it cold at 1.96, where the "
+    "scaler starts workers claim by claim and is one late claim over"
 )
 
 
@@ -87,7 +110,7 @@ def test_the_target_alone_is_held_to_what_knowing_each_burst_reaches(shape, seed
     )
     assert len(r.waits) == len(trace)  # every claim served
     # knowing more never pays more
-    assert b.clairvoyant <= b.burst_aware
+    assert b.clairvoyant <= b.burst_aware <= b.steady
     if b.burst_aware_fewest_late <= b.late_budget:  # an online schedule can meet the target here
         assert round(r.wait_percentile(95), 1) <= TARGET
     if b.burst_aware <= 2.0:
