@@ -215,7 +215,8 @@ def _steady(
                 if g is not None and g <= keep:
                     options.append([(paid + k * max(0.0, g), late) for paid, late in warm[i]])
                 else:  # let go before it came (or nothing ran before it): cold, the keep paid
-                    options.append([(paid + (k * keep if g is not None else 0.0), late) for paid, late in cold[i]])
+                    kept = k * keep if g is not None else 0.0
+                    options.append([(paid + kept, late) for paid, late in cold[i]])
             paid, late = _least(options, budget)
             fewest = min(fewest, late)
             if paid < best[0]:

@@ -105,6 +105,8 @@ def test_cli_sweep_prints_the_frontier_and_the_targets_choice(cli, tmp_path):
     assert doc["bound"] is not None
     assert "reference: knowing every arrival" in out
     assert "reference: knowing each burst at its first claim" in out
+    assert "reference: that, kept warm by one rule for every gap" in out
+    assert "steady_paid_per_busy" in doc["bound"]
     code, out, err = cli(*sim, "--policy", "static", "--workers", "1", "--sweep")
     assert code == 2
     assert "--sweep" in err
