@@ -27,6 +27,7 @@ Every decision carries its inputs and a reason a person can read.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -297,16 +298,7 @@ def _for_target(
     target = float(config.max_wait_s or 0)
     p = slo.plan(observed, target)
     current = len(workers)
-    free_at = []
-    for w in workers:
-        if w.state is WorkerState.IDLE:
-            free_at.append(now)
-        elif w.state is WorkerState.BUSY:
-            ran = now - w.busy_since if w.busy_since is not None else p.service_s / 2
-            free_at.append(now + observed.residual_s(max(0.0, ran), p.hold_q))
-        else:
-            launched = w.launched_at if w.launched_at is not None else now
-            free_at.append(max(now, launched + p.start_s))
+    free_at = _free_at(workers, now, p, observed)
     known = sorted(backlog.waiting_since)[: backlog.waiting]
     waiting = known + [now] * (backlog.waiting - len(known))
     launch, late = slo.scale_out_batch(waiting, free_at, now, p)
@@ -381,17 +373,26 @@ def _for_target(
         for i, w in enumerate(idle[len(waiting) :])
         if now - (w.idle_since or now) >= p.keep_warm_for(i, alone=alone, covered=covered)
     ]
-    # a start no claim waits for any more (the workers there are took the claims it was for)
-    # is given back before it is ready, as an idle one would be once ready: while a start meets
-    # the target, a next claim can wait for a fresh one. The latest launched go first.
-    unneeded = (
-        sorted(
+    # a start no waiting claim needs any more (without it they start as early on the others,
+    # by the careful quantile: stricter than the estimate that started it, so that a start is
+    # not given back and taken again as the estimate moves) is given back before it is ready,
+    # as an idle one would be once ready: while a start meets the target, a next claim can
+    # wait for a fresh one. The latest launched go first.
+    unneeded = []
+    if not p.cold_misses and any(w.state is not WorkerState.STARTING for w in workers):
+        careful = dataclasses.replace(
+            p, hold_q=slo.CAREFUL_QUANTILE, hold_s=observed.service_quantile_s(slo.CAREFUL_QUANTILE)
+        )
+        slots = list(zip(workers, _free_at(workers, now, careful, observed), strict=True))
+        _, late_c = slo.scale_out_batch(waiting, [f for _, f in slots], now, careful)
+        for w in sorted(
             (w for w in workers if w.state is WorkerState.STARTING),
             key=lambda w: (-(w.launched_at or 0.0), w.worker_id),
-        )
-        if not waiting and not p.cold_misses and any(w.state is not WorkerState.STARTING for w in workers)
-        else []
-    )
+        ):
+            rest = [(v, f) for v, f in slots if v is not w]
+            if not waiting or slo.scale_out_batch(waiting, [f for _, f in rest], now, careful) == (0, late_c):
+                unneeded.append(w)
+                slots = rest
     remove = (remove + unneeded)[: max(0, current - config.min_workers)]
     if remove:
         cancelled = sum(1 for w in remove if w.state is WorkerState.STARTING)
@@ -433,6 +434,24 @@ def _for_target(
         at=now,
         inputs=inputs,
     )
+
+
+def _free_at(
+    workers: list[WorkerView] | tuple[WorkerView, ...], now: float, p: slo.Plan, observed: slo.Observations
+) -> list[float]:
+    """When each worker will be free to take a claim, by the plan's quantile: an idle one now, a
+    busy one when the rest of its claim ends, a starting one a start after its launch."""
+    out = []
+    for w in workers:
+        if w.state is WorkerState.IDLE:
+            out.append(now)
+        elif w.state is WorkerState.BUSY:
+            ran = now - w.busy_since if w.busy_since is not None else p.service_s / 2
+            out.append(now + observed.residual_s(max(0.0, ran), p.hold_q))
+        else:
+            launched = w.launched_at if w.launched_at is not None else now
+            out.append(max(now, launched + p.start_s))
+    return out
 
 
 def _free_by(w: WorkerView, now: float, p: slo.Plan, observed: slo.Observations) -> float:

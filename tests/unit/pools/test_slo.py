@@ -294,8 +294,14 @@ def test_a_start_no_waiting_claim_needs_any_more_is_given_back_before_it_is_read
     assert d.action.value == "scale_in"
     assert d.remove == ("w2",)
     assert "1 starting that no waiting claim needs any more" in d.reason
-    # while a claim still waits for it, it stays
-    kept = decide(config(), Backlog(1, 1, waiting_since=(-50.0,)), [busy, starting], 0.0, None, obs)
+    # so is one a waiting claim does not need: it starts in time on the busy worker, whose
+    # claim of a minute ends within the 90th percentile of the rest of it
+    d = decide(config(), Backlog(1, 1, waiting_since=(-50.0,)), [busy, starting], 0.0, None, obs)
+    assert d.remove == ("w2",)
+    # while a claim still needs it, it stays: three wait, the busy worker starts two of them in
+    # time, the third (due at 160 s) only on the starting worker, ready at 140 s
+    three = Backlog(3, 1, waiting_since=(-100.0, -90.0, -80.0))
+    kept = decide(config(), three, [busy, starting], 0.0, None, obs)
     assert "w2" not in kept.remove
     # a pool's only worker, starting, stays whatever waits (it goes once idle, as any other)
     alone = decide(config(), Backlog(0, 0), [starting], 0.0, None, obs)
