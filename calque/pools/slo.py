@@ -29,6 +29,9 @@ The knobs, each with the numbers behind it (calque.pools.scaler puts them in the
   will be free (idle now, busy until about a service time after they began, starting until
   about a start latency after launch); a claim that would start past its deadline there
   gets a new worker when a new one would start it sooner. The batch is the new workers.
+  How long a claim is taken to hold a worker is a quantile of the service times that
+  follows how many recent claims waited past the target (``Plan.hold_q``): the median while
+  few did, the 75th percentile, the 90th once more than the p95 allows nearly did.
 - **pre-warm**: when a start alone misses the target, a spare worker is started as soon as
   every worker is taken and a claim is likely (by the observed gaps) to come before one
   frees, so the next claim finds a warm worker.
@@ -53,8 +56,11 @@ PREWARM_LIKELY = 0.5  # pre-warm when a claim is at least this likely to come be
 COLD_SHARE = 0.02  # when a cold start misses the target: at most this share of claims find the pool cold
 MISS_BUDGET = 0.05  # p95: the share of claims that may wait past the target
 # The quantile of service times a claim is taken to hold its worker for; a higher one once the
-# share of recent claims that waited past the target passes CAREFUL_ABOVE
+# share of recent claims that waited past the target passes CAREFUL_ABOVE, the median while it
+# is under LOOSE_BELOW (after LOOSE_AFTER claims: the p95 has room for late claims, and a start
+# taken for a claim that would have been in time anyway is paid in full)
 HOLD_QUANTILE, CAREFUL_QUANTILE, CAREFUL_ABOVE = 0.75, 0.9, 0.04
+LOOSE_QUANTILE, LOOSE_BELOW, LOOSE_AFTER = 0.5, 0.02, 20
 RANKS = 8  # idle workers behind the first given their own keep-warm; those further keep the last's
 
 
@@ -318,7 +324,12 @@ def plan(obs: Observations, max_wait_s: float) -> Plan:
     keep = ski_rental(obs.gaps, start, service, cold_share=COLD_SHARE if cold_misses else None)
     within = {b: w for b, w in obs.gaps.items() if middle(b) < start + service}
     extra = min(keep, ski_rental(within, start, service, cold_share=None))
-    q = CAREFUL_QUANTILE if obs.recent_late_share >= CAREFUL_ABOVE else HOLD_QUANTILE
+    late = obs.recent_late_share
+    q = HOLD_QUANTILE
+    if late >= CAREFUL_ABOVE:
+        q = CAREFUL_QUANTILE
+    elif late < LOOSE_BELOW and obs.waits >= LOOSE_AFTER:
+        q = LOOSE_QUANTILE
     hold = obs.service_quantile_s(q)
     behind = _behind(tuple(sorted(obs.gaps.items())), start, service, extra, max_wait_s, hold)
     return Plan(max_wait_s, keep, extra, start, service, cold_misses, q, hold, behind)

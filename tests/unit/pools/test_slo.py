@@ -309,3 +309,19 @@ def test_a_start_no_waiting_claim_needs_any_more_is_given_back_before_it_is_read
     # and so does one that keeps the pool at its minimum
     floor = decide(config(min_workers=2), Backlog(0, 1), [busy, starting], 0.0, None, obs)
     assert floor.action.value == "hold"
+
+
+@pytest.mark.parametrize(
+    ("waits", "quantile", "why"),
+    [
+        ([10.0] * 30, slo.LOOSE_QUANTILE, "none late: the p95 has room, a start for one in time is waste"),
+        ([10.0] * 29 + [300.0], slo.HOLD_QUANTILE, "one late in thirty (3%): the usual estimate"),
+        ([10.0] * 10, slo.HOLD_QUANTILE, "ten claims are too few to tell"),
+        ([10.0] * 25 + [300.0] * 5, slo.CAREFUL_QUANTILE, "a sixth late: careful"),
+    ],
+)
+def test_how_long_a_claim_is_taken_to_hold_its_worker_follows_how_many_waited_too_long(waits, quantile, why):
+    obs = observed([60.0] * 40, service=60.0)
+    for w in waits:
+        obs.waited(w, TARGET)
+    assert slo.plan(obs, TARGET).hold_q == quantile, why
