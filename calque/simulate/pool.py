@@ -4,8 +4,9 @@ A trace is a CSV file with a header and columns ``arrival_s`` (seconds from the 
 and ``service_s`` (run seconds of the claim on a warm worker), optionally ``items`` and
 ``model``. Workers take ``cold_start_s`` to launch and ``enter_s`` to load the model;
 then they take claims first come, first served. With the ``scaler`` policy,
-``calque.pools.scaler.decide`` runs on its schedule (every ``tick_s``) and on every
-submit (the nudge), exactly as the scaler function does; ``static`` holds N workers
+``calque.pools.scaler.decide`` runs on its schedule (every ``tick_s``), on every
+submit (the nudge) and, for a pool with a wait target, when a worker turns idle (the nudge
+its report sends), exactly as the scaler function does; ``static`` holds N workers
 from the start to the end of the trace.
 
 Workers run on instances as a pool runs them: one per slot of an instance (a slice of
@@ -366,6 +367,7 @@ def simulate(
     record(now)
     while events:
         now, kind, _, payload = heapq.heappop(events)
+        freed = False
         if kind == _ARRIVAL:
             queue.append(payload)
             observed.arrival(now)
@@ -376,11 +378,13 @@ def simulate(
             if w.removed_at is None:
                 w.state, w.idle_since = WorkerState.IDLE, now
                 observed.started(now - w.launched_at)
+                freed = True
         elif kind == _DONE:
             w = workers[payload]
             observed.served(now - (w.busy_since or now))
             w.state, w.idle_since, w.busy_since = WorkerState.IDLE, now, None
             done += 1
+            freed = True
         elif kind == _TICK:
             # settled: every claim served and the pool as small as it gets: at its minimum,
             # or every worker idle past the timeout and a scale-in still took none (it
@@ -401,6 +405,10 @@ def simulate(
             if not settled:
                 push(now + config.tick_s, _TICK)
         dispatch(now)
+        if freed and target is not None and config.policy == "scaler":
+            # the nudge a worker sends when it turns idle (its claim ended, or it came up) to a
+            # pool with a wait target, once it has taken what waits
+            scale(now)
         record(now)
         if config.policy == "static" and done == len(trace):
             break

@@ -159,6 +159,33 @@ def test_the_scaler_function_observes_claims_and_stores_what_it_saw_with_the_poo
     assert all("plan" in x.inputs for x in decisions)
 
 
+def test_a_worker_turning_idle_nudges_the_scaler_of_a_pool_with_a_target():
+    world = World()
+    create(world, max_wait_s=240)
+    create(world, name="plain")
+    for name in ("textstats", "plain"):
+        world.pools.submit(member("alice"), name, ClaimSubmit(items=[1]))
+        world.pools.scale(name)
+    world.nudges.nudged.clear()
+
+    def report(name: str, state: str, claim_id: str | None = None) -> None:
+        w = world.store.workers(name)[0]
+        world.pools.worker_report(
+            instance(w.instance_id), HOST_ROLE, name, w.worker_id,
+            WorkerReport(instance_id=w.instance_id, state=state, claim_id=claim_id),
+        )  # fmt: skip
+
+    # Given each pool's worker coming up, then running a claim and ending it
+    for name in ("textstats", "plain"):
+        report(name, "idle")
+        report(name, "idle")  # a second idle report: nothing turned
+        report(name, "busy", "c-1")
+        report(name, "idle")
+    # Then the pool with a wait target was sized again each time a worker turned idle (it
+    # came up, its claim ended): a freed worker the plan keeps no warm need not wait a tick
+    assert world.nudges.nudged == ["textstats", "textstats"]
+
+
 def test_the_target_is_set_and_dropped_by_update_and_a_bad_one_is_refused():
     world = World()
     create(world)
