@@ -365,8 +365,15 @@ def _for_target(
     # free for that claim within the target (a busy one by the 90th percentile of the rest of
     # its claim); the others keep theirs (Plan.keep_warm_for)
     alone = all(w.state is WorkerState.IDLE for w in workers)
+    # when each worker will be free, erring late: a busy one by the careful quantile of the
+    # rest of its claim
+    careful = dataclasses.replace(
+        p, hold_q=slo.CAREFUL_QUANTILE, hold_s=observed.service_quantile_s(slo.CAREFUL_QUANTILE)
+    )
+    late_free_at = _free_at(workers, now, careful, observed)
     covered = any(
-        w.state is not WorkerState.IDLE and _free_by(w, now, p, observed) <= now + target for w in workers
+        w.state is not WorkerState.IDLE and f <= now + target
+        for w, f in zip(workers, late_free_at, strict=True)
     )
     remove = [
         w
@@ -380,10 +387,7 @@ def _for_target(
     # wait for a fresh one. The latest launched go first.
     unneeded = []
     if not p.cold_misses and any(w.state is not WorkerState.STARTING for w in workers):
-        careful = dataclasses.replace(
-            p, hold_q=slo.CAREFUL_QUANTILE, hold_s=observed.service_quantile_s(slo.CAREFUL_QUANTILE)
-        )
-        slots = list(zip(workers, _free_at(workers, now, careful, observed), strict=True))
+        slots = list(zip(workers, late_free_at, strict=True))
         _, late_c = slo.scale_out_batch(waiting, [f for _, f in slots], now, careful)
         for w in sorted(
             (w for w in workers if w.state is WorkerState.STARTING),
@@ -452,16 +456,6 @@ def _free_at(
             launched = w.launched_at if w.launched_at is not None else now
             out.append(max(now, launched + p.start_s))
     return out
-
-
-def _free_by(w: WorkerView, now: float, p: slo.Plan, observed: slo.Observations) -> float:
-    """When a busy or starting worker will be free, erring late: a busy one by the careful
-    quantile of the rest of its claim, a starting one a start after its launch."""
-    if w.state is WorkerState.BUSY:
-        ran = now - w.busy_since if w.busy_since is not None else p.service_s / 2
-        return now + observed.residual_s(max(0.0, ran), slo.CAREFUL_QUANTILE)
-    launched = w.launched_at if w.launched_at is not None else now
-    return max(now, launched + p.start_s)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 schedule that meets a p95 wait target pays, with the same start latency and worker cap, to
 set a policy's result against (``bench/pool_sim.py``, tests/unit/pools/test_simulate_slo.py).
 
-Two references, both computed the same way and both optimistic for any online policy:
+Three references, computed the same way, the first two optimistic for any online policy:
 
 - **clairvoyant**: knows every arrival and service time ahead, so it starts each worker a
   start latency before its first claim (the start is paid, the claim does not wait for it).
@@ -205,8 +205,8 @@ def _steady(
     """The steady keep-warm reference (see the module): the least paid over the rules, the
     fewest late of any rule, and the rule of the least."""
     cold = [_warm(e, 0, **common) for e in eps]
-    best: tuple[float, int, tuple[int, float]] = (*_least(cold, budget), (0, 0.0))
-    fewest = best[1]
+    least, fewest = _least(cold, budget)
+    rule = (0, 0.0)
     for k in range(1, min(common["cap"], STEADY_WORKERS) + 1):
         warm = [_warm(e, k, **common) for e in eps]
         for keep in STEADY_KEEP_S:
@@ -217,11 +217,11 @@ def _steady(
                 else:  # let go before it came (or nothing ran before it): cold, the keep paid
                     kept = k * keep if g is not None else 0.0
                     options.append([(paid + kept, late) for paid, late in cold[i]])
-            paid, late = _least(options, budget)
-            fewest = min(fewest, late)
-            if paid < best[0]:
-                best = (paid, late, (k, keep))
-    return best[0], fewest, best[2]
+            paid, fewest_here = _least(options, budget)
+            fewest = min(fewest, fewest_here)
+            if paid < least:
+                least, rule = paid, (k, keep)
+    return least, fewest, rule
 
 
 def _least(options: list[list[tuple[float, int]]], budget: int) -> tuple[float, int]:
