@@ -27,10 +27,9 @@ Every decision carries its inputs and a reason a person can read.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -367,7 +366,7 @@ def _for_target(
     alone = all(w.state is WorkerState.IDLE for w in workers)
     # when each worker will be free, erring late: a busy one by the careful quantile of the
     # rest of its claim
-    careful = dataclasses.replace(
+    careful = replace(
         p, hold_q=slo.CAREFUL_QUANTILE, hold_s=observed.service_quantile_s(slo.CAREFUL_QUANTILE)
     )
     late_free_at = _free_at(workers, now, careful, observed)

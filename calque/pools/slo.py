@@ -124,8 +124,7 @@ class Observations:
     def recent_late_share(self) -> float:
         """The share of recent claims that waited past the target, corrected for the decayed
         average's start at 0 (so the first late claims of a new pool count at their weight)."""
-        n = self.waits or 0
-        return self.late_share / (1.0 - DECAY**n) if n else 0.0
+        return self.late_share / (1.0 - DECAY**self.waits) if self.waits else 0.0
 
     @property
     def start_latency_s(self) -> float:
