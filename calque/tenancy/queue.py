@@ -123,7 +123,7 @@ class QueueMixin(SessionsMixin):
         shown = [
             by_id[w.request_id] for _p, w in ranked if everyone or by_id[w.request_id].user == who.principal
         ]
-        ends = self._expiries() if shown else _Outlook([], _FleetRead(self._cards_now))
+        ends = self._expiries() if shown else self._no_outlook()
         return [self._view(r, places.get(r.request_id), ranked, by_id, ends, grant=None) for r in shown]
 
     def cancel_request(self, who: Caller, request_id: str) -> SessionRequest:
@@ -325,6 +325,10 @@ class QueueMixin(SessionsMixin):
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         return fairshare.rank([_waiting(r) for r in waiting], shares, usage, t, policy)
 
+    def _no_outlook(self) -> _Outlook:
+        """What a view that estimates nothing reads (no request shown, or none waiting)."""
+        return _Outlook([], _FleetRead(self._cards_now))
+
     def _expiries(self) -> _Outlook:
         live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
         ends = [
@@ -347,7 +351,7 @@ class QueueMixin(SessionsMixin):
             if session is not None:
                 grant = self._grant_view(session, requests.unseal(rec.sealed_token, rec.user, rec.request_id))
         if rec.state != "waiting":
-            return self._view(rec, None, [], {}, _Outlook([], _FleetRead(self._cards_now)), grant=grant)
+            return self._view(rec, None, [], {}, self._no_outlook(), grant=grant)
         store = self._queue()
         waiting = store.waiting()
         if all(r.request_id != rec.request_id for r in waiting):
