@@ -412,17 +412,26 @@ def _for_target(
                 f"beside a busy or starting one {p.extra_keep_warm_s:.0f}s unless that one will be "
                 "free within the target: a claim can wait for it, or for a fresh start"
             )
+        said = []
+        if len(remove) > cancelled:
+            said.append(
+                f"{len(remove) - cancelled} idle past the keep-warm chosen from the observed gaps "
+                f"({p.keep_warm_s:.0f}s for the last worker; {others}; a start costs ~{p.start_s:.0f}s)"
+            )
+        if cancelled:
+            why = (
+                f"without {'it' if cancelled == 1 else 'them'} the {len(waiting)} waiting start as "
+                "early on the other workers"
+                if waiting
+                else "nothing waits"
+            )
+            said.append(f"{cancelled} starting that no waiting claim needs any more ({why})")
         return Decision(
             Action.SCALE_IN,
             desired=current - len(remove),
             current=current,
             remove=tuple(w.worker_id for w in remove),
-            reason=(
-                f"max wait {target:.0f}s: {len(remove) - cancelled} idle past the keep-warm chosen from "
-                f"the observed gaps ({p.keep_warm_s:.0f}s for the last worker; {others}; a start costs "
-                f"~{p.start_s:.0f}s)"
-                + (f"; {cancelled} starting that no waiting claim needs any more" if cancelled else "")
-            ),
+            reason=f"max wait {target:.0f}s: " + "; ".join(said),
             at=now,
             inputs=inputs,
         )
