@@ -299,7 +299,13 @@ def _for_target(
     current = len(workers)
     free_at = _free_at(workers, now, p, observed)
     known = sorted(backlog.waiting_since)[: backlog.waiting]
-    waiting = known + [now] * (backlog.waiting - len(known))
+    # messages received that no busy worker reports: a worker took one and has not said so yet
+    # (its record still idle: released now, it is dismissed with the claim in hand, and the
+    # claim's deliveries run out), or its worker went away (it comes back when its visibility
+    # lapses): each needs a worker as a waiting claim does
+    unseen = max(0, backlog.in_flight - sum(1 for w in workers if w.state is WorkerState.BUSY))
+    waiting = known + [now] * (backlog.waiting - len(known) + unseen)
+    held = f" ({unseen} received that no busy worker reports)" if unseen else ""
     launch, late = slo.scale_out_batch(waiting, free_at, now, p)
     spare = sum(1 for w in workers if w.state is not WorkerState.BUSY) - len(waiting) + launch
     # the pool is in a run of claims (the last came within a service time, as the gaps counted
@@ -312,7 +318,7 @@ def _for_target(
     reasons = []
     if launch:
         reasons.append(
-            f"{len(waiting)} waiting, {launch} would start later than {target:.0f}s after arriving "
+            f"{len(waiting)} waiting{held}, {launch} would start later than {target:.0f}s after arriving "
             f"on the {current} workers there are (service ~{p.service_s:.0f}s, start ~{p.start_s:.0f}s)"
         )
     if prewarm:
@@ -335,12 +341,18 @@ def _for_target(
                 current=current,
                 reason=f"max wait {target:.0f}s: want {wanted} more: " + "; ".join(reasons),
                 at=now,
-                inputs={**inputs, "plan": p.to_record(), "waiting_late": late},
+                inputs={
+                    **inputs,
+                    "plan": p.to_record(),
+                    "unreported_in_flight": unseen,
+                    "waiting_late": late,
+                },
             )
         wanted = room
     inputs = {
         **inputs,
         "plan": p.to_record(),
+        "unreported_in_flight": unseen,
         "waiting_late": late,
         "late_share": round(observed.late_share, 4),
         "arrivals_observed": observed.arrivals,
@@ -439,7 +451,8 @@ def _for_target(
         Action.HOLD,
         desired=current,
         current=current,
-        reason=f"max wait {target:.0f}s: {len(waiting)} waiting, all start in time on the {current} workers"
+        reason=f"max wait {target:.0f}s: {len(waiting)} waiting{held}, all start in time on the "
+        f"{current} workers"
         if waiting
         else f"max wait {target:.0f}s: nothing waiting; keep-warm {p.keep_warm_s:.0f}s "
         f"(others {p.keep_warm_for(0, alone=False):.0f}s)",

@@ -354,3 +354,28 @@ def test_how_long_a_claim_is_taken_to_hold_its_worker_follows_how_many_waited_to
     for w in waits:
         obs.waited(w, TARGET)
     assert slo.plan(obs, TARGET).hold_q == quantile, why
+
+
+def test_a_message_received_that_no_busy_worker_reports_keeps_an_idle_worker():
+    # claims an hour apart, each a second: the keep-warm lets the last idle worker go at once
+    obs = observed([3600.0] * 50, service=1.0, start=30.0)
+    assert slo.plan(obs, TARGET).keep_warm_s == 0.0
+    idle = WorkerView("w1", WorkerState.IDLE, idle_since=-600.0, launched_at=-900.0)
+    # nothing received: it goes
+    assert decide(config(), Backlog(0, 0), [idle], 0.0, None, obs).remove == ("w1",)
+    # Given a message in flight that no busy worker reports: the idle worker took it and has
+    # not said so yet (releasing it now dismisses it with the claim in hand, and the claim's
+    # deliveries run out: three such and it lands in the DLQ), or its worker went away (the
+    # message comes back when its visibility lapses and needs a worker)
+    d = decide(config(), Backlog(0, 1), [idle], 0.0, None, obs)
+    # Then the idle worker stays, and the decision says why
+    assert d.action.value == "hold"
+    assert d.remove == ()
+    assert "1 received that no busy worker reports" in d.reason
+    assert d.inputs["unreported_in_flight"] == 1
+    # with no worker at all, it needs one, as a waiting claim does
+    d = decide(config(), Backlog(0, 1), [], 0.0, None, obs)
+    assert (d.action.value, d.launch) == ("scale_out", 1)
+    # a message a busy worker reports is that worker's: the idle one goes
+    busy = WorkerView("w2", WorkerState.BUSY, launched_at=-900.0, busy_since=-0.5)
+    assert decide(config(), Backlog(0, 1), [idle, busy], 0.0, None, obs).remove == ("w1",)
