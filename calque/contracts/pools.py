@@ -324,6 +324,9 @@ class DecisionStatus(Out):
     inputs: dict[str, Any] = Field(default={})
     granted: int | None = Field(default=None, description="a scale-out: the workers it got")
     refilled: int | None = Field(default=None, description="a scale-out: of those, on free slots")
+    waiting_for: str | None = Field(
+        default=None, description="a scale-out granted fewer workers than it asked: why (the fleet's refusal)"
+    )
 
     @classmethod
     def of(cls, record: dict[str, Any]) -> DecisionStatus:

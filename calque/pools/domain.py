@@ -183,6 +183,7 @@ class DecisionRecord(_Record):
     # instances already held (None: it launched nothing)
     granted: int | None = None
     refilled: int | None = None
+    waiting_for: str | None = None  # a scale-out granted fewer than asked: why (the fleet's refusal)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,8 @@ class ScalingMixin(RolloutMixin):
                     )
             granted = self.capacity.acquire(pool, list(groups))
             if len(granted) < len(groups):  # the pool waits, and its status says why
-                record["reason"] = f"{record['reason']}; waiting: {refusal(self.capacity)}"
+                record["waiting_for"] = refusal(self.capacity)
+                record["reason"] = f"{record['reason']}; waiting: {record['waiting_for']}"
             for group, wids in groups.items():
                 for wid in wids:
                     if group in granted:

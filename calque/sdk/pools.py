@@ -10,6 +10,7 @@ SHA-256 (calque.sdk.transfer).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -25,6 +26,11 @@ from calque.sdk import transfer
 from calque.sdk.connection import Connection
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+# A wait on a claim still queued after QUIET_S says why on this logger (INFO), reading its
+# pool again every SAY_EVERY_S and logging when the reason changes: a queued claim can wait
+# minutes for a worker, or for ever for one the budget will not pay for.
+log = logging.getLogger("calque.sdk")
+QUIET_S, SAY_EVERY_S = 10.0, 30.0
 # A body up to this size is sent as the request itself; a larger one is uploaded first (the
 # API takes 64 KiB by default: this leaves room for the rest of the request).
 INLINE_BYTES = 48 * 1024
@@ -87,11 +93,19 @@ class Claim:
         return self
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 0.25) -> Claim:
-        """Until the claim has ended (whatever the end); ClaimError ``wait_timeout`` after ``timeout``."""
+        """Until the claim has ended (whatever the end); ClaimError ``wait_timeout`` after
+        ``timeout``. While it stays queued, why it waits is logged on ``calque.sdk`` (INFO)."""
         start = time.monotonic()
         interval = poll_s
+        said, read_at = "", start + QUIET_S - SAY_EVERY_S
         while self.refresh().state not in TERMINAL:
-            if timeout is not None and time.monotonic() - start >= timeout:
+            now = time.monotonic()
+            if self.state == "queued" and now - read_at >= SAY_EVERY_S:
+                why, read_at = self._why(), now
+                if why and why != said:
+                    log.info("claim %s queued %.0fs: %s", self.claim_id, now - start, why)
+                    said = why
+            if timeout is not None and now - start >= timeout:
                 raise ClaimError(
                     f"claim {self.claim_id} is still {self.state} after {timeout:g}s",
                     code="wait_timeout",
@@ -100,6 +114,18 @@ class Claim:
             time.sleep(interval)
             interval = min(2.0, interval * 1.5)
         return self
+
+    def _why(self) -> str:
+        """Why it is still queued, from its pool (``queued_because``); "" where that cannot be read."""
+        from calque.cli.claim_waits import queued_because
+
+        pool = self.doc.get("pool")
+        if not pool:
+            return ""
+        try:
+            return queued_because(dict(self._conn.request("GET", f"/v1/pools/{quote(str(pool), safe='')}")))
+        except CliError:  # (an ApiError too): the wait goes on without saying why
+            return ""
 
     def entries(self, timeout: float | None = None) -> list[dict[str, Any]]:
         """Each item's entry (``{"ok": true, "output": ...}`` or ``{"ok": false, "error": ...}``),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import random
 import sys
 import time
@@ -43,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None, help="the AWS profile to sign with")
     args = p.parse_args(argv)
     texts = reviews(args.count)
+    # the SDK logs why a claim still waits (no worker yet, the budget refusing one, ...): on stderr
+    said = logging.StreamHandler(sys.stderr)
+    said.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("calque.sdk").addHandler(said)
+    logging.getLogger("calque.sdk").setLevel(logging.INFO)
+    print(f"mapping {len(texts)} reviews through {args.pool}, {args.batch_size} a claim", file=sys.stderr)
     started = time.monotonic()
     run = Pool(args.pool, profile=args.profile).map(texts, batch_size=args.batch_size)
     labels: collections.Counter[str] = collections.Counter()

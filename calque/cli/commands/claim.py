@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli import argtypes
+from calque.cli.claim_waits import POOL_READ_EVERY_S, queued_because
 from calque.cli.errors import CliError
 from calque.cli.output import Column
 
@@ -174,12 +175,15 @@ def do_cancel(ctx: Any, *, claim_id: str) -> None:
 
 
 def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: float = 1.0) -> dict[str, Any]:
-    """Poll until the claim is finished, with a progress line on stderr (stdout stays one document)."""
+    """Poll until the claim is finished, with a progress line on stderr (stdout stays one
+    document); while it is queued the line says why (``queued_because``, its pool read every
+    ``POOL_READ_EVERY_S``)."""
     import sys
     import time
 
     start = time.monotonic()
     last = None
+    why, read_at = "", -POOL_READ_EVERY_S
     tty = sys.stderr.isatty()
     while True:
         claim = dict(ctx.client().request("GET", _path(claim_id)))
@@ -189,7 +193,9 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
             f" on {claim['worker']}" if claim.get("worker") else ""
         )
         if state == "queued":  # say what it waits for: a wait with no worker can be minutes
-            status += ": waiting for a free worker (the pool's scaler starts one on its next run)"
+            if claim.get("pool") and elapsed - read_at >= POOL_READ_EVERY_S:
+                why, read_at = _why(ctx, str(claim["pool"])), elapsed
+            status += ": " + (why or queued_because({}))
         bar = _bar(state)
         if tty:
             sys.stderr.write(f"\r{bar} {claim_id}: {status} ({elapsed:.0f}s)\033[K")
@@ -210,6 +216,16 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
                 details={"claim_id": claim_id, "state": state},
             )
         time.sleep(interval_s)
+
+
+def _why(ctx: Any, pool: str) -> str:
+    """``queued_because`` for this pool; "" when it cannot be read (the claim's own line stands)."""
+    from calque.cli.errors import ApiError
+
+    try:
+        return queued_because(dict(ctx.client().request("GET", f"/v1/pools/{quote(pool, safe='')}")))
+    except ApiError:
+        return ""
 
 
 def _bar(state: Any) -> str:

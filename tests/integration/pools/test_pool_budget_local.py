@@ -54,6 +54,9 @@ def test_a_pools_instances_are_the_fleets_counted_and_held_to_its_budget(plane, 
     code, doc = plane.cli_json("pool", "status", "budgeted", profile="admin")
     reasons = [doc["status"]["last_decision"]["reason"], *(d["reason"] for d in doc["status"]["decisions"])]
     assert any("waiting" in r and "budget" in r for r in reasons), reasons
+    # (and records it apart, for the claim waits that say why: calque.cli.commands.claim.queued_because)
+    decisions = [doc["status"]["last_decision"], *doc["status"]["decisions"]]
+    assert any("budget" in (d.get("waiting_for") or "") for d in decisions), decisions
     assert serving(plane, "budgeted") == 1
     # and it serves claims meanwhile
     cid = submit(plane, "budgeted", [{"text": "a b c"}], tmp_path)

@@ -59,7 +59,96 @@ def test_a_queued_claim_says_it_waits_for_a_worker_and_the_scaler(capsys):
     )
     assert wait_for_claim(_Ctx(api), "c-1", timeout_s=60, interval_s=0)["state"] == "succeeded"
     err = capsys.readouterr().err
-    assert "waiting for a free worker (the pool's scaler starts one on its next run)" in err
+    assert f"queued, attempt 0: {NEXT_RUN}" in err
+
+
+NO_BUDGET = (
+    "the fleet refused: no budget is set: an admin sets one with `calque budget set` before anything "
+    "is acquired"
+)
+CANNOT = f"no worker can start: {NO_BUDGET} (`calque pool status embed`)"
+NEXT_RUN = "waiting for a worker (the pool's scaler starts one on its next run)"
+BOOTS = "(an instance boots, then the runner loads)"
+MORE = "(the scaler starts more, up to the pool's max)"
+
+
+def _pool(workers=(), decisions=(), **extra):
+    """A pool as GET /v1/pools/NAME answers it (what ``queued_because`` reads)."""
+    decisions = list(decisions)
+    state = extra.pop("state", "active")
+    status = {"pool": "embed", "state": state, "workers": [{"state": w} for w in workers]}
+    status.update(
+        decisions=decisions, last_decision=decisions[0] if decisions else None, start_failure_limit=3
+    )
+    return {"name": "embed", "state": state, "status": status, **extra}
+
+
+def _out(waiting_for=None):
+    reason = "max wait 240s: start 1: ..." + (f"; waiting: {waiting_for}" if waiting_for else "")
+    return {"action": "scale_out", "reason": reason, **({"waiting_for": waiting_for} if waiting_for else {})}
+
+
+OLD_PLANE = {"action": "scale_out", "reason": f"start 1; waiting: {NO_BUDGET}"}  # before the field
+FAILED = "ImportError: no module named sentiment"
+
+
+@pytest.mark.parametrize(
+    ("pool", "said"),
+    [
+        # the budget refused the scale-out: the claim waits for ever unless an admin acts
+        (_pool(decisions=[_out(NO_BUDGET)]), CANNOT),
+        # a hold since (a cooldown) does not hide it; a plane before the field said it in the reason
+        (_pool(decisions=[{"action": "hold", "reason": "cooling down"}, OLD_PLANE]), CANNOT),
+        # a later scale-out that got its instance: the refusal is over
+        (_pool(decisions=[_out(), _out(NO_BUDGET)]), NEXT_RUN),
+        (_pool(["starting", "busy"], [_out()]), f"1 worker starting {BOOTS}"),
+        (_pool(["starting", "starting"], [_out("the fleet refused: the budget has no room")]),
+         f"2 workers starting {BOOTS}; no more to be had: the fleet refused: the budget has no room"),
+        (_pool(["busy", "busy"]), f"all 2 workers busy {MORE}"),
+        (_pool(start_failures=3, start_failure=FAILED),
+         f"pool embed's last 3 worker starts failed ({FAILED}): none is started until its runner is "
+         "fixed (`calque pool status embed`)"),
+        (_pool(["busy"], start_failures=1), f"all 1 worker busy {MORE}"),  # it tries again
+        (_pool(state="deleting"),
+         "pool embed is being deleted: a claim no worker is left to run is cancelled"),
+    ],
+)  # fmt: skip
+def test_a_queued_claim_says_why_from_its_pool(pool, said):
+    from calque.cli.claim_waits import queued_because
+
+    assert queued_because(pool) == said
+
+
+def test_a_claim_waited_on_says_why_it_stays_queued(capsys, monkeypatch):
+    from calque.cli.commands import claim as claim_cmd
+
+    monkeypatch.setattr(claim_cmd, "POOL_READ_EVERY_S", 0.0)  # (the name the wait reads)
+    api = FakeApi()
+    api.responses[("GET", "/v1/claims/c-1")] = _in_turn(
+        {"claim_id": "c-1", "pool": "embed", "state": "queued", "attempts": 0},
+        {"claim_id": "c-1", "pool": "embed", "state": "queued", "attempts": 0},
+        {"claim_id": "c-1", "pool": "embed", "state": "succeeded", "attempts": 1, "worker": "w-1"},
+    )
+    # the budget refused, then an admin set one and a worker is starting
+    api.responses[("GET", "/v1/pools/embed")] = _in_turn(
+        _pool(decisions=[_out(NO_BUDGET)]), _pool(["starting"], [_out(), _out(NO_BUDGET)])
+    )
+    claim_cmd.wait_for_claim(_Ctx(api), "c-1", timeout_s=60, interval_s=0)
+    err = capsys.readouterr().err
+    assert f"c-1: queued, attempt 0: no worker can start: {NO_BUDGET}" in err
+    assert "c-1: queued, attempt 0: 1 worker starting" in err
+    # a pool it may not read: the claim's own line stands
+    from calque.cli.errors import ApiError
+
+    api.responses[("GET", "/v1/pools/embed")] = ApiError(
+        403, {"error": {"code": "forbidden", "message": "no"}}
+    )
+    api.responses[("GET", "/v1/claims/c-1")] = _in_turn(
+        {"claim_id": "c-1", "pool": "embed", "state": "queued", "attempts": 0},
+        {"claim_id": "c-1", "pool": "embed", "state": "succeeded", "attempts": 1},
+    )
+    claim_cmd.wait_for_claim(_Ctx(api), "c-1", timeout_s=60, interval_s=0)
+    assert "queued, attempt 0: waiting for a worker" in capsys.readouterr().err
 
 
 def test_an_acquisition_says_what_each_state_waits_for(capsys, monkeypatch):

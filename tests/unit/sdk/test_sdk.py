@@ -118,3 +118,49 @@ def test_importing_calque_does_not_import_the_sdk():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "calque.sdk.pools.Pool" in done.stdout
+
+
+class QueuedClient(Client):
+    """A claim that stays queued for ``polls`` reads while its pool's budget refuses its worker."""
+
+    def __init__(self, polls: int) -> None:
+        super().__init__()
+        self.polls = polls
+        self.pool_reads = 0
+
+    def request(self, method: str, path: str, body: Any = None, query: Any = None, *, idempotency_key=None):
+        if path == "/v1/pools/embed":
+            self.pool_reads += 1
+            out = {
+                "action": "scale_out",
+                "reason": "start 1",
+                "waiting_for": "the fleet refused: no budget is set",
+            }
+            return {"name": "embed", "state": "active", "status": {"workers": [], "last_decision": out}}
+        if method == "GET" and path.startswith("/v1/claims/") and not path.endswith("/result") and self.polls:
+            self.polls -= 1
+            self.calls.append((method, path, body, idempotency_key))
+            return {
+                **{k: v for k, v in self.claims[path.split("/")[3]].items() if k != "items"},
+                "pool": "embed",
+            }
+        return super().request(method, path, body, query, idempotency_key=idempotency_key)
+
+
+def test_a_wait_on_a_queued_claim_logs_why_it_waits(monkeypatch, caplog):
+    clock = iter(range(0, 10_000, 4))  # each read of the clock 4 s on
+    monkeypatch.setattr("time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    client = QueuedClient(polls=30)
+    claim = pool(client).submit([1])
+    with caplog.at_level("INFO", logger="calque.sdk"):
+        assert claim.result() == [2]
+    said = [r.getMessage() for r in caplog.records if r.name == "calque.sdk"]
+    # said once (it did not change), after the first quiet seconds, with the pool's reason
+    assert len(said) == 1, said
+    assert said[0].startswith(f"claim {claim.claim_id} queued ")
+    assert said[0].endswith(
+        "no worker can start: the fleet refused: no budget is set (`calque pool status embed`)"
+    )
+    # the pool is read every half minute of the wait, not at every poll
+    assert 1 < client.pool_reads < 10

@@ -1,0 +1,56 @@
+"""Why a queued claim still waits, said from its pool: the CLI's progress line while it waits
+(``calque.cli.commands.claim.wait_for_claim``) and the SDK's log (``calque.sdk.pools``).
+Pure: reads the pool as ``GET /v1/pools/NAME`` answers it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# how often a wait on a queued claim reads its pool again to say why it waits
+POOL_READ_EVERY_S = 10.0
+
+
+def queued_because(pool: dict[str, Any]) -> str:
+    """Why a queued claim still waits, from its pool as ``GET /v1/pools/NAME`` answers: the
+    pool going away, its worker starts failing, no instance to be had (the fleet's refusal,
+    as the scaler's last decision recorded it), workers starting, or every worker busy."""
+    st = pool.get("status") or {}
+    name = pool.get("name") or st.get("pool") or "the pool"
+    if (pool.get("state") or st.get("state")) == "deleting":
+        return f"pool {name} is being deleted: a claim no worker is left to run is cancelled"
+    failed = int(pool.get("start_failures") or 0)
+    limit = st.get("start_failure_limit")
+    if failed and limit is not None and failed >= limit:
+        why = pool.get("start_failure") or "no reason given"
+        return (
+            f"pool {name}'s last {failed} worker starts failed ({why}): none is started until its "
+            f"runner is fixed (`calque pool status {name}`)"
+        )
+    states: dict[str, int] = {}
+    for w in st.get("workers") or []:
+        states[str(w.get("state"))] = states.get(str(w.get("state")), 0) + 1
+    # what the latest scale-out got: the fleet's refusal, if it granted fewer than asked (a
+    # hold since, e.g. a cooldown, says nothing of it)
+    out: dict[str, Any] = next(
+        (
+            d
+            for d in [st.get("last_decision") or {}, *(st.get("decisions") or [])]
+            if d.get("action") == "scale_out"
+        ),
+        {},
+    )
+    refused = out.get("waiting_for")
+    if refused is None and "; waiting: " in str(out.get("reason") or ""):  # a plane before the field
+        refused = str(out["reason"]).split("; waiting: ", 1)[1]
+    if states.get("starting"):
+        n = states["starting"]
+        said = f"{n} worker{'' if n == 1 else 's'} starting (an instance boots, then the runner loads)"
+        return said + (f"; no more to be had: {refused}" if refused else "")
+    if refused:
+        return f"no worker can start: {refused} (`calque pool status {name}`)"
+    busy = states.get("busy", 0)
+    if busy:
+        return (
+            f"all {busy} worker{'' if busy == 1 else 's'} busy (the scaler starts more, up to the pool's max)"
+        )
+    return "waiting for a worker (the pool's scaler starts one on its next run)"
