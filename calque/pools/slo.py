@@ -263,7 +263,8 @@ class Plan:
                 return [rounded(x) for x in v]
             return round(v, 1) if isinstance(v, float) else v
 
-        return {k: rounded(v) for k, v in self.__dict__.items()}
+        # seconds to a tenth; the quantile as it is (0.75, not 0.8)
+        return {k: v if k == "hold_q" else rounded(v) for k, v in self.__dict__.items()}
 
 
 def ski_rental(

@@ -98,6 +98,7 @@ def test_the_decision_says_the_target_and_the_numbers_it_was_chosen_from():
     assert "max wait 240s" in d.reason
     assert d.inputs["plan"]["keep_warm_s"] >= 0
     assert d.inputs["plan"]["start_s"] == 240.0
+    assert d.inputs["plan"]["hold_q"] == slo.HOLD_QUANTILE  # 0.75 as it is, not rounded to 0.8
     # within max_workers
     capped = decide(config(max_workers=2), Backlog(3, 0, waiting_since=(0.0, 1.0, 2.0)), [], 2.0, None, obs)
     assert capped.launch == 2
