@@ -75,9 +75,11 @@ def _slice(board: Board, host: HostView, piece: SliceView) -> str:
         lines.append(f'<span class="holder">{who}{" (you)" if mine else ""}</span>')
         if session is not None:
             until, left = session.expires_at, _left(session.expires_at, board.taken_at)
+            # past its expiry and still held: the sweep reclaims it within a minute or so
+            said = "expired: being reclaimed" if left == "expired" else f"{left} left"
             lines.append(
                 f'<span class="until" title="{_e(_when(until))}">until '
-                f"{_e(until.strftime('%H:%M'))} ({_e(left)} left)</span>"
+                f"{_e(until.strftime('%H:%M'))} ({_e(said)})</span>"
             )
     title = f"{piece.slice_id}: {piece.backend} {piece.profile}, {piece.memory_gib:g} GiB, {piece.state}"
     if piece.state_since:

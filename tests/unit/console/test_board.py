@@ -189,6 +189,11 @@ def test_an_admin_sees_every_holder_and_until_when():
     assert 'data-holder="bob"' in bob
     assert "until 14:05 (2h 05m left)" in bob
     assert "until 12:04 (4m 10s left)" in _slice_div(html, 2)
+    # read five minutes on, alice's session is past its expiry and not yet reclaimed
+    later = board_html(
+        Reader(api, "https://api.example/prod", now=lambda: NOW + timedelta(minutes=5)).snapshot()
+    )
+    assert "until 12:04 (expired: being reclaimed)" in _slice_div(later, 2)
     assert 'data-look="free"' in _slice_div(html, 0)
     assert 'data-look="failed"' in _slice_div(html, 3)
     # a free slice on a draining host is drawn as draining, and the counts add up
