@@ -108,7 +108,7 @@ def register(subparsers: Any) -> None:
     from calque.cli.main import command_group
 
     group = command_group(
-        subparsers, "pool", help="warm pools: a model kept loaded on workers, sized by backlog"
+        subparsers, "pool", help="warm pools: a model kept loaded on workers, sized by backlog or wait target"
     )
 
     p = group.add_parser("create", help="create a pool (admins)")
