@@ -221,12 +221,13 @@ class PlacementMixin(TenancyCore):
             )
         kinds = [f"{b} {p} ({m:g} GiB) x{n}" for (b, p, m), n in sorted(offered.items())]
         if req.instance_id is None:
-            head = f"nothing can fit: no host offers a {_describe(req)}"
+            head = f"nothing can fit: no host {'has' if req.gpus > 1 else 'offers a'} {_describe(req)}"
             tail = (
                 f"slices that exist: {', '.join(kinds)}" if kinds else "no host accepting sessions has slices"
             )
         else:
-            head = f"nothing can fit: host {req.instance_id} has no {_describe(req)}"
+            has = "does not have" if req.gpus > 1 else "has no"
+            head = f"nothing can fit: host {req.instance_id} {has} {_describe(req)}"
             tail = f"its slices: {', '.join(kinds)}" if kinds else "it has no slices"
         return Conflict(f"{head}; {tail}", code="nothing_fits", details={**details, "offered": kinds})
 
@@ -242,8 +243,8 @@ def _fits(s: SliceRecord, req: CheckoutRequest, *, any_state: bool = False) -> b
 
 def _describe(req: CheckoutRequest) -> str:
     what = {"gpu": "whole GPU", "any": "slice or whole GPU"}.get(req.backend, f"{req.backend} slice")
-    if req.gpus > 1:
-        what = f"host with {req.gpus} whole GPUs"
+    if req.gpus > 1:  # on one host, each card laid out whole (exclusive)
+        what = f"{req.gpus} whole GPUs (cards laid out exclusive)"
     if req.profile is not None:
         return f"{what} of profile {req.profile}"
     if req.min_memory_gib is not None:

@@ -94,7 +94,14 @@ def test_gpus_n_is_all_or_nothing_and_never_spans_two_hosts(world: World):
     with pytest.raises(Conflict) as never:
         world.tenancy.checkout(ALICE, gpus(5))
     assert never.value.code == "nothing_fits"
-    assert "host with 5 whole GPUs" in never.value.message
+    assert never.value.message.startswith(
+        "nothing can fit: no host has 5 whole GPUs (cards laid out exclusive); "
+    )
+    with pytest.raises(Conflict) as never:
+        world.tenancy.checkout(ALICE, gpus(5, instance_id=HOST))
+    assert never.value.message.startswith(
+        f"nothing can fit: host {HOST} does not have 5 whole GPUs (cards laid out exclusive); its slices: "
+    )
 
 
 def test_a_card_taken_between_read_and_write_fails_the_whole_grant(world: World):
