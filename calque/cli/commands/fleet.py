@@ -360,12 +360,18 @@ def render_acquisitions(acqs: list[Mapping[str, Any]]) -> str:
 
 
 def _charged(acq: Mapping[str, Any], *, with_source: bool = True) -> str:
-    """The rate usage charges the instance at, and where it came from (spot: recorded at launch);
+    """The rate usage charges the instance at, and where it came from (spot: recorded at launch;
+    on-demand: the catalog's rate of the type launched, which the API leaves to the catalog);
     ``-`` until it runs (nothing is charged before)."""
+    from calque.catalog import on_demand_rate
+
     rate = acq.get("charged_hourly_usd")
+    source = str(acq.get("charged_rate_source") or "").replace("_", " ")
+    if rate is None and acq.get("instance_id") and acq.get("market") == "on-demand":
+        found = on_demand_rate(str(acq.get("launched_type") or acq.get("instance_type")))
+        rate, source = (found[0], "on demand") if found is not None else (None, "")
     if rate is None:
         return "-"
-    source = str(acq.get("charged_rate_source") or "").replace("_", " ")
     return f"{float(rate):g} ({source})" if source and with_source else f"{float(rate):g}"
 
 

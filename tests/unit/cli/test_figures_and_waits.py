@@ -47,6 +47,13 @@ def test_host_acquisitions_shows_the_charged_rate_not_the_reserved_one():
     assert "1.25" in first.split()
     assert "3.36" not in table
     assert "-" in second.split()  # not running yet: nothing charged
+    # an on-demand instance that runs is charged the catalog's rate of its type (the API records
+    # rates for spot only)
+    running = {**spot, "request_id": "a-3", "market": "on-demand", "instance_id": "i-0abc"}
+    table = render_acquisitions([{**running, "charged_hourly_usd": None, "charged_rate_source": None}])
+    assert "3.36" in table.splitlines()[1].split()
+    queued = {**running, "instance_id": None, "state": "queued", "charged_hourly_usd": None}
+    assert "-" in render_acquisitions([queued]).splitlines()[1].split()
 
 
 def test_a_queued_claim_says_it_waits_for_a_worker_and_the_scaler(capsys):
