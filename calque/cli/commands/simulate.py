@@ -314,7 +314,7 @@ RESULT_FIELDS = [
 def _dedicated_cell(ded: dict[str, Any] | None) -> str | None:
     if ded is None:
         return None
-    return f"{ded['members_per_gpu_hour']} members / GPU-hour, p95 wait {ded['wait_p95_s']:.0f} s"
+    return f"{ded['members_per_gpu_hour']} members / GPU-hour, p95 wait {human_duration(ded['wait_p95_s'])}"
 
 
 def _bound_cell(bound: dict[str, Any] | None) -> str | None:
@@ -339,7 +339,7 @@ def _groups_cell(groups: dict[str, dict[str, Any]]) -> str | None:
     if len(groups) < 2:
         return None
     return "; ".join(
-        f"{g}: {v['placed']}/{v['jobs']} placed, p95 wait {v['wait_p95_s']:.0f} s, "
+        f"{g}: {v['placed']}/{v['jobs']} placed, p95 wait {human_duration(v['wait_p95_s'])}, "
         f"{v['got_share']:.1%} of GPU-hours"
         + (
             f", {v['got_share_contended']:.1%} while all waited"
