@@ -200,18 +200,27 @@ class PlacementMixin(TenancyCore):
                 details=details,
             )
         offered: dict[tuple[str, str, float], int] = {}
-        fits = 0
+        fits = free_there = 0  # fitting slices (free ones) on hosts that have enough of them
         for host, slices in self.registry.fleet():
             if host.state not in ("pending", "ready") or req.instance_id not in (None, host.instance_id):
                 continue
-            here = 0
+            here = free = 0
             for s in slices:
                 offered[(s.backend, s.profile, s.memory_gib)] = (
                     offered.get((s.backend, s.profile, s.memory_gib), 0) + 1
                 )
                 here += _fits(s, req, any_state=True)
+                free += _fits(s, req)
             # Several cards fit only on a host that has as many.
-            fits += here if here >= req.gpus else 0
+            if here >= req.gpus:
+                fits, free_there = fits + here, free_there + free
+        if fits and req.gpus > 1:
+            return Conflict(
+                f"no host has {req.gpus} whole GPUs free at once right now: of the {fits} that fit, "
+                f"{fits - free_there} are in use or being reclaimed; try again later",
+                code="no_free_slice",
+                details=details,
+            )
         if fits:
             return Conflict(
                 f"no free slice fits this request right now: the {fits} that fit are in use "

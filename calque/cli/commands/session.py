@@ -177,12 +177,13 @@ def render_grant(grant: Mapping[str, Any]) -> str:
         f"({slice_summary(grant.get('profile'), grant.get('memory_gib'), grant.get('backend'))}) "
         f"on {grant.get('instance_id')}.",
         f"Expires at {grant.get('expires_at')} (in {remaining(grant.get('expires_at'))}); "
-        "the slice is reclaimed then, whatever still runs on it.",
+        f"{'its cards are' if len(several) > 1 else 'the slice is'} reclaimed then, whatever still runs on "
+        f"{'them' if len(several) > 1 else 'it'}.",
         "",
         f"Token: {grant.get('token')}",
         TOKEN_NOTE,
         "",
-        "Bind a process to the slice:",
+        f"Bind a process to the {'cards' if len(several) > 1 else 'slice'}:",
         *("  " + line for line in export_lines(grant.get("env") or {})),
     ]
     connect = grant.get("connect") or {}

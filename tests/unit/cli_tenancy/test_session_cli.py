@@ -378,3 +378,17 @@ def test_one_card_sends_no_gpus_and_several_need_backend_gpu(api, cli):
     assert code == 2
     assert "--backend gpu" in err
     assert len(api.requests) == 1
+
+
+def test_a_check_out_of_several_cards_speaks_of_the_cards():
+    from calque.cli.commands.session import render_grant
+
+    one = render_grant(GRANT)
+    assert "the slice is reclaimed then, whatever still runs on it." in one
+    assert "Bind a process to the slice:" in one
+    several = render_grant(
+        {**GRANT, "slice_ids": ["g0-whole", "g1-whole"], "backend": "exclusive", "profile": "whole"}
+    )
+    assert "slices g0-whole, g1-whole" in several
+    assert "its cards are reclaimed then, whatever still runs on them." in several
+    assert "Bind a process to the cards:" in several

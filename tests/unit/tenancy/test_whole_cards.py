@@ -89,6 +89,11 @@ def test_gpus_n_is_all_or_nothing_and_never_spans_two_hosts(world: World):
         world.tenancy.checkout(ALICE, gpus(2))
     assert refused.value.code == "no_free_slice"
     assert refused.value.details["gpus"] == 2
+    # the reason counts what is busy, not every card that fits (two of the eight are free)
+    assert refused.value.message == (
+        "no host has 2 whole GPUs free at once right now: of the 8 that fit, 6 are in use or "
+        "being reclaimed; try again later"
+    )
     assert {iid: world.slice_states(iid) for iid in (HOST, OTHER)} == before
     # more cards than any host has: nothing can ever fit
     with pytest.raises(Conflict) as never:
