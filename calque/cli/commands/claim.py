@@ -151,6 +151,7 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
 
     after: str | None = None
     chunks: list[dict[str, Any]] = []
+    wrote = False
     while True:
         page = ctx.client().request("GET", _path(claim_id) + "/logs", query={"after": after})
         for c in page.get("chunks") or []:
@@ -160,6 +161,7 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
                 stream = sys.stderr if c.get("stream") == "stderr" else sys.stdout
                 stream.write(str(c.get("text")))
                 stream.flush()
+                wrote = True
         after = page.get("next") or after
         if page.get("chunks") and not page.get("ended"):
             continue
@@ -168,6 +170,13 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
         time.sleep(poll_s)
     if ctx.json:
         ctx.emit({"claim_id": claim_id, "state": page.get("state"), "chunks": chunks})
+    elif not wrote:  # say so, rather than print nothing
+        state = page.get("state") or "unknown"
+        if page.get("ended"):
+            said = f"claim {claim_id} {state}: its runner wrote nothing to stdout or stderr"
+        else:
+            said = f"claim {claim_id} is {state}: nothing written yet (--follow waits for it to end)"
+        print(said, file=sys.stderr)
 
 
 def do_cancel(ctx: Any, *, claim_id: str) -> None:

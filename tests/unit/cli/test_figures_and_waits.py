@@ -215,3 +215,30 @@ def test_both_simulators_name_the_figures_they_share_alike(capsys):
     pool_doc = json.loads(pool)
     assert shared <= set(pool_doc)
     assert abs(pool_doc["paid_gpu_hours"] - pool_doc["paid_gpu_seconds"] / 3600) < 0.001
+
+
+def test_logs_with_nothing_written_say_so(capsys):
+    from calque.cli.commands.claim import do_logs
+
+    class Ctx(_Ctx):
+        json = False
+
+    api = FakeApi()
+    api.responses[("GET", "/v1/claims/c-1/logs")] = {"chunks": [], "state": "succeeded", "ended": True}
+    do_logs(Ctx(api), claim_id="c-1")
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "claim c-1 succeeded: its runner wrote nothing to stdout or stderr\n"
+    api.responses[("GET", "/v1/claims/c-1/logs")] = {"chunks": [], "state": "queued", "ended": False}
+    do_logs(Ctx(api), claim_id="c-1")
+    assert (
+        capsys.readouterr().err == "claim c-1 is queued: nothing written yet (--follow waits for it to end)\n"
+    )
+    # what the runner wrote is all there is
+    api.responses[("GET", "/v1/claims/c-1/logs")] = {
+        "chunks": [{"stream": "stdout", "text": "hello\n"}],
+        "state": "succeeded",
+        "ended": True,
+    }
+    do_logs(Ctx(api), claim_id="c-1")
+    assert capsys.readouterr() == ("hello\n", "")
