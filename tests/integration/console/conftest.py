@@ -7,6 +7,7 @@ never downloads anything. Without them the browser tests skip, saying what is mi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -39,31 +40,68 @@ def browser_missing() -> str | None:
     return None
 
 
+class _Chromium:
+    """One headless Chromium for a module's tests, started again for a test when the last one
+    is gone: Chromium on a loaded machine can lose its DevTools connection between tests
+    ("session deleted as the browser has closed the connection"), which says nothing of the
+    page under test."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.tmp = tmp_path_factory
+        self.driver: object | None = None
+
+    def alive(self) -> object:
+        if self.driver is not None:
+            try:
+                self.driver.current_url  # type: ignore[attr-defined]  # noqa: B018 - a round trip to the browser
+                return self.driver
+            except Exception:  # the browser (WebDriverException) or its driver (refused) is gone
+                self.quit()
+        self.driver = self._start()
+        return self.driver
+
+    def _start(self) -> object:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        options = webdriver.ChromeOptions()
+        options.binary_location = next(str(shutil.which(b)) for b in BROWSERS if shutil.which(b))
+        for arg in (
+            "--headless=new",
+            "--no-sandbox",  # as root in a container; the page is our own
+            "--disable-dev-shm-usage",
+            "--disable-gpu",
+            "--window-size=1280,1800",
+            f"--user-data-dir={self.tmp.mktemp('chromium-profile')}",
+        ):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=Service(str(shutil.which("chromedriver"))), options=options)
+        driver.set_page_load_timeout(60)
+        return driver
+
+    def quit(self) -> None:
+        driver, self.driver = self.driver, None
+        if driver is not None:
+            with contextlib.suppress(Exception):  # a browser already gone has nothing left to quit
+                driver.quit()  # type: ignore[attr-defined]
+
+
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Chromium]:
     missing = browser_missing()
     if missing:
         pytest.skip(f"no headless browser: {missing}")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = next(str(shutil.which(b)) for b in BROWSERS if shutil.which(b))
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",  # as root in a container; the page is our own
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1280,1800",
-        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(shutil.which("chromedriver"))), options=options)
-    driver.set_page_load_timeout(60)
+    held = _Chromium(tmp_path_factory)
     try:
-        yield driver
+        yield held
     finally:
-        driver.quit()
+        held.quit()
+
+
+@pytest.fixture
+def browser(chromium: _Chromium) -> object:
+    """The module's browser, alive (started again if the last one went away)."""
+    return chromium.alive()
 
 
 class Console:
