@@ -331,6 +331,7 @@ def _for_target(
     if current + wanted < config.min_workers:
         reasons.append(f"restore the minimum {config.min_workers}")
         wanted = config.min_workers - current
+    inputs = {**inputs, "plan": p.to_record(), "unreported_in_flight": unseen, "waiting_late": late}
     room = max(0, config.max_workers - current)
     if wanted > room:
         reasons.append(f"capped at max_workers {config.max_workers}")
@@ -341,22 +342,10 @@ def _for_target(
                 current=current,
                 reason=f"max wait {target:.0f}s: want {wanted} more: " + "; ".join(reasons),
                 at=now,
-                inputs={
-                    **inputs,
-                    "plan": p.to_record(),
-                    "unreported_in_flight": unseen,
-                    "waiting_late": late,
-                },
+                inputs=inputs,
             )
         wanted = room
-    inputs = {
-        **inputs,
-        "plan": p.to_record(),
-        "unreported_in_flight": unseen,
-        "waiting_late": late,
-        "late_share": round(observed.late_share, 4),
-        "arrivals_observed": observed.arrivals,
-    }
+    inputs = {**inputs, "late_share": round(observed.late_share, 4), "arrivals_observed": observed.arrivals}
     if wanted:
         return Decision(
             Action.SCALE_OUT,
