@@ -4,7 +4,11 @@ Pure: reads the pool as ``GET /v1/pools/NAME`` answers it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
+
+from calque.cli.errors import CliError
 
 # how often a wait on a queued claim reads its pool again to say why it waits
 POOL_READ_EVERY_S = 10.0
@@ -54,3 +58,12 @@ def queued_because(pool: dict[str, Any]) -> str:
             f"all {busy} worker{'' if busy == 1 else 's'} busy (the scaler starts more, up to the pool's max)"
         )
     return "waiting for a worker (the pool's scaler starts one on its next run)"
+
+
+def read_why(request: Callable[[str, str], Any], pool: str) -> str:
+    """``queued_because`` for this pool, read with ``request`` (the CLI's signed client's, or
+    the SDK connection's); "" when it cannot be read: the wait goes on without saying why."""
+    try:
+        return queued_because(dict(request("GET", f"/v1/pools/{quote(pool, safe='')}")))
+    except CliError:  # (an ApiError too)
+        return ""

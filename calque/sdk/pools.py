@@ -117,15 +117,10 @@ class Claim:
 
     def _why(self) -> str:
         """Why it is still queued, from its pool (``queued_because``); "" where that cannot be read."""
-        from calque.cli.claim_waits import queued_because
+        from calque.cli.claim_waits import read_why
 
         pool = self.doc.get("pool")
-        if not pool:
-            return ""
-        try:
-            return queued_because(dict(self._conn.request("GET", f"/v1/pools/{quote(str(pool), safe='')}")))
-        except CliError:  # (an ApiError too): the wait goes on without saying why
-            return ""
+        return read_why(self._conn.request, str(pool)) if pool else ""
 
     def entries(self, timeout: float | None = None) -> list[dict[str, Any]]:
         """Each item's entry (``{"ok": true, "output": ...}`` or ``{"ok": false, "error": ...}``),

@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli import argtypes
-from calque.cli.claim_waits import POOL_READ_EVERY_S, queued_because
+from calque.cli.claim_waits import POOL_READ_EVERY_S, queued_because, read_why
 from calque.cli.errors import CliError
 from calque.cli.output import Column
 
@@ -203,7 +203,7 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
         )
         if state == "queued":  # say what it waits for: a wait with no worker can be minutes
             if claim.get("pool") and elapsed - read_at >= POOL_READ_EVERY_S:
-                why, read_at = _why(ctx, str(claim["pool"])), elapsed
+                why, read_at = read_why(ctx.client().request, str(claim["pool"])), elapsed
             status += ": " + (why or queued_because({}))
         bar = _bar(state)
         if tty:
@@ -225,16 +225,6 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
                 details={"claim_id": claim_id, "state": state},
             )
         time.sleep(interval_s)
-
-
-def _why(ctx: Any, pool: str) -> str:
-    """``queued_because`` for this pool; "" when it cannot be read (the claim's own line stands)."""
-    from calque.cli.errors import ApiError
-
-    try:
-        return queued_because(dict(ctx.client().request("GET", f"/v1/pools/{quote(pool, safe='')}")))
-    except ApiError:
-        return ""
 
 
 def _bar(state: Any) -> str:
