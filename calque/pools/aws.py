@@ -247,6 +247,11 @@ class StsWorkerCredentials:
         )
 
 
+# A worker's own idle timeout where the scaler alone lets it go (a host agent's worker doc
+# takes a number): a week, past which the pool's scaler has long released its instance.
+WORKER_STAYS_S = 7 * 24 * 3600
+
+
 def worker_document(
     pool: Any,
     worker_ids: list[str],
@@ -264,8 +269,9 @@ def worker_document(
         "runner": pool.runner,
         "worker_ids": list(worker_ids),
         "visibility_s": pool.visibility_s,
-        # with a wait target the scaler lets idle workers go (its keep-warm), not the worker itself
-        "idle_timeout_s": pool.idle_timeout_s if pool.max_wait_s is None else 7 * 24 * 3600,
+        # with a wait target or a minimum the scaler lets idle workers go, not the worker itself
+        # (each idle report's answer says so again, after a pool update too)
+        "idle_timeout_s": pool.worker_idle_exit_s() or WORKER_STAYS_S,
         "poll_wait_s": poll_wait_s,
     }
     if vended_credentials:

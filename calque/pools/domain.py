@@ -95,6 +95,14 @@ class PoolRecord(_Record):
     # package, and its state (rolling, done, stopped) and why; None: never updated.
     rollout: dict[str, Any] | None = None
 
+    def worker_idle_exit_s(self) -> int | None:
+        """How long a worker of this pool may stay idle before it exits on its own; None: it
+        does not, the scaler lets it go (a pool with a wait target chooses its keep-warm, and
+        one with a minimum keeps that many, neither of which a worker knows)."""
+        if self.max_wait_s is not None or self.min_workers > 0:
+            return None
+        return self.idle_timeout_s
+
 
 class ClaimRecord(_Record):
     claim_id: str

@@ -140,14 +140,18 @@ class WorkersMixin(PoolsCore):
         if rep.state == d.W_EXITED and current.state == d.W_STARTING:
             changes["failed_start"] = True  # it never served: counted by the scaler
         self.store.update_worker(pool, worker_id, changes)
-        if rep.state == d.W_IDLE and current.state != d.W_IDLE:
-            # a worker freed (its claim ended) or came up: a pool with a wait target is sized
-            # again now, not at the next tick (a freed worker the plan keeps no warm goes at
-            # once), as a submit nudges it
-            record = self.store.get_pool(pool)
-            if record is not None and record.max_wait_s is not None:
-                self.nudger.nudge(pool)
         answer: dict[str, Any] = {"worker_id": worker_id, "state": rep.state}
+        if rep.state == d.W_IDLE:
+            record = self.store.get_pool(pool)
+            if record is not None:
+                # how long it may stay idle before it exits on its own, as the pool is now (an
+                # update, or a minimum that keeps it: null, the scaler lets it go)
+                answer["idle_timeout_s"] = record.worker_idle_exit_s()
+            if current.state != d.W_IDLE and record is not None and record.max_wait_s is not None:
+                # a worker freed (its claim ended) or came up: a pool with a wait target is
+                # sized again now, not at the next tick (a freed worker the plan keeps no warm
+                # goes at once), as a submit nudges it
+                self.nudger.nudge(pool)
         if current.draining:
             # a roll-out retires it (calque/pools/rollout.py): it finishes the claim in hand, then stops
             answer["drain"] = True

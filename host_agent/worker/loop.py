@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -179,6 +180,11 @@ class Worker:
             if not self._dismissed_by(exc):
                 log.warning("worker state report failed: %s", exc)
             return {}
+        if isinstance(answer, dict) and "idle_timeout_s" in answer:
+            # the pool's say on its idle exit, as the pool is now: null, the scaler lets it go
+            # (a minimum or a wait target keeps it); an older control plane says nothing
+            limit = answer["idle_timeout_s"]
+            self.config.idle_timeout_s = math.inf if limit is None else float(limit)
         if isinstance(answer, dict) and answer.get("drain") and not self.stopping:
             # a runner update retires this worker: the claim in hand (if any) finishes, then it exits
             log.info("worker %s drains: a newer runner version replaces it", self.config.worker_id)
@@ -232,6 +238,11 @@ class Worker:
         try:
             while not self.stopping:
                 left = self.config.idle_timeout_s - (self.clock() - idle_since)
+                if left <= 0:
+                    self._report_self("idle")  # the pool's say first: it may keep this worker now
+                    if self.stopping:
+                        break
+                    left = self.config.idle_timeout_s - (self.clock() - idle_since)
                 if left <= 0:
                     self._report_self("exited", reason=f"idle for {self.config.idle_timeout_s:.0f}s")
                     return 0

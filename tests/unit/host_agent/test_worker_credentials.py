@@ -193,6 +193,9 @@ def test_the_scalers_document_asks_for_vended_credentials_where_the_deployment_h
         package_key, package_path = "pools/small-models/package/a.zip", None
         max_wait_s = None
 
+        def worker_idle_exit_s(self) -> int:
+            return self.idle_timeout_s
+
     assert "credentials" not in worker_document(P(), ["w-1-0"], bucket="art")
     vended = worker_document(P(), ["w-1-0"], bucket="art", vended_credentials=True)
     assert pw.WorkerDoc.parse(json.dumps(vended)).credentials == "control_plane"
