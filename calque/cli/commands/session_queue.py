@@ -119,10 +119,12 @@ def do_wait_checkout(
                 grant = req["grant"]
                 ctx.emit(grant, text=render(grant))
                 return
-            if req.get("state") in ("cancelled", "expired"):
+            if req.get("state") == "expired":
+                raise _expired(rid, req)
+            if req.get("state") == "cancelled":
                 raise CliError(
-                    f"{rid} was {req.get('state')} before a slice freed; nothing was granted",
-                    code=f"request_{req.get('state')}",
+                    f"{rid} was cancelled before a slice freed; nothing was granted",
+                    code="request_cancelled",
                     details={"request_id": rid},
                 )
             line = place_line(req)
@@ -131,9 +133,13 @@ def do_wait_checkout(
                 said = line
             until = _time(req.get("wait_until"))
             if until is not None and datetime.now(UTC) > until:
-                client.request("DELETE", _path(rid))
-                req = client.request("GET", _path(rid))
-                continue
+                # Its wait is over: the request leaves the queue now rather than at the
+                # control plane's next pass, and says so as what it is, an expired wait.
+                granted = _leave(client, rid)
+                if granted is not None:
+                    ctx.emit(granted, text=render(granted))
+                    return
+                raise _expired(rid, req)
             time.sleep(POLL_S)
             req = client.request("GET", _path(rid))
     except KeyboardInterrupt:
@@ -144,16 +150,34 @@ def do_wait_checkout(
                 file=sys.stderr,
             )
             raise SystemExit(130) from None
-        try:
-            client.request("DELETE", _path(rid))
-        except CliError as exc:
-            if getattr(exc, "code", "") != "already_granted":
-                raise
-            grant = client.request("GET", _path(rid)).get("grant")  # granted meanwhile: keep it
+        grant = _leave(client, rid)
+        if grant is not None:  # granted meanwhile: keep it
             ctx.emit(grant, text=render(grant))
             return
         print(f"{rid} cancelled", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def _leave(client: Any, rid: str) -> dict[str, Any] | None:
+    """Cancel the request; its grant instead when it was granted meanwhile (kept, not lost)."""
+    try:
+        client.request("DELETE", _path(rid))
+    except CliError as exc:
+        if getattr(exc, "code", "") != "already_granted":
+            raise
+        grant = client.request("GET", _path(rid)).get("grant")
+        return dict(grant) if grant else None
+    return None
+
+
+def _expired(rid: str, req: dict[str, Any]) -> CliError:
+    until = req.get("wait_until")
+    return CliError(
+        f"{rid} expired: its wait ended at {until} (--max-wait) before a fitting slice freed; "
+        "it left the queue and nothing was granted",
+        code="request_expired",
+        details={"request_id": rid, "wait_until": until},
+    )
 
 
 def _time(value: Any) -> datetime | None:

@@ -120,3 +120,33 @@ def test_several_cards_wait_like_one_and_the_queue_shows_how_many(api, cli):
     at = head.index("BACKEND")
     assert first[at:].startswith("gpu x2 ")
     assert second[at:].startswith("mig ")
+
+
+def test_when_max_wait_passes_the_request_leaves_the_queue_as_expired(api, cli):
+    """The CLI's own deadline (``--max-wait``) passing before the control plane's pass expired
+    the request: it is cancelled so it leaves the queue, and said to have expired
+    (``request_expired``, as documented), not to have been cancelled by someone."""
+    past = {**WAITING, "wait_until": "2000-01-01T00:00:00Z"}
+    api.responses[("POST", "/v1/session-requests")] = past
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = {**past, "state": "cancelled"}
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**past, "state": "cancelled"}
+    code, out, err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1, err
+    assert json.loads(out)["error"]["code"] == "request_expired"
+    assert ("DELETE", f"/v1/session-requests/{RID}") in [r[:2] for r in api.requests]
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1
+    assert "expired" in err
+    assert "cancelled" not in err
+
+
+def test_a_grant_that_lands_as_max_wait_passes_is_kept(api, cli):
+    past = {**WAITING, "wait_until": "2000-01-01T00:00:00Z"}
+    api.responses[("POST", "/v1/session-requests")] = past
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = ApiError(
+        409, {"error": {"code": "already_granted", "message": "granted", "details": {}}}
+    )
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**past, "state": "granted", "grant": GRANT}
+    code, out, err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
+    assert code == 0, err
+    assert json.loads(out)["token"] == GRANT["token"]
