@@ -7,18 +7,24 @@ import math
 import re
 
 
-def non_negative_int(text: str) -> int:
+def _whole(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def non_negative_int(text: str) -> int:
+    value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
 
 
 def positive_int(text: str) -> int:
-    value = non_negative_int(text)
+    # its own bound for every value below it: -1 is refused as "must be 1 or more", not with
+    # the "0 or more" of a flag that takes 0 (which would then refuse 0 as well)
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
     return value

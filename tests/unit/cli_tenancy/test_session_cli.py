@@ -392,3 +392,12 @@ def test_a_check_out_of_several_cards_speaks_of_the_cards():
     assert "slices g0-whole, g1-whole" in several
     assert "its cards are reclaimed then, whatever still runs on them." in several
     assert "Bind a process to the cards:" in several
+
+
+@pytest.mark.parametrize("n", ["0", "-1", "-8"])
+def test_gpus_below_one_is_refused_saying_one_or_more(api, cli, n):
+    # --gpus -1 used to say "must be 0 or more", and 0 is refused too: the bound said is the flag's
+    code, _, err = cli("session", "checkout", "--backend", "gpu", "--gpus", n)
+    assert code == 2
+    assert api.requests == []
+    assert f"argument --gpus: '{n}' must be 1 or more" in err
