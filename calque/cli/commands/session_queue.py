@@ -173,7 +173,7 @@ def _leave(client: Any, rid: str) -> dict[str, Any] | None:
 def _expired(rid: str, req: dict[str, Any]) -> CliError:
     until = req.get("wait_until")
     return CliError(
-        f"{rid} expired: its wait ended at {until} (--max-wait) before a fitting slice freed; "
+        f"{rid} expired: its wait ended at {until} (--max-wait) before it was granted; "
         "it left the queue and nothing was granted",
         code="request_expired",
         details={"request_id": rid, "wait_until": until},
