@@ -87,6 +87,14 @@ def session_id(text: str) -> str:
     )
 
 
+def request_id(text: str) -> str:
+    from calque.contracts.queue import REQUEST_ID_PATTERN
+
+    return _an_id(
+        REQUEST_ID_PATTERN, text, "a request id", "q- and 8 to 32 hex digits", "calque session queue"
+    )
+
+
 def instance_id(text: str) -> str:
     from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 

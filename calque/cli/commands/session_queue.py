@@ -64,7 +64,9 @@ def register(group: Any) -> None:
     p.set_defaults(func=lambda ctx, args: do_queue(ctx, all_users=args.all))
 
     p = group.add_parser("cancel", help="leave the queue: cancel a waiting check-out")
-    p.add_argument("request_id", metavar="REQUEST_ID")
+    from calque.cli.argtypes import request_id
+
+    p.add_argument("request_id", metavar="REQUEST_ID", type=request_id)
     p.set_defaults(func=lambda ctx, args: do_cancel(ctx, request_id=args.request_id))
 
 

@@ -150,3 +150,12 @@ def test_a_grant_that_lands_as_max_wait_passes_is_kept(api, cli):
     code, out, err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
     assert code == 0, err
     assert json.loads(out)["token"] == GRANT["token"]
+
+
+@pytest.mark.parametrize("bad", ["../x", "s-0123456789abcdef", "q-XYZ"])
+def test_cancel_of_something_that_is_not_a_request_id_is_a_usage_error(api, cli, bad):
+    # it was sent as a path (`no route DELETE /v1/session-requests/../x`), exit 1
+    code, _out, err = cli("session", "cancel", bad)
+    assert code == 2
+    assert api.requests == []
+    assert "is not a request id: q- and 8 to 32 hex digits" in err
