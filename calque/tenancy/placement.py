@@ -217,13 +217,15 @@ class PlacementMixin(TenancyCore):
         if fits and req.gpus > 1:
             return Conflict(
                 f"no host has {req.gpus} whole GPUs free at once right now: of the {fits} that fit, "
-                f"{fits - free_there} are in use or being reclaimed; try again later",
+                f"{fits - free_there} {'is' if fits - free_there == 1 else 'are'} in use or being "
+                "reclaimed; try again later",
                 code="no_free_slice",
                 details=details,
             )
         if fits:
             return Conflict(
-                f"no free slice fits this request right now: the {fits} that fit are in use "
+                "no free slice fits this request right now: "
+                f"{'the one that fits is' if fits == 1 else f'the {fits} that fit are'} in use "
                 "or being reclaimed; try again later",
                 code="no_free_slice",
                 details=details,

@@ -216,3 +216,21 @@ def test_one_cards_failed_grant_is_not_undone_by_another_cards_success(world: Wo
     shown = world.tenancy.get_session(ALICE, grant.session_id).host_access
     assert shown is not None
     assert (shown.state, shown.reason) == ("failed", "host_busy: busy")
+
+
+def test_a_refusal_counting_one_busy_card_speaks_of_one(world: World):
+    # "of the 4 that fit, 1 are in use", "the 1 that fit are in use": the count decides the verb
+    world.ready_host(HOST, instance_type="g7e.24xlarge", layout=FOUR_WHOLE)
+    world.quota("carol", 10)
+    world.tenancy.checkout(CAROL, CheckoutRequest(backend="gpu", instance_id=HOST))
+    with pytest.raises(Conflict) as several:
+        world.tenancy.checkout(ALICE, gpus(4))
+    assert "of the 4 that fit, 1 is in use or being reclaimed" in several.value.message
+    world.ready_host(
+        OTHER, instance_type="g7e.2xlarge", layout={"gpus": [{"devices": [0], "exclusive": True}]}
+    )
+    world.tenancy.checkout(CAROL, CheckoutRequest(backend="gpu", instance_id=OTHER))
+    with pytest.raises(Conflict) as one:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="gpu", instance_id=OTHER))
+    assert one.value.code == "no_free_slice"
+    assert "the one that fits is in use or being reclaimed" in one.value.message
