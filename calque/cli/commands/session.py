@@ -422,10 +422,13 @@ def do_checkin(
     # Said as the API recorded it: with --force the token is not checked, the end is forced.
     forced = (ended.get("end_reason") or ("forced" if force else "checked_in")) == "forced"
     how = "Forced check-in of" if forced else "Checked in"
-    text = (
-        f"{how} {session_id}; slice {ended.get('slice_id')} on {ended.get('instance_id')} "
-        "is reclaimed on the host before anyone else gets it."
+    cards = ended.get("slice_ids") or []
+    what = (
+        f"slices {', '.join(cards)} on {ended.get('instance_id')} are"
+        if len(cards) > 1  # several whole cards: every one of them is reclaimed, not the first
+        else f"slice {ended.get('slice_id')} on {ended.get('instance_id')} is"
     )
+    text = f"{how} {session_id}; {what} reclaimed on the host before anyone else gets it."
     if forced and token:
         text += " (With --force the token is not checked: the session ended as forced.)"
     ctx.emit(ended, text=text)

@@ -401,3 +401,20 @@ def test_gpus_below_one_is_refused_saying_one_or_more(api, cli, n):
     assert code == 2
     assert api.requests == []
     assert f"argument --gpus: '{n}' must be 1 or more" in err
+
+
+def test_checkin_of_several_cards_names_every_card_reclaimed(api, cli):
+    # it said "slice g0-whole ... is reclaimed" of a session holding three cards
+    ended = {
+        **GRANT,
+        "state": "ended",
+        "slice_id": "g0-whole",
+        "slice_ids": ["g0-whole", "g1-whole", "g3-whole"],
+    }
+    api.responses[("DELETE", "/v1/sessions/s-0123456789abcdef")] = ended
+    code, out, _ = cli("session", "checkin", "s-0123456789abcdef")
+    assert code == 0
+    assert "slices g0-whole, g1-whole, g3-whole on i-0abc are reclaimed on the host" in out
+    api.responses[("DELETE", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "state": "ended"}
+    code, out, _ = cli("session", "checkin", "s-0123456789abcdef")
+    assert "slice g0-1g.24gb-0 on i-0abc is reclaimed on the host" in out
