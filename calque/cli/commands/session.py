@@ -211,6 +211,10 @@ def render_session(session: Mapping[str, Any]) -> str:
         ("state", "state"),
         ("instance_id", "instance_id"),
         ("slice_id", "slice_id"),
+    ]
+    if len(session.get("slice_ids") or []) > 1:  # several whole cards: every one, not the first
+        fields.append(("slice_ids", lambda s: ", ".join(s["slice_ids"])))
+    fields += [
         ("backend", "backend"),
         ("profile", "profile"),
         ("memory_gib", lambda s: _gib(s.get("memory_gib"))),

@@ -418,3 +418,18 @@ def test_checkin_of_several_cards_names_every_card_reclaimed(api, cli):
     api.responses[("DELETE", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "state": "ended"}
     code, out, _ = cli("session", "checkin", "s-0123456789abcdef")
     assert "slice g0-1g.24gb-0 on i-0abc is reclaimed on the host" in out
+
+
+def test_show_of_several_cards_lists_every_card(api, cli):
+    cards = ["g0-whole", "g1-whole", "g2-whole"]
+    api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = {
+        **GRANT,
+        "slice_id": "g0-whole",
+        "slice_ids": cards,
+    }
+    code, out, _ = cli("session", "show", "s-0123456789abcdef")
+    assert code == 0
+    assert "slice_ids    g0-whole, g1-whole, g2-whole" in out
+    api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "slice_ids": ["g0-1g.24gb-0"]}
+    code, out, _ = cli("session", "show", "s-0123456789abcdef")
+    assert "slice_ids" not in out
