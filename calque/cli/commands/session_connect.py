@@ -69,13 +69,18 @@ def _connect(ctx: Any, args: argparse.Namespace) -> None:
 
 def _exec(ctx: Any, args: argparse.Namespace) -> None:
     argv = list(args.argv)
+    print_only = args.print_only
+    # `exec ID --print -- CMD`: the flag after the id, before `--`, is exec's own, not the
+    # command (the remainder takes everything after the id).
+    while argv and argv[0] == "--print":
+        print_only, argv = True, argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UsageError(
             "give the command after --: calque session exec ID -- CMD ...", details={"field": "argv"}
         )
-    do_connect(ctx, session_id=args.session_id, command=argv, print_only=args.print_only)
+    do_connect(ctx, session_id=args.session_id, command=argv, print_only=print_only)
 
 
 # ---- what to run (pure) ------------------------------------------------------------------------
@@ -211,7 +216,14 @@ def _local(
         raise CliError("that is not this session's token", code="invalid_token", details={"session_id": sid})
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     print(note, file=sys.stderr)
-    raise SystemExit(subprocess.call(argv, cwd=home, env=env))
+    try:
+        raise SystemExit(subprocess.call(argv, cwd=home, env=env))
+    except (FileNotFoundError, PermissionError) as exc:
+        # As the host's shell says it, with its exit status (127 not found, 126 not runnable),
+        # which is exec's: not an unexpected error of calque's own.
+        denied = isinstance(exc, PermissionError)
+        print(f"{argv[0]}: {'permission denied' if denied else 'command not found'}", file=sys.stderr)
+        raise SystemExit(126 if denied else 127) from None
 
 
 def _token(for_exec: bool) -> str:

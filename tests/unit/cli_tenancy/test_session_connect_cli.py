@@ -127,3 +127,37 @@ def test_exec_needs_a_command(on_aws, ran, cli):
     assert code == 2
     assert "--" in err
     assert ran == []
+
+
+def test_exec_takes_print_after_the_session_id_as_its_own_flag(on_aws, ran, cli):
+    # `exec ID --print -- ls -l` ran "--print" as the command (FileNotFoundError, exit 3)
+    code, out, err = cli("session", "exec", SID, "--print", "--", "ls", "-l")
+    assert code == 0, err
+    assert ran == []
+    assert out.startswith("aws ssm start-session ")
+
+
+@pytest.fixture
+def on_local_plane(api, monkeypatch, tmp_path):
+    """The CLI on a local plane whose simulated host granted the session's account."""
+    import hashlib
+    from types import SimpleNamespace
+
+    host_file = tmp_path / "host.json"
+    grant = {"account": "calque-4aa04f2c3aac", "token_sha256": hashlib.sha256(b"cqt_t").hexdigest()}
+    host_file.write_text(json.dumps({"host": {"grants": {"g0-1g.24gb-0": grant}}}))
+    monkeypatch.setattr(Context, "_resolve", lambda ctx: ("http://127.0.0.1:1", str(tmp_path), None))
+    monkeypatch.setattr(
+        Context, "local_state", lambda ctx: SimpleNamespace(host_state_file=lambda _iid: host_file)
+    )
+    monkeypatch.setenv(session_connect.TOKEN_ENV, "cqt_t")
+    api.responses[("GET", f"/v1/sessions/{SID}")] = SESSION
+    return api
+
+
+def test_exec_of_a_command_that_does_not_exist_exits_127_as_a_shell_would(on_local_plane, cli):
+    # it was "calque: error: unexpected FileNotFoundError ..." with exit 3
+    code, _out, err = cli("session", "exec", SID, "--", "no-such-command-anywhere")
+    assert code == 127
+    assert "no-such-command-anywhere: command not found" in err
+    assert "unexpected" not in err
