@@ -277,7 +277,14 @@ class SessionsMixin(PlacementMixin):
         rid = requests.stamp(requests.request_id(who.principal, key) if key else None, req.model_dump_json())
         session = self._visible_session(who, session_id)
         now = self.clock()
-        token_hash = self._owner_or_token(who, session, req.token, "the expiry is unchanged")
+        # there is no forced extend: forcing would end the session an admin meant to lengthen
+        token_hash = self._owner_or_token(
+            who,
+            session,
+            req.token,
+            "the expiry is unchanged",
+            admin_hint=f" (admins: give its token, or ask {session.user} to extend it)",
+        )
         if requests.is_replay(session.extend_request, rid, "extend"):
             return self._session_view(session)  # a replay of the extend that set this expiry
         self._check_extendable(session, now)
@@ -419,15 +426,21 @@ class SessionsMixin(PlacementMixin):
         )
 
     def _owner_or_token(
-        self, who: Caller, session: SessionRecord, token: str | None, consequence: str
+        self,
+        who: Caller,
+        session: SessionRecord,
+        token: str | None,
+        consequence: str,
+        *,
+        admin_hint: str = " (admins: force the check-in)",
     ) -> str | None:
         """Who may end or extend a session: its token's holder (the token's hash, which the
         write then checks again), or its member by their own identity alone (None). A token
         given is always checked, whoever gives it; an admin who is not the member and has no
-        token ends it with force."""
+        token ends it with force (``admin_hint`` says what an admin can do instead)."""
         if token or session.user != who.principal:
             if not token and who.admin:
-                consequence += " (admins: force the check-in)"
+                consequence += admin_hint
             return self._check_token(session, token, consequence)
         return None
 

@@ -56,3 +56,17 @@ def test_nobody_else_ends_or_extends_it_without_the_token_or_force(world: World)
     assert world.tenancy.checkin(ADMIN, grant.session_id, CheckinRequest(token=grant.token)).end_reason == (
         "checked_in"
     )
+
+
+def test_an_admins_tokenless_extend_is_not_told_to_force_a_check_in(world: World):
+    # forcing ends the session: advice for a check-in, wrong for an extend
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    with pytest.raises(InvalidInput) as checkin:
+        world.tenancy.checkin(ADMIN, grant.session_id, CheckinRequest())
+    assert "(admins: force the check-in)" in checkin.value.message
+    with pytest.raises(InvalidInput) as extend:
+        world.tenancy.extend(ADMIN, grant.session_id, ExtendRequest(ttl_seconds=60))
+    assert extend.value.code == "token_required"
+    assert "force" not in extend.value.message
+    assert "give its token, or ask alice to extend it" in extend.value.message
