@@ -252,7 +252,10 @@ def register(subparsers: Any) -> None:
         "calque --profile NAME session checkout ...",
     )
     p.add_argument(
-        "--instance-id", metavar="I", help="only this host (default: any host with a fitting slice)"
+        "--instance-id",
+        metavar="I",
+        type=argtypes.instance_id,
+        help="only this host (default: any host with a fitting slice)",
     )
     p.add_argument(
         "--backend",

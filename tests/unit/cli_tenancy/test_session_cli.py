@@ -87,6 +87,7 @@ def test_ttl_is_sent_in_seconds(api, cli, ttl, seconds):
         ["--backend", "mig", "--profile", "1g.24gb", "--min-memory-gib", "20"],
         ["--backend", "mig", "--min-memory-gib", "-1"],
         ["--backend", "exclusive"],
+        ["--backend", "mig", "--instance-id", "bogus"],
         [],
     ],
 )
