@@ -346,7 +346,7 @@ def register(subparsers: Any) -> None:
     from calque.cli.commands import session_connect
 
     session_connect.register(group)  # connect, exec
-    session_queue.register(group)  # session queue | cancel
+    session_queue.register(group, render=render_grant, token_note=TOKEN_NOTE)  # session queue | cancel
 
 
 def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:

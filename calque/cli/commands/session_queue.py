@@ -58,14 +58,28 @@ def place_line(req: dict[str, Any]) -> str:
     return f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
 
 
-def register(group: Any) -> None:
-    p = group.add_parser("queue", help="waiting check-outs in grant order (yours; admins: --all)")
-    p.add_argument("--all", action="store_true", help="admins: every member's waiting requests")
-    p.set_defaults(func=lambda ctx, args: do_queue(ctx, all_users=args.all))
-
-    p = group.add_parser("cancel", help="leave the queue: cancel a waiting check-out")
+def register(group: Any, *, render: Any, token_note: str) -> None:
+    """``render`` (and its ``token_note``): how ``session checkout`` prints a grant, which a
+    granted request is printed as."""
     from calque.cli.argtypes import request_id
 
+    p = group.add_parser(
+        "queue",
+        help="waiting check-outs in grant order (yours; admins: --all); REQUEST_ID: that one, "
+        "and once granted its session and token",
+    )
+    p.add_argument("--all", action="store_true", help="admins: every member's waiting requests")
+    p.add_argument(
+        "request_id",
+        metavar="REQUEST_ID",
+        nargs="?",
+        type=request_id,
+        help="one request, whatever its state: a granted one prints its grant as a check-out "
+        "does, token included (e.g. after --on-interrupt leave)",
+    )
+    p.set_defaults(func=lambda ctx, args: _queue(ctx, args, render, token_note))
+
+    p = group.add_parser("cancel", help="leave the queue: cancel a waiting check-out")
     p.add_argument("request_id", metavar="REQUEST_ID", type=request_id)
     p.set_defaults(func=lambda ctx, args: do_cancel(ctx, request_id=args.request_id))
 
@@ -91,6 +105,31 @@ def add_wait_options(p: argparse.ArgumentParser) -> None:
         default="cancel",
         help="with --wait, on Ctrl-C: cancel the request (default) or leave it queued",
     )
+
+
+def _queue(ctx: Any, args: argparse.Namespace, render: Any, token_note: str) -> None:
+    if args.request_id is None:
+        do_queue(ctx, all_users=args.all)
+        return
+    if args.all:
+        from calque.cli.errors import UsageError
+
+        raise UsageError("give REQUEST_ID or --all, not both", details={"field": "all"})
+    do_show_request(ctx, request_id=args.request_id, render=render, token_note=token_note)
+
+
+def do_show_request(ctx: Any, *, request_id: str, render: Any, token_note: str) -> None:
+    """One request: a granted one as its grant (the session and its token, which the API keeps
+    for its member), any other as the request itself."""
+    req = ctx.client().request("GET", _path(request_id))
+    if req.get("state") == "granted" and req.get("grant"):
+        # the request keeps its grant for its member: the check-out's "shown once" is not this
+        text = render(req["grant"]).replace(
+            token_note, f"Granted from queued request {request_id}: keep the token to log into the host."
+        )
+        ctx.emit(req["grant"], text=text)
+        return
+    ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until")])
 
 
 def do_queue(ctx: Any, *, all_users: bool = False) -> None:
@@ -147,8 +186,8 @@ def do_wait_checkout(
     except KeyboardInterrupt:
         if on_interrupt == "leave":
             print(
-                f"{rid} stays in the queue: `calque session queue` shows it, "
-                f"`calque session cancel {rid}` leaves it",
+                f"{rid} stays in the queue: `calque session queue {rid}` shows it (and, once "
+                f"granted, its session and token), `calque session cancel {rid}` leaves it",
                 file=sys.stderr,
             )
             raise SystemExit(130) from None

@@ -159,3 +159,33 @@ def test_cancel_of_something_that_is_not_a_request_id_is_a_usage_error(api, cli,
     assert code == 2
     assert api.requests == []
     assert "is not a request id: q- and 8 to 32 hex digits" in err
+
+
+def test_one_request_is_shown_and_once_granted_its_token_can_be_read_again(api, cli):
+    # After --on-interrupt leave, the grant (and its token) came back only from the raw API:
+    # `session queue REQUEST_ID` reads it.
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "granted", "grant": GRANT}
+    code, out, err = cli("--output", "json", "session", "queue", RID)
+    assert code == 0, err
+    assert json.loads(out)["token"] == GRANT["token"]
+    code, out, _err = cli("session", "queue", RID)
+    assert code == 0
+    assert GRANT["token"] in out
+    assert "shown once" not in out
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "cancelled"}
+    code, out, _err = cli("session", "queue", RID)
+    assert code == 0
+    assert "cancelled" in out
+    code, _out, _err = cli("session", "queue", RID, "--all")
+    assert code == 2
+
+
+def test_leaving_the_request_says_how_to_read_its_grant_later(api, cli, monkeypatch):
+    def interrupted(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_queue.time, "sleep", interrupted)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--on-interrupt", "leave")
+    assert code == 130
+    assert f"calque session queue {RID}" in err
