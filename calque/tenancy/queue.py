@@ -80,6 +80,10 @@ class QueueMixin(SessionsMixin):
             rid = f"q-{secrets.token_hex(12)}"
         _quota, mine = self.registry.quota_and_groups(user)
         group = groups.member_group(self.registry, user, req.group, mine)
+        if ask.instance_id is not None:  # as a check-out says it: unknown, or not taking sessions
+            host = self._host(ask.instance_id)
+            if host.state not in ("pending", "ready"):
+                self._ready_host(ask.instance_id)
         refusal = self._refusal(ask, lost=0, tries=0)
         if refusal.code == "nothing_fits":
             raise refusal

@@ -55,3 +55,21 @@ def test_nothing_that_could_ever_fit_is_refused_not_queued(ddb):
         t.enqueue(member("carol"), QueueRequest(backend="mig", min_memory_gib=500, ttl_seconds=600))
     assert refused.value.code == "nothing_fits"
     assert t.list_requests(member("carol")) == []
+
+
+def test_a_wait_on_a_host_that_is_unknown_or_drained_is_refused_saying_so(ddb):
+    # it was "nothing can fit: host I has no mig slice; it has no slices" for both
+    from calque.errors import CalqueError
+
+    t = env(ddb)
+    iid = seed_host(ddb, 3)
+    with pytest.raises(CalqueError) as unknown:
+        t.enqueue(member("carol"), QueueRequest(backend="mig", instance_id="i-0123456789", ttl_seconds=600))
+    assert unknown.value.code == "not_found"
+    assert "no host i-0123456789 is registered" in unknown.value.message
+    t.drain(ADMIN, iid, force=False, reason=None)
+    with pytest.raises(CalqueError) as drained:
+        t.enqueue(member("carol"), QueueRequest(backend="mig", instance_id=iid, ttl_seconds=600))
+    assert drained.value.code == "host_not_ready"
+    assert "not accepting sessions" in drained.value.message
+    assert t.list_requests(member("carol")) == []
