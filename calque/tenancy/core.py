@@ -327,7 +327,10 @@ class TenancyCore:
                 HostAccess(
                     # an ended session's account is no longer one to connect to, whatever the
                     # grant's last report said
-                    state="revoked" if s.state != "live" and s.host_access == "granted" else s.host_access,
+                    # (one ended before its grant landed is not "pending": it will never be granted)
+                    state="revoked"
+                    if s.state != "live" and s.host_access in ("granted", "pending")
+                    else s.host_access,
                     account=connect_account(s.session_id, s.backend, s.slice_id),
                     reason=s.host_access_reason,
                 )

@@ -114,6 +114,17 @@ def test_a_granted_access_shows_revoked_once_its_session_has_ended(world: World)
     assert (shown.state, shown.account) == ("revoked", session_account(grant.session_id))
 
 
+def test_a_session_ended_before_its_grant_landed_shows_revoked_not_pending(world: World):
+    # "pending" says connecting will work shortly; for an ended session it never will
+    world.ready_host()
+    grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
+    assert world.tenancy.get_session(ALICE, grant.session_id).host_access.state == "pending"  # type: ignore[union-attr]
+    world.tenancy.checkin(ALICE, grant.session_id, CheckinRequest())
+    shown = world.tenancy.get_session(ALICE, grant.session_id).host_access
+    assert shown is not None
+    assert (shown.state, shown.account) == ("revoked", session_account(grant.session_id))
+
+
 def test_a_failed_grant_is_recorded_with_the_agents_reason_and_shown(world: World):
     world.ready_host()
     grant = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig"))
