@@ -161,7 +161,7 @@ def do_wait_checkout(
                 ctx.emit(grant, text=render(grant))
                 return
             if req.get("state") == "expired":
-                raise _expired(rid, req)
+                raise _expired(rid, req, asked=max_wait_s is not None)
             if req.get("state") == "cancelled":
                 raise CliError(
                     f"{rid} was cancelled before a slice freed; nothing was granted",
@@ -180,7 +180,7 @@ def do_wait_checkout(
                 if granted is not None:
                     ctx.emit(granted, text=render(granted))
                     return
-                raise _expired(rid, req)
+                raise _expired(rid, req, asked=max_wait_s is not None)
             time.sleep(POLL_S)
             req = client.request("GET", _path(rid))
     except KeyboardInterrupt:
@@ -211,10 +211,11 @@ def _leave(client: Any, rid: str) -> dict[str, Any] | None:
     return None
 
 
-def _expired(rid: str, req: dict[str, Any]) -> CliError:
+def _expired(rid: str, req: dict[str, Any], *, asked: bool) -> CliError:
     until = req.get("wait_until")
+    why = "--max-wait" if asked else "the deployment's longest wait"
     return CliError(
-        f"{rid} expired: its wait ended at {until} (--max-wait) before it was granted; "
+        f"{rid} expired: its wait ended at {until} ({why}) before it was granted; "
         "it left the queue and nothing was granted",
         code="request_expired",
         details={"request_id": rid, "wait_until": until},
