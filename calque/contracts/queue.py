@@ -20,6 +20,8 @@ from calque.contracts.common import Out, Strict
 from calque.contracts.tenancy import CheckoutRequest, SessionGrant
 
 REQUEST_ID_PATTERN = r"^q-[0-9a-f]{8,32}$"
+# Above any deployment's longest wait, which every request is cut to.
+MAX_WAIT_SECONDS_LIMIT = 30 * 24 * 3600
 ACCOUNT_PATTERN = r"^(user:)?[A-Za-z0-9+=,.@_\-/:]{1,128}$"
 QueueState = Literal["waiting", "granted", "cancelled", "expired"]
 
@@ -30,7 +32,7 @@ class QueueRequest(CheckoutRequest):
     max_wait_seconds: int | None = Field(
         default=None,
         gt=0,
-        le=30 * 24 * 3600,
+        le=MAX_WAIT_SECONDS_LIMIT,
         description="give up (state expired) after this long; omitted or longer: the deployment's "
         "maximum wait (CALQUE_QUEUE_MAX_WAIT_S, default 7 days)",
     )

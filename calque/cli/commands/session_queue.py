@@ -149,8 +149,13 @@ def do_wait_checkout(
 ) -> None:
     """Queue the check-out, then wait until it is granted (print it as a check-out), its wait
     ends (exit 1), or Ctrl-C (cancel or leave it, as asked)."""
+    from calque.contracts.queue import MAX_WAIT_SECONDS_LIMIT
+
     client = ctx.client()
-    sent = {**body, **({"max_wait_seconds": max_wait_s} if max_wait_s else {})}
+    # A wait longer than the deployment's longest is cut to it; past the API's own bound it
+    # would be refused instead, so it is sent at that bound and cut the same way.
+    asked = min(max_wait_s, MAX_WAIT_SECONDS_LIMIT) if max_wait_s else None
+    sent = {**body, **({"max_wait_seconds": asked} if asked else {})}
     req = client.request("POST", "/v1/session-requests", sent)
     rid = str(req.get("request_id"))
     said = ""

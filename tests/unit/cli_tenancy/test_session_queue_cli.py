@@ -189,3 +189,12 @@ def test_leaving_the_request_says_how_to_read_its_grant_later(api, cli, monkeypa
     code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--on-interrupt", "leave")
     assert code == 130
     assert f"calque session queue {RID}" in err
+
+
+def test_a_max_wait_past_the_apis_bound_is_cut_not_refused(api, cli):
+    # --max-wait 60d was refused (validation_failed, "less than or equal to 2592000"), while a
+    # wait longer than the deployment's is documented as cut to it
+    api.responses[("POST", "/v1/session-requests")] = {**WAITING, "state": "granted", "grant": GRANT}
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--max-wait", "60d")
+    assert code == 0, err
+    assert api.requests[0][2]["max_wait_seconds"] == 30 * 24 * 3600
