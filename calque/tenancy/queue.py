@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from calque.contracts.queue import QueueRequest, SessionRequest
 from calque.contracts.tenancy import CheckoutRequest
-from calque.errors import CalqueError, Conflict, Forbidden, InvalidInput, NotFound, idempotency_key_reused
+from calque.errors import (
+    CalqueError,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+    idempotency_key_reused,
+)
 from calque.events import Event
 from calque.identity import Caller
 from calque.members import groups, limits, requests
@@ -274,7 +282,12 @@ class QueueMixin(SessionsMixin):
             return "refused"
         try:
             group = groups.charge_group(self.registry, user, rec.group, mine)
+        except QuotaExceeded:
+            return "refused"  # the group is full now: the request waits
         except CalqueError:
+            # its group is gone or the member left it: no pass can ever grant it as asked, so it
+            # leaves the queue (it would otherwise wait its whole wait, and reserve, for nothing)
+            store.finish_queued(rec, "cancelled", at=now, by="calque-queue")
             return "refused"
         token = new_token()
         sl = taken[0]

@@ -73,3 +73,28 @@ def test_a_wait_on_a_host_that_is_unknown_or_drained_is_refused_saying_so(ddb):
     assert drained.value.code == "host_not_ready"
     assert "not accepting sessions" in drained.value.message
     assert t.list_requests(member("carol")) == []
+
+
+def test_a_request_whose_member_left_its_group_leaves_the_queue_instead_of_waiting_for_ever(ddb):
+    # It was skipped by every pass (not a member of the group it is charged to) and waited its
+    # whole wait, 7 days by default, holding its place; the slice went to the next one anyway.
+    from calque.members.groups import Groups
+    from calque.tenancy.store.dynamo import DynamoRegistry
+
+    from .support import TABLE, make_group
+
+    t = env(ddb)
+    iid = seed_host(ddb, 4)
+    make_group(ddb, "lab-x", ["bob"])
+    # (the module's registry has other tests' hosts: every request here names this one)
+    here = {"backend": "mig", "ttl_seconds": 600, "instance_id": iid}
+    held = [t.checkout(member(f"h{n}"), CheckoutRequest(**here)) for n in range(4)]
+    bobs = t.enqueue(member("bob"), QueueRequest(**here))
+    carols = t.enqueue(member("carol"), QueueRequest(**here))
+    assert (bobs.group, bobs.position) == ("lab-x", 1)
+    Groups(DynamoRegistry(ddb, TABLE), clock=t.clock).remove(ADMIN, "lab-x", ["bob"])
+    t.checkin(member("h0"), held[0].session_id, CheckinRequest())
+    assert reclaim_all(t, iid) == 1
+    assert t.get_request(member("bob"), bobs.request_id).state == "cancelled"
+    assert t.list_requests(member("bob")) == []
+    assert t.get_request(member("carol"), carols.request_id).state == "granted"
