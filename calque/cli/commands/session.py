@@ -22,7 +22,10 @@ from calque.cli.errors import CliError, UsageError
 from calque.errors import one_line
 
 CONSENT_FLAG = "--i-understand-shared-gpu-has-no-isolation"
-TOKEN_NOTE = "This token is shown once and never again: keep it to check in or extend."  # noqa: S105
+TOKEN_NOTE = (
+    "This token is shown once and never again: keep it to log into the host "  # noqa: S105
+    "(and for anyone but you to check in or extend)."
+)
 
 
 # ---- request bodies (pure) ---------------------------------------------------------------------
