@@ -250,7 +250,7 @@ def register(subparsers: Any) -> None:
     p = _add_parser_without_global_profile(
         group,
         "checkout",
-        help="take one slice (MIG instance or MPS slot) for a bounded time",
+        help="take a slice (MIG instance, MPS slot or whole GPU), or N whole GPUs, for a bounded time",
         epilog="--profile here is the slice's profile; give the AWS profile before the command: "
         "calque --profile NAME session checkout ...",
     )
