@@ -389,6 +389,8 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
         )
     if args.max_wait is not None and not args.wait:
         args._parser.error("--max-wait goes with --wait")
+    if args.on_interrupt is not None and not args.wait:
+        args._parser.error("--on-interrupt goes with --wait")
     asked: dict[str, Any] = {
         "backend": args.backend,
         "instance_id": args.instance_id,
@@ -406,7 +408,7 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
             ctx,
             checkout_body(**asked),
             max_wait_s=args.max_wait,
-            on_interrupt=args.on_interrupt,
+            on_interrupt=args.on_interrupt or "cancel",
             render=render_grant,
         )
         return

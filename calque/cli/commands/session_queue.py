@@ -102,7 +102,7 @@ def add_wait_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--on-interrupt",
         choices=("cancel", "leave"),
-        default="cancel",
+        default=None,  # cancel; None tells that it was not given (it goes with --wait)
         help="with --wait, on Ctrl-C: cancel the request (default) or leave it queued",
     )
 

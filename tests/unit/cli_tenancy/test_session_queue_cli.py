@@ -95,6 +95,15 @@ def test_max_wait_without_wait_is_a_usage_error(api, cli):
     assert api.requests == []
 
 
+@pytest.mark.parametrize("choice", ["leave", "cancel"])
+def test_on_interrupt_without_wait_is_a_usage_error(api, cli, choice):
+    # it was taken silently, and a check-out made at once that the user thought would wait
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--on-interrupt", choice)
+    assert code == 2
+    assert "--on-interrupt goes with --wait" in err
+    assert api.requests == []
+
+
 def test_queue_and_cancel(api, cli):
     api.responses[("GET", "/v1/session-requests")] = [WAITING]
     code, out, _err = cli("--output", "json", "session", "queue", "--all")
