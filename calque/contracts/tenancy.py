@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from calque.contracts.common import Out, Request, Strict
+from calque.contracts.common import GROUP_PATTERN, Out, Request, Strict, in_words
 
 # What a member may ask for: a MIG slice, an MPS slot, or whole cards ("gpu": slices laid out
 # "exclusive"), or "any": the tightest fit among MIG slices and whole cards (and MPS slots,
@@ -127,9 +127,20 @@ class CheckoutRequest(Request):
     )
     group: str | None = Field(
         default=None,
-        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        pattern=GROUP_PATTERN,
         description="the group to charge (one of the member's); omitted: their default group",
     )
+
+    @field_validator("group", mode="before")
+    @classmethod
+    def _group_rule_in_words(cls, value: object) -> object:
+        """The pattern's rule said in words, as a claim's group is (the pattern stays for the schema)."""
+        return in_words(
+            value,
+            GROUP_PATTERN,
+            "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
+        )
 
     gpus: int = Field(
         default=1,

@@ -209,6 +209,23 @@ def test_a_group_name_refusal_says_the_rule_in_words():
     assert GroupCreate(name="lab-1.a_b").name == "lab-1.a_b"
 
 
+@pytest.mark.parametrize("model", ["CheckoutRequest", "QueueRequest"])
+def test_a_checkouts_group_refusal_says_the_rule_in_words(model):
+    # `session checkout --group "Lab A"` answered "String should match pattern '^[a-z0-9]...'"
+    from pydantic import ValidationError
+
+    from calque.contracts import queue, tenancy
+    from functions.api.errors import from_validation
+
+    cls = getattr(tenancy, model, None) or getattr(queue, model)
+    with pytest.raises(ValidationError) as exc:
+        cls(backend="mig", group="Lab A")
+    message = json.loads(from_validation(list(exc.value.errors())).body)["error"]["message"]
+    assert message.startswith("invalid group: no group is named 'Lab A': a group name is 1 to 63")
+    assert "pattern" not in message
+    assert cls(backend="mig", group="lab-a").group == "lab-a"
+
+
 # ---- sessions -------------------------------------------------------------------------------------
 
 
