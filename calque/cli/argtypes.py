@@ -95,6 +95,18 @@ def request_id(text: str) -> str:
     )
 
 
+def user_name(text: str) -> str:
+    from calque.contracts.tenancy import USER_PATTERN
+
+    return _an_id(
+        USER_PATTERN,
+        text,
+        "a user name",
+        "up to 128 letters, digits or + = , . @ _ - /",
+        "calque quota list",
+    )
+
+
 def instance_id(text: str) -> str:
     from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 

@@ -333,7 +333,12 @@ def register(subparsers: Any) -> None:
     )
     whose = p.add_mutually_exclusive_group()
     whose.add_argument("--all", action="store_true", help="admins: every user's live sessions")
-    whose.add_argument("--user", metavar="NAME", help="admins: this user's sessions (default: your own)")
+    whose.add_argument(
+        "--user",
+        metavar="NAME",
+        type=argtypes.user_name,
+        help="admins: this user's sessions (default: your own)",
+    )
     states = p.add_mutually_exclusive_group()
     states.add_argument(
         "--state", choices=("live", "ended", "any"), default=None, help="which sessions (default: live)"

@@ -434,3 +434,12 @@ def test_show_of_several_cards_lists_every_card(api, cli):
     api.responses[("GET", "/v1/sessions/s-0123456789abcdef")] = {**GRANT, "slice_ids": ["g0-1g.24gb-0"]}
     code, out, _ = cli("session", "show", "s-0123456789abcdef")
     assert "slice_ids" not in out
+
+
+def test_list_user_that_is_not_a_user_name_is_a_usage_error(api, cli):
+    # it reached the API and came back as "String should match pattern '^(?:[0-9]{12}:)?...'"
+    code, _, err = cli("session", "list", "--user", "bad user")
+    assert code == 2
+    assert api.requests == []
+    assert "'bad user' is not a user name" in err
+    assert "pattern" not in err
