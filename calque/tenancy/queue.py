@@ -11,8 +11,7 @@ and any number of passes may race: a request's grant is conditional on it still 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +32,26 @@ from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, QuotaFull, StaleWrite
 from calque.tenancy import fairshare, queue_cards
 from calque.tenancy.core import _grants, _iso, new_token, session_started
-from calque.tenancy.placement import _fits, slice_backends
+from calque.tenancy.placement import slice_backends
+from calque.tenancy.queue_pass import (
+    REFUSALS,
+    REFUSED,
+    REFUSED_GROUP,
+    REFUSED_USER,
+    Fleet,
+    FleetRead,
+    PassState,
+    decayed,
+    refused_with,
+    waiting_of,
+)
 from calque.tenancy.sessions import SessionsMixin, check_consent
 from calque.tenancy.store.ports import SliceTaken
-from calque.tenancy.store.queue_records import AccountRecord, QueuedRecord, account_of
+from calque.tenancy.store.queue_records import QueuedRecord
 
 if TYPE_CHECKING:
     from calque.tenancy.store.dynamo_queue import DynamoQueue
-    from calque.tenancy.store.models import HostRecord, SessionRecord, SliceRecord
+    from calque.tenancy.store.models import SliceRecord
 
 
 def _epoch(at: datetime) -> float:
@@ -185,10 +196,11 @@ class QueueMixin(SessionsMixin):
         policy = self._policy()
         granted: list[str] = []
         excluded: set[str] = set()  # refused this pass (a limit holds): they keep waiting
-        state: _PassState | None = None
-        rounds = 0
-        while rounds < self.config.queue_rounds:
-            rounds += 1
+        state: PassState | None = None
+        # Plans that grant or read again, and plans whose first pick a limit refused, each
+        # bounded apart: refusals ahead in line never use up the rounds of the grants behind
+        rounds = refusals = 0
+        while rounds < self.config.queue_rounds and refusals < self.config.queue_rounds:
             if state is None:
                 state = self._read_pass(store, policy)
                 if state is None:
@@ -197,7 +209,7 @@ class QueueMixin(SessionsMixin):
             if not left or not state.free:
                 break
             picks = fairshare.plan(
-                [_waiting(r) for r in left],
+                [waiting_of(r) for r in left],
                 state.free,
                 fits=state.fits,
                 cost=state.cost,
@@ -210,26 +222,31 @@ class QueueMixin(SessionsMixin):
             )
             if not picks:
                 break
+            outcome = "granted"
             for pick in picks:
                 rec = state.waiting[pick.request.request_id]
                 outcome = self._grant_one(store, rec, list(pick.slots), state)
-                if outcome == "granted":
-                    granted.append(rec.request_id)
-                    charged = sum(state.cost(pick.request, s) for s in pick.slots)
-                    state.usage[rec.account] = state.usage.get(rec.account, 0.0) + charged
-                    del state.waiting[rec.request_id]
-                    for s in pick.slots:
-                        state.free.remove(s)
-                    state.seq += 1
-                    continue
-                if outcome == "refused":
-                    excluded.add(rec.request_id)  # its slot stays free for the next plan
+                if outcome != "granted":
                     break
+                granted.append(rec.request_id)
+                charged = sum(state.cost(pick.request, s) for s in pick.slots)
+                state.usage[rec.account] = state.usage.get(rec.account, 0.0) + charged
+                del state.waiting[rec.request_id]
+                for s in pick.slots:
+                    state.free.remove(s)
+                state.seq += 1
+            if outcome in REFUSALS:
+                # its slot stays free for the next plan; a limit of the member's, or of the
+                # group's, refuses every request of theirs this pass: one plan for all
+                excluded |= refused_with(rec, outcome, state.waiting.values())
+                refusals += 1
+                continue
+            rounds += 1
+            if outcome != "granted":
                 state = None  # another pass came first, or the usage was rebased: read again
-                break
         return granted
 
-    def _read_pass(self, store: DynamoQueue, policy: fairshare.Policy) -> _PassState | None:
+    def _read_pass(self, store: DynamoQueue, policy: fairshare.Policy) -> PassState | None:
         """What one plan needs: the waiting requests (those past their wait expire here), the
         accounts and grant sequence, and the free slices of the backends asked for."""
         waiting = store.waiting()
@@ -252,7 +269,7 @@ class QueueMixin(SessionsMixin):
             return None
         accounts, seq = store.fair_state()
         t = _epoch(now)
-        return _PassState(
+        return PassState(
             now=now,
             t=t,
             waiting=left,
@@ -260,35 +277,36 @@ class QueueMixin(SessionsMixin):
             free=queue_cards.offer_order(free),
             accounts=accounts,
             seq=seq,
-            usage=_decayed(accounts, t, policy),
+            usage=decayed(accounts, t, policy),
             shares={a: r.shares for a, r in accounts.items() if r.shares is not None},
-            cards=_FleetRead(self._cards_now),
+            cards=FleetRead(self._cards_now),
         )
 
-    def _cards_now(self) -> _Fleet:
+    def _cards_now(self) -> Fleet:
         """The fleet and its live sessions: what a reserving multi-card request is placed by."""
         live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.queue_free_read)
         return self.registry.fleet(), live
 
     def _grant_one(
-        self, store: DynamoQueue, rec: QueuedRecord, taken: list[SliceRecord], state: _PassState
+        self, store: DynamoQueue, rec: QueuedRecord, taken: list[SliceRecord], state: PassState
     ) -> str:
         """One grant of ``taken`` (a slice, or several whole cards of one host): 'granted',
-        'refused' (a quota or limit holds now), or 'stale' (the request, a slice, the usage or
+        one of ``REFUSALS`` (a quota or limit holds now: the member's, the group's, or this
+        request's size against a monthly limit), or 'stale' (the request, a slice, the usage or
         the grant sequence changed since the read)."""
         user, now = rec.user, state.now
         quota, mine = self.registry.quota_and_groups(user)
         if self._sessions_refusal(user, quota) is not None:
-            return "refused"
+            return REFUSED_USER  # as many live sessions as the member may hold
         try:
             group = groups.charge_group(self.registry, user, rec.group, mine)
         except QuotaExceeded:
-            return "refused"  # the group is full now: the request waits
+            return REFUSED_GROUP  # the group is full now: the request waits
         except CalqueError:
             # its group is gone or the member left it: no pass can ever grant it as asked, so it
             # leaves the queue (it would otherwise wait its whole wait, and reserve, for nothing)
             store.finish_queued(rec, "cancelled", at=now, by="calque-queue")
-            return "refused"
+            return REFUSED
         token = new_token()
         sl = taken[0]
         session = self._new_session(user, taken, token, rec.ttl_seconds, now, group.name if group else None)
@@ -298,7 +316,7 @@ class QueueMixin(SessionsMixin):
         if limits.user_refusal(user, quota, res, "check-out") or limits.group_refusal(
             group, res, "check-out"
         ):
-            return "refused"
+            return REFUSED
         charge = self._fair_charge(session, rec.ttl_seconds, now)
         assert charge is not None  # a registry with a queue keeps usage
         if self._rescale_usage(charge, state.accounts.get(rec.account)):
@@ -318,8 +336,10 @@ class QueueMixin(SessionsMixin):
                 seq=state.seq,
                 extra=taken[1:],
             )
-        except (QuotaFull, GroupFull):
-            return "refused"
+        except QuotaFull:
+            return REFUSED_USER
+        except GroupFull:
+            return REFUSED_GROUP
         except (RequestGone, SliceTaken, StaleWrite):
             return "stale"
         granted = rec.model_copy(
@@ -338,13 +358,13 @@ class QueueMixin(SessionsMixin):
         policy = self._policy()
         t = _epoch(now)
         accounts = store.fair_state()[0] if waiting else {}
-        usage = _decayed(accounts, t, policy)
+        usage = decayed(accounts, t, policy)
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
-        return fairshare.rank([_waiting(r) for r in waiting], shares, usage, t, policy)
+        return fairshare.rank([waiting_of(r) for r in waiting], shares, usage, t, policy)
 
     def _no_outlook(self) -> _Outlook:
         """What a view that estimates nothing reads (no request shown, or none waiting)."""
-        return _Outlook([], _FleetRead(self._cards_now))
+        return _Outlook([], FleetRead(self._cards_now))
 
     def _expiries(self) -> _Outlook:
         live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
@@ -359,7 +379,7 @@ class QueueMixin(SessionsMixin):
             )
             for s in live
         ]
-        return _Outlook(ends, _FleetRead(self._cards_now))
+        return _Outlook(ends, FleetRead(self._cards_now))
 
     def _request_view(self, who: Caller, rec: QueuedRecord) -> SessionRequest:
         grant = None
@@ -430,7 +450,7 @@ class QueueMixin(SessionsMixin):
         policy = self._policy()
         t = _epoch(self.clock())
         accounts = self._queue().fair_state()[0]
-        usage = _decayed(accounts, t, policy)
+        usage = decayed(accounts, t, policy)
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         factors = fairshare.factors(accounts, shares, usage)
         return [
@@ -442,67 +462,6 @@ class QueueMixin(SessionsMixin):
             }
             for a in sorted(accounts)
         ]
-
-
-@dataclass
-class _PassState:
-    """What a scheduling pass read, and what its own grants changed since."""
-
-    now: datetime
-    t: float
-    waiting: dict[str, QueuedRecord]
-    asks: dict[str, CheckoutRequest]
-    free: list[SliceRecord]
-    accounts: dict[str, AccountRecord]
-    seq: int
-    usage: dict[str, float]
-    shares: dict[str, float]
-    # the fleet and its live sessions, read only when a multi-card request first reserves
-    cards: _FleetRead
-    _held: dict[str, Callable[[fairshare.Waiting, SliceRecord], bool]] = field(default_factory=dict)
-
-    def fits(self, w: fairshare.Waiting, s: SliceRecord) -> bool:
-        return self.fits_ask(self.asks[w.request_id], s)
-
-    @staticmethod
-    def fits_ask(ask: CheckoutRequest, s: SliceRecord, *, any_state: bool = False) -> bool:
-        return _fits(s, ask, any_state=any_state) and ask.instance_id in (None, s.instance_id)
-
-    def take(self, w: fairshare.Waiting, open_: Sequence[SliceRecord]) -> list[SliceRecord] | None:
-        """The slots a request takes: its best fit, or ``gpus`` whole cards of one host."""
-        ask = self.asks[w.request_id]
-        fitting = [s for s in open_ if self.fits_ask(ask, s)]
-        if ask.gpus > 1:
-            return queue_cards.cards_of_one_host(ask.gpus, fitting)
-        return fitting[:1] or None
-
-    def hold(
-        self, r: fairshare.Waiting, _free: Sequence[SliceRecord]
-    ) -> Callable[[fairshare.Waiting, SliceRecord], bool]:
-        """What a reserving request keeps from those behind it: every slot that fits it, or,
-        for several cards, the cards of the host it reserves (queue_cards.reserve)."""
-        if r.request_id in self._held:
-            return self._held[r.request_id]
-        ask = self.asks[r.request_id]
-        kept: Callable[[fairshare.Waiting, SliceRecord], bool]
-        if ask.gpus <= 1:
-            kept = lambda _w, s: self.fits_ask(ask, s)  # noqa: E731
-        else:
-            fleet, live = self.cards()
-            rule = queue_cards.holds(
-                queue_cards.reserve(
-                    ask.gpus, lambda s: self.fits_ask(ask, s, any_state=True), fleet, live, self.now
-                ),
-                lambda s: self.fits_ask(ask, s, any_state=True),
-                lambda rid: self.now + timedelta(seconds=self.waiting[rid].ttl_seconds),
-            )
-            kept = lambda w, s: rule(w.request_id, s)  # noqa: E731
-        self._held[r.request_id] = kept
-        return kept
-
-    def cost(self, w: fairshare.Waiting, s: SliceRecord) -> float:
-        """GPU-hours a grant charges its account: the slice's share of a card for the TTL."""
-        return s.gpu_fraction * self.waiting[w.request_id].ttl_seconds / 3600
 
 
 @dataclass(frozen=True)
@@ -517,29 +476,12 @@ class _Ending:
     cards: int
 
 
-_Fleet = tuple[list[tuple["HostRecord", list["SliceRecord"]]], list["SessionRecord"]]
-
-
-@dataclass
-class _FleetRead:
-    """The fleet with its live sessions, read at most once, and only when a request for
-    several cards needs it (to reserve, or for its estimate)."""
-
-    read: Callable[[], _Fleet]
-    _got: _Fleet | None = None
-
-    def __call__(self) -> _Fleet:
-        if self._got is None:
-            self._got = self.read()
-        return self._got
-
-
 @dataclass
 class _Outlook:
     """What estimates read: the live sessions' ends, and the fleet (for several cards)."""
 
     ends: list[_Ending]
-    cards: _FleetRead
+    cards: FleetRead
 
 
 def _estimate(
@@ -551,7 +493,7 @@ def _estimate(
     (queue_cards.reserve: its free cards count now)."""
     if ask.gpus > 1:
         found = queue_cards.reserve(
-            ask.gpus, lambda s: _PassState.fits_ask(ask, s, any_state=True), *outlook.cards(), now
+            ask.gpus, lambda s: PassState.fits_ask(ask, s, any_state=True), *outlook.cards(), now
         )
         return found.start if found is not None else None
     kinds = set(slice_backends(ask))
@@ -567,17 +509,6 @@ def _estimate(
     n = sum(1 for r in ahead if kinds & set(slice_backends(CheckoutRequest.model_validate_json(r.ask))))
     times = sorted(t for e in fitting for t in [e.at] * e.cards)
     return times[n] if n < len(times) else None
-
-
-def _decayed(accounts: dict[str, AccountRecord], t: float, policy: fairshare.Policy) -> dict[str, float]:
-    return {
-        a: fairshare.Usage(r.usage_v, r.usage_ref if r.usage_ref is not None else t).at(t, policy.half_life_s)
-        for a, r in accounts.items()
-    }
-
-
-def _waiting(r: QueuedRecord) -> fairshare.Waiting:
-    return fairshare.Waiting(r.request_id, account_of(r.group, r.user), r.submitted_us / 1_000_000)
 
 
 def request_event(kind: str, r: QueuedRecord) -> Event:

@@ -1,0 +1,40 @@
+"""A limit that holds a request back refuses it at grant time, and the pass goes on to those
+behind it: the requests of a member at their session quota (or of a full group) are passed
+over together, and however many of them rank first they never use up the pass's rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from calque.contracts.queue import QueueRequest
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
+
+from .support import env, make_group, member, reclaim_all, seed_host
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_member_at_their_session_quota_with_many_requests_first_does_not_stall_the_queue(ddb):
+    # Given one live session each allowed, a pass of at most 3 rounds, and a host full
+    t = env(ddb, default_max_sessions=1, queue_rounds=3)
+    iid = seed_host(ddb, 11)
+    here = {"backend": "mig", "ttl_seconds": 600, "instance_id": iid}
+    held = [t.checkout(member(f"q{n}"), CheckoutRequest(**here)) for n in range(3)]
+    hog = t.checkout(member("hog"), CheckoutRequest(**here))
+    # and, in one group (first come first served), 5 requests of the member at their quota
+    # ahead of one of a member who may hold a session
+    make_group(ddb, "lab-q", ["hog", "dana"])
+    hogs = [t.enqueue(member("hog"), QueueRequest(**here)) for _ in range(5)]
+    danas = t.enqueue(member("dana"), QueueRequest(**here))
+    assert [r.position for r in hogs] + [danas.position] == [1, 2, 3, 4, 5, 6]
+    # When a slice frees
+    t.checkin(member("q0"), held[0].session_id, CheckinRequest())
+    assert reclaim_all(t, iid) == 1
+    # Then it goes to dana, and hog's requests wait on, in their places
+    assert t.get_request(member("dana"), danas.request_id).state == "granted"
+    assert [t.get_request(member("hog"), r.request_id).state for r in hogs] == ["waiting"] * 5
+    # and once hog checks in, the first of hog's is the next granted
+    t.checkin(member("hog"), hog.session_id, CheckinRequest())
+    assert reclaim_all(t, iid) == 1
+    states = [t.get_request(member("hog"), r.request_id).state for r in hogs]
+    assert states == ["granted", "waiting", "waiting", "waiting", "waiting"]
