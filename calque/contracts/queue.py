@@ -60,6 +60,11 @@ class SessionRequest(Out):
     session_id: str | None = None
     granted_at: datetime | None = None
     ended_at: datetime | None = None
+    ended_reason: str | None = Field(
+        default=None,
+        description="why calque ended the request (its wait ran out, its group or its host went); "
+        "null while it waits, once granted, or when its member cancelled it",
+    )
     grant: SessionGrant | None = Field(
         default=None, description="the owner's grant once granted: the session, its token, how to connect"
     )

@@ -25,6 +25,7 @@ from calque.errors import (
     NotFound,
     QuotaExceeded,
     idempotency_key_reused,
+    one_line,
 )
 from calque.events import Event
 from calque.identity import Caller
@@ -257,11 +258,23 @@ class QueueMixin(SessionsMixin):
         for r in waiting:
             if r.wait_until > now:
                 left[r.request_id] = r
-            elif store.finish_queued(r, "expired", at=now, by="calque-queue") is not None:
+            elif (
+                store.finish_queued(
+                    r, "expired", at=now, by="calque-queue", reason="its wait ran out before a slice freed"
+                )
+                is not None
+            ):
                 self._publish([request_event("calque.session.expired_in_queue", r)])
         if not left:
             return None
         asks = {rid: CheckoutRequest.model_validate_json(r.ask) for rid, r in left.items()}
+        gone = self._pinned_hosts_gone({a.instance_id for a in asks.values() if a.instance_id})
+        for rid in [rid for rid, a in asks.items() if a.instance_id in gone]:
+            # asked of one host that takes sessions no more: no pass could ever grant it
+            why = gone[str(asks.pop(rid).instance_id)]
+            store.finish_queued(left.pop(rid), "cancelled", at=now, by="calque-queue", reason=why)
+        if not left:
+            return None
         free: list[SliceRecord] = []
         for backend in sorted({b for a in asks.values() for b in slice_backends(a)}):
             free += store.free_slices(backend, self.config.queue_free_read)
@@ -281,6 +294,18 @@ class QueueMixin(SessionsMixin):
             shares={a: r.shares for a, r in accounts.items() if r.shares is not None},
             cards=FleetRead(self._cards_now),
         )
+
+    def _pinned_hosts_gone(self, instance_ids: set[str]) -> dict[str, str]:
+        """Of the hosts waiting requests name, those drained or forgotten, and why (a read per
+        such host: requests for any host, the most, read none)."""
+        gone: dict[str, str] = {}
+        for iid in sorted(instance_ids):
+            host = self.registry.get_host(iid)
+            if host is None:
+                gone[iid] = f"host {iid} was deregistered"
+            elif host.state in ("draining", "drained"):
+                gone[iid] = f"host {iid} is {host.state}: it takes no more sessions"
+        return gone
 
     def _cards_now(self) -> Fleet:
         """The fleet and its live sessions: what a reserving multi-card request is placed by."""
@@ -302,10 +327,11 @@ class QueueMixin(SessionsMixin):
             group = groups.charge_group(self.registry, user, rec.group, mine)
         except QuotaExceeded:
             return REFUSED_GROUP  # the group is full now: the request waits
-        except CalqueError:
+        except CalqueError as exc:
             # its group is gone or the member left it: no pass can ever grant it as asked, so it
             # leaves the queue (it would otherwise wait its whole wait, and reserve, for nothing)
-            store.finish_queued(rec, "cancelled", at=now, by="calque-queue")
+            why = f"{one_line(str(exc))}: the group it is charged to can no longer take it"
+            store.finish_queued(rec, "cancelled", at=now, by="calque-queue", reason=why)
             return REFUSED
         token = new_token()
         sl = taken[0]
@@ -432,6 +458,7 @@ class QueueMixin(SessionsMixin):
             session_id=rec.session_id,
             granted_at=rec.granted_at,
             ended_at=rec.ended_at,
+            ended_reason=rec.ended_reason,
             grant=grant,
         )
 

@@ -129,7 +129,8 @@ def do_show_request(ctx: Any, *, request_id: str, render: Any, token_note: str) 
         )
         ctx.emit(req["grant"], text=text)
         return
-    ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until")])
+    ended = [("ended_reason", "ended_reason")] if req.get("ended_reason") else []
+    ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until"), *ended])
 
 
 def do_queue(ctx: Any, *, all_users: bool = False) -> None:
@@ -168,10 +169,13 @@ def do_wait_checkout(
             if req.get("state") == "expired":
                 raise _expired(rid, req, asked=max_wait_s is not None)
             if req.get("state") == "cancelled":
+                why = req.get("ended_reason")  # calque ended it (its group or host went)
                 raise CliError(
-                    f"{rid} was cancelled before a slice freed; nothing was granted",
+                    f"{rid} was cancelled before a slice freed"
+                    + (f" ({why})" if why else "")
+                    + "; nothing was granted",
                     code="request_cancelled",
-                    details={"request_id": rid},
+                    details={"request_id": rid, **({"reason": why} if why else {})},
                 )
             line = place_line(req)
             if line != said:

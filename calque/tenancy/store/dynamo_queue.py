@@ -76,11 +76,15 @@ class DynamoQueue(DynamoPlacement):
         )
         return [QueuedRecord.model_validate(i) for i in items]
 
-    def finish_queued(self, rec: QueuedRecord, state: str, *, at: datetime, by: str) -> QueuedRecord | None:
-        """waiting -> cancelled | expired; None if it no longer waits."""
+    def finish_queued(
+        self, rec: QueuedRecord, state: str, *, at: datetime, by: str, reason: str | None = None
+    ) -> QueuedRecord | None:
+        """waiting -> cancelled | expired (``reason``: why, where calque ended it); None if it
+        no longer waits."""
+        changes = {"state": state, "ended_at": at, "ended_by": by, "expiry_pk": None, "expiry_sk": None}
         found = self._update(
             queued(rec.request_id),
-            {"state": state, "ended_at": at, "ended_by": by, "expiry_pk": None, "expiry_sk": None},
+            {**changes, **({"ended_reason": reason} if reason else {})},
             "#st = :waiting",
             values={":waiting": "waiting"},
             names={"#st": "state"},

@@ -58,6 +58,8 @@ class QueuedRecord(BaseModel):
     granted_at: datetime | None = None
     ended_at: datetime | None = None
     ended_by: str | None = None
+    # Why calque ended it (its wait ran out, its group or host went); None: its member cancelled
+    ended_reason: str | None = None
     # The grant's token, sealed to the member and the request (calque.members.requests.seal).
     sealed_token: str | None = None
     # Its place in the order of every grant from the queue (1, 2, ...).

@@ -95,6 +95,32 @@ def test_a_request_whose_member_left_its_group_leaves_the_queue_instead_of_waiti
     Groups(DynamoRegistry(ddb, TABLE), clock=t.clock).remove(ADMIN, "lab-x", ["bob"])
     t.checkin(member("h0"), held[0].session_id, CheckinRequest())
     assert reclaim_all(t, iid) == 1
-    assert t.get_request(member("bob"), bobs.request_id).state == "cancelled"
+    gone = t.get_request(member("bob"), bobs.request_id)
+    assert gone.state == "cancelled"
+    assert (
+        gone.ended_reason
+        == "bob is not a member of group lab-x: the group it is charged to can no longer take it"
+    )
     assert t.list_requests(member("bob")) == []
     assert t.get_request(member("carol"), carols.request_id).state == "granted"
+
+
+def test_a_request_for_a_host_drained_after_it_queued_leaves_the_queue_saying_why(ddb):
+    # It waited out its whole wait (7 days by default) for a host that takes no more sessions.
+    t = env(ddb)
+    iid, other = seed_host(ddb, 5), seed_host(ddb, 6)
+    here = {"backend": "mig", "ttl_seconds": 600, "instance_id": iid}
+    held = [t.checkout(member(f"d{n}"), CheckoutRequest(**here)) for n in range(4)]
+    there = t.checkout(member("e0"), CheckoutRequest(backend="mig", ttl_seconds=600, instance_id=other))
+    pinned = t.enqueue(member("erin"), QueueRequest(**here))
+    t.drain(ADMIN, iid, force=True, reason="maintenance")
+    # the next pass (any that runs: a check-in elsewhere) ends it, saying why
+    t.checkin(member("e0"), there.session_id, CheckinRequest())
+    reclaim_all(t, other)
+    ended = t.get_request(member("erin"), pinned.request_id)
+    assert (ended.state, ended.ended_reason) == (
+        "cancelled",
+        f"host {iid} is draining: it takes no more sessions",
+    )
+    assert t.list_requests(member("erin")) == []
+    assert all(t.get_session(ADMIN, h.session_id).state == "ended" for h in held)

@@ -207,3 +207,17 @@ def test_a_max_wait_past_the_apis_bound_is_cut_not_refused(api, cli):
     code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--max-wait", "60d")
     assert code == 0, err
     assert api.requests[0][2]["max_wait_seconds"] == 30 * 24 * 3600
+
+
+def test_a_wait_that_calque_ended_says_why(api, cli):
+    # its host was drained while it waited: the pass ended it, and the wait says so
+    why = "host i-0123456789abcdef0 is draining: it takes no more sessions"
+    ended = {**WAITING, "state": "cancelled", "ended_reason": why, "position": None}
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = ended
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1
+    assert f"{RID} was cancelled before a slice freed ({why}); nothing was granted" in err
+    code, out, _err = cli("session", "queue", RID)
+    assert code == 0
+    assert why in out
