@@ -57,6 +57,11 @@ class SessionRequest(Out):
         description="when a fitting slice (or, for several cards, enough cards of one host) "
         "is expected to free, from the live sessions' expiries",
     )
+    held_back: str | None = Field(
+        default=None,
+        description="while it waits: a limit that would refuse its grant now (the member's "
+        "session quota, or their group's), however soon a slice frees; null: none holds it",
+    )
     session_id: str | None = None
     granted_at: datetime | None = None
     ended_at: datetime | None = None

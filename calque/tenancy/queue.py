@@ -148,7 +148,10 @@ class QueueMixin(SessionsMixin):
             by_id[w.request_id] for _p, w in ranked if everyone or by_id[w.request_id].user == who.principal
         ]
         ends = self._expiries() if shown else self._no_outlook()
-        return [self._view(r, places.get(r.request_id), ranked, by_id, ends, grant=None) for r in shown]
+        held: dict[tuple[str, str | None], str | None] = {}
+        return [
+            self._view(r, places.get(r.request_id), ranked, by_id, ends, grant=None, held=held) for r in shown
+        ]
 
     def cancel_request(self, who: Caller, request_id: str) -> SessionRequest:
         """Leave the queue. A cancelled (or expired) request answers as it is; a granted one
@@ -295,6 +298,21 @@ class QueueMixin(SessionsMixin):
             cards=FleetRead(self._cards_now),
         )
 
+    def _held_back(self, user: str, group: str | None) -> str | None:
+        """The limit that would refuse a grant to ``user`` charged to ``group`` now, in its
+        refusal's words (as the pass checks it: the member's live sessions, their group's)."""
+        quota, mine = self.registry.quota_and_groups(user)
+        refusal = self._sessions_refusal(user, quota)
+        if refusal is not None:
+            return refusal.message
+        try:
+            groups.charge_group(self.registry, user, group, mine)
+        except QuotaExceeded as exc:
+            return exc.message
+        except CalqueError:
+            return None  # its group went: the next pass ends it, saying so
+        return None
+
     def _pinned_hosts_gone(self, instance_ids: set[str]) -> dict[str, str]:
         """Of the hosts waiting requests name, those drained or forgotten, and why (a read per
         such host: requests for any host, the most, read none)."""
@@ -421,9 +439,8 @@ class QueueMixin(SessionsMixin):
             waiting.append(rec)  # the index lags a write by a moment
         ranked = self._ranked(store, waiting, self.clock())
         place = fairshare.position(rec.request_id, ranked)
-        return self._view(
-            rec, place, ranked, {r.request_id: r for r in waiting}, self._expiries(), grant=None
-        )
+        by_id = {r.request_id: r for r in waiting}
+        return self._view(rec, place, ranked, by_id, self._expiries(), grant=None, held={})
 
     def _view(
         self,
@@ -434,12 +451,19 @@ class QueueMixin(SessionsMixin):
         ends: _Outlook,
         *,
         grant: Any,
+        held: dict[tuple[str, str | None], str | None] | None = None,
     ) -> SessionRequest:
+        """``held``: what limits hold back, by member and group, read once for a listing
+        (None: not asked, as for a request that no longer waits)."""
         ask = CheckoutRequest.model_validate_json(rec.ask)
-        estimate = None
+        estimate = held_back = None
         if place is not None:
             ahead = [by_id[w.request_id] for _p, w in ranked[: place - 1] if w.request_id in by_id]
             estimate = _estimate(ask, ahead, ends, self.clock())
+        if rec.state == "waiting" and held is not None:
+            if (rec.user, rec.group) not in held:
+                held[(rec.user, rec.group)] = self._held_back(rec.user, rec.group)
+            held_back = held[(rec.user, rec.group)]
         return SessionRequest(
             request_id=rec.request_id,
             user=rec.user,
@@ -455,6 +479,7 @@ class QueueMixin(SessionsMixin):
             wait_until=rec.wait_until,
             position=place,
             estimated_start=estimate,
+            held_back=held_back,
             session_id=rec.session_id,
             granted_at=rec.granted_at,
             ended_at=rec.ended_at,

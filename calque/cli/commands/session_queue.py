@@ -55,7 +55,9 @@ def place_line(req: dict[str, Any]) -> str:
     """``waiting: place 3 in the queue, estimated start ...`` (said on stderr while waiting)."""
     est = req.get("estimated_start")
     when = f"estimated start {est}" if est else "no estimate yet (no fitting session ends soon)"
-    return f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
+    line = f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
+    held = req.get("held_back")  # a limit would refuse it now, however soon a slice frees
+    return f"{line}; held back: {held}" if held else line
 
 
 def register(group: Any, *, render: Any, token_note: str) -> None:
@@ -129,7 +131,7 @@ def do_show_request(ctx: Any, *, request_id: str, render: Any, token_note: str) 
         )
         ctx.emit(req["grant"], text=text)
         return
-    ended = [("ended_reason", "ended_reason")] if req.get("ended_reason") else []
+    ended = [(k, k) for k in ("held_back", "ended_reason") if req.get(k)]
     ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until"), *ended])
 
 
@@ -137,7 +139,12 @@ def do_queue(ctx: Any, *, all_users: bool = False) -> None:
     reqs = ctx.client().request(
         "GET", "/v1/session-requests", None, query={"all": "true"} if all_users else None
     )
-    ctx.emit(reqs, columns=REQUEST_COLUMNS)
+    # a limit that would refuse one now: a column of its own, only when one does
+    held = any(r.get("held_back") for r in reqs)
+    ctx.emit(
+        reqs,
+        columns=[*REQUEST_COLUMNS, *([("held_back", lambda r: r.get("held_back") or "-")] if held else [])],
+    )
 
 
 def do_cancel(ctx: Any, *, request_id: str) -> None:

@@ -27,6 +27,11 @@ def test_a_member_at_their_session_quota_with_many_requests_first_does_not_stall
     hogs = [t.enqueue(member("hog"), QueueRequest(**here)) for _ in range(5)]
     danas = t.enqueue(member("dana"), QueueRequest(**here))
     assert [r.position for r in hogs] + [danas.position] == [1, 2, 3, 4, 5, 6]
+    # each of hog's says what holds it back, however soon a slice frees; dana's says nothing
+    quota = "hog already has 1 live session(s) and the quota allows 1: check one in"
+    assert all(r.held_back.startswith(quota) for r in t.list_requests(member("hog")))
+    assert t.get_request(member("hog"), hogs[0].request_id).held_back.startswith(quota)
+    assert danas.held_back is None
     # When a slice frees
     t.checkin(member("q0"), held[0].session_id, CheckinRequest())
     assert reclaim_all(t, iid) == 1
@@ -38,3 +43,4 @@ def test_a_member_at_their_session_quota_with_many_requests_first_does_not_stall
     assert reclaim_all(t, iid) == 1
     states = [t.get_request(member("hog"), r.request_id).state for r in hogs]
     assert states == ["granted", "waiting", "waiting", "waiting", "waiting"]
+    assert t.get_request(member("hog"), hogs[0].request_id).held_back is None  # granted: not asked

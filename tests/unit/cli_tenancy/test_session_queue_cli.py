@@ -221,3 +221,22 @@ def test_a_wait_that_calque_ended_says_why(api, cli):
     code, out, _err = cli("session", "queue", RID)
     assert code == 0
     assert why in out
+
+
+def test_a_wait_held_back_by_a_limit_says_so_beside_its_place(api, cli):
+    why = "alice already has 1 live session(s) and the quota allows 1: check one in"
+    held = {**WAITING, "held_back": why}
+    answers = iter([held, {**WAITING, "state": "granted", "grant": GRANT}])
+    api.responses[("POST", "/v1/session-requests")] = held
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = lambda _b: next(answers)
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 0, err
+    assert f"place 2 in the queue, estimated start 2026-12-05T10:30:00Z; held back: {why}" in err
+    api.responses[("GET", "/v1/session-requests")] = [held, {**WAITING, "request_id": "q-1" + RID[3:]}]
+    code, out, _err = cli("session", "queue")
+    assert code == 0
+    assert "HELD_BACK" in out.upper()
+    assert why in out
+    api.responses[("GET", "/v1/session-requests")] = [WAITING]
+    code, out, _err = cli("session", "queue")
+    assert "HELD_BACK" not in out.upper()
