@@ -61,10 +61,14 @@ CSV_LINE_COLUMNS = [
 
 
 def _month(text: str) -> str:
+    """A month as the API's ``month`` takes it (years 2000 to 2999), else exit 2 here, not the
+    API's pattern after the request."""
     import re
 
-    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a month like 2026-12")
+    from calque.contracts.economics import MONTH_PATTERN
+
+    if not re.fullmatch(MONTH_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a month like 2026-12 (years 2000 to 2999)")
     return text
 
 

@@ -95,6 +95,17 @@ def test_until_without_since_and_a_bad_month_are_refused_before_asking(api, cli)
     assert api.requests == []
 
 
+@pytest.mark.parametrize("month", ["1999-12", "0000-01", "3000-01"])
+def test_a_month_the_api_cannot_take_is_a_usage_error_before_asking(api, cli, month):
+    # the API takes years 2000 to 2999: a month outside them was sent, and its refusal quoted
+    # the API's regular expression
+    code, _, err = cli("usage", "--month", month)
+    assert code == 2
+    assert f"'{month}' is not a month like 2026-12 (years 2000 to 2999)" in err
+    assert "pattern" not in err
+    assert api.requests == []
+
+
 def test_the_csv_line_columns_only_ever_grow_at_the_end():
     # finance's imports read these by position: the first eighteen are as they shipped,
     # and a claim's id came last
