@@ -93,7 +93,17 @@ _COMMON_SHOWN = _global_options(shown=True)
 
 
 class _SubParsers(argparse._SubParsersAction):  # type: ignore[type-arg, unused-ignore]
-    """Every parser added under a command group gets the global options."""
+    """Every parser added under a command group gets the global options.
+
+    ``fallback``: the name of a hidden verb (``_``-prefixed, so never listed) that takes a
+    first word no verb is named, as its own positional (``calque catalog g7e.2xlarge``)."""
+
+    fallback: str | None = None
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if self.fallback is not None and values and values[0] not in self._name_parser_map:
+            values = [self.fallback, *values]
+        super().__call__(parser, namespace, values, option_string)
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         kwargs.setdefault("parents", [])
@@ -114,6 +124,8 @@ class CalqueParser(argparse.ArgumentParser):
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """argparse's own check, with a "did you mean" for a near miss (``calque sesion``)."""
+        if getattr(action, "fallback", None) is not None and not str(value).startswith("-"):
+            return  # a word no verb is named goes to the group's fallback verb (_SubParsers)
         if action.choices is not None and value not in action.choices:
             from calque.cli.helptext import did_you_mean
 

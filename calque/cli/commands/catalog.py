@@ -1,4 +1,4 @@
-"""``calque catalog types | cards | profiles``: what the GPU catalog (calque/catalog) knows,
+"""``calque catalog [TYPE] | types | cards | profiles``: what the GPU catalog (calque/catalog) knows,
 with no call to the control plane: instance types with their cards, GPU counts and on-demand
 rates; cards with their memory, MIG and MPS limits; MIG profiles with memory and counts."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+VERBS = ("types", "cards", "profiles")
+
 
 def register(subparsers: Any) -> None:
     from calque.cli.main import command_group
@@ -14,6 +16,25 @@ def register(subparsers: Any) -> None:
     group = command_group(
         subparsers, "catalog", help="instance types, cards, MIG profiles, MPS limits and on-demand rates"
     )
+    # `calque catalog` alone: every type; `calque catalog TYPE`: that type in full (CONTRACT.md)
+    parent = subparsers.choices["catalog"]
+    parent.set_defaults(func=lambda ctx, args: do_types(ctx))
+    parent.usage = (
+        "calque catalog [TYPE | types [--card C] | cards | profiles [--card C | --instance-type T]]"
+    )
+    parent.description = (
+        "instance types, cards, MIG profiles, MPS limits and on-demand rates; with no command, "
+        "every instance type; with an instance type, that type in full"
+    )
+    group.fallback = "_type"
+    p = group.add_parser(  # no help=: argparse then lists no line for it
+        "_type",
+        usage="calque catalog TYPE",
+        description="one instance type: its card, GPUs, on-demand rate, MIG profiles and MPS limit",
+        epilog="example:\n  calque catalog g7e.2xlarge\n  calque catalog p5e.48xlarge --output json",
+    )
+    p.add_argument("instance_type", metavar="TYPE", help="an instance type of the catalog (required)")
+    p.set_defaults(func=lambda ctx, args: do_type(ctx, instance_type=args.instance_type))
     p = group.add_parser("types", help="GPU instance types: card, GPUs, memory and on-demand rate")
     p.add_argument(
         "--card", metavar="CARD", help="only types with this card, e.g. L40S (default: every type)"
@@ -63,6 +84,77 @@ def do_types(ctx: Any, *, card: str | None = None) -> None:
             ("verified", "price_verified"),
         ],
     )
+
+
+def do_type(ctx: Any, *, instance_type: str) -> None:
+    """One instance type in full; a word that is neither a verb nor a type is a usage error."""
+    from calque import catalog
+    from calque.cli.errors import UsageError
+    from calque.cli.helptext import did_you_mean
+    from calque.cli.output import render_fields, render_table
+    from calque.errors import InvalidInput
+
+    try:
+        t = catalog.instance_type(instance_type)
+    except InvalidInput as exc:
+        guess = did_you_mean(instance_type, VERBS) or f": {exc.message.split('; ', 1)[-1]}"
+        raise UsageError(
+            f"{instance_type!r} is neither a catalog command ({', '.join(VERBS)}) nor an instance "
+            f"type of the catalog{guess}",
+            code="invalid_input",
+            details={"field": "instance_type", "value": instance_type},
+        ) from None
+    c = t.card
+    profiles: list[dict[str, Any]] = [
+        {
+            "profile": p.name,
+            "memory_gib": p.memory_gib,
+            "max_per_gpu": p.max_count,
+            "compute_slices": p.compute_slices,
+            "memory_slices": p.memory_slices,
+        }
+        for p in c.mig_profiles
+    ]
+    doc: dict[str, Any] = {
+        "instance_type": t.name,
+        "card": c.name,
+        "family": c.family,
+        "gpus": t.gpu_count,
+        "gpu_memory_gib": c.memory_gib,
+        "on_demand_usd_per_hour": t.hourly_usd,
+        "price_as_of": t.price_as_of.isoformat(),
+        "price_verified": t.price_verified,
+        "mig": c.mig_capable,
+        "mig_profiles": profiles,
+        "mps": c.mps_capable,
+        "max_mps_clients": c.max_mps_clients if c.mps_capable else None,
+    }
+    fields: list[Any] = [
+        ("instance type", "instance_type"),
+        ("card", "card"),
+        ("family", "family"),
+        ("gpus", "gpus"),
+        ("GiB/gpu", lambda r: f"{r['gpu_memory_gib']:g}"),
+        ("usd/hour", lambda r: f"{r['on_demand_usd_per_hour']:.3f} (on demand)"),
+        ("as of", "price_as_of"),
+        ("verified", "price_verified"),
+        ("mig", "mig"),
+        ("mps", "mps"),
+        ("max mps clients", "max_mps_clients"),
+    ]
+    text = render_fields(doc, fields)
+    if profiles:
+        text += "\n\n" + render_table(
+            profiles,
+            [
+                ("profile", "profile"),
+                ("GiB", lambda r: f"{r['memory_gib']:g}"),
+                ("max/gpu", "max_per_gpu"),
+                ("compute slices", "compute_slices"),
+                ("memory slices", "memory_slices"),
+            ],
+        )
+    ctx.emit(doc, text=text)
 
 
 def do_cards(ctx: Any) -> None:

@@ -44,6 +44,47 @@ def test_catalog_cards_give_mps_limits(capsys):
     assert t4["max_mps_clients"] == 48
 
 
+def test_catalog_alone_lists_every_type_as_the_contract_says(capsys):
+    # CONTRACT.md: `calque catalog [TYPE]`; alone it printed its help and exited 2
+    code, out, _ = run_cli(capsys, "catalog", "--output", "json")
+    assert code == 0
+    assert {r["instance_type"] for r in json.loads(out)} == {t.name for t in catalog.instance_types()}
+
+
+def test_catalog_type_gives_that_type_in_full(capsys):
+    # `calque catalog g7e.2xlarge` was an invalid choice (exit 2)
+    code, out, _ = run_cli(capsys, "catalog", "g7e.2xlarge", "--output", "json")
+    assert code == 0
+    doc = json.loads(out)
+    g7e = catalog.instance_type("g7e.2xlarge")
+    assert doc["instance_type"] == "g7e.2xlarge"
+    assert doc["card"] == g7e.card.name
+    assert doc["gpus"] == g7e.gpu_count
+    assert doc["on_demand_usd_per_hour"] == g7e.hourly_usd
+    assert doc["max_mps_clients"] == g7e.card.max_mps_clients
+    assert {p["profile"]: p["max_per_gpu"] for p in doc["mig_profiles"]}["1g.24gb"] == 4
+    code, out, _ = run_cli(capsys, "catalog", "g6e.xlarge")
+    assert code == 0
+    assert "L40S" in out
+    assert "PROFILE" not in out  # no MIG on an L40S: no profile table
+
+
+def test_a_word_that_is_neither_a_verb_nor_a_type_is_a_usage_error(capsys):
+    code, _, err = run_cli(capsys, "catalog", "tyeps")
+    assert code == 2
+    assert "did you mean 'types'?" in err
+    code, _, err = run_cli(capsys, "catalog", "g7e.2xl")
+    assert code == 2
+    assert "g7e.2xlarge" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_hidden_verb_is_not_listed(capsys):
+    _, out, err = run_cli(capsys, "catalog", "--help")
+    assert "_type" not in out + err
+    assert "SUPPRESS" not in out + err
+
+
 def test_an_unknown_card_is_refused_naming_the_valid_ones(capsys):
     code, _, err = run_cli(capsys, "catalog", "types", "--card", "L40")
     assert code == 1
