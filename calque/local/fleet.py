@@ -445,7 +445,21 @@ class FleetSimulator:
             if not known:
                 valid = ", ".join(zones)
                 return _bad("az", f"no availability zone {az!r} in {self.region}; its zones: {valid}")
+            places = self._places()
+            if places and az not in places:
+                return _bad(
+                    "az",
+                    f"the fleet launches in {', '.join(places)} only (its subnets), never in {az}: "
+                    "a fault there would never fire",
+                )
         return None
+
+    def _places(self) -> list[str]:
+        """The AZs the fleet's acquirer tries (its subnets, ``subnet-id@az``), in order."""
+        configured = os.environ.get(resources.ENV_FLEET_SUBNETS)
+        if not configured and self.ec2 is not None:
+            configured = ",".join(default_subnets(self.ec2))
+        return [p.split("@", 1)[1] for p in (configured or "").split(",") if "@" in p]
 
     def _retire_spot_changes(self) -> None:
         """(Under the lock.) The injected prices end now: each type and AZ changed is at the

@@ -153,6 +153,18 @@ def test_a_spot_instance_gets_its_interruption_warning(fleet):
             "az",
             "its zones: us-east-1a",
         ),
+        (  # a zone of the region the fleet never launches in: before, taken and never fired
+            "capacity",
+            {"instance_type": "g7e.2xlarge", "az": "us-east-1e"},
+            "az",
+            "the fleet launches in us-east-1a, us-east-1b, us-east-1c only",
+        ),
+        (
+            "spot-price",
+            {"instance_type": "g7e.2xlarge", "az": "us-east-1d", "usd_per_hour": 1},
+            "az",
+            "never in us-east-1d",
+        ),
         (
             "spot-price",
             {"instance_type": "nosuch", "az": "us-east-1a", "usd_per_hour": 1},
