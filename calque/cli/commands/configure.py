@@ -6,6 +6,7 @@ list`` read and change one value at a time."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -87,7 +88,9 @@ def do_configure(
                 code="invalid_input",
                 details={"field": "--from-stack"},
             )
-        endpoint = stack_endpoint(from_stack, profile=profile, region=region)
+        endpoint = stack_endpoint(
+            from_stack, profile=profile, region=stack_region(region, config.load(name).get("region"))
+        )
     values: dict[str, str | None] = {"endpoint": endpoint, "region": region, "profile": profile}
     given: dict[str, str | None] = {k: v for k, v in values.items() if v is not None}
     if not given:
@@ -118,6 +121,13 @@ def _ask(current: dict[str, str]) -> dict[str, str | None]:
     return out
 
 
+def stack_region(flag: str | None, configured: str | None) -> str | None:
+    """The region the stack is read in, as every command finds its region (docs/cli.md): the
+    flag, AWS_REGION / AWS_DEFAULT_REGION, the configuration's; None leaves the AWS profile's
+    to boto3 (stack_endpoint then falls back to us-east-1)."""
+    return flag or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or configured or None
+
+
 def stack_endpoint(stack: str, *, profile: str | None, region: str | None) -> str:
     """The ApiEndpoint output of deployed stack ``stack`` (CloudFormation DescribeStacks)."""
     import boto3
@@ -125,6 +135,8 @@ def stack_endpoint(stack: str, *, profile: str | None, region: str | None) -> st
 
     try:
         session = boto3.Session(profile_name=profile, region_name=region)
+        if session.region_name is None:  # no region anywhere: the CLI's own default
+            session = boto3.Session(profile_name=profile, region_name="us-east-1")
         stacks = session.client("cloudformation").describe_stacks(StackName=stack)["Stacks"]
     except ClientError as exc:
         raise CliError(

@@ -204,6 +204,35 @@ def test_from_stack_reads_the_endpoint_output(config_file, monkeypatch, capsys):
     assert config.load("default", config_file) == {"endpoint": API, "region": "eu-west-1"}
 
 
+def test_from_stack_without_a_region_reads_the_configurations_else_us_east_1(
+    config_file, monkeypatch, capsys
+):
+    # with no --region and no AWS_REGION, boto3's "You must specify a region" was the answer,
+    # where every other command falls back to the configuration's region, then us-east-1
+    import boto3
+    from moto import mock_aws
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config_file.parent / "no-aws-config"))
+    template = {
+        "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {"ApiEndpoint": {"Value": API}},
+    }
+    with mock_aws():
+        boto3.client("cloudformation", region_name="us-east-1").create_stack(
+            StackName="Home", TemplateBody=json.dumps(template)
+        )
+        boto3.client("cloudformation", region_name="eu-west-1").create_stack(
+            StackName="Away", TemplateBody=json.dumps(template)
+        )
+        code, _, err = run_cli(capsys, "configure", "--from-stack", "Home")
+        assert code == 0, err
+        assert run_cli(capsys, "configure", "set", "region", "eu-west-1")[0] == 0
+        code, _, err = run_cli(capsys, "configure", "--from-stack", "Away")
+        assert code == 0, err
+
+
 def test_the_output_name_is_the_stacks():
     from calque.cli.commands.configure import API_ENDPOINT_OUTPUT
     from infra.constants import OUTPUT_API_ENDPOINT
