@@ -119,6 +119,18 @@ def instance_id(text: str) -> str:
     )
 
 
+def acquisition_id(text: str) -> str:
+    from calque.contracts.fleet import REQUEST_ID_PATTERN
+
+    return _an_id(
+        REQUEST_ID_PATTERN,
+        text,
+        "an acquisition's request id",
+        "r- and 8 to 32 hex digits",
+        "calque host acquisitions",
+    )
+
+
 def add_max_items(parser: argparse.ArgumentParser, what: str) -> None:
     """``--max-items N``, as the AWS CLI has it: at most N of a paged list's items."""
     parser.add_argument(

@@ -168,10 +168,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_inject, kind="clear")
 
     p = group.add_parser("acquisitions", help="acquisitions and their launch attempts")
-    p.add_argument("request_id", nargs="?", metavar="REQUEST_ID")
+    p.add_argument("request_id", nargs="?", metavar="REQUEST_ID", type=argtypes.acquisition_id)
     p.add_argument(
         "--instance-id",
         metavar="I",
+        type=argtypes.instance_id,
         help="the acquisition that launched this instance (default: every acquisition)",
     )
     p.set_defaults(func=_acquisitions)

@@ -31,7 +31,13 @@ def register(subparsers: Any) -> None:
         "[--mps-memory-limit-mib M] | --spec FILE; none: the card's default layout.\n"
         "Its slices are 'pending' until the host agent reports the layout applied.",
     )
-    p.add_argument("--instance-id", required=True, metavar="I", help="the running instance, i-...")
+    p.add_argument(
+        "--instance-id",
+        required=True,
+        metavar="I",
+        type=argtypes.instance_id,
+        help="the running instance, i-...",
+    )
     p.add_argument("--instance-type", required=True, metavar="T", help="its instance type, e.g. g7e.2xlarge")
     layout = p.add_argument_group("layout (one of; none: the card's default)")
     layout.add_argument(

@@ -151,6 +151,11 @@ def test_arguments_that_cannot_go_together_are_usage_errors(api, cli, argv, word
         (("host", "show", "i-abc/def"), "'i-abc/def' is not an instance id: i- and up to 32"),
         (("host", "drain", "I-0ABC"), "'I-0ABC' is not an instance id"),
         (("host", "release", "web-1", "--i-understand-this-terminates-instances"), "'web-1' is not an"),
+        # --instance-id flags were sent as they were and refused with the API's pattern, exit 1
+        (("host", "register", "--instance-id", "BAD", "--instance-type", "g6e.xlarge"), "'BAD' is not an"),
+        (("host", "acquisitions", "--instance-id", "i-A/B"), "'i-A/B' is not an instance id"),
+        (("session", "checkout", "--instance-id", "web-1", "--backend", "mig"), "'web-1' is not an"),
+        (("host", "acquisitions", "r-/x"), "'r-/x' is not an acquisition's request id: r- and 8 to 32"),
     ],
 )  # fmt: skip
 def test_an_id_that_is_no_id_is_a_usage_error_and_nothing_is_sent(api, cli, argv, words):
