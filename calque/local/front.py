@@ -12,6 +12,7 @@ only: ``GET /v1/health`` needs no signature, and ``POST /local/schedules/<id>/fi
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import re
@@ -96,8 +97,12 @@ class Front:
         before_request: Callable[[], None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        any_port_if_taken: bool = False,
     ):
         self.state = state
+        # `local up` with no --port: the default one, or a free one when another plane took it
+        # between the CLI's look at it and this bind
+        self.any_port_if_taken = any_port_if_taken
         self.account = account
         self.region = region
         self.api = api
@@ -147,7 +152,12 @@ class Front:
                 if self.command != "HEAD" and code >= 200:
                     self.wfile.write(doc)
 
-        self._server = _Server((self.host, self.port), Handler)
+        try:
+            self._server = _Server((self.host, self.port), Handler)
+        except OSError as exc:
+            if not (self.any_port_if_taken and self.port and exc.errno == errno.EADDRINUSE):
+                raise
+            self._server = _Server((self.host, 0), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         return self.endpoint

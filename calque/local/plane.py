@@ -77,9 +77,11 @@ class LocalPlane:
         host: str = "127.0.0.1",
         region: str = REGION,
         account: str = ACCOUNT_ID,
+        any_port_if_taken: bool = False,
     ):
         self.state = StateDir(Path(state_dir))
         self.port = port
+        self.any_port_if_taken = any_port_if_taken  # port taken at bind: a free one (local up, no --port)
         self.host = host
         self.region = region
         self.account = account
@@ -159,6 +161,7 @@ class LocalPlane:
                 before_request=self._sync_admins,
                 host=self.host,
                 port=self.port,
+                any_port_if_taken=self.any_port_if_taken,
             )
             endpoint = self.front.bind()
             os.environ.update(self.resources.handler_env())

@@ -90,3 +90,31 @@ def test_framing_rules():
     assert framing_refusal(["+62"], None)[0] == 400
     assert framing_refusal([""], None)[0] == 400
     assert framing_refusal(["62"], ["chunked"])[0] == 400
+
+
+def test_a_port_taken_between_the_look_and_the_bind_gives_a_free_one_when_asked(tmp_path):
+    # `local up` with no --port looks at 8787, then binds: a second plane starting at the same
+    # moment took it in between, and the plane was refused ("Address already in use")
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    state.initialize_people()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = Front(state, account="123456789012", region="us-east-1", api=lambda e: {}, port=port)
+        with pytest.raises(OSError, match="in use"):
+            refused.bind()  # a port asked for by name is refused, as before
+        f = Front(
+            state,
+            account="123456789012",
+            region="us-east-1",
+            api=lambda e: {},
+            port=port,
+            any_port_if_taken=True,
+        )
+        f.start()
+        try:
+            assert f.port not in (0, port)
+        finally:
+            f.stop()

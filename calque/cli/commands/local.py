@@ -137,7 +137,10 @@ def _up(ctx: Any, args: argparse.Namespace) -> None:
         rates["reconciler"] = args.reconcile_every
     if rates:
         os.environ["CALQUE_LOCAL_SCHEDULE_RATES"] = ",".join(f"{k}={v}" for k, v in sorted(rates.items()))
-    do_up(ctx, port=args.port if args.port is not None else _default_port(args.host), host=args.host)
+    if args.port is not None:
+        do_up(ctx, port=args.port, host=args.host)
+    else:  # the default port, or a free one: also when another plane takes it after this look
+        do_up(ctx, port=_default_port(args.host), host=args.host, any_port_if_taken=True)
 
 
 def _default_port(host: str) -> int:
@@ -170,7 +173,7 @@ def _user_remove(ctx: Any, args: argparse.Namespace) -> None:
     do_user_remove(ctx, name=args.name)
 
 
-def do_up(ctx: Any, *, port: int, host: str) -> None:
+def do_up(ctx: Any, *, port: int, host: str, any_port_if_taken: bool = False) -> None:
     import logging
     import signal
     import sys
@@ -188,7 +191,7 @@ def do_up(ctx: Any, *, port: int, host: str) -> None:
     for noisy in ("botocore", "boto3", "urllib3", "werkzeug"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     state = ctx.local_state()
-    plane = LocalPlane(state.path, port=port, host=host)
+    plane = LocalPlane(state.path, port=port, host=host, any_port_if_taken=any_port_if_taken)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = False
