@@ -129,6 +129,13 @@ def do_usage(
 
     if until is not None and since is None:
         raise UsageError("--until needs --since", code="usage_error", details={"field": "until"})
+    if ctx.output == "csv" and ctx.query is not None:
+        # the CSV has fixed columns: a query would be dropped without a word
+        raise UsageError(
+            "--query selects from the JSON document: use it with --output json (or table), not csv",
+            code="usage_error",
+            details={"field": "--query"},
+        )
     query = {"month": month, "since": since, "until": until, "by": by or "user"}
     report = ctx.client().request("GET", "/v1/usage", None, {k: v for k, v in query.items() if v is not None})
     if ctx.output == "csv":

@@ -106,6 +106,15 @@ def test_a_month_the_api_cannot_take_is_a_usage_error_before_asking(api, cli, mo
     assert api.requests == []
 
 
+def test_a_query_with_csv_is_a_usage_error_not_dropped(api, cli):
+    # the CSV was written whole, the --query silently ignored
+    code, out, err = cli("usage", "--output", "csv", "--query", "total_usd")
+    assert code == 2
+    assert out == ""
+    assert "--query selects from the JSON document" in err
+    assert api.requests == []
+
+
 def test_the_csv_line_columns_only_ever_grow_at_the_end():
     # finance's imports read these by position: the first eighteen are as they shipped,
     # and a claim's id came last
