@@ -45,7 +45,9 @@ def duration_arg(text: str) -> int:
 def format_duration(seconds: float) -> str:
     """The inverse for display: 5400 -> '1h30m'."""
     left = int(seconds)
-    if left <= 0:
+    if left < 0:  # an API's refusal quoting what it was sent: -5 is '-5s', not '0s'
+        return "-" + format_duration(-left)
+    if left == 0:
         return "0s"
     out = []
     for unit in ("d", "h", "m", "s"):

@@ -48,6 +48,8 @@ def test_durations_print_back_compactly():
     assert format_duration(5400) == "1h30m"
     assert format_duration(90) == "1m30s"
     assert format_duration(0) == "0s"
+    assert format_duration(-5) == "-5s"  # was '0s': a refusal of -5 said "(got 0s)"
+    assert format_duration(-5400) == "-1h30m"
 
 
 # ---- as a user meets them on the command line ----------------------------------------------------
