@@ -40,6 +40,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from calque import resources
+from calque.local.ec2_answers import ec2_error as _error
+from calque.local.ec2_answers import spot_max_price_too_low
 from calque.local.state import StateDir
 
 log = logging.getLogger("calque.local")
@@ -80,15 +82,6 @@ def ec2_event(detail_type: str, detail: dict[str, Any], *, account: str, region:
         "resources": [f"arn:aws:ec2:{region}:{account}:instance/{iid}"] if iid else [],
         "detail": detail,
     }
-
-
-def _error(status: str, code: str, message: str) -> tuple[str, list[tuple[str, str]], bytes]:
-    body = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors>"
-        f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
-    ).encode()
-    return status, [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))], body
 
 
 class FleetSimulator:
@@ -210,6 +203,9 @@ class FleetSimulator:
                         f"We currently do not have sufficient {itype} capacity in the Availability Zone you "
                         f"requested ({az or 'any'}).",
                     )
+        too_low = spot_max_price_too_low(params, self._spot_prices(itype, az) if az else [])
+        if too_low is not None:
+            return too_low
         status, headers, body = call(environ)
         if not status.startswith("200"):
             return status, headers, body

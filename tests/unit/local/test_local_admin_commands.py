@@ -247,3 +247,46 @@ def test_inject_says_what_is_in_effect_in_words_not_as_a_python_repr():
     # And after `local inject clear`, it says nothing is in effect
     cleared = render_injected({"cleared": True, "faults": {"capacity": [], "crash_after_launch": 0}})
     assert cleared.splitlines()[-2:] == ["in effect:", "  nothing"]
+
+
+def _spot_launch(fleet, max_price: str | None):
+    params = {
+        "Action": "RunInstances",
+        "InstanceType": "g7e.2xlarge",
+        "Placement.AvailabilityZone": "us-east-1a",
+        "InstanceMarketOptions.MarketType": "spot",
+    }
+    if max_price is not None:
+        params["InstanceMarketOptions.SpotOptions.MaxPrice"] = max_price
+    launched: list[dict] = []
+
+    def call(environ):
+        launched.append(environ)
+        return "200 OK", [], b"<RunInstancesResponse/>"
+
+    status, _, body = fleet._run_instances({}, params, call)
+    return status, body.decode(), launched
+
+
+def test_a_spot_max_price_below_the_spot_price_is_refused_as_ec2_refuses_it(fleet):
+    # the plane's spot price of g7e.2xlarge is 35 % of $3.36: $1.176. A max price of $1 was
+    # launched and then charged at $1/h, below the market's price, where EC2 launches nothing
+    status, body, launched = _spot_launch(fleet, "1.0000")
+    assert status.startswith("400")
+    assert "<Code>SpotMaxPriceTooLow</Code>" in body
+    assert "fulfillment price of 1.176" in body
+    assert launched == []
+    # at or above the price, and with no max price (EC2's default: the on-demand rate), it launches
+    for enough in ("1.1760", "2.0000", None):
+        status, _, launched = _spot_launch(fleet, enough)
+        assert status.startswith("200"), enough
+        assert len(launched) == 1
+    # and the price in effect is the one that counts: after a change, the new one
+    assert (
+        fleet.inject("spot-price", {"instance_type": "g7e.2xlarge", "az": "us-east-1a", "usd_per_hour": 0.9})[
+            0
+        ]
+        == 200
+    )
+    status, _, launched = _spot_launch(fleet, "1.0000")
+    assert status.startswith("200")
