@@ -30,6 +30,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def percent(text: str) -> int:
+    """A whole percentage, 1 to 100 (an MPS client's share of the SMs)."""
+    value = positive_int(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most 100 (a percentage)")
+    return value
+
+
 def finite_float(text: str) -> float:
     """A number a JSON document can carry: ``inf``, ``-inf`` and ``nan`` are refused here,
     before any request (argparse names the flag: ``argument --max-usd-per-month: ...``)."""

@@ -21,6 +21,9 @@ from calque.cli import argtypes
 from calque.cli.errors import CliError, UsageError
 from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
+# calque.contracts.fleet.MAX_COUNT, kept here so that parsing imports no pydantic (a test holds them equal)
+MAX_COUNT = 20
+
 ACQ_COLUMNS: list[Any] = [
     ("request_id", "request_id"),
     ("type", lambda a: a.get("launched_type") or a.get("instance_type")),
@@ -84,12 +87,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--instance-type", required=True, metavar="T", help="a GPU instance type in the catalog")
     p.add_argument(
-        "--count", type=positive_int, default=1, metavar="N", help="instances (default 1, at most 20)"
+        "--count", type=_count, default=1, metavar="N", help=f"instances (default 1, at most {MAX_COUNT})"
     )
     layout = p.add_argument_group("layout (one of; none: the card's default)")
     layout.add_argument("--mig", type=mig_arg, metavar="PROFILE=COUNT[,...]", help=MIG_HELP)
     layout.add_argument("--mps-slots", type=positive_int, metavar="N", help=MPS_SLOTS_HELP)
-    layout.add_argument("--mps-thread-percentage", type=positive_int, metavar="P", help=MPS_THREAD_HELP)
+    layout.add_argument("--mps-thread-percentage", type=argtypes.percent, metavar="P", help=MPS_THREAD_HELP)
     layout.add_argument("--mps-memory-limit-mib", type=positive_int, metavar="M", help=MPS_MEMORY_HELP)
     layout.add_argument("--spec", metavar="FILE", help=SPEC_HELP)
     p.add_argument(
@@ -176,6 +179,16 @@ def register(subparsers: Any) -> None:
         help="the acquisition that launched this instance (default: every acquisition)",
     )
     p.set_defaults(func=_acquisitions)
+
+
+def _count(text: str) -> int:
+    """1 to MAX_COUNT instances, else exit 2 here (the API's refusal quoted its validator)."""
+    n = argtypes.positive_int(text)
+    if n > MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is more than {MAX_COUNT}: acquire at most {MAX_COUNT} at once"
+        )
+    return n
 
 
 def _acquire(ctx: Any, args: argparse.Namespace) -> None:

@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
     )
     layout.add_argument(
         "--mps-thread-percentage",
-        type=positive_int,
+        type=argtypes.percent,
         metavar="P",
         help="each MPS client's share of the SMs, in percent, 1-100 (default: all)",
     )

@@ -29,3 +29,28 @@ def test_a_negative_count_is_told_the_bound_that_holds(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert "'-1' must be 1 or more" in err
     assert "0 or more" not in err
+
+
+def test_acquire_count_past_the_most_is_a_usage_error_before_asking(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # help says "at most 20"; 21 was sent and refused with the API's validator text, exit 1
+    from calque.cli.commands.fleet import MAX_COUNT
+    from calque.contracts.fleet import MAX_COUNT as API_MAX_COUNT
+
+    assert MAX_COUNT == API_MAX_COUNT
+    with pytest.raises(SystemExit) as exc:
+        main(["host", "acquire", "--instance-type", "g7e.2xlarge", "--count", "21"])
+    assert exc.value.code == 2
+    assert "'21' is more than 20: acquire at most 20 at once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [["host", "acquire"], ["host", "register", "--instance-id", "i-1"]])
+def test_an_mps_thread_percentage_past_100_is_a_usage_error(
+    verb: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # help says 1-100; 150 was sent and refused with the layout validator's text, exit 1
+    with pytest.raises(SystemExit) as exc:
+        main([*verb, "--instance-type", "g7e.2xlarge", "--mps-slots", "2", "--mps-thread-percentage", "150"])
+    assert exc.value.code == 2
+    assert "'150' must be at most 100 (a percentage)" in capsys.readouterr().err
