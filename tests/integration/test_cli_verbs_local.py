@@ -24,6 +24,16 @@ def test_local_terminate_ends_a_launched_instance(local_plane):
             break
         time.sleep(0.2)
     assert state in ("shutting-down", "terminated")
+    while state != "terminated" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = local_plane.client("ec2").describe_instances(InstanceIds=[instance_id])
+        state = found["Reservations"][0]["Instances"][0]["State"]["Name"]
+    # terminated again: it says so, where it said 'shutting-down' each time
+    code, doc = local_plane.cli_json("local", "terminate", instance_id, "--yes", profile=None)
+    assert code == 0, doc
+    assert doc == {"instance_id": instance_id, "state": "terminated", "already_terminated": True}
+    done = local_plane.cli("local", "terminate", instance_id, "--yes", profile=None)
+    assert done.stdout.strip() == f"{instance_id} was already terminated: nothing changed."
 
 
 def test_local_terminate_refuses_an_unknown_instance_and_a_member(local_plane):

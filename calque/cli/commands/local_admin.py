@@ -80,6 +80,13 @@ def do_terminate(ctx: Any, *, instance_id: str, yes: bool) -> None:
     _confirm(f"terminate {instance_id}? sessions still on it end", yes=yes)
     ec2 = MotoClients(plane["moto_endpoint"], plane["region"], state.plane_credentials()).client("ec2")
     answer = ec2.terminate_instances(InstanceIds=[instance_id])["TerminatingInstances"][0]
+    if answer["PreviousState"]["Name"] == "terminated":
+        # moto answers 'shutting-down' again for a terminated instance; EC2 says terminated
+        ctx.emit(
+            {"instance_id": instance_id, "state": "terminated", "already_terminated": True},
+            text=f"{instance_id} was already terminated: nothing changed.",
+        )
+        return
     ctx.emit(
         {"instance_id": instance_id, "state": answer["CurrentState"]["Name"]},
         text=f"{instance_id} is {answer['CurrentState']['Name']}: the fleet's events end its host "
