@@ -48,21 +48,17 @@ def test_an_instance_id_alone_shows_the_acquisition_that_launched_it(api, fleet_
     assert api.requests == [("GET", "/v1/acquisitions", None, {"instance_id": "i-0aaaaaaaaaaaaaaaa"})]
 
 
-def test_an_empty_instance_id_is_asked_about_and_never_shows_another_acquisition(api, fleet_cli):
-    # Given acquisitions exist, none of them for the (empty) instance asked about
-    def answer(body):
-        query = api.requests[-1][3]
-        return [ACQ] if query is None else []
-
-    api.responses[("GET", "/v1/acquisitions")] = answer
+def test_an_empty_instance_id_is_refused_and_never_shows_another_acquisition(api, fleet_cli):
+    # Given acquisitions exist
+    api.responses[("GET", "/v1/acquisitions")] = lambda body: [ACQ]
 
     # When an admin asks for the acquisition that launched ""
     code, out, err = fleet_cli("host", "acquisitions", "--instance-id", "")
 
-    # Then the filter is sent as given and nothing is shown as that instance's acquisition
-    assert api.requests == [("GET", "/v1/acquisitions", None, {"instance_id": ""})]
-    assert (code, out) == (1, "")
-    assert "no acquisition launched" in err
+    # Then it is no instance id: a usage error before anything is asked, and nothing is shown
+    assert api.requests == []
+    assert (code, out) == (2, "")
+    assert "'' is not an instance id" in err
 
 
 def test_acquire_wait_gives_all_its_acquisitions_one_timeout_together(api, fleet_cli, monkeypatch):
