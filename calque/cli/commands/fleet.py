@@ -502,7 +502,7 @@ def do_inject(ctx: Any, *, kind: str, body: dict[str, Any]) -> None:
 
 
 def _capacity_fault_text(fault: dict[str, Any]) -> str:
-    where = f"in {fault['az']}" if fault.get("az") else "in every AZ"
+    where = f"in {fault['az']}" if fault.get("az") else "in any AZ"
     times = fault.get("times")
     left = "until cleared" if times is None else f"{times} more call{'s' if times != 1 else ''}"
     return f"no {fault.get('instance_type')} capacity {where} ({left})"

@@ -238,7 +238,7 @@ def test_inject_says_what_is_in_effect_in_words_not_as_a_python_repr():
         "",
         "in effect:",
         "  no g6e.xlarge capacity in us-east-1a (2 more calls)",
-        "  no g7e.2xlarge capacity in every AZ (until cleared)",
+        "  no g7e.2xlarge capacity in any AZ (until cleared)",  # "in every AZ" read as "not in all"
         "  the next launch crashes after RunInstances",
         "  g6e.xlarge in us-east-1a: spot price $0.9/h from 2026-12-03T12:00:00+00:00",
     ]
