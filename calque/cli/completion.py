@@ -78,6 +78,10 @@ def candidates(words: Sequence[str], cword: int, parser: argparse.ArgumentParser
         # a command's verbs stand only right after it: not after an unknown word, say
         verbs = _subcommands(leaf) if positionals_given == 0 else []
         found = verbs + _positional_values(leaf, positionals_given, before)
+        subs = _subparsers(leaf)
+        fallback = getattr(subs, "fallback", None) if subs is not None else None
+        if subs is not None and fallback is not None and positionals_given == 0:
+            found += _positional_values(subs.choices[fallback], 0, before)  # `calque catalog TYPE`
     return sorted({c for c in found if c.startswith(current)})
 
 

@@ -42,6 +42,11 @@ def test_choices_and_catalog_values():
     )
     assert "1g.24gb" in candidates(["calque", "host", "register", "--mig", ""], 4)
     assert candidates(["calque", "completion", ""], 2) == ["bash", "zsh"]
+    # `calque catalog [TYPE]`: its verbs and the instance types, never the hidden verb
+    catalog = candidates(["calque", "catalog", ""], 2)
+    assert {"types", "cards", "profiles", "g7e.2xlarge"} <= set(catalog)
+    assert "_type" not in catalog
+    assert candidates(["calque", "catalog", "g7e.2x"], 2) == ["g7e.2xlarge"]
 
 
 @pytest.fixture
