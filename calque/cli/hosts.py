@@ -82,7 +82,8 @@ def render_hosts(hosts: list[Mapping[str, Any]]) -> str:
 
 
 def _slice_columns(slices: list[Mapping[str, Any]]) -> list[Column]:
-    # Members never see holders: leave the columns out rather than print a row of dashes.
+    # Members see only their own holding: without one, leave the columns out rather than print
+    # a row of dashes.
     if any(s.get("holder") or s.get("session_id") for s in slices):
         return SLICE_COLUMNS
     return SLICE_COLUMNS[:5]

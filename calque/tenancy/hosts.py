@@ -187,8 +187,10 @@ class HostsMixin(TenancyCore):
                     memory_gib=s.memory_gib,
                     state=s.state,
                     state_since=s.state_since,
-                    holder=s.holder if who.admin else None,
-                    session_id=s.session_id if who.admin else None,
+                    # a member sees who holds a slice only where it is their own (as the console
+                    # marks it "(you)"); admins see every holder
+                    holder=s.holder if who.admin or s.holder == who.principal else None,
+                    session_id=s.session_id if who.admin or s.holder == who.principal else None,
                 )
                 for s in slices
             ],

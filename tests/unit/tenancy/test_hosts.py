@@ -100,6 +100,12 @@ def test_members_see_slice_states_but_never_who_holds_them(world: World):
     assert sorted(s.state for s in as_member.slices) == ["free", "free", "free", "held"]
     assert all(s.holder is None and s.session_id is None for s in as_member.slices)
     assert [s.holder for s in as_admin.slices if s.state == "held"] == ["alice"]
+    # the holder sees their own slice as theirs, and no one else's
+    bobs = world.tenancy.checkout(member("bob"), CheckoutRequest(backend="mig"))
+    mine = world.tenancy.get_host(ALICE, "i-0aaa0001")
+    held = {s.slice_id: (s.holder, s.session_id) for s in mine.slices if s.state == "held"}
+    assert held.pop(bobs.slice_id) == (None, None)
+    assert [(who, sid is not None) for who, sid in held.values()] == [("alice", True)]
 
 
 def test_drain_refuses_while_sessions_live_and_changes_nothing(world: World):
