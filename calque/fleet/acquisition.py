@@ -285,6 +285,7 @@ class AcquisitionMixin(FleetCore):
         if found is not None:
             return self._view(self._launched(rec, found, None))
         attempts = list(rec.attempts)
+        why: dict[str, int] = {}  # each capacity refusal's code, and how many times it came
         for itype in [rec.instance_type, *rec.fallback_types]:
             for market in self._markets(rec):
                 for subnet in self.config.subnets or (None,):
@@ -302,6 +303,7 @@ class AcquisitionMixin(FleetCore):
                     except CapacityError as exc:
                         attempts.append(self._attempt(spec, az, "capacity", exc.message or exc.code))
                         rec = self.store.update(rec, expect=("launching",), attempts=attempts)
+                        why[exc.code] = why.get(exc.code, 0) + 1
                         continue
                     except LaunchRefused as exc:
                         attempts.append(self._attempt(spec, az, "error", f"{exc.code}: {exc.message}"))
@@ -311,7 +313,13 @@ class AcquisitionMixin(FleetCore):
                         )
                     attempts.append(self._attempt(spec, inst.availability_zone or az, "launched", None))
                     return self._view(self._launched(rec, inst, attempts))
-        return self._view(self._fail(rec, f"no capacity after {len(attempts)} attempt(s)"))
+        # said by EC2's codes (SpotMaxPriceTooLow is no shortage of machines), the most first
+        codes = ", ".join(f"{c} x{n}" for c, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0])))
+        return self._view(
+            self._fail(
+                rec, f"no capacity after {len(attempts)} attempt(s)" + (f" ({codes})" if codes else "")
+            )
+        )
 
     def _attempt(self, spec: LaunchSpec, az: str | None, outcome: str, reason: str | None) -> AttemptRecord:
         return AttemptRecord(

@@ -88,7 +88,7 @@ def test_when_every_place_lacks_capacity_the_acquisition_fails_and_its_budget_co
     world.deliver()
     acq = world.fleet.get(ADMIN, rid)
     assert acq.state == "failed"
-    assert "no capacity after 3 attempt(s)" in (acq.state_reason or "")
+    assert "no capacity after 3 attempt(s) (InsufficientInstanceCapacity x3)" in (acq.state_reason or "")
     assert not acq.budget_held
     assert world.fleet.budget().in_use_instances == 0
     assert world.events.of("calque.host.acquire_failed")[0]["request_id"] == rid
