@@ -105,6 +105,7 @@ def _result(ctx: Any, args: argparse.Namespace) -> None:
 def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
     """The result document; one too large for the API's answer is streamed from its own URL
     (to FILE, or to stdout as it comes), its SHA-256 checked."""
+    import hashlib
     import json
     import sys
 
@@ -116,10 +117,12 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
         try:
             with open(out, "wb") as f:
                 if result.get("results") is not None:  # the API's answer itself, as stdout shows it
-                    f.write((json.dumps(result, indent=2) + "\n").encode())
-                    written = f.tell()
-                else:  # too large to answer inline: the result document, streamed
+                    data = (json.dumps(result, indent=2) + "\n").encode()
+                    f.write(data)
+                    written, sha256 = len(data), hashlib.sha256(data).hexdigest()
+                else:  # too large to answer inline: the result document, streamed (its SHA-256 checked)
                     written = transfer.stream_to(result["download"], f)
+                    sha256 = result["download"].get("sha256")
         except OSError as exc:
             raise CliError(f"cannot write {out}: {exc.strerror or exc}", code="invalid_input") from None
         ctx.emit(
@@ -127,7 +130,7 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
                 "claim_id": claim_id,
                 "written_to": out,
                 "bytes": written,
-                "sha256": (result.get("download") or {}).get("sha256"),
+                "sha256": sha256,  # the file's own, as `sha256sum FILE` says
                 "items_ok": s.get("items_ok"),
                 "items_failed": s.get("items_failed"),
             }

@@ -150,6 +150,27 @@ def test_claim_result_prints_each_item_and_writes_the_document(api, cli, tmp_pat
     assert as_json == out
 
 
+def test_claim_result_to_a_file_says_the_files_own_size_and_sha256(api, cli, tmp_path):
+    """`claim result ID -o FILE` of a result answered inline writes the API's answer; the
+    size and SHA-256 it prints are the file's (what `sha256sum FILE` says), not those of the
+    stored result document the answer's download names."""
+    import hashlib
+
+    api.responses[("GET", "/v1/claims/c-1/result")] = {
+        "claim_id": "c-1",
+        "summary": {"items_ok": 1, "items_failed": 0},
+        "results": [{"ok": True, "output": {"n": 1}}],
+        "download": {"url": "http://127.0.0.1:1/r", "bytes": 40, "sha256": "ab" * 32},
+    }
+    target = tmp_path / "r.json"
+    code, out, _ = cli("--output", "json", "claim", "result", "c-1", "-o", str(target))
+    assert code == 0
+    said = json.loads(out)
+    data = target.read_bytes()
+    assert said["bytes"] == len(data)
+    assert said["sha256"] == hashlib.sha256(data).hexdigest()
+
+
 def test_claim_list_passes_the_pool_filter(api, cli):
     api.responses[("GET", "/v1/claims")] = [CLAIM]
     code, out, _ = cli("claim", "list", "--pool", "textstats")
