@@ -68,7 +68,7 @@ from calque.simulate.placement_layouts import (
 )
 from calque.simulate.placement_queue import FairQueue
 from calque.simulate.placement_report import Result, percentile
-from calque.simulate.placement_trace import Job
+from calque.simulate.placement_trace import MAX_DURATION_S, Job
 
 if TYPE_CHECKING:
     from calque.catalog.models import Card, InstanceType
@@ -119,7 +119,7 @@ class Simulator:
             MemoryQueue(),
             config=TenancyConfig(
                 ttl_floor_s=1,
-                ttl_max_s=10**9,
+                ttl_max_s=MAX_DURATION_S,
                 default_max_sessions=64,
                 candidate_limit=64,
                 max_tries=64,

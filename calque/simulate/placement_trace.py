@@ -8,8 +8,13 @@ import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 REQUIRED = ("name", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
+# The longest job the replay's sessions hold (their TTL bound, calque/simulate/placement.py),
+# and the latest time it replays (the virtual clock's dates stay far inside the calendar).
+MAX_DURATION_S = 10**9
+MAX_TIME_S = 10**10
 
 
 @dataclass(frozen=True)
@@ -42,56 +47,80 @@ def read_trace(path: str | Path) -> tuple[list[Job], int]:
 
     p = str(path)
     try:
-        fh = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        # utf-8-sig: a CSV saved by a spreadsheet starts with a byte-order mark, not a column
+        fh = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise InvalidInput(f"cannot read trace {p!r}: {exc.strerror}", details={"field": "trace"}) from None
+    try:
+        with fh:
+            return _read_jobs(p, fh)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start}); the trace is a CSV",
+            code="invalid_trace",
+            details={"field": "trace"},
+        ) from None
+
+
+def _read_jobs(p: str, fh: Any) -> tuple[list[Job], int]:
+    """The GPU jobs of an open trace; InvalidInput naming the line of the first problem."""
     jobs: list[Job] = []
     skipped = 0
-    with fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise _trace_error(p, 1, "the file is empty (expected a header line)")
-        header = [h.strip() for h in header]
-        missing = [c for c in REQUIRED if c not in header]
-        if missing:
-            raise _trace_error(p, 1, f"missing column(s) {', '.join(missing)} in the header")
-        at = {c: header.index(c) for c in REQUIRED}
-        group_at = header.index("group") if "group" in header else None
-        for n, row in enumerate(reader, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < len(header):
-                raise _trace_error(p, n, f"{len(row)} field(s), the header has {len(header)}")
-            vals: dict[str, int] = {}
-            for c in REQUIRED[1:]:
-                raw = row[at[c]].strip()
-                try:
-                    vals[c] = int(raw) if raw.lstrip("-").isdigit() else int(float(raw))
-                except ValueError:
-                    raise _trace_error(p, n, f"{c} {raw!r} is not a number") from None
-                if vals[c] < 0:
-                    raise _trace_error(p, n, f"{c} {raw} is negative")
-            if vals["deletion_time"] < vals["creation_time"]:
-                raise _trace_error(
-                    p,
-                    n,
-                    f"deletion_time {vals['deletion_time']} is before creation_time {vals['creation_time']}",
-                )
-            if vals["gpu_milli"] > 1000:
-                raise _trace_error(p, n, f"gpu_milli {vals['gpu_milli']} is more than one GPU (1000)")
-            if vals["num_gpu"] == 0:
-                skipped += 1
-                continue
-            jobs.append(
-                Job(
-                    line=n,
-                    name=row[at["name"]].strip() or f"line-{n}",
-                    num_gpu=vals["num_gpu"],
-                    gpu_milli=vals["gpu_milli"] or 1000,
-                    arrival=vals["creation_time"],
-                    duration=max(1, vals["deletion_time"] - vals["creation_time"]),
-                    group=(row[group_at].strip() if group_at is not None else "") or "all",
-                )
+    reader = csv.reader(fh)
+    header = next(reader, None)
+    if header is None:
+        raise _trace_error(p, 1, "the file is empty (expected a header line)")
+    header = [h.strip() for h in header]
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise _trace_error(p, 1, f"missing column(s) {', '.join(missing)} in the header")
+    at = {c: header.index(c) for c in REQUIRED}
+    group_at = header.index("group") if "group" in header else None
+    for n, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) < len(header):
+            raise _trace_error(p, n, f"{len(row)} field(s), the header has {len(header)}")
+        vals: dict[str, int] = {}
+        for c in REQUIRED[1:]:
+            raw = row[at[c]].strip()
+            try:
+                vals[c] = int(raw) if raw.lstrip("-").isdigit() else int(float(raw))
+            except (ValueError, OverflowError):  # OverflowError: inf
+                raise _trace_error(p, n, f"{c} {raw!r} is not a number") from None
+            if vals[c] < 0:
+                raise _trace_error(p, n, f"{c} {raw} is negative")
+        if vals["deletion_time"] < vals["creation_time"]:
+            raise _trace_error(
+                p,
+                n,
+                f"deletion_time {vals['deletion_time']} is before creation_time {vals['creation_time']}",
             )
+        if vals["deletion_time"] > MAX_TIME_S:
+            raise _trace_error(
+                p, n, f"deletion_time {vals['deletion_time']} is past the {MAX_TIME_S:,} s a replay runs"
+            )
+        if vals["deletion_time"] - vals["creation_time"] > MAX_DURATION_S:
+            raise _trace_error(
+                p,
+                n,
+                f"the pod runs {vals['deletion_time'] - vals['creation_time']:,} s "
+                f"(deletion_time - creation_time), over the {MAX_DURATION_S:,} s a replayed job may",
+            )
+        if vals["gpu_milli"] > 1000:
+            raise _trace_error(p, n, f"gpu_milli {vals['gpu_milli']} is more than one GPU (1000)")
+        if vals["num_gpu"] == 0:
+            skipped += 1
+            continue
+        jobs.append(
+            Job(
+                line=n,
+                name=row[at["name"]].strip() or f"line-{n}",
+                num_gpu=vals["num_gpu"],
+                gpu_milli=vals["gpu_milli"] or 1000,
+                arrival=vals["creation_time"],
+                duration=max(1, vals["deletion_time"] - vals["creation_time"]),
+                group=(row[group_at].strip() if group_at is not None else "") or "all",
+            )
+        )
     return jobs, skipped

@@ -47,6 +47,11 @@ from calque.pools.scaler import (
 from calque.pools.slo import Observations
 
 REQUIRED_COLUMNS = ("arrival_s", "service_s")
+# The scaler replayed ticks every --tick from 0 until the pool settles, keeping each decision:
+# about 1 KB and 20 us a tick. A replay is refused past this many ticks before its last
+# arrival (a year of 30 s ticks) rather than run the machine out of memory: Unix times as
+# arrival_s, say, would be some 29 million ticks of 60 s.
+MAX_TICKS = 1_000_000
 OPTIONAL_COLUMNS = ("items", "model")
 
 
@@ -82,53 +87,64 @@ def load_trace(path: str | Path) -> list[TraceClaim]:
     """The trace's claims in arrival order; InvalidInput naming the line of the first problem."""
     name = str(path)
     try:
-        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        # utf-8-sig: a CSV saved by a spreadsheet starts with a byte-order mark, not a column
+        handle = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise InvalidInput(
             f"cannot read the trace {name}: {exc.strerror or exc}", code="invalid_trace"
         ) from None
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise InvalidInput(f"{name} line 1: the trace is empty (no header)", code="invalid_trace")
-        header = [h.strip() for h in header]
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        unknown = [c for c in header if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
-        if missing or unknown:
-            problem = []
-            if missing:
-                problem.append(f"missing column(s) {', '.join(missing)}")
-            if unknown:
-                problem.append(f"unknown column(s) {', '.join(unknown)}")
+    try:
+        with handle:
+            return _read_claims(name, handle)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"{name}: not a UTF-8 text file ({exc.reason} at byte {exc.start}); the trace is a CSV",
+            code="invalid_trace",
+        ) from None
+
+
+def _read_claims(name: str, handle: Any) -> list[TraceClaim]:
+    """The claims of an open trace, in arrival order."""
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    if header is None:
+        raise InvalidInput(f"{name} line 1: the trace is empty (no header)", code="invalid_trace")
+    header = [h.strip() for h in header]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    unknown = [c for c in header if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
+    if missing or unknown:
+        problem = []
+        if missing:
+            problem.append(f"missing column(s) {', '.join(missing)}")
+        if unknown:
+            problem.append(f"unknown column(s) {', '.join(unknown)}")
+        raise InvalidInput(
+            f"{name} line 1: {' and '.join(problem)} (columns: arrival_s, service_s, optional items, model)",
+            code="invalid_trace",
+            details={"line": 1, "missing": missing, "unknown": unknown},
+        )
+    index = {c: i for i, c in enumerate(header)}
+    claims: list[TraceClaim] = []
+    for line, row in enumerate(reader, start=2):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
             raise InvalidInput(
-                f"{name} line 1: {' and '.join(problem)} (columns: arrival_s, service_s, "
-                "optional items, model)",
+                f"{name} line {line}: {len(row)} field(s), the header has {len(header)}",
                 code="invalid_trace",
-                details={"line": 1, "missing": missing, "unknown": unknown},
+                details={"line": line},
             )
-        index = {c: i for i, c in enumerate(header)}
-        claims: list[TraceClaim] = []
-        for line, row in enumerate(reader, start=2):
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != len(header):
-                raise InvalidInput(
-                    f"{name} line {line}: {len(row)} field(s), the header has {len(header)}",
-                    code="invalid_trace",
-                    details={"line": line},
-                )
 
-            def cell(column: str, row: list[str] = row) -> str:
-                return row[index[column]].strip()
+        def cell(column: str, row: list[str] = row) -> str:
+            return row[index[column]].strip()
 
-            arrival = _number(cell("arrival_s"), column="arrival_s", line=line, path=name)
-            service = _number(cell("service_s"), column="service_s", line=line, path=name)
-            items = 1
-            if "items" in index and cell("items"):
-                items = int(_number(cell("items"), column="items", line=line, path=name, integer=True))
-            model = cell("model") or None if "model" in index else None
-            claims.append(TraceClaim(line, arrival, service, items, model))
+        arrival = _number(cell("arrival_s"), column="arrival_s", line=line, path=name)
+        service = _number(cell("service_s"), column="service_s", line=line, path=name)
+        items = 1
+        if "items" in index and cell("items"):
+            items = int(_number(cell("items"), column="items", line=line, path=name, integer=True))
+        model = cell("model") or None if "model" in index else None
+        claims.append(TraceClaim(line, arrival, service, items, model))
     if not claims:
         raise InvalidInput(f"{name}: the trace has a header but no claims", code="invalid_trace")
     claims.sort(key=lambda c: (c.arrival_s, c.line))
@@ -246,6 +262,22 @@ def simulate(
     """Run the trace to the end (every claim served, and with the scaler, back to min workers)."""
     if config.policy == "static" and config.static_workers < 1:
         raise InvalidInput("a static pool needs at least 1 worker", details={"field": "workers"})
+    last = max((c.arrival_s for c in trace), default=0.0)
+    if config.policy == "scaler" and last / config.tick_s > MAX_TICKS:
+        first = min(c.arrival_s for c in trace)
+        raise InvalidInput(
+            f"the trace's last claim arrives at {last:,.0f}s: replaying it at one scaler tick every "
+            f"{config.tick_s:g}s is {last / config.tick_s:,.0f} ticks, over the {MAX_TICKS:,} a "
+            f"replay runs; arrival_s counts seconds from the trace's start (its first claim "
+            f"arrives at {first:,.0f}s: subtract that, if these are Unix times), or give a longer --tick",
+            code="invalid_trace",
+            details={
+                "field": "trace",
+                "last_arrival_s": last,
+                "ticks": last / config.tick_s,
+                "max_ticks": MAX_TICKS,
+            },
+        )
     events: list[tuple[float, int, int, Any]] = []
     seq = itertools.count()
 

@@ -205,6 +205,50 @@ def test_cli_refuses_a_bad_trace_with_the_line_and_exit_1(cli, tmp_path):
     assert err.count("\n") == 1
 
 
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_any_other(tmp_path):
+    """A CSV saved by a spreadsheet starts with a BOM: its first column is still arrival_s."""
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"\xef\xbb\xbfarrival_s,service_s\n0,10\n")
+    assert [(c.arrival_s, c.service_s) for c in load_trace(path)] == [(0.0, 10.0)]
+
+
+def test_cli_refuses_a_trace_that_is_not_text_in_one_line(cli, tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"\x00\x01\x02\xff\xfe")
+    code, out, err = cli(
+        "--output", "json", "simulate", "pool", "--trace", str(path), "--instance-type", "g6e.xlarge"
+    )
+    assert code == 1
+    assert "not a UTF-8 text file" in err
+    assert err.count("\n") == 1
+    assert json.loads(out)["error"]["code"] == "invalid_trace"
+
+
+def test_a_trace_of_unix_times_is_refused_before_it_is_replayed(cli, tmp_path, monkeypatch):
+    """Replayed from 0, a trace whose claims arrive at Unix times would be tens of millions
+    of scaler ticks, each decision kept: refused in one line, saying why, instead of running
+    the machine out of memory. A static pool replays no ticks and is not refused."""
+    import calque.simulate.pool as pool_sim
+
+    # the bound itself, not a replay of millions of ticks where it is missing
+    assert pool_sim.MAX_TICKS == 1_000_000
+    monkeypatch.setattr(pool_sim, "MAX_TICKS", 1_000)
+    short = write(tmp_path, "arrival_s,service_s\n0,5\n59000,5\n")
+    assert simulate(load_trace(short), SimConfig()).claims == 2  # 983 ticks: replayed
+    path = write(tmp_path, "arrival_s,service_s\n1733400000,5\n1733400100,5\n")
+    code, _, err = cli("simulate", "pool", "--trace", str(path), "--instance-type", "g6e.xlarge")
+    assert code == 1
+    assert "28,890,002 ticks, over the 1,000 a replay runs" in err
+    assert "Unix times" in err
+    assert err.count("\n") == 1
+    code, out, err = cli(
+        "--output", "json", "simulate", "pool", "--trace", str(path), "--instance-type", "g6e.xlarge",
+        "--policy", "static", "--workers", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["claims"] == 2
+
+
 def test_cli_static_policy_needs_workers_and_refuses_unknown_instance_types(cli):
     code, _, err = cli(
         "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g6e.xlarge", "--policy", "static"

@@ -117,6 +117,13 @@ def test_the_maximal_static_mig_mixes_of_a_card():
             "num_gpu 'x' is not a number",
         ),
         (HEADER + "\np,1,1,1,500,,LS,Running,20,10,0\n", 2, "deletion_time 10 is before creation_time 20"),
+        (HEADER + "\np,1,1,1,500,,LS,Running,inf,10,0\n", 2, "creation_time 'inf' is not a number"),
+        (HEADER + "\np,1,1,1,500,,LS,Running,0,5e9,0\n", 2, "the pod runs 5,000,000,000 s"),
+        (
+            HEADER + "\np,1,1,1,500,,LS,Running,1e15,1e15,0\n",
+            2,
+            "deletion_time 1000000000000000 is past the 10,000,000,000 s a replay runs",
+        ),
     ],
 )
 def test_a_bad_trace_is_refused_naming_the_line(tmp_path, cli, body, line, says):
@@ -139,6 +146,24 @@ def test_a_bad_trace_is_refused_naming_the_line(tmp_path, cli, body, line, says)
     )
     assert code == 1
     assert f"line {line}: {says}" in stderr.splitlines()[-1]
+    assert json.loads(out)["error"]["code"] == "invalid_trace"
+
+
+def test_a_trace_with_a_byte_order_mark_or_not_text(tmp_path, cli):
+    """A CSV saved by a spreadsheet (a BOM before its header) reads as any other; bytes that
+    are not UTF-8 text are refused in one line, not an unexpected error."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "\np,1,1,1,500,,LS,Running,0,10,0\n").encode())
+    jobs, _ = read_trace(path)
+    assert [j.name for j in jobs] == ["p"]
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"\x00\x01\x02\xff\xfe")
+    code, out, err = cli(
+        "simulate", "placement", "--trace", str(path), "--hosts", "g7e.2xlarge=1", "--layout", "dedicated",
+        "--output", "json",
+    )  # fmt: skip
+    assert code == 1
+    assert "not a UTF-8 text file" in err.splitlines()[-1]
     assert json.loads(out)["error"]["code"] == "invalid_trace"
 
 
