@@ -9,7 +9,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SDK = frozenset({"Pool", "Claim", "ClaimError", "RemoteError", "ApiError"})
+# what calque.sdk exports: CliError too, since a refusal decided by the SDK itself (no items,
+# no endpoint) raises it, and ApiError and ClaimError are kinds of it
+_SDK = frozenset({"Pool", "Claim", "ClaimError", "RemoteError", "ApiError", "CliError", "LogChunk", "MapRun"})
 
 
 def __getattr__(name: str) -> Any:

@@ -193,6 +193,20 @@ def _fits(items: list[Any], limit: int) -> bool:
     return True
 
 
+def _check_json(items: list[Any]) -> None:
+    """Every item must be JSON (what the runner gets back is ``json.loads`` of it): CliError
+    ``invalid_input`` naming the first that is not, before anything is sent."""
+    for index, item in enumerate(items):
+        try:
+            json.dumps(item, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise CliError(
+                f"item {index} cannot be sent as JSON: {exc}",
+                code="invalid_input",
+                details={"item": index},
+            ) from None
+
+
 class Pool:
     """A warm pool, by name: ``Pool("embed")``. Where the API is and who signs are found as
     the CLI finds them (``endpoint``/``profile``/``region``/``state_dir`` as its global
@@ -233,6 +247,7 @@ class Pool:
         values = list(items)
         if not values:
             raise CliError("a claim needs at least one item", code="invalid_input")
+        _check_json(values)
         if _fits(values, INLINE_BYTES):
             try:
                 return Claim(self._conn, self._conn.request("POST", path, {"items": values, **group}))

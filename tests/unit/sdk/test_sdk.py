@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from calque.cli.errors import ApiError, EndpointUnreachable
+from calque.cli.errors import ApiError, CliError, EndpointUnreachable
 from calque.sdk import ClaimError, Pool, RemoteError
 from calque.sdk.connection import Connection
 
@@ -111,6 +111,28 @@ def test_an_item_that_raised_and_a_claim_that_failed():
     with pytest.raises(ClaimError) as claim:
         p.submit(["doom"]).result()
     assert claim.value.code == "claim_failed"
+
+
+def test_an_item_that_is_not_json_is_refused_naming_it_before_anything_is_sent():
+    client = Client()
+    p = pool(client)
+    for bad in ({1, 2}, float("nan"), b"bytes"):
+        with pytest.raises(CliError) as err:
+            p.submit(["fine", bad])
+        assert err.value.code == "invalid_input"
+        assert err.value.message.startswith("item 1 cannot be sent as JSON")
+    assert client.calls == []
+
+
+def test_every_sdk_name_is_importable_from_calque_and_every_error_is_a_clierror():
+    code = (
+        "import sys, calque; from calque import ApiError, Claim, ClaimError, CliError, LogChunk, MapRun, "
+        "Pool, RemoteError; import calque.sdk; "
+        "assert set(calque.sdk.__all__) == calque._SDK, calque.sdk.__all__; "
+        "assert issubclass(ApiError, CliError) and issubclass(ClaimError, CliError)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_importing_calque_does_not_import_the_sdk():
