@@ -28,6 +28,9 @@ from calque.pools.core import PoolsCore, _epoch, _iso, _require_admin
 from calque.pools.rollout import Rollout, new_rollout
 
 PACKAGE_CONTENT_TYPE = "application/zip"
+# A runner changed alone (the pool's package kept) is checked against that package's file
+# list when the package is at most this large (the CLI checks a new package before upload).
+RUNNER_CHECK_MAX_BYTES = 64 * 1024 * 1024
 # pool status counts every live claim and the latest this many that ended
 STATUS_ENDED_CLAIMS = 1000
 
@@ -160,6 +163,30 @@ class LifecycleMixin(PoolsCore):
                 details={"field": "package_key"},
             )
 
+    def _check_runner_in(self, package_key: str, runner: str) -> None:
+        """A new runner for the pool's own package must name a module the package holds: with
+        no worker, a pool takes the new version at once, and a runner its workers cannot
+        import would only fail their starts while its claims wait. A package this cannot
+        read (too large, not a zip) is not checked: its workers say so."""
+        import io
+        import zipfile
+
+        info = self.objects.head(package_key)
+        if info is None or info.size > RUNNER_CHECK_MAX_BYTES:
+            return
+        try:
+            names = set(zipfile.ZipFile(io.BytesIO(self.objects.get_bytes(package_key))).namelist())
+        except zipfile.BadZipFile:
+            return
+        module = runner.split(":", 1)[0]
+        rel = module.replace(".", "/")
+        if f"{rel}.py" not in names and f"{rel}/__init__.py" not in names:
+            raise InvalidInput(
+                f"runner {runner}: the pool's package has no module {module} ({rel}.py or "
+                f"{rel}/__init__.py); give the package that holds it too (--package)",
+                details={"field": "runner"},
+            )
+
     def package_upload(self, who: Caller, name: str, req: PackageUpload) -> dict[str, Any]:
         """Where an admin uploads a pool's runner package: a presigned PUT URL for a key named
         by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
@@ -240,6 +267,8 @@ class LifecycleMixin(PoolsCore):
             key, path = None, req.package_path
         else:
             key, path = pool.package_key, pool.package_path
+            if req.runner is not None and key is not None:
+                self._check_runner_in(key, req.runner)
         return new_rollout(
             pool,
             runner=req.runner or pool.runner,

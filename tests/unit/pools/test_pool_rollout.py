@@ -265,6 +265,34 @@ def test_a_bad_update_is_refused_and_changes_nothing(world, kw, code):
     assert world.store.get_pool(POOL) == before
 
 
+def zipped(*names: str) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for name in names:
+            zf.writestr(name, "")
+    return buf.getvalue()
+
+
+def test_a_runner_alone_must_name_a_module_of_the_pools_package(world):
+    """`pool update NAME --runner MODULE:CLASS` keeps the pool's package: a module it does not
+    hold is refused and nothing changes (a pool with no worker would take it at once, and
+    only fail its starts); one it holds, in a file or a package directory, rolls out."""
+    world.objects.objects[OLD_KEY] = zipped("textstats.py", "other/__init__.py", "other/fast.py")
+    before = world.store.get_pool(POOL)
+    with pytest.raises(InvalidInput) as err:
+        update(world, runner="missing:Cls")
+    assert err.value.details == {"field": "runner"}
+    assert "has no module missing (missing.py or missing/__init__.py)" in err.value.message
+    assert world.store.get_pool(POOL) == before
+    for runner in ("textstats:Other", "other:Cls", "other.fast:Cls"):
+        pool = update(world, runner=runner)
+        assert pool.rollout["runner"] == runner
+        assert pool.rollout["package_key"] == OLD_KEY
+
+
 def test_a_runner_update_of_a_pool_being_deleted_is_refused(world):
     world.store.update_pool(POOL, {"state": "deleting"})
     with pytest.raises(Conflict):
