@@ -64,7 +64,7 @@ def parse_layout(text: str) -> Layout:
     raise InvalidInput(f"--layout {text!r}: expected {LAYOUT_FORMS}", details={"field": "layout"})
 
 
-LAYOUT_FORMS = "dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N or adaptive"
+LAYOUT_FORMS = "dedicated, mig:PROFILE=N[,PROFILE=N...], mps:N (N from 1 to 100) or adaptive"
 
 
 def gpu_entry(card: Card, layout: Layout, gpu: int) -> Any:

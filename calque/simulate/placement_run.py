@@ -41,6 +41,16 @@ def simulate(
     if variant is not None:
         jobs = gpushare_variant(jobs, parse_variant(variant), seed=seed)
     jobs = assign_groups(jobs, weights, seed=seed)
+    known = sorted({j.group for j in jobs})
+    stray = sorted(set(share_of) - set(known))
+    if stray:  # a share for no job's group would change nothing: a typo, said rather than ignored
+        from calque.errors import InvalidInput
+
+        raise InvalidInput(
+            f"--shares: no job is in group(s) {', '.join(stray)}; the jobs' groups are "
+            f"{', '.join(known)} (from --groups, or the trace's group column)",
+            details={"field": "shares", "unknown": stray, "groups": known},
+        )
     sim = Simulator(jobs, parsed_hosts, parsed_layout, seed=seed, shares=share_of)
     if progress is not None:  # only once the trace, hosts and layout are good: a refusal is one line
         progress(f"replaying {trace}{f' ({variant})' if variant else ''} on {hosts} as {layout} ...")

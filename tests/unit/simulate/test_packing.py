@@ -218,6 +218,13 @@ def test_a_group_submitting_a_tenth_as_much_is_not_stuck_behind_the_other(tmp_pa
     assert (r.groups["x"]["shares_share"], r.groups["y"]["shares_share"]) == (0.75, 0.25)
     with pytest.raises(InvalidInput, match="--shares"):
         simulate(write(tmp_path, rows), "g7e.2xlarge=1", "dedicated", shares="x=0")
+    # a share for a group no job is in (a typo) is refused, not ignored
+    with pytest.raises(InvalidInput) as err:
+        simulate(write(tmp_path, rows), "g7e.2xlarge=1", "dedicated", groups="x=1,y=1", shares="X=3")
+    assert err.value.message == (
+        "--shares: no job is in group(s) X; the jobs' groups are x, y "
+        "(from --groups, or the trace's group column)"
+    )
 
 
 def test_the_free_part_of_a_card_in_use_is_re_cut_only_when_held_slices_keep_their_ids_and_places():

@@ -182,6 +182,12 @@ def test_bad_layouts_and_hosts_are_refused_before_replaying(cli):
     assert code == 2
     assert "--layout" in err
     assert "mps:N" in err
+    # mps:N past the form's range says the range, not only the form it is already in
+    code, _, err = cli(
+        "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=1", "--layout", "mps:999"
+    )
+    assert code == 2
+    assert "mps:N (N from 1 to 100)" in err
     code, _, err = cli(
         "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge", "--layout", "mps:2"
     )
