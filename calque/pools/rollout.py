@@ -244,7 +244,7 @@ class RolloutMixin(PoolsCore):
         first = failed[0]
         r.state, r.finished_at = STOPPED, _iso(now)
         r.reason = (
-            f"stopped: worker {first.worker_id} of version {r.version} could not start "
+            f"worker {first.worker_id} of version {r.version} could not start "
             f"({first.reason or 'it exited before it served'}); version {pool.version} serves on"
         )
         out: list[d.WorkerRecord] = []

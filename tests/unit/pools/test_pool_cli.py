@@ -233,7 +233,7 @@ def test_pool_status_shows_each_workers_version_and_a_stopped_roll_out_with_why(
             "name": "textstats", "model": "m", "instance_type": "g6e.xlarge", "state": "active",
             "min_workers": 1, "max_workers": 2, "version": 1, "runner": "textstats:TextStats",
             "rollout": {"version": 2, "runner": "broken:Runner", "state": "stopped",
-                        "reason": "stopped: worker w-2 of version 2 could not start (ImportError)"},
+                        "reason": "worker w-2 of version 2 could not start (ImportError)"},
             "status": {"workers": [
                 {"worker_id": "w-1", "instance_id": "i-1", "state": "idle", "version": 1},
                 {"worker_id": "w-3", "instance_id": "i-3", "state": "busy", "version": 2, "draining": True},
@@ -241,9 +241,7 @@ def test_pool_status_shows_each_workers_version_and_a_stopped_roll_out_with_why(
         }
     )  # fmt: skip
     assert "version: 1 (textstats:TextStats)" in text
-    assert (
-        "rollout: version 2 (broken:Runner) stopped: stopped: worker w-2 of version 2 could not start" in text
-    )
+    assert "rollout: version 2 (broken:Runner) stopped: worker w-2 of version 2 could not start" in text
     assert "busy (draining)" in text
 
 

@@ -194,6 +194,8 @@ def test_a_new_runner_that_cannot_start_stops_the_roll_out_and_the_old_workers_s
     pool = world.store.get_pool(POOL)
     assert pool.rollout["state"] == "stopped"
     assert "ModuleNotFoundError: broken" in pool.rollout["reason"]
+    # the reason says why, the state that it stopped: `pool status` prints "stopped: <reason>"
+    assert pool.rollout["reason"].startswith(f"worker {surge.worker_id} of version 2 could not start")
     assert (pool.version, pool.package_key, pool.runner) == (1, OLD_KEY, "textstats:TextStats")
     assert pool.start_failures == 0  # the roll-out's failure, not the pool's: submits are taken
     workers = world.workers()
