@@ -114,6 +114,24 @@ class PoolUpdate(Request):
         default=None, max_length=500, description="local plane only: a directory on this machine"
     )
 
+    @field_validator("max_wait_s", mode="before")
+    @classmethod
+    def _wait_target_in_words(cls, value: object) -> object:
+        """A number outside both forms said once, in words (not one refusal per member of the
+        union: "constrained-int: ...; literal[0]: Input should be 0")."""
+        if value is None:
+            return value
+        if (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or (value != 0 and not 10 <= value <= MAX_WAIT_CEILING_S)
+        ):
+            raise ValueError(
+                f"a wait target is a whole number of seconds, 10 to {MAX_WAIT_CEILING_S}, or 0 to drop "
+                f"it; got {value!r}"
+            )
+        return value
+
 
 class PoolDelete(Request):
     model_config = ConfigDict(json_schema_extra=consent_required("i_understand_this_terminates_instances"))

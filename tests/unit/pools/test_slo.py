@@ -198,6 +198,17 @@ def test_the_target_is_set_and_dropped_by_update_and_a_bad_one_is_refused():
     with pytest.raises(ValidationError, match="max_wait_s"):
         PoolUpdate(max_wait_s=5)
     assert world.store.get_pool("textstats").max_wait_s is None
+    # one refusal in words, not one per member of the field's union ("constrained-int: ...;
+    # literal[0]: Input should be 0"), whatever was sent
+    for bad in (5, 86401, -1, "60", 60.5):
+        with pytest.raises(ValidationError) as err:
+            PoolUpdate(max_wait_s=bad)
+        ((loc, msg),) = [(e["loc"], e["msg"]) for e in err.value.errors()]
+        assert loc == ("max_wait_s",)
+        assert msg == (
+            "Value error, a wait target is a whole number of seconds, 10 to 86400, or 0 to drop it; "
+            f"got {bad!r}"
+        )
 
 
 # ---- pre-warm: a start longer than the target ---------------------------------------------
