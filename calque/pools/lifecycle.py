@@ -190,7 +190,8 @@ class LifecycleMixin(PoolsCore):
     def package_upload(self, who: Caller, name: str, req: PackageUpload) -> dict[str, Any]:
         """Where an admin uploads a pool's runner package: a presigned PUT URL for a key named
         by the zip's SHA-256 under the pool's prefix (the host role reads ``pools/``)."""
-        _require_admin(who, "staging a runner package")
+        # the first request of `pool create` and `pool update --package`: say so to a member
+        _require_admin(who, "creating a pool or changing its runner package (this stages one)")
         if not re.match(NAME_PATTERN, name):
             raise InvalidInput(f"{NAME_RULE} (got {name!r})", details={"field": "name"})
         key = f"{package_prefix(name)}{req.sha256}.zip"

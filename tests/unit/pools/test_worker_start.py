@@ -598,8 +598,10 @@ def test_an_admin_gets_a_presigned_put_for_the_package_under_the_pools_prefix_an
     assert target["headers"] == {"Content-Type": "application/zip"}
     assert "X-Amz-Signature" in target["url"]
     assert target["exists"] is False
-    with pytest.raises(Forbidden):
+    with pytest.raises(Forbidden) as err:
         w.pools.package_upload(member("alice"), "small", PackageUpload(sha256=sha, size=1234))
+    # a member's `pool create` is told what they asked for is for admins, not an inner step
+    assert err.value.message.startswith("creating a pool or changing its runner package")
 
 
 @pytest.mark.parametrize(
