@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.errors import ApiError, CliError
+from calque.contracts.pools import MAX_ITEMS
 from calque.sdk import transfer
 from calque.sdk.connection import Connection
 
@@ -248,7 +249,7 @@ class Pool:
         if not values:
             raise CliError("a claim needs at least one item", code="invalid_input")
         _check_json(values)
-        if _fits(values, INLINE_BYTES):
+        if len(values) <= MAX_ITEMS and _fits(values, INLINE_BYTES):  # else uploaded, any count
             try:
                 return Claim(self._conn, self._conn.request("POST", path, {"items": values, **group}))
             except ApiError as exc:

@@ -531,6 +531,7 @@ def do_submit(
     import os
 
     from calque.cli.commands.claim import CLAIM_FIELDS, wait_for_claim
+    from calque.contracts.pools import MAX_ITEMS
     from calque.sdk.pools import INLINE_BYTES
 
     try:
@@ -539,8 +540,9 @@ def do_submit(
         raise CliError(f"cannot read {items}: {exc.strerror or exc}", code="invalid_input") from None
     if large:  # never read whole: streamed into the input document, uploaded by its URL
         claim = _submit_uploaded(ctx, name, iter_items(items), group)
+    elif len(values := read_items(items)) > MAX_ITEMS:  # more than a request may carry, however small
+        claim = _submit_uploaded(ctx, name, values, group)
     else:
-        values = read_items(items)
         body: dict[str, Any] = {"items": values}
         if group is not None:
             body["group"] = group

@@ -440,6 +440,33 @@ def test_items_too_large_for_one_request_are_uploaded_and_submitted_by_their_upl
     assert json.loads(out)["claim_id"] == "c-1"
 
 
+def test_more_items_than_one_request_may_carry_are_uploaded_however_small(api, cli, tmp_path, monkeypatch):
+    """10,001 one-byte items are a small file and a small body, but more than a request may
+    carry (MAX_ITEMS): they go by upload, as the docs say, not refused by the API."""
+    from calque.cli.errors import ApiError
+    from calque.contracts.pools import MAX_ITEMS
+    from calque.sdk import transfer
+
+    items = tmp_path / "items.jsonl"
+    items.write_text("0\n" * (MAX_ITEMS + 1))
+
+    def claims(body):
+        if "items" in body:
+            raise ApiError(422, {"error": {"code": "validation_failed", "message": "at most 10000 items"}})
+        return CLAIM
+
+    api.responses[("POST", "/v1/pools/textstats/claims")] = claims
+    api.responses[("POST", "/v1/pools/textstats/claims/input")] = {
+        "claim_id": "c-0123456789abcdef", "url": "https://bucket/k?sig", "headers": {},
+    }  # fmt: skip
+    put: list[bytes] = []
+    monkeypatch.setattr(transfer, "put_file", lambda target, path: put.append(Path(path).read_bytes()))
+    code, _, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
+    assert code == 0, err
+    assert len(json.loads(put[0])["items"]) == MAX_ITEMS + 1
+    assert api.requests[-1][2]["input"]["items"] == MAX_ITEMS + 1
+
+
 def test_pool_status_says_why_a_worker_exited(api, cli):
     # Given a pool whose worker exited because its runner could not be imported
     why = "the runner's enter() failed: RunnerError: cannot import runner module 'textstats'"

@@ -135,6 +135,31 @@ def test_every_sdk_name_is_importable_from_calque_and_every_error_is_a_clierror(
     assert done.returncode == 0, done.stderr
 
 
+def test_more_items_than_one_request_may_carry_are_uploaded_however_small(monkeypatch):
+    from calque.contracts.pools import MAX_ITEMS
+    from calque.sdk import transfer
+
+    client = Client()
+    sent: list[Any] = []
+
+    def upload(request, path, items):
+        sent.append(list(items))
+        return {"claim_id": "c-00000000000000ff", "sha256": "0" * 64, "bytes": 1, "items": len(sent[0])}
+
+    monkeypatch.setattr(transfer, "upload_input", upload)
+    claims: list[Any] = []
+    monkeypatch.setattr(
+        client,
+        "request",
+        lambda m, p, b=None, q=None, *, idempotency_key=None: claims.append(b) or {"claim_id": "c-1"},
+    )
+    pool(client).submit([0] * (MAX_ITEMS + 1))
+    assert len(sent[0]) == MAX_ITEMS + 1
+    assert claims == [
+        {"input": {"claim_id": "c-00000000000000ff", "sha256": "0" * 64, "bytes": 1, "items": MAX_ITEMS + 1}}
+    ]
+
+
 def test_importing_calque_does_not_import_the_sdk():
     code = "import sys, calque; assert 'calque.sdk' not in sys.modules; from calque import Pool; print(Pool)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
