@@ -155,7 +155,12 @@ def parse_layout(data: str | bytes | dict[str, Any]) -> LayoutSpec:
     Raises InvalidInput naming the offending field.
     """
     if isinstance(data, bytes):
-        data = data.decode("utf-8")
+        try:
+            data = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(
+                f"layout spec is not UTF-8 text ({exc.reason} at byte {exc.start})", details={"field": "spec"}
+            ) from None
     if isinstance(data, str):
         try:
             doc = json.loads(data)
@@ -192,10 +197,17 @@ def load_layout(path: str | Path) -> LayoutSpec:
     """A LayoutSpec from a JSON or YAML file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except OSError as exc:
         raise InvalidInput(
             f"cannot read layout spec {str(p)!r}: {exc.strerror}", details={"field": "spec"}
+        ) from None
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark, as some editors write, allowed
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"layout spec {str(p)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+            details={"field": "spec"},
         ) from None
     return parse_layout(text)
 

@@ -107,3 +107,17 @@ def test_a_gpu_index_beyond_the_host_is_refused():
 def test_unreadable_file_is_a_user_error(tmp_path):
     with pytest.raises(InvalidInput, match="cannot read"):
         load_layout(tmp_path / "missing.json")
+
+
+def test_a_spec_file_with_a_byte_order_mark_reads_and_one_not_utf8_is_a_user_error(tmp_path):
+    f = tmp_path / "bom.json"
+    f.write_bytes(b'\xef\xbb\xbf{"version": "v1", "gpus": [{"devices": "all", "mig": {"1g.24gb": 4}}]}')
+    assert load_layout(f).per_gpu(1)[0].mig == {"1g.24gb": 4}
+    f = tmp_path / "bin.json"
+    f.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(InvalidInput) as raised:
+        load_layout(f)
+    assert raised.value.message == f"layout spec {str(f)!r} is not UTF-8 text (invalid start byte at byte 0)"
+    assert raised.value.details == {"field": "spec"}
+    with pytest.raises(InvalidInput, match="not UTF-8 text"):
+        parse_layout(b"\xff\xfe{}")
