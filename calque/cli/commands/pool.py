@@ -496,11 +496,19 @@ def iter_items(path: str) -> Iterator[Any]:
     import json
 
     try:
-        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed below, after the last line
+        f = open(path, "rb")  # noqa: SIM115 - closed below, after the last line
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}", code="invalid_input") from None
     with f:
-        for number, line in enumerate(f, start=1):
+        for number, raw in enumerate(f, start=1):
+            try:  # line by line, to name the line; the first may start with a byte-order mark
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise CliError(
+                    f"{path} line {number}: not UTF-8 text ({exc.reason})",
+                    code="invalid_input",
+                    details={"line": number},
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -73,6 +73,23 @@ def test_a_bad_items_line_is_refused_by_number_and_nothing_is_sent(api, cli, tmp
     assert api.requests == []
 
 
+def test_an_items_file_with_a_byte_order_mark_is_read_and_one_not_utf8_refused_by_line(api, cli, tmp_path):
+    items = tmp_path / "items.jsonl"
+    items.write_bytes(b'\xef\xbb\xbf{"text": "a"}\r\n[1, 2]\r\n')
+    api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
+    code, _, err = cli("pool", "submit", "textstats", "--items", str(items))
+    assert code == 0, err
+    assert api.requests[-1][2] == {"items": [{"text": "a"}, [1, 2]]}
+    # bytes that are not text, in a small file and past the size that goes by upload
+    for size in (1, 30_000):
+        items.write_bytes(b'"x"\n' * size + b"\xff\n")
+        api.requests.clear()
+        code, _, err = cli("pool", "submit", "textstats", "--items", str(items))
+        assert code == 1
+        assert err == f"calque: error: {items} line {size + 1}: not UTF-8 text (invalid start byte)\n"
+        assert api.requests == []
+
+
 def test_submit_wait_shows_progress_on_stderr_and_refuses_a_failed_claim(api, cli, tmp_path, monkeypatch):
     monkeypatch.setattr("time.sleep", lambda s: None)
     items = tmp_path / "items.jsonl"
