@@ -41,13 +41,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--enter", type=duration_arg, default=60, metavar="DURATION", help="model load, default 60s"
     )
-    p.add_argument("--min-workers", type=non_negative_int, default=0, metavar="N", help="default 0")
-    p.add_argument("--max-workers", type=positive_int, default=8, metavar="N", help="default 8")
-    p.add_argument("--target-backlog-per-worker", type=positive_int, default=1, metavar="K", help="default 1")
-    p.add_argument("--idle-timeout", type=duration_arg, default=600, metavar="DURATION", help="default 10m")
-    p.add_argument(
-        "--tick", type=duration_arg, default=60, metavar="DURATION", help="scaler schedule, default 60s"
-    )
+    # the scaler's knobs: None when not given, so that --policy static can refuse them
+    p.add_argument("--min-workers", type=non_negative_int, metavar="N", help="default 0")
+    p.add_argument("--max-workers", type=positive_int, metavar="N", help="default 8")
+    p.add_argument("--target-backlog-per-worker", type=positive_int, metavar="K", help="default 1")
+    p.add_argument("--idle-timeout", type=duration_arg, metavar="DURATION", help="default 10m")
+    p.add_argument("--tick", type=duration_arg, metavar="DURATION", help="scaler schedule, default 60s")
     p.add_argument(
         "--max-wait", type=duration_arg, default=None, metavar="DURATION",
         help="a p95 wait target: the scaler chooses its own knobs to meet it at the least cost "
@@ -71,7 +70,26 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_pool)
 
 
+SCALER_KNOBS = {  # flag: (its argument's name, its default)
+    "--min-workers": ("min_workers", 0),
+    "--max-workers": ("max_workers", 8),
+    "--target-backlog-per-worker": ("target_backlog_per_worker", 1),
+    "--idle-timeout": ("idle_timeout", 600),
+    "--tick": ("tick", 60),
+}
+
+
 def _pool(ctx: Any, args: argparse.Namespace) -> None:
+    given = [flag for flag, (name, _) in SCALER_KNOBS.items() if getattr(args, name) is not None]
+    if args.policy == "static" and given:  # a static pool has no scaler: they would change nothing
+        raise UsageError(
+            f"{', '.join(given)} set the scaler; a static pool of --workers N has none: drop "
+            f"{'them' if len(given) > 1 else 'it'} or --policy static",
+            details={"field": SCALER_KNOBS[given[0]][0]},
+        )
+    for name, default in SCALER_KNOBS.values():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     do_pool(
         ctx,
         trace=args.trace,

@@ -260,6 +260,37 @@ def test_cli_static_policy_needs_workers_and_refuses_unknown_instance_types(cli)
     assert "m5.large" in err
 
 
+def test_cli_static_policy_refuses_the_scalers_knobs_rather_than_ignoring_them(cli):
+    """A static pool has no scaler: --min-workers, --idle-timeout, ... would change nothing,
+    so they are refused as --max-wait and --sweep are, not silently ignored."""
+    static = (
+        "simulate",
+        "pool",
+        "--trace",
+        str(BURSTY),
+        "--instance-type",
+        "g6e.xlarge",
+        "--policy",
+        "static",
+    )
+    code, _, err = cli(*static, "--workers", "2", "--min-workers", "3", "--idle-timeout", "5m")
+    assert code == 2
+    assert err == (
+        "calque: error: --min-workers, --idle-timeout set the scaler; a static pool of --workers N "
+        "has none: drop them or --policy static\n"
+    )
+    code, out, err = cli("--output", "json", *static, "--workers", "2")
+    assert code == 0, err
+    assert json.loads(out)["policy"] == "static:2"
+    # the scaler's knobs are taken as before, given or defaulted
+    code, out, err = cli(
+        "--output", "json", "simulate", "pool", "--trace", str(BURSTY), "--instance-type", "g6e.xlarge",
+        "--max-workers", "3",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["max_workers"] <= 3
+
+
 def test_cli_plot_writes_a_png(cli, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "pool.png"
