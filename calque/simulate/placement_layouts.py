@@ -16,12 +16,18 @@ def parse_hosts(text: str) -> list[tuple[str, int]]:
     from calque import catalog
     from calque.errors import InvalidInput
 
-    out = []
+    out: list[tuple[str, int]] = []
     for part in [x.strip() for x in text.split(",") if x.strip()]:
         name, sep, count = part.partition("=")
         if not sep or not count.isdigit() or int(count) < 1:
             raise InvalidInput(f"--hosts: {part!r} is not TYPE=N (N >= 1)", details={"field": "hosts"})
         catalog.instance_type(name)
+        if any(name == seen for seen, _n in out):
+            # two counts of one type: say which was meant rather than add them up unseen
+            raise InvalidInput(
+                f"--hosts names {name} twice: give it once, with the number of hosts (TYPE=N)",
+                details={"field": "hosts"},
+            )
         out.append((name, int(count)))
     if not out:
         raise InvalidInput("--hosts names no instance type", details={"field": "hosts"})

@@ -468,10 +468,12 @@ def do_placement(
         groups=groups,
         shares=shares,
     )
+    doc = res.document()
     if plot is not None:
         write_plot(plot_timeline, res, plot)
         sys.stderr.write(f"plot written to {plot}\n")
-    ctx.emit(res.document(), columns=RESULT_FIELDS)
+        doc["plot"] = plot  # as simulate pool's document names it
+    ctx.emit(doc, columns=RESULT_FIELDS)
 
 
 def _require_matplotlib() -> None:

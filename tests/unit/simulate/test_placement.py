@@ -234,6 +234,13 @@ def test_plot_draws_the_run_to_a_png(tmp_path, cli):
     assert code == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot written" in err
+    # the JSON document names the plot, as simulate pool's does
+    code, doc, _ = cli(
+        "--output", "json", "simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=2",
+        "--layout", "adaptive", "--plot", str(out),
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads(doc)["plot"] == str(out)
 
 
 def test_the_plot_draws_each_sample_as_held_until_the_next_not_as_a_slope():
@@ -275,7 +282,12 @@ def test_malformed_hosts_or_layout_are_usage_errors_before_any_replay(cli, hosts
 
 
 @pytest.mark.parametrize(
-    ("hosts", "layout"), [("g7e.2xlargee=1", "dedicated"), ("g7e.2xlarge=1", "mig:1g.24gb=9")]
+    ("hosts", "layout"),
+    [
+        ("g7e.2xlargee=1", "dedicated"),
+        ("g7e.2xlarge=1", "mig:1g.24gb=9"),
+        ("g7e.2xlarge=4,g7e.2xlarge=2", "dedicated"),  # one type twice: which was meant?
+    ],
 )
 def test_a_refused_replay_is_one_line_on_stderr(cli, hosts, layout):
     # Given bad hosts or a layout the card cannot take
