@@ -125,6 +125,25 @@ def usd(musd: int) -> str:
     return f"{(Decimal(musd) / MICRO).quantize(Decimal('0.01'), ROUND_HALF_UP)}"
 
 
+def usd_exact(musd: int) -> str:
+    """Micro-dollars as the limits count them: at least the cents, and every digit below that
+    is not 0 (840000: "0.84"; 49934: "0.049934")."""
+    exact = (Decimal(musd) / MICRO).normalize()
+    cents = exact.quantize(Decimal("0.01"), ROUND_HALF_UP)
+    return f"{cents if cents == exact else exact:f}"
+
+
+def _refusal_usd(used: int, reserved: int, ask: int, limit: float, reached: bool) -> Callable[[int], str]:
+    """How a dollar refusal quotes its figures: to the cent, as ``quota show`` and ``group show``
+    do, unless the cents would read as fitting the limit (0.049934 reserved and 0.014 asked of
+    0.05 read 0.05 and 0.01); then as the counters keep them (``usd_exact``), so the figures
+    add up past the limit as the decision did."""
+    cents = Decimal(usd(used)) + Decimal(usd(reserved)) + (0 if reached else Decimal(usd(ask)))
+    limit_usd = Decimal(str(limit))
+    shows_it = cents >= limit_usd if reached else cents > limit_usd
+    return usd if shows_it else usd_exact
+
+
 class _Over(NamedTuple):
     """One monthly limit a request does not fit, with the figures its refusal quotes."""
 
@@ -150,7 +169,9 @@ def _first_over(
             continue
         if (committed < micro(limit)) if reached else (committed + ask <= micro(limit)):
             continue
-        fmt: Any = usd if unit == "USD" else gpu_hours
+        fmt: Any = (
+            _refusal_usd(settled, committed - settled, ask, limit, reached) if unit == "USD" else gpu_hours
+        )
         command = "quota set" if scope == "user" else "group limits"
         return _Over(
             attr=attr,
