@@ -253,6 +253,23 @@ def group_refusal(group: Any, res: Reservation, doing: str) -> QuotaExceeded | N
     )
 
 
+def month_spent(scope: str, name: str, limits: Limits, use: MonthUse, month: str) -> str | None:
+    """What holds a waiting check-out back when the member's (``scope`` "user") or group's
+    month has already reached one of its limits (used plus reserved at or over it): no
+    grant can fit until a live session ends below what it reserved, the month turns, or an
+    admin raises the limit. None when every limit has room (a grant may still not fit it:
+    what it reserves depends on the slice it gets)."""
+    over = _first_over(scope, name, limits, use, (0, 0), reached=True)
+    if over is None:
+        return None
+    whose = name if scope == "user" else f"group {name}"
+    return (
+        f"{scope}.{over.attr}: {whose} has used {over.used} and live sessions reserve "
+        f"{over.reserved} of {over.limit:g} {over.unit} in {month}, so no check-out fits; check a "
+        f"live session in, wait for next month, or ask an admin to raise it ({over.raise_it})"
+    )
+
+
 # -- pool claims ---------------------------------------------------------------------------
 # A claim's run time is unknown when it is submitted, so it reserves nothing: a submit is
 # refused only once the member's or the group's month is already at a limit (what was used

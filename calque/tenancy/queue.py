@@ -30,7 +30,8 @@ from calque.errors import (
 from calque.events import Event
 from calque.identity import Caller
 from calque.members import groups, limits, requests
-from calque.members.ports import GroupFull, QuotaFull, StaleWrite
+from calque.members.ports import GroupFull, Limits, QuotaFull, StaleWrite
+from calque.members.records import month_use
 from calque.tenancy import fairshare, queue_cards
 from calque.tenancy.core import _grants, _iso, new_token, session_started
 from calque.tenancy.placement import slice_backends
@@ -300,18 +301,31 @@ class QueueMixin(SessionsMixin):
 
     def _held_back(self, user: str, group: str | None) -> str | None:
         """The limit that would refuse a grant to ``user`` charged to ``group`` now, in its
-        refusal's words (as the pass checks it: the member's live sessions, their group's)."""
+        refusal's words (as the pass checks it: the member's live sessions, their group's),
+        or the member's or group's month already at a monthly limit (no grant can fit it)."""
         quota, mine = self.registry.quota_and_groups(user)
         refusal = self._sessions_refusal(user, quota)
         if refusal is not None:
             return refusal.message
         try:
-            groups.charge_group(self.registry, user, group, mine)
+            charged = groups.charge_group(self.registry, user, group, mine)
         except QuotaExceeded as exc:
             return exc.message
         except CalqueError:
             return None  # its group went: the next pass ends it, saying so
-        return None
+        month = f"{self.clock():%Y-%m}"
+        spent = limits.month_spent(
+            "user", user, limits.of_quota(quota), month_use(quota.use if quota else {}, month), month
+        )
+        if spent is None and charged is not None:
+            spent = limits.month_spent(
+                "group",
+                charged.name,
+                limits.of_group(charged) or Limits(),
+                month_use(charged.use, month),
+                month,
+            )
+        return spent
 
     def _pinned_hosts_gone(self, instance_ids: set[str]) -> dict[str, str]:
         """Of the hosts waiting requests name, those drained or forgotten, and why (a read per

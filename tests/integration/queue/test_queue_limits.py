@@ -44,3 +44,43 @@ def test_a_member_at_their_session_quota_with_many_requests_first_does_not_stall
     states = [t.get_request(member("hog"), r.request_id).state for r in hogs]
     assert states == ["granted", "waiting", "waiting", "waiting", "waiting"]
     assert t.get_request(member("hog"), hogs[0].request_id).held_back is None  # granted: not asked
+
+
+def test_a_request_whose_month_is_spent_says_which_limit_holds_it_back(ddb):
+    from calque.contracts.economics import GroupLimits
+    from calque.contracts.quotas import QuotaUpdate
+    from calque.members.groups import Groups
+    from calque.tenancy.store.dynamo import DynamoRegistry
+
+    from .support import ADMIN, TABLE
+
+    # Given a host full, one of its slices held for an hour (0.84 USD) by mia of lab-m
+    t = env(ddb, default_max_sessions=4)
+    iid = seed_host(ddb, 12)
+    here = {"backend": "mig", "ttl_seconds": 3600, "instance_id": iid}
+    make_group(ddb, "lab-m", ["mia"])
+    t.checkout(member("mia"), CheckoutRequest(**here))
+    for n in range(3):
+        t.checkout(member(f"m{n}"), CheckoutRequest(**here))
+    # and lab-m's budget lowered below what it already reserved, ola's own to 0
+    groups = Groups(DynamoRegistry(ddb, TABLE), clock=t.clock)
+    groups.set_limits(ADMIN, "lab-m", GroupLimits(max_usd_per_month=0.5))
+    t.set_quota(ADMIN, "ola", QuotaUpdate(max_sessions=2, max_usd_per_month=0))
+    # When mia, ola and pia wait for a slice
+    mias = t.enqueue(member("mia"), QueueRequest(**here))
+    olas = t.enqueue(member("ola"), QueueRequest(**here))
+    pias = t.enqueue(member("pia"), QueueRequest(**here))
+    # Then mia's and ola's say which month is spent, however soon a slice frees; pia's nothing
+    group = "group.max_usd_per_month: group lab-m has used 0.00 and live sessions reserve 0.84 of 0.5 USD"
+    assert mias.held_back.startswith(group), mias.held_back
+    assert "calque group limits lab-m --max-usd-per-month X" in mias.held_back
+    own = "user.max_usd_per_month: ola has used 0.00 and live sessions reserve 0.00 of 0 USD"
+    assert t.get_request(member("ola"), olas.request_id).held_back.startswith(own)
+    assert pias.held_back is None
+    # And once a slice frees, it goes to pia: the others wait on
+    t.checkin(member("m0"), t.list_sessions(member("m0"))[0].session_id, CheckinRequest())
+    assert reclaim_all(t, iid) == 1
+    states = [
+        t.get_request(member(u), r.request_id).state for u, r in (("mia", mias), ("ola", olas), ("pia", pias))
+    ]
+    assert states == ["waiting", "waiting", "granted"]
