@@ -154,6 +154,8 @@ class _Over(NamedTuple):
     reserved: str
     asked: str
     raise_it: str  # the admin's command that raises it
+    room: bool = True  # used plus reserved below the limit: a smaller ask may still fit
+    live: bool = True  # live sessions reserve some of it: checking one in gives it back
 
 
 def _first_over(
@@ -181,6 +183,8 @@ def _first_over(
             reserved=fmt(committed - settled),
             asked=fmt(ask),
             raise_it=f"calque {command} {name} --{attr.replace('_', '-')} X",
+            room=committed < micro(limit),
+            live=committed > settled,
         )
     return None
 
@@ -216,12 +220,19 @@ def monthly_refusal(
     if over is None:
         return None
     whose = name if scope == "user" else f"group {name}"
-    shorter = "a shorter --ttl" if doing == "check-out" else "a shorter extension"
+    # Only the advice that can help: a shorter time while the month has room left, a check-in
+    # while live sessions reserve some of it, else the next month.
+    advice = []
+    if over.room:
+        advice.append("ask for a shorter --ttl" if doing == "check-out" else "ask for a shorter extension")
+    if over.live:
+        advice.append("check a live session in (calque session list, then calque session checkin)")
+    if not over.room and not over.live:
+        advice.append("wait for next month")
     return _refused(
         f"{doing} refused by {scope}.{over.attr}: {whose} has used {over.used} and live sessions "
         f"reserve {over.reserved} of {over.limit:g} {over.unit} in {res.month}, and this {doing} would "
-        f"reserve {over.asked} more; ask for {shorter}, check a live session in "
-        f"(calque session list, then calque session checkin), or ask an admin to raise it ({over.raise_it})",
+        f"reserve {over.asked} more; {', '.join(advice)}, or ask an admin to raise it ({over.raise_it})",
         over,
         scope,
         name,

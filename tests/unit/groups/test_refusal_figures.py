@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from calque.contracts.economics import GroupCreate
-from calque.contracts.tenancy import CheckoutRequest
+from calque.contracts.economics import GroupCreate, GroupLimits
+from calque.contracts.tenancy import CheckinRequest, CheckoutRequest, ExtendRequest
 from calque.errors import QuotaExceeded
 from calque.members.groups import Groups
 from calque.members.limits import usd_exact
@@ -63,3 +63,33 @@ def test_a_refusal_the_cents_explain_quotes_the_cents(world: World):
 )  # fmt: skip
 def test_micro_dollars_are_shown_with_the_cents_and_every_digit_that_counts(musd: int, shown: str):
     assert usd_exact(musd) == shown
+
+
+def test_a_refusal_gives_only_the_advice_that_can_help(world: World):
+    # Given bob's group budget of 1.68 USD (two hours) and an hour of his checked out
+    world.ready_host()
+    g = Groups(world.registry, clock=world.clock)
+    g.create(ADMIN, GroupCreate(name="lab", max_usd_per_month=1.68))
+    g.add(ADMIN, "lab", ["bob"])
+    grant = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=3600))
+    # While the month has room, a shorter time may fit: the refusal says so
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=7200))
+    assert "ask for a shorter --ttl, check a live session in" in refused.value.message
+    # When an admin lowers the budget below what is reserved, no extension however short fits
+    g.set_limits(ADMIN, "lab", GroupLimits(max_usd_per_month=0.5))
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.extend(BOB, grant.session_id, ExtendRequest(ttl_seconds=10))
+    assert "shorter" not in refused.value.message
+    assert "; check a live session in (calque session list" in refused.value.message
+    # And once the hour was used and checked in, nothing but the next month or the admin helps
+    world.clock.advance(3600)
+    world.tenancy.checkin(BOB, grant.session_id, CheckinRequest())
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=60))
+    message = refused.value.message
+    assert "shorter" not in message
+    assert "check a live session in" not in message
+    assert message.endswith(
+        "; wait for next month, or ask an admin to raise it (calque group limits lab --max-usd-per-month X)"
+    )
