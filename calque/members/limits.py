@@ -274,10 +274,11 @@ def month_spent(scope: str, name: str, limits: Limits, use: MonthUse, month: str
     if over is None:
         return None
     whose = name if scope == "user" else f"group {name}"
+    check_in = "check a live session in, " if over.live else ""
     return (
         f"{scope}.{over.attr}: {whose} has used {over.used} and live sessions reserve "
-        f"{over.reserved} of {over.limit:g} {over.unit} in {month}, so no check-out fits; check a "
-        f"live session in, wait for next month, or ask an admin to raise it ({over.raise_it})"
+        f"{over.reserved} of {over.limit:g} {over.unit} in {month}, so no check-out fits; {check_in}"
+        f"wait for next month, or ask an admin to raise it ({over.raise_it})"
     )
 
 

@@ -75,7 +75,10 @@ def test_a_request_whose_month_is_spent_says_which_limit_holds_it_back(ddb):
     assert mias.held_back.startswith(group), mias.held_back
     assert "calque group limits lab-m --max-usd-per-month X" in mias.held_back
     own = "user.max_usd_per_month: ola has used 0.00 and live sessions reserve 0.00 of 0 USD"
-    assert t.get_request(member("ola"), olas.request_id).held_back.startswith(own)
+    ola_held = t.get_request(member("ola"), olas.request_id).held_back
+    assert ola_held.startswith(own)
+    assert "check a live session in" not in ola_held  # she has none: only what can help
+    assert "check a live session in, wait for next month" in mias.held_back
     assert pias.held_back is None
     # And once a slice frees, it goes to pia: the others wait on
     t.checkin(member("m0"), t.list_sessions(member("m0"))[0].session_id, CheckinRequest())
