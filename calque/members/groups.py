@@ -257,7 +257,7 @@ class Groups:
             max_gpu_hours_per_month=g.max_gpu_hours_per_month,
             max_usd_per_month=g.max_usd_per_month,
             live_sessions=g.live,
-            gpu_hours_used_this_month=round(limits.gpu_hours(use.settled_ugh), 4),
+            gpu_hours_used_this_month=limits.gpu_hours(use.settled_ugh),
             gpu_hours_reserved_this_month=limits.gpu_hours(use.reserved_ugh),
             usd_used_this_month=limits.usd(use.settled_musd),
             usd_reserved_this_month=limits.usd(use.reserved_musd),

@@ -93,3 +93,20 @@ def test_a_refusal_gives_only_the_advice_that_can_help(world: World):
     assert message.endswith(
         "; wait for next month, or ask an admin to raise it (calque group limits lab --max-usd-per-month X)"
     )
+
+
+def test_group_show_counts_gpu_hours_as_its_refusals_quote_them(world: World):
+    # Given a group whose member used 14 s of a quarter card (0.000972 GPU-hours)
+    world.ready_host()
+    g = Groups(world.registry, clock=world.clock)
+    g.create(ADMIN, GroupCreate(name="lab", max_gpu_hours_per_month=0.001))
+    g.add(ADMIN, "lab", ["bob"])
+    grant = world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=14))
+    world.clock.advance(14)
+    world.tenancy.checkin(BOB, grant.session_id, CheckinRequest())
+    # When the next check-out is refused
+    with pytest.raises(QuotaExceeded) as refused:
+        world.tenancy.checkout(BOB, CheckoutRequest(backend="mig", ttl_seconds=60))
+    # Then group show's used figure is the one the refusal quotes (not rounded to 0.001)
+    assert refused.value.details["used"] == 0.000972
+    assert g.show(ADMIN, "lab").gpu_hours_used_this_month == 0.000972
