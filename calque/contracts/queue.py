@@ -55,7 +55,7 @@ class SessionRequest(Out):
     estimated_start: datetime | None = Field(
         default=None,
         description="when a fitting slice (or, for several cards, enough cards of one host) "
-        "is expected to free, from the live sessions' expiries",
+        "is expected to free, from the live sessions' expiries; null while held_back",
     )
     held_back: str | None = Field(
         default=None,

@@ -478,6 +478,8 @@ class QueueMixin(SessionsMixin):
             if (rec.user, rec.group) not in held:
                 held[(rec.user, rec.group)] = self._held_back(rec.user, rec.group)
             held_back = held[(rec.user, rec.group)]
+        if held_back is not None:
+            estimate = None  # a slice freeing starts nothing while the limit holds
         return SessionRequest(
             request_id=rec.request_id,
             user=rec.user,

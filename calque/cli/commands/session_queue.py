@@ -53,11 +53,11 @@ def _path(request_id: str) -> str:
 
 def place_line(req: dict[str, Any]) -> str:
     """``waiting: place 3 in the queue, estimated start ...`` (said on stderr while waiting)."""
-    est = req.get("estimated_start")
+    est, held = req.get("estimated_start"), req.get("held_back")
     when = f"estimated start {est}" if est else "no estimate yet (no fitting session ends soon)"
-    line = f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
-    held = req.get("held_back")  # a limit would refuse it now, however soon a slice frees
-    return f"{line}; held back: {held}" if held else line
+    if held:  # a limit would refuse it now, however soon a slice frees: no start to estimate
+        when = f"held back: {held}"
+    return f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
 
 
 def register(group: Any, *, render: Any, token_note: str) -> None:
