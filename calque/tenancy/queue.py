@@ -262,13 +262,12 @@ class QueueMixin(SessionsMixin):
         for r in waiting:
             if r.wait_until > now:
                 left[r.request_id] = r
-            elif (
-                store.finish_queued(
-                    r, "expired", at=now, by="calque-queue", reason="its wait ran out before a slice freed"
-                )
-                is not None
-            ):
-                self._publish([request_event("calque.session.expired_in_queue", r)])
+                continue
+            expired = store.finish_queued(
+                r, "expired", at=now, by="calque-queue", reason="its wait ran out before a slice freed"
+            )
+            if expired is not None:  # the event tells the request as it now is: expired
+                self._publish([request_event("calque.session.expired_in_queue", expired)])
         if not left:
             return None
         asks = {rid: CheckoutRequest.model_validate_json(r.ask) for rid, r in left.items()}

@@ -8,7 +8,7 @@ import pytest
 from calque.contracts.queue import QueueRequest
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
 
-from .support import ADMIN, env, member, reclaim_all, seed_host
+from .support import ADMIN, Recorder, env, member, reclaim_all, seed_host
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +124,22 @@ def test_a_request_for_a_host_drained_after_it_queued_leaves_the_queue_saying_wh
     )
     assert t.list_requests(member("erin")) == []
     assert all(t.get_session(ADMIN, h.session_id).state == "ended" for h in held)
+
+
+def test_a_request_whose_wait_ran_out_is_announced_expired_not_waiting(ddb):
+    events = Recorder()
+    t = env(ddb, publisher=events)
+    iid = seed_host(ddb, 7)
+    for n in range(4):
+        t.checkout(member(f"x{n}"), CheckoutRequest(backend="mig", ttl_seconds=600, instance_id=iid))
+    req = t.enqueue(
+        member("erin"), QueueRequest(backend="mig", ttl_seconds=600, instance_id=iid, max_wait_seconds=60)
+    )
+    assert [d["state"] for d in events.of("calque.session.queued") if d["request_id"] == req.request_id] == [
+        "waiting"
+    ]
+    # the reaper's pass, two minutes on: the wait ran out
+    env(ddb, ahead_s=120, publisher=events).grant_waiting()
+    assert t.get_request(member("erin"), req.request_id).state == "expired"
+    gone = [d for d in events.of("calque.session.expired_in_queue") if d["request_id"] == req.request_id]
+    assert [d["state"] for d in gone] == ["expired"]
