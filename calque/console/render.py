@@ -128,13 +128,17 @@ def queue_section(board: Board) -> str:
     if board.queue is None and "queue" not in board.errors:
         return ""
     entries = board.queue or []
+    # the API answers a member their own waiting requests only: say so, never "nobody waits"
+    everyone = board.caller is not None and board.caller.admin
     body = _problem(board, "queue")
     if entries:
         cols = queue_columns(entries)
         body += _table(cols, [[_e(e.get(c)) for c in cols] for e in entries], "queue")
     elif "queue" not in board.errors:
-        body += '<p class="empty">nobody waits</p>'
-    return f'<section id="queue"><h2>Wait queue <small>{len(entries)}</small></h2>{body}</section>'
+        said = "nobody waits" if everyone else "no request of yours waits (you see only your own)"
+        body += f'<p class="empty">{said}</p>'
+    count = f"{len(entries)}" if everyone else f"{len(entries)} of yours"
+    return f'<section id="queue"><h2>Wait queue <small>{count}</small></h2>{body}</section>'
 
 
 def _pool(board: Board, pool: PoolView) -> str:

@@ -313,14 +313,18 @@ QUEUE_COLUMNS = (
     "gpus",
     "profile",
     "min_memory_gib",
+    "ttl_seconds",
     "state",
     "submitted_at",
     "estimated_start",
     "wait_until",
+    "held_back",
 )
+# Shown only when some request has one, as `calque session queue` shows them.
+SPARSE_QUEUE_COLUMNS = frozenset({"held_back"})
 
 
 def queue_columns(entries: list[dict[str, Any]]) -> list[str]:
-    present = {k for e in entries for k in e}
+    present = {k for e in entries for k in e if k not in SPARSE_QUEUE_COLUMNS or e[k] is not None}
     known = [c for c in QUEUE_COLUMNS if c in present]
     return known or sorted(k for k in present if not isinstance(entries[0].get(k), dict | list))[:8]

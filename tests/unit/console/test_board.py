@@ -360,3 +360,36 @@ def test_the_wait_queue_reads_the_apis_own_answer_and_an_admin_asks_for_everyone
     member = FakeApi("carol", admin=False, queue=queued)
     _board(member)
     assert ("GET", QUEUE_PATH, None) in member.calls
+
+
+def test_a_member_is_told_the_queue_they_see_is_their_own_not_that_nobody_waits():
+    """GET /v1/session-requests answers a member their own requests only: an empty answer
+    does not mean nobody waits."""
+    html = _board(FakeApi("carol", admin=False, queue=[]))
+    section = html[html.index('id="queue"') :]
+    section = section[: section.index("</section>")]
+    assert "nobody waits" not in section
+    assert "Wait queue <small>0 of yours</small>" in section
+    assert "no request of yours waits" in section
+    mine = [{"request_id": "q-1", "user": "carol", "position": 3, "state": "waiting", "held_back": None}]
+    assert "Wait queue <small>1 of yours</small>" in _board(FakeApi("carol", admin=False, queue=mine))
+
+
+def test_the_wait_queue_says_why_a_request_is_held_back_and_its_ttl_as_the_cli_does():
+    queued = [
+        {"request_id": "q-1", "user": "carol", "position": 1, "state": "waiting", "ttl_seconds": 1800,
+         "held_back": None},
+        {"request_id": "q-2", "user": "bob", "position": 2, "state": "waiting", "ttl_seconds": 600,
+         "held_back": "bob already has 2 live session(s) and the quota allows 2"},
+    ]  # fmt: skip
+    html = _board(FakeApi("admin", admin=True, queue=queued))
+    section = html[html.index('id="queue"') :]
+    section = section[: section.index("</section>")]
+    assert "<th>ttl_seconds</th>" in section
+    assert "<th>held_back</th>" in section
+    assert "bob already has 2 live session(s) and the quota allows 2" in section
+    # nobody held back: no empty column
+    for q in queued:
+        q["held_back"] = None
+    html = _board(FakeApi("admin", admin=True, queue=queued))
+    assert "<th>held_back</th>" not in html
