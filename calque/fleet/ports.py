@@ -193,7 +193,7 @@ class Hosts(Protocol):
         it ends (the fleet does not: one place publishes every end, once)."""
 
     def registered(self) -> list[str]:
-        """Instance ids of every registered host not draining or drained."""
+        """Instance ids of every registered host, draining and drained ones included."""
 
     def retire(self, instance_id: str, note: str) -> bool:
         """The instance is gone (EC2 confirmed it terminated, or no longer knows it): forget the

@@ -57,10 +57,6 @@ class TenancyHosts:
         return True
 
     def registered(self) -> list[str]:
-        # A draining host already had its sessions ended (or stopped taking new ones): the
-        # reconciler need not look at it again every run.
-        return [
-            h.instance_id
-            for h in self.tenancy.registry.list_hosts()
-            if h.state not in ("draining", "drained")
-        ]
+        # Draining and drained hosts too: one whose instance went is forgotten like any other
+        # (left registered, it would stay listed and its idle time charged for ever).
+        return [h.instance_id for h in self.tenancy.registry.list_hosts()]

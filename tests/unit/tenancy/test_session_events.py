@@ -317,3 +317,28 @@ def test_a_terminated_instance_leaves_the_registry_and_is_paid_only_until_then(
     mine = [x for x in bill.lines if x.instance_id == iid]
     hourly = Decimal(str(catalog.instance_type("g7e.2xlarge").hourly_usd))
     assert sum((x.amount_usd for x in mine), Decimal(0)) == hourly.quantize(Decimal("0.01"))
+
+
+def test_a_drained_host_whose_instance_went_is_forgotten_and_announced_lost_once(
+    fleet: FleetWorld, world: World, events: RecordingPublisher
+):
+    from calque.accounting.service import Usage
+
+    # Given a host adopted by hand (host register), drained by an admin, its instance then gone
+    world.ready_host(HOST, layout=MIG4)
+    grant = checkout(world)
+    world.tenancy.drain(ADMIN, HOST, force=True, reason="retiring it")
+    world.reclaimed(HOST, grant.slice_id)
+    assert world.tenancy.get_host(ADMIN, HOST).state == "drained"
+    # When the reconciler runs (EC2 knows no such instance), twice
+    fleet.fleet.reconcile()
+    fleet.fleet.reconcile()
+    # Then the host is forgotten, announced lost once, and its time no longer charged
+    assert HOST not in [h.instance_id for h in world.tenancy.list_hosts(ADMIN)]
+    assert events.of("calque.host.lost") == [{"instance_id": HOST, "sessions_ended": 0}]
+    gone_at = world.clock()
+    world.clock.advance(3600)
+    bill = Usage(world.registry, clock=world.clock).bill(gone_at - timedelta(hours=1), world.clock())
+    mine = [line for line in bill.lines if line.instance_id == HOST]
+    assert mine
+    assert all(not line.running and line.end <= gone_at for line in mine)
