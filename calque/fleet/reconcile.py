@@ -68,6 +68,7 @@ class ReconcileMixin(ReleaseMixin):
                 "instance_id": instance_id,
                 "request_id": rec.request_id if rec else None,
                 "sessions_ended": len(ended),
+                "pool": rec.pool if rec else None,
             },
         )
         if rec is not None and rec.state in OPEN_STATES:
@@ -83,8 +84,14 @@ class ReconcileMixin(ReleaseMixin):
             end_reason="drained",
             note="EC2 recommends rebalancing: this spot instance is at elevated risk of interruption",
         )
+        rec = self.store.by_instance(instance_id)
         self._publish(
-            "calque.host.draining", {"instance_id": instance_id, "reason": "rebalance_recommendation"}
+            "calque.host.draining",
+            {
+                "instance_id": instance_id,
+                "reason": "rebalance_recommendation",
+                "pool": rec.pool if rec else None,
+            },
         )
         return "placements stopped"
 

@@ -62,6 +62,7 @@ class ReleaseMixin(FleetCore):
                 "request_id": rec.request_id,
                 "reason": reason,
                 "sessions_ended": len(ended),
+                "pool": rec.pool,
             },
         )
         return self._view(rec)

@@ -236,3 +236,23 @@ def test_reconciler_cost_per_instance_is_flat_or_falling():
 
     small, large = cost(10), cost(1000)
     assert large / 1000 <= small / 10
+
+
+def test_every_host_event_of_a_pools_instance_names_the_pool(world: World):
+    """docs/fleet.md: every calque.host.* event names the pool, so a rule can route a pool's."""
+    for spot, end in ((False, "release"), (True, "spot"), (True, "rebalance")):
+        _rid, iid = _running(world, pool="llama-8b", spot=spot)
+        if end == "release":
+            world.fleet.release(iid, "scaled in")
+        elif end == "spot":
+            world.fleet.on_spot_interruption(iid)
+        else:
+            world.fleet.on_rebalance(iid)
+    kinds = ("releasing", "spot_interrupted", "draining")
+    for kind in kinds:
+        (detail,) = world.events.of(f"calque.host.{kind}")
+        assert detail["pool"] == "llama-8b", kind
+    # and an instance of no pool says so
+    _rid, iid = _running(world)
+    world.fleet.release(iid, "done")
+    assert world.events.of("calque.host.releasing")[-1]["pool"] is None
