@@ -117,6 +117,11 @@ def line_plot(
             f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{" ".join(coords)}">'
             f"<title>{escape(name)}</title></polyline>"
         )
+        if len(coords) == 1:  # a line of one point draws nothing: the first refresh's sample as a dot
+            cx, cy = coords[0].split(",")
+            parts.append(
+                f'<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"><title>{escape(name)}</title></circle>'
+            )
         ly = TOP + 10 + i * 16
         parts.append(
             f'<line x1="{WIDTH - RIGHT + 10}" y1="{ly}" x2="{WIDTH - RIGHT + 28}" y2="{ly}" '

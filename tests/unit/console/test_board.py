@@ -393,3 +393,17 @@ def test_the_wait_queue_says_why_a_request_is_held_back_and_its_ttl_as_the_cli_d
         q["held_back"] = None
     html = _board(FakeApi("admin", admin=True, queue=queued))
     assert "<th>held_back</th>" not in html
+
+
+def test_the_first_snapshot_is_plotted_not_an_empty_frame():
+    """A page just opened has one sample: a one-point polyline draws nothing, so each series
+    shows it as a dot."""
+    board = Reader(FakeApi("admin", admin=True), "x", now=lambda: NOW).snapshot()
+    svg = plots.slices_over_time(board.history)
+    dots = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="3" fill="([^"]+)">', svg)
+    assert {fill for _x, _y, fill in dots} >= {plots.SLICE_COLOURS["free"], plots.SLICE_COLOURS["held"]}
+    # two samples make lines, and no dots
+    times = iter([NOW, NOW + timedelta(seconds=5)])
+    reader = Reader(FakeApi("admin", admin=True), "x", now=lambda: next(times))
+    reader.snapshot()
+    assert "<circle" not in plots.slices_over_time(reader.snapshot().history)
