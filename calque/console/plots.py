@@ -133,9 +133,10 @@ def line_plot(
 
 
 def slices_over_time(history: Sequence[Sample]) -> str:
-    seen = {"free", "held"} | {k for s in history for k in s.slices}
+    read = [(s.at, s.slices) for s in history if s.slices is not None]  # an outage is a gap, not 0
+    seen = {"free", "held"} | {k for _at, slices in read for k in slices}
     looks = [k for k in SLICE_COLOURS if k in seen] + sorted(seen - set(SLICE_COLOURS))
-    series = {k: [(s.at, float(s.slices.get(k, 0))) for s in history] for k in looks}
+    series = {k: [(at, float(slices.get(k, 0))) for at, slices in read] for k in looks}
     return line_plot("slices by state", series, y_label="slices", colours=SLICE_COLOURS, step=True)
 
 

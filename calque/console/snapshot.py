@@ -149,10 +149,12 @@ class UsageView(_View):
 
 @dataclass
 class Sample:
-    """One point of the plots over time: slices by state, and each pool's backlog and workers."""
+    """One point of the plots over time: slices by state (None: the hosts could not be read,
+    which is no point at all, not an empty fleet), and each pool's backlog and workers (the
+    pools read)."""
 
     at: datetime
-    slices: dict[str, int]
+    slices: dict[str, int] | None
     pools: dict[str, tuple[int, int]]
 
 
@@ -289,18 +291,24 @@ class Reader:
 
 
 def _sample(board: Board) -> Sample:
+    if "hosts" in board.errors:
+        return Sample(at=board.taken_at, slices=None, pools=_pool_sample(board))
     slices: dict[str, int] = {}
     for host in board.hosts:
         for piece in host.slices:
             look = slice_look(host, piece)
             slices[look] = slices.get(look, 0) + 1
+    return Sample(at=board.taken_at, slices=slices, pools=_pool_sample(board))
+
+
+def _pool_sample(board: Board) -> dict[str, tuple[int, int]]:
     pools = {}
     for pool in board.pools:
         if pool.status is not None:
             backlog = pool.status.backlog.get("visible", 0) + pool.status.backlog.get("in_flight", 0)
             live = sum(1 for w in pool.status.workers if w.state in ("starting", "idle", "busy"))
             pools[pool.name] = (backlog, live)
-    return Sample(at=board.taken_at, slices=slices, pools=pools)
+    return pools
 
 
 # Fields the wait queue's entries may carry, in the order the table shows them.

@@ -407,3 +407,22 @@ def test_the_first_snapshot_is_plotted_not_an_empty_frame():
     reader = Reader(FakeApi("admin", admin=True), "x", now=lambda: next(times))
     reader.snapshot()
     assert "<circle" not in plots.slices_over_time(reader.snapshot().history)
+
+
+def test_a_snapshot_the_api_could_not_answer_is_a_gap_in_the_slices_plot_not_an_empty_fleet():
+    api = FakeApi("admin", admin=True)
+    times = iter([NOW, NOW + timedelta(seconds=5), NOW + timedelta(seconds=10)])
+    reader = Reader(api, "https://api.example/prod", now=lambda: next(times))
+    reader.snapshot()
+    api.refuse["/v1/hosts"] = EndpointUnreachable("https://api.example/prod", "timed out")
+    reader.snapshot()
+    del api.refuse["/v1/hosts"]
+    board = reader.snapshot()
+    assert board.history[1].slices is None
+    svg = plots.slices_over_time(board.history)
+    # every point of the held line is at 2 held slices: none fell to 0 during the outage
+    held = re.search(
+        r'<polyline fill="none" stroke="{}"[^>]*points="([^"]+)"'.format(plots.SLICE_COLOURS["held"]), svg
+    )
+    assert held
+    assert len({y for _x, y in (p.split(",") for p in held.group(1).split())}) == 1
