@@ -124,6 +124,11 @@ def hosts_section(board: Board) -> str:
     )
 
 
+def _queue_cell(column: str, value: Any) -> str:
+    # a held-back reason is a sentence: given room to read, not squeezed into a narrow column
+    return f'<span class="held-back">{_e(value)}</span>' if column == "held_back" and value else _e(value)
+
+
 def queue_section(board: Board) -> str:
     if board.queue is None and "queue" not in board.errors:
         return ""
@@ -133,7 +138,7 @@ def queue_section(board: Board) -> str:
     body = _problem(board, "queue")
     if entries:
         cols = queue_columns(entries)
-        body += _table(cols, [[_e(e.get(c)) for c in cols] for e in entries], "queue")
+        body += _table(cols, [[_queue_cell(c, e.get(c)) for c in cols] for e in entries], "queue")
     elif "queue" not in board.errors:
         said = "nobody waits" if everyone else "no request of yours waits (you see only your own)"
         body += f'<p class="empty">{said}</p>'

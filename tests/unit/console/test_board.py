@@ -387,7 +387,9 @@ def test_the_wait_queue_says_why_a_request_is_held_back_and_its_ttl_as_the_cli_d
     section = section[: section.index("</section>")]
     assert "<th>ttl_seconds</th>" in section
     assert "<th>held_back</th>" in section
-    assert "bob already has 2 live session(s) and the quota allows 2" in section
+    assert (
+        '<span class="held-back">bob already has 2 live session(s) and the quota allows 2</span>' in section
+    )
     # nobody held back: no empty column
     for q in queued:
         q["held_back"] = None
