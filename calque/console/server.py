@@ -88,7 +88,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, *, send_body: bool) -> None:
         refusal = self.server.guard.check(self.command, self.path, dict(self.headers.items()))
         if refusal is not None:
-            self._answer(refusal.status, refusal.reason.encode() + b"\n", TEXT, send_body)
+            # a 405 says what is allowed (RFC 9110 15.5.6)
+            extra = {"Allow": "GET, HEAD"} if refusal.status == 405 else {}
+            self._answer(refusal.status, refusal.reason.encode() + b"\n", TEXT, send_body, extra)
             return
         path = urlsplit(self.path).path
         if path.startswith(STATIC_PREFIX):
@@ -108,11 +110,18 @@ class _Handler(BaseHTTPRequestHandler):
             html = board_html(board)
         self._answer(200, html.encode(), "text/html; charset=utf-8", send_body)
 
-    def _answer(self, status: int, body: bytes, content_type: str, send_body: bool) -> None:
+    def _answer(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        send_body: bool,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for name, value in SECURITY_HEADERS.items():
+        for name, value in {**SECURITY_HEADERS, **(extra or {})}.items():
             self.send_header(name, value)
         self.end_headers()
         if send_body:

@@ -97,8 +97,9 @@ def test_refused_requests_read_nothing_from_the_api(served, target, headers, sta
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
 def test_nothing_but_reads(served, method):
     server, reader = served
-    status, _, _ = _get(server, f"/board?token={server.guard.token}", method=method, Content_Length="0")
+    status, headers, _ = _get(server, f"/board?token={server.guard.token}", method=method, Content_Length="0")
     assert status == 405
+    assert headers.get("Allow") == "GET, HEAD"
     assert reader.snapshots == 0
 
 
