@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from calque.tenancy.core import REAPER, ReapSummary, TenancyCore, _reclaims, session_ended, session_expiring
+from calque.tenancy.store import keys
 from calque.tenancy.store.models import LeaseEvent
 
 
@@ -63,6 +64,16 @@ class ReaperMixin(TenancyCore):
         if mark is None or self.config.expiring_notice_s <= 0:
             return
         soon = now + timedelta(seconds=self.config.expiring_notice_s)
-        for s in self.registry.live_sessions(expiring_at_or_before=soon, limit=self.config.list_limit):
-            if s.expires_at > now and mark(s.session_id, s.expires_at):
-                self._publish([session_expiring(s)])
+        after: str | None = None
+        # Page on: the first page alone holds the soonest ones, already announced by an earlier
+        # run, and would keep any later ones from ever being announced.
+        for _page in range(self.config.reaper_pages):
+            page = self.registry.live_sessions(
+                expiring_at_or_before=soon, limit=self.config.list_limit, after=after
+            )
+            for s in page:
+                if s.expires_at > now and mark(s.session_id, s.expires_at):
+                    self._publish([session_expiring(s)])
+            if len(page) < self.config.list_limit:
+                break
+            after = keys.expiry_sk(page[-1].expires_at, page[-1].session_id)

@@ -28,3 +28,28 @@ def test_the_reaper_announces_a_session_about_to_expire_once_per_expiry(dynamo_w
     world.clock.advance(1200)
     world.tenancy.reap()
     assert len(events.of("calque.session.expiring")) == 2
+
+
+def test_every_session_about_to_expire_is_announced_even_past_the_first_page(dynamo_world: World):
+    """More sessions near their end than the reaper reads in one page: the first page holds
+    the soonest, announced by an earlier run; the later ones are announced all the same."""
+    world = dynamo_world
+    for n in range(2):
+        world.ready_host(f"i-0000000{n + 1}")
+    world.tenancy.config = world.tenancy.config._replace(list_limit=3)
+    events = RecordingPublisher()
+    world.tenancy.publisher = events
+    first = [
+        world.tenancy.checkout(member(f"a{n}"), CheckoutRequest(backend="mig", ttl_seconds=900)).session_id
+        for n in range(3)
+    ]
+    world.clock.advance(60)
+    later = [
+        world.tenancy.checkout(member(f"b{n}"), CheckoutRequest(backend="mig", ttl_seconds=900)).session_id
+        for n in range(3)
+    ]
+    world.clock.advance(400)  # all six end within the 10-minute notice
+    world.tenancy.reap()
+    world.tenancy.reap()
+    said = [e["session_id"] for e in events.of("calque.session.expiring")]
+    assert sorted(said) == sorted(first + later)
