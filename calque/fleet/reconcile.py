@@ -30,6 +30,9 @@ class ReconcileSummary:
         return {k: list(v) for k, v in self.__dict__.items()}
 
 
+SPOT_WARNING = "spot interruption warning"  # an acquisition's state_reason once EC2 warned
+
+
 class ReconcileMixin(ReleaseMixin):
     # ---- EC2's word (EventBridge) ----------------------------------------------------------------
 
@@ -62,18 +65,21 @@ class ReconcileMixin(ReleaseMixin):
             end_reason="spot_interrupted",
             note="EC2 is reclaiming this spot instance (interruption warning)",
         )
-        self._publish(
-            "calque.host.spot_interrupted",
-            {
-                "instance_id": instance_id,
-                "request_id": rec.request_id if rec else None,
-                "sessions_ended": len(ended),
-                "pool": rec.pool if rec else None,
-            },
-        )
-        if rec is not None and rec.state in OPEN_STATES:
+        # EC2's warning is delivered at least once: one already handled is not announced again
+        again = rec is not None and rec.state_reason == SPOT_WARNING and not ended
+        if not again:
+            self._publish(
+                "calque.host.spot_interrupted",
+                {
+                    "instance_id": instance_id,
+                    "request_id": rec.request_id if rec else None,
+                    "sessions_ended": len(ended),
+                    "pool": rec.pool if rec else None,
+                },
+            )
+        if rec is not None and rec.state in OPEN_STATES and rec.state_reason != SPOT_WARNING:
             with contextlib.suppress(Gone):
-                self.store.update(rec, expect=(rec.state,), state_reason="spot interruption warning")
+                self.store.update(rec, expect=(rec.state,), state_reason=SPOT_WARNING)
         return f"drained, {len(ended)} session(s) ended"
 
     def on_rebalance(self, instance_id: str) -> str:

@@ -256,3 +256,11 @@ def test_every_host_event_of_a_pools_instance_names_the_pool(world: World):
     _rid, iid = _running(world)
     world.fleet.release(iid, "done")
     assert world.events.of("calque.host.releasing")[-1]["pool"] is None
+
+
+def test_a_redelivered_spot_interruption_warning_is_announced_once(world: World):
+    _rid, iid = _running(world, spot=True)
+    world.fleet.on_spot_interruption(iid)
+    world.fleet.on_spot_interruption(iid)  # EventBridge delivers at least once
+    (said,) = world.events.of("calque.host.spot_interrupted")
+    assert said["sessions_ended"] == 2
