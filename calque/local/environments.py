@@ -34,6 +34,12 @@ class EnvironmentFailed(RuntimeError):
     """The worker died or its handler raised outside its own error handling."""
 
 
+class PlaneStopping(EnvironmentFailed):
+    """The plane is stopping (``local down``): the invocation was not run. The front answers
+    it 503 with ``Retry-After``, as a dependency that is down, so a caller waits for the
+    restarted plane instead of taking it for the API's failure."""
+
+
 def handler_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
 
@@ -151,11 +157,11 @@ class EnvironmentPool:
                 return self._idle.get(timeout=0.2)
             except queue.Empty:
                 if self._closed:
-                    raise EnvironmentFailed(f"{self.function_id}: the plane is stopping") from None
+                    raise PlaneStopping(f"{self.function_id}: the plane is stopping") from None
 
     def invoke(self, event: dict[str, Any]) -> Any:
         if self._closed:
-            raise EnvironmentFailed(f"{self.function_id}: the plane is stopping")
+            raise PlaneStopping(f"{self.function_id}: the plane is stopping")
         worker = self._take()
         try:
             return worker.invoke(event)

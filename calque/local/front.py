@@ -22,6 +22,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from calque.local.environments import PlaneStopping
 from calque.local.events import api_gateway_event, response_parts
 from calque.local.sigv4 import SignatureRejected, SignedRequest, verify
 from calque.local.state import Principal, StateDir
@@ -267,6 +268,16 @@ class Front:
             try:
                 result = self.api(event)
                 status, out_headers, out_body = response_parts(result)
+            except PlaneStopping:
+                # not run at all: a caller asks again and reaches the plane once it is up again
+                status, out_headers, out_body = (
+                    503,
+                    [("Content-Type", "application/json"), ("Retry-After", "1")],
+                    error_body(
+                        "plane_stopping",
+                        "the local plane is stopping and ran nothing; ask again once it is up",
+                    ),
+                )
             except Exception:
                 log.exception("the API function failed")
                 status, out_headers, out_body = (
