@@ -295,8 +295,8 @@ def do_down(ctx: Any, *, timeout_s: int) -> None:
             )
         if time.monotonic() - said >= 2:
             print(
-                f"... waiting for the local plane (pid {pid}) to stop: its workers finish the claims "
-                f"they hold, then it saves its state ({waited:.0f}s)",
+                f"... waiting for the local plane (pid {pid}) to stop: its pool workers stop (a claim "
+                f"not done within 10s runs again once it is up), then it saves its state ({waited:.0f}s)",
                 file=sys.stderr,
             )
             said = time.monotonic()

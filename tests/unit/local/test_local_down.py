@@ -118,3 +118,19 @@ def test_a_second_down_while_the_plane_saves_its_state_waits_for_it_instead_of_k
     assert code == 0, err
     assert seen["term"] not in (signal.SIG_DFL, signal.SIG_IGN, None)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_while_it_waits_down_says_what_becomes_of_the_claims_workers_hold(state, capsys, monkeypatch):
+    # Given a plane that takes a few seconds to stop (its pool workers get SIGTERM, then
+    # SIGKILL after 10 s: a claim in hand is not finished, it runs again after `local up`)
+    import threading
+
+    held = state.acquire_plane_lock()
+    monkeypatch.setattr(os, "kill", lambda *_: threading.Timer(2.3, held.close).start())
+    # When `calque local down` waits for it
+    code, _, err = run_cli(capsys, "local", "down")
+    # Then its progress line does not promise that the workers finish their claims
+    assert code == 0, err
+    said = err.strip().splitlines()[0]
+    assert "finish the claims" not in said
+    assert "a claim not done within 10s runs again once it is up" in said
