@@ -353,9 +353,11 @@ class Worker:
             self._report_self("idle")
 
     def _remove_result(self, pointer: dict[str, Any], result_key: str) -> None:
-        bucket = pointer["results"]["bucket"]
-        for key in (result_key, result_key.rsplit("/", 1)[0] + "/summary.json"):
-            self.s3.delete_object(Bucket=bucket, Key=key)
+        """The attempt's objects (result, summary, the whole stdout and stderr): its success
+        was refused, so it is recorded nowhere, as a run stopped by a cancel is not."""
+        bucket, prefix = pointer["results"]["bucket"], result_key.rsplit("/", 1)[0]
+        for name in ("result.json", "summary.json", "stdout.txt", "stderr.txt"):
+            self.s3.delete_object(Bucket=bucket, Key=f"{prefix}/{name}")
 
     def _still_busy(self, claim_id: str) -> None:
         """Each heartbeat: report busy (liveness) and learn whether the claim ended elsewhere;

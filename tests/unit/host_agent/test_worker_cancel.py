@@ -277,6 +277,26 @@ def test_a_claim_completed_by_another_delivery_meanwhile_is_stopped_too():
     assert sqs.deleted == ["r-dup"]
 
 
+def test_a_run_that_finished_just_as_it_was_cancelled_leaves_none_of_its_objects():
+    # Given a claim cancelled after its run ended but before the worker reported its success
+    runner = SlowRunner(run_s=0.0)
+    worker, sqs, s3, control = make_worker(runner)
+    real_claim = control.claim
+
+    def claim(pool: str, claim_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        if body["event"] == "succeeded":
+            control.states[claim_id] = "cancelled"  # `claim cancel` won the race
+        return real_claim(pool, claim_id, body)
+
+    control.claim = claim  # type: ignore[method-assign]
+    # When the worker handles it
+    assert worker.handle(message(s3, "c-race", "r-race")) == "duplicate:cancelled"
+    # Then nothing of that attempt stays under the claim: no result, no summary, no stdout or
+    # stderr (recorded nowhere, as a run stopped by the cancel), and the message goes
+    assert results_of(s3, "c-race") == []
+    assert sqs.deleted == ["r-race"]
+
+
 def test_a_late_heartbeat_answer_about_a_claim_already_over_does_not_stop_the_next_one():
     # Given a worker running claim B, and claim A, over, since cancelled
     runner = SlowRunner(run_s=0.5)
