@@ -279,8 +279,10 @@ class ScalingMixin(RolloutMixin):
     def _start_workers(self, pool: d.PoolRecord, workers: list[d.WorkerRecord]) -> None:
         """Tell the host agent of each instance handed over (running, ready) to start its
         workers, each on the slot its id names (an instance may have fewer workers than
-        slots); an instance still being launched is asked again next tick."""
-        if self.starter is None or pool.state != d.POOL_ACTIVE:
+        slots); an instance still being launched is asked again next tick. A deleting pool's
+        too: the tick serves its backlog before it goes (scale), so a worker launched for it is
+        started, never an instance paid for with no worker while the claims and the delete wait."""
+        if self.starter is None:
             return
         by_group: dict[str, list[d.WorkerRecord]] = {}
         for w in workers:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from calque.contracts.pools import ClaimSubmit, PoolCreate, WorkerReport
+from calque.contracts.pools import ClaimSubmit, PoolCreate, PoolDelete, WorkerReport
 from calque.errors import DependencyUnavailable, Forbidden
 from calque.pools.aws import SsmWorkerStarter
 from calque.pools.capacity import FleetCapacity
@@ -624,3 +624,26 @@ def test_a_pool_is_created_only_with_its_package_uploaded_under_its_prefix(key, 
     assert exc.value.code == code
     assert w.store.list_pools() == []
     assert w.queues.queues == {}  # nothing created
+
+
+def test_a_deleting_pool_starts_the_worker_it_launches_to_serve_its_backlog():
+    # Given a pool deleted (without --now) while a claim waits and its workers are gone (the
+    # last one killed): the scaler serves the backlog before the pool goes
+    w = make(instance_type="g6e.xlarge", layout=None)
+    submit(w)
+    w.pools.delete_pool(ADMIN, "small", PoolDelete(i_understand_this_terminates_instances=True))
+    # When the scaler ticks
+    w.pools.scale("small")
+    # Then the instance it launched for the claim is handed a worker, as an active pool's is,
+    # not paid for with a worker that never starts while the claim and the delete wait
+    ((pool, iid, ids),) = w.starter.sent
+    (worker,) = w.store.workers("small")
+    assert (pool, ids) == ("small", [worker.worker_id])
+    assert worker.instance_id == iid
+    assert worker.started
+    # And once it served the claim, the next tick finishes the delete and gives it back
+    report(w, worker.worker_id, iid)
+    drain(w)
+    w.pools.scale("small")
+    assert w.store.get_pool("small") is None
+    assert w.capacity.held == {}
