@@ -154,3 +154,14 @@ def consent_required(flag: str) -> Any:
             required.append(flag)
 
     return extra
+
+
+def group_in_words(value: object) -> object:
+    """A group a request names (to charge): ``value``, or the refusal of one that is no group
+    name said in words (``in_words``; the fields keep ``GROUP_PATTERN`` for the schema)."""
+    return in_words(
+        value,
+        GROUP_PATTERN,
+        "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
+        "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
+    )

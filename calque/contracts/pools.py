@@ -7,7 +7,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
-from calque.contracts.common import Out, Request, Strict, catalog_instance_types, consent_required, in_words
+from calque.contracts.common import (
+    Out,
+    Request,
+    Strict,
+    catalog_instance_types,
+    consent_required,
+    group_in_words,
+    in_words,
+)
 from calque.contracts.economics import GROUP_PATTERN
 from calque.contracts.layout import LayoutSpec
 
@@ -174,12 +182,7 @@ class ClaimSubmit(Request):
     @classmethod
     def _group_rule_in_words(cls, value: object) -> object:
         """The pattern's rule said in words (runs before the pattern, which stays for the schema)."""
-        return in_words(
-            value,
-            GROUP_PATTERN,
-            "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
-            "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
-        )
+        return group_in_words(value)
 
     @model_validator(mode="after")
     def _items_or_input(self) -> ClaimSubmit:

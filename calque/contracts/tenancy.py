@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from calque.contracts.common import GROUP_PATTERN, Out, Request, Strict, in_words
+from calque.contracts.common import GROUP_PATTERN, Out, Request, Strict, group_in_words
 
 # What a member may ask for: a MIG slice, an MPS slot, or whole cards ("gpu": slices laid out
 # "exclusive"), or "any": the tightest fit among MIG slices and whole cards (and MPS slots,
@@ -135,12 +135,7 @@ class CheckoutRequest(Request):
     @classmethod
     def _group_rule_in_words(cls, value: object) -> object:
         """The pattern's rule said in words, as a claim's group is (the pattern stays for the schema)."""
-        return in_words(
-            value,
-            GROUP_PATTERN,
-            "no group is named {got}: a group name is 1 to 63 characters, lowercase letters, "
-            "digits, '.', '_' or '-', starting with a letter or digit (calque group list shows yours)",
-        )
+        return group_in_words(value)
 
     gpus: int = Field(
         default=1,
