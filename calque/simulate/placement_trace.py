@@ -43,23 +43,9 @@ def read_trace(path: str | Path) -> tuple[list[Job], int]:
 
     Refuses (InvalidInput naming the line) missing columns, non-numeric values,
     negative times, a deletion before its creation, and gpu_milli outside 0..1000."""
-    from calque.errors import InvalidInput
+    from calque.simulate.trace_file import read_csv
 
-    p = str(path)
-    try:
-        # utf-8-sig: a CSV saved by a spreadsheet starts with a byte-order mark, not a column
-        fh = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise InvalidInput(f"cannot read trace {p!r}: {exc.strerror}", details={"field": "trace"}) from None
-    try:
-        with fh:
-            return _read_jobs(p, fh)
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(
-            f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start}); the trace is a CSV",
-            code="invalid_trace",
-            details={"field": "trace"},
-        ) from None
+    return read_csv(path, _read_jobs)
 
 
 def _read_jobs(p: str, fh: Any) -> tuple[list[Job], int]:

@@ -85,22 +85,9 @@ def _number(text: str, *, column: str, line: int, path: str, integer: bool = Fal
 
 def load_trace(path: str | Path) -> list[TraceClaim]:
     """The trace's claims in arrival order; InvalidInput naming the line of the first problem."""
-    name = str(path)
-    try:
-        # utf-8-sig: a CSV saved by a spreadsheet starts with a byte-order mark, not a column
-        handle = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise InvalidInput(
-            f"cannot read the trace {name}: {exc.strerror or exc}", code="invalid_trace"
-        ) from None
-    try:
-        with handle:
-            return _read_claims(name, handle)
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(
-            f"{name}: not a UTF-8 text file ({exc.reason} at byte {exc.start}); the trace is a CSV",
-            code="invalid_trace",
-        ) from None
+    from calque.simulate.trace_file import read_csv
+
+    return read_csv(path, _read_claims)
 
 
 def _read_claims(name: str, handle: Any) -> list[TraceClaim]:
