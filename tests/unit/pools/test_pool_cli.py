@@ -420,13 +420,26 @@ def test_a_pool_the_api_would_refuse_is_refused_before_its_package_is_uploaded(
     assert api.requests == []
 
 
+def _uploads(api, monkeypatch, claims) -> list[bytes]:
+    """An API whose claims route answers ``claims(body)`` and whose input route hands out an
+    upload; what the CLI uploads there is returned (as the list fills)."""
+    from calque.sdk import transfer
+
+    api.responses[("POST", "/v1/pools/textstats/claims")] = claims
+    api.responses[("POST", "/v1/pools/textstats/claims/input")] = {
+        "claim_id": "c-0123456789abcdef", "url": "https://bucket/k?sig", "headers": {},
+    }  # fmt: skip
+    put: list[bytes] = []
+    monkeypatch.setattr(transfer, "put_file", lambda target, path: put.append(Path(path).read_bytes()))
+    return put
+
+
 def test_items_too_large_for_one_request_are_uploaded_and_submitted_by_their_upload(
     api, cli, tmp_path, monkeypatch
 ):
     import hashlib
 
     from calque.cli.errors import ApiError
-    from calque.sdk import transfer
 
     # Given an items file whose request is over the API's body limit
     items = tmp_path / "items.jsonl"
@@ -437,12 +450,7 @@ def test_items_too_large_for_one_request_are_uploaded_and_submitted_by_their_upl
             raise ApiError(413, {"error": {"code": "body_too_large", "message": "over 1024 bytes"}})
         return CLAIM
 
-    api.responses[("POST", "/v1/pools/textstats/claims")] = claims
-    api.responses[("POST", "/v1/pools/textstats/claims/input")] = {
-        "claim_id": "c-0123456789abcdef", "url": "https://bucket/k?sig", "headers": {},
-    }  # fmt: skip
-    put: list[bytes] = []
-    monkeypatch.setattr(transfer, "put_file", lambda target, path: put.append(Path(path).read_bytes()))
+    put = _uploads(api, monkeypatch, claims)
     # When a member submits it
     code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
     # Then the input document went to the URL the API gave, and the claim names that upload
@@ -462,7 +470,6 @@ def test_more_items_than_one_request_may_carry_are_uploaded_however_small(api, c
     carry (MAX_ITEMS): they go by upload, as the docs say, not refused by the API."""
     from calque.cli.errors import ApiError
     from calque.contracts.pools import MAX_ITEMS
-    from calque.sdk import transfer
 
     items = tmp_path / "items.jsonl"
     items.write_text("0\n" * (MAX_ITEMS + 1))
@@ -472,12 +479,7 @@ def test_more_items_than_one_request_may_carry_are_uploaded_however_small(api, c
             raise ApiError(422, {"error": {"code": "validation_failed", "message": "at most 10000 items"}})
         return CLAIM
 
-    api.responses[("POST", "/v1/pools/textstats/claims")] = claims
-    api.responses[("POST", "/v1/pools/textstats/claims/input")] = {
-        "claim_id": "c-0123456789abcdef", "url": "https://bucket/k?sig", "headers": {},
-    }  # fmt: skip
-    put: list[bytes] = []
-    monkeypatch.setattr(transfer, "put_file", lambda target, path: put.append(Path(path).read_bytes()))
+    put = _uploads(api, monkeypatch, claims)
     code, _, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
     assert code == 0, err
     assert len(json.loads(put[0])["items"]) == MAX_ITEMS + 1
