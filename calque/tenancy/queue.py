@@ -11,7 +11,6 @@ and any number of passes may race: a request's grant is conditional on it still 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +30,11 @@ from calque.events import Event
 from calque.identity import Caller
 from calque.members import groups, limits, requests
 from calque.members.ports import GroupFull, Limits, QuotaFull, StaleWrite
-from calque.members.records import month_use
+from calque.members.records import GroupRecord, QuotaRecord, month_use
 from calque.tenancy import fairshare, queue_cards
 from calque.tenancy.core import _grants, _iso, new_token, session_started
 from calque.tenancy.placement import slice_backends
+from calque.tenancy.queue_estimate import Ending, Outlook, estimate_start
 from calque.tenancy.queue_pass import (
     REFUSALS,
     REFUSED,
@@ -298,20 +298,33 @@ class QueueMixin(SessionsMixin):
             cards=FleetRead(self._cards_now),
         )
 
+    def _live_limits(
+        self, user: str, group: str | None
+    ) -> tuple[QuotaRecord | None, GroupRecord | None, tuple[str, QuotaExceeded] | None]:
+        """The member's quota, the group a grant to them is charged to (``group``, else their
+        default), and the live-session limit that refuses a grant now, if one does: the
+        member's (``REFUSED_USER``) or the group's (``REFUSED_GROUP``), with its refusal.
+        Raises what ``charge_group`` raises for a group that can no longer take it."""
+        quota, mine = self.registry.quota_and_groups(user)
+        refusal = self._sessions_refusal(user, quota)
+        if refusal is not None:
+            return quota, None, (REFUSED_USER, refusal)
+        try:
+            charged = groups.charge_group(self.registry, user, group, mine)
+        except QuotaExceeded as exc:
+            return quota, None, (REFUSED_GROUP, exc)
+        return quota, charged, None
+
     def _held_back(self, user: str, group: str | None) -> str | None:
         """The limit that would refuse a grant to ``user`` charged to ``group`` now, in its
         refusal's words (as the pass checks it: the member's live sessions, their group's),
         or the member's or group's month already at a monthly limit (no grant can fit it)."""
-        quota, mine = self.registry.quota_and_groups(user)
-        refusal = self._sessions_refusal(user, quota)
-        if refusal is not None:
-            return refusal.message
         try:
-            charged = groups.charge_group(self.registry, user, group, mine)
-        except QuotaExceeded as exc:
-            return exc.message
+            quota, charged, full = self._live_limits(user, group)
         except CalqueError:
             return None  # its group went: the next pass ends it, saying so
+        if full is not None:
+            return full[1].message
         month = f"{self.clock():%Y-%m}"
         spent = limits.month_spent(
             "user", user, limits.of_quota(quota), month_use(quota.use if quota else {}, month), month
@@ -351,19 +364,16 @@ class QueueMixin(SessionsMixin):
         request's size against a monthly limit), or 'stale' (the request, a slice, the usage or
         the grant sequence changed since the read)."""
         user, now = rec.user, state.now
-        quota, mine = self.registry.quota_and_groups(user)
-        if self._sessions_refusal(user, quota) is not None:
-            return REFUSED_USER  # as many live sessions as the member may hold
         try:
-            group = groups.charge_group(self.registry, user, rec.group, mine)
-        except QuotaExceeded:
-            return REFUSED_GROUP  # the group is full now: the request waits
+            quota, group, full = self._live_limits(user, rec.group)
         except CalqueError as exc:
             # its group is gone or the member left it: no pass can ever grant it as asked, so it
             # leaves the queue (it would otherwise wait its whole wait, and reserve, for nothing)
             why = f"{one_line(str(exc))}: the group it is charged to can no longer take it"
             store.finish_queued(rec, "cancelled", at=now, by="calque-queue", reason=why)
             return REFUSED
+        if full is not None:
+            return full[0]  # the member's live sessions, or the group's: the request waits
         token = new_token()
         sl = taken[0]
         session = self._new_session(user, taken, token, rec.ttl_seconds, now, group.name if group else None)
@@ -419,14 +429,14 @@ class QueueMixin(SessionsMixin):
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         return fairshare.rank([waiting_of(r) for r in waiting], shares, usage, t, policy)
 
-    def _no_outlook(self) -> _Outlook:
+    def _no_outlook(self) -> Outlook:
         """What a view that estimates nothing reads (no request shown, or none waiting)."""
-        return _Outlook([], FleetRead(self._cards_now))
+        return Outlook([], FleetRead(self._cards_now))
 
-    def _expiries(self) -> _Outlook:
+    def _expiries(self) -> Outlook:
         live = self.registry.live_sessions(expiring_at_or_before=None, limit=self.config.list_limit)
         ends = [
-            _Ending(
+            Ending(
                 s.expires_at,
                 s.backend,
                 s.profile,
@@ -436,7 +446,7 @@ class QueueMixin(SessionsMixin):
             )
             for s in live
         ]
-        return _Outlook(ends, FleetRead(self._cards_now))
+        return Outlook(ends, FleetRead(self._cards_now))
 
     def _request_view(self, who: Caller, rec: QueuedRecord) -> SessionRequest:
         grant = None
@@ -461,7 +471,7 @@ class QueueMixin(SessionsMixin):
         place: int | None,
         ranked: list[tuple[float, fairshare.Waiting]],
         by_id: dict[str, QueuedRecord],
-        ends: _Outlook,
+        ends: Outlook,
         *,
         grant: Any,
         held: dict[tuple[str, str | None], str | None] | None = None,
@@ -470,15 +480,13 @@ class QueueMixin(SessionsMixin):
         (None: not asked, as for a request that no longer waits)."""
         ask = CheckoutRequest.model_validate_json(rec.ask)
         estimate = held_back = None
-        if place is not None:
-            ahead = [by_id[w.request_id] for _p, w in ranked[: place - 1] if w.request_id in by_id]
-            estimate = _estimate(ask, ahead, ends, self.clock())
         if rec.state == "waiting" and held is not None:
             if (rec.user, rec.group) not in held:
                 held[(rec.user, rec.group)] = self._held_back(rec.user, rec.group)
             held_back = held[(rec.user, rec.group)]
-        if held_back is not None:
-            estimate = None  # a slice freeing starts nothing while the limit holds
+        if place is not None and held_back is None:  # held back: a slice freeing starts nothing
+            ahead = [by_id[w.request_id] for _p, w in ranked[: place - 1] if w.request_id in by_id]
+            estimate = estimate_start(ask, ahead, ends, self.clock())
         return SessionRequest(
             request_id=rec.request_id,
             user=rec.user,
@@ -529,53 +537,6 @@ class QueueMixin(SessionsMixin):
             }
             for a in sorted(accounts)
         ]
-
-
-@dataclass(frozen=True)
-class _Ending:
-    """A live session as a waiting request's estimate reads it (``memory_gib``: per card)."""
-
-    at: datetime
-    backend: str
-    profile: str
-    memory_gib: float
-    instance_id: str
-    cards: int
-
-
-@dataclass
-class _Outlook:
-    """What estimates read: the live sessions' ends, and the fleet (for several cards)."""
-
-    ends: list[_Ending]
-    cards: FleetRead
-
-
-def _estimate(
-    ask: CheckoutRequest, ahead: list[QueuedRecord], outlook: _Outlook, now: datetime
-) -> datetime | None:
-    """When a waiting request is expected to start, from the live sessions' expiries: one
-    slot: the fitting slot that frees after one for each request ahead of it that shares a
-    kind with it; several cards: when the host where they free soonest has them
-    (queue_cards.reserve: its free cards count now)."""
-    if ask.gpus > 1:
-        found = queue_cards.reserve(
-            ask.gpus, lambda s: PassState.fits_ask(ask, s, any_state=True), *outlook.cards(), now
-        )
-        return found.start if found is not None else None
-    kinds = set(slice_backends(ask))
-    fitting = [
-        e
-        for e in outlook.ends
-        if e.backend in kinds
-        and (ask.profile is None or e.profile == ask.profile)
-        and (ask.min_memory_gib is None or e.memory_gib >= ask.min_memory_gib)
-        and ask.instance_id in (None, e.instance_id)
-    ]
-    # Those ahead that could take the same kind of slot take the ones that free first.
-    n = sum(1 for r in ahead if kinds & set(slice_backends(CheckoutRequest.model_validate_json(r.ask))))
-    times = sorted(t for e in fitting for t in [e.at] * e.cards)
-    return times[n] if n < len(times) else None
 
 
 def request_event(kind: str, r: QueuedRecord) -> Event:
