@@ -51,25 +51,46 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_profiles)
 
 
+def _type_row(t: Any) -> dict[str, Any]:
+    """An instance type as ``catalog types`` lists it (``catalog TYPE`` says more)."""
+    return {
+        "instance_type": t.name,
+        "card": t.card.name,
+        "gpus": t.gpu_count,
+        "gpu_memory_gib": t.card.memory_gib,
+        "mig": t.card.mig_capable,
+        "mps": t.card.mps_capable,
+        "on_demand_usd_per_hour": t.hourly_usd,
+        "price_as_of": t.price_as_of.isoformat(),
+        "price_verified": t.price_verified,
+    }
+
+
+def _profile_row(p: Any) -> dict[str, Any]:
+    """A MIG profile as ``catalog profiles`` and ``catalog TYPE`` list it."""
+    return {
+        "profile": p.name,
+        "memory_gib": p.memory_gib,
+        "max_per_gpu": p.max_count,
+        "compute_slices": p.compute_slices,
+        "memory_slices": p.memory_slices,
+    }
+
+
+PROFILE_COLUMNS: list[Any] = [
+    ("profile", "profile"),
+    ("GiB", lambda r: f"{r['memory_gib']:g}"),
+    ("max/gpu", "max_per_gpu"),
+    ("compute slices", "compute_slices"),
+    ("memory slices", "memory_slices"),
+]
+
+
 def do_types(ctx: Any, *, card: str | None = None) -> None:
     from calque import catalog
 
     wanted = catalog.card(card).name if card else None
-    rows = [
-        {
-            "instance_type": t.name,
-            "card": t.card.name,
-            "gpus": t.gpu_count,
-            "gpu_memory_gib": t.card.memory_gib,
-            "mig": t.card.mig_capable,
-            "mps": t.card.mps_capable,
-            "on_demand_usd_per_hour": t.hourly_usd,
-            "price_as_of": t.price_as_of.isoformat(),
-            "price_verified": t.price_verified,
-        }
-        for t in catalog.instance_types()
-        if wanted is None or t.card.name == wanted
-    ]
+    rows = [_type_row(t) for t in catalog.instance_types() if wanted is None or t.card.name == wanted]
     ctx.emit(
         rows,
         columns=[
@@ -105,28 +126,11 @@ def do_type(ctx: Any, *, instance_type: str) -> None:
             details={"field": "instance_type", "value": instance_type},
         ) from None
     c = t.card
-    profiles: list[dict[str, Any]] = [
-        {
-            "profile": p.name,
-            "memory_gib": p.memory_gib,
-            "max_per_gpu": p.max_count,
-            "compute_slices": p.compute_slices,
-            "memory_slices": p.memory_slices,
-        }
-        for p in c.mig_profiles
-    ]
+    profiles = [_profile_row(p) for p in c.mig_profiles]
     doc: dict[str, Any] = {
-        "instance_type": t.name,
-        "card": c.name,
+        **_type_row(t),
         "family": c.family,
-        "gpus": t.gpu_count,
-        "gpu_memory_gib": c.memory_gib,
-        "on_demand_usd_per_hour": t.hourly_usd,
-        "price_as_of": t.price_as_of.isoformat(),
-        "price_verified": t.price_verified,
-        "mig": c.mig_capable,
         "mig_profiles": profiles,
-        "mps": c.mps_capable,
         "max_mps_clients": c.max_mps_clients if c.mps_capable else None,
     }
     fields: list[Any] = [
@@ -144,16 +148,7 @@ def do_type(ctx: Any, *, instance_type: str) -> None:
     ]
     text = render_fields(doc, fields)
     if profiles:
-        text += "\n\n" + render_table(
-            profiles,
-            [
-                ("profile", "profile"),
-                ("GiB", lambda r: f"{r['memory_gib']:g}"),
-                ("max/gpu", "max_per_gpu"),
-                ("compute slices", "compute_slices"),
-                ("memory slices", "memory_slices"),
-            ],
-        )
+        text += "\n\n" + render_table(profiles, PROFILE_COLUMNS)
     ctx.emit(doc, text=text)
 
 
@@ -200,26 +195,5 @@ def do_profiles(ctx: Any, *, card: str | None = None, instance_type: str | None 
         cards = [catalog.card(card)]
     else:
         cards = [c for c in catalog.cards() if c.mig_capable]
-    rows = [
-        {
-            "card": c.name,
-            "profile": p.name,
-            "memory_gib": p.memory_gib,
-            "max_per_gpu": p.max_count,
-            "compute_slices": p.compute_slices,
-            "memory_slices": p.memory_slices,
-        }
-        for c in cards
-        for p in c.mig_profiles
-    ]
-    ctx.emit(
-        rows,
-        columns=[
-            ("card", "card"),
-            ("profile", "profile"),
-            ("GiB", lambda r: f"{r['memory_gib']:g}"),
-            ("max/gpu", "max_per_gpu"),
-            ("compute slices", "compute_slices"),
-            ("memory slices", "memory_slices"),
-        ],
-    )
+    rows = [{"card": c.name, **_profile_row(p)} for c in cards for p in c.mig_profiles]
+    ctx.emit(rows, columns=[("card", "card"), *PROFILE_COLUMNS])
