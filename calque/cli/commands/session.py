@@ -169,8 +169,9 @@ def export_lines(env: Mapping[str, Any]) -> list[str]:
     return [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
 
 
-def render_grant(grant: Mapping[str, Any]) -> str:
-    """A check-out for people: what was granted, the token once, the env, how to connect, warnings."""
+def render_grant(grant: Mapping[str, Any], *, token_note: str = TOKEN_NOTE) -> str:
+    """A check-out for people: what was granted, the token once (``token_note`` says what it is
+    for), the env, how to connect, warnings."""
     from calque.cli.output import slice_summary
 
     several = grant.get("slice_ids") or []
@@ -184,7 +185,7 @@ def render_grant(grant: Mapping[str, Any]) -> str:
         f"{'them' if len(several) > 1 else 'it'}.",
         "",
         f"Token: {grant.get('token')}",
-        TOKEN_NOTE,
+        token_note,
         "",
         f"Bind a process to the {'cards' if len(several) > 1 else 'slice'}:",
         *("  " + line for line in export_lines(grant.get("env") or {})),
@@ -354,7 +355,7 @@ def register(subparsers: Any) -> None:
     from calque.cli.commands import session_connect
 
     session_connect.register(group)  # connect, exec
-    session_queue.register(group, render=render_grant, token_note=TOKEN_NOTE)  # session queue | cancel
+    session_queue.register(group, render=render_grant)  # session queue | cancel
 
 
 def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:

@@ -60,8 +60,8 @@ def place_line(req: dict[str, Any]) -> str:
     return f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
 
 
-def register(group: Any, *, render: Any, token_note: str) -> None:
-    """``render`` (and its ``token_note``): how ``session checkout`` prints a grant, which a
+def register(group: Any, *, render: Any) -> None:
+    """``render(grant, token_note=...)``: how ``session checkout`` prints a grant, which a
     granted request is printed as."""
     from calque.cli.argtypes import request_id
 
@@ -79,7 +79,7 @@ def register(group: Any, *, render: Any, token_note: str) -> None:
         help="one request, whatever its state: a granted one prints its grant as a check-out "
         "does, token included (e.g. after --on-interrupt leave)",
     )
-    p.set_defaults(func=lambda ctx, args: _queue(ctx, args, render, token_note))
+    p.set_defaults(func=lambda ctx, args: _queue(ctx, args, render))
 
     p = group.add_parser("cancel", help="leave the queue: cancel a waiting check-out")
     p.add_argument("request_id", metavar="REQUEST_ID", type=request_id)
@@ -109,7 +109,7 @@ def add_wait_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _queue(ctx: Any, args: argparse.Namespace, render: Any, token_note: str) -> None:
+def _queue(ctx: Any, args: argparse.Namespace, render: Any) -> None:
     if args.request_id is None:
         do_queue(ctx, all_users=args.all)
         return
@@ -117,19 +117,17 @@ def _queue(ctx: Any, args: argparse.Namespace, render: Any, token_note: str) -> 
         from calque.cli.errors import UsageError
 
         raise UsageError("give REQUEST_ID or --all, not both", details={"field": "all"})
-    do_show_request(ctx, request_id=args.request_id, render=render, token_note=token_note)
+    do_show_request(ctx, request_id=args.request_id, render=render)
 
 
-def do_show_request(ctx: Any, *, request_id: str, render: Any, token_note: str) -> None:
+def do_show_request(ctx: Any, *, request_id: str, render: Any) -> None:
     """One request: a granted one as its grant (the session and its token, which the API keeps
     for its member), any other as the request itself."""
     req = ctx.client().request("GET", _path(request_id))
     if req.get("state") == "granted" and req.get("grant"):
         # the request keeps its grant for its member: the check-out's "shown once" is not this
-        text = render(req["grant"]).replace(
-            token_note, f"Granted from queued request {request_id}: keep the token to log into the host."
-        )
-        ctx.emit(req["grant"], text=text)
+        note = f"Granted from queued request {request_id}: keep the token to log into the host."
+        ctx.emit(req["grant"], text=render(req["grant"], token_note=note))
         return
     ended = [(k, k) for k in ("held_back", "ended_reason") if req.get(k)]
     ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until"), *ended])
