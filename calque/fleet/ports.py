@@ -73,6 +73,12 @@ class Subnet:
     subnet_id: str
     availability_zone: str | None
 
+    @classmethod
+    def parse(cls, item: str) -> Subnet:
+        """One of CALQUE_FLEET_SUBNETS' items: ``subnet-id@az`` (or ``subnet-id``, its AZ unknown)."""
+        subnet_id, _, az = item.partition("@")
+        return cls(subnet_id=subnet_id, availability_zone=az or None)
+
 
 @dataclass(frozen=True)
 class SpotPrice:

@@ -43,10 +43,7 @@ def fleet(hosts: Hosts, *, store: DynamoFleetStore, publisher: EventBridgePublis
     from calque.fleet.service import Fleet
 
     s = fleet_settings()
-    subnets = tuple(
-        Subnet(subnet_id=item.partition("@")[0], availability_zone=item.partition("@")[2] or None)
-        for item in s.subnets
-    )
+    subnets = tuple(Subnet.parse(item) for item in s.subnets)
     return Fleet(
         store,
         Ec2Fleet(

@@ -455,7 +455,10 @@ class FleetSimulator:
         configured = os.environ.get(resources.ENV_FLEET_SUBNETS)
         if not configured and self.ec2 is not None:
             configured = ",".join(default_subnets(self.ec2))
-        return [p.split("@", 1)[1] for p in (configured or "").split(",") if "@" in p]
+        from calque.fleet.ports import Subnet
+
+        found = (Subnet.parse(item).availability_zone for item in (configured or "").split(",") if item)
+        return [az for az in found if az]
 
     def _retire_spot_changes(self) -> None:
         """(Under the lock.) The injected prices end now: each type and AZ changed is at the
