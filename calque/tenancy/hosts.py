@@ -30,12 +30,13 @@ class HostsMixin(TenancyCore):
         *,
         idempotency_key: str | None = None,
         before_create: Callable[[], None] | None = None,
+        on_created: Callable[[HostRecord], None] | None = None,
     ) -> Host:
         """Register a running instance. With a client request id, a replay of the
         registration that created the host answers the host instead of a conflict.
         ``before_create`` runs once the whole request is known to be valid, just before the
         host is written (a failed host's record is replaced there): a refused request
-        changes nothing."""
+        changes nothing. ``on_created`` runs once the host is written (not on a replay)."""
         # The catalog, the planner and the shares are registration's alone: imported here,
         # they stay out of every other request's cold start (bench/cold_import.py).
         from calque import catalog
@@ -114,6 +115,8 @@ class HostsMixin(TenancyCore):
                 details={"instance_id": req.instance_id},
             ) from None
         self.tasks.send(ApplyTask(instance_id=req.instance_id, spec=layout_doc))
+        if on_created is not None:
+            on_created(host)
         return self._host_view(who, host, slices)
 
     def get_host(self, who: Caller, instance_id: str) -> Host:

@@ -22,6 +22,7 @@ from calque.contracts.agent import AgentReport, GpuReport, InventoryGpu
 from calque.contracts.hosts import Host, HostDeregistered, HostRegistration, ReportAccepted
 from calque.contracts.tenancy import INSTANCE_ID_PATTERN
 from calque.errors import Conflict, InvalidInput, NotFound
+from calque.events import Publisher, publish_safely
 from calque.identity import Caller
 from calque.members.ports import StaleWrite
 from calque.tenancy.store.models import HostRecord, SliceRecord
@@ -127,6 +128,7 @@ class LifecycleTenancy(Protocol):
     registry: Registry
     clock: Callable[[], datetime]
     tasks: HostTaskQueue
+    publisher: Publisher
 
     def register_host(self, *args: Any, **kwargs: Any) -> Host: ...
 
@@ -165,8 +167,31 @@ class HostLifecycle:
                 slices = self.registry.slices(req.instance_id)
                 self.registry.delete_host(existing, slices, retired=self._retired(existing, slices, who))
 
+        def announce(host: HostRecord) -> None:
+            # as the fleet announces the instances it launched once they register (calque.fleet
+            # .core): a host adopted by hand has no acquisition and no pool
+            publish_safely(
+                self.tenancy.publisher,
+                [
+                    (
+                        "calque.host.registered",
+                        {
+                            "request_id": None,
+                            "instance_id": host.instance_id,
+                            "instance_type": host.instance_type,
+                            "pool": None,
+                            "registered_by": host.registered_by,
+                        },
+                    )
+                ],
+            )
+
         return self.tenancy.register_host(
-            who, req, idempotency_key=idempotency_key, before_create=check_then_forget_failed
+            who,
+            req,
+            idempotency_key=idempotency_key,
+            before_create=check_then_forget_failed,
+            on_created=announce,
         )
 
     def _check_instance(self, req: HostRegistration) -> None:

@@ -342,3 +342,37 @@ def test_a_drained_host_whose_instance_went_is_forgotten_and_announced_lost_once
     mine = [line for line in bill.lines if line.instance_id == HOST]
     assert mine
     assert all(not line.running and line.end <= gone_at for line in mine)
+
+
+def test_a_host_registered_by_hand_is_announced_once_as_the_fleet_announces_its_own(
+    fleet: FleetWorld, world: World, events: RecordingPublisher
+):
+    from calque.contracts.hosts import HostRegistration
+
+    # Given an admin adopting a running instance (host register), the request sent twice
+    # with one client request id
+    req = HostRegistration.model_validate(
+        {"instance_id": HOST, "instance_type": "g7e.2xlarge", "layout": MIG4}
+    )
+    life = world.tenancy.lifecycle()
+    life.register(ADMIN, req, idempotency_key="k-1234567890abcdef")
+    life.register(ADMIN, req, idempotency_key="k-1234567890abcdef")
+    # Then calque.host.registered is published once, with no acquisition and no pool
+    assert events.of("calque.host.registered") == [
+        {
+            "request_id": None,
+            "instance_id": HOST,
+            "instance_type": "g7e.2xlarge",
+            "pool": None,
+            "registered_by": ADMIN.principal,
+        }
+    ]
+    # And a refused registration (already registered, another request) publishes nothing
+    with pytest.raises(Conflict):
+        life.register(ADMIN, req, idempotency_key="k-fedcba0987654321")
+    assert len(events.of("calque.host.registered")) == 1
+    # And a host the fleet launched is announced once, by the fleet, with its acquisition
+    iid, _ = fleet.host_with_sessions()
+    theirs = [e for e in events.of("calque.host.registered") if e["instance_id"] == iid]
+    assert len(theirs) == 1
+    assert theirs[0]["request_id"]
