@@ -71,6 +71,15 @@ class Host(Out):
     state_reason: str | None = Field(default=None, description="why the host is draining, drained or failed")
 
 
+class HostDrained(Host):
+    """The answer to a drain (POST /v1/hosts/{instance_id}/drain): the host, and the sessions
+    this drain ended."""
+
+    ended_sessions: list[str] = Field(
+        default=[], description="sessions this drain ended (with force); their slices are being reclaimed"
+    )
+
+
 class DrainRequest(Request):
     """POST /v1/hosts/{instance_id}/drain (admin)."""
 

@@ -46,8 +46,13 @@ class TenancyHosts:
         after = self.tenancy.drain(
             FLEET_CALLER, instance_id, force=end_sessions, reason=note, end_reason=end_reason
         )
-        still = {s.session_id for s in after.slices if s.state == "held"}
-        return sorted((sid, user) for sid, user in held.items() if sid not in still)
+        out = []
+        for sid in after.ended_sessions:
+            if sid not in held:  # won between the read above and the drain's fence
+                session = self.tenancy.registry.get_session(sid)
+                held[sid] = session.user if session is not None else ""
+            out.append((sid, held[sid]))
+        return sorted(out)
 
     def retire(self, instance_id: str, note: str) -> bool:
         try:

@@ -19,7 +19,7 @@ from calque.tenancy.store.models import HostRecord, LeaseEvent, SessionRecord, S
 # service mixes this class in, and every request's cold start would otherwise declare them.
 if TYPE_CHECKING:  # the agent's report models: only the report route builds them
     from calque.contracts.agent import AgentReport
-    from calque.contracts.hosts import Host, HostRegistration, ReportAccepted
+    from calque.contracts.hosts import Host, HostDrained, HostRegistration, ReportAccepted
 
 
 class HostsMixin(TenancyCore):
@@ -129,9 +129,12 @@ class HostsMixin(TenancyCore):
 
     def drain(
         self, who: Caller, instance_id: str, *, force: bool, reason: str | None, end_reason: str = "drained"
-    ) -> Host:
+    ) -> HostDrained:
         """Stop placing sessions on the host; with force, end the live ones with ``end_reason``
-        (the fleet passes released / spot_interrupted / host_lost / host_ttl)."""
+        (the fleet passes released / spot_interrupted / host_lost / host_ttl), named in the
+        answer's ``ended_sessions``."""
+        from calque.contracts.hosts import HostDrained
+
         host = self._host(instance_id)
         slices = self.registry.slices(instance_id)
         held = [s for s in slices if s.state == "held"]
@@ -156,6 +159,7 @@ class HostsMixin(TenancyCore):
                 self.registry.set_placeable(sl, False)
         # A check-out may have won a slice between the read above and the fence; end
         # whatever is held now when forced.
+        ended: list[str] = []
         for sl in self.registry.slices(instance_id) if force else []:
             if sl.state != "held" or sl.session_id is None:
                 continue
@@ -166,7 +170,9 @@ class HostsMixin(TenancyCore):
                 self._end(session, at=now, reason=end_reason, kind="drained", by=who.principal, note=reason)
             except StaleWrite:
                 continue
-        return self._host_view(who, self._settle_drain(instance_id), self.registry.slices(instance_id))
+            ended.append(session.session_id)
+        view = self._host_view(who, self._settle_drain(instance_id), self.registry.slices(instance_id))
+        return HostDrained(**dict(view), ended_sessions=ended)
 
     @staticmethod
     def _host_view(who: Caller, host: HostRecord, slices: list[SliceRecord]) -> Host:

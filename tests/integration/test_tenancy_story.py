@@ -158,6 +158,7 @@ def test_register_check_out_check_in_reclaim_and_drain_through_the_cli(local_pla
     )
     assert code == 0, drained
     assert drained["state"] in ("draining", "drained")
+    assert drained["ended_sessions"] == [grant["session_id"]]
     code, gone = plane.cli_json("session", "show", grant["session_id"], profile=second)
     assert (gone["state"], gone["end_reason"]) == ("ended", "drained")
     # And its member reads the admin's reason, in show and in the list of their ended sessions

@@ -199,6 +199,9 @@ def do_drain(ctx: Any, *, instance_id: str, force: bool = False, reason: str | N
         body["reason"] = reason
     host = ctx.client().request("POST", f"/v1/hosts/{quote(instance_id, safe='')}/drain", body)
     note = f"Host {host.get('instance_id')} is {host.get('state')}: no new sessions are placed there."
+    ended = host.get("ended_sessions") or []
+    if ended:
+        note += f" Ended {len(ended)} session(s): {', '.join(ended)}; their slices are being reclaimed."
     ctx.emit(host, text=note + "\n\n" + render_host(host))
 
 

@@ -15,6 +15,7 @@ from calque.contracts.hosts import (
     DrainRequest,
     Host,
     HostDeregistered,
+    HostDrained,
     HostRegistration,
     ReportAccepted,
 )
@@ -59,11 +60,19 @@ def show_host(instance_id: str) -> Host:
 
 @router.post("/hosts/<instance_id>/drain")
 @admin_only
-def drain_host(instance_id: str, body: Annotated[DrainRequest | None, Body()] = None) -> Host:
+def drain_host(instance_id: str, body: Annotated[DrainRequest | None, Body()] = None) -> HostDrained:
     who = admin(router)
     body = body or DrainRequest()
     host = api_tenancy().drain(who, instance_id, force=body.force, reason=body.reason)
-    logger.info("host drained", extra={"instance_id": instance_id, "force": body.force, "state": host.state})
+    logger.info(
+        "host drained",
+        extra={
+            "instance_id": instance_id,
+            "force": body.force,
+            "state": host.state,
+            "ended_sessions": host.ended_sessions,
+        },
+    )
     return host
 
 

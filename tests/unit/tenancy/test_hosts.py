@@ -131,6 +131,7 @@ def test_forced_drain_ends_sessions_with_the_reason_and_stops_placement(world: W
     host = world.tenancy.drain(ADMIN, "i-0aaa0001", force=True, reason="kernel upgrade")
     # Then the session ended as drained, with the reason recorded, and its slice is being reclaimed
     assert host.state == "draining"
+    assert host.ended_sessions == [grant.session_id]  # named in the answer (`host drain` prints them)
     session = world.tenancy.get_session(ALICE, grant.session_id)
     assert (session.state, session.end_reason) == ("ended", "drained")
     assert world.registry.sessions[grant.session_id].end_note == "kernel upgrade"
@@ -142,3 +143,5 @@ def test_forced_drain_ends_sessions_with_the_reason_and_stops_placement(world: W
     # When the agent reports the reclaim, the host is drained
     world.clock.advance(1)
     assert world.reclaimed("i-0aaa0001", grant.slice_id).host_state == "drained"
+    # And draining it again ends nothing more, and says so
+    assert world.tenancy.drain(ADMIN, "i-0aaa0001", force=True, reason="again").ended_sessions == []
