@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl
 
 from calque import resources
 from calque.local.ec2_answers import ec2_error as _error
-from calque.local.ec2_answers import spot_max_price_too_low
+from calque.local.ec2_answers import spot_bid, spot_max_price_too_low, spot_price_history
 from calque.local.state import StateDir
 
 log = logging.getLogger("calque.local")
@@ -55,7 +55,6 @@ LOCAL_SPOT_PRICE_OF_ON_DEMAND = 0.35
 # reads them hourly: CALQUE_FLEET_SPOT_REFRESH_S); every run here, so a change shows soon.
 LOCAL_SPOT_REFRESH_S = 1
 SPOT_REFRESH_ENV = "CALQUE_FLEET_SPOT_REFRESH_S"
-SPOT_HISTORY_PAGE_MAX = 1000
 
 
 @dataclass
@@ -113,6 +112,9 @@ class FleetSimulator:
         # ... and those ``clear`` took back, each followed by the table's price again from the
         # clear: EC2's history never rewrites the past, so neither does the plane's
         self.spot_retired: dict[tuple[str, str], list[tuple[dt.datetime, float]]] = {}
+        # a running spot instance's (type, AZ, max price): interrupted once an injected price
+        # passes it (its max price when launched with one, else the on-demand rate, as EC2's)
+        self.spot_bids: dict[str, tuple[str, str, float]] = {}
         self._tokens: dict[str, tuple[str, bytes]] = {}
         self._terminated: set[str] = set()
         self._events: queue.Queue[tuple[float, dict[str, Any]] | None] = queue.Queue()
@@ -143,7 +145,7 @@ class FleetSimulator:
         if action == "RunInstances":
             return self._run_instances(environ, params, call)
         if action == "DescribeSpotPriceHistory":
-            return self._spot_price_history(params)
+            return spot_price_history(params, self._spot_prices)
         if action == "TerminateInstances":
             status, headers, body = call(environ)
             if status.startswith("200"):
@@ -154,6 +156,8 @@ class FleetSimulator:
                         # its pool workers stop with it (SIGTERM: each finishes a claim in hand)
                         stop_instance_workers(self.state, iid)
                         self._terminated.add(iid)
+                        with self._lock:
+                            self.spot_bids.pop(iid, None)
                         self._state_change(iid, "shutting-down", 0.0)
                         self._state_change(iid, "terminated", self.event_delay_s)
             return status, headers, body
@@ -217,9 +221,13 @@ class FleetSimulator:
             pool = _tag(params, resources.FLEET_TAG_POOL)
             for iid in ids:
                 self.state.add_instance(iid, itype, self.host_role, pool=pool)
+        bid = spot_bid(params)
         for iid in ids:
             self._state_change(iid, "pending", 0.0)
             self._state_change(iid, "running", self.event_delay_s)
+            if bid is not None and az is not None:
+                with self._lock:
+                    self.spot_bids[iid] = (itype, az, bid)
         with self._lock:
             if token:
                 self._tokens[token] = (key, body)
@@ -246,52 +254,6 @@ class FleetSimulator:
     @staticmethod
     def _table_price(on_demand: float) -> float:
         return round(on_demand * LOCAL_SPOT_PRICE_OF_ON_DEMAND, 6)
-
-    def _spot_price_history(self, params: dict[str, str]) -> tuple[str, list[tuple[str, str]], bytes]:
-        """DescribeSpotPriceHistory: for each type asked, in the AZ asked (every AZ of the
-        plane's subnets when none), the Linux/UNIX changes within [StartTime, EndTime] and the
-        one in effect at StartTime (default both: now), newest first; MaxResults (5 to 1000,
-        default 1000) a page, NextToken to the next ("" after the last)."""
-        types = [v for k, v in sorted(params.items()) if k.startswith("InstanceType.")]
-        products = [v for k, v in params.items() if k.startswith("ProductDescription.")]
-        now = dt.datetime.now(dt.UTC)
-        try:
-            start = _when(params.get("StartTime")) or now
-            end = _when(params.get("EndTime")) or now
-            size = int(params.get("MaxResults") or SPOT_HISTORY_PAGE_MAX)
-            offset = int(params.get("NextToken") or 0)
-        except ValueError as exc:
-            return _error("400 Bad Request", "InvalidParameterValue", str(exc))
-        if not 5 <= size <= SPOT_HISTORY_PAGE_MAX:
-            return _error("400 Bad Request", "InvalidParameterValue", "MaxResults must be between 5 and 1000")
-        azs = [params["AvailabilityZone"]] if params.get("AvailabilityZone") else ["us-east-1a"]
-        rows: list[tuple[dt.datetime, str]] = []
-        if not products or "Linux/UNIX" in products:
-            for itype in types:
-                for az in azs:
-                    prices = [p for p in self._spot_prices(itype, az) if p[0] <= end]
-                    before = [p for p in prices if p[0] <= start][-1:]
-                    for at, price in before + [p for p in prices if p[0] > start]:
-                        rows.append(
-                            (
-                                at,
-                                f"<item><instanceType>{itype}</instanceType>"
-                                "<productDescription>Linux/UNIX</productDescription>"
-                                f"<spotPrice>{price:.6f}</spotPrice>"
-                                f"<timestamp>{at:%Y-%m-%dT%H:%M:%S.000Z}</timestamp>"
-                                f"<availabilityZone>{az}</availabilityZone></item>",
-                            )
-                        )
-        rows.sort(key=lambda r: r[0], reverse=True)
-        page = rows[offset : offset + size]
-        token = str(offset + size) if offset + size < len(rows) else ""
-        body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n'
-            '<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
-            f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(r[1] for r in page)}"
-            f"</spotPriceHistorySet><nextToken>{token}</nextToken></DescribeSpotPriceHistoryResponse>"
-        ).encode()
-        return "200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))], body
 
     def _instance_information(self, raw: bytes) -> Any:
         req = json.loads(raw or b"{}")
@@ -392,23 +354,7 @@ class FleetSimulator:
             refused = _not_spot(iid, [i for r in known for i in r.get("Instances", [])])
             if refused is not None:
                 return refused
-            notice_s = SPOT_NOTICE_S * self.schedule_scale
-            action_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=notice_s)
-            event = ec2_event(
-                resources.EC2_SPOT_INTERRUPTION,
-                {
-                    "instance-id": iid,
-                    "instance-action": "terminate",
-                    "instance-action-time": action_at.isoformat(),
-                },
-                account=self.account,
-                region=self.region,
-            )
-            self._events.put((time.monotonic(), event))
-            timer = threading.Timer(notice_s, self._reclaim, args=(iid,))
-            timer.daemon = True
-            timer.start()
-            self._timers.append(timer)
+            notice_s = self._interrupt(iid)
             return 200, {"injected": "spot-interruption", "instance_id": iid, "terminates_in_s": notice_s}
         if kind == "spot-price":
             return self._inject_spot_price(body)
@@ -419,6 +365,28 @@ class FleetSimulator:
                 self._retire_spot_changes()
             return 200, {"cleared": True}
         return 404, {"error": {"code": "not_found", "message": f"no fault {kind!r}", "details": {}}}
+
+    def _interrupt(self, iid: str) -> float:
+        """EC2's two-minute warning for spot instance ``iid``, then its termination; the notice's
+        length in seconds (times the plane's schedule scale)."""
+        notice_s = SPOT_NOTICE_S * self.schedule_scale
+        action_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=notice_s)
+        event = ec2_event(
+            resources.EC2_SPOT_INTERRUPTION,
+            {
+                "instance-id": iid,
+                "instance-action": "terminate",
+                "instance-action-time": action_at.isoformat(),
+            },
+            account=self.account,
+            region=self.region,
+        )
+        self._events.put((time.monotonic(), event))
+        timer = threading.Timer(notice_s, self._reclaim, args=(iid,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+        return notice_s
 
     def _unknown_place(self, itype: str, az: str | None) -> tuple[int, dict[str, Any]] | None:
         """A fault for a type the catalog does not know, or an AZ the region does not have,
@@ -489,12 +457,23 @@ class FleetSimulator:
         at = dt.datetime.now(dt.UTC)
         with self._lock:
             self.spot_changes.setdefault((itype, az), []).append((at, float(price)))
+            # EC2 interrupts a spot instance whose max price the market's passes ("price")
+            outbid = sorted(
+                iid
+                for iid, (t, where, most) in self.spot_bids.items()
+                if (t, where) == (itype, az) and most < price and iid not in self._terminated
+            )
+            for iid in outbid:
+                del self.spot_bids[iid]
+        for iid in outbid:
+            self._interrupt(iid)
         return 200, {
             "injected": "spot-price",
             "instance_type": itype,
             "az": az,
             "usd_per_hour": float(price),
             "at": at.isoformat(),
+            "interrupted": outbid,
         }
 
     def _reclaim(self, instance_id: str) -> None:
@@ -523,14 +502,6 @@ def _tag(params: dict[str, str], key: str) -> str | None:
         if name.endswith(".Key") and value == key:
             return params.get(name[: -len(".Key")] + ".Value") or None
     return None
-
-
-def _when(value: str | None) -> dt.datetime | None:
-    """A query's timestamp (ISO 8601, as botocore sends it), in UTC; None when absent."""
-    if not value:
-        return None
-    at = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return at if at.tzinfo else at.replace(tzinfo=dt.UTC)
 
 
 def _bad(field: str, message: str) -> tuple[int, dict[str, Any]]:

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from tests.integration.conftest import LocalPlaneHandle
-from tests.integration.fleet.conftest import Fleet, acquire_with_cli
+from tests.integration.fleet.conftest import Fleet, acquire_with_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +61,34 @@ def test_a_spot_price_change_is_recorded_and_charged_from_its_time(
     assert Decimal("1.176") < Decimal(idle["rate_usd_per_hour"]) < Decimal("1.5")
     cost = sum(Decimal(m["cost_usd"]) for m in report["instances"] if m["instance_id"] == iid)
     assert sum(Decimal(x["amount_usd"]) for x in lines) == cost
+
+
+def test_a_spot_price_past_an_instances_max_price_interrupts_it_as_ec2_does(
+    local_plane: LocalPlaneHandle, fleet: Fleet
+):
+    # Given a spot g7e.2xlarge launched with a max price of 2.00 $/h
+    fleet.set_budget(extra_instances=1)
+    done = acquire_with_cli(local_plane, "--spot", "--spot-max-price", "2", timeout="60s")
+    assert done.returncode == 0, done.stderr
+    (acq,) = json.loads(done.stdout)["acquisitions"]
+    iid, az = acq["instance_id"], acq["availability_zone"]
+    # When the price moves, still within its max price, or in another AZ: nothing is interrupted
+    assert (
+        fleet.inject("spot-price", instance_type="g7e.2xlarge", az=az, usd_per_hour=2.0)["interrupted"] == []
+    )
+    other = "us-east-1b" if az != "us-east-1b" else "us-east-1c"
+    assert (
+        fleet.inject("spot-price", instance_type="g7e.2xlarge", az=other, usd_per_hour=9)["interrupted"] == []
+    )
+    # When the price in its AZ passes its max price
+    changed = fleet.inject("spot-price", instance_type="g7e.2xlarge", az=az, usd_per_hour=2.5)
+    # Then EC2's interruption warning is sent for it, and the fleet drains it as for any warning
+    assert changed["interrupted"] == [iid]
+    host = wait_for(
+        lambda: (h := fleet.host(iid))["state"] in ("draining", "drained") and h,
+        timeout=10,
+        what="the host to be drained",
+    )
+    assert "spot" in (host["state_reason"] or "")
+    # And a second rise interrupts it no more
+    assert fleet.inject("spot-price", instance_type="g7e.2xlarge", az=az, usd_per_hour=3)["interrupted"] == []

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from calque.local.ec2_answers import spot_price_history
 from calque.local.fleet import FleetSimulator
 from calque.local.state import StateDir
 
@@ -37,7 +38,7 @@ def sim(tmp_path):
 
 def _ask(sim: FleetSimulator, **params: str) -> tuple[list[tuple[str, str]], str]:
     query = {"Action": "DescribeSpotPriceHistory", "InstanceType.1": T, "ProductDescription.1": "Linux/UNIX"}
-    status, _headers, body = sim._spot_price_history({**query, "AvailabilityZone": AZ, **params})
+    status, _headers, body = spot_price_history({**query, "AvailabilityZone": AZ, **params}, sim._spot_prices)
     assert status.startswith("200"), body
     doc = ET.fromstring(body)
     rows = [
@@ -96,7 +97,7 @@ def test_pages_follow_next_token(sim: FleetSimulator):
 
 
 def test_a_bad_page_size_or_injection_is_refused(sim: FleetSimulator):
-    status, _h, body = sim._spot_price_history({"InstanceType.1": T, "MaxResults": "4"})
+    status, _h, body = spot_price_history({"InstanceType.1": T, "MaxResults": "4"}, sim._spot_prices)
     assert status.startswith("400")
     assert b"InvalidParameterValue" in body
     assert sim.inject("spot-price", {"instance_type": T, "az": AZ, "usd_per_hour": 0})[0] == 400
