@@ -165,6 +165,10 @@ def test_connect_and_exec_on_the_local_plane_run_with_the_sessions_environment_a
     assert wrong.returncode == 1
     assert "ran" not in wrong.stdout
     assert "not this session's token" in wrong.stderr
+    # connect with nothing on stdin: told that no token was given, not that it is a wrong one
+    empty = _calque(plane, "session", "connect", sid, stdin="")
+    assert empty.returncode == 1
+    assert "no token given" in empty.stderr
     # connect: the token as the first line of stdin, then the shell reads the rest
     shell = _calque(
         plane, "session", "connect", sid, stdin=f"{token}\necho CONNECTED:$CALQUE_SESSION_ID\nexit 0\n"

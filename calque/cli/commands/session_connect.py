@@ -211,6 +211,13 @@ def _local(
         ctx.emit(plan, text=f"{shlex.join(argv)}\n# {note}")
         return
     token = _token(command is not None)
+    if not token.strip():
+        raise CliError(
+            f"no token given: set {TOKEN_ENV}, type it when asked on a terminal, or give it as "
+            "stdin's first line",
+            code="token_required",
+            details={"field": TOKEN_ENV, "session_id": sid},
+        )
     digest = hashlib.sha256(token.strip().encode()).hexdigest()
     if not any(g.get("token_sha256") and hmac.compare_digest(digest, str(g["token_sha256"])) for g in grants):
         raise CliError("that is not this session's token", code="invalid_token", details={"session_id": sid})
