@@ -254,6 +254,15 @@ class Context:
     def endpoint(self) -> str:
         return self._resolve()[0]
 
+    @property
+    def local_plane(self) -> bool:
+        """Whether the endpoint is a running local plane's (its hosts simulated); False when
+        none can be resolved (a client given outright)."""
+        try:
+            return self._resolve()[1] is not None
+        except CliError:
+            return False
+
     def credentials_and_region(self) -> tuple[Any, str]:
         import botocore.session
 

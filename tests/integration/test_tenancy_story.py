@@ -82,8 +82,10 @@ def test_register_check_out_check_in_reclaim_and_drain_through_the_cli(local_pla
     assert "Token: " in out
     assert "shown once and never again" in out
     assert "export CUDA_VISIBLE_DEVICES=MIG-" in out
-    assert f"aws ssm start-session --target {iid}" in out
     sid = out.split("Checked out ", 1)[1].split(":", 1)[0]
+    # (calque's own connect: the local plane has no Session Manager for the AWS CLI's line)
+    assert f"calque session connect {sid}" in out
+    assert "aws ssm start-session" not in out
     token = out.split("Token: ", 1)[1].split()[0]
 
     # When the second member checks out for a script

@@ -169,9 +169,10 @@ def export_lines(env: Mapping[str, Any]) -> list[str]:
     return [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
 
 
-def render_grant(grant: Mapping[str, Any], *, token_note: str = TOKEN_NOTE) -> str:
+def render_grant(grant: Mapping[str, Any], *, token_note: str = TOKEN_NOTE, local: bool = False) -> str:
     """A check-out for people: what was granted, the token once (``token_note`` says what it is
-    for), the env, how to connect, warnings."""
+    for), the env, how to connect (``local``: the local plane, whose host is simulated and
+    has no Session Manager), warnings."""
     from calque.cli.output import slice_summary
 
     several = grant.get("slice_ids") or []
@@ -191,11 +192,21 @@ def render_grant(grant: Mapping[str, Any], *, token_note: str = TOKEN_NOTE) -> s
         *("  " + line for line in export_lines(grant.get("env") or {})),
     ]
     connect = grant.get("connect") or {}
+    sid = grant.get("session_id")
     if connect.get("ssm_command"):
-        lines += ["", "Connect:", "  " + str(connect["ssm_command"])]
-        if grant.get("host_access"):
-            # The host agent makes the session's account a few seconds after check-out.
-            lines.append("  (the host asks for the token; until its account is ready it says to retry)")
+        lines += [
+            "",
+            "Connect:",
+            f"  calque session connect {sid}    (or run one command: calque session exec {sid} -- CMD)",
+        ]
+        if local:
+            lines.append("  (the local plane's host is simulated: it runs here, as you, in the session's")
+            lines.append("  environment, once given the session's token)")
+        else:
+            lines.append(f"  or with the AWS CLI: {connect['ssm_command']}")
+            if grant.get("host_access"):
+                # The host agent makes the session's account a few seconds after check-out.
+                lines.append("  (the host asks for the token; until its account is ready it says to retry)")
     for w in grant.get("warnings") or []:
         lines.append(f"warning: {w}")
     lines += [
@@ -424,7 +435,7 @@ def _checkout(ctx: Any, args: argparse.Namespace) -> None:
 def do_checkout(ctx: Any, **kwargs: Any) -> None:
     body = checkout_body(**kwargs)
     grant = ctx.client().request("POST", "/v1/sessions", body)
-    ctx.emit(grant, text=render_grant(grant))
+    ctx.emit(grant, text=render_grant(grant, local=ctx.local_plane))
 
 
 def _checkin(ctx: Any, args: argparse.Namespace) -> None:

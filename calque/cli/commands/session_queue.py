@@ -127,7 +127,7 @@ def do_show_request(ctx: Any, *, request_id: str, render: Any) -> None:
     if req.get("state") == "granted" and req.get("grant"):
         # the request keeps its grant for its member: the check-out's "shown once" is not this
         note = f"Granted from queued request {request_id}: keep the token to log into the host."
-        ctx.emit(req["grant"], text=render(req["grant"], token_note=note))
+        ctx.emit(req["grant"], text=render(req["grant"], token_note=note, local=ctx.local_plane))
         return
     ended = [(k, k) for k in ("held_back", "ended_reason") if req.get(k)]
     ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until"), *ended])
@@ -169,7 +169,7 @@ def do_wait_checkout(
         while True:
             if req.get("state") == "granted" and req.get("grant"):
                 grant = req["grant"]
-                ctx.emit(grant, text=render(grant))
+                ctx.emit(grant, text=render(grant, local=ctx.local_plane))
                 return
             if req.get("state") == "expired":
                 raise _expired(rid, req, asked=max_wait_s is not None)
@@ -192,7 +192,7 @@ def do_wait_checkout(
                 # control plane's next pass, and says so as what it is, an expired wait.
                 granted = _leave(client, rid)
                 if granted is not None:
-                    ctx.emit(granted, text=render(granted))
+                    ctx.emit(granted, text=render(granted, local=ctx.local_plane))
                     return
                 raise _expired(rid, req, asked=max_wait_s is not None)
             time.sleep(POLL_S)
@@ -207,7 +207,7 @@ def do_wait_checkout(
             raise SystemExit(130) from None
         grant = _leave(client, rid)
         if grant is not None:  # granted meanwhile: keep it
-            ctx.emit(grant, text=render(grant))
+            ctx.emit(grant, text=render(grant, local=ctx.local_plane))
             return
         print(f"{rid} cancelled", file=sys.stderr)
         raise SystemExit(130) from None

@@ -443,3 +443,21 @@ def test_list_user_that_is_not_a_user_name_is_a_usage_error(api, cli):
     assert api.requests == []
     assert "'bad user' is not a user name" in err
     assert "pattern" not in err
+
+
+def test_a_grant_says_to_connect_with_calque_and_names_the_aws_cli_line_only_where_it_works():
+    from calque.cli.commands.session import render_grant
+
+    # On AWS: calque's own connect first, then the AWS CLI's command for those who use it
+    aws = render_grant(GRANT).splitlines()
+    at = aws.index("Connect:")
+    assert aws[at + 1].split() == [
+        "calque", "session", "connect", "s-0123456789abcdef", "(or", "run", "one", "command:",
+        "calque", "session", "exec", "s-0123456789abcdef", "--", "CMD)",
+    ]  # fmt: skip
+    assert aws[at + 2] == "  or with the AWS CLI: aws ssm start-session --target i-0abc"
+    # On the local plane there is no Session Manager: no `aws ssm` line that could not work
+    local = render_grant(GRANT, local=True)
+    assert "calque session connect s-0123456789abcdef" in local
+    assert "aws ssm" not in local
+    assert "simulated" in local
