@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from calque.cli.errors import ApiError, EndpointUnreachable, UsageError
+from calque.cli.errors import ApiError, CliError, EndpointUnreachable, UsageError
 
 SERVICE = "execute-api"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -80,6 +80,29 @@ class ApiClient:
         prepared.headers["User-Agent"] = self.user_agent
         return prepared
 
+    def _signed_or_refused(self, method: str, url: str, data: bytes | None, key: str | None) -> Any:
+        """The signed request; credentials that cannot be had now (an SSO session never
+        started or expired, a role that cannot be assumed, a credential process that fails:
+        botocore resolves those at the first signing) refuse in one line saying so, not as
+        the control plane being out of reach."""
+        from botocore.exceptions import BotoCoreError, SSOError, TokenRetrievalError
+
+        try:
+            return self._signed(method, url, data, key)
+        except (SSOError, TokenRetrievalError) as exc:
+            raise CliError(
+                f"your AWS SSO session is not signed in or has expired ({_first_line(exc)}): run "
+                "`aws sso login` with the same --profile, then try again",
+                code="no_credentials",
+                details={"endpoint": self.endpoint},
+            ) from None
+        except BotoCoreError as exc:
+            raise CliError(
+                f"cannot load AWS credentials: {_first_line(exc)}",
+                code="no_credentials",
+                details={"endpoint": self.endpoint},
+            ) from None
+
     def request(
         self,
         method: str,
@@ -129,16 +152,15 @@ class ApiClient:
         key = idempotency_key or (str(uuid.uuid4()) if method in WRITES else None)
         attempt = 0
         while True:
+            signed = self._signed_or_refused(method, url, data, key)
             try:
-                resp = self._session().send(self._signed(method, url, data, key))
+                resp = self._session().send(signed)
             except Exception as exc:  # botocore's connection errors have no common base worth naming
                 if _answer_lost(exc) and attempt < self.retries:
                     attempt += 1  # it may have been applied: the same key makes the retry safe
                     time.sleep(min(0.5 * attempt, self.max_wait_s))
                     continue
-                raise EndpointUnreachable(
-                    self.endpoint, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                ) from exc
+                raise EndpointUnreachable(self.endpoint, _first_line(exc)) from exc
             status = resp.status_code
             text = resp.content.decode("utf-8", "replace") if resp.content else ""
             try:
@@ -210,6 +232,10 @@ def next_token(link: str | None) -> str | None:
 def _code(doc: dict[str, Any]) -> str | None:
     error = doc.get("error")
     return error.get("code") if isinstance(error, dict) else None
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _retry_after(value: str | None) -> float | None:

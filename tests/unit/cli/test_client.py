@@ -8,9 +8,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from botocore.credentials import Credentials
+from botocore.exceptions import CredentialRetrievalError, SSOTokenLoadError, TokenRetrievalError
 
 from calque.cli.client import ApiClient
-from calque.cli.errors import ApiError, EndpointUnreachable, UsageError
+from calque.cli.errors import ApiError, CliError, EndpointUnreachable, UsageError
 from calque.local.sigv4 import SignedRequest, verify
 from calque.local.state import Principal
 
@@ -107,6 +108,42 @@ def test_an_unreachable_endpoint_is_a_clear_refusal():
         EndpointUnreachable, match=r"cannot reach the control plane at http://127\.0\.0\.1:8787"
     ):
         client.request("GET", "/v1/whoami")
+
+
+class _Refusing:
+    """Credentials botocore resolves at the first signing (SSO, an assumed role), failing."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def get_frozen_credentials(self):
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (SSOTokenLoadError(error_msg="Token for my does not exist"), "run `aws sso login`"),
+        (TokenRetrievalError(provider="sso", error_msg="expired"), "run `aws sso login`"),
+        (
+            CredentialRetrievalError(provider="custom-process", error_msg="exit 1"),
+            "cannot load AWS credentials",
+        ),
+    ],
+)
+def test_credentials_that_cannot_be_had_refuse_saying_so_not_as_an_unreachable_plane(exc, said):
+    # Given a profile whose credentials fail when first used (an SSO session never signed in)
+    client = ApiClient("http://127.0.0.1:8787", _Refusing(exc), "us-east-1")
+    transport = _Transport()
+    client._http = transport
+    # When a request is made
+    with pytest.raises(CliError) as refused:
+        client.request("POST", "/v1/sessions", {"backend": "mig"})
+    # Then it is a credentials refusal naming what to do, and nothing is sent
+    assert not isinstance(refused.value, EndpointUnreachable)
+    assert refused.value.code == "no_credentials"
+    assert said in refused.value.message
+    assert transport.sent == []
 
 
 def test_a_query_is_sent_in_sigv4_canonical_encoding():
