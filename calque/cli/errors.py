@@ -53,7 +53,9 @@ class ApiError(CliError):
     def __init__(self, status: int, document: dict[str, Any], *, retry_after: float | None = None):
         err = document.get("error") if isinstance(document, dict) else None
         if not isinstance(err, dict):
-            err = {"code": f"http_{status}", "message": f"the API answered HTTP {status}", "details": {}}
+            said = gateway_message(document)
+            words = gateway_words(status, said) if said else f"the API answered HTTP {status}"
+            err = {"code": f"http_{status}", "message": words, "details": {}}
             document = {"error": err, "body": document}
         super().__init__(
             str(err.get("message") or f"HTTP {status}"),
@@ -69,6 +71,39 @@ class ApiError(CliError):
     @property
     def document(self) -> dict[str, Any]:
         return self._document
+
+
+def gateway_message(document: Any) -> str | None:
+    """What API Gateway itself said (``{"message": ...}``, as it answers an IAM refusal, an
+    expired token, a route it does not have or its own throttling), before any of the
+    control plane's code ran; None for any other body."""
+    if not isinstance(document, dict):
+        return None
+    said = document.get("message", document.get("Message"))
+    return said.strip() if isinstance(said, str) and said.strip() else None
+
+
+def gateway_words(status: int, said: str) -> str:
+    """API Gateway's own refusal, with what to do about it."""
+    low = said.lower()
+    if "security token" in low and "expired" in low:
+        return (
+            f"AWS refused the request's credentials: {said}; renew them (`aws sso login`, or new "
+            "keys) and retry"
+        )
+    if "not authorized to perform" in low:
+        return (
+            f"{said}: your AWS identity may not call this route; an admin attaches the stack's "
+            "members' (or admins') policy to it (MembersPolicyArn, docs/deploy.md)"
+        )
+    if "missing authentication token" in low:
+        return (
+            f"API Gateway has no such route ({said}): check --endpoint, the stack's ApiEndpoint "
+            "output with its stage (`calque configure --from-stack`)"
+        )
+    if "signature" in low:
+        return f"AWS refused the request's signature: {said}; check the machine's clock and --region"
+    return f"the API answered HTTP {status}: {said}"
 
 
 class EndpointUnreachable(CliError):

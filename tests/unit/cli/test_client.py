@@ -207,3 +207,41 @@ def test_a_list_is_followed_page_after_page_and_max_items_stops_it():
     client, transport = _client(*pages)
     assert client.pages("/v1/sessions", {"all": "true"}, max_items=3) == [1, 2, 3]
     assert len(transport.sent) == 2
+
+
+@pytest.mark.parametrize(
+    ("said", "words"),
+    [
+        ("The security token included in the request is expired", "renew them (`aws sso login`"),
+        (
+            "User: arn:aws:iam::123456789012:user/alice is not authorized to perform: execute-api:Invoke "
+            "on resource: arn:aws:execute-api:us-east-1:123456789012:abc/prod/POST/v1/hosts",
+            "MembersPolicyArn",
+        ),
+        ("Missing Authentication Token", "check --endpoint"),
+    ],
+)
+def test_api_gateways_own_refusals_say_what_it_said_and_what_to_do(said, words):
+    # Given API Gateway refusing before the control plane's code runs, in its own shape
+    client, _ = _client(_Resp(403, {"message": said}))
+    with pytest.raises(ApiError) as refused:
+        client.request("GET", "/v1/hosts")
+    # Then the refusal carries its words (not "the API answered HTTP 403") and the fix
+    assert said in refused.value.message
+    assert words in refused.value.message
+    assert refused.value.document["body"] == {"message": said}
+
+
+def test_api_gateways_throttling_is_retried_but_a_quota_refusal_is_not():
+    # Given API Gateway throttling once, then answering
+    client, transport = _client(_Resp(429, {"message": "Too Many Requests"}), _Resp(200, {"ok": True}))
+    # Then the request is sent again (with its key) and answered
+    assert client.request("POST", "/v1/sessions", {"backend": "mig"}) == {"ok": True}
+    assert len(transport.sent) == 2
+    # But the API's own 429 (a quota or the budget) is a refusal at once
+    quota = {"error": {"code": "quota_exceeded", "message": "at your quota", "details": {}}}
+    client, transport = _client(_Resp(429, quota), _Resp(200, {"ok": True}))
+    with pytest.raises(ApiError) as refused:
+        client.request("POST", "/v1/sessions", {"backend": "mig"})
+    assert refused.value.code == "quota_exceeded"
+    assert len(transport.sent) == 1
