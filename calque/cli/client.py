@@ -171,10 +171,11 @@ class ApiClient:
                 return doc, resp.headers
             retry_after = _retry_after(resp.headers.get("Retry-After"))
             # 503: a dependency down; 409 request_in_progress: this very request (its key) still runs;
-            # 429 in API Gateway's own shape: its throttling (the API's own 429s are quota and
-            # budget refusals, never retried)
+            # 429 throttled (or in API Gateway's bare shape): its throttling (the API's own 429s
+            # are quota and budget refusals, never retried)
             busy = status == 409 and isinstance(doc, dict) and _code(doc) == "request_in_progress"
-            throttled = status == 429 and not (isinstance(doc, dict) and isinstance(doc.get("error"), dict))
+            bare = not (isinstance(doc, dict) and isinstance(doc.get("error"), dict))
+            throttled = status == 429 and (bare or (isinstance(doc, dict) and _code(doc) == "throttled"))
             if (status == 503 or busy or throttled) and attempt < self.retries:
                 attempt += 1
                 time.sleep(min(retry_after if retry_after is not None else 1.0, self.max_wait_s))

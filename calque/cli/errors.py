@@ -54,7 +54,8 @@ class ApiError(CliError):
         err = document.get("error") if isinstance(document, dict) else None
         if not isinstance(err, dict):
             said = gateway_message(document)
-            words = gateway_words(status, said) if said else f"the API answered HTTP {status}"
+            words = (gateway_words(said) or f"the API answered HTTP {status}: {said}") if said else None
+            words = words or f"the API answered HTTP {status}"
             err = {"code": f"http_{status}", "message": words, "details": {}}
             document = {"error": err, "body": document}
         super().__init__(
@@ -64,6 +65,8 @@ class ApiError(CliError):
         )
         # The API speaks seconds; the user wrote --ttl 999d (the document keeps the API's words).
         self.message = ttl_refusal_in_units(self.code, self.details) or self.message
+        if self.code in GATEWAY_CODES:  # API Gateway's refusal in the contract's shape (the stack's)
+            self.message = gateway_words(self.message) or self.message
         self.status = status
         self._document = document
         self.retry_after = retry_after
@@ -71,6 +74,10 @@ class ApiError(CliError):
     @property
     def document(self) -> dict[str, Any]:
         return self._document
+
+
+# the codes the stack's API Gateway answers its own refusals with (infra/components/rest_api.py)
+GATEWAY_CODES = frozenset({"access_denied", "expired_token", "invalid_signature", "missing_authentication"})
 
 
 def gateway_message(document: Any) -> str | None:
@@ -83,8 +90,8 @@ def gateway_message(document: Any) -> str | None:
     return said.strip() if isinstance(said, str) and said.strip() else None
 
 
-def gateway_words(status: int, said: str) -> str:
-    """API Gateway's own refusal, with what to do about it."""
+def gateway_words(said: str) -> str | None:
+    """API Gateway's own refusal, with what to do about it; None for words it does not know."""
     low = said.lower()
     if "security token" in low and "expired" in low:
         return (
@@ -101,9 +108,9 @@ def gateway_words(status: int, said: str) -> str:
             f"API Gateway has no such route ({said}): check --endpoint, the stack's ApiEndpoint "
             "output with its stage (`calque configure --from-stack`)"
         )
-    if "signature" in low:
+    if "signature" in low and ("does not match" in low or "expired" in low):
         return f"AWS refused the request's signature: {said}; check the machine's clock and --region"
-    return f"the API answered HTTP {status}: {said}"
+    return None
 
 
 class EndpointUnreachable(CliError):

@@ -82,7 +82,43 @@ def proxy_rest_api(
             throttling_burst_limit=throttling_burst_limit,
         ),
     )
+    for response_type, code, headers in GATEWAY_ERRORS:
+        api.add_gateway_response(
+            "Gateway" + code.title().replace("_", ""),
+            type=response_type,
+            templates={"application/json": gateway_error_template(code)},
+            response_headers=headers,
+        )
     return api, access_logs
+
+
+# API Gateway's own refusals, before the function runs (an IAM denial, an expired token, a
+# signature that does not verify, its throttling, a body past its 10 MB), in the contract's
+# error shape like every other error: (type, the error code, headers). Each keeps its own
+# status; its words are API Gateway's ($context.error.message).
+GATEWAY_ERRORS: tuple[tuple[apigw.ResponseType, str, dict[str, str] | None], ...] = (
+    (apigw.ResponseType.ACCESS_DENIED, "access_denied", None),
+    (apigw.ResponseType.EXPIRED_TOKEN, "expired_token", None),
+    (apigw.ResponseType.INVALID_SIGNATURE, "invalid_signature", None),
+    (apigw.ResponseType.MISSING_AUTHENTICATION_TOKEN, "missing_authentication", None),
+    (apigw.ResponseType.UNAUTHORIZED, "unauthorized", None),
+    (apigw.ResponseType.THROTTLED, "throttled", {"Retry-After": "'1'"}),
+    # as the API's own refusal of a body past its limit, which the CLI and SDK answer by uploading
+    (apigw.ResponseType.REQUEST_TOO_LARGE, "body_too_large", None),
+    (apigw.ResponseType.INTEGRATION_TIMEOUT, "integration_timeout", None),
+    (apigw.ResponseType.DEFAULT_4_XX, "gateway_refused", None),
+    (apigw.ResponseType.DEFAULT_5_XX, "internal_error", None),
+)
+
+
+def gateway_error_template(code: str) -> str:
+    """The mapping template of an API Gateway refusal: ``{"error": {"code", "message",
+    "details"}}``, the message API Gateway's own (quoted by messageString), the request id in
+    the details to quote to an admin."""
+    return (
+        f'{{"error": {{"code": "{code}", "message": $context.error.messageString, '
+        '"details": {"request_id": "$context.requestId"}}}'
+    )
 
 
 def outside_the_deployment(organization_id: str | None) -> dict[str, Any]:

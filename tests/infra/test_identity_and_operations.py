@@ -353,3 +353,33 @@ def test_every_admin_example_in_the_docs_is_accepted_as_written() -> None:
         assert config.admins
     # And the guide shows the role-ARN form callers never present themselves
     assert "arn:aws:iam::123456789012:role/GpuAdmins" in (root / "docs" / "deploy.md").read_text()
+
+
+def test_api_gateways_own_refusals_answer_in_the_contracts_error_shape(synthesized: Synthesized) -> None:
+    # Every refusal API Gateway makes before the function runs (an IAM denial, an expired
+    # token, its throttling, ...) is {"error": {"code", "message", "details"}}, on both APIs
+    responses = resources_of(synthesized.service_json, "AWS::ApiGateway::GatewayResponse")
+    by_api: dict[str, dict[str, Any]] = {}
+    for r in responses:
+        props = r["Properties"]
+        by_api.setdefault(json.dumps(props["RestApiId"], sort_keys=True), {})[props["ResponseType"]] = props
+    assert len(by_api) == 2  # the members' API and the hosts' private one
+    for types in by_api.values():
+        assert {"ACCESS_DENIED", "EXPIRED_TOKEN", "THROTTLED", "DEFAULT_4XX", "DEFAULT_5XX"} <= set(types)
+        for kind, props in types.items():
+            template = props["ResponseTemplates"]["application/json"]
+            # a mapping template: the message is API Gateway's, quoted; filled in, it is JSON
+            filled = template.replace("$context.error.messageString", '"User is not authorized"')
+            filled = filled.replace("$context.requestId", "r-1")
+            doc = json.loads(filled)
+            assert set(doc["error"]) == {"code", "message", "details"}, kind
+            assert re.fullmatch(r"[a-z_]+", doc["error"]["code"]), kind
+        assert (
+            json.loads(
+                types["EXPIRED_TOKEN"]["ResponseTemplates"]["application/json"]
+                .replace("$context.error.messageString", '"x"')
+                .replace("$context.requestId", "r")
+            )["error"]["code"]
+            == "expired_token"
+        )
+        assert types["THROTTLED"]["ResponseParameters"] == {"gatewayresponse.header.Retry-After": "'1'"}

@@ -245,3 +245,20 @@ def test_api_gateways_throttling_is_retried_but_a_quota_refusal_is_not():
         client.request("POST", "/v1/sessions", {"backend": "mig"})
     assert refused.value.code == "quota_exceeded"
     assert len(transport.sent) == 1
+
+
+def test_the_stacks_gateway_refusals_in_the_contracts_shape_say_what_to_do_and_throttling_is_retried():
+    # Given the deployed API Gateway's refusal as the stack maps it (infra/components/rest_api.py)
+    said = "The security token included in the request is expired"
+    doc = {"error": {"code": "expired_token", "message": said, "details": {"request_id": "r-1"}}}
+    client, _ = _client(_Resp(403, doc))
+    with pytest.raises(ApiError) as refused:
+        client.request("GET", "/v1/whoami")
+    assert refused.value.code == "expired_token"
+    assert said in refused.value.message
+    assert "aws sso login" in refused.value.message
+    # And its throttling, in the same shape, is retried
+    throttled = {"error": {"code": "throttled", "message": "Too Many Requests", "details": {}}}
+    client, transport = _client(_Resp(429, throttled), _Resp(200, {"ok": True}))
+    assert client.request("GET", "/v1/whoami") == {"ok": True}
+    assert len(transport.sent) == 2
