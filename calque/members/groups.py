@@ -169,7 +169,8 @@ class Groups:
             raise Conflict(
                 f"group {req.name} already exists", code="group_exists", details={"group": req.name}
             ) from None
-        return self.view(g)
+        # As stored: a group created under a deleted one's name has that group's month counters
+        return self.view(self.registry.get_group(req.name) or g)
 
     def add(self, who: Caller, name: str, users: list[str], *, idempotency_key: str | None = None) -> Group:
         self._admin(who)

@@ -29,6 +29,9 @@ class MemoryMembers:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self.group_map: dict[str, GroupRecord] = {}
+        # Deleted groups, as they were: their monthly counters (and a claim's use settled
+        # after the delete) come back with a group created again under the name.
+        self.deleted_groups: dict[str, GroupRecord] = {}
         self.quotas: dict[str, QuotaRecord] = {}
         self.requests = 0  # calls made, for the "does not grow with the fleet" property
 
@@ -40,6 +43,9 @@ class MemoryMembers:
         with self._lock:
             if group.name in self.group_map:
                 raise AlreadyExists(group.name)
+            old = self.deleted_groups.pop(group.name, None)
+            if old is not None:
+                group = group.model_copy(update={"use": old.use, "version": old.version + 1})
             self.group_map[group.name] = group
 
     def get_group(self, name: str) -> GroupRecord | None:
@@ -92,7 +98,7 @@ class MemoryMembers:
             cur = self.group_map.get(name)
             if cur is None or cur.members or cur.live:
                 raise StaleWrite(name)
-            del self.group_map[name]
+            self.deleted_groups[name] = self.group_map.pop(name)
 
     # -- quotas ---------------------------------------------------------------------------
     def quota_users(self) -> list[str]:
@@ -211,3 +217,8 @@ class MemoryMembers:
             g = self.group_map.get(use.group) if use.group is not None else None
             if g is not None:
                 self.group_map[g.name] = g.model_copy(update={"use": add_use(g.use, use.month, **settle)})
+            elif use.group in self.deleted_groups:  # deleted since: its month still counts it
+                old = self.deleted_groups[use.group]
+                self.deleted_groups[use.group] = old.model_copy(
+                    update={"use": add_use(old.use, use.month, **settle)}
+                )

@@ -143,11 +143,28 @@ def _memberships(item: dict[str, Any] | None) -> dict[str, datetime]:
     }
 
 
+# A deleted group's item stays, marked ``deleted``, with its monthly counters (and what a
+# claim charged to it settles after the delete): no read sees it as a group, and a group
+# created again under its name takes its counters back, so deleting and re-creating a group
+# never starts its month afresh. An item with no ``created_at`` holds counters alone (a
+# claim's use settled on a group deleted before deletes kept its item): it is no group either.
+_GROUP = "attribute_exists(pk) AND attribute_not_exists(deleted)"
+
 # A group may go only with no member and no live session.
 _EMPTY_GROUP = (
-    "attribute_exists(pk) AND (attribute_not_exists(members) OR size(members) = :zero) "
+    f"{_GROUP} AND (attribute_not_exists(members) OR size(members) = :zero) "
     "AND (attribute_not_exists(live) OR live = :zero)"
 )
+
+# What a delete clears from the item (its counters and version stay).
+_CLEARED = (
+    "members", "max_sessions", "max_gpu_hours_per_month", "max_usd_per_month",
+    "limits_request", "members_request", "created_request",
+)  # fmt: skip
+
+
+def _is_group(item: dict[str, Any] | None) -> bool:
+    return item is not None and not item.get("deleted") and "created_at" in item
 
 
 class DynamoMembers(Table):
@@ -167,12 +184,41 @@ class DynamoMembers(Table):
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                self._recreate_group(group)
+                return
+            raise
+
+    def _recreate_group(self, group: GroupRecord) -> None:
+        """A group created under the name of a deleted one: its item written over the deleted
+        one's, whose monthly counters stay, with its version moved on (a limits write based on
+        the deleted group's version is refused). AlreadyExists when a group is there."""
+        doc = {k: v for k, v in self._group_item(group).items() if k not in ("pk", "sk", "version")}
+        names = {f"#f{n}": k for n, k in enumerate(doc)} | {"#ver": "version"}
+        values: dict[str, Any] = {f":f{n}": v for n, v in enumerate(doc.values())}
+        values.update({":zero": 0, ":one": 1})
+        gone = [k for k in _CLEARED if k not in doc]
+        names.update({f"#x{n}": k for n, k in enumerate(gone)})
+        removes = ", ".join(["deleted", *(f"#x{n}" for n in range(len(gone)))])
+        try:
+            self.client.update_item(
+                TableName=self.table,
+                Key=ser(group_key(group.name)),
+                UpdateExpression="SET "
+                + ", ".join(f"#f{n} = :f{n}" for n in range(len(doc)))
+                + ", #ver = if_not_exists(#ver, :zero) + :one REMOVE "
+                + removes,
+                ConditionExpression="attribute_exists(deleted) OR attribute_not_exists(created_at)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=ser(values),
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
                 raise AlreadyExists(group.name) from None
             raise
 
     def get_group(self, name: str) -> GroupRecord | None:
         item = self._get(group_key(name))
-        return _group(item) if item is not None else None
+        return _group(item) if item is not None and _is_group(item) else None
 
     def list_groups(self) -> list[GroupRecord]:
         return [
@@ -180,6 +226,7 @@ class DynamoMembers(Table):
             for i in self._query(
                 KeyConditionExpression="pk = :pk", ExpressionAttributeValues=ser({":pk": keys.GROUPS_PK})
             )
+            if _is_group(i)
         ]
 
     def update_group(
@@ -215,7 +262,7 @@ class DynamoMembers(Table):
             sets.append("members_request = :mr")
             values[":mr"] = request
         expr = "SET " + ", ".join(sets) + ((" REMOVE " + ", ".join(removes)) if removes else "")
-        condition = "attribute_exists(pk)"
+        condition = _GROUP
         if add:
             # Room for every name added (one already a member is counted too: conservative).
             values[":room"] = MAX_GROUP_MEMBERS - len(add)
@@ -282,17 +329,21 @@ class DynamoMembers(Table):
             also={},
             if_version=if_version,
             request=request,
-            condition="attribute_exists(pk)",
+            condition=_GROUP,
         )
         return _group(item)
 
     def delete_group(self, name: str) -> None:
+        """The group marked deleted, its counters kept (``_GROUP``), on condition it is empty."""
         try:
-            self.client.delete_item(
+            self.client.update_item(
                 TableName=self.table,
                 Key=ser(group_key(name)),
+                UpdateExpression="SET deleted = :yes REMOVE "
+                + ", ".join(f"#x{n}" for n in range(len(_CLEARED))),
                 ConditionExpression=_EMPTY_GROUP,
-                ExpressionAttributeValues=ser({":zero": 0}),
+                ExpressionAttributeNames={f"#x{n}": k for n, k in enumerate(_CLEARED)},
+                ExpressionAttributeValues=ser({":zero": 0, ":yes": True}),
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
@@ -430,7 +481,7 @@ class DynamoMembers(Table):
     @staticmethod
     def _group_take_item(name: str, res: Reservation, *, count: bool = True) -> dict[str, Any]:
         sets, cond, names, values = reserve_terms(res, res.group or Limits())
-        cond = f"attribute_exists(pk) AND {cond}"
+        cond = f"{_GROUP} AND {cond}"
         if count:
             sets.insert(0, "live = if_not_exists(live, :zero) + :one")
             cond += " AND (attribute_not_exists(max_sessions) OR live < max_sessions)"

@@ -3,12 +3,16 @@ sessions, saying what to do first; over both registries."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from calque.contracts.economics import GroupCreate
+from calque.contracts.economics import GroupCreate, GroupLimits
 from calque.contracts.tenancy import CheckinRequest, CheckoutRequest
-from calque.errors import Conflict, Forbidden, NotFound
+from calque.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from calque.members.groups import Groups
+from calque.members.ports import AlreadyExists
+from calque.pools.domain import ClaimUse
 from tests.unit.tenancy.conftest import ADMIN, World, member
 
 pytestmark = pytest.mark.unit
@@ -65,3 +69,81 @@ def test_the_store_refuses_a_delete_that_races_a_new_member(world: World):
     with pytest.raises(StaleWrite):
         world.registry.delete_group("lab")  # what a delete that read the group before the add meets
     assert world.registry.get_group("lab") is not None
+
+
+def _spend_an_hour(world: World, g: Groups) -> None:
+    out = world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600, group="lab"))
+    world.clock.advance(3600)
+    world.tenancy.checkin(ALICE, out.session_id, CheckinRequest(token=out.token))
+    g.remove(ADMIN, "lab", ["alice"])
+
+
+def test_a_group_deleted_and_created_again_keeps_its_month(world: World):
+    # Given a group that spent an hour of a quarter card this month (0.84 USD) of its 1 USD
+    world.ready_host()
+    g = Groups(world.registry, clock=world.clock)
+    g.create(ADMIN, GroupCreate(name="lab", max_usd_per_month=1.0))
+    g.add(ADMIN, "lab", ["alice"])
+    _spend_an_hour(world, g)
+    before = g.show(ADMIN, "lab")
+    assert before.usd_used_this_month == "0.84"
+
+    # When an admin deletes it and creates it again under the same name
+    g.delete(ADMIN, "lab")
+    again = g.create(ADMIN, GroupCreate(name="lab", max_usd_per_month=1.0))
+    g.add(ADMIN, "lab", ["alice"])
+
+    # Then the month's spend is still there: the limit still holds
+    assert again.usd_used_this_month == "0.84"
+    assert again.gpu_hours_used_this_month == pytest.approx(0.25)
+    assert again.members == []
+    assert again.max_sessions is None
+    assert again.version > before.version  # a limits write read before the delete is refused
+    with pytest.raises(QuotaExceeded) as err:
+        world.tenancy.checkout(ALICE, CheckoutRequest(backend="mig", ttl_seconds=3600, group="lab"))
+    assert err.value.details["limit"] == "group.max_usd_per_month"
+
+
+def test_a_deleted_group_is_gone_to_every_read_and_write(world: World):
+    world.ready_host()
+    g = Groups(world.registry, clock=world.clock)
+    g.create(ADMIN, GroupCreate(name="lab", max_sessions=3))
+    g.add(ADMIN, "lab", ["alice"])
+    _spend_an_hour(world, g)
+    g.delete(ADMIN, "lab")
+    assert world.registry.get_group("lab") is None
+    assert [x.name for x in g.list(ADMIN)] == []
+    for change in (
+        lambda: g.add(ADMIN, "lab", ["alice"]),
+        lambda: g.set_limits(ADMIN, "lab", GroupLimits(max_sessions=1)),
+        lambda: g.delete(ADMIN, "lab"),
+    ):
+        with pytest.raises(NotFound):
+            change()
+    g.create(ADMIN, GroupCreate(name="lab"))
+    with pytest.raises(AlreadyExists):  # created again once; a second create is refused
+        world.registry.create_group(world.registry.get_group("lab"))
+    assert g.show(ADMIN, "lab").max_sessions is None  # the old limits are not taken back
+
+
+def _settle_claim(world: World, use: ClaimUse) -> None:
+    """What a pool claim's end adds to its group's month, as each registry's claim end does."""
+    reg: Any = world.registry
+    if hasattr(reg, "settle_claim"):
+        reg.settle_claim(lambda: use, default_max_sessions=2)
+        return
+    items = reg.claim_use_items(use, default_max_sessions=2)
+    reg.client.transact_write_items(
+        TransactItems=[{k: {**v, "TableName": reg.table} for k, v in i.items()} for i in items]
+    )
+
+
+def test_a_claim_ending_after_its_group_was_deleted_counts_and_breaks_no_read(world: World):
+    # A claim submitted for the group, its member removed and the group deleted while it ran
+    g = Groups(world.registry, clock=world.clock)
+    g.create(ADMIN, GroupCreate(name="lab"))
+    g.delete(ADMIN, "lab")
+    _settle_claim(world, ClaimUse(user="alice", group="lab", month="2026-12", ugh=250_000, musd=840_000))
+    assert world.registry.get_group("lab") is None
+    assert g.list(ADMIN) == []
+    assert g.create(ADMIN, GroupCreate(name="lab")).usd_used_this_month == "0.84"
