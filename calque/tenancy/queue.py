@@ -521,13 +521,15 @@ class QueueMixin(SessionsMixin):
         return next(a for a in self.fair_share(who) if a["account"] == account)
 
     def fair_share(self, who: Caller) -> list[dict[str, Any]]:
-        """Each account's shares, decayed usage and factor now."""
+        """Each account's shares, decayed usage and factor now, as the queue's pass weighs
+        them; a deleted group's account is not listed (it comes back with the group)."""
         policy = self._policy()
         t = _epoch(self.clock())
         accounts = self._queue().fair_state()[0]
         usage = decayed(accounts, t, policy)
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         factors = fairshare.factors(accounts, shares, usage)
+        groups = {g.name for g in self.registry.list_groups()}
         return [
             {
                 "account": a,
@@ -536,6 +538,7 @@ class QueueMixin(SessionsMixin):
                 "fairshare": round(factors[a], 6),
             }
             for a in sorted(accounts)
+            if a.startswith("user:") or a in groups
         ]
 
 

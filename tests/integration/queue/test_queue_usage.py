@@ -86,3 +86,24 @@ def test_a_charge_rescales_usage_kept_at_an_older_reference(ddb):
     # and an extend in the same span charges without rescaling again
     t.extend(member("otto"), taken.session_id, ExtendRequest(ttl_seconds=3600))
     assert usage_of(t, "olden") == pytest.approx(decayed + 2 * share, abs=1e-3)
+
+
+def test_a_deleted_groups_account_is_not_listed_until_the_group_is_back(ddb):
+    from calque.contracts.economics import GroupCreate
+    from calque.members.groups import Groups
+
+    t = env(ddb)
+    seed_host(ddb, 43)
+    make_group(ddb, "gone", ["gail"])
+    make_group(ddb, "stays", ["sam"])
+    # Given a group that was charged a grant, its member removed and the group deleted
+    taken = t.checkout(member("gail"), CheckoutRequest(backend="mig", ttl_seconds=600, group="gone"))
+    t.checkin(member("gail"), taken.session_id, CheckinRequest(token=taken.token))
+    groups = Groups(t.registry, clock=t.clock)
+    groups.remove(ADMIN, "gone", ["gail"])
+    groups.delete(ADMIN, "gone")
+    # Then group fairshare lists the groups there are, not the deleted one
+    assert "gone" not in [a["account"] for a in t.fair_share(ADMIN)]
+    # and a group created again under the name has its account (and usage) back
+    groups.create(ADMIN, GroupCreate(name="gone"))
+    assert usage_of(t, "gone") > 0
