@@ -28,6 +28,7 @@ _NOUNS = {
     "acquisition": "fleet acquisition",
     "budget": "budget",
     "group": "group",
+    "deleted_group": "deleted group",  # its monthly counters, kept for a group of its name
     "membership": "group membership",
     OTHER_ITEMS: "other registry item",
 }

@@ -339,11 +339,11 @@ class DynamoMembers(Table):
             self.client.update_item(
                 TableName=self.table,
                 Key=ser(group_key(name)),
-                UpdateExpression="SET deleted = :yes REMOVE "
+                UpdateExpression="SET deleted = :yes, #type = :t REMOVE "
                 + ", ".join(f"#x{n}" for n in range(len(_CLEARED))),
                 ConditionExpression=_EMPTY_GROUP,
-                ExpressionAttributeNames={f"#x{n}": k for n, k in enumerate(_CLEARED)},
-                ExpressionAttributeValues=ser({":zero": 0, ":yes": True}),
+                ExpressionAttributeNames={"#type": "type", **{f"#x{n}": k for n, k in enumerate(_CLEARED)}},
+                ExpressionAttributeValues=ser({":zero": 0, ":yes": True, ":t": "deleted_group"}),
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":

@@ -147,3 +147,14 @@ def test_a_claim_ending_after_its_group_was_deleted_counts_and_breaks_no_read(wo
     assert world.registry.get_group("lab") is None
     assert g.list(ADMIN) == []
     assert g.create(ADMIN, GroupCreate(name="lab")).usd_used_this_month == "0.84"
+
+
+def test_a_deleted_groups_item_is_typed_apart_from_the_groups(dynamo_world: World):
+    # so that what a table holds (the local plane's restore count) reads it as no group
+    g = Groups(dynamo_world.registry, clock=dynamo_world.clock)
+    g.create(ADMIN, GroupCreate(name="lab"))
+    g.delete(ADMIN, "lab")
+    reg: Any = dynamo_world.registry
+    assert reg._get({"pk": "GROUPS", "sk": "GROUP#lab"})["type"] == "deleted_group"
+    g.create(ADMIN, GroupCreate(name="lab"))
+    assert reg._get({"pk": "GROUPS", "sk": "GROUP#lab"})["type"] == "group"
