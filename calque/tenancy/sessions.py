@@ -316,6 +316,15 @@ class SessionsMixin(PlacementMixin):
         # The extra time is reserved as a check-out's TTL is, in the session's own month.
         ugh, musd = limits.reserve(req.ttl_seconds, session)
         quota, group = self._limits_of(session)
+        if group is not None and session.user not in group.members:
+            # More time is charged to the session's group, as a check-out is: only to a member.
+            raise Forbidden(
+                f"{session.user} is no longer a member of group {group.name}, which session "
+                f"{session_id} is charged to: it runs until {_iso(session.expires_at)} but is not "
+                "extended; nothing was added",
+                code="not_a_member",
+                details={"group": group.name, "session_id": session_id},
+            )
         res = limits.reservation(session.charge_month, ugh, musd, quota, group)
         refused = limits.user_refusal(session.user, quota, res, "extend") or limits.group_refusal(
             group, res, "extend"
