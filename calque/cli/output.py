@@ -35,6 +35,14 @@ def _cell(value: Any) -> str:
     return text if text.isprintable() else one_line(text)
 
 
+def plain(value: Any, places: int = 6) -> str:
+    """A number as a person reads an amount: a plain decimal to ``places`` places with no
+    trailing zeros (60, 0.125, 1500000, 2.4144), never cut to six digits or written with an
+    exponent as ``:g`` does (1.5e+06, 1234.57 for 1234.567)."""
+    text = f"{float(value):.{places}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def slice_summary(profile: Any, memory_gib: Any, backend: Any) -> str:
     """``1g.24gb, 24 GiB, mig``; an MPS slot's profile is its backend, so ``mps, 12 GiB`` once."""
     parts = [str(profile)] if profile else []

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from calque.cli.output import plain
+
+# Dollars as plain decimals (1500000, not 1.5e+06), to the micro-dollar a spot rate is kept to.
 BUDGET_FIELDS: list[Any] = [
     ("max_instances", "max_instances"),
-    ("max_hourly_usd", lambda b: f"{float(b.get('max_hourly_usd') or 0):g}"),
-    (
-        "max_monthly_usd",
-        lambda b: "-" if b.get("max_monthly_usd") is None else f"{float(b['max_monthly_usd']):g}",
-    ),
-    ("effective_hourly_usd", lambda b: f"{float(b.get('effective_hourly_usd') or 0):g}"),
+    ("max_hourly_usd", lambda b: plain(b.get("max_hourly_usd") or 0)),
+    ("max_monthly_usd", lambda b: "-" if b.get("max_monthly_usd") is None else plain(b["max_monthly_usd"])),
+    ("effective_hourly_usd", lambda b: plain(b.get("effective_hourly_usd") or 0)),
     ("in_use_instances", "in_use_instances"),
-    ("in_use_hourly_usd", lambda b: f"{float(b.get('in_use_hourly_usd') or 0):g}"),
+    ("in_use_hourly_usd", lambda b: plain(b.get("in_use_hourly_usd") or 0)),
     ("set", lambda b: "yes" if b.get("set", True) else "no: every acquisition is refused"),
     ("updated_by", "updated_by"),
     ("updated_at", "updated_at"),

@@ -12,18 +12,20 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_float, non_negative_int
-from calque.cli.commands.quota import LIMITS, given_limits, or_unlimited, put_changed_limits
+from calque.cli.commands.quota import (
+    LIMITS,
+    given_limits,
+    gpu_hours_limit,
+    gpu_hours_use,
+    or_unlimited,
+    put_changed_limits,
+)
 
 GROUP_FIELDS: list[Any] = [
     ("name", "name"),
     ("members", "members"),
     ("max_sessions", lambda g: "unlimited" if g.get("max_sessions") is None else g["max_sessions"]),
-    (
-        "max_gpu_hours_per_month",
-        lambda g: (
-            "unlimited" if g.get("max_gpu_hours_per_month") is None else f"{g['max_gpu_hours_per_month']:g}"
-        ),
-    ),
+    ("max_gpu_hours_per_month", lambda g: gpu_hours_limit(g.get("max_gpu_hours_per_month"))),
     (
         "max_usd_per_month",
         lambda g: "unlimited" if g.get("max_usd_per_month") is None else f"{g['max_usd_per_month']:.2f}",
@@ -31,8 +33,8 @@ GROUP_FIELDS: list[Any] = [
     ("live_sessions", "live_sessions"),
     # This month's use, as quota show prints a member's: used is what ended sessions and
     # claims settled, reserved what live sessions hold; used + reserved is what limits check.
-    ("gpu_hours_used", lambda g: f"{float(g.get('gpu_hours_used_this_month') or 0):.2f}"),
-    ("gpu_hours_reserved", lambda g: f"{float(g.get('gpu_hours_reserved_this_month') or 0):.2f}"),
+    ("gpu_hours_used", lambda g: gpu_hours_use(g.get("gpu_hours_used_this_month"))),
+    ("gpu_hours_reserved", lambda g: gpu_hours_use(g.get("gpu_hours_reserved_this_month"))),
     ("usd_used", lambda g: g.get("usd_used_this_month") or "0.00"),
     ("usd_reserved", lambda g: g.get("usd_reserved_this_month") or "0.00"),
 ]

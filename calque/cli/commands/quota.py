@@ -14,21 +14,28 @@ from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_float, non_negative_int
 from calque.cli.errors import ApiError, CliError, UsageError
+from calque.cli.output import plain
+
+
+def gpu_hours_limit(value: Any) -> str:
+    """A GPU-hour limit as it was set: to the 0.001 GPU-hours a limit is given in, no
+    trailing zeros (40, 0.125, 1234.567), never shortened to six digits or an exponent."""
+    return "unlimited" if value is None else plain(value, 3)
+
+
+def gpu_hours_use(value: Any) -> str:
+    """This month's GPU-hours used or reserved, to the 0.001 GPU-hours a limit is given in
+    (as `calque usage` prints them): 0.004 used of a 0.005 limit does not read as 0.00."""
+    return f"{float(value or 0):.3f}"
+
 
 QUOTA_FIELDS = [
     ("user", "user"),
     ("max_sessions", "max_sessions"),
     ("live_sessions", "live_sessions"),
-    (
-        "max_gpu_hours_per_month",
-        lambda q: (
-            "unlimited"
-            if q.get("max_gpu_hours_per_month") is None
-            else f"{float(q['max_gpu_hours_per_month']):g}"
-        ),
-    ),
-    ("gpu_hours_used", lambda q: f"{float(q.get('gpu_hours_used_this_month') or 0):.2f}"),
-    ("gpu_hours_reserved", lambda q: f"{float(q.get('gpu_hours_reserved_this_month') or 0):.2f}"),
+    ("max_gpu_hours_per_month", lambda q: gpu_hours_limit(q.get("max_gpu_hours_per_month"))),
+    ("gpu_hours_used", lambda q: gpu_hours_use(q.get("gpu_hours_used_this_month"))),
+    ("gpu_hours_reserved", lambda q: gpu_hours_use(q.get("gpu_hours_reserved_this_month"))),
     (
         "max_usd_per_month",
         lambda q: (

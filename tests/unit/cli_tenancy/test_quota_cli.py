@@ -175,3 +175,22 @@ def test_quota_set_of_all_three_limits_is_a_full_replace_without_a_read(api, cli
     assert code == 0
     assert [m for m, *_ in api.requests] == ["PUT"]
     assert "if_version" not in puts(api)[0]
+
+
+def test_quota_show_prints_the_gpu_hour_limit_and_use_to_the_unit_limits_are_given_in(api, cli):
+    # Given a limit of 0.005 GPU-hours with 0.004 used, and another of 1234.567
+    api.responses[("GET", "/v1/whoami")] = {"principal": "alice"}
+    api.responses[("GET", "/v1/quotas/alice")] = {
+        **QUOTA,
+        "max_gpu_hours_per_month": 0.005,
+        "gpu_hours_used_this_month": 0.004,
+        "gpu_hours_reserved_this_month": 0.0005,
+    }
+    code, out, _ = cli("quota", "show")
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
+    # Then the use does not read 0.00 of 0.005
+    assert code == 0
+    assert (rows["max_gpu_hours_per_month"], rows["gpu_hours_used"]) == ("0.005", "0.004")
+    api.responses[("GET", "/v1/quotas")] = [{**QUOTA, "max_gpu_hours_per_month": 1234.567}]
+    code, out, _ = cli("quota", "list")
+    assert "1234.567" in out

@@ -62,3 +62,18 @@ def test_a_bad_monthly_cap_is_a_usage_error_and_nothing_is_sent(api, budget_cli)
     )
     assert code == 2
     assert api.requests == []
+
+
+def test_budget_show_prints_dollars_as_plain_decimals(api, budget_cli):
+    # Given a monthly cap of 9,876,543.21 dollars and a spot instance in use at 2.4144 an hour
+    api.responses[("GET", "/v1/budget")] = {
+        **BUDGET, "max_hourly_usd": 1234.56, "max_monthly_usd": 9876543.21,
+        "effective_hourly_usd": 1234.56, "in_use_instances": 1, "in_use_hourly_usd": 2.4144,
+    }  # fmt: skip
+    code, out, err = budget_cli("budget", "show")
+    assert code == 0, err
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
+    # Then each amount reads as it is, not 9.87654e+06
+    assert rows["max_monthly_usd"] == "9876543.21"
+    assert (rows["max_hourly_usd"], rows["in_use_hourly_usd"]) == ("1234.56", "2.4144")
+    assert rows["max_instances"] == "3"

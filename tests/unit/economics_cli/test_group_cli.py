@@ -125,7 +125,7 @@ def test_group_show_prints_the_months_use_and_reservations(api, cli):
     # Then each figure is printed on its own row
     assert code == 0
     rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
-    assert (rows["gpu_hours_used"], rows["gpu_hours_reserved"]) == ("3.50", "0.75")
+    assert (rows["gpu_hours_used"], rows["gpu_hours_reserved"]) == ("3.500", "0.750")
     assert (rows["usd_used"], rows["usd_reserved"]) == ("12.40", "2.52")
 
 
@@ -174,3 +174,20 @@ def test_group_limits_merges_again_when_another_admins_change_landed_first(api, 
     assert code == 0
     assert [b.get("if_version") for m, _p, b, _q in api.requests if m == "PUT"] == [1, 2]
     assert (store.doc["max_sessions"], store.doc["max_usd_per_month"]) == (6, 300.0)
+
+
+def test_group_show_and_list_print_a_gpu_hour_limit_as_it_was_set(api, cli):
+    # Given lab may use 1234.567 GPU-hours a month (limits are given to 0.001) and has used 0.004
+    group = {**LAB, "max_gpu_hours_per_month": 1234.567, "gpu_hours_used_this_month": 0.004}
+    api.responses[("GET", "/v1/groups/lab")] = group
+    api.responses[("GET", "/v1/groups")] = [{**group, "max_gpu_hours_per_month": 999999.999}]
+
+    code, out, _ = cli("group", "show", "lab")
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.strip()}
+    # Then neither is cut to six digits, nor the use rounded to 0.00
+    assert code == 0
+    assert (rows["max_gpu_hours_per_month"], rows["gpu_hours_used"]) == ("1234.567", "0.004")
+    code, out, _ = cli("group", "list")
+    assert code == 0
+    assert "999999.999" in out
+    assert "e+" not in out
