@@ -109,7 +109,11 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_show)
 
     p = group.add_parser(
-        "delete", help="delete a group (admins); refused while it has members or live sessions"
+        "delete",
+        help="delete a group (admins); refused while it has members or live sessions",
+        description="Delete a group (admins); refused while it has members or live sessions. Its "
+        "monthly counters are kept: a group created again under the name starts from them, so its "
+        "limits still count what it spent this month.",
     )
     p.add_argument("name", metavar="NAME")
     p.set_defaults(func=_delete)
