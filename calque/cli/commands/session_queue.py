@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli.errors import CliError
+from calque.cli.output import plain
 
 POLL_S = 2.0
 
@@ -39,11 +40,12 @@ REQUEST_COLUMNS = [
     ("estimated_start", lambda r: r.get("estimated_start") or "-"),
 ]
 
+# Plain decimals: a decayed usage or a factor far below 1 reads 0.000012, not 1.2e-05.
 FAIRSHARE_COLUMNS = [
     ("account", "account"),
-    ("shares", "shares"),
-    ("usage_gpu_hours", "usage_gpu_hours"),
-    ("fairshare", "fairshare"),
+    ("shares", lambda a: plain(a["shares"])),
+    ("usage_gpu_hours", lambda a: plain(a["usage_gpu_hours"])),
+    ("fairshare", lambda a: plain(a["fairshare"])),
 ]
 
 

@@ -191,3 +191,17 @@ def test_group_show_and_list_print_a_gpu_hour_limit_as_it_was_set(api, cli):
     assert code == 0
     assert "999999.999" in out
     assert "e+" not in out
+
+
+def test_group_fairshare_prints_small_figures_as_plain_decimals(api, cli):
+    # Given a group whose usage has decayed to 0.000012 GPU-hours and one far over its share
+    api.responses[("GET", "/v1/fairshare")] = [
+        {"account": "lab", "shares": 1.0, "usage_gpu_hours": 1.2e-05, "fairshare": 0.999999},
+        {"account": "big", "shares": 2.5, "usage_gpu_hours": 812.5, "fairshare": 1e-06},
+    ]
+    code, out, _ = cli("group", "fairshare")
+    assert code == 0
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:] if line.strip()}
+    # Then no figure is in exponent form
+    assert rows["lab"] == ["1", "0.000012", "0.999999"]
+    assert rows["big"] == ["2.5", "812.5", "0.000001"]
