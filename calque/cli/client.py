@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from calque.cli.errors import ApiError, CliError, EndpointUnreachable, UsageError
+from calque.cli.errors import ApiError, EndpointUnreachable, UsageError, credentials_refused
 
 SERVICE = "execute-api"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -85,23 +85,12 @@ class ApiClient:
         started or expired, a role that cannot be assumed, a credential process that fails:
         botocore resolves those at the first signing) refuse in one line saying so, not as
         the control plane being out of reach."""
-        from botocore.exceptions import BotoCoreError, SSOError, TokenRetrievalError
+        from botocore.exceptions import BotoCoreError
 
         try:
             return self._signed(method, url, data, key)
-        except (SSOError, TokenRetrievalError) as exc:
-            raise CliError(
-                f"your AWS SSO session is not signed in or has expired ({_first_line(exc)}): run "
-                "`aws sso login` with the same --profile, then try again",
-                code="no_credentials",
-                details={"endpoint": self.endpoint},
-            ) from None
         except BotoCoreError as exc:
-            raise CliError(
-                f"cannot load AWS credentials: {_first_line(exc)}",
-                code="no_credentials",
-                details={"endpoint": self.endpoint},
-            ) from None
+            raise credentials_refused(exc, self.endpoint) from None
 
     def request(
         self,

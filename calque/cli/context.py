@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calque.cli.errors import CliError, UsageError
+from calque.cli.errors import CliError, UsageError, credentials_refused
 
 ENDPOINT_ENV = "CALQUE_ENDPOINT"
 LOCAL_DEFAULT_PROFILE = "admin"
@@ -315,11 +315,7 @@ class Context:
                 details={"profile": named, "endpoint": self.endpoint},
             ) from None
         except BotoCoreError as exc:
-            raise CliError(
-                f"cannot load AWS credentials: {exc}",
-                code="no_credentials",
-                details={"endpoint": self.endpoint},
-            ) from None
+            raise credentials_refused(exc, self.endpoint) from None
         return creds, region
 
     def _region(self, session: Any) -> str:

@@ -113,6 +113,22 @@ def gateway_words(said: str) -> str | None:
     return None
 
 
+def credentials_refused(exc: Exception, endpoint: str) -> CliError:
+    """botocore could not give credentials (``exc``, a BotoCoreError): one line saying so, and
+    for an SSO profile not signed in or expired, to sign in."""
+    from botocore.exceptions import SSOError, TokenRetrievalError
+
+    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, SSOError | TokenRetrievalError):
+        message = (
+            f"your AWS SSO session is not signed in or has expired ({said}): run `aws sso login` "
+            "with the same --profile, then try again"
+        )
+    else:
+        message = f"cannot load AWS credentials: {said}"
+    return CliError(message, code="no_credentials", details={"endpoint": endpoint})
+
+
 class EndpointUnreachable(CliError):
     """The control plane could not be reached at all."""
 

@@ -15,15 +15,20 @@ from tests.integration.fleet.conftest import Fleet, acquire_with_cli, wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_a_spot_price_change_is_recorded_and_charged_from_its_time(
-    local_plane: LocalPlaneHandle, fleet: Fleet
-):
-    # Given a spot g7e.2xlarge launched at the local plane's spot price (35 % of 3.36 $/h)
+def _spot_instance(local_plane: LocalPlaneHandle, fleet: Fleet) -> tuple[dict, str, str]:
+    """A spot g7e.2xlarge acquired with a 2.00 $/h max price: its acquisition, id and AZ."""
     fleet.set_budget(extra_instances=1)
     done = acquire_with_cli(local_plane, "--spot", "--spot-max-price", "2", timeout="60s")
     assert done.returncode == 0, done.stderr
     (acq,) = json.loads(done.stdout)["acquisitions"]
-    iid, az = acq["instance_id"], acq["availability_zone"]
+    return acq, acq["instance_id"], acq["availability_zone"]
+
+
+def test_a_spot_price_change_is_recorded_and_charged_from_its_time(
+    local_plane: LocalPlaneHandle, fleet: Fleet
+):
+    # Given a spot g7e.2xlarge launched at the local plane's spot price (35 % of 3.36 $/h)
+    acq, iid, az = _spot_instance(local_plane, fleet)
     assert acq["charged_hourly_usd"] == 1.176
     time.sleep(2)  # it runs a while at the launch price
     # When EC2's spot price for its type in its AZ moves to 1.50 $/h
@@ -67,11 +72,7 @@ def test_a_spot_price_past_an_instances_max_price_interrupts_it_as_ec2_does(
     local_plane: LocalPlaneHandle, fleet: Fleet
 ):
     # Given a spot g7e.2xlarge launched with a max price of 2.00 $/h
-    fleet.set_budget(extra_instances=1)
-    done = acquire_with_cli(local_plane, "--spot", "--spot-max-price", "2", timeout="60s")
-    assert done.returncode == 0, done.stderr
-    (acq,) = json.loads(done.stdout)["acquisitions"]
-    iid, az = acq["instance_id"], acq["availability_zone"]
+    _acq, iid, az = _spot_instance(local_plane, fleet)
     # When the price moves, still within its max price, or in another AZ: nothing is interrupted
     assert (
         fleet.inject("spot-price", instance_type="g7e.2xlarge", az=az, usd_per_hour=2.0)["interrupted"] == []
