@@ -64,7 +64,9 @@ API_STAGE_NAME: Final = "prod"
 HOST_REPORT_METHOD: Final = "POST"
 HOST_REPORT_PATH: Final = "/v1/hosts/*/report"
 # What a member may call (execute-api:Invoke in the members' managed policy); the API still
-# decides per request (their own sessions, quota, usage). Admins may call every route.
+# decides per request (their own sessions, quota, usage). Admins may call every route. Every
+# route the API lets a member use is here (tests/unit/api/test_member_routes.py holds them equal):
+# a route missing from it is refused by API Gateway (403) before the API could answer.
 MEMBER_ROUTES: Final = (
     ("GET", "/v1/health"),
     ("GET", "/v1/whoami"),
@@ -76,15 +78,25 @@ MEMBER_ROUTES: Final = (
     ("GET", "/v1/sessions/*"),
     ("DELETE", "/v1/sessions/*"),
     ("POST", "/v1/sessions/*/extend"),
+    # the wait queue (session checkout --wait, session queue, session cancel) and its fair share
+    ("POST", "/v1/session-requests"),
+    ("GET", "/v1/session-requests"),
+    ("GET", "/v1/session-requests/*"),
+    ("DELETE", "/v1/session-requests/*"),
+    ("GET", "/v1/fairshare"),
+    ("GET", "/v1/quotas"),
     ("GET", "/v1/quotas/*"),
     ("GET", "/v1/pools"),
     ("GET", "/v1/pools/*"),
     ("POST", "/v1/pools/*/claims"),
+    ("POST", "/v1/pools/*/claims/input"),  # where a claim's input is uploaded before its submit
     ("GET", "/v1/claims"),
     ("GET", "/v1/claims/*"),
     ("DELETE", "/v1/claims/*"),
     ("GET", "/v1/usage"),
     ("GET", "/v1/budget"),
+    ("GET", "/v1/acquisitions"),  # their own (a member's pools' instances)
+    ("GET", "/v1/acquisitions/*"),
     ("GET", "/v1/groups"),
     ("GET", "/v1/groups/*"),
 )
