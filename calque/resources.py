@@ -117,6 +117,8 @@ FUNCTION_WIRING: dict[str, tuple[str, ...]] = {
 }
 # Tenants isolated on the host: the API names the session document in connect commands.
 FUNCTION_WIRING["api"] += ("session_document",)
+# An admin's quota listing (GET /v1/quotas) scans the table for the quota items.
+FUNCTION_WIRING["api"] += ("table_scan",)
 
 
 def function_environment(fid: str) -> dict[str, str]:

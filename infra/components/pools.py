@@ -109,6 +109,13 @@ class PoolsAccess(Construct):
                 resources=[self.bucket.arn_for_objects(POOL_OBJECTS)],
             )
         )
+        # A claim's logs are listed (ListObjectsV2 under its logs/ prefix); and without
+        # ListBucket, S3 answers a HEAD of a key not uploaded yet 403 instead of 404, so a
+        # missing runner package or claim input would fail as a 500, not as package_missing or
+        # input_not_uploaded. The bucket holds the pools' objects alone.
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
+        )
         self._acknowledge(grantee)
 
     def grant_dead_letters(self, grantee: iam.IGrantable) -> None:

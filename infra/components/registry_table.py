@@ -11,7 +11,8 @@ from calque.resources import TableDef
 
 # What the control plane does with its registry (calque/tenancy/store/, calque/members/store.py):
 # items, queries, transactions (which DynamoDB authorizes per item as Put/Update/Delete/ConditionCheck).
-# No scans, no table descriptions, no streams: a call that needs more adds it here.
+# No table descriptions, no streams, and no scans but the one grant_scan gives: a call that
+# needs more adds it here.
 _DATA_ACTIONS = (
     "dynamodb:BatchGetItem",
     "dynamodb:BatchWriteItem",
@@ -65,4 +66,11 @@ class RegistryTable(Construct):
                 actions=list(_DATA_ACTIONS),
                 resources=[arn, *(f"{arn}/index/{index.name}" for index in self.definition.indexes)],
             )
+        )
+
+    def grant_scan(self, grantee: iam.IGrantable) -> None:
+        """Scan the table itself (no index): an admin's quota listing (GET /v1/quotas), which
+        finds every member's quota item with one filtered scan, never on a request's hot path."""
+        grantee.grant_principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=["dynamodb:Scan"], resources=[self.table.table_arn])
         )

@@ -168,6 +168,8 @@ class ServiceStack(Stack):
                 environment={resources.ENV_TABLE_NAME: self.registry.table.table_name},
                 grant=self.registry.grant_read_write,
             ),
+            # An admin's quota listing scans for the quota items (calque.members.store.quota_users).
+            "table_scan": _Binding(environment={}, grant=self.registry.grant_scan),
             "host_role": _Binding(
                 environment={
                     resources.ENV_HOST_ROLE_NAME: self.host_agent.role.role_name,

@@ -18,7 +18,7 @@ from calque import resources
 from infra import constants
 from infra.config import ConfigError, DeploymentConfig
 
-from .conftest import Synthesized, resources_of
+from .conftest import Synthesized, resources_of, service_functions
 
 pytestmark = pytest.mark.infra
 
@@ -130,10 +130,31 @@ def test_admins_policy_allows_every_route_of_this_api_only(synthesized: Synthesi
 # ---- grants nothing uses, and what is not ours to change ------------------------------------------
 
 
-def test_no_scan_and_no_table_description_are_granted(synthesized: Synthesized) -> None:
+def test_no_table_description_and_no_scan_but_the_quota_lists_are_granted(synthesized: Synthesized) -> None:
     actions = {a for s in _statements(synthesized.service_json) for a in _as_list(s["Action"])}
     assert "dynamodb:PutItem" in actions
-    assert not {"dynamodb:Scan", "dynamodb:DescribeTable", "dynamodb:*"} & actions
+    assert not {"dynamodb:DescribeTable", "dynamodb:*"} & actions
+    # The one scan: an admin's quota list (GET /v1/quotas, calque.members.store.quota_users),
+    # by the API function alone, of the table itself and none of its indexes
+    scans = [
+        (policy, s)
+        for policy in resources_of(synthesized.service_json, "AWS::IAM::Policy")
+        for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        if "dynamodb:Scan" in _as_list(s["Action"])
+    ]
+    assert len(scans) == 1
+    policy, statement = scans[0]
+    assert [r["Ref"] for r in policy["Properties"]["Roles"]] == [_api_function_role(synthesized.service_json)]
+    assert _as_list(statement["Action"]) == ["dynamodb:Scan"]
+    assert len(_as_list(statement["Resource"])) == 1
+    assert "/index/" not in json.dumps(statement["Resource"])
+    assert "RegistryTable" in json.dumps(statement["Resource"])
+
+
+def _api_function_role(template: dict[str, Any]) -> str:
+    handler = resources.function("api").handler
+    (api,) = [f for f in service_functions(template) if f["Properties"]["Handler"] == handler]
+    return str(api["Properties"]["Role"]["Fn::GetAtt"][0])
 
 
 def test_only_the_deployed_stage_may_invoke_the_api_function(synthesized: Synthesized) -> None:

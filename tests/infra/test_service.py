@@ -362,6 +362,37 @@ def test_the_host_role_reaches_no_pools_queue_or_objects_only_the_pool_routes(
         assert path in json.dumps(pool_statements)
 
 
+def _role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for p in resources_of(template, "AWS::IAM::Policy")
+        if {"Ref": role_id} in p["Properties"]["Roles"]
+        for s in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
+
+
+def test_the_functions_that_read_pool_objects_may_list_the_artifact_bucket(
+    synthesized: Synthesized,
+) -> None:
+    # Given the API (a claim's logs: ListObjectsV2 under its prefix; a package's or an input's
+    # HEAD, which S3 answers 403 rather than 404 for a missing key without ListBucket) and the
+    # pool scaler, which read the pools' objects
+    template = synthesized.service_json
+    for handler in ("functions.api.handler.lambda_handler", "functions.pool_scaler.handler.lambda_handler"):
+        function = _functions_by_handler(template)[handler]
+        statements = _role_statements(template, function["Properties"]["Role"]["Fn::GetAtt"][0])
+        lists = [s for s in statements if "s3:ListBucket" in _as_list(s["Action"])]
+        # Then each may list the artifact bucket itself (its ARN, not its objects), nothing else
+        assert len(lists) == 1, handler
+        assert _as_list(lists[0]["Action"]) == ["s3:ListBucket"]
+        (bucket,) = _as_list(lists[0]["Resource"])
+        assert "Artifacts" in json.dumps(bucket)
+        assert "/" not in json.dumps(bucket).replace("Fn::", "")
+    # And the host role may list nothing
+    role_id, _ = _host_role(template)
+    assert "s3:ListBucket" not in json.dumps(_role_statements(template, role_id))
+
+
 def _document(template: dict[str, Any]) -> dict[str, Any]:
     (document,) = [
         d
