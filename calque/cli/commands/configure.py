@@ -17,7 +17,7 @@ API_ENDPOINT_OUTPUT = "ApiEndpoint"
 
 _EPILOG = """example:
   calque configure --endpoint https://abc123.execute-api.us-east-1.amazonaws.com/prod --profile research
-  calque configure --from-stack Calque --region eu-west-1 --config-name prod
+  calque configure --from-stack CalqueService --region eu-west-1 --config-name prod
   calque --config-name prod session list"""
 
 
@@ -35,8 +35,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--from-stack",
         metavar="STACK",
-        help="read the endpoint from this deployed CloudFormation stack's ApiEndpoint output, with "
-        "the --profile and --region given (default: none)",
+        help="read the endpoint from this deployed CloudFormation stack's ApiEndpoint output (calque's "
+        "service stack, CalqueService), with the --profile and --region given (default: none)",
     )
     verbs = p.add_subparsers(title="commands", metavar="COMMAND")
     p.set_defaults(func=_configure)

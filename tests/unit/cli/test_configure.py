@@ -240,6 +240,27 @@ def test_the_output_name_is_the_stacks():
     assert API_ENDPOINT_OUTPUT == OUTPUT_API_ENDPOINT
 
 
+def test_every_from_stack_example_names_the_stack_that_has_the_output():
+    # Given every `--from-stack STACK` the help and the docs show (the output is the service stack's)
+    import re
+    from pathlib import Path
+
+    from calque.cli.commands import configure
+    from infra.constants import SERVICE_STACK_NAME
+
+    root = Path(__file__).resolve().parents[3]
+    texts = {"configure --help": configure._EPILOG, "README.md": (root / "README.md").read_text()}
+    texts.update({f"docs/{p.name}": p.read_text() for p in (root / "docs").glob("*.md")})
+    named = {
+        (where, stack)
+        for where, text in texts.items()
+        for stack in re.findall(r"--from-stack ([A-Za-z]\w*)", text)
+    }
+    assert ("configure --help", SERVICE_STACK_NAME) in named
+    # Then each names the deployed service stack, not one that does not exist
+    assert {(w, stack) for w, stack in named if stack not in (SERVICE_STACK_NAME, "STACK")} == set()
+
+
 def test_aws_profile_does_not_name_a_local_plane_profile(config_file, tmp_path, monkeypatch):
     with running_plane(
         tmp_path / "plane", monkeypatch, endpoint="http://127.0.0.1:9999", region="eu-north-1"
