@@ -9,6 +9,7 @@ synth with its reason.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from infra import constants
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_CONTEXT_PREFIX = "calque:"
 
 
 class ConfigError(ValueError):
@@ -136,6 +138,25 @@ class DeploymentConfig:
                 "a KMS key ARN, arn:aws:kms:...:key/...",
             ),
         )
+
+
+def known_context_keys() -> tuple[str, ...]:
+    """Every ``calque:`` context key the app reads (infra.constants.CONTEXT_*)."""
+    return tuple(
+        sorted(str(v) for k, v in vars(constants).items() if k.startswith("CONTEXT_") and isinstance(v, str))
+    )
+
+
+def check_context_keys(node: Node) -> None:
+    """Refuse a ``calque:`` key the app does not read: a misspelt one (``calque:fleet-subnet``)
+    would otherwise be ignored, and the deployment made without it (here: a VPC of its own)."""
+    known = known_context_keys()
+    for key in sorted(node.get_all_context()):
+        if key.startswith(_CONTEXT_PREFIX) and key not in known:
+            names = {k.removeprefix(_CONTEXT_PREFIX): k for k in known}
+            close = difflib.get_close_matches(key.removeprefix(_CONTEXT_PREFIX), names, n=1)
+            hint = f"did you mean {names[close[0]]}?" if close else f"known: {', '.join(known)}"
+            raise ConfigError(f"context {key}: no such setting; {hint} (docs/deploy.md)")
 
 
 def _cloudwatch_role(node: Node) -> str:

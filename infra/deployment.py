@@ -10,7 +10,7 @@ from pathlib import Path
 from aws_cdk import App, Environment
 
 from infra import constants
-from infra.config import DeploymentConfig
+from infra.config import DeploymentConfig, check_context_keys
 from infra.nag import add_checks
 from infra.stacks.service import ServiceStack
 from infra.stacks.stateful import StatefulStack
@@ -41,6 +41,7 @@ def _environment() -> Environment | None:
 
 
 def build(app: App, *, project_root: Path = PROJECT_ROOT) -> Deployment:
+    check_context_keys(app.node)  # a misspelt key fails here, not ignored
     config = DeploymentConfig.from_context(app.node, project_root=project_root)
     env = _environment()
     stateful = StatefulStack(

@@ -47,3 +47,63 @@ def test_a_session_ttl_max_below_the_floor_is_refused() -> None:
     node = _Node({"calque:session-ttl-max": "5s"})
     with pytest.raises(ConfigError, match="at least 10 seconds"):
         DeploymentConfig.from_context(node, project_root=Path("/p"))  # type: ignore[arg-type]
+
+
+# ---- keys the app does not read, and how a refusal reads ------------------------------------------
+
+
+def test_a_misspelt_context_key_fails_naming_the_one_meant() -> None:
+    from aws_cdk import App
+
+    from infra.config import check_context_keys
+
+    # Given -c calque:fleet-subnet=... (the key is calque:fleet-subnets): ignored, the stack
+    # would create a VPC of its own instead of using the admin's subnets
+    app = App(context={"calque:fleet-subnet": "subnet-0abc@us-east-1a", "@aws-cdk/core:flag": True})
+    # Then the synth stops, naming the key given and the one it resembles
+    with pytest.raises(
+        ConfigError, match=r"calque:fleet-subnet: no such setting; did you mean calque:fleet-subnets\?"
+    ):
+        check_context_keys(app.node)
+    # And every key the app reads, and keys that are not calque's, pass
+    from infra.config import known_context_keys
+
+    check_context_keys(App(context={key: "" for key in known_context_keys()} | {"other:key": 1}).node)
+
+
+def test_every_context_key_the_app_reads_is_in_the_deploy_docs_table() -> None:
+    from infra.config import known_context_keys
+
+    table = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    assert "calque:admins" in known_context_keys()
+    assert [key for key in known_context_keys() if f"`{key}`" not in table] == []
+
+
+def test_a_bad_context_value_fails_the_app_with_one_line_naming_the_key(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from infra.deployment import PROJECT_ROOT
+
+    # Given app.py run as the CDK CLI runs it, with a value it cannot use
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        "CDK_OUTDIR": str(tmp_path),
+        "CDK_CONTEXT_JSON": json.dumps({"calque:session-ttl-max": "12 hours"}),
+    }
+    result = subprocess.run(
+        [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    # Then it fails with the reason on one line, naming the key, and no traceback
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1] == (
+        "error: context calque:session-ttl-max='12 hours': expected a duration such as 90s, 15m, 2h or 7d"
+    )
+    assert "Traceback" not in result.stderr
