@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -488,3 +489,21 @@ def test_outputs_have_stable_names(synthesized: Synthesized) -> None:
     }
     assert expected <= set(outputs)
     assert "HostTasksQueueUrl" in outputs
+
+
+def test_every_output_an_admin_reads_is_in_the_deploy_docs_outputs_table(synthesized: Synthesized) -> None:
+    # Given the outputs of both stacks with a stable name (not CDK's own: cross-stack
+    # references, PublishOutput..., and the REST APIs' default URL outputs, ...1541504C)
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    table = docs[docs.index("### Outputs") :].split("\n\n")[1]
+    named = [
+        name
+        for template in (synthesized.stateful_json, synthesized.service_json)
+        for name in template["Outputs"]
+        if not name.startswith("PublishOutput") and not re.search(r"[0-9A-F]{8}$", name)
+    ]
+    assert constants.OUTPUT_HOST_REPORT_ENDPOINT in named
+    # Then the docs' outputs table names each of them
+    assert [name for name in named if f"`{name}`" not in table] == []
