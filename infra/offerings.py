@@ -37,8 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("instance_types", nargs="+", metavar="TYPE")
     args = parser.parse_args(argv)
     import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    found = offerings(boto3.client("ec2", region_name=args.region), args.instance_types)
+    try:
+        found = offerings(boto3.client("ec2", region_name=args.region), args.instance_types)
+    except (BotoCoreError, ClientError) as exc:
+        # no credentials, a region that does not exist, access denied: one line, no traceback
+        print(f"error: cannot read EC2's instance type offerings in {args.region}: {exc}", file=sys.stderr)
+        return 1
     missing = [t for t, azs in found.items() if not azs]
     print(f"-c {constants.CONTEXT_FLEET_AZ_OFFERINGS}='{json.dumps(found, separators=(',', ':'))}'")
     if missing:
