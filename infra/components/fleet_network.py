@@ -27,9 +27,13 @@ from infra import constants
 from infra.config import ConfigError
 from infra.nag import acknowledge
 
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{1,32}@[a-z0-9-]{1,32}$")
-_VPC = re.compile(r"^vpc-[0-9a-f]{1,32}$")
-_VPCE = re.compile(r"^vpce-[0-9a-f]{1,32}$")
+# EC2's resource ids: the prefix and 8 or 17 hex digits (CloudFormation refuses a VPC id of
+# any other length, with a JavaScript traceback, after the whole app was built).
+_EC2_ID = "(?:[0-9a-f]{8}|[0-9a-f]{17})"
+_SUBNET = re.compile(rf"^subnet-{_EC2_ID}@[a-z0-9-]{{1,32}}$")
+_VPC = re.compile(rf"^vpc-{_EC2_ID}$")
+_VPCE = re.compile(rf"^vpce-{_EC2_ID}$")
+_ID_SHAPE = "8 or 17 hex digits"
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _INSTANCE_TYPE = re.compile(r"^[a-z0-9-]+\.[a-z0-9-]+$")
 MAX_AZS = 3
@@ -121,10 +125,16 @@ class FleetNetworkConfig:
                 "together: name both, or neither (the stack then creates an isolated VPC)"
             )
         if vpc and not _VPC.match(str(vpc)):
-            raise ConfigError(f"context {constants.CONTEXT_FLEET_VPC_ID}={vpc!r}: expected vpc-...")
+            raise ConfigError(
+                f"context {constants.CONTEXT_FLEET_VPC_ID}={vpc!r}: expected vpc- and {_ID_SHAPE} "
+                "(vpc-0123456789abcdef0)"
+            )
         for s in subnets:
             if not _SUBNET.match(s):
-                raise ConfigError(f"context {constants.CONTEXT_FLEET_SUBNETS}: {s!r} is not subnet-ID@AZ")
+                raise ConfigError(
+                    f"context {constants.CONTEXT_FLEET_SUBNETS}: {s!r} is not subnet-ID@AZ (subnet- and "
+                    f"{_ID_SHAPE}, @ its Availability Zone: subnet-0123456789abcdef0@us-east-1a)"
+                )
         azs = _list(node.try_get_context(constants.CONTEXT_FLEET_AZS))
         for az in azs:
             if not _AZ.match(az):
@@ -144,7 +154,8 @@ class FleetNetworkConfig:
             )
         if endpoint and not _VPCE.match(str(endpoint)):
             raise ConfigError(
-                f"context {constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT}={endpoint!r}: expected vpce-..."
+                f"context {constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT}={endpoint!r}: expected vpce- and "
+                f"{_ID_SHAPE} (vpce-0123456789abcdef0)"
             )
         offerings = _offerings(node.try_get_context(constants.CONTEXT_FLEET_AZ_OFFERINGS))
         if vpc:

@@ -356,8 +356,8 @@ def test_own_subnets_are_checked_against_the_offerings_too():
         FleetNetworkConfig.from_context(
             _Node(
                 {
-                    constants.CONTEXT_FLEET_VPC_ID: "vpc-0abc",
-                    constants.CONTEXT_FLEET_SUBNETS: "subnet-01@us-east-1a",
+                    constants.CONTEXT_FLEET_VPC_ID: "vpc-0123456789abcdef0",
+                    constants.CONTEXT_FLEET_SUBNETS: "subnet-0123456789abcdef1@us-east-1a",
                     constants.CONTEXT_FLEET_AZ_OFFERINGS: json.dumps(OFFERINGS),
                 }
             )

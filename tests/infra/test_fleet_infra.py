@@ -179,15 +179,70 @@ def test_named_subnets_need_a_vpc_and_the_subnet_at_az_shape():
     ok = FleetNetworkConfig.from_context(
         _Node(
             {
-                constants.CONTEXT_FLEET_VPC_ID: "vpc-0abc",
-                constants.CONTEXT_FLEET_SUBNETS: "subnet-01@us-east-1a,subnet-02@us-east-1b",
+                constants.CONTEXT_FLEET_VPC_ID: "vpc-0123456789abcdef0",
+                constants.CONTEXT_FLEET_SUBNETS: (
+                    "subnet-0123456789abcdef1@us-east-1a,subnet-0123456789abcdef2@us-east-1b"
+                ),
             }
         )
     )
-    assert ok.subnets == ("subnet-01@us-east-1a", "subnet-02@us-east-1b")
+    assert ok.subnets == ("subnet-0123456789abcdef1@us-east-1a", "subnet-0123456789abcdef2@us-east-1b")
     with pytest.raises(ConfigError, match="go together"):
-        FleetNetworkConfig.from_context(_Node({constants.CONTEXT_FLEET_SUBNETS: "subnet-01@us-east-1a"}))
+        FleetNetworkConfig.from_context(
+            _Node({constants.CONTEXT_FLEET_SUBNETS: "subnet-0123456789abcdef1@us-east-1a"})
+        )
     with pytest.raises(ConfigError, match="subnet-ID@AZ"):
         FleetNetworkConfig.from_context(
-            _Node({constants.CONTEXT_FLEET_VPC_ID: "vpc-0abc", constants.CONTEXT_FLEET_SUBNETS: "subnet-01"})
+            _Node(
+                {
+                    constants.CONTEXT_FLEET_VPC_ID: "vpc-0123456789abcdef0",
+                    constants.CONTEXT_FLEET_SUBNETS: "subnet-0123456789abcdef1",
+                }
+            )
         )
+
+
+@pytest.mark.parametrize(
+    ("ctx", "key"),
+    [
+        # EC2's ids are the prefix and 8 or 17 hex digits: CloudFormation's own check of the VPC
+        # id otherwise failed the synth late, as a JavaScript traceback
+        ({constants.CONTEXT_FLEET_VPC_ID: "vpc-0abc"}, constants.CONTEXT_FLEET_VPC_ID),
+        ({constants.CONTEXT_FLEET_VPC_ID: "vpc-0123456789abcdef"}, constants.CONTEXT_FLEET_VPC_ID),
+        ({constants.CONTEXT_FLEET_SUBNETS: "subnet-01@us-east-1a"}, constants.CONTEXT_FLEET_SUBNETS),
+        (
+            {constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT: "vpce-0abc"},
+            constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT,
+        ),
+    ],
+)
+def test_an_id_that_is_not_ec2s_shape_is_refused_naming_its_key(ctx: dict[str, Any], key: str):
+    own = {
+        constants.CONTEXT_FLEET_VPC_ID: "vpc-0123456789abcdef0",
+        constants.CONTEXT_FLEET_SUBNETS: "subnet-0123abcd@us-east-1a",
+    }
+    with pytest.raises(ConfigError, match=f"context {key}.*8 or 17 hex digits"):
+        FleetNetworkConfig.from_context(_Node({**own, **ctx}))
+
+
+def test_an_own_vpc_named_with_ec2s_ids_synthesizes(tmp_path):
+    from aws_cdk import App
+
+    from infra.deployment import build, project_context
+
+    # Given the admin's own VPC, subnets and execute-api endpoint (ids as EC2 gives them)
+    context = {
+        **project_context(),
+        "aws:cdk:bundling-stacks": [],
+        constants.CONTEXT_ADMINS: "alice",
+        constants.CONTEXT_FLEET_VPC_ID: "vpc-0123abcd",
+        constants.CONTEXT_FLEET_SUBNETS: "subnet-0123456789abcdef1@us-east-1a,subnet-89abcdef@us-east-1b",
+        constants.CONTEXT_FLEET_EXECUTE_API_ENDPOINT: "vpce-0123456789abcdef0",
+    }
+    app = App(context=context, outdir=str(tmp_path))
+    deployment = build(app)
+    # Then the app synthesizes (CloudFormation's own checks of the ids pass)
+    assembly = app.synth()
+    template = assembly.get_stack_by_name(constants.SERVICE_STACK_NAME).template
+    assert "vpc-0123abcd" in json.dumps(template)
+    assert deployment.service.fleet_network.subnets[1] == "subnet-89abcdef@us-east-1b"
