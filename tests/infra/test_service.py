@@ -361,6 +361,13 @@ def test_the_host_role_reaches_no_pools_queue_or_objects_only_the_pool_routes(
     assert "/pools/" not in rendered.replace("/v1/pools/", "")
     for path in constants.POOL_HOST_PATHS:
         assert path in json.dumps(pool_statements)
+    # And the deploy guide's list of what the host role may do says the same
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
+    hosts = " ".join(docs[docs.index("## GPU hosts") :].split("- carry the tag")[0].split())
+    assert "nothing of the pools' queues or of `pools/`" in hosts
+    assert "consuming the pools' queues" not in hosts
 
 
 def _role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
