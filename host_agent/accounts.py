@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -132,3 +133,36 @@ def private_dirs(state_dir: str | Path, account: str, *, shm: str = "/dev/shm") 
         "/var/tmp": base / "var-tmp",  # noqa: S108
         "/dev/shm": Path(shm) / ".calque-private" / account,  # noqa: S108 - the shared tmpfs, not a temporary file
     }
+
+
+def root_directory(path: Path, mode: int) -> None:
+    """``path`` a real directory of root's with ``mode``. Whatever else stands there is removed
+    first: in a world-writable /dev/shm (emptied by a reboot) a tenant may have made the name
+    before the agent, as a directory of hers or a link elsewhere."""
+    _directory(path, 0, 0, mode, parent_mode=mode)
+
+
+def account_directory(path: Path, uid: int, gid: int) -> None:
+    """``path`` a real directory of the account's alone (0700), never followed if a link."""
+    _directory(path, uid, gid, 0o700, parent_mode=None)
+
+
+def _directory(path: Path, uid: int, gid: int, mode: int, *, parent_mode: int | None) -> None:
+    for _ in range(5):
+        try:
+            os.mkdir(path, mode)
+        except FileExistsError:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid in (0, uid):
+                break
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            continue
+        except FileNotFoundError:
+            path.parent.mkdir(mode=parent_mode or 0o711, parents=True, exist_ok=True)
+            continue
+        break
+    os.chown(path, uid, gid, follow_symlinks=False)
+    os.chmod(path, mode)

@@ -86,12 +86,18 @@ class LinuxHost:
         return True
 
     def _private_dirs(self, name: str) -> None:
+        self.ensure_private_dirs(name)
+
+    def ensure_private_dirs(self, name: str) -> dict[str, Path]:
+        """The account's private /tmp, /var/tmp and /dev/shm, made again where missing (a
+        reboot empties the /dev/shm tmpfs), each in a directory of root's: a name a tenant
+        made first in the shared /dev/shm is taken back, never followed."""
         p = pwd.getpwnam(name)
-        for d in accounts.private_dirs(self.state_dir, name, shm=self.shm).values():
-            d.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
-            d.mkdir(mode=0o700, exist_ok=True)
-            os.chown(d, p.pw_uid, p.pw_gid)
-            os.chmod(d, 0o700)
+        dirs = accounts.private_dirs(self.state_dir, name, shm=self.shm)
+        for d in dirs.values():
+            accounts.root_directory(d.parent, 0o711)
+            accounts.account_directory(d, p.pw_uid, p.pw_gid)
+        return dirs
 
     def remove_account(self, name: str) -> bool:
         if not self._exists(name):

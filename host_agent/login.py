@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import getpass
 import hashlib
 import hmac
@@ -89,8 +90,10 @@ def _private_mounts(state_dir: str, account: str, shm: str = "/dev/shm") -> None
     if libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
         raise OSError(ctypes.get_errno(), "mount --make-rslave /")
     for target, source in accounts.private_dirs(state_dir, account, shm=shm).items():
-        if not source.is_dir() or not os.path.isdir(target):
+        if not os.path.isdir(target):
             continue
+        if not source.is_dir():  # never the shared directory in its place
+            raise OSError(errno.ENOENT, f"{source} is missing")
         if libc.mount(str(source).encode(), target.encode(), None, MS_BIND, None) != 0:
             raise OSError(ctypes.get_errno(), f"mount --bind {source} {target}")
 
@@ -128,8 +131,11 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, comman
                 print(f"error: cannot enter the session's cgroup: {exc}", file=sys.stderr)
                 return 1
         try:
+            # Made again where missing: a reboot empties /dev/shm, and the shell must not
+            # fall back to the shared one.
+            host.ensure_private_dirs(grant.account)
             _private_mounts(state_dir, grant.account, shm=getattr(host, "shm", "/dev/shm"))  # noqa: S108 - the shared tmpfs, not a temporary file
-        except OSError as exc:
+        except (OSError, KeyError) as exc:
             print(f"error: cannot give the session its private /tmp: {exc}", file=sys.stderr)
             return 1
     os.umask(0o077)

@@ -189,6 +189,27 @@ def test_a_late_reclaim_for_an_ended_lease_leaves_the_next_tenant_alone(box):
     assert box.login(C, "token-c", "id -un").stdout.strip() == C
 
 
+def test_after_a_reboot_empties_dev_shm_every_login_still_gets_a_private_one(box):
+    # a reboot empties the /dev/shm tmpfs, and whoever comes first may make the agent's
+    # directory there herself, with a link in it under another tenant's name
+    target = box.scratch / "root-file"
+    made = box.root_sh(
+        f"echo root > {target} && chmod 644 {target} && rm -rf /dev/shm/.calque-private && "
+        f"mkdir -m 777 /dev/shm/.calque-private && chown {C} /dev/shm/.calque-private && "
+        f"ln -s {target} /dev/shm/.calque-private/{B}"
+    )
+    assert made.returncode == 0, made.stderr
+    c = box.login(C, "token-c", "echo c > /dev/shm/c-file; chmod 644 /dev/shm/c-file; ls /dev/shm")
+    assert c.returncode == 0, c.stderr
+    assert c.stdout.split() == ["c-file"]
+    b = box.login(B, "token-b", "ls -A /dev/shm; cat /dev/shm/c-file 2>&1; true")
+    assert b.returncode == 0, b.stderr
+    assert b.stdout.splitlines() == ["cat: /dev/shm/c-file: No such file or directory"]  # empty, C's unseen
+    # the agent's directory is root's again, and the link was never followed
+    owner = box.root_sh(f"stat -c '%U %a' /dev/shm/.calque-private {target}").stdout.split("\n")
+    assert owner[:2] == ["root 711", "root 644"], owner
+
+
 WORKER = """
 import json, sys, time
 from pathlib import Path
