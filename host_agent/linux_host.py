@@ -103,18 +103,21 @@ class LinuxHost:
         if not self._exists(name):
             return False
         uid = pwd.getpwnam(name).pw_uid
-        self._cmd("userdel", "--remove", name, ok=(0, 12))  # 12: home already gone
-        # userdel takes the home and mail spool; the rest of what the UID owns goes too.
+        # Every file the UID owns goes first, the account last: a reclaim that cannot remove a
+        # file (or is killed part-way) leaves the account, so running it again finds the UID
+        # and finishes, instead of a file owned by a UID nothing will ever look for again.
         for d in accounts.private_dirs(self.state_dir, name, shm=self.shm).values():
             _rmtree(d)
         roots = self.file_roots if self.file_roots is not None else accounts.writable_mounts()
         left = accounts.remove_owned(uid, roots)
         if left:
             raise GpuError(
-                f"{len(left)} file(s) of {name} (uid {uid}) could not be removed: {left[:3]}",
+                f"{len(left)} file(s) of {name} (uid {uid}) could not be removed: {left[:3]}; "
+                "the account stays until they are, and reclaiming again finishes it",
                 code="host_access_failed",
                 details={"files": left[:20], "uid": uid},
             )
+        self._cmd("userdel", "--remove", name, ok=(0, 12))  # 12: home already gone
         return True
 
     def account_pids(self, name: str) -> list[int]:

@@ -371,6 +371,9 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
                 actions=actions,
                 remaining=[f"pid {pid} still runs on {slice_id}" for pid in left],
             )
+        # Nothing of the lease runs any more: it is over on this host, so a late copy of its
+        # grant is refused from here on, even if taking its access back fails below.
+        _record_fence(b, slice_id, fence if fence is not None else (held.fence if held else None), ended=True)
         # The access goes before the slice can be granted again.
         grants.pop(slice_id, None)
         if held is not None:
@@ -378,7 +381,6 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
             b.grants.save(grants)
             views = read_all(b)
             slices = [x for w in views for x in slice_reports(w)]
-        _record_fence(b, slice_id, fence if fence is not None else (held.fence if held else None), ended=True)
         reclaimed = s.model_copy(update={"state": "reclaimed"})
         slices = [reclaimed if x.slice_id == slice_id else x for x in slices]
         return _report(

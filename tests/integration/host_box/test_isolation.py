@@ -264,3 +264,31 @@ def test_a_pool_worker_runs_as_the_pools_account_confined_to_its_slice(box):
     tenant = box.login(C, "token-c", "curl -s -m 2 http://169.254.169.254/; echo rc=$?")
     assert IMDS_ANSWER not in tenant.stdout
     other.chmod(0o400)
+
+
+def test_a_reclaim_that_cannot_remove_a_file_fails_and_running_it_again_finishes(box):
+    d = "calque-dddddddddddd"
+    _grant(box, "g0-1g.24gb-2", d, "token-d", 1)
+    uid = _uid(box, d)
+    stuck = box.scratch / "stuck-d"
+    box.login(d, "token-d", f"echo x > {stuck}")
+    if box.root_sh(f"chattr +i {stuck}").returncode != 0:
+        pytest.skip(f"the filesystem under {box.scratch} has no immutable attribute")
+    try:
+        failed = box.agent("reclaim", "--slice", "g0-1g.24gb-2", "--fence", "1")
+    finally:
+        box.root_sh(f"chattr -i {stuck}")
+    assert failed.returncode == 1
+    assert _report(failed)["error"]["code"] == "host_access_failed"
+    assert box.root_sh(f"id -u {d}").stdout.strip() == str(uid)  # kept while its files remain
+    # the lease is over on this host all the same: a late copy of its grant is refused
+    late = _report(
+        box.agent("grant", "--slice", "g0-1g.24gb-2", "--user", d, "--token-sha256", "0" * 64, "--fence", "1")
+    )
+    assert late["error"]["code"] == "stale_fence"
+    # the same reclaim again finishes it: the account goes with every file it owned
+    again = _report(box.agent("reclaim", "--slice", "g0-1g.24gb-2", "--fence", "1"))
+    assert again["ok"], again.get("error")
+    assert box.root_sh(f"id {d}").returncode != 0
+    left = box.root_sh(f"find {box.scratch} /home /dev/shm -uid {uid} 2>/dev/null")
+    assert left.stdout.strip() == "", left.stdout
