@@ -124,6 +124,37 @@ def remove_owned(uid: int, roots: Iterable[str]) -> list[str]:
     return left
 
 
+# System V IPC objects outlive the processes that made them, and their modes are their
+# maker's choice (0666 is common): the kind's file under /proc/sysvipc and ipcrm's flag.
+SYSV_IPC = (("shm", "-m"), ("msg", "-q"), ("sem", "-s"))
+
+
+def ipc_owned_by(uid: int, sysvipc: str = "/proc/sysvipc") -> list[tuple[str, int]]:
+    """(ipcrm flag, id) of every System V shared memory segment, message queue and semaphore
+    set that uid owns or created, in this IPC namespace."""
+    out = []
+    for kind, flag in SYSV_IPC:
+        try:
+            lines = Path(sysvipc, kind).read_text().splitlines()
+        except OSError:
+            continue
+        if not lines:
+            continue
+        header = lines[0].split()
+        try:
+            at_id, at_uid, at_cuid = 1, header.index("uid"), header.index("cuid")
+        except ValueError:
+            continue
+        for line in lines[1:]:
+            cols = line.split()
+            try:
+                if uid in (int(cols[at_uid]), int(cols[at_cuid])):
+                    out.append((flag, int(cols[at_id])))
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
 def private_dirs(state_dir: str | Path, account: str, *, shm: str = "/dev/shm") -> dict[str, Path]:  # noqa: S108 - the shared tmpfs, not a temporary file
     """Where the account's own /tmp, /var/tmp and /dev/shm live (bind-mounted over the
     shared ones at login); its /dev/shm stays on the tmpfs, as CUDA IPC and NCCL expect."""

@@ -117,6 +117,17 @@ class LinuxHost:
                 code="host_access_failed",
                 details={"files": left[:20], "uid": uid},
             )
+        # System V shared memory, queues and semaphores outlive their processes: the next
+        # tenant could attach to what this one left (as logind's RemoveIPC does at logout).
+        for flag, ipc_id in accounts.ipc_owned_by(uid):
+            self._cmd("ipcrm", flag, str(ipc_id), ok=(0, 1))  # 1: gone already
+        left_ipc = accounts.ipc_owned_by(uid)
+        if left_ipc:
+            raise GpuError(
+                f"{len(left_ipc)} System V IPC object(s) of {name} (uid {uid}) could not be removed",
+                code="host_access_failed",
+                details={"ipc": [f"ipcrm {f} {i}" for f, i in left_ipc], "uid": uid},
+            )
         self._cmd("userdel", "--remove", name, ok=(0, 12))  # 12: home already gone
         return True
 

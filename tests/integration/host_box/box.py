@@ -6,6 +6,7 @@ allowed open() fails ENXIO, while the devices cgroup refuses first with EPERM).
 - mount namespace: a copy of /etc over /etc and an empty /home (accounts are made in
   the box, not on this machine), a fresh tmpfs on /dev/shm;
 - pid namespace with its own /proc (the guard remounts it hidepid=2, in the box alone);
+- an IPC namespace of its own (System V objects a tenant leaves);
 - network namespace with 169.254.169.254 on its loopback, where a stand-in instance
   metadata service answers with the host role's "credentials";
 - session cgroups under a parent of the box's own in each v1 hierarchy.
@@ -113,6 +114,7 @@ class Box:
                 "--mount",
                 "--pid",
                 "--net",
+                "--ipc",
                 "--fork",
                 "--propagation",
                 "private",
@@ -175,7 +177,7 @@ class Box:
 
     # ---- running things in it ----------------------------------------------------------------
     def _enter(self) -> list[str]:
-        return ["nsenter", "-t", str(self.pid), "-m", "-p", "-n", "--"]
+        return ["nsenter", "-t", str(self.pid), "-m", "-p", "-n", "-i", "--"]
 
     def env(self, **extra: str) -> dict[str, str]:
         return {

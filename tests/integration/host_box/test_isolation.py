@@ -142,16 +142,20 @@ def test_reclaim_kills_a_forking_tree_removes_every_file_and_never_reuses_the_ui
     box.login(
         A,
         "token-a",
-        f"nohup sh -c '{fork}' >/dev/null 2>&1 & echo x > {box.scratch}/left-by-a; echo y > /dev/shm/a-shm",
+        f"nohup sh -c '{fork}' >/dev/null 2>&1 & echo x > {box.scratch}/left-by-a; echo y > /dev/shm/a-shm; "
+        "ipcmk -M 4096 -p 0666; ipcmk -Q -p 0666; ipcmk -S 1 -p 0666",  # System V objects anyone may open
     )
     time.sleep(0.5)
     assert len(box.cgroup_pids("g0_1g.24gb_0")) > 3
+    sysvipc = "tail -q -n +2 /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem"
+    assert len(box.root_sh(sysvipc).stdout.splitlines()) == 3
     out = _report(box.agent("reclaim", "--slice", "g0-1g.24gb-0", "--fence", "1"))
     assert out["ok"], out.get("error")
     assert box.cgroup_pids("g0_1g.24gb_0") == []
     assert box.root_sh(f"id {A}").returncode != 0
     left = box.root_sh(f"find {box.scratch} /home /dev/shm {box.state_dir}/private -uid {uid_a} 2>/dev/null")
     assert left.stdout.strip() == "", left.stdout
+    assert box.root_sh(sysvipc).stdout.strip() == ""  # nothing for the next tenant to attach to
     # the next session on that slice gets a UID never used before
     _grant(box, "g0-1g.24gb-0", C, "token-c", 2)
     assert _uid(box, C) > uid_a

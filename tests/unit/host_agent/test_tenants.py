@@ -228,3 +228,21 @@ def test_a_whole_gpu_opens_for_its_session_alone_and_for_all_again_under_mig():
     mig = parse_layout({"version": "v1", "gpus": [{"devices": [0], "mig": {"3g.20gb": 2}}]})
     assert verbs.do_apply(ctx, mig).ok
     assert backend.host.gpu_node_owner(0) == "anyone"
+
+
+def test_the_system_v_objects_an_account_leaves_are_found_by_owner_or_creator(tmp_path):
+    from host_agent.accounts import ipc_owned_by
+
+    (tmp_path / "shm").write_text(
+        "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid\n"
+        "  12345678          7   666                  4096    45     0      0 200000 200000 200000 200000\n"
+        "  12345679          8   600                  4096    45     0      0     0     0     0     0\n"
+    )
+    (tmp_path / "msg").write_text(
+        "       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid\n"
+        "         0          3   666           0          0     0     0  1000  1000 200000 200000\n"
+    )
+    (tmp_path / "sem").write_text("       key      semid perms      nsems   uid   gid  cuid  cgid\n")
+    assert ipc_owned_by(200000, str(tmp_path)) == [("-m", 7), ("-q", 3)]
+    assert ipc_owned_by(0, str(tmp_path)) == [("-m", 8)]
+    assert ipc_owned_by(200000, str(tmp_path / "absent")) == []
