@@ -23,7 +23,13 @@ from host_agent.backend import GpuBackend
 from host_agent.confine import BASE_DEVICES, Confinement, Limits, session_key
 from host_agent.errors import GpuError
 from host_agent.observe import GpuView, read_all, slice_reports, unattributed_clients
-from host_agent.tenants import Grant, check_session_account, confinement_record, mps_account
+from host_agent.tenants import (
+    Grant,
+    check_session_account,
+    check_token_sha256,
+    confinement_record,
+    mps_account,
+)
 from host_agent.verb_support import Context, _guard, _report, find_slice
 
 GIB = 1024**3
@@ -180,6 +186,7 @@ def do_grant(
     def body(t: datetime) -> AgentReport:
         b = ctx.backend
         check_session_account(account)
+        digest = check_token_sha256(token_sha256)
         v, s = find_slice(b, slice_id)
         _check_fence(b, "grant", slice_id, fence)
         _refuse_modifiable_device_files(b)
@@ -212,7 +219,7 @@ def do_grant(
         key = session_key(slice_id)
         limits = session_limits(b, v, s)
         devices = BASE_DEVICES + b.host.device_rules(_gpu_minor(v), caps)
-        siblings = _sibling_cards(grants, slice_id, acct, token_sha256) if s.backend == "exclusive" else {}
+        siblings = _sibling_cards(grants, slice_id, acct, digest) if s.backend == "exclusive" else {}
         if siblings:
             # One session, several whole cards: whichever card's cgroup its login enters
             # opens every card of the session (and nothing of any other), with their
@@ -232,7 +239,7 @@ def do_grant(
         )
         env = session_env(v, s, v.mps.pipe_directory if v.mps.running else None)
         grants[slice_id] = Grant(
-            slice_id, acct, s.backend, caps, token_sha256, nodes, fence, key, env,
+            slice_id, acct, s.backend, caps, digest, nodes, fence, key, env,
             confinement_record(confinement),
         )  # fmt: skip
         b.grants.save(grants)

@@ -38,6 +38,7 @@ from calque.errors import InvalidInput
 from host_agent.confine import Confinement, Limits
 
 SESSION_ACCOUNT = re.compile(r"^calque-[0-9a-f]{12}$")
+TOKEN_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 IMDS_ADDRESS = "169.254.169.254"
 # The rule, in iptables' own words: every uid but root is refused the metadata service.
 IMDS_RULE = ("OUTPUT", "-d", f"{IMDS_ADDRESS}/32", "-m", "owner", "!", "--uid-owner", "0", "-j", "REJECT")
@@ -56,6 +57,21 @@ def check_session_account(name: str) -> str:
             details={"field": "user", "value": name},
         )
     return name
+
+
+def check_token_sha256(value: str | None) -> str | None:
+    """The session token's SHA-256 as the control plane stores it (64 lowercase hex digits;
+    upper case is taken as the same digest). Anything else could never match a token at
+    login: refused before the grant makes an account no one can reach."""
+    if value is None:
+        return None
+    digest = value.strip().lower()
+    if not TOKEN_SHA256.match(digest):
+        raise InvalidInput(
+            f"{value!r} is not a token's SHA-256 (64 hex digits)",
+            details={"field": "token_sha256", "value": value},
+        )
+    return digest
 
 
 class HostAccess(Protocol):

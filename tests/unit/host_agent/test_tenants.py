@@ -4,6 +4,7 @@ open, taken back at reclaim before the next grant, and IMDS kept to root."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 
 import pytest
@@ -105,6 +106,24 @@ def test_an_account_the_control_plane_does_not_name_is_refused_and_nothing_chang
     assert not report.ok
     assert report.error.code == "invalid_input"
     assert backend.host._h["accounts"] == before
+
+
+@pytest.mark.parametrize("digest", ["nothex", "ab" * 31, "g" * 64, ""])
+def test_a_token_hash_no_token_could_match_is_refused_and_nothing_changes(digest):
+    backend, ctx = _host()
+    before = json.dumps(backend.host._h, sort_keys=True)
+    report = verbs.do_grant(ctx, "g0-1g.24gb-0", ALICE, token_sha256=digest, fence=1)
+    assert not report.ok
+    assert report.error.code == "invalid_input"
+    assert report.error.details["field"] == "token_sha256"
+    assert json.dumps(backend.host._h, sort_keys=True) == before  # no account, no cgroup, no fence
+
+
+def test_a_token_hash_in_capitals_is_the_same_digest():
+    backend, ctx = _host()
+    digest = hashlib.sha256(b"the-token").hexdigest()
+    assert verbs.do_grant(ctx, "g0-1g.24gb-0", ALICE, token_sha256=digest.upper(), fence=1).ok
+    assert check_token(ALICE, "the-token", backend.grants.load())
 
 
 def test_login_takes_the_sessions_token_and_nothing_else():
