@@ -9,6 +9,7 @@ always read from the real /proc.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -67,23 +68,29 @@ class LinuxHost:
         return True
 
     def ensure_account(self, name: str) -> bool:
-        if self._exists(name):
-            self._private_dirs(name)
-            return False
-        # A UID never handed out before, a home of its own (0700), a login shell, no
-        # password: reached only through the agent's login. Its own group, same number.
-        uid = accounts.UidCounter(self.state_dir / "uids.json").take(
-            [p.pw_uid for p in pwd.getpwall()] + [g.gr_gid for g in _groups()]
-        )
-        self._cmd("groupadd", "--gid", str(uid), name)
-        self._cmd(
-            "useradd", "--uid", str(uid), "--gid", str(uid), "--create-home", "--shell", "/bin/bash",
-            "--comment", "calque session", name,
-        )  # fmt: skip
+        """Idempotent: a run killed part-way (between groupadd and useradd, or before the
+        home's mode) is finished by the next one."""
+        created = False
+        if not self._exists(name):
+            if any(g.gr_name == name for g in _groups()):
+                # A group of ours with no account: a grant stopped between the two commands.
+                self._cmd("groupdel", name)
+            # A UID never handed out before, a home of its own (0700), a login shell, no
+            # password: reached only through the agent's login. Its own group, same number.
+            uid = accounts.UidCounter(self.state_dir / "uids.json").take(
+                [p.pw_uid for p in pwd.getpwall()] + [g.gr_gid for g in _groups()]
+            )
+            self._cmd("groupadd", "--gid", str(uid), name)
+            self._cmd(
+                "useradd", "--uid", str(uid), "--gid", str(uid), "--create-home", "--shell", "/bin/bash",
+                "--comment", "calque session", name,
+            )  # fmt: skip
+            created = True
         home = pwd.getpwnam(name).pw_dir
-        os.chmod(home, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(home, 0o700)
         self._private_dirs(name)
-        return True
+        return created
 
     def _private_dirs(self, name: str) -> None:
         self.ensure_private_dirs(name)

@@ -296,3 +296,15 @@ def test_a_reclaim_that_cannot_remove_a_file_fails_and_running_it_again_finishes
     assert box.root_sh(f"id {d}").returncode != 0
     left = box.root_sh(f"find {box.scratch} /home /dev/shm -uid {uid} 2>/dev/null")
     assert left.stdout.strip() == "", left.stdout
+
+
+def test_a_grant_stopped_between_making_the_group_and_the_account_is_finished_by_the_next(box):
+    e = "calque-eeeeeeeeeeee"
+    # what a grant killed right after groupadd leaves: the group, no account
+    assert box.root_sh(f"groupadd --gid 299999 {e}").returncode == 0
+    out = _grant(box, "g0-1g.24gb-2", e, "token-e", 2)
+    assert f"created account {e}" in out["actions"]
+    uid = _uid(box, e)
+    assert box.root_sh(f"getent group {e}").stdout.split(":")[2] == str(uid)
+    assert box.root_sh(f"stat -c %a /home/{e}").stdout.strip() == "700"
+    assert box.login(e, "token-e", "id -un").stdout.strip() == e
