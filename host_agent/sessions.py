@@ -190,6 +190,9 @@ def do_grant(
         v, s = find_slice(b, slice_id)
         _check_fence(b, "grant", slice_id, fence)
         _refuse_modifiable_device_files(b)
+        # The slice's lease is this one before any access is given: a late command for an
+        # older lease is refused from here on, even if this run stops part-way.
+        _record_fence(b, slice_id, fence, ended=False)
         actions = secure_host(b, read_all(b))
         grants = b.grants.load()
         old = grants.get(slice_id)
@@ -243,7 +246,6 @@ def do_grant(
             confinement_record(confinement),
         )  # fmt: skip
         b.grants.save(grants)
-        _record_fence(b, slice_id, fence, ended=False)
         grant = GrantReport(
             slice_id=slice_id,
             account=acct,

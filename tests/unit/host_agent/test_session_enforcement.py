@@ -58,6 +58,29 @@ def test_a_reclaim_for_an_older_lease_is_refused_and_changes_nothing():
     assert verbs.do_reclaim(ctx, "g0-1g.24gb-0", fence=7).ok  # a repeated reclaim of the same lease
 
 
+def test_a_grant_stopped_once_its_access_is_given_still_fences_off_the_older_lease():
+    backend, ctx = _host()
+    assert verbs.do_grant(ctx, "g0-1g.24gb-0", ALICE, fence=6).ok
+    assert verbs.do_reclaim(ctx, "g0-1g.24gb-0", fence=6).ok
+    saved = backend.grants.save
+
+    def save_then_stop(grants):
+        saved(grants)
+        raise SystemExit(137)  # the agent killed just after lease 7's grant was written
+
+    backend.grants.save = save_then_stop
+    with pytest.raises(SystemExit):
+        verbs.do_grant(ctx, "g0-1g.24gb-0", BOB, fence=7)
+    backend.grants.save = saved
+    verbs.do_simulate_process(ctx, "g0-1g.24gb-0", name="bob-job")
+    late = verbs.do_reclaim(ctx, "g0-1g.24gb-0", fence=6)  # lease 6's reclaim, again
+    assert late.error is not None
+    assert late.error.code == "stale_fence"
+    assert backend.grants.load()["g0-1g.24gb-0"].account == BOB
+    with backend.session():
+        assert [p.name for p in backend.processes(0)] == ["bob-job"]
+
+
 def test_a_grant_confines_the_session_to_its_own_devices_with_its_share_of_the_host():
     backend, ctx = _host()
     report = verbs.do_grant(ctx, "g0-1g.24gb-2", ALICE, fence=1)
