@@ -55,7 +55,8 @@ def register(group: Any) -> None:
         "exec",
         help="run one command on a session's host, as the session's account: exec ID -- CMD ...",
         epilog=f"As connect, for one command; its exit status is exec's. The token: ${TOKEN_ENV}, "
-        "else asked for on a terminal.",
+        "else asked for on a terminal. Options go before the session id: everything after it "
+        "(but --print) is the command.",
     )
     p.add_argument("session_id", metavar="SESSION_ID", type=argtypes.session_id)
     p.add_argument("--print", dest="print_only", action="store_true", help="print the command, run nothing")
@@ -76,6 +77,16 @@ def _exec(ctx: Any, args: argparse.Namespace) -> None:
         print_only, argv = True, argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
+    elif argv and argv[0].startswith("-"):
+        # `exec ID --profile P -- CMD` ran "--profile P -- CMD" on the host (exit 127), and
+        # `exec ID --token T -- CMD` sent the token along as a command word. No command
+        # starts with a dash: an option here is the caller's, in the wrong place.
+        raise UsageError(
+            f"{argv[0]} after the session id would be run as the command: give options before "
+            "the session id (calque session exec [--print] [GLOBAL OPTIONS] ID -- CMD ...; the "
+            f"token comes from ${TOKEN_ENV} or the terminal)",
+            details={"field": "argv", "value": argv[0]},
+        )
     if not argv:
         raise UsageError(
             "give the command after --: calque session exec ID -- CMD ...", details={"field": "argv"}

@@ -137,6 +137,20 @@ def test_exec_takes_print_after_the_session_id_as_its_own_flag(on_aws, ran, cli)
     assert out.startswith("aws ssm start-session ")
 
 
+@pytest.mark.parametrize(
+    "words",
+    [["--profile", "bob", "--", "ls"], ["--token", "cqt_secret", "--", "ls"], ["--output", "json", "ls"]],
+)
+def test_exec_refuses_an_option_after_the_session_id_instead_of_running_it(on_aws, ran, cli, words):
+    # `exec ID --profile bob -- ls` ran "--profile bob -- ls" on the host (exit 127), and
+    # `--token T` sent the token along as a word of the command
+    code, _, err = cli("session", "exec", SID, *words)
+    assert code == 2
+    assert f"{words[0]} after the session id would be run as the command" in err
+    assert "cqt_secret" not in err
+    assert ran == []
+
+
 @pytest.fixture
 def on_local_plane(api, monkeypatch, tmp_path):
     """The CLI on a local plane whose simulated host granted the session's account."""
