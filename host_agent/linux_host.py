@@ -21,7 +21,7 @@ from pathlib import Path
 from host_agent import accounts
 from host_agent.confine import Confinement, Confiner, detect, run_checked
 from host_agent.errors import GpuError
-from host_agent.tenants import DEFAULT_STATE_DIR, IMDS_RULE
+from host_agent.tenants import DEFAULT_STATE_DIR, IMDS6_RULE, IMDS_RULE
 
 NVIDIA_MAJOR = 195  # the driver's fixed major: /dev/nvidia<N> is 195:N, /dev/nvidiactl 195:255
 NVIDIACTL_MINOR = 255
@@ -41,6 +41,7 @@ class LinuxHost:
         confiner: Confiner | None = None,
         file_roots: list[str] | None = None,
         shm: str = "/dev/shm",  # noqa: S108 - the shared tmpfs, not a temporary file
+        ipv6: bool | None = None,  # None: whether this kernel has IPv6 (/proc/net/if_inet6)
     ):
         self.proc = Path(proc)
         self.dev = Path(dev)
@@ -49,6 +50,7 @@ class LinuxHost:
         self._confiner = confiner
         self.file_roots = file_roots  # None: every writable local filesystem
         self.shm = shm
+        self._ipv6 = ipv6
 
     @property
     def confiner(self) -> Confiner:
@@ -243,34 +245,54 @@ class LinuxHost:
             ) from None
 
     # instance metadata
-    def imds_rule_present(self) -> bool:
-        return self._cmd("iptables", "-C", *IMDS_RULE, ok=(0, 1)).returncode == 0
+    def _imds_rules(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(tool, rule) for each address family the service answers on here: IPv4 always,
+        IPv6 (fd00:ec2::254) whenever the kernel has it, since the instance's metadata
+        options can turn that endpoint on at any time."""
+        ipv6 = self._ipv6 if self._ipv6 is not None else Path("/proc/net/if_inet6").exists()
+        rules: list[tuple[str, tuple[str, ...]]] = [("iptables", IMDS_RULE)]
+        if ipv6:
+            rules.append(("ip6tables", IMDS6_RULE))
+        return rules
 
-    def _imds_allow_rule(self, account: str) -> tuple[str, ...]:
+    def _has(self, tool: str, rule: tuple[str, ...]) -> bool:
+        return self._cmd(tool, "-C", *rule, ok=(0, 1)).returncode == 0
+
+    def imds_rule_present(self) -> bool:
+        return all(self._has(tool, rule) for tool, rule in self._imds_rules())
+
+    def _imds_allow_rules(self, account: str) -> list[tuple[str, tuple[str, ...]]]:
         uid = str(pwd.getpwnam(account).pw_uid)
-        return ("OUTPUT", "-d", IMDS_RULE[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT")
+        return [
+            (tool, ("OUTPUT", "-d", rule[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT"))
+            for tool, rule in self._imds_rules()
+        ]
 
     def allow_imds(self, account: str) -> bool:
         """Let one account (a pool's workers) reach IMDS, ahead of the rule refusing the rest."""
-        rule = self._imds_allow_rule(account)
-        if self._cmd("iptables", "-C", *rule, ok=(0, 1)).returncode == 0:
-            return False
-        self._cmd("iptables", "-I", *rule)
-        return True
+        added = False
+        for tool, rule in self._imds_allow_rules(account):
+            if not self._has(tool, rule):
+                self._cmd(tool, "-I", *rule)
+                added = True
+        return added
 
     def deny_imds(self, account: str) -> None:
         try:
-            rule = self._imds_allow_rule(account)
+            rules = self._imds_allow_rules(account)
         except KeyError:
             return
-        while self._cmd("iptables", "-C", *rule, ok=(0, 1)).returncode == 0:
-            self._cmd("iptables", "-D", *rule)
+        for tool, rule in rules:
+            while self._has(tool, rule):
+                self._cmd(tool, "-D", *rule)
 
     def ensure_imds_rule(self) -> bool:
-        if self.imds_rule_present():
-            return False
-        self._cmd("iptables", "-I", *IMDS_RULE)
-        return True
+        added = False
+        for tool, rule in self._imds_rules():
+            if not self._has(tool, rule):
+                self._cmd(tool, "-I", *rule)
+                added = True
+        return added
 
     def ensure_boot_guard(self) -> list[str]:
         """The guard's unit and files, so the rule and the mount come back at every boot."""

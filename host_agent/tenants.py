@@ -15,9 +15,9 @@ granted only to it, and the instance metadata service kept to root.
   account (calque-mps-g<N>) and are isolated only by the per-client limits: the consent
   flag says so. Each slot still has its own cgroup, which names its processes (a tag in
   the environment is the tenant's to forge).
-- Only root reaches 169.254.169.254: an owner-matched firewall rule refuses every other
-  uid. It is installed at boot before SSM Agent starts (host_agent/guard.py), and login
-  refuses while it is absent.
+- Only root reaches 169.254.169.254 (and fd00:ec2::254, its IPv6 address): an
+  owner-matched firewall rule refuses every other uid. It is installed at boot before SSM
+  Agent starts (host_agent/guard.py), and login refuses while it is absent.
 - Grants and reclaims carry the lease's fence: the agent keeps each slice's highest and
   refuses an older one, so a late or repeated command cannot touch the next tenant.
 
@@ -42,6 +42,10 @@ TOKEN_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 IMDS_ADDRESS = "169.254.169.254"
 # The rule, in iptables' own words: every uid but root is refused the metadata service.
 IMDS_RULE = ("OUTPUT", "-d", f"{IMDS_ADDRESS}/32", "-m", "owner", "!", "--uid-owner", "0", "-j", "REJECT")
+# The same service at its IPv6 address (Nitro instances whose metadata options enable it,
+# which an admin may do at any time): refused the same way, by ip6tables.
+IMDS6_ADDRESS = "fd00:ec2::254"
+IMDS6_RULE = ("OUTPUT", "-d", f"{IMDS6_ADDRESS}/128", *IMDS_RULE[3:])
 DEFAULT_STATE_DIR = "/var/lib/calque"
 
 

@@ -7,8 +7,8 @@ allowed open() fails ENXIO, while the devices cgroup refuses first with EPERM).
   the box, not on this machine), a fresh tmpfs on /dev/shm;
 - pid namespace with its own /proc (the guard remounts it hidepid=2, in the box alone);
 - an IPC namespace of its own (System V objects a tenant leaves);
-- network namespace with 169.254.169.254 on its loopback, where a stand-in instance
-  metadata service answers with the host role's "credentials";
+- network namespace with 169.254.169.254 (and fd00:ec2::254 where the kernel has IPv6)
+  on its loopback, where a stand-in instance metadata service answers with the host role's "credentials";
 - session cgroups under a parent of the box's own in each v1 hierarchy.
 The GPUs are the fake's (g7e.2xlarge: one card, MIG), kept in the box's state file.
 """
@@ -33,14 +33,20 @@ IMDS_ANSWER = "HOST-ROLE-CREDENTIALS"
 CAPS_MAJOR = 236
 UVM_MAJOR = 235
 
+IMDS6 = "fd00:ec2::254"  # the service's IPv6 address, where the instance's metadata options enable it
+
 _IMDS = (
-    "import http.server\n"
+    "import http.server, os, socket, threading\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
     "    def do_GET(self):\n"
     "        self.send_response(200); self.end_headers()\n"
     f"        self.wfile.write(b'{IMDS_ANSWER}')\n"
     "    do_PUT = do_GET\n"
     "    def log_message(self, *a): pass\n"
+    "class S6(http.server.HTTPServer):\n"
+    "    address_family = socket.AF_INET6\n"
+    "if os.path.exists('/proc/net/if_inet6'):\n"
+    f"    threading.Thread(target=S6(('{IMDS6}', 80), H).serve_forever, daemon=True).start()\n"
     "http.server.HTTPServer(('169.254.169.254', 80), H).serve_forever()\n"
 )
 
@@ -105,6 +111,7 @@ class Box:
                 "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
                 "ip link set lo up",
                 "ip addr add 169.254.169.254/32 dev lo",
+                f"(test ! -e /proc/net/if_inet6 || ip addr add {IMDS6}/128 dev lo)",
             ]
         )
         script = f'{setup} && ({sys.executable} -c "$IMDS" &) && touch {self.base}/ready && exec sleep 100000'

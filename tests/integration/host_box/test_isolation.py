@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.integration.host_box.box import IMDS_ANSWER, Box
+from tests.integration.host_box.box import IMDS6, IMDS_ANSWER, Box
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +99,14 @@ def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(bo
     refused = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/latest/meta-data/; echo rc=$?")
     assert IMDS_ANSWER not in refused.stdout
     assert "rc=0" not in refused.stdout
+    # nor at its IPv6 address, which the instance's metadata options may turn on
+    ipv6 = box.root_sh("test -e /proc/net/if_inet6").returncode == 0
+    v6 = f"curl -g -s -m 2 http://[{IMDS6}]/latest/meta-data/; echo rc=$?"
+    if ipv6:
+        assert IMDS_ANSWER in box.root_sh(v6).stdout
+        refused6 = box.login(A, "token-a", v6)
+        assert IMDS_ANSWER not in refused6.stdout
+        assert "rc=0" not in refused6.stdout
     # apply installed what brings the guard back at boot, before SSM Agent starts
     unit = (box.base / "etc" / "systemd" / "system" / "calque-host-guard.service").read_text()
     assert "Before=network-pre.target amazon-ssm-agent.service" in unit
@@ -107,6 +115,7 @@ def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(bo
     assert modprobe == "options nvidia NVreg_ModifyDeviceFiles=0\n"
     # A reboot empties the firewall and the cgroups; accounts and grants survive on disk
     assert box.root_sh("iptables -F OUTPUT").returncode == 0
+    assert box.root_sh("ip6tables -F OUTPUT").returncode == 0 or not ipv6
     for controller in ("devices", "memory", "pids", "cpu", "freezer"):
         assert box.root_sh(f"rmdir /sys/fs/cgroup/{controller}/{box.parent}/g0_1g.24gb_0").returncode == 0
     barred = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/")
@@ -122,7 +131,7 @@ def test_a_tenant_never_reaches_the_metadata_service_before_or_after_a_reboot(bo
     devices = box.root_sh(f"cat /sys/fs/cgroup/devices/{box.parent}/g0_1g.24gb_0/devices.list").stdout
     assert "c 195:255 rw" in devices
     assert "a *:* rwm" not in devices
-    again = box.login(A, "token-a", "curl -s -m 2 http://169.254.169.254/; echo rc=$?")
+    again = box.login(A, "token-a", f"curl -s -m 2 http://169.254.169.254/; echo rc=$?; {v6}")
     assert again.returncode == 0
     assert IMDS_ANSWER not in again.stdout
     assert "rc=0" not in again.stdout

@@ -15,7 +15,7 @@ from host_agent import verbs
 from host_agent.fake import FakeGpuBackend
 from host_agent.linux_host import LinuxHost
 from host_agent.login import check_token
-from host_agent.tenants import IMDS_RULE
+from host_agent.tenants import IMDS6_RULE, IMDS_RULE
 
 pytestmark = pytest.mark.unit
 
@@ -147,19 +147,20 @@ def test_the_connect_command_names_the_session_document_and_account():
 
 
 class Recorder:
-    """iptables as a host has it: -C fails until the rule is inserted."""
+    """iptables and ip6tables as a host has them: -C fails until the rule is inserted."""
 
     def __init__(self):
         self.calls: list[list[str]] = []
-        self.rule = False
+        self.rules: set[tuple[str, ...]] = set()
 
     def __call__(self, argv, **kw):
         self.calls.append(argv)
         rc = 0
-        if argv[:2] == ["iptables", "-C"]:
-            rc = 0 if self.rule else 1
-        if argv[:2] == ["iptables", "-I"]:
-            self.rule = True
+        rule = (argv[0], *argv[2:])
+        if argv[0] in ("iptables", "ip6tables") and argv[1] == "-C":
+            rc = 0 if rule in self.rules else 1
+        if argv[0] in ("iptables", "ip6tables") and argv[1] == "-I":
+            self.rules.add(rule)
         return subprocess.CompletedProcess(argv, rc, "", "")
 
 
@@ -170,15 +171,29 @@ def test_the_real_host_installs_the_imds_rule_once_and_reads_capability_minors(t
     (base / "access").write_text("DeviceFileMinor: 30\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
     (base / "ci0" / "access").write_text("DeviceFileMinor: 31\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
     run = Recorder()
-    host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=run)
+    host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=run, ipv6=False)
     # Then the minors come from the driver's files
     assert host.mig_cap_minors(0, 2, 0) == (30, 31)
     # And the owner-matched rule is inserted once, however often it is ensured
     assert host.ensure_imds_rule() is True
     assert host.ensure_imds_rule() is False
-    inserts = [c for c in run.calls if c[:2] == ["iptables", "-I"]]
+    inserts = [c for c in run.calls if c[1:2] == ["-I"]]
     assert inserts == [["iptables", "-I", *IMDS_RULE]]
     assert "! --uid-owner 0" in " ".join(IMDS_RULE)
+
+
+def test_where_the_kernel_has_ipv6_the_metadata_services_ipv6_address_is_refused_too(tmp_path):
+    run = Recorder()
+    host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=run, ipv6=True)
+    assert host.ensure_imds_rule() is True
+    inserts = [c for c in run.calls if c[1:2] == ["-I"]]
+    assert inserts == [["iptables", "-I", *IMDS_RULE], ["ip6tables", "-I", *IMDS6_RULE]]
+    assert "fd00:ec2::254/128" in IMDS6_RULE
+    assert host.imds_rule_present()
+    # an IPv6 rule gone (ip6tables flushed) is a guard not in place: login refuses
+    run.rules.discard(("ip6tables", *IMDS6_RULE))
+    assert not host.imds_rule_present()
+    assert host.ensure_imds_rule() is True
 
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="changing a file's owner needs root")
