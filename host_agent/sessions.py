@@ -386,7 +386,8 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
         # The access goes before the slice can be granted again.
         grants.pop(slice_id, None)
         if held is not None:
-            actions.extend(_revoke(b, v, held, grants_after=grants))
+            # the cgroup's kill above is the revoke's first step too: each action once
+            actions.extend(a for a in _revoke(b, v, held, grants_after=grants) if a not in actions)
             b.grants.save(grants)
             views = read_all(b)
             slices = [x for w in views for x in slice_reports(w)]

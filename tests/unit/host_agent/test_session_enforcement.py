@@ -105,10 +105,14 @@ def test_reclaim_kills_the_sessions_cgroup_and_releases_it():
         # a process of hers on no GPU at all, found only by its cgroup
         device = backend.gpu_instances(0)[0].device_uuid
         backend.start_process(0, device, name="bg", cgroup=session_key("g0-1g.24gb-0"), user=ALICE)
-    assert verbs.do_reclaim(ctx, "g0-1g.24gb-0", fence=1).ok
+    reclaimed = verbs.do_reclaim(ctx, "g0-1g.24gb-0", fence=1)
+    assert reclaimed.ok
     with backend.session():
         assert backend.processes(0) == []
     assert session_key("g0-1g.24gb-0") not in backend.host._h["cgroups"]
+    # what it did, each once (the cgroup's kill was listed twice)
+    assert len(reclaimed.actions) == len(set(reclaimed.actions)), reclaimed.actions
+    assert sum("stopped every process of" in a for a in reclaimed.actions) == 1
 
 
 def test_an_mps_slot_is_told_by_its_cgroup_not_by_the_tag_its_tenant_sets():
