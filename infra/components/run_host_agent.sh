@@ -85,12 +85,16 @@ install_agent() {
   printf '%s\n' "$tag" > "$staging/tag"
   rm -rf "$home"
   mv "$staging" "$home"
+  # Both commands below run as root from whatever directory they are started in (a host admin's
+  # shell may stand in a tenant's home): `python3 -m` would import from that directory first,
+  # so the agent is run with the working directory taken off the module path.
+  run_main='import runpy, sys; del sys.path[0]; runpy.run_module("host_agent", run_name="__main__", alter_sys=True)'
   # What the Session Manager document runs (as root) when a member connects: asks for the
   # session's token, then a login shell in the session's account (or, given a second
   # argument, the base64 command `calque session exec` sent, run there instead).
   {
     echo '#!/bin/sh'
-    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent login --user \"\$1\" --command-b64 \"\${2:-}\""
+    echo "PYTHONPATH='$home/src:$home/site' exec python3 -c '$run_main' login --user \"\$1\" --command-b64 \"\${2:-}\""
   } > "$root/login.$$"
   chmod 0755 "$root/login.$$"
   mv -f "$root/login.$$" "$root/login"
@@ -98,7 +102,7 @@ install_agent() {
   # e.g. `/opt/calque/agent/host-agent --output text export`.
   {
     echo '#!/bin/sh'
-    echo "PYTHONPATH='$home/src:$home/site' exec python3 -m host_agent \"\$@\""
+    echo "PYTHONPATH='$home/src:$home/site' exec python3 -c '$run_main' \"\$@\""
   } > "$root/host-agent.$$"
   chmod 0755 "$root/host-agent.$$"
   mv -f "$root/host-agent.$$" "$root/host-agent"

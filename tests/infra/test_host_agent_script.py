@@ -248,7 +248,8 @@ def test_the_install_leaves_the_login_the_session_document_runs(host, tmp_path, 
     assert result.returncode == 0, result.stderr
     login = (host / "agent" / "login").read_text()
     assert login.startswith("#!/bin/sh\n")
-    assert "-m host_agent login --user" in login
+    assert 'runpy.run_module("host_agent"' in login
+    assert "' login --user" in login
     assert str(host / "agent" / "v1" / "src") in login
     # the document's second word, a base64 command, reaches the login; none: an empty one
     assert '--command-b64 "${2:-}"' in login
@@ -259,11 +260,18 @@ def test_the_install_leaves_a_command_a_host_admin_runs_the_agent_with(host, tmp
     # Given an instance where the document's step has installed the agent
     result = _run(host, tmp_path, {P.verb: "report"}, env_interpolation=True, shell=shell)
     assert result.returncode == 0, result.stderr
-    # When a host admin runs the installed agent by hand, arguments with spaces included
+    # When a host admin runs the installed agent by hand, arguments with spaces included,
+    # standing in a directory a tenant could write to (her home), with a host_agent of hers
     record = tmp_path / "by-hand.json"
+    planted = tmp_path / "tenant-home" / "host_agent"
+    planted.mkdir(parents=True)
+    (planted / "__init__.py").write_text("")
+    (planted / "__main__.py").write_text(
+        "import json, os\njson.dump({'probe': 'planted'}, open(os.environ['CALQUE_TEST_RECORD'], 'w'))\n"
+    )
     by_hand = subprocess.run(
         [shell, str(host / "agent" / "host-agent"), "--output", "text", "reclaim", "--slice", "g0 mps-1"],
-        cwd=tmp_path,
+        cwd=planted.parent,
         env={"PATH": os.environ["PATH"], "CALQUE_TEST_RECORD": str(record)},
         capture_output=True,
         text=True,
