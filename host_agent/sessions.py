@@ -14,15 +14,16 @@ lease 6 that arrives after lease 7's grant leaves lease 7's tenant alone.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
 from calque.contracts.agent import AgentError, AgentReport, GrantReport, SliceReport
-from calque.errors import Conflict
+from calque.errors import Conflict, InvalidInput
 from host_agent.backend import GpuBackend
 from host_agent.confine import BASE_DEVICES, Confinement, Limits, session_key
 from host_agent.errors import GpuError
-from host_agent.observe import GpuView, read_all, slice_reports, unattributed_clients
+from host_agent.observe import GpuView, read_all, read_gpu, slice_reports, unattributed_clients
 from host_agent.tenants import (
     Grant,
     check_session_account,
@@ -133,7 +134,11 @@ def secure_host(b: GpuBackend, views: list[GpuView]) -> list[str]:
         actions.append("mounted /proc with hidepid=2: an account sees only its own processes")
     actions.extend(b.host.ensure_boot_guard())
     grants = b.grants.load()
-    held = {m: g.account for g in grants.values() for m in g.caps}
+    # A grant holds its capability files only while its slice is still the MIG device it
+    # was given: a layout applied since may have made another slice on the same GPU and
+    # compute instance ids, whose files must not go to the earlier tenant.
+    live = {s.slice_id: _caps_of(b, v, s) for v in views if v.mig_on() for s in slice_reports(v)}
+    held = {m: g.account for g in grants.values() if live.get(g.slice_id) == tuple(g.caps) for m in g.caps}
     closed = 0
     for v in views:
         # A whole GPU opens for its session alone (root when free); MIG and MPS GPUs need the
@@ -312,9 +317,12 @@ def _revoke(b: GpuBackend, v: GpuView, g: Grant, *, grants_after: dict[str, Gran
             )
         b.host.release_confined(g.cgroup)
         out.append(f"stopped every process of {g.slice_id}'s session (cgroup {g.cgroup})")
-    for minor in g.caps:
+    # a capability file another grant now holds (a slice made since on the same ids) is left alone
+    others = {m for x in grants_after.values() for m in x.caps}
+    caps = [m for m in g.caps if m not in others]
+    for minor in caps:
         b.host.set_cap_owner(minor, None)
-    if g.caps:
+    if caps:
         out.append(f"made {g.slice_id}'s MIG capability files root-only again")
     for minor in g.gpu_nodes:
         b.host.set_gpu_node_owner(minor, "root")
@@ -331,6 +339,30 @@ def _revoke(b: GpuBackend, v: GpuView, g: Grant, *, grants_after: dict[str, Gran
     return out
 
 
+def _gpu_of(b: GpuBackend, slice_id: str) -> GpuView | None:
+    """The GPU a slice id names, when this host has it."""
+    m = re.match(r"^g(\d+)-", slice_id)
+    if m is None or int(m.group(1)) >= b.gpu_count():
+        return None
+    return read_gpu(b, int(m.group(1)))
+
+
+def _reclaim_vanished(ctx: Context, t: datetime, v: GpuView, held: Grant, fence: int | None) -> AgentReport:
+    """A granted slice that a layout applied since has removed (a re-registration's apply
+    can land before the reclaims of the sessions it ended): nothing runs on a MIG device
+    that is gone, but its session's cgroup, account and files are still here, and are taken
+    back as for any reclaim."""
+    b = ctx.backend
+    _check_fence(b, "reclaim", held.slice_id, fence)
+    _record_fence(b, held.slice_id, fence if fence is not None else held.fence, ended=True)
+    grants = b.grants.load()
+    grants.pop(held.slice_id, None)
+    actions = [f"{held.slice_id} is no longer on this host (a layout applied since removed it)"]
+    actions.extend(_revoke(b, v, held, grants_after=grants))
+    b.grants.save(grants)
+    return _report(ctx, "reclaim", t, read_all(b), ok=True, reclaimed_slice_id=held.slice_id, actions=actions)
+
+
 def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> AgentReport:
     """Stop every process on the slice, confirm none remains, take the access back, report
     (echoing ``fence``, so the control plane frees only that lease's slice). A reclaim for
@@ -338,7 +370,14 @@ def do_reclaim(ctx: Context, slice_id: str, *, fence: int | None = None) -> Agen
 
     def body(t: datetime) -> AgentReport:
         b = ctx.backend
-        v, s = find_slice(b, slice_id)
+        try:
+            v, s = find_slice(b, slice_id)
+        except InvalidInput:
+            held = b.grants.load().get(slice_id)
+            gpu = _gpu_of(b, slice_id)
+            if held is None or gpu is None:
+                raise
+            return _reclaim_vanished(ctx, t, gpu, held, fence)
         _check_fence(b, "reclaim", slice_id, fence)
         actions = []
         grants = b.grants.load()

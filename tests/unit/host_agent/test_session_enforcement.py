@@ -268,3 +268,31 @@ def test_a_pool_worker_gets_its_own_account_and_the_slices_confinement_and_loses
     release(backend.host, "embed", ["g0-1g.24gb-0"], last=True)
     assert account not in backend.host._h["accounts"]
     assert backend.host._h["imds_allowed"] == []
+
+
+def test_a_granted_slice_a_new_layout_removed_is_still_reclaimed_and_its_files_go_to_no_one():
+    backend, ctx = _host()
+    a = verbs.do_grant(ctx, "g0-1g.24gb-0", ALICE, fence=3)
+    assert a.ok
+    old_caps = [int(f.rsplit("cap", 1)[1]) for f in a.grant.device_files]
+    # a re-registration's apply lands before the reclaim of the session it ended
+    two = parse_layout({"version": "v1", "gpus": [{"devices": "all", "mig": {"2g.48gb": 2}}]})
+    assert verbs.do_apply(ctx, two).ok
+    # the new slice on the same GPU and compute instance ids has the same capability files:
+    # root's, not the earlier tenant's
+    assert all(backend.host.cap_owner(m) == "root" for m in old_caps)
+    # the new slice goes to its own session alone
+    b = verbs.do_grant(ctx, "g0-2g.48gb-0", BOB, fence=1)
+    assert b.ok
+    assert sorted(int(f.rsplit("cap", 1)[1]) for f in b.grant.device_files) == sorted(old_caps)
+    # the late reclaim still takes the ended session's access back, and leaves Bob's alone
+    late = verbs.do_reclaim(ctx, "g0-1g.24gb-0", fence=3)
+    assert late.ok, late.error
+    assert late.reclaimed_slice_id == "g0-1g.24gb-0"
+    assert ALICE not in backend.host._h["accounts"]
+    assert session_key("g0-1g.24gb-0") not in backend.host._h["cgroups"]
+    assert "g0-1g.24gb-0" not in backend.grants.load()
+    assert all(backend.host.cap_owner(m) == BOB for m in old_caps)
+    # a slice id this host never had is still refused, naming the valid ones
+    unknown = verbs.do_reclaim(ctx, "g0-1g.24gb-7", fence=1)
+    assert unknown.error.code == "invalid_input"
