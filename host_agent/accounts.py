@@ -21,9 +21,11 @@ from pathlib import Path
 
 FIRST_SESSION_UID = 200_000  # above any distribution's and sssd's ranges, below 2^31
 # Filesystems where no tenant file can be: the kernel's own views and read-only images.
+# (mqueue is not one: a POSIX message queue a tenant opens is a file of hers in /dev/mqueue,
+# of the mode she chose, and it outlives her processes.)
 NOT_WRITABLE_FS = frozenset(
     {
-        "proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs",
+        "proc", "sysfs", "cgroup", "cgroup2", "devpts", "debugfs", "tracefs",
         "securityfs", "pstore", "bpf", "configfs", "fusectl", "hugetlbfs", "autofs",
         "binfmt_misc", "efivarfs", "squashfs", "iso9660", "nsfs", "rpc_pipefs", "overlay",
     }

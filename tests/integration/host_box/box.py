@@ -6,7 +6,8 @@ allowed open() fails ENXIO, while the devices cgroup refuses first with EPERM).
 - mount namespace: a copy of /etc over /etc and an empty /home (accounts are made in
   the box, not on this machine), a fresh tmpfs on /dev/shm;
 - pid namespace with its own /proc (the guard remounts it hidepid=2, in the box alone);
-- an IPC namespace of its own (System V objects a tenant leaves);
+- an IPC namespace of its own (System V objects and POSIX message queues a tenant
+  leaves), its mqueue filesystem on /dev/mqueue;
 - network namespace with 169.254.169.254 (and fd00:ec2::254 where the kernel has IPv6)
   on its loopback, where a stand-in instance metadata service answers with the host role's "credentials";
 - session cgroups under a parent of the box's own in each v1 hierarchy.
@@ -109,6 +110,8 @@ class Box:
                 f"mount --bind {self.base}/etc /etc",
                 f"mount --bind {self.base}/home /home",
                 "mount -t tmpfs -o mode=1777 tmpfs /dev/shm",
+                "mkdir -p /dev/mqueue",
+                "mount -t mqueue mqueue /dev/mqueue",
                 "ip link set lo up",
                 "ip addr add 169.254.169.254/32 dev lo",
                 f"(test ! -e /proc/net/if_inet6 || ip addr add {IMDS6}/128 dev lo)",
@@ -190,7 +193,7 @@ class Box:
         return {
             **os.environ,
             "CALQUE_CGROUP_PARENT": self.parent,
-            "CALQUE_FILE_ROOTS": f"{self.scratch}:/home:/dev/shm",
+            "CALQUE_FILE_ROOTS": f"{self.scratch}:/home:/dev/shm:/dev/mqueue",
             "CALQUE_SESSION_MEMORY_MAX_MIB": "96",
             "CALQUE_SESSION_PIDS_MAX": "256",
             **extra,

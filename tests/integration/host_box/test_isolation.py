@@ -18,6 +18,12 @@ DENIED = "Operation not permitted"  # the devices cgroup
 ALLOWED = "No such device or address"  # past the cgroup: the stand-in node has no driver
 
 
+MQ_OPEN = (
+    "import ctypes, os; rt = ctypes.CDLL('librt.so.1'); os.umask(0); "
+    "rt.mq_open(b'/left-by-a', os.O_CREAT | os.O_RDWR, 0o666, None)"
+)
+
+
 def _report(run) -> dict:
     assert run.stdout.strip().startswith("{"), run.stderr
     return json.loads(run.stdout)
@@ -152,17 +158,21 @@ def test_reclaim_kills_a_forking_tree_removes_every_file_and_never_reuses_the_ui
         A,
         "token-a",
         f"nohup sh -c '{fork}' >/dev/null 2>&1 & echo x > {box.scratch}/left-by-a; echo y > /dev/shm/a-shm; "
-        "ipcmk -M 4096 -p 0666; ipcmk -Q -p 0666; ipcmk -S 1 -p 0666",  # System V objects anyone may open
+        "ipcmk -M 4096 -p 0666; ipcmk -Q -p 0666; ipcmk -S 1 -p 0666; "  # System V objects anyone may open
+        f"python3 -c {MQ_OPEN!r}",  # and a POSIX message queue
     )
     time.sleep(0.5)
     assert len(box.cgroup_pids("g0_1g.24gb_0")) > 3
     sysvipc = "tail -q -n +2 /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem"
     assert len(box.root_sh(sysvipc).stdout.splitlines()) == 3
+    assert box.root_sh("ls /dev/mqueue").stdout.split() == ["left-by-a"]
     out = _report(box.agent("reclaim", "--slice", "g0-1g.24gb-0", "--fence", "1"))
     assert out["ok"], out.get("error")
     assert box.cgroup_pids("g0_1g.24gb_0") == []
     assert box.root_sh(f"id {A}").returncode != 0
-    left = box.root_sh(f"find {box.scratch} /home /dev/shm {box.state_dir}/private -uid {uid_a} 2>/dev/null")
+    left = box.root_sh(
+        f"find {box.scratch} /home /dev/shm /dev/mqueue {box.state_dir}/private -uid {uid_a} 2>/dev/null"
+    )
     assert left.stdout.strip() == "", left.stdout
     assert box.root_sh(sysvipc).stdout.strip() == ""  # nothing for the next tenant to attach to
     # the next session on that slice gets a UID never used before

@@ -190,8 +190,10 @@ def test_files_owned_by_a_uid_are_found_on_its_filesystem_only(tmp_path):
     mounts.write_text(
         "proc /proc proc rw 0 0\n/dev/x / ext4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
         "/dev/y /mnt/ro ext4 ro 0 0\nsquash /snap/core squashfs ro 0 0\n"
+        "mqueue /dev/mqueue mqueue rw,nosuid,nodev,noexec 0 0\n"
     )
-    assert writable_mounts(str(mounts)) == ["/", "/dev/shm"]
+    # a POSIX message queue is a file its maker owns, and outlives her: /dev/mqueue is searched too
+    assert writable_mounts(str(mounts)) == ["/", "/dev/mqueue", "/dev/shm"]
 
 
 def test_cgroup_v2_hosts_get_a_systemd_slice_that_closes_every_other_device(tmp_path):
