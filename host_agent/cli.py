@@ -233,7 +233,7 @@ def _backend(args: argparse.Namespace):
 
         state = Path(args.state) if args.state else None
         if state is not None and state.exists():
-            backend = FakeGpuBackend.load(state)
+            backend = _load_state(state)
             if args.simulate and backend.instance_type != args.simulate:
                 raise InvalidInput(
                     f"--state {state} simulates a {backend.instance_type}, not a {args.simulate}",
@@ -254,6 +254,29 @@ def _backend(args: argparse.Namespace):
     nvml = NvmlBackend(mps_root=mps_root, allow_changes=not args.read_only, state_dir=_state_dir(args))
     nvml.host = _linux_host(args)
     return nvml, None, (lambda: None)
+
+
+def _load_state(state: Path):
+    """A simulated host's state file, or a refusal naming it (not a traceback, exit 3)."""
+    from host_agent.fake import FakeGpuBackend
+
+    try:
+        backend = FakeGpuBackend.load(state)
+        if not isinstance(backend.state.get("gpus"), list) or not backend.instance_type:
+            raise KeyError("gpus")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        if isinstance(exc, OSError):
+            why = exc.strerror or str(exc)
+        elif isinstance(exc, ValueError):
+            why = "not JSON"
+        else:
+            why = "JSON, but not the GPUs of a simulated host"
+        raise InvalidInput(
+            f"--state {state} is not a simulated host's state file ({why}); give another file, or "
+            "a new one with --simulate INSTANCE_TYPE to create it",
+            details={"field": "state", "value": str(state)},
+        ) from None
+    return backend
 
 
 def _state_dir(args: argparse.Namespace) -> str:

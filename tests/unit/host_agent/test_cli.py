@@ -85,6 +85,26 @@ def test_state_without_simulate_must_exist(capsys, tmp_path):
     assert "--simulate" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [("garbage", "not JSON"), ("{}", "not the GPUs"), ("[]", "not the GPUs"), (None, "Is a directory")],
+)
+def test_a_state_file_that_is_no_simulated_host_is_a_one_line_refusal(capsys, tmp_path, content, why):
+    # it was "unexpected error (JSONDecodeError)", exit 3
+    state = tmp_path / "state.json"
+    if content is None:
+        state.mkdir()
+    else:
+        state.write_text(content)
+    rc = main(["--state", str(state), "report"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert json.loads(out)["error"]["details"]["field"] == "state"
+    assert err.startswith(f"error: --state {state} is not a simulated host's state file")
+    assert why in err
+    assert len(err.splitlines()) == 1
+
+
 def test_inventory_json_is_one_document(capsys):
     rc = main(["--simulate", "g6e.12xlarge", "--instance-id", "i-1", "inventory"])
     doc = json.loads(capsys.readouterr().out)
