@@ -261,8 +261,12 @@ class Launcher:
         self, unit: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path, jail: Any = None
     ) -> dict[str, Any]:
         """``jail`` (host_agent.worker_jail.WorkerJail, on a real host): the pool's account and
-        the slice's confinement the worker runs under."""
+        the slice's confinement the worker runs under. The log is root's alone (0600), as each
+        claim's own output is: what a runner prints is its members' data, not the host's."""
+        fd = os.open(str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a log an earlier version left readable by all
         if self.use_systemd:
+            os.close(fd)
             # a unit of this name that ended in failure and is still loaded would refuse the
             # name (the slot's earlier worker); forgetting it is harmless when there is none
             subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, check=False)
@@ -279,7 +283,7 @@ class Launcher:
                 check=False,
             )
             return {"unit": unit, "pid": int(out.stdout.strip() or 0)}
-        with open(log, "ab") as fh:
+        with os.fdopen(fd, "ab") as fh:
             proc = subprocess.Popen(
                 argv, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=str(cwd), start_new_session=True, close_fds=True,

@@ -396,6 +396,7 @@ def test_a_detached_worker_outlives_its_starter_in_a_session_of_its_own(tmp_path
     )
     try:
         assert os.getsid(info["pid"]) == info["pid"] != os.getsid(0)
+        assert (tmp_path / "log").stat().st_mode & 0o777 == 0o600  # the runner's output: not for all
     finally:
         os.kill(info["pid"], signal.SIGKILL)
         time.sleep(0.05)
@@ -417,6 +418,8 @@ def test_systemd_hosts_get_a_restarting_transient_unit(tmp_path, monkeypatch):
         tmp_path,
     )
     assert info == {"unit": "calque-worker-p-w1", "pid": 4242}
+    # the log systemd appends to is made first, root's alone (systemd would make it 0644)
+    assert (tmp_path / "l").stat().st_mode & 0o777 == 0o600
     assert calls[0] == ["systemctl", "reset-failed", "calque-worker-p-w1"]
     run = calls[1]
     assert run[:3] == ["systemd-run", "--unit", "calque-worker-p-w1"]
