@@ -386,16 +386,19 @@ def _node_owner(path: Path) -> str:
 
 
 def _hidepid(mounts: Path) -> bool:
+    """Whether the /proc processes see is mounted hidepid=2: the last proc mount on /proc
+    (a mount over another hides it, as a container's or a pid namespace's own /proc does)."""
     try:
         lines = mounts.read_text().splitlines()
     except OSError:
         return False
+    hidden = False
     for line in lines:
         parts = line.split()
         if len(parts) >= 4 and parts[1] == "/proc" and parts[2] == "proc":
             opts = parts[3].split(",")
-            return "hidepid=2" in opts or "hidepid=invisible" in opts
-    return False
+            hidden = "hidepid=2" in opts or "hidepid=invisible" in opts
+    return hidden
 
 
 def _groups():

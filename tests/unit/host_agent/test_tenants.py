@@ -280,3 +280,18 @@ def test_the_system_v_objects_an_account_leaves_are_found_by_owner_or_creator(tm
     assert ipc_owned_by(200000, str(tmp_path)) == [("-m", 7), ("-q", 3)]
     assert ipc_owned_by(0, str(tmp_path)) == [("-m", 8)]
     assert ipc_owned_by(200000, str(tmp_path / "absent")) == []
+
+
+def test_hidepid_is_read_from_the_proc_mount_on_top(tmp_path):
+    from host_agent.linux_host import _hidepid
+
+    mounts = tmp_path / "mounts"
+    # a pid namespace's own /proc over the host's, which is hidepid: the one on top counts
+    mounts.write_text(
+        "proc /proc proc rw,relatime,hidepid=invisible 0 0\n"
+        "/dev/vda / ext4 rw 0 0\n"
+        "proc /proc proc rw,relatime 0 0\n"
+    )
+    assert _hidepid(mounts) is False
+    mounts.write_text("proc /proc proc rw,relatime 0 0\nproc /proc proc rw,relatime,hidepid=2 0 0\n")
+    assert _hidepid(mounts) is True
