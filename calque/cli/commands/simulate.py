@@ -202,7 +202,7 @@ def do_pool(
     if plot_path is not None:
         write_plot(plot, result, plot_path)
         summary["plot"] = plot_path
-    if ctx.json:
+    if ctx.json or ctx.query is not None:  # --query selects from the JSON document, either output
         summary["decisions"] = [d.to_record() for d in result.decisions if d.action.value != "hold"]
         ctx.emit(summary)
         return
@@ -239,7 +239,7 @@ def _sweep(ctx: Any, claims: list[Any], config: Any, max_wait_s: float | None, p
     if plot_path is not None:
         write_plot(plot_sweep, result, plot_path)
         doc["plot"] = plot_path
-    if ctx.json:
+    if ctx.json or ctx.query is not None:  # --query selects from the JSON document, either output
         ctx.emit(doc)
         return
     best = result.best_meeting

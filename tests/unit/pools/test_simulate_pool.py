@@ -359,3 +359,21 @@ def test_a_plot_that_fails_to_write_is_a_user_error():
 
     with pytest.raises(CliError, match=r"cannot write the plot /x\.png: Permission denied"):
         write_plot(draw, None, "/x.png")
+
+
+def test_query_without_output_json_selects_from_the_same_json_document(cli, tmp_path):
+    """--query reads the command's JSON document whatever the output: the seconds and counts
+    a script asks for, not the table's rendering of them ('6m50s', '27 out, 24 in')."""
+    path = write(tmp_path, "arrival_s,service_s\n0,10\n")
+    query = "[wait_p95_s, scale_decisions.scale_out, length(decisions)]"
+    base = ("simulate", "pool", "--trace", str(path), "--instance-type", "g7e.2xlarge", "--query", query)
+    code, as_json, err = cli(*base, "--output", "json")
+    assert code == 0, err
+    code, for_people, err = cli(*base)
+    assert code == 0, err
+    assert json.loads(as_json) == [240.0, 1, 2]
+    assert for_people.split() == ["240.0", "1", "2"]
+    # --sweep: the document's fields (frontier, target, ...), not the rows of its table
+    code, out, err = cli(*base[:-2], "--sweep", "--max-wait", "4m", "--query", "type(target)")
+    assert code == 0, err
+    assert out.strip() == "object"
