@@ -378,7 +378,7 @@ def do_launch(ctx: Any, *, instance_type: str) -> None:
     require_local_admin(ctx, state, "launching a simulated instance (a new host principal)")
     ec2 = MotoClients(plane["moto_endpoint"], plane["region"], state.plane_credentials()).client("ec2")
     host = launch(state, ec2, instance_type=instance_type, host_role=plane["host_role"])
-    if ctx.json:
+    if ctx.json or ctx.query is not None:  # --query selects from the JSON document, either output
         ctx.emit(host.as_json())
     else:
         print(host.instance_id)

@@ -290,3 +290,37 @@ def test_a_spot_max_price_below_the_spot_price_is_refused_as_ec2_refuses_it(flee
     )
     status, _, launched = _spot_launch(fleet, "1.0000")
     assert status.startswith("200")
+
+
+def test_local_launch_with_query_selects_from_its_json_document(tmp_path, monkeypatch, capsys):
+    """For people, `local launch` prints the new id alone; a --query still selects from the
+    JSON document it answers with --output json, not ignored in favour of the id."""
+    import calque.local.hosts
+    import calque.local.moto_server
+    from calque.cli.context import Context
+    from calque.local.hosts import LaunchedHost
+
+    stopped_plane(tmp_path / "plane", monkeypatch)
+    plane = {"moto_endpoint": "http://moto.invalid", "region": "us-east-1", "host_role": "role"}
+    monkeypatch.setattr(Context, "running_plane", lambda ctx: plane)
+
+    class NoMoto:  # the launch below is stood in for: no EC2 is asked
+        def __init__(self, *args):
+            pass
+
+        def client(self, name):
+            return None
+
+    monkeypatch.setattr(calque.local.moto_server, "MotoClients", NoMoto)
+    host = LaunchedHost(
+        instance_id="i-0abc",
+        instance_type="g7e.2xlarge",
+        state_file="f",
+        principal_arn="arn",
+        profile="i-0abc",
+    )
+    monkeypatch.setattr(calque.local.hosts, "launch", lambda *a, **k: host)
+    code, out, err = run_cli(capsys, "local", "launch", "--instance-type", "g7e.2xlarge")
+    assert (code, out) == (0, "i-0abc\n"), err
+    code, out, err = run_cli(capsys, "local", "launch", "--instance-type", "g7e.2xlarge", "--query", "state")
+    assert (code, out) == (0, "running\n"), err
