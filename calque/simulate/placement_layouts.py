@@ -11,6 +11,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from calque.catalog.models import Card
 
+# A replay holds every host in memory and looks over them at each trace event (about 3 s per
+# thousand hosts on 560 events): past this many in all, a count is a slip of the keyboard
+# (g7e.2xlarge=99999999 would run for days), refused before anything is built.
+MAX_HOSTS = 10_000
+
 
 def parse_hosts(text: str) -> list[tuple[str, int]]:
     from calque import catalog
@@ -31,6 +36,12 @@ def parse_hosts(text: str) -> list[tuple[str, int]]:
         out.append((name, int(count)))
     if not out:
         raise InvalidInput("--hosts names no instance type", details={"field": "hosts"})
+    total = sum(n for _name, n in out)
+    if total > MAX_HOSTS:
+        raise InvalidInput(
+            f"--hosts asks for {total:,} hosts; a replay models at most {MAX_HOSTS:,} in all",
+            details={"field": "hosts", "hosts": total, "max": MAX_HOSTS},
+        )
     return out
 
 

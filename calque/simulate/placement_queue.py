@@ -23,10 +23,14 @@ if TYPE_CHECKING:
     from calque.simulate.placement_trace import Job
 
 ALL = "all"
+# What --groups weights and --shares take: the range of a group's shares (calque.contracts.queue).
+WEIGHT_RANGE = (0.001, 1_000_000.0)
 
 
 def parse_weights(text: str | None, flag: str) -> dict[str, float]:
-    """``NAME=N[,NAME=N...]`` (N > 0) as a dict; empty for None."""
+    """``NAME=N[,NAME=N...]`` as a dict (empty for None), each N in the range a group's shares
+    take (``group update --shares``: WEIGHT_RANGE), so that no sum of them overflows to
+    infinity. A name given twice is refused rather than the last one kept unseen."""
     from calque.errors import InvalidInput
 
     out: dict[str, float] = {}
@@ -36,8 +40,16 @@ def parse_weights(text: str | None, flag: str) -> dict[str, float]:
             value = float(raw)
         except ValueError:
             value = -1.0
-        if not sep or not name.strip() or not value > 0:
-            raise InvalidInput(f"{flag}: {part!r} is not NAME=N (N > 0)", details={"field": flag.lstrip("-")})
+        low, high = WEIGHT_RANGE
+        if not sep or not name.strip() or not low <= value <= high:
+            raise InvalidInput(
+                f"{flag}: {part!r} is not NAME=N (N from {low:g} to {high:,.0f})",
+                details={"field": flag.lstrip("-")},
+            )
+        if name.strip() in out:
+            raise InvalidInput(
+                f"{flag} names {name.strip()} twice: give it once", details={"field": flag.lstrip("-")}
+            )
         out[name.strip()] = value
     return out
 

@@ -42,7 +42,8 @@ def read_trace(path: str | Path) -> tuple[list[Job], int]:
     """The GPU jobs of a pod-list trace, and how many CPU-only pods were skipped.
 
     Refuses (InvalidInput naming the line) missing columns, non-numeric values,
-    negative times, a deletion before its creation, and gpu_milli outside 0..1000."""
+    negative times, a deletion before its creation, and gpu_milli outside 0..1000; and a
+    trace with no GPU job at all (InvalidInput, no line)."""
     from calque.simulate.trace_file import read_csv
 
     return read_csv(path, _read_jobs)
@@ -108,5 +109,14 @@ def _read_jobs(p: str, fh: Any) -> tuple[list[Job], int]:
                 duration=max(1, vals["deletion_time"] - vals["creation_time"]),
                 group=(row[group_at].strip() if group_at is not None else "") or "all",
             )
+        )
+    if not jobs:  # nothing to replay: a report of zeros would read as a fleet that waits for nothing
+        from calque.errors import InvalidInput
+
+        what = f"its {skipped:,} pod(s) are all CPU-only (num_gpu 0)" if skipped else "a header and no pods"
+        raise InvalidInput(
+            f"{p}: no GPU job to replay: {what}",
+            code="invalid_trace",
+            details={"field": "trace", "cpu_only_skipped": skipped},
         )
     return jobs, skipped

@@ -308,3 +308,50 @@ def test_adaptive_cuts_an_idle_card_for_the_first_in_line_before_a_whole_card_jo
     assert (r.placed, r.waiting) == (3, 0)
     assert r.groups["all"]["wait_p95_s"] == 13 * H
     assert r.wait_p50_s == 9 * H
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (HEADER + "\n", "no GPU job to replay: a header and no pods"),
+        (
+            HEADER + "\nc,1,1,0,0,,LS,Running,0,10,0\n",
+            "no GPU job to replay: its 1 pod(s) are all CPU-only (num_gpu 0)",
+        ),
+    ],
+)
+def test_a_trace_with_no_gpu_job_is_refused_not_reported_as_zeros(tmp_path, cli, body, says):
+    """Nothing to replay is said, as `simulate pool` says a trace with no claims, rather than
+    a report of zero waits and a packing bound of 1.0x on nothing."""
+    path = tmp_path / "none.csv"
+    path.write_text(body)
+    code, out, err = cli(
+        "simulate", "placement", "--trace", str(path), "--hosts", "g7e.2xlarge=1", "--layout", "adaptive",
+        "--output", "json",
+    )  # fmt: skip
+    assert code == 1
+    assert err.splitlines() == [f"calque: error: {path}: {says}"]
+    assert json.loads(out)["error"]["code"] == "invalid_trace"
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--groups", "a=inf"), "--groups: 'a=inf' is not NAME=N (N from 0.001 to 1,000,000)"),
+        (("--groups", "a=1e308,b=1e308"), "--groups: 'a=1e308' is not NAME=N"),
+        (("--groups", "a=1,b=2", "--shares", "a=nan"), "--shares: 'a=nan' is not NAME=N"),
+        (("--groups", "a=1,a=2"), "--groups names a twice: give it once"),
+        (("--hosts", "g7e.2xlarge=99999999"), "--hosts asks for 99,999,999 hosts; a replay models at most"),
+        (("--hosts", "g7e.2xlarge=6000,g6e.xlarge=6000"), "--hosts asks for 12,000 hosts"),
+    ],
+)
+def test_weights_and_host_counts_out_of_range_are_refused_before_the_replay(cli, flags, says):
+    """An infinite weight was an unexpected error (exit 3), and a mistyped host count built
+    hosts for hours: each is now one line, exit 1, before anything is replayed."""
+    hosts = () if "--hosts" in flags else ("--hosts", "g7e.2xlarge=1")
+    code, _, err = cli(
+        "simulate", "placement", "--trace", str(SLICE), *hosts, "--layout", "dedicated", *flags
+    )
+    assert code == 1
+    assert len(err.splitlines()) == 1, err
+    assert says in err
