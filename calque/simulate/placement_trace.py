@@ -61,6 +61,9 @@ def _read_jobs(p: str, fh: Any) -> tuple[list[Job], int]:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         raise _trace_error(p, 1, f"missing column(s) {', '.join(missing)} in the header")
+    twice = sorted({c for c in (*REQUIRED, "group") if header.count(c) > 1})
+    if twice:  # a column read twice: which was meant? Neither is read in silence
+        raise _trace_error(p, 1, f"column(s) {', '.join(twice)} given twice in the header")
     at = {c: header.index(c) for c in REQUIRED}
     group_at = header.index("group") if "group" in header else None
     for n, row in enumerate(reader, start=2):

@@ -110,6 +110,13 @@ def _read_claims(name: str, handle: Any) -> list[TraceClaim]:
             code="invalid_trace",
             details={"line": 1, "missing": missing, "unknown": unknown},
         )
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:  # which of the two was meant? Neither is read in silence
+        raise InvalidInput(
+            f"{name} line 1: column(s) {', '.join(twice)} given twice in the header",
+            code="invalid_trace",
+            details={"line": 1, "twice": twice},
+        )
     index = {c: i for i, c in enumerate(header)}
     claims: list[TraceClaim] = []
     for line, row in enumerate(reader, start=2):
@@ -265,6 +272,21 @@ def simulate(
                 "max_ticks": MAX_TICKS,
             },
         )
+    # The scaler ticks on until its last claim is done: a claim served for longer than the
+    # ticks a replay runs (service_s in milliseconds, say) is refused as a late arrival is.
+    longest = max(trace, key=lambda c: c.arrival_s + c.service_s, default=None)
+    if config.policy == "scaler" and longest is not None:
+        end = longest.arrival_s + longest.service_s
+        if end / config.tick_s > MAX_TICKS:
+            raise InvalidInput(
+                f"the trace's claim of line {longest.line} arrives at {longest.arrival_s:,.0f}s and "
+                f"runs {longest.service_s:,.0f}s: replaying to its end at one scaler tick every "
+                f"{config.tick_s:g}s is {end / config.tick_s:,.0f} ticks, over the {MAX_TICKS:,} a "
+                "replay runs; service_s counts seconds, or give a longer --tick",
+                code="invalid_trace",
+                details={"field": "trace", "line": longest.line, "ticks": end / config.tick_s,
+                         "max_ticks": MAX_TICKS},
+            )  # fmt: skip
     events: list[tuple[float, int, int, Any]] = []
     seq = itertools.count()
 

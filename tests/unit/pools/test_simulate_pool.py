@@ -34,6 +34,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ("arrival_s,service_s,gpu\n0,1,2\n", 1, "unknown column(s) gpu"),
         ("arrival_s,service_s\n0,1\n5\n", 3, "1 field(s)"),
         ("arrival_s,service_s,items\n0,1,2.5\n", 2, "items '2.5' is not a whole number"),
+        ("arrival_s,service_s,arrival_s\n0,1,2\n", 1, "column(s) arrival_s given twice in the header"),
     ],
 )
 def test_a_bad_trace_is_refused_naming_the_line(tmp_path, text, line, fragment):
@@ -377,3 +378,26 @@ def test_query_without_output_json_selects_from_the_same_json_document(cli, tmp_
     code, out, err = cli(*base[:-2], "--sweep", "--max-wait", "4m", "--query", "type(target)")
     assert code == 0, err
     assert out.strip() == "object"
+
+
+def test_a_claim_served_past_the_ticks_a_replay_runs_is_refused_not_replayed(cli, tmp_path):
+    """The scaler ticks until the last claim is done: one claim of 10^12 s (milliseconds
+    written as seconds, say) ran 16 billion ticks without end. Refused in one line, naming
+    its line; a static pool replays no ticks and still runs it."""
+    path = write(tmp_path, "arrival_s,service_s\n0,10\n5,1e12\n")
+    code, out, err = cli(
+        "--output", "json", "simulate", "pool", "--trace", str(path), "--instance-type", "g7e.2xlarge"
+    )
+    assert code == 1
+    assert err.splitlines() == [
+        "calque: error: the trace's claim of line 3 arrives at 5s and runs 1,000,000,000,000s: "
+        "replaying to its end at one scaler tick every 60s is 16,666,666,667 ticks, over the "
+        "1,000,000 a replay runs; service_s counts seconds, or give a longer --tick"
+    ]
+    assert json.loads(out)["error"]["details"]["line"] == 3
+    code, out, err = cli(
+        "--output", "json", "simulate", "pool", "--trace", str(path), "--instance-type", "g7e.2xlarge",
+        "--policy", "static", "--workers", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["claims"] == 2

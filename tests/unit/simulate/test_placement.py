@@ -117,6 +117,7 @@ def test_the_maximal_static_mig_mixes_of_a_card():
             "num_gpu 'x' is not a number",
         ),
         (HEADER + "\np,1,1,1,500,,LS,Running,20,10,0\n", 2, "deletion_time 10 is before creation_time 20"),
+        (HEADER + ",num_gpu\np,1,1,1,500,,LS,Running,0,10,0,8\n", 1, "column(s) num_gpu given twice"),
         (HEADER + "\np,1,1,1,500,,LS,Running,inf,10,0\n", 2, "creation_time 'inf' is not a number"),
         (HEADER + "\np,1,1,1,500,,LS,Running,0,5e9,0\n", 2, "the pod runs 5,000,000,000 s"),
         (
