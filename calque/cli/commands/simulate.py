@@ -303,6 +303,7 @@ RESULT_FIELDS = [
     ("cpu-only skipped", "cpu_only_skipped"),
     ("placed", "placed"),
     ("refused", "refused"),
+    ("refused because", lambda r: _reasons_cell(r.get("refused_by_reason") or {})),
     ("still waiting", "waiting"),
     ("wait p50", lambda r: human_duration(r.get("wait_p50_s"))),
     ("wait p95", lambda r: human_duration(r.get("wait_p95_s"))),
@@ -327,6 +328,10 @@ RESULT_FIELDS = [
     ("beats best static", "beats_best_static"),
     ("trace events", "events"),
 ]
+
+
+def _reasons_cell(reasons: dict[str, int]) -> str | None:
+    return "; ".join(f"{why}: {n}" for why, n in reasons.items()) or None
 
 
 def _dedicated_cell(ded: dict[str, Any] | None) -> str | None:

@@ -356,3 +356,16 @@ def test_weights_and_host_counts_out_of_range_are_refused_before_the_replay(cli,
     assert code == 1
     assert len(err.splitlines()) == 1, err
     assert says in err
+
+
+def test_the_table_says_why_jobs_were_refused_as_the_json_does(cli):
+    """The JSON document counts refusals by reason; the table said only how many."""
+    args = ("simulate", "placement", "--trace", str(SLICE), "--hosts", "g7e.2xlarge=1", "--layout", "mps:4")
+    code, out, err = cli(*args, "--output", "json")
+    assert code == 0, err
+    reasons = json.loads(out)["refused_by_reason"]
+    assert sum(reasons.values()) == json.loads(out)["refused"] > 0
+    code, out, err = cli(*args)
+    assert code == 0, err
+    (line,) = [x for x in out.splitlines() if x.startswith("refused because")]
+    assert line.split(None, 2)[2] == "; ".join(f"{why}: {n}" for why, n in reasons.items())
