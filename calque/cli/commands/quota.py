@@ -99,7 +99,17 @@ def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, An
     if len(changes) == len(LIMITS):
         return client.request("PUT", write, merged({}, changes))  # a full replace: nothing to keep
     for _ in range(LIMIT_WRITE_TRIES):
-        current = client.request("GET", read)
+        try:
+            current = client.request("GET", read)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            # Only admins write limits, and an admin may read any: a caller refused the read
+            # (a member naming another member) is refused the change, and told so as a
+            # change, not as the read ("members may read only their own quota") it never asked
+            raise CliError(
+                "changing limits is for admins only", code=exc.code or "forbidden", details=exc.details
+            ) from None
         body = merged(current, changes)
         if "version" in current:  # an API from before versions would refuse the field
             body["if_version"] = current["version"]

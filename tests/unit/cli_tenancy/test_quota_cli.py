@@ -194,3 +194,17 @@ def test_quota_show_prints_the_gpu_hour_limit_and_use_to_the_unit_limits_are_giv
     api.responses[("GET", "/v1/quotas")] = [{**QUOTA, "max_gpu_hours_per_month": 1234.567}]
     code, out, _ = cli("quota", "list")
     assert "1234.567" in out
+
+
+def test_a_member_changing_another_members_quota_is_told_only_admins_change_limits(api, cli):
+    """`quota set` reads the quota before it writes: a member naming another member was refused
+    the read, and said 'members may read only their own quota' for a change they asked."""
+    api.responses[("GET", "/v1/quotas/bob")] = ApiError(
+        403,
+        {"error": {"code": "forbidden", "message": "members may read only their own quota", "details": {}}},
+    )
+    code, out, err = cli("--output", "json", "quota", "set", "bob", "--max-sessions", "7")
+    assert code == 1
+    assert err == "calque: error: changing limits is for admins only\n"
+    assert json.loads(out)["error"]["code"] == "forbidden"
+    assert puts(api) == []
