@@ -406,7 +406,11 @@ def add_placement_parser(group: Any) -> None:
         metavar="LAYOUT",
         help="dedicated | mig:PROFILE=N[,...] | mps:N | adaptive",
     )
-    p.add_argument("--seed", type=int, default=0, help="tie-breaking among equal slices (default 0)")
+    p.add_argument(
+        "--seed", type=int, default=0,
+        help="seeds every random choice: ties among equal slices, --variant's draws and --groups' "
+        "assignment (default 0)",
+    )  # fmt: skip
     p.add_argument(
         "--variant",
         metavar="gpushare:P",

@@ -369,3 +369,13 @@ def test_the_table_says_why_jobs_were_refused_as_the_json_does(cli):
     assert code == 0, err
     (line,) = [x for x in out.splitlines() if x.startswith("refused because")]
     assert line.split(None, 2)[2] == "; ".join(f"{why}: {n}" for why, n in reasons.items())
+
+
+def test_the_seed_help_names_everything_it_seeds(cli):
+    """--seed also draws --variant's fractions and --groups' assignment, not only ties."""
+    code, out, _ = cli("simulate", "placement", "--help")
+    assert code == 0
+    options = " ".join(out.split("options:", 1)[1].split())
+    seed = options.split("--seed SEED", 1)[1].split("--variant gpushare:P", 1)[0]
+    assert "--variant's draws" in seed
+    assert "--groups' assignment" in seed
