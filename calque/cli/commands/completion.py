@@ -22,4 +22,7 @@ def register(subparsers: Any) -> None:
 def do_completion(ctx: Any, *, shell: str) -> None:
     from calque.cli.completion import SCRIPTS
 
+    if ctx.json:  # one JSON document on stdout, as every command answers with --output json
+        ctx.emit({"shell": shell, "script": SCRIPTS[shell]})
+        return
     sys.stdout.write(SCRIPTS[shell])

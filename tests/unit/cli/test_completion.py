@@ -5,6 +5,7 @@ tests/integration/test_completion_local.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -137,3 +138,12 @@ def test_zsh_autoloads_the_script_saved_in_its_fpath(shell, tmp_path):
         assert sh.registered == "ready _calque"
         assert sh.complete("calque session ch").offered == ["checkin", "checkout"]
         assert sh.complete("calque session ch").offered == ["checkin", "checkout"]  # loaded once, kept
+
+
+def test_output_json_answers_the_script_in_one_json_document(capsys):
+    """--output json prints one JSON document on stdout, nothing else, for this command too."""
+    code, out, _ = run_cli(capsys, "completion", "bash", "--output", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["shell"] == "bash"
+    assert "complete -o default -F _calque_complete calque" in doc["script"]
