@@ -176,7 +176,7 @@ def do_pool(
             raise CliError(
                 "--plot needs matplotlib: pip install 'calque[plot]'", code="missing_dependency"
             ) from None
-        check_plot_path(plot_path)
+        plot_path = check_plot_path(plot_path)
     claims = load_trace(trace)
     config = SimConfig(
         policy="static" if policy == "static" else "scaler",
@@ -465,7 +465,7 @@ def do_placement(
 
     if plot is not None:
         _require_matplotlib()
-        check_plot_path(plot)
+        plot = check_plot_path(plot)
     res = simulate(
         trace,
         hosts,
@@ -497,9 +497,10 @@ def _require_matplotlib() -> None:
 # ---- --plot ------------------------------------------------------------------------------------
 
 
-def check_plot_path(path: str) -> None:
+def check_plot_path(path: str) -> str:
     """Refuse a ``--plot`` file that cannot be written before the replay runs (a replay may
-    take minutes): its directory must exist and the path must not be a directory."""
+    take minutes): its directory must exist and the path must not be a directory. The path
+    to write: the one checked, ``~`` expanded (a shell leaves ``--plot=~/a.png`` as it is)."""
     target = Path(path).expanduser()
     parent = target.parent
     if target.is_dir():
@@ -514,6 +515,7 @@ def check_plot_path(path: str) -> None:
             code="invalid_input",
             details={"field": "plot"},
         )
+    return str(target)
 
 
 def write_plot(draw: Callable[..., None], result: Any, path: str) -> None:

@@ -401,3 +401,19 @@ def test_a_claim_served_past_the_ticks_a_replay_runs_is_refused_not_replayed(cli
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["claims"] == 2
+
+
+def test_a_plot_path_with_a_tilde_is_written_where_it_was_checked(cli, tmp_path, monkeypatch):
+    """`--plot=~/a.png` reaches the command unexpanded: it was checked as the home directory's
+    file, then written as ./~/a.png, which fails after the replay has run."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, "arrival_s,service_s\n0,10\n")
+    code, out, err = cli(
+        "simulate", "pool", "--trace", str(path), "--instance-type", "g7e.2xlarge", "--plot=~/a.png",
+        "--output", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["plot"] == str(tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
