@@ -48,7 +48,8 @@ def parse_weights(text: str | None, flag: str) -> dict[str, float]:
             )
         if name.strip() in out:
             raise InvalidInput(
-                f"{flag} names {name.strip()} twice: give it once", details={"field": flag.lstrip("-")}
+                f"{flag}: {name.strip()!r} given twice; name each group once",
+                details={"field": flag.lstrip("-")},
             )
         out[name.strip()] = value
     return out

@@ -295,6 +295,38 @@ def _hosts_arg(text: str) -> str:
     return text
 
 
+def _checked_by(parse: Callable[[str], object], flag: str) -> Callable[[str], str]:
+    """argparse ``type=``: a value ``parse`` refuses (InvalidInput) is a usage error (exit 2),
+    in its words, as a malformed --hosts or --layout is; the replay parses it again."""
+
+    def check(text: str) -> str:
+        from calque.errors import InvalidInput
+
+        try:
+            parse(text)
+        except InvalidInput as exc:
+            message = exc.message.removeprefix(f"{flag}: ").removeprefix(f"{flag} ")
+            raise argparse.ArgumentTypeError(message) from None
+        return text
+
+    return check
+
+
+def _variant_arg(text: str) -> str:
+    from calque.simulate.placement_bound import parse_variant
+
+    return _checked_by(parse_variant, "--variant")(text)
+
+
+def _weights_arg(flag: str) -> Callable[[str], str]:
+    def parse(text: str) -> object:
+        from calque.simulate.placement_queue import parse_weights
+
+        return parse_weights(text, flag)
+
+    return _checked_by(parse, flag)
+
+
 RESULT_FIELDS = [
     ("layout", "layout"),
     ("hosts", "hosts"),
@@ -413,17 +445,24 @@ def add_placement_parser(group: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--variant",
+        type=_variant_arg,
         metavar="gpushare:P",
         help="replay a variant of the trace: P %% of its GPU pods ask a fraction of one GPU "
         "(seeded; default: the trace as it is)",
     )
     p.add_argument(
         "--groups",
+        type=_weights_arg("--groups"),
         metavar="NAME=WEIGHT[,...]",
         help="give the jobs to groups at random in these proportions (a trace 'group' column wins; "
         "default: one group)",
     )
-    p.add_argument("--shares", metavar="NAME=S[,...]", help="the groups' fair-share shares (default 1 each)")
+    p.add_argument(
+        "--shares",
+        type=_weights_arg("--shares"),
+        metavar="NAME=S[,...]",
+        help="the groups' fair-share shares (default 1 each)",
+    )
     p.add_argument(
         "--plot",
         metavar="FILE.png",

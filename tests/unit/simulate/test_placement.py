@@ -336,26 +336,30 @@ def test_a_trace_with_no_gpu_job_is_refused_not_reported_as_zeros(tmp_path, cli,
 
 
 @pytest.mark.parametrize(
-    ("flags", "says"),
+    ("flags", "code", "says"),
     [
-        (("--groups", "a=inf"), "--groups: 'a=inf' is not NAME=N (N from 0.001 to 1,000,000)"),
-        (("--groups", "a=1e308,b=1e308"), "--groups: 'a=1e308' is not NAME=N"),
-        (("--groups", "a=1,b=2", "--shares", "a=nan"), "--shares: 'a=nan' is not NAME=N"),
-        (("--groups", "a=1,a=2"), "--groups names a twice: give it once"),
-        (("--hosts", "g7e.2xlarge=99999999"), "--hosts asks for 99,999,999 hosts; a replay models at most"),
-        (("--hosts", "g7e.2xlarge=6000,g6e.xlarge=6000"), "--hosts asks for 12,000 hosts"),
+        (("--groups", "a=inf"), 2, "argument --groups: 'a=inf' is not NAME=N (N from 0.001 to 1,000,000)"),
+        (("--groups", "a=1e308,b=1e308"), 2, "argument --groups: 'a=1e308' is not NAME=N"),
+        (("--groups", "a=1,b=2", "--shares", "a=nan"), 2, "argument --shares: 'a=nan' is not NAME=N"),
+        (("--groups", "a=1,a=2"), 2, "argument --groups: 'a' given twice; name each group once"),
+        (("--variant", "gpushare:150"), 2, "argument --variant: 'gpushare:150': expected gpushare:P"),
+        (
+            ("--hosts", "g7e.2xlarge=99999999"),
+            1,
+            "--hosts asks for 99,999,999 hosts; a replay models at most",
+        ),
+        (("--hosts", "g7e.2xlarge=6000,g6e.xlarge=6000"), 1, "--hosts asks for 12,000 hosts"),
     ],
 )
-def test_weights_and_host_counts_out_of_range_are_refused_before_the_replay(cli, flags, says):
+def test_weights_and_host_counts_out_of_range_are_refused_before_the_replay(cli, flags, code, says):
     """An infinite weight was an unexpected error (exit 3), and a mistyped host count built
-    hosts for hours: each is now one line, exit 1, before anything is replayed."""
+    hosts for hours: each is now one line before anything is replayed. A malformed flag's
+    value is a usage error (exit 2), as a malformed --hosts or --layout is."""
     hosts = () if "--hosts" in flags else ("--hosts", "g7e.2xlarge=1")
-    code, _, err = cli(
-        "simulate", "placement", "--trace", str(SLICE), *hosts, "--layout", "dedicated", *flags
-    )
-    assert code == 1
-    assert len(err.splitlines()) == 1, err
-    assert says in err
+    got, _, err = cli("simulate", "placement", "--trace", str(SLICE), *hosts, "--layout", "dedicated", *flags)
+    assert got == code
+    assert "replaying" not in err
+    assert says in err.splitlines()[-1]
 
 
 def test_the_table_says_why_jobs_were_refused_as_the_json_does(cli):
