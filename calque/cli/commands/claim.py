@@ -155,10 +155,11 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
     after: str | None = None
     chunks: list[dict[str, Any]] = []
     wrote = False
+    as_document = ctx.json or ctx.query is not None  # --query selects from the JSON document
     while True:
         page = ctx.client().request("GET", _path(claim_id) + "/logs", query={"after": after})
         for c in page.get("chunks") or []:
-            if ctx.json:
+            if as_document:
                 chunks.append(c)
             else:
                 stream = sys.stderr if c.get("stream") == "stderr" else sys.stdout
@@ -171,7 +172,7 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
         if not follow or page.get("ended"):
             break
         time.sleep(poll_s)
-    if ctx.json:
+    if as_document:
         ctx.emit({"claim_id": claim_id, "state": page.get("state"), "chunks": chunks})
     elif not wrote:  # say so, rather than print nothing
         state = page.get("state") or "unknown"

@@ -16,6 +16,8 @@ pytestmark = pytest.mark.unit
 
 
 class _Ctx:
+    query = None
+
     def __init__(self, api: FakeApi) -> None:
         self.api = api
 
@@ -242,3 +244,21 @@ def test_logs_with_nothing_written_say_so(capsys):
     }
     do_logs(Ctx(api), claim_id="c-1")
     assert capsys.readouterr() == ("hello\n", "")
+
+
+def test_logs_with_query_select_from_the_json_document(monkeypatch, capsys):
+    """For people, `claim logs` streams what the runner wrote; a --query selects from the
+    document --output json answers instead of being ignored."""
+    from tests.unit.cli_support import install_fake_api, run_cli
+
+    api = FakeApi()
+    api.responses[("GET", "/v1/claims/c-1/logs")] = {
+        "chunks": [{"stream": "stdout", "text": "hello\n"}, {"stream": "stderr", "text": "oops\n"}],
+        "state": "succeeded",
+        "ended": True,
+    }
+    install_fake_api(monkeypatch, api, ["claim"], endpoint="http://api.invalid")
+    code, out, err = run_cli(capsys, "claim", "logs", "c-1", "--query", "[state, length(chunks)]")
+    assert (code, out, err) == (0, "succeeded\n2\n", "")
+    code, out, _ = run_cli(capsys, "claim", "logs", "c-1")
+    assert out == "hello\n"
