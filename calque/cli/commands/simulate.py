@@ -170,12 +170,7 @@ def do_pool(
     except ValueError as exc:
         raise CliError(str(exc), code="invalid_input") from None
     if plot_path is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CliError(
-                "--plot needs matplotlib: pip install 'calque[plot]'", code="missing_dependency"
-            ) from None
+        _require_matplotlib()
         plot_path = check_plot_path(plot_path)
     claims = load_trace(trace)
     config = SimConfig(
@@ -525,6 +520,7 @@ def do_placement(
 
 
 def _require_matplotlib() -> None:
+    """Both simulators refuse a --plot they cannot draw the same way: code plot_unavailable."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -417,3 +417,23 @@ def test_a_plot_path_with_a_tilde_is_written_where_it_was_checked(cli, tmp_path,
     assert code == 0, err
     assert json.loads(out)["plot"] == str(tmp_path / "a.png")
     assert (tmp_path / "a.png").stat().st_size > 0
+
+
+def test_both_simulators_refuse_a_plot_without_matplotlib_with_one_code(cli, tmp_path, monkeypatch):
+    """simulate pool said missing_dependency where simulate placement said plot_unavailable."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    path = write(tmp_path, "arrival_s,service_s\n0,10\n")
+    plot = str(tmp_path / "a.png")
+    head = ("--output", "json", "simulate")
+    pool = ("pool", "--trace", str(path), "--instance-type", "g7e.2xlarge", "--plot", plot)
+    placement = (
+        "placement", "--trace", str(REPO / "examples" / "traces" / "alibaba-pods-head300.csv"),
+        "--hosts", "g7e.2xlarge=1", "--layout", "dedicated", "--plot", plot,
+    )  # fmt: skip
+    for args in (pool, placement):
+        code, out, err = cli(*head, *args)
+        assert code == 1
+        assert err == "calque: error: --plot needs matplotlib: pip install 'calque[plot]'\n"
+        assert json.loads(out)["error"]["code"] == "plot_unavailable"
