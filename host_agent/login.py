@@ -22,6 +22,7 @@ import getpass
 import hashlib
 import hmac
 import os
+import pwd
 import sys
 
 from calque.contracts.accounts import read_token_line
@@ -66,6 +67,33 @@ def session_env_of(grant: Grant, grants: dict) -> dict:
         for k, v in g.env.items():
             out.setdefault(k, []).append(v)
     return {k: ",".join(v) for k, v in out.items()}
+
+
+# the login shell's PATH, as login(1) gives a user's
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def login_argv(
+    account: str, home: str, shell: str, env: dict, command: str | None, *, term: str | None = None
+) -> list:
+    """The member's login shell as ``account``, in this process's cgroup and mounts.
+
+    ``runuser -u`` (PAM service ``runuser``: pam_limits, no session manager), never
+    ``runuser --login``, whose service ``runuser-l`` includes pam_systemd: on a systemd host
+    that registers a logind session and moves the shell into ``user-UID.slice``, out of the
+    session's cgroup, its device filter, its limits and the reclaim that kills it. The
+    environment a login gives is made here instead (``env -i``: nothing of root's), with the
+    session's variables, and the shell started as a login shell (``-l``: /etc/profile and the
+    account's own)."""
+    shell = shell or "/bin/sh"
+    base = {"HOME": home, "USER": account, "LOGNAME": account, "SHELL": shell, "PATH": LOGIN_PATH}
+    if term:
+        base["TERM"] = term
+    pairs = [f"{k}={v}" for k, v in sorted({**base, **env}.items())]
+    argv = ["runuser", "-u", account, "--", "env", "-i", *pairs, shell, "-l"]
+    if command is not None:
+        argv += ["-c", f"umask 077; {command}"]
+    return argv
 
 
 def _read_token() -> str:
@@ -139,12 +167,10 @@ def login(account: str, *, state_dir: str = DEFAULT_STATE_DIR, host=None, comman
             print(f"error: cannot give the session its private /tmp: {exc}", file=sys.stderr)
             return 1
     os.umask(0o077)
-    env = session_env_of(grant, grants)
-    keep = sorted(env)
-    os.environ.update(env)
-    argv = ["runuser", "--login"] + (["--whitelist-environment", ",".join(keep)] if keep else []) + [account]
-    if command is not None:
-        argv += ["--command", f"umask 077; {command}"]
+    pw = pwd.getpwnam(account)
+    argv = login_argv(
+        account, pw.pw_dir, pw.pw_shell, session_env_of(grant, grants), command, term=os.environ.get("TERM")
+    )
     argv = prefix + argv  # systemd hosts: the shell in a scope of the session's slice
     os.execvp(argv[0], argv)  # noqa: S606
     return 0  # not reached

@@ -327,3 +327,26 @@ def test_a_grant_stopped_between_making_the_group_and_the_account_is_finished_by
     assert box.root_sh(f"getent group {e}").stdout.split(":")[2] == str(uid)
     assert box.root_sh(f"stat -c %a /home/{e}").stdout.strip() == "700"
     assert box.login(e, "token-e", "id -un").stdout.strip() == e
+
+
+def test_a_login_never_goes_through_a_login_pam_stack_and_keeps_nothing_of_roots_environment(box):
+    e = "calque-eeeeeeeeeeee"
+    # Given a runuser-l PAM stack that refuses every session: on a systemd host its
+    # pam_systemd would instead move the shell into user-UID.slice, out of the session's cgroup
+    deny = box.scratch / "runuser-l-deny"
+    deny.write_text("auth required pam_deny.so\naccount required pam_deny.so\nsession required pam_deny.so\n")
+    assert box.root_sh(f"mount --bind {deny} /etc/pam.d/runuser-l").returncode == 0
+    try:
+        # When the member logs in (the agent run as root with something of root's own set)
+        show = 'echo "$HOME $USER $SHELL ${ROOTS:-none}"'
+        run = subprocess.run(
+            box.agent_argv("login", "--user", e, "--command", f"cat /proc/self/cgroup; {show}"),
+            input="token-e\n", capture_output=True, text=True, timeout=30, check=False,
+            env=box.env(ROOTS="root's own"),
+        )  # fmt: skip
+    finally:
+        box.root_sh("umount /etc/pam.d/runuser-l")
+    # Then the shell ran, in the session's cgroup, with a login's environment and none of root's
+    assert run.returncode == 0, run.stderr
+    assert f"{box.parent}/g0_1g.24gb_2" in run.stdout
+    assert f"/home/{e} {e} /bin/bash none" in run.stdout
