@@ -287,12 +287,35 @@ class LinuxHost:
                 self._cmd(tool, "-D", *rule)
 
     def ensure_imds_rule(self) -> bool:
+        """The rule refusing the service to all but root, first in OUTPUT (ahead of any rule
+        of the host's own); the pool accounts let through (allow_imds) kept ahead of it, so
+        putting back a rule that went missing never cuts their workers off."""
         added = False
         for tool, rule in self._imds_rules():
             if not self._has(tool, rule):
                 self._cmd(tool, "-I", *rule)
                 added = True
+                for uid in self._allowed_uids(tool, rule[2]):
+                    allow = ("OUTPUT", "-d", rule[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT")
+                    self._cmd(tool, "-D", *allow)
+                    self._cmd(tool, "-I", *allow)
         return added
+
+    def _allowed_uids(self, tool: str, address: str) -> list[str]:
+        """The uids an ACCEPT rule of allow_imds lets reach ``address``, as ``-S`` lists them."""
+        out = []
+        for line in (self._cmd(tool, "-S", "OUTPUT").stdout or "").splitlines():
+            words = line.split()
+            if (
+                words[:2] == ["-A", "OUTPUT"]
+                and words[-2:] == ["-j", "ACCEPT"]
+                and "!" not in words
+                and "--uid-owner" in words
+                and "-d" in words
+                and words[words.index("-d") + 1] == address
+            ):
+                out.append(words[words.index("--uid-owner") + 1])
+        return out
 
     def ensure_boot_guard(self) -> list[str]:
         """The guard's unit and files, so the rule and the mount come back at every boot."""

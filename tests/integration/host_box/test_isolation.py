@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from host_agent.tenants import IMDS6_RULE, IMDS_RULE
 from tests.integration.host_box.box import IMDS6, IMDS_ANSWER, Box
 
 pytestmark = pytest.mark.integration
@@ -350,3 +351,30 @@ def test_a_login_never_goes_through_a_login_pam_stack_and_keeps_nothing_of_roots
     assert run.returncode == 0, run.stderr
     assert f"{box.parent}/g0_1g.24gb_2" in run.stdout
     assert f"/home/{e} {e} /bin/bash none" in run.stdout
+
+
+def test_putting_back_the_metadata_rule_keeps_the_accounts_let_through_ahead_of_it(box):
+    argv = box.agent_argv()
+    python = [*argv[: argv.index("--") + 2]]  # nsenter ... python, in the box
+
+    def host(call: str) -> None:
+        code = f"from host_agent.linux_host import LinuxHost; LinuxHost().{call}"
+        done = subprocess.run([*python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+
+    def reaches() -> bool:
+        got = box.root_sh(f"runuser -u {C} -- curl -s -m 2 http://169.254.169.254/")
+        return got.stdout == IMDS_ANSWER
+
+    # Given an account let through to the metadata service (as a pool's workers are)
+    host(f"allow_imds({C!r})")
+    assert reaches()
+    # When the refusing rule alone goes (deleted by hand) and is put back, first in OUTPUT
+    ipv6 = box.root_sh("test -e /proc/net/if_inet6").returncode == 0
+    for tool, rule in (("iptables", IMDS_RULE), *((("ip6tables", IMDS6_RULE),) if ipv6 else ())):
+        assert box.root_sh(f"{tool} -D {' '.join(rule)}").returncode == 0
+    host("ensure_imds_rule()")
+    # Then that account still gets through, ahead of it, and once let go it is refused again
+    assert reaches()
+    host(f"deny_imds({C!r})")
+    assert not reaches()
