@@ -313,16 +313,23 @@ def _read_spec(path: str):
     return load_layout(path)
 
 
+def _lock_path(args: argparse.Namespace, default: str) -> str | None:
+    """The host-wide lock's file: --lock-file, $CALQUE_AGENT_LOCK, beside --state, else (on
+    hardware) ``default``; None for a simulated host without a state file."""
+    lock_path = args.lock_file or os.environ.get("CALQUE_AGENT_LOCK")
+    if lock_path is None and args.state:
+        lock_path = str(Path(args.state).with_name(Path(args.state).name + ".lock"))
+    if lock_path is None and not args.simulate:
+        lock_path = default
+    return lock_path
+
+
 def run(args: argparse.Namespace) -> AgentReport:
 
     from host_agent.lock import DEFAULT_LOCK_FILE, DEFAULT_LOCK_TIMEOUT_S, MUTATING_VERBS, host_lock
 
     spec = _read_spec(args.spec) if args.verb in ("apply", "assert") else None
-    lock_path = args.lock_file or os.environ.get("CALQUE_AGENT_LOCK")
-    if lock_path is None and args.state:
-        lock_path = str(Path(args.state).with_name(Path(args.state).name + ".lock"))
-    if lock_path is None and not args.simulate:
-        lock_path = DEFAULT_LOCK_FILE
+    lock_path = _lock_path(args, DEFAULT_LOCK_FILE)
     # A simulated host's state file is read and written whole: every verb holds its lock
     # there exclusively. On hardware a read shares it, so it never sees a change half done.
     if lock_path is not None:
@@ -485,6 +492,15 @@ def _print(report: AgentReport, output: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verb in ("login", "guard") and not _real_host(args):
+        # both act on this kernel alone (its accounts, /proc, the firewall, cgroups): on a
+        # simulated host (--simulate/--state) they would change the machine they run on
+        print(
+            f"error: {args.verb} acts on this machine's own accounts, /proc and firewall, never on "
+            "a simulated host: give --host-access linux to run it with --simulate or --state",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if args.verb == "login":
             from host_agent.login import login
@@ -501,14 +517,23 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
             return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=command)
         if args.verb == "guard":
-            from host_agent.guard import guard
+            import contextlib
 
-            return guard(
-                _linux_host(args),
-                grants=GrantStore(f"{_state_dir(args)}/grants.json"),
-                install=args.install,
-                output=args.output,
-            )
+            from host_agent.guard import guard
+            from host_agent.lock import DEFAULT_LOCK_FILE, DEFAULT_LOCK_TIMEOUT_S, host_lock
+
+            # held as grant and reclaim hold it: the cgroups it makes again from the grants
+            # are never those of a grant half made, or of a reclaim that just removed them
+            lock_path = _lock_path(args, DEFAULT_LOCK_FILE)
+            timeout = DEFAULT_LOCK_TIMEOUT_S if args.lock_timeout is None else args.lock_timeout
+            held = host_lock(lock_path, timeout_s=timeout) if lock_path else contextlib.nullcontext()
+            with held:
+                return guard(
+                    _linux_host(args),
+                    grants=GrantStore(f"{_state_dir(args)}/grants.json"),
+                    install=args.install,
+                    output=args.output,
+                )
         if args.verb == "worker":
             return _worker(args)
         report = run(args)

@@ -191,3 +191,43 @@ def test_a_change_waits_for_any_run_and_a_read_waits_only_for_a_change(tmp_path,
         capsys.readouterr()
     # And once the lock is free the apply runs
     assert main([*base, "apply", "--spec", spec]) == 0
+
+
+@pytest.mark.parametrize("verb", [["guard"], ["login", "--user", "calque-aaaaaaaaaaaa"]])
+def test_guard_and_login_on_a_simulated_host_are_refused_before_they_touch_this_machine(
+    verb, capsys, monkeypatch
+):
+    from host_agent import linux_host
+    from host_agent.cli import main
+
+    # Given a simulated host (where grant and apply record everything in the fake's state)
+    touched = []
+    monkeypatch.setattr(linux_host.LinuxHost, "__init__", lambda *a, **k: touched.append("this machine"))
+    # When the boot guard or a login is run against it
+    code = main(["--simulate", "g6.xlarge", *verb])
+    # Then it is a usage error saying how to mean it, and this machine was never reached
+    assert code == 2
+    assert "--host-access linux" in capsys.readouterr().err
+    assert touched == []
+
+
+def test_guard_holds_the_host_lock_as_grant_and_reclaim_do(tmp_path, capsys, monkeypatch):
+    import fcntl
+
+    from host_agent import cli
+
+    lock_file = tmp_path / "host-agent.lock"
+    ran = []
+    monkeypatch.setattr(cli, "_linux_host", lambda args: ran.append("guard") or object())
+    monkeypatch.setattr("host_agent.guard.guard", lambda host, **kw: ran.append("ran") or 0)
+    argv = ["--simulate", "g6.xlarge", "--host-access", "linux", "--lock-file", str(lock_file)]
+    # Given a grant or reclaim running (the lock held exclusively)
+    with open(lock_file, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        # Then the guard waits for it, and refuses as busy once its wait is over
+        assert cli.main([*argv, "--lock-timeout", "0", "guard"]) == 1
+        assert "host_busy" in capsys.readouterr().out
+    assert ran == []
+    # And once the lock is free it runs
+    assert cli.main([*argv, "guard"]) == 0
+    assert ran == ["guard", "ran"]
