@@ -131,7 +131,17 @@ def stack_region(flag: str | None, configured: str | None) -> str | None:
 def stack_endpoint(stack: str, *, profile: str | None, region: str | None) -> str:
     """The ApiEndpoint output of deployed stack ``stack`` (CloudFormation DescribeStacks)."""
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        CredentialRetrievalError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        SSOError,
+        TokenRetrievalError,
+    )
+
+    from calque.cli.errors import credentials_refused
 
     try:
         session = boto3.Session(profile_name=profile, region_name=region)
@@ -139,14 +149,27 @@ def stack_endpoint(stack: str, *, profile: str | None, region: str | None) -> st
             session = boto3.Session(profile_name=profile, region_name="us-east-1")
         stacks = session.client("cloudformation").describe_stacks(StackName=stack)["Stacks"]
     except ClientError as exc:
+        error = exc.response.get("Error", {})
+        said = error.get("Message") or str(exc)
+        # CloudFormation says "Stack with id X does not exist" as a ValidationError; anything
+        # else (access denied, an expired token) is no answer about the stack
+        missing = error.get("Code") == "ValidationError" and "does not exist" in said
         raise CliError(
-            f"cannot read stack {stack!r}: {exc.response.get('Error', {}).get('Message', exc)}",
-            code="stack_not_found",
-            details={"stack": stack},
+            f"cannot read stack {stack!r}: {said}" + ("" if missing else f" ({error.get('Code')})"),
+            code="stack_not_found" if missing else "stack_unreadable",
+            details={"stack": stack, "aws_error": error.get("Code")},
         ) from None
+    except (
+        NoCredentialsError,
+        PartialCredentialsError,
+        CredentialRetrievalError,
+        SSOError,
+        TokenRetrievalError,
+    ) as exc:
+        raise credentials_refused(exc, f"CloudFormation (stack {stack})") from None
     except BotoCoreError as exc:
         raise CliError(
-            f"cannot read stack {stack!r}: {exc}", code="stack_not_found", details={"stack": stack}
+            f"cannot read stack {stack!r}: {exc}", code="stack_unreadable", details={"stack": stack}
         ) from None
     outputs = {o["OutputKey"]: o["OutputValue"] for s in stacks for o in s.get("Outputs", [])}
     if API_ENDPOINT_OUTPUT not in outputs:

@@ -196,9 +196,12 @@ def test_from_stack_reads_the_endpoint_output(config_file, monkeypatch, capsys):
         cfn.create_stack(StackName="Calque", TemplateBody=json.dumps(template))
         code, _, err = run_cli(capsys, "configure", "--from-stack", "Calque", "--region", "eu-west-1")
         assert code == 0, err
-        code, _, err = run_cli(capsys, "configure", "--from-stack", "Nope", "--region", "eu-west-1")
+        code, out, err = run_cli(
+            capsys, "--output", "json", "configure", "--from-stack", "Nope", "--region", "eu-west-1"
+        )
         assert code == 1
         assert "cannot read stack 'Nope'" in err
+        assert json.loads(out)["error"]["code"] == "stack_not_found"
     from calque.cli import config
 
     assert config.load("default", config_file) == {"endpoint": API, "region": "eu-west-1"}
@@ -270,3 +273,23 @@ def test_aws_profile_does_not_name_a_local_plane_profile(config_file, tmp_path, 
         creds, _ = ctx.credentials_and_region()
         assert creds.access_key == p.principal("admin").access_key
         assert ctx.sources["profile"] == "the local plane's default"
+
+
+def test_from_stack_without_credentials_says_so_not_that_the_stack_is_missing(
+    config_file, monkeypatch, tmp_path, capsys
+):
+    # Given no AWS credentials anywhere
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # When the stack is read
+    code, out, err = run_cli(
+        capsys, "--output", "json", "configure", "--from-stack", "CalqueService", "--region", "eu-west-1"
+    )
+    # Then the refusal is about credentials, and nothing is saved
+    assert code == 1
+    assert json.loads(out)["error"]["code"] == "no_credentials"
+    assert "credentials" in err
+    assert not config_file.exists()
