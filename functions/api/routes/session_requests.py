@@ -11,7 +11,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from calque.contracts.queue import FairShareAccount, QueueRequest, SessionRequest, SharesRequest
 from calque.tenancy.wiring import api_tenancy
 from functions import observability
-from functions.api.context import caller, idempotency_key
+from functions.api.context import admin_only, caller, idempotency_key
 
 router = Router()
 logger = observability.logger("api")
@@ -51,5 +51,6 @@ def fair_share() -> list[FairShareAccount]:
 
 
 @router.put("/fairshare/<account>")
+@admin_only
 def set_shares(account: str, body: SharesRequest) -> FairShareAccount:
     return FairShareAccount(**api_tenancy().set_shares(caller(router), account, body.shares))

@@ -110,6 +110,7 @@ def test_a_member_on_an_admin_route_is_403_whatever_the_body(world, content_type
         ("/v1/budget", "PUT", "{}"),
         ("/v1/pools/p1/package", "POST", "{}"),
         ("/v1/groups", "POST", '{"name": 7}'),
+        ("/v1/fairshare/physics", "PUT", '{"shares": "many"}'),
     ]:
         status, doc, _ = call(method, path, user="alice", body=body, content_type=content_type)
         assert (status, assert_error_shape(doc)["code"]) == (403, "forbidden"), (path, content_type, doc)
