@@ -21,7 +21,7 @@ from pathlib import Path
 from host_agent import accounts
 from host_agent.confine import Confinement, Confiner, detect, run_checked
 from host_agent.errors import GpuError
-from host_agent.tenants import DEFAULT_STATE_DIR, IMDS6_RULE, IMDS_RULE
+from host_agent.tenants import DCGM_RULE, DEFAULT_STATE_DIR, IMDS6_RULE, IMDS_RULE
 
 NVIDIA_MAJOR = 195  # the driver's fixed major: /dev/nvidia<N> is 195:N, /dev/nvidiactl 195:255
 NVIDIACTL_MINOR = 255
@@ -258,8 +258,14 @@ class LinuxHost:
     def _has(self, tool: str, rule: tuple[str, ...]) -> bool:
         return self._cmd(tool, "-C", *rule, ok=(0, 1)).returncode == 0
 
+    def _guard_rules(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The metadata service's rules, and the one keeping DCGM's host engine to root, for
+        each address family the kernel has."""
+        families = [tool for tool, _ in self._imds_rules()]
+        return [*self._imds_rules(), *((tool, DCGM_RULE) for tool in families)]
+
     def imds_rule_present(self) -> bool:
-        return all(self._has(tool, rule) for tool, rule in self._imds_rules())
+        return all(self._has(tool, rule) for tool, rule in self._guard_rules())
 
     def _imds_allow_rules(self, account: str) -> list[tuple[str, tuple[str, ...]]]:
         uid = str(pwd.getpwnam(account).pw_uid)
@@ -287,15 +293,16 @@ class LinuxHost:
                 self._cmd(tool, "-D", *rule)
 
     def ensure_imds_rule(self) -> bool:
-        """The rule refusing the service to all but root, first in OUTPUT (ahead of any rule
-        of the host's own); the pool accounts let through (allow_imds) kept ahead of it, so
-        putting back a rule that went missing never cuts their workers off."""
+        """The rules refusing the metadata service (and DCGM's host engine) to all but root,
+        first in OUTPUT (ahead of any rule of the host's own); the pool accounts let through
+        (allow_imds) kept ahead of the metadata one, so putting back a rule that went missing
+        never cuts their workers off."""
         added = False
-        for tool, rule in self._imds_rules():
+        for tool, rule in self._guard_rules():
             if not self._has(tool, rule):
                 self._cmd(tool, "-I", *rule)
                 added = True
-                for uid in self._allowed_uids(tool, rule[2]):
+                for uid in self._allowed_uids(tool, rule[2]) if rule[1] == "-d" else []:
                     allow = ("OUTPUT", "-d", rule[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT")
                     self._cmd(tool, "-D", *allow)
                     self._cmd(tool, "-I", *allow)

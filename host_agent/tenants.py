@@ -46,6 +46,11 @@ IMDS_RULE = ("OUTPUT", "-d", f"{IMDS_ADDRESS}/32", "-m", "owner", "!", "--uid-ow
 # which an admin may do at any time): refused the same way, by ip6tables.
 IMDS6_ADDRESS = "fd00:ec2::254"
 IMDS6_RULE = ("OUTPUT", "-d", f"{IMDS6_ADDRESS}/128", *IMDS_RULE[3:])
+# DCGM's host engine (nv-hostengine, running as root where the AMI ships it, as the Deep
+# Learning AMIs do) listens on loopback TCP 5555 and takes any client's requests to change
+# the GPUs (power, clocks, MIG): every uid but root is refused it, over IPv4 and IPv6.
+DCGM_PORT = 5555
+DCGM_RULE = ("OUTPUT", "-o", "lo", "-p", "tcp", "--dport", str(DCGM_PORT), *IMDS_RULE[3:])
 DEFAULT_STATE_DIR = "/var/lib/calque"
 
 

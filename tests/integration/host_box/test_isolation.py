@@ -378,3 +378,27 @@ def test_putting_back_the_metadata_rule_keeps_the_accounts_let_through_ahead_of_
     assert reaches()
     host(f"deny_imds({C!r})")
     assert not reaches()
+
+
+def test_a_tenant_never_reaches_dcgms_host_engine_on_loopback(box):
+    # Given a host engine answering on loopback TCP 5555, as nv-hostengine does (as root)
+    server = "nohup python3 -m http.server 5555 --bind {} >/dev/null 2>&1 & echo $!"
+    pids = [box.root_sh(server.format("127.0.0.1")).stdout.strip()]
+    ipv6 = box.root_sh("test -e /proc/net/if_inet6").returncode == 0
+    if ipv6:
+        pids.append(box.root_sh(server.format("::1")).stdout.strip())
+    try:
+        urls = ["http://127.0.0.1:5555/", *(["http://[::1]:5555/"] if ipv6 else [])]
+        for url in urls:
+            deadline = time.monotonic() + 10
+            while box.root_sh(f"curl -g -s -o /dev/null -m 1 {url}").returncode != 0:
+                assert time.monotonic() < deadline, f"the stand-in did not answer at {url}"
+                time.sleep(0.1)
+        # Then root reaches it, and a session's account is refused, on both address families
+        for url in urls:
+            tenant = box.login(C, "token-c", f"curl -g -s -o /dev/null -m 2 {url}; echo rc=$?")
+            assert tenant.returncode == 0, tenant.stderr
+            assert "rc=" in tenant.stdout
+            assert "rc=0" not in tenant.stdout, url
+    finally:
+        box.root_sh(f"kill {' '.join(pids)}")

@@ -15,7 +15,7 @@ from host_agent import verbs
 from host_agent.fake import FakeGpuBackend
 from host_agent.linux_host import LinuxHost
 from host_agent.login import check_token
-from host_agent.tenants import IMDS6_RULE, IMDS_RULE
+from host_agent.tenants import DCGM_RULE, IMDS6_RULE, IMDS_RULE
 
 pytestmark = pytest.mark.unit
 
@@ -178,8 +178,10 @@ def test_the_real_host_installs_the_imds_rule_once_and_reads_capability_minors(t
     assert host.ensure_imds_rule() is True
     assert host.ensure_imds_rule() is False
     inserts = [c for c in run.calls if c[1:2] == ["-I"]]
-    assert inserts == [["iptables", "-I", *IMDS_RULE]]
+    assert inserts == [["iptables", "-I", *IMDS_RULE], ["iptables", "-I", *DCGM_RULE]]
     assert "! --uid-owner 0" in " ".join(IMDS_RULE)
+    # (DCGM's host engine, on loopback TCP 5555, is root's alone as well)
+    assert "-o lo -p tcp --dport 5555 -m owner ! --uid-owner 0 -j REJECT" in " ".join(DCGM_RULE)
 
 
 def test_where_the_kernel_has_ipv6_the_metadata_services_ipv6_address_is_refused_too(tmp_path):
@@ -187,7 +189,12 @@ def test_where_the_kernel_has_ipv6_the_metadata_services_ipv6_address_is_refused
     host = LinuxHost(proc=str(tmp_path / "proc"), dev=str(tmp_path / "dev"), run=run, ipv6=True)
     assert host.ensure_imds_rule() is True
     inserts = [c for c in run.calls if c[1:2] == ["-I"]]
-    assert inserts == [["iptables", "-I", *IMDS_RULE], ["ip6tables", "-I", *IMDS6_RULE]]
+    assert inserts == [
+        ["iptables", "-I", *IMDS_RULE],
+        ["ip6tables", "-I", *IMDS6_RULE],
+        ["iptables", "-I", *DCGM_RULE],
+        ["ip6tables", "-I", *DCGM_RULE],
+    ]
     assert "fd00:ec2::254/128" in IMDS6_RULE
     assert host.imds_rule_present()
     # an IPv6 rule gone (ip6tables flushed) is a guard not in place: login refuses
