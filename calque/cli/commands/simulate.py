@@ -208,7 +208,8 @@ def do_pool(
     counts = summary["scale_decisions"]
     summary["scale_decisions"] = f"{counts['scale_out']} out, {counts['scale_in']} in"
     for key in ("wait_p50_s", "wait_p95_s", "wait_max_s"):
-        summary[key] = human_duration(summary[key])
+        # the key says seconds: its figure in seconds first, then as people read it
+        summary[key] = f"{summary[key]:g} ({human_duration(summary[key])})"
     summary["warm_hit_rate"] = f"{summary['warm_hit_rate'] * 100:.1f}%"
     if "paid_usd" in summary:
         summary["paid_usd"] = f"${summary['paid_usd']:.2f}"

@@ -437,3 +437,11 @@ def test_both_simulators_refuse_a_plot_without_matplotlib_with_one_code(cli, tmp
         assert code == 1
         assert err == "calque: error: --plot needs matplotlib: pip install 'calque[plot]'\n"
         assert json.loads(out)["error"]["code"] == "plot_unavailable"
+
+
+def test_the_table_gives_waits_in_the_seconds_their_names_say_and_as_people_read_them(cli, tmp_path):
+    path = write(tmp_path, "arrival_s,service_s\n0,10\n")
+    code, out, err = cli("simulate", "pool", "--trace", str(path), "--instance-type", "g7e.2xlarge")
+    assert code == 0, err
+    rows = dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+    assert rows["wait_p95_s"] == "240 (4m)"
