@@ -67,32 +67,35 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Syn
     )
 
 
-def _synthesize(outdir: Path) -> None:
-    from infra import constants
+def run_app(outdir: Path, context: dict[str, Any], **env: str) -> subprocess.CompletedProcess:
+    """``app.py`` as the CDK CLI runs it (where to write, the -c context, ``env`` beside), with
+    no AWS configuration of the machine's own and no bundling."""
     from infra.deployment import PROJECT_ROOT
 
-    if outdir.exists():  # a synthesis that failed half-way: start again
-        shutil.rmtree(outdir)
-    outdir.mkdir()
-    env = {
+    full = {
         "PATH": os.environ["PATH"],
         "HOME": os.environ.get("HOME", str(outdir)),
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "AWS_EC2_METADATA_DISABLED": "true",
         "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-        # What the CDK CLI passes: where to write, and the -c context.
         "CDK_OUTDIR": str(outdir),
-        "CDK_CONTEXT_JSON": json.dumps(
-            {
-                "aws:cdk:bundling-stacks": [],
-                constants.CONTEXT_ADMINS: ADMINS,
-                constants.CONTEXT_SESSION_TTL_MAX: SESSION_TTL_MAX,
-            }
-        ),
+        "CDK_CONTEXT_JSON": json.dumps({"aws:cdk:bundling-stacks": [], **context}),
+        **env,
     }
-    result = subprocess.run(
-        [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=280
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=full, capture_output=True, text=True, timeout=280
+    )
+
+
+def _synthesize(outdir: Path) -> None:
+    from infra import constants
+
+    if outdir.exists():  # a synthesis that failed half-way: start again
+        shutil.rmtree(outdir)
+    outdir.mkdir()
+    result = run_app(
+        outdir, {constants.CONTEXT_ADMINS: ADMINS, constants.CONTEXT_SESSION_TTL_MAX: SESSION_TTL_MAX}
     )
     assert result.returncode == 0, f"app.py failed to synthesize:\n{result.stderr[-5000:]}"
 

@@ -39,37 +39,17 @@ def test_app_synthesizes_for_a_deploy_bound_to_an_account_and_region(tmp_path) -
     partition as literals, and so do cdk-nag's findings, which every acknowledgment must
     still match (they were written for environment-agnostic stacks): else the deploy fails
     its own synth."""
-    import os
-    import subprocess
-    import sys
+    from .conftest import ADMINS, run_app
 
-    from infra.deployment import PROJECT_ROOT
-
-    from .conftest import ADMINS
-
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", str(tmp_path)),
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-        "CDK_DEFAULT_ACCOUNT": "123456789012",
-        "CDK_DEFAULT_REGION": "us-east-1",
-        "CDK_OUTDIR": str(tmp_path),
-        "CDK_CONTEXT_JSON": json.dumps(
-            {
-                "aws:cdk:bundling-stacks": [],
-                constants.CONTEXT_ADMINS: ADMINS,
-                # the AZs from the offerings, as the deploy guide asks: no AZ lookup at synth
-                constants.CONTEXT_FLEET_AZ_OFFERINGS: json.dumps(
-                    {"g7e.2xlarge": ["us-east-1a", "us-east-1d"]}
-                ),
-            }
-        ),
-    }
-    result = subprocess.run(
-        [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=280
+    result = run_app(
+        tmp_path,
+        {
+            constants.CONTEXT_ADMINS: ADMINS,
+            # the AZs from the offerings, as the deploy guide asks: no AZ lookup at synth
+            constants.CONTEXT_FLEET_AZ_OFFERINGS: json.dumps({"g7e.2xlarge": ["us-east-1a", "us-east-1d"]}),
+        },
+        CDK_DEFAULT_ACCOUNT="123456789012",
+        CDK_DEFAULT_REGION="us-east-1",
     )
     # Then cdk-nag finds nothing unacknowledged, and both stacks are bound to that environment
     assert result.returncode == 0, result.stderr[-3000:]

@@ -80,26 +80,10 @@ def test_every_context_key_the_app_reads_is_in_the_deploy_docs_table() -> None:
 
 
 def test_a_bad_context_value_fails_the_app_with_one_line_naming_the_key(tmp_path: Path) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from infra.deployment import PROJECT_ROOT
+    from .conftest import run_app
 
     # Given app.py run as the CDK CLI runs it, with a value it cannot use
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-        "CDK_OUTDIR": str(tmp_path),
-        "CDK_CONTEXT_JSON": json.dumps({"calque:session-ttl-max": "12 hours"}),
-    }
-    result = subprocess.run(
-        [sys.executable, "app.py"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    result = run_app(tmp_path, {"calque:session-ttl-max": "12 hours"})
     # Then it fails with the reason on one line, naming the key, and no traceback
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
