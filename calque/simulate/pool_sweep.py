@@ -18,7 +18,9 @@ from typing import Any
 from calque.simulate.pool import SimConfig, SimResult, TraceClaim, simulate
 from calque.simulate.pool_bound import Bound, bound
 
-IDLE_TIMEOUTS_S = (0.0, 60.0, 180.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
+# from the least idle timeout a pool takes (pool create refuses less than 10 s): every point
+# of the frontier is a setting a pool can be given
+IDLE_TIMEOUTS_S = (10.0, 60.0, 180.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 BACKLOG_PER_WORKER = (1, 2, 4)
 
 
