@@ -314,6 +314,7 @@ EVENT_RULES: tuple[EventRuleDef, ...] = (
 ENV_FLEET_ACQUIRE_QUEUE_URL = "CALQUE_FLEET_ACQUIRE_QUEUE_URL"
 ENV_FLEET_LAUNCH_TEMPLATE = "CALQUE_FLEET_LAUNCH_TEMPLATE"
 ENV_FLEET_SUBNETS = "CALQUE_FLEET_SUBNETS"  # subnet-id@az,... in the order to try
+ENV_OTHER_ACCOUNTS = "CALQUE_OTHER_ACCOUNTS"  # distinct | refuse (calque.settings)
 ENV_FLEET_AMI_ID = "CALQUE_FLEET_AMI_ID"  # one AMI for every type (else AWS's DLAMI parameters)
 ENV_EVENT_BUS = "CALQUE_EVENT_BUS"
 FUNCTION_WIRING["api"] += ("fleet_acquire_queue", "events")

@@ -53,6 +53,8 @@ _ORG_ID = re.compile(r"^o-[a-z0-9]{10,32}$")
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w-]{1,256}$")
 _EPOCH = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[A-Za-z0-9-]{1,128}$")
+_AMI_ID = re.compile(r"^ami-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_OTHER_ACCOUNTS = re.compile(r"^(?:distinct|refuse)$")
 _ROLE_PATTERN = re.compile(r"^[\w+=,.@*-]{1,128}$")
 
 
@@ -103,6 +105,11 @@ class DeploymentConfig:
     apigateway_cloudwatch_role: str = "auto"
     # A customer-managed KMS key that encrypts the fleet's EBS volumes (the account's default).
     fleet_ebs_kms_key_arn: str | None = None
+    # One AMI the fleet launches for every type (else the Deep Learning AMIs' SSM parameters).
+    fleet_ami_id: str | None = None
+    # Principals of other accounts of the organization: their own members ("distinct") or
+    # refused ("refuse"); None leaves the API's default (distinct).
+    other_accounts: str | None = None
 
     @classmethod
     def from_context(cls, node: Node, *, project_root: Path) -> DeploymentConfig:
@@ -136,6 +143,12 @@ class DeploymentConfig:
                 constants.CONTEXT_FLEET_EBS_KMS_KEY,
                 _KMS_KEY_ARN,
                 "a KMS key ARN, arn:aws:kms:...:key/...",
+            ),
+            fleet_ami_id=_optional(
+                node, constants.CONTEXT_FLEET_AMI_ID, _AMI_ID, "an AMI id, ami- and 8 or 17 hex digits"
+            ),
+            other_accounts=_optional(
+                node, constants.CONTEXT_OTHER_ACCOUNTS, _OTHER_ACCOUNTS, "distinct or refuse"
             ),
         )
 

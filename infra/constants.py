@@ -44,6 +44,8 @@ CONTEXT_SESSION_TTL_MAX: Final = "calque:session-ttl-max"  # e.g. 12h, 7d, or se
 CONTEXT_BUNDLE_CACHE_DIR: Final = "calque:bundle-cache-dir"  # where built Lambda bundles are cached
 # Identity and operations (docs/deploy.md).
 CONTEXT_ORGANIZATION_ID: Final = "calque:organization-id"  # o-...: callers from this organization
+# distinct (default): another account's principal is its own member, ACCOUNT:name; refuse: 403
+CONTEXT_OTHER_ACCOUNTS: Final = "calque:other-accounts"
 CONTEXT_SESSION_NAMED_ROLES: Final = "calque:session-named-roles"  # roles whose session names are pinned
 CONTEXT_ALARM_TOPIC_ARN: Final = "calque:alarm-topic-arn"  # SNS topic the alarms notify
 CONTEXT_PIN_ADMINS: Final = "calque:pin-admins"  # true (default): pin admin entries to unique ids
@@ -126,6 +128,8 @@ CONTEXT_FLEET_AZ_OFFERINGS: Final = "calque:fleet-az-offerings"
 CONTEXT_FLEET_EXECUTE_API_ENDPOINT: Final = "calque:fleet-execute-api-endpoint"
 # A customer-managed KMS key that encrypts the hosts' EBS volumes (the account's EBS default key).
 CONTEXT_FLEET_EBS_KMS_KEY: Final = "calque:fleet-ebs-kms-key-arn"
+# One AMI for every instance type (ami-...), instead of the Deep Learning AMIs' parameters
+CONTEXT_FLEET_AMI_ID: Final = "calque:fleet-ami-id"
 OUTPUT_HOST_REPORT_ENDPOINT: Final = "HostReportEndpoint"
 OUTPUT_FLEET_LAUNCH_TEMPLATE: Final = "FleetLaunchTemplateName"
 OUTPUT_FLEET_VPC_ID: Final = "FleetVpcId"

@@ -64,6 +64,7 @@ class ServiceStack(Stack):
         super().__init__(scope, construct_id, **kwargs)
         self.registry = registry
         self._session_named_roles = tuple(dict.fromkeys(("AWSReservedSSO_*", *config.session_named_roles)))
+        self._fleet_ami_id = config.fleet_ami_id
         self.artifacts = artifacts  # warm pools: manifests and results (the stateful stack's bucket)
         packaging = PythonPackaging(
             self,
@@ -160,6 +161,8 @@ class ServiceStack(Stack):
             alias = ApiSettings.model_fields["session_ttl_max_s"].alias
             assert alias is not None
             env[alias] = str(config.session_ttl_max_s)
+        if config.other_accounts is not None:
+            env[resources.ENV_OTHER_ACCOUNTS] = config.other_accounts
         return env
 
     def _bindings(self) -> dict[str, _Binding]:
@@ -405,6 +408,8 @@ class ServiceStack(Stack):
             resources.ENV_FLEET_LAUNCH_TEMPLATE: self.fleet.launch_template_name,
             resources.ENV_FLEET_SUBNETS: ",".join(self.fleet_network.subnets),
         }
+        if self._fleet_ami_id is not None:
+            launch_env[resources.ENV_FLEET_AMI_ID] = self._fleet_ami_id
         return {
             "fleet_launch": _Binding(environment=launch_env, grant=self.fleet.grant_launch),
             "fleet_describe": _Binding(environment=launch_env, grant=self.fleet.grant_describe),

@@ -52,6 +52,17 @@ def test_a_session_ttl_max_below_the_floor_is_refused() -> None:
 # ---- keys the app does not read, and how a refusal reads ------------------------------------------
 
 
+def test_the_fleets_ami_and_other_accounts_are_read_and_checked() -> None:
+    node = _Node({"calque:fleet-ami-id": "ami-0123456789abcdef0", "calque:other-accounts": "refuse"})
+    config = DeploymentConfig.from_context(node, project_root=Path("/p"))  # type: ignore[arg-type]
+    assert (config.fleet_ami_id, config.other_accounts) == ("ami-0123456789abcdef0", "refuse")
+    unset = DeploymentConfig.from_context(_Node({}), project_root=Path("/p"))  # type: ignore[arg-type]
+    assert (unset.fleet_ami_id, unset.other_accounts) == (None, None)
+    for key, bad in (("calque:fleet-ami-id", "ami-xyz"), ("calque:other-accounts", "allow")):
+        with pytest.raises(ConfigError, match=key):
+            DeploymentConfig.from_context(_Node({key: bad}), project_root=Path("/p"))  # type: ignore[arg-type]
+
+
 def test_a_misspelt_context_key_fails_naming_the_one_meant() -> None:
     from aws_cdk import App
 

@@ -246,3 +246,34 @@ def test_an_own_vpc_named_with_ec2s_ids_synthesizes(tmp_path):
     template = assembly.get_stack_by_name(constants.SERVICE_STACK_NAME).template
     assert "vpc-0123abcd" in json.dumps(template)
     assert deployment.service.fleet_network.subnets[1] == "subnet-89abcdef@us-east-1b"
+
+
+def test_the_fleets_ami_and_other_accounts_reach_the_functions_that_read_them(tmp_path):
+    from aws_cdk import App
+
+    from calque import resources
+    from infra.deployment import build, project_context
+
+    from .conftest import service_functions
+
+    # Given a deployment naming one AMI for the fleet and refusing other accounts' principals
+    context = {
+        **project_context(),
+        "aws:cdk:bundling-stacks": [],
+        constants.CONTEXT_ADMINS: "alice",
+        constants.CONTEXT_FLEET_AMI_ID: "ami-0123456789abcdef0",
+        constants.CONTEXT_OTHER_ACCOUNTS: "refuse",
+    }
+    app = App(context=context, outdir=str(tmp_path))
+    build(app)
+    template = app.synth().get_stack_by_name(constants.SERVICE_STACK_NAME).template
+    env = {
+        f["Properties"]["Handler"]: f["Properties"]["Environment"]["Variables"]
+        for f in service_functions(template)
+    }
+    # Then every function that launches instances has the AMI, and every function the
+    # other-accounts setting (the API reads it; the others share its settings)
+    launchers = [h for h, v in env.items() if resources.ENV_FLEET_LAUNCH_TEMPLATE in v]
+    assert launchers
+    assert all(env[h][resources.ENV_FLEET_AMI_ID] == "ami-0123456789abcdef0" for h in launchers)
+    assert all(v[resources.ENV_OTHER_ACCOUNTS] == "refuse" for v in env.values())
