@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from calque.cli.errors import ApiError, EndpointUnreachable, UsageError, credentials_refused
+from calque.cli.errors import ApiError, EndpointUnreachable, UsageError, credentials_refused, first_line
 
 SERVICE = "execute-api"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -149,7 +149,7 @@ class ApiClient:
                     attempt += 1  # it may have been applied: the same key makes the retry safe
                     time.sleep(min(0.5 * attempt, self.max_wait_s))
                     continue
-                raise EndpointUnreachable(self.endpoint, _first_line(exc)) from exc
+                raise EndpointUnreachable(self.endpoint, first_line(exc)) from exc
             status = resp.status_code
             text = resp.content.decode("utf-8", "replace") if resp.content else ""
             try:
@@ -225,10 +225,6 @@ def next_token(link: str | None) -> str | None:
 def _code(doc: dict[str, Any]) -> str | None:
     error = doc.get("error")
     return error.get("code") if isinstance(error, dict) else None
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -54,8 +54,10 @@ class ApiError(CliError):
         err = document.get("error") if isinstance(document, dict) else None
         if not isinstance(err, dict):
             said = gateway_message(document)
-            words = (gateway_words(said) or f"the API answered HTTP {status}: {said}") if said else None
-            words = words or f"the API answered HTTP {status}"
+            if said is None:
+                words = f"the API answered HTTP {status}"
+            else:
+                words = gateway_words(said) or f"the API answered HTTP {status}: {said}"
             err = {"code": f"http_{status}", "message": words, "details": {}}
             document = {"error": err, "body": document}
         super().__init__(
@@ -113,12 +115,17 @@ def gateway_words(said: str) -> str | None:
     return None
 
 
+def first_line(exc: Exception) -> str:
+    """An exception's message in one line (its type's name when it has none)."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def credentials_refused(exc: Exception, endpoint: str) -> CliError:
     """botocore could not give credentials (``exc``, a BotoCoreError): one line saying so, and
     for an SSO profile not signed in or expired, to sign in."""
     from botocore.exceptions import SSOError, TokenRetrievalError
 
-    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    said = first_line(exc)
     if isinstance(exc, SSOError | TokenRetrievalError):
         message = (
             f"your AWS SSO session is not signed in or has expired ({said}): run `aws sso login` "
