@@ -313,31 +313,34 @@ def _read_spec(path: str):
     return load_layout(path)
 
 
-def _lock_path(args: argparse.Namespace, default: str) -> str | None:
-    """The host-wide lock's file: --lock-file, $CALQUE_AGENT_LOCK, beside --state, else (on
-    hardware) ``default``; None for a simulated host without a state file."""
+def _held(args: argparse.Namespace, *, shared: bool = False):
+    """The host-wide lock for the block: its file --lock-file, $CALQUE_AGENT_LOCK, beside
+    --state, else (on hardware) the default; none for a simulated host without a state file.
+    ``shared``: with other readers, never with a change."""
+    import contextlib
+
+    from host_agent.lock import DEFAULT_LOCK_FILE, DEFAULT_LOCK_TIMEOUT_S, host_lock
+
     lock_path = args.lock_file or os.environ.get("CALQUE_AGENT_LOCK")
     if lock_path is None and args.state:
         lock_path = str(Path(args.state).with_name(Path(args.state).name + ".lock"))
     if lock_path is None and not args.simulate:
-        lock_path = default
-    return lock_path
+        lock_path = DEFAULT_LOCK_FILE
+    if lock_path is None:
+        return contextlib.nullcontext()
+    timeout = DEFAULT_LOCK_TIMEOUT_S if args.lock_timeout is None else args.lock_timeout
+    return host_lock(lock_path, timeout_s=timeout, shared=shared)
 
 
 def run(args: argparse.Namespace) -> AgentReport:
 
-    from host_agent.lock import DEFAULT_LOCK_FILE, DEFAULT_LOCK_TIMEOUT_S, MUTATING_VERBS, host_lock
+    from host_agent.lock import MUTATING_VERBS
 
     spec = _read_spec(args.spec) if args.verb in ("apply", "assert") else None
-    lock_path = _lock_path(args, DEFAULT_LOCK_FILE)
     # A simulated host's state file is read and written whole: every verb holds its lock
     # there exclusively. On hardware a read shares it, so it never sees a change half done.
-    if lock_path is not None:
-        timeout = DEFAULT_LOCK_TIMEOUT_S if args.lock_timeout is None else args.lock_timeout
-        shared = args.verb not in MUTATING_VERBS and not args.state
-        with host_lock(lock_path, timeout_s=timeout, shared=shared):
-            return _run(args, spec)
-    return _run(args, spec)
+    with _held(args, shared=args.verb not in MUTATING_VERBS and not args.state):
+        return _run(args, spec)
 
 
 def _run(args: argparse.Namespace, spec) -> AgentReport:
@@ -517,17 +520,11 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
             return login(args.user, state_dir=_state_dir(args), host=_linux_host(args), command=command)
         if args.verb == "guard":
-            import contextlib
-
             from host_agent.guard import guard
-            from host_agent.lock import DEFAULT_LOCK_FILE, DEFAULT_LOCK_TIMEOUT_S, host_lock
 
             # held as grant and reclaim hold it: the cgroups it makes again from the grants
             # are never those of a grant half made, or of a reclaim that just removed them
-            lock_path = _lock_path(args, DEFAULT_LOCK_FILE)
-            timeout = DEFAULT_LOCK_TIMEOUT_S if args.lock_timeout is None else args.lock_timeout
-            held = host_lock(lock_path, timeout_s=timeout) if lock_path else contextlib.nullcontext()
-            with held:
+            with _held(args):
                 return guard(
                     _linux_host(args),
                     grants=GrantStore(f"{_state_dir(args)}/grants.json"),

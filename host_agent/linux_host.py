@@ -91,11 +91,8 @@ class LinuxHost:
         home = pwd.getpwnam(name).pw_dir
         with contextlib.suppress(FileNotFoundError):
             os.chmod(home, 0o700)
-        self._private_dirs(name)
-        return created
-
-    def _private_dirs(self, name: str) -> None:
         self.ensure_private_dirs(name)
+        return created
 
     def ensure_private_dirs(self, name: str) -> dict[str, Path]:
         """The account's private /tmp, /var/tmp and /dev/shm, made again where missing (a
@@ -261,18 +258,15 @@ class LinuxHost:
     def _guard_rules(self) -> list[tuple[str, tuple[str, ...]]]:
         """The metadata service's rules, and the one keeping DCGM's host engine to root, for
         each address family the kernel has."""
-        families = [tool for tool, _ in self._imds_rules()]
-        return [*self._imds_rules(), *((tool, DCGM_RULE) for tool in families)]
+        imds = self._imds_rules()
+        return [*imds, *((tool, DCGM_RULE) for tool, _ in imds)]
 
     def imds_rule_present(self) -> bool:
         return all(self._has(tool, rule) for tool, rule in self._guard_rules())
 
     def _imds_allow_rules(self, account: str) -> list[tuple[str, tuple[str, ...]]]:
         uid = str(pwd.getpwnam(account).pw_uid)
-        return [
-            (tool, ("OUTPUT", "-d", rule[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT"))
-            for tool, rule in self._imds_rules()
-        ]
+        return [(tool, _allow_rule(rule[2], uid)) for tool, rule in self._imds_rules()]
 
     def allow_imds(self, account: str) -> bool:
         """Let one account (a pool's workers) reach IMDS, ahead of the rule refusing the rest."""
@@ -298,14 +292,16 @@ class LinuxHost:
         (allow_imds) kept ahead of the metadata one, so putting back a rule that went missing
         never cuts their workers off."""
         added = False
+        imds = self._imds_rules()
         for tool, rule in self._guard_rules():
-            if not self._has(tool, rule):
-                self._cmd(tool, "-I", *rule)
-                added = True
-                for uid in self._allowed_uids(tool, rule[2]) if rule[1] == "-d" else []:
-                    allow = ("OUTPUT", "-d", rule[2], "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT")
-                    self._cmd(tool, "-D", *allow)
-                    self._cmd(tool, "-I", *allow)
+            if self._has(tool, rule):
+                continue
+            self._cmd(tool, "-I", *rule)
+            added = True
+            if (tool, rule) in imds:  # its pool accounts' ACCEPT rules back ahead of it
+                for uid in self._allowed_uids(tool, rule[2]):
+                    self._cmd(tool, "-D", *_allow_rule(rule[2], uid))
+                    self._cmd(tool, "-I", *_allow_rule(rule[2], uid))
         return added
 
     def _allowed_uids(self, tool: str, address: str) -> list[str]:
@@ -413,6 +409,11 @@ def _node_owner(path: Path) -> str:
         return pwd.getpwuid(st.st_uid).pw_name
     except KeyError:
         return str(st.st_uid)
+
+
+def _allow_rule(address: str, uid: str) -> tuple[str, ...]:
+    """The rule letting one uid (a pool's account) reach ``address``, ahead of the refusal."""
+    return ("OUTPUT", "-d", address, "-m", "owner", "--uid-owner", uid, "-j", "ACCEPT")
 
 
 def _hidepid(mounts: Path) -> bool:
