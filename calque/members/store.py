@@ -17,7 +17,7 @@ quota item is counted the same way. Those transactions are tenancy's
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from botocore.exceptions import ClientError
 
@@ -163,7 +163,7 @@ _CLEARED = (
 )  # fmt: skip
 
 
-def _is_group(item: dict[str, Any] | None) -> bool:
+def _is_group(item: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     return item is not None and not item.get("deleted") and "created_at" in item
 
 
@@ -183,7 +183,7 @@ class DynamoMembers(Table):
                 ConditionExpression="attribute_not_exists(pk)",
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            if error_code(exc) == "ConditionalCheckFailedException":
                 self._recreate_group(group)
                 return
             raise
@@ -218,7 +218,7 @@ class DynamoMembers(Table):
 
     def get_group(self, name: str) -> GroupRecord | None:
         item = self._get(group_key(name))
-        return _group(item) if item is not None and _is_group(item) else None
+        return _group(item) if _is_group(item) else None
 
     def list_groups(self) -> list[GroupRecord]:
         return [
@@ -305,7 +305,7 @@ class DynamoMembers(Table):
         try:
             self.client.transact_write_items(TransactItems=items)
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "TransactionCanceledException":
+            if error_code(exc) == "TransactionCanceledException":
                 now = self.get_group(name)
                 if now is not None and add and len(now.members) + len(add) > MAX_GROUP_MEMBERS:
                     raise TooManyMembers(name) from None
@@ -346,7 +346,7 @@ class DynamoMembers(Table):
                 ExpressionAttributeValues=ser({":zero": 0, ":yes": True, ":t": "deleted_group"}),
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            if error_code(exc) == "ConditionalCheckFailedException":
                 raise StaleWrite(name) from None
             raise
 
