@@ -49,7 +49,7 @@ from calque.tenancy.queue_pass import (
 )
 from calque.tenancy.sessions import SessionsMixin, check_consent
 from calque.tenancy.store.ports import SliceTaken
-from calque.tenancy.store.queue_records import QueuedRecord
+from calque.tenancy.store.queue_records import AccountRecord, QueuedRecord
 
 if TYPE_CHECKING:
     from calque.tenancy.store.dynamo_queue import DynamoQueue
@@ -284,6 +284,7 @@ class QueueMixin(SessionsMixin):
         if not free:
             return None
         accounts, seq = store.fair_state()
+        accounts = self._standing(accounts)
         t = _epoch(now)
         return PassState(
             now=now,
@@ -424,7 +425,7 @@ class QueueMixin(SessionsMixin):
     ) -> list[tuple[float, fairshare.Waiting]]:
         policy = self._policy()
         t = _epoch(now)
-        accounts = store.fair_state()[0] if waiting else {}
+        accounts = self._standing(store.fair_state()[0]) if waiting else {}
         usage = decayed(accounts, t, policy)
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         return fairshare.rank([waiting_of(r) for r in waiting], shares, usage, t, policy)
@@ -525,11 +526,10 @@ class QueueMixin(SessionsMixin):
         them; a deleted group's account is not listed (it comes back with the group)."""
         policy = self._policy()
         t = _epoch(self.clock())
-        accounts = self._queue().fair_state()[0]
+        accounts = self._standing(self._queue().fair_state()[0])
         usage = decayed(accounts, t, policy)
         shares = {a: r.shares for a, r in accounts.items() if r.shares is not None}
         factors = fairshare.factors(accounts, shares, usage)
-        groups = {g.name for g in self.registry.list_groups()}
         return [
             {
                 "account": a,
@@ -538,8 +538,14 @@ class QueueMixin(SessionsMixin):
                 "fairshare": round(factors[a], 6),
             }
             for a in sorted(accounts)
-            if a.startswith("user:") or a in groups
         ]
+
+    def _standing(self, accounts: dict[str, AccountRecord]) -> dict[str, AccountRecord]:
+        """The accounts fair share weighs: members' own and the groups there are. A deleted
+        group's account keeps its usage and shares (they come back with the group) but is not
+        among those a share or a usage is normalised over."""
+        groups = {g.name for g in self.registry.list_groups()}
+        return {a: r for a, r in accounts.items() if a.startswith("user:") or a in groups}
 
 
 def request_event(kind: str, r: QueuedRecord) -> Event:

@@ -113,8 +113,11 @@ class PassState:
 
 
 def decayed(accounts: dict[str, AccountRecord], t: float, policy: fairshare.Policy) -> dict[str, float]:
+    """Each account's usage at ``t``, decayed with the half-life it was weighed with."""
     return {
-        a: fairshare.Usage(r.usage_v, r.usage_ref if r.usage_ref is not None else t).at(t, policy.half_life_s)
+        a: fairshare.Usage(r.usage_v, r.usage_ref if r.usage_ref is not None else t).at(
+            t, r.usage_hl if r.usage_hl is not None else policy.half_life_s
+        )
         for a, r in accounts.items()
     }
 

@@ -388,9 +388,8 @@ class SessionsMixin(PlacementMixin):
         t = at.timestamp()
         ref = fairshare.ref_for(t, half_life)
         gpu_hours = session.gpu_fraction * seconds / 3600
-        return UsageCharge(
-            account_of(session.group, session.user), gpu_hours * fairshare.weight(t, ref, half_life), ref
-        )
+        added = gpu_hours * fairshare.weight(t, ref, half_life)
+        return UsageCharge(account_of(session.group, session.user), added, ref, half_life)
 
     def _account(self, charge: UsageCharge) -> AccountRecord | None:
         store: Any = self.registry
@@ -399,14 +398,22 @@ class SessionsMixin(PlacementMixin):
 
     def _rescale_usage(self, charge: UsageCharge, acct: AccountRecord | None) -> bool:
         """A charge found its account (``acct``, as read) scaled to another reference (a new
-        span began, or the usage predates spans): rescale it to the charge's, once for all.
-        False when there was nothing to rescale."""
-        if acct is None or acct.usage_ref is None or acct.usage_ref == charge.ref:
+        span began, or the usage predates spans) or weighed with another half-life (the
+        deployment's changed): rescale it to the charge's, once for all: its usage now, decayed
+        as it was weighed, weighed for the charge's reference and half-life. False when there
+        was nothing to rescale."""
+        if acct is None or acct.usage_ref is None:
             return False
-        half_life = float(self.config.queue_half_life_s)
-        value = fairshare.Usage(acct.usage_v, acct.usage_ref).at(charge.ref, half_life)
+        kept_hl = acct.usage_hl if acct.usage_hl is not None else charge.half_life_s
+        if acct.usage_ref == charge.ref and kept_hl == charge.half_life_s:
+            return False
+        now = self.clock().timestamp()
+        value = fairshare.Usage(acct.usage_v, acct.usage_ref).at(now, kept_hl) * fairshare.weight(
+            now, charge.ref, charge.half_life_s
+        )
         store: Any = self.registry
-        store.rebase_usage(charge.account, old_ref=acct.usage_ref, value=value, ref=charge.ref)
+        old_ref, ref, half_life = acct.usage_ref, charge.ref, charge.half_life_s
+        store.rebase_usage(charge.account, old_ref=old_ref, value=value, ref=ref, half_life_s=half_life)
         return True
 
     def _limits_of(self, session: SessionRecord) -> tuple[QuotaRecord | None, GroupRecord | None]:

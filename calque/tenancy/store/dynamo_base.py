@@ -59,13 +59,16 @@ class DynamoBase(DynamoMembers):
 def usage_charge_item(charge: UsageCharge) -> dict[str, Any]:
     """An account's fair-share charge, a transaction's last write: an ``ADD`` (racing grants
     of one account never refuse each other), on condition the usage is scaled to the
-    reference the charge was weighed for."""
+    reference and half-life the charge was weighed for (a sum kept before the half-life was
+    kept with it is taken as weighed with the deployment's)."""
     return {
         "Update": {
             "Key": ser(account(charge.account)),
-            "UpdateExpression": "ADD usage_v :add SET usage_ref = if_not_exists(usage_ref, :ref)",
-            "ConditionExpression": "attribute_not_exists(usage_ref) OR usage_ref = :ref",
-            "ExpressionAttributeValues": expr_values(add=charge.added, ref=charge.ref),
+            "UpdateExpression": "ADD usage_v :add SET usage_ref = if_not_exists(usage_ref, :ref), "
+            "usage_hl = if_not_exists(usage_hl, :hl)",
+            "ConditionExpression": "attribute_not_exists(usage_ref) OR "
+            "(usage_ref = :ref AND (attribute_not_exists(usage_hl) OR usage_hl = :hl))",
+            "ExpressionAttributeValues": expr_values(add=charge.added, ref=charge.ref, hl=charge.half_life_s),
         }
     }
 

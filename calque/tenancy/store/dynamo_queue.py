@@ -121,15 +121,19 @@ class DynamoQueue(DynamoPlacement):
         item = self._get(account(account_name))
         return AccountRecord(account=account_name, **_account_fields(item)) if item else None
 
-    def rebase_usage(self, account_name: str, *, old_ref: float | None, value: float, ref: float) -> bool:
-        """Scale an account's usage to a new reference time (on condition nobody rebased it)."""
+    def rebase_usage(
+        self, account_name: str, *, old_ref: float | None, value: float, ref: float, half_life_s: float
+    ) -> bool:
+        """Scale an account's usage to a new reference time and half-life (on condition nobody
+        rebased it)."""
         cond = "attribute_not_exists(usage_ref)" if old_ref is None else "usage_ref = :old"
-        values = expr_values(v=value, r=ref, **({"old": old_ref} if old_ref is not None else {}))
+        old = {"old": old_ref} if old_ref is not None else {}
+        values = expr_values(v=value, r=ref, h=half_life_s, **old)
         try:
             self.client.update_item(
                 TableName=self.table,
                 Key=ser(account(account_name)),
-                UpdateExpression="SET usage_v = :v, usage_ref = :r",
+                UpdateExpression="SET usage_v = :v, usage_ref = :r, usage_hl = :h",
                 ConditionExpression=cond,
                 ExpressionAttributeValues=values,
             )
@@ -245,7 +249,7 @@ def _refusal(reasons: list[str], sl: SliceRecord, session: SessionRecord) -> Exc
 
 def _account_fields(item: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for k in ("usage_v", "usage_ref", "shares"):
+    for k in ("usage_v", "usage_ref", "usage_hl", "shares"):
         if item.get(k) is not None:
             out[k] = float(item[k])
     return out

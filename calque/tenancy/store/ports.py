@@ -38,11 +38,13 @@ class UsageStale(StaleWrite):
 
 class UsageCharge(NamedTuple):
     """What a grant or an extend adds to its account's fair-share usage, in the same
-    transaction: GPU-hours weighed for ``ref`` (calque.tenancy.fairshare.ref_for)."""
+    transaction: GPU-hours weighed for ``ref`` (calque.tenancy.fairshare.ref_for) with the
+    half-life ``half_life_s``."""
 
     account: str
     added: float
     ref: float
+    half_life_s: float
 
 
 class Replayed(StaleWrite):

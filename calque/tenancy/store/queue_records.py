@@ -4,7 +4,7 @@
     queued request    QREQ#<request_id>     QREQ
                       while waiting also in by_expiry: expiry_pk = QUEUE,
                       expiry_sk = <submitted epoch µs, 17 digits>#<request_id>
-    fair-share usage  FAIRSHARE             ACCOUNT#<account>  (usage_v, usage_ref, shares)
+    fair-share usage  FAIRSHARE             ACCOUNT#<account>  (usage_v, usage_ref, usage_hl, shares)
     grant sequence    FAIRSHARE             SEQ                (seq: grants from the queue so far)
 
 A request leaves the by_expiry index (the queue) when it is granted, cancelled or expires;
@@ -78,4 +78,6 @@ class AccountRecord(BaseModel):
     account: str
     usage_v: float = 0.0
     usage_ref: float | None = None
+    # the half-life usage_v is weighed with (None: written before it was kept: the deployment's)
+    usage_hl: float | None = None
     shares: float | None = None

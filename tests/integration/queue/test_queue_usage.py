@@ -73,7 +73,7 @@ def test_a_charge_rescales_usage_kept_at_an_older_reference(ddb):
     # Given the group's usage kept at the reference of a span long gone: 4 GPU-hours then
     now = datetime.now(UTC).timestamp()
     old_ref = fairshare.ref_for(now, half_life) - 2 * fairshare.REF_SPAN * half_life
-    assert t.registry.rebase_usage("olden", old_ref=None, value=4.0, ref=old_ref)
+    assert t.registry.rebase_usage("olden", old_ref=None, value=4.0, ref=old_ref, half_life_s=half_life)
     # When a member checks out at once (the charge is weighed for this span's reference)
     taken = t.checkout(member("otto"), CheckoutRequest(backend="mig", ttl_seconds=3600, group="olden"))
     share = t.registry.get_session(taken.session_id).gpu_fraction
@@ -107,3 +107,55 @@ def test_a_deleted_groups_account_is_not_listed_until_the_group_is_back(ddb):
     # and a group created again under the name has its account (and usage) back
     groups.create(ADMIN, GroupCreate(name="gone"))
     assert usage_of(t, "gone") > 0
+
+
+def test_a_deleted_groups_usage_weighs_on_nobody_elses_share(ddb):
+    from calque.members.groups import Groups
+
+    t = env(ddb)
+    seed_host(ddb, 44)
+    make_group(ddb, "went", ["gwen"])
+    make_group(ddb, "kept", ["kit"])
+    # Given two groups charged a grant each, one of them then emptied and deleted
+    for who, group in (("gwen", "went"), ("kit", "kept")):
+        taken = t.checkout(member(who), CheckoutRequest(backend="mig", ttl_seconds=600, group=group))
+        t.checkin(member(who), taken.session_id, CheckinRequest(token=taken.token))
+    before = {a["account"]: a["fairshare"] for a in t.fair_share(ADMIN)}
+    groups = Groups(t.registry, clock=t.clock)
+    groups.remove(ADMIN, "went", ["gwen"])
+    groups.delete(ADMIN, "went")
+    # Then every factor is Slurm's 2 ** (-U / S) over the accounts there are, as if "went" had
+    # never been: the same sums less its shares and its usage
+    listed = {a["account"]: a for a in t.fair_share(ADMIN)}
+    assert "went" in before
+    assert "went" not in listed
+    shares = sum(a["shares"] for a in listed.values())
+    usage = sum(a["usage_gpu_hours"] for a in listed.values())
+    for a in listed.values():
+        expected = 2.0 ** (-(a["usage_gpu_hours"] / usage) / (a["shares"] / shares))
+        assert a["fairshare"] == pytest.approx(expected, abs=2e-6), a["account"]
+    assert listed["kept"]["fairshare"] != pytest.approx(before["kept"], abs=2e-6)
+
+
+def test_usage_weighed_with_another_half_life_reads_as_what_it_was(ddb):
+    from calque.tenancy import fairshare
+
+    seed_host(ddb, 45)
+    make_group(ddb, "halved", ["hal"])
+    # Given a group that used 4 GPU-hours, kept (as a deployment with a one-minute half-life
+    # keeps it) scaled to a reference ten half-lives ago
+    now = datetime.now(UTC).timestamp()
+    short = env(ddb, queue_half_life_s=60)
+    kept = 4.0 * 2**10
+    assert short.registry.rebase_usage("halved", old_ref=None, value=kept, ref=now - 600, half_life_s=60)
+    assert usage_of(short, "halved") == pytest.approx(4.0, rel=0.05)
+    # When the deployment's half-life becomes a week
+    week = env(ddb, queue_half_life_s=7 * 86400)
+    # Then its usage still reads about 4 GPU-hours, not the 4,096 of its sum read with a week
+    assert usage_of(week, "halved") == pytest.approx(4.0, rel=0.05)
+    # and a check-out charged with the week's half-life rescales it, and adds to it
+    taken = week.checkout(member("hal"), CheckoutRequest(backend="mig", ttl_seconds=3600, group="halved"))
+    share = week.registry.get_session(taken.session_id).gpu_fraction
+    acct = week.registry.get_account("halved")
+    assert (acct.usage_ref, acct.usage_hl) == (fairshare.ref_for(now, 7 * 86400), 7 * 86400)
+    assert usage_of(week, "halved") == pytest.approx(4.0 + share, rel=0.05)
