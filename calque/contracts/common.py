@@ -9,9 +9,22 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+# What a value a pattern refuses should have been, in words, by pattern (``said_as``): the
+# refusal names it instead of quoting the pattern.
+_SAID_AS: dict[str, str] = {}
+
+
+def said_as(pattern: str, words: str) -> str:
+    """``pattern``, and what a value it refuses should have been said in ``words`` ("must be
+    <words>") wherever a request's field holds it (``problem_of``)."""
+    _SAID_AS[pattern] = words
+    return pattern
+
+
 # A group's name (calque.contracts.economics re-exports it): here, with no models, so a
 # check-out resolving its group imports none of the groups API's contracts.
 GROUP_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+SHA256_PATTERN = said_as(r"^[0-9a-f]{64}$", "a SHA-256 digest: 64 lowercase hexadecimal digits")
 
 # The version of a member's quota or a group's limits, and a write based on the one it read.
 LimitsVersion = Annotated[
@@ -94,7 +107,16 @@ def to_places(value: float | None, places: int, unit: str) -> float | None:
 
 
 def problem_of(error: Mapping[str, Any]) -> str:
-    """One pydantic error's problem in the user's words (without pydantic's "Value error, ")."""
+    """One pydantic error's problem in the user's words (without pydantic's "Value error, ",
+    and a pattern's refusal said as ``said_as`` words it, not as the pattern)."""
+    pattern = str((error.get("ctx") or {}).get("pattern", ""))
+    if error.get("type") == "string_pattern_mismatch" and pattern in _SAID_AS:
+        got = error.get("input")
+        return (
+            f"must be {_SAID_AS[pattern]} (got {got[:64]!r})"
+            if isinstance(got, str)
+            else f"must be {_SAID_AS[pattern]}"
+        )
     return str(error.get("msg") or "invalid").removeprefix("Value error, ")
 
 

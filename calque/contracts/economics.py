@@ -20,6 +20,7 @@ from calque.contracts.common import (
     Strict,
     in_places,
     in_words,
+    said_as,
     to_places,
 )
 from calque.contracts.tenancy import USER_PATTERN
@@ -28,7 +29,7 @@ UsageBy = Literal["user", "group", "host", "pool", "instance-type"]
 
 
 # A month of the calendar usage reports cover (calque.accounting.service: 2000 to 2999)
-MONTH_PATTERN = r"^2[0-9]{3}-(0[1-9]|1[0-2])$"
+MONTH_PATTERN = said_as(r"^2[0-9]{3}-(0[1-9]|1[0-2])$", "a month like 2026-12 (YYYY-MM, years 2000 to 2999)")
 # A date, or a date and time with an optional offset: what the query's datetimes parse, in
 # that calendar (a day past its month's end, 2026-02-30, is still refused by the parse).
 WHEN_PATTERN = (

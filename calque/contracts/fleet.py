@@ -28,6 +28,7 @@ from calque.contracts.common import (
     catalog_instance_types,
     consent_required,
     in_places,
+    said_as,
     to_places,
 )
 from calque.contracts.layout import LayoutSpec
@@ -43,7 +44,9 @@ OPEN_STATES: tuple[str, ...] = ("queued", "launching", "booting", "registered", 
 Market = Literal["spot", "on-demand"]
 
 REQUEST_ID_PATTERN = r"^r-[0-9a-f]{8,32}$"
-POOL_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+POOL_PATTERN = said_as(
+    r"^[a-z0-9][a-z0-9-]{0,62}$", "a pool name: lowercase letters, digits and '-', at most 63"
+)
 MAX_COUNT = 20
 MIN_TTL_S = 600
 MAX_TTL_S = 90 * 24 * 3600

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from calque.contracts.common import (
+    SHA256_PATTERN,
     Out,
     Request,
     Strict,
@@ -15,6 +16,7 @@ from calque.contracts.common import (
     consent_required,
     group_in_words,
     in_words,
+    said_as,
 )
 from calque.contracts.economics import GROUP_PATTERN
 from calque.contracts.layout import LayoutSpec
@@ -24,13 +26,14 @@ NAME_RULE = (
     "a pool name is 3 to 40 characters, lowercase letters, digits and '-', starting with a "
     "letter and ending with a letter or digit"
 )
-RUNNER_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+RUNNER_PATTERN = said_as(
+    r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", "MODULE:CLASS, a module of the package and its runner class"
+)
 MAX_ITEMS = 10_000
 PACKAGE_MAX_BYTES = 512 * 1024 * 1024  # a runner's code; model weights belong in its own storage
 PACKAGE_URL_EXPIRES_S = 900
 MAX_WAIT_CEILING_S = 24 * 3600
-CLAIM_ID_PATTERN = r"^c-[0-9a-f]{16}$"
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
+CLAIM_ID_PATTERN = said_as(r"^c-[0-9a-f]{16}$", "a claim id: c- and 16 hexadecimal digits")
 # A claim's input staged in S3 (one PUT: S3's own limit for a single object upload)
 INPUT_MAX_BYTES = 5 * 1024**3
 
@@ -98,7 +101,7 @@ class PoolCreate(PoolSettings):
 class PackageUpload(Request):
     """POST /v1/pools/{name}/package (admins): where to upload the runner package (a zip)."""
 
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the zip's SHA-256, hex: it names the object")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="the zip's SHA-256, hex: it names the object")
     size: int = Field(ge=1, le=PACKAGE_MAX_BYTES, description="the zip's size in bytes")
 
 

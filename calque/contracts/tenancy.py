@@ -36,7 +36,15 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from calque.contracts.common import GROUP_PATTERN, Out, Request, Strict, group_in_words
+from calque.contracts.common import (
+    GROUP_PATTERN,
+    SHA256_PATTERN,
+    Out,
+    Request,
+    Strict,
+    group_in_words,
+    said_as,
+)
 
 # What a member may ask for: a MIG slice, an MPS slot, or whole cards ("gpu": slices laid out
 # "exclusive"), or "any": the tightest fit among MIG slices and whole cards (and MPS slots,
@@ -71,7 +79,9 @@ LeaseEventKind = Literal[
 # one reads revoked once its session has ended.
 HostAccessState = Literal["pending", "granted", "failed", "revoked"]
 
-INSTANCE_ID_PATTERN = r"^i-[0-9a-z]{1,32}$"
+INSTANCE_ID_PATTERN = said_as(
+    r"^i-[0-9a-z]{1,32}$", "an instance id: i- and up to 32 lowercase letters or digits"
+)
 SESSION_ID_PATTERN = r"^s-[0-9a-f]{8,32}$"
 # A member: a principal of the API's own account by name, one of another account as ACCOUNT:name
 USER_PATTERN = r"^(?:[0-9]{12}:)?[A-Za-z0-9+=,.@_\-/]{1,128}$"
@@ -285,5 +295,5 @@ class GrantTask(Strict):
     fence: int = Field(description="the lease the grant is for")
     user: str = Field(pattern=r"^calque-[0-9a-f]{12}$", description="the session's account on the host")
     token_sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$", description="the session token's hash, which the host's login checks"
+        pattern=SHA256_PATTERN, description="the session token's hash, which the host's login checks"
     )

@@ -269,3 +269,48 @@ def test_a_path_with_a_trailing_newline_is_no_route_not_a_405(world):
     for method in ("DELETE", "GET"):
         status, doc, _ = call(method, "/v1/whoami\n")
         assert (status, doc["error"]["code"]) == (404, "route_not_found"), method
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field", "words"),
+    [
+        (
+            "POST",
+            "/v1/sessions",
+            {"backend": "mig", "instance_id": "I-BAD"},
+            "instance_id",
+            "an instance id: i-",
+        ),
+        (
+            "POST",
+            "/v1/session-requests",
+            {"backend": "mig", "instance_id": "i_x"},
+            "instance_id",
+            "an instance id",
+        ),
+    ],
+)
+def test_a_value_a_pattern_refuses_is_said_in_words_not_as_the_pattern(
+    world, method, path, body, field, words
+):
+    before = state(world)
+    status, doc, _ = call(method, path, body=body)
+    err = assert_error_shape(doc)
+    assert (status, err["code"]) == (422, "validation_failed")
+    [problem] = [f["problem"] for f in err["details"]["fields"] if f["field"] == field]
+    assert problem.startswith(f"must be {words}")
+    assert repr(body[field]) in problem
+    assert "pattern" not in err["message"]
+    assert state(world) == before
+
+
+def test_a_usage_month_that_is_no_month_is_said_in_words():
+    from pydantic import ValidationError
+
+    from calque.contracts.common import problem_of
+    from calque.contracts.economics import UsageQuery
+
+    with pytest.raises(ValidationError) as bad:
+        UsageQuery.model_validate({"month": "2026-13"})
+    [error] = bad.value.errors()
+    assert problem_of(error) == "must be a month like 2026-12 (YYYY-MM, years 2000 to 2999) (got '2026-13')"
