@@ -254,6 +254,19 @@ class Context:
     def endpoint(self) -> str:
         return self._resolve()[0]
 
+    def finds_local_plane(self) -> bool:
+        """Whether the endpoint is found from the running local plane (no --endpoint,
+        CALQUE_ENDPOINT or configured one): a restarted plane may then be on another port."""
+        if self.endpoint_arg or os.environ.get(ENDPOINT_ENV) or self.config()[1].get("endpoint"):
+            return False
+        return self.local_plane
+
+    def anew(self) -> Context:
+        """The same options, resolved again from scratch (a restarted local plane's new port)."""
+        import dataclasses
+
+        return dataclasses.replace(self, sources={}, _config=None, _client=None, _resolved=None)
+
     @property
     def local_plane(self) -> bool:
         """Whether the endpoint is a running local plane's (its hosts simulated); False when

@@ -110,16 +110,18 @@ def hosts_section(board: Board) -> str:
             + ("" if host.slices else '<p class="empty">no slices yet</p>')
             + "</div>"
         )
+    read = "hosts" not in board.errors  # unread, the fleet is unknown: neither empty nor all zeros
     legend = "".join(
         f'<span class="key {look}">{look} <b data-count="{look}">{counts.get(look, 0)}</b></span>'
         for look in LOOKS
     )
+    same = board.errors.get("sessions") == board.errors.get("hosts")  # one silence said once
     return (
         '<section id="hosts"><h2>Hosts and slices</h2>'
         + _problem(board, "hosts")
-        + _problem(board, "sessions")
-        + f'<div class="legend">{legend}</div>'
-        + ("".join(cards) or '<p class="empty">no hosts registered</p>')
+        + ("" if same else _problem(board, "sessions"))
+        + (f'<div class="legend">{legend}</div>' if read else "")
+        + ("".join(cards) or ('<p class="empty">no hosts registered</p>' if read else ""))
         + f'<div class="plots">{plots.slices_over_time(board.history)}</div></section>'
     )
 
@@ -143,7 +145,8 @@ def queue_section(board: Board) -> str:
         said = "nobody waits" if everyone else "no request of yours waits (you see only your own)"
         body += f'<p class="empty">{said}</p>'
     count = f"{len(entries)}" if everyone else f"{len(entries)} of yours"
-    return f'<section id="queue"><h2>Wait queue <small>{count}</small></h2>{body}</section>'
+    count = "" if "queue" in board.errors else f" <small>{count}</small>"
+    return f'<section id="queue"><h2>Wait queue{count}</h2>{body}</section>'
 
 
 def _pool(board: Board, pool: PoolView) -> str:
@@ -187,7 +190,7 @@ def pools_section(board: Board) -> str:
     return (
         '<section id="pools"><h2>Pools</h2>'
         + _problem(board, "pools")
-        + (inner or '<p class="empty">no pools</p>')
+        + (inner or ("" if "pools" in board.errors else '<p class="empty">no pools</p>'))
         + "</section>"
     )
 

@@ -22,6 +22,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 QUEUE_PATH = "/v1/session-requests"
+# What a section says when the API did not answer at all: the reason is said once, at the top.
+NOT_READ = "the control plane did not answer (see above)"
+SECTIONS = ("hosts", "sessions", "queue", "pools", "usage")
 USAGE_MAX_AGE_S = 15.0  # the month's usage changes slowly and costs the API the most to read
 HISTORY = 720  # samples kept for the plots over time (an hour at a 5 s refresh)
 
@@ -197,6 +200,11 @@ def _problem(exc: Exception) -> str:
     return f"{code}: {message}" if code else message
 
 
+def _unreachable(exc: Exception) -> bool:
+    """Nothing answered at all (no plane listens there, or none runs): not a refusal."""
+    return getattr(exc, "code", None) in ("endpoint_unreachable", "no_endpoint", "local_plane_not_running")
+
+
 def _status(exc: Exception) -> int | None:
     status = getattr(exc, "status", None)
     return status if isinstance(status, int) else None
@@ -204,11 +212,24 @@ def _status(exc: Exception) -> int | None:
 
 class Reader:
     """Takes snapshots through ``client`` (the CLI's ApiClient), one at a time, keeping the
-    plots' history and the last usage report between them."""
+    plots' history and the last usage report between them.
 
-    def __init__(self, client: Any, endpoint: str, *, now: Callable[[], datetime] | None = None):
+    When the API does not answer at all, the snapshot reads nothing more (each section would
+    wait for the same silence) and says so once; with ``reconnect`` (the endpoint was found
+    from the running local plane, which a restart may move to another port), the endpoint
+    is found anew first: ``reconnect()`` answers a new client and its endpoint, or raises."""
+
+    def __init__(
+        self,
+        client: Any,
+        endpoint: str,
+        *,
+        now: Callable[[], datetime] | None = None,
+        reconnect: Callable[[], tuple[Any, str]] | None = None,
+    ):
         self.client = client
         self.endpoint = endpoint
+        self._reconnect = reconnect
         self._now = now or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
         self._history: deque[Sample] = deque(maxlen=HISTORY)
@@ -216,25 +237,49 @@ class Reader:
 
     def snapshot(self) -> Board:
         with self._lock:  # one reader at a time: two tabs share the API's attention
-            board = Board(taken_at=self._now(), endpoint=self.endpoint)
-            self._read(board, "caller", lambda: self._caller(board))
-            self._read(board, "hosts", lambda: self._hosts(board))
-            self._read(board, "sessions", lambda: self._sessions(board))
-            self._read(board, "queue", lambda: self._queue(board))
-            self._read(board, "pools", lambda: self._pools(board))
-            self._read_usage(board)
+            taken_at = self._now()
+            board = Board(taken_at=taken_at, endpoint=self.endpoint)
+            silent = self._read(board, "caller", lambda: self._caller(board))
+            if silent and self._found_again():
+                board = Board(taken_at=taken_at, endpoint=self.endpoint)
+                silent = self._read(board, "caller", lambda: self._caller(board))
+            if silent:
+                for section in SECTIONS:
+                    board.errors[section] = NOT_READ
+            else:
+                self._read(board, "hosts", lambda: self._hosts(board))
+                self._read(board, "sessions", lambda: self._sessions(board))
+                self._read(board, "queue", lambda: self._queue(board))
+                self._read(board, "pools", lambda: self._pools(board))
+                self._read_usage(board)
             self._history.append(_sample(board))
             board.history = list(self._history)
             return board
 
+    def _found_again(self) -> bool:
+        """Whether the endpoint was found anew (a restarted local plane, on another port)."""
+        if self._reconnect is None:
+            return False
+        try:
+            client, endpoint = self._reconnect()
+        except Exception:  # still no plane: the board says the old endpoint did not answer
+            return False
+        if endpoint == self.endpoint:
+            return False
+        self.client, self.endpoint = client, endpoint
+        return True
+
     @staticmethod
-    def _read(board: Board, section: str, read: Callable[[], None]) -> None:
+    def _read(board: Board, section: str, read: Callable[[], None]) -> bool:
+        """Read one section; True when the API did not answer at all."""
         try:
             read()
         except ValidationError as exc:
             board.errors[section] = f"the API answered in a shape the console does not read: {exc}"
         except Exception as exc:  # the API's refusal or an unreachable endpoint: said in place
             board.errors[section] = _problem(exc)
+            return _unreachable(exc)
+        return False
 
     def _caller(self, board: Board) -> None:
         board.caller = Caller.model_validate(self.client.request("GET", "/v1/whoami"))

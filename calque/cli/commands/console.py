@@ -64,8 +64,16 @@ def do_console(ctx: Any, *, port: int, open_browser: bool, refresh_s: float) -> 
 
     client = ctx.client()
     me = client.request("GET", "/v1/whoami")  # credentials and endpoint proved before serving
+    reconnect = None
+    if ctx.finds_local_plane():
+        # a local plane restarted while the console runs may listen on another port: follow it
+
+        def reconnect() -> tuple[Any, str]:
+            fresh = ctx.anew()
+            return fresh.client(), fresh.endpoint
+
     try:
-        server = ConsoleServer(port, Reader(client, ctx.endpoint), refresh_s)
+        server = ConsoleServer(port, Reader(client, ctx.endpoint, reconnect=reconnect), refresh_s)
     except OSError as exc:
         from calque.cli.errors import CliError
 

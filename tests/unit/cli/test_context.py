@@ -61,3 +61,17 @@ def test_without_an_endpoint_or_a_running_plane_the_cli_says_what_to_do(tmp_path
     monkeypatch.setenv("CALQUE_LOCAL_STATE_DIR", str(tmp_path / "nothing-here"))
     with pytest.raises(CliError, match="calque local up"):
         _ = context().endpoint
+
+
+def test_a_plane_found_by_itself_is_found_anew_after_a_restart_on_another_port(plane):
+    # what `calque console` follows: the endpoint came from the running plane, not from the user
+    ctx = context(profile="alice")
+    assert ctx.finds_local_plane()
+    ctx.client()
+    plane.write_plane({"endpoint": "http://127.0.0.1:9998", "region": "eu-north-1"})
+    fresh = ctx.anew()
+    assert (ctx.endpoint, fresh.endpoint) == ("http://127.0.0.1:9999", "http://127.0.0.1:9998")
+    assert fresh.profile_arg == "alice"
+    assert fresh.client().endpoint == "http://127.0.0.1:9998"
+    # an endpoint the user named is theirs to change: never followed elsewhere
+    assert not context(endpoint="http://127.0.0.1:9999").finds_local_plane()

@@ -428,3 +428,58 @@ def test_a_snapshot_the_api_could_not_answer_is_a_gap_in_the_slices_plot_not_an_
     )
     assert held
     assert len({y for _x, y in (p.split(",") for p in held.group(1).split())}) == 1
+
+
+def test_a_plane_that_does_not_answer_is_said_once_never_drawn_as_an_empty_fleet():
+    # the plane stopped: every call fails alike; the page must not say "no hosts registered"
+    silent = EndpointUnreachable("http://127.0.0.1:8787", "Could not connect to the endpoint URL")
+    api = FakeApi("alice", admin=False)
+    api.refuse = dict.fromkeys(("/v1/whoami", "/v1/hosts", QUEUE_PATH, "/v1/pools", "/v1/usage"), silent)
+    html = _board(api)
+    assert html.count("cannot reach the control plane") == 1  # said once, at the top
+    assert [c[1] for c in api.calls] == ["/v1/whoami"]  # nothing else waited for
+    for claim in ("no hosts registered", "no pools", "of yours", 'data-count="free"', "nobody waits"):
+        assert claim not in html, claim
+    for section in ("hosts", "queue", "pools", "usage"):
+        assert f'data-section="{section}">could not read: the control plane did not answer' in html, section
+
+
+def test_a_section_refused_alone_is_not_drawn_as_empty_either():
+    refuse: dict[str, Exception] = {
+        "/v1/hosts": ApiError(500, {"error": {"code": "internal", "message": "hosts are down"}}),
+        "/v1/pools": ApiError(500, {"error": {"code": "internal", "message": "pools are down"}}),
+        QUEUE_PATH: ApiError(500, {"error": {"code": "internal", "message": "queue is down"}}),
+    }
+    html = _board(FakeApi("admin", admin=True, refuse=refuse))
+    assert "hosts are down" in html
+    assert "no hosts registered" not in html
+    assert 'data-count="free"' not in html
+    assert "no pools" not in html
+    assert "Wait queue</h2>" in html
+    assert "nobody waits" not in html
+    assert "Usage in 2026-12" in html  # what answered still shows
+
+
+def test_a_local_plane_restarted_on_another_port_is_followed():
+    silent = EndpointUnreachable("http://127.0.0.1:8787", "Could not connect to the endpoint URL")
+    old = FakeApi("admin", admin=True, refuse={"/v1/whoami": silent})
+    new = FakeApi("admin", admin=True)
+    found: list[str] = []
+
+    def reconnect() -> tuple[Any, str]:
+        found.append("again")
+        return new, "http://127.0.0.1:40001"
+
+    reader = Reader(old, "http://127.0.0.1:8787", now=lambda: NOW, reconnect=reconnect)
+    board = reader.snapshot()
+    assert found == ["again"]
+    assert board.endpoint == "http://127.0.0.1:40001"
+    assert not board.errors
+    assert 'data-slice="g0-1g.24gb-1"' in board_html(board)
+
+    # a plane still down: the board says the endpoint did not answer, and tries again next time
+    def still_down() -> tuple[Any, str]:
+        raise silent
+
+    down = Reader(old, "http://127.0.0.1:8787", now=lambda: NOW, reconnect=still_down)
+    assert "cannot reach the control plane" in board_html(down.snapshot())

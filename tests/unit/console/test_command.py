@@ -58,6 +58,9 @@ class _Ctx:
     def emit(self, data: Any, **kwargs: Any) -> None:
         self.emitted.append(data)
 
+    def finds_local_plane(self) -> bool:
+        return False
+
 
 def test_a_port_already_taken_is_refused_before_anything_is_served():
     taken = socket.socket()
