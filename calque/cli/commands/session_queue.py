@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -156,7 +159,37 @@ def do_wait_checkout(
     ctx: Any, body: dict[str, Any], *, max_wait_s: int | None, on_interrupt: str, render: Any
 ) -> None:
     """Queue the check-out, then wait until it is granted (print it as a check-out), its wait
-    ends (exit 1), or Ctrl-C (cancel or leave it, as asked)."""
+    ends (exit 1), or Ctrl-C (cancel or leave it, as asked). A SIGTERM or SIGHUP (``timeout``,
+    a batch system's stop, a closed terminal) is taken as Ctrl-C: otherwise the request would
+    stay queued, to be granted later to nobody watching, its TTL charged to the member."""
+    with _terminate_as_interrupt():
+        _wait_checkout(ctx, body, max_wait_s=max_wait_s, on_interrupt=on_interrupt, render=render)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous: dict[int, Any] = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        if number is None:
+            continue  # no such signal here (Windows has no SIGHUP)
+        try:
+            previous[number] = signal.signal(number, interrupt)
+        except ValueError:  # not the main thread: signals are not ours to take
+            continue
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _wait_checkout(
+    ctx: Any, body: dict[str, Any], *, max_wait_s: int | None, on_interrupt: str, render: Any
+) -> None:
     from calque.contracts.queue import MAX_WAIT_SECONDS_LIMIT
 
     client = ctx.client()

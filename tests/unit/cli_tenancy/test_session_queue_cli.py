@@ -240,3 +240,33 @@ def test_a_wait_held_back_by_a_limit_says_so_beside_its_place(api, cli):
     api.responses[("GET", "/v1/session-requests")] = [WAITING]
     code, out, _err = cli("session", "queue")
     assert "HELD_BACK" not in out.upper()
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_wait_stopped_by_a_signal_cancels_as_ctrl_c_does(api, cli, monkeypatch, name):
+    # `timeout`, a batch system's stop or a closed terminal: left queued, the request would be
+    # granted later to nobody watching, its TTL charged to the member
+    import os
+    import signal
+
+    number = getattr(signal, name)
+
+    def stopped(_s):
+        os.kill(os.getpid(), number)
+
+    monkeypatch.setattr(session_queue.time, "sleep", stopped)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "cancelled"}
+
+    def dies(_signum, _frame):  # what the signal does to a process that does not take it
+        raise SystemExit(128 + number)
+
+    before = signal.signal(number, dies)
+    try:
+        code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+        assert signal.getsignal(number) is dies  # the process's own handling given back
+    finally:
+        signal.signal(number, before)
+    assert code == 130
+    assert f"{RID} cancelled" in err
+    assert ("DELETE", f"/v1/session-requests/{RID}") in [r[:2] for r in api.requests]
