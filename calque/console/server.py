@@ -85,6 +85,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse_other_methods
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (a request line it cannot read, a URL too
+        long, a method with no ``do_`` here, such as TRACE) answered as every other answer:
+        plain text with the security headers, and any other method refused as POST is."""
+        self.close_connection = True
+        extra = {"Connection": "close"}
+        if code == 501 and self.command:  # a method it does not know: the console only reads
+            code, message = 405, "the console only reads (GET)"
+            extra["Allow"] = "GET, HEAD"
+        reason = message or self.responses.get(code, ("error",))[0]
+        send_body = self.command != "HEAD" and code >= 200 and code not in (204, 304)
+        self._answer(code, f"{reason}\n".encode("utf-8", "replace"), TEXT, send_body, extra)
+
     def _serve(self, *, send_body: bool) -> None:
         refusal = self.server.guard.check(self.command, self.path, dict(self.headers.items()))
         if refusal is not None:

@@ -116,3 +116,38 @@ def test_the_static_files_are_the_packages_own_and_nothing_else(served):
     for target in outside:
         assert _get(server, target)[0] == 404, target
     assert _get(server, f"/elsewhere?token={server.guard.token}")[0] == 404
+
+
+def _raw(server: ConsoleServer, request: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.guard.port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        (b"TRACE /?token={token} HTTP/1.1", b"405"),  # a method with no handler here
+        (b"CONNECT 127.0.0.1:{port} HTTP/1.1", b"405"),
+        (b"GET / stray HTTP/1.1", b"400"),  # a request line the server cannot read
+        (b"GET /" + b"a" * 70000 + b" HTTP/1.1", b"414"),
+    ],
+)
+def test_the_servers_own_refusals_carry_the_same_headers_and_no_page(served, request_line, status):
+    server, reader = served
+    line = request_line.replace(b"{token}", server.guard.token.encode())
+    line = line.replace(b"{port}", str(server.guard.port).encode())
+    answer = _raw(server, line + b"\r\nHost: 127.0.0.1:" + str(server.guard.port).encode() + b"\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == status, answer[:200]
+    assert b"Content-Security-Policy: default-src 'none'" in head
+    assert b"X-Frame-Options: DENY" in head
+    assert b"<html" not in body.lower()
+    if status == b"405":
+        assert b"Allow: GET, HEAD" in head
+    assert reader.snapshots == 0
