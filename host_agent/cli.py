@@ -547,7 +547,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
-    _print(report, args.output)
+    try:
+        _print(report, args.output)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader left early (`| head`): what was done stands, and is still reported
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     code = 0 if report.ok else 1
     if not report.ok and report.error is not None:
         print(f"error: {report.error.message}", file=sys.stderr)

@@ -121,6 +121,33 @@ def test_text_output_lists_slices(capsys):
     assert "g0-whole" in out
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_a_reader_that_left_early_is_no_traceback(capsys, monkeypatch, tmp_path, output):
+    # `python -m host_agent --output text export | head -3`: the pipe closes under the agent
+    import io
+    import os
+
+    class ClosedPipe(io.StringIO):
+        def __init__(self, fd: int) -> None:
+            super().__init__()
+            self.fd = fd
+
+        def write(self, _text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return self.fd
+
+    fd = os.open(tmp_path / "stdout", os.O_WRONLY | os.O_CREAT)
+    monkeypatch.setattr("sys.stdout", ClosedPipe(fd))
+    try:
+        rc = main(["--simulate", "g7e.2xlarge", "--output", output, "report"])
+    finally:
+        os.close(fd)
+    assert rc == 0  # what was done stands
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_simulate_process_only_runs_on_a_simulated_host():
     from contextlib import nullcontext
 
