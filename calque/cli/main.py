@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -203,6 +204,18 @@ def _print_error(message: str) -> None:
     sys.stderr.write(f"{PROG}: error: {message if message.isprintable() else one_line(message)}\n")
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR for its writer)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll here, or a stdout with no descriptor
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["__complete"]:  # the shell's completion asking (calque.cli.completion)
@@ -224,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ctx.check_query()  # a malformed --query is refused before the command changes anything
         args.func(ctx, args)
+        sys.stdout.flush()  # a reader gone early is told here, not at the interpreter's exit
         return EXIT_OK
     except CliError as exc:
         if ctx.json:
@@ -236,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from calque.errors import CalqueError
 
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():
+            # the reader left early (`| head`): what the command did stands, nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
         if isinstance(exc, CalqueError):  # a domain refusal raised on this side (e.g. the catalog)
             if ctx.json:
                 ctx.emit_error({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})

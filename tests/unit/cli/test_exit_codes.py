@@ -107,3 +107,29 @@ def test_local_up_refuses_a_port_that_cannot_be_before_making_its_state_director
     assert "--port" in err
     assert port in err
     assert not state.exists()
+
+
+def test_a_reader_that_left_early_is_no_error(monkeypatch, capsys):
+    # `calque api spec | head -1`: the pipe closes under the CLI; what it did stands
+    import os
+    import sys
+
+    from calque.cli.main import main
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = os.fdopen(write_end, "w")
+    monkeypatch.setattr(sys, "stdout", closed)
+    try:
+        code = main(["catalog", "types"])
+    finally:
+        monkeypatch.undo()
+        closed.close()
+    assert code == 0
+    assert "unexpected" not in capsys.readouterr().err
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_still_unexpected(run):
+    code, _out, err = run(BrokenPipeError(32, "Broken pipe"), "whoami")
+    assert code not in (0, 1, 2)
+    assert "unexpected BrokenPipeError" in err
