@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from calque.cli import argtypes
-from calque.cli.errors import CliError, UsageError
+from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 # calque.contracts.fleet.MAX_COUNT, kept here so that parsing imports no pydantic (a test holds them equal)
@@ -276,7 +276,18 @@ def do_acquire(
         import time
 
         began = time.monotonic()  # one timeout for them all, not one each in turn
-        acqs = [wait_until_ready(ctx, a["request_id"], timeout_s=wait_s, since=began) for a in acqs]
+        ready: list[Mapping[str, Any]] = []
+        refused: list[CliError] = []
+        for a in acqs:  # every one followed to its end: a failed one never hides the others
+            try:
+                ready.append(wait_until_ready(ctx, a["request_id"], timeout_s=wait_s, since=began))
+            except ApiError:
+                raise
+            except CliError as exc:
+                refused.append(exc)
+        if refused:
+            raise _not_all_ready(ctx, acqs, refused)
+        acqs = ready
         ctx.emit(
             {"acquisitions": acqs, "budget": out.get("budget")},
             text=f"{len(acqs)} host(s) ready.\n\n" + render_acquisitions(acqs),
@@ -290,6 +301,30 @@ def do_acquire(
         "\nFollow them with `calque host acquisitions REQUEST_ID`."
     )
     ctx.emit(out, text=note + "\n\n" + render_acquisitions(acqs))
+
+
+def _not_all_ready(ctx: Any, acqs: list[dict[str, Any]], refused: list[CliError]) -> CliError:
+    """The refusal of an ``acquire --wait`` some of whose acquisitions failed (or did not finish
+    in time): the first one's reason, and every instance that did launch, which runs and is
+    paid for all the same; ``details.acquisitions`` has every acquisition as it is now."""
+    first = refused[0]
+    if len(acqs) == 1:
+        return first
+    now = [
+        ctx.client().request("GET", f"/v1/acquisitions/{quote(str(a['request_id']), safe='')}") for a in acqs
+    ]
+    running = [
+        f"{a.get('request_id')} ({a.get('instance_id')})"
+        for a in now
+        if a.get("instance_id") and a.get("state") in ("booting", "registered")
+    ]
+    message = f"{len(refused)} of {len(acqs)} acquisitions did not become a ready host: {first.message}"
+    if running:
+        message += (
+            f"; launched, running and charged all the same: {', '.join(running)} "
+            "(`calque host release I --i-understand-this-terminates-instances` ends one)"
+        )
+    return CliError(message, code=first.code, details={**first.details, "acquisitions": now})
 
 
 def wait_until_ready(

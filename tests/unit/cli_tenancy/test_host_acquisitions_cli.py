@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -102,3 +104,48 @@ def test_acquire_wait_gives_all_its_acquisitions_one_timeout_together(api, fleet
     assert looks.count("/v1/hosts/i-2") <= 2
     assert "i-1 is ready, but 1 of its 2 slices is still pending" in err
     assert "i-2 is ready, but 1 of its 2 slices is still pending" in err
+
+
+def test_acquire_wait_with_one_failure_still_names_the_instances_that_launched(api, fleet_cli):
+    # Given two acquisitions of one request: the first finds no capacity anywhere, the second
+    # launches and its host is ready
+    failed = {
+        **ACQ,
+        "request_id": "r-1",
+        "state": "failed",
+        "instance_id": None,
+        "state_reason": "no capacity after 3 attempt(s)",
+    }
+    launched = {**ACQ, "request_id": "r-2", "instance_id": "i-2"}
+    api.responses[("POST", "/v1/hosts/acquire")] = {
+        "acquisitions": [{"request_id": "r-1"}, {"request_id": "r-2"}],
+        "budget": {},
+    }
+    api.responses[("GET", "/v1/acquisitions/r-1")] = failed
+    api.responses[("GET", "/v1/acquisitions/r-2")] = launched
+    api.responses[("GET", "/v1/hosts/i-2")] = {
+        "instance_id": "i-2",
+        "state": "ready",
+        "slices": [{"slice_id": "s-0", "state": "free"}],
+    }
+    argv = ["host", "acquire", "--instance-type", "g7e.2xlarge", "--count", "2"]
+    argv += ["--i-understand-this-spends-money", "--wait", "--output", "json"]
+
+    # When the admin acquires both and waits
+    code, out, err = fleet_cli(*argv)
+
+    # Then it is a refusal naming the failure, and the instance that runs (and costs) all the
+    # same is named too, and followed to its host, never left unsaid
+    assert code == 1
+    assert "1 of 2 acquisitions did not become a ready host" in err
+    assert "no capacity after 3 attempt(s)" in err
+    assert "r-2 (i-2)" in err
+    assert "host release" in err
+    assert [line for line in err.splitlines() if line.startswith("calque: error:")] == [
+        err.strip().splitlines()[-1]
+    ]
+    assert ("GET", "/v1/hosts/i-2", None, None) in api.requests
+    doc = json.loads(out)
+    assert doc["error"]["code"] == "acquisition_failed"
+    assert doc["error"]["details"]["request_id"] == "r-1"
+    assert [a["state"] for a in doc["error"]["details"]["acquisitions"]] == ["failed", "registered"]
