@@ -107,10 +107,8 @@ class HostsMixin(TenancyCore):
             existing = self.registry.get_host(req.instance_id)
             if rid is not None and existing is not None and existing.register_request == rid:
                 return self._host_view(who, existing, self.registry.slices(req.instance_id))
-            state = f" ({existing.state})" if existing is not None else ""
             raise Conflict(
-                f"host {req.instance_id} is already registered{state}; to register it again, "
-                f"deregister it first (calque host deregister {req.instance_id})",
+                already_registered_message(req.instance_id, existing),
                 code="already_registered",
                 details={"instance_id": req.instance_id},
             ) from None
@@ -347,3 +345,22 @@ class HostsMixin(TenancyCore):
             self.tasks.send(
                 ReclaimTask(instance_id=host.instance_id, slice_id=sl.slice_id, fence=report.fence)
             )
+
+
+def already_registered_message(instance_id: str, existing: HostRecord | None) -> str:
+    """What an admin registering a host that is registered already is told to do. An instance
+    the fleet launched cannot be deregistered (calque.tenancy.lifecycle: that would leave it
+    running and paid for): its layout changes only with a new instance."""
+    from calque.fleet.ports import FLEET_CALLER
+
+    state = f" ({existing.state})" if existing is not None else ""
+    if existing is not None and existing.registered_by == FLEET_CALLER.principal:
+        return (
+            f"host {instance_id} is already registered{state}, launched by the fleet (host acquire): its "
+            f"layout cannot change in place; release it (`calque host release {instance_id} "
+            "--i-understand-this-terminates-instances`) and acquire one with the new layout"
+        )
+    return (
+        f"host {instance_id} is already registered{state}; to register it again, "
+        f"deregister it first (calque host deregister {instance_id})"
+    )

@@ -125,6 +125,28 @@ def test_an_instance_the_fleet_launched_is_released_not_deregistered(world):
     assert HOST not in world.registry.hosts
 
 
+def test_registering_a_fleet_instance_again_points_to_release_not_to_a_refused_deregister(world):
+    # Given a ready host the fleet registered for an instance it launched (host acquire)
+    from calque.tenancy.fleet_hosts import TenancyHosts
+
+    TenancyHosts(world.tenancy).register(HOST, "g7e.2xlarge", None, False)
+    before = dict(world.registry.hosts)
+    # When an admin registers it again with another layout
+    with pytest.raises(Conflict) as refused:
+        register(world, layout={"version": "v1", "gpus": [{"devices": "all", "mig": {"2g.48gb": 2}}]})
+    # Then it is refused as before, but the way out it names is release (deregister is refused
+    # for a fleet instance), never "deregister it first"; and nothing changed
+    assert refused.value.code == "already_registered"
+    assert f"calque host release {HOST}" in refused.value.message
+    assert "deregister" not in refused.value.message
+    assert dict(world.registry.hosts) == before
+    # A host registered by hand is still told to deregister it first
+    register(world, host="i-0aaa0002")
+    with pytest.raises(Conflict) as by_hand:
+        register(world, host="i-0aaa0002")
+    assert "calque host deregister i-0aaa0002" in by_hand.value.message
+
+
 def test_deregister_of_an_unknown_host_is_not_found(world):
     with pytest.raises(NotFound):
         world.tenancy.lifecycle().deregister(ADMIN, "i-0nothere", force=True, reason=None)
