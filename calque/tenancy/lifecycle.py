@@ -58,8 +58,8 @@ NOT_RUNNING_HINT = {
     "pending": "it is still starting; register it once it is running",
     "stopping": "start it, then register it",
     "stopped": "start it, then register it",
-    "shutting-down": "it is being terminated; register a running instance",
-    "terminated": "it is terminated; register a running instance",
+    "shutting-down": "it is being terminated and will not run again; register a running instance",
+    "terminated": "it never runs again; register a running instance",
 }
 
 

@@ -87,6 +87,8 @@ def test_an_instance_that_is_not_running_is_refused_naming_its_state(world, ec2,
 
     assert refused.value.code == "instance_not_running"
     assert f"{iid} is {state}, not running" in refused.value.message
+    # what to do, said once: not the state again ("is terminated, not running; it is terminated")
+    assert refused.value.message.count(state) == 1
     assert refused.value.details["state"] == state
     assert nothing_written(world)
 
