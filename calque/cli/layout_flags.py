@@ -22,7 +22,11 @@ MPS_THREAD_HELP = "each MPS client's share of the SMs, in percent, 1-100 (defaul
 MPS_MEMORY_HELP = "each MPS client's device memory cap, in MiB (default: no cap)"
 SPEC_HELP = "the host agent's layout spec, a JSON or YAML file (default: none)"
 
-_MIG_ITEM = re.compile(r"^\s*([0-9]+g\.[0-9]+gb(?:\+[a-z0-9]+)?)\s*=\s*([0-9]+)\s*$", re.IGNORECASE)
+# A MIG profile's name as the catalog writes them: 1g.24gb, 1g.10gb+me, 1g.24gb-me,
+# 1g.24gb+me.all, 2g.48gb+gfx (tests/unit/cli_tenancy/test_host_cli.py holds it to every name
+# the catalog has).
+MIG_PROFILE = r"[0-9]+g\.[0-9]+gb(?:[+-][a-z]+(?:\.[a-z]+)?)?"
+_MIG_ITEM = re.compile(rf"^\s*({MIG_PROFILE})\s*=\s*([0-9]+)\s*$", re.IGNORECASE)
 
 
 # ---- flags -> LayoutSpec (pure) -------------------------------------------------------------------

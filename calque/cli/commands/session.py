@@ -19,6 +19,7 @@ from calque.cli import argtypes
 from calque.cli.argtypes import positive_float
 from calque.cli.durations import duration_arg
 from calque.cli.errors import CliError, UsageError
+from calque.cli.layout_flags import MIG_PROFILE
 from calque.errors import one_line
 
 CONSENT_FLAG = "--i-understand-shared-gpu-has-no-isolation"
@@ -393,7 +394,7 @@ def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> 
     return parser
 
 
-_SLICE_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb(\+[a-z0-9]+)?$|^mps$|^whole$", re.IGNORECASE)
+_SLICE_PROFILE = re.compile(rf"^(?:{MIG_PROFILE}|mps|whole)$", re.IGNORECASE)
 
 
 def _checkout(ctx: Any, args: argparse.Namespace) -> None:

@@ -167,6 +167,26 @@ def test_missing_spec_file_is_a_one_line_refusal(api, cli, tmp_path):
     assert "nope.yaml" in err
 
 
+def test_every_mig_profile_the_catalog_has_is_a_mig_flag(api, cli):
+    # Given every MIG profile the catalog lists, of every card (1g.24gb-me and 1g.24gb+me.all
+    # among them)
+    from calque import catalog
+
+    for card in catalog.cards():
+        for profile in (p.name for p in card.mig_profiles):
+            api.requests.clear()
+            api.responses[("POST", "/v1/hosts")] = HOST
+            # When an admin registers a host with it through --mig
+            code, _, err = cli(
+                "host", "register", "--instance-id", "i-0abc", "--instance-type", "g7e.2xlarge",
+                "--mig", f"{profile}=1",
+            )  # fmt: skip
+            # Then the layout names it, as the catalog writes it (whether it fits the card is the
+            # control plane's answer)
+            assert code == 0, (profile, err)
+            assert _register_body(api)["layout"]["gpus"][0]["mig"] == {profile: 1}
+
+
 @pytest.mark.parametrize(
     "layout",
     [

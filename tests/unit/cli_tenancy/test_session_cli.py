@@ -250,6 +250,23 @@ def test_checkout_profile_is_the_slice_profile_and_the_aws_profile_goes_first(ap
     assert api.requests[0][2]["profile"] == "1g.24gb"
 
 
+def _catalog_mig_profiles() -> list[str]:
+    from calque import catalog
+
+    return sorted({p.name for card in catalog.cards() for p in card.mig_profiles})
+
+
+@pytest.mark.parametrize("profile", _catalog_mig_profiles())
+def test_checkout_takes_every_mig_profile_the_catalog_has(api, cli, profile):
+    # Given a MIG profile the catalog lists (1g.24gb-me and 1g.24gb+me.all among them)
+    api.responses[("POST", "/v1/sessions")] = GRANT
+    # When a member checks out a slice of it
+    code, _, err = cli("--profile", "alice", "session", "checkout", "--backend", "mig", "--profile", profile)
+    # Then it is asked for, not refused as "not a slice profile"
+    assert code == 0, err
+    assert api.requests[0][2]["profile"] == profile
+
+
 def test_other_session_commands_take_the_aws_profile_after_the_command(api, cli):
     api.responses[("GET", "/v1/sessions")] = []
     code, _, _ = cli("session", "list", "--profile", "bob")
