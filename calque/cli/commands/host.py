@@ -83,9 +83,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
     p.set_defaults(func=_show)
 
-    p = group.add_parser("drain", help="stop placing sessions on a host (admins); --force ends live ones")
+    p = group.add_parser(
+        "drain",
+        help="stop placing sessions on a host (admins); refused while sessions live there unless "
+        "--force, which ends them",
+    )
     p.add_argument("instance_id", metavar="I", type=argtypes.instance_id)
-    p.add_argument("--force", action="store_true", help="end the sessions still live there")
+    p.add_argument("--force", action="store_true", help="end the sessions still live there (reason: drained)")
     p.add_argument(
         "--reason",
         help="recorded on each session a forced drain ends; its member reads it (session show) "

@@ -232,6 +232,14 @@ def test_host_list_json_is_the_api_array(api, cli):
     assert json.loads(out) == [HOST]
 
 
+def test_drain_help_says_it_is_refused_while_sessions_live_there(cli):
+    # The API refuses a drain without --force while sessions live on the host (409
+    # host_has_live_sessions); the help must not promise that it only stops placement
+    for argv in (("host", "--help"), ("host", "drain", "--help")):
+        _code, out, _ = cli(*argv)
+        assert "refused while sessions live there" in " ".join(out.split())
+
+
 def test_drain_sends_force_and_reason(api, cli):
     api.responses[("POST", "/v1/hosts/i-0abc/drain")] = {**HOST, "state": "draining"}
     code, out, _ = cli("host", "drain", "i-0abc", "--force", "--reason", "maintenance")
