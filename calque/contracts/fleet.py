@@ -98,7 +98,11 @@ class AcquireRequest(Request):
         # documented only: the fleet refuses it with its own code (invalid_ttl) and the bounds
         json_schema_extra={"minimum": MIN_TTL_S, "maximum": MAX_TTL_S},
     )
-    pool: str | None = Field(default=None, pattern=POOL_PATTERN, description="the warm pool asking")
+    pool: str | None = Field(
+        default=None,
+        pattern=POOL_PATTERN,
+        description="the warm pool asking (its scaler, in process; refused from the API)",
+    )
     accept_spend: StrictBool = Field(default=False, description="--i-understand-this-spends-money")
 
     @field_validator("spot_max_price")
@@ -118,6 +122,10 @@ def _acquire_schema(schema: dict[str, Any]) -> None:
     """The consent flag required and true; a spot max price or an on-demand fallback only
     with `spot: true` (the API refuses either on an on-demand acquisition)."""
     consent_required("accept_spend")(schema)
+    # `pool` is set only by a warm pool's scaler, which calls the fleet in process
+    # (calque.pools.capacity); the API refuses it (functions/api/routes/fleet.py), so its
+    # document does not offer it.
+    schema.get("properties", {}).pop("pool", None)
     spot_only = [("spot_max_price", {"type": "null"}), ("fallback_on_demand", {"const": False})]
     schema["allOf"] = [
         {

@@ -111,7 +111,6 @@ def register(subparsers: Any) -> None:
         metavar="DURATION",
         help="hard cap: terminated then, e.g. 12h (default: none, until released)",
     )
-    p.add_argument("--pool", metavar="NAME", help=argparse.SUPPRESS)
     p.add_argument(
         "--i-understand-this-spends-money",
         dest="consent",
@@ -206,7 +205,6 @@ def _acquire(ctx: Any, args: argparse.Namespace) -> None:
         fallback_on_demand=args.fallback_on_demand,
         fallback_types=args.fallback_types,
         ttl_s=args.ttl,
-        pool=args.pool,
         consent=args.consent,
         wait_s=wait_timeout(args),
     )
@@ -227,7 +225,6 @@ def do_acquire(
     fallback_on_demand: bool = False,
     fallback_types: list[str] | None = None,
     ttl_s: int | None = None,
-    pool: str | None = None,
     consent: bool = False,
     wait_s: float | None = None,
 ) -> None:
@@ -262,7 +259,6 @@ def do_acquire(
         ("layout", layout),
         ("spot_max_price", spot_max_price),
         ("ttl_seconds", ttl_s),
-        ("pool", pool),
     ):
         if value is not None:
             body[key] = value

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.metrics import MetricUnit
 
@@ -29,6 +30,21 @@ metrics = observability.metrics("api")
 @router.post("/hosts/acquire", status_code=202)
 @admin_only
 def acquire(body: AcquireRequest) -> AcquireAccepted:
+    if body.pool is not None:
+        # A warm pool's scaler acquires for its pool in process, one grant per worker; an
+        # instance asked for a pool here would be neither a host nor any pool's worker, and
+        # would run, charged, until released.
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("body", "pool"),
+                    "msg": "set only by a warm pool's scaler: an instance acquired for a pool here "
+                    "would be neither a host nor a worker of the pool, and run until released; "
+                    "leave it out (a pool acquires its own instances: calque pool create)",
+                    "type": "extra_forbidden",
+                }
+            ]
+        )
     out = fleet().acquire(body, caller(router), idempotency_key=idempotency_key(router))
     ids = [a.request_id for a in out.acquisitions]
     logger.info("acquisition queued", extra={"request_ids": ids, "instance_type": body.instance_type})

@@ -149,3 +149,15 @@ def test_acquire_wait_with_one_failure_still_names_the_instances_that_launched(a
     assert doc["error"]["code"] == "acquisition_failed"
     assert doc["error"]["details"]["request_id"] == "r-1"
     assert [a["state"] for a in doc["error"]["details"]["acquisitions"]] == ["failed", "registered"]
+
+
+def test_acquire_has_no_pool_option_and_sends_nothing_with_one(api, fleet_cli):
+    # A warm pool acquires its own instances (calque pool create); an instance acquired "for a
+    # pool" by hand would be neither a host nor the pool's worker, running and charged
+    code, out, err = fleet_cli(
+        "host", "acquire", "--instance-type", "g7e.2xlarge", "--pool", "llama",
+        "--i-understand-this-spends-money",
+    )  # fmt: skip
+    assert (code, out) == (2, "")
+    assert "--pool" in err
+    assert api.requests == []
