@@ -300,12 +300,12 @@ def do_acquire(
 
 
 def _not_all_ready(ctx: Any, acqs: list[dict[str, Any]], refused: list[CliError]) -> CliError:
-    """The refusal of an ``acquire --wait`` some of whose acquisitions failed (or did not finish
-    in time): the first one's reason, and every instance that did launch, which runs and is
-    paid for all the same; ``details.acquisitions`` has every acquisition as it is now."""
+    """The refusal of an ``acquire --wait`` some of whose acquisitions failed or did not finish
+    in time: the first one's reason, every instance that launched all the same (it runs and is
+    paid for: a layout that failed, another acquisition of the request) and every acquisition
+    still under way (the wait ending does not stop it); ``details.acquisitions`` has every
+    acquisition as it is now."""
     first = refused[0]
-    if len(acqs) == 1:
-        return first
     now = [
         ctx.client().request("GET", f"/v1/acquisitions/{quote(str(a['request_id']), safe='')}") for a in acqs
     ]
@@ -314,12 +314,22 @@ def _not_all_ready(ctx: Any, acqs: list[dict[str, Any]], refused: list[CliError]
         for a in now
         if a.get("instance_id") and a.get("state") in ("booting", "registered")
     ]
-    message = f"{len(refused)} of {len(acqs)} acquisitions did not become a ready host: {first.message}"
+    going = [str(a.get("request_id")) for a in now if a.get("state") in ("queued", "launching")]
+    message = first.message
+    if len(acqs) > 1:
+        message = f"{len(refused)} of {len(acqs)} acquisitions did not become a ready host: {message}"
     if running:
         message += (
             f"; launched, running and charged all the same: {', '.join(running)} "
             "(`calque host release I --i-understand-this-terminates-instances` ends one)"
         )
+    if going:
+        message += (
+            f"; still being launched, which the wait ending does not stop: {', '.join(going)} "
+            "(`calque host acquisitions REQUEST_ID` follows one)"
+        )
+    if message == first.message:
+        return first
     return CliError(message, code=first.code, details={**first.details, "acquisitions": now})
 
 

@@ -161,3 +161,36 @@ def test_acquire_has_no_pool_option_and_sends_nothing_with_one(api, fleet_cli):
     assert (code, out) == (2, "")
     assert "--pool" in err
     assert api.requests == []
+
+
+@pytest.mark.parametrize(
+    ("state", "instance_id", "said"),
+    [
+        ("launching", None, "still being launched, which the wait ending does not stop: r-1"),
+        ("booting", "i-1", "launched, running and charged all the same: r-1 (i-1)"),
+    ],
+)
+def test_acquire_wait_that_times_out_says_the_acquisition_goes_on(
+    api, fleet_cli, monkeypatch, state, instance_id, said
+):
+    # Given an acquisition still under way when the wait's time is up
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    ticks = iter(range(0, 100_000, 10))
+    monkeypatch.setattr("time.monotonic", lambda: float(next(ticks)))
+    api.responses[("POST", "/v1/hosts/acquire")] = {"acquisitions": [{"request_id": "r-1"}], "budget": {}}
+    api.responses[("GET", "/v1/acquisitions/r-1")] = {
+        **ACQ,
+        "request_id": "r-1",
+        "state": state,
+        "instance_id": instance_id,
+    }
+    # When the admin's --wait gives up
+    code, _out, err = fleet_cli(
+        "host", "acquire", "--instance-type", "g7e.2xlarge", "--i-understand-this-spends-money",
+        "--wait", "--timeout", "5s",
+    )  # fmt: skip
+    # Then it exits 1 saying it timed out, and that the acquisition goes on (and is charged once
+    # it runs): not a failure that launched nothing
+    assert code == 1
+    assert f"acquisition r-1 is still {state} after 5s" in err
+    assert said in err
