@@ -189,6 +189,9 @@ class ServiceSnapshots:
                     "state": i._state.name,
                     "tags": {t["key"]: t["value"] for t in i.get_tags()},
                     "client_token": i.client_token,
+                    # a spot instance stays one (EC2's InstanceLifecycle: spot interruptions and
+                    # the fleet's spot rates go by it)
+                    "lifecycle": i.lifecycle,
                 }
             )
         write_durably(self.dir / "ec2.json", json.dumps({"format": 1, "instances": instances}).encode())
@@ -217,6 +220,8 @@ class ServiceSnapshots:
                 ]
             if saved.get("client_token"):
                 kwargs["ClientToken"] = saved["client_token"]
+            if saved.get("lifecycle") == "spot":
+                kwargs["InstanceMarketOptions"] = {"MarketType": "spot"}
             # moto names every new instance at random; this one takes back its own id
             try:
                 with mock.patch("moto.ec2.models.instances.random_instance_id", return_value=saved["id"]):

@@ -234,3 +234,39 @@ def test_a_snapshot_is_written_as_its_items_come_and_whole_or_not_at_all(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dynamodb.journal", "dynamodb.snapshot.json"]
     assert j.journal_file.read_bytes() != b""  # the journal still holds the write
     j.close()
+
+
+def test_a_spot_instance_is_still_spot_after_a_restart(tmp_path, monkeypatch):
+    # Given a spot and an on-demand instance, saved as a stopping plane saves them
+    import boto3
+    from moto import mock_aws
+
+    from calque.local.moto_state import ServiceSnapshots
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    snapshots = ServiceSnapshots(tmp_path, account="123456789012", region=REGION)
+
+    def launch(ec2: Any, **extra: Any) -> str:
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        run = ec2.run_instances(ImageId=image, InstanceType="g6.xlarge", MinCount=1, MaxCount=1, **extra)
+        return str(run["Instances"][0]["InstanceId"])
+
+    def lifecycles(ec2: Any) -> dict[str, str]:
+        found = ec2.describe_instances()["Reservations"]
+        return {
+            i["InstanceId"]: i.get("InstanceLifecycle", "on-demand") for r in found for i in r["Instances"]
+        }
+
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        spot = launch(ec2, InstanceMarketOptions={"MarketType": "spot"})
+        on_demand = launch(ec2)
+        snapshots.save_ec2()
+    # When the next plane restores them into a fresh EC2
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        snapshots.restore_ec2(ec2, Restored())
+        # Then the spot instance is spot still (EC2 interrupts it, the fleet charges its spot
+        # rates), and the other on-demand
+        assert lifecycles(ec2) == {spot: "spot", on_demand: "on-demand"}
