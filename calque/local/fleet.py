@@ -48,6 +48,7 @@ log = logging.getLogger("calque.local")
 
 _INSTANCE_ID = re.compile(r"<instanceId>(i-[0-9a-z]+)</instanceId>")
 SPOT_NOTICE_S = 120
+SPOT_NOTICES_FILE = "spot_notices.json"  # under the state's aws/: notices whose termination is due
 # The local plane's spot price, as a fraction of the catalog's on-demand rate (a fixed
 # table entry, not AWS's market: real spot prices vary by type, AZ and hour).
 LOCAL_SPOT_PRICE_OF_ON_DEMAND = 0.35
@@ -382,11 +383,40 @@ class FleetSimulator:
             region=self.region,
         )
         self._events.put((time.monotonic(), event))
-        timer = threading.Timer(notice_s, self._reclaim, args=(iid,))
+        self._keep_notice(iid, action_at)
+        self._arm(iid, notice_s)
+        return notice_s
+
+    def _arm(self, iid: str, delay_s: float) -> None:
+        timer = threading.Timer(delay_s, self._reclaim, args=(iid,))
         timer.daemon = True
         timer.start()
         self._timers.append(timer)
-        return notice_s
+
+    # A notice given outlives a restart of the plane, as EC2 terminates the instance whatever
+    # the plane does: kept in the state directory until its termination is sent.
+    def _keep_notice(self, iid: str, action_at: dt.datetime | None) -> None:
+        from calque.local.moto_state import read_json, write_durably
+
+        path = self.state.aws_dir / SPOT_NOTICES_FILE
+        with self._lock:
+            notices = read_json(path) or {}
+            if action_at is None:
+                notices.pop(iid, None)
+            else:
+                notices[iid] = action_at.isoformat()
+            write_durably(path, json.dumps(notices).encode())
+
+    def resume_notices(self) -> list[str]:
+        """Arm again the terminations the last run's spot notices had not sent yet (at once
+        for those already due); the instance ids."""
+        from calque.local.moto_state import read_json
+
+        notices = read_json(self.state.aws_dir / SPOT_NOTICES_FILE) or {}
+        now = dt.datetime.now(dt.UTC)
+        for iid, at in notices.items():
+            self._arm(iid, max(0.0, (dt.datetime.fromisoformat(at) - now).total_seconds()))
+        return sorted(notices)
 
     def _unknown_place(self, itype: str, az: str | None) -> tuple[int, dict[str, Any]] | None:
         """A fault for a type the catalog does not know, or an AZ the region does not have,
@@ -481,6 +511,7 @@ class FleetSimulator:
             self.ec2.terminate_instances(InstanceIds=[instance_id])
         except Exception:
             log.exception("could not reclaim spot instance %s", instance_id)
+        self._keep_notice(instance_id, None)
 
     def faults(self) -> dict[str, Any]:
         with self._lock:

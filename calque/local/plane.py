@@ -407,6 +407,7 @@ class LocalPlane:
         )
         self.fleet.ec2 = ec2
         self.moto.app.interceptor = self.fleet.intercept
+        self.fleet.resume_notices()  # spot instances warned before the last stop end all the same
 
     def _inject(self, kind: str, principal: Principal, body: bytes) -> tuple[int, Any]:
         import json

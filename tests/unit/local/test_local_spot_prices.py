@@ -125,3 +125,53 @@ def test_clear_changes_the_price_back_from_then_and_keeps_the_history_before_it(
     assert rows[0][0] > rows[1][0]
     # And no injected price is listed as in effect any more
     assert sim.faults()["spot_prices"] == []
+
+
+def test_a_spot_notice_given_before_a_restart_still_terminates_the_instance(tmp_path):
+    # Given a plane that warned of a spot interruption (EC2 terminates the instance two minutes
+    # later, whatever the plane does) and stopped before the two minutes were up
+    import json
+
+    from calque.local.fleet import SPOT_NOTICES_FILE
+
+    state = StateDir(tmp_path / "plane")
+    state.ensure()
+    terminated: list[list[str]] = []
+
+    class Ec2:
+        def terminate_instances(self, InstanceIds: list[str]) -> None:
+            terminated.append(InstanceIds)
+
+    def plane() -> FleetSimulator:
+        sim = FleetSimulator(
+            state, account="123456789012", region="us-east-1", host_role="CalqueHostRole",
+            deliver=lambda event: None, schedule_scale=1000.0,
+        )  # fmt: skip
+        sim.ec2 = Ec2()
+        return sim
+
+    first = plane()
+    first._interrupt("i-0abc")
+    first.stop()
+    assert terminated == []
+    # When the next plane starts on the same state directory
+    second = plane()
+    try:
+        # Then the notice is armed again, for the time it had left
+        assert second.resume_notices() == ["i-0abc"]
+        assert terminated == []
+    finally:
+        second.stop()
+    # And one whose time is up by then terminates the instance at once, and is done with
+    notices = state.aws_dir / SPOT_NOTICES_FILE
+    notices.write_text(json.dumps({"i-0abc": "2000-01-01T00:00:00+00:00"}))
+    third = plane()
+    try:
+        assert third.resume_notices() == ["i-0abc"]
+        deadline = time.monotonic() + 5
+        while (not terminated or json.loads(notices.read_text())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert terminated == [["i-0abc"]]
+        assert json.loads(notices.read_text()) == {}
+    finally:
+        third.stop()
