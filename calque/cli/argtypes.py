@@ -51,7 +51,8 @@ def finite_float(text: str) -> float:
         )
     if value == 0.0 and _nonzero(text):
         # 1e-400 is not 0, but a float reads it as 0: never send a 0 nobody asked for
-        raise argparse.ArgumentTypeError(f"{text!r} is too small to be an amount: give 0, or 0.01 or more")
+        # (said without a floor: each flag's own, 0.01 USD or 0.00001 USD/hour, is the API's to say)
+        raise argparse.ArgumentTypeError(f"{text!r} is too small to be an amount: it would be sent as 0")
     return value
 
 

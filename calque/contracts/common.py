@@ -89,19 +89,21 @@ def in_places(places: int) -> dict[str, Any]:
     return {"multipleOf": 10**-places}
 
 
-def to_places(value: float | None, places: int, unit: str) -> float | None:
+def to_places(value: float | None, places: int, unit: str, *, zero: bool = True) -> float | None:
     """An amount kept to what can be stored and billed: one that rounds to nothing but is not
     0 is refused (a number like 5e-324 is below what DynamoDB can hold), and so is one given
-    more finely than that (1.005 USD would be kept as 1.00 or 1.01, not what was asked)."""
+    more finely than that (1.005 USD would be kept as 1.00 or 1.01, not what was asked).
+    ``zero``: whether 0 itself is a valid amount of the field (the refusal says so only then)."""
     if value is None:
         return None
     rounded = round(value, places)
+    step = f"{10**-places:.{places}f}"  # 0.00001, not 1e-05
     if value > 0 and rounded == 0:
-        raise ValueError(f"must be 0 or at least {10**-places:g} {unit}")
+        raise ValueError(f"must be {'0 or ' if zero else ''}at least {step} {unit}")
     # binary floating point's own noise (0.1 + 0.2) is not a finer amount: only a real one is refused
     if abs(value - rounded) > 1e-9 * max(1.0, abs(value)):
         raise ValueError(
-            f"must be given in whole {10**-places:g} {unit} (at most {places} decimal places), got {value!r}"
+            f"must be given in whole {step} {unit} (at most {places} decimal places), got {value!r}"
         )
     return rounded
 

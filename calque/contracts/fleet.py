@@ -108,7 +108,7 @@ class AcquireRequest(Request):
     @field_validator("spot_max_price")
     @classmethod
     def _price_places(cls, value: float | None) -> float | None:
-        return to_places(value, 5, "USD/hour")
+        return to_places(value, 5, "USD/hour", zero=False)  # a spot max price is more than 0
 
     @field_validator("spot_max_price", "fallback_on_demand")
     @classmethod

@@ -14,23 +14,42 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize(
-    ("model", "body", "field"),
+    ("model", "body", "field", "said"),
     [
-        (GroupCreate, {"name": "lab", "max_gpu_hours_per_month": 1.9e-267}, "max_gpu_hours_per_month"),
-        (GroupLimits, {"max_usd_per_month": 5e-324}, "max_usd_per_month"),
-        (BudgetUpdate, {"max_instances": 1, "max_hourly_usd": 5e-324}, "max_hourly_usd"),
+        (
+            GroupCreate,
+            {"name": "lab", "max_gpu_hours_per_month": 1.9e-267},
+            "max_gpu_hours_per_month",
+            "must be 0 or at least 0.001 GPU-hours",
+        ),
+        (GroupLimits, {"max_usd_per_month": 5e-324}, "max_usd_per_month", "must be 0 or at least 0.01 USD"),
+        (
+            BudgetUpdate,
+            {"max_instances": 1, "max_hourly_usd": 5e-324},
+            "max_hourly_usd",
+            "must be 0 or at least 0.01 USD",
+        ),
+        # a spot max price of 0 is refused too (more than 0): the refusal does not offer it,
+        # and names the smallest price as a price, not as 1e-05
         (
             AcquireRequest,
             {"instance_type": "g6e.xlarge", "spot": True, "spot_max_price": 1e-200},
             "spot_max_price",
+            "must be at least 0.00001 USD/hour",
+        ),
+        (
+            AcquireRequest,
+            {"instance_type": "g6e.xlarge", "spot": True, "spot_max_price": 0.000001},
+            "spot_max_price",
+            "must be at least 0.00001 USD/hour",
         ),
     ],
 )
-def test_an_amount_that_rounds_to_nothing_is_refused_naming_its_field(model, body, field):
+def test_an_amount_that_rounds_to_nothing_is_refused_naming_its_field(model, body, field, said):
     with pytest.raises(ValidationError) as refused:
         model.model_validate(body)
     assert refused.value.errors()[0]["loc"] == (field,)
-    assert "must be 0 or at least" in refused.value.errors()[0]["msg"]
+    assert said in refused.value.errors()[0]["msg"]
 
 
 def test_amounts_are_kept_to_a_cent_and_gpu_hours_to_a_thousandth():

@@ -54,3 +54,18 @@ def test_an_mps_thread_percentage_past_100_is_a_usage_error(
         main([*verb, "--instance-type", "g7e.2xlarge", "--mps-slots", "2", "--mps-thread-percentage", "150"])
     assert exc.value.code == 2
     assert "'150' must be at most 100 (a percentage)" in capsys.readouterr().err
+
+
+def test_an_amount_too_small_for_a_float_names_no_floor_a_flag_does_not_have() -> None:
+    # --spot-max-price takes neither 0 (it must be more than 0) nor only cents (0.00001 USD/hour
+    # is its step): a refusal shared by every amount flag must not offer "0, or 0.01 or more"
+    import argparse
+
+    from calque.cli.argtypes import positive_float
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        positive_float("1e-400")
+    said = str(refused.value)
+    assert "too small to be an amount" in said
+    assert "0.01" not in said
+    assert "give 0" not in said
