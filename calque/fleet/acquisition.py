@@ -25,6 +25,28 @@ from calque.fleet.ports import BudgetRefused, CapacityError, Gone, LaunchRefused
 from calque.fleet.records import AcquisitionRecord, AttemptRecord, BudgetRecord, musd, usd
 from calque.identity import Caller
 
+# What a refusal that moves on to the next place means when it is no shortage of machines.
+NOT_A_SHORTAGE = {
+    "SpotMaxPriceTooLow": "the spot price is above the max price (--spot-max-price, else the on-demand rate)",
+    "Unsupported": "the instance type is not offered there (that AZ, or the region)",
+    "MaxSpotInstanceCountExceeded": "the account's spot instance limit is reached",
+    "InsufficientFreeAddressesInSubnet": "the subnet has no free IP address",
+}
+
+
+def _nothing_launched(attempts: int, why: dict[str, int]) -> str:
+    """Why a sweep launched nothing, said by EC2's codes (the most first) and, for those that
+    are no shortage of machines, what they mean: "no capacity" only when that is what it was."""
+    order = sorted(why.items(), key=lambda kv: (-kv[1], kv[0]))
+    codes = ", ".join(f"{c} x{n}" for c, n in order)
+    meant = [NOT_A_SHORTAGE[c] for c, _n in order if c in NOT_A_SHORTAGE]
+    lead = "nothing launched" if meant else "no capacity"
+    return (
+        f"{lead} after {attempts} attempt(s)"
+        + (f" ({codes})" if codes else "")
+        + (f": {'; '.join(meant)}" if meant else "")
+    )
+
 
 def _new_request_id() -> str:
     return f"r-{secrets.token_hex(8)}"
@@ -313,13 +335,7 @@ class AcquisitionMixin(FleetCore):
                         )
                     attempts.append(self._attempt(spec, inst.availability_zone or az, "launched", None))
                     return self._view(self._launched(rec, inst, attempts))
-        # said by EC2's codes (SpotMaxPriceTooLow is no shortage of machines), the most first
-        codes = ", ".join(f"{c} x{n}" for c, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0])))
-        return self._view(
-            self._fail(
-                rec, f"no capacity after {len(attempts)} attempt(s)" + (f" ({codes})" if codes else "")
-            )
-        )
+        return self._view(self._fail(rec, _nothing_launched(len(attempts), why)))
 
     def _attempt(self, spec: LaunchSpec, az: str | None, outcome: str, reason: str | None) -> AttemptRecord:
         return AttemptRecord(

@@ -144,3 +144,28 @@ def test_a_pools_instance_is_handed_over_registered_but_is_no_host_for_sessions(
     acq = world.fleet.get(ADMIN, rid)
     assert acq.state == "registered"  # the pool's scaler starts its workers on it now
     assert acq.instance_id not in world.hosts.hosts
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        ("Unsupported", "not offered there"),
+        ("SpotMaxPriceTooLow", "the spot price is above the max price"),
+    ],
+)
+def test_a_sweep_refused_for_no_shortage_of_machines_says_what_it_was(world: World, code: str, said: str):
+    # Given EC2 refusing every place for a reason that is no lack of capacity (a type not
+    # offered in the region's AZs, a max price below the spot price)
+    from calque.fleet.ports import CapacityError
+
+    def refuse(spec):
+        raise CapacityError(code, f"{code} in this place")
+
+    world.ec2.run_instance = refuse  # type: ignore[method-assign]
+    (rid,) = world.acquire("g6.xlarge", spot=True)
+    world.deliver()
+    # Then the acquisition fails saying what the refusals meant, not "no capacity"
+    reason = world.fleet.get(ADMIN, rid).state_reason or ""
+    assert reason.startswith(f"nothing launched after 3 attempt(s) ({code} x3): ")
+    assert said in reason
+    assert "no capacity" not in reason
