@@ -78,6 +78,21 @@ class FleetConfig:
     spot_refresh_s: int = 3600
 
 
+# The attempt an adopted instance is listed with: EC2 launched it, its record was lost.
+ADOPTED_REASON = "adopted: found tagged with this request after its launch went unrecorded"
+
+
+def _adopted_attempt(inst: Instance) -> AttemptRecord:
+    return AttemptRecord(
+        at=inst.launched_at,
+        instance_type=inst.instance_type,
+        market=inst.market,
+        availability_zone=inst.availability_zone,
+        outcome="launched",
+        reason=ADOPTED_REASON,
+    )
+
+
 class FleetCore:
     """The fleet's adapters and settings, and what its acquisition, release and reconciliation
     all do to an acquisition's record."""
@@ -142,15 +157,26 @@ class FleetCore:
                 charged_segments=[first],
                 charged_checked_at=now,
             )
+        if attempts is None and not any(a.outcome == "launched" for a in rec.attempts):
+            # found by its tag, the launch's own record lost (an acquirer that stopped between
+            # RunInstances and recording): the launch is listed all the same
+            attempts = [*rec.attempts, _adopted_attempt(inst)]
         if attempts is not None:
             changes["attempts"] = attempts
         try:
             rec = self.store.update(rec, expect=("queued", "launching"), **changes)
         except Gone:
             # The reconciler adopted this very instance while RunInstances answered: keep the
-            # attempts that led to it on the record.
+            # attempts that led to it on the record (rather than the adoption's stand-in).
             cur = self._must(rec.request_id)
-            if attempts and cur.instance_id == inst.instance_id and len(cur.attempts) < len(attempts):
+            stand_in = bool(cur.attempts) and cur.attempts[-1].reason == ADOPTED_REASON
+            if (
+                attempts
+                and cur.instance_id == inst.instance_id
+                and (
+                    len(cur.attempts) < len(attempts) or (stand_in and attempts[-1].reason != ADOPTED_REASON)
+                )
+            ):
                 try:
                     cur = self.store.update(cur, expect=OPEN_STATES, attempts=attempts)
                 except Gone:

@@ -169,3 +169,29 @@ def test_a_sweep_refused_for_no_shortage_of_machines_says_what_it_was(world: Wor
     assert reason.startswith(f"nothing launched after 3 attempt(s) ({code} x3): ")
     assert said in reason
     assert "no capacity" not in reason
+
+
+def test_an_acquirer_that_finds_its_instance_already_launched_lists_that_launch(world: World):
+    # Given RunInstances launched the instance, but the acquirer stopped before recording it
+    # (its message comes back after the visibility timeout)
+    from calque.fleet.ports import LaunchSpec
+
+    (rid,) = world.acquire()
+    world.ec2.run_instance(
+        LaunchSpec(
+            rid,
+            "g7e.2xlarge",
+            "on-demand",
+            "subnet-a",
+            None,
+            {"calque:host": "managed", "calque:request-id": rid},
+        )
+    )
+    # When the message is delivered again
+    world.deliver()
+    # Then the instance found by its tag is recorded, and its launch listed: an acquisition
+    # with an instance and no attempt at all (`host acquisitions` ATTEMPTS 0) said nothing of it
+    acq = world.fleet.get(ADMIN, rid)
+    assert acq.state == "registered"
+    assert world.ec2.launches == 1
+    assert [(a.outcome, a.instance_type) for a in acq.attempts] == [("launched", "g7e.2xlarge")]

@@ -156,6 +156,15 @@ def test_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(world: 
     acq = world.fleet.get(ADMIN, rid)
     assert acq.instance_id == iid
     assert acq.state == "registered"
+    # and its launch is listed among the attempts (where and what), saying it was adopted
+    (attempt,) = acq.attempts
+    assert (attempt.outcome, attempt.instance_type, attempt.market) == (
+        "launched",
+        "g7e.2xlarge",
+        "on-demand",
+    )
+    assert attempt.reason is not None
+    assert attempt.reason.startswith("adopted")
     tracked = {a.instance_id for a in world.fleet.list_acquisitions(ADMIN)}
     assert {i.instance_id for i in world.ec2.live()} <= tracked
 
