@@ -400,6 +400,7 @@ class FleetSimulator:
 
         path = self.state.aws_dir / SPOT_NOTICES_FILE
         with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             notices = read_json(path) or {}
             if action_at is None:
                 notices.pop(iid, None)
