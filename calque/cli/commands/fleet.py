@@ -6,7 +6,8 @@
     calque host release I --i-understand-this-terminates-instances [--reason TEXT]
     calque host acquisitions [REQUEST_ID | --instance-id I]
 
-Both consent flags are checked here before any request is sent, and again by the API.
+Both consent flags are checked here before the command is sent (a refusal asks only who
+the caller is: a member is told the command is for admins), and again by the API.
 """
 
 from __future__ import annotations
@@ -231,10 +232,13 @@ def do_acquire(
     from calque.cli.layout_flags import layout_from_flags
 
     if not consent:
-        raise CliError(
+        from calque.cli.consent import consent_refusal
+
+        raise consent_refusal(
+            ctx,
             "acquiring instances spends money: ask again with --i-understand-this-spends-money",
-            code="consent_required",
-            details={"field": "accept_spend"},
+            field="accept_spend",
+            admins_only="acquiring instances is for admins only",
         )
     if (spot_max_price is not None or fallback_on_demand) and not spot:
         raise UsageError(
@@ -472,11 +476,14 @@ def _release(ctx: Any, args: argparse.Namespace) -> None:
 
 def do_release(ctx: Any, *, instance_id: str, consent: bool = False, reason: str | None = None) -> None:
     if not consent:
-        raise CliError(
+        from calque.cli.consent import consent_refusal
+
+        raise consent_refusal(
+            ctx,
             "releasing terminates the instance and ends every session on it: ask again with "
             "--i-understand-this-terminates-instances",
-            code="consent_required",
-            details={"field": "accept_terminate"},
+            field="accept_terminate",
+            admins_only="releasing instances is for admins only",
         )
     body: dict[str, Any] = {"accept_terminate": True}
     if reason:

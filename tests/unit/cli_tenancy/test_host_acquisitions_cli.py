@@ -194,3 +194,42 @@ def test_acquire_wait_that_times_out_says_the_acquisition_goes_on(
     assert code == 1
     assert f"acquisition r-1 is still {state} after 5s" in err
     assert said in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "admins_only", "consent"),
+    [
+        (
+            ["host", "acquire", "--instance-type", "g7e.2xlarge"],
+            "acquiring instances is for admins only",
+            "--i-understand-this-spends-money",
+        ),
+        (
+            ["host", "release", "i-0aaaaaaaaaaaaaaaa"],
+            "releasing instances is for admins only",
+            "--i-understand-this-terminates-instances",
+        ),
+    ],
+)
+def test_a_member_without_the_consent_flag_is_told_it_is_for_admins_not_to_consent(
+    api, fleet_cli, argv, admins_only, consent
+):
+    # Given a member (the API says so), who leaves out the consent flag
+    api.responses[("GET", "/v1/whoami")] = {"principal": "alice", "admin": False}
+    # When they run an admin's spending or terminating command
+    code, out, err = fleet_cli(*argv, "--output", "json")
+    # Then they are told it is not theirs to run (as the API says first), not to consent and
+    # try again; and nothing but who they are was asked
+    assert code == 1
+    assert admins_only in err
+    assert consent not in err
+    assert json.loads(out)["error"]["code"] == "forbidden"
+    assert [(m, p) for m, p, _b, _q in api.requests] == [("GET", "/v1/whoami")]
+    # While an admin who leaves it out is still told to consent, and nothing is sent
+    api.requests.clear()
+    api.responses[("GET", "/v1/whoami")] = {"principal": "admin", "admin": True}
+    code, out, err = fleet_cli(*argv, "--output", "json")
+    assert code == 1
+    assert consent in err
+    assert json.loads(out)["error"]["code"] == "consent_required"
+    assert [(m, p) for m, p, _b, _q in api.requests] == [("GET", "/v1/whoami")]
