@@ -22,6 +22,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, StrictBool, field_validator
 
 from calque.contracts.common import (
+    IfVersion,
+    LimitsVersion,
     Out,
     Request,
     Strict,
@@ -220,6 +222,7 @@ class BudgetUpdate(Request):
     max_instances: int = Field(ge=0, le=10_000)
     max_hourly_usd: float = Field(ge=0, le=1_000_000, json_schema_extra=in_places(2))
     max_monthly_usd: float | None = Field(default=None, ge=0, le=100_000_000, json_schema_extra=in_places(2))
+    if_version: IfVersion = None
 
     @field_validator("max_hourly_usd", "max_monthly_usd")
     @classmethod
@@ -237,6 +240,7 @@ class Budget(Out):
     set: bool = Field(default=True, description="false: no admin set a budget; every acquisition is refused")
     updated_at: datetime | None = None
     updated_by: str | None = None
+    version: LimitsVersion = 0
 
 
 class AcquireMessage(Strict):

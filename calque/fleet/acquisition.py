@@ -269,6 +269,7 @@ class AcquisitionMixin(FleetCore):
             max_monthly_usd=update.max_monthly_usd,
             by=caller.principal,
             at=self.clock(),
+            if_version=update.if_version,
         )
         return self._budget_view(b)
 
@@ -283,6 +284,7 @@ class AcquisitionMixin(FleetCore):
             in_use_hourly_usd=usd(b.in_use_musd),
             updated_at=b.updated_at,
             updated_by=b.updated_by,
+            version=b.version,
         )
 
     # ---- launch (the acquirer) -------------------------------------------------------------------

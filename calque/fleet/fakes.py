@@ -83,6 +83,7 @@ class MemoryFleetStore:
         max_monthly_usd: float | None,
         by: str,
         at: datetime,
+        if_version: int | None = None,
     ) -> BudgetRecord:
         with self._lock:
             self.calls["update"] += 1
@@ -93,6 +94,7 @@ class MemoryFleetStore:
                 max_monthly_usd=max_monthly_usd,
                 by=by,
                 at=at,
+                if_version=if_version,
             )
             return self._budget
 

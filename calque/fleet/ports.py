@@ -147,7 +147,10 @@ class FleetStore(Protocol):
         max_monthly_usd: float | None,
         by: str,
         at: datetime,
-    ) -> BudgetRecord: ...
+        if_version: int | None = None,
+    ) -> BudgetRecord:
+        """The budget's new limits (records.budget_with_limits); with ``if_version``, only
+        over that version (BudgetChanged otherwise, nothing written)."""
 
     def get(self, request_id: str) -> AcquisitionRecord | None: ...
 

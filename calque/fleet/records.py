@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from calque.errors import Conflict
+
 # A month of the budget's hourly rate, for the monthly limit (365 * 24 / 12).
 HOURS_PER_MONTH = 730
 
@@ -192,6 +194,8 @@ class BudgetRecord(_Record):
     in_use_musd: int = 0
     updated_at: datetime | None = None
     updated_by: str | None = None
+    # 0 until first set, then one more with every write (a write may name the one it read)
+    version: int = 0
 
     @property
     def effective_musd(self) -> int:
@@ -217,9 +221,14 @@ def budget_with_limits(
     max_monthly_usd: float | None,
     by: str,
     at: datetime,
+    if_version: int | None = None,
 ) -> BudgetRecord:
     """New limits over what is in use: the headroom is what the limits leave beside it
-    (below zero when lowered under what is in use, so nothing more is reserved)."""
+    (below zero when lowered under what is in use, so nothing more is reserved). With
+    ``if_version``, only over that version of the budget (BudgetChanged otherwise)."""
+    version = old.version if old else 0
+    if if_version is not None and version != if_version:
+        raise BudgetChanged(version, if_version)
     used_i = old.in_use_instances if old else 0
     used_m = old.in_use_musd if old else 0
     return BudgetRecord(
@@ -232,7 +241,21 @@ def budget_with_limits(
         in_use_musd=used_m,
         updated_at=at,
         updated_by=by,
+        version=version + 1,
     )
+
+
+class BudgetChanged(Conflict):
+    """A budget write named a version another write has since replaced: nothing written."""
+
+    def __init__(self, version: int, if_version: int) -> None:
+        super().__init__(
+            f"the budget changed since version {if_version} was read: another change landed "
+            f"first (it is version {version} now); nothing was changed: read it again "
+            "(calque budget show) and decide",
+            code="limits_changed",
+            details={"budget": "budget", "version": version, "if_version": if_version},
+        )
 
 
 def closed(record: AcquisitionRecord, *, state: str, reason: str | None, at: datetime) -> AcquisitionRecord:

@@ -114,6 +114,7 @@ class DynamoFleetStore(Table):
         max_monthly_usd: float | None,
         by: str,
         at: datetime,
+        if_version: int | None = None,
     ) -> BudgetRecord:
         for _ in range(_TRIES):
             old = self.budget()
@@ -124,13 +125,18 @@ class DynamoFleetStore(Table):
                 max_monthly_usd=max_monthly_usd,
                 by=by,
                 at=at,
+                if_version=if_version,
             )
-            # Only if nothing reserved or released since the read: the headroom stays exact.
+            # Only if nothing reserved or released since the read, and no other write landed:
+            # the headroom stays exact, and a write over the version read stays over it.
             if old is None:
                 cond, values = "attribute_not_exists(pk)", None
             else:
-                cond = "in_use_instances = :i AND in_use_musd = :m"
-                values = expr_values(i=old.in_use_instances, m=old.in_use_musd)
+                cond = "in_use_instances = :i AND in_use_musd = :m AND "
+                cond += "version = :v" if old.version else "attribute_not_exists(version)"
+                values = expr_values(
+                    i=old.in_use_instances, m=old.in_use_musd, **({"v": old.version} if old.version else {})
+                )
             kwargs: dict[str, Any] = {
                 "TableName": self.table,
                 "Item": ser({**_budget_key(), "type": "budget", **record.model_dump()}),

@@ -77,15 +77,37 @@ def _set(ctx: Any, args: argparse.Namespace) -> None:
 
 def do_set(ctx: Any, *, max_instances: int, max_hourly_usd: float, max_monthly_usd: Any = KEEP) -> None:
     """PUT the budget. The API's PUT replaces the whole budget, so a monthly cap not given is
-    read first and sent again (None: removed)."""
+    read first and sent again (None: removed), with ``if_version``, the version read: when
+    another admin's change landed in between (409 limits_changed), it reads and sends again,
+    so the cap kept is the one set last, never one that was already replaced."""
+    from calque.cli.commands.quota import LIMIT_WRITE_TRIES
+    from calque.cli.errors import ApiError, CliError
+
     client = ctx.client()
     body: dict[str, Any] = {"max_instances": max_instances, "max_hourly_usd": max_hourly_usd}
-    if max_monthly_usd is KEEP:
+    if max_monthly_usd is not KEEP:  # the whole budget given: a full replace, nothing kept
+        if max_monthly_usd is not None:
+            body["max_monthly_usd"] = max_monthly_usd
+        ctx.emit(client.request("PUT", "/v1/budget", body), columns=BUDGET_FIELDS)
+        return
+    for _ in range(LIMIT_WRITE_TRIES):
         current = client.request("GET", "/v1/budget") or {}
-        max_monthly_usd = current.get("max_monthly_usd") if current.get("set", True) else None
-    if max_monthly_usd is not None:
-        body["max_monthly_usd"] = max_monthly_usd
-    ctx.emit(client.request("PUT", "/v1/budget", body), columns=BUDGET_FIELDS)
+        kept = current.get("max_monthly_usd") if current.get("set", True) else None
+        write = {**body, **({"max_monthly_usd": kept} if kept is not None else {})}
+        if "version" in current:  # an API from before versions would refuse the field
+            write["if_version"] = current["version"]
+        try:
+            ctx.emit(client.request("PUT", "/v1/budget", write), columns=BUDGET_FIELDS)
+            return
+        except ApiError as exc:
+            if exc.status != 409 or exc.code != "limits_changed":
+                raise
+    raise CliError(
+        f"the budget kept changing while this change was made ({LIMIT_WRITE_TRIES} tries: each "
+        "time another change landed first); nothing of this change was applied: run it again",
+        code="limits_changed",
+        details={"tries": LIMIT_WRITE_TRIES},
+    )
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:

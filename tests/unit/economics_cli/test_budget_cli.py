@@ -77,3 +77,21 @@ def test_budget_show_prints_dollars_as_plain_decimals(api, budget_cli):
     assert rows["max_monthly_usd"] == "9876543.21"
     assert (rows["max_hourly_usd"], rows["in_use_hourly_usd"]) == ("1234.56", "2.4144")
     assert rows["max_instances"] == "3"
+
+
+def test_a_cap_another_admin_set_meanwhile_is_kept_not_undone(api, budget_cli):
+    from tests.unit.cli_support import VersionedLimits
+
+    # Given a budget another admin changes (a monthly cap of 500) between this CLI's read and
+    # its write
+    store = VersionedLimits({**BUDGET, "version": 4}, meanwhile=[{"max_monthly_usd": 500.0}]).install(
+        api, read="/v1/budget", write="/v1/budget"
+    )
+    # When an admin sets only the instances and the hourly dollars
+    code, _, err = budget_cli("budget", "set", "--max-instances", "4", "--max-hourly-usd", "30")
+    # Then the write over the version read is refused, and the one sent again keeps the cap
+    # the other admin set, not the 730 read before it
+    assert code == 0, err
+    sent = [body for method, _path, body, _q in api.requests if method == "PUT"]
+    assert [(b["if_version"], b["max_monthly_usd"]) for b in sent] == [(4, 730.0), (5, 500.0)]
+    assert (store.doc["max_instances"], store.doc["max_monthly_usd"], store.doc["version"]) == (4, 500.0, 6)

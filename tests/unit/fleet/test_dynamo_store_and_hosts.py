@@ -70,6 +70,31 @@ def test_lowering_the_budget_keeps_what_is_in_use_and_leaves_no_headroom(store: 
         store.reserve(1, 0.5, [_rec(4)])
 
 
+def test_a_budget_write_over_a_version_replaced_since_changes_nothing(store: DynamoFleetStore):
+    from calque.fleet.records import BudgetChanged
+
+    # Given a budget set twice (version 2), the second time with a monthly cap
+    first = store.put_budget(max_instances=5, max_hourly_usd=100, max_monthly_usd=None, by="ann", at=NOW)
+    second = store.put_budget(
+        max_instances=5, max_hourly_usd=100, max_monthly_usd=730.0, by="bea", at=NOW, if_version=first.version
+    )
+    assert (first.version, second.version) == (1, 2)
+    # When a write based on version 1 (read before the cap was set) comes
+    with pytest.raises(BudgetChanged) as refused:
+        store.put_budget(
+            max_instances=6, max_hourly_usd=100, max_monthly_usd=None, by="ann", at=NOW, if_version=1
+        )
+    # Then it is refused as limits_changed, naming the version now stored, and nothing changed
+    assert refused.value.code == "limits_changed"
+    assert refused.value.details == {"budget": "budget", "version": 2, "if_version": 1}
+    assert store.budget() == second
+    # and a write over the version there is takes, one version more
+    third = store.put_budget(
+        max_instances=6, max_hourly_usd=100, max_monthly_usd=730.0, by="ann", at=NOW, if_version=2
+    )
+    assert (third.version, third.max_instances, store.budget() == third) == (3, 6, True)
+
+
 def test_updates_are_conditional_on_state_and_record_the_instance_pointer(store: DynamoFleetStore):
     store.put_budget(max_instances=5, max_hourly_usd=100, max_monthly_usd=None, by="admin", at=NOW)
     store.reserve(1, 3.36, [_rec(1)])
