@@ -155,11 +155,16 @@ class QueueMixin(SessionsMixin):
         ]
 
     def cancel_request(self, who: Caller, request_id: str) -> SessionRequest:
-        """Leave the queue. A cancelled (or expired) request answers as it is; a granted one
-        is refused (its session is the member's: check it in)."""
+        """Leave the queue. A cancelled (or expired) request answers as it is, and one whose
+        wait has run out ends ``expired`` (as the next pass would end it, announced so); a
+        granted one is refused (its session is the member's: check it in)."""
         rec = self._visible_request(who, request_id)
         if rec.state == "waiting":
-            done = self._queue().finish_queued(rec, "cancelled", at=self.clock(), by=who.principal)
+            now = self.clock()
+            if rec.wait_until <= now:  # its wait ran out first: it ends as the pass would end it
+                done = self._expire(rec, now)
+            else:
+                done = self._queue().finish_queued(rec, "cancelled", at=now, by=who.principal)
             rec = done or self._visible_request(who, request_id)
         if rec.state == "granted":
             raise Conflict(
@@ -168,6 +173,16 @@ class QueueMixin(SessionsMixin):
                 details={"request_id": request_id, "session_id": rec.session_id},
             )
         return self._request_view(who, rec)
+
+    def _expire(self, rec: QueuedRecord, now: datetime) -> QueuedRecord | None:
+        """A waiting request past its wait, ended ``expired`` and announced so; None if it no
+        longer waits (another pass, a grant or a cancel came first)."""
+        expired = self._queue().finish_queued(
+            rec, "expired", at=now, by="calque-queue", reason="its wait ran out before a slice freed"
+        )
+        if expired is not None:  # the event tells the request as it now is: expired
+            self._publish([request_event("calque.session.expired_in_queue", expired)])
+        return expired
 
     def _visible_request(self, who: Caller, request_id: str) -> QueuedRecord:
         import re
@@ -263,11 +278,7 @@ class QueueMixin(SessionsMixin):
             if r.wait_until > now:
                 left[r.request_id] = r
                 continue
-            expired = store.finish_queued(
-                r, "expired", at=now, by="calque-queue", reason="its wait ran out before a slice freed"
-            )
-            if expired is not None:  # the event tells the request as it now is: expired
-                self._publish([request_event("calque.session.expired_in_queue", expired)])
+            self._expire(r, now)
         if not left:
             return None
         asks = {rid: CheckoutRequest.model_validate_json(r.ask) for rid, r in left.items()}

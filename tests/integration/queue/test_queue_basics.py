@@ -143,3 +143,24 @@ def test_a_request_whose_wait_ran_out_is_announced_expired_not_waiting(ddb):
     assert t.get_request(member("erin"), req.request_id).state == "expired"
     gone = [d for d in events.of("calque.session.expired_in_queue") if d["request_id"] == req.request_id]
     assert [d["state"] for d in gone] == ["expired"]
+
+
+def test_a_cancel_after_the_wait_ran_out_ends_it_expired_as_the_pass_would(ddb):
+    # `checkout --wait --max-wait` leaves the queue itself when its wait is over: the request
+    # is expired (and announced so), not cancelled by its member
+    events = Recorder()
+    t = env(ddb, publisher=events)
+    iid = seed_host(ddb, 8)
+    for n in range(4):
+        t.checkout(member(f"y{n}"), CheckoutRequest(backend="mig", ttl_seconds=600, instance_id=iid))
+    ask = QueueRequest(backend="mig", ttl_seconds=600, instance_id=iid, max_wait_seconds=60)
+    late = t.enqueue(member("erin"), ask)
+    early = t.enqueue(member("erin"), ask)
+    assert t.cancel_request(member("erin"), early.request_id).state == "cancelled"
+    later = env(ddb, ahead_s=120, publisher=events)
+    gone = later.cancel_request(member("erin"), late.request_id)
+    assert (gone.state, gone.ended_reason) == ("expired", "its wait ran out before a slice freed")
+    assert later.cancel_request(member("erin"), late.request_id).state == "expired"
+    said = [d["request_id"] for d in events.of("calque.session.expired_in_queue")]
+    assert said.count(late.request_id) == 1
+    assert early.request_id not in said
