@@ -225,13 +225,19 @@ def _wait_checkout(
             if until is not None and datetime.now(UTC) > until:
                 # Its wait is over: the request leaves the queue now rather than at the
                 # control plane's next pass, and says so as what it is, an expired wait.
-                granted = _leave(client, rid)
+                try:
+                    granted = _leave(client, rid)
+                except CliError as exc:
+                    raise _still_queued(exc, rid) from exc
                 if granted is not None:
                     ctx.emit(granted, text=render(granted, local=ctx.local_plane))
                     return
                 raise _expired(rid, req, asked=max_wait_s is not None)
             time.sleep(POLL_S)
-            req = client.request("GET", _path(rid))
+            try:
+                req = client.request("GET", _path(rid))
+            except CliError as exc:  # the wait ends, the request does not: say it may be granted
+                raise _still_queued(exc, rid) from exc
     except KeyboardInterrupt:
         if on_interrupt == "leave":
             print(
@@ -240,7 +246,10 @@ def _wait_checkout(
                 file=sys.stderr,
             )
             raise SystemExit(130) from None
-        grant = _leave(client, rid)
+        try:
+            grant = _leave(client, rid)
+        except CliError as exc:
+            raise _still_queued(exc, rid) from exc
         if grant is not None:  # granted meanwhile: keep it
             ctx.emit(grant, text=render(grant, local=ctx.local_plane))
             return
@@ -258,6 +267,18 @@ def _leave(client: Any, rid: str) -> dict[str, Any] | None:
         grant = client.request("GET", _path(rid)).get("grant")
         return dict(grant) if grant else None
     return None
+
+
+def _still_queued(exc: CliError, rid: str) -> CliError:
+    """A wait that could not read or leave its request (the control plane out of reach, say):
+    the request itself may still wait and be granted, its session then held for its TTL, so
+    the error says how to find it, its token, or leave the queue."""
+    return CliError(
+        f"{exc.message}; {rid} may still be queued and granted: `calque session queue {rid}` "
+        f"shows it (once granted, its session and token), `calque session cancel {rid}` leaves it",
+        code=exc.code,
+        details={**exc.details, "request_id": rid},
+    )
 
 
 def _expired(rid: str, req: dict[str, Any], *, asked: bool) -> CliError:

@@ -270,3 +270,39 @@ def test_a_wait_stopped_by_a_signal_cancels_as_ctrl_c_does(api, cli, monkeypatch
     assert code == 130
     assert f"{RID} cancelled" in err
     assert ("DELETE", f"/v1/session-requests/{RID}") in [r[:2] for r in api.requests]
+
+
+def test_a_wait_that_loses_the_control_plane_says_the_request_may_still_be_granted(api, cli):
+    # the request outlives the command: a grant nobody reads would hold its slice for its TTL
+    from calque.cli.errors import EndpointUnreachable
+
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = EndpointUnreachable(
+        "http://127.0.0.1:9", "Could not connect to the endpoint URL"
+    )
+    code, out, err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1
+    error = json.loads(out)["error"]
+    assert error["code"] == "endpoint_unreachable"
+    assert error["details"]["request_id"] == RID
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("calque: error: cannot reach the control plane at http://127.0.0.1:9")
+    assert f"`calque session queue {RID}`" in last
+    assert f"`calque session cancel {RID}`" in last
+
+
+def test_ctrl_c_that_cannot_cancel_says_the_request_may_still_be_granted(api, cli, monkeypatch):
+    from calque.cli.errors import EndpointUnreachable
+
+    def interrupted(_s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_queue.time, "sleep", interrupted)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("DELETE", f"/v1/session-requests/{RID}")] = EndpointUnreachable(
+        "http://127.0.0.1:9", "Could not connect to the endpoint URL"
+    )
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1
+    assert f"{RID} may still be queued and granted" in err
+    assert "cancelled" not in err
