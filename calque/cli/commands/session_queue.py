@@ -65,6 +65,15 @@ def place_line(req: dict[str, Any]) -> str:
     return f"{req.get('request_id')} waiting: place {req.get('position') or '?'} in the queue, {when}"
 
 
+def granted_note(request_id: str) -> str:
+    """What a grant from the queue says of its token: unlike a check-out's, the request keeps
+    it for its member, so it can be read again (the check-out's "shown once" is not this)."""
+    return (
+        f"Granted from queued request {request_id}: keep the token to log into the host (and for "
+        f"anyone but you to check in or extend); `calque session queue {request_id}` shows it again."
+    )
+
+
 def register(group: Any, *, render: Any) -> None:
     """``render(grant, token_note=...)``: how ``session checkout`` prints a grant, which a
     granted request is printed as."""
@@ -131,8 +140,10 @@ def do_show_request(ctx: Any, *, request_id: str, render: Any) -> None:
     req = ctx.client().request("GET", _path(request_id))
     if req.get("state") == "granted" and req.get("grant"):
         # the request keeps its grant for its member: the check-out's "shown once" is not this
-        note = f"Granted from queued request {request_id}: keep the token to log into the host."
-        ctx.emit(req["grant"], text=render(req["grant"], token_note=note, local=ctx.local_plane))
+        ctx.emit(
+            req["grant"],
+            text=render(req["grant"], token_note=granted_note(request_id), local=ctx.local_plane),
+        )
         return
     ended = [(k, k) for k in ("held_back", "ended_reason") if req.get(k)]
     ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until"), *ended])
@@ -204,7 +215,7 @@ def _wait_checkout(
         while True:
             if req.get("state") == "granted" and req.get("grant"):
                 grant = req["grant"]
-                ctx.emit(grant, text=render(grant, local=ctx.local_plane))
+                ctx.emit(grant, text=render(grant, token_note=granted_note(rid), local=ctx.local_plane))
                 return
             if req.get("state") == "expired":
                 raise _expired(rid, req, asked=max_wait_s is not None)
@@ -230,7 +241,9 @@ def _wait_checkout(
                 except CliError as exc:
                     raise _still_queued(exc, rid) from exc
                 if granted is not None:
-                    ctx.emit(granted, text=render(granted, local=ctx.local_plane))
+                    ctx.emit(
+                        granted, text=render(granted, token_note=granted_note(rid), local=ctx.local_plane)
+                    )
                     return
                 raise _expired(rid, req, asked=max_wait_s is not None)
             time.sleep(POLL_S)
@@ -251,7 +264,7 @@ def _wait_checkout(
         except CliError as exc:
             raise _still_queued(exc, rid) from exc
         if grant is not None:  # granted meanwhile: keep it
-            ctx.emit(grant, text=render(grant, local=ctx.local_plane))
+            ctx.emit(grant, text=render(grant, token_note=granted_note(rid), local=ctx.local_plane))
             return
         print(f"{rid} cancelled", file=sys.stderr)
         raise SystemExit(130) from None

@@ -306,3 +306,14 @@ def test_ctrl_c_that_cannot_cancel_says_the_request_may_still_be_granted(api, cl
     assert code == 1
     assert f"{RID} may still be queued and granted" in err
     assert "cancelled" not in err
+
+
+def test_a_grant_from_the_queue_does_not_claim_its_token_is_shown_once(api, cli):
+    # the request keeps its grant for its member: `session queue REQ` prints the token again
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "granted", "grant": GRANT}
+    code, out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 0, err
+    assert GRANT["token"] in out
+    assert "shown once" not in out
+    assert f"`calque session queue {RID}` shows it again" in out
