@@ -16,13 +16,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from calque.contracts.common import Out, Strict
-from calque.contracts.tenancy import CheckoutRequest, SessionGrant
+from calque.contracts.common import GROUP_PATTERN, Out, Request
+from calque.contracts.tenancy import USER_PATTERN, CheckoutRequest, SessionGrant
 
 REQUEST_ID_PATTERN = r"^q-[0-9a-f]{8,32}$"
 # Above any deployment's longest wait, which every request is cut to.
 MAX_WAIT_SECONDS_LIMIT = 30 * 24 * 3600
-ACCOUNT_PATTERN = r"^(user:)?[A-Za-z0-9+=,.@_\-/:]{1,128}$"
+# A group's name, or user:NAME for a member with no group (NAME as USER_PATTERN has it)
+ACCOUNT_PATTERN = r"^(?:user:" + USER_PATTERN.strip("^$") + "|" + GROUP_PATTERN.strip("^$") + ")$"
 QueueState = Literal["waiting", "granted", "cancelled", "expired"]
 
 
@@ -75,7 +76,7 @@ class SessionRequest(Out):
     )
 
 
-class SharesRequest(Strict):
+class SharesRequest(Request):
     """PUT /v1/fairshare/{account}: an account's (a group's) shares."""
 
     shares: float = Field(ge=0.001, le=1_000_000)

@@ -525,8 +525,18 @@ class QueueMixin(SessionsMixin):
     # ---- fair-share accounts (admins) ---------------------------------------------------------
 
     def set_shares(self, who: Caller, account: str, shares: float) -> dict[str, Any]:
+        import re
+
+        from calque.contracts.queue import ACCOUNT_PATTERN
+
         if not who.admin:
             raise Forbidden("only admins may set shares", details={"field": "shares"})
+        if not re.fullmatch(ACCOUNT_PATTERN, account):  # it would be kept, and weighed, for good
+            raise InvalidInput(
+                f"{account[:64]!r} is not an account: a group's name, or user:NAME for a member "
+                "with no group",
+                details={"field": "account"},
+            )
         if not account.startswith("user:") and self.registry.get_group(account) is None:
             raise NotFound(f"no group {account}", details={"group": account})
         self._queue().set_shares(account, shares)

@@ -164,3 +164,18 @@ def test_a_cancel_after_the_wait_ran_out_ends_it_expired_as_the_pass_would(ddb):
     said = [d["request_id"] for d in events.of("calque.session.expired_in_queue")]
     assert said.count(late.request_id) == 1
     assert early.request_id not in said
+
+
+@pytest.mark.parametrize("account", ["user:", "user: a", "user:a b", "lab:x"])
+def test_shares_for_what_is_not_an_account_are_refused_and_nothing_is_kept(ddb, account):
+    # `PUT /v1/fairshare/user:%20a` made an account that no one can use, listed and weighed
+    # against every group's shares for good
+    from calque.errors import InvalidInput
+
+    t = env(ddb)
+    before = t.fair_share(ADMIN)
+    with pytest.raises(InvalidInput) as refused:
+        t.set_shares(ADMIN, account, 5)
+    assert refused.value.details == {"field": "account"}
+    assert t.fair_share(ADMIN) == before
+    assert t.set_shares(ADMIN, "user:solo", 2)["shares"] == 2
