@@ -61,7 +61,8 @@ class SessionRequest(Out):
     held_back: str | None = Field(
         default=None,
         description="while it waits: a limit that would refuse its grant now (the member's "
-        "session quota, or their group's), however soon a slice frees; null: none holds it",
+        "session quota, or their group's), however soon a slice frees, or the group it is "
+        "charged to can no longer take it (deleted, or the member left it); null: none holds it",
     )
     session_id: str | None = None
     granted_at: datetime | None = None

@@ -333,8 +333,10 @@ class QueueMixin(SessionsMixin):
         or the member's or group's month already at a monthly limit (no grant can fit it)."""
         try:
             quota, charged, full = self._live_limits(user, group)
-        except CalqueError:
-            return None  # its group went: the next pass ends it, saying so
+        except CalqueError as exc:
+            # its group went, or the member left it: no slice freeing can start it (the pass
+            # that would grant it ends it instead), so it has no start to estimate either
+            return f"{gone_group(exc)}; it leaves the queue when a slice frees for it"
         if full is not None:
             return full[1].message
         month = f"{self.clock():%Y-%m}"
@@ -381,7 +383,7 @@ class QueueMixin(SessionsMixin):
         except CalqueError as exc:
             # its group is gone or the member left it: no pass can ever grant it as asked, so it
             # leaves the queue (it would otherwise wait its whole wait, and reserve, for nothing)
-            why = f"{one_line(str(exc))}: the group it is charged to can no longer take it"
+            why = gone_group(exc)
             store.finish_queued(rec, "cancelled", at=now, by="calque-queue", reason=why)
             return REFUSED
         if full is not None:
@@ -567,6 +569,12 @@ class QueueMixin(SessionsMixin):
         among those a share or a usage is normalised over."""
         groups = {g.name for g in self.registry.list_groups()}
         return {a: r for a, r in accounts.items() if a.startswith("user:") or a in groups}
+
+
+def gone_group(exc: CalqueError) -> str:
+    """Why a request charged to a group that can no longer take it (deleted, or its member
+    left it) can never be granted as queued."""
+    return f"{one_line(str(exc))}: the group it is charged to can no longer take it"
 
 
 def request_event(kind: str, r: QueuedRecord) -> Event:

@@ -93,6 +93,14 @@ def test_a_request_whose_member_left_its_group_leaves_the_queue_instead_of_waiti
     carols = t.enqueue(member("carol"), QueueRequest(**here))
     assert (bobs.group, bobs.position) == ("lab-x", 1)
     Groups(DynamoRegistry(ddb, TABLE), clock=t.clock).remove(ADMIN, "lab-x", ["bob"])
+    # until a slice frees for it, it says it can never start, rather than when it would
+    waiting = t.get_request(member("bob"), bobs.request_id)
+    assert (waiting.state, waiting.estimated_start) == ("waiting", None)
+    assert waiting.held_back == (
+        "bob is not a member of group lab-x: the group it is charged to can no longer take it; "
+        "it leaves the queue when a slice frees for it"
+    )
+    assert [r.held_back for r in t.list_requests(member("bob"))] == [waiting.held_back]
     t.checkin(member("h0"), held[0].session_id, CheckinRequest())
     assert reclaim_all(t, iid) == 1
     gone = t.get_request(member("bob"), bobs.request_id)
