@@ -367,7 +367,7 @@ def register(subparsers: Any) -> None:
     from calque.cli.commands import session_connect
 
     session_connect.register(group)  # connect, exec
-    session_queue.register(group, render=render_grant)  # session queue | cancel
+    session_queue.register(group, render=render_grant, render_ended=render_session)  # queue | cancel
 
 
 def _add_parser_without_global_profile(group: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:

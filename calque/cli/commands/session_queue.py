@@ -74,9 +74,10 @@ def granted_note(request_id: str) -> str:
     )
 
 
-def register(group: Any, *, render: Any) -> None:
+def register(group: Any, *, render: Any, render_ended: Any) -> None:
     """``render(grant, token_note=...)``: how ``session checkout`` prints a grant, which a
-    granted request is printed as."""
+    granted request is printed as; ``render_ended(session)``: how ``session show`` prints a
+    session, which a granted request whose session has ended is printed as."""
     from calque.cli.argtypes import request_id
 
     p = group.add_parser(
@@ -93,7 +94,7 @@ def register(group: Any, *, render: Any) -> None:
         help="one request, whatever its state: a granted one prints its grant as a check-out "
         "does, token included (e.g. after --on-interrupt leave)",
     )
-    p.set_defaults(func=lambda ctx, args: _queue(ctx, args, render))
+    p.set_defaults(func=lambda ctx, args: _queue(ctx, args, render, render_ended))
 
     p = group.add_parser("cancel", help="leave the queue: cancel a waiting check-out")
     p.add_argument("request_id", metavar="REQUEST_ID", type=request_id)
@@ -123,7 +124,7 @@ def add_wait_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _queue(ctx: Any, args: argparse.Namespace, render: Any) -> None:
+def _queue(ctx: Any, args: argparse.Namespace, render: Any, render_ended: Any) -> None:
     if args.request_id is None:
         do_queue(ctx, all_users=args.all)
         return
@@ -131,19 +132,22 @@ def _queue(ctx: Any, args: argparse.Namespace, render: Any) -> None:
         from calque.cli.errors import UsageError
 
         raise UsageError("give REQUEST_ID or --all, not both", details={"field": "all"})
-    do_show_request(ctx, request_id=args.request_id, render=render)
+    do_show_request(ctx, request_id=args.request_id, render=render, render_ended=render_ended)
 
 
-def do_show_request(ctx: Any, *, request_id: str, render: Any) -> None:
+def do_show_request(ctx: Any, *, request_id: str, render: Any, render_ended: Any) -> None:
     """One request: a granted one as its grant (the session and its token, which the API keeps
     for its member), any other as the request itself."""
     req = ctx.client().request("GET", _path(request_id))
-    if req.get("state") == "granted" and req.get("grant"):
+    grant = req.get("grant")
+    if req.get("state") == "granted" and grant and grant.get("state") not in (None, "live"):
+        # its session has ended: shown as `session show` shows it, not as a check-out to use
+        said = f"{request_id} was granted as {grant.get('session_id')}, which has ended."
+        ctx.emit(grant, text=said + "\n\n" + render_ended(grant))
+        return
+    if req.get("state") == "granted" and grant:
         # the request keeps its grant for its member: the check-out's "shown once" is not this
-        ctx.emit(
-            req["grant"],
-            text=render(req["grant"], token_note=granted_note(request_id), local=ctx.local_plane),
-        )
+        ctx.emit(grant, text=render(grant, token_note=granted_note(request_id), local=ctx.local_plane))
         return
     ended = [(k, k) for k in ("held_back", "ended_reason") if req.get(k)]
     ctx.emit(req, columns=[*REQUEST_COLUMNS, ("state", "state"), ("wait_until", "wait_until"), *ended])

@@ -317,3 +317,20 @@ def test_a_grant_from_the_queue_does_not_claim_its_token_is_shown_once(api, cli)
     assert GRANT["token"] in out
     assert "shown once" not in out
     assert f"`calque session queue {RID}` shows it again" in out
+
+
+def test_a_request_whose_session_has_ended_shows_it_ended_not_as_a_check_out_to_use(api, cli):
+    # it printed "Expires at ... (in expired); the slice is reclaimed then", how to connect and
+    # "Check in when done", for a session that had ended
+    ended = {**GRANT, "state": "ended", "end_reason": "expired", "ended_at": "2026-12-05T12:00:00Z"}
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**WAITING, "state": "granted", "grant": ended}
+    code, out, err = cli("session", "queue", RID)
+    assert code == 0, err
+    assert f"{RID} was granted as {GRANT['session_id']}, which has ended." in out
+    assert "end_reason" in out
+    assert "expired" in out
+    assert "Check in when done" not in out
+    assert "Connect:" not in out
+    assert GRANT["token"] not in out
+    code, out, _err = cli("--output", "json", "session", "queue", RID)
+    assert json.loads(out)["state"] == "ended"
