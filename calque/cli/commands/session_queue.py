@@ -176,21 +176,38 @@ def do_wait_checkout(
     """Queue the check-out, then wait until it is granted (print it as a check-out), its wait
     ends (exit 1), or Ctrl-C (cancel or leave it, as asked). A SIGTERM or SIGHUP (``timeout``,
     a batch system's stop, a closed terminal) is taken as Ctrl-C: otherwise the request would
-    stay queued, to be granted later to nobody watching, its TTL charged to the member."""
+    stay queued, to be granted later to nobody watching, its TTL charged to the member. It
+    exits 128 + the signal's number, as a shell reports a command the signal ended (130 for
+    Ctrl-C, 143 for SIGTERM, 129 for SIGHUP); a signal the process ignores (``nohup``) stays
+    ignored."""
     with _terminate_as_interrupt():
         _wait_checkout(ctx, body, max_wait_s=max_wait_s, on_interrupt=on_interrupt, render=render)
 
 
+class _Stopped(KeyboardInterrupt):
+    """A SIGTERM or SIGHUP taken as Ctrl-C: which one, for the exit status."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _exit_status(exc: KeyboardInterrupt) -> int:
+    return 128 + (exc.signum if isinstance(exc, _Stopped) else signal.SIGINT)
+
+
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    def interrupt(_signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise _Stopped(signum)
 
     previous: dict[int, Any] = {}
     for name in ("SIGTERM", "SIGHUP"):
         number = getattr(signal, name, None)
         if number is None:
             continue  # no such signal here (Windows has no SIGHUP)
+        if signal.getsignal(number) is signal.SIG_IGN:
+            continue  # ignored on purpose (nohup): the wait goes on, as the caller asked
         try:
             previous[number] = signal.signal(number, interrupt)
         except ValueError:  # not the main thread: signals are not ours to take
@@ -255,14 +272,15 @@ def _wait_checkout(
                 req = client.request("GET", _path(rid))
             except CliError as exc:  # the wait ends, the request does not: say it may be granted
                 raise _still_queued(exc, rid) from exc
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        status = _exit_status(stop)
         if on_interrupt == "leave":
             print(
                 f"{rid} stays in the queue: `calque session queue {rid}` shows it (and, once "
                 f"granted, its session and token), `calque session cancel {rid}` leaves it",
                 file=sys.stderr,
             )
-            raise SystemExit(130) from None
+            raise SystemExit(status) from None
         try:
             grant = _leave(client, rid)
         except CliError as exc:
@@ -271,7 +289,7 @@ def _wait_checkout(
             ctx.emit(grant, text=render(grant, token_note=granted_note(rid), local=ctx.local_plane))
             return
         print(f"{rid} cancelled", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(status) from None
 
 
 def _leave(client: Any, rid: str) -> dict[str, Any] | None:

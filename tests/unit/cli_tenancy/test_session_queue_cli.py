@@ -267,7 +267,7 @@ def test_a_wait_stopped_by_a_signal_cancels_as_ctrl_c_does(api, cli, monkeypatch
         assert signal.getsignal(number) is dies  # the process's own handling given back
     finally:
         signal.signal(number, before)
-    assert code == 130
+    assert code == 128 + number  # as a shell reports a command the signal ended (143, 129)
     assert f"{RID} cancelled" in err
     assert ("DELETE", f"/v1/session-requests/{RID}") in [r[:2] for r in api.requests]
 
@@ -334,3 +334,34 @@ def test_a_request_whose_session_has_ended_shows_it_ended_not_as_a_check_out_to_
     assert GRANT["token"] not in out
     code, out, _err = cli("--output", "json", "session", "queue", RID)
     assert json.loads(out)["state"] == "ended"
+
+
+def test_a_hang_up_ignored_on_purpose_nohup_does_not_end_the_wait(api, cli, monkeypatch):
+    import os
+    import signal
+
+    # Given a wait run under nohup (SIGHUP ignored), whose terminal closes once
+    hung_up: list[int] = []
+
+    def sleep(_s):
+        if not hung_up:
+            hung_up.append(1)
+            os.kill(os.getpid(), signal.SIGHUP)
+        api.responses[("GET", f"/v1/session-requests/{RID}")] = {
+            **WAITING,
+            "state": "granted",
+            "grant": GRANT,
+        }
+
+    monkeypatch.setattr(session_queue.time, "sleep", sleep)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        code, out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    # Then the wait goes on to its grant: nothing was cancelled
+    assert code == 0, err
+    assert GRANT["session_id"] in out
+    assert all(r[0] != "DELETE" for r in api.requests)
