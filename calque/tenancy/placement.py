@@ -218,7 +218,7 @@ class PlacementMixin(TenancyCore):
             return Conflict(
                 f"no host has {req.gpus} whole GPUs free at once right now: of the {fits} that fit, "
                 f"{fits - free_there} {'is' if fits - free_there == 1 else 'are'} in use or being "
-                "reclaimed; try again later",
+                f"reclaimed{_OR_WAIT}",
                 code="no_free_slice",
                 details=details,
             )
@@ -226,7 +226,7 @@ class PlacementMixin(TenancyCore):
             return Conflict(
                 "no free slice fits this request right now: "
                 f"{'the one that fits is' if fits == 1 else f'the {fits} that fit are'} in use "
-                "or being reclaimed; try again later",
+                f"or being reclaimed{_OR_WAIT}",
                 code="no_free_slice",
                 details=details,
             )
@@ -250,6 +250,10 @@ def _fits(s: SliceRecord, req: CheckoutRequest, *, any_state: bool = False) -> b
         and (req.profile is None or s.profile == req.profile)
         and (req.min_memory_gib is None or s.memory_gib >= req.min_memory_gib)
     )
+
+
+# A refusal for slices in use says how to wait for one instead of trying again (docs/queue.md)
+_OR_WAIT = "; try again later, or wait in line for one (calque session checkout ... --wait)"
 
 
 def _describe(req: CheckoutRequest) -> str:

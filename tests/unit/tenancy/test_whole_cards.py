@@ -92,7 +92,7 @@ def test_gpus_n_is_all_or_nothing_and_never_spans_two_hosts(world: World):
     # the reason counts what is busy, not every card that fits (two of the eight are free)
     assert refused.value.message == (
         "no host has 2 whole GPUs free at once right now: of the 8 that fit, 6 are in use or "
-        "being reclaimed; try again later"
+        "being reclaimed; try again later, or wait in line for one (calque session checkout ... --wait)"
     )
     assert {iid: world.slice_states(iid) for iid in (HOST, OTHER)} == before
     # more cards than any host has: nothing can ever fit
