@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from calque.cli.durations import human_duration
 from calque.cli.errors import CliError
 from calque.cli.output import plain
 
@@ -239,7 +240,7 @@ def _wait_checkout(
                 ctx.emit(grant, text=render(grant, token_note=granted_note(rid), local=ctx.local_plane))
                 return
             if req.get("state") == "expired":
-                raise _expired(rid, req, asked=max_wait_s is not None)
+                raise _expired(rid, req, asked_s=max_wait_s)
             if req.get("state") == "cancelled":
                 why = req.get("ended_reason")  # calque ended it (its group or host went)
                 raise CliError(
@@ -266,7 +267,7 @@ def _wait_checkout(
                         granted, text=render(granted, token_note=granted_note(rid), local=ctx.local_plane)
                     )
                     return
-                raise _expired(rid, req, asked=max_wait_s is not None)
+                raise _expired(rid, req, asked_s=max_wait_s)
             time.sleep(POLL_S)
             try:
                 req = client.request("GET", _path(rid))
@@ -316,9 +317,17 @@ def _still_queued(exc: CliError, rid: str) -> CliError:
     )
 
 
-def _expired(rid: str, req: dict[str, Any], *, asked: bool) -> CliError:
+def _expired(rid: str, req: dict[str, Any], *, asked_s: int | None) -> CliError:
+    """The wait ran out: by ``--max-wait`` (``asked_s``), or by the deployment's longest wait,
+    which cuts a longer one (then said so, with how long the wait was)."""
     until = req.get("wait_until")
-    why = "--max-wait" if asked else "the deployment's longest wait"
+    why = "--max-wait" if asked_s else "the deployment's longest wait"
+    start, end = _time(req.get("submitted_at")), _time(until)
+    if asked_s and start is not None and end is not None:
+        waited = (end - start).total_seconds()
+        if waited < asked_s - 1:  # cut to the deployment's longest wait
+            longest = human_duration(waited)
+            why = f"the deployment's longest wait, {longest}, shorter than the --max-wait asked"
     return CliError(
         f"{rid} expired: its wait ended at {until} ({why}) before it was granted; "
         "it left the queue and nothing was granted",

@@ -365,3 +365,19 @@ def test_a_hang_up_ignored_on_purpose_nohup_does_not_end_the_wait(api, cli, monk
     assert code == 0, err
     assert GRANT["session_id"] in out
     assert all(r[0] != "DELETE" for r in api.requests)
+
+
+def test_a_max_wait_cut_to_the_deployments_longest_says_so_when_it_runs_out(api, cli):
+    # Given a deployment whose longest wait (a day) cuts the three days asked
+    cut = {**WAITING, "submitted_at": "2026-12-05T10:00:00Z", "wait_until": "2026-12-06T10:00:00Z"}
+    api.responses[("POST", "/v1/session-requests")] = cut
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**cut, "state": "expired"}
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--max-wait", "3d")
+    # Then its end names the deployment's longest wait, not the --max-wait that was cut
+    assert code == 1
+    assert "(the deployment's longest wait, 1d, shorter than the --max-wait asked)" in err
+    # and a wait that ran its whole --max-wait says that
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = {**cut, "state": "expired"}
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--max-wait", "1d")
+    assert code == 1
+    assert "(--max-wait)" in err
