@@ -511,14 +511,30 @@ def iter_items(path: str) -> Iterator[Any]:
                 ) from None
             if not line.strip():
                 continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
+            try:  # NaN, Infinity and 1e999 are Python's, not JSON: no runner could be sent them
+                yield json.loads(line, parse_constant=_not_a_number, parse_float=_finite_float)
+            except (json.JSONDecodeError, _NotJson) as exc:
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
                 raise CliError(
-                    f"{path} line {number}: not JSON ({exc.msg})",
-                    code="invalid_input",
-                    details={"line": number},
+                    f"{path} line {number}: not JSON ({why})", code="invalid_input", details={"line": number}
                 ) from None
+
+
+class _NotJson(ValueError):
+    """A value ``json.loads`` reads but JSON has not (NaN, Infinity, a number past a float)."""
+
+
+def _not_a_number(text: str) -> Any:
+    raise _NotJson(f"{text} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    import math
+
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotJson(f"{text} is too large for a number")
+    return value
 
 
 def _submit_uploaded(ctx: Any, name: str, values: Iterable[Any], group: str | None) -> dict[str, Any]:

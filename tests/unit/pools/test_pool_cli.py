@@ -73,6 +73,36 @@ def test_a_bad_items_line_is_refused_by_number_and_nothing_is_sent(api, cli, tmp
     assert api.requests == []
 
 
+def test_nan_infinity_and_an_overflowing_number_are_refused_by_line_however_large_the_file(
+    api, cli, tmp_path
+):
+    """Python's json reads NaN, Infinity and 1e999 (as inf), but they are not JSON: a line
+    holding one is refused by its number (exit 1), in a small file and in one that goes by
+    upload, not as a flag's usage error nor an unexpected ValueError."""
+    items = tmp_path / "items.jsonl"
+    refused = [
+        ("NaN", "NaN is not a JSON value"),
+        ('{"x": -Infinity}', "-Infinity is not a JSON value"),
+        ("[1e999]", "1e999 is too large for a number"),
+    ]
+    for line, why in refused:
+        for size in (1, 30_000):
+            # Given an items file whose last line holds it, small or past the upload size
+            items.write_text('"x"\n' * size + line + "\n")
+            api.requests.clear()
+            # When a member submits it
+            code, out, err = cli("pool", "submit", "textstats", "--items", str(items))
+            # Then it is refused by its line, and nothing is sent
+            assert (code, out) == (1, "")
+            assert err == f"calque: error: {items} line {size + 1}: not JSON ({why})\n"
+            assert api.requests == []
+    # numbers JSON has, large and small, and the text "NaN", are items as before
+    items.write_text('[1.5, -0.0, 1e300, "NaN"]\n')
+    api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
+    assert cli("pool", "submit", "textstats", "--items", str(items))[0] == 0
+    assert api.requests[-1][2] == {"items": [[1.5, -0.0, 1e300, "NaN"]]}
+
+
 def test_an_items_file_with_a_byte_order_mark_is_read_and_one_not_utf8_refused_by_line(api, cli, tmp_path):
     items = tmp_path / "items.jsonl"
     items.write_bytes(b'\xef\xbb\xbf{"text": "a"}\r\n[1, 2]\r\n')
