@@ -194,10 +194,11 @@ def _fits(items: list[Any], limit: int) -> bool:
     return True
 
 
-def _check_json(items: list[Any]) -> None:
+def _check_json(items: list[Any], first: int = 0) -> None:
     """Every item must be JSON (what the runner gets back is ``json.loads`` of it): CliError
-    ``invalid_input`` naming the first that is not, before anything is sent."""
-    for index, item in enumerate(items):
+    ``invalid_input`` naming the first that is not, before anything is sent; ``first``: the
+    index of ``items[0]`` in what the caller gave (a map's batch is a slice of its items)."""
+    for index, item in enumerate(items, start=first):
         try:
             json.dumps(item, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -243,12 +244,14 @@ class Pool:
 
     def submit(self, items: Iterable[Any]) -> Claim:
         """Submit one claim of these items; any size (a large one is uploaded first)."""
+        return self._submit(list(items))
+
+    def _submit(self, values: list[Any], first: int = 0) -> Claim:
         path = f"/v1/pools/{quote(self.name, safe='')}/claims"
         group = {"group": self.group} if self.group is not None else {}
-        values = list(items)
         if not values:
             raise CliError("a claim needs at least one item", code="invalid_input")
-        _check_json(values)
+        _check_json(values, first)
         if len(values) <= MAX_ITEMS and _fits(values, INLINE_BYTES):  # else uploaded, any count
             try:
                 return Claim(self._conn, self._conn.request("POST", path, {"items": values, **group}))
@@ -299,13 +302,16 @@ class MapRun:
         self, pool: Pool, items: Iterator[Any], size: int, window: int, timeout: float | None, exc: bool
     ) -> Iterator[Any]:
         waiting: deque[Claim] = deque()
+        sent = 0  # items submitted so far: a refused item is named by its index in ``items``
 
         def fill() -> None:
+            nonlocal sent
             while len(waiting) < window:
                 batch = list(islice(items, size))
                 if not batch:
                     return
-                claim = pool.submit(batch)
+                claim = pool._submit(batch, first=sent)
+                sent += len(batch)
                 self.claims.append(claim)
                 waiting.append(claim)
 

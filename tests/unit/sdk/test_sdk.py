@@ -124,6 +124,19 @@ def test_an_item_that_is_not_json_is_refused_naming_it_before_anything_is_sent()
     assert client.calls == []
 
 
+def test_a_map_names_an_item_that_is_not_json_by_its_index_in_the_maps_items():
+    # Given a map whose seventh item cannot be sent, in its fourth batch of two
+    client = Client()
+    items = ["a", "b", "c", "d", "e", "f", {1, 2}, "h"]
+    # When it runs
+    with pytest.raises(CliError) as err:
+        list(pool(client).map(items, batch_size=2))
+    # Then the refusal names item 6, as the caller counts them, not its place in its batch
+    assert err.value.code == "invalid_input"
+    assert err.value.message.startswith("item 6 cannot be sent as JSON")
+    assert err.value.details == {"item": 6}
+
+
 def test_every_sdk_name_is_importable_from_calque_and_every_error_is_a_clierror():
     code = (
         "import sys, calque; from calque import ApiError, Claim, ClaimError, CliError, LogChunk, MapRun, "
