@@ -147,11 +147,11 @@ class Claim:
         return [_output(i, e, return_exceptions) for i, e in enumerate(self.entries(timeout))]
 
     def download(self, path: str | os.PathLike[str], timeout: float | None = None) -> int:
-        """Stream the result document (``{"results": [...]}``) to ``path``; its size in bytes."""
+        """Stream the result document (``{"results": [...]}``) to ``path``, written there only once
+        its SHA-256 is checked (CliError ``result_checksum_mismatch`` otherwise); its size."""
         self.wait(timeout)
         answer = self._conn.request("GET", self._path + "/result")
-        with open(path, "wb") as f:
-            return transfer.stream_to(answer["download"], f)
+        return transfer.download_to(answer["download"], path)
 
     def cancel(self) -> Claim:
         """Cancel the claim (queued, or running: its run is stopped); ApiError

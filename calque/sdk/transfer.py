@@ -4,12 +4,14 @@ checked: the SDK and the CLI both move inputs and results this way."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
@@ -86,21 +88,32 @@ def put_presigned(
 
 def stream_to(download: dict[str, Any], out: IO[bytes]) -> int:
     """Stream the document at ``download["url"]`` into ``out``; its size. CliError
-    ``result_checksum_mismatch`` when its SHA-256 is not the one the worker recorded."""
+    ``result_checksum_mismatch`` when its SHA-256 is not the one the worker recorded (what
+    was written to ``out`` by then is not that document: stage it, see ``download_to``). A
+    write to ``out`` that fails raises its own OSError: the download did not fail."""
     digest = hashlib.sha256()
     size = 0
     try:
-        with urllib.request.urlopen(download["url"], timeout=TIMEOUT_S) as resp:  # noqa: S310
-            for block in iter(lambda: resp.read(BLOCK), b""):
-                digest.update(block)
-                out.write(block)
-                size += len(block)
+        resp = urllib.request.urlopen(download["url"], timeout=TIMEOUT_S)  # noqa: S310
     except urllib.error.HTTPError as exc:
         raise CliError(
             f"downloading the claim's result was refused ({exc.code})", code="result_download_failed"
         ) from None
     except OSError as exc:
         raise CliError(f"cannot download the claim's result: {exc}", code="result_download_failed") from None
+    with resp:
+        while True:
+            try:
+                block = resp.read(BLOCK)
+            except OSError as exc:
+                raise CliError(
+                    f"cannot download the claim's result: {exc}", code="result_download_failed"
+                ) from None
+            if not block:
+                break
+            digest.update(block)
+            out.write(block)
+            size += len(block)
     want = download.get("sha256")
     if want and digest.hexdigest() != want:
         raise CliError(
@@ -108,4 +121,29 @@ def stream_to(download: dict[str, Any], out: IO[bytes]) -> int:
             code="result_checksum_mismatch",
             details={"sha256": digest.hexdigest(), "expected": want},
         )
+    return size
+
+
+def download_to(download: dict[str, Any], path: str | os.PathLike[str]) -> int:
+    """The document at ``download["url"]`` written to ``path`` only once its SHA-256 is checked:
+    streamed to a temporary file beside it, renamed over ``path`` at the end; a download that
+    fails or does not match leaves ``path`` as it was (no partial or corrupt result there).
+    A ``path`` that is no regular file (``/dev/stdout``, a pipe) is written as it comes. Its
+    size."""
+    target = os.path.realpath(os.fspath(path))  # a link to a file: the file is replaced, not the link
+    if os.path.exists(target) and not os.path.isfile(target):
+        with open(target, "wb") as out:
+            return stream_to(download, out)
+    folder, name = os.path.split(target)
+    staged = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.part")
+    # made as open(path, "wb") would make it (the umask's mode), never over another file
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            size = stream_to(download, f)
+        os.replace(staged, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
     return size

@@ -103,11 +103,15 @@ def _result(ctx: Any, args: argparse.Namespace) -> None:
 
 
 def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
-    """The result document; one too large for the API's answer is streamed from its own URL
-    (to FILE, or to stdout as it comes), its SHA-256 checked."""
+    """The result document; one too large for the API's answer is downloaded from its own URL
+    and its SHA-256 checked before any of it is shown: to FILE (written only once checked),
+    or to stdout (staged in a temporary file first, so a corrupt download prints nothing and
+    ``--query`` selects from the same document an inline answer is)."""
     import hashlib
     import json
+    import shutil
     import sys
+    import tempfile
 
     from calque.sdk import transfer
 
@@ -115,14 +119,14 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
     s = result.get("summary") or {}
     if out:
         try:
-            with open(out, "wb") as f:
-                if result.get("results") is not None:  # the API's answer itself, as stdout shows it
-                    data = (json.dumps(result, indent=2) + "\n").encode()
+            if result.get("results") is not None:  # the API's answer itself, as stdout shows it
+                data = (json.dumps(result, indent=2) + "\n").encode()
+                with open(out, "wb") as f:
                     f.write(data)
-                    written, sha256 = len(data), hashlib.sha256(data).hexdigest()
-                else:  # too large to answer inline: the result document, streamed (its SHA-256 checked)
-                    written = transfer.stream_to(result["download"], f)
-                    sha256 = result["download"].get("sha256")
+                written, sha256 = len(data), hashlib.sha256(data).hexdigest()
+            else:  # too large to answer inline: the result document, its SHA-256 checked
+                written = transfer.download_to(result["download"], out)
+                sha256 = result["download"].get("sha256")
         except OSError as exc:
             raise CliError(f"cannot write {out}: {exc.strerror or exc}", code="invalid_input") from None
         ctx.emit(
@@ -136,9 +140,22 @@ def do_result(ctx: Any, *, claim_id: str, out: str | None = None) -> None:
             }
         )
         return
-    if result.get("results") is None:  # too large to answer inline: the document itself, streamed
-        sys.stdout.flush()
-        transfer.stream_to(result["download"], sys.stdout.buffer)
+    if result.get("results") is None:  # too large to answer inline: the document itself
+        with tempfile.TemporaryFile(prefix="calque-result-") as staged:
+            try:
+                transfer.stream_to(result["download"], staged)
+            except OSError as exc:
+                raise CliError(
+                    f"cannot stage the result in a temporary file: {exc.strerror or exc}",
+                    code="invalid_input",
+                ) from None
+            staged.seek(0)
+            if ctx.query is not None:  # selected from the document an inline answer is
+                result = {**result, **json.load(staged)}
+                ctx.emit(result, text=json.dumps(result, indent=2))
+                return
+            sys.stdout.flush()
+            shutil.copyfileobj(staged, sys.stdout.buffer, transfer.BLOCK)
         sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
         return
