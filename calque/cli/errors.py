@@ -1,7 +1,8 @@
 """What the CLI can fail with, and the exit code each one means.
 
 0 success; 1 a refusal or user error (one line on stderr, no traceback);
-2 usage error (argparse, or UsageError); 3 anything unexpected (traceback with --debug).
+2 usage error (argparse, or UsageError); 3 anything unexpected (traceback with --debug);
+141 stdout's reader left (`| head`), said to no one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNEXPECTED = 3
 EXIT_INTERRUPTED = 130
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, as a shell reports a command its pipe's reader left
 
 
 class CliError(Exception):

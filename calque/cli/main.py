@@ -5,13 +5,21 @@ command module (calque/cli/commands/), and turns failures into exit codes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from calque.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNEXPECTED, EXIT_USAGE, CliError
+from calque.cli.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_STDOUT_CLOSED,
+    EXIT_UNEXPECTED,
+    EXIT_USAGE,
+    CliError,
+)
 
 PROG = "calque"
 OUTPUTS = ("table", "json", "csv")
@@ -204,15 +212,25 @@ def _print_error(message: str) -> None:
     sys.stderr.write(f"{PROG}: error: {message if message.isprintable() else one_line(message)}\n")
 
 
+def _stdout_closed() -> int:
+    """stdout's reader went away (``| head``): nothing wrong and no one to tell. Later writes,
+    the interpreter's own flush at exit included, go nowhere instead of raising again."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_STDOUT_CLOSED
+
+
 def _stdout_gone() -> bool:
-    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR for its writer)."""
+    """Whether stdout is a pipe its reader has closed (poll says POLLERR on its write end)."""
     import select
 
     try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _fd, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no poll here, or a stdout with no descriptor
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no real stdout (a test)
         return False
 
 
@@ -234,6 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from calque.cli.context import Context
 
     ctx = Context.from_args(args)
+    try:  # an error document written to a closed stdout is a closed stdout too
+        return _run(ctx, args)
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _run(ctx: Any, args: argparse.Namespace) -> int:
     try:
         ctx.check_query()  # a malformed --query is refused before the command changes anything
         args.func(ctx, args)
@@ -251,9 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from calque.errors import CalqueError
 
         if isinstance(exc, BrokenPipeError) and _stdout_gone():
-            # the reader left early (`| head`): what the command did stands, nothing more to say
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_OK
+            raise  # main's: the reader left, not a bug (another pipe or socket broken is one)
         if isinstance(exc, CalqueError):  # a domain refusal raised on this side (e.g. the catalog)
             if ctx.json:
                 ctx.emit_error({"error": {"code": exc.code, "message": exc.message, "details": exc.details}})
