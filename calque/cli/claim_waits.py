@@ -17,7 +17,8 @@ POOL_READ_EVERY_S = 10.0
 def queued_because(pool: dict[str, Any]) -> str:
     """Why a queued claim still waits, from its pool as ``GET /v1/pools/NAME`` answers: the
     pool going away, its worker starts failing, no instance to be had (the fleet's refusal,
-    as the scaler's last decision recorded it), workers starting, or every worker busy."""
+    as the scaler's last decision recorded it), workers starting, a worker idle (about to take
+    it), or every worker busy."""
     st = pool.get("status") or {}
     name = pool.get("name") or st.get("pool") or "the pool"
     if (pool.get("state") or st.get("state")) == "deleting":
@@ -32,7 +33,8 @@ def queued_because(pool: dict[str, Any]) -> str:
         )
     states: dict[str, int] = {}
     for w in st.get("workers") or []:
-        states[str(w.get("state"))] = states.get(str(w.get("state")), 0) + 1
+        state = "draining" if w.get("draining") else str(w.get("state"))  # takes no claim
+        states[state] = states.get(state, 0) + 1
     # what the latest scale-out got: the fleet's refusal, if it granted fewer than asked (a
     # hold since, e.g. a cooldown, says nothing of it)
     out: dict[str, Any] = next(
@@ -52,6 +54,12 @@ def queued_because(pool: dict[str, Any]) -> str:
         return said + (f"; no more to be had: {refused}" if refused else "")
     if refused:
         return f"no worker can start: {refused} (`calque pool status {name}`)"
+    idle = states.get("idle", 0)
+    if idle:  # its worker takes it at its next receive: none is started for it
+        return (
+            f"{idle} worker{'' if idle == 1 else 's'} idle: it is taken at the next receive (a claim "
+            "retried after a failed attempt waits out its message's visibility timeout first)"
+        )
     busy = states.get("busy", 0)
     if busy:
         return (

@@ -79,13 +79,18 @@ CANNOT = f"no worker can start: {NO_BUDGET} (`calque pool status embed`)"
 NEXT_RUN = "waiting for a worker (the pool's scaler starts one on its next run)"
 BOOTS = "(an instance boots, then the runner loads)"
 MORE = "(the scaler starts more, up to the pool's max)"
+TAKEN = (
+    "it is taken at the next receive (a claim retried after a failed attempt waits out its "
+    "message's visibility timeout first)"
+)
 
 
 def _pool(workers=(), decisions=(), **extra):
     """A pool as GET /v1/pools/NAME answers it (what ``queued_because`` reads)."""
     decisions = list(decisions)
     state = extra.pop("state", "active")
-    status = {"pool": "embed", "state": state, "workers": [{"state": w} for w in workers]}
+    workers = [w if isinstance(w, dict) else {"state": w} for w in workers]
+    status = {"pool": "embed", "state": state, "workers": workers}
     status.update(
         decisions=decisions, last_decision=decisions[0] if decisions else None, start_failure_limit=3
     )
@@ -114,6 +119,11 @@ FAILED = "ImportError: no module named sentiment"
         (_pool(["starting", "starting"], [_out("the fleet refused: the budget has no room")]),
          f"2 workers starting {BOOTS}; no more to be had: the fleet refused: the budget has no room"),
         (_pool(["busy", "busy"]), f"all 2 workers busy {MORE}"),
+        # a worker idle takes it next: not "all busy", nor a worker the scaler has yet to start
+        (_pool(["busy", "idle"]), f"1 worker idle: {TAKEN}"),
+        (_pool(["idle", "idle", "exited"]), f"2 workers idle: {TAKEN}"),
+        # one draining takes no claim
+        (_pool([{"state": "idle", "draining": True}, "busy"]), f"all 1 worker busy {MORE}"),
         (_pool(start_failures=3, start_failure=FAILED),
          f"pool embed's last 3 worker starts failed ({FAILED}): none is started until its runner is "
          "fixed (`calque pool status embed`)"),
