@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from host_agent.worker.runner import RunnerError, load_runner, run_items
+from host_agent.worker.runner import RunnerError, entry_json, load_runner, run_items
 
 
 class ClaimStopped(BaseException):
@@ -90,16 +90,20 @@ def _read_items(path: str) -> list:
 
 
 def _write_results(path: str, results: list) -> int:
-    """The result document (``{"results": [...]}``) written to disk as it is encoded, never
-    as one string; how many items succeeded."""
+    """The result document (``{"results": [...]}``) written to disk an entry at a time, never
+    as one string (an output that is not JSON fails its item: ``entry_json``); how many items
+    succeeded."""
+    ok = 0
     with open(path, "w", encoding="utf-8") as f:
         f.write('{"results": [')
         for i, entry in enumerate(results):
             if i:
                 f.write(", ")
-            json.dump(entry, f)
+            text, succeeded = entry_json(entry)
+            f.write(text)
+            ok += succeeded
         f.write("]}")
-    return sum(1 for r in results if r.get("ok"))
+    return ok
 
 
 def main(conn: Any, runner_spec: str, package_path: str | None, parent_pid: int, stop: Any = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from typing import Any
 
@@ -69,3 +70,18 @@ def _entry(output: Any) -> dict:
     if isinstance(output, BaseException):
         return {"ok": False, "error": _error(output)}
     return {"ok": True, "output": output}
+
+
+def entry_json(entry: dict) -> tuple[str, bool]:
+    """The entry as JSON text, and whether its item succeeded. An output JSON cannot hold (a
+    set, an object of the runner's, NaN or an infinity, which Python would write but no JSON
+    reader takes back) fails its item alone, as an item whose run raised does: retrying the
+    claim would only return it again."""
+    try:
+        return json.dumps(entry, allow_nan=False), bool(entry.get("ok"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        failed = {
+            "ok": False,
+            "error": {"type": type(exc).__name__, "message": f"the output is not JSON: {exc}"[:2000]},
+        }
+        return json.dumps(failed), False

@@ -77,3 +77,33 @@ def test_the_example_runner_loads_from_its_package_directory():
     runner = load_runner("textstats:TextStats", str(REPO / "examples" / "pools"))
     assert callable(runner.enter)
     assert callable(runner.run)
+
+
+def test_an_output_that_is_not_json_fails_its_item_alone_and_the_document_stays_json(tmp_path):
+    """A set, a runner's own object, NaN or an infinity returned as an output: before, the set
+    failed the whole claim's attempt (and its retries, each the same) and NaN was written as
+    `NaN`, which no strict JSON reader takes (the API answered it as null)."""
+    import json
+
+    from host_agent.worker.child import _write_results
+
+    class Odd:
+        def run(self, items):
+            return [{1, 2}, float("nan"), {"x": float("inf")}, object(), "fine", [1.5]]
+
+    # Given a runner whose outputs JSON can hold only in part
+    entries = run_items(Odd(), list(range(6)))
+    # When its worker writes the result document
+    path = tmp_path / "result.json"
+    ok = _write_results(str(path), entries)
+    # Then the document is strict JSON, and each output it cannot hold failed that item alone
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the document"))
+    assert ok == 2
+    assert [e["ok"] for e in doc["results"]] == [False, False, False, False, True, True]
+    assert doc["results"][0]["error"] == {
+        "type": "TypeError",
+        "message": "the output is not JSON: Object of type set is not JSON serializable",
+    }
+    assert doc["results"][1]["error"]["type"] == "ValueError"
+    assert doc["results"][1]["error"]["message"].startswith("the output is not JSON: Out of range float")
+    assert doc["results"][4:] == [{"ok": True, "output": "fine"}, {"ok": True, "output": [1.5]}]
