@@ -35,19 +35,7 @@ def queued_because(pool: dict[str, Any]) -> str:
     for w in st.get("workers") or []:
         state = "draining" if w.get("draining") else str(w.get("state"))  # takes no claim
         states[state] = states.get(state, 0) + 1
-    # what the latest scale-out got: the fleet's refusal, if it granted fewer than asked (a
-    # hold since, e.g. a cooldown, says nothing of it)
-    out: dict[str, Any] = next(
-        (
-            d
-            for d in [st.get("last_decision") or {}, *(st.get("decisions") or [])]
-            if d.get("action") == "scale_out"
-        ),
-        {},
-    )
-    refused = out.get("waiting_for")
-    if refused is None and "; waiting: " in str(out.get("reason") or ""):  # a plane before the field
-        refused = str(out["reason"]).split("; waiting: ", 1)[1]
+    refused = fleet_refusal(pool)
     if states.get("starting"):
         n = states["starting"]
         said = f"{n} worker{'' if n == 1 else 's'} starting (an instance boots, then the runner loads)"
@@ -66,6 +54,24 @@ def queued_because(pool: dict[str, Any]) -> str:
             f"all {busy} worker{'' if busy == 1 else 's'} busy (the scaler starts more, up to the pool's max)"
         )
     return "waiting for a worker (the pool's scaler starts one on its next run)"
+
+
+def fleet_refusal(pool: dict[str, Any]) -> str | None:
+    """Why the pool's latest scale-out got fewer instances than it asked (the fleet's refusal:
+    the budget, capacity), or None; a hold since, e.g. a cooldown, says nothing of it."""
+    st = pool.get("status") or {}
+    out: dict[str, Any] = next(
+        (
+            d
+            for d in [st.get("last_decision") or {}, *(st.get("decisions") or [])]
+            if d.get("action") == "scale_out"
+        ),
+        {},
+    )
+    refused = out.get("waiting_for")
+    if refused is None and "; waiting: " in str(out.get("reason") or ""):  # a plane before the field
+        refused = str(out["reason"]).split("; waiting: ", 1)[1]
+    return str(refused) if refused is not None else None
 
 
 def read_why(request: Callable[[str, str], Any], pool: str) -> str:

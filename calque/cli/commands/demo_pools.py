@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from calque.cli.claim_waits import fleet_refusal
 from calque.cli.errors import CliError
 
 POOL = "demo-textstats"
@@ -122,7 +123,14 @@ def do_demo_pools(ctx: Any, *, timeout_s: float = 90) -> None:
               f"calque pool update {POOL} --min-workers 2; kill -9 <the worker's pid>")  # fmt: skip
     admin.request("PATCH", f"/v1/pools/{POOL}", {"min_workers": 2})
     fire_scaler()
-    tour.wait("two workers", lambda: (len(pool_workers()) >= 2, f"{len(pool_workers())} worker processes"))
+
+    def two_workers() -> tuple[bool, str]:
+        n = len(pool_workers())
+        # a scale-out the fleet refused (another pool holding the budget's instances) says so
+        refused = n < 2 and fleet_refusal(admin.request("GET", f"/v1/pools/{POOL}"))
+        return n >= 2, f"{n} worker processes" + (f"; {refused}" if refused else "")
+
+    tour.wait("two workers", two_workers)
     claim_id = submit([{"text": TEXTS[0], "pause": 5}])
 
     def running() -> tuple[bool, str]:
