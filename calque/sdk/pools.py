@@ -273,8 +273,13 @@ class Pool:
         """Each item's output, in the order of ``items``, as soon as it and those before it are
         done: the items go in claims of ``batch_size``, at most ``max_in_flight`` of them
         submitted and not yet read at a time."""
-        if batch_size < 1 or max_in_flight < 1:
-            raise CliError("batch_size and max_in_flight are at least 1", code="invalid_input")
+        for field, value in (("batch_size", batch_size), ("max_in_flight", max_in_flight)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CliError(
+                    f"{field} is a whole number, at least 1 (got {value!r})",
+                    code="invalid_input",
+                    details={"field": field},
+                )
         return MapRun(self, items, batch_size, max_in_flight, timeout, return_exceptions)
 
 

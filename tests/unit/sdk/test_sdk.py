@@ -224,3 +224,16 @@ def test_a_wait_on_a_queued_claim_logs_why_it_waits(monkeypatch, caplog):
     )
     # the pool is read every half minute of the wait, not at every poll
     assert 1 < client.pool_reads < 10
+
+
+@pytest.mark.parametrize(("field", "value"), [("batch_size", 0), ("batch_size", 2.5), ("batch_size", "10"),
+                                              ("max_in_flight", -1), ("max_in_flight", True)])  # fmt: skip
+def test_a_map_refuses_a_batch_size_or_window_that_is_not_a_whole_number(field, value):
+    """Before, 2.5 passed the check and broke the map at its first item with islice's
+    ValueError, and "10" raised a TypeError: neither a CliError with its code."""
+    client = Client()
+    with pytest.raises(CliError) as err:
+        pool(client).map(["a", "b"], **{field: value})
+    assert err.value.code == "invalid_input"
+    assert err.value.message == f"{field} is a whole number, at least 1 (got {value!r})"
+    assert client.calls == []
