@@ -39,7 +39,6 @@ LOG_PAGE_BYTES = 1024 * 1024  # a page of logs holds at most this many bytes of 
 LOG_PAGE_CHUNKS = 200
 # logs/{attempt:04d}-{worker}/{seq:08d}-{stdout|stderr}.txt, written by host_agent/worker/objects.py
 LOG_CHUNK = re.compile(r"^(\d{4})-([A-Za-z0-9._-]{1,100})/(\d{8})-(stdout|stderr)\.txt$")
-AFTER_PATTERN = re.compile(r"^[A-Za-z0-9._/-]{1,300}$")
 
 
 def input_key(pool: str, claim_id: str) -> str:
@@ -160,7 +159,8 @@ class ClaimIOMixin(PoolsCore):
         ``next``), oldest first, every attempt's in turn; ``ended``: the claim has ended, so a
         page with no chunks is the last one."""
         claim = claim_for(self.store, who, claim_id)
-        if after is not None and (not AFTER_PATTERN.match(after) or ".." in after):
+        # every next a page gives is a chunk's key under the logs' prefix (or the after it was given)
+        if after is not None and (not LOG_CHUNK.match(after) or ".." in after):
             raise InvalidInput(
                 "after is not a point this claim's logs gave: pass a page's next, unchanged",
                 code="invalid_next_token",

@@ -140,3 +140,9 @@ def test_logs_are_read_in_pages_after_a_point(world):
         world.pools.claim_logs(BOB, claim.claim_id)
     with pytest.raises(InvalidInput):
         world.pools.claim_logs(ALICE, claim.claim_id, after="../../x")
+    # a point no page gave is refused too, not answered "ended, nothing more" (nor a page
+    # from wherever it falls among the chunks' keys)
+    for never_given in ("garbage", "0001-w-1", "9999-zzz", "0001-w-1/00000001-stdout.txt/x"):
+        with pytest.raises(InvalidInput) as err:
+            world.pools.claim_logs(ALICE, claim.claim_id, after=never_given)
+        assert err.value.code == "invalid_next_token"
