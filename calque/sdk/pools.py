@@ -194,6 +194,19 @@ def _fits(items: list[Any], limit: int) -> bool:
     return True
 
 
+def _items(items: Iterable[Any]) -> Iterable[Any]:
+    """The items, refused when they are one text, bytes or mapping: iterated, ``"hello"`` would
+    be five one-letter items and ``{"text": ...}`` its keys, never what was meant."""
+    if isinstance(items, (str, bytes, bytearray, dict)):
+        raise CliError(
+            f"items is a list (or another iterable) of items, not one {type(items).__name__}: "
+            "for a single item, pass [item]",
+            code="invalid_input",
+            details={"field": "items"},
+        )
+    return items
+
+
 def _check_json(items: list[Any], first: int = 0) -> None:
     """Every item must be JSON (what the runner gets back is ``json.loads`` of it): CliError
     ``invalid_input`` naming the first that is not, before anything is sent; ``first``: the
@@ -244,7 +257,7 @@ class Pool:
 
     def submit(self, items: Iterable[Any]) -> Claim:
         """Submit one claim of these items; any size (a large one is uploaded first)."""
-        return self._submit(list(items))
+        return self._submit(list(_items(items)))
 
     def _submit(self, values: list[Any], first: int = 0) -> Claim:
         path = f"/v1/pools/{quote(self.name, safe='')}/claims"
@@ -280,7 +293,7 @@ class Pool:
                     code="invalid_input",
                     details={"field": field},
                 )
-        return MapRun(self, items, batch_size, max_in_flight, timeout, return_exceptions)
+        return MapRun(self, _items(items), batch_size, max_in_flight, timeout, return_exceptions)
 
 
 class MapRun:

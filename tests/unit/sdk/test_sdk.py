@@ -237,3 +237,18 @@ def test_a_map_refuses_a_batch_size_or_window_that_is_not_a_whole_number(field, 
     assert err.value.code == "invalid_input"
     assert err.value.message == f"{field} is a whole number, at least 1 (got {value!r})"
     assert client.calls == []
+
+
+@pytest.mark.parametrize("one", ["the food was great", b"bytes", {"text": "hello"}])
+def test_one_text_or_mapping_given_as_the_items_is_refused_not_split(one):
+    """`submit("the food was great")` made a claim of 18 one-letter items, and a dict one of
+    its keys: refused now, before anything is sent, saying to pass [item]."""
+    client = Client()
+    p = pool(client)
+    for call in (lambda: p.submit(one), lambda: p.map(one)):
+        with pytest.raises(CliError) as err:
+            call()
+        assert err.value.code == "invalid_input"
+        assert err.value.message.endswith("for a single item, pass [item]")
+    assert client.calls == []
+    assert p.submit(["the food was great"]).result() == ["the food was great" * 2]  # one item
