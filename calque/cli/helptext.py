@@ -83,8 +83,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "simulate pool": ("calque simulate pool --trace examples/traces/bursty.csv --instance-type g7e.2xlarge",),
     "pool create": (
-        "calque pool create llm --model llama --instance-type g7e.2xlarge --runner runner:Runner "
-        "--package examples/echo_runner --i-understand-this-spends-money",
+        "calque pool create textstats --model textstats --instance-type g7e.2xlarge "
+        "--runner textstats:TextStats --package examples/pools --i-understand-this-spends-money",
     ),
     "pool list": ("calque pool list",),
     "pool status": ("calque pool status llm",),

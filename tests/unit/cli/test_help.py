@@ -149,6 +149,21 @@ def test_every_example_parses_as_written():
                 pytest.fail(f"calque {path}: its example does not parse: {line}")
 
 
+def test_every_example_path_of_the_repository_exists():
+    """`calque pool create --help` showed `--package examples/echo_runner --runner runner:Runner`,
+    a directory the repository never had: copied as shown, the command was refused."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    missing = [
+        f"calque {path}: {word}"
+        for path, parser in COMMANDS.items()
+        for word in (parser.epilog or "").split()
+        if word.startswith("examples/") and not (repo / word).exists()
+    ]
+    assert not missing, missing
+
+
 def test_a_second_plane_takes_a_free_port_when_the_default_one_is_taken():
     import socket
 
