@@ -481,6 +481,13 @@ def do_delete(ctx: Any, *, name: str, now: bool = False, accept: bool = False) -
     body = {"i_understand_this_terminates_instances": True, "now": now}
     out = ctx.client().request("DELETE", f"/v1/pools/{quote(name, safe='')}", body)
     ctx.emit(out)
+    if isinstance(out, dict) and out.get("state") == "deleting":  # not gone yet: say what it waits for
+        sys.stderr.write(
+            f"note: pool {name} takes no more claims and is deleted once its {out.get('backlog', 0)} "
+            f"waiting claim(s) and its busy workers are done (`calque pool status {name}`); "
+            f"`calque pool delete {name} --now --i-understand-this-terminates-instances` cancels "
+            "them and deletes it at once\n"
+        )
 
 
 def read_items(path: str) -> list[Any]:

@@ -169,10 +169,26 @@ def test_delete_needs_the_terminate_flag(api, cli):
     assert code == 1
     assert "--i-understand-this-terminates-instances" in err
     assert api.requests == []
-    api.responses[("DELETE", "/v1/pools/p1")] = {"pool": "p1", "state": "deleting"}
-    code, _, _ = cli("pool", "delete", "p1", "--i-understand-this-terminates-instances", "--now")
-    assert code == 0
+    api.responses[("DELETE", "/v1/pools/p1")] = {"pool": "p1", "state": "deleted", "cancelled": 2}
+    code, _, err = cli("pool", "delete", "p1", "--i-understand-this-terminates-instances", "--now")
+    assert (code, err) == (0, "")
     assert api.requests[-1][2] == {"i_understand_this_terminates_instances": True, "now": True}
+
+
+def test_a_pool_delete_that_waits_for_its_claims_says_so_and_how_not_to_wait(api, cli):
+    """Without --now a pool with waiting claims is only marked deleting, and stays so while they
+    wait (for ever, when the budget has no room for a worker): before, the answer said
+    'state deleting, backlog 1' and nothing of why nothing happened or what ends it."""
+    api.responses[("DELETE", "/v1/pools/p1")] = {"pool": "p1", "state": "deleting", "backlog": 1}
+    consent = "--i-understand-this-terminates-instances"
+    code, out, err = cli("--output", "json", "pool", "delete", "p1", consent)
+    assert code == 0
+    assert json.loads(out) == {"pool": "p1", "state": "deleting", "backlog": 1}
+    assert err == (
+        "note: pool p1 takes no more claims and is deleted once its 1 waiting claim(s) and its busy "
+        "workers are done (`calque pool status p1`); `calque pool delete p1 --now "
+        "--i-understand-this-terminates-instances` cancels them and deletes it at once\n"
+    )
 
 
 def test_claim_result_prints_each_item_and_writes_the_document(api, cli, tmp_path):
