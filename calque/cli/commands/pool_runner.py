@@ -105,6 +105,12 @@ def runner_update(ctx: Any, name: str, *, package: str | None, runner: str | Non
                 f"--package {package}: not a directory", code="invalid_input", details={"field": "package"}
             )
         current = ctx.client().request("GET", f"/v1/pools/{quote(name, safe='')}")  # 404: no such pool
+        if current.get("state") == "deleting":  # the update would be refused: upload nothing for it
+            raise CliError(
+                f"pool {name!r} is being deleted: its runner is no longer changed (nothing uploaded)",
+                code="pool_deleting",
+                details={"pool": name},
+            )
         check_runner_module(runner or str(current["runner"]), path)
         body["package_key"] = upload_package(ctx, name, path)
     return body

@@ -286,6 +286,16 @@ def test_pool_update_with_a_package_uploads_it_and_sends_a_runner_update(api, cl
     assert code == 1
     assert "has no module other" in err
     assert len(api.sent()) == 2
+    # a pool being deleted takes no runner update: nothing is staged for one (before, the
+    # package was uploaded under the pool's prefix and then the update refused)
+    api.responses[("GET", "/v1/pools/textstats")] = {
+        "name": "textstats", "runner": "textstats:TextStats", "state": "deleting",
+    }  # fmt: skip
+    code, out, err = cli("pool", "update", "textstats", "--package", str(pkg))
+    assert (code, out) == (1, "")
+    said = "pool 'textstats' is being deleted: its runner is no longer changed (nothing uploaded)"
+    assert err == f"calque: error: {said}\n"
+    assert len(api.sent()) == 2
 
 
 def test_pool_status_shows_each_workers_version_and_a_stopped_roll_out_with_why():
