@@ -18,6 +18,7 @@ follower asks again from where it stopped.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from typing import Any
@@ -149,8 +150,33 @@ class ClaimIOMixin(PoolsCore):
             "expires_in_s": RESULT_URL_EXPIRES_S,
         }
         inline = size <= RESULT_INLINE_BYTES
-        results = self.objects.get_json(claim.result_key).get("results", []) if inline else None
+        results = self._inline_results(claim_id, claim.result_key, summary) if inline else None
         return {"claim_id": claim_id, "summary": claim.summary, "results": results, "download": download}
+
+    def _inline_results(self, claim_id: str, key: str, summary: dict[str, Any]) -> list[Any]:
+        """The entries of a small result document, held to the SHA-256 its worker recorded, as a
+        client holds a download to it: a stored document changed since (or never one) is
+        refused 409, saying so, not a 500 or another document's entries passed on."""
+        data = self.objects.get_bytes(key)
+        want = summary.get("result_sha256")
+        got = hashlib.sha256(data).hexdigest()
+        if want and got != want:
+            raise Conflict(
+                f"claim {claim_id}'s stored result has SHA-256 {got}, not the {want} its worker wrote",
+                code="result_checksum_mismatch",
+                details={"claim_id": claim_id, "sha256": got, "expected": want},
+            )
+        try:
+            results = json.loads(data).get("results")
+        except (ValueError, AttributeError):
+            results = None
+        if not isinstance(results, list):
+            raise Conflict(
+                f'claim {claim_id}\'s stored result is not a result document ({{"results": [...]}})',
+                code="no_result",
+                details={"claim_id": claim_id, "state": d.SUCCEEDED},
+            )
+        return results
 
     def claim_logs(
         self, who: Caller, claim_id: str, *, after: str | None = None, limit_bytes: int = LOG_PAGE_BYTES

@@ -93,13 +93,13 @@ def test_items_or_input_one_of_them():
         ClaimSubmit(items=[1], input=ClaimInput(claim_id="c-0123456789abcdef", sha256=SHA, bytes=1, items=1))
 
 
-def _succeeded(world: World, results: list) -> str:
+def _succeeded(world: World, results: list, *, recorded: bool = True) -> str:
     wid, iid = start_worker(world)
     claim = world.pools.submit(ALICE, "textstats", ClaimSubmit(items=[1]))
     key = f"{claim_prefix('textstats', claim.claim_id)}attempt-1-{wid}/result.json"
-    world.objects.objects[key] = json.dumps({"results": results}).encode()
+    world.objects.objects[key] = data = json.dumps({"results": results}).encode()
     report(world, claim.claim_id, "started", wid, iid)
-    summary = {"items_ok": 1, "result_sha256": "ab" * 32}
+    summary = {"items_ok": 1, **({"result_sha256": hashlib.sha256(data).hexdigest()} if recorded else {})}
     report(world, claim.claim_id, "succeeded", wid, iid, result_key=key, summary=summary)
     return claim.claim_id
 
@@ -108,8 +108,35 @@ def test_a_small_result_is_inline_and_downloadable(world):
     cid = _succeeded(world, [{"ok": True, "output": 1}])
     out = world.pools.claim_result(ALICE, cid)
     assert out["results"] == [{"ok": True, "output": 1}]
-    assert out["download"]["sha256"] == "ab" * 32
+    data = json.dumps({"results": [{"ok": True, "output": 1}]}).encode()
+    assert out["download"]["sha256"] == hashlib.sha256(data).hexdigest()
     assert "X-Amz-Signature" in out["download"]["url"]
+
+
+@pytest.mark.parametrize(
+    "stored", [b"not json", b"[1, 2, 3]", b'{"results": 5}', b'{"results": [{"ok": false}]}']
+)
+def test_a_small_result_changed_since_its_worker_wrote_it_is_refused_not_a_500(world, stored):
+    """A stored result that is not JSON was a 500 internal_error; one that is JSON but not the
+    document its worker wrote was passed on as the claim's entries ('results': 5, exit 0)."""
+    # Given a claim whose stored result was replaced after its worker recorded its SHA-256
+    cid = _succeeded(world, [{"ok": True, "output": 1}])
+    key = world.store.get_claim(cid).result_key
+    world.objects.objects[key] = stored
+    # When its member asks for it
+    with pytest.raises(Conflict) as err:
+        world.pools.claim_result(ALICE, cid)
+    # Then it is refused, saying the stored document is not the one written
+    assert err.value.code == "result_checksum_mismatch"
+    assert err.value.details["expected"] != err.value.details["sha256"]
+
+
+def test_a_stored_result_that_is_no_result_document_is_refused_where_no_checksum_was_recorded(world):
+    cid = _succeeded(world, [{"ok": True, "output": 1}], recorded=False)  # a worker that recorded none
+    world.objects.objects[world.store.get_claim(cid).result_key] = b"[1, 2, 3]"
+    with pytest.raises(Conflict) as err:
+        world.pools.claim_result(ALICE, cid)
+    assert err.value.code == "no_result"
 
 
 def test_a_large_result_is_only_downloadable(world):
