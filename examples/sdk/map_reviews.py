@@ -19,7 +19,7 @@ import random
 import sys
 import time
 
-from calque import Pool
+from calque import CliError, Pool
 
 GOOD = ["great", "lovely", "friendly", "fast", "superb", "clean", "tasty"]
 BAD = ["awful", "slow", "rude", "dirty", "bland", "late", "stale"]
@@ -51,12 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("calque.sdk").setLevel(logging.INFO)
     print(f"mapping {len(texts)} reviews through {args.pool}, {args.batch_size} a claim", file=sys.stderr)
     started = time.monotonic()
-    run = Pool(args.pool, profile=args.profile).map(texts, batch_size=args.batch_size)
     labels: collections.Counter[str] = collections.Counter()
-    for text, out in zip(texts, run, strict=True):
-        labels[out["label"]] += 1
-        if sum(labels.values()) <= 3:
-            print(f"{out['label']:>8} {out['score']:+.3f}  {text}")
+    try:
+        run = Pool(args.pool, profile=args.profile).map(texts, batch_size=args.batch_size)
+        for text, out in zip(texts, run, strict=True):
+            labels[out["label"]] += 1
+            if sum(labels.values()) <= 3:
+                print(f"{out['label']:>8} {out['score']:+.3f}  {text}")
+    except CliError as exc:  # the API's refusal (ApiError), a claim that failed (ClaimError), ...
+        print(f"map_reviews: {exc.message} ({exc.code})", file=sys.stderr)
+        return 1
     took = time.monotonic() - started
     print(
         f"{sum(labels.values())} reviews in {took:.1f}s: "
