@@ -9,6 +9,7 @@ SHA-256 (calque.sdk.transfer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -311,6 +312,11 @@ class MapRun:
     def __next__(self) -> Any:
         return next(self._gen)
 
+    def close(self) -> None:
+        """Stop the map: the claims it submitted that are still in flight are cancelled (as
+        when an item's error or a timeout ends it, or the caller stops reading)."""
+        self._gen.close()
+
     @property
     def warm_hits(self) -> int:
         """How many of its claims ran on a runner already loaded (no ``enter()`` paid)."""
@@ -333,12 +339,21 @@ class MapRun:
                 self.claims.append(claim)
                 waiting.append(claim)
 
-        fill()
-        index = 0
-        while waiting:
-            entries = waiting[0].entries(timeout)
-            waiting.popleft()
-            fill()  # the next batch goes in before this one's outputs are handed out
-            for entry in entries:
-                yield _output(index, entry, exc)
-                index += 1
+        try:
+            fill()
+            index = 0
+            while waiting:
+                entries = waiting[0].entries(timeout)
+                waiting.popleft()
+                fill()  # the next batch goes in before this one's outputs are handed out
+                for entry in entries:
+                    yield _output(index, entry, exc)
+                    index += 1
+        except BaseException:
+            # The map ends early (an item's error, a timeout, Ctrl-C, the caller stopped
+            # reading): the claims still in flight would run, and be charged, for outputs
+            # nobody reads. Cancelled, as well as the plane lets (one that ended is left).
+            for claim in waiting:
+                with contextlib.suppress(Exception):
+                    claim.cancel()
+            raise

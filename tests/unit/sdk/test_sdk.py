@@ -101,6 +101,25 @@ def test_map_yields_outputs_in_order_from_a_bounded_window_of_claims():
     assert client.live_max <= 2
 
 
+def test_a_map_that_ends_early_cancels_the_claims_still_in_flight():
+    # Given a map whose second item raises, with room for four claims of one item in flight
+    client = Client()
+    run = pool(client).map([1, "bad", 3, 4, 5, 6, 7], batch_size=1, max_in_flight=4)
+    assert next(run) == 2
+    with pytest.raises(RemoteError):
+        next(run)
+    # Then the claims submitted behind it, still queued, are cancelled: nobody reads them
+    states = {cid: c["state"] for cid, c in client.claims.items()}
+    assert sorted(states.values()) == ["cancelled"] * 4 + ["succeeded"] * 2
+    assert [c for c in run.claims[2:] if states[c.claim_id] != "cancelled"] == []
+    # and a map the caller stops reading (close) cancels its own likewise
+    client = Client()
+    run = pool(client).map(range(10), batch_size=2, max_in_flight=3)
+    assert next(run) == 0
+    run.close()
+    assert sorted(c["state"] for c in client.claims.values()) == ["cancelled"] * 3 + ["succeeded"]
+
+
 def test_an_item_that_raised_and_a_claim_that_failed():
     client = Client()
     p = pool(client)
