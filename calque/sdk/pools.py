@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -324,7 +324,7 @@ class MapRun:
 
     def _run(
         self, pool: Pool, items: Iterator[Any], size: int, window: int, timeout: float | None, exc: bool
-    ) -> Iterator[Any]:
+    ) -> Generator[Any, None, None]:
         waiting: deque[Claim] = deque()
         sent = 0  # items submitted so far: a refused item is named by its index in ``items``
 
