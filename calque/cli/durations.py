@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -40,6 +40,22 @@ def duration_arg(text: str) -> int:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bounded_duration(low: int, high: int) -> Callable[[str], int]:
+    """argparse ``type=``: a duration from ``low`` to ``high`` seconds; outside them a usage
+    error in the option's own units (``must be between 10s and 7d (got 5s)``), not the API's
+    field name and seconds."""
+
+    def parse(text: str) -> int:
+        seconds = duration_arg(text)
+        if not low <= seconds <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be between {format_duration(low)} and {format_duration(high)} (got {text.strip()})"
+            )
+        return seconds
+
+    return parse
 
 
 def format_duration(seconds: float) -> str:

@@ -21,7 +21,11 @@ from calque.contracts.common import (
 from calque.contracts.economics import GROUP_PATTERN
 from calque.contracts.layout import LayoutSpec
 
-NAME_PATTERN = r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$"
+NAME_PATTERN = said_as(
+    r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$",
+    "a pool name: 3 to 40 characters, lowercase letters, digits and '-', starting with a letter "
+    "and ending with a letter or digit",
+)
 NAME_RULE = (
     "a pool name is 3 to 40 characters, lowercase letters, digits and '-', starting with a "
     "letter and ending with a letter or digit"

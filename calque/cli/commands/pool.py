@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from calque.cli.argtypes import non_negative_int, positive_int
 from calque.cli.commands.pool_runner import check_runner_module, upload_package
-from calque.cli.durations import duration_arg, format_duration, human_duration
+from calque.cli.durations import bounded_duration, format_duration, human_duration
 from calque.cli.errors import ApiError, CliError, UsageError
 from calque.cli.output import Column
 from calque.cli.wait_options import add_wait_timeout, wait_timeout
@@ -84,7 +84,8 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
         help=" ".join(filter(None, ("queued claims each worker should have, at most", kept))),
     )  # fmt: skip
     p.add_argument(
-        "--idle-timeout", type=duration_arg, default=1800 if defaults else None, metavar="DURATION",
+        "--idle-timeout", type=bounded_duration(*IDLE_TIMEOUT_S), default=1800 if defaults else None,
+        metavar="DURATION",
         help="how long a worker may idle before it goes, e.g. 30m "
         + ("(default: 30m)" if defaults else "(default: kept)"),
     )  # fmt: skip
@@ -96,11 +97,17 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     )  # fmt: skip
 
 
+# What the API takes (calque.contracts.pools; tests/unit/pools/test_pool_cli.py holds them to it),
+# checked here so a value out of them is a usage error in the flag's units, not a field's seconds
+IDLE_TIMEOUT_S = (10, 7 * 24 * 3600)
+MAX_WAIT_S = (10, 24 * 3600)
+
+
 def _max_wait_arg(text: str) -> int:
     """``--max-wait``: a duration, or 0 (update: drop the target)."""
     if text.strip() in ("0", "0s", "off", "none"):
         return 0
-    return duration_arg(text)
+    return bounded_duration(*MAX_WAIT_S)(text)
 
 
 def register(subparsers: Any) -> None:

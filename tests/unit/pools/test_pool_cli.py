@@ -164,6 +164,38 @@ def test_create_needs_the_spend_flag_and_a_package_directory_before_sending(api,
     assert sent["i_understand_this_spends_money"] is True
 
 
+@pytest.mark.parametrize(
+    ("verb", "flag", "value", "said"),
+    [
+        ("create", "--idle-timeout", "5s", "--idle-timeout: must be between 10s and 7d (got 5s)"),
+        ("update", "--idle-timeout", "8d", "--idle-timeout: must be between 10s and 7d (got 8d)"),
+        ("create", "--max-wait", "5s", "--max-wait: must be between 10s and 1d (got 5s)"),
+        ("update", "--max-wait", "2d", "--max-wait: must be between 10s and 1d (got 2d)"),
+    ],
+)
+def test_a_duration_out_of_the_apis_bounds_is_a_usage_error_in_the_flags_units(
+    api, cli, tmp_path, verb, flag, value, said
+):
+    # it said "invalid idle_timeout_s: Input should be greater than or equal to 10" (exit 1)
+    create = ["--model", "m", "--instance-type", "g6e.xlarge", "--runner", "a:B", "--package", str(tmp_path)]
+    code, _, err = cli("pool", verb, "pool1", *(create if verb == "create" else []), flag, value)
+    assert code == 2
+    assert said in err
+    assert api.requests == []
+
+
+def test_the_flags_bounds_are_the_apis():
+    from calque.cli.commands.pool import IDLE_TIMEOUT_S, MAX_WAIT_S
+    from calque.contracts.pools import MAX_WAIT_CEILING_S, PoolCreate
+
+    def bounds(field: str) -> tuple[int, int]:
+        meta = PoolCreate.model_fields[field].metadata
+        return next(m.ge for m in meta if hasattr(m, "ge")), next(m.le for m in meta if hasattr(m, "le"))
+
+    assert bounds("idle_timeout_s") == IDLE_TIMEOUT_S
+    assert MAX_WAIT_S == (10, MAX_WAIT_CEILING_S)
+
+
 def test_delete_needs_the_terminate_flag(api, cli):
     code, _, err = cli("pool", "delete", "p1")
     assert code == 1
@@ -457,7 +489,6 @@ def test_a_wait_that_times_out_says_the_claim_goes_on_and_how_to_follow_or_stop_
         (["--instance-type", "g6e.xlarge", "--min-workers", "3", "--max-workers", "2"], "must not exceed"),
         (["--instance-type", "g6e.xlarge", "--mig", "1g.24gb=4"], "does not support MIG"),
         (["--instance-type", "g6e.xlarge", "--runner", "textstats.TextStats"], "MODULE:CLASS"),
-        (["--instance-type", "g6e.xlarge", "--idle-timeout", "5s"], "idle_timeout_s"),
     ],
 )
 def test_a_pool_the_api_would_refuse_is_refused_before_its_package_is_uploaded(
