@@ -96,6 +96,12 @@ def session_id(text: str) -> str:
     )
 
 
+def claim_id(text: str) -> str:
+    from calque.contracts.pools import CLAIM_ID_PATTERN
+
+    return _an_id(CLAIM_ID_PATTERN, text, "a claim id", "c- and 16 hex digits", "calque claim list")
+
+
 def request_id(text: str) -> str:
     from calque.contracts.queue import REQUEST_ID_PATTERN
 

@@ -62,24 +62,24 @@ def register(subparsers: Any) -> None:
 
     group = command_group(subparsers, "claim", help="your claims on warm pools")
     p = group.add_parser("show", help="one claim")
-    p.add_argument("claim_id", metavar="ID")
+    p.add_argument("claim_id", type=argtypes.claim_id, metavar="ID")
     p.set_defaults(func=lambda ctx, args: do_show(ctx, claim_id=args.claim_id))
     p = group.add_parser("list", help="your claims (admins with --pool: everyone's on that pool)")
     p.add_argument("--pool", metavar="NAME", help="only this pool's claims (default: every pool)")
     argtypes.add_max_items(p, "claims")
     p.set_defaults(func=lambda ctx, args: do_list(ctx, pool=args.pool, max_items=args.max_items))
     p = group.add_parser("result", help="a succeeded claim's per-item outputs and errors")
-    p.add_argument("claim_id", metavar="ID")
+    p.add_argument("claim_id", type=argtypes.claim_id, metavar="ID")
     p.add_argument("-o", "--out", metavar="FILE", help="write the result document there (default: stdout)")
     p.set_defaults(func=_result)
     p = group.add_parser("logs", help="the runner's stdout and stderr of a claim, while it runs and after")
-    p.add_argument("claim_id", metavar="ID")
+    p.add_argument("claim_id", type=argtypes.claim_id, metavar="ID")
     p.add_argument(
         "-f", "--follow", action="store_true", help="go on printing as more is written, until it ends"
     )
     p.set_defaults(func=lambda ctx, args: do_logs(ctx, claim_id=args.claim_id, follow=args.follow))
     p = group.add_parser("cancel", help="cancel a queued or running claim")
-    p.add_argument("claim_id", metavar="ID")
+    p.add_argument("claim_id", type=argtypes.claim_id, metavar="ID")
     p.set_defaults(func=lambda ctx, args: do_cancel(ctx, claim_id=args.claim_id))
 
 

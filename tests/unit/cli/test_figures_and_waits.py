@@ -62,11 +62,11 @@ def test_a_queued_claim_says_it_waits_for_a_worker_and_the_scaler(capsys):
     from calque.cli.commands.claim import wait_for_claim
 
     api = FakeApi()
-    api.responses[("GET", "/v1/claims/c-1")] = _in_turn(
-        {"claim_id": "c-1", "state": "queued", "attempts": 0},
-        {"claim_id": "c-1", "state": "succeeded", "attempts": 1, "worker": "w-1"},
+    api.responses[("GET", "/v1/claims/c-0000000000000001")] = _in_turn(
+        {"claim_id": "c-0000000000000001", "state": "queued", "attempts": 0},
+        {"claim_id": "c-0000000000000001", "state": "succeeded", "attempts": 1, "worker": "w-1"},
     )
-    assert wait_for_claim(_Ctx(api), "c-1", timeout_s=60, interval_s=0)["state"] == "succeeded"
+    assert wait_for_claim(_Ctx(api), "c-0000000000000001", timeout_s=60, interval_s=0)["state"] == "succeeded"
     err = capsys.readouterr().err
     assert f"queued, attempt 0: {NEXT_RUN}" in err
 
@@ -143,30 +143,36 @@ def test_a_claim_waited_on_says_why_it_stays_queued(capsys, monkeypatch):
 
     monkeypatch.setattr(claim_cmd, "POOL_READ_EVERY_S", 0.0)  # (the name the wait reads)
     api = FakeApi()
-    api.responses[("GET", "/v1/claims/c-1")] = _in_turn(
-        {"claim_id": "c-1", "pool": "embed", "state": "queued", "attempts": 0},
-        {"claim_id": "c-1", "pool": "embed", "state": "queued", "attempts": 0},
-        {"claim_id": "c-1", "pool": "embed", "state": "succeeded", "attempts": 1, "worker": "w-1"},
+    api.responses[("GET", "/v1/claims/c-0000000000000001")] = _in_turn(
+        {"claim_id": "c-0000000000000001", "pool": "embed", "state": "queued", "attempts": 0},
+        {"claim_id": "c-0000000000000001", "pool": "embed", "state": "queued", "attempts": 0},
+        {
+            "claim_id": "c-0000000000000001",
+            "pool": "embed",
+            "state": "succeeded",
+            "attempts": 1,
+            "worker": "w-1",
+        },
     )
     # the budget refused, then an admin set one and a worker is starting
     api.responses[("GET", "/v1/pools/embed")] = _in_turn(
         _pool(decisions=[_out(NO_BUDGET)]), _pool(["starting"], [_out(), _out(NO_BUDGET)])
     )
-    claim_cmd.wait_for_claim(_Ctx(api), "c-1", timeout_s=60, interval_s=0)
+    claim_cmd.wait_for_claim(_Ctx(api), "c-0000000000000001", timeout_s=60, interval_s=0)
     err = capsys.readouterr().err
-    assert f"c-1: queued, attempt 0: no worker can start: {NO_BUDGET}" in err
-    assert "c-1: queued, attempt 0: 1 worker starting" in err
+    assert f"c-0000000000000001: queued, attempt 0: no worker can start: {NO_BUDGET}" in err
+    assert "c-0000000000000001: queued, attempt 0: 1 worker starting" in err
     # a pool it may not read: the claim's own line stands
     from calque.cli.errors import ApiError
 
     api.responses[("GET", "/v1/pools/embed")] = ApiError(
         403, {"error": {"code": "forbidden", "message": "no"}}
     )
-    api.responses[("GET", "/v1/claims/c-1")] = _in_turn(
-        {"claim_id": "c-1", "pool": "embed", "state": "queued", "attempts": 0},
-        {"claim_id": "c-1", "pool": "embed", "state": "succeeded", "attempts": 1},
+    api.responses[("GET", "/v1/claims/c-0000000000000001")] = _in_turn(
+        {"claim_id": "c-0000000000000001", "pool": "embed", "state": "queued", "attempts": 0},
+        {"claim_id": "c-0000000000000001", "pool": "embed", "state": "succeeded", "attempts": 1},
     )
-    claim_cmd.wait_for_claim(_Ctx(api), "c-1", timeout_s=60, interval_s=0)
+    claim_cmd.wait_for_claim(_Ctx(api), "c-0000000000000001", timeout_s=60, interval_s=0)
     assert "queued, attempt 0: waiting for a worker" in capsys.readouterr().err
 
 
@@ -236,23 +242,32 @@ def test_logs_with_nothing_written_say_so(capsys):
         json = False
 
     api = FakeApi()
-    api.responses[("GET", "/v1/claims/c-1/logs")] = {"chunks": [], "state": "succeeded", "ended": True}
-    do_logs(Ctx(api), claim_id="c-1")
+    api.responses[("GET", "/v1/claims/c-0000000000000001/logs")] = {
+        "chunks": [],
+        "state": "succeeded",
+        "ended": True,
+    }
+    do_logs(Ctx(api), claim_id="c-0000000000000001")
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == "claim c-1 succeeded: its runner wrote nothing to stdout or stderr\n"
-    api.responses[("GET", "/v1/claims/c-1/logs")] = {"chunks": [], "state": "queued", "ended": False}
-    do_logs(Ctx(api), claim_id="c-1")
+    assert err == "claim c-0000000000000001 succeeded: its runner wrote nothing to stdout or stderr\n"
+    api.responses[("GET", "/v1/claims/c-0000000000000001/logs")] = {
+        "chunks": [],
+        "state": "queued",
+        "ended": False,
+    }
+    do_logs(Ctx(api), claim_id="c-0000000000000001")
     assert (
-        capsys.readouterr().err == "claim c-1 is queued: nothing written yet (--follow waits for it to end)\n"
+        capsys.readouterr().err
+        == "claim c-0000000000000001 is queued: nothing written yet (--follow waits for it to end)\n"
     )
     # what the runner wrote is all there is
-    api.responses[("GET", "/v1/claims/c-1/logs")] = {
+    api.responses[("GET", "/v1/claims/c-0000000000000001/logs")] = {
         "chunks": [{"stream": "stdout", "text": "hello\n"}],
         "state": "succeeded",
         "ended": True,
     }
-    do_logs(Ctx(api), claim_id="c-1")
+    do_logs(Ctx(api), claim_id="c-0000000000000001")
     assert capsys.readouterr() == ("hello\n", "")
 
 
@@ -262,13 +277,15 @@ def test_logs_with_query_select_from_the_json_document(monkeypatch, capsys):
     from tests.unit.cli_support import install_fake_api, run_cli
 
     api = FakeApi()
-    api.responses[("GET", "/v1/claims/c-1/logs")] = {
+    api.responses[("GET", "/v1/claims/c-0000000000000001/logs")] = {
         "chunks": [{"stream": "stdout", "text": "hello\n"}, {"stream": "stderr", "text": "oops\n"}],
         "state": "succeeded",
         "ended": True,
     }
     install_fake_api(monkeypatch, api, ["claim"], endpoint="http://api.invalid")
-    code, out, err = run_cli(capsys, "claim", "logs", "c-1", "--query", "[state, length(chunks)]")
+    code, out, err = run_cli(
+        capsys, "claim", "logs", "c-0000000000000001", "--query", "[state, length(chunks)]"
+    )
     assert (code, out, err) == (0, "succeeded\n2\n", "")
-    code, out, _ = run_cli(capsys, "claim", "logs", "c-1")
+    code, out, _ = run_cli(capsys, "claim", "logs", "c-0000000000000001")
     assert out == "hello\n"

@@ -24,7 +24,8 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
         "doc = b'[' + b'1, ' * 2_000_000 + b'1]'  # 6 MB: more than a pipe holds\n"
         "urllib.request.urlopen = lambda url, timeout: io.BytesIO(doc)\n"
         "api = FakeApi()\n"
-        "api.responses[('GET', '/v1/claims/c-1/result')] = {'claim_id': 'c-1', 'results': None,\n"
+        "api.responses[('GET', '/v1/claims/c-0000000000000001/result')] = {\n"
+        "    'claim_id': 'c-0000000000000001', 'results': None,\n"
         "    'download': {'url': 'u'}}\n"
         "from calque.cli.context import Context\n"
         "Context.client = lambda self: api\n"
@@ -34,7 +35,8 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     for output in ("table", "json"):
         reader = subprocess.Popen(
-            f"{sys.executable} {script} --output {output} claim result c-1 | head -c 10 >/dev/null;"
+            f"{sys.executable} {script} --output {output} claim result c-0000000000000001"
+            " | head -c 10 >/dev/null;"
             " echo ${PIPESTATUS[0]}",
             shell=True,
             executable="/bin/bash",
@@ -54,7 +56,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_still_unexpected(monkeypatch, capsy
     from tests.unit.cli_support import FakeApi, install_fake_api, run_cli
 
     api = install_fake_api(monkeypatch, FakeApi(), ["claim"])
-    api.responses[("GET", "/v1/claims/c-1")] = BrokenPipeError(32, "Broken pipe")
-    code, _, err = run_cli(capsys, "claim", "show", "c-1")
+    api.responses[("GET", "/v1/claims/c-0000000000000001")] = BrokenPipeError(32, "Broken pipe")
+    code, _, err = run_cli(capsys, "claim", "show", "c-0000000000000001")
     assert code == 3
     assert err.startswith("calque: error: unexpected BrokenPipeError")

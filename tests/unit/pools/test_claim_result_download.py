@@ -21,6 +21,8 @@ from tests.unit.cli_support import FakeApi, cli_runner, install_fake_api
 
 pytestmark = pytest.mark.unit
 
+CID = "c-0000000000000001"
+
 DOC = json.dumps({"results": [{"ok": True, "output": "x" * 1000}, {"ok": True, "output": 2}]}).encode()
 SHA = hashlib.sha256(DOC).hexdigest()
 
@@ -45,8 +47,8 @@ def bucket(monkeypatch) -> Bucket:
 @pytest.fixture
 def api(monkeypatch, bucket):
     fake = install_fake_api(monkeypatch, FakeApi(), ["claim"])
-    fake.responses[("GET", "/v1/claims/c-1/result")] = {
-        "claim_id": "c-1",
+    fake.responses[("GET", "/v1/claims/c-0000000000000001/result")] = {
+        "claim_id": "c-0000000000000001",
         "summary": {"items_ok": 2, "items_failed": 0},
         "results": None,  # too large to answer inline
         "download": {"url": "https://bucket.example/r?sig", "bytes": len(DOC), "sha256": SHA},
@@ -60,13 +62,15 @@ def cli(api, capsys):
 
 
 def test_a_large_result_is_printed_whole_and_query_selects_as_from_an_inline_answer(cli):
-    code, out, _ = cli("claim", "result", "c-1")
+    code, out, _ = cli("claim", "result", "c-0000000000000001")
     assert code == 0
     assert out.encode() == DOC + b"\n"
     # --query reads the document an inline answer is: the claim, its summary, its results
-    code, out, err = cli("--output", "json", "claim", "result", "c-1", "--query", "summary.items_ok")
+    code, out, err = cli(
+        "--output", "json", "claim", "result", "c-0000000000000001", "--query", "summary.items_ok"
+    )
     assert (code, json.loads(out)) == (0, 2), err
-    code, out, _ = cli("claim", "result", "c-1", "--query", "results[1].output")
+    code, out, _ = cli("claim", "result", "c-0000000000000001", "--query", "results[1].output")
     assert (code, out.strip()) == (0, "2")
 
 
@@ -75,7 +79,7 @@ def test_a_corrupt_large_result_prints_nothing_but_the_refusal(cli, bucket):
     bucket.body = DOC.replace(b'"x', b'"y', 1)
     for output in ("table", "json"):
         # When a member asks for it on stdout
-        code, out, err = cli("--output", output, "claim", "result", "c-1")
+        code, out, err = cli("--output", output, "claim", "result", "c-0000000000000001")
         # Then none of it is printed: stdout is empty, or the one error document
         assert code == 1
         assert "result_checksum_mismatch" in out if output == "json" else out == ""
@@ -88,7 +92,7 @@ def test_a_corrupt_large_result_leaves_the_file_as_it_was(cli, bucket, tmp_path)
     target = tmp_path / "result.json"
     target.write_text("an earlier result\n")
     bucket.body = DOC[:-5] + b"xx]}}"
-    code, out, err = cli("claim", "result", "c-1", "-o", str(target))
+    code, out, err = cli("claim", "result", "c-0000000000000001", "-o", str(target))
     assert code == 1
     assert "result_checksum_mismatch" not in out
     assert "not the " + SHA in err
@@ -97,7 +101,7 @@ def test_a_corrupt_large_result_leaves_the_file_as_it_was(cli, bucket, tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["result.json"]
     # a good one replaces it whole, at the mode a new file gets
     bucket.body = DOC
-    code, out, _ = cli("--output", "json", "claim", "result", "c-1", "-o", str(target))
+    code, out, _ = cli("--output", "json", "claim", "result", "c-0000000000000001", "-o", str(target))
     assert code == 0
     assert target.read_bytes() == DOC
     assert json.loads(out)["sha256"] == SHA

@@ -34,7 +34,7 @@ class PoolsApi(FakeApi):
 pytestmark = pytest.mark.unit
 
 CLAIM = {
-    "claim_id": "c-1", "pool": "textstats", "user": "alice", "state": "queued", "items": 2,
+    "claim_id": "c-0000000000000001", "pool": "textstats", "user": "alice", "state": "queued", "items": 2,
     "submitted_at": "2026-12-02T00:00:00Z", "attempts": 0,
 }  # fmt: skip
 
@@ -61,7 +61,7 @@ def test_submit_sends_the_items_of_a_jsonl_file(api, cli, tmp_path):
     code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items))
     assert code == 0, err
     assert api.requests == [("POST", "/v1/pools/textstats/claims", {"items": [{"text": "a"}, [1, 2]]}, None)]
-    assert json.loads(out)["claim_id"] == "c-1"
+    assert json.loads(out)["claim_id"] == "c-0000000000000001"
 
 
 def test_a_bad_items_line_is_refused_by_number_and_nothing_is_sent(api, cli, tmp_path):
@@ -128,11 +128,11 @@ def test_submit_wait_shows_progress_on_stderr_and_refuses_a_failed_claim(api, cl
     states = iter(
         [{**CLAIM, "state": "running", "worker": "w-1"}, {**CLAIM, "state": "failed", "reason": "boom"}]
     )
-    api.responses[("GET", "/v1/claims/c-1")] = lambda body: next(states)
+    api.responses[("GET", "/v1/claims/c-0000000000000001")] = lambda body: next(states)
     code, out, err = cli("--output", "json", "pool", "submit", "textstats", "--items", str(items), "--wait")
     assert code == 1
-    assert "c-1: running, attempt 0 on w-1" in err
-    assert "claim c-1 failed: boom" in err
+    assert "c-0000000000000001: running, attempt 0 on w-1" in err
+    assert "claim c-0000000000000001 failed: boom" in err
     doc = json.loads(out)  # exactly one document: the error, carrying the claim
     assert doc["error"]["code"] == "claim_failed"
     assert doc["error"]["details"]["claim"]["state"] == "failed"
@@ -224,24 +224,24 @@ def test_a_pool_delete_that_waits_for_its_claims_says_so_and_how_not_to_wait(api
 
 
 def test_claim_result_prints_each_item_and_writes_the_document(api, cli, tmp_path):
-    api.responses[("GET", "/v1/claims/c-1/result")] = {
-        "claim_id": "c-1",
+    api.responses[("GET", "/v1/claims/c-0000000000000001/result")] = {
+        "claim_id": "c-0000000000000001",
         "summary": {"items_ok": 1, "items_failed": 1},
         "results": [
             {"ok": True, "output": {"n": 1}},
             {"ok": False, "error": {"type": "ValueError", "message": "x"}},
         ],
     }
-    code, out, _ = cli("claim", "result", "c-1")
+    code, out, _ = cli("claim", "result", "c-0000000000000001")
     assert code == 0
     assert json.loads(out)["results"][1]["error"]["type"] == "ValueError"
     target = tmp_path / "r.json"
-    code, _, _ = cli("claim", "result", "c-1", "-o", str(target))
+    code, _, _ = cli("claim", "result", "c-0000000000000001", "-o", str(target))
     assert code == 0
     # the same document on stdout and in the file, byte for byte, whatever the output asked
     assert target.read_text() == out
     assert json.loads(target.read_text())["summary"]["items_failed"] == 1
-    code, as_json, _ = cli("--output", "json", "claim", "result", "c-1")
+    code, as_json, _ = cli("--output", "json", "claim", "result", "c-0000000000000001")
     assert as_json == out
 
 
@@ -251,14 +251,14 @@ def test_claim_result_to_a_file_says_the_files_own_size_and_sha256(api, cli, tmp
     stored result document the answer's download names."""
     import hashlib
 
-    api.responses[("GET", "/v1/claims/c-1/result")] = {
-        "claim_id": "c-1",
+    api.responses[("GET", "/v1/claims/c-0000000000000001/result")] = {
+        "claim_id": "c-0000000000000001",
         "summary": {"items_ok": 1, "items_failed": 0},
         "results": [{"ok": True, "output": {"n": 1}}],
         "download": {"url": "http://127.0.0.1:1/r", "bytes": 40, "sha256": "ab" * 32},
     }
     target = tmp_path / "r.json"
-    code, out, _ = cli("--output", "json", "claim", "result", "c-1", "-o", str(target))
+    code, out, _ = cli("--output", "json", "claim", "result", "c-0000000000000001", "-o", str(target))
     assert code == 0
     said = json.loads(out)
     data = target.read_bytes()
@@ -271,7 +271,7 @@ def test_claim_list_passes_the_pool_filter(api, cli):
     code, out, _ = cli("claim", "list", "--pool", "textstats")
     assert code == 0
     assert api.requests == [("GET", "/v1/claims", None, {"pool": "textstats"})]
-    assert "c-1" in out
+    assert "c-0000000000000001" in out
 
 
 def test_an_admins_claim_list_says_whose_each_claim_is(api, cli):
@@ -280,7 +280,7 @@ def test_an_admins_claim_list_says_whose_each_claim_is(api, cli):
     assert code == 0
     header, *rows = out.splitlines()
     assert header.split()[:3] == ["CLAIM_ID", "USER", "POOL"]
-    assert [r.split()[:2] for r in rows] == [["c-1", "alice"], ["c-2", "bob"]]
+    assert [r.split()[:2] for r in rows] == [["c-0000000000000001", "alice"], ["c-2", "bob"]]
 
 
 def test_pool_list_shows_the_workers_now_beside_min_and_max(api, cli):
@@ -468,7 +468,7 @@ def test_a_wait_that_times_out_says_the_claim_goes_on_and_how_to_follow_or_stop_
     items = tmp_path / "items.jsonl"
     items.write_text("1\n")
     api.responses[("POST", "/v1/pools/textstats/claims")] = CLAIM
-    api.responses[("GET", "/v1/claims/c-1")] = CLAIM
+    api.responses[("GET", "/v1/claims/c-0000000000000001")] = CLAIM
     # When the wait times out
     code, out, err = cli(
         "--output", "json", "pool", "submit", "textstats", "--items", str(items), "--wait", "--timeout", "1s"
@@ -477,8 +477,8 @@ def test_a_wait_that_times_out_says_the_claim_goes_on_and_how_to_follow_or_stop_
     assert code == 1
     last = err.splitlines()[-1]
     assert "still queued after 1s" in last
-    assert "calque claim show c-1" in last
-    assert "calque claim cancel c-1" in last
+    assert "calque claim show c-0000000000000001" in last
+    assert "calque claim cancel c-0000000000000001" in last
     assert json.loads(out)["error"]["code"] == "wait_timeout"
 
 
@@ -549,7 +549,7 @@ def test_items_too_large_for_one_request_are_uploaded_and_submitted_by_their_upl
     assert api.requests[-1][2] == {
         "input": {"claim_id": "c-0123456789abcdef", "sha256": sha, "bytes": len(put[0]), "items": 100}
     }
-    assert json.loads(out)["claim_id"] == "c-1"
+    assert json.loads(out)["claim_id"] == "c-0000000000000001"
 
 
 def test_more_items_than_one_request_may_carry_are_uploaded_however_small(api, cli, tmp_path, monkeypatch):
@@ -703,3 +703,13 @@ def test_claim_list_sends_an_empty_pool_filter_as_given_rather_than_listing_ever
     code, _, err = cli("--output", "json", "claim", "list", "--pool", "")
     assert code == 0, err
     assert api.requests == [("GET", "/v1/claims", None, {"pool": ""})]
+
+
+@pytest.mark.parametrize("verb", ["show", "result", "logs", "cancel"])
+def test_a_claim_id_that_is_not_one_is_a_usage_error_sent_nowhere(api, cli, verb):
+    # `claim show c-zzz` was sent and refused by the API (exit 1), where `session show s-nope`
+    # is a usage error (exit 2) naming what an id looks like
+    code, _, err = cli("claim", verb, "c-zzz")
+    assert code == 2
+    assert "'c-zzz' is not a claim id: c- and 16 hex digits, as `calque claim list` shows them" in err
+    assert api.requests == []
