@@ -97,8 +97,7 @@ def _sizing(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     )  # fmt: skip
 
 
-# What the API takes (calque.contracts.pools; tests/unit/pools/test_pool_cli.py holds them to it),
-# checked here so a value out of them is a usage error in the flag's units, not a field's seconds
+# The API's bounds (held to calque.contracts.pools by a test): out of them, a usage error in units
 IDLE_TIMEOUT_S = (10, 7 * 24 * 3600)
 MAX_WAIT_S = (10, 24 * 3600)
 
