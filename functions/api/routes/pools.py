@@ -49,6 +49,11 @@ def _pool(record: Any) -> Pool:
     return Pool.model_validate(record.model_dump())
 
 
+def _counted(service: Any, record: Any) -> Pool:
+    """The pool as every answer about one gives it: with its workers now, by state."""
+    return _pool(record).model_copy(update={"current_workers": service.worker_counts(record.name)})
+
+
 def _claim(record: Any) -> Claim:
     return Claim.model_validate(record.model_dump())
 
@@ -56,9 +61,10 @@ def _claim(record: Any) -> Claim:
 @router.post("/pools", status_code=201)
 @admin_only
 def create_pool(body: PoolCreate) -> Pool:
-    pool = pools().create_pool(caller(router), body, idempotency_key=idempotency_key(router))
+    service = pools()
+    pool = service.create_pool(caller(router), body, idempotency_key=idempotency_key(router))
     logger.info("pool created", extra={"pool": pool.name, "instance_type": pool.instance_type})
-    return _pool(pool)
+    return _counted(service, pool)
 
 
 @router.post("/pools/<name>/package", status_code=201)
@@ -71,23 +77,22 @@ def package_upload(name: str, body: PackageUpload) -> dict[str, Any]:
 @router.get("/pools")
 def list_pools() -> list[Pool]:
     service = pools()
-    return [
-        _pool(p).model_copy(update={"current_workers": service.worker_counts(p.name)})
-        for p in service.list_pools(caller(router))
-    ]
+    return [_counted(service, p) for p in service.list_pools(caller(router))]
 
 
 @router.get("/pools/<name>")
 def pool_status(name: str) -> dict[str, Any]:
     service = pools()
     who = caller(router)
-    return {**_pool(service.get_pool(who, name)).model_dump(), "status": service.status(who, name)}
+    pool = _counted(service, service.get_pool(who, name))
+    return {**pool.model_dump(), "status": service.status(who, name)}
 
 
 @router.patch("/pools/<name>")
 @admin_only
 def update_pool(name: str, body: PoolUpdate) -> Pool:
-    return _pool(pools().update_pool(caller(router), name, body))
+    service = pools()
+    return _counted(service, service.update_pool(caller(router), name, body))
 
 
 @router.delete("/pools/<name>")

@@ -41,6 +41,7 @@ def test_warm_pool_story_cold_then_warm_claims_then_scale_to_zero(plane, tmp_pat
         plane, "textstats", runner="textstats:TextStats", package=EXAMPLES, max_workers=1, idle_timeout="10s"
     )
     assert pool["state"] == "active"
+    assert pool["current_workers"] == {"starting": 0, "idle": 0, "busy": 0}  # as pool list counts them
     # When alice submits three claims, one after another, waiting for each
     done = []
     for i in range(3):
@@ -74,6 +75,7 @@ def test_warm_pool_story_cold_then_warm_claims_then_scale_to_zero(plane, tmp_pat
     code, status = plane.cli_json("pool", "status", "textstats", profile="alice")
     assert code == 0
     assert status["status"]["warm_hits"] == 2
+    assert sum(status["current_workers"].values()) <= 1  # counted, as pool list counts them (not null)
     assert any(d["action"] == "scale_out" and d["reason"] for d in status["status"]["decisions"])
     # When the pool stays idle past its idle timeout, Then it scales to zero
     deadline = time.monotonic() + 60
