@@ -17,24 +17,34 @@ from typing import IO, Any
 
 from calque.cli.errors import CliError
 from calque.contracts.checksum import file_sha256
+from calque.contracts.pools import INPUT_MAX_BYTES
 
 BLOCK = 1024 * 1024
 TIMEOUT_S = 300
 
 
-def write_input(items: Iterable[Any], path: str) -> tuple[str, int, int]:
+def write_input(items: Iterable[Any], path: str, *, limit: int = INPUT_MAX_BYTES) -> tuple[str, int, int]:
     """The input document ``{"items": [...]}`` written to ``path`` as it is encoded;
-    (sha256, bytes, items)."""
+    (sha256, bytes, items). Past ``limit`` bytes (what one claim's input may be) it stops
+    there, refused (``input_too_large``), rather than writing the rest to disk first."""
     count = 0
-    with open(path, "w", encoding="utf-8") as f:
-        f.write('{"items": [')
+    size = len(b'{"items": [' + b"]}")
+    with open(path, "wb") as f:
+        f.write(b'{"items": [')
         for item in items:
-            if count:
-                f.write(", ")
-            json.dump(item, f, allow_nan=False)
+            part = (", " if count else "").encode() + json.dumps(item, allow_nan=False).encode()
+            size += len(part)
+            if size > limit:
+                raise CliError(
+                    f"the claim's input passes {limit:,} bytes at item {count} (the most one claim "
+                    "may take): split the items into several claims (Pool.map does)",
+                    code="input_too_large",
+                    details={"limit_bytes": limit, "item": count},
+                )
+            f.write(part)
             count += 1
-        f.write("]}")
-    return file_sha256(path), os.path.getsize(path), count
+        f.write(b"]}")
+    return file_sha256(path), size, count
 
 
 def upload_input(request: Callable[..., Any], claims_path: str, items: Iterable[Any]) -> dict[str, Any]:
