@@ -22,7 +22,7 @@ POOL_COLUMNS: list[Column] = [
     ("instance_type", "instance_type"),
     ("state", "state"),
     ("workers", lambda p: f"{p.get('min_workers')}..{p.get('max_workers')}"),
-    # the workers now (an answer without them: an update's, or an older plane's): "-"
+    # the workers now (an answer without them, an older plane's: "-")
     ("starting", lambda p: (p.get("current_workers") or {}).get("starting", "-")),
     ("idle", lambda p: (p.get("current_workers") or {}).get("idle", "-")),
     ("busy", lambda p: (p.get("current_workers") or {}).get("busy", "-")),
