@@ -80,8 +80,7 @@ def do_set(ctx: Any, *, max_instances: int, max_hourly_usd: float, max_monthly_u
     read first and sent again (None: removed), with ``if_version``, the version read: when
     another admin's change landed in between (409 limits_changed), it reads and sends again,
     so the cap kept is the one set last, never one that was already replaced."""
-    from calque.cli.commands.quota import LIMIT_WRITE_TRIES
-    from calque.cli.errors import ApiError, CliError
+    from calque.cli.commands.quota import write_over_version_read
 
     client = ctx.client()
     body: dict[str, Any] = {"max_instances": max_instances, "max_hourly_usd": max_hourly_usd}
@@ -90,24 +89,13 @@ def do_set(ctx: Any, *, max_instances: int, max_hourly_usd: float, max_monthly_u
             body["max_monthly_usd"] = max_monthly_usd
         ctx.emit(client.request("PUT", "/v1/budget", body), columns=BUDGET_FIELDS)
         return
-    for _ in range(LIMIT_WRITE_TRIES):
-        current = client.request("GET", "/v1/budget") or {}
+
+    def keeping_the_cap(current: dict[str, Any]) -> dict[str, Any]:
         kept = current.get("max_monthly_usd") if current.get("set", True) else None
-        write = {**body, **({"max_monthly_usd": kept} if kept is not None else {})}
-        if "version" in current:  # an API from before versions would refuse the field
-            write["if_version"] = current["version"]
-        try:
-            ctx.emit(client.request("PUT", "/v1/budget", write), columns=BUDGET_FIELDS)
-            return
-        except ApiError as exc:
-            if exc.status != 409 or exc.code != "limits_changed":
-                raise
-    raise CliError(
-        f"the budget kept changing while this change was made ({LIMIT_WRITE_TRIES} tries: each "
-        "time another change landed first); nothing of this change was applied: run it again",
-        code="limits_changed",
-        details={"tries": LIMIT_WRITE_TRIES},
-    )
+        return {**body, **({"max_monthly_usd": kept} if kept is not None else {})}
+
+    answer = write_over_version_read(client, "/v1/budget", "/v1/budget", keeping_the_cap, what="budget")
+    ctx.emit(answer, columns=BUDGET_FIELDS)
 
 
 def _show(ctx: Any, args: argparse.Namespace) -> None:

@@ -98,9 +98,24 @@ def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, An
     client = ctx.client()
     if len(changes) == len(LIMITS):
         return client.request("PUT", write, merged({}, changes))  # a full replace: nothing to keep
+    return write_over_version_read(client, read, write, lambda current: merged(current, changes))
+
+
+def write_over_version_read(
+    client: Any,
+    read: str,
+    write: str,
+    body_of: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    what: str = "limits",
+) -> Any:
+    """Read (``read``), make the body from what was read (``body_of``) and PUT it (``write``)
+    with ``if_version``, the version read: when another change landed in between, the API
+    refuses it (409 limits_changed) and this reads, makes and sends again, up to
+    LIMIT_WRITE_TRIES times; the PUT's answer."""
     for _ in range(LIMIT_WRITE_TRIES):
         try:
-            current = client.request("GET", read)
+            current = client.request("GET", read) or {}
         except ApiError as exc:
             if exc.status != 403:
                 raise
@@ -108,9 +123,9 @@ def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, An
             # (a member naming another member) is refused the change, and told so as a
             # change, not as the read ("members may read only their own quota") it never asked
             raise CliError(
-                "changing limits is for admins only", code=exc.code or "forbidden", details=exc.details
+                f"changing {what} is for admins only", code=exc.code or "forbidden", details=exc.details
             ) from None
-        body = merged(current, changes)
+        body = body_of(current)
         if "version" in current:  # an API from before versions would refuse the field
             body["if_version"] = current["version"]
         try:
@@ -119,7 +134,7 @@ def put_changed_limits(ctx: Any, *, read: str, write: str, changes: dict[str, An
             if exc.status != 409 or exc.code != "limits_changed":
                 raise
     raise CliError(
-        f"the limits kept changing while this change was made ({LIMIT_WRITE_TRIES} tries: each "
+        f"the {what} kept changing while this change was made ({LIMIT_WRITE_TRIES} tries: each "
         "time another change landed first); nothing of this change was applied: run it again",
         code="limits_changed",
         details={"tries": LIMIT_WRITE_TRIES},
