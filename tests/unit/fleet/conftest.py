@@ -62,6 +62,14 @@ class World:
         out = self.fleet.acquire(AcquireRequest(instance_type=instance_type, **kw), ADMIN)
         return [a.request_id for a in out.acquisitions]
 
+    def launched_unrecorded(self, rid: str) -> None:
+        """EC2 started the request's instance (tagged with it), but the acquirer stopped
+        before recording it."""
+        from calque.fleet.ports import LaunchSpec
+
+        tags = {"calque:host": "managed", "calque:request-id": rid}
+        self.ec2.run_instance(LaunchSpec(rid, "g7e.2xlarge", "on-demand", "subnet-a", None, tags))
+
     def deliver(self) -> None:
         """The acquirer consumes what the queue holds."""
         sent, self.queue.sent = self.queue.sent, []

@@ -23,18 +23,8 @@ def test_the_same_message_delivered_three_times_launches_one_instance(world: Wor
 def test_a_launch_whose_record_was_lost_is_found_by_its_tag_not_launched_again(world: World):
     # Given an instance EC2 started for the request, but the acquirer died before recording it
     (rid,) = world.acquire()
-    from calque.fleet.ports import LaunchSpec
 
-    world.ec2.run_instance(
-        LaunchSpec(
-            rid,
-            "g7e.2xlarge",
-            "on-demand",
-            "subnet-a",
-            None,
-            {"calque:host": "managed", "calque:request-id": rid},
-        )
-    )
+    world.launched_unrecorded(rid)
     # When the message is delivered again
     world.fleet.launch(rid)
     # Then no second instance starts and the first is recorded
@@ -174,19 +164,9 @@ def test_a_sweep_refused_for_no_shortage_of_machines_says_what_it_was(world: Wor
 def test_an_acquirer_that_finds_its_instance_already_launched_lists_that_launch(world: World):
     # Given RunInstances launched the instance, but the acquirer stopped before recording it
     # (its message comes back after the visibility timeout)
-    from calque.fleet.ports import LaunchSpec
 
     (rid,) = world.acquire()
-    world.ec2.run_instance(
-        LaunchSpec(
-            rid,
-            "g7e.2xlarge",
-            "on-demand",
-            "subnet-a",
-            None,
-            {"calque:host": "managed", "calque:request-id": rid},
-        )
-    )
+    world.launched_unrecorded(rid)
     # When the message is delivered again
     world.deliver()
     # Then the instance found by its tag is recorded, and its launch listed: an acquisition

@@ -139,16 +139,7 @@ def test_crash_after_launch_leaves_nothing_untracked_after_one_reconcile(world: 
     # Given RunInstances succeeded but the acquirer died before recording (and its message is gone)
     (rid,) = world.acquire()
     world.queue.sent.clear()
-    world.ec2.run_instance(
-        LaunchSpec(
-            rid,
-            "g7e.2xlarge",
-            "on-demand",
-            "subnet-a",
-            None,
-            {"calque:host": "managed", "calque:request-id": rid},
-        )
-    )
+    world.launched_unrecorded(rid)
     # When the reconciler runs once
     summary = world.fleet.reconcile()
     # Then the instance is adopted by its request and registered: nothing untracked remains
