@@ -8,7 +8,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
@@ -30,6 +30,13 @@ class ApiClient:
     each retry, so the API applies it once and answers a retry as it answered the
     first. Anything else that is not 2xx raises ApiError carrying the status and the
     API's error document.
+
+    Once a write's answer was lost it may have been applied (a check-out granted, its token
+    in the lost answer), so from then on it is asked again under its key, whatever the
+    attempt meets (nothing listening, a 503, the same request still running), until
+    ``after_loss_s`` has passed, the endpoint found anew by ``refind`` when given (a
+    restarted local plane listens on another port): the first answer then comes back. A
+    write given up on after that says it may have been applied.
     """
 
     def __init__(
@@ -42,6 +49,8 @@ class ApiClient:
         retries: int = 2,
         max_wait_s: float = 10,
         user_agent: str = "calque-cli",
+        after_loss_s: float = 60,
+        refind: Callable[[], str | None] | None = None,
     ):
         self.endpoint = endpoint.rstrip("/")
         self.credentials = credentials
@@ -50,6 +59,8 @@ class ApiClient:
         self.retries = retries
         self.max_wait_s = max_wait_s
         self.user_agent = user_agent
+        self.after_loss_s = after_loss_s
+        self.refind = refind
         self._http: Any = None
 
     def _session(self) -> Any:
@@ -91,6 +102,21 @@ class ApiClient:
             return self._signed(method, url, data, key)
         except BotoCoreError as exc:
             raise credentials_refused(exc, self.endpoint) from None
+
+    def _found_anew(self, url: str) -> str:
+        """``url`` on the endpoint ``refind`` finds now (a restarted local plane's new port),
+        or unchanged when none is found yet."""
+        if self.refind is None:
+            return url
+        try:
+            endpoint = self.refind()
+        except Exception:  # no plane runs yet: ask again where it was
+            return url
+        if not endpoint or endpoint.rstrip("/") == self.endpoint:
+            return url
+        url = endpoint.rstrip("/") + url[len(self.endpoint) :]
+        self.endpoint = endpoint.rstrip("/")
+        return url
 
     def request(
         self,
@@ -140,16 +166,30 @@ class ApiClient:
         method = method.upper()
         key = idempotency_key or (str(uuid.uuid4()) if method in WRITES else None)
         attempt = 0
+        lost_at: float | None = None  # when a write's answer was first lost: it may have been applied
         while True:
             signed = self._signed_or_refused(method, url, data, key)
             try:
                 resp = self._session().send(signed)
             except Exception as exc:  # botocore's connection errors have no common base worth naming
+                if key is not None and lost_at is None and _answer_lost(exc):
+                    lost_at = time.monotonic()
+                if lost_at is not None and time.monotonic() - lost_at < self.after_loss_s:
+                    attempt += 1  # it may have been applied: the same key makes the retry safe
+                    time.sleep(min(0.5 * min(attempt, 2), self.max_wait_s))
+                    url = self._found_anew(url)
+                    continue
                 if _answer_lost(exc) and attempt < self.retries:
                     attempt += 1  # it may have been applied: the same key makes the retry safe
                     time.sleep(min(0.5 * attempt, self.max_wait_s))
                     continue
-                raise EndpointUnreachable(self.endpoint, first_line(exc)) from exc
+                reason = first_line(exc)
+                if lost_at is not None:
+                    reason += (
+                        "; the request was sent and its answer lost, so it may have been applied:"
+                        " look before sending it again"
+                    )
+                raise EndpointUnreachable(self.endpoint, reason) from exc
             status = resp.status_code
             text = resp.content.decode("utf-8", "replace") if resp.content else ""
             try:
@@ -165,7 +205,8 @@ class ApiClient:
             busy = status == 409 and isinstance(doc, dict) and _code(doc) == "request_in_progress"
             bare = not (isinstance(doc, dict) and isinstance(doc.get("error"), dict))
             throttled = status == 429 and (bare or (isinstance(doc, dict) and _code(doc) == "throttled"))
-            if (status == 503 or busy or throttled) and attempt < self.retries:
+            waiting_out_a_loss = lost_at is not None and time.monotonic() - lost_at < self.after_loss_s
+            if (status == 503 or busy or throttled) and (attempt < self.retries or waiting_out_a_loss):
                 attempt += 1
                 time.sleep(min(retry_after if retry_after is not None else 1.0, self.max_wait_s))
                 continue

@@ -367,7 +367,9 @@ class Context:
             from calque.cli.client import ApiClient
 
             creds, region = self.credentials_and_region()
-            self._client = ApiClient(self.endpoint, creds, region)
+            # a write whose answer was lost is asked again there: a restarted plane has another port
+            refind = (lambda: self.anew().endpoint) if self.finds_local_plane() else None
+            self._client = ApiClient(self.endpoint, creds, region, refind=refind)
         return self._client
 
 

@@ -54,3 +54,49 @@ def test_nothing_listening_is_not_retried():
     with pytest.raises(EndpointUnreachable):
         client.request("POST", "/v1/sessions", {"backend": "mig"})
     assert len(transport.sent) == 1
+
+
+def _closed():
+    from botocore.exceptions import ConnectionClosedError
+
+    return ConnectionClosedError(endpoint_url="http://127.0.0.1:8787")
+
+
+def test_a_write_whose_answer_was_lost_is_asked_again_through_a_restart_until_it_is_answered():
+    # Given a check-out whose answer is lost as the plane dies (it may have been granted), a
+    # plane that is then down for a while, comes back on another port, and answers that the
+    # dead writer's request is still running until its deadline passes
+    running = {"error": {"code": "request_in_progress", "message": "still running", "details": {}}}
+    client, transport = _client(
+        _closed(),
+        *[EndpointConnectionError(endpoint_url="http://127.0.0.1:8787")] * 4,
+        *[_Resp(409, running, {"Retry-After": "1"})] * 4,
+        _Resp(201, {"session_id": "s-1", "token": "t"}),
+    )
+    found = iter([None, None, "http://127.0.0.1:9999"])
+    client.refind = lambda: next(found, "http://127.0.0.1:9999")
+    # When the CLI checks out
+    # Then it gets the first grant's answer, token included, not "cannot reach"
+    assert client.request("POST", "/v1/sessions", {"backend": "mig"}) == {"session_id": "s-1", "token": "t"}
+    keys = {sent.headers.get("Idempotency-Key") for sent in transport.sent}
+    assert len(keys) == 1
+    assert None not in keys
+    assert transport.sent[-1].url == "http://127.0.0.1:9999/v1/sessions"
+
+
+def test_a_write_given_up_on_after_its_answer_was_lost_says_it_may_have_been_applied():
+    client, transport = _client(_closed(), EndpointConnectionError(endpoint_url="http://127.0.0.1:8787"))
+    client.after_loss_s = 0
+    client.retries = 1
+    with pytest.raises(EndpointUnreachable) as raised:
+        client.request("POST", "/v1/sessions", {"backend": "mig"})
+    assert "may have been applied" in str(raised.value)
+    assert len(transport.sent) == 2
+
+
+def test_a_read_that_finds_nothing_listening_after_a_lost_answer_is_not_waited_for():
+    client, transport = _client(_closed(), EndpointConnectionError(endpoint_url="http://127.0.0.1:8787"))
+    with pytest.raises(EndpointUnreachable) as raised:
+        client.request("GET", "/v1/sessions")
+    assert "may have been applied" not in str(raised.value)
+    assert len(transport.sent) == 2
