@@ -272,25 +272,6 @@ def test_a_wait_stopped_by_a_signal_cancels_as_ctrl_c_does(api, cli, monkeypatch
     assert ("DELETE", f"/v1/session-requests/{RID}") in [r[:2] for r in api.requests]
 
 
-def test_a_wait_that_loses_the_control_plane_says_the_request_may_still_be_granted(api, cli):
-    # the request outlives the command: a grant nobody reads would hold its slice for its TTL
-    from calque.cli.errors import EndpointUnreachable
-
-    api.responses[("POST", "/v1/session-requests")] = WAITING
-    api.responses[("GET", f"/v1/session-requests/{RID}")] = EndpointUnreachable(
-        "http://127.0.0.1:9", "Could not connect to the endpoint URL"
-    )
-    code, out, err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
-    assert code == 1
-    error = json.loads(out)["error"]
-    assert error["code"] == "endpoint_unreachable"
-    assert error["details"]["request_id"] == RID
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("calque: error: cannot reach the control plane at http://127.0.0.1:9")
-    assert f"`calque session queue {RID}`" in last
-    assert f"`calque session cancel {RID}`" in last
-
-
 def test_ctrl_c_that_cannot_cancel_says_the_request_may_still_be_granted(api, cli, monkeypatch):
     from calque.cli.errors import EndpointUnreachable
 
@@ -381,3 +362,43 @@ def test_a_max_wait_cut_to_the_deployments_longest_says_so_when_it_runs_out(api,
     code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait", "--max-wait", "1d")
     assert code == 1
     assert "(--max-wait)" in err
+
+
+def _unreachable():
+    from calque.cli.errors import EndpointUnreachable
+
+    return EndpointUnreachable("http://127.0.0.1:8787", "Could not connect to the endpoint URL")
+
+
+def test_a_wait_rides_out_a_plane_restart_and_prints_the_grant(api, cli):
+    # Given a queued check-out whose plane is down for three polls (kill -9, then `local up`)
+    # and grants it once it is back
+    answers = iter(
+        [_unreachable(), _unreachable(), _unreachable(), {**WAITING, "state": "granted", "grant": GRANT}]
+    )
+
+    def poll(_b):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = poll
+    # When the member waits, Then the grant comes back, token included, not "cannot reach"
+    code, out, err = cli("--output", "json", "session", "checkout", "--backend", "mig", "--wait")
+    assert code == 0, err
+    assert json.loads(out)["token"] == GRANT["token"]
+
+
+def test_a_wait_that_cannot_reach_the_plane_says_the_request_may_still_be_granted(api, cli, monkeypatch):
+    monkeypatch.setattr(session_queue, "RECONNECT_S", 0.0)
+    api.responses[("POST", "/v1/session-requests")] = WAITING
+    api.responses[("GET", f"/v1/session-requests/{RID}")] = _unreachable()
+    code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
+    assert code == 1
+    said = err.strip().splitlines()[-1]  # one line, after the place line
+    assert said.startswith("calque: error: cannot reach the control plane")
+    assert f"{RID} may still be queued and granted" in said
+    assert f"calque session queue {RID}" in said
+    assert f"calque session cancel {RID}" in said
