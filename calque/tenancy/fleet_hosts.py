@@ -30,7 +30,10 @@ class TenancyHosts:
             spot=spot,
         )
         try:
-            self.tenancy.register_host(FLEET_CALLER, req)
+            # one key per instance: registering it again (the acquirer or the reconciler after
+            # a crash between the host's write and its apply task) is a replay, which sends the
+            # apply again while the host is still pending
+            self.tenancy.register_host(FLEET_CALLER, req, idempotency_key=f"fleet-register-{instance_id}")
         except Conflict as exc:
             if exc.code != "already_registered":
                 raise

@@ -106,6 +106,11 @@ class HostsMixin(TenancyCore):
         except AlreadyExists:
             existing = self.registry.get_host(req.instance_id)
             if rid is not None and existing is not None and existing.register_request == rid:
+                if existing.state == "pending" and existing.layout is not None:
+                    # the first may have died between the write and the task: without the
+                    # apply the host stays pending until the reaper fails it (the agent
+                    # converges, so an apply sent twice acts once)
+                    self.tasks.send(ApplyTask(instance_id=req.instance_id, spec=existing.layout))
                 return self._host_view(who, existing, self.registry.slices(req.instance_id))
             raise Conflict(
                 already_registered_message(req.instance_id, existing),

@@ -145,3 +145,45 @@ def test_forced_drain_ends_sessions_with_the_reason_and_stops_placement(world: W
     assert world.reclaimed("i-0aaa0001", grant.slice_id).host_state == "drained"
     # And draining it again ends nothing more, and says so
     assert world.tenancy.drain(ADMIN, "i-0aaa0001", force=True, reason="again").ended_sessions == []
+
+
+def _dies_once(world: World, monkeypatch) -> None:
+    """The next task send dies, as a writer killed between the host's write and its task."""
+    real = world.queue.send
+    calls = {"n": 0}
+
+    def send(task, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("killed")
+        return real(task, **kw)
+
+    monkeypatch.setattr(world.queue, "send", send)
+
+
+def test_a_replayed_registration_whose_apply_was_lost_sends_it_again(world: World, monkeypatch):
+    # Given a registration that wrote the host and died before asking the agent to apply
+    req = HostRegistration(instance_id="i-0aaa0001", instance_type="g7e.2xlarge")
+    _dies_once(world, monkeypatch)
+    with pytest.raises(RuntimeError):
+        world.tenancy.register_host(ADMIN, req, idempotency_key="key-00000001")
+    assert world.queue.sent == []
+    # When the same request is replayed under its key
+    host = world.tenancy.register_host(ADMIN, req, idempotency_key="key-00000001")
+    # Then it answers the host and the apply is on its way: the host does not stay pending
+    assert host.state == "pending"
+    assert world.queue.sent == [ApplyTask(instance_id="i-0aaa0001", spec=host.layout)]
+
+
+def test_the_fleet_registering_its_instance_again_after_a_lost_apply_sends_it(world: World, monkeypatch):
+    from calque.tenancy.fleet_hosts import TenancyHosts
+
+    # Given the acquirer registered a launched instance and died before the apply task
+    hosts = TenancyHosts(world.tenancy)
+    _dies_once(world, monkeypatch)
+    with pytest.raises(RuntimeError):
+        hosts.register("i-0aaa0002", "g7e.2xlarge", None, False)
+    # When the acquirer (redelivered) or the reconciler registers it again
+    hosts.register("i-0aaa0002", "g7e.2xlarge", None, False)
+    # Then the apply is sent, and the host is not left pending until the reaper fails it
+    assert [t.instance_id for t in world.queue.sent] == ["i-0aaa0002"]
