@@ -49,6 +49,18 @@ def _headers(environ: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _service(environ: dict[str, Any]) -> str:
+    """The service a request is signed for: its Authorization header's scope, or a presigned
+    URL's X-Amz-Credential (an upload through a URL the API answered has no header, and is a
+    change to keep like any other)."""
+    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
+    if scope:
+        return scope.group(2)
+    credential = parse_qs(environ.get("QUERY_STRING", "")).get("X-Amz-Credential", [""])[0]
+    parts = credential.split("/")
+    return parts[3] if len(parts) == 5 and parts[4] == "aws4_request" else ""
+
+
 def _raw_path(environ: dict[str, Any]) -> str:
     raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
     if raw:
@@ -272,8 +284,7 @@ class LocalAwsApp:
         refused = self._check(environ, body)
         if refused is not None:
             return self._refuse(environ, start_response, *refused)
-        scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", ""))
-        service = scope.group(2) if scope else ""
+        service = _service(environ)
         if target.startswith("DynamoDB_"):
             operation = target.rpartition(".")[2]
             with self.dynamodb_lock:

@@ -4,6 +4,7 @@ exactly this object and these signed headers, before it expires."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 from urllib.parse import urlsplit
 
 import pytest
@@ -63,3 +64,37 @@ def test_an_unknown_key_and_an_expired_url_are_refused():
 
 def test_a_request_signed_in_its_headers_is_not_a_presigned_one():
     assert not is_presigned("/bucket/key?uploads")
+
+
+def test_an_upload_through_a_presigned_url_is_kept_before_it_is_answered():
+    # Given the plane's moto front, verifying the plane's key, with its persistence
+    from calque.local.moto_server import LocalAwsApp
+
+    class Kept:
+        s3 = 0
+
+        def s3_changed(self) -> None:
+            Kept.s3 += 1
+
+    def moto(_environ, start_response):
+        start_response("200 OK", [("ETag", '"e"')])
+        return [b""]
+
+    front = LocalAwsApp(moto, credentials=("AKIAPLANE", "s3cr3t"), persistence=Kept())
+    url = urlsplit(_presign())
+    environ = {
+        "REQUEST_METHOD": "PUT",
+        "PATH_INFO": url.path,
+        "RAW_URI": url.path + "?" + url.query,
+        "QUERY_STRING": url.query,
+        "HTTP_HOST": url.netloc,
+        "CONTENT_TYPE": "application/zip",
+        "CONTENT_LENGTH": "3",
+        "wsgi.input": io.BytesIO(b"zip"),
+    }
+    answered = []
+    # When a runner package is PUT to the URL the API answered (no Authorization header)
+    front(environ, lambda status, headers, exc_info=None: answered.append(status))
+    # Then S3's change is saved before the answer: a kill -9 right after does not lose it
+    assert answered == ["200 OK"]
+    assert Kept.s3 == 1
