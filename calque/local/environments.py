@@ -71,8 +71,14 @@ def _serve(conn: Connection, function_id: str, account: str, region: str) -> Non
                 if handler is None:
                     handler = load_handler(function_id)
                 context = lambda_context(function_id, account=account, region=region)
-                conn.send(("ok", handler(event, context)))
+                answer: tuple[str, Any] = ("ok", handler(event, context))
             except Exception:
+                answer = ("error", traceback.format_exc())
+            try:
+                conn.send(answer)
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the plane that asked is gone (stopped, or killed): nobody to answer
+            except Exception:  # an answer that cannot be sent (not picklable): say why instead
                 conn.send(("error", traceback.format_exc()))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the plane stops us
         return
