@@ -267,6 +267,19 @@ class Context:
 
         return dataclasses.replace(self, sources={}, _config=None, _client=None, _resolved=None)
 
+    def reconnect(self) -> Any:
+        """The client of the local plane as it runs now (restarted: on another port), kept as
+        this context's from now on; a refusal when none runs there yet (the old one is kept)."""
+        fresh = self.anew()
+        client = fresh.client()
+        self.sources, self._config, self._resolved, self._client = (
+            fresh.sources,
+            fresh._config,
+            fresh._resolved,
+            client,
+        )
+        return client
+
     @property
     def local_plane(self) -> bool:
         """Whether the endpoint is a running local plane's (its hosts simulated); False when

@@ -16,13 +16,9 @@ from urllib.parse import quote
 from calque.cli.durations import human_duration
 from calque.cli.errors import CliError
 from calque.cli.output import plain
+from calque.cli.polling import ask_again
 
 POLL_S = 2.0
-# How long a waiting check-out keeps asking a plane it cannot reach (restarting, briefly down)
-# before it gives up, saying that its request may still wait.
-RECONNECT_S = 60.0
-# What a plane being restarted answers: nothing listens, or no plane runs on its state dir yet.
-_UNREACHABLE = frozenset({"endpoint_unreachable", "no_endpoint", "local_plane_not_running"})
 
 
 def _asks(r: dict[str, Any]) -> str:
@@ -231,7 +227,6 @@ def _wait_checkout(
     from calque.contracts.queue import MAX_WAIT_SECONDS_LIMIT
 
     client = ctx.client()
-    refindable = ctx.finds_local_plane()  # a restarted local plane listens on another port
     # A wait longer than the deployment's longest is cut to it; past the API's own bound it
     # would be refused instead, so it is sent at that bound and cut the same way.
     asked = min(max_wait_s, MAX_WAIT_SECONDS_LIMIT) if max_wait_s else None
@@ -275,7 +270,13 @@ def _wait_checkout(
                     return
                 raise _expired(rid, req, asked_s=max_wait_s)
             time.sleep(POLL_S)
-            req, client = _ask_again(ctx, client, rid, refindable=refindable)
+            # through a plane restart (found anew on its new port): the request waits on there
+            req = ask_again(
+                ctx,
+                lambda: ctx.client().request("GET", _path(rid)),
+                gave_up=lambda exc: _still_queued(exc, rid),
+            )
+            client = ctx.client()
     except KeyboardInterrupt as stop:
         status = _exit_status(stop)
         if on_interrupt == "leave":
@@ -294,27 +295,6 @@ def _wait_checkout(
             return
         print(f"{rid} cancelled", file=sys.stderr)
         raise SystemExit(status) from None
-
-
-def _ask_again(ctx: Any, client: Any, rid: str, *, refindable: bool) -> tuple[dict[str, Any], Any]:
-    """The request as the plane has it now, and the client that reached it: a plane that
-    cannot be reached (restarting) is asked again for up to ``RECONNECT_S``, found anew when it
-    is the local plane's; the request waits on there meanwhile, so giving up says so."""
-    deadline = time.monotonic() + RECONNECT_S
-    while True:
-        try:
-            return client.request("GET", _path(rid)), client
-        except CliError as exc:
-            if getattr(exc, "code", "") not in _UNREACHABLE:
-                raise
-            if time.monotonic() >= deadline:  # the wait ends, the request does not: say so
-                raise _still_queued(exc, rid) from None
-        time.sleep(POLL_S)
-        if refindable:
-            try:
-                client = ctx.anew().client()
-            except CliError:
-                continue  # no plane runs there yet
 
 
 def _leave(client: Any, rid: str) -> dict[str, Any] | None:

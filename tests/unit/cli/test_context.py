@@ -75,3 +75,13 @@ def test_a_plane_found_by_itself_is_found_anew_after_a_restart_on_another_port(p
     assert fresh.client().endpoint == "http://127.0.0.1:9998"
     # an endpoint the user named is theirs to change: never followed elsewhere
     assert not context(endpoint="http://127.0.0.1:9999").finds_local_plane()
+
+
+def test_reconnect_keeps_the_restarted_planes_client_for_every_later_call(plane):
+    # what a wait that rode out a restart goes on with: its later calls reach the new port too
+    ctx = context(profile="alice")
+    assert ctx.client().endpoint == "http://127.0.0.1:9999"
+    plane.write_plane({"endpoint": "http://127.0.0.1:9998", "region": "eu-north-1"})
+    assert ctx.reconnect().endpoint == "http://127.0.0.1:9998"
+    assert (ctx.endpoint, ctx.client().endpoint) == ("http://127.0.0.1:9998", "http://127.0.0.1:9998")
+    assert ctx.profile_arg == "alice"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from calque.cli import polling
 from calque.cli.commands import session_queue
 from calque.cli.errors import ApiError
 
@@ -392,7 +393,7 @@ def test_a_wait_rides_out_a_plane_restart_and_prints_the_grant(api, cli):
 
 
 def test_a_wait_that_cannot_reach_the_plane_says_the_request_may_still_be_granted(api, cli, monkeypatch):
-    monkeypatch.setattr(session_queue, "RECONNECT_S", 0.0)
+    monkeypatch.setattr(polling, "RECONNECT_S", 0.0)
     api.responses[("POST", "/v1/session-requests")] = WAITING
     api.responses[("GET", f"/v1/session-requests/{RID}")] = _unreachable()
     code, _out, err = cli("session", "checkout", "--backend", "mig", "--wait")
