@@ -10,6 +10,7 @@ from calque.cli import argtypes
 from calque.cli.claim_waits import POOL_READ_EVERY_S, queued_because, read_why
 from calque.cli.errors import CliError
 from calque.cli.output import Column
+from calque.cli.polling import ask_again, goes_on
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -173,8 +174,18 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
     chunks: list[dict[str, Any]] = []
     wrote = False
     as_document = ctx.json or ctx.query is not None  # --query selects from the JSON document
+    followed = f"calque claim logs {claim_id} --follow"
+
+    def read() -> Any:
+        return ctx.client().request("GET", _path(claim_id) + "/logs", query={"after": after})
+
+    waited = False  # once following, a plane restart is ridden out (the claim runs on there)
     while True:
-        page = ctx.client().request("GET", _path(claim_id) + "/logs", query={"after": after})
+        page = (
+            ask_again(ctx, read, gave_up=lambda e: _claim_goes_on(e, claim_id, follow=followed))
+            if waited
+            else read()
+        )
         for c in page.get("chunks") or []:
             if as_document:
                 chunks.append(c)
@@ -189,6 +200,7 @@ def do_logs(ctx: Any, *, claim_id: str, follow: bool = False, poll_s: float = 1.
         if not follow or page.get("ended"):
             break
         time.sleep(poll_s)
+        waited = True
     if as_document:
         ctx.emit({"claim_id": claim_id, "state": page.get("state"), "chunks": chunks})
     elif not wrote:  # say so, rather than print nothing
@@ -216,7 +228,13 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
     why, read_at = "", -POOL_READ_EVERY_S
     tty = sys.stderr.isatty()
     while True:
-        claim = dict(ctx.client().request("GET", _path(claim_id)))
+        claim = dict(
+            ask_again(
+                ctx,
+                lambda: ctx.client().request("GET", _path(claim_id)),
+                gave_up=lambda exc: _claim_goes_on(exc, claim_id),
+            )
+        )
         elapsed = time.monotonic() - start
         state = claim.get("state")
         status = f"{state}, attempt {claim.get('attempts') or 0}" + (
@@ -246,6 +264,18 @@ def wait_for_claim(ctx: Any, claim_id: str, *, timeout_s: float, interval_s: flo
                 details={"claim_id": claim_id, "state": state},
             )
         time.sleep(interval_s)
+
+
+def _claim_goes_on(exc: CliError, claim_id: str, *, follow: str | None = None) -> CliError:
+    """A wait on a claim that could not reach the plane (restarting): the claim is queued or
+    runs on there, so the error says how to follow it and how to stop it."""
+    return goes_on(
+        exc,
+        f"claim {claim_id}",
+        follow=follow or f"calque claim show {claim_id}",
+        stop=f"calque claim cancel {claim_id}",
+        claim_id=claim_id,
+    )
 
 
 def _bar(state: Any) -> str:

@@ -24,6 +24,9 @@ class _Ctx:
     def client(self) -> FakeApi:
         return self.api
 
+    def finds_local_plane(self) -> bool:
+        return False
+
 
 def _in_turn(*answers):
     left = list(answers)

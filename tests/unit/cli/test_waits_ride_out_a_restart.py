@@ -1,0 +1,173 @@
+"""Every long wait of the CLI through a control plane restart (``kill -9`` of the local plane,
+then ``calque local up``): the wait asks again and goes on, finding the plane anew; given up
+on, it says in one line that what it waited for goes on and the command that follows it.
+Any other refusal ends the wait at once. Against a recording fake of the API: no network."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from calque.cli import polling
+from calque.cli.errors import ApiError, EndpointUnreachable
+from tests.unit.cli_support import FakeApi, cli_runner, install_fake_api
+
+pytestmark = pytest.mark.unit
+
+CID = "c-0000000000000001"
+IID = "i-0abc"
+RID = "r-1111111111111111"
+
+
+def _unreachable() -> EndpointUnreachable:
+    return EndpointUnreachable("http://127.0.0.1:8787", "Could not connect to the endpoint URL")
+
+
+def _down_then(*answers: Any, polls_down: int = 3) -> Any:
+    """An answer for the fake: the plane down for ``polls_down`` polls, then ``answers`` in turn
+    (the last one kept)."""
+    left: list[Any] = [_unreachable()] * polls_down + list(answers)
+
+    def answer(_body: Any) -> Any:
+        got = left.pop(0) if len(left) > 1 else left[0]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    return answer
+
+
+@pytest.fixture
+def api(monkeypatch):
+    from calque.cli.context import Context
+
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    fake = install_fake_api(monkeypatch, FakeApi(), ["host", "fleet", "pool", "claim"])
+    fake.found_anew = 0  # type: ignore[attr-defined]
+
+    def reconnect(ctx: Any) -> FakeApi:
+        fake.found_anew += 1  # type: ignore[attr-defined]
+        return fake
+
+    # the endpoint found from the running local plane: a restarted one is found anew
+    monkeypatch.setattr(Context, "finds_local_plane", lambda ctx: True)
+    monkeypatch.setattr(Context, "reconnect", reconnect, raising=False)
+    return fake
+
+
+@pytest.fixture
+def cli(api, capsys):
+    return cli_runner(capsys)
+
+
+@pytest.fixture
+def give_up_at_once(monkeypatch):
+    monkeypatch.setattr(polling, "RECONNECT_S", 0.0)
+
+
+def _last_line(err: str) -> str:
+    return err.strip().splitlines()[-1]
+
+
+# ---- pool submit --wait --------------------------------------------------------------------------
+
+CLAIM = {"claim_id": CID, "pool": "textstats", "state": "running", "attempts": 1, "worker": "w-1"}
+
+
+def _submit(api: FakeApi, cli: Any, tmp_path: Any, *flags: str) -> tuple[int, str, str]:
+    items = tmp_path / "items.jsonl"
+    items.write_text("1\n")
+    api.responses[("POST", "/v1/pools/textstats/claims")] = {**CLAIM, "state": "queued"}
+    return cli(*flags, "pool", "submit", "textstats", "--items", str(items), "--wait")
+
+
+def test_pool_submit_wait_rides_out_a_plane_restart_and_prints_the_claim(api, cli, tmp_path):
+    # Given a claim whose plane is down for three polls, then answers it succeeded
+    api.responses[("GET", f"/v1/claims/{CID}")] = _down_then({**CLAIM, "state": "succeeded"})
+    # When the member waits for it, Then the claim comes back, not "cannot reach"
+    code, out, err = _submit(api, cli, tmp_path, "--output", "json")
+    assert code == 0, err
+    assert json.loads(out)["state"] == "succeeded"
+    assert api.found_anew >= 1  # the plane was looked for on its new port
+
+
+def test_pool_submit_wait_that_cannot_reach_the_plane_says_the_claim_goes_on(
+    api, cli, tmp_path, give_up_at_once
+):
+    api.responses[("GET", f"/v1/claims/{CID}")] = _unreachable()
+    code, _out, err = _submit(api, cli, tmp_path)
+    assert code == 1
+    said = _last_line(err)
+    assert said.startswith("calque: error: cannot reach the control plane")
+    assert f"claim {CID} goes on without the wait" in said
+    assert f"`calque claim show {CID}`" in said
+    assert f"`calque claim cancel {CID}`" in said
+
+
+def test_pool_submit_wait_ends_at_once_on_any_other_refusal(api, cli, tmp_path):
+    api.responses[("GET", f"/v1/claims/{CID}")] = ApiError(
+        403, {"error": {"code": "forbidden", "message": "not yours", "details": {}}}
+    )
+    code, _out, err = _submit(api, cli, tmp_path)
+    assert code == 1
+    assert "not yours" in err
+    assert "goes on" not in err
+    assert [p for m, p, *_ in api.requests if m == "GET"] == [f"/v1/claims/{CID}"]
+
+
+# ---- claim logs --follow -------------------------------------------------------------------------
+
+
+def test_claim_logs_follow_rides_out_a_plane_restart_and_prints_the_rest(api, cli):
+    # Given a running claim's first chunk, then the plane down for three polls, then the rest
+    first = {"chunks": [{"stream": "stdout", "text": "one\n"}], "next": "1", "state": "running"}
+    quiet = {"chunks": [], "next": "1", "state": "running"}
+    rest = {
+        "chunks": [{"stream": "stdout", "text": "two\n"}],
+        "next": "2",
+        "state": "succeeded",
+        "ended": True,
+    }
+    pages = iter([first, quiet])
+    after_restart = _down_then(rest)
+
+    def logs(_body: Any) -> Any:
+        page = next(pages, None)
+        return page if page is not None else after_restart(_body)
+
+    api.responses[("GET", f"/v1/claims/{CID}/logs")] = logs
+    # When the member follows it, Then every line comes, not "cannot reach"
+    code, out, err = cli("claim", "logs", CID, "--follow")
+    assert code == 0, err
+    assert out == "one\ntwo\n"
+
+
+def test_claim_logs_follow_that_cannot_reach_the_plane_says_the_claim_goes_on(api, cli, give_up_at_once):
+    # Given a running claim read once, then a plane that cannot be reached
+    quiet = {"chunks": [], "state": "running"}
+    answers = iter([quiet])
+
+    def logs(_body: Any) -> Any:
+        if next(answers, None) is None:
+            raise _unreachable()
+        return quiet
+
+    api.responses[("GET", f"/v1/claims/{CID}/logs")] = logs
+    code, _out, err = cli("claim", "logs", CID, "--follow")
+    assert code == 1
+    said = _last_line(err)
+    assert said.startswith("calque: error: cannot reach the control plane")
+    assert f"claim {CID} goes on without the wait" in said
+    assert f"`calque claim logs {CID} --follow`" in said
+    assert f"`calque claim cancel {CID}`" in said
+
+
+def test_claim_logs_without_follow_is_no_wait_and_says_cannot_reach_at_once(api, cli):
+    api.responses[("GET", f"/v1/claims/{CID}/logs")] = _unreachable()
+    code, _out, err = cli("claim", "logs", CID)
+    assert code == 1
+    assert "goes on" not in err
+    assert api.found_anew == 0
+    assert len(api.requests) == 1
