@@ -1,13 +1,14 @@
-"""A host as the API returns it: its table for people, and the wait for its agent's report
-(``host register --wait``, ``host acquire --wait``)."""
+"""A host as the API returns it: its table for people, and the waits for an acquisition to
+become a host and for its agent's report (``host acquire --wait``, ``host register --wait``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from calque.cli.errors import ApiError, CliError
+from calque.cli.polling import ask_again, goes_on
 
 if TYPE_CHECKING:
     from calque.cli.output import Column
@@ -100,7 +101,13 @@ def _indent(text: str) -> str:
 
 
 def wait_until_applied(
-    ctx: Any, instance_id: str, *, timeout_s: float, interval_s: float = 1.0, heartbeat_s: float = 10.0
+    ctx: Any,
+    instance_id: str,
+    *,
+    timeout_s: float,
+    interval_s: float = 1.0,
+    heartbeat_s: float = 10.0,
+    gave_up: Callable[[CliError], CliError] | None = None,
 ) -> dict[str, Any]:
     """Poll the host until the agent's report made it ``ready`` (or ``failed``), printing
     progress on stderr (stdout stays one document for scripts): each change, and at least
@@ -108,7 +115,8 @@ def wait_until_applied(
 
     A host that disappears while waiting (the fleet's reconciler forgets an instance EC2
     does not know, or an admin deregistered it) and one drained meanwhile are refusals that
-    say so, not a bare "not found".
+    say so, not a bare "not found". A plane restart is ridden out (``ask_again``); given up
+    on, ``gave_up`` says so (default: that the host's agent goes on, and how to follow it).
     """
     import sys
     import time
@@ -119,7 +127,12 @@ def wait_until_applied(
     said_at = start
     while True:
         try:
-            host = ctx.client().request("GET", path)
+            # through a plane restart (found anew on its new port): the agent reports there
+            host = ask_again(
+                ctx,
+                lambda: ctx.client().request("GET", path),
+                gave_up=gave_up or (lambda exc: host_goes_on(exc, instance_id)),
+            )
         except ApiError as exc:
             if exc.status != 404 and exc.code != "not_found":
                 raise
@@ -191,4 +204,109 @@ def still_pending_note(host: Mapping[str, Any], waited_s: float) -> str | None:
         f"{'is' if one else 'are'} still pending after {waited_s:g}s ({', '.join(pending)}): the "
         f"host agent's report did not free {'it' if one else 'them'}; sessions are placed on the "
         "free ones, and `calque host show` says more"
+    )
+
+
+def wait_until_ready(
+    ctx: Any,
+    request_id: str,
+    *,
+    timeout_s: float,
+    interval_s: float = 1.0,
+    since: float | None = None,
+    gave_up: Callable[[CliError], CliError] | None = None,
+) -> dict[str, Any]:
+    """Follow one acquisition to a ready host (``host acquire --wait``), printing each state
+    and attempt on stderr; ``timeout_s`` counts from ``since`` (a time.monotonic(); default:
+    now). A plane restart is ridden out (``ask_again``); given up on, ``gave_up`` says so
+    (default: that this acquisition goes on, and how to follow it)."""
+    import sys
+    import time
+
+    gave_up = gave_up or (lambda exc: acquisitions_go_on(exc, [request_id]))
+    start = time.monotonic() if since is None else since
+    seen_attempts = 0
+    last = None
+    path = f"/v1/acquisitions/{quote(request_id, safe='')}"
+    while True:
+        # through a plane restart (found anew on its new port): the acquisition goes on there
+        acq = ask_again(ctx, lambda: ctx.client().request("GET", path), gave_up=gave_up)
+        elapsed = time.monotonic() - start
+        for a in (acq.get("attempts") or [])[seen_attempts:]:
+            where = a.get("availability_zone") or a.get("subnet_id") or "any AZ"
+            why = f": {a['reason']}" if a.get("reason") else ""
+            print(
+                f"... {request_id}: {a['instance_type']} {a['market']} in {where}: {a['outcome']}{why}",
+                file=sys.stderr,
+                flush=True,
+            )
+        seen_attempts = len(acq.get("attempts") or [])
+        status = f"{acq.get('state')}" + (f" ({acq.get('instance_id')})" if acq.get("instance_id") else "")
+        if status != last:
+            waiting = WAITING_FOR.get(str(acq.get("state")))
+            print(
+                f"... {request_id}: {status}{': ' + waiting if waiting else ''} ({elapsed:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            last = status
+        state = acq.get("state")
+        if state == "failed":
+            raise CliError(
+                f"acquisition {request_id} failed: {acq.get('state_reason') or 'no reason recorded'}",
+                code="acquisition_failed",
+                details={"request_id": request_id, "attempts": acq.get("attempts") or []},
+            )
+        if state in ("releasing", "terminated"):
+            raise CliError(
+                f"acquisition {request_id} is {state}: {acq.get('state_reason') or ''}".rstrip(": "),
+                code="acquisition_ended",
+                details={"request_id": request_id},
+            )
+        if state == "registered":
+            left = max(1.0, timeout_s - elapsed)
+            wait_until_applied(
+                ctx, str(acq["instance_id"]), timeout_s=left, interval_s=interval_s, gave_up=gave_up
+            )
+            return dict(ctx.client().request("GET", path))
+        if elapsed >= timeout_s:
+            raise CliError(
+                f"acquisition {request_id} is still {state} after {timeout_s:g}s",
+                code="wait_timeout",
+                details={"request_id": request_id, "state": state, "timeout_s": timeout_s},
+            )
+        time.sleep(interval_s)
+
+
+# What a wait on an acquisition in each state waits for, said on its progress line.
+WAITING_FOR = {
+    "queued": "waiting for the acquirer to take it from the fleet's queue",
+    "launching": "waiting for EC2 to launch an instance (AZs, types and markets in turn)",
+    "booting": "waiting for the instance to boot and register as a host",
+    "registered": "waiting for the host agent to apply the layout",
+}
+
+
+def acquisitions_go_on(exc: CliError, request_ids: list[str]) -> CliError:
+    """A wait on acquisitions that could not reach the plane (restarting): they go on there
+    (an instance launches, boots, registers, is charged), so the error names them and the
+    command that follows them."""
+    one = len(request_ids) == 1
+    return goes_on(
+        exc,
+        f"acquisition {request_ids[0]}" if one else f"acquisitions {', '.join(request_ids)}",
+        follow=f"calque host acquisitions {request_ids[0] if one else 'REQUEST_ID'}",
+        many=not one,
+        request_ids=request_ids,
+    )
+
+
+def host_goes_on(exc: CliError, instance_id: str) -> CliError:
+    """A wait for a host's layout that could not reach the plane (restarting): its agent
+    applies the layout and reports there all the same, so the error says how to follow it."""
+    return goes_on(
+        exc,
+        f"applying the layout on {instance_id}",
+        follow=f"calque host show {instance_id}",
+        instance_id=instance_id,
     )

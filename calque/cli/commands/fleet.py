@@ -13,13 +13,14 @@ the caller is: a member is told the command is for admins), and again by the API
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from calque.cli import argtypes
 from calque.cli.errors import ApiError, CliError, UsageError
+from calque.cli.hosts import acquisitions_go_on, wait_until_ready
+from calque.cli.polling import unreachable
 from calque.cli.wait_options import add_wait_timeout, wait_timeout
 
 # calque.contracts.fleet.MAX_COUNT, kept here so that parsing imports no pydantic (a test holds them equal)
@@ -278,12 +279,23 @@ def do_acquire(
         began = time.monotonic()  # one timeout for them all, not one each in turn
         ready: list[Mapping[str, Any]] = []
         refused: list[CliError] = []
+        ids = [str(a["request_id"]) for a in acqs]
         for a in acqs:  # every one followed to its end: a failed one never hides the others
             try:
-                ready.append(wait_until_ready(ctx, a["request_id"], timeout_s=wait_s, since=began))
+                ready.append(
+                    wait_until_ready(
+                        ctx,
+                        a["request_id"],
+                        timeout_s=wait_s,
+                        since=began,
+                        gave_up=lambda exc: acquisitions_go_on(exc, ids),  # every one goes on
+                    )
+                )
             except ApiError:
                 raise
             except CliError as exc:
+                if unreachable(exc):  # the plane, not this acquisition: the others wait on it too
+                    raise
                 refused.append(exc)
         if refused:
             raise _not_all_ready(ctx, acqs, refused)
@@ -336,74 +348,6 @@ def _not_all_ready(ctx: Any, acqs: list[dict[str, Any]], refused: list[CliError]
         return first
     return CliError(message, code=first.code, details={**first.details, "acquisitions": now})
 
-
-def wait_until_ready(
-    ctx: Any, request_id: str, *, timeout_s: float, interval_s: float = 1.0, since: float | None = None
-) -> dict[str, Any]:
-    """Follow one acquisition to a ready host, printing each state and attempt on stderr;
-    ``timeout_s`` counts from ``since`` (a time.monotonic(); default: now)."""
-    import time
-
-    from calque.cli.hosts import wait_until_applied
-
-    start = time.monotonic() if since is None else since
-    seen_attempts = 0
-    last = None
-    path = f"/v1/acquisitions/{quote(request_id, safe='')}"
-    while True:
-        acq = ctx.client().request("GET", path)
-        elapsed = time.monotonic() - start
-        for a in (acq.get("attempts") or [])[seen_attempts:]:
-            where = a.get("availability_zone") or a.get("subnet_id") or "any AZ"
-            why = f": {a['reason']}" if a.get("reason") else ""
-            print(
-                f"... {request_id}: {a['instance_type']} {a['market']} in {where}: {a['outcome']}{why}",
-                file=sys.stderr,
-                flush=True,
-            )
-        seen_attempts = len(acq.get("attempts") or [])
-        status = f"{acq.get('state')}" + (f" ({acq.get('instance_id')})" if acq.get("instance_id") else "")
-        if status != last:
-            waiting = WAITING_FOR.get(str(acq.get("state")))
-            print(
-                f"... {request_id}: {status}{': ' + waiting if waiting else ''} ({elapsed:.0f}s)",
-                file=sys.stderr,
-                flush=True,
-            )
-            last = status
-        state = acq.get("state")
-        if state == "failed":
-            raise CliError(
-                f"acquisition {request_id} failed: {acq.get('state_reason') or 'no reason recorded'}",
-                code="acquisition_failed",
-                details={"request_id": request_id, "attempts": acq.get("attempts") or []},
-            )
-        if state in ("releasing", "terminated"):
-            raise CliError(
-                f"acquisition {request_id} is {state}: {acq.get('state_reason') or ''}".rstrip(": "),
-                code="acquisition_ended",
-                details={"request_id": request_id},
-            )
-        if state == "registered":
-            left = max(1.0, timeout_s - elapsed)
-            wait_until_applied(ctx, str(acq["instance_id"]), timeout_s=left, interval_s=interval_s)
-            return dict(ctx.client().request("GET", path))
-        if elapsed >= timeout_s:
-            raise CliError(
-                f"acquisition {request_id} is still {state} after {timeout_s:g}s",
-                code="wait_timeout",
-                details={"request_id": request_id, "state": state, "timeout_s": timeout_s},
-            )
-        time.sleep(interval_s)
-
-
-# What a wait on an acquisition in each state waits for, said on its progress line.
-WAITING_FOR = {
-    "queued": "waiting for the acquirer to take it from the fleet's queue",
-    "launching": "waiting for EC2 to launch an instance (AZs, types and markets in turn)",
-    "booting": "waiting for the instance to boot and register as a host",
-    "registered": "waiting for the host agent to apply the layout",
-}
 
 RATE_COLUMNS: list[Any] = [
     ("from", "start"),

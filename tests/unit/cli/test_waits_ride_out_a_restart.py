@@ -171,3 +171,102 @@ def test_claim_logs_without_follow_is_no_wait_and_says_cannot_reach_at_once(api,
     assert "goes on" not in err
     assert api.found_anew == 0
     assert len(api.requests) == 1
+
+
+# ---- host register --wait ------------------------------------------------------------------------
+
+HOST = {
+    "instance_id": IID,
+    "instance_type": "g7e.2xlarge",
+    "state": "pending",
+    "slices": [{"slice_id": "g0-1g.24gb-0", "backend": "mig", "state": "pending"}],
+}
+READY = {**HOST, "state": "ready", "slices": [{**HOST["slices"][0], "state": "free"}]}
+
+
+def _register(cli: Any, *flags: str) -> tuple[int, str, str]:
+    return cli(*flags, "host", "register", "--instance-id", IID, "--instance-type", "g7e.2xlarge", "--wait")
+
+
+def test_host_register_wait_rides_out_a_plane_restart_and_prints_the_ready_host(api, cli):
+    api.responses[("POST", "/v1/hosts")] = HOST
+    api.responses[("GET", f"/v1/hosts/{IID}")] = _down_then(READY)
+    code, out, err = _register(cli, "--output", "json")
+    assert code == 0, err
+    assert json.loads(out)["state"] == "ready"
+    assert api.found_anew >= 1
+
+
+def test_host_register_wait_that_cannot_reach_the_plane_says_the_layout_goes_on(api, cli, give_up_at_once):
+    api.responses[("POST", "/v1/hosts")] = HOST
+    api.responses[("GET", f"/v1/hosts/{IID}")] = _unreachable()
+    code, _out, err = _register(cli)
+    assert code == 1
+    said = _last_line(err)
+    assert said.startswith("calque: error: cannot reach the control plane")
+    assert f"applying the layout on {IID} goes on without the wait" in said
+    assert f"`calque host show {IID}`" in said
+
+
+# ---- host acquire --wait -------------------------------------------------------------------------
+
+ACQ = {"request_id": RID, "state": "registered", "instance_type": "g7e.2xlarge", "instance_id": IID}
+
+
+def _acquire(cli: Any, *flags: str) -> tuple[int, str, str]:
+    return cli(
+        *flags, "host", "acquire", "--instance-type", "g7e.2xlarge",
+        "--i-understand-this-spends-money", "--wait",
+    )  # fmt: skip
+
+
+def test_host_acquire_wait_rides_out_a_plane_restart_and_prints_the_ready_host(api, cli):
+    api.responses[("POST", "/v1/hosts/acquire")] = {
+        "acquisitions": [{**ACQ, "state": "queued"}],
+        "budget": {},
+    }
+    api.responses[("GET", f"/v1/acquisitions/{RID}")] = _down_then({**ACQ, "state": "booting"}, ACQ)
+    api.responses[("GET", f"/v1/hosts/{IID}")] = _down_then(READY)  # down again, for the layout
+    code, out, err = _acquire(cli, "--output", "json")
+    assert code == 0, err
+    assert json.loads(out)["acquisitions"][0]["instance_id"] == IID
+    assert api.found_anew >= 2
+
+
+@pytest.mark.parametrize("down", ["acquisition", "host"])
+def test_host_acquire_wait_that_cannot_reach_the_plane_says_the_acquisition_goes_on(
+    api, cli, give_up_at_once, down
+):
+    # Given a plane that cannot be reached while the acquisition launches, or while its host
+    # applies the layout
+    api.responses[("POST", "/v1/hosts/acquire")] = {
+        "acquisitions": [{**ACQ, "state": "queued"}],
+        "budget": {},
+    }
+    api.responses[("GET", f"/v1/acquisitions/{RID}")] = _unreachable() if down == "acquisition" else ACQ
+    api.responses[("GET", f"/v1/hosts/{IID}")] = _unreachable()
+    code, _out, err = _acquire(cli)
+    assert code == 1
+    said = _last_line(err)
+    assert said.startswith("calque: error: cannot reach the control plane")
+    assert f"acquisition {RID} goes on without the wait" in said
+    assert f"`calque host acquisitions {RID}`" in said
+
+
+def test_host_acquire_wait_of_several_names_them_all_when_it_cannot_reach_the_plane(
+    api, cli, give_up_at_once
+):
+    two = [{**ACQ, "request_id": "r-1", "state": "queued"}, {**ACQ, "request_id": "r-2", "state": "queued"}]
+    api.responses[("POST", "/v1/hosts/acquire")] = {"acquisitions": two, "budget": {}}
+    api.responses[("GET", "/v1/acquisitions/r-1")] = _unreachable()
+    api.responses[("GET", "/v1/acquisitions/r-2")] = _unreachable()
+    code, _out, err = cli(
+        "host", "acquire", "--instance-type", "g7e.2xlarge", "--count", "2",
+        "--i-understand-this-spends-money", "--wait",
+    )  # fmt: skip
+    assert code == 1
+    said = _last_line(err)
+    assert "acquisitions r-1, r-2 go on without the wait: follow them with" in said
+    assert "`calque host acquisitions REQUEST_ID`" in said
+    # one give-up for them all: the second is not waited on for another RECONNECT_S
+    assert [p for m, p, *_ in api.requests if m == "GET"] == ["/v1/acquisitions/r-1"]
