@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from calque.cli.errors import CliError
+from calque.cli.polling import ask_again, goes_on
 
 
 class Tour:
@@ -41,6 +42,11 @@ class Tour:
             self.say("      " + line if line else "")
 
     def as_(self, profile: str) -> Any:
+        """What ``profile`` signs its requests with: a client of the plane as it runs now, also
+        when kept from before a restart that moved the plane to another port."""
+        return _Signed(self, profile)
+
+    def client_of(self, profile: str) -> Any:
         if profile not in self.clients:
             from calque.cli.context import Context
 
@@ -61,14 +67,22 @@ class Tour:
         timeout_s: float | None = None,
         interval_s: float = 0.5,
         quiet_s: float = 0.0,
+        follow: str = "calque local status",
     ) -> str:
         """Poll ``check`` (-> done, status) until done; print the status when it changes
-        (at most every ``quiet_s`` seconds, and always the final one)."""
+        (at most every ``quiet_s`` seconds, and always the final one). A plane restart is
+        ridden out (found anew on its new port); given up on, the error says that ``what``
+        goes on there and the command that ``follow``s it."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
         last, printed_at = None, -quiet_s
         while True:
-            done, status = check()
+            done, status = ask_again(
+                self.ctx,
+                check,
+                gave_up=lambda exc: goes_on(exc, f"what the tour waited for ({what})", follow=follow),
+                refound=self.clients.clear,  # each person's client, made again for the new port
+            )
             elapsed = time.monotonic() - start
             if status != last and (done or elapsed - printed_at >= quiet_s):
                 self.note(f"... {status} ({elapsed:.1f}s)")
@@ -83,3 +97,13 @@ class Tour:
                     details={"waiting_for": what, "last_status": status, "timeout_s": limit},
                 )
             time.sleep(interval_s)
+
+
+class _Signed:
+    """One person's requests on the tour, each sent with the tour's client of that person now."""
+
+    def __init__(self, tour: Tour, profile: str) -> None:
+        self.tour, self.profile = tour, profile
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return self.tour.client_of(self.profile).request(*args, **kwargs)

@@ -142,7 +142,7 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
             "state"
         ] == "ready" and free == SLICES, f"host {h['state']}, slices {slice_summary(h['slices'])}"
 
-    tour.wait("the host agent's report", all_free)
+    tour.wait("the host agent's report", all_free, follow=f"calque --profile admin host show {iid}")
     tour.note(render_host(tour.as_("admin").request("GET", f"/v1/hosts/{iid}")))
 
     # 4. members
@@ -211,7 +211,11 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
     tour.as_(back).request(
         "DELETE", f"/v1/sessions/{bg['session_id']}", {"token": bg["token"], "force": False}
     )
-    tour.wait(f"{bg['slice_id']} to be reclaimed", _until_slice_free(tour, iid, bg["slice_id"]))
+    tour.wait(
+        f"{bg['slice_id']} to be reclaimed",
+        _until_slice_free(tour, iid, bg["slice_id"]),
+        follow=f"calque --profile admin host show {iid}",
+    )
     again = tour.as_(fifth).request(
         "POST",
         "/v1/sessions",
@@ -237,6 +241,7 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
         timeout_s=short_ttl_s + timeout_s,
         interval_s=1.0,
         quiet_s=5,
+        follow=f"calque --profile {short} session show {sg['session_id']}",
     )
 
     # 9. the reaper
@@ -254,14 +259,22 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
             f" ({s['end_reason']})" if s.get("end_reason") else ""
         )
 
-    tour.wait(f"the reaper to end {sg['session_id']}", ended)
+    tour.wait(
+        f"the reaper to end {sg['session_id']}",
+        ended,
+        follow=f"calque --profile {short} session show {sg['session_id']}",
+    )
 
     # 10. reclaimed and handed out again
     tour.step(
         f"Its slice {sg['slice_id']} is reclaimed, then handed out again",
         f"calque --profile {back} session checkout --backend mig --profile {PROFILE} --instance-id {iid}",
     )
-    tour.wait(f"{sg['slice_id']} to be reclaimed", _until_slice_free(tour, iid, sg["slice_id"]))
+    tour.wait(
+        f"{sg['slice_id']} to be reclaimed",
+        _until_slice_free(tour, iid, sg["slice_id"]),
+        follow=f"calque --profile admin host show {iid}",
+    )
     regrant = tour.as_(back).request(
         "POST",
         "/v1/sessions",
@@ -283,7 +296,7 @@ def do_demo(ctx: Any, *, short_ttl_s: int = 30, timeout_s: float = 90) -> None:
         h = tour.as_("admin").request("GET", f"/v1/hosts/{iid}")
         return all(x["state"] == "free" for x in h["slices"]), f"slices {slice_summary(h['slices'])}"
 
-    tour.wait("every slice to be reclaimed", all_free_again)
+    tour.wait("every slice to be reclaimed", all_free_again, follow=f"calque --profile admin host show {iid}")
     final = tour.as_("admin").request("GET", f"/v1/hosts/{iid}")
     tour.say()
     tour.say(

@@ -67,7 +67,7 @@ def do_demo_pools(ctx: Any, *, timeout_s: float = 90) -> None:
             who = f" on {c['worker']}" if c.get("worker") else ""
             return c["state"] in ("succeeded", "failed", "cancelled"), f"{claim_id}: {c['state']}{who}"
 
-        tour.wait(f"claim {claim_id}", check)
+        tour.wait(f"claim {claim_id}", check, follow=f"calque --profile alice claim show {claim_id}")
         if holder["state"] != "succeeded":
             raise CliError(f"claim {claim_id} {holder['state']}: {holder.get('reason')}", code="demo_failed")
         return holder
@@ -130,14 +130,14 @@ def do_demo_pools(ctx: Any, *, timeout_s: float = 90) -> None:
         refused = n < 2 and fleet_refusal(admin.request("GET", f"/v1/pools/{POOL}"))
         return n >= 2, f"{n} worker processes" + (f"; {refused}" if refused else "")
 
-    tour.wait("two workers", two_workers)
+    tour.wait("two workers", two_workers, follow=f"calque --profile admin pool status {POOL}")
     claim_id = submit([{"text": TEXTS[0], "pause": 5}])
 
     def running() -> tuple[bool, str]:
         c = alice.request("GET", f"/v1/claims/{claim_id}")
         return c["state"] == "running", f"{claim_id}: {c['state']}"
 
-    tour.wait("the claim to start", running)
+    tour.wait("the claim to start", running, follow=f"calque --profile alice claim show {claim_id}")
     victim_worker = alice.request("GET", f"/v1/claims/{claim_id}")["worker"]
     victim = next(w for w in pool_workers() if w["worker_id"] == victim_worker)
     os.kill(int(victim["pid"]), signal.SIGKILL)
@@ -157,7 +157,13 @@ def do_demo_pools(ctx: Any, *, timeout_s: float = 90) -> None:
         n = len(status["workers"])
         return n == 0 and not pool_workers(), f"{n} workers"
 
-    tour.wait("scale to zero", gone, timeout_s=max(tour.timeout_s, IDLE_TIMEOUT_S * 4), interval_s=2)
+    tour.wait(
+        "scale to zero",
+        gone,
+        timeout_s=max(tour.timeout_s, IDLE_TIMEOUT_S * 4),
+        interval_s=2,
+        follow=f"calque --profile admin pool status {POOL}",
+    )
     decisions = admin.request("GET", f"/v1/pools/{POOL}")["status"]["decisions"]
     for d in reversed(decisions[:6]):
         tour.note(f"{d['action']}: {d['reason']}")

@@ -53,6 +53,9 @@ class Ctx:
     def local_state(self) -> str:
         return "/nonexistent"
 
+    def finds_local_plane(self) -> bool:
+        return False
+
 
 def test_a_second_worker_the_budget_refuses_is_said_when_the_wait_runs_out(monkeypatch, capsys):
     # Given a plane whose budget has no room for the demo pool's second instance

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from calque.cli import polling
-from calque.cli.errors import ApiError, EndpointUnreachable
+from calque.cli.errors import ApiError, CliError, EndpointUnreachable
 from tests.unit.cli_support import FakeApi, cli_runner, install_fake_api
 
 pytestmark = pytest.mark.unit
@@ -270,3 +270,64 @@ def test_host_acquire_wait_of_several_names_them_all_when_it_cannot_reach_the_pl
     assert "`calque host acquisitions REQUEST_ID`" in said
     # one give-up for them all: the second is not waited on for another RECONNECT_S
     assert [p for m, p, *_ in api.requests if m == "GET"] == ["/v1/acquisitions/r-1"]
+
+
+# ---- local demo ----------------------------------------------------------------------------------
+
+
+class _DemoCtx:
+    """What a tour needs of the context: a local plane found by itself, found anew."""
+
+    json = False
+    endpoint = "http://127.0.0.1:8787"
+    state_dir_arg = None
+
+    def __init__(self) -> None:
+        self.found_anew = 0
+
+    def finds_local_plane(self) -> bool:
+        return True
+
+    def reconnect(self) -> None:
+        self.found_anew += 1
+        self.endpoint = "http://127.0.0.1:9797"
+
+
+def test_a_demo_wait_rides_out_a_plane_restart_with_clients_of_the_new_port(monkeypatch):
+    from calque.cli.tour import Tour
+
+    ctx = _DemoCtx()
+    tour = Tour(ctx, 30, steps=1)
+    made: list[str] = []
+    monkeypatch.setattr(Tour, "client_of", lambda self, profile: made.append(self.ctx.endpoint) or FakeApi())
+    # Given a check (kept client, as demo pools keeps its people's) the restart fails three times
+    admin = tour.as_("admin")
+    checks = _down_then({"state": "ready"})
+
+    def ready() -> tuple[bool, str]:
+        admin.request("GET", f"/v1/hosts/{IID}")
+        host = checks(None)
+        return host["state"] == "ready", f"host {host['state']}"
+
+    # When the tour waits on it, Then it ends done, its later requests made on the new port
+    assert tour.wait("the host agent's report", ready, interval_s=0) == "host ready"
+    assert ctx.found_anew == 3
+    assert made[-1] == "http://127.0.0.1:9797"
+
+
+def test_a_demo_wait_that_cannot_reach_the_plane_says_what_goes_on_and_how_to_follow_it(
+    monkeypatch, give_up_at_once
+):
+    from calque.cli.tour import Tour
+
+    tour = Tour(_DemoCtx(), 30, steps=1)
+
+    def down() -> tuple[bool, str]:
+        raise _unreachable()
+
+    with pytest.raises(CliError) as err:
+        tour.wait("the host agent's report", down, follow=f"calque --profile admin host show {IID}")
+    said = err.value.message
+    assert said.startswith("cannot reach the control plane")
+    assert "what the tour waited for (the host agent's report) goes on without the wait" in said
+    assert f"`calque --profile admin host show {IID}`" in said
