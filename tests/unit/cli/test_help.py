@@ -164,15 +164,17 @@ def test_every_example_path_of_the_repository_exists():
     assert not missing, missing
 
 
-def test_a_second_plane_takes_a_free_port_when_the_default_one_is_taken():
+def test_a_second_plane_takes_a_free_port_when_the_default_one_is_taken(monkeypatch):
     import socket
 
-    from calque.cli.commands.local import DEFAULT_PORT, _default_port
+    from calque.cli.commands import local
 
+    # the default port stands in as one this test holds (8787 itself may be held, or let go,
+    # by a plane another test runs meanwhile)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        try:
-            taken.bind(("127.0.0.1", DEFAULT_PORT))
-            taken.listen()
-        except OSError:
-            pass  # another plane on this machine has it already: taken all the same
-        assert _default_port("127.0.0.1") == 0
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(local, "DEFAULT_PORT", taken.getsockname()[1])
+        assert local._default_port("127.0.0.1") == 0
+    # and once it is let go, it is the plane's again
+    assert local._default_port("127.0.0.1") == local.DEFAULT_PORT
