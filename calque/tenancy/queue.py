@@ -494,13 +494,19 @@ class QueueMixin(SessionsMixin):
         (None: not asked, as for a request that no longer waits)."""
         ask = CheckoutRequest.model_validate_json(rec.ask)
         estimate = held_back = None
+
+        def held_for(r: QueuedRecord) -> str | None:  # read once per member and group
+            assert held is not None
+            if (r.user, r.group) not in held:
+                held[(r.user, r.group)] = self._held_back(r.user, r.group)
+            return held[(r.user, r.group)]
+
         if rec.state == "waiting" and held is not None:
-            if (rec.user, rec.group) not in held:
-                held[(rec.user, rec.group)] = self._held_back(rec.user, rec.group)
-            held_back = held[(rec.user, rec.group)]
+            held_back = held_for(rec)
         if place is not None and held_back is None:  # held back: a slice freeing starts nothing
             ahead = [by_id[w.request_id] for _p, w in ranked[: place - 1] if w.request_id in by_id]
-            estimate = estimate_start(ask, ahead, ends, self.clock())
+            # a request ahead that a limit holds back takes no slot: the pass passes it over
+            estimate = estimate_start(ask, ahead, ends, self.clock(), takes=lambda r: held_for(r) is None)
         return SessionRequest(
             request_id=rec.request_id,
             user=rec.user,

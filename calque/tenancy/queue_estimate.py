@@ -3,6 +3,7 @@ sessions' expiries, or, for several cards, from the reservation's own rule."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -34,12 +35,18 @@ class Outlook:
 
 
 def estimate_start(
-    ask: CheckoutRequest, ahead: list[QueuedRecord], outlook: Outlook, now: datetime
+    ask: CheckoutRequest,
+    ahead: list[QueuedRecord],
+    outlook: Outlook,
+    now: datetime,
+    *,
+    takes: Callable[[QueuedRecord], bool] = lambda _r: True,
 ) -> datetime | None:
     """When a waiting request is expected to start, from the live sessions' expiries: one
     slot: the fitting slot that frees after one for each request ahead of it that shares a
-    kind with it; several cards: when the host where they free soonest has them
-    (queue_cards.reserve: its free cards count now)."""
+    kind with it and ``takes`` one (a request a limit holds back takes none: the pass passes
+    it over; asked in order, only until the slots are counted out); several cards: when the
+    host where they free soonest has them (queue_cards.reserve: its free cards count now)."""
     if ask.gpus > 1:
         found = queue_cards.reserve(
             ask.gpus, lambda s: PassState.fits_ask(ask, s, any_state=True), *outlook.cards(), now
@@ -55,6 +62,11 @@ def estimate_start(
         and ask.instance_id in (None, e.instance_id)
     ]
     # Those ahead that could take the same kind of slot take the ones that free first.
-    n = sum(1 for r in ahead if kinds & set(slice_backends(CheckoutRequest.model_validate_json(r.ask))))
     times = sorted(t for e in fitting for t in [e.at] * e.cards)
+    n = 0
+    for r in ahead:
+        if n >= len(times):
+            return None
+        if kinds & set(slice_backends(CheckoutRequest.model_validate_json(r.ask))) and takes(r):
+            n += 1
     return times[n] if n < len(times) else None

@@ -34,6 +34,10 @@ def test_a_member_at_their_session_quota_with_many_requests_first_does_not_stall
     assert first.held_back.startswith(quota)
     assert first.estimated_start is None  # a slice freeing starts nothing while the quota holds
     assert danas.held_back is None
+    # and dana's start is estimated at the first slice to free: hog's requests ahead, held
+    # back, take none (before, they counted five ahead of her on four slices: no estimate)
+    first_end = min(t.registry.get_session(s.session_id).expires_at for s in [*held, hog])
+    assert t.get_request(member("dana"), danas.request_id).estimated_start == first_end
     # When a slice frees
     t.checkin(member("q0"), held[0].session_id, CheckinRequest())
     assert reclaim_all(t, iid) == 1
