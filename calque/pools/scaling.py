@@ -167,6 +167,10 @@ class ScalingMixin(RolloutMixin):
         # scale-in gives instances back whole (calque.pools.scaler.whole_instances)
         self._drop(pool, workers, whole_instances(decision.remove, {w.worker_id: _group(w) for w in workers}))
         after = decision.history_after(history)
+        # The run of failed starts is written only when this tick changed it: written back as
+        # read, it would undo an admin's update landing meanwhile (which clears it to start
+        # the pool again), and the pool would stay stopped with its claims queued.
+        counted = {k: v for k, v in failures.items() if v != getattr(pool, k)}
         self.store.update_pool(
             name,
             {
@@ -174,7 +178,7 @@ class ScalingMixin(RolloutMixin):
                 "last_scale_in_at": after.last_scale_in_at,
                 "last_decision": record,
                 **({"scaler_observations": observed.to_record()} if observed is not None else {}),
-                **failures,
+                **counted,
             },
         )
         if decision.launch or decision.remove:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from calque.contracts.pools import ClaimSubmit, PoolCreate, PoolDelete, WorkerReport
+from calque.contracts.pools import ClaimSubmit, PoolCreate, PoolDelete, PoolUpdate, WorkerReport
 from calque.errors import DependencyUnavailable, Forbidden
 from calque.pools.aws import SsmWorkerStarter
 from calque.pools.capacity import FleetCapacity
@@ -647,3 +647,34 @@ def test_a_deleting_pool_starts_the_worker_it_launches_to_serve_its_backlog():
     w.pools.scale("small")
     assert w.store.get_pool("small") is None
     assert w.capacity.held == {}
+
+
+def test_a_tick_under_way_does_not_undo_an_update_that_starts_a_stopped_pool_again():
+    # Given a pool stopped after three failed starts, a claim still queued
+    w = make(max_workers=4)
+    submit(w)
+    why = "the host agent's worker start ended Failed: worker: cannot download the runner package"
+    for n in range(3):
+        w.pools.scale("small")
+        w.starter.ended[f"cmd-{n + 1}"] = StartOutcome(ok=False, reason=why)
+        w.clock.t += 10
+    w.pools.scale("small")
+    assert w.store.get_pool("small").start_failures == 3
+    # When a tick reads the pool, and an admin's update clears its failures before the tick
+    # writes (the scaler and the API run at once)
+    read = w.store.get_pool
+
+    def read_then_updated(name: str) -> Any:
+        stale = read(name)
+        w.store.get_pool = read  # type: ignore[method-assign]
+        w.pools.update_pool(ADMIN, name, PoolUpdate(max_workers=4))
+        return stale
+
+    w.store.get_pool = read_then_updated  # type: ignore[method-assign]
+    w.pools.scale("small")
+    # Then the update stands: the failures stay cleared, and the next tick starts a worker
+    assert w.store.get_pool("small").start_failures == 0
+    sent = len(w.starter.sent)
+    w.clock.t += 10
+    w.pools.scale("small")
+    assert len(w.starter.sent) == sent + 1
