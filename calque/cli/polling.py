@@ -29,7 +29,7 @@ UNREACHABLE = frozenset({"endpoint_unreachable", "no_endpoint", "local_plane_not
 T = TypeVar("T")
 
 
-def unreachable(exc: CliError) -> bool:
+def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the plane could not be reached at all (not a refusal of its own)."""
     return getattr(exc, "code", "") in UNREACHABLE
 

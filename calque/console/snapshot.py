@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from calque.cli.polling import unreachable
+
 QUEUE_PATH = "/v1/session-requests"
 # What a section says when the API did not answer at all: the reason is said once, at the top.
 NOT_READ = "the control plane did not answer (see above)"
@@ -200,11 +202,6 @@ def _problem(exc: Exception) -> str:
     return f"{code}: {message}" if code else message
 
 
-def _unreachable(exc: Exception) -> bool:
-    """Nothing answered at all (no plane listens there, or none runs): not a refusal."""
-    return getattr(exc, "code", None) in ("endpoint_unreachable", "no_endpoint", "local_plane_not_running")
-
-
 def _status(exc: Exception) -> int | None:
     status = getattr(exc, "status", None)
     return status if isinstance(status, int) else None
@@ -278,7 +275,7 @@ class Reader:
             board.errors[section] = f"the API answered in a shape the console does not read: {exc}"
         except Exception as exc:  # the API's refusal or an unreachable endpoint: said in place
             board.errors[section] = _problem(exc)
-            return _unreachable(exc)
+            return unreachable(exc)  # nothing answered at all (no plane listens there, or none runs)
         return False
 
     def _caller(self, board: Board) -> None:

@@ -21,15 +21,12 @@ from calque.contracts.common import (
 from calque.contracts.economics import GROUP_PATTERN
 from calque.contracts.layout import LayoutSpec
 
-NAME_PATTERN = said_as(
-    r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$",
-    "a pool name: 3 to 40 characters, lowercase letters, digits and '-', starting with a letter "
-    "and ending with a letter or digit",
+_NAME_SHAPE = (
+    "3 to 40 characters, lowercase letters, digits and '-', starting with a letter and ending "
+    "with a letter or digit"
 )
-NAME_RULE = (
-    "a pool name is 3 to 40 characters, lowercase letters, digits and '-', starting with a "
-    "letter and ending with a letter or digit"
-)
+NAME_PATTERN = said_as(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$", f"a pool name: {_NAME_SHAPE}")
+NAME_RULE = f"a pool name is {_NAME_SHAPE}"
 RUNNER_PATTERN = said_as(
     r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", "MODULE:CLASS, a module of the package and its runner class"
 )

@@ -69,8 +69,7 @@ def do_console(ctx: Any, *, port: int, open_browser: bool, refresh_s: float) -> 
         # a local plane restarted while the console runs may listen on another port: follow it
 
         def reconnect() -> tuple[Any, str]:
-            fresh = ctx.anew()
-            return fresh.client(), fresh.endpoint
+            return ctx.reconnect(), ctx.endpoint
 
     try:
         server = ConsoleServer(port, Reader(client, ctx.endpoint, reconnect=reconnect), refresh_s)
